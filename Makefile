@@ -1,0 +1,31 @@
+# Two commands for a fresh machine (README): `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# Reinstall when pyproject.toml changes.
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
+
+.PHONY: test lint demo venv clean
+
+venv: $(STAMP)
+
+$(STAMP):
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[dev]'
+	rm -f $(VENV)/.installed-*
+	touch $@
+
+lint: $(STAMP)
+	$(BIN)/ruff check potato_queue tests bench
+
+# The tests start a private Redis themselves when none answers at
+# $$POTATO_QUEUE_REDIS_URL (default redis://127.0.0.1:6379/0).
+test: lint
+	$(BIN)/pytest
+
+demo: $(STAMP)
+	$(BIN)/potato-queue up examples/reviews/config.yaml
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

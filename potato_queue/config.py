@@ -1,0 +1,294 @@
+"""The project config: a Potato config.yaml with a `model_training` section.
+
+Typed models for everything potato-queue reads (SPEC CFG-1..5), with every
+default in one place. `read_yaml` parses the file; `build_config` turns a
+checked mapping into a `ProjectConfig` with its paths resolved the way Potato
+resolves them. Checking itself (unknown keys, cross references) lives in
+validate.py; entry points call `validate.load_checked`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from potato_queue.agent.slurm import SBATCH_FLAGS
+from potato_queue.errors import ConfigUnreadable
+
+__all__ = [
+    "DEFAULT_REDIS_URL",
+    "REDIS_URL_ENV",
+    "LOCAL",
+    "WritebackConfig",
+    "AutoRetrainConfig",
+    "SshBackend",
+    "SlurmBackend",
+    "AgentBackend",
+    "Backend",
+    "BACKEND_MODELS",
+    "ModelTrainingConfig",
+    "ProjectConfig",
+    "read_yaml",
+    "build_config",
+    "redis_url",
+]
+
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
+REDIS_URL_ENV = "POTATO_QUEUE_REDIS_URL"
+LOCAL = "local"
+
+
+class _Strict(BaseModel):
+    # Unknown keys are caught (with a suggestion) by validate.py before the
+    # models see the data; forbid here is the backstop for direct callers.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WritebackConfig(_Strict):
+    schemas: list[str] = Field(default_factory=list)
+    include_unlabeled: bool = False
+    min_confidence: float = Field(0.0, ge=0.0, le=1.0)
+    field: str = "predictions"
+
+
+class AutoRetrainConfig(_Strict):
+    enabled: bool = False
+    trainer: str | None = None
+    schemas: list[str] = Field(default_factory=list)
+    min_interval_s: float = Field(600.0, ge=0)
+    update_frequency: int = Field(25, ge=1)
+    params: dict[str, Any] = Field(default_factory=dict)
+    backend: str | None = None
+
+
+_GPUS = re.compile(r"^(auto|none|\d+(,\d+)*)$")
+
+
+class _RemoteBackend(_Strict):
+    """Keys every backend reached by ssh accepts (CFG-3, CFG-4)."""
+
+    description: str | None = None
+    host: str
+    user: str | None = None
+    port: int | None = Field(None, ge=1, le=65535)
+    identity_file: str | None = None
+    python: str = "python3"
+    num_threads: int | None = Field(None, ge=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    max_artifact_mb: float = Field(2048, gt=0)
+    fetch_artifacts: bool = True
+    keep_remote: bool = False
+    heartbeat_timeout_s: float = Field(120, gt=0)
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_are_text(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            return {str(k): str(v) for k, v in value.items()}
+        return value
+
+
+class SshBackend(_RemoteBackend):
+    type: Literal["ssh"] = "ssh"
+    packages: list[str] = Field(default_factory=list)
+    remote_dir: str = "~/.cache/potato-training"
+    gpus: str = "auto"
+    min_free_gpu_mb: float = Field(2000, ge=0)
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus_form(cls, value: Any) -> Any:
+        text = str(value).replace(" ", "") if isinstance(value, (int, str)) else value
+        if not isinstance(text, str) or not _GPUS.match(text):
+            raise ValueError(f'must be auto, none, a GPU index like "1" or a list like "0,1" (got {value!r})')
+        return text
+
+
+def _slurm_settings() -> dict[str, Any]:
+    """One optional text field per sbatch setting of agent.slurm.SBATCH_FLAGS."""
+    return {key: (str | None, None) for key in SBATCH_FLAGS}
+
+
+class _SlurmCore(_RemoteBackend):
+    type: Literal["slurm"] = "slurm"
+    remote_dir: str
+    job_python: str = "python3"
+    prelude: list[str] = Field(default_factory=list)
+    poll_interval_s: float = Field(10.0, gt=0)
+
+    @field_validator(*SBATCH_FLAGS, mode="before", check_fields=False)
+    @classmethod
+    def _sbatch_values_are_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+
+def _make_slurm_model() -> type[_SlurmCore]:
+    from pydantic import create_model
+
+    return create_model("SlurmBackend", __base__=_SlurmCore, **_slurm_settings())
+
+
+SlurmBackend = _make_slurm_model()
+
+
+class AgentBackend(_Strict):
+    type: Literal["agent"] = "agent"
+    description: str | None = None
+    heartbeat_timeout_s: float = Field(120, gt=0)
+    queue_timeout_s: float | None = Field(None, gt=0)
+
+
+Backend = Annotated[SshBackend | SlurmBackend | AgentBackend, Field(discriminator="type")]
+BACKEND_MODELS: dict[str, type[BaseModel]] = {"ssh": SshBackend, "slurm": SlurmBackend, "agent": AgentBackend}
+
+
+class ModelTrainingConfig(_Strict):
+    enabled: bool = False
+    backend: str | None = None
+    max_wall_seconds: float | None = Field(None, gt=0)
+    grace_seconds: float = Field(20, ge=0)
+    writeback: WritebackConfig = Field(default_factory=WritebackConfig)
+    auto_retrain: AutoRetrainConfig = Field(default_factory=AutoRetrainConfig)
+    device: str = "auto"
+    num_threads: int | None = Field(None, ge=1)
+    max_ram_mb: float | None = Field(None, gt=0)
+    max_predictions_mb: float = Field(512, gt=0)
+    retain_runs: int = Field(5, ge=0)
+    split_seed: int = 0
+    splits: dict[str, float] = Field(default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15})
+    aggregation: str = "consensus"
+    backends: dict[str, Backend] = Field(default_factory=dict)
+
+    @property
+    def default_backend(self) -> str:
+        return self.backend or LOCAL
+
+    @property
+    def retrain_backend(self) -> str:
+        return self.auto_retrain.backend or self.default_backend
+
+    def backend_names(self) -> list[str]:
+        return [LOCAL, *self.backends]
+
+
+class ItemProperties(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+    id_key: str = "id"
+    text_key: str = "text"
+
+
+class ProjectConfig(BaseModel):
+    """The parts of a Potato config potato-queue uses; Potato's other keys pass through."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    annotation_task_name: str | None = None
+    task_dir: str = "."
+    data_files: list[Any] = Field(default_factory=list)
+    item_properties: ItemProperties = Field(default_factory=ItemProperties)
+    output_annotation_dir: str = "annotation_output"
+    admin_api_key: str | None = None
+    annotation_schemes: list[dict[str, Any]] = Field(default_factory=list)
+    model_training: ModelTrainingConfig = Field(default_factory=ModelTrainingConfig)
+
+    # Resolved by build_config, not read from the file.
+    config_path: Path = Path("config.yaml")
+
+    @property
+    def task_path(self) -> Path:
+        """task_dir, relative to the config file's folder (as Potato resolves it)."""
+        return (self.config_path.parent / os.path.expanduser(self.task_dir)).resolve()
+
+    @property
+    def output_path(self) -> Path:
+        """output_annotation_dir, relative to task_dir."""
+        return (self.task_path / os.path.expanduser(self.output_annotation_dir)).resolve()
+
+    def data_paths(self) -> list[Path]:
+        return [self.task_path / os.path.expanduser(p) for p in data_file_paths(self.data_files)]
+
+    def schema_names(self) -> list[str]:
+        return [str(s.get("name")) for s in self.annotation_schemes if s.get("name") is not None]
+
+
+def data_file_paths(data_files: Any) -> list[str]:
+    """Potato accepts a path, a list of paths, or `{path: ...}` entries."""
+    entries = data_files if isinstance(data_files, list) else [data_files]
+    paths = []
+    for entry in entries:
+        if isinstance(entry, dict):
+            entry = entry.get("path")
+        if isinstance(entry, str) and entry:
+            paths.append(entry)
+    return paths
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 numbers.
+
+    PyYAML reads an unquoted `time: 12:00:00` as the integer 43200, which
+    sbatch would take as 43200 minutes. YAML 1.2 (and every admin) reads it
+    as the text "12:00:00".
+    """
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse the config file; ConfigUnreadable (exit 2) when that is impossible."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigUnreadable(f"{path} does not exist", fix="give the path of the project's config.yaml") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigUnreadable(f"{path} cannot be read: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigUnreadable(
+            f"{path} is not valid YAML{where}: {exc.problem}",
+            fix="correct the YAML syntax there (indentation, a missing colon or quote)",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigUnreadable(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigUnreadable(
+            f"{path} is not a Potato config: its top level is {type(data).__name__}, not a mapping of keys",
+            fix="a Potato config starts with keys like annotation_task_name: and task_dir:",
+        )
+    return data
+
+
+def build_config(data: dict[str, Any], config_path: str | os.PathLike[str]) -> ProjectConfig:
+    """The typed config of an already-checked mapping (pydantic errors otherwise)."""
+    known = {k: v for k, v in data.items() if k != "validation"}
+    return ProjectConfig.model_validate({**known, "config_path": Path(config_path).resolve()})
+
+
+def redis_url(option: str | None = None) -> str:
+    """--redis-url, then $POTATO_QUEUE_REDIS_URL, then the local default."""
+    return option or os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL

@@ -1,0 +1,1 @@
+"""The FastAPI server: admin page, admin JSON API, agent protocol."""

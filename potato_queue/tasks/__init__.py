@@ -1,0 +1,1 @@
+"""Thin Celery tasks that call the service layer (runs.py, retrain.py)."""

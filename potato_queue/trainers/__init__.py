@@ -1,0 +1,1 @@
+"""Trainer registry: hf-text-classification, sklearn-text, decision-calibrate."""

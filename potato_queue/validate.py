@@ -1,0 +1,326 @@
+"""Checking a project config (SPEC VAL-1..4) and refusing to start on errors.
+
+`check_file` returns a `Report` (errors, warnings, acknowledged) and never
+raises for a problem in the config itself; `load_checked` is what every entry
+point calls: it raises `ConfigError` on errors, prints the warnings, and
+returns the typed config.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TextIO
+
+from pydantic import BaseModel, ValidationError
+
+from potato_queue.config import (
+    BACKEND_MODELS,
+    LOCAL,
+    AutoRetrainConfig,
+    ModelTrainingConfig,
+    ProjectConfig,
+    WritebackConfig,
+    build_config,
+    data_file_paths,
+    read_yaml,
+)
+from potato_queue.errors import ConfigError
+
+__all__ = ["Warning_", "Report", "check_data", "check_file", "load_checked", "slurm_time_s"]
+
+MIN_ACK_CHARS = 12
+LONG_JOB_S = 6 * 3600
+_TMP_DIRS = ("/tmp", "/var/tmp")
+_SLURM_ONLY_REFUSED = {
+    "packages": "not accepted on a slurm backend: a virtual environment built on the login node may not "
+    "run on the compute nodes; point job_python at an environment the compute nodes have",
+    "gpus": "not accepted on a slurm backend: the job's GPUs come from gres (e.g. gres: gpu:1)",
+}
+
+
+@dataclass(frozen=True)
+class Warning_:
+    """A warning and the backend it is about (None when it is about no backend)."""
+
+    text: str
+    backend: str | None = None
+
+
+@dataclass
+class Report:
+    errors: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    acknowledged: list[str] = field(default_factory=list)
+    config: ProjectConfig | None = None
+
+    def ok(self, strict: bool = False) -> bool:
+        return not self.errors and not (strict and self.warnings)
+
+    def as_json(self) -> dict[str, list[str]]:
+        return {"errors": self.errors, "warnings": self.warnings, "acknowledged": self.acknowledged}
+
+
+def _suggest(key: str, valid: list[str]) -> str:
+    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
+    if close:
+        return f"; did you mean '{close[0]}'?"
+    return f"; valid keys: {', '.join(sorted(valid))}"
+
+
+def _model_keys(model: type[BaseModel]) -> list[str]:
+    return [name for name in model.model_fields if name != "config_path"]
+
+
+def _unknown_keys(section: dict[str, Any], valid: list[str], path: str, what: str) -> list[str]:
+    return [
+        f"{path}.{key}: unknown key {what}{_suggest(str(key), valid)}"
+        for key in section
+        if key not in valid
+    ]
+
+
+def _mapping(value: Any, path: str, errors: list[str]) -> dict[str, Any] | None:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        errors.append(f"{path} must be a mapping of keys, not {type(value).__name__} ({value!r})")
+        return None
+    return value
+
+
+def _check_backend(name: str, raw: Any, errors: list[str], warnings: list[Warning_]) -> dict[str, Any] | None:
+    """Key-level checks of one backend entry; the entry to type-check, or None."""
+    path = f"model_training.backends.{name}"
+    if name == LOCAL:
+        errors.append(f"{path}: 'local' is built in and needs no entry; give this backend another name")
+        return None
+    entry = _mapping(raw, path, errors)
+    if entry is None:
+        if raw is None:
+            errors.append(f"{path} is empty; give it at least `type: ssh`, `type: slurm` or `type: agent`")
+        return None
+    kind = entry.get("type")
+    if kind not in BACKEND_MODELS:
+        got = "missing" if kind is None else f"{kind!r}"
+        hint = _suggest(str(kind), list(BACKEND_MODELS)) if kind is not None else ""
+        errors.append(f"{path}.type is {got}; it must be ssh, slurm or agent (local needs no entry){hint}")
+        return None
+    valid = _model_keys(BACKEND_MODELS[kind])
+    structural = False
+    for key in entry:
+        if kind == "slurm" and key in _SLURM_ONLY_REFUSED:
+            errors.append(f"{path}.{key}: {_SLURM_ONLY_REFUSED[key]}")
+        elif key not in valid:
+            errors.append(f"{path}.{key}: unknown key for a {kind} backend{_suggest(str(key), valid)}")
+    if kind in ("ssh", "slurm") and not entry.get("host"):
+        errors.append(f"{path}.host is required for a {kind} backend (any name `ssh <host> true` accepts)")
+        structural = True
+    if kind == "slurm":
+        structural |= _check_slurm_dir(path, entry.get("remote_dir"), errors)
+        _check_slurm_time(name, entry.get("time"), errors, warnings)
+    # Unknown keys are reported above; the rest is still type-checked so one
+    # pass shows every problem. Without host/remote_dir there is nothing to check.
+    return None if structural else {k: v for k, v in entry.items() if k in valid}
+
+
+def _check_slurm_dir(path: str, remote_dir: Any, errors: list[str]) -> bool:
+    """True when remote_dir is missing (nothing left to type-check)."""
+    if not remote_dir:
+        errors.append(
+            f"{path}.remote_dir is required for a slurm backend: a folder on storage the compute nodes share"
+        )
+        return True
+    norm = os.path.normpath(str(remote_dir))
+    if any(norm == d or norm.startswith(d + "/") for d in _TMP_DIRS):
+        errors.append(
+            f"{path}.remote_dir is {remote_dir}, which is local to each node; "
+            "use a folder on storage the login and compute nodes share"
+        )
+    return False
+
+
+def slurm_time_s(value: str) -> int | None:
+    """Seconds of a SLURM time limit (sbatch --time forms); None if unparsable or unlimited."""
+    text = str(value).strip()
+    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
+    if not m:
+        return None
+    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    if days is not None:  # days-hours[:minutes[:seconds]]
+        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
+    if c is not None:  # hours:minutes:seconds
+        return a * 3600 + b * 60 + c
+    if b is not None:  # minutes:seconds
+        return a * 60 + b
+    return a * 60  # minutes
+
+
+def _check_slurm_time(name: str, time: Any, errors: list[str], warnings: list[Warning_]) -> None:
+    if time is None:
+        return
+    path = f"model_training.backends.{name}.time"
+    if str(time).strip().lower() in ("infinite", "unlimited"):
+        seconds: int | None = LONG_JOB_S + 1
+    else:
+        seconds = slurm_time_s(str(time))
+    if seconds is None:
+        errors.append(
+            f"{path} is {time!r}, which sbatch does not read; "
+            'write it as "HH:MM:SS", "MM", or "D-HH:MM:SS" (quoted), e.g. "04:00:00"'
+        )
+    elif seconds > LONG_JOB_S:
+        warnings.append(
+            Warning_(
+                f"{path} is {time}. A job that holds a GPU for more than 6 hours is long on a shared "
+                "cluster; check its policy",
+                backend=name,
+            )
+        )
+
+
+def _check_sections(data: dict[str, Any], errors: list[str], warnings: list[Warning_]) -> dict[str, Any]:
+    """Unknown keys in the sections potato-queue owns; the mapping to type-check.
+
+    Potato's own top-level keys are many and not ours to police, so only
+    `model_training` (and its sections) and `validation` are checked key by key.
+    """
+    clean = dict(data)
+    mt = _mapping(data.get("model_training"), "model_training", errors)
+    if mt is None:
+        clean.pop("model_training", None)
+        return clean
+    mt = dict(mt)
+    errors.extend(_unknown_keys(mt, _model_keys(ModelTrainingConfig), "model_training", "in model_training"))
+    for name, model in (("writeback", WritebackConfig), ("auto_retrain", AutoRetrainConfig)):
+        sub = _mapping(mt.get(name), f"model_training.{name}", errors)
+        if sub is not None:
+            errors.extend(_unknown_keys(sub, _model_keys(model), f"model_training.{name}", f"in {name}"))
+    backends = _mapping(mt.get("backends"), "model_training.backends", errors) or {}
+    checked = {}
+    for name, raw in backends.items():
+        entry = _check_backend(str(name), raw, errors, warnings)
+        if entry is not None:
+            checked[str(name)] = entry
+    mt["backends"] = checked
+    clean["model_training"] = {k: v for k, v in mt.items() if k in ModelTrainingConfig.model_fields}
+    return clean
+
+
+def _loc_path(loc: tuple[Any, ...]) -> str:
+    parts = list(loc)
+    # A discriminated union puts the backend's type in the location; users
+    # never wrote it, so it is left out of the path they read.
+    if parts[:2] == ["model_training", "backends"] and len(parts) > 3 and parts[3] in BACKEND_MODELS:
+        del parts[3]
+    text = ""
+    for part in parts:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def _type_errors(exc: ValidationError) -> list[str]:
+    out = []
+    for err in exc.errors():
+        msg = err["msg"].removeprefix("Value error, ")
+        got = "" if err["type"] == "missing" else f" (got {err['input']!r})"
+        out.append(f"{_loc_path(err['loc'])}: {msg}{got}")
+    return out
+
+
+def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str], errors: list[str]) -> None:
+    """Names that must point at something: backends, schemes, data files (read from the raw mapping,
+    so a reference is checked even when a backend entry has errors of its own)."""
+    mt = data.get("model_training") if isinstance(data.get("model_training"), dict) else {}
+    backends = mt.get("backends") if isinstance(mt.get("backends"), dict) else {}
+    names = [LOCAL, *(str(n) for n in backends if n != LOCAL)]
+    retrain = mt.get("auto_retrain") if isinstance(mt.get("auto_retrain"), dict) else {}
+    for path, value in (("model_training.backend", mt.get("backend")), ("model_training.auto_retrain.backend", retrain.get("backend"))):
+        if value is not None and value not in names:
+            close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
+            hint = f"; did you mean '{close[0]}'?" if close else ""
+            errors.append(f"{path} is {value!r}, which names no backend (configured: {', '.join(names)}){hint}")
+    schemes = [str(s.get("name")) for s in data.get("annotation_schemes") or [] if isinstance(s, dict)]
+    writeback = mt.get("writeback") if isinstance(mt.get("writeback"), dict) else {}
+    for path, listed in (("model_training.writeback.schemas", writeback.get("schemas")), ("model_training.auto_retrain.schemas", retrain.get("schemas"))):
+        for schema in listed if isinstance(listed, list) else []:
+            if str(schema) not in schemes:
+                errors.append(
+                    f"{path} names {schema!r}, which is not an annotation scheme (schemes: {', '.join(schemes) or 'none'})"
+                )
+    task_dir = Path(config_path).resolve().parent / os.path.expanduser(str(data.get("task_dir") or "."))
+    for index, raw in enumerate(data_file_paths(data.get("data_files") or [])):
+        path = task_dir / os.path.expanduser(raw)
+        if not path.exists():
+            errors.append(f"data_files[{index}] is {raw!r}, which does not exist (looked for {path.resolve()})")
+
+
+def _named_backends(entry: str, names: list[str]) -> set[str]:
+    return {n for n in names if re.search(rf"(?<![\w-]){re.escape(n)}(?![\w-])", entry)}
+
+
+def _acknowledge(raw: Any, found: list[Warning_], backends: list[str], report: Report) -> None:
+    """Split warnings into acknowledged and not (VAL-4); bad entries warn themselves."""
+    entries = raw if isinstance(raw, list) else []
+    if raw is not None and not isinstance(raw, list):
+        report.errors.append(f"validation.acknowledge must be a list of warning texts, not {type(raw).__name__}")
+    matched: set[int] = set()
+    for entry in entries:
+        if not isinstance(entry, str) or len(entry) < MIN_ACK_CHARS:
+            report.warnings.append(
+                f"validation.acknowledge entry {entry!r} is shorter than {MIN_ACK_CHARS} characters; "
+                "quote more of the warning it acknowledges"
+            )
+            continue
+        named = _named_backends(entry, backends)
+        hits = [
+            i for i, w in enumerate(found)
+            if entry in w.text and (not named or w.backend in named)
+        ]
+        if not hits:
+            report.warnings.append(f"validation.acknowledge entry {entry!r} matches no warning; remove it")
+        matched.update(hits)
+    for i, w in enumerate(found):
+        (report.acknowledged if i in matched else report.warnings).append(w.text)
+
+
+def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Report:
+    """Every VAL rule over a parsed config mapping, all problems in one pass."""
+    report = Report()
+    validation = _mapping(data.get("validation"), "validation", report.errors)
+    if validation is not None:
+        report.errors.extend(_unknown_keys(validation, ["acknowledge"], "validation", "in validation"))
+    found: list[Warning_] = []
+    clean = _check_sections(data, report.errors, found)
+    _check_references(data, config_path, report.errors)
+    backends = list(clean.get("model_training", {}).get("backends", {}))
+    _acknowledge((validation or {}).get("acknowledge"), found, backends, report)
+    try:
+        cfg = build_config(clean, config_path)
+    except ValidationError as exc:
+        report.errors.extend(_type_errors(exc))
+        return report
+    if not report.errors:
+        report.config = cfg
+    return report
+
+
+def check_file(path: str | os.PathLike[str]) -> Report:
+    """The report for a config file; ConfigUnreadable (exit 2) if it cannot be parsed."""
+    return check_data(read_yaml(path), path)
+
+
+def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None) -> ProjectConfig:
+    """What every entry point calls: refuse to start on errors, print warnings (VAL-2)."""
+    report = check_file(path)
+    if report.errors:
+        raise ConfigError(str(path), report.errors)
+    out = stream if stream is not None else sys.stderr
+    for text in report.warnings:
+        print(f"warning: {text}", file=out)
+    assert report.config is not None
+    return report.config

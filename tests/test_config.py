@@ -1,0 +1,83 @@
+"""The typed config: defaults from SPEC, Potato's path resolution, the Redis URL, sbatch flags."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from potato_queue.agent.slurm import SBATCH_FLAGS, sbatch_flags
+from potato_queue.config import DEFAULT_REDIS_URL, SlurmBackend, redis_url
+from potato_queue.validate import load_checked, slurm_time_s
+from tests.test_validate_cli import SEED, seed_config, write_project
+
+
+def test_spec_defaults(tmp_path: Path) -> None:
+    cfg = seed_config()
+    cfg["model_training"]["backends"]["plain"] = {"type": "ssh", "host": "h"}
+    cfg["model_training"]["backends"]["ws"] = {"type": "agent"}
+    mt = load_checked(write_project(tmp_path, cfg)).model_training
+    ssh = mt.backends["plain"]
+    assert (ssh.python, ssh.remote_dir, ssh.gpus, ssh.min_free_gpu_mb) == ("python3", "~/.cache/potato-training", "auto", 2000)
+    assert (ssh.max_artifact_mb, ssh.fetch_artifacts, ssh.keep_remote, ssh.heartbeat_timeout_s) == (2048, True, False, 120)
+    assert (mt.grace_seconds, mt.device, mt.max_predictions_mb) == (20, "auto", 512)
+    assert (mt.backends["ws"].heartbeat_timeout_s, mt.backends["ws"].queue_timeout_s) == (120, None)
+    assert mt.backends["lab-workstation"].queue_timeout_s == 3600
+    assert mt.splits == {"train": 0.7, "val": 0.15, "test": 0.15}
+
+
+def test_default_backend_and_retrain_backend(tmp_path: Path) -> None:
+    cfg = seed_config()
+    mt = load_checked(write_project(tmp_path, cfg)).model_training
+    assert (mt.default_backend, mt.retrain_backend) == ("gpu-server", "gpu-server")
+    del cfg["model_training"]["backend"]
+    cfg["model_training"]["auto_retrain"] = {"backend": "cluster"}
+    mt = load_checked(write_project(tmp_path, cfg)).model_training
+    assert (mt.default_backend, mt.retrain_backend) == ("local", "cluster")
+    assert mt.backend_names() == ["local", "gpu-server", "cluster", "lab-workstation"]
+
+
+def test_paths_resolve_like_potato(tmp_path: Path) -> None:
+    project = tmp_path / "proj"
+    (project / "task" / "data").mkdir(parents=True)
+    (project / "task" / "data" / "items.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    (project / "config.yaml").write_text(
+        "task_dir: task\ndata_files: [{path: data/items.jsonl}]\noutput_annotation_dir: out\n"
+        "annotation_schemes: [{annotation_type: radio, name: s, labels: [a, b]}]\n"
+    )
+    cfg = load_checked(project / "config.yaml")
+    assert cfg.task_path == (project / "task").resolve()
+    assert cfg.output_path == (project / "task" / "out").resolve()
+    assert cfg.data_paths() == [(project / "task" / "data" / "items.jsonl")]
+
+
+def test_gpus_forms(tmp_path: Path) -> None:
+    cfg = seed_config()
+    cfg["model_training"]["backends"]["gpu-server"]["gpus"] = 1
+    assert load_checked(write_project(tmp_path, cfg)).model_training.backends["gpu-server"].gpus == "1"
+    cfg["model_training"]["backends"]["gpu-server"]["gpus"] = "0, 1"
+    assert load_checked(write_project(tmp_path, cfg)).model_training.backends["gpu-server"].gpus == "0,1"
+
+
+def test_redis_url_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("POTATO_QUEUE_REDIS_URL", raising=False)
+    assert redis_url() == DEFAULT_REDIS_URL == "redis://127.0.0.1:6379/0"
+    monkeypatch.setenv("POTATO_QUEUE_REDIS_URL", "redis://10.0.0.5:6380/2")
+    assert redis_url() == "redis://10.0.0.5:6380/2"
+    assert redis_url("unix:///run/r.sock") == "unix:///run/r.sock"
+
+
+def test_every_sbatch_setting_is_a_slurm_key_and_maps_to_its_flag() -> None:
+    assert set(SBATCH_FLAGS) <= set(SlurmBackend.model_fields)
+    backend = load_checked(SEED / "config.yaml").model_training.backends["cluster"]
+    flags = sbatch_flags(backend.model_dump())
+    assert flags == ["--gres=gpu:1", "--time=04:00:00"]
+    assert sbatch_flags({"cpus_per_task": 8, "partition": "gpu", "mem": "32G"}) == ["--partition=gpu", "--cpus-per-task=8", "--mem=32G"]
+
+
+@pytest.mark.parametrize(
+    ("text", "seconds"),
+    [("30", 1800), ("30:15", 1815), ("04:00:00", 14400), ("1-00", 86400), ("1-02:30", 95400), ("2-00:00:01", 172801), ("4h", None), ("", None)],
+)
+def test_slurm_time_parsing(text: str, seconds: int | None) -> None:
+    assert slurm_time_s(text) == seconds

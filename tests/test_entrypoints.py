@@ -1,0 +1,82 @@
+"""Every entry point that reads the config refuses a bad one with the validator's messages (VAL-2)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_cli
+from tests.test_validate_cli import SEED, seed_config, write_project
+
+ENTRY_POINTS = [
+    ["serve", "{cfg}"],
+    ["worker", "{cfg}"],
+    ["beat", "{cfg}"],
+    ["up", "{cfg}"],
+    ["training", "check", "gpu-server", "{cfg}"],
+    ["training", "register", "lab-workstation", "{cfg}"],
+    ["training", "run", "{cfg}", "--trainer", "sklearn-text", "--schema", "sentiment"],
+    ["training", "runs", "{cfg}"],
+    ["training", "cancel", "20260101T000000-abcdef", "{cfg}"],
+    ["training", "logs", "20260101T000000-abcdef", "{cfg}"],
+    ["training", "bundle", "{cfg}", "--out", "{out}"],
+]
+
+
+@pytest.fixture
+def typo_config(tmp_path: Path) -> Path:
+    cfg = seed_config()
+    cfg["model_training"]["backends"]["gpu-server"]["pyhton"] = cfg["model_training"]["backends"]["gpu-server"].pop("python")
+    return write_project(tmp_path, cfg)
+
+
+@pytest.mark.parametrize("argv", ENTRY_POINTS, ids=lambda a: " ".join(a[:2]))
+def test_entry_point_refuses_typo(argv: list[str], typo_config: Path, tmp_path: Path) -> None:
+    proc = run_cli(*(a.format(cfg=typo_config, out=tmp_path / "out") for a in argv))
+    assert proc.returncode == 1, proc.stderr
+    assert "error: model_training.backends.gpu-server.pyhton: unknown key for a ssh backend; did you mean 'python'?" in proc.stderr
+    assert f"potato-queue validate {typo_config} --strict" in proc.stderr
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("argv", ENTRY_POINTS[:3], ids=lambda a: a[0])
+def test_entry_point_prints_warnings_at_start(argv: list[str], tmp_path: Path) -> None:
+    cfg = seed_config()
+    cfg["model_training"]["backends"]["cluster"]["time"] = "2-00:00:00"
+    path = write_project(tmp_path, cfg)
+    proc = run_cli(*(a.format(cfg=path, out=tmp_path / "out") for a in argv))
+    assert "warning: model_training.backends.cluster.time is 2-00:00:00. A job that holds a GPU" in proc.stderr
+
+
+def test_entry_point_refuses_unparsable_config_with_exit_2(tmp_path: Path) -> None:
+    path = write_project(tmp_path, "model_training: [\n")
+    proc = run_cli("serve", path)
+    assert proc.returncode == 2
+    assert "is not valid YAML at line" in proc.stderr
+
+
+def test_valid_config_gets_past_the_check(tmp_path: Path) -> None:
+    # Commands not built yet say so plainly, after the config check passed.
+    proc = run_cli("training", "runs", SEED / "config.yaml")
+    assert "error: model_training" not in proc.stderr
+    assert "is not built yet" in proc.stderr
+
+
+def test_cli_help_lists_the_command_tree() -> None:
+    top = run_cli("--help").stdout
+    for command in ("validate", "serve", "worker", "beat", "up", "training"):
+        assert command in top
+    sub = run_cli("training", "--help").stdout
+    for command in ("check", "register", "agent", "run", "runs", "cancel", "logs", "bundle"):
+        assert command in sub
+
+
+def test_console_script_is_installed() -> None:
+    import subprocess
+    import sys
+
+    exe = Path(sys.executable).parent / "potato-queue"
+    assert exe.exists(), "the potato-queue console script is not installed beside this Python (pip install -e .)"
+    out = subprocess.run([str(exe), "validate", str(SEED / "config.yaml")], capture_output=True, text=True)
+    assert out.returncode == 0 and "valid" in out.stdout
