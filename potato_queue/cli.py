@@ -44,6 +44,17 @@ def _checked(config: Path) -> ProjectConfig:
     return load_checked(config)
 
 
+def _redis_checked(url: str) -> str:
+    from potato_queue.embedded_redis import ping
+
+    if not ping(url, timeout_s=2.0):
+        raise PotatoQueueError(
+            f"Redis at {url} does not answer",
+            fix=f"start Redis there, or pass --redis-url (or set {REDIS_URL_ENV}) to one that runs",
+        )
+    return url
+
+
 def _not_built(command: str, issue: str) -> NotBuiltYet:
     return NotBuiltYet(
         f"`potato-queue {command}` is not built yet; it arrives with {issue}",
@@ -101,8 +112,9 @@ def _print_report(config: Path, report: Any, strict: bool) -> None:
 @click.option("--public-url", default=None, help="The URL agents use, when behind a proxy.")
 def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | None) -> None:
     """Run the server: Training page, admin JSON API, agent protocol."""
-    _checked(config)
-    raise _not_built("serve", "the run-lifecycle work (server)")
+    from potato_queue.serve import serve_forever
+
+    serve_forever(_checked(config), _redis_checked(redis_url), host=host, port=port, public_url=public_url)
 
 
 @cli.command()
@@ -110,8 +122,9 @@ def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | 
 @REDIS
 def worker(config: Path, redis_url: str) -> None:
     """Run an executor: a Celery worker that runs one training run at a time."""
-    _checked(config)
-    raise _not_built("worker", "the run-lifecycle work (executor)")
+    from potato_queue.serve import run_executor
+
+    run_executor(_checked(config), _redis_checked(redis_url))
 
 
 @cli.command()
@@ -143,8 +156,17 @@ def training() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def check(backend: str, config: Path, as_json: bool) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
-    _checked(config)
-    raise _not_built("training check", "each backend's work")
+    cfg = _checked(config)
+    if backend not in cfg.model_training.backend_names():
+        raise PotatoQueueError(f"no backend named {backend!r}; configured: {', '.join(cfg.model_training.backend_names())}")
+    if backend != "local":
+        raise _not_built(f"training check {backend}", f"the {cfg.model_training.backends[backend].type} backend's work")
+    from potato_queue.executors.local import LocalExecutor
+
+    report = LocalExecutor().check(cfg, backend)
+    click.echo(json.dumps({"ok": report.ok, **report.data}) if as_json else "\n".join(report.lines))
+    if not report.ok:
+        raise click.exceptions.Exit(1)
 
 
 @training.command()
@@ -178,10 +200,18 @@ def agent(**_: Any) -> None:
 @click.option("--schema", "schemas", multiple=True, required=True)
 @click.option("--backend", default=None)
 @click.option("--follow", is_flag=True)
-def run(config: Path, **_: Any) -> None:
-    """Queue a training run."""
-    _checked(config)
-    raise _not_built("training run", "the run-lifecycle work")
+def run(config: Path, redis_url: str, trainer: str, schemas: tuple[str, ...], backend: str | None,
+        follow: bool) -> None:
+    """Queue a training run (--follow: watch it to the end and print the held-out scores)."""
+    from potato_queue import follow as following
+    from potato_queue.runs import start_run
+
+    cfg = _checked(config)
+    store, enqueue = _store_and_queue(cfg, _redis_checked(redis_url))
+    record = start_run(cfg, store, enqueue, trainer=trainer, schemas=list(schemas), backend=backend, trigger="cli")
+    click.echo(f"queued run {record['run_id']} ({trainer} on {record['backend']})")
+    if follow:
+        raise click.exceptions.Exit(following.follow(store, record["run_id"]))
 
 
 @training.command()
@@ -189,8 +219,10 @@ def run(config: Path, **_: Any) -> None:
 @REDIS
 def runs(config: Path, redis_url: str) -> None:
     """List the project's runs."""
-    _checked(config)
-    raise _not_built("training runs", "the run-lifecycle work")
+    from potato_queue.follow import runs_table
+
+    store, _ = _store_and_queue(_checked(config), _redis_checked(redis_url))
+    click.echo(runs_table(store.list_runs()))
 
 
 @training.command()
@@ -199,8 +231,12 @@ def runs(config: Path, redis_url: str) -> None:
 @REDIS
 def cancel(run_id: str, config: Path, redis_url: str) -> None:
     """Cancel a queued or running run."""
-    _checked(config)
-    raise _not_built("training cancel", "the run-lifecycle work")
+    store, _ = _store_and_queue(_checked(config), _redis_checked(redis_url))
+    try:
+        state = store.request_cancel(run_id)
+    except (KeyError, ValueError):
+        raise PotatoQueueError(f"no run {run_id!r} in this project", fix="list them with: potato-queue training runs CONFIG") from None
+    click.echo(f"{run_id}: {state}" + ("" if state == "cancelled" else " (cancel requested; the worker is being stopped)"))
 
 
 @training.command()
@@ -208,18 +244,45 @@ def cancel(run_id: str, config: Path, redis_url: str) -> None:
 @CONFIG
 @click.option("-f", "--follow", is_flag=True)
 def logs(run_id: str, config: Path, follow: bool) -> None:
-    """Print a run's log."""
-    _checked(config)
-    raise _not_built("training logs", "the run-lifecycle work")
+    """Print a run's log (-f: keep printing until the run ends)."""
+    from potato_queue.follow import print_log
+    from potato_queue.keys import RunPaths
+
+    cfg = _checked(config)
+    try:
+        paths = RunPaths.of(cfg, run_id)
+    except ValueError:
+        raise PotatoQueueError(f"{run_id!r} is not a run id (they look like 20261129T120000-a1b2c3)") from None
+    if not paths.run_json.exists():
+        raise PotatoQueueError(f"no run {run_id!r} in this project", fix="list them with: potato-queue training runs CONFIG")
+    print_log(paths, follow=follow)
 
 
 @training.command()
 @CONFIG
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
-def bundle(config: Path, out: Path) -> None:
+@click.option("--schema", "schemas", multiple=True, help="A scheme to train on (repeat; default: every scheme with a target).")
+def bundle(config: Path, out: Path, schemas: tuple[str, ...]) -> None:
     """Write the bundle a run would get, to inspect it."""
-    _checked(config)
-    raise _not_built("training bundle", "the run-lifecycle work")
+    from potato_queue.bundle import build_bundle
+
+    manifest = build_bundle(_checked(config), out, list(schemas) or None)
+    sizes = ", ".join(f"{name} {entry['n']}" for name, entry in manifest["splits"].items())
+    click.echo(f"bundle: {sizes} ({', '.join(s['name'] for s in manifest['schemas'])})")
+    for text in manifest["stats"]["warnings"]:
+        click.echo(f"warning: {text}")
+    click.echo(f"digest: {manifest['digest']}")
+    click.echo(f"written to {out.resolve()}")
+
+
+def _store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[Any, Any]:
+    import redis
+
+    from potato_queue.celery_app import enqueue, make_celery
+    from potato_queue.store import RunStore
+
+    app = make_celery(cfg, redis_url)
+    return RunStore(cfg, redis.Redis.from_url(redis_url)), lambda run_id: enqueue(app, cfg, run_id)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -158,6 +158,8 @@ class ModelTrainingConfig(_Strict):
     num_threads: int | None = Field(None, ge=1)
     max_ram_mb: float | None = Field(None, gt=0)
     max_predictions_mb: float = Field(512, gt=0)
+    # Local runs: how long the local agent may stay silent before the run fails.
+    heartbeat_timeout_s: float = Field(120, gt=0)
     retain_runs: int = Field(5, ge=0)
     split_seed: int = 0
     splits: dict[str, float] = Field(default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15})

@@ -1,11 +1,68 @@
-"""python -m potato_queue.agent: run one assigned job (filled by the run-lifecycle work)."""
+"""python -m potato_queue.agent run --server URL --run-id ID --workdir DIR [--python EXE] [--keep]
 
+The run token is the first line of stdin: never an argument, an environment
+variable or a log line, where other accounts (ps, /proc) or logs could read it.
+Standard library only, Python 3.8+.
+"""
+
+import argparse
+import signal
 import sys
+from typing import IO, List, Optional
+
+from potato_queue.agent.client import AgentClient
+from potato_queue.agent.runner import Runner, log_line
+
+__all__ = ["build_parser", "read_token", "main"]
 
 
-def main() -> int:
-    sys.stderr.write("potato_queue.agent: not built yet; it arrives with the run-lifecycle work\n")
-    return 3
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: one subcommand, `run`."""
+    parser = argparse.ArgumentParser(prog="python -m potato_queue.agent",
+                                     description="Run one potato-queue training job next to the trainer.")
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the job of one run (the token is read from stdin)")
+    run.add_argument("--server", required=True, help="http://host:port or unix:///path/to.sock")
+    run.add_argument("--run-id", required=True)
+    run.add_argument("--workdir", required=True, help="folder for DIR/<run_id>/ (bundle, spec.json, work/)")
+    run.add_argument("--python", default=sys.executable, help="the interpreter that runs the worker")
+    run.add_argument("--keep", action="store_true", help="keep the bundle after the run")
+    # Seconds without an answer before the agent stops the worker (AGT-7); tests shorten it.
+    run.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
+    return parser
+
+
+def read_token(stream: IO[str]) -> str:
+    """The first line of stdin, stripped ('' when there is none)."""
+    return stream.readline().strip()
+
+
+def _stop_on_signals(runner: Runner) -> None:
+    """SIGTERM, SIGINT and SIGHUP (the ssh session dropped) stop the worker the way a cancel does."""
+    def handler(signum: int, _frame: object) -> None:
+        runner.request_stop("the agent got {}".format(signal.Signals(signum).name))
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, handler)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Read the token, run the job, return the exit code to report."""
+    args = build_parser().parse_args(argv)
+    token = read_token(sys.stdin)
+    if not token:
+        log_line("no run token: the first line of stdin must hold it")
+        return 2
+    try:
+        client = AgentClient(args.server, args.run_id, token, log=log_line)
+        runner = Runner(client, args.workdir, python=args.python, keep=args.keep,
+                        unreachable_s=args.unreachable_s)
+    except ValueError as exc:
+        log_line(str(exc))
+        return 2
+    _stop_on_signals(runner)
+    log_line("run {}: server {}, workdir {}".format(args.run_id, args.server, runner.files.root))
+    return runner.run()
 
 
 if __name__ == "__main__":

@@ -1,1 +1,29 @@
-"""Trainer registry: hf-text-classification, sklearn-text, decision-calibrate."""
+"""Trainers: hf-text-classification, sklearn-text, decision-calibrate.
+
+Importing this package is cheap (standard library only); each trainer
+imports its heavy packages inside its own functions.
+"""
+
+from __future__ import annotations
+
+from potato_queue.trainers.registry import (
+    LOCAL_ONLY,
+    TRAINERS,
+    TrainerInfo,
+    get_trainer,
+    get_trainer_class,
+    install_hint,
+    trainer_info,
+    trainer_names,
+)
+
+__all__ = [
+    "LOCAL_ONLY",
+    "TRAINERS",
+    "TrainerInfo",
+    "get_trainer",
+    "get_trainer_class",
+    "install_hint",
+    "trainer_info",
+    "trainer_names",
+]

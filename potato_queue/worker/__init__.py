@@ -3,3 +3,7 @@
 Trainers import their own dependencies lazily, so a missing package is a
 clear exit 3 with an install hint, not an import crash.
 """
+
+from typing import List
+
+__all__: List[str] = []

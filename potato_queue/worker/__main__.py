@@ -1,11 +1,60 @@
-"""python -m potato_queue.worker --spec spec.json (filled by the run-lifecycle work)."""
+"""``python -m potato_queue.worker --spec spec.json``: run one training job.
 
+Events go to stdout (one JSON object a line, see events.py), free text to
+stderr, and the exit code says how it ended (see errors.py / protocol.md).
+"""
+
+import argparse
+import os
 import sys
+from typing import IO, List, Optional
+
+from .errors import EXIT_BAD_SPEC
+from .events import Reporter
+from .run import run
+from .stop import StopFlag, install_signal_handlers
+
+__all__ = ["main"]
 
 
-def main() -> int:
-    sys.stderr.write("potato_queue.worker: not built yet; it arrives with the run-lifecycle work\n")
-    return 2
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m potato_queue.worker",
+        description="Run one potato-queue training job from a spec file.",
+    )
+    parser.add_argument("--spec", required=True, help="path to the run's spec.json")
+    return parser
+
+
+def event_stream() -> IO[str]:
+    """A private UTF-8 handle on stdout for events; fd 1 and sys.stdout then point at stderr.
+
+    Libraries that print (Python or native code) would otherwise interleave
+    free text with the events; this way stdout carries events only.
+    """
+    try:
+        sys.stdout.flush()
+        events_fd = os.dup(1)
+        os.dup2(2, 1)
+    except (OSError, ValueError, AttributeError):
+        return sys.stdout
+    sys.stdout = sys.stderr
+    return os.fdopen(events_fd, "w", encoding="utf-8", buffering=1)
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    """Parse arguments, install signal handlers, run; return the exit code."""
+    stop = StopFlag()
+    install_signal_handlers(stop)
+    reporter = Reporter(stream=event_stream(), should_stop=stop.is_set)
+    try:
+        args = _parser().parse_args(argv)
+    except SystemExit as exc:
+        if exc.code in (0, None):
+            return 0
+        reporter.error("bad_spec", "usage: python -m potato_queue.worker --spec spec.json")
+        return EXIT_BAD_SPEC
+    return run(args.spec, reporter, stop)
 
 
 if __name__ == "__main__":

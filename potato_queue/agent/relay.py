@@ -1,0 +1,200 @@
+"""Worker output to the server: readers, the batching sender, heartbeat and control.
+
+Standard library only, Python 3.8+. Each job has its own thread so none can
+starve another: a worker that floods stdout only fills the queue (which
+then blocks its pipe: back-pressure), while the heartbeat and the control
+long-poll keep their own connections and their own pace.
+"""
+
+import json
+import os
+import queue
+import re
+import threading
+import time
+from typing import IO, Any, Callable, Iterator, List, Optional
+
+from potato_queue.agent.client import AgentClient, ApiError, Unreachable
+
+__all__ = [
+    "make_event",
+    "stdout_event",
+    "EventRelay",
+    "read_stdout",
+    "read_stderr",
+    "heartbeat_loop",
+    "control_loop",
+    "MAX_BATCH",
+    "FLUSH_S",
+]
+
+MAX_BATCH = 500
+FLUSH_S = 0.1
+MAX_QUEUED = 100000
+MAX_LINE = 8000  # characters of one stderr line kept (a progress bar can be endless)
+_LINE_BREAK = re.compile(rb"[\r\n]")
+
+Log = Callable[[str], None]
+
+
+def make_event(kind: str, **fields: Any) -> str:
+    """An event of the agent's own, as JSON text."""
+    event = {"v": 1, "event": kind, "t": round(time.time(), 3)}
+    event.update(fields)
+    return json.dumps(event, separators=(",", ":"))
+
+
+def stdout_event(raw: bytes) -> Optional[str]:
+    """The JSON text to relay for one stdout line (None for a blank line).
+
+    A well-formed event goes on byte for byte (no re-encoding: the cheap path
+    a chatty trainer takes); any other line becomes `log {level: "stdout"}`.
+    """
+    text = raw.decode("utf-8", "replace").strip()
+    if not text:
+        return None
+    if text.startswith("{"):
+        try:
+            event = json.loads(text)
+        except ValueError:
+            event = None
+        if isinstance(event, dict) and isinstance(event.get("event"), str):
+            if "v" in event and "t" in event:
+                return text
+            event.setdefault("v", 1)
+            event.setdefault("t", round(time.time(), 3))
+            return json.dumps(event, separators=(",", ":"))
+    return make_event("log", level="stdout", msg=text[:MAX_LINE])
+
+
+class EventRelay:
+    """A queue of events and the thread that posts them in order, in batches."""
+
+    def __init__(self, client: AgentClient, on_cancel: Callable[[], None], log: Log) -> None:
+        self.client = client
+        self.on_cancel = on_cancel
+        self.log = log
+        self.queue = queue.Queue(maxsize=MAX_QUEUED)  # type: queue.Queue[str]
+        self._closing = threading.Event()
+        self._abandoned = threading.Event()
+        self._thread = threading.Thread(target=self._send_loop, name="events", daemon=True)
+
+    def start(self) -> None:
+        """Start the sender thread."""
+        self._thread.start()
+
+    def put(self, text: Optional[str]) -> None:
+        """Queue one event given as JSON text (None is skipped); blocks while the queue is full."""
+        if text is not None:
+            self.queue.put(text)
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        """Queue an event of the agent's own."""
+        self.put(make_event(kind, **fields))
+
+    def close(self, timeout_s: float) -> bool:
+        """Send what is queued, then stop; False when that took longer than timeout_s."""
+        self._closing.set()
+        self._thread.join(timeout_s)
+        if self._thread.is_alive():
+            self._abandoned.set()
+            return False
+        return True
+
+    def _next_batch(self) -> List[str]:
+        try:
+            batch = [self.queue.get(timeout=FLUSH_S)]
+        except queue.Empty:
+            return []
+        deadline = time.monotonic() + FLUSH_S
+        while len(batch) < MAX_BATCH:
+            left = deadline - time.monotonic()
+            try:
+                batch.append(self.queue.get(timeout=left) if left > 0 else self.queue.get_nowait())
+            except queue.Empty:
+                break
+        return batch
+
+    def _send_loop(self) -> None:
+        while not self._abandoned.is_set():
+            batch = self._next_batch()
+            if batch:
+                self._post(batch)
+            elif self._closing.is_set() and self.queue.empty():
+                return
+
+    def _post(self, batch: List[str]) -> None:
+        """Post one batch; keep trying while the server is away (AGT-7 decides when to give up)."""
+        while not self._abandoned.is_set():
+            try:
+                if self.client.post_events(batch):
+                    self.on_cancel()
+                return
+            except Unreachable as exc:
+                self.log("events: {}".format(exc))
+            except ApiError as exc:
+                # Asking again gets the same answer: drop the batch rather than block the run.
+                self.log("the server refused {} events: {}".format(len(batch), exc))
+                return
+
+
+def _split_lines(fd: int) -> Iterator[bytes]:
+    r"""Lines ended by \n or \r (progress bars redraw with \r), each at most MAX_LINE bytes."""
+    pending = b""
+    while True:
+        chunk = os.read(fd, 65536)
+        if not chunk:
+            break
+        parts = _LINE_BREAK.split(pending + chunk)
+        pending = parts.pop()
+        for part in parts:
+            yield part
+        if len(pending) > MAX_LINE:
+            yield pending
+            pending = b""
+    if pending:
+        yield pending
+
+
+def read_stdout(stream: IO[bytes], relay: EventRelay) -> None:
+    """The worker's events, in order."""
+    with stream:
+        for raw in stream:
+            relay.put(stdout_event(raw))
+
+
+def read_stderr(stream: IO[bytes], relay: EventRelay) -> None:
+    """Each stderr line as `log {level: "stderr"}`."""
+    with stream:
+        for raw in _split_lines(stream.fileno()):
+            text = raw.decode("utf-8", "replace").rstrip()
+            if text.strip():
+                relay.emit("log", level="stderr", msg=text[:MAX_LINE])
+
+
+def heartbeat_loop(client: AgentClient, interval_s: float, stop: threading.Event,
+                   on_cancel: Callable[[], None], log: Log) -> None:
+    """An empty batch every interval_s on its own connection, whatever the worker does."""
+    while not stop.wait(interval_s):
+        try:
+            if client.post_events([], give_up_s=interval_s):
+                on_cancel()
+        except (Unreachable, ApiError) as exc:
+            log("heartbeat: {}".format(exc))
+
+
+def control_loop(client: AgentClient, stop: threading.Event, on_cancel: Callable[[], None],
+                 log: Log, wait_s: float = 25.0) -> None:
+    """Long-poll /control so that a cancel arrives within a fraction of a second."""
+    delay = 0.5
+    while not stop.is_set():
+        try:
+            if client.control(wait_s):
+                on_cancel()
+                return
+            delay = 0.5
+        except (Unreachable, ApiError) as exc:
+            if delay == 0.5:
+                log("control: {}".format(exc))
+            stop.wait(delay)
+            delay = min(delay * 2, 5.0)

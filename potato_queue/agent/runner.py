@@ -1,0 +1,305 @@
+"""One run on the training machine: bundle in, worker run, events out, result back.
+
+Standard library only, Python 3.8+. Files live in `DIR/<run_id>/`:
+bundle.tar.gz, bundle/, spec.json, work/ (the worker's workdir: model files
+and predictions.jsonl), as docs/protocol.md lays out.
+"""
+
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import sys
+import tarfile
+import threading
+import time
+from typing import Any, Callable, Dict, Optional, Tuple
+
+from potato_queue.agent.client import AgentClient, ApiError, BundleError, Unreachable
+from potato_queue.agent.proc import DEFAULT_GRACE_S, WorkerProcess, exit_code_of
+from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop, read_stderr, read_stdout
+
+__all__ = ["Runner", "RunFiles", "extract_bundle", "log_line", "EXIT_OOM", "EXIT_SETUP", "EXIT_FAILURE",
+           "EXIT_CANCELLED"]
+
+EXIT_FAILURE = 1
+EXIT_SETUP = 2
+EXIT_CANCELLED = 4
+EXIT_OOM = 5
+MEMORY_CHECK_S = 0.25
+TICK_S = 0.05
+_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+# The folder holding the potato_queue package: put on the worker's PYTHONPATH.
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def log_line(message: str) -> None:
+    """The agent's own log: stderr, one timestamped line (the executor keeps it as agent.log)."""
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    sys.stderr.write("{} agent: {}\n".format(stamp, message))
+    sys.stderr.flush()
+
+
+class RunFiles:
+    """The paths of one run under the agent's --workdir."""
+
+    def __init__(self, base_dir: str, run_id: str) -> None:
+        if not _SAFE_ID.match(run_id):
+            raise ValueError("not a run id: {!r}".format(run_id))
+        self.root = os.path.join(os.path.abspath(base_dir), run_id)
+        self.bundle_tar = os.path.join(self.root, "bundle.tar.gz")
+        self.bundle_dir = os.path.join(self.root, "bundle")
+        self.spec = os.path.join(self.root, "spec.json")
+        self.work = os.path.join(self.root, "work")
+        self.predictions = os.path.join(self.work, "predictions.jsonl")
+
+
+def extract_bundle(tar_path: str, dest: str) -> None:
+    """Unpack the bundle's regular files and folders into a fresh `dest`; refuse anything else.
+
+    Done by hand, not extractall: Python 3.8 has no extraction filter, and a
+    bundle naming `../x`, an absolute path or a link must not write outside dest.
+    """
+    shutil.rmtree(dest, ignore_errors=True)
+    os.makedirs(dest)
+    with tarfile.open(tar_path, "r:gz") as tar:
+        for member in tar:
+            parts = member.name.replace("\\", "/").split("/")
+            if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
+                raise BundleError("the bundle holds {!r}, which may not be unpacked".format(member.name))
+            target = os.path.join(dest, *[p for p in parts if p not in ("", ".")])
+            if member.isdir():
+                os.makedirs(target, exist_ok=True)
+                continue
+            os.makedirs(os.path.dirname(target), exist_ok=True)
+            source = tar.extractfile(member)
+            if source is None:
+                raise BundleError("the bundle's {!r} cannot be read".format(member.name))
+            with source, open(target, "wb") as out:
+                shutil.copyfileobj(source, out, 1024 * 1024)
+
+
+def worker_env() -> Dict[str, str]:
+    """The agent's environment, with potato_queue importable by the worker."""
+    env = dict(os.environ)
+    paths = [CODE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+def write_spec(files: RunFiles, run_id: str, job: Dict[str, Any]) -> None:
+    """spec.json as the worker reads it (docs/protocol.md)."""
+    spec = {
+        "v": 1, "run_id": run_id, "trainer": job.get("trainer"), "schemas": job.get("schemas", []),
+        "bundle_dir": files.bundle_dir, "workdir": files.work, "params": job.get("params") or {},
+        "seed": job.get("seed"), "limits": job.get("limits") or {},
+    }
+    tmp = files.spec + ".tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(spec, fh, indent=2, sort_keys=True)
+    os.replace(tmp, files.spec)
+
+
+class _Watch:
+    """What the supervise loop has done to the worker so far."""
+
+    def __init__(self, grace_s: float, max_ram_mb: Optional[float]) -> None:
+        self.grace_s = grace_s
+        self.max_ram_mb = max_ram_mb
+        self.term_at = None  # type: Optional[float]
+        self.killed = False
+        self.oom_mb = None  # type: Optional[float]
+        self.next_memory_check = 0.0
+
+
+class Runner:
+    """Runs one job for the server behind `client`; run() returns the exit code to report."""
+
+    def __init__(self, client: AgentClient, base_dir: str, python: str = sys.executable, keep: bool = False,
+                 unreachable_s: float = 300.0, log: Callable[[str], None] = log_line) -> None:
+        self.client = client
+        self.files = RunFiles(base_dir, client.run_id)
+        self.python = python
+        self.keep = keep
+        self.unreachable_s = unreachable_s
+        self.log = log
+        self.cancel = threading.Event()
+        self.stop_reason = None  # type: Optional[str]
+        self.lost_server = False
+        self._stop_threads = threading.Event()
+        self.relay = EventRelay(client, self._server_cancel, log)
+
+    def request_stop(self, reason: str) -> None:
+        """Stop the worker (SIGTERM, then SIGKILL after grace); the first reason is the one reported."""
+        # No logging here: this runs in signal handlers too, where a write to stderr may re-enter one.
+        if not self.cancel.is_set():
+            self.stop_reason = reason
+            self.cancel.set()
+
+    def run(self) -> int:
+        """The whole run; the exit code is the worker's, 5 for the memory limit, 2 for a bad bundle."""
+        try:
+            job = self.client.job()
+        except (Unreachable, ApiError) as exc:
+            self.log("cannot fetch the job: {}".format(exc))
+            return EXIT_FAILURE
+        self.log("job: trainer {}, bundle {} bytes".format(job.get("trainer"), job.get("bundle", {}).get("bytes")))
+        self._start_threads(job)
+        try:
+            self._prepare(job)
+        except (BundleError, ApiError, tarfile.TarError, OSError) as exc:
+            return self._finish(EXIT_SETUP, "bad_bundle", str(exc))
+        if self.cancel.is_set():
+            return self._finish(EXIT_CANCELLED, None, "{}: the worker was not started".format(self.stop_reason))
+        try:
+            worker = WorkerProcess(self.python, self.files.spec, self.files.work, worker_env())
+        except OSError as exc:
+            text = "{} was not found on {} ({})".format(self.python, socket.gethostname(), exc.strerror)
+            return self._finish(EXIT_SETUP, "python_not_found", text)
+        self.log("worker started: pid {}".format(worker.pgid))
+        self.relay.emit("status", state="running", step="worker started")
+        readers = [threading.Thread(target=read_stdout, args=(worker.popen.stdout, self.relay), daemon=True),
+                   threading.Thread(target=read_stderr, args=(worker.popen.stderr, self.relay), daemon=True)]
+        for reader in readers:
+            reader.start()
+        try:
+            code, error_code, message = self._supervise(worker, job)
+        except BaseException:
+            worker.signal_group(signal.SIGKILL)  # never leave a worker behind an agent that failed
+            raise
+        for reader in readers:
+            reader.join(10.0)  # the pipes close once the whole group is gone
+        return self._finish(code, error_code, message, job)
+
+    def _start_threads(self, job: Dict[str, Any]) -> None:
+        interval = float(job.get("heartbeat_interval_s") or 10.0)
+        self.relay.start()
+        beat = (self.client, interval, self._stop_threads, self._server_cancel, self.log)
+        control = (self.client, self._stop_threads, self._server_cancel, self.log)
+        threading.Thread(target=heartbeat_loop, args=beat, name="heartbeat", daemon=True).start()
+        threading.Thread(target=control_loop, args=control, name="control", daemon=True).start()
+
+    def _server_cancel(self) -> None:
+        """The server said cancel (in an events reply or on /control)."""
+        self.request_stop("cancel requested")
+
+    def _prepare(self, job: Dict[str, Any]) -> None:
+        """Download, verify and unpack the bundle; write spec.json; make the workdir."""
+        os.makedirs(self.files.work, exist_ok=True)
+        bundle = job.get("bundle") or {}
+        self.relay.emit("status", state="starting", step="downloading the bundle")
+        started = time.monotonic()
+        self.client.download_bundle(self.files.bundle_tar, int(bundle["bytes"]), str(bundle["sha256"]))
+        self.log("bundle: {} bytes in {:.2f} s, sha256 verified".format(bundle["bytes"], time.monotonic() - started))
+        self.relay.emit("status", state="starting", step="unpacking the bundle")
+        extract_bundle(self.files.bundle_tar, self.files.bundle_dir)
+        write_spec(self.files, self.client.run_id, job)
+
+    # -- while the worker runs -------------------------------------------------
+    def _supervise(self, worker: WorkerProcess, job: Dict[str, Any]) -> Tuple[int, Optional[str], Optional[str]]:
+        """Wait for the worker, applying cancel, grace, the memory limit and AGT-7."""
+        grace = job.get("grace_seconds")
+        max_ram = (job.get("limits") or {}).get("max_ram_mb")
+        watch = _Watch(DEFAULT_GRACE_S if grace is None else float(grace), float(max_ram) if max_ram else None)
+        while worker.poll() is None:
+            self._tick(worker, watch, time.monotonic())
+            time.sleep(TICK_S)
+        returncode = worker.popen.returncode
+        worker.reap_group()
+        self.log("worker exited: code {}".format(exit_code_of(returncode)))
+        if watch.oom_mb is not None:
+            text = "out of memory: the run used {:.0f} MB, above max_ram_mb {:g}".format(watch.oom_mb, watch.max_ram_mb)
+            return EXIT_OOM, "out_of_memory", text
+        if watch.killed:
+            text = "{}; the worker ignored SIGTERM and was killed after {:g} s".format(self.stop_reason, watch.grace_s)
+            return exit_code_of(returncode), None, text
+        return exit_code_of(returncode), None, self.stop_reason if watch.term_at is not None else None
+
+    def _tick(self, worker: WorkerProcess, watch: _Watch, now: float) -> None:
+        if self.client.silence_s() > self.unreachable_s and not self.lost_server:
+            self.lost_server = True  # AGT-7: the run is cancelled on this side
+            self.request_stop("no answer from the server for {:g} s".format(self.unreachable_s))
+        if self.cancel.is_set() and watch.term_at is None:
+            watch.term_at = now
+            self.log("{}: SIGTERM to the worker's process group; SIGKILL in {:g} s".format(
+                self.stop_reason, watch.grace_s))
+            worker.signal_group(signal.SIGTERM)
+        elif watch.term_at is not None and not watch.killed and now - watch.term_at >= watch.grace_s:
+            watch.killed = True
+            self.log("the worker is still running {:g} s after SIGTERM: SIGKILL".format(watch.grace_s))
+            worker.signal_group(signal.SIGKILL)
+        if watch.max_ram_mb and watch.oom_mb is None and now >= watch.next_memory_check:
+            watch.next_memory_check = now + MEMORY_CHECK_S
+            used = worker.rss_mb()
+            if used > watch.max_ram_mb:
+                watch.oom_mb = used
+                self.log("the worker's processes use {:.0f} MB, above max_ram_mb {:g}: SIGKILL".format(
+                    used, watch.max_ram_mb))
+                worker.signal_group(signal.SIGKILL)
+
+    # -- after the worker --------------------------------------------------------
+    def _finish(self, code: int, error_code: Optional[str], message: Optional[str],
+                job: Optional[Dict[str, Any]] = None) -> int:
+        """Report the error (if any), send predictions and the remaining events, post the result."""
+        if error_code:
+            self.log(message or error_code)
+            self.relay.emit("error", code=error_code, message=message, install_hint=_HINTS.get(error_code))
+        if job is not None:
+            message = self._send_predictions(job, message)
+        self.relay.emit("status", state="finishing", step="worker exited with code {}".format(code))
+        if not self.relay.close(self._patience_s() or 300.0):
+            self.log("some events could not be sent")
+        uri = "{}:{}".format(socket.gethostname(), self.files.work)
+        try:
+            reply = self.client.post_result(code, uri, message, give_up_s=self._patience_s())
+            self.log("result sent: exit code {}; the run is {}".format(code, reply.get("state")))
+        except (Unreachable, ApiError) as exc:
+            self.log("the result could not be sent: {}".format(exc))
+        self._stop_threads.set()
+        self._clean_up()
+        return code
+
+    def _patience_s(self) -> Optional[float]:
+        """How long the last calls may wait: not another full AGT-7 window once the server was lost."""
+        return min(30.0, self.unreachable_s) if self.lost_server else None
+
+    def _send_predictions(self, job: Dict[str, Any], message: Optional[str]) -> Optional[str]:
+        """Upload work/predictions.jsonl when the worker wrote one; a problem is added to the message."""
+        path = self.files.predictions
+        if not os.path.isfile(path):
+            return message
+        size, limit = os.path.getsize(path), job.get("max_predictions_bytes")
+        if limit and size > int(limit):
+            # Refused here, not sent: the server would answer 413 only after the first bytes.
+            problem = "predictions.jsonl is {} bytes, above max_predictions_mb ({} bytes); it was not sent".format(
+                size, limit)
+        else:
+            self.relay.emit("status", state="finishing", step="sending predictions")
+            try:
+                reply = self.client.upload_predictions(path, give_up_s=self._patience_s())
+                self.log("predictions sent: {} bytes".format(reply.get("bytes")))
+                return message
+            except ApiError as exc:
+                problem = "predictions.jsonl was refused: {}".format(exc.detail)
+            except Unreachable as exc:
+                problem = "predictions.jsonl could not be sent: {}".format(exc)
+        self.log(problem)
+        self.relay.emit("error", code="predictions_not_sent", message=problem, install_hint=_HINTS["predictions"])
+        return problem if message is None else "{}; {}".format(message, problem)
+
+    def _clean_up(self) -> None:
+        if self.keep:
+            return
+        shutil.rmtree(self.files.bundle_dir, ignore_errors=True)
+        if os.path.exists(self.files.bundle_tar):
+            os.unlink(self.files.bundle_tar)
+
+
+_HINTS = {
+    "out_of_memory": "raise model_training.max_ram_mb, or train a smaller model or batch size",
+    "bad_bundle": "start the run again; if it happens again, check the server's disk and the network",
+    "python_not_found": "set the backend's python to an interpreter that exists on this host",
+    "predictions": "raise model_training.max_predictions_mb, or predict fewer items",
+}

@@ -1,0 +1,54 @@
+"""make_celery(config, redis_url): the queue, its settings, and the execute task.
+
+One Celery queue per project (keys.queue). Executors run with concurrency 1,
+prefetch 1 and late acks. Ordering and "one at a time" are not left to
+Celery: tasks/runs.py takes a Redis lease for the run slot and always starts
+the oldest queued run, so a redelivered or duplicated message is harmless.
+"""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from potato_queue.config import ProjectConfig
+from potato_queue.keys import Keys
+
+__all__ = ["EXECUTE_TASK", "make_celery", "kombu_url", "enqueue"]
+
+EXECUTE_TASK = "potato_queue.execute"
+# The Redis transport redelivers a message unacked for longer than this.
+# Runs may last days; execute() is idempotent, so the cost of a redelivery
+# is only a wake-up. Thirty days is above any run we expect.
+VISIBILITY_TIMEOUT_S = 30 * 24 * 3600
+
+
+def kombu_url(redis_url: str) -> str:
+    """redis-py's `unix:///path?db=N` is kombu's `redis+socket:///path?virtual_host=N`."""
+    if redis_url.startswith("unix://"):
+        path, _, query = redis_url[len("unix://"):].partition("?")
+        db = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("db", "0")
+        return f"redis+socket://{path}?virtual_host={db}"
+    return redis_url
+
+
+def make_celery(config: ProjectConfig, redis_url: str, *, visibility_timeout_s: float | None = None) -> Celery:
+    keys = Keys.of(config)
+    app = Celery("potato_queue", broker=kombu_url(redis_url))
+    app.conf.update(
+        task_default_queue=keys.queue,
+        task_acks_late=True,
+        task_ignore_result=True,
+        worker_prefetch_multiplier=1,
+        worker_concurrency=1,
+        worker_hijack_root_logger=False,
+        broker_connection_retry_on_startup=True,
+        broker_transport_options={"visibility_timeout": visibility_timeout_s or VISIBILITY_TIMEOUT_S},
+        task_serializer="json",
+        accept_content=["json"],
+    )
+    return app
+
+
+def enqueue(app: Celery, config: ProjectConfig, run_id: str) -> None:
+    """Wake an executor for run_id (it starts the oldest queued run)."""
+    app.send_task(EXECUTE_TASK, args=[run_id], queue=Keys.of(config).queue)

@@ -1,0 +1,141 @@
+"""The local backend: the agent as a subprocess of the executor, on this machine.
+
+The agent runs in a session of its own; the worker it starts gets its own
+process group inside that session. Stopping a run therefore means: ask the
+agent (through the cancel flag it long-polls), wait the grace, then kill
+every process left in the agent's session, so nothing of the run survives.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from potato_queue.config import ProjectConfig
+from potato_queue.executors.base import CheckReport, Executor, RunContext
+
+__all__ = ["LocalExecutor", "describe_device", "session_members", "thread_env"]
+
+
+def thread_env(num_threads: int | None) -> dict[str, str]:
+    """OMP/MKL/OPENBLAS thread counts, overriding whatever the shell set (LOC-3, SSH-5)."""
+    if not num_threads:
+        return {}
+    return {var: str(num_threads) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+
+
+@functools.lru_cache(maxsize=8)
+def describe_device(requested: str = "auto") -> str:
+    """The device a local run would use, in words (LOC-2)."""
+    try:
+        import torch
+    except ImportError:
+        return "CPU (torch is not installed here, so no accelerator can be used)"
+    cuda = torch.cuda.is_available()
+    mps = bool(getattr(torch.backends, "mps", None) and torch.backends.mps.is_available())
+    if requested.startswith("cuda") and cuda:
+        index = int(requested.split(":", 1)[1]) if ":" in requested else 0
+        if index < torch.cuda.device_count():
+            return f"CUDA GPU {index} ({torch.cuda.get_device_name(index)})"
+    if requested in ("auto", "cuda") and cuda:
+        return f"CUDA GPU 0 ({torch.cuda.get_device_name(0)})"
+    if requested in ("auto", "mps") and mps:
+        return "Apple Metal (mps)"
+    if requested not in ("auto", "cpu"):
+        return f"CPU ({requested} is not available here; runs fall back to the CPU)"
+    return "CPU"
+
+
+def session_members(sid: int) -> list[int]:
+    """Pids whose session id is `sid` (Linux /proc; empty elsewhere)."""
+    pids = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rfind(")") + 2:].split()
+        if len(fields) > 3 and int(fields[3]) == sid:
+            pids.append(int(entry.name))
+    return pids
+
+
+def _kill_session(sid: int) -> None:
+    for pid in session_members(sid) or [sid]:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+class LocalExecutor(Executor):
+    type_name = "local"
+
+    def check(self, config: ProjectConfig, backend_name: str) -> CheckReport:
+        device = describe_device(config.model_training.device)
+        return CheckReport(ok=True, lines=[f"local: this machine, {device}"], data={"device": device})
+
+    def start(self, ctx: RunContext) -> None:
+        workdir = ctx.paths.agent_workdir
+        workdir.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, **thread_env(ctx.config.model_training.num_threads)}
+        repo_root = str(Path(__file__).resolve().parents[2])
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
+        device = describe_device(ctx.config.model_training.device)
+        argv = [sys.executable, "-m", "potato_queue.agent", "run", "--server", ctx.server_url,
+                "--run-id", ctx.run_id, "--workdir", str(workdir)]
+        with open(ctx.paths.agent_log, "ab") as log:
+            proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=log, stderr=subprocess.STDOUT,
+                                    env=env, start_new_session=True, cwd=str(workdir))
+        assert proc.stdin is not None
+        # The token travels on stdin only; the pipe stays open so the agent
+        # sees EOF (and stops its worker) if this executor dies.
+        proc.stdin.write(ctx.token.encode() + b"\n")
+        proc.stdin.flush()
+        ctx.state["proc"] = proc
+        ctx.step(f"started the agent on this machine (pid {proc.pid}, device {device})")
+
+    def alive(self, ctx: RunContext) -> bool:
+        return ctx.state["proc"].poll() is None
+
+    def stop(self, ctx: RunContext, grace_seconds: float) -> None:
+        proc: subprocess.Popen[bytes] = ctx.state["proc"]
+        if proc.poll() is None and grace_seconds > 0:
+            ctx.store.signal_stop(ctx.run_id)
+            deadline = time.monotonic() + grace_seconds + 2
+            while proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+        _kill_session(proc.pid)
+        self._reap(proc)
+
+    def _reap(self, proc: subprocess.Popen[bytes]) -> None:
+        if proc.stdin is not None and not proc.stdin.closed:
+            try:
+                proc.stdin.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def collect(self, ctx: RunContext) -> None:
+        proc = ctx.state.get("proc")
+        if proc is not None:
+            _kill_session(proc.pid)  # the worker's group, should the agent have left one behind
+            self._reap(proc)
+        work = ctx.paths.agent_workdir / ctx.run_id / "work"
+        if work.is_dir():
+            ctx.paths.artifacts.mkdir(exist_ok=True)
+            for item in work.iterdir():
+                if item.name != "predictions.jsonl":
+                    item.rename(ctx.paths.artifacts / item.name)
+        ctx.store.update(ctx.run_id, artifact_uri=str(ctx.paths.artifacts))

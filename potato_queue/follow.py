@@ -1,0 +1,84 @@
+"""What the CLI prints about runs: the table, the log, and --follow's progress and scores."""
+
+from __future__ import annotations
+
+import sys
+import time
+from typing import Any
+
+from potato_queue.keys import RunPaths
+from potato_queue.store import FINAL_STATES, RunStore
+
+__all__ = ["runs_table", "print_log", "follow", "held_out_table", "progress_line"]
+
+EXIT_FOR_STATE = {"succeeded": 0, "failed": 1, "cancelled": 4}
+
+
+def runs_table(records: list[dict[str, Any]]) -> str:
+    if not records:
+        return "no runs yet"
+    rows = [("RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "CREATED")]
+    rows += [(r["run_id"], r["state"], r.get("backend") or "", r["trainer"], ",".join(r["schemas"]), r["created_at"])
+             for r in records]
+    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+
+
+def print_log(paths: RunPaths, *, follow: bool, poll_s: float = 0.5) -> None:
+    offset = 0
+    while True:
+        if paths.run_log.exists():
+            with open(paths.run_log, "rb") as fh:
+                fh.seek(offset)
+                chunk = fh.read()
+            offset += len(chunk)
+            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
+            sys.stdout.flush()
+        if not follow:
+            return
+        import json
+
+        if json.loads(paths.run_json.read_text())["state"] in FINAL_STATES:
+            return
+        time.sleep(poll_s)
+
+
+def progress_line(record: dict[str, Any], width: int = 30) -> str:
+    progress = record.get("progress") or {}
+    current, total = progress.get("current"), progress.get("total")
+    if isinstance(current, (int, float)) and isinstance(total, (int, float)) and total:
+        done = int(width * min(1.0, current / total))
+        bar = f"[{'#' * done}{'.' * (width - done)}] {current}/{total}"
+    else:
+        bar = f"[{'.' * width}]"
+    return f"{record['state']:<10} {bar}  {record.get('step') or ''}"
+
+
+def held_out_table(held_out: dict[str, Any]) -> str:
+    lines = [f"{'schema':<20} {'split':<6} {'accuracy':>9} {'macro_f1':>9} {'n':>5}"]
+    for schema, splits in held_out.items():
+        for split, s in splits.items():
+            acc = "-" if s.get("accuracy") is None else f"{s['accuracy']:.3f}"
+            f1 = "-" if s.get("macro_f1") is None else f"{s['macro_f1']:.3f}"
+            lines.append(f"{schema:<20} {split:<6} {acc:>9} {f1:>9} {s.get('n', 0):>5}")
+    return "\n".join(lines)
+
+
+def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25) -> int:
+    """Print progress until the run ends; the exit code says how it ended."""
+    last = ""
+    while True:
+        record = store.get(run_id)
+        line = progress_line(record)
+        if line != last:
+            print(("\r" if sys.stdout.isatty() else "") + line, end="" if sys.stdout.isatty() else "\n", flush=True)
+            last = line
+        if record["state"] in FINAL_STATES:
+            break
+        time.sleep(poll_s)
+    print()
+    if record.get("error"):
+        print(f"error: {record['error']}")
+    if record.get("held_out"):
+        print(held_out_table(record["held_out"]))
+    return EXIT_FOR_STATE.get(record["state"], 1)

@@ -1,0 +1,73 @@
+"""The job an agent receives: trainer, params, limits, and the bundle it downloads."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from potato_queue.config import ProjectConfig
+from potato_queue.errors import PotatoQueueError
+from potato_queue.keys import Keys, RunPaths
+from potato_queue.store import RunStore
+
+__all__ = ["build_job", "server_url_for", "latest_succeeded"]
+
+HEARTBEAT_INTERVAL_S = 5.0
+
+
+def server_url_for(client: redis.Redis, keys: Keys) -> str:
+    """The address `potato-queue serve` recorded for agents and executors."""
+    url = client.get(keys.server_url)
+    if url is None:
+        raise PotatoQueueError(
+            "No potato-queue server is running for this project, so the agent has nothing to report to",
+            fix="start it beside the executor: potato-queue serve CONFIG",
+        )
+    return url.decode()
+
+
+def latest_succeeded(store: RunStore, *, exclude: str | None = None) -> str | None:
+    for run_id in reversed(store.run_ids()):
+        if run_id != exclude and store.read(run_id)["state"] == "succeeded":
+            return run_id
+    return None
+
+
+def _params(config: ProjectConfig, store: RunStore, record: dict[str, Any]) -> dict[str, Any]:
+    params = dict(record.get("params") or {})
+    if record["trainer"] == "decision-calibrate":
+        base = latest_succeeded(store, exclude=record["run_id"])
+        if base is None or not store.paths(base).predictions.exists():
+            raise PotatoQueueError(
+                "decision-calibrate recalibrates the latest successful run, and this project has none with predictions",
+                fix="train a model first (e.g. sklearn-text), then calibrate it",
+            )
+        params["base_predictions"] = str(store.paths(base).predictions)
+        params["base_run_id"] = base
+    return params
+
+
+def build_job(config: ProjectConfig, store: RunStore, record: dict[str, Any], paths: RunPaths) -> dict[str, Any]:
+    """Build and pack the bundle, then describe the job (written into run.json as `job`)."""
+    from potato_queue.bundle import build_bundle, pack_bundle
+
+    mt = config.model_training
+    build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
+    size, sha256 = pack_bundle(paths.bundle_dir, paths.bundle)
+    store.log(record["run_id"], f"bundle built: {size} bytes, sha256 {sha256[:12]}")
+    return {
+        "trainer": record["trainer"],
+        "schemas": record["schemas"],
+        "params": _params(config, store, record),
+        "seed": mt.split_seed,
+        "grace_seconds": mt.grace_seconds,
+        "heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
+        "limits": {
+            "max_wall_s": mt.max_wall_seconds,
+            "max_ram_mb": mt.max_ram_mb,
+            "device": mt.device,
+            "num_threads": mt.num_threads,
+        },
+        "bundle": {"bytes": size, "sha256": sha256},
+    }

@@ -1,0 +1,149 @@
+"""Every Redis key and every run-directory path, built in one place.
+
+Several projects may share one Redis, so every key starts with the project's
+prefix (a hash of its task_dir). A run's files follow Potato's layout under
+`<task_dir>/<output_annotation_dir>/training/runs/<run_id>/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from potato_queue.config import ProjectConfig
+
+__all__ = ["RUN_ID_RE", "new_run_id", "project_id", "Keys", "RunPaths", "runs_dir", "project_predictions_path"]
+
+RUN_ID_RE = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
+
+
+def new_run_id(now: datetime | None = None) -> str:
+    """Potato's run id: UTC `YYYYmmddTHHMMSS-<6 hex>`."""
+    moment = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
+    return f"{moment:%Y%m%dT%H%M%S}-{secrets.token_hex(3)}"
+
+
+def project_id(config: ProjectConfig) -> str:
+    return hashlib.sha256(str(config.task_path).encode()).hexdigest()[:12]
+
+
+@dataclass(frozen=True)
+class Keys:
+    """Redis keys of one project."""
+
+    project: str
+
+    @classmethod
+    def of(cls, config: ProjectConfig) -> Keys:
+        return cls(project_id(config))
+
+    @property
+    def prefix(self) -> str:
+        return f"pq:{self.project}"
+
+    @property
+    def queue(self) -> str:
+        """The Celery queue: one per project, so executors never run another project's runs."""
+        return f"potato.training.{self.project}"
+
+    @property
+    def runs(self) -> str:
+        """Sorted set of run ids by creation time."""
+        return f"{self.prefix}:runs"
+
+    @property
+    def slot(self) -> str:
+        """The run slot lease: holds the run id being supervised."""
+        return f"{self.prefix}:slot"
+
+    @property
+    def alive(self) -> str:
+        """Set once the executors have reconciled with disk; gone after a flush or a restart."""
+        return f"{self.prefix}:alive"
+
+    @property
+    def server_url(self) -> str:
+        return f"{self.prefix}:server_url"
+
+    def run(self, run_id: str) -> str:
+        """Hash of the run's live state (state, step, progress, heartbeat_at, ...)."""
+        return f"{self.prefix}:run:{run_id}"
+
+    def cancel(self, run_id: str) -> str:
+        return f"{self.prefix}:cancel:{run_id}"
+
+    def control(self, run_id: str) -> str:
+        """Pub/sub channel that wakes the agent's long-poll on cancel."""
+        return f"{self.prefix}:control:{run_id}"
+
+    def run_token(self, run_id: str) -> str:
+        """sha256 of the run's token (the token itself is never stored)."""
+        return f"{self.prefix}:token:{run_id}"
+
+
+def runs_dir(config: ProjectConfig) -> Path:
+    return config.output_path / "training" / "runs"
+
+
+def project_predictions_path(config: ProjectConfig) -> Path:
+    """The project's published predictions (latest per item and schema)."""
+    return config.output_path / "training" / "predictions.jsonl"
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """The on-disk layout of one run (the only place that names its files)."""
+
+    dir: Path
+
+    @classmethod
+    def of(cls, config: ProjectConfig, run_id: str) -> RunPaths:
+        if not RUN_ID_RE.match(run_id):
+            raise ValueError(f"not a run id: {run_id!r}")
+        return cls(runs_dir(config) / run_id)
+
+    @property
+    def run_json(self) -> Path:
+        return self.dir / "run.json"
+
+    @property
+    def run_log(self) -> Path:
+        return self.dir / "run.log"
+
+    @property
+    def agent_log(self) -> Path:
+        return self.dir / "agent.log"
+
+    @property
+    def events(self) -> Path:
+        return self.dir / "events.jsonl"
+
+    @property
+    def bundle(self) -> Path:
+        return self.dir / "bundle.tar.gz"
+
+    @property
+    def bundle_dir(self) -> Path:
+        """The unpacked bundle the server scores against (val/test targets)."""
+        return self.dir / "bundle"
+
+    @property
+    def predictions(self) -> Path:
+        return self.dir / "predictions.jsonl"
+
+    @property
+    def predictions_partial(self) -> Path:
+        return self.dir / "predictions.jsonl.part"
+
+    @property
+    def artifacts(self) -> Path:
+        return self.dir / "artifacts"
+
+    @property
+    def agent_workdir(self) -> Path:
+        """Where a local run's agent keeps its files (bundle copy, worker workdir)."""
+        return self.dir / "agent"

@@ -1,0 +1,57 @@
+"""Starting and following runs: the one place the API, the CLI and the beat go through."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from potato_queue.config import LOCAL, ProjectConfig
+from potato_queue.errors import PotatoQueueError
+from potato_queue.store import RunStore
+
+__all__ = ["RunRefused", "trainer_table", "choose_backend", "start_run"]
+
+
+class RunRefused(PotatoQueueError):
+    """A run request that cannot be queued; `status` is the HTTP code the API answers with."""
+
+    def __init__(self, message: str, *, status: int, fix: str | None = None) -> None:
+        super().__init__(message, fix=fix)
+        self.status = status
+
+
+def trainer_table() -> dict[str, dict[str, Any]]:
+    from potato_queue.trainers import trainer_info, trainer_names
+
+    return {name: trainer_info(name).to_dict() for name in trainer_names()}
+
+
+def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], backend: str | None) -> str:
+    """The backend the run goes to (API-2), or RunRefused saying what is valid (409/400)."""
+    mt = config.model_training
+    chosen = backend or mt.default_backend
+    if chosen not in mt.backend_names():
+        raise RunRefused(f"Backend {chosen!r} is not configured; configured backends: {', '.join(mt.backend_names())}",
+                         status=409)
+    trainers = trainer_table()
+    if trainer not in trainers:
+        raise RunRefused(f"Unknown trainer {trainer!r}; trainers: {', '.join(sorted(trainers))}", status=400)
+    unknown = [s for s in schemas if s not in config.schema_names()]
+    if unknown or not schemas:
+        what = f"Unknown schema {unknown[0]!r}" if unknown else "No schema given"
+        raise RunRefused(f"{what}; schemas: {', '.join(config.schema_names())}", status=400)
+    if trainers[trainer]["local_only"] and chosen != LOCAL:
+        raise RunRefused(
+            f"{trainer} runs only on the local backend (it reads the previous run's files on this server); "
+            f"start it with backend 'local', not {chosen!r}", status=400)
+    return chosen
+
+
+def start_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], *, trainer: str,
+              schemas: list[str], backend: str | None = None, params: dict[str, Any] | None = None,
+              trigger: str = "api") -> dict[str, Any]:
+    """Check the request, write the queued run, wake an executor."""
+    chosen = choose_backend(config, trainer, schemas, backend)
+    record = store.create(trainer=trainer, schemas=schemas, backend=chosen, params=params, trigger=trigger)
+    enqueue(record["run_id"])
+    return record

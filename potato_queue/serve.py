@@ -1,0 +1,72 @@
+"""The long-running processes: the server (uvicorn) and an executor (a Celery worker)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+
+import redis
+
+from potato_queue.config import ProjectConfig
+from potato_queue.keys import Keys
+
+__all__ = ["serve_forever", "run_executor", "VISIBILITY_ENV"]
+
+# Tests shorten the Redis transport's visibility timeout to prove a long
+# run is not executed twice when its message is delivered again.
+VISIBILITY_ENV = "POTATO_QUEUE_VISIBILITY_TIMEOUT_S"
+FLUSH_CHECK_S = 2.0
+
+
+def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int, public_url: str | None) -> None:
+    import uvicorn
+
+    from potato_queue.server.app import create_app, record_server_url
+
+    app = create_app(config, redis_url)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    bound_port = sock.getsockname()[1]
+    reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = public_url or f"http://{reach}:{bound_port}"
+    record_server_url(config, app.state.redis, url)
+    print(f"potato-queue: serving {config.annotation_task_name or config.config_path} at {url}", flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))
+    server.run(sockets=[sock])
+
+
+def _watch_for_flush(config: ProjectConfig, redis_url: str) -> None:
+    """Requeue runs from disk whenever Redis comes back empty (restarted or flushed)."""
+    from potato_queue.supervisor import Supervisor
+
+    supervisor = Supervisor(config, redis_url)
+    marker = Keys.of(config).alive
+    while True:
+        try:
+            if supervisor.redis.set(marker, "1", nx=True):
+                woken = supervisor.reconcile()
+                if woken:
+                    print(f"potato-queue: queued {woken} run(s) again from disk", flush=True)
+        except redis.RedisError:
+            pass
+        time.sleep(FLUSH_CHECK_S)
+
+
+def run_executor(config: ProjectConfig, redis_url: str) -> None:
+    from potato_queue.celery_app import make_celery
+    from potato_queue.tasks.runs import register
+
+    timeout = os.environ.get(VISIBILITY_ENV)
+    app = make_celery(config, redis_url, visibility_timeout_s=float(timeout) if timeout else None)
+    register(app, config, redis_url)
+    threading.Thread(target=_watch_for_flush, args=(config, redis_url), daemon=True, name="flush-watch").start()
+    # solo pool: the run is supervised in this process, so killing the
+    # executor takes its supervision with it (the agent then sees EOF on stdin).
+    app.worker_main([
+        "worker", "--pool=solo", "--concurrency=1", "--prefetch-multiplier=1", "-Q", Keys.of(config).queue,
+        "--loglevel=WARNING", "--without-gossip", "--without-mingle", "-n", f"potato-queue-{os.getpid()}@%h",
+    ])

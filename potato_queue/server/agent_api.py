@@ -1,0 +1,388 @@
+"""The agent protocol: what an agent next to the trainer may ask of the server.
+
+Mounted at /api/training/agent/v1 (docs/protocol.md is the contract). Every
+call carries a run token, which authorizes exactly one run; nothing here
+knows of admin keys, so a request through a forwarded unix socket gets that
+run's rights and no more (SPEC SSH-10).
+
+401 or 403: a token that is valid for the run in the path is accepted; a
+token that is valid for another run is 403 ("this token is for another
+run"); anything else is 401. Telling the two apart costs one MGET over the
+token hashes of the project's most recent runs, and only on the failure
+path. A token is never echoed in a reply or a log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import secrets
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import redis
+import redis.asyncio as aioredis
+from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import ClientDisconnect
+from starlette.responses import FileResponse
+
+from potato_queue.config import ProjectConfig
+from potato_queue.ingest import ingest_events
+from potato_queue.keys import RUN_ID_RE
+from potato_queue.store import FINAL_STATES, RunStore
+
+__all__ = [
+    "agent_router",
+    "Limits",
+    "BundleInfo",
+    "Job",
+    "EventBatch",
+    "CancelReply",
+    "PredictionsReply",
+    "ResultIn",
+    "ResultReply",
+    "ErrorReply",
+    "MAX_WAIT_S",
+    "OTHER_RUNS_CHECKED",
+]
+
+MAX_WAIT_S = 30.0
+# How many of the project's latest runs a rejected token is compared against
+# to answer 403 rather than 401.
+OTHER_RUNS_CHECKED = 256
+_MB = 1024 * 1024
+
+
+class Limits(BaseModel):
+    """The worker's limits, as the executor set them when the run started."""
+
+    model_config = ConfigDict(extra="allow")
+    max_wall_s: float | None = None
+    max_ram_mb: float | None = None
+    device: str = "auto"
+    num_threads: int | None = None
+
+
+class BundleInfo(BaseModel):
+    bytes: int = Field(description="size of bundle.tar.gz")
+    sha256: str = Field(description="hex sha256 of bundle.tar.gz; the agent refuses a bundle that differs")
+
+
+class Job(BaseModel):
+    """Everything an agent needs to run the worker."""
+
+    run_id: str
+    trainer: str
+    schemas: list[str]
+    params: dict[str, Any] = Field(default_factory=dict)
+    seed: int | None = None
+    grace_seconds: float | None = Field(None, description="SIGTERM to SIGKILL on cancel; 20 when null")
+    limits: Limits = Field(default_factory=Limits)
+    bundle: BundleInfo
+    heartbeat_interval_s: float = Field(description="post an (empty) events batch at least this often")
+    max_predictions_bytes: int
+
+
+class EventBatch(BaseModel):
+    """Worker events (docs/protocol.md), oldest first; an empty list is a heartbeat."""
+
+    events: list[dict[str, Any]] = Field(default_factory=list)
+
+
+class CancelReply(BaseModel):
+    cancel: bool = Field(description="stop the worker: a cancel was requested or the run is already over")
+
+
+class PredictionsReply(BaseModel):
+    bytes: int
+    lines: int
+
+
+class ResultIn(BaseModel):
+    exit_code: int
+    artifact_uri: str | None = Field(None, description="<host>:<directory> of the model files")
+    message: str | None = None
+
+
+class ResultReply(BaseModel):
+    state: str = Field(description="the run's state now")
+
+
+class ErrorReply(BaseModel):
+    detail: str
+
+
+_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {"model": ErrorReply, "description": "no token, or not a valid run token"},
+    403: {"model": ErrorReply, "description": "the token belongs to another run"},
+}
+
+
+# -- auth --------------------------------------------------------------------
+def _store(request: Request) -> RunStore:
+    return request.app.state.store
+
+
+def _config(request: Request) -> ProjectConfig:
+    return request.app.state.config
+
+
+# Declared as a security scheme so the OpenAPI document says how to authenticate.
+_BEARER = HTTPBearer(auto_error=False, scheme_name="run token",
+                     description="the run's token, given to the agent on stdin")
+
+
+def _token_of_another_run(store: RunStore, run_id: str, token: str) -> bool:
+    """True when `token` opens one of the project's recent runs other than `run_id`."""
+    others = [r.decode() if isinstance(r, bytes) else r
+              for r in store.redis.zrevrange(store.keys.runs, 0, OTHER_RUNS_CHECKED - 1)]
+    others = [r for r in others if r != run_id]
+    if not others:
+        return False
+    digest = hashlib.sha256(token.encode()).hexdigest()
+    for stored in store.redis.mget([store.keys.run_token(r) for r in others]):
+        if stored is not None and secrets.compare_digest(stored.decode() if isinstance(stored, bytes) else stored, digest):
+            return True
+    return False
+
+
+def _check_token(store: RunStore, run_id: str, token: str | None) -> None:
+    unauthorized = HTTPException(401, "a valid run token is required (Authorization: Bearer <token>)",
+                                 headers={"WWW-Authenticate": "Bearer"})
+    if token is None:
+        raise unauthorized
+    if RUN_ID_RE.match(run_id) and store.verify_run_token(run_id, token):
+        return
+    if _token_of_another_run(store, run_id, token):
+        raise HTTPException(403, f"this token is for another run, not {run_id}")
+    raise unauthorized
+
+
+def authorized_run(
+    request: Request,
+    run_id: str,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
+) -> str:
+    """The path's run id once the token is checked (sync: FastAPI runs it in its thread pool)."""
+    token = credentials.credentials.strip() if credentials else None
+    _check_token(_store(request), run_id, token or None)
+    return run_id
+
+
+AuthorizedRun = Annotated[str, Depends(authorized_run)]
+
+
+# -- small helpers ------------------------------------------------------------
+def _cancel_due(store: RunStore, run_id: str) -> bool:
+    """A cancel was requested, or the run is already over (the agent should stop)."""
+    pipe = store.redis.pipeline(transaction=False)
+    pipe.exists(store.keys.cancel(run_id))
+    pipe.hget(store.keys.run(run_id), "state")
+    requested, state = pipe.execute()
+    state_text = state.decode() if isinstance(state, bytes) else state
+    return bool(requested) or state_text in FINAL_STATES
+
+
+def _heartbeat_interval(config: ProjectConfig, record: dict[str, Any]) -> float:
+    """A sixth of the backend's heartbeat timeout, between 1 and 10 s, so a few lost beats do no harm."""
+    backend = config.model_training.backends.get(str(record.get("backend")))
+    timeout = float(getattr(backend, "heartbeat_timeout_s", 120.0))
+    return max(1.0, min(10.0, timeout / 6))
+
+
+def _max_predictions_bytes(config: ProjectConfig) -> int:
+    return int(config.model_training.max_predictions_mb * _MB)
+
+
+def _async_redis(client: redis.Redis) -> aioredis.Redis:
+    """An asyncio client to the same Redis (pub/sub must not hold a thread-pool thread for 30 s)."""
+    pool = client.connection_pool
+    wanted = ("host", "port", "path", "db", "username", "password", "socket_connect_timeout")
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in wanted or k.startswith("ssl_")}
+    if issubclass(pool.connection_class, redis.UnixDomainSocketConnection):
+        connection_class: type[aioredis.Connection] = aioredis.UnixDomainSocketConnection
+    elif issubclass(pool.connection_class, redis.SSLConnection):
+        connection_class = aioredis.SSLConnection
+    else:
+        connection_class = aioredis.Connection
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("ssl_")}
+    return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=connection_class, **kwargs))
+
+
+async def _cancel_due_async(client: aioredis.Redis, store: RunStore, run_id: str) -> bool:
+    async with client.pipeline(transaction=False) as pipe:
+        pipe.exists(store.keys.cancel(run_id))
+        pipe.hget(store.keys.run(run_id), "state")
+        requested, state = await pipe.execute()
+    state_text = state.decode() if isinstance(state, bytes) else state
+    return bool(requested) or state_text in FINAL_STATES
+
+
+async def _wait_for_cancel(request: Request, store: RunStore, run_id: str, wait_s: float) -> bool:
+    """True as soon as a cancel is published (or found), False after wait_s or when the agent hung up."""
+    client = _async_redis(store.redis)
+    pubsub = client.pubsub()
+    try:
+        await pubsub.subscribe(store.keys.control(run_id))
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            # Subscribed first, then the key read: a cancel made in between is seen one way or the other.
+            # The key is read again every second in case a publish was missed (a Redis reconnect).
+            if await _cancel_due_async(client, store, run_id):
+                return True
+            left = deadline - loop.time()
+            if left <= 0:
+                return False
+            if await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, 1.0)):
+                return True
+            if await request.is_disconnected():
+                return False  # nobody to answer: free the Redis connection (and let a shutdown finish)
+    finally:
+        await pubsub.aclose()
+        await client.aclose()
+
+
+# -- routes --------------------------------------------------------------------
+def get_job(request: Request, run_id: AuthorizedRun) -> Job:
+    """The job of a started run: trainer, params, limits, the bundle's size and sha256."""
+    store, config = _store(request), _config(request)
+    try:
+        record = store.read(run_id)
+    except KeyError:
+        raise HTTPException(404, f"run {run_id} has no record on the server") from None
+    job = record.get("job")
+    if not isinstance(job, dict):
+        raise HTTPException(409, f"run {run_id} has not been started: it has no job yet")
+    store.touch_heartbeat(run_id)
+    fields = {k: v for k, v in job.items() if k in Job.model_fields}
+    fields.setdefault("heartbeat_interval_s", _heartbeat_interval(config, record))
+    fields.setdefault("max_predictions_bytes", _max_predictions_bytes(config))
+    return Job(**{"trainer": record.get("trainer"), "schemas": record.get("schemas", []), **fields,
+                  "run_id": run_id})
+
+
+class _BundleFile(FileResponse):
+    # Larger reads than Starlette's 64 KiB: a bundle can be hundreds of MB.
+    chunk_size = 1024 * 1024
+
+
+def get_bundle(request: Request, run_id: AuthorizedRun) -> FileResponse:
+    """bundle.tar.gz; `Range: bytes=N-` answers 206 from byte N (to resume)."""
+    store = _store(request)
+    path = store.paths(run_id).bundle
+    if not path.is_file():
+        raise HTTPException(404, f"run {run_id} has no bundle on the server")
+    store.touch_heartbeat(run_id)
+    return _BundleFile(path, media_type="application/gzip", filename="bundle.tar.gz")
+
+
+def post_events(request: Request, run_id: AuthorizedRun, batch: EventBatch) -> CancelReply:
+    """Record a batch of events (an empty batch is a heartbeat); the reply says whether to stop."""
+    store = _store(request)
+    ingest_events(store, run_id, batch.events)
+    return CancelReply(cancel=_cancel_due(store, run_id))
+
+
+async def get_control(
+    request: Request,
+    run_id: AuthorizedRun,
+    wait_s: Annotated[float, Query(ge=0, description=f"how long to wait for a cancel; at most {MAX_WAIT_S:g}")] = 25.0,
+) -> CancelReply:
+    """Long-poll: answers at once when a cancel is requested, else after wait_s."""
+    store = _store(request)
+    await run_in_threadpool(store.touch_heartbeat, run_id)
+    return CancelReply(cancel=await _wait_for_cancel(request, store, run_id, min(wait_s, MAX_WAIT_S)))
+
+
+def _too_large(config: ProjectConfig, size: str) -> HTTPException:
+    mb = config.model_training.max_predictions_mb
+    return HTTPException(
+        413,
+        f"predictions.jsonl is {size}, above model_training.max_predictions_mb ({mb:g} MB = "
+        f"{_max_predictions_bytes(config)} bytes); raise max_predictions_mb in the config or predict fewer items",
+    )
+
+
+async def _receive(request: Request, partial: Path, config: ProjectConfig) -> tuple[int, int]:
+    """Stream the body into `partial`: (bytes, lines). The partial file is gone on any failure."""
+    limit = _max_predictions_bytes(config)
+    total = lines = 0
+    last = b"\n"
+    try:
+        # Plain writes: each chunk is small and lands in the page cache, cheaper than a thread hop.
+        with open(partial, "wb") as fh:
+            async for chunk in request.stream():
+                total += len(chunk)
+                if total > limit:
+                    raise _too_large(config, f"more than {limit} bytes")
+                if chunk:
+                    lines += chunk.count(b"\n")
+                    last = chunk[-1:]
+                    fh.write(chunk)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    return total, lines + (1 if last != b"\n" else 0)
+
+
+async def put_predictions(request: Request, run_id: AuthorizedRun) -> PredictionsReply:
+    """predictions.jsonl, streamed; 413 over max_predictions_mb, 409 when already stored."""
+    store, config = _store(request), _config(request)
+    await run_in_threadpool(store.touch_heartbeat, run_id)
+    paths = store.paths(run_id)
+    if paths.predictions.exists():
+        raise HTTPException(409, f"run {run_id} already has its predictions; they are stored once")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > _max_predictions_bytes(config):
+        raise _too_large(config, f"{int(declared)} bytes")
+    try:
+        total, lines = await _receive(request, paths.predictions_partial, config)
+    except ClientDisconnect:
+        raise HTTPException(400, "the upload was cut off; send predictions.jsonl again") from None
+    os.replace(paths.predictions_partial, paths.predictions)
+    await run_in_threadpool(store.log, run_id, f"predictions received: {lines} lines, {total} bytes")
+    return PredictionsReply(bytes=total, lines=lines)
+
+
+def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> ResultReply:
+    """The agent's last word: the worker's exit code and where the model files are."""
+    store = _store(request)
+    # One HSET: the executor watches agent_exit_code and reads the other two with it.
+    store.set_live(run_id, agent_exit_code=result.exit_code, artifact_uri=result.artifact_uri,
+                   agent_message=result.message, heartbeat_at=repr(time.time()))
+    text = f"agent finished: exit code {result.exit_code}"
+    if result.artifact_uri:
+        text += f"; model files at {result.artifact_uri}"
+    if result.message:
+        text += f"; {result.message}"
+    store.log(run_id, text)
+    return ResultReply(state=str(store.live(run_id).get("state", "unknown")))
+
+
+def agent_router() -> APIRouter:
+    """The agent protocol's routes, to mount at /api/training/agent/v1."""
+    router = APIRouter(tags=["agent protocol"], responses=_AUTH_ERRORS)
+    router.add_api_route("/runs/{run_id}/job", get_job, methods=["GET"], response_model=Job,
+                         responses={404: {"model": ErrorReply}, 409: {"model": ErrorReply}})
+    router.add_api_route(
+        "/runs/{run_id}/bundle", get_bundle, methods=["GET"], response_class=_BundleFile,
+        responses={200: {"content": {"application/gzip": {}}, "description": "the bundle, tar.gz"},
+                   206: {"content": {"application/gzip": {}}, "description": "from the Range's first byte"},
+                   404: {"model": ErrorReply}},
+    )
+    router.add_api_route("/runs/{run_id}/events", post_events, methods=["POST"], response_model=CancelReply)
+    router.add_api_route("/runs/{run_id}/control", get_control, methods=["GET"], response_model=CancelReply)
+    router.add_api_route(
+        "/runs/{run_id}/predictions", put_predictions, methods=["PUT"], response_model=PredictionsReply,
+        openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {
+            "schema": {"type": "string", "format": "binary"}}}}},
+        responses={409: {"model": ErrorReply}, 413: {"model": ErrorReply, "description": "over max_predictions_mb"}},
+    )
+    router.add_api_route("/runs/{run_id}/result", post_result, methods=["POST"], response_model=ResultReply)
+    return router

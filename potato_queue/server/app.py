@@ -1,0 +1,41 @@
+"""create_app(config, redis_url): the admin API, the agent protocol, and the Training page."""
+
+from __future__ import annotations
+
+import redis
+from fastapi import FastAPI
+
+from potato_queue.config import ProjectConfig
+from potato_queue.keys import Keys
+from potato_queue.server.admin_api import admin_router
+from potato_queue.server.agent_api import agent_router
+from potato_queue.store import RunStore
+
+__all__ = ["create_app", "ADMIN_PREFIX", "AGENT_PREFIX", "record_server_url"]
+
+ADMIN_PREFIX = "/admin/training/api"
+AGENT_PREFIX = "/api/training/agent/v1"
+
+
+def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
+    from potato_queue.celery_app import enqueue, make_celery
+
+    app = FastAPI(
+        title="potato-queue",
+        description="Remote training for Potato annotation projects: the admin API and the agent protocol.",
+        version="1",
+    )
+    client = redis.Redis.from_url(redis_url)
+    celery = make_celery(config, redis_url)
+    app.state.config = config
+    app.state.redis = client
+    app.state.store = RunStore(config, client)
+    app.state.enqueue = lambda run_id: enqueue(celery, config, run_id)
+    app.include_router(admin_router(), prefix=ADMIN_PREFIX)
+    app.include_router(agent_router(), prefix=AGENT_PREFIX)
+    return app
+
+
+def record_server_url(config: ProjectConfig, client: redis.Redis, url: str) -> None:
+    """Where executors and agents started beside this server reach it (no extra flag needed)."""
+    client.set(Keys.of(config).server_url, url)

@@ -1,0 +1,21 @@
+"""The execute task: a few lines around tasks.executor.execute_next."""
+
+from __future__ import annotations
+
+from celery import Celery
+
+from potato_queue.celery_app import EXECUTE_TASK
+from potato_queue.config import ProjectConfig
+
+__all__ = ["register"]
+
+
+def register(app: Celery, config: ProjectConfig, redis_url: str) -> None:
+    """Bind execute(run_id) to this project's config (the worker process has one)."""
+    from potato_queue.supervisor import Supervisor
+
+    supervisor = Supervisor(config, redis_url)
+
+    @app.task(name=EXECUTE_TASK, acks_late=True)
+    def execute(run_id: str) -> None:
+        supervisor.execute_next(woken_by=run_id)

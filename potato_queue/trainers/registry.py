@@ -1,0 +1,114 @@
+"""Trainer registry: name -> where the class lives, what it needs, how to install it.
+
+Listing trainers imports nothing heavy (and nothing outside the standard
+library): the class is imported only by :func:`get_trainer`, inside the
+worker, and the worker imports the trainer's packages right after, so a
+missing one is exit 3 with ``install_hint``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from potato_queue.worker.api import Trainer
+
+__all__ = [
+    "TrainerInfo",
+    "TRAINERS",
+    "LOCAL_ONLY",
+    "trainer_names",
+    "trainer_info",
+    "get_trainer_class",
+    "get_trainer",
+    "install_hint",
+]
+
+
+def install_hint(extra: str) -> str:
+    """The pip command that installs potato-queue's *extra*."""
+    return f"pip install 'potato-queue[{extra}]'"
+
+
+@dataclass(frozen=True)
+class TrainerInfo:
+    """What the server and the UI know about a trainer without importing it."""
+
+    name: str
+    #: ``"package.module:ClassName"``
+    target: str
+    description: str
+    #: The pip extra holding the trainer's packages (``""``: none needed).
+    extra: str = ""
+    kinds: tuple[str, ...] = ("nominal",)
+    local_only: bool = False
+
+    @property
+    def install_hint(self) -> str:
+        """``pip install 'potato-queue[<extra>]'``, or ``""``."""
+        return install_hint(self.extra) if self.extra else ""
+
+    def to_dict(self) -> dict[str, object]:
+        """A JSON-ready description."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "extra": self.extra,
+            "install_hint": self.install_hint,
+            "kinds": list(self.kinds),
+            "local_only": self.local_only,
+        }
+
+
+TRAINERS: dict[str, TrainerInfo] = {
+    info.name: info
+    for info in (
+        TrainerInfo(
+            name="hf-text-classification",
+            target="potato_queue.trainers.hf_text:HFTextClassificationTrainer",
+            description="Fine-tunes a transformers sequence classifier (optionally LoRA via peft).",
+            extra="train-text",
+        ),
+        TrainerInfo(
+            name="sklearn-text",
+            target="potato_queue.trainers.sklearn_text:SklearnTextTrainer",
+            description="TF-IDF features and logistic regression; fast, CPU only.",
+            extra="train-sklearn",
+        ),
+        TrainerInfo(
+            name="decision-calibrate",
+            target="potato_queue.trainers.decision_calibrate:DecisionCalibrateTrainer",
+            description="No retraining: temperature-scales the latest run's confidences on the val split.",
+            local_only=True,
+        ),
+    )
+}
+
+#: Trainers that run only on the annotation server (they read its run store).
+LOCAL_ONLY = frozenset(name for name, info in TRAINERS.items() if info.local_only)
+
+
+def trainer_names() -> list[str]:
+    """Every registered trainer name, sorted."""
+    return sorted(TRAINERS)
+
+
+def trainer_info(name: str) -> TrainerInfo | None:
+    """The registry entry for *name*, or None."""
+    return TRAINERS.get(name)
+
+
+def get_trainer_class(name: str) -> type[Trainer]:
+    """Import and return the class of trainer *name* (KeyError when unknown)."""
+    info = TRAINERS.get(name)
+    if info is None:
+        raise KeyError(f"Unknown trainer '{name}'. Known trainers: {', '.join(trainer_names())}")
+    module_name, _, class_name = info.target.partition(":")
+    return getattr(importlib.import_module(module_name), class_name)
+
+
+def get_trainer(name: str) -> Trainer:
+    """A new instance of trainer *name*."""
+    return get_trainer_class(name)()

@@ -1,0 +1,148 @@
+"""The contract between the worker and a trainer.
+
+A trainer subclasses :class:`Trainer`: ``validate`` (cheap checks, before any
+work), ``fit`` (write model files into ``ctx.workdir``, return a
+:class:`FitResult`) and ``predict`` (yield a :class:`Prediction` per item and
+schema). It reports through ``ctx.reporter`` and polls ``ctx.should_stop()``
+(or calls ``ctx.check_stop()``) between steps. It must not import heavy
+packages at module level: the worker imports ``required_modules(params)``
+itself, so a missing package becomes exit 3 with an install hint.
+"""
+
+from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Optional, Tuple
+
+from .bundle import Bundle
+from .errors import Cancelled
+from .events import Reporter
+from .spec import SchemaSpec, Spec
+
+__all__ = ["PredictItem", "Prediction", "FitResult", "RunContext", "Trainer"]
+
+
+class PredictItem:
+    """One bundle row to predict on."""
+
+    __slots__ = ("instance_id", "text", "split", "row")
+
+    def __init__(self, instance_id: str, text: str, split: str, row: Dict[str, Any]) -> None:
+        self.instance_id = instance_id
+        self.text = text
+        self.split = split
+        self.row = row
+
+    @property
+    def targets(self) -> Dict[str, Any]:
+        """The row's gold targets (empty for unlabeled rows)."""
+        return self.row.get("targets") or {}
+
+
+class Prediction:
+    """One predicted label for one item and schema."""
+
+    __slots__ = ("instance_id", "schema_name", "label", "confidence")
+
+    def __init__(self, instance_id: str, schema_name: str, label: Any, confidence: Optional[float]) -> None:
+        self.instance_id = instance_id
+        self.schema_name = schema_name
+        self.label = label
+        self.confidence = confidence
+
+    def to_record(self) -> Dict[str, Any]:
+        """The predictions.jsonl line (Potato's shape)."""
+        confidence = None if self.confidence is None else float(self.confidence)
+        return {
+            "instance_id": self.instance_id,
+            "schema_name": self.schema_name,
+            "payload": {"label": self.label, "confidence": confidence},
+            "confidence": confidence,
+        }
+
+
+class FitResult:
+    """What ``fit`` produced: artifact paths are relative to the workdir."""
+
+    def __init__(
+        self,
+        model_version: str,
+        artifact_paths: Optional[List[str]] = None,
+        metrics: Optional[Dict[str, float]] = None,
+        label_order: Optional[List[str]] = None,
+        notes: Optional[List[str]] = None,
+        steps: int = 0,
+    ) -> None:
+        self.model_version = model_version
+        self.artifact_paths = list(artifact_paths or [])
+        self.metrics = dict(metrics or {})
+        self.label_order = list(label_order or [])
+        self.notes = list(notes or [])
+        self.steps = steps
+
+
+class RunContext:
+    """Everything a trainer sees of the run."""
+
+    def __init__(self, spec: Spec, bundle: Bundle, reporter: Reporter, device: str = "cpu") -> None:
+        self.spec = spec
+        self.bundle = bundle
+        self.reporter = reporter
+        self.device = device
+
+    @property
+    def workdir(self) -> str:
+        """Where model files (and predictions.jsonl) go."""
+        return self.spec.workdir
+
+    @property
+    def params(self) -> Dict[str, Any]:
+        """The trainer's parameters from the spec."""
+        return self.spec.params
+
+    @property
+    def schemas(self) -> List[SchemaSpec]:
+        """The schemas to train."""
+        return self.spec.schemas
+
+    def should_stop(self) -> bool:
+        """Whether the run was asked to stop."""
+        return self.reporter.should_stop()
+
+    def check_stop(self, where: str = "") -> None:
+        """Raise :class:`Cancelled` when the run was asked to stop."""
+        if self.should_stop():
+            raise Cancelled("Cancelled" + (" " + where if where else ""))
+
+    def metric_name(self, schema: SchemaSpec, name: str) -> str:
+        """*name*, prefixed ``<schema>/`` when the run trains several schemas."""
+        return name if len(self.spec.schemas) == 1 else "%s/%s" % (schema.name, name)
+
+
+class Trainer:
+    """Base class of every trainer."""
+
+    name: ClassVar[str] = ""
+    #: Modules the worker imports before fitting (a failure is exit 3).
+    requires: ClassVar[Tuple[str, ...]] = ()
+    #: Schema kinds this trainer fits.
+    kinds: ClassVar[Tuple[str, ...]] = ("nominal",)
+    #: Whether the worker should resolve ``limits.device`` through torch.
+    uses_torch: ClassVar[bool] = False
+
+    def required_modules(self, params: Dict[str, Any]) -> List[str]:
+        """Modules this run needs, given its params."""
+        return list(self.requires)
+
+    def validate(self, ctx: RunContext) -> List[str]:
+        """Reasons the run cannot proceed; empty means go."""
+        return [
+            "Schema '%s' is %s; %s fits %s schemas" % (s.name, s.kind, self.name, "/".join(self.kinds))
+            for s in ctx.schemas
+            if s.kind not in self.kinds
+        ]
+
+    def fit(self, ctx: RunContext) -> FitResult:
+        """Train and write model files into ``ctx.workdir``."""
+        raise NotImplementedError
+
+    def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
+        """One prediction per item and schema."""
+        raise NotImplementedError

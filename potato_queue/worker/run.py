@@ -1,0 +1,148 @@
+"""One run, start to finish: spec, bundle, trainer, fit, predict, result.
+
+:func:`run` never raises; it reports a ``result`` or an ``error`` (or a
+``status cancelled``) event and returns the exit code of protocol.md:
+0 ok, 1 unexpected, 2 bad spec/bundle/trainer, 3 missing dependency,
+4 cancelled, 5 out of memory.
+"""
+
+import os
+import sys
+import traceback
+from typing import Dict, Optional
+
+from .api import FitResult, RunContext, Trainer
+from .bundle import Bundle, load_bundle
+from .device import apply_thread_env, apply_torch_threads, describe_device, resolve_device
+from .errors import EXIT_CANCELLED, EXIT_OK, EXIT_UNEXPECTED, Cancelled, ValidationFailed, classify
+from .events import Reporter
+from .loading import load_trainer
+from .memory import MemoryWatchdog
+from .predictions import PREDICTIONS_FILE, PredictionSummary, predict_items, write_predictions
+from .scoring import score_pairs
+from .spec import Spec, load_spec
+from .stop import StopFlag
+
+__all__ = ["run"]
+
+
+class _State:
+    """What the failure handler needs to know about how far the run got."""
+
+    def __init__(self) -> None:
+        self.trainer_name = ""
+        self.install_hint = ""
+        self.watchdog: Optional[MemoryWatchdog] = None
+
+
+def run(spec_path: str, reporter: Reporter, stop: StopFlag) -> int:
+    """Do the run described by *spec_path*; return its exit code."""
+    state = _State()
+    try:
+        return _run(spec_path, reporter, state)
+    except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the process boundary
+        return _fail(reporter, stop, state, exc)
+    finally:
+        if state.watchdog is not None:
+            state.watchdog.stop()
+        reporter.flush()
+
+
+def _fail(reporter: Reporter, stop: StopFlag, state: _State, exc: BaseException) -> int:
+    if stop.is_set() or isinstance(exc, (Cancelled, KeyboardInterrupt)):
+        why = stop.signal_name or type(exc).__name__
+        reporter.status("cancelled", "stopped on %s: %s" % (why, exc) if str(exc) else "stopped on %s" % why)
+        return EXIT_CANCELLED
+    failure = classify(exc, state.trainer_name, state.install_hint)
+    reporter.error(failure.code, failure.message, failure.install_hint)
+    if failure.exit_code == EXIT_UNEXPECTED:
+        text = traceback.format_exc()
+        sys.stderr.write(text)
+        reporter.log("error", text[-4000:])
+    return failure.exit_code
+
+
+def _run(spec_path: str, reporter: Reporter, state: _State) -> int:
+    reporter.status("running", "reading the spec")
+    spec = load_spec(spec_path)
+    state.trainer_name = spec.trainer
+    apply_thread_env(spec.limits.num_threads)
+    state.watchdog = _start_watchdog(spec, reporter)
+    reporter.status("running", "loading the bundle")
+    bundle = load_bundle(spec.bundle_dir)
+    reporter.status("running", "loading trainer %s" % spec.trainer)
+    trainer, state.install_hint = load_trainer(spec.trainer, spec.params)
+    ctx = _context(spec, bundle, reporter, trainer)
+    problems = trainer.validate(ctx)
+    if problems:
+        raise ValidationFailed("; ".join(problems))
+    ctx.check_stop("before fitting")
+    reporter.status("running", "fitting")
+    result = trainer.fit(ctx)
+    ctx.check_stop("after fitting")
+    _report_artifacts(ctx, result)
+    reporter.status("evaluating", "predicting val, test and unlabeled items")
+    summary = write_predictions(ctx, trainer, predict_items(bundle))
+    reporter.artifact(PREDICTIONS_FILE, os.path.getsize(summary.path))
+    metrics = dict(result.metrics)
+    metrics.update(_score(ctx, summary, result.steps))
+    reporter.result(
+        model_version=result.model_version,
+        metrics=metrics,
+        label_order=result.label_order,
+        notes=result.notes,
+        predictions_file=PREDICTIONS_FILE,
+        n_predictions=summary.count,
+    )
+    return EXIT_OK
+
+
+def _start_watchdog(spec: Spec, reporter: Reporter) -> Optional[MemoryWatchdog]:
+    if not spec.limits.max_ram_mb:
+        return None
+
+    def exceeded(message: str) -> None:
+        reporter.error("out_of_memory", message)
+        reporter.flush()
+
+    return MemoryWatchdog(spec.limits.max_ram_mb, exceeded).start()
+
+
+def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer) -> RunContext:
+    """Apply device and thread limits; make the workdir; build the context."""
+    device = resolve_device(spec.limits.device, trainer.uses_torch, reporter.log)
+    if trainer.uses_torch:
+        apply_torch_threads(spec.limits.num_threads)
+    reporter.log("info", "Running %s on %s" % (spec.trainer, describe_device(device)))
+    os.makedirs(spec.workdir, exist_ok=True)
+    return RunContext(spec, bundle, reporter, device)
+
+
+def _report_artifacts(ctx: RunContext, result: FitResult) -> None:
+    """One ``artifact`` event per file the trainer wrote (folders are walked)."""
+    for relative in result.artifact_paths:
+        full = os.path.join(ctx.workdir, relative)
+        if os.path.isdir(full):
+            for folder, _dirs, files in sorted(os.walk(full)):
+                for name in sorted(files):
+                    path = os.path.join(folder, name)
+                    ctx.reporter.artifact(os.path.relpath(path, ctx.workdir), os.path.getsize(path))
+        elif os.path.isfile(full):
+            ctx.reporter.artifact(relative, os.path.getsize(full))
+        else:
+            ctx.reporter.log("warning", "The trainer listed %s as an artifact but did not write it" % relative)
+
+
+def _score(ctx: RunContext, summary: PredictionSummary, step: int) -> Dict[str, float]:
+    """Held-out accuracy and macro-F1 per split and schema, as metric events."""
+    metrics: Dict[str, float] = {}
+    for schema in ctx.schemas:
+        for split in ("val", "test"):
+            scores = score_pairs(summary.pairs.get((split, schema.name), []))
+            if scores is None:
+                continue
+            for name in ("accuracy", "macro_f1"):
+                ctx.reporter.metric(split, ctx.metric_name(schema, name), scores[name], step)
+                metrics[ctx.metric_name(schema, "%s_%s" % (split, name))] = scores[name]
+            metrics[ctx.metric_name(schema, "%s_n" % split)] = scores["n"]
+    return metrics

@@ -1,0 +1,128 @@
+"""Finalize a run's predictions: held-out scores (TRN-3) and write-back (TRN-2).
+
+Scoring uses the predictions the run sent back and the targets in the run's
+own bundle, so it is the same whatever backend trained the model.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+from potato_queue.config import ProjectConfig
+from potato_queue.keys import project_predictions_path
+from potato_queue.store import RunStore
+
+__all__ = ["finalize_predictions", "score", "read_jsonl", "published_predictions"]
+
+HELD_OUT_SPLITS = ("val", "test")
+
+
+def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            line = line.strip()
+            if line:
+                try:
+                    yield json.loads(line)
+                except ValueError:
+                    continue
+
+
+def _label(prediction: dict[str, Any]) -> Any:
+    payload = prediction.get("payload")
+    return payload.get("label") if isinstance(payload, dict) else payload
+
+
+def _macro_f1(pairs: list[tuple[Any, Any]]) -> float:
+    labels = {json.dumps(t, sort_keys=True) for t, _ in pairs} | {json.dumps(p, sort_keys=True) for _, p in pairs}
+    scores = []
+    for label in labels:
+        tp = sum(1 for t, p in pairs if json.dumps(t, sort_keys=True) == label == json.dumps(p, sort_keys=True))
+        fp = sum(1 for t, p in pairs if json.dumps(p, sort_keys=True) == label != json.dumps(t, sort_keys=True))
+        fn = sum(1 for t, p in pairs if json.dumps(t, sort_keys=True) == label != json.dumps(p, sort_keys=True))
+        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    return sum(scores) / len(scores) if scores else 0.0
+
+
+def score(targets: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
+    """accuracy, macro_f1 and n for one split of one schema (an item without a prediction counts as wrong)."""
+    pairs = [(target, predicted.get(item_id)) for item_id, target in targets.items()]
+    if not pairs:
+        return {"accuracy": None, "macro_f1": None, "n": 0}
+    correct = sum(1 for t, p in pairs if t == p)
+    return {"accuracy": round(correct / len(pairs), 4), "macro_f1": round(_macro_f1(pairs), 4), "n": len(pairs)}
+
+
+def _split_ids(bundle_dir: Path, split: str) -> dict[str, dict[str, Any]]:
+    return {str(row["instance_id"]): row.get("targets") or {} for row in read_jsonl(bundle_dir / f"{split}.jsonl")}
+
+
+def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, Any]]) -> dict[str, Any]:
+    by_schema: dict[str, dict[str, Any]] = {}
+    for p in preds:
+        by_schema.setdefault(str(p.get("schema_name")), {})[str(p.get("instance_id"))] = _label(p)
+    result: dict[str, Any] = {}
+    for schema in schemas:
+        result[schema] = {}
+        for split in HELD_OUT_SPLITS:
+            rows = _split_ids(bundle_dir, split)
+            targets = {i: t[schema] for i, t in rows.items() if schema in t}
+            result[schema][split] = score(targets, by_schema.get(schema, {}))
+    return result
+
+
+def _publishable(config: ProjectConfig, bundle_dir: Path, preds: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Potato's gates: never a train item, only writeback.schemas, confidence >= min_confidence."""
+    wb = config.model_training.writeback
+    train = set(_split_ids(bundle_dir, "train"))
+    unlabeled = set(_split_ids(bundle_dir, "unlabeled"))
+    out = []
+    for p in preds:
+        item = str(p.get("instance_id"))
+        confidence = p.get("confidence")
+        if item in train or p.get("schema_name") not in wb.schemas:
+            continue
+        if item in unlabeled and not wb.include_unlabeled:
+            continue
+        if not isinstance(confidence, (int, float)) or confidence < wb.min_confidence:
+            continue
+        out.append(p)
+    return out
+
+
+def _write_jsonl_atomic(path: Path, rows: Iterable[dict[str, Any]]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        for row in rows:
+            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
+    os.replace(tmp, path)
+
+
+def published_predictions(config: ProjectConfig) -> list[dict[str, Any]]:
+    return list(read_jsonl(project_predictions_path(config)))
+
+
+def finalize_predictions(config: ProjectConfig, store: RunStore, run_id: str) -> dict[str, Any]:
+    """Score the held-out items and publish what passes the gates; returns held_out."""
+    paths = store.paths(run_id)
+    record = store.read(run_id)
+    preds = list(read_jsonl(paths.predictions))
+    if not preds:
+        store.log(run_id, "no predictions came back, so there is nothing to score or publish")
+        return {}
+    held_out = _held_out(paths.bundle_dir, record["schemas"], preds)
+    published = _publishable(config, paths.bundle_dir, preds)
+    merged = {(p["instance_id"], p["schema_name"]): p for p in published_predictions(config)}
+    for p in published:
+        merged[(p["instance_id"], p["schema_name"])] = {**p, "run_id": run_id}
+    _write_jsonl_atomic(project_predictions_path(config), merged.values())
+    store.log(run_id, f"held-out scores: {json.dumps(held_out)}; published {len(published)} of {len(preds)} predictions")
+    return held_out

@@ -1,0 +1,483 @@
+"""The training worker, run as users' machines run it: `python -m potato_queue.worker --spec spec.json`.
+
+Every test writes a real bundle in Potato's bundle v1 layout (train/val/test/unlabeled.jsonl,
+manifest.json, labels.json) and runs the worker in a fresh subprocess. The transformers model is
+a tiny BERT built here from the fixture's own words, so nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from potato_queue.trainers import LOCAL_ONLY, get_trainer, registry, trainer_info, trainer_names
+from potato_queue.worker.api import FitResult, RunContext, Trainer
+from potato_queue.worker.errors import NVRTC_HINT
+from potato_queue.worker.events import EVENT_TYPES, Reporter
+from potato_queue.worker.run import run as run_in_process
+from potato_queue.worker.stop import StopFlag
+
+ROOT = Path(__file__).resolve().parent.parent
+SCHEMA = "sentiment"
+LABELS = ["negative", "positive"]
+GOOD = ["great", "wonderful", "superb", "lovely", "brilliant", "moving", "delightful", "charming"]
+BAD = ["awful", "boring", "dreadful", "dull", "terrible", "clumsy", "tedious", "weak"]
+FILLER = ["the", "film", "was", "truly", "and", "plot", "acting", "story", "quite", "really"]
+
+# ---------------------------------------------------------------- the fixture data
+
+
+def synthetic_items(n: int = 48) -> list[dict[str, Any]]:
+    """Positive/negative review snippets; every fourth item is left unlabelled."""
+    items = []
+    for i in range(n):
+        positive = i % 2 == 0
+        words = GOOD if positive else BAD
+        text = f"{FILLER[i % 10]} {FILLER[(i + 3) % 10]} {words[i % 8]} {FILLER[(i + 5) % 10]} {words[(i + 3) % 8]}"
+        label = None if i % 4 == 3 else ("positive" if positive else "negative")
+        items.append({"id": f"r{i:03d}", "text": text, "label": label})
+    return items
+
+
+def _split_of(instance_id: str, seed: int = 0) -> str:
+    """Potato's split rule: sha256(f"{seed}:{id}") on the cumulative bands .7/.15/.15."""
+    f = int(hashlib.sha256(f"{seed}:{instance_id}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "train" if f <= 0.7 else "val" if f <= 0.85 else "test"
+
+
+def _jsonl(rows: list[dict[str, Any]]) -> bytes:
+    return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
+
+
+def write_bundle(folder: Path, items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Write a bundle v1 into *folder*: split files, labels.json, manifest.json. Returns the manifest."""
+    items = sorted(items or synthetic_items(), key=lambda item: str(item["id"]))
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": [], "unlabeled": []}
+    for item in items:
+        if item["label"] is None:
+            splits["unlabeled"].append({"instance_id": item["id"], "text": item["text"]})
+        else:
+            row = {"instance_id": item["id"], "text": item["text"], "targets": {SCHEMA: item["label"]}}
+            splits[_split_of(item["id"])].append(row)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "media").mkdir(exist_ok=True)
+    digest = hashlib.sha256()
+    entries = {}
+    for name, rows in sorted(splits.items()):
+        data = _jsonl(rows)
+        (folder / f"{name}.jsonl").write_bytes(data)
+        digest.update(f"{name}.jsonl".encode())
+        digest.update(data)
+        entries[name] = {"path": f"{name}.jsonl", "format": "jsonl", "n": len(rows)}
+    entries["unlabeled"]["predict_only"] = True
+    labels = {SCHEMA: LABELS}
+    manifest = {
+        "v": 1,
+        "schemas": [{"name": SCHEMA, "annotation_type": "radio", "kind": "nominal", "labels": LABELS, "source_field": None}],
+        "splits": entries,
+        "labels": labels,
+        "media_dir": "media",
+        "modality": "text",
+        "text_key": "text",
+        "split_seed": 0,
+        "aggregation": "consensus",
+        "stats": {"n_items": len(items), "n_annotated": len(items) - len(splits["unlabeled"]), "splits": {k: len(v) for k, v in splits.items()}},
+        "digest": digest.hexdigest(),
+    }
+    (folder / "labels.json").write_text(json.dumps(labels))
+    (folder / "manifest.json").write_text(json.dumps(manifest, indent=2))
+    assert all(splits[name] for name in ("train", "val", "test", "unlabeled")), "the fixture needs every split"
+    return manifest
+
+
+def split_ids(bundle: Path, split: str) -> set[str]:
+    return {json.loads(line)["instance_id"] for line in (bundle / f"{split}.jsonl").read_text().splitlines() if line}
+
+
+def write_spec(tmp: Path, bundle: Path, trainer: str, params: dict[str, Any] | None = None, device: str = "cpu", **extra: Any) -> Path:
+    spec = {
+        "v": 1,
+        "run_id": "20250101T000000-abc123",
+        "trainer": trainer,
+        "schemas": [{"name": SCHEMA, "annotation_type": "radio", "kind": "nominal", "labels": LABELS, "source_field": None}],
+        "bundle_dir": str(bundle),
+        "workdir": str(tmp / "work"),
+        "params": params or {},
+        "seed": 7,
+        "limits": {"max_wall_s": 600, "max_ram_mb": None, "device": device, "num_threads": 1},
+    }
+    spec.update(extra)
+    path = tmp / "spec.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
+class Run:
+    """A finished worker process: exit code, parsed events, stderr."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode = returncode
+        self.stderr = stderr
+        self.events = [json.loads(line) for line in stdout.splitlines() if line.strip()]
+
+    def of(self, kind: str) -> list[dict[str, Any]]:
+        return [e for e in self.events if e["event"] == kind]
+
+    def only(self, kind: str) -> dict[str, Any]:
+        found = self.of(kind)
+        assert len(found) == 1, (kind, self.events, self.stderr[-3000:])
+        return found[0]
+
+
+def worker_env(extra_path: Path | None = None) -> dict[str, str]:
+    paths = [str(extra_path)] if extra_path else []
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return env
+
+
+def run_worker(spec: Path, extra_path: Path | None = None, timeout_s: float = 120) -> Run:
+    proc = subprocess.run(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        capture_output=True, text=True, timeout=timeout_s, env=worker_env(extra_path), cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+    )
+    return Run(proc.returncode, proc.stdout, proc.stderr)
+
+
+def assert_well_formed(run: Run) -> None:
+    """Every stdout line is a v1 event with its kind's fields."""
+    fields = {
+        "status": {"state", "step"}, "progress": {"phase", "current", "total", "eta_s"},
+        "metric": {"split", "name", "value", "step"}, "log": {"level", "msg"}, "artifact": {"path", "bytes"},
+        "result": {"status", "model_version", "metrics", "label_order", "notes", "predictions_file", "n_predictions"},
+        "error": {"code", "message", "install_hint"},
+    }
+    assert run.events, run.stderr[-3000:]
+    for event in run.events:
+        assert event["v"] == 1 and event["event"] in EVENT_TYPES and isinstance(event["t"], float), event
+        assert set(event) - {"v", "event", "t"} == fields[event["event"]], event
+
+
+def assert_predictions(work: Path, bundle: Path, run: Run) -> list[dict[str, Any]]:
+    """Potato-format predictions for every val/test/unlabeled item, none for train."""
+    lines = [json.loads(line) for line in (work / "predictions.jsonl").read_text().splitlines()]
+    wanted = split_ids(bundle, "val") | split_ids(bundle, "test") | split_ids(bundle, "unlabeled")
+    assert sorted(p["instance_id"] for p in lines) == sorted(wanted)
+    assert not {p["instance_id"] for p in lines} & split_ids(bundle, "train")
+    for p in lines:
+        assert list(p) == ["instance_id", "schema_name", "payload", "confidence"]
+        assert p["schema_name"] == SCHEMA and set(p["payload"]) == {"label", "confidence"}
+        assert p["payload"]["label"] in LABELS and p["payload"]["confidence"] == p["confidence"]
+        assert 0.5 <= p["confidence"] <= 1.0  # the top class of two
+    result = run.only("result")
+    assert result["predictions_file"] == "predictions.jsonl" and result["n_predictions"] == len(lines)
+    return lines
+
+
+# ---------------------------------------------------------------- a tiny local transformers model
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 32-wide BERT and a WordLevel tokenizer over the fixture's words, saved locally."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {word: i for i, word in enumerate(specials + sorted(set(GOOD + BAD + FILLER)))}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]"
+    ).save_pretrained(folder)
+    config = BertConfig(
+        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+        max_position_embeddings=64, num_labels=2,
+    )
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+# ---------------------------------------------------------------- sklearn-text
+
+
+def test_sklearn_text_predicts_every_held_out_and_unlabeled_item(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    run = run_worker(write_spec(tmp_path, bundle, "sklearn-text"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_well_formed(run)
+    assert run.events[0]["event"] == "status" and run.events[-1]["event"] == "result"
+    assert_predictions(tmp_path / "work", bundle, run)
+    metrics = {(m["split"], m["name"]) for m in run.of("metric")}
+    assert {("train", "accuracy"), ("val", "accuracy"), ("val", "macro_f1"), ("test", "accuracy")} <= metrics
+    result = run.only("result")
+    assert result["status"] == "success" and result["label_order"] == LABELS
+    assert result["model_version"] == "sklearn-text-20250101T000000-abc123"
+    assert result["metrics"]["val_accuracy"] >= 0.8  # the words separate the classes
+    artifacts = {a["path"]: a["bytes"] for a in run.of("artifact")}
+    assert artifacts["model.pkl"] > 0 and artifacts["predictions.jsonl"] > 0 and "model_card.json" in artifacts
+    assert (tmp_path / "work" / "model.pkl").is_file()
+
+
+# ---------------------------------------------------------------- hf-text-classification
+
+
+def hf_params(model: Path, **extra: Any) -> dict[str, Any]:
+    return {"model_name": str(model), "epochs": 2, "batch_size": 8, "max_length": 16, "learning_rate": 5e-3, **extra}
+
+
+def test_hf_text_classification_fine_tunes_a_local_model_and_falls_back_from_a_missing_gpu(tmp_path: Path, tiny_model: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    run = run_worker(write_spec(tmp_path, bundle, "hf-text-classification", hf_params(tiny_model), device="cuda:3"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_well_formed(run)
+    # LOC-1: cuda:3 does not exist on this CPU machine, so the run says so and uses the CPU.
+    warnings = [e["msg"] for e in run.of("log") if e["level"] == "warning"]
+    assert any("cuda:3" in msg and "using cpu" in msg for msg in warnings), run.of("log")
+    assert any(e["msg"] == "Running hf-text-classification on cpu" for e in run.of("log"))
+    assert_predictions(tmp_path / "work", bundle, run)
+    train = [e for e in run.of("progress") if e["phase"] == "train"]
+    assert train[-1]["current"] == train[-1]["total"] > 0
+    losses = [m for m in run.of("metric") if m["split"] == "train" and m["name"] == "loss"]
+    assert [m["step"] for m in losses] == list(range(1, train[-1]["total"] + 1))  # one per step
+    assert {(m["split"], m["name"]) for m in run.of("metric")} >= {("val", "loss"), ("val", "accuracy"), ("val", "macro_f1")}
+    saved = tmp_path / "work" / SCHEMA
+    assert (saved / "config.json").is_file() and (saved / "tokenizer_config.json").is_file()
+    assert json.loads((saved / "config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
+    assert run.only("result")["label_order"] == LABELS
+
+
+def test_hf_text_classification_with_lora(tmp_path: Path, tiny_model: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    params = hf_params(tiny_model, lora={"r": 4, "alpha": 8, "target_modules": ["query", "value"]})
+    run = run_worker(write_spec(tmp_path, bundle, "hf-text-classification", params))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_well_formed(run)
+    assert_predictions(tmp_path / "work", bundle, run)
+    assert any("LoRA r=4" in note for note in run.only("result")["notes"])
+    # The adapters are merged: the saved model is a plain transformers model.
+    assert (tmp_path / "work" / SCHEMA / "config.json").is_file()
+    assert not (tmp_path / "work" / SCHEMA / "adapter_config.json").exists()
+
+
+def test_sigterm_during_hf_training_cancels_with_exit_4(tmp_path: Path, tiny_model: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    spec = write_spec(tmp_path, bundle, "hf-text-classification", hf_params(tiny_model, epochs=500, batch_size=4))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(), cwd=str(ROOT), stdin=subprocess.DEVNULL,
+    )
+    lines = []
+    try:
+        assert proc.stdout is not None
+        deadline = time.monotonic() + 90
+        for line in proc.stdout:
+            lines.append(line)
+            event = json.loads(line)
+            if event["event"] == "progress" and event["phase"] == "train":
+                proc.send_signal(signal.SIGTERM)
+                break
+            assert time.monotonic() < deadline, "no train progress"
+        rest, stderr = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    run = Run(proc.returncode, "".join(lines) + rest, stderr)
+    assert run.returncode == 4, stderr[-3000:]
+    assert_well_formed(run)
+    cancelled = run.of("status")[-1]
+    assert cancelled["state"] == "cancelled" and "SIGTERM" in cancelled["step"]
+    assert not run.of("result") and not run.of("error")
+    assert not (tmp_path / "work" / "predictions.jsonl").exists()
+
+
+# ---------------------------------------------------------------- failures and their exit codes
+
+
+def test_unknown_trainer_exits_2(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    run = run_worker(write_spec(tmp_path, bundle, "no-such-trainer"))
+    assert run.returncode == 2
+    assert_well_formed(run)
+    error = run.only("error")
+    assert error["code"] == "unknown_trainer"
+    assert error["message"].startswith("Unknown trainer 'no-such-trainer'. Known trainers: ")
+
+
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{not json", "not valid JSON"),
+        (json.dumps({"v": 1, "trainer": "sklearn-text"}), "spec.schemas"),
+        (json.dumps({"v": 2, "run_id": "x"}), "version 2"),
+    ],
+    ids=["not-json", "missing-fields", "wrong-version"],
+)
+def test_bad_spec_exits_2(tmp_path: Path, content: str, needle: str) -> None:
+    spec = tmp_path / "spec.json"
+    spec.write_text(content)
+    run = run_worker(spec)
+    assert run.returncode == 2
+    assert_well_formed(run)
+    error = run.only("error")
+    assert error["code"] == "bad_spec" and needle in error["message"], error
+
+
+def test_missing_bundle_exits_2(tmp_path: Path) -> None:
+    run = run_worker(write_spec(tmp_path, tmp_path / "nowhere", "sklearn-text"))
+    assert run.returncode == 2
+    assert run.only("error")["code"] == "bad_bundle"
+
+
+def test_missing_package_exits_3_with_the_install_hint(tmp_path: Path) -> None:
+    # This mocks only the *absence* of scikit-learn: a stub package that raises ImportError
+    # on import, put first on PYTHONPATH, stands in for a host where it is not installed.
+    stub = tmp_path / "stub"
+    (stub / "sklearn").mkdir(parents=True)
+    (stub / "sklearn" / "__init__.py").write_text('raise ImportError("No module named \'sklearn\' (test stub)")\n')
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    run = run_worker(write_spec(tmp_path, bundle, "sklearn-text"), extra_path=stub)
+    assert run.returncode == 3, run.stderr[-3000:]
+    assert_well_formed(run)
+    error = run.only("error")
+    assert error["code"] == "missing_dependency"
+    assert error["message"] == "Trainer 'sklearn-text' could not be imported: No module named 'sklearn' (test stub)"
+    assert error["install_hint"] == "pip install 'potato-queue[train-sklearn]'"
+
+
+def test_max_ram_mb_exceeded_exits_5(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    limits = {"max_wall_s": None, "max_ram_mb": 1, "device": "cpu", "num_threads": 1}
+    run = run_worker(write_spec(tmp_path, bundle, "sklearn-text", limits=limits))
+    assert run.returncode == 5, run.stderr[-3000:]
+    assert_well_formed(run)
+    error = run.only("error")
+    assert error["code"] == "out_of_memory" and "over the run's max_ram_mb of 1 MB" in error["message"]
+
+
+def test_stray_prints_go_to_stderr_so_stdout_carries_only_events() -> None:
+    code = (
+        "import os; from potato_queue.worker.__main__ import event_stream; s = event_stream(); "
+        "print('library noise'); os.write(1, b'native noise\\n'); s.write('{}\\n'); s.flush()"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=worker_env(), timeout=30)
+    assert proc.stdout == "{}\n"
+    assert "library noise" in proc.stderr and "native noise" in proc.stderr
+
+
+# ---------------------------------------------------------------- decision-calibrate
+
+
+def test_decision_calibrate_recalibrates_previous_predictions(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    gold = {}
+    for split in ("train", "val", "test"):
+        for line in (bundle / f"{split}.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            gold[row["instance_id"]] = row["targets"][SCHEMA]
+    # An over-confident previous run: 0.99 everywhere, wrong on every third item.
+    base = tmp_path / "base_predictions.jsonl"
+    with base.open("w") as fh:
+        ids = sorted(gold) + sorted(split_ids(bundle, "unlabeled"))
+        for i, instance_id in enumerate(ids):
+            label = gold.get(instance_id, "positive")
+            if i % 3 == 0:
+                label = LABELS[1 - LABELS.index(label)]
+            fh.write(json.dumps({"instance_id": instance_id, "schema_name": SCHEMA, "payload": {"label": label, "confidence": 0.99}, "confidence": 0.99}) + "\n")
+    run = run_worker(write_spec(tmp_path, bundle, "decision-calibrate", {"base_predictions": str(base)}))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_well_formed(run)
+    lines = [json.loads(line) for line in (tmp_path / "work" / "predictions.jsonl").read_text().splitlines()]
+    wanted = split_ids(bundle, "val") | split_ids(bundle, "test") | split_ids(bundle, "unlabeled")
+    assert sorted(p["instance_id"] for p in lines) == sorted(wanted)  # train's base predictions dropped
+    previous = {json.loads(line)["instance_id"]: json.loads(line) for line in base.read_text().splitlines()}
+    for p in lines:
+        assert p["payload"]["label"] == previous[p["instance_id"]]["payload"]["label"]  # labels never change
+        assert 0.5 <= p["confidence"] < 0.95 and p["payload"]["confidence"] == p["confidence"]
+    metrics = run.only("result")["metrics"]
+    assert metrics["temperature"] > 1.0 and metrics["nll_after"] < metrics["nll_before"]
+    assert any("dropped" in note for note in run.only("result")["notes"])
+    assert (tmp_path / "work" / "calibration.json").is_file()
+
+
+# ---------------------------------------------------------------- in-process: registry and events
+
+
+def test_registry_names_extras_and_local_only() -> None:
+    assert trainer_names() == ["decision-calibrate", "hf-text-classification", "sklearn-text"]
+    assert LOCAL_ONLY == {"decision-calibrate"}
+    assert trainer_info("hf-text-classification").install_hint == "pip install 'potato-queue[train-text]'"
+    assert get_trainer("decision-calibrate").name == "decision-calibrate"
+
+
+def test_progress_is_throttled_but_the_last_position_is_never_dropped() -> None:
+    out = io.StringIO()
+    reporter = Reporter(stream=out, min_progress_interval_s=60)
+    for step in range(1, 8):
+        reporter.progress("train", step, 0)  # total unknown: no "final" step to rely on
+    reporter.status("evaluating", "predicting")
+    events = [json.loads(line) for line in out.getvalue().splitlines()]
+    assert [(e["event"], e.get("current")) for e in events] == [("progress", 1), ("progress", 7), ("status", None)]
+
+
+class ExplodingTrainer(Trainer):
+    """Raises the exception named by params.raise from fit (in-process tests only)."""
+
+    name = "exploding"
+    failures = {
+        "memory": lambda: MemoryError(),
+        "cuda-oom": lambda: RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        "nvrtc": lambda: RuntimeError("nvrtc: error: failed to open libnvrtc-builtins.so.12.4"),
+        "import": lambda: ModuleNotFoundError("No module named 'accelerate'"),
+    }
+
+    def fit(self, ctx: RunContext) -> FitResult:
+        raise self.failures[ctx.params["raise"]]()
+
+
+@pytest.mark.parametrize(
+    ("failure", "exit_code", "code", "hint"),
+    [
+        ("memory", 5, "out_of_memory", ""),
+        ("cuda-oom", 5, "out_of_memory", ""),
+        ("nvrtc", 1, "fit_failed", NVRTC_HINT),
+        ("import", 3, "missing_dependency", "pip install 'potato-queue[train-text]'"),
+    ],
+)
+def test_failures_map_to_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str, exit_code: int, code: str, hint: str) -> None:
+    info = registry.TrainerInfo(name="exploding", target="tests.test_worker:ExplodingTrainer", description="", extra="train-text")
+    monkeypatch.setitem(registry.TRAINERS, "exploding", info)
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    out = io.StringIO()
+    limits = {"max_wall_s": None, "max_ram_mb": None, "device": "auto", "num_threads": None}  # keep this process's env
+    spec = write_spec(tmp_path, bundle, "exploding", {"raise": failure}, limits=limits)
+    assert run_in_process(str(spec), Reporter(stream=out), StopFlag()) == exit_code
+    error = [e for e in map(json.loads, out.getvalue().splitlines()) if e["event"] == "error"]
+    assert [(e["code"], e["install_hint"]) for e in error] == [(code, hint)]
+    if failure == "import":
+        assert error[0]["message"] == "Trainer 'exploding' could not be imported: No module named 'accelerate'"
