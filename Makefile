@@ -2,6 +2,7 @@
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
+TORCH ?= torch==2.13.0
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
@@ -12,7 +13,9 @@ venv: $(STAMP)
 $(STAMP):
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[dev]'
+	# torch first, pinned: the CPU build on this disk (a bare "torch" pulls a multi-GB CUDA build).
+	$(BIN)/pip install -q $(TORCH)
+	$(BIN)/pip install -q -e '.[dev,train-text,train-sklearn]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

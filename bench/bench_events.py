@@ -109,14 +109,21 @@ def by_hand(worker: Path, n: int, tmp: Path) -> float:
 def relayed(store: RunStore, url: str, worker: Path, n: int, tmp: Path) -> float:
     """Events/s from the worker's first event to the agent's exit (every event stored by then)."""
     run_id, token = _new_run(store, n)
-    agent = subprocess.run(
-        [sys.executable, "-m", "potato_queue.agent", "run", "--server", url, "--run-id", run_id,
-         "--workdir", str(tmp / "agent"), "--python", str(worker)],
-        input=token + "\n", text=True, capture_output=True, cwd=ROOT,
-    )
+    log = tmp / "agent.log"
+    with open(log, "wb") as err:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "potato_queue.agent", "run", "--server", url, "--run-id", run_id,
+             "--workdir", str(tmp / "agent"), "--python", str(worker)],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+        )
+    assert agent.stdin is not None
+    agent.stdin.write(token.encode() + b"\n")
+    agent.stdin.flush()  # kept open as the executors do: its end would stop the run
+    code = agent.wait()
     finished = time.time()
-    if agent.returncode != 0:
-        raise SystemExit(f"the agent failed ({agent.returncode}):\n{agent.stderr}")
+    agent.stdin.close()
+    if code != 0:
+        raise SystemExit(f"the agent failed ({code}):\n{log.read_text()}")
     started = json.loads((tmp / "agent" / run_id / "work" / "times.json").read_text())["started"]
     with open(store.paths(run_id).events, "rb") as fh:
         stored = sum(1 for line in fh if b'"metric"' in line)

@@ -243,7 +243,15 @@ class Agent:
     root: Path  # DIR/<run_id>
 
     def wait(self, timeout_s: float = 60) -> int:
-        return self.proc.wait(timeout=timeout_s)
+        code = self.proc.wait(timeout=timeout_s)
+        self.close_stdin()
+        return code
+
+    def close_stdin(self) -> None:
+        """What the executor's death looks like to the agent."""
+        assert self.proc.stdin is not None
+        if not self.proc.stdin.closed:
+            self.proc.stdin.close()
 
     @property
     def log(self) -> str:
@@ -271,7 +279,7 @@ def start_agent(url: str, run_id: str, token: str, python: Path, agent_dir: Path
         )
     assert proc.stdin is not None
     proc.stdin.write(token.encode() + b"\n")
-    proc.stdin.close()
+    proc.stdin.flush()  # and kept open, as the executors do: its end stops the run
     return Agent(proc, log_path, agent_dir / run_id)
 
 
@@ -537,6 +545,23 @@ def test_agent_stops_the_worker_when_the_server_is_gone(served: Served, fake_wor
     assert (agent.root / "work" / "sigterm").exists()
     assert "no answer from the server for 2 s" in agent.log
     assert token not in agent.log
+
+
+def test_agent_stops_the_worker_when_stdin_closes(served: Served, fake_worker: Path, tmp_path: Path) -> None:
+    run_id, token, _ = make_run(served, "hang")
+    agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent")
+    agent.marker("ready")
+    agent.close_stdin()  # the executor (or the ssh session) is gone
+    assert agent.wait(30) == 4, agent.log
+    assert (agent.root / "work" / "sigterm").exists()
+    assert "stdin closed" in served.store.live(run_id)["agent_message"]
+
+
+def test_a_token_from_a_file_needs_ignore_stdin_eof(served: Served, fake_worker: Path, tmp_path: Path) -> None:
+    run_id, token, _ = make_run(served, "success", n=3)
+    agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent", "--ignore-stdin-eof")
+    agent.close_stdin()
+    assert agent.wait() == 0, agent.log
 
 
 # -- ingestion ------------------------------------------------------------------------------------

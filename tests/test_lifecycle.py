@@ -75,3 +75,101 @@ def test_two_executors_five_runs_one_at_a_time_in_order(services: Services) -> N
     assert starts == sorted(starts)
     for earlier, later in zip(runs, runs[1:], strict=False):
         assert earlier["finished_at"] <= later["started_at"]
+
+
+# ---------------------------------------------------------------- hf-text-classification, cancel, limits
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+@pytest.fixture(scope="module")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 32-wide BERT with a word-level vocabulary of the example's reviews, built here (no download)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    from tests.conftest import ROOT
+
+    texts = [row["text"] for row in json.loads((ROOT / "examples/reviews/data/reviews.json").read_text())]
+    words = sorted({w.strip(".,").lower() for t in texts for w in t.split()})
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {word: i for i, word in enumerate(specials + words)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    folder = tmp_path_factory.mktemp("tiny-bert")
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=2)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def processes_of(run_id: str) -> list[str]:
+    """Command lines of live processes that belong to the run (agent and worker name it)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if run_id in cmd and state != "Z":
+                found.append(cmd)
+    return found
+
+
+def wait_running(services: Services, run_id: str, timeout_s: float = 60) -> dict:
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = services.api("GET", f"/runs/{run_id}")[1]
+        if run["state"] == "running" and (run.get("progress") or {}).get("phase") == "train":
+            return run
+        assert run["state"] not in TERMINAL, run
+        time.sleep(0.1)
+    raise AssertionError(f"{run_id} never reached training")
+
+
+def test_hf_run_succeeds_through_the_queue(services: Services, tiny_model: Path) -> None:
+    services.executor()
+    run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                                params={"model_name": str(tiny_model), "epochs": 1, "batch_size": 16})
+    run = services.wait_for(run_id, TERMINAL, timeout_s=180)
+    assert run["state"] == "succeeded", (run, services.logs())
+    assert run["held_out"]["sentiment"]["test"]["n"] > 0
+    assert any(key.startswith("train/loss") for key in run["metrics"])
+
+
+def test_cancel_running_run_stops_worker_and_leaves_nothing(services: Services, tiny_model: Path) -> None:
+    services.executor()
+    run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                                params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    wait_running(services, run_id)
+    status, reply = services.api("POST", f"/runs/{run_id}/cancel")
+    assert status == 200
+    run = services.wait_for(run_id, TERMINAL, timeout_s=30)
+    assert (run["state"], run["exit_code"]) == ("cancelled", 4), run
+    events = services.api("GET", f"/runs/{run_id}/events")[1]
+    assert any(e["event"] == "status" and e.get("state") == "cancelled" for e in events)
+    assert processes_of(run_id) == []
+
+
+def test_max_wall_seconds_stops_a_run_in_time(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    svc = Services(make_project(tmp_path, grace_seconds=2, max_wall_seconds=4), redis_server_url, tmp_path)
+    svc.serve()
+    try:
+        svc.executor()
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                               params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert run["state"] == "failed"
+        assert run["error"] == "The run did not finish within max_wall_seconds (4 s) and was stopped"
+        assert processes_of(run_id) == []
+    finally:
+        svc.stop()

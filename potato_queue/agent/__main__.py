@@ -2,12 +2,15 @@
 
 The run token is the first line of stdin: never an argument, an environment
 variable or a log line, where other accounts (ps, /proc) or logs could read it.
+Whoever starts the agent keeps stdin open: its end (the executor died, the
+ssh session dropped) stops the worker like a cancel, unless --ignore-stdin-eof.
 Standard library only, Python 3.8+.
 """
 
 import argparse
 import signal
 import sys
+import threading
 from typing import IO, List, Optional
 
 from potato_queue.agent.client import AgentClient
@@ -27,6 +30,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--workdir", required=True, help="folder for DIR/<run_id>/ (bundle, spec.json, work/)")
     run.add_argument("--python", default=sys.executable, help="the interpreter that runs the worker")
     run.add_argument("--keep", action="store_true", help="keep the bundle after the run")
+    run.add_argument("--ignore-stdin-eof", action="store_true",
+                     help="keep running when stdin closes after the token (a token from a file or echo); "
+                          "by default a closed stdin means whoever started the agent is gone, and the worker stops")
     # Seconds without an answer before the agent stops the worker (AGT-7); tests shorten it.
     run.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
     return parser
@@ -35,6 +41,16 @@ def build_parser() -> argparse.ArgumentParser:
 def read_token(stream: IO[str]) -> str:
     """The first line of stdin, stripped ('' when there is none)."""
     return stream.readline().strip()
+
+
+def _watch_stdin(stream: IO[str], runner: Runner) -> None:
+    """Stop the worker when stdin reaches EOF: the executor (or the ssh session) that started us is gone."""
+    def watch() -> None:
+        while stream.readline():
+            pass  # nothing more is expected on stdin; only its end matters
+        runner.request_stop("stdin closed: whoever started the agent is gone")
+
+    threading.Thread(target=watch, name="stdin", daemon=True).start()
 
 
 def _stop_on_signals(runner: Runner) -> None:
@@ -61,6 +77,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         log_line(str(exc))
         return 2
     _stop_on_signals(runner)
+    if not args.ignore_stdin_eof:
+        _watch_stdin(sys.stdin, runner)
     log_line("run {}: server {}, workdir {}".format(args.run_id, args.server, runner.files.root))
     return runner.run()
 
