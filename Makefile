@@ -28,7 +28,7 @@ test: lint
 	$(BIN)/pytest
 
 demo: $(STAMP)
-	$(BIN)/potato-queue up examples/reviews/config.yaml
+	$(BIN)/potato-queue up examples/reviews/config.yaml --run sklearn-text --port 0
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

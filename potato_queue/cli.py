@@ -139,10 +139,15 @@ def beat(config: Path, redis_url: str) -> None:
 @cli.command()
 @CONFIG
 @REDIS
-def up(config: Path, redis_url: str) -> None:
-    """Start everything on this machine: Redis if none answers, server, executor, beat."""
-    _checked(config)
-    raise _not_built("up", "the embedded-default work")
+@click.option("--run", "trainer", default=None, help="Queue one run with this trainer, follow it, then stop.")
+@click.option("--schema", "schemas", multiple=True, help="Schema(s) for --run (default: every scheme).")
+@click.option("--port", default=8000, show_default=True, type=int)
+def up(config: Path, redis_url: str, trainer: str | None, schemas: tuple[str, ...], port: int) -> None:
+    """Start everything on this machine: Redis if none answers, the server and an executor."""
+    from potato_queue.up import up as start_all
+
+    cfg = _checked(config)
+    raise click.exceptions.Exit(start_all(cfg, redis_url, trainer=trainer, schemas=list(schemas) or cfg.schema_names(), port=port))
 
 
 @cli.group(cls=_Group)

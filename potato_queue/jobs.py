@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import redis
@@ -14,11 +15,16 @@ from potato_queue.store import RunStore
 __all__ = ["build_job", "server_url_for", "latest_succeeded"]
 
 HEARTBEAT_INTERVAL_S = 5.0
+SERVER_URL_WAIT_S = 2.5
 
 
 def server_url_for(client: redis.Redis, keys: Keys) -> str:
     """The address `potato-queue serve` recorded for agents and executors."""
+    deadline = time.monotonic() + 2 * SERVER_URL_WAIT_S
     url = client.get(keys.server_url)
+    while url is None and time.monotonic() < deadline:  # the server re-records it every few seconds
+        time.sleep(0.1)
+        url = client.get(keys.server_url)
     if url is None:
         raise PotatoQueueError(
             "No potato-queue server is running for this project, so the agent has nothing to report to",

@@ -181,6 +181,9 @@ class Supervisor:
 
         run_id = ctx.run_id
         live = self.store.live(run_id)
+        if outcome.exit_code == 0 and not ctx.paths.predictions.exists() and live.get("agent_message"):
+            # The worker succeeded but its predictions did not arrive (e.g. over max_predictions_mb).
+            outcome = Outcome(state="failed", error=str(live["agent_message"]))
         if outcome.exit_code == 0:
             self.store.transition(run_id, "collecting")
             ctx.step("collecting the results")

@@ -45,7 +45,8 @@ def test_entry_point_prints_warnings_at_start(argv: list[str], tmp_path: Path) -
     cfg = seed_config()
     cfg["model_training"]["backends"]["cluster"]["time"] = "2-00:00:00"
     path = write_project(tmp_path, cfg)
-    proc = run_cli(*(a.format(cfg=path, out=tmp_path / "out") for a in argv))
+    # A Redis that does not answer makes the long-running commands stop right after their start-up checks.
+    proc = run_cli(*(a.format(cfg=path, out=tmp_path / "out") for a in argv), env={"POTATO_QUEUE_REDIS_URL": "redis://127.0.0.1:1/0"})
     assert "warning: model_training.backends.cluster.time is 2-00:00:00. A job that holds a GPU" in proc.stderr
 
 
@@ -58,7 +59,7 @@ def test_entry_point_refuses_unparsable_config_with_exit_2(tmp_path: Path) -> No
 
 def test_valid_config_gets_past_the_check(tmp_path: Path) -> None:
     # Commands not built yet say so plainly, after the config check passed.
-    proc = run_cli("training", "runs", SEED / "config.yaml")
+    proc = run_cli("training", "check", "gpu-server", SEED / "config.yaml")
     assert "error: model_training" not in proc.stderr
     assert "is not built yet" in proc.stderr
 
@@ -80,3 +81,10 @@ def test_console_script_is_installed() -> None:
     assert exe.exists(), "the potato-queue console script is not installed beside this Python (pip install -e .)"
     out = subprocess.run([str(exe), "validate", str(SEED / "config.yaml")], capture_output=True, text=True)
     assert out.returncode == 0 and "valid" in out.stdout
+
+
+def test_check_local_names_the_device() -> None:
+    # This machine has no GPU: a local run uses the CPU (LOC-2).
+    proc = run_cli("training", "check", "local", SEED / "config.yaml")
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "local: this machine, CPU"

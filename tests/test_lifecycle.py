@@ -173,3 +173,34 @@ def test_max_wall_seconds_stops_a_run_in_time(tmp_path: Path, redis_server_url: 
         assert processes_of(run_id) == []
     finally:
         svc.stop()
+
+
+def test_kill_9_of_the_executor_fails_the_run_and_the_next_proceeds(services: Services, tiny_model: Path) -> None:
+    import os
+    import signal
+
+    first = services.executor()
+    long_run = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                                  params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    wait_running(services, long_run)
+    next_run = services.start_run(trainer="sklearn-text", schemas=["sentiment"])
+    os.kill(first.pid, signal.SIGKILL)
+    services.executor()
+    run = services.wait_for(long_run, TERMINAL, timeout_s=90)
+    assert run["state"] == "failed"
+    assert run["error"].startswith("The executor supervising this run stopped")
+    assert services.wait_for(next_run, TERMINAL, timeout_s=90)["state"] == "succeeded"
+    assert processes_of(long_run) == []
+
+
+def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Services) -> None:
+    import redis
+
+    ids = [services.start_run(trainer="sklearn-text", schemas=["sentiment"]) for _ in range(2)]
+    redis.Redis.from_url(services.redis_url).flushdb()
+    services.executor()
+    runs = [services.wait_for(i, TERMINAL, timeout_s=120) for i in ids]
+    assert [r["state"] for r in runs] == ["succeeded", "succeeded"]
+    for run_id in ids:
+        log = (services.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
+        assert log.count("bundle built") == 1, log

@@ -67,8 +67,22 @@ def session_members(sid: int) -> list[int]:
     return pids
 
 
-def _kill_session(sid: int) -> None:
-    for pid in session_members(sid) or [sid]:
+def _run_processes(marker: str) -> list[int]:
+    """Pids whose command line names the run's folder: the worker runs in a session of its own."""
+    pids = []
+    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if marker.encode() in (entry / "cmdline").read_bytes():
+                    pids.append(int(entry.name))
+            except OSError:
+                continue
+    return pids
+
+
+def _kill_run(sid: int, marker: str) -> None:
+    """SIGKILL the agent's session and every process started for the run's folder."""
+    for pid in set(session_members(sid) or [sid]) | set(_run_processes(marker)):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -112,7 +126,7 @@ class LocalExecutor(Executor):
             deadline = time.monotonic() + grace_seconds + 2
             while proc.poll() is None and time.monotonic() < deadline:
                 time.sleep(0.05)
-        _kill_session(proc.pid)
+        _kill_run(proc.pid, str(ctx.paths.dir))
         self._reap(proc)
 
     def _reap(self, proc: subprocess.Popen[bytes]) -> None:
@@ -130,7 +144,7 @@ class LocalExecutor(Executor):
     def collect(self, ctx: RunContext) -> None:
         proc = ctx.state.get("proc")
         if proc is not None:
-            _kill_session(proc.pid)  # the worker's group, should the agent have left one behind
+            _kill_run(proc.pid, str(ctx.paths.dir))  # anything the agent left behind
             self._reap(proc)
         work = ctx.paths.agent_workdir / ctx.run_id / "work"
         if work.is_dir():

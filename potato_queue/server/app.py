@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import threading
+import time
+
 import redis
 from fastapi import FastAPI
 
@@ -36,6 +39,25 @@ def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
     return app
 
 
+SERVER_URL_TTL_S = 10
+SERVER_URL_REFRESH_S = 2.0
+
+
 def record_server_url(config: ProjectConfig, client: redis.Redis, url: str) -> None:
-    """Where executors and agents started beside this server reach it (no extra flag needed)."""
-    client.set(Keys.of(config).server_url, url)
+    """Where executors and agents started beside this server reach it (no extra flag needed).
+
+    Refreshed every few seconds with a short expiry: it comes back after Redis
+    is emptied, and a stopped server's address does not linger.
+    """
+    key = Keys.of(config).server_url
+
+    def refresh() -> None:
+        while True:
+            try:
+                client.set(key, url, ex=SERVER_URL_TTL_S)
+            except redis.RedisError:
+                pass
+            time.sleep(SERVER_URL_REFRESH_S)
+
+    client.set(key, url, ex=SERVER_URL_TTL_S)
+    threading.Thread(target=refresh, daemon=True, name="server-url").start()
