@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from typing import Any
@@ -36,8 +37,6 @@ def print_log(paths: RunPaths, *, follow: bool, poll_s: float = 0.5) -> None:
             sys.stdout.flush()
         if not follow:
             return
-        import json
-
         if json.loads(paths.run_json.read_text())["state"] in FINAL_STATES:
             return
         time.sleep(poll_s)

@@ -19,11 +19,12 @@ from typing import Any
 import redis
 
 from potato_queue.config import LOCAL, ProjectConfig
+from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import Executor, Outcome, RunContext, supervise
 from potato_queue.keys import Keys
 from potato_queue.store import RunStore, utc_now
 
-__all__ = ["Supervisor", "Lease", "EXECUTORS", "ORPHAN_QUIET_S"]
+__all__ = ["Supervisor", "Lease", "ORPHAN_QUIET_S"]
 
 LEASE_TTL_S = 10.0
 LEASE_RENEW_S = 1.0
@@ -39,13 +40,9 @@ def _executor_for(kind: str) -> Executor:
 
     table: dict[str, type[Executor]] = {"local": LocalExecutor}
     if kind not in table:
-        from potato_queue.errors import PotatoQueueError
-
         raise PotatoQueueError(f"the {kind} backend is not available in this version of potato-queue")
     return table[kind]()
 
-
-EXECUTORS = ("local",)
 
 
 class Lease:
@@ -126,11 +123,12 @@ class Supervisor:
     def execute_next(self, woken_by: str | None = None, *, poll_s: float = 0.05) -> str | None:
         """Wait for the slot, then run the oldest queued run. Returns the run id it ran, if any."""
         lease = Lease(self.redis, self.keys.slot)
-        while True:
-            if not any(state == "queued" for _, state in self._states()):
-                return None
-            if lease.try_take():
-                break
+        last_look = 0.0
+        while not lease.try_take():
+            if time.monotonic() - last_look > 1.0:  # anything left to wait for? (reads every run's state)
+                if not any(state == "queued" for _, state in self._states()):
+                    return None
+                last_look = time.monotonic()
             time.sleep(poll_s)
         try:
             while True:
@@ -159,7 +157,7 @@ class Supervisor:
             outcome = supervise(executor, ctx, renew_lease=lease.renew)
             self._finish(executor, ctx, outcome)
         except Exception as exc:  # the boundary: a run never stays in flight because of us
-            self._fail(run_id, f"{type(exc).__name__}: {exc}" if not hasattr(exc, "message") else exc.message)
+            self._fail(run_id, exc.message if isinstance(exc, PotatoQueueError) else f"{type(exc).__name__}: {exc}")
             if ctx is not None and "proc" in ctx.state:
                 executor.stop(ctx, 0)
         finally:
@@ -194,7 +192,8 @@ class Supervisor:
                                   artifact_uri=self.store.read(run_id).get("artifact_uri"))
             self.store.log(run_id, "succeeded")
             return
-        executor.collect(ctx) if outcome.exit_code is not None else None
+        if outcome.exit_code is not None:  # the agent reported: clean up what it left
+            executor.collect(ctx)
         state, error = _failure(outcome, live)
         self.store.transition(run_id, state, exit_code=outcome.exit_code, error=error,
                               metrics=live.get("metrics") or {})

@@ -41,13 +41,14 @@ def _label(prediction: dict[str, Any]) -> Any:
 
 
 def _macro_f1(pairs: list[tuple[Any, Any]]) -> float:
-    labels = {json.dumps(t, sort_keys=True) for t, _ in pairs} | {json.dumps(p, sort_keys=True) for _, p in pairs}
+    # Targets may be lists (multilabel): compare canonical JSON, computed once per pair.
+    keyed = [(json.dumps(t, sort_keys=True), json.dumps(p, sort_keys=True)) for t, p in pairs]
     scores = []
-    for label in labels:
-        tp = sum(1 for t, p in pairs if json.dumps(t, sort_keys=True) == label == json.dumps(p, sort_keys=True))
-        fp = sum(1 for t, p in pairs if json.dumps(p, sort_keys=True) == label != json.dumps(t, sort_keys=True))
-        fn = sum(1 for t, p in pairs if json.dumps(t, sort_keys=True) == label != json.dumps(p, sort_keys=True))
-        scores.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
+    for label in {k for pair in keyed for k in pair}:
+        tp = sum(1 for t, p in keyed if t == label == p)
+        fp = sum(1 for t, p in keyed if p == label != t)
+        fn = sum(1 for t, p in keyed if t == label != p)
+        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
     return sum(scores) / len(scores) if scores else 0.0
 
 

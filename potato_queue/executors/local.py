@@ -19,14 +19,7 @@ from pathlib import Path
 from potato_queue.config import ProjectConfig
 from potato_queue.executors.base import CheckReport, Executor, RunContext
 
-__all__ = ["LocalExecutor", "describe_device", "session_members", "thread_env"]
-
-
-def thread_env(num_threads: int | None) -> dict[str, str]:
-    """OMP/MKL/OPENBLAS thread counts, overriding whatever the shell set (LOC-3, SSH-5)."""
-    if not num_threads:
-        return {}
-    return {var: str(num_threads) for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+__all__ = ["LocalExecutor", "describe_device", "run_pids"]
 
 
 @functools.lru_cache(maxsize=8)
@@ -51,38 +44,30 @@ def describe_device(requested: str = "auto") -> str:
     return "CPU"
 
 
-def session_members(sid: int) -> list[int]:
-    """Pids whose session id is `sid` (Linux /proc; empty elsewhere)."""
+def run_pids(sid: int, marker: str) -> list[int]:
+    """Pids in the agent's session, or whose command line names the run's folder.
+
+    One pass over /proc (Linux; empty elsewhere). The second test is needed
+    because the agent starts the worker in a session of its own.
+    """
     pids = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if not entry.name.isdigit():
+        if not entry.name.isdigit() or int(entry.name) == os.getpid():
             continue
         try:
             stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes()
         except OSError:
             continue
         fields = stat[stat.rfind(")") + 2:].split()
-        if len(fields) > 3 and int(fields[3]) == sid:
+        if (len(fields) > 3 and int(fields[3]) == sid) or marker.encode() in cmdline:
             pids.append(int(entry.name))
-    return pids
-
-
-def _run_processes(marker: str) -> list[int]:
-    """Pids whose command line names the run's folder: the worker runs in a session of its own."""
-    pids = []
-    for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:
-        if entry.name.isdigit() and int(entry.name) != os.getpid():
-            try:
-                if marker.encode() in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
     return pids
 
 
 def _kill_run(sid: int, marker: str) -> None:
     """SIGKILL the agent's session and every process started for the run's folder."""
-    for pid in set(session_members(sid) or [sid]) | set(_run_processes(marker)):
+    for pid in set(run_pids(sid, marker)) | {sid}:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -99,7 +84,8 @@ class LocalExecutor(Executor):
     def start(self, ctx: RunContext) -> None:
         workdir = ctx.paths.agent_workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, **thread_env(ctx.config.model_training.num_threads)}
+        # Thread counts travel in the job's limits; the worker applies them (every backend alike).
+        env = dict(os.environ)
         repo_root = str(Path(__file__).resolve().parents[2])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (repo_root, env.get("PYTHONPATH")) if p)
         device = describe_device(ctx.config.model_training.device)
