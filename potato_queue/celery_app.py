@@ -31,6 +31,19 @@ def kombu_url(redis_url: str) -> str:
     return redis_url
 
 
+def _transport_options(visibility_timeout_s: float | None) -> dict[str, float]:
+    if not visibility_timeout_s:
+        return {"visibility_timeout": VISIBILITY_TIMEOUT_S}
+    # A short timeout (tests, or an ops choice) is only meaningful if idle
+    # workers sweep for overdue messages about as often: kombu's default
+    # sweep runs every 10 s x 10 calls.
+    return {
+        "visibility_timeout": visibility_timeout_s,
+        "unacked_restore_interval": max(1.0, min(10.0, visibility_timeout_s / 2)),
+        "unacked_restore_throttle": 1,
+    }
+
+
 def make_celery(config: ProjectConfig, redis_url: str, *, visibility_timeout_s: float | None = None) -> Celery:
     keys = Keys.of(config)
     app = Celery("potato_queue", broker=kombu_url(redis_url))
@@ -42,7 +55,7 @@ def make_celery(config: ProjectConfig, redis_url: str, *, visibility_timeout_s: 
         worker_concurrency=1,
         worker_hijack_root_logger=False,
         broker_connection_retry_on_startup=True,
-        broker_transport_options={"visibility_timeout": visibility_timeout_s or VISIBILITY_TIMEOUT_S},
+        broker_transport_options=_transport_options(visibility_timeout_s),
         task_serializer="json",
         accept_content=["json"],
     )

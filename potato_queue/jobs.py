@@ -14,7 +14,6 @@ from potato_queue.store import RunStore
 
 __all__ = ["build_job", "server_url_for", "latest_succeeded"]
 
-HEARTBEAT_INTERVAL_S = 5.0
 SERVER_URL_WAIT_S = 2.5
 
 
@@ -68,7 +67,6 @@ def build_job(config: ProjectConfig, store: RunStore, record: dict[str, Any], pa
         "params": _params(config, store, record),
         "seed": mt.split_seed,
         "grace_seconds": mt.grace_seconds,
-        "heartbeat_interval_s": HEARTBEAT_INTERVAL_S,
         "limits": {
             "max_wall_s": mt.max_wall_seconds,
             "max_ram_mb": mt.max_ram_mb,

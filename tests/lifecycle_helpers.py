@@ -41,15 +41,16 @@ class Services:
         self.procs: list[subprocess.Popen[str]] = []
         self.url = ""
 
-    def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None, pipe: bool = False) -> subprocess.Popen[str]:
         log = open(self.tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", *args], stdout=subprocess.PIPE,
-                                stderr=log, text=True, env={**self.env, **(env or {})}, start_new_session=True)
+        proc = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", *args],
+                                stdout=subprocess.PIPE if pipe else log, stderr=log, text=True,
+                                env={**self.env, **(env or {})}, start_new_session=True)
         self.procs.append(proc)
         return proc
 
     def serve(self) -> str:
-        proc = self._spawn("serve", str(self.config), "--port", "0", name="server")
+        proc = self._spawn("serve", str(self.config), "--port", "0", name="server", pipe=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert " at http://" in line, line + (self.tmp_path / "server.log").read_text()

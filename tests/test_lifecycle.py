@@ -204,3 +204,95 @@ def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Service
     for run_id in ids:
         log = (services.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
         assert log.count("bundle built") == 1, log
+
+
+def agent_pid(run_id: str) -> int:
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
+            except OSError:
+                continue
+            if "potato_queue.agent" in cmd and run_id in cmd:
+                return int(entry.name)
+    raise AssertionError(f"no agent process for {run_id}")
+
+
+def test_frozen_agent_fails_the_run_after_heartbeat_timeout(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    import os
+    import signal
+
+    svc = Services(make_project(tmp_path, grace_seconds=2, heartbeat_timeout_s=3), redis_server_url, tmp_path)
+    svc.serve()
+    try:
+        svc.executor()
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                               params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+        wait_running(svc, run_id)
+        os.kill(agent_pid(run_id), signal.SIGSTOP)
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
+        assert (run["state"], run["error"]) == ("failed", "No word from the agent on local for 3 seconds")
+        assert processes_of(run_id) == []
+    finally:
+        svc.stop()
+
+
+def test_run_longer_than_the_visibility_timeout_runs_once(services: Services, tiny_model: Path) -> None:
+    # The Redis transport delivers an unacked message again after the visibility timeout
+    # (shortened to 1 s here); the second executor must not start the run a second time.
+    env = {"POTATO_QUEUE_VISIBILITY_TIMEOUT_S": "1"}
+    services.executor(env)
+    services.executor(env)
+    run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                                params={"model_name": str(tiny_model), "epochs": 150, "batch_size": 4})
+    run = services.wait_for(run_id, TERMINAL, timeout_s=240)
+    assert run["state"] == "succeeded", services.logs()
+    logs = "".join(p.read_text() for p in services.tmp_path.glob("executor*.log"))
+    assert logs.count(f"woken for run {run_id}") >= 2, "the message was never delivered again: " + logs
+    assert logs.count(f"ran {run_id}") == 1
+    run_log = (services.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
+    assert run_log.count("bundle built") == 1
+
+
+def test_decision_calibrate_recalibrates_the_latest_run_and_is_local_only(tmp_path: Path, redis_server_url: str) -> None:
+    config = make_project(tmp_path, grace_seconds=2, backends={"workstation": {"type": "agent"}})
+    svc = Services(config, redis_server_url, tmp_path)
+    svc.serve()
+    try:
+        status, reply = svc.api("POST", "/runs", {"trainer": "decision-calibrate", "schemas": ["sentiment"], "backend": "workstation"})
+        assert status == 400 and "runs only on the local backend" in reply["detail"]
+        svc.executor()
+        base = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+        assert svc.wait_for(base, TERMINAL)["state"] == "succeeded"
+        calibrated = svc.start_run(trainer="decision-calibrate", schemas=["sentiment"])
+        run = svc.wait_for(calibrated, TERMINAL)
+        assert run["state"] == "succeeded", (run, svc.logs())
+        assert run["held_out"]["sentiment"]["test"]["n"] > 0
+        runs_dir = config.parent / "annotation_output/training/runs"
+
+        def predictions(run_id: str) -> dict[str, tuple[str, float]]:
+            lines = (runs_dir / run_id / "predictions.jsonl").read_text().splitlines()
+            return {json.loads(x)["instance_id"]: (json.loads(x)["payload"]["label"], json.loads(x)["confidence"]) for x in lines}
+
+        before, after = predictions(base), predictions(calibrated)
+        assert set(after) <= set(before) and after
+        assert all(after[i][0] == before[i][0] for i in after), "calibration must not change labels"
+        assert any(after[i][1] != before[i][1] for i in after), "calibration changed no confidence"
+    finally:
+        svc.stop()
+
+
+def test_max_ram_mb_ends_the_run_with_an_out_of_memory_message(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    # Importing torch alone takes well over 60 MB of resident memory.
+    svc = Services(make_project(tmp_path, grace_seconds=2, max_ram_mb=60), redis_server_url, tmp_path)
+    svc.serve()
+    try:
+        svc.executor()
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                               params={"model_name": str(tiny_model), "epochs": 1})
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert (run["state"], run["exit_code"]) == ("failed", 5), run
+        assert "out of memory" in run["error"] and "max_ram_mb" in run["error"], run["error"]
+        assert processes_of(run_id) == []
+    finally:
+        svc.stop()

@@ -428,7 +428,7 @@ def test_decision_calibrate_recalibrates_previous_predictions(tmp_path: Path) ->
 
 
 def test_registry_names_extras_and_local_only() -> None:
-    assert trainer_names() == ["decision-calibrate", "hf-text-classification", "sklearn-text"]
+    assert trainer_names() == ["decision-calibrate", "hf-text-classification", "majority-baseline", "sklearn-text"]
     assert LOCAL_ONLY == {"decision-calibrate"}
     assert trainer_info("hf-text-classification").install_hint == "pip install 'potato-queue[train-text]'"
     assert get_trainer("decision-calibrate").name == "decision-calibrate"
@@ -481,3 +481,21 @@ def test_failures_map_to_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPa
     assert [(e["code"], e["install_hint"]) for e in error] == [(code, hint)]
     if failure == "import":
         assert error[0]["message"] == "Trainer 'exploding' could not be imported: No module named 'accelerate'"
+
+
+# ---------------------------------------------------------------- majority-baseline
+
+
+def test_majority_baseline_predicts_the_most_frequent_train_label(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    items = synthetic_items()
+    for item in items[:6]:  # tip the balance: more positives in the data
+        item["label"] = "positive" if item["label"] is not None else None
+    write_bundle(bundle, items)
+    train_labels = [json.loads(line)["targets"][SCHEMA] for line in (bundle / "train.jsonl").read_text().splitlines()]
+    top = max(sorted(set(train_labels)), key=train_labels.count)
+    run = run_worker(write_spec(tmp_path, bundle, "majority-baseline"))
+    assert run.returncode == 0, run.stderr[-3000:]
+    predictions = assert_predictions(tmp_path / "work", bundle, run)
+    assert {p["payload"]["label"] for p in predictions} == {top}
+    assert predictions[0]["confidence"] == pytest.approx(train_labels.count(top) / len(train_labels))

@@ -191,7 +191,7 @@ def _cancel_due(store: RunStore, run_id: str) -> bool:
 def _heartbeat_interval(config: ProjectConfig, record: dict[str, Any]) -> float:
     """A sixth of the backend's heartbeat timeout, between 1 and 10 s, so a few lost beats do no harm."""
     backend = config.model_training.backends.get(str(record.get("backend")))
-    timeout = float(getattr(backend, "heartbeat_timeout_s", 120.0))
+    timeout = float(getattr(backend, "heartbeat_timeout_s", config.model_training.heartbeat_timeout_s))
     return max(1.0, min(10.0, timeout / 6))
 
 

@@ -18,4 +18,7 @@ def register(app: Celery, config: ProjectConfig, redis_url: str) -> None:
 
     @app.task(name=EXECUTE_TASK, acks_late=True)
     def execute(run_id: str) -> None:
-        supervisor.execute_next(woken_by=run_id)
+        # One line per delivery: a message delivered again shows up here twice.
+        print(f"potato-queue: woken for run {run_id}", flush=True)
+        ran = supervisor.execute_next(woken_by=run_id)
+        print(f"potato-queue: ran {ran}" if ran else "potato-queue: nothing queued to run", flush=True)

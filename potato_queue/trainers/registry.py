@@ -78,6 +78,11 @@ TRAINERS: dict[str, TrainerInfo] = {
             extra="train-sklearn",
         ),
         TrainerInfo(
+            name="majority-baseline",
+            target="potato_queue.trainers.majority:MajorityBaselineTrainer",
+            description="Predicts each schema's most frequent training label: the floor to beat, and a fast end-to-end check.",
+        ),
+        TrainerInfo(
             name="decision-calibrate",
             target="potato_queue.trainers.decision_calibrate:DecisionCalibrateTrainer",
             description="No retraining: temperature-scales the latest run's confidences on the val split.",
