@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -108,18 +109,32 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
-def processes_of(run_id: str) -> list[str]:
-    """Command lines of live processes that belong to the run (agent and worker name it)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-                state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-            except OSError:
-                continue
-            if run_id in cmd and state != "Z":
-                found.append(cmd)
+def run_path(svc: Services, run_id: str) -> Path:
+    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+
+
+def _alive(pid: int) -> str | None:
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return None
+    return None if state == "Z" else cmd
+
+
+def agent_pid(run_dir: Path) -> int:
+    """The agent's pid, from run.log (a pre-started agent's command line does not name the run)."""
+    match = re.search(r"started the agent on this machine \(pid (\d+)", (run_dir / "run.log").read_text())
+    assert match, (run_dir / "run.log").read_text()
+    return int(match.group(1))
+
+
+def processes_of(run_id: str, run_dir: Path | None = None) -> list[str]:
+    """Live processes of the run: its agent, and any process whose command line names the run (the worker)."""
+    found = [cmd for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit())
+             if (cmd := _alive(int(pid))) and run_id in cmd]
+    if run_dir is not None and (cmd := _alive(agent_pid(run_dir))):
+        found.append(cmd)
     return found
 
 
@@ -157,7 +172,7 @@ def test_cancel_running_run_stops_worker_and_leaves_nothing(services: Services, 
     assert (run["state"], run["exit_code"]) == ("cancelled", 4), run
     events = services.api("GET", f"/runs/{run_id}/events")[1]
     assert any(e["event"] == "status" and e.get("state") == "cancelled" for e in events)
-    assert processes_of(run_id) == []
+    assert processes_of(run_id, run_path(services, run_id)) == []
 
 
 def test_max_wall_seconds_stops_a_run_in_time(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
@@ -170,7 +185,7 @@ def test_max_wall_seconds_stops_a_run_in_time(tmp_path: Path, redis_server_url: 
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
         assert run["state"] == "failed"
         assert run["error"] == "The run did not finish within max_wall_seconds (4 s) and was stopped"
-        assert processes_of(run_id) == []
+        assert processes_of(run_id, run_path(svc, run_id)) == []
     finally:
         svc.stop()
 
@@ -190,7 +205,7 @@ def test_kill_9_of_the_executor_fails_the_run_and_the_next_proceeds(services: Se
     assert run["state"] == "failed"
     assert run["error"].startswith("The executor supervising this run stopped")
     assert services.wait_for(next_run, TERMINAL, timeout_s=90)["state"] == "succeeded"
-    assert processes_of(long_run) == []
+    assert processes_of(long_run, run_path(services, long_run)) == []
 
 
 def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Services) -> None:
@@ -206,18 +221,6 @@ def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Service
         assert log.count("bundle built") == 1, log
 
 
-def agent_pid(run_id: str) -> int:
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmd = (entry / "cmdline").read_bytes().decode(errors="replace")
-            except OSError:
-                continue
-            if "potato_queue.agent" in cmd and run_id in cmd:
-                return int(entry.name)
-    raise AssertionError(f"no agent process for {run_id}")
-
-
 def test_frozen_agent_fails_the_run_after_heartbeat_timeout(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
     import os
     import signal
@@ -229,10 +232,10 @@ def test_frozen_agent_fails_the_run_after_heartbeat_timeout(tmp_path: Path, redi
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
         wait_running(svc, run_id)
-        os.kill(agent_pid(run_id), signal.SIGSTOP)
+        os.kill(agent_pid(run_path(svc, run_id)), signal.SIGSTOP)
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
         assert (run["state"], run["error"]) == ("failed", "No word from the agent on local for 3 seconds")
-        assert processes_of(run_id) == []
+        assert processes_of(run_id, run_path(svc, run_id)) == []
     finally:
         svc.stop()
 
@@ -293,6 +296,6 @@ def test_max_ram_mb_ends_the_run_with_an_out_of_memory_message(tmp_path: Path, r
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
         assert (run["state"], run["exit_code"]) == ("failed", 5), run
         assert "out of memory" in run["error"] and "max_ram_mb" in run["error"], run["error"]
-        assert processes_of(run_id) == []
+        assert processes_of(run_id, run_path(svc, run_id)) == []
     finally:
         svc.stop()

@@ -1,5 +1,10 @@
 """python -m potato_queue.agent run --server URL --run-id ID --workdir DIR [--python EXE] [--keep]
 
+With --assignment-on-stdin the agent is started ahead of time (the local
+backend keeps one warm, so a run does not wait for Python to start and import
+the agent): the first line of stdin is then a JSON object {run_id, server,
+workdir, log} and the token is the line after it.
+
 The run token is the first line of stdin: never an argument, an environment
 variable or a log line, where other accounts (ps, /proc) or logs could read it.
 Whoever starts the agent keeps stdin open: its end (the executor died, the
@@ -8,6 +13,8 @@ Standard library only, Python 3.8+.
 """
 
 import argparse
+import json
+import os
 import signal
 import sys
 import threading
@@ -25,9 +32,11 @@ def build_parser() -> argparse.ArgumentParser:
                                      description="Run one potato-queue training job next to the trainer.")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the job of one run (the token is read from stdin)")
-    run.add_argument("--server", required=True, help="http://host:port or unix:///path/to.sock")
-    run.add_argument("--run-id", required=True)
-    run.add_argument("--workdir", required=True, help="folder for DIR/<run_id>/ (bundle, spec.json, work/)")
+    run.add_argument("--server", help="http://host:port or unix:///path/to.sock")
+    run.add_argument("--run-id")
+    run.add_argument("--workdir", help="folder for DIR/<run_id>/ (bundle, spec.json, work/)")
+    run.add_argument("--assignment-on-stdin", action="store_true",
+                     help="wait for {run_id, server, workdir, log} as a JSON line on stdin, then the token")
     run.add_argument("--python", default=sys.executable, help="the interpreter that runs the worker")
     run.add_argument("--keep", action="store_true", help="keep the bundle after the run")
     run.add_argument("--ignore-stdin-eof", action="store_true",
@@ -36,6 +45,21 @@ def build_parser() -> argparse.ArgumentParser:
     # Seconds without an answer before the agent stops the worker (AGT-7); tests shorten it.
     run.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
     return parser
+
+
+def read_assignment(args: argparse.Namespace, stream: IO[str]) -> bool:
+    """Fill in the run from stdin's JSON line and send our output to its log; False at EOF."""
+    line = stream.readline()
+    if not line.strip():
+        return False  # whoever kept us warm is gone: nothing to do
+    assignment = json.loads(line)
+    args.run_id, args.server, args.workdir = assignment["run_id"], assignment["server"], assignment["workdir"]
+    if assignment.get("log"):
+        fd = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        os.dup2(fd, 1)
+        os.dup2(fd, 2)
+        os.close(fd)
+    return True
 
 
 def read_token(stream: IO[str]) -> str:
@@ -64,7 +88,12 @@ def _stop_on_signals(runner: Runner) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Read the token, run the job, return the exit code to report."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.assignment_on_stdin and not read_assignment(args, sys.stdin):
+        return 0
+    if not (args.server and args.run_id and args.workdir):
+        parser.error("run needs --server, --run-id and --workdir (or --assignment-on-stdin)")
     token = read_token(sys.stdin)
     if not token:
         log_line("no run token: the first line of stdin must hold it")

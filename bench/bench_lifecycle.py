@@ -1,0 +1,306 @@
+"""P1, P2, P3, P9, P10: a run's life through the queue, against the same worker started by hand.
+
+Everything is real: Redis, `potato-queue serve`, `potato-queue worker`
+(executors), the agent and the worker. The alternative in each comparison
+is what an admin would do without potato-queue: start
+`python -m potato_queue.worker --spec spec.json` by hand on the same bundle,
+and signal it by hand.
+
+    .venv/bin/python bench/bench_lifecycle.py p1 [--runs 20]   cancel -> SIGTERM at the worker, p95
+    .venv/bin/python bench/bench_lifecycle.py p2 [--runs 10]   POST -> the worker's first event
+    .venv/bin/python bench/bench_lifecycle.py p3 [--runs 200]  queued no-op runs: FIFO, overhead per run
+    .venv/bin/python bench/bench_lifecycle.py p9 [--epochs 30] hf-text-classification wall, queue vs direct
+    .venv/bin/python bench/bench_lifecycle.py p10              heartbeat-loss and wall-limit detection error
+    .venv/bin/python bench/bench_lifecycle.py all
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from potato_queue.config import redis_url  # noqa: E402
+from potato_queue.embedded_redis import EmbeddedRedis, ping  # noqa: E402
+from tests.lifecycle_helpers import Services, make_project  # noqa: E402
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+# ---------------------------------------------------------------- set-up
+
+
+@contextmanager
+def services(tmp: Path, executors: int = 1, **training: Any) -> Iterator[Services]:
+    url = redis_url()
+    with tempfile.TemporaryDirectory() as folder:
+        server = None
+        if not ping(url):
+            server = EmbeddedRedis(folder)
+            url = server.start()
+        svc = Services(make_project(tmp, grace_seconds=5, **training), url, tmp)
+        svc.serve()
+        for _ in range(executors):
+            svc.executor()
+        try:
+            yield svc
+        finally:
+            svc.stop()
+            if server:
+                server.stop()
+
+
+def tiny_model(folder: Path) -> Path:
+    """The same 2-layer, 32-wide BERT the tests build (nothing downloaded)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    texts = [r["text"] for r in json.loads((ROOT / "examples/reviews/data/reviews.json").read_text())]
+    words = sorted({w.strip(".,").lower() for t in texts for w in t.split()})
+    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.normalizer = normalizers.Lowercase()
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
+    BertForSequenceClassification(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
+                                             num_attention_heads=2, intermediate_size=64,
+                                             max_position_embeddings=64, num_labels=2)).save_pretrained(folder)
+    return folder
+
+
+def run_dir(svc: Services, run_id: str) -> Path:
+    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+
+
+def events(svc: Services, run_id: str) -> list[dict[str, Any]]:
+    path = run_dir(svc, run_id) / "events.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.exists() else []
+
+
+def wait(predicate: Callable[[], Any], timeout_s: float = 120, poll_s: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise TimeoutError("condition not met")
+
+
+def epoch(iso: str) -> float:
+    return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
+
+
+def hand_worker(tmp: Path, bundle: Path, trainer: str, params: dict[str, Any], name: str) -> tuple[subprocess.Popen[str], Path]:
+    """The alternative: the worker started by hand on a copy of the run's bundle."""
+    work = tmp / f"hand-{name}"
+    spec = {"v": 1, "run_id": "20260101T000000-000000", "trainer": trainer, "schemas": ["sentiment"],
+            "bundle_dir": str(bundle), "workdir": str(work / "work"), "params": params, "seed": 0,
+            "limits": {"device": "cpu"}}
+    work.mkdir(parents=True)
+    (work / "spec.json").write_text(json.dumps(spec))
+    proc = subprocess.Popen([sys.executable, "-m", "potato_queue.worker", "--spec", str(work / "spec.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT),
+                            start_new_session=True)
+    return proc, work
+
+
+def first_bundle(svc: Services) -> Path:
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+    svc.wait_for(run_id, TERMINAL)
+    return run_dir(svc, run_id) / "bundle"
+
+
+def p95(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(0.95 * (len(ordered) - 1))))]
+
+
+def report(name: str, ours: float, theirs: float, unit: str, what: str, goal: str) -> None:
+    ratio = ours / theirs if theirs else float("inf")
+    print(f"{name}: {what}: potato-queue {ours:.3f} {unit}, by hand {theirs:.3f} {unit}, ratio {ratio:.2f} (goal {goal})",
+          flush=True)
+
+
+def read_until(proc: subprocess.Popen[str], match: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if match(event):
+            return event
+    raise RuntimeError("the worker ended before the event")
+
+
+def is_training(e: dict[str, Any]) -> bool:
+    return e.get("event") == "progress" and e.get("phase") == "train"
+
+
+def is_cancelled(e: dict[str, Any]) -> bool:
+    return e.get("event") == "status" and e.get("state") == "cancelled"
+
+
+def is_first_worker_event(e: dict[str, Any]) -> bool:
+    return e.get("event") == "status" and e.get("step") == "reading the spec"
+
+
+def find(svc: Services, run_id: str, match: Callable[[dict[str, Any]], bool]) -> dict[str, Any] | None:
+    return next((e for e in events(svc, run_id) if match(e)), None)
+
+
+# ---------------------------------------------------------------- the benchmarks
+
+
+def p1(tmp: Path, runs: int) -> None:
+    params = {"model_name": str(tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
+    ours: list[float] = []
+    with services(tmp / "p1") as svc:
+        for _ in range(runs):
+            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
+            wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
+            sent = time.time()
+            svc.api("POST", f"/runs/{run_id}/cancel")
+            ours.append(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)["t"] - sent)
+            svc.wait_for(run_id, TERMINAL)
+        bundle = run_dir(svc, run_id) / "bundle"
+        hand: list[float] = []
+        for i in range(runs):
+            proc, _ = hand_worker(tmp, bundle, "hf-text-classification", params, f"p1-{i}")
+            read_until(proc, is_training)
+            sent = time.time()
+            os.killpg(proc.pid, signal.SIGTERM)
+            hand.append(read_until(proc, is_cancelled)["t"] - sent)
+            proc.wait()
+    report("P1", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 1 s")
+
+
+def p2(tmp: Path, runs: int) -> None:
+    ours: list[float] = []
+    with services(tmp / "p2") as svc:
+        bundle = first_bundle(svc)  # also warms the executor up
+        for _ in range(runs):
+            posted = time.time()
+            run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+            ours.append(wait(lambda run_id=run_id: find(svc, run_id, is_first_worker_event), 60)["t"] - posted)
+            svc.wait_for(run_id, TERMINAL)
+    hand: list[float] = []
+    for i in range(runs):
+        started = time.time()
+        proc, _ = hand_worker(tmp, bundle, "majority-baseline", {}, f"p2-{i}")
+        hand.append(read_until(proc, is_first_worker_event)["t"] - started)
+        proc.wait()
+    report("P2", statistics.median(ours), statistics.median(hand), "s",
+           f"POST (or Popen) -> the worker's first event, median of {runs}", "ratio <= 1.3")
+
+
+def p3(tmp: Path, runs: int) -> None:
+    with services(tmp / "p3") as svc:
+        bundle = first_bundle(svc)
+        started = time.time()
+        ids = [svc.start_run(trainer="majority-baseline", schemas=["sentiment"]) for _ in range(runs)]
+        done = [svc.wait_for(i, TERMINAL, timeout_s=1800) for i in ids]
+        wall = max(epoch(r["finished_at"]) for r in done) - started
+    fifo = [r["started_at"] for r in done] == sorted(r["started_at"] for r in done)
+    serial = all(a["finished_at"] <= b["started_at"] for a, b in zip(done, done[1:], strict=False))
+    ok = sum(r["state"] == "succeeded" for r in done)
+    hand: list[float] = []
+    for i in range(10):
+        t0 = time.monotonic()
+        proc, _ = hand_worker(tmp, bundle, "majority-baseline", {}, f"p3-{i}")
+        proc.communicate()
+        hand.append(time.monotonic() - t0)
+    per_run, worker = wall / runs, statistics.mean(hand)
+    print(f"P3: {runs} queued runs: {ok} succeeded, FIFO kept: {fifo}, one at a time: {serial}", flush=True)
+    report("P3", per_run, worker, "s", "wall per run (queue) vs the worker alone", "overhead <= 0.050 s")
+    print(f"P3: queue overhead per run beyond the worker's own time: {1000 * (per_run - worker):.0f} ms", flush=True)
+
+
+def p9(tmp: Path, epochs: int) -> None:
+    params = {"model_name": str(tiny_model(tmp / "model")), "epochs": epochs, "batch_size": 8}
+    with services(tmp / "p9") as svc:
+        bundle = first_bundle(svc)
+        posted = time.time()
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=3600)
+        queue_s = epoch(run["finished_at"]) - posted
+        assert run["state"] == "succeeded", run
+    t0 = time.monotonic()
+    proc, _ = hand_worker(tmp, bundle, "hf-text-classification", params, "p9")
+    proc.communicate()
+    report("P9", queue_s, time.monotonic() - t0, "s", f"hf-text-classification, {epochs} epochs, CPU", "ratio <= 1.05")
+
+
+def agent_pid(svc: Services, run_id: str) -> int:
+    """From run.log: a pre-started agent's command line does not name its run."""
+    log = (run_dir(svc, run_id) / "run.log").read_text()
+    return int(re.search(r"started the agent on this machine \(pid (\d+)", log).group(1))  # type: ignore[union-attr]
+
+
+def p10(tmp: Path, _: int) -> None:
+    params = {"model_name": str(tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
+    with services(tmp / "p10h", heartbeat_timeout_s=3) as svc:
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
+        wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
+        os.kill(agent_pid(svc, run_id), signal.SIGSTOP)
+        time.sleep(0.3)  # let a batch already on the wire land
+        last_beat = svc.api("GET", f"/runs/{run_id}")[1]["heartbeat_at"]
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        heartbeat_error = epoch(run["finished_at"]) - (last_beat + 3)
+    with services(tmp / "p10w", max_wall_seconds=4) as svc:
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
+        stopped = wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)
+        wall_error = stopped["t"] - (epoch(svc.api("GET", f"/runs/{run_id}")[1]["started_at"]) + 4)
+        bundle = run_dir(svc, run_id) / "bundle"
+    # By hand: GNU timeout(1) around the worker, the usual way to bound a run.
+    spec_proc, work = hand_worker(tmp, bundle, "hf-text-classification", params, "p10")
+    spec_proc.kill()
+    spec_proc.wait()
+    t0 = time.time()
+    proc = subprocess.Popen(["timeout", "-s", "TERM", "4", sys.executable, "-m", "potato_queue.worker", "--spec",
+                             str(work / "spec.json")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                            text=True, cwd=str(ROOT))
+    hand_error = read_until(proc, is_cancelled)["t"] - (t0 + 4)
+    proc.wait()
+    print(f"P10: heartbeat loss detected {heartbeat_error:.2f} s after heartbeat_timeout_s (goal <= 2 s)", flush=True)
+    report("P10", wall_error, hand_error, "s", "wall limit: SIGTERM at the worker after the limit", "<= 1 s")
+
+
+BENCHES: dict[str, tuple[Callable[[Path, int], None], int]] = {
+    "p1": (p1, 20), "p2": (p2, 10), "p3": (p3, 200), "p9": (p9, 30), "p10": (p10, 0),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=[*BENCHES, "all"])
+    parser.add_argument("--runs", type=int, default=None, help="runs (p1, p2, p3) or epochs (p9)")
+    parser.add_argument("--epochs", type=int, default=None)
+    args = parser.parse_args()
+    for name in BENCHES if args.which == "all" else [args.which]:
+        bench, default = BENCHES[name]
+        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+            bench(Path(tmp), args.epochs or args.runs or default)
+
+
+if __name__ == "__main__":
+    main()
