@@ -80,6 +80,10 @@ class Keys:
         """Pub/sub channel that wakes the agent's long-poll on cancel."""
         return f"{self.prefix}:control:{run_id}"
 
+    def result_signal(self, run_id: str) -> str:
+        """A list the result call pushes to, so the supervising executor wakes at once."""
+        return f"{self.prefix}:result:{run_id}"
+
     def run_token(self, run_id: str) -> str:
         """sha256 of the run's token (the token itself is never stored)."""
         return f"{self.prefix}:token:{run_id}"

@@ -116,7 +116,10 @@ class RunStore:
         record = self.read(run_id)
         live = self.live(run_id)
         if record["state"] not in FINAL_STATES:
-            record["state"] = live.get("state", record["state"])
+            # A final state shows once run.json has it: Redis changes first, so
+            # for a moment it is final there while the record is still being written.
+            if live.get("state") not in FINAL_STATES:
+                record["state"] = live.get("state", record["state"])
             for key in ("step", "progress", "heartbeat_at"):
                 if key in live:
                     record[key] = live[key]
@@ -190,6 +193,16 @@ class RunStore:
         mapping = {k: json.dumps(v) if k in _LIVE_JSON else str(v) for k, v in fields.items() if v is not None}
         if mapping:
             self.redis.hset(self.keys.run(run_id), mapping=mapping)
+
+    def signal_result(self, run_id: str) -> None:
+        pipe = self.redis.pipeline()
+        pipe.rpush(self.keys.result_signal(run_id), "1")
+        pipe.expire(self.keys.result_signal(run_id), 3600)
+        pipe.execute()
+
+    def wait_result(self, run_id: str, timeout_s: float) -> None:
+        """Sleep up to timeout_s, waking as soon as the agent's result arrives."""
+        self.redis.blpop([self.keys.result_signal(run_id)], timeout=timeout_s)
 
     def touch_heartbeat(self, run_id: str) -> None:
         self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(time.time()))

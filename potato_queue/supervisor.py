@@ -14,6 +14,7 @@ import os
 import socket
 import time
 import uuid
+from datetime import datetime
 from typing import Any
 
 import redis
@@ -171,8 +172,10 @@ class Supervisor:
         job = build_job(self.config, self.store, record, paths)
         self.store.update(run_id, job=job)
         token = self.store.issue_run_token(run_id)
+        started_s = datetime.fromisoformat(record["started_at"].replace("Z", "+00:00")).timestamp()
         return RunContext(run_id=run_id, config=self.config, store=self.store, backend_name=backend_name,
-                          backend=backend, server_url=server_url_for(self.redis, self.keys), token=token, job=job)
+                          backend=backend, server_url=server_url_for(self.redis, self.keys), token=token, job=job,
+                          started_s=started_s)
 
     def _finish(self, executor: Executor, ctx: RunContext, outcome: Outcome) -> None:
         from potato_queue.writeback import finalize_predictions

@@ -84,6 +84,13 @@ class WorkerProcess:
         """The worker's return code, or None while it runs."""
         return self.popen.poll()
 
+    def wait(self, timeout_s: float) -> Optional[int]:
+        """The exit code once the worker has exited, else None after timeout_s (wakes at the exit)."""
+        try:
+            return self.popen.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            return None
+
     def signal_group(self, signum: int) -> bool:
         """Send a signal to every process of the worker's group; False when none is left."""
         try:

@@ -67,6 +67,9 @@ def stdout_event(raw: bytes) -> Optional[str]:
     return make_event("log", level="stdout", msg=text[:MAX_LINE])
 
 
+_WAKE = ""  # queued by close() to wake the sender; never sent
+
+
 class EventRelay:
     """A queue of events and the thread that posts them in order, in batches."""
 
@@ -95,6 +98,7 @@ class EventRelay:
     def close(self, timeout_s: float) -> bool:
         """Send what is queued, then stop; False when that took longer than timeout_s."""
         self._closing.set()
+        self.queue.put(_WAKE)  # the sender may be waiting on an empty queue
         self._thread.join(timeout_s)
         if self._thread.is_alive():
             self._abandoned.set()
@@ -103,17 +107,19 @@ class EventRelay:
 
     def _next_batch(self) -> List[str]:
         try:
-            batch = [self.queue.get(timeout=FLUSH_S)]
+            first = self.queue.get_nowait() if self._closing.is_set() else self.queue.get(timeout=FLUSH_S)
         except queue.Empty:
             return []
+        batch = [first]
         deadline = time.monotonic() + FLUSH_S
         while len(batch) < MAX_BATCH:
-            left = deadline - time.monotonic()
+            # Once closing, send what is there now: nothing more is coming.
+            left = 0.0 if self._closing.is_set() else deadline - time.monotonic()
             try:
                 batch.append(self.queue.get(timeout=left) if left > 0 else self.queue.get_nowait())
             except queue.Empty:
                 break
-        return batch
+        return [text for text in batch if text is not _WAKE]
 
     def _send_loop(self) -> None:
         while not self._abandoned.is_set():

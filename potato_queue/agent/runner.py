@@ -205,7 +205,7 @@ class Runner:
         watch = _Watch(DEFAULT_GRACE_S if grace is None else float(grace), float(max_ram) if max_ram else None)
         while worker.poll() is None:
             self._tick(worker, watch, time.monotonic())
-            time.sleep(TICK_S)
+            worker.wait(TICK_S)
         returncode = worker.popen.returncode
         worker.reap_group()
         self.log("worker exited: code {}".format(exit_code_of(returncode)))

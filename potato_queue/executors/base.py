@@ -39,6 +39,9 @@ class RunContext:
     token: str
     job: dict[str, Any]
     state: dict[str, Any] = field(default_factory=dict)  # the executor's own handles
+    # When the run started (epoch seconds): max_wall_seconds counts from here,
+    # bundle building and the agent's start included.
+    started_s: float = field(default_factory=time.time)
 
     @property
     def paths(self) -> RunPaths:
@@ -135,10 +138,10 @@ def supervise(executor: Executor, ctx: RunContext, *, renew_lease: Callable[[], 
         silent_s = now - started if age is None else age
         if silent_s > heartbeat_limit_s:
             return _stop(executor, ctx, 0, "failed", f"No word from the agent on {ctx.backend_name} for {int(heartbeat_limit_s)} seconds")
-        if mt.max_wall_seconds and now - started > mt.max_wall_seconds and cancel_seen is None:
+        if mt.max_wall_seconds and time.time() - ctx.started_s > mt.max_wall_seconds and cancel_seen is None:
             return _stop(executor, ctx, grace_s, "failed",
                          f"The run did not finish within max_wall_seconds ({mt.max_wall_seconds:g} s) and was stopped")
-        time.sleep(tick_s)
+        ctx.store.wait_result(ctx.run_id, tick_s)
 
 
 def _gone(ctx: RunContext) -> Outcome:

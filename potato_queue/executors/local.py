@@ -115,7 +115,6 @@ class LocalExecutor(Executor):
     def start(self, ctx: RunContext) -> None:
         workdir = ctx.paths.agent_workdir
         workdir.mkdir(parents=True, exist_ok=True)
-        device = describe_device(ctx.config.model_training.device)
         proc = _SPARES.take()
         assignment = {"run_id": ctx.run_id, "server": ctx.server_url, "workdir": str(workdir),
                       "log": str(ctx.paths.agent_log)}
@@ -125,7 +124,8 @@ class LocalExecutor(Executor):
         proc.stdin.write(json.dumps(assignment).encode() + b"\n" + ctx.token.encode() + b"\n")
         proc.stdin.flush()
         ctx.state["proc"] = proc
-        ctx.step(f"started the agent on this machine (pid {proc.pid}, device {device})")
+        # The worker resolves and logs the device; naming it here would import torch into the executor.
+        ctx.step(f"started the agent on this machine (pid {proc.pid})")
 
     def alive(self, ctx: RunContext) -> bool:
         return ctx.state["proc"].poll() is None

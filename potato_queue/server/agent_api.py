@@ -356,6 +356,7 @@ def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> Re
     # One HSET: the executor watches agent_exit_code and reads the other two with it.
     store.set_live(run_id, agent_exit_code=result.exit_code, artifact_uri=result.artifact_uri,
                    agent_message=result.message, heartbeat_at=repr(time.time()))
+    store.signal_result(run_id)
     text = f"agent finished: exit code {result.exit_code}"
     if result.artifact_uri:
         text += f"; model files at {result.artifact_uri}"
