@@ -97,9 +97,15 @@ class _SpareAgents:
                                 env=env, start_new_session=True, cwd="/")
 
     def take(self) -> subprocess.Popen[bytes]:
+        """The warm agent (or a new one); call refill() once it has its assignment."""
         proc = self._spare if self._spare is not None and self._spare.poll() is None else self._spawn()
-        self._spare = self._spawn()
+        self._spare = None
         return proc
+
+    def refill(self) -> None:
+        # After the hand-over, so forking the next one is not on this run's critical path.
+        if self._spare is None:
+            self._spare = self._spawn()
 
 
 _SPARES = _SpareAgents()
@@ -123,6 +129,7 @@ class LocalExecutor(Executor):
         # sees EOF (and stops its worker) if this executor dies.
         proc.stdin.write(json.dumps(assignment).encode() + b"\n" + ctx.token.encode() + b"\n")
         proc.stdin.flush()
+        _SPARES.refill()
         ctx.state["proc"] = proc
         # The worker resolves and logs the device; naming it here would import torch into the executor.
         ctx.step(f"started the agent on this machine (pid {proc.pid})")
