@@ -110,13 +110,14 @@ class Supervisor:
 
     def _take_oldest_queued(self) -> str | None | bool:
         """Run id now `starting`; None if nothing is queued; False to wait (a run still in flight)."""
-        for run_id, state in self._states():
+        states = self._states()
+        for run_id, state in states:
             if state in ("starting", "running", "collecting"):
                 if not self._orphaned(run_id):
                     return False
                 if self.store.transition(run_id, "failed", error=EXECUTOR_STOPPED):
                     self.store.log(run_id, EXECUTOR_STOPPED)
-        for run_id, state in self._states():
+        for run_id, state in states:
             if state == "queued" and self.store.transition(run_id, "starting", started_at=utc_now()):
                 return run_id
         return None
