@@ -299,3 +299,18 @@ def test_max_ram_mb_ends_the_run_with_an_out_of_memory_message(tmp_path: Path, r
         assert processes_of(run_id, run_path(svc, run_id)) == []
     finally:
         svc.stop()
+
+
+def test_missing_device_falls_back_with_a_warning_in_run_log(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    # This machine has no GPU, so cuda:1 does not exist here (LOC-1).
+    svc = Services(make_project(tmp_path, device="cuda:1"), redis_server_url, tmp_path)
+    svc.serve()
+    try:
+        svc.executor()
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                               params={"model_name": str(tiny_model), "epochs": 1})
+        assert svc.wait_for(run_id, TERMINAL, timeout_s=120)["state"] == "succeeded"
+        log = (run_path(svc, run_id) / "run.log").read_text()
+        assert "Device 'cuda:1' is not available on this machine (available: cpu); using cpu instead" in log, log
+    finally:
+        svc.stop()
