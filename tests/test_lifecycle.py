@@ -129,12 +129,22 @@ def agent_pid(run_dir: Path) -> int:
     return int(match.group(1))
 
 
+def _session_of(pid: str) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 def processes_of(run_id: str, run_dir: Path | None = None) -> list[str]:
-    """Live processes of the run: its agent, and any process whose command line names the run (the worker)."""
-    found = [cmd for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit())
-             if (cmd := _alive(int(pid))) and run_id in cmd]
-    if run_dir is not None and (cmd := _alive(agent_pid(run_dir))):
-        found.append(cmd)
+    """Live processes of the run: everything in its agent's session (agent, worker, the worker's
+    children), and any process whose command line names the run."""
+    agent = agent_pid(run_dir) if run_dir is not None else None
+    found = []
+    for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
+        cmd = _alive(int(pid))
+        if cmd and (run_id in cmd or (agent is not None and _session_of(pid) == agent)):
+            found.append(cmd)
     return found
 
 
@@ -314,3 +324,30 @@ def test_missing_device_falls_back_with_a_warning_in_run_log(tmp_path: Path, red
         assert "Device 'cuda:1' is not available on this machine (available: cpu); using cpu instead" in log, log
     finally:
         svc.stop()
+
+
+def test_a_warm_agent_never_assigned_leaves_nothing_behind() -> None:
+    """The local backend's pre-started agent (and the worker it pre-starts) exit when their executor goes."""
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    agent = subprocess.Popen([sys.executable, "-S", "-m", "potato_queue.agent", "run", "--assignment-on-stdin"],
+                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                             cwd=str(ROOT), start_new_session=True)
+    deadline = time.monotonic() + 30
+    worker = []
+    while not worker and time.monotonic() < deadline:
+        worker = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _session_of(p.name) == agent.pid
+                  and "--spec-on-stdin" in (_alive(int(p.name)) or "")]
+        time.sleep(0.05)
+    assert worker, "the warm agent did not pre-start a worker"
+    assert agent.stdin is not None
+    agent.stdin.close()  # the executor is gone
+    assert agent.wait(timeout=30) == 0
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(int(worker[0].name)):
+        time.sleep(0.05)
+    assert not _alive(int(worker[0].name))

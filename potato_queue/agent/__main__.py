@@ -17,11 +17,13 @@ import json
 import os
 import signal
 import sys
+import tempfile
 import threading
 from typing import IO, List, Optional
 
 from potato_queue.agent.client import AgentClient
-from potato_queue.agent.runner import Runner, log_line
+from potato_queue.agent.proc import WorkerProcess
+from potato_queue.agent.runner import Runner, log_line, worker_env
 
 __all__ = ["build_parser", "read_token", "main"]
 
@@ -90,8 +92,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Read the token, run the job, return the exit code to report."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.assignment_on_stdin and not read_assignment(args, sys.stdin):
-        return 0
+    ready_worker = None
+    if args.assignment_on_stdin:
+        # Start the worker's interpreter now too: a warm agent with a cold worker saves half.
+        ready_worker = WorkerProcess(args.python, None, tempfile.gettempdir(), worker_env())
+        if not read_assignment(args, sys.stdin):
+            ready_worker.assign(None)
+            return 0
     if not (args.server and args.run_id and args.workdir):
         parser.error("run needs --server, --run-id and --workdir (or --assignment-on-stdin)")
     token = read_token(sys.stdin)
@@ -101,7 +108,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         client = AgentClient(args.server, args.run_id, token, log=log_line)
         runner = Runner(client, args.workdir, python=args.python, keep=args.keep,
-                        unreachable_s=args.unreachable_s)
+                        unreachable_s=args.unreachable_s, ready_worker=ready_worker)
     except ValueError as exc:
         log_line(str(exc))
         return 2

@@ -69,16 +69,36 @@ def group_members(pgid: int) -> List[int]:
 
 
 class WorkerProcess:
-    """`python -m potato_queue.worker --spec SPEC` in a new session, stdout and stderr piped."""
+    """`python -m potato_queue.worker --spec SPEC` in a new session, stdout and stderr piped.
 
-    def __init__(self, python: str, spec_path: str, cwd: str, env: Dict[str, str]) -> None:
-        argv = [python, "-m", "potato_queue.worker", "--spec", spec_path]
-        self.popen = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE, start_new_session=True, close_fds=True,
+    With spec_path None the worker is started ahead of time (`--spec-on-stdin`):
+    it starts Python and imports itself, then waits for assign(spec_path).
+    """
+
+    def __init__(self, python: str, spec_path: Optional[str], cwd: str, env: Dict[str, str]) -> None:
+        argv = [python, "-m", "potato_queue.worker"] + (["--spec", spec_path] if spec_path else ["--spec-on-stdin"])
+        # A process group of its own (signals reach the worker and whatever it
+        # starts), but the agent's session: whoever started the agent can
+        # still find, and stop, everything of the run by that session.
+        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
+        self.popen = subprocess.Popen(  # type: ignore[call-overload]
+            argv, cwd=cwd, env=env, stdin=subprocess.PIPE if spec_path is None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True, **group,
         )
-        # A new session makes the worker its group's leader: the group id is its pid.
+        # The worker leads its group: the group id is its pid.
         self.pgid = self.popen.pid
+
+    def assign(self, spec_path: Optional[str]) -> None:
+        """Hand a started-ahead worker its spec (None: there is no run; it exits)."""
+        stdin = self.popen.stdin
+        if stdin is None or stdin.closed:
+            return
+        try:
+            if spec_path is not None:
+                stdin.write((spec_path + "\n").encode("utf-8"))
+            stdin.close()
+        except OSError:
+            pass  # it died waiting; run() sees its exit code
 
     def poll(self) -> Optional[int]:
         """The worker's return code, or None while it runs."""

@@ -118,8 +118,11 @@ class Runner:
     """Runs one job for the server behind `client`; run() returns the exit code to report."""
 
     def __init__(self, client: AgentClient, base_dir: str, python: str = sys.executable, keep: bool = False,
-                 unreachable_s: float = 300.0, log: Callable[[str], None] = log_line) -> None:
+                 unreachable_s: float = 300.0, log: Callable[[str], None] = log_line,
+                 ready_worker: Optional[WorkerProcess] = None) -> None:
         self.client = client
+        # A worker started ahead of time (the local backend's warm agent): it only needs its spec.
+        self.ready_worker = ready_worker
         self.files = RunFiles(base_dir, client.run_id)
         self.python = python
         self.keep = keep
@@ -154,7 +157,7 @@ class Runner:
         if self.cancel.is_set():
             return self._finish(EXIT_CANCELLED, None, "{}: the worker was not started".format(self.stop_reason))
         try:
-            worker = WorkerProcess(self.python, self.files.spec, self.files.work, worker_env())
+            worker = self._worker()
         except OSError as exc:
             text = "{} was not found on {} ({})".format(self.python, socket.gethostname(), exc.strerror)
             return self._finish(EXIT_SETUP, "python_not_found", text)
@@ -172,6 +175,13 @@ class Runner:
         for reader in readers:
             reader.join(10.0)  # the pipes close once the whole group is gone
         return self._finish(code, error_code, message, job)
+
+    def _worker(self) -> WorkerProcess:
+        ready, self.ready_worker = self.ready_worker, None
+        if ready is not None and ready.poll() is None:
+            ready.assign(self.files.spec)
+            return ready
+        return WorkerProcess(self.python, self.files.spec, self.files.work, worker_env())
 
     def _start_threads(self, job: Dict[str, Any]) -> None:
         interval = float(job.get("heartbeat_interval_s") or 10.0)
@@ -290,6 +300,9 @@ class Runner:
         return problem if message is None else "{}; {}".format(message, problem)
 
     def _clean_up(self) -> None:
+        if self.ready_worker is not None:  # the run ended before its worker was needed
+            self.ready_worker.assign(None)
+            self.ready_worker = None
         if self.keep:
             return
         shutil.rmtree(self.files.bundle_dir, ignore_errors=True)

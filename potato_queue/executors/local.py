@@ -46,10 +46,9 @@ def describe_device(requested: str = "auto") -> str:
 
 
 def run_pids(sid: int, marker: str) -> list[int]:
-    """Pids in the agent's session, or whose command line names the run's folder.
-
-    One pass over /proc (Linux; empty elsewhere). The second test is needed
-    because the agent starts the worker in a session of its own.
+    """Pids in the agent's session (the agent, the worker, its children), or
+    whose command line names the run's folder (should one have left the
+    session). One pass over /proc (Linux; empty elsewhere).
     """
     pids = []
     for entry in Path("/proc").iterdir() if Path("/proc").is_dir() else []:

@@ -22,7 +22,9 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m potato_queue.worker",
         description="Run one potato-queue training job from a spec file.",
     )
-    parser.add_argument("--spec", required=True, help="path to the run's spec.json")
+    parser.add_argument("--spec", help="path to the run's spec.json")
+    parser.add_argument("--spec-on-stdin", action="store_true",
+                        help="started ahead of time: wait for the spec's path as a line on stdin")
     return parser
 
 
@@ -52,6 +54,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except SystemExit as exc:
         if exc.code in (0, None):
             return 0
+        reporter.error("bad_spec", "usage: python -m potato_queue.worker --spec spec.json")
+        return EXIT_BAD_SPEC
+    if args.spec_on_stdin:
+        args.spec = sys.stdin.readline().strip()
+        if not args.spec:
+            return 0  # the agent that started us ahead of time had no run for us
+        os.chdir(os.path.dirname(os.path.abspath(args.spec)))
+    if not args.spec:
         reporter.error("bad_spec", "usage: python -m potato_queue.worker --spec spec.json")
         return EXIT_BAD_SPEC
     return run(args.spec, reporter, stop)
