@@ -41,8 +41,9 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     server.run(sockets=[sock])
 
 
-def _watch_for_flush(config: ProjectConfig, redis_url: str) -> None:
-    """Requeue runs from disk whenever Redis comes back empty (restarted or flushed)."""
+def _reconcile_forever(config: ProjectConfig, redis_url: str) -> None:
+    """Requeue runs from disk whenever Redis comes back empty (restarted or flushed),
+    and fail runs a dead executor left in flight."""
     from potato_queue.supervisor import Supervisor
 
     supervisor = Supervisor(config, redis_url)
@@ -53,6 +54,7 @@ def _watch_for_flush(config: ProjectConfig, redis_url: str) -> None:
                 woken = supervisor.reconcile()
                 if woken:
                     print(f"potato-queue: queued {woken} run(s) again from disk", flush=True)
+            supervisor.sweep_orphans()
         except redis.RedisError:
             pass
         time.sleep(FLUSH_CHECK_S)
@@ -65,7 +67,7 @@ def run_executor(config: ProjectConfig, redis_url: str) -> None:
     timeout = os.environ.get(VISIBILITY_ENV)
     app = make_celery(config, redis_url, visibility_timeout_s=float(timeout) if timeout else None)
     register(app, config, redis_url)
-    threading.Thread(target=_watch_for_flush, args=(config, redis_url), daemon=True, name="flush-watch").start()
+    threading.Thread(target=_reconcile_forever, args=(config, redis_url), daemon=True, name="reconcile").start()
     # solo pool: the run is supervised in this process, so killing the
     # executor takes its supervision with it (the agent then sees EOF on stdin).
     app.worker_main([

@@ -32,6 +32,7 @@ LEASE_RENEW_S = 1.0
 # An in-flight run whose files have not changed for this long, while nobody
 # holds the slot, has lost its executor (killed, machine restarted).
 ORPHAN_QUIET_S = 15.0
+IN_FLIGHT = ("starting", "running", "collecting")
 EXECUTOR_STOPPED = ("The executor supervising this run stopped (killed or restarted) before the run "
                     "finished; start the run again")
 
@@ -108,19 +109,37 @@ class Supervisor:
         newest = max((p.stat().st_mtime for p in (paths.run_log, paths.events, paths.run_json) if p.exists()), default=0)
         return time.time() - newest > ORPHAN_QUIET_S
 
+    def _fail_orphans(self, states: list[tuple[str, str]]) -> bool:
+        """Fail in-flight runs whose executor is gone (call with the slot held); True if one is still live."""
+        live = False
+        for run_id, state in states:
+            if state not in IN_FLIGHT:
+                continue
+            if not self._orphaned(run_id):
+                live = True
+            elif self.store.transition(run_id, "failed", error=EXECUTOR_STOPPED):
+                self.store.log(run_id, EXECUTOR_STOPPED)
+        return live
+
     def _take_oldest_queued(self) -> str | None | bool:
         """Run id now `starting`; None if nothing is queued; False to wait (a run still in flight)."""
         states = self._states()
-        for run_id, state in states:
-            if state in ("starting", "running", "collecting"):
-                if not self._orphaned(run_id):
-                    return False
-                if self.store.transition(run_id, "failed", error=EXECUTOR_STOPPED):
-                    self.store.log(run_id, EXECUTOR_STOPPED)
+        if self._fail_orphans(states):
+            return False
         for run_id, state in states:
             if state == "queued" and self.store.transition(run_id, "starting", started_at=utc_now()):
                 return run_id
         return None
+
+    def sweep_orphans(self) -> None:
+        """From the executor's background thread: runs left in flight by a dead executor end failed,
+        even when nothing else is queued to make an executor look."""
+        lease = Lease(self.redis, self.keys.slot)
+        if lease.try_take():  # nobody is supervising a run right now
+            try:
+                self._fail_orphans(self._states())
+            finally:
+                lease.release()
 
     def execute_next(self, woken_by: str | None = None, *, poll_s: float = 0.05) -> str | None:
         """Wait for the slot, then run the oldest queued run. Returns the run id it ran, if any."""

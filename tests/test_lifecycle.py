@@ -185,19 +185,44 @@ def test_cancel_running_run_stops_worker_and_leaves_nothing(services: Services, 
     assert processes_of(run_id, run_path(services, run_id)) == []
 
 
-def test_max_wall_seconds_stops_a_run_in_time(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
-    svc = Services(make_project(tmp_path, grace_seconds=2, max_wall_seconds=4), redis_server_url, tmp_path)
+def test_max_wall_seconds_stops_a_silent_hung_worker(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    """A worker frozen mid-training (SIGSTOP: silent, and deaf to SIGTERM, like a process stuck on a hung
+    filesystem) while its agent keeps beating: only the wall limit can end the run, with SIGKILL after grace."""
+    import os
+    import signal
+
+    svc = Services(make_project(tmp_path, grace_seconds=1, max_wall_seconds=12), redis_server_url, tmp_path)
     svc.serve()
     try:
         svc.executor()
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+        wait_running(svc, run_id)
+        agent = agent_pid(run_path(svc, run_id))
+        (worker,) = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _session_of(p.name) == agent
+                     and "potato_queue.worker" in (_alive(int(p.name)) or "")]
+        os.kill(worker, signal.SIGSTOP)
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
         assert run["state"] == "failed"
-        assert run["error"] == "The run did not finish within max_wall_seconds (4 s) and was stopped"
+        assert run["error"] == "The run did not finish within max_wall_seconds (12 s) and was stopped"
         assert processes_of(run_id, run_path(svc, run_id)) == []
     finally:
         svc.stop()
+
+
+def test_run_left_in_flight_by_a_dead_executor_fails_with_nothing_queued(services: Services, tiny_model: Path) -> None:
+    import os
+    import signal
+
+    first = services.executor()
+    run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                                params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    wait_running(services, run_id)
+    os.kill(first.pid, signal.SIGKILL)
+    services.executor()  # nothing else is queued: only its background sweep can notice
+    run = services.wait_for(run_id, TERMINAL, timeout_s=90)
+    assert run["state"] == "failed" and run["error"].startswith("The executor supervising this run stopped")
+    assert processes_of(run_id, run_path(services, run_id)) == []
 
 
 def test_kill_9_of_the_executor_fails_the_run_and_the_next_proceeds(services: Services, tiny_model: Path) -> None:
