@@ -27,7 +27,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from potato_queue.config import redis_url  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis, ping  # noqa: E402
-from tests.lifecycle_helpers import Services, make_project  # noqa: E402
+from tests.lifecycle_helpers import Services, started  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -47,22 +47,12 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 @contextmanager
 def services(tmp: Path, executors: int = 1, **training: Any) -> Iterator[Services]:
+    """The test suite's services (tests/lifecycle_helpers.py), on a private Redis when none answers."""
     url = redis_url()
-    with tempfile.TemporaryDirectory() as folder:
-        server = None
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         if not ping(url):
-            server = EmbeddedRedis(folder)
-            url = server.start()
-        svc = Services(make_project(tmp, grace_seconds=5, **training), url, tmp)
-        svc.serve()
-        for _ in range(executors):
-            svc.executor()
-        try:
-            yield svc
-        finally:
-            svc.stop()
-            if server:
-                server.stop()
+            url = stack.enter_context(EmbeddedRedis(folder)).url
+        yield stack.enter_context(started(tmp, url, executors, grace_seconds=5, **training))
 
 
 def tiny_model(folder: Path) -> Path:

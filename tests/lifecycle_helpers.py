@@ -11,6 +11,8 @@ import sys
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +32,19 @@ def make_project(tmp_path: Path, **training: Any) -> Path:
     config["model_training"].update(training)
     (project / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
     return project / "config.yaml"
+
+
+@contextmanager
+def started(tmp_path: Path, redis_url: str, executors: int = 1, **training: Any) -> Iterator[Services]:
+    """The example project with `training` overrides, its server and `executors` executors, stopped after."""
+    svc = Services(make_project(tmp_path, **training), redis_url, tmp_path)
+    svc.serve()
+    try:
+        for _ in range(executors):
+            svc.executor()
+        yield svc
+    finally:
+        svc.stop()
 
 
 class Services:

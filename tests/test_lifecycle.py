@@ -9,17 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.lifecycle_helpers import Services, make_project
+from tests.lifecycle_helpers import Services, make_project, started
 
 
 @pytest.fixture
 def services(tmp_path: Path, redis_server_url: str) -> Iterator[Services]:
-    svc = Services(make_project(tmp_path, grace_seconds=2), redis_server_url, tmp_path)
-    svc.serve()
-    try:
+    with started(tmp_path, redis_server_url, executors=0, grace_seconds=2) as svc:
         yield svc
-    finally:
-        svc.stop()
 
 
 def test_sklearn_run_succeeds_with_held_out_scores_and_predictions(services: Services) -> None:
@@ -191,10 +187,7 @@ def test_max_wall_seconds_stops_a_silent_hung_worker(tmp_path: Path, redis_serve
     import os
     import signal
 
-    svc = Services(make_project(tmp_path, grace_seconds=1, max_wall_seconds=12), redis_server_url, tmp_path)
-    svc.serve()
-    try:
-        svc.executor()
+    with started(tmp_path, redis_server_url, grace_seconds=1, max_wall_seconds=12) as svc:
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
         wait_running(svc, run_id)
@@ -206,8 +199,6 @@ def test_max_wall_seconds_stops_a_silent_hung_worker(tmp_path: Path, redis_serve
         assert run["state"] == "failed"
         assert run["error"] == "The run did not finish within max_wall_seconds (12 s) and was stopped"
         assert processes_of(run_id, run_path(svc, run_id)) == []
-    finally:
-        svc.stop()
 
 
 def test_run_left_in_flight_by_a_dead_executor_fails_with_nothing_queued(services: Services, tiny_model: Path) -> None:
@@ -260,10 +251,7 @@ def test_frozen_agent_fails_the_run_after_heartbeat_timeout(tmp_path: Path, redi
     import os
     import signal
 
-    svc = Services(make_project(tmp_path, grace_seconds=2, heartbeat_timeout_s=3), redis_server_url, tmp_path)
-    svc.serve()
-    try:
-        svc.executor()
+    with started(tmp_path, redis_server_url, grace_seconds=2, heartbeat_timeout_s=3) as svc:
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
         wait_running(svc, run_id)
@@ -271,8 +259,6 @@ def test_frozen_agent_fails_the_run_after_heartbeat_timeout(tmp_path: Path, redi
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
         assert (run["state"], run["error"]) == ("failed", "No word from the agent on local for 3 seconds")
         assert processes_of(run_id, run_path(svc, run_id)) == []
-    finally:
-        svc.stop()
 
 
 def test_run_longer_than_the_visibility_timeout_runs_once(services: Services, tiny_model: Path) -> None:
@@ -322,33 +308,23 @@ def test_decision_calibrate_recalibrates_the_latest_run_and_is_local_only(tmp_pa
 
 def test_max_ram_mb_ends_the_run_with_an_out_of_memory_message(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
     # Importing torch alone takes well over 60 MB of resident memory.
-    svc = Services(make_project(tmp_path, grace_seconds=2, max_ram_mb=60), redis_server_url, tmp_path)
-    svc.serve()
-    try:
-        svc.executor()
+    with started(tmp_path, redis_server_url, grace_seconds=2, max_ram_mb=60) as svc:
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 1})
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
         assert (run["state"], run["exit_code"]) == ("failed", 5), run
         assert "out of memory" in run["error"] and "max_ram_mb" in run["error"], run["error"]
         assert processes_of(run_id, run_path(svc, run_id)) == []
-    finally:
-        svc.stop()
 
 
 def test_missing_device_falls_back_with_a_warning_in_run_log(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
     # This machine has no GPU, so cuda:1 does not exist here (LOC-1).
-    svc = Services(make_project(tmp_path, device="cuda:1"), redis_server_url, tmp_path)
-    svc.serve()
-    try:
-        svc.executor()
+    with started(tmp_path, redis_server_url, device="cuda:1") as svc:
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 1})
         assert svc.wait_for(run_id, TERMINAL, timeout_s=120)["state"] == "succeeded"
         log = (run_path(svc, run_id) / "run.log").read_text()
         assert "Device 'cuda:1' is not available on this machine (available: cpu); using cpu instead" in log, log
-    finally:
-        svc.stop()
 
 
 def test_a_warm_agent_never_assigned_leaves_nothing_behind() -> None:
