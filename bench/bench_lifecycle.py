@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT))
 from potato_queue.config import redis_url  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis, ping  # noqa: E402
 from tests.lifecycle_helpers import Services, started  # noqa: E402
+from tests.lifecycle_helpers import build_tiny_model as tiny_model  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
@@ -53,27 +54,6 @@ def services(tmp: Path, executors: int = 1, **training: Any) -> Iterator[Service
         if not ping(url):
             url = stack.enter_context(EmbeddedRedis(folder)).url
         yield stack.enter_context(started(tmp, url, executors, grace_seconds=5, **training))
-
-
-def tiny_model(folder: Path) -> Path:
-    """The same 2-layer, 32-wide BERT the tests build (nothing downloaded)."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
-
-    texts = [r["text"] for r in json.loads((ROOT / "examples/reviews/data/reviews.json").read_text())]
-    words = sorted({w.strip(".,").lower() for t in texts for w in t.split()})
-    vocab = {w: i for i, w in enumerate(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words])}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tok.normalizer = normalizers.Lowercase()
-    tok.pre_tokenizer = pre_tokenizers.Whitespace()
-    tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
-    BertForSequenceClassification(BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2,
-                                             num_attention_heads=2, intermediate_size=64,
-                                             max_position_embeddings=64, num_labels=2)).save_pretrained(folder)
-    return folder
 
 
 def run_dir(svc: Services, run_id: str) -> Path:

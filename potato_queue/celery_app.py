@@ -2,7 +2,7 @@
 
 One Celery queue per project (keys.queue). Executors run with concurrency 1,
 prefetch 1 and late acks. Ordering and "one at a time" are not left to
-Celery: tasks/runs.py takes a Redis lease for the run slot and always starts
+Celery: runs/dispatch.py takes a Redis lease for the run slot and always starts
 the oldest queued run, so a redelivered or duplicated message is harmless.
 """
 

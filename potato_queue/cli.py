@@ -164,11 +164,11 @@ def check(backend: str, config: Path, as_json: bool) -> None:
     cfg = _checked(config)
     if backend not in cfg.model_training.backend_names():
         raise PotatoQueueError(f"no backend named {backend!r}; configured: {', '.join(cfg.model_training.backend_names())}")
-    if backend != "local":
-        raise _not_built(f"training check {backend}", f"the {cfg.model_training.backends[backend].type} backend's work")
-    from potato_queue.executors.local import LocalExecutor
+    from potato_queue.executors import build_executor, unavailable_reason
 
-    report = LocalExecutor().check(cfg, backend)
+    if unavailable_reason(cfg, backend) is not None:
+        raise _not_built(f"training check {backend}", f"the {cfg.model_training.backends[backend].type} backend's work")
+    report = build_executor(cfg, backend).check()
     click.echo(json.dumps({"ok": report.ok, **report.data}) if as_json else "\n".join(report.lines))
     if not report.ok:
         raise click.exceptions.Exit(1)
@@ -209,7 +209,7 @@ def run(config: Path, redis_url: str, trainer: str, schemas: tuple[str, ...], ba
         follow: bool) -> None:
     """Queue a training run (--follow: watch it to the end and print the held-out scores)."""
     from potato_queue import follow as following
-    from potato_queue.runs import start_run
+    from potato_queue.runs.submit import start_run
 
     cfg = _checked(config)
     store, enqueue = _store_and_queue(cfg, _redis_checked(redis_url))

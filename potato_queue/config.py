@@ -17,7 +17,6 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from potato_queue.agent.slurm import SBATCH_FLAGS
 from potato_queue.errors import ConfigUnreadable
 
 __all__ = [
@@ -26,10 +25,13 @@ __all__ = [
     "LOCAL",
     "WritebackConfig",
     "AutoRetrainConfig",
+    "SBATCH_FLAGS",
+    "LocalBackend",
     "SshBackend",
     "SlurmBackend",
     "AgentBackend",
     "Backend",
+    "AnyBackend",
     "BACKEND_MODELS",
     "ModelTrainingConfig",
     "ProjectConfig",
@@ -64,6 +66,43 @@ class AutoRetrainConfig(_Strict):
     update_frequency: int = Field(25, ge=1)
     params: dict[str, Any] = Field(default_factory=dict)
     backend: str | None = None
+
+
+# Backend key -> sbatch long option (CFG-4). The config owns this table: it
+# decides which keys a slurm backend accepts, and hands the agent the flags as
+# data (SlurmBackend.sbatch_options), so the bare-host agent needs no copy.
+SBATCH_FLAGS: dict[str, str] = {
+    "partition": "--partition",
+    "gres": "--gres",
+    "time": "--time",
+    "account": "--account",
+    "qos": "--qos",
+    "cpus_per_task": "--cpus-per-task",
+    "mem": "--mem",
+    "mem_per_cpu": "--mem-per-cpu",
+    "mem_per_gpu": "--mem-per-gpu",
+    "constraint": "--constraint",
+    "nodes": "--nodes",
+    "ntasks": "--ntasks",
+    "reservation": "--reservation",
+    "exclude": "--exclude",
+    "nodelist": "--nodelist",
+    "gpus_per_node": "--gpus-per-node",
+    "comment": "--comment",
+}
+
+
+class LocalBackend(_Strict):
+    """The `local` backend: this machine. It has no entry under `backends`; its
+    settings are model_training's local-run keys (CFG-1), gathered here so that
+    every backend, local included, reaches its executor as one config model."""
+
+    type: Literal["local"] = "local"
+    description: str | None = None
+    device: str = "auto"
+    num_threads: int | None = Field(None, ge=1)
+    max_ram_mb: float | None = Field(None, gt=0)
+    heartbeat_timeout_s: float = Field(120, gt=0)
 
 
 _GPUS = re.compile(r"^(auto|none|\d+(,\d+)*)$")
@@ -110,7 +149,7 @@ class SshBackend(_RemoteBackend):
 
 
 def _slurm_settings() -> dict[str, Any]:
-    """One optional text field per sbatch setting of agent.slurm.SBATCH_FLAGS."""
+    """One optional text field per sbatch setting of SBATCH_FLAGS."""
     return {key: (str | None, None) for key in SBATCH_FLAGS}
 
 
@@ -125,6 +164,11 @@ class _SlurmCore(_RemoteBackend):
     @classmethod
     def _sbatch_values_are_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
+
+    def sbatch_options(self) -> dict[str, str]:
+        """{sbatch long option: value} for the settings that are set, in SBATCH_FLAGS' order."""
+        values = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
+        return {SBATCH_FLAGS[key]: str(v) for key, v in values.items() if v is not None and v != ""}
 
 
 def _make_slurm_model() -> type[_SlurmCore]:
@@ -144,6 +188,7 @@ class AgentBackend(_Strict):
 
 
 Backend = Annotated[SshBackend | SlurmBackend | AgentBackend, Field(discriminator="type")]
+AnyBackend = LocalBackend | SshBackend | SlurmBackend | AgentBackend
 BACKEND_MODELS: dict[str, type[BaseModel]] = {"ssh": SshBackend, "slurm": SlurmBackend, "agent": AgentBackend}
 
 
@@ -176,6 +221,20 @@ class ModelTrainingConfig(_Strict):
 
     def backend_names(self) -> list[str]:
         return [LOCAL, *self.backends]
+
+    def backend_config(self, name: str) -> AnyBackend:
+        """The named backend's config model; `local` is built from the local-run keys. KeyError if none."""
+        if name == LOCAL:
+            return LocalBackend(device=self.device, num_threads=self.num_threads, max_ram_mb=self.max_ram_mb,
+                                heartbeat_timeout_s=self.heartbeat_timeout_s)
+        return self.backends[name]
+
+    def heartbeat_timeout_s_of(self, name: str) -> float:
+        """How long the named backend's agent may stay silent (the backend's own, else the local one)."""
+        try:
+            return float(self.backend_config(name).heartbeat_timeout_s)
+        except KeyError:
+            return float(self.heartbeat_timeout_s)
 
 
 class ItemProperties(BaseModel):

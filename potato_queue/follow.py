@@ -9,10 +9,10 @@ from typing import Any
 
 from potato_queue.keys import RunPaths
 from potato_queue.store import FINAL_STATES, RunStore
+from potato_queue.worker.exit_codes import EXIT_FOR_STATE
 
 __all__ = ["runs_table", "print_log", "follow", "held_out_table", "progress_line"]
 
-EXIT_FOR_STATE = {"succeeded": 0, "failed": 1, "cancelled": 4}
 
 
 def runs_table(records: list[dict[str, Any]]) -> str:

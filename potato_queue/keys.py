@@ -56,6 +56,15 @@ class Keys:
         return f"{self.prefix}:runs"
 
     @property
+    def unfinished(self) -> str:
+        """Sorted set of the runs not yet final (queued or in flight), by creation time in ms.
+
+        What the executors look at for every wake-up, instead of listing every
+        run's folder; rebuilt from the run folders when Redis was emptied.
+        """
+        return f"{self.prefix}:unfinished"
+
+    @property
     def slot(self) -> str:
         """The run slot lease: holds the run id being supervised."""
         return f"{self.prefix}:slot"

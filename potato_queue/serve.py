@@ -6,11 +6,13 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 
 import redis
 
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import Keys
+from potato_queue.store import RunStore
 
 __all__ = ["serve_forever", "run_executor", "VISIBILITY_ENV"]
 
@@ -35,39 +37,39 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     bound_port = sock.getsockname()[1]
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
     url = public_url or f"http://{reach}:{bound_port}"
-    record_server_url(config, app.state.redis, url)
+    record_server_url(app.state.store, url)
     print(f"potato-queue: serving {config.annotation_task_name or config.config_path} at {url}", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))
     server.run(sockets=[sock])
 
 
-def _reconcile_forever(config: ProjectConfig, redis_url: str) -> None:
+def _reconcile_forever(store: RunStore, enqueue: Callable[[str], None]) -> None:
     """Requeue runs from disk whenever Redis comes back empty (restarted or flushed),
     and fail runs a dead executor left in flight."""
-    from potato_queue.supervisor import Supervisor
+    from potato_queue.runs.recovery import reconcile, sweep_orphans
 
-    supervisor = Supervisor(config, redis_url)
-    marker = Keys.of(config).alive
     while True:
         try:
-            if supervisor.redis.set(marker, "1", nx=True):
-                woken = supervisor.reconcile()
+            if store.first_look_since_empty():
+                woken = reconcile(store, enqueue)
                 if woken:
                     print(f"potato-queue: queued {woken} run(s) again from disk", flush=True)
-            supervisor.sweep_orphans()
+            sweep_orphans(store)
         except redis.RedisError:
             pass
         time.sleep(FLUSH_CHECK_S)
 
 
 def run_executor(config: ProjectConfig, redis_url: str) -> None:
-    from potato_queue.celery_app import make_celery
+    from potato_queue.celery_app import enqueue, make_celery
     from potato_queue.tasks.runs import register
 
     timeout = os.environ.get(VISIBILITY_ENV)
     app = make_celery(config, redis_url, visibility_timeout_s=float(timeout) if timeout else None)
     register(app, config, redis_url)
-    threading.Thread(target=_reconcile_forever, args=(config, redis_url), daemon=True, name="reconcile").start()
+    store = RunStore(config, redis.Redis.from_url(redis_url))
+    args = (store, lambda run_id: enqueue(app, config, run_id))
+    threading.Thread(target=_reconcile_forever, args=args, daemon=True, name="reconcile").start()
     # solo pool: the run is supervised in this process, so killing the
     # executor takes its supervision with it (the agent then sees EOF on stdin).
     app.worker_main([

@@ -1,32 +1,38 @@
 """Run records: durable on disk (run.json, run.log, events.jsonl), live in Redis.
 
 The run directory is the truth (it survives a Redis restart); Redis holds
-what changes every second (step, progress, heartbeat, cancel flag) and the
-state, whose transitions are compare-and-set there so that a cancel and an
-executor's start can never both win.
+what changes every second (step, progress, heartbeat, cancel flag), the
+index of unfinished runs, and the state, whose transitions are
+compare-and-set there so that a cancel and an executor's start can never
+both win. The store owns its Redis: the server's routes, ingest and the run
+lifecycle ask it, and nothing else builds a key or talks to Redis for a run.
 """
 
 from __future__ import annotations
 
-import hashlib
+import asyncio
 import json
-import os
-import secrets
-import tempfile
 import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
+from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, async_twin
+from potato_queue.runs.lease import Lease
+from potato_queue.tokens import new_token, token_digest, token_matches
+from potato_queue.worker.files import write_atomic
 
-__all__ = ["STATES", "FINAL_STATES", "RunStore", "write_json_atomic", "utc_now"]
+__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "RunStore", "RunView", "write_json_atomic", "utc_now", "log_text"]
 
 STATES = ("queued", "starting", "running", "collecting", "succeeded", "failed", "cancelled")
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
+IN_FLIGHT = ("starting", "running", "collecting")
 _ALLOWED_FROM = {
     "starting": ("queued",),
     "running": ("starting",),
@@ -36,37 +42,45 @@ _ALLOWED_FROM = {
     "cancelled": ("queued", "starting", "running", "collecting"),
     "queued": ("queued",),
 }
-# Set the state only if it is one of ARGV[2..]; -1 when Redis has no live
-# record (emptied), so the caller seeds it from disk and tries again.
-_CAS = """
-local cur = redis.call('HGET', KEYS[1], 'state')
-if not cur then return -1 end
-for i = 2, #ARGV do
-  if cur == ARGV[i] then redis.call('HSET', KEYS[1], 'state', ARGV[1]) return 1 end
-end
-return 0
-"""
 _LIVE_JSON = ("progress", "metrics", "result")
+# How many of the project's latest runs a rejected token is compared against
+# to answer 403 ("another run's token") rather than 401.
+OTHER_RUNS_CHECKED = 256
 
 
 def utc_now() -> str:
     return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def write_json_atomic(path: Path, data: Any) -> None:
-    """Temp file in the same folder, fsync, rename: a reader sees old or new, never half."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump(data, fh, indent=2, sort_keys=True)
-            fh.write("\n")
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def log_text(lines: list[str]) -> str:
+    """run.log's line format, the only place it is defined: UTC stamp, one line per entry."""
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    # A worker's stderr may hold newlines inside one event; keep one line per entry.
+    return "".join(f"{stamp} {line.replace(chr(10), ' ')}\n" for line in lines)
+
+
+def write_json_atomic(path: Any, data: Any) -> None:
+    """A JSON file, written so a reader sees the old or the new, never half."""
+    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def _text(value: Any) -> Any:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+def _created_ms(record: dict[str, Any]) -> float:
+    return datetime.fromisoformat(record["created_at"].replace("Z", "+00:00")).timestamp() * 1000
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the supervising executor looks at every tick, read in one round trip."""
+
+    exit_code: int | None  # the agent's result, once posted
+    artifact_uri: str | None
+    message: str | None
+    heartbeat_at: float | None  # the agent's last contact (epoch s); None before its first
+    cancel_requested: bool
 
 
 class RunStore:
@@ -76,7 +90,8 @@ class RunStore:
         self.config = config
         self.redis = client
         self.keys = Keys.of(config)
-        self._cas = client.register_script(_CAS)
+        self._cas = client.register_script(CAS_STATE)
+        self._merge_metrics = client.register_script(MERGE_METRICS)
         self._created: dict[str, str] = {}
 
     # -- records ---------------------------------------------------------
@@ -93,16 +108,20 @@ class RunStore:
             "error": None, "metrics": {}, "held_out": {}, "exit_code": None, "artifact_uri": None,
         }
         paths = self.paths(run_id)
-        paths.dir.mkdir(parents=True, exist_ok=False)
+        paths.dir.mkdir(mode=0o700, parents=True, exist_ok=False)
         write_json_atomic(paths.run_json, record)
-        self._seed_live(run_id, "queued", time.time())
+        self._seed_live(record)
         return record
 
-    def _seed_live(self, run_id: str, state: str, created_s: float) -> None:
+    def _seed_live(self, record: dict[str, Any]) -> bool:
+        """Redis' view of a run from its record, where Redis has none; True when it had none."""
+        run_id, created_ms = record["run_id"], _created_ms(record)
         pipe = self.redis.pipeline()
-        pipe.hset(self.keys.run(run_id), mapping={"state": state})
-        pipe.zadd(self.keys.runs, {run_id: created_s}, nx=True)
-        pipe.execute()
+        pipe.hsetnx(self.keys.run(run_id), "state", record["state"])
+        pipe.zadd(self.keys.runs, {run_id: created_ms}, nx=True)
+        if record["state"] not in FINAL_STATES:
+            pipe.zadd(self.keys.unfinished, {run_id: created_ms}, nx=True)
+        return bool(pipe.execute()[0])
 
     def read(self, run_id: str) -> dict[str, Any]:
         """run.json as written (KeyError when there is no such run)."""
@@ -128,7 +147,7 @@ class RunStore:
         return record
 
     def run_ids(self) -> list[str]:
-        """Every run on disk, oldest first.
+        """Every run on disk, oldest first (the admin's list; executors use unfinished()).
 
         Ids carry only whole seconds and a random tail, so runs created in the
         same second are ordered by run.json's created_at (milliseconds),
@@ -148,44 +167,71 @@ class RunStore:
     def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         return [self.get(run_id) for run_id in reversed(self.run_ids()[-limit:])]
 
-    def update(self, run_id: str, **fields: Any) -> dict[str, Any]:
-        """Write fields (not the state) into run.json."""
+    def update(self, run_id: str, record: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+        """Write fields (not the state) into run.json; pass the record held in memory to skip a read."""
         assert "state" not in fields, "use transition() for the state"
-        record = self.read(run_id)
+        record = self.read(run_id) if record is None else record
         record.update(fields)
         write_json_atomic(self.paths(run_id).run_json, record)
         return record
 
-    def transition(self, run_id: str, state: str, **fields: Any) -> bool:
-        """Move to `state` if the current state allows it; write run.json. False if it did not."""
-        allowed = _ALLOWED_FROM[state]
-        key = self.keys.run(run_id)
-        won = self._cas(keys=[key], args=[state, *allowed])
-        if won == -1:
-            on_disk = self.read(run_id)["state"]
-            self.redis.hsetnx(key, "state", on_disk)
-            won = self._cas(keys=[key], args=[state, *allowed])
-        if won != 1:
-            return False
-        record = self.read(run_id)
+    def transition(self, run_id: str, state: str, record: dict[str, Any] | None = None,
+                   **fields: Any) -> dict[str, Any] | None:
+        """Move to `state` if the current state allows it and write run.json: the record written,
+        or None when the state did not allow it. With `record` (held in memory) run.json is not read."""
+        if not self._compare_and_set(run_id, state):
+            return None
+        record = self.read(run_id) if record is None else record
         record.update(fields, state=state)
         if state in FINAL_STATES:
             record["finished_at"] = record.get("finished_at") or utc_now()
-            record.update(self._live_snapshot(run_id))
+            live = self.live(run_id)
+            record.update({k: live[k] for k in ("step", "progress") if k in live})
         write_json_atomic(self.paths(run_id).run_json, record)
-        return True
+        return record
 
-    def _live_snapshot(self, run_id: str) -> dict[str, Any]:
-        live = self.live(run_id)
-        return {k: live[k] for k in ("step", "progress") if k in live}
+    def _compare_and_set(self, run_id: str, state: str) -> bool:
+        keys = [self.keys.run(run_id), self.keys.unfinished]
+        args = [state, "1" if state in FINAL_STATES else "0", run_id, *_ALLOWED_FROM[state]]
+        won = self._cas(keys=keys, args=args)
+        if won == -1:
+            self.redis.hsetnx(keys[0], "state", self.read(run_id)["state"])
+            won = self._cas(keys=keys, args=args)
+        return won == 1
+
+    # -- the unfinished index ----------------------------------------------
+    def unfinished(self) -> list[tuple[str, str]]:
+        """(run id, state) of every run not yet final, oldest first: one ZRANGE and one pipeline."""
+        ids = [_text(r) for r in self.redis.zrange(self.keys.unfinished, 0, -1)]
+        if not ids:
+            return []
+        pipe = self.redis.pipeline(transaction=False)
+        for run_id in ids:
+            pipe.hget(self.keys.run(run_id), "state")
+        states = [_text(s) for s in pipe.execute()]
+        out = []
+        for run_id, state in zip(ids, states, strict=True):
+            if state in FINAL_STATES:
+                self.redis.zrem(self.keys.unfinished, run_id)  # a final state written before the index existed
+            else:
+                out.append((run_id, state or "queued"))
+        return out
+
+    def reseed_from_disk(self) -> list[str]:
+        """After Redis was emptied: live states and the unfinished index from the run folders.
+        Returns the ids of the queued runs Redis had lost (their wake-ups were lost with it)."""
+        lost = []
+        for run_id in self.run_ids():
+            record = self.read(run_id)
+            if self._seed_live(record) and record["state"] == "queued":
+                lost.append(run_id)
+        return lost
 
     # -- live state --------------------------------------------------------
     def live(self, run_id: str) -> dict[str, Any]:
-        raw = self.redis.hgetall(self.keys.run(run_id))
         out: dict[str, Any] = {}
-        for key, value in raw.items():
-            k = key.decode() if isinstance(key, bytes) else key
-            v = value.decode() if isinstance(value, bytes) else value
+        for key, value in self.redis.hgetall(self.keys.run(run_id)).items():
+            k, v = _text(key), _text(value)
             out[k] = json.loads(v) if k in _LIVE_JSON else (float(v) if k == "heartbeat_at" else v)
         return out
 
@@ -194,11 +240,34 @@ class RunStore:
         if mapping:
             self.redis.hset(self.keys.run(run_id), mapping=mapping)
 
-    def signal_result(self, run_id: str) -> None:
-        pipe = self.redis.pipeline()
-        pipe.rpush(self.keys.result_signal(run_id), "1")
-        pipe.expire(self.keys.result_signal(run_id), 3600)
+    def record_batch(self, run_id: str, live: dict[str, str], metrics: dict[str, Any]) -> None:
+        """A batch of events' live fields and metrics, with the heartbeat, in one pipeline."""
+        key = self.keys.run(run_id)
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hset(key, mapping={**live, "heartbeat_at": repr(time.time())})
+        if metrics:
+            self._merge_metrics(keys=[key], args=[json.dumps(metrics)], client=pipe)
         pipe.execute()
+
+    def record_result(self, run_id: str, exit_code: int, artifact_uri: str | None, message: str | None) -> str:
+        """The agent's result, then a wake-up for the supervising executor; the run's state now."""
+        key, signal = self.keys.run(run_id), self.keys.result_signal(run_id)
+        mapping = {"agent_exit_code": str(exit_code), "heartbeat_at": repr(time.time())}
+        mapping.update({k: v for k, v in (("artifact_uri", artifact_uri), ("agent_message", message)) if v})
+        pipe = self.redis.pipeline()
+        pipe.hset(key, mapping=mapping)
+        pipe.rpush(signal, "1")
+        pipe.expire(signal, 3600)
+        pipe.hget(key, "state")
+        return str(_text(pipe.execute()[-1]) or "unknown")
+
+    def view(self, run_id: str) -> RunView:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hmget(self.keys.run(run_id), "agent_exit_code", "artifact_uri", "agent_message", "heartbeat_at")
+        pipe.exists(self.keys.cancel(run_id))
+        (code, uri, message, beat), cancel = pipe.execute()
+        return RunView(exit_code=None if code is None else int(code), artifact_uri=_text(uri), message=_text(message),
+                       heartbeat_at=None if beat is None else float(beat), cancel_requested=bool(cancel))
 
     def wait_result(self, run_id: str, timeout_s: float) -> None:
         """Sleep up to timeout_s, waking as soon as the agent's result arrives."""
@@ -207,15 +276,27 @@ class RunStore:
     def touch_heartbeat(self, run_id: str) -> None:
         self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(time.time()))
 
-    def heartbeat_age_s(self, run_id: str) -> float | None:
-        value = self.redis.hget(self.keys.run(run_id), "heartbeat_at")
-        return None if value is None else time.time() - float(value)
-
-    def log(self, run_id: str, message: str) -> None:
-        """A line in run.log, what the admin reads."""
-        stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
+    def log(self, run_id: str, *messages: str) -> None:
+        """Lines in run.log, what the admin reads (one write for them all)."""
         with open(self.paths(run_id).run_log, "a", encoding="utf-8") as fh:
-            fh.write(f"{stamp} {message}\n")
+            fh.write(log_text(list(messages)))
+
+    # -- the executors' shared state -------------------------------------------
+    def slot_lease(self) -> Lease:
+        """The project's run slot (one run at a time, across executors)."""
+        return Lease(self.redis, self.keys.slot)
+
+    def first_look_since_empty(self) -> bool:
+        """True once after Redis was emptied (or first used): time to reseed it from the run folders."""
+        return bool(self.redis.set(self.keys.alive, "1", nx=True))
+
+    # -- the server's address -------------------------------------------------
+    def record_server_url(self, url: str, ttl_s: float) -> None:
+        self.redis.set(self.keys.server_url, url, ex=max(1, int(ttl_s)))
+
+    def server_url(self) -> str | None:
+        """Where `potato-queue serve` said agents and executors reach it (None: no server running)."""
+        return _text(self.redis.get(self.keys.server_url))
 
     # -- cancel ------------------------------------------------------------
     def request_cancel(self, run_id: str) -> str:
@@ -240,23 +321,62 @@ class RunStore:
     def cancel_requested(self, run_id: str) -> bool:
         return bool(self.redis.exists(self.keys.cancel(run_id)))
 
+    def stop_due(self, run_id: str) -> bool:
+        """What the agent is told: stop, because a cancel was requested or the run is already over."""
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.exists(self.keys.cancel(run_id))
+        pipe.hget(self.keys.run(run_id), "state")
+        requested, state = pipe.execute()
+        return bool(requested) or _text(state) in FINAL_STATES
+
+    async def wait_stop_due(self, run_id: str, wait_s: float, hung_up: Callable[[], Awaitable[bool]]) -> bool:
+        """True as soon as stop_due (published or found), False after wait_s or once `hung_up()`."""
+        client = async_twin(self.redis)
+        pubsub = client.pubsub()
+        try:
+            await pubsub.subscribe(self.keys.control(run_id))
+            deadline = asyncio.get_running_loop().time() + wait_s
+            while True:
+                # Subscribed first, then the keys read: a cancel made in between is seen one way or the
+                # other. They are read again every second in case a publish was missed (a reconnect).
+                if await self._stop_due_async(client, run_id):
+                    return True
+                left = deadline - asyncio.get_running_loop().time()
+                if left <= 0:
+                    return False
+                if await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, 1.0)):
+                    return True
+                if await hung_up():
+                    return False  # nobody to answer: free the Redis connection (and let a shutdown finish)
+        finally:
+            await pubsub.aclose()
+            await client.aclose()
+
+    async def _stop_due_async(self, client: aioredis.Redis, run_id: str) -> bool:
+        async with client.pipeline(transaction=False) as pipe:
+            pipe.exists(self.keys.cancel(run_id))
+            pipe.hget(self.keys.run(run_id), "state")
+            requested, state = await pipe.execute()
+        return bool(requested) or _text(state) in FINAL_STATES
+
     # -- run tokens ----------------------------------------------------------
     def issue_run_token(self, run_id: str) -> str:
         """A fresh token for one run; only its sha256 is kept."""
-        token = secrets.token_urlsafe(32)
-        self.redis.set(self.keys.run_token(run_id), _digest(token))
+        token = new_token()
+        self.redis.set(self.keys.run_token(run_id), token_digest(token))
         return token
 
     def verify_run_token(self, run_id: str, token: str) -> bool:
-        stored = self.redis.get(self.keys.run_token(run_id))
-        if stored is None:
+        return token_matches(self.redis.get(self.keys.run_token(run_id)), token)
+
+    def token_of_another_run(self, run_id: str, token: str) -> bool:
+        """True when `token` opens one of the project's recent runs other than `run_id` (403, not 401)."""
+        ids = [_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, OTHER_RUNS_CHECKED - 1)]
+        others = [r for r in ids if r != run_id]
+        if not others:
             return False
-        stored_text = stored.decode() if isinstance(stored, bytes) else stored
-        return secrets.compare_digest(stored_text, _digest(token))
+        stored = self.redis.mget([self.keys.run_token(r) for r in others])
+        return any(token_matches(digest, token) for digest in stored if digest is not None)
 
     def revoke_run_token(self, run_id: str) -> None:
         self.redis.delete(self.keys.run_token(run_id))
-
-
-def _digest(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()

@@ -43,3 +43,11 @@ def run_cli(*args: str | os.PathLike[str], env: dict[str, str] | None = None, ti
         env={**os.environ, **(env or {})},
         stdin=subprocess.DEVNULL,
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny BERT built locally (tests/lifecycle_helpers.build_tiny_model): real training, no download."""
+    from tests.lifecycle_helpers import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-bert"))

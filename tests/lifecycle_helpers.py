@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -120,3 +121,98 @@ class Services:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in self.tmp_path.glob("*.log"))
+
+
+# ---------------------------------------------------------------- runs and their processes
+
+TERMINAL = {"succeeded", "failed", "cancelled"}
+
+
+def build_tiny_model(folder: Path) -> Path:
+    """A 2-layer, 32-wide BERT with a word-level vocabulary of the example's reviews, built here (no download)."""
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
+    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
+
+    texts = [row["text"] for row in json.loads((ROOT / "examples/reviews/data/reviews.json").read_text())]
+    words = sorted({w.strip(".,").lower() for t in texts for w in t.split()})
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    vocab = {word: i for i, word in enumerate(specials + words)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.Lowercase()
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
+    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
+                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
+    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                        intermediate_size=64, max_position_embeddings=64, num_labels=2)
+    BertForSequenceClassification(config).save_pretrained(folder)
+    return folder
+
+
+def run_path(svc: Services, run_id: str) -> Path:
+    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+
+
+def _stat_fields(pid: int | str) -> list[str]:
+    # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+
+
+def alive_cmd(pid: int) -> str | None:
+    """The command line of a live (not zombie) process, else None."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        state = _stat_fields(pid)[0]
+    except (OSError, IndexError):
+        return None
+    return None if state == "Z" else cmd
+
+
+def session_of(pid: int | str) -> int | None:
+    try:
+        return int(_stat_fields(pid)[3])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def parent_of(pid: int | str) -> int | None:
+    try:
+        return int(_stat_fields(pid)[1])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def agent_pid(run_dir: Path) -> int:
+    """The agent's pid, from run.log (a pre-started agent's command line does not name the run)."""
+    match = re.search(r"started the agent on this machine \(pid (\d+)", (run_dir / "run.log").read_text())
+    assert match, (run_dir / "run.log").read_text()
+    return int(match.group(1))
+
+
+def processes_of(run_id: str, run_dir: Path | None = None) -> list[str]:
+    """Live processes of the run: everything in its agent's session (agent, worker, the worker's
+    children), and any process whose command line names the run."""
+    agent = agent_pid(run_dir) if run_dir is not None else None
+    found = []
+    for pid in pids():
+        cmd = alive_cmd(pid)
+        if cmd and (run_id in cmd or (agent is not None and session_of(pid) == agent)):
+            found.append(cmd)
+    return found
+
+
+def wait_running(services: Services, run_id: str, timeout_s: float = 60) -> dict[str, Any]:
+    """Wait until the run's worker is training (its progress phase is `train`)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        run = services.api("GET", f"/runs/{run_id}")[1]
+        if run["state"] == "running" and (run.get("progress") or {}).get("phase") == "train":
+            return run
+        assert run["state"] not in TERMINAL, run
+        time.sleep(0.1)
+    raise AssertionError(f"{run_id} never reached training")

@@ -47,7 +47,13 @@ FAKE_WORKER = r'''#!{python}
 """A scripted stand-in for `python -m potato_queue.worker --spec SPEC` (see the test module)."""
 import json, os, signal, subprocess, sys, time
 
-spec = json.load(open(sys.argv[sys.argv.index("--spec") + 1]))
+if "--spec-on-stdin" in sys.argv:  # started ahead of time by a warm agent: the spec's path comes on stdin
+    spec_path = sys.stdin.readline().strip()
+    if not spec_path:
+        sys.exit(0)
+else:
+    spec_path = sys.argv[sys.argv.index("--spec") + 1]
+spec = json.load(open(spec_path))
 work, params = spec["workdir"], spec["params"]
 mode = params["mode"]
 
@@ -360,6 +366,33 @@ def test_the_agent_runs_on_python_38(served: Served, fake_worker: Path, tmp_path
     assert served.store.live(run_id)["agent_exit_code"] == "0"
 
 
+def test_a_warm_agent_hands_its_prestarted_worker_the_spec(served: Served, fake_worker: Path, tmp_path: Path) -> None:
+    run_id, token, _ = make_run(served, "success", n=5)
+    agent_dir, log_path = tmp_path / "agent", tmp_path / "warm-agent.log"
+    proc = subprocess.Popen([sys.executable, "-S", "-m", "potato_queue.agent", "run", "--assignment-on-stdin",
+                             "--python", str(fake_worker)], stdin=subprocess.PIPE, cwd=ROOT)
+    assert proc.stdin is not None
+    assignment = {"run_id": run_id, "server": served.unix_url, "workdir": str(agent_dir), "log": str(log_path)}
+    proc.stdin.write(json.dumps(assignment).encode() + b"\n" + token.encode() + b"\n")
+    proc.stdin.flush()
+    try:
+        assert proc.wait(timeout=60) == 0, log_path.read_text()
+    finally:
+        proc.stdin.close()
+    started = json.loads((agent_dir / run_id / "work" / "started").read_text())
+    assert started["argv"][1:] == ["-m", "potato_queue.worker", "--spec-on-stdin"]
+    assert started["spec"]["run_id"] == run_id
+    assert f"worker started: pid {started['pid']}" in log_path.read_text()
+    assert [e["step"] for e in events_of(served, run_id) if e["event"] == "metric"] == list(range(5))
+    assert served.store.live(run_id)["agent_exit_code"] == "0"
+
+
+def test_a_warm_agent_without_a_run_exits_0(fake_worker: Path) -> None:
+    proc = subprocess.run([sys.executable, "-S", "-m", "potato_queue.agent", "run", "--assignment-on-stdin",
+                           "--python", str(fake_worker)], input=b"", cwd=ROOT, capture_output=True, timeout=30)
+    assert proc.returncode == 0, proc.stderr
+
+
 # -- auth ------------------------------------------------------------------------------------
 @pytest.mark.parametrize("transport", ["tcp", "unix"])
 def test_a_token_opens_its_own_run_only(transport: str, served: Served) -> None:
@@ -382,7 +415,8 @@ def test_a_token_opens_its_own_run_only(transport: str, served: Served) -> None:
     body = reply.json()
     assert body["run_id"] == run_a and body["trainer"] == "fake" and body["grace_seconds"] == 5
     assert body["max_predictions_bytes"] == 512 * 1024 * 1024 and 1 <= body["heartbeat_interval_s"] <= 10
-    assert served.store.heartbeat_age_s(run_a) < 5, "an authorized call is a heartbeat"
+    beat = served.store.view(run_a).heartbeat_at
+    assert beat is not None and time.time() - beat < 5, "an authorized call is a heartbeat"
 
 
 # -- the bundle ---------------------------------------------------------------------------

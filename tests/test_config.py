@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.agent.slurm import SBATCH_FLAGS, sbatch_flags
-from potato_queue.config import DEFAULT_REDIS_URL, SlurmBackend, redis_url
+from potato_queue.agent.slurm import sbatch_flags
+from potato_queue.config import DEFAULT_REDIS_URL, SBATCH_FLAGS, SlurmBackend, redis_url
 from potato_queue.validate import load_checked, slurm_time_s
 from tests.test_validate_cli import SEED, seed_config, write_project
 
@@ -70,9 +70,11 @@ def test_redis_url_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_sbatch_setting_is_a_slurm_key_and_maps_to_its_flag() -> None:
     assert set(SBATCH_FLAGS) <= set(SlurmBackend.model_fields)
     backend = load_checked(SEED / "config.yaml").model_training.backends["cluster"]
-    flags = sbatch_flags(backend.model_dump())
-    assert flags == ["--gres=gpu:1", "--time=04:00:00"]
-    assert sbatch_flags({"cpus_per_task": 8, "partition": "gpu", "mem": "32G"}) == ["--partition=gpu", "--cpus-per-task=8", "--mem=32G"]
+    # The config owns the table; the agent gets the options as data and only renders them.
+    assert backend.sbatch_options() == {"--gres": "gpu:1", "--time": "04:00:00"}
+    assert sbatch_flags(backend.sbatch_options()) == ["--gres=gpu:1", "--time=04:00:00"]
+    built = SlurmBackend(host="login", remote_dir="/scratch/p", cpus_per_task=8, partition="gpu", mem="32G")
+    assert sbatch_flags(built.sbatch_options()) == ["--partition=gpu", "--cpus-per-task=8", "--mem=32G"]
 
 
 @pytest.mark.parametrize(

@@ -58,3 +58,91 @@ def test_vermin_says_python_38_is_enough() -> None:
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+# ---------------------------------------------------------------- what each part may import
+
+PACKAGE = ROOT / "potato_queue"
+HEAVY = ("celery", "kombu", "fastapi", "starlette", "uvicorn", "torch", "transformers", "peft", "sklearn")
+CORE = ["config.py", "validate.py", "keys.py", "store.py", "redis_plumbing.py", "tokens.py", "bundle",
+        "runs/finalize.py"]
+NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.tasks", "potato_queue.celery_app",
+                    "potato_queue.agent", "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")
+
+
+def all_imports(path: Path, package: str | None = None) -> list[str]:
+    """Every module a file imports, at any depth (function-level imports included).
+    Relative imports are resolved against `package` (default: the file's own, under ROOT)."""
+    parts = package.split(".") if package else list(path.relative_to(ROOT).parent.parts)
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            base = parts[:len(parts) - node.level + 1] if node.level else []
+            found.append(".".join((*base, node.module)))
+    return found
+
+
+def _files(*names: str) -> list[Path]:
+    out: list[Path] = []
+    for name in names:
+        target = PACKAGE / name
+        out += sorted(target.rglob("*.py")) if target.is_dir() else [target]
+    return out
+
+
+def executor_modules() -> list[Path]:
+    return [p for p in (PACKAGE / "executors").glob("*.py") if p.name not in ("__init__.py", "base.py")]
+
+
+def test_there_is_an_executor_module_per_runnable_backend_type() -> None:
+    from potato_queue.executors import RUNNABLE
+
+    assert {p.stem for p in executor_modules()} >= set(RUNNABLE)
+
+
+@pytest.mark.parametrize("path", executor_modules(), ids=lambda p: p.name)
+def test_an_executor_imports_no_celery_fastapi_torch_nor_another_executor(path: Path) -> None:
+    others = {f"potato_queue.executors.{p.stem}" for p in executor_modules()} - {f"potato_queue.executors.{path.stem}"}
+    bad = [m for m in all_imports(path) if m.split(".")[0] in HEAVY or m in others
+           or m.startswith(("potato_queue.server", "potato_queue.tasks", "potato_queue.celery_app", "potato_queue.runs"))]
+    assert bad == [], f"{path.name} imports {bad}; executors/ is the plug-in boundary"
+
+
+@pytest.mark.parametrize("path", _files(*CORE), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_core_imports_no_executor_server_tasks_or_agent(path: Path) -> None:
+    bad = [m for m in all_imports(path) if m.startswith(NOT_FOR_THE_CORE) or m.split(".")[0] in HEAVY]
+    assert bad == [], f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def test_the_import_scanner_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f():\n    import torch\n    from .local import LocalExecutor\n    from ..store import X\n")
+    assert all_imports(probe, "potato_queue.executors") == ["torch", "potato_queue.executors.local", "potato_queue.store"]
+
+
+# ---------------------------------------------------------------- sizes
+
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 60
+
+
+def package_files() -> list[Path]:
+    return sorted(PACKAGE.rglob("*.py"))
+
+
+def test_no_module_is_over_400_lines() -> None:
+    long = {str(p.relative_to(ROOT)): n for p in package_files() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    assert long == {}, f"split these by what they do: {long}"
+
+
+def test_no_function_is_over_60_lines() -> None:
+    long = {}
+    for path in package_files():
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long[f"{path.relative_to(ROOT)}:{node.name}"] = size
+    assert long == {}, f"shorten these: {long}"

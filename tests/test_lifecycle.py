@@ -3,13 +3,22 @@
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.lifecycle_helpers import Services, make_project, started
+from tests.lifecycle_helpers import (
+    TERMINAL,
+    Services,
+    alive_cmd,
+    make_project,
+    processes_of,
+    run_path,
+    session_of,
+    started,
+    wait_running,
+)
 
 
 @pytest.fixture
@@ -76,87 +85,6 @@ def test_two_executors_five_runs_one_at_a_time_in_order(services: Services) -> N
 
 # ---------------------------------------------------------------- hf-text-classification, cancel, limits
 
-TERMINAL = {"succeeded", "failed", "cancelled"}
-
-
-@pytest.fixture(scope="module")
-def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A 2-layer, 32-wide BERT with a word-level vocabulary of the example's reviews, built here (no download)."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
-
-    from tests.conftest import ROOT
-
-    texts = [row["text"] for row in json.loads((ROOT / "examples/reviews/data/reviews.json").read_text())]
-    words = sorted({w.strip(".,").lower() for t in texts for w in t.split()})
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab = {word: i for i, word in enumerate(specials + words)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.Lowercase()
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, num_labels=2)
-    BertForSequenceClassification(config).save_pretrained(folder)
-    return folder
-
-
-def run_path(svc: Services, run_id: str) -> Path:
-    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
-
-
-def _alive(pid: int) -> str | None:
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return None
-    return None if state == "Z" else cmd
-
-
-def agent_pid(run_dir: Path) -> int:
-    """The agent's pid, from run.log (a pre-started agent's command line does not name the run)."""
-    match = re.search(r"started the agent on this machine \(pid (\d+)", (run_dir / "run.log").read_text())
-    assert match, (run_dir / "run.log").read_text()
-    return int(match.group(1))
-
-
-def _session_of(pid: str) -> int | None:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[3])
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def processes_of(run_id: str, run_dir: Path | None = None) -> list[str]:
-    """Live processes of the run: everything in its agent's session (agent, worker, the worker's
-    children), and any process whose command line names the run."""
-    agent = agent_pid(run_dir) if run_dir is not None else None
-    found = []
-    for pid in (p.name for p in Path("/proc").iterdir() if p.name.isdigit()):
-        cmd = _alive(int(pid))
-        if cmd and (run_id in cmd or (agent is not None and _session_of(pid) == agent)):
-            found.append(cmd)
-    return found
-
-
-def wait_running(services: Services, run_id: str, timeout_s: float = 60) -> dict:
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        run = services.api("GET", f"/runs/{run_id}")[1]
-        if run["state"] == "running" and (run.get("progress") or {}).get("phase") == "train":
-            return run
-        assert run["state"] not in TERMINAL, run
-        time.sleep(0.1)
-    raise AssertionError(f"{run_id} never reached training")
-
-
 def test_hf_run_succeeds_through_the_queue(services: Services, tiny_model: Path) -> None:
     services.executor()
     run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
@@ -165,40 +93,6 @@ def test_hf_run_succeeds_through_the_queue(services: Services, tiny_model: Path)
     assert run["state"] == "succeeded", (run, services.logs())
     assert run["held_out"]["sentiment"]["test"]["n"] > 0
     assert any(key.startswith("train/loss") for key in run["metrics"])
-
-
-def test_cancel_running_run_stops_worker_and_leaves_nothing(services: Services, tiny_model: Path) -> None:
-    services.executor()
-    run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                                params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
-    wait_running(services, run_id)
-    status, reply = services.api("POST", f"/runs/{run_id}/cancel")
-    assert status == 200
-    run = services.wait_for(run_id, TERMINAL, timeout_s=30)
-    assert (run["state"], run["exit_code"]) == ("cancelled", 4), run
-    events = services.api("GET", f"/runs/{run_id}/events")[1]
-    assert any(e["event"] == "status" and e.get("state") == "cancelled" for e in events)
-    assert processes_of(run_id, run_path(services, run_id)) == []
-
-
-def test_max_wall_seconds_stops_a_silent_hung_worker(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
-    """A worker frozen mid-training (SIGSTOP: silent, and deaf to SIGTERM, like a process stuck on a hung
-    filesystem) while its agent keeps beating: only the wall limit can end the run, with SIGKILL after grace."""
-    import os
-    import signal
-
-    with started(tmp_path, redis_server_url, grace_seconds=1, max_wall_seconds=12) as svc:
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
-        wait_running(svc, run_id)
-        agent = agent_pid(run_path(svc, run_id))
-        (worker,) = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit() and _session_of(p.name) == agent
-                     and "potato_queue.worker" in (_alive(int(p.name)) or "")]
-        os.kill(worker, signal.SIGSTOP)
-        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
-        assert run["state"] == "failed"
-        assert run["error"] == "The run did not finish within max_wall_seconds (12 s) and was stopped"
-        assert processes_of(run_id, run_path(svc, run_id)) == []
 
 
 def test_run_left_in_flight_by_a_dead_executor_fails_with_nothing_queued(services: Services, tiny_model: Path) -> None:
@@ -245,20 +139,6 @@ def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Service
     for run_id in ids:
         log = (services.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
         assert log.count("bundle built") == 1, log
-
-
-def test_frozen_agent_fails_the_run_after_heartbeat_timeout(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
-    import os
-    import signal
-
-    with started(tmp_path, redis_server_url, grace_seconds=2, heartbeat_timeout_s=3) as svc:
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
-        wait_running(svc, run_id)
-        os.kill(agent_pid(run_path(svc, run_id)), signal.SIGSTOP)
-        run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
-        assert (run["state"], run["error"]) == ("failed", "No word from the agent on local for 3 seconds")
-        assert processes_of(run_id, run_path(svc, run_id)) == []
 
 
 def test_run_longer_than_the_visibility_timeout_runs_once(services: Services, tiny_model: Path) -> None:
@@ -341,14 +221,14 @@ def test_a_warm_agent_never_assigned_leaves_nothing_behind() -> None:
     deadline = time.monotonic() + 30
     worker = []
     while not worker and time.monotonic() < deadline:
-        worker = [p for p in Path("/proc").iterdir() if p.name.isdigit() and _session_of(p.name) == agent.pid
-                  and "--spec-on-stdin" in (_alive(int(p.name)) or "")]
+        worker = [p for p in Path("/proc").iterdir() if p.name.isdigit() and session_of(p.name) == agent.pid
+                  and "--spec-on-stdin" in (alive_cmd(int(p.name)) or "")]
         time.sleep(0.05)
     assert worker, "the warm agent did not pre-start a worker"
     assert agent.stdin is not None
     agent.stdin.close()  # the executor is gone
     assert agent.wait(timeout=30) == 0
     deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and _alive(int(worker[0].name)):
+    while time.monotonic() < deadline and alive_cmd(int(worker[0].name)):
         time.sleep(0.05)
-    assert not _alive(int(worker[0].name))
+    assert not alive_cmd(int(worker[0].name))

@@ -17,13 +17,14 @@ import json
 import os
 import signal
 import sys
-import tempfile
 import threading
 from typing import IO, List, Optional
 
-from potato_queue.agent.client import AgentClient
-from potato_queue.agent.proc import WorkerProcess
-from potato_queue.agent.runner import Runner, log_line, worker_env
+from potato_queue.agent.client import RunClient
+from potato_queue.agent.proc import ProcessLauncher, worker_env
+from potato_queue.agent.runner import Runner, log_line
+from potato_queue.agent.transport import Transport
+from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
 
 __all__ = ["build_parser", "read_token", "main"]
 
@@ -92,26 +93,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Read the token, run the job, return the exit code to report."""
     parser = build_parser()
     args = parser.parse_args(argv)
-    ready_worker = None
+    launcher = ProcessLauncher(args.python, worker_env())
     if args.assignment_on_stdin:
         # Start the worker's interpreter now too: a warm agent with a cold worker saves half.
-        ready_worker = WorkerProcess(args.python, None, tempfile.gettempdir(), worker_env())
+        launcher.prestart()
         if not read_assignment(args, sys.stdin):
-            ready_worker.assign(None)
+            launcher.close()
             return 0
     if not (args.server and args.run_id and args.workdir):
+        launcher.close()
         parser.error("run needs --server, --run-id and --workdir (or --assignment-on-stdin)")
     token = read_token(sys.stdin)
     if not token:
         log_line("no run token: the first line of stdin must hold it")
-        return 2
+        launcher.close()
+        return EXIT_BAD_SPEC
     try:
-        client = AgentClient(args.server, args.run_id, token, log=log_line)
-        runner = Runner(client, args.workdir, python=args.python, keep=args.keep,
-                        unreachable_s=args.unreachable_s, ready_worker=ready_worker)
+        client = RunClient(Transport(args.server, token, log=log_line), args.run_id)
+        runner = Runner(client, args.workdir, launcher, keep=args.keep, unreachable_s=args.unreachable_s)
     except ValueError as exc:
         log_line(str(exc))
-        return 2
+        launcher.close()
+        return EXIT_BAD_SPEC
     _stop_on_signals(runner)
     if not args.ignore_stdin_eof:
         _watch_stdin(sys.stdin, runner)

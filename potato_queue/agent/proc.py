@@ -1,53 +1,101 @@
-"""The worker as a process group: start, signal, measure, clean up.
+"""Processes: one /proc scan, and the local launcher (the worker as a process group).
 
-Standard library only, Python 3.8+. The worker runs in its own session (so
-its own process group): a signal to the group reaches every process the
+Standard library only, Python 3.8+. The worker runs in its own process group
+(in the agent's session): a signal to the group reaches every process the
 trainer started (data loaders, tokenizer pools), and a memory limit counts
-them all.
+them all. scan_processes is shared with the server's local executor, which
+finds what is left of a run by its session.
 """
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
-__all__ = ["WorkerProcess", "group_rss_mb", "group_members", "exit_code_of", "DEFAULT_GRACE_S"]
+from potato_queue.agent.launcher import LaunchError, WorkerHandle, WorkerLauncher
+from potato_queue.agent.relay import EventRelay, read_stderr, read_stdout
+from potato_queue.worker.exit_codes import from_returncode
 
-DEFAULT_GRACE_S = 20.0
-_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0) if hasattr(os, "sysconf") else 4096 / 1048576.0
+__all__ = [
+    "ProcEntry",
+    "scan_processes",
+    "group_rss_mb",
+    "group_members",
+    "worker_env",
+    "WorkerProcess",
+    "ProcessLauncher",
+    "CODE_ROOT",
+]
+
+PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0) if hasattr(os, "sysconf") else 4096 / 1048576.0
+# The folder holding the potato_queue package: put on the worker's PYTHONPATH.
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PYTHON_HINT = "set the backend's python to an interpreter that exists on this host"
 
 
-def exit_code_of(returncode: int) -> int:
-    """A shell-style exit code: a death by signal N reads as 128 + N (137 for SIGKILL)."""
-    return 128 - returncode if returncode < 0 else returncode
+class ProcEntry(NamedTuple):
+    """One process as /proc/<pid>/stat tells it (cmdline only when asked for)."""
+
+    pid: int
+    state: str  # "R", "S", ... "Z" for a zombie no one has reaped yet
+    pgid: int
+    sid: int
+    rss_pages: int
+    cmdline: bytes  # NUL-separated argv; b"" unless scan_processes(with_cmdline=True)
+
+    @property
+    def rss_mb(self) -> float:
+        """Resident memory in MB."""
+        return self.rss_pages * PAGE_MB
 
 
-def _proc_group(pgid: int) -> Dict[int, int]:
-    """pid -> resident pages of the live (not zombie) processes of group `pgid`, from /proc."""
-    found = {}
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            with open("/proc/" + name + "/stat", "rb") as fh:
-                stat = fh.read()
-        except OSError:
-            continue  # it ended while we looked
+def _read_entry(pid: int, with_cmdline: bool) -> Optional[ProcEntry]:
+    """The entry of one pid; None once it has ended (or its files cannot be read)."""
+    base = "/proc/{}/".format(pid)
+    try:
+        with open(base + "stat", "rb") as fh:
+            stat = fh.read()
+        cmdline = b""
+        if with_cmdline:
+            with open(base + "cmdline", "rb") as fh:
+                cmdline = fh.read()
         # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
         fields = stat[stat.rfind(b")") + 2:].split()
-        if len(fields) > 21 and int(fields[2]) == pgid and fields[0] != b"Z":
-            found[int(name)] = int(fields[21])
-    return found
+        return ProcEntry(pid, fields[0].decode("ascii", "replace"), int(fields[2]), int(fields[3]),
+                         int(fields[21]), cmdline)
+    except (OSError, IndexError, ValueError):
+        return None  # it ended while we looked
 
 
-def _ps_group_rss_mb(pgid: int) -> float:
-    """The same from ps (macOS and other hosts without /proc)."""
+def scan_processes(with_cmdline: bool = False) -> List[ProcEntry]:
+    """Every process on this host (zombies too, see `state`), in one pass over /proc; [] without /proc."""
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return []
+    entries = (_read_entry(int(name), with_cmdline) for name in names if name.isdigit())
+    return [entry for entry in entries if entry is not None]
+
+
+def _have_proc() -> bool:
+    return os.path.exists("/proc/self/stat")
+
+
+def _live_group(pgid: int) -> List[ProcEntry]:
+    return [entry for entry in scan_processes() if entry.pgid == pgid and entry.state != "Z"]
+
+
+def _ps_group_rss_mb(pgid: int) -> Optional[float]:
+    """The group's memory from ps (macOS and other hosts without /proc); None when ps fails."""
     try:
         out = subprocess.run(["ps", "-A", "-o", "pgid=,rss="], capture_output=True, text=True, timeout=10).stdout
     except (OSError, subprocess.SubprocessError):
-        return 0.0
+        return None
     total_kb = 0
     for line in out.splitlines():
         parts = line.split()
@@ -56,37 +104,50 @@ def _ps_group_rss_mb(pgid: int) -> float:
     return total_kb / 1024.0
 
 
-def group_rss_mb(pgid: int) -> float:
-    """Resident memory of a whole process group, in MB."""
-    if os.path.isdir("/proc/self"):
-        return sum(_proc_group(pgid).values()) * _PAGE_MB
+def group_rss_mb(pgid: int) -> Optional[float]:
+    """Resident memory of a whole process group in MB; None when it cannot be measured here."""
+    if _have_proc():
+        return sum(entry.rss_pages for entry in _live_group(pgid)) * PAGE_MB
     return _ps_group_rss_mb(pgid)
 
 
 def group_members(pgid: int) -> List[int]:
-    """Live (not zombie) processes of group `pgid`; empty where there is no /proc."""
-    return sorted(_proc_group(pgid)) if os.path.isdir("/proc/self") else []
+    """Live (not zombie) processes of group `pgid`, sorted; empty where there is no /proc."""
+    return sorted(entry.pid for entry in _live_group(pgid))
 
 
-class WorkerProcess:
-    """`python -m potato_queue.worker --spec SPEC` in a new session, stdout and stderr piped.
+def worker_env() -> Dict[str, str]:
+    """The agent's environment, with potato_queue importable by the worker."""
+    env = dict(os.environ)
+    paths = [CODE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+class WorkerProcess(WorkerHandle):
+    """`python -m potato_queue.worker --spec SPEC` in a process group of its own, stdout and stderr piped.
 
     With spec_path None the worker is started ahead of time (`--spec-on-stdin`):
     it starts Python and imports itself, then waits for assign(spec_path).
     """
+
+    stop_target = "the worker's process group"
 
     def __init__(self, python: str, spec_path: Optional[str], cwd: str, env: Dict[str, str]) -> None:
         argv = [python, "-m", "potato_queue.worker"] + (["--spec", spec_path] if spec_path else ["--spec-on-stdin"])
         # A process group of its own (signals reach the worker and whatever it
         # starts), but the agent's session: whoever started the agent can
         # still find, and stop, everything of the run by that session.
-        group = {"process_group": 0} if sys.version_info >= (3, 11) else {"preexec_fn": os.setpgrp}
-        self.popen = subprocess.Popen(  # type: ignore[call-overload]
+        group: Dict[str, Any] = {"process_group": 0}
+        if sys.version_info < (3, 11):
+            group = {"preexec_fn": os.setpgrp}
+        self.popen = subprocess.Popen(  # type: subprocess.Popen[bytes]
             argv, cwd=cwd, env=env, stdin=subprocess.PIPE if spec_path is None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True, **group,
         )
         # The worker leads its group: the group id is its pid.
         self.pgid = self.popen.pid
+        self._readers = []  # type: List[threading.Thread]
 
     def assign(self, spec_path: Optional[str]) -> None:
         """Hand a started-ahead worker its spec (None: there is no run; it exits)."""
@@ -98,16 +159,31 @@ class WorkerProcess:
                 stdin.write((spec_path + "\n").encode("utf-8"))
             stdin.close()
         except OSError:
-            pass  # it died waiting; run() sees its exit code
+            pass  # it died waiting; the runner sees its exit code
+
+    def relay_output(self, relay: EventRelay) -> None:
+        """Reader threads on the worker's stdout (events) and stderr (log lines)."""
+        self._readers = [threading.Thread(target=read_stdout, args=(self.popen.stdout, relay), daemon=True),
+                         threading.Thread(target=read_stderr, args=(self.popen.stderr, relay), daemon=True)]
+        for reader in self._readers:
+            reader.start()
+
+    def wait_relayed(self, timeout_s: float) -> bool:
+        """The pipes close once the whole group is gone (cleanup), and then the readers end."""
+        deadline = time.monotonic() + timeout_s
+        for reader in self._readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
+        return not any(reader.is_alive() for reader in self._readers)
 
     def poll(self) -> Optional[int]:
-        """The worker's return code, or None while it runs."""
-        return self.popen.poll()
+        """The worker's exit code, or None while it runs."""
+        returncode = self.popen.poll()
+        return None if returncode is None else from_returncode(returncode)
 
     def wait(self, timeout_s: float) -> Optional[int]:
         """The exit code once the worker has exited, else None after timeout_s (wakes at the exit)."""
         try:
-            return self.popen.wait(timeout=timeout_s)
+            return from_returncode(self.popen.wait(timeout=timeout_s))
         except subprocess.TimeoutExpired:
             return None
 
@@ -119,16 +195,66 @@ class WorkerProcess:
             return False
         return True
 
-    def rss_mb(self) -> float:
+    def terminate(self) -> None:
+        """SIGTERM to the worker's process group."""
+        self.signal_group(signal.SIGTERM)
+
+    def kill(self) -> None:
+        """SIGKILL to the worker's process group."""
+        self.signal_group(signal.SIGKILL)
+
+    def rss_mb(self) -> Optional[float]:
         """Resident memory of the worker and everything in its group, in MB."""
         return group_rss_mb(self.pgid)
 
-    def reap_group(self, timeout_s: float = 5.0) -> None:
+    def describe(self) -> str:
+        """`pid N` (the group's id too)."""
+        return "pid {}".format(self.pgid)
+
+    def cleanup(self, timeout_s: float = 5.0) -> None:
         """After the worker exits: SIGKILL what it left behind in its group, and wait for it to go."""
         self.popen.wait()
         deadline = time.monotonic() + timeout_s
         while self.signal_group(signal.SIGKILL) and time.monotonic() < deadline:
             # killpg also succeeds on zombies no one has reaped yet; /proc tells them apart.
-            if sys.platform.startswith("linux") and not group_members(self.pgid):
+            if _have_proc() and not group_members(self.pgid):
                 return
             time.sleep(0.05)
+
+
+class ProcessLauncher(WorkerLauncher):
+    """Workers as child processes of the agent, on this host, with the agent's environment.
+
+    `prestarted` (or prestart()) is a worker started ahead of time: the local
+    backend's warm agent hands it its spec instead of waiting for Python to start.
+    """
+
+    def __init__(self, python: str, env: Dict[str, str], prestarted: Optional[WorkerProcess] = None) -> None:
+        self.python = python
+        self.env = env
+        self.prestarted = prestarted
+
+    def prestart(self) -> None:
+        """Start a worker now that waits for its spec; a failure shows at start() instead."""
+        try:
+            self.prestarted = WorkerProcess(self.python, None, tempfile.gettempdir(), self.env)
+        except OSError:
+            self.prestarted = None
+
+    def start(self, spec_path: str, workdir: str) -> WorkerProcess:
+        """The pre-started worker when it is still alive, else a new one."""
+        ready, self.prestarted = self.prestarted, None
+        if ready is not None and ready.poll() is None:
+            ready.assign(spec_path)
+            return ready
+        try:
+            return WorkerProcess(self.python, spec_path, workdir, self.env)
+        except OSError as exc:
+            text = "{} was not found on {} ({})".format(self.python, socket.gethostname(), exc.strerror)
+            raise LaunchError("python_not_found", text, PYTHON_HINT) from exc
+
+    def close(self) -> None:
+        """A pre-started worker that got no run is told so (it exits)."""
+        if self.prestarted is not None:
+            self.prestarted.assign(None)
+            self.prestarted = None

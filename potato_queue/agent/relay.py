@@ -3,7 +3,9 @@
 Standard library only, Python 3.8+. Each job has its own thread so none can
 starve another: a worker that floods stdout only fills the queue (which
 then blocks its pipe: back-pressure), while the heartbeat and the control
-long-poll keep their own connections and their own pace.
+long-poll keep their own connections and their own pace. Each loop makes
+single tries and retries them through the transport's one policy (Backoff),
+for ever: AGT-7 (the runner watching silence_s) decides when the server is lost.
 """
 
 import json
@@ -14,7 +16,8 @@ import threading
 import time
 from typing import IO, Any, Callable, Iterator, List, Optional
 
-from potato_queue.agent.client import AgentClient, ApiError, Unreachable
+from potato_queue.agent.client import RunClient
+from potato_queue.agent.transport import ApiError, Backoff, Unreachable
 
 __all__ = [
     "make_event",
@@ -73,13 +76,14 @@ _WAKE = ""  # queued by close() to wake the sender; never sent
 class EventRelay:
     """A queue of events and the thread that posts them in order, in batches."""
 
-    def __init__(self, client: AgentClient, on_cancel: Callable[[], None], log: Log) -> None:
+    def __init__(self, client: RunClient, on_cancel: Callable[[], None], log: Log) -> None:
         self.client = client
         self.on_cancel = on_cancel
         self.log = log
         self.queue = queue.Queue(maxsize=MAX_QUEUED)  # type: queue.Queue[str]
         self._closing = threading.Event()
         self._abandoned = threading.Event()
+        self._policy = Backoff("events", log, stop=self._abandoned)
         self._thread = threading.Thread(target=self._send_loop, name="events", daemon=True)
 
     def start(self) -> None:
@@ -131,17 +135,21 @@ class EventRelay:
 
     def _post(self, batch: List[str]) -> None:
         """Post one batch; keep trying while the server is away (AGT-7 decides when to give up)."""
-        while not self._abandoned.is_set():
+        while True:
             try:
-                if self.client.post_events(batch):
-                    self.on_cancel()
-                return
+                cancel = self.client.post_events(batch, give_up_s=0)
             except Unreachable as exc:
-                self.log("events: {}".format(exc))
+                if not self._policy.failed(str(exc)):
+                    return  # abandoned by close()
+                continue
             except ApiError as exc:
                 # Asking again gets the same answer: drop the batch rather than block the run.
                 self.log("the server refused {} events: {}".format(len(batch), exc))
                 return
+            self._policy.succeeded()
+            if cancel:
+                self.on_cancel()
+            return
 
 
 def _split_lines(fd: int) -> Iterator[bytes]:
@@ -178,29 +186,40 @@ def read_stderr(stream: IO[bytes], relay: EventRelay) -> None:
                 relay.emit("log", level="stderr", msg=text[:MAX_LINE])
 
 
-def heartbeat_loop(client: AgentClient, interval_s: float, stop: threading.Event,
+def heartbeat_loop(client: RunClient, interval_s: float, stop: threading.Event,
                    on_cancel: Callable[[], None], log: Log) -> None:
-    """An empty batch every interval_s on its own connection, whatever the worker does."""
-    while not stop.wait(interval_s):
+    """An empty batch every interval_s on its own connection, whatever the worker does.
+
+    A failed beat is tried again after the policy's delay, not a whole interval later.
+    """
+    policy = Backoff("heartbeat", log, stop=stop)
+    pause_s = interval_s
+    while not stop.wait(pause_s):
         try:
-            if client.post_events([], give_up_s=interval_s):
-                on_cancel()
+            cancel = client.post_events([], give_up_s=0)
         except (Unreachable, ApiError) as exc:
-            log("heartbeat: {}".format(exc))
+            if not policy.failed(str(exc)):
+                return
+            pause_s = 0.0  # the policy has waited already
+            continue
+        policy.succeeded()
+        pause_s = interval_s
+        if cancel:
+            on_cancel()
 
 
-def control_loop(client: AgentClient, stop: threading.Event, on_cancel: Callable[[], None],
+def control_loop(client: RunClient, stop: threading.Event, on_cancel: Callable[[], None],
                  log: Log, wait_s: float = 25.0) -> None:
     """Long-poll /control so that a cancel arrives within a fraction of a second."""
-    delay = 0.5
+    policy = Backoff("control", log, stop=stop)
     while not stop.is_set():
         try:
-            if client.control(wait_s):
-                on_cancel()
-                return
-            delay = 0.5
+            cancel = client.control(wait_s)
         except (Unreachable, ApiError) as exc:
-            if delay == 0.5:
-                log("control: {}".format(exc))
-            stop.wait(delay)
-            delay = min(delay * 2, 5.0)
+            if not policy.failed(str(exc)):
+                return
+            continue
+        policy.succeeded()
+        if cancel:
+            on_cancel()
+            return

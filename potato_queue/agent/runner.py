@@ -2,14 +2,15 @@
 
 Standard library only, Python 3.8+. Files live in `DIR/<run_id>/`:
 bundle.tar.gz, bundle/, spec.json, work/ (the worker's workdir: model files
-and predictions.jsonl), as docs/protocol.md lays out.
+and predictions.jsonl), as docs/protocol.md lays out. The runner speaks the
+protocol and applies cancel, grace and limits; a WorkerLauncher (launcher.py)
+starts the worker, and the runner touches it only through its WorkerHandle.
 """
 
 import json
 import os
 import re
 import shutil
-import signal
 import socket
 import sys
 import tarfile
@@ -17,22 +18,19 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from potato_queue.agent.client import AgentClient, ApiError, BundleError, Unreachable
-from potato_queue.agent.proc import DEFAULT_GRACE_S, WorkerProcess, exit_code_of
-from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop, read_stderr, read_stdout
+from potato_queue.agent.client import BundleError, RunClient
+from potato_queue.agent.launcher import LaunchError, WorkerHandle, WorkerLauncher
+from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
+from potato_queue.agent.transport import ApiError, Unreachable
+from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
+from potato_queue.worker.files import write_atomic
 
-__all__ = ["Runner", "RunFiles", "extract_bundle", "log_line", "EXIT_OOM", "EXIT_SETUP", "EXIT_FAILURE",
-           "EXIT_CANCELLED"]
+__all__ = ["Runner", "RunFiles", "extract_bundle", "write_spec", "log_line", "DEFAULT_GRACE_S"]
 
-EXIT_FAILURE = 1
-EXIT_SETUP = 2
-EXIT_CANCELLED = 4
-EXIT_OOM = 5
+DEFAULT_GRACE_S = 20.0
 MEMORY_CHECK_S = 0.25
 TICK_S = 0.05
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-# The folder holding the potato_queue package: put on the worker's PYTHONPATH.
-CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def log_line(message: str) -> None:
@@ -81,14 +79,6 @@ def extract_bundle(tar_path: str, dest: str) -> None:
                 shutil.copyfileobj(source, out, 1024 * 1024)
 
 
-def worker_env() -> Dict[str, str]:
-    """The agent's environment, with potato_queue importable by the worker."""
-    env = dict(os.environ)
-    paths = [CODE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
-
-
 def write_spec(files: RunFiles, run_id: str, job: Dict[str, Any]) -> None:
     """spec.json as the worker reads it (docs/protocol.md)."""
     spec = {
@@ -96,10 +86,7 @@ def write_spec(files: RunFiles, run_id: str, job: Dict[str, Any]) -> None:
         "bundle_dir": files.bundle_dir, "workdir": files.work, "params": job.get("params") or {},
         "seed": job.get("seed"), "limits": job.get("limits") or {},
     }
-    tmp = files.spec + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as fh:
-        json.dump(spec, fh, indent=2, sort_keys=True)
-    os.replace(tmp, files.spec)
+    write_atomic(files.spec, json.dumps(spec, indent=2, sort_keys=True), mode=0o600)
 
 
 class _Watch:
@@ -115,16 +102,16 @@ class _Watch:
 
 
 class Runner:
-    """Runs one job for the server behind `client`; run() returns the exit code to report."""
+    """Runs one job for the server behind `client`, its worker started by `launcher`.
 
-    def __init__(self, client: AgentClient, base_dir: str, python: str = sys.executable, keep: bool = False,
-                 unreachable_s: float = 300.0, log: Callable[[str], None] = log_line,
-                 ready_worker: Optional[WorkerProcess] = None) -> None:
+    run() returns the exit code to report.
+    """
+
+    def __init__(self, client: RunClient, base_dir: str, launcher: WorkerLauncher, keep: bool = False,
+                 unreachable_s: float = 300.0, log: Callable[[str], None] = log_line) -> None:
         self.client = client
-        # A worker started ahead of time (the local backend's warm agent): it only needs its spec.
-        self.ready_worker = ready_worker
+        self.launcher = launcher
         self.files = RunFiles(base_dir, client.run_id)
-        self.python = python
         self.keep = keep
         self.unreachable_s = unreachable_s
         self.log = log
@@ -147,41 +134,30 @@ class Runner:
             job = self.client.job()
         except (Unreachable, ApiError) as exc:
             self.log("cannot fetch the job: {}".format(exc))
-            return EXIT_FAILURE
+            return EXIT_UNEXPECTED
         self.log("job: trainer {}, bundle {} bytes".format(job.get("trainer"), job.get("bundle", {}).get("bytes")))
         self._start_threads(job)
         try:
             self._prepare(job)
         except (BundleError, ApiError, tarfile.TarError, OSError) as exc:
-            return self._finish(EXIT_SETUP, "bad_bundle", str(exc))
+            return self._finish(EXIT_BAD_SPEC, "bad_bundle", str(exc))
         if self.cancel.is_set():
             return self._finish(EXIT_CANCELLED, None, "{}: the worker was not started".format(self.stop_reason))
         try:
-            worker = self._worker()
-        except OSError as exc:
-            text = "{} was not found on {} ({})".format(self.python, socket.gethostname(), exc.strerror)
-            return self._finish(EXIT_SETUP, "python_not_found", text)
-        self.log("worker started: pid {}".format(worker.pgid))
+            worker = self.launcher.start(self.files.spec, self.files.work)
+        except LaunchError as exc:
+            return self._finish(EXIT_BAD_SPEC, exc.error_code, str(exc), hint=exc.install_hint)
+        self.log("worker started: {}".format(worker.describe()))
         self.relay.emit("status", state="running", step="worker started")
-        readers = [threading.Thread(target=read_stdout, args=(worker.popen.stdout, self.relay), daemon=True),
-                   threading.Thread(target=read_stderr, args=(worker.popen.stderr, self.relay), daemon=True)]
-        for reader in readers:
-            reader.start()
+        worker.relay_output(self.relay)
         try:
             code, error_code, message = self._supervise(worker, job)
         except BaseException:
-            worker.signal_group(signal.SIGKILL)  # never leave a worker behind an agent that failed
+            worker.kill()  # never leave a worker behind an agent that failed
             raise
-        for reader in readers:
-            reader.join(10.0)  # the pipes close once the whole group is gone
+        if not worker.wait_relayed(10.0):
+            self.log("the worker's last output could not all be relayed")
         return self._finish(code, error_code, message, job)
-
-    def _worker(self) -> WorkerProcess:
-        ready, self.ready_worker = self.ready_worker, None
-        if ready is not None and ready.poll() is None:
-            ready.assign(self.files.spec)
-            return ready
-        return WorkerProcess(self.python, self.files.spec, self.files.work, worker_env())
 
     def _start_threads(self, job: Dict[str, Any]) -> None:
         interval = float(job.get("heartbeat_interval_s") or 10.0)
@@ -208,54 +184,55 @@ class Runner:
         write_spec(self.files, self.client.run_id, job)
 
     # -- while the worker runs -------------------------------------------------
-    def _supervise(self, worker: WorkerProcess, job: Dict[str, Any]) -> Tuple[int, Optional[str], Optional[str]]:
+    def _supervise(self, worker: WorkerHandle, job: Dict[str, Any]) -> Tuple[int, Optional[str], Optional[str]]:
         """Wait for the worker, applying cancel, grace, the memory limit and AGT-7."""
         grace = job.get("grace_seconds")
         max_ram = (job.get("limits") or {}).get("max_ram_mb")
         watch = _Watch(DEFAULT_GRACE_S if grace is None else float(grace), float(max_ram) if max_ram else None)
-        while worker.poll() is None:
+        code = worker.poll()
+        while code is None:
             self._tick(worker, watch, time.monotonic())
-            worker.wait(TICK_S)
-        returncode = worker.popen.returncode
-        worker.reap_group()
-        self.log("worker exited: code {}".format(exit_code_of(returncode)))
+            code = worker.wait(TICK_S)
+        worker.cleanup()
+        self.log("worker exited: code {}".format(code))
         if watch.oom_mb is not None:
-            text = "out of memory: the run used {:.0f} MB, above max_ram_mb {:g}".format(watch.oom_mb, watch.max_ram_mb)
+            text = "out of memory: the run used {:.0f} MB, above max_ram_mb {:g}".format(
+                watch.oom_mb, watch.max_ram_mb or 0.0)
             return EXIT_OOM, "out_of_memory", text
         if watch.killed:
             text = "{}; the worker ignored SIGTERM and was killed after {:g} s".format(self.stop_reason, watch.grace_s)
-            return exit_code_of(returncode), None, text
-        return exit_code_of(returncode), None, self.stop_reason if watch.term_at is not None else None
+            return code, None, text
+        return code, None, self.stop_reason if watch.term_at is not None else None
 
-    def _tick(self, worker: WorkerProcess, watch: _Watch, now: float) -> None:
+    def _tick(self, worker: WorkerHandle, watch: _Watch, now: float) -> None:
         if self.client.silence_s() > self.unreachable_s and not self.lost_server:
             self.lost_server = True  # AGT-7: the run is cancelled on this side
             self.request_stop("no answer from the server for {:g} s".format(self.unreachable_s))
         if self.cancel.is_set() and watch.term_at is None:
             watch.term_at = now
-            self.log("{}: SIGTERM to the worker's process group; SIGKILL in {:g} s".format(
-                self.stop_reason, watch.grace_s))
-            worker.signal_group(signal.SIGTERM)
+            self.log("{}: SIGTERM to {}; SIGKILL in {:g} s".format(self.stop_reason, worker.stop_target,
+                                                                  watch.grace_s))
+            worker.terminate()
         elif watch.term_at is not None and not watch.killed and now - watch.term_at >= watch.grace_s:
             watch.killed = True
             self.log("the worker is still running {:g} s after SIGTERM: SIGKILL".format(watch.grace_s))
-            worker.signal_group(signal.SIGKILL)
+            worker.kill()
         if watch.max_ram_mb and watch.oom_mb is None and now >= watch.next_memory_check:
             watch.next_memory_check = now + MEMORY_CHECK_S
-            used = worker.rss_mb()
-            if used > watch.max_ram_mb:
+            used = worker.rss_mb()  # None: this launcher cannot measure it, so no check
+            if used is not None and used > watch.max_ram_mb:
                 watch.oom_mb = used
                 self.log("the worker's processes use {:.0f} MB, above max_ram_mb {:g}: SIGKILL".format(
                     used, watch.max_ram_mb))
-                worker.signal_group(signal.SIGKILL)
+                worker.kill()
 
     # -- after the worker --------------------------------------------------------
     def _finish(self, code: int, error_code: Optional[str], message: Optional[str],
-                job: Optional[Dict[str, Any]] = None) -> int:
+                job: Optional[Dict[str, Any]] = None, hint: Optional[str] = None) -> int:
         """Report the error (if any), send predictions and the remaining events, post the result."""
         if error_code:
             self.log(message or error_code)
-            self.relay.emit("error", code=error_code, message=message, install_hint=_HINTS.get(error_code))
+            self.relay.emit("error", code=error_code, message=message, install_hint=hint or _HINTS.get(error_code))
         if job is not None:
             message = self._send_predictions(job, message)
         self.relay.emit("status", state="finishing", step="worker exited with code {}".format(code))
@@ -300,9 +277,7 @@ class Runner:
         return problem if message is None else "{}; {}".format(message, problem)
 
     def _clean_up(self) -> None:
-        if self.ready_worker is not None:  # the run ended before its worker was needed
-            self.ready_worker.assign(None)
-            self.ready_worker = None
+        self.launcher.close()  # a worker prepared ahead for a run that ended before it was needed
         if self.keep:
             return
         shutil.rmtree(self.files.bundle_dir, ignore_errors=True)
@@ -313,6 +288,5 @@ class Runner:
 _HINTS = {
     "out_of_memory": "raise model_training.max_ram_mb, or train a smaller model or batch size",
     "bad_bundle": "start the run again; if it happens again, check the server's disk and the network",
-    "python_not_found": "set the backend's python to an interpreter that exists on this host",
     "predictions": "raise model_training.max_predictions_mb, or predict fewer items",
 }

@@ -1,7 +1,70 @@
 """The plug-in boundary: one module per backend type (local, ssh, slurm, agent).
 
 Each module implements the contract of executors.base and imports no other
-executor, nor Celery or FastAPI.
+executor, nor Celery, FastAPI or torch. This registry is the one table of
+them: the executor process, `training check` and the page's Check button
+all get their executors here. Modules are imported only when a backend of
+their type is used.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING
+
+from potato_queue.errors import PotatoQueueError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from potato_queue.config import ProjectConfig
+    from potato_queue.executors.base import Executor
+
+__all__ = ["BACKEND_TYPES", "RUNNABLE", "NotRunnable", "unavailable_reason", "build_executor", "Executors"]
+
 BACKEND_TYPES = ("local", "ssh", "slurm", "agent")
+# Backend type -> "module:Class" of the types this version runs.
+RUNNABLE: dict[str, str] = {
+    "local": "potato_queue.executors.local:LocalExecutor",
+}
+
+
+class NotRunnable(PotatoQueueError):
+    """A configured backend whose type this version of potato-queue does not run."""
+
+
+def unavailable_reason(config: ProjectConfig, backend_name: str) -> str | None:
+    """Why runs cannot go to this (configured) backend, or None when they can."""
+    kind = config.model_training.backend_config(backend_name).type
+    if kind in RUNNABLE:
+        return None
+    runnable = [n for n in config.model_training.backend_names()
+                if config.model_training.backend_config(n).type in RUNNABLE]
+    return (f"Backend {backend_name!r} is of type {kind}, which this version of potato-queue cannot run yet; "
+            f"runs can go to: {', '.join(runnable)}")
+
+
+def build_executor(config: ProjectConfig, backend_name: str) -> Executor:
+    """A new executor for the named backend, built with its config model."""
+    backend = config.model_training.backend_config(backend_name)
+    reason = unavailable_reason(config, backend_name)
+    if reason is not None:
+        raise NotRunnable(reason, fix="start the run on another backend, or upgrade potato-queue")
+    module, _, cls = RUNNABLE[backend.type].partition(":")
+    return getattr(importlib.import_module(module), cls)(backend_name, backend)
+
+
+class Executors:
+    """One executor per backend name, kept for the life of the process (a warm agent, a connection)."""
+
+    def __init__(self, config: ProjectConfig) -> None:
+        self.config = config
+        self._built: dict[str, Executor] = {}
+
+    def get(self, backend_name: str) -> Executor:
+        if backend_name not in self._built:
+            self._built[backend_name] = build_executor(self.config, backend_name)
+        return self._built[backend_name]
+
+    def close(self) -> None:
+        for executor in self._built.values():
+            executor.close()
+        self._built.clear()

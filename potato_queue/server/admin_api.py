@@ -16,9 +16,9 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from potato_queue.config import LOCAL, ProjectConfig
-from potato_queue.runs import RunRefused, start_run, trainer_table
+from potato_queue.runs.finalize import published_predictions, read_jsonl
+from potato_queue.runs.submit import RunRefused, start_run, trainer_table
 from potato_queue.store import RunStore
-from potato_queue.writeback import published_predictions, read_jsonl
 
 __all__ = ["admin_router", "RunRequest", "admin_key"]
 

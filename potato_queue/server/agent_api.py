@@ -14,16 +14,10 @@ path. A token is never echoed in a reply or a log.
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
 import os
-import secrets
-import time
 from pathlib import Path
 from typing import Annotated, Any
 
-import redis
-import redis.asyncio as aioredis
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
@@ -32,9 +26,9 @@ from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse
 
 from potato_queue.config import ProjectConfig
-from potato_queue.ingest import ingest_events
 from potato_queue.keys import RUN_ID_RE
-from potato_queue.store import FINAL_STATES, RunStore
+from potato_queue.runs.ingest import ingest_events
+from potato_queue.store import RunStore
 
 __all__ = [
     "agent_router",
@@ -48,13 +42,9 @@ __all__ = [
     "ResultReply",
     "ErrorReply",
     "MAX_WAIT_S",
-    "OTHER_RUNS_CHECKED",
 ]
 
 MAX_WAIT_S = 30.0
-# How many of the project's latest runs a rejected token is compared against
-# to answer 403 rather than 401.
-OTHER_RUNS_CHECKED = 256
 _MB = 1024 * 1024
 
 
@@ -137,20 +127,6 @@ _BEARER = HTTPBearer(auto_error=False, scheme_name="run token",
                      description="the run's token, given to the agent on stdin")
 
 
-def _token_of_another_run(store: RunStore, run_id: str, token: str) -> bool:
-    """True when `token` opens one of the project's recent runs other than `run_id`."""
-    others = [r.decode() if isinstance(r, bytes) else r
-              for r in store.redis.zrevrange(store.keys.runs, 0, OTHER_RUNS_CHECKED - 1)]
-    others = [r for r in others if r != run_id]
-    if not others:
-        return False
-    digest = hashlib.sha256(token.encode()).hexdigest()
-    for stored in store.redis.mget([store.keys.run_token(r) for r in others]):
-        if stored is not None and secrets.compare_digest(stored.decode() if isinstance(stored, bytes) else stored, digest):
-            return True
-    return False
-
-
 def _check_token(store: RunStore, run_id: str, token: str | None) -> None:
     unauthorized = HTTPException(401, "a valid run token is required (Authorization: Bearer <token>)",
                                  headers={"WWW-Authenticate": "Bearer"})
@@ -158,7 +134,7 @@ def _check_token(store: RunStore, run_id: str, token: str | None) -> None:
         raise unauthorized
     if RUN_ID_RE.match(run_id) and store.verify_run_token(run_id, token):
         return
-    if _token_of_another_run(store, run_id, token):
+    if store.token_of_another_run(run_id, token):
         raise HTTPException(403, f"this token is for another run, not {run_id}")
     raise unauthorized
 
@@ -178,74 +154,14 @@ AuthorizedRun = Annotated[str, Depends(authorized_run)]
 
 
 # -- small helpers ------------------------------------------------------------
-def _cancel_due(store: RunStore, run_id: str) -> bool:
-    """A cancel was requested, or the run is already over (the agent should stop)."""
-    pipe = store.redis.pipeline(transaction=False)
-    pipe.exists(store.keys.cancel(run_id))
-    pipe.hget(store.keys.run(run_id), "state")
-    requested, state = pipe.execute()
-    state_text = state.decode() if isinstance(state, bytes) else state
-    return bool(requested) or state_text in FINAL_STATES
-
-
 def _heartbeat_interval(config: ProjectConfig, record: dict[str, Any]) -> float:
     """A sixth of the backend's heartbeat timeout, between 1 and 10 s, so a few lost beats do no harm."""
-    backend = config.model_training.backends.get(str(record.get("backend")))
-    timeout = float(getattr(backend, "heartbeat_timeout_s", config.model_training.heartbeat_timeout_s))
+    timeout = config.model_training.heartbeat_timeout_s_of(str(record.get("backend")))
     return max(1.0, min(10.0, timeout / 6))
 
 
 def _max_predictions_bytes(config: ProjectConfig) -> int:
     return int(config.model_training.max_predictions_mb * _MB)
-
-
-def _async_redis(client: redis.Redis) -> aioredis.Redis:
-    """An asyncio client to the same Redis (pub/sub must not hold a thread-pool thread for 30 s)."""
-    pool = client.connection_pool
-    wanted = ("host", "port", "path", "db", "username", "password", "socket_connect_timeout")
-    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in wanted or k.startswith("ssl_")}
-    if issubclass(pool.connection_class, redis.UnixDomainSocketConnection):
-        connection_class: type[aioredis.Connection] = aioredis.UnixDomainSocketConnection
-    elif issubclass(pool.connection_class, redis.SSLConnection):
-        connection_class = aioredis.SSLConnection
-    else:
-        connection_class = aioredis.Connection
-        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("ssl_")}
-    return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=connection_class, **kwargs))
-
-
-async def _cancel_due_async(client: aioredis.Redis, store: RunStore, run_id: str) -> bool:
-    async with client.pipeline(transaction=False) as pipe:
-        pipe.exists(store.keys.cancel(run_id))
-        pipe.hget(store.keys.run(run_id), "state")
-        requested, state = await pipe.execute()
-    state_text = state.decode() if isinstance(state, bytes) else state
-    return bool(requested) or state_text in FINAL_STATES
-
-
-async def _wait_for_cancel(request: Request, store: RunStore, run_id: str, wait_s: float) -> bool:
-    """True as soon as a cancel is published (or found), False after wait_s or when the agent hung up."""
-    client = _async_redis(store.redis)
-    pubsub = client.pubsub()
-    try:
-        await pubsub.subscribe(store.keys.control(run_id))
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + wait_s
-        while True:
-            # Subscribed first, then the key read: a cancel made in between is seen one way or the other.
-            # The key is read again every second in case a publish was missed (a Redis reconnect).
-            if await _cancel_due_async(client, store, run_id):
-                return True
-            left = deadline - loop.time()
-            if left <= 0:
-                return False
-            if await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, 1.0)):
-                return True
-            if await request.is_disconnected():
-                return False  # nobody to answer: free the Redis connection (and let a shutdown finish)
-    finally:
-        await pubsub.aclose()
-        await client.aclose()
 
 
 # -- routes --------------------------------------------------------------------
@@ -286,7 +202,7 @@ def post_events(request: Request, run_id: AuthorizedRun, batch: EventBatch) -> C
     """Record a batch of events (an empty batch is a heartbeat); the reply says whether to stop."""
     store = _store(request)
     ingest_events(store, run_id, batch.events)
-    return CancelReply(cancel=_cancel_due(store, run_id))
+    return CancelReply(cancel=store.stop_due(run_id))
 
 
 async def get_control(
@@ -297,7 +213,7 @@ async def get_control(
     """Long-poll: answers at once when a cancel is requested, else after wait_s."""
     store = _store(request)
     await run_in_threadpool(store.touch_heartbeat, run_id)
-    return CancelReply(cancel=await _wait_for_cancel(request, store, run_id, min(wait_s, MAX_WAIT_S)))
+    return CancelReply(cancel=await store.wait_stop_due(run_id, min(wait_s, MAX_WAIT_S), request.is_disconnected))
 
 
 def _too_large(config: ProjectConfig, size: str) -> HTTPException:
@@ -353,17 +269,14 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
 def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> ResultReply:
     """The agent's last word: the worker's exit code and where the model files are."""
     store = _store(request)
-    # One HSET: the executor watches agent_exit_code and reads the other two with it.
-    store.set_live(run_id, agent_exit_code=result.exit_code, artifact_uri=result.artifact_uri,
-                   agent_message=result.message, heartbeat_at=repr(time.time()))
-    store.signal_result(run_id)
+    state = store.record_result(run_id, result.exit_code, result.artifact_uri, result.message)
     text = f"agent finished: exit code {result.exit_code}"
     if result.artifact_uri:
         text += f"; model files at {result.artifact_uri}"
     if result.message:
         text += f"; {result.message}"
     store.log(run_id, text)
-    return ResultReply(state=str(store.live(run_id).get("state", "unknown")))
+    return ResultReply(state=state)
 
 
 def agent_router() -> APIRouter:

@@ -9,7 +9,6 @@ import redis
 from fastapi import FastAPI
 
 from potato_queue.config import ProjectConfig
-from potato_queue.keys import Keys
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
 from potato_queue.store import RunStore
@@ -31,7 +30,6 @@ def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
     client = redis.Redis.from_url(redis_url)
     celery = make_celery(config, redis_url)
     app.state.config = config
-    app.state.redis = client
     app.state.store = RunStore(config, client)
     app.state.enqueue = lambda run_id: enqueue(celery, config, run_id)
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
@@ -43,21 +41,20 @@ SERVER_URL_TTL_S = 10
 SERVER_URL_REFRESH_S = 2.0
 
 
-def record_server_url(config: ProjectConfig, client: redis.Redis, url: str) -> None:
+def record_server_url(store: RunStore, url: str) -> None:
     """Where executors and agents started beside this server reach it (no extra flag needed).
 
     Refreshed every few seconds with a short expiry: it comes back after Redis
     is emptied, and a stopped server's address does not linger.
     """
-    key = Keys.of(config).server_url
 
     def refresh() -> None:
         while True:
             try:
-                client.set(key, url, ex=SERVER_URL_TTL_S)
+                store.record_server_url(url, SERVER_URL_TTL_S)
             except redis.RedisError:
                 pass
             time.sleep(SERVER_URL_REFRESH_S)
 
-    client.set(key, url, ex=SERVER_URL_TTL_S)
+    store.record_server_url(url, SERVER_URL_TTL_S)
     threading.Thread(target=refresh, daemon=True, name="server-url").start()

@@ -1,7 +1,8 @@
-"""The execute task: a few lines around tasks.executor.execute_next."""
+"""The execute task: a few lines around runs.dispatch."""
 
 from __future__ import annotations
 
+import redis
 from celery import Celery
 
 from potato_queue.celery_app import EXECUTE_TASK
@@ -12,13 +13,14 @@ __all__ = ["register"]
 
 def register(app: Celery, config: ProjectConfig, redis_url: str) -> None:
     """Bind execute(run_id) to this project's config (the worker process has one)."""
-    from potato_queue.supervisor import Supervisor
+    from potato_queue.runs.dispatch import Dispatcher
 
-    supervisor = Supervisor(config, redis_url)
+    dispatcher = Dispatcher(config, redis.Redis.from_url(redis_url))
 
     @app.task(name=EXECUTE_TASK, acks_late=True)
     def execute(run_id: str) -> None:
-        # One line per delivery: a message delivered again shows up here twice.
+        # One line per delivery: a message delivered again shows up here twice. The run that
+        # starts is the oldest queued one, which need not be the one this message named.
         print(f"potato-queue: woken for run {run_id}", flush=True)
-        ran = supervisor.execute_next(woken_by=run_id)
+        ran = dispatcher.execute_next()
         print(f"potato-queue: ran {ran}" if ran else "potato-queue: nothing queued to run", flush=True)

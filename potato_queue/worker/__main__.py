@@ -9,8 +9,8 @@ import os
 import sys
 from typing import IO, List, Optional
 
-from .errors import EXIT_BAD_SPEC
 from .events import Reporter
+from .exit_codes import EXIT_BAD_SPEC
 from .run import run
 from .stop import StopFlag, install_signal_handlers
 
@@ -25,6 +25,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--spec", help="path to the run's spec.json")
     parser.add_argument("--spec-on-stdin", action="store_true",
                         help="started ahead of time: wait for the spec's path as a line on stdin")
+    parser.add_argument("--describe-device", metavar="DEVICE",
+                        help="print the device a run asking for DEVICE would use, in words, and exit")
     return parser
 
 
@@ -56,6 +58,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         reporter.error("bad_spec", "usage: python -m potato_queue.worker --spec spec.json")
         return EXIT_BAD_SPEC
+    if args.describe_device:
+        from .device import device_in_words
+
+        sys.stderr.write(device_in_words(args.describe_device) + "\n")
+        return 0
     if args.spec_on_stdin:
         args.spec = sys.stdin.readline().strip()
         if not args.spec:

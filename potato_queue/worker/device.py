@@ -120,3 +120,27 @@ def describe_device(device: str) -> str:
         except Exception:  # noqa: BLE001 - the name is decoration
             return device
     return device
+
+
+def device_in_words(requested: str = "auto") -> str:
+    """The device a local run would use for *requested*, in words (LOC-2): ``CPU``,
+    ``CUDA GPU 0 (NVIDIA H200)``, ``Apple Metal (mps)``, and why when it falls back."""
+    try:
+        import torch
+    except ImportError:
+        return "CPU (torch is not installed here, so no accelerator can be used)"
+    name = _normalise(requested)
+    devices = available_devices(torch)
+    if name != "auto" and name not in devices:
+        fallback = devices[0]
+        return "%s (%s is not available here; runs fall back to it)" % (_in_words(torch, fallback), requested)
+    return _in_words(torch, devices[0] if name == "auto" else name)
+
+
+def _in_words(torch: Any, device: str) -> str:
+    if device == "mps":
+        return "Apple Metal (mps)"
+    if device.startswith("cuda"):
+        index = int(device.split(":", 1)[1]) if ":" in device else 0
+        return "CUDA GPU %d (%s)" % (index, torch.cuda.get_device_name(index))
+    return "CPU"

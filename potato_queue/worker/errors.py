@@ -1,20 +1,16 @@
 """Exit codes, error codes and the exceptions that carry them.
 
-Every way a run can end maps to one exit code and one ``error`` event code,
-and this module is the only place that mapping lives. :func:`classify`
+Every way a run can end maps to one exit code (defined in exit_codes.py) and
+one ``error`` event code, and this module is the only place that mapping lives. :func:`classify`
 turns any exception (including ones raised by torch or scikit-learn, which
 the worker never imports at module level) into that triple.
 """
 
 from typing import Tuple
 
+from .exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_MISSING_DEPENDENCY, EXIT_OOM, EXIT_UNEXPECTED
+
 __all__ = [
-    "EXIT_OK",
-    "EXIT_UNEXPECTED",
-    "EXIT_BAD_SPEC",
-    "EXIT_MISSING_DEPENDENCY",
-    "EXIT_CANCELLED",
-    "EXIT_OOM",
     "NVRTC_HINT",
     "WorkerError",
     "SpecError",
@@ -31,12 +27,6 @@ __all__ = [
     "hint_for",
 ]
 
-EXIT_OK = 0
-EXIT_UNEXPECTED = 1
-EXIT_BAD_SPEC = 2
-EXIT_MISSING_DEPENDENCY = 3
-EXIT_CANCELLED = 4
-EXIT_OOM = 5
 
 #: ERR-11: torch loads the NVRTC builtins library of the CUDA version it was
 #: built for; a different nvidia-cuda-nvrtc wheel leaves it missing.

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Callable, Optional
 
-from .errors import EXIT_OOM
+from .exit_codes import EXIT_OOM
 
 __all__ = ["rss_mb", "MemoryWatchdog"]
 

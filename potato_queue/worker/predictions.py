@@ -12,6 +12,7 @@ from typing import Any, Dict, Iterable, List, Set, Tuple
 from .api import Prediction, PredictItem, RunContext, Trainer
 from .bundle import PREDICT_SPLITS, Bundle
 from .errors import TrainerError
+from .scoring import gold_label
 
 __all__ = ["PREDICTIONS_FILE", "PredictionSummary", "predict_items", "write_predictions"]
 
@@ -21,11 +22,14 @@ PREDICTIONS_FILE = "predictions.jsonl"
 class PredictionSummary:
     """What the prediction pass wrote, and the (gold, predicted) pairs to score."""
 
-    def __init__(self, path: str, count: int, pairs: Dict[Tuple[str, str], List[Tuple[Any, Any]]]) -> None:
+    def __init__(self, path: str, count: int, targets: Dict[Tuple[str, str], Dict[str, Any]],
+                 predicted: Dict[Tuple[str, str], Dict[str, Any]]) -> None:
         self.path = path
         self.count = count
-        #: ``{(split, schema): [(gold, predicted), ...]}`` for val and test.
-        self.pairs = pairs
+        #: ``{(split, schema): {instance_id: gold}}`` for every val and test item with a gold label.
+        self.targets = targets
+        #: ``{(split, schema): {instance_id: predicted label}}`` for the items predicted.
+        self.predicted = predicted
 
 
 def predict_items(bundle: Bundle) -> List[PredictItem]:
@@ -37,11 +41,14 @@ def predict_items(bundle: Bundle) -> List[PredictItem]:
     return items
 
 
-def _gold(item: PredictItem, schema: str) -> Any:
-    target = item.targets.get(schema)
-    if isinstance(target, list) and len(target) == 1:
-        target = target[0]
-    return None if target in (None, "", []) else target
+def _targets(items: List[PredictItem], schemas: Iterable[str]) -> Dict[Tuple[str, str], Dict[str, Any]]:
+    targets: Dict[Tuple[str, str], Dict[str, Any]] = {}
+    for item in items:
+        for schema in schemas:
+            gold = gold_label(item.targets.get(schema))
+            if item.split != "unlabeled" and gold is not None:
+                targets.setdefault((item.split, schema), {})[item.instance_id] = gold
+    return targets
 
 
 class _Checker:
@@ -70,7 +77,7 @@ def write_predictions(ctx: RunContext, trainer: Trainer, items: List[PredictItem
     path = os.path.join(ctx.workdir, PREDICTIONS_FILE)
     partial = path + ".partial"
     checker = _Checker(items, [schema.name for schema in ctx.schemas])
-    pairs: Dict[Tuple[str, str], List[Tuple[Any, Any]]] = {}
+    predicted: Dict[Tuple[str, str], Dict[str, Any]] = {}
     total = len(items) * len(ctx.schemas)
     count = 0
     try:
@@ -79,9 +86,7 @@ def write_predictions(ctx: RunContext, trainer: Trainer, items: List[PredictItem
                 item = checker.check(prediction)
                 fh.write(json.dumps(prediction.to_record(), ensure_ascii=False) + "\n")
                 count += 1
-                gold = _gold(item, prediction.schema_name)
-                if item.split != "unlabeled" and gold is not None:
-                    pairs.setdefault((item.split, prediction.schema_name), []).append((gold, prediction.label))
+                predicted.setdefault((item.split, prediction.schema_name), {})[item.instance_id] = prediction.label
                 ctx.reporter.progress("predict", count, total)
                 ctx.check_stop("while predicting")
     except BaseException:
@@ -89,4 +94,4 @@ def write_predictions(ctx: RunContext, trainer: Trainer, items: List[PredictItem
             os.remove(partial)
         raise
     os.replace(partial, path)
-    return PredictionSummary(path, count, pairs)
+    return PredictionSummary(path, count, _targets(items, checker.schemas), predicted)

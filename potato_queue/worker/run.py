@@ -14,12 +14,13 @@ from typing import Dict, Optional
 from .api import FitResult, RunContext, Trainer
 from .bundle import Bundle, load_bundle
 from .device import apply_thread_env, apply_torch_threads, describe_device, resolve_device
-from .errors import EXIT_CANCELLED, EXIT_OK, EXIT_UNEXPECTED, Cancelled, ValidationFailed, classify
+from .errors import Cancelled, ValidationFailed, classify
 from .events import Reporter
+from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_UNEXPECTED
 from .loading import load_trainer
 from .memory import MemoryWatchdog
 from .predictions import PREDICTIONS_FILE, PredictionSummary, predict_items, write_predictions
-from .scoring import score_pairs
+from .scoring import score
 from .spec import Spec, load_spec
 from .stop import StopFlag
 
@@ -138,8 +139,8 @@ def _score(ctx: RunContext, summary: PredictionSummary, step: int) -> Dict[str, 
     metrics: Dict[str, float] = {}
     for schema in ctx.schemas:
         for split in ("val", "test"):
-            scores = score_pairs(summary.pairs.get((split, schema.name), []))
-            if scores is None:
+            scores = score(summary.targets.get((split, schema.name), {}), summary.predicted.get((split, schema.name), {}))
+            if not scores["n"]:
                 continue
             for name in ("accuracy", "macro_f1"):
                 ctx.reporter.metric(split, ctx.metric_name(schema, name), scores[name], step)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import math
-import time
 from collections.abc import Iterable
-from datetime import datetime, timezone
 from typing import Any
 
 from potato_queue.store import RunStore
@@ -21,20 +19,6 @@ __all__ = ["ingest_events", "summarize", "LOGGED_LEVELS"]
 
 # Log events at these levels reach run.log; debug/info stay in events.jsonl.
 LOGGED_LEVELS = frozenset({"warning", "warn", "error", "critical", "stderr", "stdout"})
-
-# Metrics are one JSON object in the live hash; merging there (not in Python)
-# keeps the read-modify-write atomic and inside the batch's single pipeline.
-_MERGE_METRICS = """
-local cur = redis.call('HGET', KEYS[1], 'metrics')
-local merged = {}
-if cur then
-  local ok, decoded = pcall(cjson.decode, cur)
-  if ok and type(decoded) == 'table' then merged = decoded end
-end
-for k, v in pairs(cjson.decode(ARGV[1])) do merged[k] = v end
-redis.call('HSET', KEYS[1], 'metrics', cjson.encode(merged))
-return 1
-"""
 
 
 def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) -> None:
@@ -45,9 +29,9 @@ def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) ->
         with open(paths.events, "a", encoding="utf-8") as fh:
             fh.write(text)
     live, metrics, lines = summarize(events)
-    _write_live(store, run_id, live, metrics)
+    store.record_batch(run_id, live, {k: _finite(v) for k, v in metrics.items()})
     if lines:
-        _append_run_log(paths.run_log, lines)
+        store.log(run_id, *lines)
 
 
 def summarize(events: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any], list[str]]:
@@ -93,27 +77,8 @@ def _error(event: dict[str, Any], live: dict[str, str], lines: list[str]) -> Non
     lines.append(f"error: {text}")
 
 
-def _write_live(store: RunStore, run_id: str, live: dict[str, str], metrics: dict[str, Any]) -> None:
-    """Everything for Redis in one pipeline, the heartbeat included."""
-    key = store.keys.run(run_id)
-    pipe = store.redis.pipeline(transaction=False)
-    pipe.hset(key, mapping={**live, "heartbeat_at": repr(time.time())})
-    if metrics:
-        pipe.eval(_MERGE_METRICS, 1, key, json.dumps({k: _finite(v) for k, v in metrics.items()}))
-    pipe.execute()
-
-
 def _finite(value: Any) -> Any:
     # Redis' cjson refuses NaN and Infinity; keep them readable as text.
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value
-
-
-def _append_run_log(path: Any, lines: list[str]) -> None:
-    # Same line format as RunStore.log, one write for the whole batch.
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    # A worker's stderr may hold newlines inside one event; keep one line per entry.
-    text = "".join(f"{stamp} {line.replace(chr(10), ' ')}\n" for line in lines)
-    with open(path, "a", encoding="utf-8") as fh:
-        fh.write(text)

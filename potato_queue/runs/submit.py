@@ -1,4 +1,4 @@
-"""Starting and following runs: the one place the API, the CLI and the beat go through."""
+"""Submitting runs: the one place the API, the CLI and the beat go through to queue a run."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from typing import Any
 
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import PotatoQueueError
+from potato_queue.executors import unavailable_reason
 from potato_queue.store import RunStore
 
 __all__ = ["RunRefused", "trainer_table", "choose_backend", "start_run"]
@@ -44,6 +45,10 @@ def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], back
         raise RunRefused(
             f"{trainer} runs only on the local backend (it reads the previous run's files on this server); "
             f"start it with backend 'local', not {chosen!r}", status=400)
+    not_runnable = unavailable_reason(config, chosen)
+    if not_runnable is not None:
+        # Refused now, not queued to fail later with "the executor stopped".
+        raise RunRefused(not_runnable, status=400, fix="start the run on another backend, or upgrade potato-queue")
     return chosen
 
 

@@ -7,8 +7,6 @@ own bundle, so it is the same whatever backend trained the model.
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,8 +14,10 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import project_predictions_path
 from potato_queue.store import RunStore
+from potato_queue.worker.files import write_atomic
+from potato_queue.worker.scoring import score
 
-__all__ = ["finalize_predictions", "score", "read_jsonl", "published_predictions"]
+__all__ = ["finalize_predictions", "read_jsonl", "published_predictions"]
 
 HELD_OUT_SPLITS = ("val", "test")
 
@@ -38,27 +38,6 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
 def _label(prediction: dict[str, Any]) -> Any:
     payload = prediction.get("payload")
     return payload.get("label") if isinstance(payload, dict) else payload
-
-
-def _macro_f1(pairs: list[tuple[Any, Any]]) -> float:
-    # Targets may be lists (multilabel): compare canonical JSON, computed once per pair.
-    keyed = [(json.dumps(t, sort_keys=True), json.dumps(p, sort_keys=True)) for t, p in pairs]
-    scores = []
-    for label in {k for pair in keyed for k in pair}:
-        tp = sum(1 for t, p in keyed if t == label == p)
-        fp = sum(1 for t, p in keyed if p == label != t)
-        fn = sum(1 for t, p in keyed if t == label != p)
-        scores.append(2 * tp / (2 * tp + fp + fn) if tp else 0.0)
-    return sum(scores) / len(scores) if scores else 0.0
-
-
-def score(targets: dict[str, Any], predicted: dict[str, Any]) -> dict[str, Any]:
-    """accuracy, macro_f1 and n for one split of one schema (an item without a prediction counts as wrong)."""
-    pairs = [(target, predicted.get(item_id)) for item_id, target in targets.items()]
-    if not pairs:
-        return {"accuracy": None, "macro_f1": None, "n": 0}
-    correct = sum(1 for t, p in pairs if t == p)
-    return {"accuracy": round(correct / len(pairs), 4), "macro_f1": round(_macro_f1(pairs), 4), "n": len(pairs)}
 
 
 def _split_ids(bundle_dir: Path, split: str) -> dict[str, dict[str, Any]]:
@@ -98,32 +77,23 @@ def _publishable(config: ProjectConfig, bundle_dir: Path, preds: list[dict[str, 
     return out
 
 
-def _write_jsonl_atomic(path: Path, rows: Iterable[dict[str, Any]]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        for row in rows:
-            fh.write(json.dumps(row, ensure_ascii=False) + "\n")
-    os.replace(tmp, path)
-
-
 def published_predictions(config: ProjectConfig) -> list[dict[str, Any]]:
     return list(read_jsonl(project_predictions_path(config)))
 
 
-def finalize_predictions(config: ProjectConfig, store: RunStore, run_id: str) -> dict[str, Any]:
+def finalize_predictions(config: ProjectConfig, store: RunStore, run_id: str, schemas: Iterable[str]) -> dict[str, Any]:
     """Score the held-out items and publish what passes the gates; returns held_out."""
     paths = store.paths(run_id)
-    record = store.read(run_id)
     preds = list(read_jsonl(paths.predictions))
     if not preds:
         store.log(run_id, "no predictions came back, so there is nothing to score or publish")
         return {}
-    held_out = _held_out(paths.bundle_dir, record["schemas"], preds)
+    held_out = _held_out(paths.bundle_dir, schemas, preds)
     published = _publishable(config, paths.bundle_dir, preds)
     merged = {(p["instance_id"], p["schema_name"]): p for p in published_predictions(config)}
     for p in published:
         merged[(p["instance_id"], p["schema_name"])] = {**p, "run_id": run_id}
-    _write_jsonl_atomic(project_predictions_path(config), merged.values())
+    lines = (json.dumps(row, ensure_ascii=False) + "\n" for row in merged.values())
+    write_atomic(project_predictions_path(config), lines)
     store.log(run_id, f"held-out scores: {json.dumps(held_out)}; published {len(published)} of {len(preds)} predictions")
     return held_out

@@ -5,11 +5,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
-import redis
-
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
-from potato_queue.keys import Keys, RunPaths
+from potato_queue.keys import RunPaths
 from potato_queue.store import RunStore
 
 __all__ = ["build_job", "server_url_for", "latest_succeeded"]
@@ -17,19 +15,19 @@ __all__ = ["build_job", "server_url_for", "latest_succeeded"]
 SERVER_URL_WAIT_S = 2.5
 
 
-def server_url_for(client: redis.Redis, keys: Keys) -> str:
+def server_url_for(store: RunStore) -> str:
     """The address `potato-queue serve` recorded for agents and executors."""
     deadline = time.monotonic() + 2 * SERVER_URL_WAIT_S
-    url = client.get(keys.server_url)
+    url = store.server_url()
     while url is None and time.monotonic() < deadline:  # the server re-records it every few seconds
         time.sleep(0.1)
-        url = client.get(keys.server_url)
+        url = store.server_url()
     if url is None:
         raise PotatoQueueError(
             "No potato-queue server is running for this project, so the agent has nothing to report to",
             fix="start it beside the executor: potato-queue serve CONFIG",
         )
-    return url.decode()
+    return url
 
 
 def latest_succeeded(store: RunStore, *, exclude: str | None = None) -> str | None:

@@ -1,0 +1,331 @@
+"""HTTP/1.1 to the server over TCP, TLS or a unix socket, and the agent's one retry policy.
+
+Standard library only, Python 3.8+: this file is copied to bare hosts. The
+transport knows the server and the bearer token, nothing about runs, so a
+client of the backend-level calls (register, claim) can share it with the
+per-run client. Each thread keeps its own keep-alive connection (the event
+sender, the heartbeat and the control long-poll run side by side). Every
+request has a timeout, because a cut network can leave a forwarded socket
+that accepts and then hangs (ENVIRONMENT.md).
+
+Every retrying loop of the agent goes through `Backoff` (and `retry`), so a
+server that is away is met the same way by every call: delays from 0.2 s
+doubling to 5 s, the first failure and every 10th logged, Unreachable once
+the caller's deadline, try count or stop event says so.
+"""
+
+import contextlib
+import http.client
+import json
+import socket
+import threading
+import time
+from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
+from urllib.parse import unquote, urlsplit
+
+__all__ = [
+    "API_PREFIX",
+    "DEFAULT_TIMEOUT_S",
+    "DEFAULT_GIVE_UP_S",
+    "CHUNK_BYTES",
+    "RETRY_STATUSES",
+    "ApiError",
+    "Unreachable",
+    "Retryable",
+    "Backoff",
+    "retry",
+    "UnixHTTPConnection",
+    "open_connection",
+    "Transport",
+]
+
+API_PREFIX = "/api/training/agent/v1"
+DEFAULT_TIMEOUT_S = 30.0
+DEFAULT_GIVE_UP_S = 300.0
+CHUNK_BYTES = 1024 * 1024
+# Statuses that mean "a proxy or the server is restarting": worth retrying like a cut connection.
+RETRY_STATUSES = (502, 503, 504)
+FIRST_DELAY_S = 0.2
+MAX_DELAY_S = 5.0
+LOG_EVERY = 10
+
+Log = Callable[[str], None]
+T = TypeVar("T")
+
+
+class ApiError(Exception):
+    """The server answered with an error status; `detail` is its explanation."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__("HTTP {}: {}".format(status, detail))
+        self.status = status
+        self.detail = detail
+
+
+class Unreachable(Exception):
+    """No answer from the server for as long as the caller was willing to wait."""
+
+
+class Retryable(Exception):
+    """One attempt failed in a way another attempt may not (a cut connection, a 503)."""
+
+    def __init__(self, problem: str) -> None:
+        super().__init__(problem)
+        self.problem = problem
+
+
+def problem_of(exc: BaseException) -> str:
+    """An exception in words for a log line: its type and message."""
+    return "{}: {}".format(type(exc).__name__, exc)
+
+
+def _no_log(message: str) -> None:
+    pass
+
+
+class Backoff:
+    """The agent's one retry policy: how long to wait after a failure, what to log, when to give up.
+
+    give_up_s None, max_tries None and no stop: retry for ever (the long-lived
+    loops, where AGT-7's silence_s decides that the server is lost). `stop`
+    makes the waits end early, and the policy give up, once it is set.
+    """
+
+    def __init__(self, what: str, log: Optional[Log] = None, give_up_s: Optional[float] = None,
+                 max_tries: Optional[int] = None, stop: Optional[threading.Event] = None,
+                 target: str = "the server") -> None:
+        self.what = what
+        self.target = target
+        self.max_tries = max_tries
+        self.failures = 0  # since the last success
+        self.problem = "no try made"
+        self._log = log or _no_log
+        self._deadline = None if give_up_s is None else time.monotonic() + give_up_s
+        self._stop = stop
+        self._delay_s = FIRST_DELAY_S
+
+    def failed(self, problem: str) -> bool:
+        """Count a failure and wait before the next try; False (at once) when it is time to give up."""
+        self.failures += 1
+        self.problem = problem
+        if self._out_of_patience():
+            return False
+        if self.failures == 1 or self.failures % LOG_EVERY == 0:
+            tries = " (try {} of {})".format(self.failures, self.max_tries) if self.max_tries else ""
+            self._log("{}: {}{}; retrying in {:g} s".format(self.what, problem, tries, self._delay_s))
+        if self._stop is not None:
+            self._stop.wait(self._delay_s)
+        else:
+            time.sleep(self._delay_s)
+        self._delay_s = min(self._delay_s * 2, MAX_DELAY_S)
+        return not (self._stop is not None and self._stop.is_set())
+
+    def _out_of_patience(self) -> bool:
+        if self.max_tries is not None and self.failures >= self.max_tries:
+            return True
+        if self._deadline is not None and time.monotonic() + self._delay_s > self._deadline:
+            return True
+        return self._stop is not None and self._stop.is_set()
+
+    def succeeded(self) -> None:
+        """An answer came: the next failure starts from the first delay again."""
+        self.failures = 0
+        self._delay_s = FIRST_DELAY_S
+
+    def unreachable(self) -> Unreachable:
+        """The exception to raise once the policy gave up."""
+        return Unreachable("{}: no answer from {} ({})".format(self.what, self.target, self.problem))
+
+
+def retry(attempt: Callable[[], T], policy: Backoff) -> T:
+    """attempt() until it returns; Retryable goes through the policy, anything else (ApiError) propagates.
+
+    Unreachable once the policy gives up.
+    """
+    while True:
+        try:
+            result = attempt()
+        except Retryable as exc:
+            if not policy.failed(exc.problem):
+                raise policy.unreachable() from None
+            continue
+        policy.succeeded()
+        return result
+
+
+class UnixHTTPConnection(http.client.HTTPConnection):
+    """HTTPConnection through an AF_UNIX socket (an ssh-forwarded one, usually)."""
+
+    def __init__(self, path: str, timeout: float = DEFAULT_TIMEOUT_S) -> None:
+        super().__init__("localhost", timeout=timeout)
+        self.socket_path = path
+
+    def connect(self) -> None:
+        """Connect the AF_UNIX socket, with the same timeout as a TCP connect."""
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(self.timeout)
+        try:
+            sock.connect(self.socket_path)
+        except OSError:
+            sock.close()
+            raise
+        self.sock = sock
+
+
+def open_connection(server: str, timeout: float = DEFAULT_TIMEOUT_S) -> http.client.HTTPConnection:
+    """A connection to `http://host:port`, `https://host:port` or `unix:///path/to.sock`."""
+    parts = urlsplit(server)
+    if parts.scheme == "unix":
+        return UnixHTTPConnection(unquote(parts.path), timeout=timeout)
+    if parts.scheme == "http":
+        return http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
+    if parts.scheme == "https":
+        return http.client.HTTPSConnection(parts.hostname or "127.0.0.1", parts.port or 443, timeout=timeout)
+    raise ValueError("server URL must be http://host:port or unix:///path, not {!r}".format(server))
+
+
+def error_detail(body: bytes) -> str:
+    """The server's explanation of an error status (FastAPI's `detail`), or the start of the body."""
+    try:
+        data = json.loads(body.decode("utf-8"))
+        return str(data.get("detail", data)) if isinstance(data, dict) else str(data)
+    except ValueError:
+        return body.decode("utf-8", "replace")[:500]
+
+
+def json_answer(status: int, body: bytes) -> Dict[str, Any]:
+    """A reply as JSON; Retryable for 502/503/504, ApiError for any other error status."""
+    if status < 400:
+        return json.loads(body.decode("utf-8")) if body else {}
+    if status in RETRY_STATUSES:
+        raise Retryable("HTTP {}".format(status))
+    raise ApiError(status, error_detail(body))
+
+
+class Transport:
+    """Requests to one server with one bearer token; paths are relative to API_PREFIX."""
+
+    def __init__(self, server: str, token: str, timeout_s: float = DEFAULT_TIMEOUT_S,
+                 give_up_s: float = DEFAULT_GIVE_UP_S, log: Optional[Log] = None) -> None:
+        open_connection(server).close()  # a bad URL fails here, not in a thread
+        self.server = server
+        self.timeout_s = timeout_s
+        self.give_up_s = give_up_s
+        self.log = log or _no_log
+        self._auth = "Bearer " + token  # kept only here; never logged, never in a URL
+        self._local = threading.local()
+        self.last_ok = time.monotonic()
+        self.last_failure = 0.0
+
+    def __repr__(self) -> str:
+        return "Transport({!r})".format(self.server)  # no token
+
+    def silence_s(self) -> float:
+        """Seconds since the server last answered, once a call has failed since then (else 0).
+
+        A quiet run is not a lost server: only a failed call starts the count,
+        and it counts from the last answer (a cut network hangs a call for its
+        whole timeout before it fails).
+        """
+        if self.last_failure <= self.last_ok:
+            return 0.0
+        return time.monotonic() - self.last_ok
+
+    def patience_s(self, give_up_s: Optional[float]) -> float:
+        """How long a call may retry: give_up_s, or this transport's default when None."""
+        return self.give_up_s if give_up_s is None else give_up_s
+
+    def backoff(self, what: str, give_up_s: Optional[float], max_tries: Optional[int] = None,
+                stop: Optional[threading.Event] = None) -> Backoff:
+        """The retry policy for one call to this server; give_up_s None: no deadline."""
+        return Backoff(what, self.log, give_up_s, max_tries, stop, target=self.server)
+
+    # -- one connection per thread ---------------------------------------------
+    def _connection(self, timeout_s: float) -> Tuple[http.client.HTTPConnection, bool]:
+        """This thread's connection, and whether it was used before (so may have gone stale)."""
+        conn = getattr(self._local, "conn", None)
+        reused = conn is not None
+        if conn is None:
+            conn = open_connection(self.server, timeout_s)
+            conn.blocksize = CHUNK_BYTES
+            self._local.conn = conn
+        conn.timeout = timeout_s
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout_s)
+        return conn, reused
+
+    def drop(self) -> None:
+        """Close this thread's connection (after an error, or when the server said it closes it)."""
+        conn = getattr(self._local, "conn", None)
+        self._local.conn = None
+        if conn is not None:
+            conn.close()
+
+    def _failed(self) -> None:
+        self.drop()
+        self.last_failure = time.monotonic()
+
+    # -- requests ----------------------------------------------------------------
+    def request(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
+                timeout_s: Optional[float] = None) -> http.client.HTTPResponse:
+        """Send one request; the response is unread. A stale keep-alive connection is retried at once."""
+        all_headers = {"Authorization": self._auth}
+        all_headers.update(headers or {})
+        for attempt in (1, 2):
+            conn, reused = self._connection(timeout_s or self.timeout_s)
+            try:
+                conn.request(method, API_PREFIX + "/" + path, body=body, headers=all_headers)
+                response = conn.getresponse()
+            except (OSError, http.client.HTTPException):
+                self._failed()
+                # The server closes idle keep-alive connections: a fresh one deserves a try at once
+                # (not a stream: its first bytes may be gone).
+                if attempt == 2 or not reused or hasattr(body, "read"):
+                    raise
+                continue
+            self.last_ok = time.monotonic()
+            return response
+        raise AssertionError("unreachable")
+
+    @contextlib.contextmanager
+    def stream(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
+               timeout_s: Optional[float] = None) -> Iterator[http.client.HTTPResponse]:
+        """A response to read in the with-block; the connection is kept only when it was read whole."""
+        response = self.request(method, path, body, headers, timeout_s)
+        try:
+            yield response
+        except (OSError, http.client.HTTPException):
+            self._failed()
+            raise
+        except BaseException:
+            self.drop()
+            raise
+        if response.will_close or not response.isclosed():
+            self.drop()
+
+    def exchange(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
+                 timeout_s: Optional[float] = None) -> Tuple[int, bytes]:
+        """One request and its whole reply: (status, body). Connection errors are raised as they come."""
+        with self.stream(method, path, body, headers, timeout_s) as response:
+            return response.status, response.read()
+
+    def call(self, method: str, path: str, payload: Any = None, query: str = "",
+             timeout_s: Optional[float] = None, give_up_s: Optional[float] = None,
+             headers: Optional[Dict[str, str]] = None, what: Optional[str] = None) -> Dict[str, Any]:
+        """A JSON call, retried by the policy for up to give_up_s (this transport's default when None).
+
+        `payload` is sent as JSON, or as is when it is bytes. ApiError for an
+        error status other than 502/503/504 (asking again gets the same answer),
+        Unreachable when the server did not answer in time.
+        """
+        body = payload if isinstance(payload, bytes) or payload is None else json.dumps(payload).encode()
+        sent_headers = {"Content-Type": "application/json"} if body is not None else {}
+        sent_headers.update(headers or {})
+        def attempt() -> Dict[str, Any]:
+            try:
+                status, data = self.exchange(method, path + query, body, sent_headers, timeout_s)
+            except (OSError, http.client.HTTPException) as exc:
+                raise Retryable(problem_of(exc)) from None
+            return json_answer(status, data)
+
+        return retry(attempt, self.backoff(what or "{} {}".format(method, path), self.patience_s(give_up_s)))

@@ -1,0 +1,72 @@
+"""Potato's training bundle (v1), written from a project on disk.
+
+A bundle is the folder a trainer reads on its own: train/val/test.jsonl (and
+unlabeled.jsonl for write-back), labels.json, media/ and manifest.json.
+Potato 2.12.1's worker and ours read the same bundles and the manifest's
+digest hashes the split files' bytes, so this reproduces Potato's
+`training/dataset.py` exactly: which items and answers are read (read.py),
+how annotators are merged (aggregate.py: Dawid-Skene, else exact-match
+majority), the rows' bytes and order and the seeded-hash splits (write.py;
+/work/shared/POTATO-FORMATS.md). `pack_bundle` makes the tar.gz an agent
+downloads.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from potato_queue.bundle.aggregate import _all_targets, _no_labels, _resolve
+from potato_queue.bundle.read import (
+    TARGET_KINDS,
+    _read_annotations,
+    _read_items,
+    _schema_names,
+    schema_kind,
+    target_schemas,
+)
+from potato_queue.bundle.write import (
+    BUNDLE_VERSION,
+    DEFAULT_SPLITS,
+    _Build,
+    _prepare_out_dir,
+    _rows,
+    _write_manifest,
+    _write_splits,
+    pack_bundle,
+    split_of,
+)
+from potato_queue.config import ProjectConfig
+
+__all__ = ["BUNDLE_VERSION", "TARGET_KINDS", "schema_kind", "target_schemas", "split_of", "build_bundle", "pack_bundle"]
+
+
+def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | None = None) -> dict[str, Any]:
+    """Write Potato's bundle v1 for `schemas` (default: every scheme with a target) into out_dir.
+
+    Returns the manifest. PotatoQueueError for a missing data file, an
+    unreadable user_state.json, an unknown scheme, nothing labelled, or an
+    out_dir that holds something other than a bundle.
+    """
+    names, training = _schema_names(config, schemas), config.model_training
+    by_name = {str(s.get("name")): s for s in config.annotation_schemes}
+    items, found = _read_items(config), _read_annotations(config)
+    references = _resolve(found, sorted(items), training.aggregation)
+    kinds = {name: schema_kind(by_name[name]) for name in names}
+    targets, labels = _all_targets(references, kinds)
+    if not targets:  # Potato refuses when nobody answered; nothing to train on is refused too
+        raise _no_labels(config, len(items), found, names)
+    out_dir = Path(out_dir)
+    _prepare_out_dir(out_dir)
+    build = _Build(
+        out_dir=out_dir, text_key=config.item_properties.text_key,
+        # Potato's path (normalised, symlinks kept): a linked file's folder is named by its hash.
+        task_dir=os.path.normpath(os.path.join(config.config_path.parent, os.path.expanduser(config.task_dir))),
+        media_directory=str((config.model_extra or {}).get("media_directory") or "media"),
+        source_field=by_name[names[0]].get("source_field"))  # Potato reads the first scheme's only
+    build.stats.update(n_items=len(items), n_annotated=len(references))
+    rows, unlabeled = _rows(build, items, references, targets, training.writeback.include_unlabeled)
+    splits = _write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
+    return _write_manifest(build, training, names, by_name, kinds, labels, splits, rows)

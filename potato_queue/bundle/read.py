@@ -1,0 +1,196 @@
+"""Stage 1 of a bundle build: reading the project's items and annotations.
+
+Which schemes give a target (schema_kind, target_schemas, by Potato's kinds),
+the items of the data files (JSON array, object or lines, Potato's positional
+ids), and every annotator's answers from <output_annotation_dir>/<user>/
+user_state.json in both of Potato's encodings, label maps, spans and image
+shapes alike, as Potato's `training/dataset.py` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from potato_queue.config import ProjectConfig
+from potato_queue.errors import PotatoQueueError
+
+# The public names, then what the other stages of the bundle use.
+__all__ = ["TARGET_KINDS", "Answers", "Row", "schema_kind", "target_schemas",
+           "_Annotations", "_read_annotations", "_read_items", "_schema_names"]
+
+# Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
+_KIND_OF_TYPE = {atype: kind for kind, types in {
+    "nominal": "radio select triage pairwise conjoint", "ordinal": "likert confidence",
+    "continuous": "slider number vas", "multilabel": "multiselect hierarchical_multiselect card_sort",
+    "matrix": "multirate constant_sum soft_label semantic_differential range_slider bws best_worst_scaling",
+    "span": "span error_span event_annotation coreference extractive_qa span_link tree_annotation",
+    "text": "textbox text_edit", "ranking": "ranking", "geometry": "image_annotation",
+    "temporal": "audio_annotation video_annotation", "episode": "episode_annotation",
+    "rollout": "rollout_evaluation", "caption": "region_caption", "grounding": "grounding_eval",
+    "spatial": "spatial_annotation", "volume": "volume_annotation", "segments": "temporal_grounding tiered_annotation",
+    "trace": "process_reward trajectory_eval tool_call_review failure_attribution gui_trajectory",
+}.items() for atype in types.split()}
+
+#: The kinds Potato turns into a target. The rest (free text, matrices, traces)
+#: would give a meaningless label, so a bundle without named schemes skips them.
+TARGET_KINDS = ("nominal", "multilabel", "ordinal", "continuous", "span", "geometry", "grounding")
+
+Row = dict[str, Any]
+Answers = dict[str, Any]  # {schema: value_map}, one annotator's or the agreed one for one item
+
+
+def schema_kind(scheme: Mapping[str, Any]) -> str:
+    """Potato's kind of one annotation scheme ("unsupported" when unknown)."""
+    atype = str(scheme.get("annotation_type") or "").strip().lower()
+    kind = _KIND_OF_TYPE.get(atype, "unsupported")
+    if kind == "multilabel" and (scheme.get("max_choices") or scheme.get("max_selections")) == 1:
+        return "nominal"  # capped at one choice, it stores one label
+    if atype == "confidence" and scheme.get("scale_type") == "slider":
+        return "continuous"
+    if atype == "pairwise":  # one type name, three widgets that store different shapes
+        mode = str(scheme.get("mode") or "binary").strip().lower()
+        return {"scale": "continuous", "multi_dimension": "matrix"}.get(mode, "nominal")
+    return kind
+
+
+def target_schemas(config: ProjectConfig) -> list[str]:
+    """The config's schemes that give a training target, in config order."""
+    return [str(s["name"]) for s in config.annotation_schemes if s.get("name") and schema_kind(s) in TARGET_KINDS]
+
+
+def _schema_names(config: ProjectConfig, schemas: Sequence[str] | None) -> list[str]:
+    names = list(schemas) if schemas is not None else target_schemas(config)
+    unknown = [n for n in names if n not in config.schema_names()]
+    if unknown or not names:
+        raise PotatoQueueError(
+            f"no annotation scheme named {', '.join(unknown)}" if unknown else "no annotation scheme gives a target",
+            fix=f"name schemes of {config.config_path} ({', '.join(config.schema_names()) or 'none'}) whose kind "
+            f"is one of {', '.join(TARGET_KINDS)}")
+    return names
+
+
+def _items_of_text(content: str, id_key: str) -> Iterator[tuple[str, Row]]:
+    """(id, item) of one data file (JSON array, object or lines); no id gives Potato's positional one."""
+    try:
+        payload = json.loads(content)
+    except json.JSONDecodeError:
+        payload = None
+    if isinstance(payload, (list, dict)):
+        for position, item in enumerate(payload if isinstance(payload, list) else [payload], 1):
+            if isinstance(item, dict):
+                yield str(item.get(id_key, f"item_{position}")), item
+        return
+    for number, line in enumerate(content.splitlines(), 1):
+        try:
+            item = json.loads(line) if line.strip() else None
+        except json.JSONDecodeError:
+            continue  # Potato skips lines that are not JSON (CSV rows, stray text)
+        if isinstance(item, dict):
+            yield str(item.get(id_key, f"item_{number}")), item
+
+
+def _read_items(config: ProjectConfig) -> dict[str, Row]:
+    items: dict[str, Row] = {}
+    for path in config.data_paths():
+        if not path.is_file():
+            raise PotatoQueueError(f"data file {path} does not exist, so the bundle would miss its items",
+                                   fix=f"restore the file or correct data_files in {config.config_path}")
+        items.update(_items_of_text(path.read_text(encoding="utf-8"), config.item_properties.id_key))
+    return items
+
+
+@dataclass
+class _Annotations:
+    """{(user, instance): answers}, and the annotators in first-seen order."""
+
+    index: dict[tuple[str, str], Answers] = field(default_factory=dict)
+    users: list[str] = field(default_factory=list)
+    n_records: int = 0
+
+
+def _label_maps(raw: Any) -> Answers:
+    """Both encodings as {schema: {label: value}}: [[{schema, name}, value], ...] or the older dict."""
+    if isinstance(raw, dict):
+        return raw
+    maps: Answers = {}
+    for entry in raw if isinstance(raw, list) else []:
+        if isinstance(entry, (list, tuple)) and len(entry) == 2:
+            label, value = entry
+            if isinstance(label, dict):
+                maps.setdefault(label.get("schema", ""), {})[label.get("name", "")] = value
+            else:
+                maps.setdefault(str(label), {})[""] = value
+    return maps
+
+
+def _span_lists(raw: Any) -> dict[str, list[Any]]:
+    """{schema: [span, ...]} from the list encoding ([span, value] pairs) or the older dict."""
+    spans: dict[str, list[Any]] = {}
+    for entry in raw if isinstance(raw, list) else []:
+        span = entry[0] if isinstance(entry, (list, tuple)) and len(entry) == 2 else entry
+        if isinstance(span, dict):
+            spans.setdefault(span.get("schema", ""), []).append(span)
+    for schema, found in (raw if isinstance(raw, dict) else {}).items():
+        if isinstance(found, (list, dict)):
+            spans[schema] = found if isinstance(found, list) else list(found.values())
+    return spans
+
+
+def _image_objects(maps: Answers, image_schemas: set[str]) -> dict[str, list[Any]]:
+    """An image_annotation scheme keeps its shapes as a list (or its JSON text) in a label value."""
+    found: dict[str, list[Any]] = {}
+    for schema in image_schemas & set(maps):
+        for value in maps[schema].values() if isinstance(maps[schema], dict) else []:
+            try:
+                value = json.loads(value) if isinstance(value, str) else value
+            except json.JSONDecodeError:
+                continue
+            if isinstance(value, list):
+                found[schema] = value
+    return found
+
+
+def _user_records(state: Mapping[str, Any], image_schemas: set[str]) -> Iterator[tuple[str, Answers]]:
+    """(instance id, answers) for every instance one user state mentions."""
+    labels = state.get("instance_id_to_label_to_value") or {}
+    spans = state.get("instance_id_to_span_to_value") or {}
+    for iid in {**dict.fromkeys(labels), **dict.fromkeys(spans)}:
+        maps = _label_maps(labels.get(iid, {}))
+        answers = dict(maps)  # spans, then image shapes, replace a label map of the same scheme
+        answers.update({s: {"_spans": found} for s, found in _span_lists(spans.get(iid, [])).items()})
+        answers.update({s: {"_objects": found} for s, found in _image_objects(maps, image_schemas).items()})
+        yield str(iid), answers
+
+
+def _read_state(path: Path) -> Mapping[str, Any]:
+    try:
+        state = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise PotatoQueueError(f"{path} cannot be read as JSON ({exc})",
+                               fix="restore it from a backup, or move that annotator's folder aside") from None
+    return state if isinstance(state, dict) else {}
+
+
+def _read_annotations(config: ProjectConfig) -> _Annotations:
+    found = _Annotations()
+    out = config.output_path
+    image_schemas = {str(s.get("name")) for s in config.annotation_schemes
+                     if s.get("annotation_type") == "image_annotation"}
+    # Folders in sorted order (it decides ties); one without a user_state.json (training/) is no annotator.
+    for entry in sorted(os.listdir(out)) if out.is_dir() else []:
+        if not (out / entry / "user_state.json").is_file():
+            continue
+        state = _read_state(out / entry / "user_state.json")
+        user = str(state.get("user_id", entry))
+        for iid, answers in _user_records(state, image_schemas):
+            found.n_records += 1
+            if user and iid and user not in found.users:
+                found.users.append(user)  # counted even when every answer is empty, as Potato does
+            if user and iid and answers:
+                found.index[(user, iid)] = answers
+    return found

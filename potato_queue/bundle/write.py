@@ -1,0 +1,220 @@
+"""Stage 3 of a bundle build: writing the bundle's files, and packing it.
+
+The rows (in Potato's key order, media linked into media/), the seeded-hash
+splits (split_of), the split files' bytes, the digest and modality, and
+manifest.json and labels.json, all byte for byte as Potato writes them.
+`pack_bundle` makes the tar.gz an agent downloads; the same bundle always
+packs to the same bytes, so its sha256 names it.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+import os
+import shutil
+import tarfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from potato_queue.bundle.read import Answers, Row
+from potato_queue.config import ModelTrainingConfig
+from potato_queue.errors import PotatoQueueError
+
+# The public names, then what build_bundle uses.
+__all__ = ["BUNDLE_VERSION", "DEFAULT_SPLITS", "pack_bundle", "split_of",
+           "_Build", "_prepare_out_dir", "_rows", "_write_manifest", "_write_splits"]
+
+BUNDLE_VERSION = 1
+DEFAULT_SPLITS = {"train": 0.7, "val": 0.15, "test": 0.15}
+_MEDIA_KEYS = ("image_url", "image", "image_path", "file_name", "audio_url", "audio", "audio_path",
+               "video_url", "video", "video_path", "url", "path")
+_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
+_MODALITY_BY_TYPE = {
+    "image_annotation": "image", "region_caption": "image", "grounding_eval": "image", "audio_annotation": "audio",
+    "video_annotation": "video", "tiered_annotation": "audio", "spatial_annotation": "point_cloud",
+    "episode_annotation": "video",
+}
+
+
+def split_of(instance_id: str, splits: Mapping[str, float], seed: int) -> str:
+    """An item's split: a seeded hash on cumulative bands, so held-out items stay held out."""
+    total = sum(splits.values()) or 1.0
+    position = int(hashlib.sha256(f"{seed}:{instance_id}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    bound = 0.0
+    for name in splits:
+        bound += splits[name] / total  # accumulated as Potato does, so an edge case lands alike
+        if position <= bound:
+            return name
+    return list(splits)[-1]
+
+
+@dataclass
+class _Build:
+    """What one build needs while it walks the items, and the counts it reports."""
+
+    out_dir: Path
+    task_dir: str
+    media_directory: str
+    source_field: str | None
+    text_key: str
+    stats: dict[str, Any] = field(default_factory=lambda: {
+        "n_items": 0, "n_annotated": 0, "n_skipped_no_label": 0, "n_media_linked": 0, "n_media_missing": 0,
+        "splits": {}, "warnings": []})
+
+
+def _link_media(build: _Build, reference: str) -> str | None:
+    """Symlink a media file into media/ (copy where links fail): its bundle path; None when missing."""
+    if reference.startswith(("http://", "https://")):
+        return reference  # the trainer fetches remote media itself
+    if reference.startswith("/media/"):  # the annotation page's URL for <task_dir>/<media_directory>/
+        reference = os.path.join(build.task_dir, build.media_directory, reference[len("/media/"):])
+    source = os.path.abspath(os.path.join(build.task_dir, reference))
+    if not os.path.isfile(source):
+        build.stats["n_media_missing"] += 1
+        return None
+    # Potato spreads a corpus over folders named by a hash of the file's path.
+    path = f"{hashlib.sha1(source.encode()).hexdigest()[:2]}/{os.path.basename(source)}"
+    dest = build.out_dir / "media" / path
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if not os.path.lexists(dest):
+        try:
+            os.symlink(source, dest)  # a copy per run would duplicate a whole image corpus
+        except (OSError, NotImplementedError):
+            shutil.copy2(source, dest)
+    build.stats["n_media_linked"] += 1
+    return path
+
+
+def _row(build: _Build, iid: str, item: Row, targets: Answers | None) -> Row:
+    """A bundle row, keys in Potato's order: instance_id, text, targets, then media or media_missing."""
+    row: Row = {"instance_id": iid, "text": str(item.get(build.text_key, "") or "")}
+    if targets is not None:
+        row["targets"] = targets
+    reference = next((str(item[k]) for k in (build.source_field, *_MEDIA_KEYS) if k and item.get(k)), None)
+    if reference:
+        linked = _link_media(build, reference)
+        row["media" if linked else "media_missing"] = linked or reference
+    return row
+
+
+def _rows(build: _Build, items: dict[str, Row], references: dict[str, Answers], targets: dict[str, Answers],
+          include_unlabeled: bool) -> tuple[list[Row], list[Row]]:
+    """Labelled and unlabeled rows in sorted id order (media is linked in that order too)."""
+    rows, unlabeled = [], []
+    for iid in sorted(items):
+        if iid in targets:
+            rows.append(_row(build, iid, items[iid], targets[iid]))
+            continue
+        build.stats["n_skipped_no_label"] += iid in references  # answered, but nothing usable here
+        if include_unlabeled:
+            unlabeled.append(_row(build, iid, items[iid], None))
+    return rows, unlabeled
+
+
+def _write_splits(build: _Build, splits: Mapping[str, float], seed: int, rows: list[Row],
+                  unlabeled: list[Row]) -> dict[str, Row]:
+    """Every split file (even empty) and unlabeled.jsonl when it has rows: their manifest entries."""
+    by_split: dict[str, list[Row]] = {name: [] for name in splits}
+    for row in rows:
+        by_split[split_of(row["instance_id"], splits, seed)].append(row)
+    if unlabeled:
+        by_split["unlabeled"] = unlabeled
+    entries: dict[str, Row] = {}
+    for name, split_rows in by_split.items():
+        # Potato's bytes: default separators, non-ASCII text as is, "\n" after every row.
+        with (build.out_dir / f"{name}.jsonl").open("w", encoding="utf-8", newline="\n") as fh:
+            fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in split_rows)
+        entries[name] = {"path": f"{name}.jsonl", "format": "jsonl", "n": len(split_rows)}
+    if unlabeled:  # predicted on, never trained or scored on, and no split in the stats
+        entries["unlabeled"]["predict_only"] = True
+    build.stats["splits"] = {name: entries[name]["n"] for name in splits}
+    if not build.stats["splits"].get("train"):
+        build.stats["warnings"].append(f"The train split is empty. With {len(rows)} labelled items and these "
+                                       "split fractions, everything landed elsewhere.")
+    return entries
+
+
+def _digest(paths: Sequence[Path]) -> str:
+    """sha256 over the split files in sorted path order: each one's basename, then its bytes."""
+    hasher = hashlib.sha256()
+    for path in sorted(paths, key=str):
+        hasher.update(path.name.encode())
+        hasher.update(path.read_bytes())
+    return hasher.hexdigest()
+
+
+def _modality(schemes: Sequence[Mapping[str, Any]], rows: Sequence[Row]) -> str:
+    """From a scheme's type; else images when 80% of labelled rows name an image file; else text."""
+    for scheme in schemes:
+        if scheme.get("annotation_type", "") in _MODALITY_BY_TYPE:
+            return _MODALITY_BY_TYPE[scheme["annotation_type"]]
+
+    def names_image(row: Row) -> bool:
+        ref = str(row.get("media") or row.get("media_missing") or "")
+        text = str(row.get("text") or "").strip()
+        # A remote image on an item that shows text does not make the corpus images.
+        remote_only = not ref.startswith(("http://", "https://")) or not text or text == ref
+        return ref.lower().split("?")[0].endswith(_IMAGE_SUFFIXES) and remote_only
+
+    return "image" if rows and sum(map(names_image, rows)) >= 0.8 * len(rows) else "text"
+
+
+def _prepare_out_dir(out_dir: Path) -> None:
+    """An empty folder to write into: a previous bundle is replaced, anything else refused."""
+    if out_dir.is_dir() and any(out_dir.iterdir()):
+        if not (out_dir / "manifest.json").is_file():
+            raise PotatoQueueError(f"{out_dir} is not empty and holds no bundle; writing one there would mix files",
+                                   fix="give a new or empty folder")
+        shutil.rmtree(out_dir)  # a stale unlabeled.jsonl or media link must not outlive a rebuild
+    (out_dir / "media").mkdir(parents=True)
+
+
+def _write_manifest(build: _Build, training: ModelTrainingConfig, names: Sequence[str],
+                    by_name: Mapping[str, Mapping[str, Any]], kinds: Mapping[str, str],
+                    labels: Mapping[str, list[str]], splits: dict[str, Row], rows: Sequence[Row]) -> dict[str, Any]:
+    """manifest.json and labels.json, once the split files the digest hashes are written: the manifest."""
+    out_dir = build.out_dir
+    manifest = {
+        "v": BUNDLE_VERSION,
+        "schemas": [{"name": n, "annotation_type": by_name[n].get("annotation_type", ""), "kind": kinds[n],
+                     "labels": labels[n], "source_field": by_name[n].get("source_field")} for n in names],
+        "splits": splits, "labels": labels, "media_dir": "media",
+        "modality": _modality([by_name[n] for n in names], rows),
+        "text_key": build.text_key, "split_seed": training.split_seed, "aggregation": training.aggregation,
+        "stats": build.stats, "digest": _digest([out_dir / entry["path"] for entry in splits.values()]),
+    }
+    # json.dump's defaults, indent 2, no final newline: Potato's bytes.
+    (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
+    (out_dir / "labels.json").write_text(json.dumps(labels, indent=2), encoding="utf-8")
+    return manifest
+
+
+def pack_bundle(bundle_dir: Path, tar_path: Path) -> tuple[int, str]:
+    """A tar.gz of the bundle, members at the top level: (bytes, sha256), the same for the same bundle.
+
+    Names are sorted and times, owners and modes fixed; media symlinks are
+    stored as the files they point at, since the agent's machine lacks them.
+    """
+    bundle_dir, tar_path = Path(bundle_dir), Path(tar_path)
+    members = sorted((p.relative_to(bundle_dir).as_posix(), p) for p in bundle_dir.rglob("*"))
+    tar_path.parent.mkdir(parents=True, exist_ok=True)
+    with tar_path.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
+            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for name, path in members:
+            info = tarfile.TarInfo(name)
+            info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""
+            if path.is_dir():
+                info.type, info.mode = tarfile.DIRTYPE, 0o755
+                tar.addfile(info)
+            elif path.is_file():
+                info.size, info.mode = path.stat().st_size, 0o644
+                with path.open("rb") as fh:
+                    tar.addfile(info, fh)
+            else:
+                raise PotatoQueueError(f"{path} in the bundle points at no file", fix="build the bundle again")
+    data = tar_path.read_bytes()
+    return len(data), hashlib.sha256(data).hexdigest()

@@ -1,0 +1,57 @@
+"""Redis plumbing for the run store: its Lua scripts, and an asyncio twin of a client.
+
+Only potato_queue.store uses these; they live apart to keep the store's own
+module about runs.
+"""
+
+from __future__ import annotations
+
+import redis
+import redis.asyncio as aioredis
+
+__all__ = ["CAS_STATE", "MERGE_METRICS", "async_twin"]
+
+# KEYS: the run's hash, the unfinished index. ARGV: the new state, "1" when it
+# is final, the run id, then the states it may come from. A final state also
+# leaves the unfinished index. -1 when Redis has no live record (emptied), so
+# the caller seeds it from disk and tries again.
+CAS_STATE = """
+local cur = redis.call('HGET', KEYS[1], 'state')
+if not cur then return -1 end
+for i = 4, #ARGV do
+  if cur == ARGV[i] then
+    redis.call('HSET', KEYS[1], 'state', ARGV[1])
+    if ARGV[2] == '1' then redis.call('ZREM', KEYS[2], ARGV[3]) end
+    return 1
+  end
+end
+return 0
+"""
+# Metrics are one JSON object in the live hash; merging there (not in Python)
+# keeps the read-modify-write atomic and inside the batch's single pipeline.
+MERGE_METRICS = """
+local cur = redis.call('HGET', KEYS[1], 'metrics')
+local merged = {}
+if cur then
+  local ok, decoded = pcall(cjson.decode, cur)
+  if ok and type(decoded) == 'table' then merged = decoded end
+end
+for k, v in pairs(cjson.decode(ARGV[1])) do merged[k] = v end
+redis.call('HSET', KEYS[1], 'metrics', cjson.encode(merged))
+return 1
+"""
+
+
+def async_twin(client: redis.Redis) -> aioredis.Redis:
+    """An asyncio client to the same Redis (pub/sub must not hold a thread-pool thread for 30 s)."""
+    pool = client.connection_pool
+    wanted = ("host", "port", "path", "db", "username", "password", "socket_connect_timeout")
+    kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in wanted or k.startswith("ssl_")}
+    if issubclass(pool.connection_class, redis.UnixDomainSocketConnection):
+        connection_class: type[aioredis.Connection] = aioredis.UnixDomainSocketConnection
+    elif issubclass(pool.connection_class, redis.SSLConnection):
+        connection_class = aioredis.SSLConnection
+    else:
+        connection_class = aioredis.Connection
+        kwargs = {k: v for k, v in kwargs.items() if not k.startswith("ssl_")}
+    return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=connection_class, **kwargs))

@@ -1,0 +1,80 @@
+"""What an executor process does with a wake-up: take the slot, start the oldest queued run.
+
+One run at a time per project, in creation order, across any number of
+executor processes (API-1): whoever holds the slot (runs.lease) starts the
+OLDEST queued run, not necessarily the one its message named. A lost,
+duplicated or redelivered message therefore never reorders or repeats a
+run: messages are wake-ups, run states are the truth. The candidates come
+from the store's index of unfinished runs, not from listing run folders.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import redis
+
+from potato_queue.config import LOCAL, ProjectConfig
+from potato_queue.executors import Executors
+from potato_queue.runs.lifecycle import RunLife
+from potato_queue.runs.recovery import fail_orphans
+from potato_queue.store import RunStore, utc_now
+
+__all__ = ["Dispatcher"]
+
+QUEUE_LOOK_S = 1.0
+IN_FLIGHT_WAIT_S = 1.0
+
+
+class Dispatcher:
+    """One executor process's side of the queue: its store and its executors (kept warm between runs)."""
+
+    def __init__(self, config: ProjectConfig, client: redis.Redis) -> None:
+        self.config = config
+        self.store = RunStore(config, client)
+        self.executors = Executors(config)
+        # The first local run gets a warm agent too, not only the ones after it.
+        self.executors.get(LOCAL).warm()
+
+    def _anything_queued(self) -> bool:
+        return any(state == "queued" for _, state in self.store.unfinished())
+
+    def _take_oldest_queued(self) -> dict[str, Any] | None | bool:
+        """The record of the run now `starting`; None if nothing is queued; False to wait (one in flight)."""
+        unfinished = self.store.unfinished()
+        if fail_orphans(self.store, unfinished):
+            return False
+        for run_id, state in unfinished:
+            if state == "queued":
+                record = self.store.transition(run_id, "starting", started_at=utc_now())
+                if record is not None:
+                    return record
+        return None
+
+    def execute_next(self, *, poll_s: float = 0.05) -> str | None:
+        """Wait for the slot, then run the oldest queued run. Returns the run id it ran, if any."""
+        lease = self.store.slot_lease()
+        last_look = 0.0
+        while not lease.try_take():
+            if time.monotonic() - last_look > QUEUE_LOOK_S:  # anything left to wait for?
+                if not self._anything_queued():
+                    return None
+                last_look = time.monotonic()
+            time.sleep(poll_s)
+        try:
+            while True:
+                chosen = self._take_oldest_queued()
+                if chosen is not False:
+                    break
+                time.sleep(IN_FLIGHT_WAIT_S)
+                lease.renew()
+            if not chosen:
+                return None
+            RunLife(self.config, self.store, self.executors, chosen, lease).run()
+            return str(chosen["run_id"])
+        finally:
+            lease.release()
+
+    def close(self) -> None:
+        self.executors.close()

@@ -1,0 +1,141 @@
+"""One run's life in the executor process: prepare, launch, supervise, finish.
+
+The run's record is held in memory from the moment dispatch took the run:
+read once, written once per transition (and once for the job the agent
+fetches). Whatever happens, the run ends in a final state, its token is
+revoked, and nothing of it is left running on the backend.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from potato_queue.config import ProjectConfig
+from potato_queue.errors import PotatoQueueError
+from potato_queue.executors import Executors
+from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, RunHandle
+from potato_queue.runs.finalize import finalize_predictions
+from potato_queue.runs.job import build_job, server_url_for
+from potato_queue.runs.lease import Lease
+from potato_queue.runs.supervise import Outcome, Watch, supervise
+from potato_queue.store import RunStore
+from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM
+
+__all__ = ["RunLife", "failure_of"]
+
+TAIL_LINES = 5
+
+
+def _tail(path: Path, lines: int = TAIL_LINES) -> str:
+    try:
+        text = path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return ""
+    return " | ".join(text.strip().splitlines()[-lines:])
+
+
+def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -> tuple[str, str | None]:
+    """The final state and error of a run that did not succeed."""
+    if outcome.state is not None:
+        return outcome.state, outcome.error
+    code = outcome.result.exit_code if outcome.result else None
+    message = live.get("error") or live.get("agent_message")
+    if code == EXIT_CANCELLED or cancel_requested:
+        # Asked to stop and stopped: a worker killed after ignoring SIGTERM is still a cancelled run.
+        return "cancelled", None if code == EXIT_CANCELLED else message
+    if code == EXIT_OOM:
+        return "failed", message or "The worker ran out of memory (exit 5); use a smaller model or batch, or raise max_ram_mb"
+    return "failed", message or f"The worker exited with code {code}; see run.log"
+
+
+class RunLife:
+    """The life of one run that dispatch has moved to `starting` (its record in hand)."""
+
+    def __init__(self, config: ProjectConfig, store: RunStore, executors: Executors, record: dict[str, Any],
+                 lease: Lease) -> None:
+        self.config, self.store, self.executors, self.lease = config, store, executors, lease
+        self.record = record
+        self.run_id: str = record["run_id"]
+        self.paths = store.paths(self.run_id)
+        self.started_s = time.time()  # dispatch just wrote started_at
+        self.handle: RunHandle | None = None
+
+    def log(self, message: str) -> None:
+        self.store.log(self.run_id, message)
+
+    def step(self, text: str) -> None:
+        """The step line the page shows, also kept in run.log."""
+        self.store.set_live(self.run_id, step=text)
+        self.log(text)
+
+    def run(self) -> None:
+        try:
+            executor = self.executors.get(self.record["backend"])
+            spec = self._prepare(executor)
+            self.handle = executor.launch(spec)
+            self._finish(supervise(self._watch(executor, spec)))
+        except Exception as exc:  # the boundary: a run never stays in flight because of us
+            self._fail(exc.message if isinstance(exc, PotatoQueueError) else f"{type(exc).__name__}: {exc}")
+            if self.handle is not None:
+                self.handle.kill()
+        finally:
+            self.store.revoke_run_token(self.run_id)
+
+    def _prepare(self, executor: Executor) -> LaunchSpec:
+        self.store.set_live(self.run_id, step="building the bundle")
+        job = build_job(self.config, self.store, self.record, self.paths)
+        self.store.update(self.run_id, self.record, job=job)
+        token = None if executor.pull else self.store.issue_run_token(self.run_id)
+        return LaunchSpec(run_id=self.run_id, backend_name=self.record["backend"], job=job, token=token,
+                          server_url=server_url_for(self.store), paths=self.paths, log=self.log, step=self.step)
+
+    def _watch(self, executor: Executor, spec: LaunchSpec) -> Watch:
+        mt = self.config.model_training
+        assert self.handle is not None
+        return Watch(
+            run_id=self.run_id, backend_name=spec.backend_name, handle=self.handle, store=self.store,
+            grace_s=float(mt.grace_seconds), heartbeat_timeout_s=mt.heartbeat_timeout_s_of(spec.backend_name),
+            max_wall_s=mt.max_wall_seconds, started_s=self.started_s, launched_s=time.time(),
+            renew_lease=self.lease.renew, on_first_contact=self._first_contact, log=self.log, step=self.step,
+            last_output=lambda: _tail(self.paths.agent_log),
+        )
+
+    def _first_contact(self, at_s: float) -> None:
+        self.store.transition(self.run_id, "running", self.record)
+
+    def _finish(self, outcome: Outcome) -> None:
+        live = self.store.live(self.run_id)
+        result = outcome.result
+        if outcome.state is None and result is not None and result.exit_code == EXIT_OK:
+            if not self.paths.predictions.exists() and result.message:
+                # The worker succeeded but its predictions did not arrive (e.g. over max_predictions_mb).
+                outcome = Outcome(result=result, state="failed", error=result.message)
+            else:
+                return self._succeed(result, live)
+        artifact_uri = self._collect(result)
+        state, error = failure_of(outcome, live, self.store.cancel_requested(self.run_id))
+        self.store.transition(self.run_id, state, self.record, exit_code=result.exit_code if result else None,
+                              error=error, metrics=live.get("metrics") or {}, artifact_uri=artifact_uri)
+        self.log(f"{state}: {error}" if error else state)
+
+    def _collect(self, result: AgentResult | None) -> str | None:
+        assert self.handle is not None
+        if result is None:
+            self.handle.kill()
+            return None
+        return self.handle.collect(result)  # the agent reported: bring back (and clean up) what it left
+
+    def _succeed(self, result: AgentResult, live: dict[str, Any]) -> None:
+        self.store.transition(self.run_id, "collecting", self.record)
+        self.step("collecting the results")
+        artifact_uri = self._collect(result)
+        held_out = finalize_predictions(self.config, self.store, self.run_id, self.record["schemas"])
+        self.store.transition(self.run_id, "succeeded", self.record, exit_code=EXIT_OK, held_out=held_out,
+                              metrics=live.get("metrics") or {}, error=None, artifact_uri=artifact_uri)
+        self.log("succeeded")
+
+    def _fail(self, error: str) -> None:
+        if self.store.transition(self.run_id, "failed", self.record, error=error):
+            self.log(f"failed: {error}")

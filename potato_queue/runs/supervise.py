@@ -1,0 +1,155 @@
+"""Watching a launched run: the clocks and the stop policy, the same on every backend.
+
+The clocks (API-4, AGT-4, AGT-7):
+- a run is `running` from its agent's first contact; heartbeat silence is
+  counted from the last contact, never from the launch;
+- before the first contact, an executor's handle may say *waiting* (for a
+  claim, for the scheduler): the run is then bounded by its own deadline,
+  never by the heartbeat timeout. A handle that says *running* while its
+  agent has not made contact yet gets heartbeat_timeout_s to make it;
+- max_wall_seconds counts from the run's start (bundle and launch included).
+
+The stop policy, written once: ask the agent to stop (the cancel flag it
+long-polls), give it grace_seconds to stop its worker and report, then the
+executor's hard stop, `kill()`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from potato_queue.executors.base import AgentResult, Gone, RunHandle, Waiting
+from potato_queue.store import RunStore, RunView
+
+__all__ = ["Outcome", "Watch", "supervise", "stop_run", "TICK_S", "CANCEL_MARGIN_S"]
+
+TICK_S = 0.1
+# After asking the agent to stop, it gets grace_seconds to stop its worker and
+# report; this much more covers the report's trip back before kill().
+CANCEL_MARGIN_S = 3.0
+# The result may be in flight while what the executor started exits.
+GONE_SETTLE_S = 0.5
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How supervision ended: the agent's result, and/or the state decided here and why."""
+
+    result: AgentResult | None = None
+    state: str | None = None  # "failed" / "cancelled" when decided here
+    error: str | None = None
+
+
+@dataclass
+class Watch:
+    """One run under supervision: what the loop needs, and what it has seen so far."""
+
+    run_id: str
+    backend_name: str
+    handle: RunHandle
+    store: RunStore
+    grace_s: float
+    heartbeat_timeout_s: float
+    max_wall_s: float | None
+    started_s: float  # epoch seconds: the run's start
+    launched_s: float  # epoch seconds: launch() returned
+    renew_lease: Callable[[], bool]
+    on_first_contact: Callable[[float], None]
+    log: Callable[[str], None]
+    step: Callable[[str], None]
+    last_output: Callable[[], str]  # the agent's last lines, for a run whose agent vanished
+    contacted: bool = False
+    cancel_seen_s: float | None = None
+    waiting_why: str | None = None
+
+
+def _result(view: RunView) -> AgentResult | None:
+    if view.exit_code is None:
+        return None
+    return AgentResult(view.exit_code, view.artifact_uri, view.message)
+
+
+def stop_run(watch: Watch, grace_s: float, state: str, error: str) -> Outcome:
+    """Ask the agent to stop, wait up to grace_s (+ margin) for its report, then kill()."""
+    watch.log(error)
+    result = None
+    if grace_s > 0:
+        watch.store.signal_stop(watch.run_id)
+        deadline = time.monotonic() + grace_s + CANCEL_MARGIN_S
+        while result is None and time.monotonic() < deadline and not isinstance(watch.handle.poll(), Gone):
+            watch.store.wait_result(watch.run_id, TICK_S)
+            result = _result(watch.store.view(watch.run_id))
+    watch.handle.kill()
+    return Outcome(result=result or _result(watch.store.view(watch.run_id)), state=state, error=error)
+
+
+def _gone(watch: Watch, why: str, tail: str) -> Outcome:
+    time.sleep(GONE_SETTLE_S)
+    result = _result(watch.store.view(watch.run_id))
+    if result is not None:
+        return Outcome(result=result)
+    watch.handle.kill()
+    error = f"The agent stopped without reporting a result ({why})" + (f"; its last output: {tail}" if tail else "")
+    watch.log(error)
+    return Outcome(state="failed", error=error)
+
+
+def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str | None:
+    """The failure message when a clock has run out, else None."""
+    if isinstance(status, Waiting):
+        if watch.waiting_why != status.why:
+            watch.waiting_why = status.why
+            watch.step(status.why)
+        if status.until_s is not None and now_s > status.until_s:
+            return f"The run was still waiting past its deadline: {status.why}"
+        return None
+    limit_s = watch.heartbeat_timeout_s
+    if view.heartbeat_at is None:
+        if now_s - watch.launched_s > limit_s:
+            return f"The agent on {watch.backend_name} made no contact within {int(limit_s)} seconds of its start"
+        return None
+    if now_s - view.heartbeat_at > limit_s:
+        return f"No word from the agent on {watch.backend_name} for {int(limit_s)} seconds"
+    return None
+
+
+def _tick(watch: Watch) -> Outcome | None:
+    """One look at the run: an Outcome when supervision is over, else None."""
+    if not watch.renew_lease():
+        return stop_run(watch, watch.grace_s, "failed",
+                        "This executor lost the run slot (Redis unreachable or emptied); the run was stopped")
+    view = watch.store.view(watch.run_id)
+    result = _result(view)
+    if result is not None:
+        return Outcome(result=result)
+    now_s = time.time()
+    if not watch.contacted and view.heartbeat_at is not None:
+        watch.contacted = True
+        watch.on_first_contact(view.heartbeat_at)
+    if watch.cancel_seen_s is None and view.cancel_requested:
+        watch.cancel_seen_s = now_s
+        watch.step("cancelling: asking the worker to stop")
+    if watch.cancel_seen_s is not None and now_s - watch.cancel_seen_s > watch.grace_s + CANCEL_MARGIN_S:
+        return stop_run(watch, 0, "cancelled",
+                        f"cancelled; the agent did not report within {watch.grace_s:g} s, so it was stopped")
+    status = watch.handle.poll()
+    if isinstance(status, Gone):
+        return _gone(watch, status.why, watch.last_output())
+    overdue = _overdue(watch, view, status, now_s)
+    if overdue is not None:
+        return stop_run(watch, 0, "failed", overdue)
+    if watch.max_wall_s and now_s - watch.started_s > watch.max_wall_s and watch.cancel_seen_s is None:
+        return stop_run(watch, watch.grace_s, "failed",
+                        f"The run did not finish within max_wall_seconds ({watch.max_wall_s:g} s) and was stopped")
+    return None
+
+
+def supervise(watch: Watch, tick_s: float = TICK_S) -> Outcome:
+    """Watch a launched run until its agent reports, or cancel, a clock or its loss ends it."""
+    while True:
+        outcome = _tick(watch)
+        if outcome is not None:
+            return outcome
+        watch.store.wait_result(watch.run_id, tick_s)

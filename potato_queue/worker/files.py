@@ -1,0 +1,43 @@
+"""Writing files so that a reader sees the old content or the new, never half.
+
+Standard library only (the agent uses it on bare hosts). The one atomic-write
+helper of potato-queue: a temp file beside the target, fsync, rename; the
+temp file is removed when anything fails. New files are 0600: hosts are
+shared with accounts we do not trust.
+"""
+
+import os
+import tempfile
+from typing import Iterable, Union
+
+__all__ = ["write_atomic"]
+
+Data = Union[bytes, str, Iterable[Union[bytes, str]]]
+
+
+def _chunks(data: Data) -> Iterable[bytes]:
+    if isinstance(data, (bytes, str)):
+        data = [data]
+    for chunk in data:
+        yield chunk.encode("utf-8") if isinstance(chunk, str) else chunk
+
+
+def write_atomic(path: "Union[str, os.PathLike[str]]", data: Data, mode: int = 0o600) -> None:
+    """Replace `path` with `data` (bytes, text, or an iterable of either) in one rename."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            for chunk in _chunks(data):
+                fh.write(chunk)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise

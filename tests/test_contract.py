@@ -1,0 +1,185 @@
+"""One contract, every backend: the same test functions, parametrized over the backends.
+
+In the manner of huey's one storage suite run against every storage: each
+backend joins by adding a harness to HARNESSES (how to configure a project
+for it, and how to find, freeze or kill its agent and worker on the host it
+runs them on). The local backend runs against real processes: a real Redis,
+`potato-queue serve`, `potato-queue worker`, the agent and the worker.
+Freezing a process is SIGSTOP: it stands for a host whose process hangs (a
+stuck filesystem, a frozen VM); nothing is mocked.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lifecycle_helpers import (
+    TERMINAL,
+    Services,
+    agent_pid,
+    alive_cmd,
+    parent_of,
+    pids,
+    processes_of,
+    run_path,
+    session_of,
+    started,
+    wait_running,
+)
+
+LONG_HF = {"epochs": 500, "batch_size": 4}
+
+
+class LocalHarness:
+    """The local backend: agent and worker are processes on this machine."""
+
+    name = "local"
+
+    def training(self) -> dict[str, Any]:
+        return {"backend": "local"}
+
+    def agent_pid(self, svc: Services, run_id: str) -> int:
+        return agent_pid(run_path(svc, run_id))
+
+    def worker_pid(self, svc: Services, run_id: str) -> int:
+        agent = self.agent_pid(svc, run_id)
+        (worker,) = [p for p in pids() if session_of(p) == agent and "potato_queue.worker" in (alive_cmd(p) or "")]
+        return worker
+
+    def leftovers(self, svc: Services, run_id: str) -> list[str]:
+        return processes_of(run_id, run_path(svc, run_id))
+
+    def hold_the_next_agent(self, svc: Services, executor_pid: int) -> None:
+        """Freeze the executor's warm agent before it is handed a run, so it never makes contact."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            spares = [p for p in pids() if parent_of(p) == executor_pid
+                      and "--assignment-on-stdin" in (alive_cmd(p) or "")]
+            if spares:
+                for pid in spares:
+                    os.kill(pid, signal.SIGSTOP)
+                return
+            time.sleep(0.05)
+        raise AssertionError("the executor started no warm agent")
+
+
+HARNESSES = {"local": LocalHarness()}
+
+
+@pytest.fixture(params=sorted(HARNESSES))
+def harness(request: pytest.FixtureRequest) -> LocalHarness:
+    return HARNESSES[request.param]
+
+
+@contextmanager
+def project(tmp_path: Path, redis_url: str, harness: LocalHarness, **training: Any) -> Iterator[Services]:
+    with started(tmp_path, redis_url, executors=1, **{**harness.training(), **training}) as svc:
+        yield svc
+
+
+def long_run(svc: Services, tiny_model: Path) -> str:
+    return svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                         params={"model_name": str(tiny_model), **LONG_HF})
+
+
+def test_a_run_succeeds_and_collects_its_artifacts(tmp_path: Path, redis_server_url: str, harness: LocalHarness) -> None:
+    with project(tmp_path, redis_server_url, harness, grace_seconds=2) as svc:
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+        run = svc.wait_for(run_id, TERMINAL)
+        assert run["state"] == "succeeded", (run, svc.logs())
+        assert run["ran_on"] == harness.name and run["exit_code"] == 0
+        artifacts = run_path(svc, run_id) / "artifacts"
+        assert run["artifact_uri"] == str(artifacts) and sorted(p.name for p in artifacts.iterdir())
+        # One scorer: the worker's metrics and the server's held-out scores agree on the same predictions.
+        for split in ("val", "test"):
+            held_out = run["held_out"]["sentiment"][split]
+            assert held_out["n"] > 0
+            assert run["metrics"][f"{split}/accuracy"] == held_out["accuracy"]
+            assert run["metrics"][f"{split}/macro_f1"] == held_out["macro_f1"]
+        assert harness.leftovers(svc, run_id) == []
+
+
+def test_cancel_within_grace_ends_cancelled(tmp_path: Path, redis_server_url: str, harness: LocalHarness,
+                                            tiny_model: Path) -> None:
+    with project(tmp_path, redis_server_url, harness, grace_seconds=5) as svc:
+        run_id = long_run(svc, tiny_model)
+        wait_running(svc, run_id)
+        assert svc.api("POST", f"/runs/{run_id}/cancel")[0] == 200
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
+        assert (run["state"], run["exit_code"]) == ("cancelled", 4), run
+        events = svc.api("GET", f"/runs/{run_id}/events")[1]
+        assert any(e["event"] == "status" and e.get("state") == "cancelled" for e in events)
+        assert harness.leftovers(svc, run_id) == []
+
+
+def test_a_worker_deaf_to_sigterm_is_killed_after_grace_and_the_run_is_cancelled(
+        tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path) -> None:
+    with project(tmp_path, redis_server_url, harness, grace_seconds=2) as svc:
+        run_id = long_run(svc, tiny_model)
+        wait_running(svc, run_id)
+        os.kill(harness.worker_pid(svc, run_id), signal.SIGSTOP)  # SIGTERM now does nothing; SIGKILL still works
+        asked = time.monotonic()
+        svc.api("POST", f"/runs/{run_id}/cancel")
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
+        assert time.monotonic() - asked >= 2, "the run ended before grace_seconds had passed"
+        assert (run["state"], run["exit_code"]) == ("cancelled", 128 + signal.SIGKILL), run
+        log = (run_path(svc, run_id) / "agent.log").read_text()
+        assert "still running 2 s after SIGTERM: SIGKILL" in log, log
+        assert harness.leftovers(svc, run_id) == []
+
+
+def test_the_agent_vanishing_fails_the_run_with_its_last_output(tmp_path: Path, redis_server_url: str,
+                                                                harness: LocalHarness, tiny_model: Path) -> None:
+    with project(tmp_path, redis_server_url, harness, grace_seconds=2) as svc:
+        run_id = long_run(svc, tiny_model)
+        wait_running(svc, run_id)
+        os.kill(harness.agent_pid(svc, run_id), signal.SIGKILL)
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
+        assert run["state"] == "failed"
+        assert run["error"].startswith("The agent stopped without reporting a result"), run["error"]
+        assert "its last output:" in run["error"] and "worker started" in run["error"], run["error"]
+        assert harness.leftovers(svc, run_id) == []
+
+
+def test_silence_fails_the_run_with_no_word_from_the_agent(tmp_path: Path, redis_server_url: str,
+                                                           harness: LocalHarness, tiny_model: Path) -> None:
+    with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=3) as svc:
+        run_id = long_run(svc, tiny_model)
+        wait_running(svc, run_id)
+        os.kill(harness.agent_pid(svc, run_id), signal.SIGSTOP)
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
+        assert (run["state"], run["error"]) == ("failed", f"No word from the agent on {harness.name} for 3 seconds")
+        assert harness.leftovers(svc, run_id) == []
+
+
+def test_max_wall_seconds_stops_a_silent_hung_run(tmp_path: Path, redis_server_url: str, harness: LocalHarness,
+                                                  tiny_model: Path) -> None:
+    """A worker frozen mid-training (silent, deaf to SIGTERM) while its agent keeps beating: only the
+    wall limit can end the run, with SIGKILL after grace."""
+    with project(tmp_path, redis_server_url, harness, grace_seconds=1, max_wall_seconds=12) as svc:
+        run_id = long_run(svc, tiny_model)
+        wait_running(svc, run_id)
+        os.kill(harness.worker_pid(svc, run_id), signal.SIGSTOP)
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert run["state"] == "failed"
+        assert run["error"] == "The run did not finish within max_wall_seconds (12 s) and was stopped"
+        assert harness.leftovers(svc, run_id) == []
+
+
+def test_a_run_still_waiting_past_its_deadline_fails_saying_why(tmp_path: Path, redis_server_url: str,
+                                                                harness: LocalHarness) -> None:
+    with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=3) as svc:
+        harness.hold_the_next_agent(svc, svc.procs[-1].pid)
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
+        assert run["state"] == "failed"
+        assert run["error"] == f"The agent on {harness.name} made no contact within 3 seconds of its start", run
+        assert harness.leftovers(svc, run_id) == []
