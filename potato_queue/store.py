@@ -28,7 +28,8 @@ from potato_queue.runs.lease import Lease
 from potato_queue.tokens import new_token, token_digest, token_matches
 from potato_queue.worker.files import write_atomic
 
-__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "RunStore", "RunView", "write_json_atomic", "utc_now", "log_text"]
+__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "RunStore", "RunView", "write_json_atomic", "utc_now", "utc_of",
+           "log_text"]
 
 STATES = ("queued", "starting", "running", "collecting", "succeeded", "failed", "cancelled")
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -48,8 +49,13 @@ _LIVE_JSON = ("progress", "metrics", "result")
 OTHER_RUNS_CHECKED = 256
 
 
+def utc_of(epoch_s: float) -> str:
+    """An instant as run.json writes it: UTC, milliseconds, `Z`."""
+    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+    return utc_of(time.time())
 
 
 def log_text(lines: list[str]) -> str:
@@ -91,7 +97,6 @@ class RunStore:
         self.redis = client
         self.keys = Keys.of(config)
         self._cas = client.register_script(CAS_STATE)
-        self._merge_metrics = client.register_script(MERGE_METRICS)
         self._created: dict[str, str] = {}
 
     # -- records ---------------------------------------------------------
@@ -246,7 +251,9 @@ class RunStore:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hset(key, mapping={**live, "heartbeat_at": repr(time.time())})
         if metrics:
-            self._merge_metrics(keys=[key], args=[json.dumps(metrics)], client=pipe)
+            # EVAL, not a registered script: redis-py checks SCRIPT EXISTS before every pipeline that
+            # holds one, a round trip per batch on the hot path.
+            pipe.eval(MERGE_METRICS, 1, key, json.dumps(metrics))
         pipe.execute()
 
     def record_result(self, run_id: str, exit_code: int, artifact_uri: str | None, message: str | None) -> str:

@@ -19,7 +19,7 @@ from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.executors import Executors
 from potato_queue.runs.lifecycle import RunLife
 from potato_queue.runs.recovery import fail_orphans
-from potato_queue.store import RunStore, utc_now
+from potato_queue.store import RunStore, utc_of
 
 __all__ = ["Dispatcher"]
 
@@ -40,16 +40,18 @@ class Dispatcher:
     def _anything_queued(self) -> bool:
         return any(state == "queued" for _, state in self.store.unfinished())
 
-    def _take_oldest_queued(self) -> dict[str, Any] | None | bool:
-        """The record of the run now `starting`; None if nothing is queued; False to wait (one in flight)."""
+    def _take_oldest_queued(self) -> tuple[dict[str, Any], float] | None | bool:
+        """The record of the run now `starting` and when it started (epoch s); None if nothing is
+        queued; False to wait (a run is in flight)."""
         unfinished = self.store.unfinished()
         if fail_orphans(self.store, unfinished):
             return False
         for run_id, state in unfinished:
             if state == "queued":
-                record = self.store.transition(run_id, "starting", started_at=utc_now())
+                started_s = time.time()
+                record = self.store.transition(run_id, "starting", started_at=utc_of(started_s))
                 if record is not None:
-                    return record
+                    return record, started_s
         return None
 
     def execute_next(self, *, poll_s: float = 0.05) -> str | None:
@@ -71,8 +73,9 @@ class Dispatcher:
                 lease.renew()
             if not chosen:
                 return None
-            RunLife(self.config, self.store, self.executors, chosen, lease).run()
-            return str(chosen["run_id"])
+            record, started_s = chosen
+            RunLife(self.config, self.store, self.executors, record, lease, started_s).run()
+            return str(record["run_id"])
         finally:
             lease.release()
 

@@ -54,12 +54,12 @@ class RunLife:
     """The life of one run that dispatch has moved to `starting` (its record in hand)."""
 
     def __init__(self, config: ProjectConfig, store: RunStore, executors: Executors, record: dict[str, Any],
-                 lease: Lease) -> None:
+                 lease: Lease, started_s: float) -> None:
         self.config, self.store, self.executors, self.lease = config, store, executors, lease
         self.record = record
         self.run_id: str = record["run_id"]
         self.paths = store.paths(self.run_id)
-        self.started_s = time.time()  # dispatch just wrote started_at
+        self.started_s = started_s  # the started_at dispatch wrote, as epoch seconds (max_wall counts from it)
         self.handle: RunHandle | None = None
 
     def log(self, message: str) -> None:

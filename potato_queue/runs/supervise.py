@@ -108,10 +108,10 @@ def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str |
     limit_s = watch.heartbeat_timeout_s
     if view.heartbeat_at is None:
         if now_s - watch.launched_s > limit_s:
-            return f"The agent on {watch.backend_name} made no contact within {int(limit_s)} seconds of its start"
+            return f"The agent on {watch.backend_name} made no contact within {limit_s:g} seconds of its start"
         return None
     if now_s - view.heartbeat_at > limit_s:
-        return f"No word from the agent on {watch.backend_name} for {int(limit_s)} seconds"
+        return f"No word from the agent on {watch.backend_name} for {limit_s:g} seconds"
     return None
 
 
@@ -146,10 +146,17 @@ def _tick(watch: Watch) -> Outcome | None:
     return None
 
 
+def _sleep_s(watch: Watch, tick_s: float) -> float:
+    """Up to a tick, but no later than the wall limit: it is then met to the millisecond, not the tick."""
+    if not watch.max_wall_s or watch.cancel_seen_s is not None:
+        return tick_s
+    return max(0.001, min(tick_s, watch.started_s + watch.max_wall_s - time.time() + 0.001))
+
+
 def supervise(watch: Watch, tick_s: float = TICK_S) -> Outcome:
     """Watch a launched run until its agent reports, or cancel, a clock or its loss ends it."""
     while True:
         outcome = _tick(watch)
         if outcome is not None:
             return outcome
-        watch.store.wait_result(watch.run_id, tick_s)
+        watch.store.wait_result(watch.run_id, _sleep_s(watch, tick_s))

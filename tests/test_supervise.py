@@ -1,0 +1,134 @@
+"""The clocks of runs/supervise.py against a real Redis and a real run record.
+
+The handles here are scripted: they stand for backends whose executors do
+not exist yet (an agent mailbox waiting for a claim, a SLURM job pending in
+its queue), so that what the lifecycle does with *waiting* is pinned down
+before those backends are built. The local backend's real handle goes
+through all of this in tests/test_contract.py.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from potato_queue.executors.base import AgentResult, Gone, RunHandle, Running, Status, Waiting
+from potato_queue.runs.supervise import Watch, supervise
+from potato_queue.store import RunStore
+from potato_queue.validate import load_checked
+from tests.lifecycle_helpers import make_project
+
+
+class ScriptedHandle(RunHandle):
+    """A backend's handle whose status the test sets."""
+
+    def __init__(self, status: Status) -> None:
+        self.status = status
+        self.killed = 0
+
+    def poll(self) -> Status:
+        return self.status
+
+    def kill(self) -> None:
+        self.killed += 1
+
+    def collect(self, result: AgentResult) -> str | None:
+        return None
+
+
+@pytest.fixture
+def store(tmp_path: Path, redis_server_url: str) -> Iterator[RunStore]:
+    config = load_checked(make_project(tmp_path))
+    yield RunStore(config, redis.Redis.from_url(redis_server_url))
+
+
+def watch_of(store: RunStore, handle: RunHandle, *, heartbeat_timeout_s: float = 0.5,
+             max_wall_s: float | None = None) -> tuple[Watch, list[float], list[str]]:
+    run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+    contacts: list[float] = []
+    steps: list[str] = []
+    now = time.time()
+    watch = Watch(run_id=run_id, backend_name="box", handle=handle, store=store, grace_s=0.2,
+                  heartbeat_timeout_s=heartbeat_timeout_s, max_wall_s=max_wall_s, started_s=now, launched_s=now,
+                  renew_lease=lambda: True, on_first_contact=contacts.append, log=lambda _: None,
+                  step=steps.append, last_output=lambda: "")
+    return watch, contacts, steps
+
+
+def test_a_waiting_run_is_bounded_by_its_own_deadline_not_the_heartbeat(store: RunStore) -> None:
+    handle = ScriptedHandle(Waiting("waiting for an agent on box", until_s=time.time() + 1.5))
+    watch, contacts, steps = watch_of(store, handle, heartbeat_timeout_s=0.3)
+    began = time.monotonic()
+    outcome = supervise(watch, tick_s=0.05)
+    assert time.monotonic() - began >= 1.4, "the heartbeat timeout ended a waiting run"
+    assert (outcome.state, outcome.error) == ("failed", "The run was still waiting past its deadline: "
+                                                        "waiting for an agent on box")
+    assert steps == ["waiting for an agent on box"] and contacts == [] and handle.killed == 1
+
+
+def test_an_unbounded_wait_outlasts_the_heartbeat_then_the_run_starts_at_first_contact(store: RunStore) -> None:
+    handle = ScriptedHandle(Waiting("waiting for an agent on box"))
+    watch, contacts, _ = watch_of(store, handle, heartbeat_timeout_s=0.3)
+
+    def claim_then_finish() -> None:
+        time.sleep(1.0)  # three heartbeat timeouts while waiting
+        handle.status = Running()
+        store.touch_heartbeat(watch.run_id)
+        time.sleep(0.2)
+        store.record_result(watch.run_id, 0, "box:/work", None)
+
+    threading.Thread(target=claim_then_finish).start()
+    outcome = supervise(watch, tick_s=0.05)
+    assert outcome.state is None and outcome.result == AgentResult(0, "box:/work", None)
+    assert len(contacts) == 1
+
+
+def test_a_pending_job_whose_agent_went_quiet_is_not_failed_by_the_heartbeat(store: RunStore) -> None:
+    """SLURM's case: the agent made contact, then its job sits PENDING; the handle says waiting."""
+    handle = ScriptedHandle(Waiting("SLURM job 42: PENDING (Priority)", until_s=time.time() + 1.0))
+    watch, contacts, _ = watch_of(store, handle, heartbeat_timeout_s=0.2)
+    store.touch_heartbeat(watch.run_id)
+    outcome = supervise(watch, tick_s=0.05)
+    assert outcome.error == "The run was still waiting past its deadline: SLURM job 42: PENDING (Priority)"
+    assert len(contacts) == 1
+
+
+def test_silence_after_contact_fails_with_no_word(store: RunStore) -> None:
+    watch, _, _ = watch_of(store, ScriptedHandle(Running()), heartbeat_timeout_s=0.3)
+    store.touch_heartbeat(watch.run_id)
+    outcome = supervise(watch, tick_s=0.05)
+    assert (outcome.state, outcome.error) == ("failed", "No word from the agent on box for 0.3 seconds")
+
+
+def test_an_agent_that_never_makes_contact_fails_saying_so(store: RunStore) -> None:
+    handle = ScriptedHandle(Running())
+    watch, _, _ = watch_of(store, handle, heartbeat_timeout_s=0.3)
+    outcome = supervise(watch, tick_s=0.05)
+    assert outcome.error == "The agent on box made no contact within 0.3 seconds of its start"
+    assert handle.killed == 1
+
+
+def test_a_gone_handle_fails_unless_the_result_is_in(store: RunStore) -> None:
+    handle = ScriptedHandle(Gone("the session dropped"))
+    watch, _, _ = watch_of(store, handle)
+    outcome = supervise(watch, tick_s=0.05)
+    assert outcome.state == "failed"
+    assert outcome.error == "The agent stopped without reporting a result (the session dropped)"
+    handle2 = ScriptedHandle(Gone("the agent exited"))
+    watch2, _, _ = watch_of(store, handle2)
+    store.record_result(watch2.run_id, 4, None, "cancel requested")
+    assert supervise(watch2, tick_s=0.05).result == AgentResult(4, None, "cancel requested")
+
+
+def test_the_wall_clock_asks_the_agent_to_stop_then_kills(store: RunStore) -> None:
+    handle = ScriptedHandle(Running())
+    watch, _, _ = watch_of(store, handle, heartbeat_timeout_s=30, max_wall_s=0.3)
+    store.touch_heartbeat(watch.run_id)
+    outcome = supervise(watch, tick_s=0.05)
+    assert outcome.error == "The run did not finish within max_wall_seconds (0.3 s) and was stopped"
+    assert store.cancel_requested(watch.run_id) and handle.killed == 1
