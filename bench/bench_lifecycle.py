@@ -35,8 +35,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from potato_queue.config import redis_url  # noqa: E402
-from potato_queue.embedded_redis import EmbeddedRedis, ping  # noqa: E402
+from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import Services, started  # noqa: E402
 from tests.lifecycle_helpers import build_tiny_model as tiny_model  # noqa: E402
 
@@ -48,11 +47,10 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 @contextmanager
 def services(tmp: Path, executors: int = 1, **training: Any) -> Iterator[Services]:
-    """The test suite's services (tests/lifecycle_helpers.py), on a private Redis when none answers."""
-    url = redis_url()
+    """The test suite's services (tests/lifecycle_helpers.py), on a private Redis (never the user's own,
+    which hundreds of benchmark runs would fill)."""
     with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
-        if not ping(url):
-            url = stack.enter_context(EmbeddedRedis(folder)).url
+        url = stack.enter_context(EmbeddedRedis(folder)).url
         yield stack.enter_context(started(tmp, url, executors, grace_seconds=5, **training))
 
 

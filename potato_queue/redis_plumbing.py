@@ -9,23 +9,38 @@ from __future__ import annotations
 import redis
 import redis.asyncio as aioredis
 
-__all__ = ["CAS_STATE", "MERGE_METRICS", "async_twin"]
+__all__ = ["CAS_STATE", "MERGE_METRICS", "RECORD_RESULT", "async_twin"]
 
-# KEYS: the run's hash, the unfinished index. ARGV: the new state, "1" when it
-# is final, the run id, then the states it may come from. A final state also
-# leaves the unfinished index. -1 when Redis has no live record (emptied), so
-# the caller seeds it from disk and tries again.
+# KEYS: the run's hash, the unfinished index, the run token's digest. ARGV: the
+# new state, "1" when it is final, the run id, then the states it may come
+# from. A final state also leaves the unfinished index and revokes the run's
+# token, in the same step: whoever ends a run (the executor, the orphan sweep,
+# a cancel), no token outlives it. -1 when Redis has no live record (emptied),
+# so the caller seeds it from disk and tries again.
 CAS_STATE = """
 local cur = redis.call('HGET', KEYS[1], 'state')
 if not cur then return -1 end
 for i = 4, #ARGV do
   if cur == ARGV[i] then
     redis.call('HSET', KEYS[1], 'state', ARGV[1])
-    if ARGV[2] == '1' then redis.call('ZREM', KEYS[2], ARGV[3]) end
+    if ARGV[2] == '1' then
+      redis.call('ZREM', KEYS[2], ARGV[3])
+      redis.call('DEL', KEYS[3])
+    end
     return 1
   end
 end
 return 0
+"""
+# KEYS: the run's hash, the result wake-up list. ARGV: exit code, heartbeat time,
+# then field/value pairs. One result per run: 0 when one is already stored.
+RECORD_RESULT = """
+if redis.call('HSETNX', KEYS[1], 'agent_exit_code', ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[1], 'heartbeat_at', ARGV[2])
+for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
+redis.call('RPUSH', KEYS[2], '1')
+redis.call('EXPIRE', KEYS[2], 3600)
+return 1
 """
 # Metrics are one JSON object in the live hash; merging there (not in Python)
 # keeps the read-modify-write atomic and inside the batch's single pipeline.

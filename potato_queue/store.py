@@ -23,10 +23,11 @@ import redis.asyncio as aioredis
 
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
-from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, async_twin
+from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, async_twin
 from potato_queue.runs.lease import Lease
 from potato_queue.tokens import new_token, token_digest, token_matches
 from potato_queue.worker.files import write_atomic
+from potato_queue.worker.text import one_line
 
 __all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "RunStore", "RunView", "write_json_atomic", "utc_now", "utc_of",
            "log_text"]
@@ -59,10 +60,10 @@ def utc_now() -> str:
 
 
 def log_text(lines: list[str]) -> str:
-    """run.log's line format, the only place it is defined: UTC stamp, one line per entry."""
+    """run.log's line format, the only place it is defined: UTC stamp, one line per entry, its
+    control characters escaped (a message cannot forge a line of its own)."""
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    # A worker's stderr may hold newlines inside one event; keep one line per entry.
-    return "".join(f"{stamp} {line.replace(chr(10), ' ')}\n" for line in lines)
+    return "".join(f"{stamp} {one_line(line)}\n" for line in lines)
 
 
 def write_json_atomic(path: Any, data: Any) -> None:
@@ -97,6 +98,7 @@ class RunStore:
         self.redis = client
         self.keys = Keys.of(config)
         self._cas = client.register_script(CAS_STATE)
+        self._record_result = client.register_script(RECORD_RESULT)
         self._created: dict[str, str] = {}
 
     # -- records ---------------------------------------------------------
@@ -196,7 +198,7 @@ class RunStore:
         return record
 
     def _compare_and_set(self, run_id: str, state: str) -> bool:
-        keys = [self.keys.run(run_id), self.keys.unfinished]
+        keys = [self.keys.run(run_id), self.keys.unfinished, self.keys.run_token(run_id)]
         args = [state, "1" if state in FINAL_STATES else "0", run_id, *_ALLOWED_FROM[state]]
         won = self._cas(keys=keys, args=args)
         if won == -1:
@@ -256,17 +258,14 @@ class RunStore:
             pipe.eval(MERGE_METRICS, 1, key, json.dumps(metrics))
         pipe.execute()
 
-    def record_result(self, run_id: str, exit_code: int, artifact_uri: str | None, message: str | None) -> str:
-        """The agent's result, then a wake-up for the supervising executor; the run's state now."""
-        key, signal = self.keys.run(run_id), self.keys.result_signal(run_id)
-        mapping = {"agent_exit_code": str(exit_code), "heartbeat_at": repr(time.time())}
-        mapping.update({k: v for k, v in (("artifact_uri", artifact_uri), ("agent_message", message)) if v})
-        pipe = self.redis.pipeline()
-        pipe.hset(key, mapping=mapping)
-        pipe.rpush(signal, "1")
-        pipe.expire(signal, 3600)
-        pipe.hget(key, "state")
-        return str(_text(pipe.execute()[-1]) or "unknown")
+    def record_result(self, run_id: str, exit_code: int, artifact_uri: str | None, message: str | None) -> str | None:
+        """The agent's result, and a wake-up for the supervising executor: the run's state now, or
+        None when the run already has its result (one per run; the first one stands)."""
+        extra = [x for k, v in (("artifact_uri", artifact_uri), ("agent_message", message)) if v for x in (k, v)]
+        keys = [self.keys.run(run_id), self.keys.result_signal(run_id)]
+        if not self._record_result(keys=keys, args=[str(exit_code), repr(time.time()), *extra]):
+            return None
+        return str(_text(self.redis.hget(keys[0], "state")) or "unknown")
 
     def view(self, run_id: str) -> RunView:
         pipe = self.redis.pipeline(transaction=False)
@@ -367,10 +366,10 @@ class RunStore:
         return bool(requested) or _text(state) in FINAL_STATES
 
     # -- run tokens ----------------------------------------------------------
-    def issue_run_token(self, run_id: str) -> str:
-        """A fresh token for one run; only its sha256 is kept."""
+    def issue_run_token(self, run_id: str, ttl_s: float) -> str:
+        """A fresh token for one run; only its sha256 is kept, for ttl_s at most (the run's end revokes it)."""
         token = new_token()
-        self.redis.set(self.keys.run_token(run_id), token_digest(token))
+        self.redis.set(self.keys.run_token(run_id), token_digest(token), ex=max(1, int(ttl_s)))
         return token
 
     def verify_run_token(self, run_id: str, token: str) -> bool:

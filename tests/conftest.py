@@ -10,27 +10,46 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.config import REDIS_URL_ENV, redis_url
-from potato_queue.embedded_redis import EmbeddedRedis, ping
+from potato_queue.config import REDIS_URL_ENV
+from potato_queue.embedded_redis import EmbeddedRedis
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "potato_queue.cli"]
 
 
-@pytest.fixture(scope="session")
+# Tests flush and fill their Redis: they get a private one unless this names one on purpose.
+TEST_REDIS_ENV = "POTATO_QUEUE_TEST_REDIS_URL"
+
+
+def _given_redis(url: str) -> str:
+    import redis
+
+    size = redis.Redis.from_url(url).dbsize()
+    if size:
+        pytest.exit(f"{TEST_REDIS_ENV}={url} holds {size} keys; the tests flush their database, so they run "
+                    "only on an empty one (unset it to use a private Redis)", returncode=2)
+    return url
+
+
+@pytest.fixture(scope="session", autouse=True)
 def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The configured Redis if it answers; else a private one on a unix socket for this session."""
-    url = redis_url()
-    if ping(url):
-        yield url
-        return
-    server = EmbeddedRedis(tmp_path_factory.mktemp("redis"))
-    url = server.start()
-    os.environ[REDIS_URL_ENV] = url  # subprocesses (executors, CLI) inherit it
+    """A private Redis on a unix socket for this session (never the user's own, which the tests
+    would flush), or the empty one $POTATO_QUEUE_TEST_REDIS_URL names. Every process the tests
+    start (server, executors, CLI) inherits it through $POTATO_QUEUE_REDIS_URL."""
+    given = os.environ.get(TEST_REDIS_ENV)
+    server = None if given else EmbeddedRedis(tmp_path_factory.mktemp("redis"))
+    url = _given_redis(given) if given else server.start()  # type: ignore[union-attr]
+    before = os.environ.get(REDIS_URL_ENV)
+    os.environ[REDIS_URL_ENV] = url
     try:
         yield url
     finally:
-        server.stop()
+        if before is None:
+            os.environ.pop(REDIS_URL_ENV, None)
+        else:
+            os.environ[REDIS_URL_ENV] = before
+        if server is not None:
+            server.stop()
 
 
 def run_cli(*args: str | os.PathLike[str], env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:

@@ -57,11 +57,13 @@ class Services:
         self.procs: list[subprocess.Popen[str]] = []
         self.url = ""
 
-    def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None, pipe: bool = False) -> subprocess.Popen[str]:
+    def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None, pipe: bool = False,
+               cwd: Path | None = None) -> subprocess.Popen[str]:
         log = open(self.tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", *args],
-                                stdout=subprocess.PIPE if pipe else log, stderr=log, text=True,
-                                env={**self.env, **(env or {})}, start_new_session=True)
+        # From another folder, the console script: `python -m` would put that folder on sys.path.
+        command = [str(Path(sys.executable).parent / "potato-queue")] if cwd else [sys.executable, "-m", "potato_queue.cli"]
+        proc = subprocess.Popen([*command, *args], stdout=subprocess.PIPE if pipe else log, stderr=log, text=True,
+                                env={**self.env, **(env or {})}, start_new_session=True, cwd=cwd)
         self.procs.append(proc)
         return proc
 
@@ -73,8 +75,8 @@ class Services:
         self.url = line.rsplit(" at ", 1)[1].strip()
         return self.url
 
-    def executor(self, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-        return self._spawn("worker", str(self.config), name=f"executor{len(self.procs)}", env=env)
+    def executor(self, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[str]:
+        return self._spawn("worker", str(self.config), name=f"executor{len(self.procs)}", env=env, cwd=cwd)
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -231,7 +231,7 @@ def make_run(served: Served, mode: str, *, grace: float | None = 5, max_ram_mb: 
         "bundle": {"bytes": len(data), "sha256": sha256 or hashlib.sha256(data).hexdigest()},
     })
     assert store.transition(run_id, "starting") and store.transition(run_id, "running")
-    return run_id, store.issue_run_token(run_id), data
+    return run_id, store.issue_run_token(run_id, ttl_s=3600), data
 
 
 @pytest.fixture
@@ -312,13 +312,14 @@ def test_a_run_end_to_end(transport: str, served: Served, fake_worker: Path, tmp
     assert agent.wait() == 0, agent.log
 
     started = agent.marker("started")
-    assert started["argv"][1:4] == ["-m", "potato_queue.worker", "--spec"]
+    # Started through the bootstrap that keeps the working directory off sys.path (agent/isolated.py).
+    assert started["argv"][1] == "-c" and started["argv"][3:6] == [str(ROOT), "potato_queue.worker", "--spec"]
     assert started["bundle"] == ["labels.json", "manifest.json", "media", "test.jsonl", "train.jsonl", "val.jsonl"]
     spec = started["spec"]
     assert spec["v"] == 1 and spec["run_id"] == run_id and spec["trainer"] == "fake" and spec["seed"] == 7
     assert spec["workdir"] == str(agent.root / "work") and spec["bundle_dir"] == str(agent.root / "bundle")
     assert spec["limits"]["device"] == "cpu"
-    assert str(ROOT) in started["pythonpath"].split(os.pathsep)
+    assert started["pythonpath"] is None  # the code's folder comes from the bootstrap, not the environment
 
     events = events_of(served, run_id)
     steps = [e["step"] for e in events if e["event"] == "metric"]
@@ -380,7 +381,7 @@ def test_a_warm_agent_hands_its_prestarted_worker_the_spec(served: Served, fake_
     finally:
         proc.stdin.close()
     started = json.loads((agent_dir / run_id / "work" / "started").read_text())
-    assert started["argv"][1:] == ["-m", "potato_queue.worker", "--spec-on-stdin"]
+    assert started["argv"][1] == "-c" and started["argv"][3:] == [str(ROOT), "potato_queue.worker", "--spec-on-stdin"]
     assert started["spec"]["run_id"] == run_id
     assert f"worker started: pid {started['pid']}" in log_path.read_text()
     assert [e["step"] for e in events_of(served, run_id) if e["event"] == "metric"] == list(range(5))
@@ -511,15 +512,29 @@ def test_control_long_poll_answers_a_cancel_at_once(served: Served) -> None:
             "cancel": True}
 
 
-def test_events_reply_cancel_once_the_run_is_over(served: Served) -> None:
+def test_the_token_dies_with_its_run(served: Served) -> None:
+    """However a run ends (here as the orphan sweep ends it), its token opens nothing of it any more."""
     run_id, token, _ = make_run(served, "hang")
     events = f"{PREFIX}/runs/{run_id}/events"
     with served.http() as http:
         assert http.post(events, json={"events": []}, headers=auth(token)).json() == {"cancel": False}
-        assert served.store.transition(run_id, "failed")
-        assert http.post(events, json={"events": []}, headers=auth(token)).json() == {"cancel": True}
-        assert http.get(f"{PREFIX}/runs/{run_id}/control", params={"wait_s": 5},
-                        headers=auth(token)).json() == {"cancel": True}
+        assert served.store.transition(run_id, "failed", error="the executor stopped")
+        for method, name in (("GET", "job"), ("GET", "bundle"), ("POST", "events"), ("GET", "control"),
+                             ("PUT", "predictions"), ("POST", "result")):
+            body = {"events": []} if name == "events" else ({"exit_code": 0} if name == "result" else None)
+            reply = http.request(method, f"{PREFIX}/runs/{run_id}/{name}", json=body, headers=auth(token))
+            assert reply.status_code == 401, (name, reply.text)
+    assert "agent_exit_code" not in served.store.live(run_id)
+
+
+def test_an_agent_whose_run_ended_on_the_server_stops_its_worker(served: Served, fake_worker: Path,
+                                                                  tmp_path: Path) -> None:
+    run_id, token, _ = make_run(served, "hang")
+    agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent")
+    agent.marker("ready")
+    assert served.store.transition(run_id, "failed", error="the executor stopped")
+    assert agent.wait(timeout_s=30) == 4, agent.log
+    assert "the server no longer accepts this run's token" in agent.log
 
 
 # -- limits -----------------------------------------------------------------------------------
@@ -642,3 +657,46 @@ def test_a_long_poll_ends_when_the_agent_hangs_up(served: Served) -> None:
     while served.server.server_state.tasks:
         assert time.monotonic() < deadline, "the handler kept waiting for an agent that is gone"
         time.sleep(0.05)
+
+
+# -- what an agent may not do -----------------------------------------------------------------------
+def test_one_result_per_run_and_its_exit_code_is_checked(served: Served) -> None:
+    run_id, token, _ = make_run(served, "hang")
+    result = f"{PREFIX}/runs/{run_id}/result"
+    with served.http() as http:
+        too_big = http.post(result, json={"exit_code": 99999999999999999999999}, headers=auth(token))
+        assert too_big.status_code == 422 and "exit_code" in too_big.text
+        assert http.post(result, json={"exit_code": -1}, headers=auth(token)).status_code == 422
+    replies: dict[int, int] = {}
+
+    def post(code: int) -> None:
+        with served.http() as http:
+            replies[code] = http.post(result, json={"exit_code": code}, headers=auth(token)).status_code
+
+    threads = [threading.Thread(target=post, args=(code,)) for code in (0, 1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert sorted(replies.values()) == [200, 409, 409], replies
+    (winner,) = [code for code, status in replies.items() if status == 200]
+    assert served.store.live(run_id)["agent_exit_code"] == str(winner), "the first result stands"
+
+
+def test_a_message_cannot_forge_a_line_of_run_log(served: Served, capsys: pytest.CaptureFixture[str]) -> None:
+    from potato_queue.agent.runner import log_line
+
+    run_id, token, _ = make_run(served, "hang")
+    forged = "ok\n2026-12-01 08:00:00 FAKE: succeeded\r\x00\u2028"
+    with served.http() as http:
+        event = {"v": 1, "event": "log", "t": 1.0, "level": "warning", "msg": forged}
+        assert http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": [event]}, headers=auth(token)).is_success
+        assert http.post(f"{PREFIX}/runs/{run_id}/result", json={"exit_code": 1, "message": forged},
+                         headers=auth(token)).is_success
+    log = served.store.paths(run_id).run_log.read_text()
+    assert not [line for line in log.splitlines() if line.startswith("2026-12-01 08:00:00 FAKE")], log
+    assert log.count("ok\\n2026-12-01 08:00:00 FAKE: succeeded\\r\\x00\\u2028") == 2, log
+    assert "\r" not in log and "\x00" not in log and "\u2028" not in log
+    log_line(forged)  # the agent's own log (agent.log) follows the same rule
+    written = capsys.readouterr().err
+    assert written.count("\n") == 1 and "ok\\n2026-12-01 08:00:00 FAKE" in written

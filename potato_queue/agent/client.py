@@ -89,7 +89,13 @@ class RunClient:
                     give_up_s: Optional[float] = None) -> Dict[str, Any]:
         """POST result: the last call of a run; the reply carries the run's state."""
         payload = {"exit_code": exit_code, "artifact_uri": artifact_uri, "message": message}
-        return self.transport.call("POST", self._path("result"), payload, give_up_s=give_up_s, what="POST result")
+        try:
+            return self.transport.call("POST", self._path("result"), payload, give_up_s=give_up_s, what="POST result")
+        except ApiError as exc:
+            if exc.status != 409:
+                raise
+            # One result per run: a retry whose first try was stored (its answer lost) is told so.
+            return {"state": "already reported"}
 
     def upload_predictions(self, path: str, give_up_s: Optional[float] = None) -> Dict[str, Any]:
         """PUT predictions.jsonl, streamed from disk; each try starts from the first byte."""

@@ -12,11 +12,11 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional
 
+from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
 from potato_queue.agent.launcher import LaunchError, WorkerHandle, WorkerLauncher
 from potato_queue.agent.relay import EventRelay, read_stderr, read_stdout
 from potato_queue.worker.exit_codes import from_returncode
@@ -29,12 +29,9 @@ __all__ = [
     "worker_env",
     "WorkerProcess",
     "ProcessLauncher",
-    "CODE_ROOT",
 ]
 
 PAGE_MB = os.sysconf("SC_PAGE_SIZE") / (1024.0 * 1024.0) if hasattr(os, "sysconf") else 4096 / 1048576.0
-# The folder holding the potato_queue package: put on the worker's PYTHONPATH.
-CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 PYTHON_HINT = "set the backend's python to an interpreter that exists on this host"
 
 
@@ -117,11 +114,8 @@ def group_members(pgid: int) -> List[int]:
 
 
 def worker_env() -> Dict[str, str]:
-    """The agent's environment, with potato_queue importable by the worker."""
-    env = dict(os.environ)
-    paths = [CODE_ROOT] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    env["PYTHONPATH"] = os.pathsep.join(paths)
-    return env
+    """The worker's environment: the allow-listed part of the agent's (isolated.allowed_env)."""
+    return allowed_env()
 
 
 class WorkerProcess(WorkerHandle):
@@ -134,7 +128,7 @@ class WorkerProcess(WorkerHandle):
     stop_target = "the worker's process group"
 
     def __init__(self, python: str, spec_path: Optional[str], cwd: str, env: Dict[str, str]) -> None:
-        argv = [python, "-m", "potato_queue.worker"] + (["--spec", spec_path] if spec_path else ["--spec-on-stdin"])
+        argv = python_argv(python, "potato_queue.worker", ["--spec", spec_path] if spec_path else ["--spec-on-stdin"])
         # A process group of its own (signals reach the worker and whatever it
         # starts), but the agent's session: whoever started the agent can
         # still find, and stop, everything of the run by that session.
@@ -237,7 +231,9 @@ class ProcessLauncher(WorkerLauncher):
     def prestart(self) -> None:
         """Start a worker now that waits for its spec; a failure shows at start() instead."""
         try:
-            self.prestarted = WorkerProcess(self.python, None, tempfile.gettempdir(), self.env)
+            # In the code's own folder: the working directory is not on its sys.path (isolated.py),
+            # and a folder we do not own is no place to wait in.
+            self.prestarted = WorkerProcess(self.python, None, CODE_ROOT, self.env)
         except OSError:
             self.prestarted = None
 

@@ -145,6 +145,7 @@ class EventRelay:
             except ApiError as exc:
                 # Asking again gets the same answer: drop the batch rather than block the run.
                 self.log("the server refused {} events: {}".format(len(batch), exc))
+                _stop_if_run_over(exc, self.on_cancel, self.log)
                 return
             self._policy.succeeded()
             if cancel:
@@ -186,6 +187,16 @@ def read_stderr(stream: IO[bytes], relay: EventRelay) -> None:
                 relay.emit("log", level="stderr", msg=text[:MAX_LINE])
 
 
+def _stop_if_run_over(exc: ApiError, on_cancel: Callable[[], None], log: Log) -> bool:
+    """A 401 means the server no longer accepts the run's token: the run has ended there (its token
+    is revoked with its end), so its worker must stop too. True when that was the case."""
+    if exc.status != 401:
+        return False
+    log("the server no longer accepts this run's token (the run has ended there): stopping the worker")
+    on_cancel()
+    return True
+
+
 def heartbeat_loop(client: RunClient, interval_s: float, stop: threading.Event,
                    on_cancel: Callable[[], None], log: Log) -> None:
     """An empty batch every interval_s on its own connection, whatever the worker does.
@@ -198,6 +209,8 @@ def heartbeat_loop(client: RunClient, interval_s: float, stop: threading.Event,
         try:
             cancel = client.post_events([], give_up_s=0)
         except (Unreachable, ApiError) as exc:
+            if isinstance(exc, ApiError) and _stop_if_run_over(exc, on_cancel, log):
+                return
             if not policy.failed(str(exc)):
                 return
             pause_s = 0.0  # the policy has waited already
@@ -216,6 +229,8 @@ def control_loop(client: RunClient, stop: threading.Event, on_cancel: Callable[[
         try:
             cancel = client.control(wait_s)
         except (Unreachable, ApiError) as exc:
+            if isinstance(exc, ApiError) and _stop_if_run_over(exc, on_cancel, log):
+                return
             if not policy.failed(str(exc)):
                 return
             continue

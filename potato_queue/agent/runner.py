@@ -24,6 +24,7 @@ from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
 from potato_queue.agent.transport import ApiError, Unreachable
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
 from potato_queue.worker.files import write_atomic
+from potato_queue.worker.text import one_line
 
 __all__ = ["Runner", "RunFiles", "extract_bundle", "write_spec", "log_line", "DEFAULT_GRACE_S"]
 
@@ -38,7 +39,7 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 def log_line(message: str) -> None:
     """The agent's own log: stderr, one timestamped line (the executor keeps it as agent.log)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    sys.stderr.write("{} agent: {}\n".format(stamp, message))
+    sys.stderr.write("{} agent: {}\n".format(stamp, one_line(message)))
     sys.stderr.flush()
 
 

@@ -14,8 +14,8 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
+from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
 from potato_queue.agent.proc import scan_processes
 from potato_queue.config import LocalBackend
 from potato_queue.executors.base import (
@@ -31,18 +31,16 @@ from potato_queue.executors.base import (
 
 __all__ = ["LocalExecutor", "LocalHandle", "run_pids", "describe_device"]
 
-# The folder holding the potato_queue package: what the agent imports.
-PACKAGE_ROOT = str(Path(__file__).resolve().parents[2])
 DESCRIBE_TIMEOUT_S = 60.0
 
 
 def describe_device(requested: str = "auto") -> str:
     """The device a local run would use, in words (LOC-2), asked of the worker's own code in a
     subprocess: importing torch into the executor would cost every run's start ~1 s and ~300 MB."""
-    argv = [sys.executable, "-m", "potato_queue.worker", "--describe-device", requested]
+    argv = python_argv(sys.executable, "potato_queue.worker", ["--describe-device", requested])
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=DESCRIBE_TIMEOUT_S, cwd="/",
-                              env=_agent_env(), stdin=subprocess.DEVNULL)
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=DESCRIBE_TIMEOUT_S, cwd=CODE_ROOT,
+                              env=allowed_env(), stdin=subprocess.DEVNULL)
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unknown ({sys.executable} could not be asked: {exc})"
     lines = proc.stderr.strip().splitlines()
@@ -66,12 +64,6 @@ def _kill_run(sid: int, marker: str) -> None:
             pass
 
 
-def _agent_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (PACKAGE_ROOT, env.get("PYTHONPATH")) if p)
-    return env
-
-
 class _SpareAgent:
     """One agent process started ahead of time, waiting on stdin for its run.
 
@@ -85,9 +77,11 @@ class _SpareAgent:
         self._spare: subprocess.Popen[bytes] | None = None
 
     def _spawn(self) -> subprocess.Popen[bytes]:
-        argv = [sys.executable, "-S", "-m", "potato_queue.agent", "run", "--assignment-on-stdin"]
+        argv = python_argv(sys.executable, "potato_queue.agent", ["run", "--assignment-on-stdin"], no_site=True)
+        # The agent and the worker it starts get the allow-listed environment, not the executor's
+        # (its Redis URL, the admin key).
         return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=_agent_env(), start_new_session=True, cwd="/")
+                                env=allowed_env(), start_new_session=True, cwd=CODE_ROOT)
 
     def take(self) -> subprocess.Popen[bytes]:
         """The warm agent (or a new one); call refill() once it has its assignment."""

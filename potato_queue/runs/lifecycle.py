@@ -26,6 +26,10 @@ from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM
 __all__ = ["RunLife", "failure_of"]
 
 TAIL_LINES = 5
+# A run token dies with its run (the final state revokes it); this bounds one whose end was never
+# recorded. Without max_wall_seconds, as long as a run may be queued in Celery (celery_app).
+TOKEN_TTL_UNBOUNDED_S = 30 * 24 * 3600.0
+TOKEN_TTL_MARGIN_S = 3600.0
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -87,9 +91,15 @@ class RunLife:
         self.store.set_live(self.run_id, step="building the bundle")
         job = build_job(self.config, self.store, self.record, self.paths)
         self.store.update(self.run_id, self.record, job=job)
-        token = None if executor.pull else self.store.issue_run_token(self.run_id)
+        token = None if executor.pull else self.store.issue_run_token(self.run_id, self._token_ttl_s())
         return LaunchSpec(run_id=self.run_id, backend_name=self.record["backend"], job=job, token=token,
                           server_url=server_url_for(self.store), paths=self.paths, log=self.log, step=self.step)
+
+    def _token_ttl_s(self) -> float:
+        mt = self.config.model_training
+        if not mt.max_wall_seconds:
+            return TOKEN_TTL_UNBOUNDED_S
+        return mt.max_wall_seconds + mt.grace_seconds + TOKEN_TTL_MARGIN_S
 
     def _watch(self, executor: Executor, spec: LaunchSpec) -> Watch:
         mt = self.config.model_training

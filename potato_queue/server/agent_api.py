@@ -94,7 +94,7 @@ class PredictionsReply(BaseModel):
 
 
 class ResultIn(BaseModel):
-    exit_code: int
+    exit_code: int = Field(ge=0, le=255, description="the worker's exit code, shell-style (128 + N for signal N)")
     artifact_uri: str | None = Field(None, description="<host>:<directory> of the model files")
     message: str | None = None
 
@@ -270,6 +270,8 @@ def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> Re
     """The agent's last word: the worker's exit code and where the model files are."""
     store = _store(request)
     state = store.record_result(run_id, result.exit_code, result.artifact_uri, result.message)
+    if state is None:
+        raise HTTPException(409, f"run {run_id} already has its result; a run has one")
     text = f"agent finished: exit code {result.exit_code}"
     if result.artifact_uri:
         text += f"; model files at {result.artifact_uri}"
@@ -298,5 +300,6 @@ def agent_router() -> APIRouter:
             "schema": {"type": "string", "format": "binary"}}}}},
         responses={409: {"model": ErrorReply}, 413: {"model": ErrorReply, "description": "over max_predictions_mb"}},
     )
-    router.add_api_route("/runs/{run_id}/result", post_result, methods=["POST"], response_model=ResultReply)
+    router.add_api_route("/runs/{run_id}/result", post_result, methods=["POST"], response_model=ResultReply,
+                         responses={409: {"model": ErrorReply, "description": "the run already has its result"}})
     return router

@@ -1,0 +1,62 @@
+"""Starting our own Python code on a host shared with accounts we do not trust.
+
+Standard library only, Python 3.8+. Two rules:
+
+- Nothing is imported from the working directory or any folder another
+  account can write. `python -m pkg` puts the working directory first on
+  sys.path, and a pre-started worker waits in the temp folder, where anyone
+  can drop a `json.py`. Isolated mode (-I) would also drop PYTHONPATH and
+  the user's site-packages, where a student's `pip install --user torch`
+  lives. So our processes start as `python -c BOOTSTRAP CODE_ROOT MODULE
+  ARGS...`: the bootstrap removes the working directory ('' for -c) from
+  sys.path before anything else is imported, puts the code's own folder
+  first, and runs the module as __main__.
+- The environment is allow-listed: the executor's secrets (the Redis URL
+  with its password, the admin key, an agent's token) never reach a trainer.
+  What a backend's config names under `env` is added by its executor.
+"""
+
+import os
+import re
+from typing import Dict, List, Mapping, Optional
+
+__all__ = ["BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "ALLOWED_NAMES", "ALLOWED_PREFIXES"]
+
+# The folder holding the potato_queue package.
+CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+BOOTSTRAP = (
+    "import sys; sys.path[:] = [p for p in sys.path if p not in ('', '.')]; "
+    "sys.path.insert(0, sys.argv[1]); module = sys.argv[2]; sys.argv[:] = [module] + sys.argv[3:]; "
+    "import runpy; runpy.run_module(module, run_name='__main__', alter_sys=True)"
+)
+
+# What a trainer may need: the OS basics, locale, proxies and CA files for a model hub, CUDA and its
+# libraries, thread counts, Python environments, the schedulers' own variables.
+ALLOWED_NAMES = frozenset({
+    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
+    "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8",
+    "VIRTUAL_ENV", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
+    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
+    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
+    "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG",
+})
+ALLOWED_PREFIXES = ("LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "CUDNN_", "HIP_", "ROCR_", "ROCM_", "HF_",
+                    "HUGGINGFACE_", "TRANSFORMERS_", "TORCH_", "PYTORCH_", "CONDA_", "SLURM_", "MPLCONFIGDIR")
+# Never passed on, whatever the prefixes say: a token or key in a variable's name marks a secret.
+_SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL", re.IGNORECASE)
+
+
+def python_argv(python: str, module: str, args: List[str], code_root: str = CODE_ROOT,
+                no_site: bool = False) -> List[str]:
+    """The command line that runs `python -m module args` without importing from the working directory."""
+    return [python] + (["-S"] if no_site else []) + ["-c", BOOTSTRAP, code_root, module] + list(args)
+
+
+def allowed_env(environ: Optional[Mapping[str, str]] = None, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+    """The allow-listed part of `environ` (default: this process's), plus `extra` (a backend's `env`)."""
+    source = os.environ if environ is None else environ
+    env = {k: v for k, v in source.items()
+           if (k in ALLOWED_NAMES or k.startswith(ALLOWED_PREFIXES)) and not _SECRET.search(k)}
+    env.update(extra or {})
+    return env

@@ -1,0 +1,64 @@
+"""A GPU host shared with accounts we do not trust, through the real local backend (issue 7).
+
+Everything is real: Redis, `potato-queue serve`, `potato-queue worker`, the
+agent and the worker; the planted modules are files an attacker with write
+access to /tmp could leave there.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from tests.lifecycle_helpers import TERMINAL, agent_pid, pids, run_path, session_of, started, wait_running
+
+PLANTED = ("json", "socket", "tarfile", "potato_queue")
+
+
+def plant(folder: Path) -> Path:
+    """Modules named like stdlib ones, and like ours, that leave a mark when imported."""
+    folder.mkdir(parents=True, exist_ok=True)
+    marks = folder / "imported"
+    for name in PLANTED:
+        target = folder / name / "__init__.py" if name == "potato_queue" else folder / f"{name}.py"
+        target.parent.mkdir(exist_ok=True)
+        target.write_text(f"open({str(marks)!r} + '-{name}', 'w').write('imported')\n")
+    return marks
+
+
+def test_nothing_is_imported_from_the_working_directory_or_tmpdir(tmp_path: Path, redis_server_url: str) -> None:
+    planted = tmp_path / "shared-tmp"
+    plant(planted)
+    with started(tmp_path, redis_server_url, executors=0, grace_seconds=2) as svc:
+        svc.executor(env={"TMPDIR": str(planted), "TMP": str(planted), "TEMP": str(planted)}, cwd=planted)
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+        run = svc.wait_for(run_id, TERMINAL)
+        assert run["state"] == "succeeded", (run, svc.logs())
+    imported = sorted(p.name for p in planted.glob("imported-*"))
+    assert imported == [], f"planted modules were imported: {imported}"
+
+
+def _environ(pid: int) -> dict[str, str]:
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
+
+
+def test_the_agent_and_the_worker_get_an_allow_listed_environment(tmp_path: Path, redis_server_url: str,
+                                                                  tiny_model: Path) -> None:
+    secrets = {"POTATO_ADMIN_API_KEY": "admin-key-123456", "MY_SERVICE_TOKEN": "t0k3n", "DB_PASSWORD": "pw",
+               "HF_TOKEN": "hf_secret", "SOMETHING_ELSE": "x"}
+    with started(tmp_path, redis_server_url, executors=0, grace_seconds=2) as svc:
+        svc.executor(env=secrets)
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                               params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+        wait_running(svc, run_id)
+        agent = agent_pid(run_path(svc, run_id))
+        run_processes = [p for p in pids() if session_of(p) == agent]
+        assert len(run_processes) >= 2  # the agent and its worker
+        for pid in run_processes:
+            env = _environ(pid)
+            leaked = sorted(set(env) & {*secrets, "POTATO_QUEUE_REDIS_URL", "PYTHONPATH"})
+            assert leaked == [], f"pid {pid} got {leaked}"
+            assert env.get("PATH") == os.environ["PATH"]
+        svc.api("POST", f"/runs/{run_id}/cancel")
+        assert svc.wait_for(run_id, TERMINAL, timeout_s=30)["state"] == "cancelled"
