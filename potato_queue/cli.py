@@ -236,11 +236,16 @@ def runs(config: Path, redis_url: str) -> None:
 @REDIS
 def cancel(run_id: str, config: Path, redis_url: str) -> None:
     """Cancel a queued or running run."""
+    from potato_queue.store import FINAL_STATES
+
     store, _ = _store_and_queue(_checked(config), _redis_checked(redis_url))
     try:
-        state = store.request_cancel(run_id)
+        before = store.get(run_id)["state"]
     except (KeyError, ValueError):
         raise PotatoQueueError(f"no run {run_id!r} in this project", fix="list them with: potato-queue training runs CONFIG") from None
+    if before in FINAL_STATES:
+        raise PotatoQueueError(f"run {run_id} had already finished ({before}); there is nothing to cancel")
+    state = store.request_cancel(run_id)
     click.echo(f"{run_id}: {state}" + ("" if state == "cancelled" else " (cancel requested; the worker is being stopped)"))
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -11,6 +12,7 @@ from collections.abc import Callable
 import redis
 
 from potato_queue.config import ProjectConfig
+from potato_queue.errors import PotatoQueueError
 from potato_queue.keys import Keys
 from potato_queue.store import RunStore
 
@@ -22,10 +24,50 @@ VISIBILITY_ENV = "POTATO_QUEUE_VISIBILITY_TIMEOUT_S"
 FLUSH_CHECK_S = 2.0
 
 
+def _loopback(host: str) -> bool:
+    return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
+
+
+def check_admin_key(config: ProjectConfig, host: str) -> str:
+    """What the admin API will accept, said at start: refuse a guessable key on a reachable address."""
+    from potato_queue.server.admin_api import admin_key
+    from potato_queue.validate import is_weak_admin_key
+
+    key = admin_key(config)
+    if key is None:
+        return ("the admin API refuses every request: no admin key is set "
+                "(set admin_api_key in the config, or POTATO_ADMIN_API_KEY)")
+    if is_weak_admin_key(key) and not _loopback(host):
+        raise PotatoQueueError(
+            f"admin_api_key {key!r} is a placeholder anyone can guess, and {host} is reachable from other machines",
+            fix="set a real key: admin_api_key in the config or POTATO_ADMIN_API_KEY (e.g. the output of "
+                "python -c 'import secrets; print(secrets.token_urlsafe(24))')")
+    return "the admin API is open to requests with the project's admin key (header X-API-Key)"
+
+
+def check_writable(config: ProjectConfig) -> None:
+    """Runs are written under the project's output folder: refuse to start when that cannot be done."""
+    from potato_queue.keys import runs_dir
+
+    folder = runs_dir(config)
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".write-check-"):
+            pass
+    except OSError as exc:
+        raise PotatoQueueError(
+            f"runs cannot be written in {folder}: {exc.strerror or exc}",
+            fix="make the project's output_annotation_dir writable for this account, or point it elsewhere",
+        ) from None
+
+
 def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int, public_url: str | None) -> None:
     import uvicorn
 
     from potato_queue.server.app import create_app, record_server_url
+
+    check_writable(config)
+    admin_state = check_admin_key(config, host)
 
     app = create_app(config, redis_url)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -39,6 +81,7 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     url = public_url or f"http://{reach}:{bound_port}"
     record_server_url(app.state.store, url)
     print(f"potato-queue: serving {config.annotation_task_name or config.config_path} at {url}", flush=True)
+    print(f"potato-queue: {admin_state}", flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))
     server.run(sockets=[sock])
 
@@ -64,6 +107,7 @@ def run_executor(config: ProjectConfig, redis_url: str) -> None:
     from potato_queue.celery_app import enqueue, make_celery
     from potato_queue.tasks.runs import register
 
+    check_writable(config)
     timeout = os.environ.get(VISIBILITY_ENV)
     app = make_celery(config, redis_url, visibility_timeout_s=float(timeout) if timeout else None)
     register(app, config, redis_url)

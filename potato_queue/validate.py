@@ -288,6 +288,23 @@ def _acknowledge(raw: Any, found: list[Warning_], backends: list[str], report: R
         (report.acknowledged if i in matched else report.warnings).append(w.text)
 
 
+# The tutorial's example key: anyone who read it knows it.
+PLACEHOLDER_KEYS = frozenset({"change-me", "changeme", "change_me", "secret", "admin"})
+MIN_ADMIN_KEY_CHARS = 12
+
+
+def is_weak_admin_key(key: Any) -> bool:
+    return isinstance(key, str) and (key.strip().lower() in PLACEHOLDER_KEYS or len(key.strip()) < MIN_ADMIN_KEY_CHARS)
+
+
+def _check_admin_key(key: Any, warnings: list[Warning_]) -> None:
+    if key is not None and is_weak_admin_key(key):
+        warnings.append(Warning_(
+            f"admin_api_key is {key!r}, a placeholder or shorter than {MIN_ADMIN_KEY_CHARS} characters, which "
+            "anyone can guess; set a real key (e.g. the output of: python -c 'import secrets; "
+            "print(secrets.token_urlsafe(24))'), or leave it out and set POTATO_ADMIN_API_KEY"))
+
+
 def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Report:
     """Every VAL rule over a parsed config mapping, all problems in one pass."""
     report = Report()
@@ -296,6 +313,7 @@ def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Rep
         report.errors.extend(_unknown_keys(validation, ["acknowledge"], "validation", "in validation"))
     found: list[Warning_] = []
     clean = _check_sections(data, report.errors, found)
+    _check_admin_key(data.get("admin_api_key"), found)
     _check_references(data, config_path, report.errors)
     backends = list(clean.get("model_training", {}).get("backends", {}))
     _acknowledge((validation or {}).get("acknowledge"), found, backends, report)

@@ -183,3 +183,23 @@ def test_a_run_still_waiting_past_its_deadline_fails_saying_why(tmp_path: Path, 
         assert run["state"] == "failed"
         assert run["error"] == f"The agent on {harness.name} made no contact within 3 seconds of its start", run
         assert harness.leftovers(svc, run_id) == []
+
+
+def test_cancel_before_the_trainers_loop_stops_the_worker_at_once(tmp_path: Path, redis_server_url: str,
+                                                                   harness: LocalHarness, tiny_model: Path) -> None:
+    """While torch and the model load there is nothing to save: SIGTERM ends the worker then and there,
+    not after grace_seconds, and the run is `cancelled`."""
+    with project(tmp_path, redis_server_url, harness, grace_seconds=20) as svc:
+        run_id = long_run(svc, tiny_model)
+        deadline = time.monotonic() + 60
+        while "loading trainer" not in str(svc.api("GET", f"/runs/{run_id}")[1].get("step")):
+            assert time.monotonic() < deadline, svc.api("GET", f"/runs/{run_id}")[1]
+            time.sleep(0.02)
+        svc.api("POST", f"/runs/{run_id}/cancel")
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert (run["state"], run["exit_code"]) == ("cancelled", 4), run
+        agent_log = (run_path(svc, run_id) / "agent.log").read_text()
+        assert "SIGTERM to" in agent_log and "after SIGTERM: SIGKILL" not in agent_log, agent_log
+        events = svc.api("GET", f"/runs/{run_id}/events")[1]
+        assert any("before the trainer's loop began" in str(e.get("step")) for e in events), events
+        assert harness.leftovers(svc, run_id) == []

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -88,3 +89,42 @@ def test_check_local_names_the_device() -> None:
     proc = run_cli("training", "check", "local", SEED / "config.yaml")
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "local: this machine, CPU"
+
+
+def test_serve_refuses_the_placeholder_key_on_a_reachable_address(tmp_path: Path, redis_server_url: str) -> None:
+    cfg = seed_config()
+    cfg["admin_api_key"] = "change-me"
+    proc = run_cli("serve", write_project(tmp_path, cfg), "--host", "0.0.0.0", "--port", "0")
+    assert proc.returncode == 1
+    assert "admin_api_key 'change-me' is a placeholder anyone can guess, and 0.0.0.0 is reachable" in proc.stderr
+    assert "fix: set a real key" in proc.stderr
+
+
+def test_serve_says_at_start_that_the_admin_api_is_closed_without_a_key(tmp_path: Path, redis_server_url: str) -> None:
+    import subprocess
+    import sys
+
+    cfg = seed_config()
+    del cfg["admin_api_key"]
+    env = {k: v for k, v in os.environ.items() if k != "POTATO_ADMIN_API_KEY"}
+    proc = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "serve", str(write_project(tmp_path, cfg)),
+                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                            start_new_session=True)
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline(), proc.stdout.readline()]
+    finally:
+        proc.kill()
+        proc.wait()
+    assert "the admin API refuses every request: no admin key is set" in lines[1], lines
+
+
+def test_a_read_only_project_is_refused_at_start(tmp_path: Path, redis_server_url: str) -> None:
+    path = write_project(tmp_path, seed_config())
+    # A file where the output folder should be: nothing can be written there, even by root.
+    (tmp_path / "annotation_output").write_text("not a folder")
+    for command in (["serve", str(path), "--port", "0"], ["worker", str(path)]):
+        proc = run_cli(*command)
+        assert proc.returncode == 1, proc.stderr
+        assert "runs cannot be written in" in proc.stderr and "annotation_output/training/runs" in proc.stderr
+        assert "fix: make the project's output_annotation_dir writable" in proc.stderr

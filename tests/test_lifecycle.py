@@ -232,3 +232,39 @@ def test_a_warm_agent_never_assigned_leaves_nothing_behind() -> None:
     while time.monotonic() < deadline and alive_cmd(int(worker[0].name)):
         time.sleep(0.05)
     assert not alive_cmd(int(worker[0].name))
+
+
+def test_a_run_for_a_backend_the_executors_config_lacks_fails_at_once_saying_why(services: Services) -> None:
+    """The config gained a backend after the executor started (here: a run written for one it lacks)."""
+    import redis
+
+    from potato_queue.celery_app import enqueue, make_celery
+    from potato_queue.store import RunStore
+    from potato_queue.validate import load_checked
+
+    services.executor()
+    config = load_checked(services.config)
+    store = RunStore(config, redis.Redis.from_url(services.redis_url))
+    run_id = store.create(trainer="sklearn-text", schemas=["sentiment"], backend="gpu-two")["run_id"]
+    enqueue(make_celery(config, services.redis_url), config, run_id)
+    run = services.wait_for(run_id, TERMINAL, timeout_s=60)
+    assert run["state"] == "failed"
+    assert run["error"].startswith(f"This executor runs {services.config.resolve()} as it was when the executor "
+                                   "started, and that has no backend 'gpu-two' (configured: local)"), run["error"]
+    assert "restart them (potato-queue worker CONFIG)" in run["error"]
+    next_run = services.start_run(trainer="sklearn-text", schemas=["sentiment"])  # the queue goes on
+    assert services.wait_for(next_run, TERMINAL)["state"] == "succeeded"
+
+
+def test_cancelling_a_finished_run_says_it_had_already_finished(services: Services) -> None:
+    from tests.conftest import run_cli
+
+    services.executor()
+    run_id = services.start_run(trainer="majority-baseline", schemas=["sentiment"])
+    assert services.wait_for(run_id, TERMINAL)["state"] == "succeeded"
+    status, reply = services.api("POST", f"/runs/{run_id}/cancel")
+    assert status == 409 and reply["detail"] == f"run {run_id} had already finished (succeeded); there is nothing to cancel"
+    proc = run_cli("training", "cancel", run_id, services.config)
+    assert proc.returncode == 1
+    assert f"run {run_id} had already finished (succeeded); there is nothing to cancel" in proc.stderr
+    assert services.api("GET", f"/runs/{run_id}")[1]["state"] == "succeeded"

@@ -20,8 +20,15 @@ TIME_WARNING = (
 )
 
 
+STRONG_KEY = "k3y-of-this-test-suite-9f2c"
+PLACEHOLDER_WARNING = "admin_api_key is 'change-me', a placeholder or shorter than 12 characters, which anyone can guess"
+
+
 def seed_config() -> dict[str, Any]:
-    return yaml.safe_load((SEED / "config.yaml").read_text())
+    """The tutorial's config with a real admin key (the tutorial's placeholder is a warning of its own)."""
+    config = yaml.safe_load((SEED / "config.yaml").read_text())
+    config["admin_api_key"] = STRONG_KEY
+    return config
 
 
 def write_project(tmp_path: Path, config: dict[str, Any] | str) -> Path:
@@ -43,9 +50,16 @@ def with_backend(name: str, entry: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_seed_example_is_valid_under_strict(tmp_path: Path) -> None:
-    proc = run_cli("validate", SEED / "config.yaml", "--strict")
+    proc = run_cli("validate", write_project(tmp_path, seed_config()), "--strict")
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "valid (0 error(s), 0 warning(s), 0 acknowledged)" in proc.stdout
+
+
+def test_the_tutorials_placeholder_admin_key_is_a_warning(tmp_path: Path) -> None:
+    code, report = validate(SEED / "config.yaml")
+    assert code == 0 and report["errors"] == []
+    assert [w for w in report["warnings"] if w.startswith(PLACEHOLDER_WARNING)], report
+    assert validate(SEED / "config.yaml", "--strict")[0] == 1
 
 
 @pytest.mark.parametrize(
@@ -209,6 +223,7 @@ def test_long_slurm_time_warns_and_fails_strict_only(tmp_path: Path) -> None:
 
 def test_unquoted_yaml_time_is_read_as_slurm_time_not_base_60(tmp_path: Path) -> None:
     text = (SEED / "config.yaml").read_text().replace('time: "04:00:00"', "time: 12:00:00")
+    text = text.replace('admin_api_key: "change-me"', f'admin_api_key: "{STRONG_KEY}"')
     code, report = validate(write_project(tmp_path, text))
     assert report["warnings"] == [TIME_WARNING]
 
@@ -292,5 +307,5 @@ def test_not_a_mapping_exits_2(tmp_path: Path) -> None:
 
 
 def test_json_shape(tmp_path: Path) -> None:
-    proc = run_cli("validate", SEED / "config.yaml", "--json")
+    proc = run_cli("validate", write_project(tmp_path, seed_config()), "--json")
     assert json.loads(proc.stdout) == {"errors": [], "warnings": [], "acknowledged": []}

@@ -10,7 +10,7 @@ their type is used.
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from potato_queue.errors import PotatoQueueError
 
@@ -31,9 +31,20 @@ class NotRunnable(PotatoQueueError):
     """A configured backend whose type this version of potato-queue does not run."""
 
 
+def _backend(config: ProjectConfig, backend_name: str) -> Any:
+    try:
+        return config.model_training.backend_config(backend_name)
+    except KeyError:
+        raise NotRunnable(
+            f"This executor runs {config.config_path} as it was when the executor started, and that has no "
+            f"backend {backend_name!r} (configured: {', '.join(config.model_training.backend_names())})",
+            fix="the config was changed after the executors started: restart them (potato-queue worker CONFIG)",
+        ) from None
+
+
 def unavailable_reason(config: ProjectConfig, backend_name: str) -> str | None:
     """Why runs cannot go to this (configured) backend, or None when they can."""
-    kind = config.model_training.backend_config(backend_name).type
+    kind = _backend(config, backend_name).type
     if kind in RUNNABLE:
         return None
     runnable = [n for n in config.model_training.backend_names()
@@ -44,7 +55,7 @@ def unavailable_reason(config: ProjectConfig, backend_name: str) -> str | None:
 
 def build_executor(config: ProjectConfig, backend_name: str) -> Executor:
     """A new executor for the named backend, built with its config model."""
-    backend = config.model_training.backend_config(backend_name)
+    backend = _backend(config, backend_name)
     reason = unavailable_reason(config, backend_name)
     if reason is not None:
         raise NotRunnable(reason, fix="start the run on another backend, or upgrade potato-queue")

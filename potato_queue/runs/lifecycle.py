@@ -54,6 +54,13 @@ def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -
     return "failed", message or f"The worker exited with code {code}; see run.log"
 
 
+def _said(exc: Exception) -> str:
+    """An error as run.log and the run's record say it: ours with its fix, others with their type."""
+    if isinstance(exc, PotatoQueueError):
+        return f"{exc.message}; fix: {exc.fix}" if exc.fix else exc.message
+    return f"{type(exc).__name__}: {exc}"
+
+
 class RunLife:
     """The life of one run that dispatch has moved to `starting` (its record in hand)."""
 
@@ -81,7 +88,7 @@ class RunLife:
             self.handle = executor.launch(spec)
             self._finish(supervise(self._watch(executor, spec)))
         except Exception as exc:  # the boundary: a run never stays in flight because of us
-            self._fail(exc.message if isinstance(exc, PotatoQueueError) else f"{type(exc).__name__}: {exc}")
+            self._fail(_said(exc))
             if self.handle is not None:
                 self.handle.kill()
         finally:

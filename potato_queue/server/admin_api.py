@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.runs.finalize import published_predictions, read_jsonl
 from potato_queue.runs.submit import RunRefused, start_run, trainer_table
-from potato_queue.store import RunStore
+from potato_queue.store import FINAL_STATES, RunStore
 
 __all__ = ["admin_router", "RunRequest", "admin_key"]
 
@@ -86,9 +86,12 @@ def admin_router() -> APIRouter:
     def get_run(run_id: str, request: Request) -> dict[str, Any]:
         return _get_run(_store(request), run_id)
 
-    @router.post("/runs/{run_id}/cancel")
+    @router.post("/runs/{run_id}/cancel", responses={404: {"description": "no such run"},
+                                                     409: {"description": "the run had already finished"}})
     def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
-        _get_run(_store(request), run_id)
+        before = _get_run(_store(request), run_id)["state"]
+        if before in FINAL_STATES:
+            raise HTTPException(409, f"run {run_id} had already finished ({before}); there is nothing to cancel")
         return {"run_id": run_id, "state": _store(request).request_cancel(run_id)}
 
     @router.get("/runs/{run_id}/events")

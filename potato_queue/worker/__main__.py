@@ -9,8 +9,9 @@ import os
 import sys
 from typing import IO, List, Optional
 
+from .errors import Cancelled
 from .events import Reporter
-from .exit_codes import EXIT_BAD_SPEC
+from .exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED
 from .run import run
 from .stop import StopFlag, install_signal_handlers
 
@@ -50,7 +51,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     """Parse arguments, install signal handlers, run; return the exit code."""
     stop = StopFlag()
     install_signal_handlers(stop)
-    reporter = Reporter(stream=event_stream(), should_stop=stop.is_set)
+    reporter = Reporter(stream=event_stream(), should_stop=stop.poll)
     try:
         args = _parser().parse_args(argv)
     except SystemExit as exc:
@@ -64,7 +65,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         sys.stderr.write(device_in_words(args.describe_device) + "\n")
         return 0
     if args.spec_on_stdin:
-        args.spec = sys.stdin.readline().strip()
+        try:
+            args.spec = sys.stdin.readline().strip()
+        except Cancelled:
+            return EXIT_CANCELLED  # stopped while waiting for a run
         if not args.spec:
             return 0  # the agent that started us ahead of time had no run for us
         os.chdir(os.path.dirname(os.path.abspath(args.spec)))

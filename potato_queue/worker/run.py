@@ -40,7 +40,7 @@ def run(spec_path: str, reporter: Reporter, stop: StopFlag) -> int:
     """Do the run described by *spec_path*; return its exit code."""
     state = _State()
     try:
-        return _run(spec_path, reporter, state)
+        return _run(spec_path, reporter, state, stop)
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the process boundary
         return _fail(reporter, stop, state, exc)
     finally:
@@ -63,7 +63,13 @@ def _fail(reporter: Reporter, stop: StopFlag, state: _State, exc: BaseException)
     return failure.exit_code
 
 
-def _run(spec_path: str, reporter: Reporter, state: _State) -> int:
+def _check_stop(stop: StopFlag, where: str) -> None:
+    # Not ctx.check_stop(): that is the trainer's poll, which arms the flag (stop.py).
+    if stop.is_set():
+        raise Cancelled("Cancelled " + where)
+
+
+def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag) -> int:
     reporter.status("running", "reading the spec")
     spec = load_spec(spec_path)
     state.trainer_name = spec.trainer
@@ -77,10 +83,10 @@ def _run(spec_path: str, reporter: Reporter, state: _State) -> int:
     problems = trainer.validate(ctx)
     if problems:
         raise ValidationFailed("; ".join(problems))
-    ctx.check_stop("before fitting")
+    _check_stop(stop, "before fitting")
     reporter.status("running", "fitting")
     result = trainer.fit(ctx)
-    ctx.check_stop("after fitting")
+    _check_stop(stop, "after fitting")
     _report_artifacts(ctx, result)
     reporter.status("evaluating", "predicting val, test and unlabeled items")
     summary = write_predictions(ctx, trainer, predict_items(bundle))

@@ -1,10 +1,13 @@
 """Cancellation: SIGTERM/SIGINT set a flag that trainers poll.
 
 The agent and the executors cancel a run by sending SIGTERM to the worker's
-process group and SIGKILL after a grace period. The first signal only sets
-the flag (the trainer stops at its next ``should_stop()`` check and the
-worker exits 4); a second signal raises :class:`Cancelled` at once, for a
-trainer stuck in one long call.
+process group and SIGKILL after a grace period. Once the trainer's loop runs
+(its first ``should_stop()`` poll arms the flag), the first signal only sets
+the flag: the trainer stops at its next check, with whatever it wants to
+save, and the worker exits 4. Before that (reading the bundle, importing
+torch, loading a model) there is nothing to save, and a signal raises
+:class:`Cancelled` at once rather than making the cancel wait out the grace.
+A second signal always raises at once, for a trainer stuck in one long call.
 """
 
 import signal
@@ -24,6 +27,8 @@ class StopFlag:
         self._event = threading.Event()
         self.signal_name = ""
         self.count = 0
+        # Set by the trainer's first poll: from then on a signal waits for the trainer to stop.
+        self.armed = False
 
     def set(self, reason: str = "") -> None:
         """Request a stop."""
@@ -34,6 +39,11 @@ class StopFlag:
     def is_set(self) -> bool:
         """Whether a stop was requested."""
         return self._event.is_set()
+
+    def poll(self) -> bool:
+        """What a trainer calls (through ``ctx.should_stop()``): whether to stop; arms the flag."""
+        self.armed = True
+        return self.is_set()
 
     def __call__(self) -> bool:
         return self.is_set()
@@ -46,6 +56,8 @@ def install_signal_handlers(flag: StopFlag) -> None:
         flag.count += 1
         name = signal.Signals(signum).name
         flag.set(name)
+        if not flag.armed:
+            raise Cancelled("Cancelled by %s before the trainer's loop began" % name)
         if flag.count > 1:
             raise Cancelled("Cancelled by a second %s" % name)
 
