@@ -36,6 +36,7 @@ from fastapi import FastAPI  # noqa: E402
 from potato_queue.config import build_config, redis_url  # noqa: E402
 from potato_queue.keys import Keys  # noqa: E402
 from potato_queue.server.agent_api import agent_router  # noqa: E402
+from potato_queue.server.guard import guard  # noqa: E402
 from potato_queue.store import RunStore  # noqa: E402
 
 __all__ = ["main"]
@@ -71,6 +72,7 @@ def _serve(store: RunStore, config: object, unix_path: str) -> tuple[uvicorn.Ser
     app = FastAPI()
     app.state.store, app.state.config = store, config
     app.include_router(agent_router(), prefix="/api/training/agent/v1")
+    guard(app, store, config)  # as create_app has it
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY
     tcp.bind(("127.0.0.1", 0))
     unix = socket.socket(socket.AF_UNIX)

@@ -168,11 +168,22 @@ class RunStore:
 
     def _created_at(self, run_id: str) -> str:
         if run_id not in self._created:
-            self._created[run_id] = self.read(run_id)["created_at"]
+            try:
+                self._created[run_id] = str(self.read(run_id)["created_at"])
+            except (KeyError, OSError, TypeError):
+                return run_id  # unreadable: sorted by its id (which starts with the creation second)
         return self._created[run_id]
 
     def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
-        return [self.get(run_id) for run_id in reversed(self.run_ids()[-limit:])]
+        """The newest `limit` runs; one whose record cannot be read is listed as `broken`, never breaks the list."""
+        return [self._listed(run_id) for run_id in reversed(self.run_ids()[-limit:])]
+
+    def _listed(self, run_id: str) -> dict[str, Any]:
+        try:
+            return self.get(run_id)
+        except (KeyError, OSError, ValueError, TypeError) as exc:
+            why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else "it is missing or not JSON"
+            return {"run_id": run_id, "state": "broken", "error": f"run.json cannot be read ({why})"}
 
     def update(self, run_id: str, record: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
         """Write fields (not the state) into run.json; pass the record held in memory to skip a read."""

@@ -38,6 +38,7 @@ from potato_queue.agent.proc import group_members
 from potato_queue.config import ProjectConfig, build_config
 from potato_queue.keys import Keys
 from potato_queue.server.agent_api import agent_router
+from potato_queue.server.guard import guard
 from potato_queue.store import RunStore
 from tests.conftest import ROOT
 
@@ -148,6 +149,7 @@ def _serve(config: ProjectConfig, redis_url: str, socket_dir: str) -> Served:
     app.state.store = store
     app.state.config = config
     app.include_router(agent_router(), prefix=PREFIX)
+    guard(app, store, config)  # as create_app has it
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY
     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     tcp.bind(("127.0.0.1", 0))
@@ -700,3 +702,36 @@ def test_a_message_cannot_forge_a_line_of_run_log(served: Served, capsys: pytest
     log_line(forged)  # the agent's own log (agent.log) follows the same rule
     written = capsys.readouterr().err
     assert written.count("\n") == 1 and "ok\\n2026-12-01 08:00:00 FAKE" in written
+
+
+def test_events_that_cannot_be_served_back_are_refused_or_made_servable(served: Served) -> None:
+    run_id, token, _ = make_run(served, "hang")
+    events = f"{PREFIX}/runs/{run_id}/events"
+    deep: Any = "leaf"
+    for _ in range(300):
+        deep = [deep]
+    with served.http() as http:
+        reply = http.post(events, json={"events": [{"v": 1, "event": "metric", "t": 1, "value": deep}]},
+                          headers=auth(token))
+        assert reply.status_code == 400
+        assert reply.json()["detail"] == "event 0 of the batch nests more than 20 levels deep; at most 20 are accepted"
+        raw = ('{"events": [{"v": 1, "event": "log", "t": 1, "level": "warning", "msg": "bad \\ud800 text"},'
+               '{"v": 1, "event": "metric", "t": 1, "split": "val", "name": "loss", "value": 1e400}]}')
+        reply = http.post(events, content=raw, headers={**auth(token), "Content-Type": "application/json"})
+        assert reply.status_code == 200, reply.text
+    stored = [json.loads(line) for line in served.store.paths(run_id).events.read_text().splitlines()]
+    assert [e.get("msg") for e in stored][0] == "bad \ufffd text" and stored[1]["value"] == "inf"
+    assert "bad \ufffd text" in served.store.paths(run_id).run_log.read_text()
+    assert served.store.live(run_id)["metrics"] == {"val/loss": "inf"}
+
+
+def test_an_unauthenticated_body_is_refused_before_it_is_read(served: Served) -> None:
+    from tests.test_server_hardening import raw_request
+
+    run_id, token, _ = make_run(served, "hang")
+    head = (f"POST {PREFIX}/runs/{run_id}/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Content-Length: {24 << 20}\r\nAuthorization: Bearer wrong-token")
+    status, body = raw_request(served.tcp_url, head)
+    assert status == 401 and "a valid run token is required" in body
+    status, body = raw_request(served.tcp_url, head.replace("wrong-token", token).replace(str(24 << 20), str(40 << 20)))
+    assert status == 413 and "more than this route takes (33554432)" in body

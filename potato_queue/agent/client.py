@@ -30,6 +30,8 @@ from potato_queue.agent.transport import (
     retry,
 )
 
+MAX_MESSAGE_CHARS = 4000
+
 __all__ = [
     "API_PREFIX",
     "ApiError",
@@ -88,7 +90,9 @@ class RunClient:
     def post_result(self, exit_code: int, artifact_uri: Optional[str], message: Optional[str],
                     give_up_s: Optional[float] = None) -> Dict[str, Any]:
         """POST result: the last call of a run; the reply carries the run's state."""
-        payload = {"exit_code": exit_code, "artifact_uri": artifact_uri, "message": message}
+        # The server takes a message of at most 8000 characters; the start says the most.
+        payload = {"exit_code": exit_code, "artifact_uri": artifact_uri,
+                   "message": message[:MAX_MESSAGE_CHARS] if message else message}
         try:
             return self.transport.call("POST", self._path("result"), payload, give_up_s=give_up_s, what="POST result")
         except ApiError as exc:

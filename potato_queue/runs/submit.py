@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from potato_queue.bounds import MAX_PARAMS_BYTES, clean, json_size, too_deep
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import unavailable_reason
@@ -52,11 +53,22 @@ def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], back
     return chosen
 
 
+def check_params(params: dict[str, Any]) -> dict[str, Any]:
+    """A trainer's params as they will be stored and served back, or RunRefused (400) naming the limit."""
+    problem = too_deep(params, "params")
+    if problem is None and json_size(params) > MAX_PARAMS_BYTES:
+        problem = f"params are {json_size(params)} bytes as JSON; at most {MAX_PARAMS_BYTES} are accepted"
+    if problem is not None:
+        raise RunRefused(problem, status=400, fix="pass the trainer's settings, not data (the data comes from the project)")
+    return clean(params)
+
+
 def start_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], *, trainer: str,
               schemas: list[str], backend: str | None = None, params: dict[str, Any] | None = None,
               trigger: str = "api") -> dict[str, Any]:
     """Check the request, write the queued run, wake an executor."""
     chosen = choose_backend(config, trainer, schemas, backend)
+    params = check_params(params or {})
     record = store.create(trainer=trainer, schemas=schemas, backend=chosen, params=params, trigger=trigger)
     enqueue(record["run_id"])
     return record

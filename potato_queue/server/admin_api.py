@@ -2,32 +2,36 @@
 
 The key is the config's admin_api_key, else $POTATO_ADMIN_API_KEY. There is
 no loopback exemption: a request through an agent's forwarded socket is
-loopback too, and must not get admin rights (SSH-10).
+loopback too, and must not get admin rights (SSH-10). Every status a route
+answers is in the OpenAPI document.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Request
+from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from potato_queue.config import LOCAL, ProjectConfig
+from potato_queue.config import LOCAL
 from potato_queue.runs.finalize import published_predictions, read_jsonl
 from potato_queue.runs.submit import RunRefused, start_run, trainer_table
+from potato_queue.server.guard import admin_problem
 from potato_queue.store import FINAL_STATES, RunStore
 
-__all__ = ["admin_router", "RunRequest", "admin_key"]
+__all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
+
+MAX_RUNS_LISTED = 1000
+# Bytes into run.log: 2**53 is past any file, and still an exact JSON number.
+MAX_OFFSET = 2**53
 
 
 class RunRequest(BaseModel):
-    trainer: str
-    schemas: list[str] = Field(min_length=1)
-    backend: str | None = None
-    params: dict[str, Any] = Field(default_factory=dict)
+    trainer: str = Field(max_length=200)
+    schemas: list[str] = Field(min_length=1, max_length=100)
+    backend: str | None = Field(None, max_length=200)
+    params: dict[str, Any] = Field(default_factory=dict, description="the trainer's settings (at most 20 levels deep, 64 KiB)")
 
 
 class RunAccepted(BaseModel):
@@ -35,20 +39,27 @@ class RunAccepted(BaseModel):
     state: str
 
 
-def admin_key(config: ProjectConfig) -> str | None:
-    return config.admin_api_key or os.environ.get("POTATO_ADMIN_API_KEY") or None
+class ErrorReply(BaseModel):
+    detail: str
 
 
 def _require_key(request: Request, x_api_key: str | None = Header(default=None)) -> None:
-    expected = admin_key(request.app.state.config)
-    if expected is None:
-        raise HTTPException(401, "No admin key is configured: set admin_api_key in the config or POTATO_ADMIN_API_KEY")
-    if x_api_key is None or not secrets.compare_digest(x_api_key.encode(), expected.encode()):
-        raise HTTPException(401, "Admin authentication required: send the header X-API-Key with the project's admin key")
+    # The Guard middleware has refused a wrong key before the body was read; this documents the
+    # header in the OpenAPI document, and holds should the router be mounted without the Guard.
+    problem = admin_problem(request.app.state.config, x_api_key)
+    if problem is not None:
+        raise HTTPException(*problem)
 
 
 def _store(request: Request) -> RunStore:
     return request.app.state.store
+
+
+def _public(record: dict[str, Any]) -> dict[str, Any]:
+    record = dict(record)
+    record["ran_on"] = record.pop("backend", None)
+    record.pop("job", None)
+    return record
 
 
 def _get_run(store: RunStore, run_id: str) -> dict[str, Any]:
@@ -59,73 +70,90 @@ def _get_run(store: RunStore, run_id: str) -> dict[str, Any]:
     return _public(record)
 
 
-def _public(record: dict[str, Any]) -> dict[str, Any]:
-    record = dict(record)
-    record["ran_on"] = record.pop("backend", None)
-    record.pop("job", None)
-    return record
+def post_run(body: RunRequest, request: Request) -> RunAccepted:
+    """Queue a run (API-2): 409 for a backend the config does not name, 400 for anything else refused."""
+    try:
+        record = start_run(request.app.state.config, _store(request), request.app.state.enqueue,
+                           trainer=body.trainer, schemas=body.schemas, backend=body.backend, params=body.params)
+    except RunRefused as exc:
+        raise HTTPException(exc.status, exc.message) from None
+    return RunAccepted(run_id=record["run_id"], state="queued")
+
+
+def list_runs(request: Request,
+              limit: Annotated[int, Query(ge=1, le=MAX_RUNS_LISTED)] = 100) -> list[dict[str, Any]]:
+    """The newest runs first; a run whose record cannot be read is listed with state `broken`."""
+    return [_public(r) for r in _store(request).list_runs(limit)]
+
+
+def get_run(run_id: str, request: Request) -> dict[str, Any]:
+    return _get_run(_store(request), run_id)
+
+
+def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
+    """Cancel a queued or running run; 409 when it had already finished."""
+    before = _get_run(_store(request), run_id)["state"]
+    if before in FINAL_STATES:
+        raise HTTPException(409, f"run {run_id} had already finished ({before}); there is nothing to cancel")
+    return {"run_id": run_id, "state": _store(request).request_cancel(run_id)}
+
+
+def run_events(run_id: str, request: Request, after: Annotated[int, Query(ge=0)] = 0) -> list[dict[str, Any]]:
+    """The run's events from the `after`-th on."""
+    _get_run(_store(request), run_id)
+    return list(read_jsonl(_store(request).paths(run_id).events))[after:]
+
+
+def run_log(run_id: str, request: Request, offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> str:
+    """run.log from byte `offset` on (to follow it)."""
+    _get_run(_store(request), run_id)
+    path = _store(request).paths(run_id).run_log
+    if not path.exists():
+        return ""
+    with open(path, "rb") as fh:
+        fh.seek(offset)
+        return fh.read().decode("utf-8", errors="replace")
+
+
+def trainers() -> dict[str, dict[str, Any]]:
+    return trainer_table()
+
+
+def schemas(request: Request) -> list[dict[str, Any]]:
+    return request.app.state.config.annotation_schemes
+
+
+def backends(request: Request) -> list[dict[str, Any]]:
+    mt = request.app.state.config.model_training
+    rows = [{"name": LOCAL, "type": "local", "host": None}]
+    rows += [{"name": n, "type": b.type, "host": getattr(b, "host", None)} for n, b in mt.backends.items()]
+    return rows
+
+
+def predictions(request: Request) -> list[dict[str, Any]]:
+    return published_predictions(request.app.state.config)
+
+
+_UNKNOWN_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "no such run"}}
 
 
 def admin_router() -> APIRouter:
-    router = APIRouter(dependencies=[Depends(_require_key)], tags=["admin"])
-
-    @router.post("/runs", status_code=202, response_model=RunAccepted)
-    def post_run(body: RunRequest, request: Request) -> RunAccepted:
-        try:
-            record = start_run(request.app.state.config, _store(request), request.app.state.enqueue,
-                               trainer=body.trainer, schemas=body.schemas, backend=body.backend, params=body.params)
-        except RunRefused as exc:
-            raise HTTPException(exc.status, exc.message) from None
-        return RunAccepted(run_id=record["run_id"], state="queued")
-
-    @router.get("/runs")
-    def list_runs(request: Request, limit: int = 100) -> list[dict[str, Any]]:
-        return [_public(r) for r in _store(request).list_runs(limit)]
-
-    @router.get("/runs/{run_id}")
-    def get_run(run_id: str, request: Request) -> dict[str, Any]:
-        return _get_run(_store(request), run_id)
-
-    @router.post("/runs/{run_id}/cancel", responses={404: {"description": "no such run"},
-                                                     409: {"description": "the run had already finished"}})
-    def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
-        before = _get_run(_store(request), run_id)["state"]
-        if before in FINAL_STATES:
-            raise HTTPException(409, f"run {run_id} had already finished ({before}); there is nothing to cancel")
-        return {"run_id": run_id, "state": _store(request).request_cancel(run_id)}
-
-    @router.get("/runs/{run_id}/events")
-    def run_events(run_id: str, request: Request, after: int = 0) -> list[dict[str, Any]]:
-        _get_run(_store(request), run_id)
-        return list(read_jsonl(_store(request).paths(run_id).events))[after:]
-
-    @router.get("/runs/{run_id}/log", response_class=PlainTextResponse)
-    def run_log(run_id: str, request: Request, offset: int = 0) -> str:
-        _get_run(_store(request), run_id)
-        path = _store(request).paths(run_id).run_log
-        if not path.exists():
-            return ""
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode("utf-8", errors="replace")
-
-    @router.get("/trainers")
-    def trainers() -> dict[str, dict[str, Any]]:
-        return trainer_table()
-
-    @router.get("/schemas")
-    def schemas(request: Request) -> list[dict[str, Any]]:
-        return request.app.state.config.annotation_schemes
-
-    @router.get("/backends")
-    def backends(request: Request) -> list[dict[str, Any]]:
-        mt = request.app.state.config.model_training
-        rows = [{"name": LOCAL, "type": "local", "host": None}]
-        rows += [{"name": n, "type": b.type, "host": getattr(b, "host", None)} for n, b in mt.backends.items()]
-        return rows
-
-    @router.get("/predictions")
-    def predictions(request: Request) -> list[dict[str, Any]]:
-        return published_predictions(request.app.state.config)
-
+    router = APIRouter(dependencies=[Depends(_require_key)], tags=["admin"],
+                       responses={401: {"model": ErrorReply, "description": "no admin key, or a wrong one"},
+                                  413: {"model": ErrorReply, "description": "a body over 1 MiB"}})
+    add = router.add_api_route
+    add("/runs", post_run, methods=["POST"], status_code=202, response_model=RunAccepted, responses={
+        400: {"model": ErrorReply, "description": "an unknown trainer or schema, params too deep or large, "
+                                                  "a backend this version cannot run"},
+        409: {"model": ErrorReply, "description": "a backend the config does not name"}})
+    add("/runs", list_runs, methods=["GET"])
+    add("/runs/{run_id}", get_run, methods=["GET"], responses=_UNKNOWN_RUN)
+    add("/runs/{run_id}/cancel", cancel_run, methods=["POST"], responses={
+        **_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "the run had already finished"}})
+    add("/runs/{run_id}/events", run_events, methods=["GET"], responses=_UNKNOWN_RUN)
+    add("/runs/{run_id}/log", run_log, methods=["GET"], response_class=PlainTextResponse, responses=_UNKNOWN_RUN)
+    add("/trainers", trainers, methods=["GET"])
+    add("/schemas", schemas, methods=["GET"])
+    add("/backends", backends, methods=["GET"])
+    add("/predictions", predictions, methods=["GET"])
     return router

@@ -25,9 +25,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse
 
+from potato_queue.bounds import clean, too_deep
 from potato_queue.config import ProjectConfig
-from potato_queue.keys import RUN_ID_RE
 from potato_queue.runs.ingest import ingest_events
+from potato_queue.server.guard import token_problem
 from potato_queue.store import RunStore
 
 __all__ = [
@@ -95,8 +96,8 @@ class PredictionsReply(BaseModel):
 
 class ResultIn(BaseModel):
     exit_code: int = Field(ge=0, le=255, description="the worker's exit code, shell-style (128 + N for signal N)")
-    artifact_uri: str | None = Field(None, description="<host>:<directory> of the model files")
-    message: str | None = None
+    artifact_uri: str | None = Field(None, max_length=4096, description="<host>:<directory> of the model files")
+    message: str | None = Field(None, max_length=8000)
 
 
 class ResultReply(BaseModel):
@@ -127,26 +128,18 @@ _BEARER = HTTPBearer(auto_error=False, scheme_name="run token",
                      description="the run's token, given to the agent on stdin")
 
 
-def _check_token(store: RunStore, run_id: str, token: str | None) -> None:
-    unauthorized = HTTPException(401, "a valid run token is required (Authorization: Bearer <token>)",
-                                 headers={"WWW-Authenticate": "Bearer"})
-    if token is None:
-        raise unauthorized
-    if RUN_ID_RE.match(run_id) and store.verify_run_token(run_id, token):
-        return
-    if store.token_of_another_run(run_id, token):
-        raise HTTPException(403, f"this token is for another run, not {run_id}")
-    raise unauthorized
-
-
 def authorized_run(
     request: Request,
     run_id: str,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)],
 ) -> str:
     """The path's run id once the token is checked (sync: FastAPI runs it in its thread pool)."""
+    if request.scope.get("state", {}).get("authorized_run") == run_id:
+        return run_id  # the Guard middleware checked it before the body was read
     token = credentials.credentials.strip() if credentials else None
-    _check_token(_store(request), run_id, token or None)
+    problem = token_problem(_store(request), run_id, token or None)
+    if problem is not None:
+        raise HTTPException(*problem, headers={"WWW-Authenticate": "Bearer"} if problem[0] == 401 else None)
     return run_id
 
 
@@ -201,7 +194,11 @@ def get_bundle(request: Request, run_id: AuthorizedRun) -> FileResponse:
 def post_events(request: Request, run_id: AuthorizedRun, batch: EventBatch) -> CancelReply:
     """Record a batch of events (an empty batch is a heartbeat); the reply says whether to stop."""
     store = _store(request)
-    ingest_events(store, run_id, batch.events)
+    for index, event in enumerate(batch.events):
+        problem = too_deep(event, f"event {index} of the batch")
+        if problem is not None:
+            raise HTTPException(400, problem)
+    ingest_events(store, run_id, [clean(event) for event in batch.events])
     return CancelReply(cancel=store.stop_due(run_id))
 
 
@@ -269,7 +266,7 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
 def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> ResultReply:
     """The agent's last word: the worker's exit code and where the model files are."""
     store = _store(request)
-    state = store.record_result(run_id, result.exit_code, result.artifact_uri, result.message)
+    state = store.record_result(run_id, result.exit_code, clean(result.artifact_uri), clean(result.message))
     if state is None:
         raise HTTPException(409, f"run {run_id} already has its result; a run has one")
     text = f"agent finished: exit code {result.exit_code}"
@@ -292,7 +289,9 @@ def agent_router() -> APIRouter:
                    206: {"content": {"application/gzip": {}}, "description": "from the Range's first byte"},
                    404: {"model": ErrorReply}},
     )
-    router.add_api_route("/runs/{run_id}/events", post_events, methods=["POST"], response_model=CancelReply)
+    router.add_api_route("/runs/{run_id}/events", post_events, methods=["POST"], response_model=CancelReply,
+                         responses={400: {"model": ErrorReply, "description": "an event nests too deep"},
+                                    413: {"model": ErrorReply, "description": "a batch over 32 MiB"}})
     router.add_api_route("/runs/{run_id}/control", get_control, methods=["GET"], response_model=CancelReply)
     router.add_api_route(
         "/runs/{run_id}/predictions", put_predictions, methods=["PUT"], response_model=PredictionsReply,

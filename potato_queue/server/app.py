@@ -11,12 +11,11 @@ from fastapi import FastAPI
 from potato_queue.config import ProjectConfig
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
+from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, guard
 from potato_queue.store import RunStore
 
 __all__ = ["create_app", "ADMIN_PREFIX", "AGENT_PREFIX", "record_server_url"]
 
-ADMIN_PREFIX = "/admin/training/api"
-AGENT_PREFIX = "/api/training/agent/v1"
 
 
 def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
@@ -31,6 +30,7 @@ def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
     celery = make_celery(config, redis_url)
     app.state.config = config
     app.state.store = RunStore(config, client)
+    guard(app, app.state.store, config)
     app.state.enqueue = lambda run_id: enqueue(celery, config, run_id)
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
     app.include_router(agent_router(), prefix=AGENT_PREFIX)

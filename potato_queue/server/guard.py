@@ -1,0 +1,171 @@
+"""Before a body is read: who is asking, and how much they may send.
+
+FastAPI reads and parses a request's body before its dependencies run, so a
+route's own authentication comes too late: eight unauthenticated 24 MB
+POSTs held the event loop for seconds and tripled the server's memory. This
+ASGI middleware answers first: 401/403 for a request without the right
+admin key or run token, 413 for a body over its route's cap (from
+Content-Length, or by reading at most the cap of a chunked body), and only
+then lets the route see the request. Predictions are streamed by their
+route under their own limit (max_predictions_mb).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
+
+from potato_queue.bounds import clean
+from potato_queue.config import ProjectConfig
+from potato_queue.keys import RUN_ID_RE
+from potato_queue.store import RunStore
+
+__all__ = ["Guard", "guard", "admin_key", "admin_problem", "token_problem", "ADMIN_PREFIX", "AGENT_PREFIX", "BODY_CAPS"]
+
+ADMIN_PREFIX = "/admin/training/api"
+AGENT_PREFIX = "/api/training/agent/v1"
+KIB = 1024
+# Bytes a request body may have, by the part of the API it is for.
+BODY_CAPS = {
+    "admin": 1024 * KIB,  # a run request: trainer, schemas, params
+    "events": 32 * 1024 * KIB,  # a batch of at most 500 events
+    "agent": 64 * KIB,  # a result, or no body at all
+}
+UNAUTHORIZED_RUN = "a valid run token is required (Authorization: Bearer <token>)"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+def admin_key(config: ProjectConfig) -> str | None:
+    return config.admin_api_key or os.environ.get("POTATO_ADMIN_API_KEY") or None
+
+
+def admin_problem(config: ProjectConfig, given: str | None) -> tuple[int, str] | None:
+    """(status, why) when `given` is not the project's admin key; None when it is."""
+    expected = admin_key(config)
+    if expected is None:
+        return 401, "No admin key is configured: set admin_api_key in the config or POTATO_ADMIN_API_KEY"
+    if given is None or not secrets.compare_digest(given.encode(), expected.encode()):
+        return 401, "Admin authentication required: send the header X-API-Key with the project's admin key"
+    return None
+
+
+def token_problem(store: RunStore, run_id: str, token: str | None) -> tuple[int, str] | None:
+    """(status, why) when `token` does not open `run_id`: 403 for another run's token, else 401."""
+    if not token:
+        return 401, UNAUTHORIZED_RUN
+    if RUN_ID_RE.match(run_id) and store.verify_run_token(run_id, token):
+        return None
+    if store.token_of_another_run(run_id, token):
+        return 403, f"this token is for another run, not {run_id}"
+    return 401, UNAUTHORIZED_RUN
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+
+
+def _bearer(headers: dict[str, str]) -> str | None:
+    scheme, _, token = headers.get("authorization", "").partition(" ")
+    return (token.strip() or None) if scheme.lower() == "bearer" else None
+
+
+async def _reply(send: Send, status: int, detail: str, bearer: bool = False) -> None:
+    body = json.dumps({"detail": detail}).encode()
+    # Connection: close, so the server hangs up rather than reading (and dropping) a body it refused.
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    if bearer and status == 401:
+        headers.append((b"www-authenticate", b"Bearer"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_at_most(receive: Receive, cap: int) -> list[Message] | None:
+    """A body without Content-Length, read while it stays under `cap`; None once it is over."""
+    messages, total = [], 0
+    while True:
+        message = await receive()
+        messages.append(message)
+        if message["type"] != "http.request":
+            return messages
+        total += len(message.get("body", b""))
+        if total > cap:
+            return None
+        if not message.get("more_body"):
+            return messages
+
+
+def _replay(messages: list[Message], receive: Receive) -> Receive:
+    pending = list(messages)
+
+    async def replayed() -> Message:
+        return pending.pop(0) if pending else await receive()
+
+    return replayed
+
+
+class Guard:
+    """The middleware: authenticate, then cap, then the route."""
+
+    def __init__(self, app: ASGIApp, store: RunStore, config: ProjectConfig) -> None:
+        self.app, self.store, self.config = app, store, config
+
+    async def _check(self, scope: Scope, headers: dict[str, str]) -> tuple[tuple[int, str] | None, int | None]:
+        """(problem, body cap) of a request; a cap of None means the route streams under its own limit."""
+        path = scope["path"]
+        if path.startswith(ADMIN_PREFIX + "/"):
+            return admin_problem(self.config, headers.get("x-api-key")), BODY_CAPS["admin"]
+        parts = path[len(AGENT_PREFIX):].split("/")  # "", "runs", run_id, route
+        if len(parts) != 4 or parts[1] != "runs":
+            return None, BODY_CAPS["agent"]
+        run_id, route = parts[2], parts[3]
+        problem = await run_in_threadpool(token_problem, self.store, run_id, _bearer(headers))
+        if problem is None:
+            scope.setdefault("state", {})["authorized_run"] = run_id  # the route need not ask Redis again
+        return problem, {"events": BODY_CAPS["events"], "predictions": None}.get(route, BODY_CAPS["agent"])
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith((ADMIN_PREFIX + "/", AGENT_PREFIX + "/")):
+            return await self.app(scope, receive, send)
+        headers = _headers(scope)
+        problem, cap = await self._check(scope, headers)
+        if problem is not None:
+            return await _reply(send, *problem, bearer=scope["path"].startswith(AGENT_PREFIX))
+        if cap is not None:
+            declared = headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > cap:
+                return await _reply(send, 413, f"the body is {int(declared)} bytes, more than this route takes ({cap})")
+            if not declared.isdigit() and scope["method"] in ("POST", "PUT", "PATCH"):
+                messages = await _read_at_most(receive, cap)
+                if messages is None:
+                    return await _reply(send, 413, f"the body is more than this route takes ({cap} bytes)")
+                receive = _replay(messages, receive)
+        await self.app(scope, receive, send)
+
+
+async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
+    """422 with what was wrong and where, never the input itself: a value like 1e400 or JSON nested
+    600 deep cannot be written back, and FastAPI's own handler then answers 500."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    detail = [{"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg")), "type": str(e.get("type"))}
+              for e in errors]
+    return JSONResponse(status_code=422, content={"detail": clean(detail)})
+
+
+def guard(app: Any, store: RunStore, config: ProjectConfig) -> None:
+    """Put the Guard in front of a FastAPI app, and a 422 handler that cannot fail to render."""
+    app.add_middleware(Guard, store=store, config=config)
+    app.add_exception_handler(RequestValidationError, _invalid_request)

@@ -1,0 +1,104 @@
+"""Hostile and careless requests against the real server (issue 7): auth before the body, caps, bounds,
+and no 5xx for small mistakes. `potato-queue serve` runs as a user starts it; requests are raw HTTP."""
+
+from __future__ import annotations
+
+import json
+import socket
+import urllib.parse
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.lifecycle_helpers import ADMIN_KEY, Services, run_path, started
+
+ADMIN = "/admin/training/api"
+
+
+@pytest.fixture
+def svc(tmp_path: Path, redis_server_url: str) -> Iterator[Services]:
+    with started(tmp_path, redis_server_url, executors=0) as services:
+        yield services
+
+
+def raw_request(url: str, head: str, body: bytes = b"", read_timeout_s: float = 20) -> tuple[int, str]:
+    """Send `head` (and `body`) on a fresh connection; the status and body of the answer."""
+    parts = urllib.parse.urlsplit(url)
+    with socket.create_connection((parts.hostname, parts.port), timeout=read_timeout_s) as sock:
+        sock.sendall(head.encode() + b"\r\n\r\n" + body)
+        data = b""
+        while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _length(data):
+            chunk = sock.recv(65536)
+            if not chunk:
+                break
+            data += chunk
+    status = int(data.split(b" ", 2)[1])
+    return status, data.split(b"\r\n\r\n", 1)[1].decode(errors="replace")
+
+
+def _length(data: bytes) -> int:
+    for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n"):
+        if line.lower().startswith(b"content-length:"):
+            return int(line.split(b":", 1)[1])
+    return 0
+
+
+def test_a_body_is_refused_before_it_is_read_without_the_key(svc: Services) -> None:
+    # Headers announce 24 MB and no byte of it is sent: only a server that answers before reading replies.
+    head = f"POST {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {24 << 20}"
+    status, body = raw_request(svc.url, head)
+    assert status == 401 and "X-API-Key" in body
+    status, body = raw_request(svc.url, head + f"\r\nX-API-Key: {ADMIN_KEY}")
+    assert status == 413 and "more than this route takes (1048576)" in body
+
+
+def test_a_chunked_body_over_the_cap_is_refused(svc: Services) -> None:
+    chunk = b"x" * (600 << 10)
+    body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(2)) + b"0\r\n\r\n"
+    head = (f"POST {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Transfer-Encoding: chunked\r\nX-API-Key: {ADMIN_KEY}")
+    status, text = raw_request(svc.url, head, body)
+    assert status == 413 and "1048576 bytes" in text
+
+
+def test_params_nested_too_deep_are_refused_and_the_listing_stays_whole(svc: Services) -> None:
+    deep: dict = {}
+    node = deep
+    for _ in range(600):
+        node["x"] = {}
+        node = node["x"]
+    status, reply = svc.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment"], "params": deep})
+    assert status == 400 and reply["detail"] == "params nests more than 20 levels deep; at most 20 are accepted"
+    ok = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], params={"n": [1, [2, [3]]], "f": 1e400})
+    assert svc.api("GET", f"/runs/{ok}")[1]["params"] == {"n": [1, [2, [3]]], "f": "inf"}
+    (run_path(svc, ok) / "run.json").write_text("{ not json")
+    status, runs = svc.api("GET", "/runs")
+    assert status == 200 and runs[0]["run_id"] == ok and runs[0]["state"] == "broken"
+    assert "run.json cannot be read" in runs[0]["error"]
+
+
+@pytest.mark.parametrize("query", ["offset=-1", "offset=1e30", f"offset={2**63}", "offset=abc"])
+def test_a_bad_log_offset_is_a_4xx(svc: Services, query: str) -> None:
+    run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+    status, reply = svc.api("GET", f"/runs/{run_id}/log?{query}")
+    assert status == 422 and reply["detail"][0]["loc"] == ["query", "offset"], reply
+
+
+def test_limit_zero_and_numbers_json_cannot_hold_are_4xx(svc: Services) -> None:
+    assert svc.api("GET", "/runs?limit=0")[0] == 422
+    head = (f"POST {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-API-Key: {ADMIN_KEY}")
+    body = b'{"trainer": 1e400, "schemas": ["sentiment"]}'
+    status, text = raw_request(svc.url, head + f"\r\nContent-Length: {len(body)}", body)
+    assert status == 422 and json.loads(text)["detail"][0]["loc"] == ["body", "trainer"]
+
+
+def test_the_openapi_document_names_every_status(svc: Services) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{svc.url}/openapi.json", timeout=30) as reply:
+        doc = json.loads(reply.read())
+    post_runs = doc["paths"][f"{ADMIN}/runs"]["post"]["responses"]
+    assert {"202", "400", "401", "409", "413", "422"} <= set(post_runs)
+    assert {"200", "401", "404"} <= set(doc["paths"][f"{ADMIN}/runs/{{run_id}}"]["get"]["responses"])
+    assert {"200", "404", "409"} <= set(doc["paths"][f"{ADMIN}/runs/{{run_id}}/cancel"]["post"]["responses"])
