@@ -7,6 +7,7 @@ them, so `potato-queue validate` starts fast on a small VM.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -295,7 +296,13 @@ def _store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[Any, Any]:
     return RunStore(cfg, redis.Redis.from_url(redis_url)), lambda run_id: enqueue(app, cfg, run_id)
 
 
+# What potato-queue writes (run folders, bundles, logs, predictions, models) holds annotation data:
+# readable by this account only, in every process it starts (they inherit the umask).
+UMASK = 0o077
+
+
 def main(argv: list[str] | None = None) -> None:
+    os.umask(UMASK)
     cli.main(args=argv, prog_name="potato-queue")
 
 

@@ -13,8 +13,10 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 from contextlib import ExitStack
 from pathlib import Path
+from typing import IO
 
 from potato_queue.config import REDIS_URL_ENV, ProjectConfig
 from potato_queue.embedded_redis import EmbeddedRedis, ping
@@ -37,7 +39,27 @@ def _stop(proc: subprocess.Popen[str]) -> None:
             proc.wait()
 
 
+def _pass_on(stream: IO[str]) -> None:
+    for line in stream:
+        print(line.rstrip("\n"), flush=True)
+
+
+def _exit_on(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: list[str], port: int) -> int:
+    # SIGTERM and SIGHUP would end this process at once, leaving the server, the executor and Redis
+    # running under PID 1: as SystemExit they unwind the stack below, which stops every child.
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _exit_on)
+    try:
+        return _up(config, redis_url, trainer=trainer, schemas=schemas, port=port)
+    except KeyboardInterrupt:
+        return 130
+
+
+def _up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: list[str], port: int) -> int:
     with ExitStack() as stack:
         if not ping(redis_url):
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="potato-queue-redis-"))
@@ -49,14 +71,13 @@ def up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: l
         server = _spawn(["serve", cfg_path, "--port", str(port)], env, stdout=subprocess.PIPE)
         stack.callback(_stop, server)
         assert server.stdout is not None
-        print(server.stdout.readline().strip(), flush=True)
+        print(server.stdout.readline().strip(), flush=True)  # where it serves
+        # The rest of what it prints, passed on (and the pipe never fills).
+        threading.Thread(target=_pass_on, args=(server.stdout,), daemon=True).start()
         executor = _spawn(["worker", cfg_path], env)
         stack.callback(_stop, executor)
         if trainer is None:
-            try:
-                return executor.wait()
-            except KeyboardInterrupt:
-                return 0
+            return executor.wait()
         args = ["training", "run", cfg_path, "--trainer", trainer, "--follow"]
         for schema in schemas:
             args += ["--schema", schema]

@@ -128,3 +128,36 @@ def test_a_read_only_project_is_refused_at_start(tmp_path: Path, redis_server_ur
         assert proc.returncode == 1, proc.stderr
         assert "runs cannot be written in" in proc.stderr and "annotation_output/training/runs" in proc.stderr
         assert "fix: make the project's output_annotation_dir writable" in proc.stderr
+
+
+@pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP"])
+def test_up_stops_its_whole_tree_on_a_signal(signame: str, tmp_path: Path) -> None:
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.lifecycle_helpers import alive_cmd, parent_of, pids
+
+    # No Redis answers at this URL, so `up` starts its own as well.
+    env = {**os.environ, "POTATO_QUEUE_REDIS_URL": "redis://127.0.0.1:1/0"}
+    up = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "up", str(write_project(tmp_path, seed_config())),
+                           "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+                          start_new_session=True)
+    assert up.stdout is not None
+    lines = [up.stdout.readline(), up.stdout.readline()]
+    assert "runs privately at unix://" in lines[0] and " at http://" in lines[1], lines
+    socket_path = Path(lines[0].split("unix://", 1)[1].split("?", 1)[0])
+    deadline = time.monotonic() + 30
+    children: list[int] = []
+    while len(children) < 3 and time.monotonic() < deadline:  # redis-server, serve, worker
+        children = [p for p in pids() if parent_of(p) == up.pid and alive_cmd(p)]
+        time.sleep(0.1)
+    assert len(children) == 3, [alive_cmd(p) for p in children]
+    up.send_signal(getattr(signal, signame))
+    up.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(alive_cmd(p) for p in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert [alive_cmd(p) for p in children if alive_cmd(p)] == []
+    assert not socket_path.exists() and not socket_path.parent.exists()

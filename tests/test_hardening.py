@@ -62,3 +62,15 @@ def test_the_agent_and_the_worker_get_an_allow_listed_environment(tmp_path: Path
             assert env.get("PATH") == os.environ["PATH"]
         svc.api("POST", f"/runs/{run_id}/cancel")
         assert svc.wait_for(run_id, TERMINAL, timeout_s=30)["state"] == "cancelled"
+
+
+def test_everything_a_run_writes_is_this_accounts_only(tmp_path: Path, redis_server_url: str) -> None:
+    with started(tmp_path, redis_server_url, grace_seconds=2) as svc:
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+        assert svc.wait_for(run_id, TERMINAL)["state"] == "succeeded"
+        training = svc.config.parent / "annotation_output" / "training"
+        found = {p: p.stat().st_mode & 0o777 for p in [training, *training.rglob("*")]}
+    assert any(p.name == "bundle.tar.gz" for p in found) and any(p.parent.name == "artifacts" for p in found)
+    wrong = {str(p.relative_to(training)): oct(mode) for p, mode in found.items()
+             if mode != (0o700 if p.is_dir() else 0o600)}
+    assert wrong == {}, wrong

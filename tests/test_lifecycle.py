@@ -268,3 +268,49 @@ def test_cancelling_a_finished_run_says_it_had_already_finished(services: Servic
     assert proc.returncode == 1
     assert f"run {run_id} had already finished (succeeded); there is nothing to cancel" in proc.stderr
     assert services.api("GET", f"/runs/{run_id}")[1]["state"] == "succeeded"
+
+
+def test_a_data_item_that_is_not_valid_unicode_is_named_and_the_run_goes_on(tmp_path: Path, redis_server_url: str) -> None:
+    config = make_project(tmp_path, grace_seconds=2)
+    data = config.parent / "data" / "reviews.json"
+    items = json.loads(data.read_text())
+    bad_id = items[3]["id"]
+    # A lone surrogate, as a JSON escape: it parses, and cannot be written as UTF-8.
+    data.write_text(json.dumps(items).replace(json.dumps(items[3]["text"]), '"broken \\ud800 text"', 1))
+    svc = Services(config, redis_server_url, tmp_path)
+    svc.serve()
+    try:
+        svc.executor()
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+        run = svc.wait_for(run_id, TERMINAL)
+        assert run["state"] == "succeeded", (run, svc.logs())
+        log = (run_path(svc, run_id) / "run.log").read_text()
+        assert "1 item(s) hold text that is not valid Unicode" in log and bad_id in log, log
+    finally:
+        svc.stop()
+
+
+def test_predictions_that_are_not_predictions_are_skipped_and_named(tmp_path: Path, redis_server_url: str) -> None:
+    import redis
+
+    from potato_queue.bundle import build_bundle
+    from potato_queue.runs.finalize import finalize_predictions
+    from potato_queue.store import RunStore
+    from potato_queue.validate import load_checked
+
+    config = load_checked(make_project(tmp_path, writeback={"schemas": ["sentiment"], "include_unlabeled": True}))
+    store = RunStore(config, redis.Redis.from_url(redis_server_url))
+    run_id = store.create(trainer="sklearn-text", schemas=["sentiment"], backend="local")["run_id"]
+    paths = store.paths(run_id)
+    build_bundle(config, paths.bundle_dir, ["sentiment"])
+    unlabeled = json.loads((paths.bundle_dir / "unlabeled.jsonl").read_text().splitlines()[0])["instance_id"]
+    good = {"instance_id": unlabeled, "schema_name": "sentiment", "payload": {"label": "pos\ud800", "confidence": 0.9},
+            "confidence": 0.9}
+    paths.predictions.write_text("[1, 2]\n" + json.dumps(good) + "\nnot json\n", encoding="utf-8", errors="surrogatepass")
+    held_out = finalize_predictions(config, store, run_id, ["sentiment"])
+    assert held_out["sentiment"]["test"]["n"] > 0
+    log = paths.run_log.read_text()
+    assert "predictions.jsonl has 2 line(s) that are not a prediction" in log and "line(s) 1, 3" in log, log
+    published = (config.output_path / "training" / "predictions.jsonl").read_text(encoding="utf-8")
+    assert json.loads(published)["payload"]["label"] == "pos\ufffd"
+    assert [p.name for p in (config.output_path / "training").iterdir() if p.name.startswith(".")] == []

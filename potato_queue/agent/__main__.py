@@ -91,6 +91,7 @@ def _stop_on_signals(runner: Runner) -> None:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Read the token, run the job, return the exit code to report."""
+    os.umask(0o077)  # files 0600, folders 0700: the host is shared with other accounts
     parser = build_parser()
     args = parser.parse_args(argv)
     launcher = ProcessLauncher(args.python, worker_env())

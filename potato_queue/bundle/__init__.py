@@ -26,6 +26,7 @@ from potato_queue.bundle.read import (
     _schema_names,
     schema_kind,
     target_schemas,
+    unencodable_items,
 )
 from potato_queue.bundle.write import (
     BUNDLE_VERSION,
@@ -67,6 +68,11 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
         media_directory=str((config.model_extra or {}).get("media_directory") or "media"),
         source_field=by_name[names[0]].get("source_field"))  # Potato reads the first scheme's only
     build.stats.update(n_items=len(items), n_annotated=len(references))
+    bad = unencodable_items(items)
+    if bad:
+        build.stats["warnings"].append(
+            f"{len(bad)} item(s) hold text that is not valid Unicode (a lone surrogate such as \\ud800), "
+            f"replaced with U+FFFD: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; fix the data file")
     rows, unlabeled = _rows(build, items, references, targets, training.writeback.include_unlabeled)
     splits = _write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
     return _write_manifest(build, training, names, by_name, kinds, labels, splits, rows)

@@ -16,11 +16,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from potato_queue.bounds import clean
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # The public names, then what the other stages of the bundle use.
-__all__ = ["TARGET_KINDS", "Answers", "Row", "schema_kind", "target_schemas",
+__all__ = ["TARGET_KINDS", "Answers", "Row", "schema_kind", "target_schemas", "unencodable_items",
            "_Annotations", "_read_annotations", "_read_items", "_schema_names"]
 
 # Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
@@ -102,6 +103,18 @@ def _read_items(config: ProjectConfig) -> dict[str, Row]:
                                    fix=f"restore the file or correct data_files in {config.config_path}")
         items.update(_items_of_text(path.read_text(encoding="utf-8"), config.item_properties.id_key))
     return items
+
+
+def unencodable_items(items: dict[str, Row]) -> list[str]:
+    """Make every item writable as UTF-8 (a lone surrogate, `\\ud800` in a JSON data file, cannot be):
+    the ids of the items that held one, now replaced with U+FFFD."""
+    bad = []
+    for iid, row in items.items():
+        fixed = clean(row)
+        if fixed != row:
+            items[iid] = fixed
+            bad.append(iid)
+    return bad
 
 
 @dataclass

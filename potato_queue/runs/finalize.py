@@ -11,13 +11,14 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from potato_queue.bounds import clean, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import project_predictions_path
 from potato_queue.store import RunStore
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.scoring import score
 
-__all__ = ["finalize_predictions", "read_jsonl", "published_predictions"]
+__all__ = ["finalize_predictions", "read_jsonl", "read_predictions", "published_predictions"]
 
 HELD_OUT_SPLITS = ("val", "test")
 
@@ -33,6 +34,29 @@ def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
                     yield json.loads(line)
                 except ValueError:
                     continue
+
+
+def read_predictions(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
+    """The prediction objects of a run's predictions.jsonl (made servable), and the numbers of the
+    lines that are not one (not JSON, not an object, no instance_id or schema_name)."""
+    good: list[dict[str, Any]] = []
+    bad: list[int] = []
+    if not path.exists():
+        return good, bad
+    with open(path, encoding="utf-8", errors="replace") as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError:
+                row = None
+            if isinstance(row, dict) and isinstance(row.get("instance_id"), (str, int)) \
+                    and isinstance(row.get("schema_name"), str) and too_deep(row, "a prediction") is None:
+                good.append(clean(row))
+            else:
+                bad.append(number)
+    return good, bad
 
 
 def _label(prediction: dict[str, Any]) -> Any:
@@ -78,13 +102,17 @@ def _publishable(config: ProjectConfig, bundle_dir: Path, preds: list[dict[str, 
 
 
 def published_predictions(config: ProjectConfig) -> list[dict[str, Any]]:
-    return list(read_jsonl(project_predictions_path(config)))
+    return read_predictions(project_predictions_path(config))[0]
 
 
 def finalize_predictions(config: ProjectConfig, store: RunStore, run_id: str, schemas: Iterable[str]) -> dict[str, Any]:
     """Score the held-out items and publish what passes the gates; returns held_out."""
     paths = store.paths(run_id)
-    preds = list(read_jsonl(paths.predictions))
+    preds, bad = read_predictions(paths.predictions)
+    if bad:
+        lines = ", ".join(map(str, bad[:10])) + (" ..." if len(bad) > 10 else "")
+        store.log(run_id, f"warning: predictions.jsonl has {len(bad)} line(s) that are not a prediction "
+                          f"(a JSON object with instance_id and schema_name), skipped: line(s) {lines}")
     if not preds:
         store.log(run_id, "no predictions came back, so there is nothing to score or publish")
         return {}

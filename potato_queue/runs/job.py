@@ -56,9 +56,10 @@ def build_job(config: ProjectConfig, store: RunStore, record: dict[str, Any], pa
     from potato_queue.bundle import build_bundle, pack_bundle
 
     mt = config.model_training
-    build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
+    manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
     size, sha256 = pack_bundle(paths.bundle_dir, paths.bundle)
-    store.log(record["run_id"], f"bundle built: {size} bytes, sha256 {sha256[:12]}")
+    store.log(record["run_id"], f"bundle built: {size} bytes, sha256 {sha256[:12]}",
+              *(f"warning: {text}" for text in manifest["stats"]["warnings"]))
     return {
         "trainer": record["trainer"],
         "schemas": record["schemas"],

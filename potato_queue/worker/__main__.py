@@ -49,6 +49,7 @@ def event_stream() -> IO[str]:
 
 def main(argv: Optional[List[str]] = None) -> int:
     """Parse arguments, install signal handlers, run; return the exit code."""
+    os.umask(0o077)  # files 0600, folders 0700: the host is shared with other accounts
     stop = StopFlag()
     install_signal_handlers(stop)
     reporter = Reporter(stream=event_stream(), should_stop=stop.poll)
