@@ -63,7 +63,11 @@ def _not_built(command: str, issue: str) -> NotBuiltYet:
     )
 
 
-@click.group(cls=_Group, context_settings={"help_option_names": ["-h", "--help"]})
+# Wide enough that a command's one-line summary is never cut short in --help.
+HELP_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 110, "terminal_width": 110}
+
+
+@click.group(cls=_Group, context_settings=HELP_SETTINGS)
 @click.version_option(package_name="potato-queue")
 def cli() -> None:
     """Remote training for Potato annotation projects: local, ssh, SLURM and agent backends."""
@@ -121,11 +125,13 @@ def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | 
 @cli.command()
 @CONFIG
 @REDIS
-def worker(config: Path, redis_url: str) -> None:
+@click.option("-v", "--verbose", is_flag=True, help="Celery's banner and its info log too.")
+@click.option("-q", "--quiet", is_flag=True, help="Only errors: not even a line per run.")
+def worker(config: Path, redis_url: str, verbose: bool, quiet: bool) -> None:
     """Run an executor: a Celery worker that runs one training run at a time."""
     from potato_queue.serve import run_executor
 
-    run_executor(_checked(config), _redis_checked(redis_url))
+    run_executor(_checked(config), _redis_checked(redis_url), verbosity=2 if verbose else 0 if quiet else 1)
 
 
 @cli.command()
@@ -142,13 +148,15 @@ def beat(config: Path, redis_url: str) -> None:
 @REDIS
 @click.option("--run", "trainer", default=None, help="Queue one run with this trainer, follow it, then stop.")
 @click.option("--schema", "schemas", multiple=True, help="Schema(s) for --run (default: every scheme).")
-@click.option("--port", default=8000, show_default=True, type=int)
-def up(config: Path, redis_url: str, trainer: str | None, schemas: tuple[str, ...], port: int) -> None:
+@click.option("--port", default=8000, show_default=True, type=int, help="The server's port (0: any free one).")
+@click.option("-v", "--verbose", is_flag=True, help="The executor's own log too (Celery's banner, a line per run).")
+def up(config: Path, redis_url: str, trainer: str | None, schemas: tuple[str, ...], port: int, verbose: bool) -> None:
     """Start everything on this machine: Redis if none answers, the server and an executor."""
     from potato_queue.up import up as start_all
 
     cfg = _checked(config)
-    raise click.exceptions.Exit(start_all(cfg, redis_url, trainer=trainer, schemas=list(schemas) or cfg.schema_names(), port=port))
+    raise click.exceptions.Exit(start_all(cfg, redis_url, trainer=trainer, schemas=list(schemas) or cfg.schema_names(),
+                                          port=port, verbose=verbose))
 
 
 @cli.group(cls=_Group)
@@ -187,13 +195,16 @@ def register(backend: str, config: Path, redis_url: str) -> None:
 
 @training.command()
 @click.option("--server", required=True, help="The server's URL, as the training machine reaches it.")
-@click.option("--backend", required=True)
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--backend", required=True, help="The agent backend whose runs this agent takes.")
+@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path),
+              help="A file holding the backend's token (else $POTATO_TRAINING_TOKEN; never on the command line).")
 @click.option("--python", "python_exe", default=None, help="The worker's interpreter (default: this one).")
-@click.option("--once", is_flag=True)
-@click.option("--workdir", default="~/.cache/potato-training", show_default=True)
-@click.option("--keep", is_flag=True)
-@click.option("--slurm-config", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--once", is_flag=True, help="Exit after one run.")
+@click.option("--workdir", default="~/.cache/potato-training", show_default=True,
+              help="Where bundles and model files are kept.")
+@click.option("--keep", is_flag=True, help="Keep each run's bundle after the run.")
+@click.option("--slurm-config", type=click.Path(dir_okay=False, path_type=Path),
+              help="Submit each run's worker to SLURM with these settings (a JSON object).")
 def agent(**_: Any) -> None:
     """Run a backend's jobs on this machine until stopped (token from POTATO_TRAINING_TOKEN)."""
     raise _not_built("training agent", "the agent-backend work")
@@ -202,19 +213,22 @@ def agent(**_: Any) -> None:
 @training.command()
 @CONFIG
 @REDIS
-@click.option("--trainer", required=True)
-@click.option("--schema", "schemas", multiple=True, required=True)
-@click.option("--backend", default=None)
-@click.option("--follow", is_flag=True)
+@click.option("--trainer", required=True, help="e.g. sklearn-text, hf-text-classification, majority-baseline.")
+@click.option("--schema", "schemas", multiple=True, required=True, help="A scheme to train on (repeat for several).")
+@click.option("--backend", default=None, help="Where it runs (default: model_training.backend, else local).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A trainer parameter, e.g. --param epochs=3 (repeat; JSON values like 3, 0.1, true are typed).")
+@click.option("--follow", is_flag=True, help="Watch it to the end, print the held-out scores; exit 0/1/4.")
 def run(config: Path, redis_url: str, trainer: str, schemas: tuple[str, ...], backend: str | None,
-        follow: bool) -> None:
+        params: tuple[str, ...], follow: bool) -> None:
     """Queue a training run (--follow: watch it to the end and print the held-out scores)."""
     from potato_queue import follow as following
     from potato_queue.runs.submit import start_run
 
     cfg = _checked(config)
     store, enqueue = _store_and_queue(cfg, _redis_checked(redis_url))
-    record = start_run(cfg, store, enqueue, trainer=trainer, schemas=list(schemas), backend=backend, trigger="cli")
+    record = start_run(cfg, store, enqueue, trainer=trainer, schemas=list(schemas), backend=backend,
+                       params=_params(params), trigger="cli")
     click.echo(f"queued run {record['run_id']} ({trainer} on {record['backend']})")
     if follow:
         raise click.exceptions.Exit(following.follow(store, record["run_id"]))
@@ -284,6 +298,20 @@ def bundle(config: Path, out: Path, schemas: tuple[str, ...]) -> None:
         click.echo(f"warning: {text}")
     click.echo(f"digest: {manifest['digest']}")
     click.echo(f"written to {out.resolve()}")
+
+
+def _params(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """--param KEY=VALUE pairs: a value that reads as JSON (3, 0.1, true, "x", [1]) is that, else the text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise PotatoQueueError(f"--param {pair!r} is not KEY=VALUE", fix="write it like --param epochs=3")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
 
 
 def _store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[Any, Any]:

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any
 
-from potato_queue.keys import RunPaths
+from potato_queue.keys import RunPaths, project_predictions_path
 from potato_queue.store import FINAL_STATES, RunStore
 from potato_queue.worker.exit_codes import EXIT_FOR_STATE
 
@@ -80,4 +80,8 @@ def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25) -> int:
         print(f"error: {record['error']}")
     if record.get("held_out"):
         print(held_out_table(record["held_out"]))
+    if record["state"] == "succeeded":
+        print(f"\npredictions: {project_predictions_path(store.config)} (this run's: {store.paths(run_id).predictions})")
+        if record.get("artifact_uri"):
+            print(f"model files: {record['artifact_uri']}")
     return EXIT_FOR_STATE.get(record["state"], 1)

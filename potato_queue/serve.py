@@ -7,6 +7,7 @@ import socket
 import tempfile
 import threading
 import time
+import warnings
 from collections.abc import Callable
 
 import redis
@@ -21,6 +22,8 @@ __all__ = ["serve_forever", "run_executor", "VISIBILITY_ENV"]
 # Tests shorten the Redis transport's visibility timeout to prove a long
 # run is not executed twice when its message is delivered again.
 VISIBILITY_ENV = "POTATO_QUEUE_VISIBILITY_TIMEOUT_S"
+# Set by `worker --quiet`: the execute task prints no line per run.
+QUIET_ENV = "POTATO_QUEUE_EXECUTOR_QUIET"
 FLUSH_CHECK_S = 2.0
 
 
@@ -103,7 +106,8 @@ def _reconcile_forever(store: RunStore, enqueue: Callable[[str], None]) -> None:
         time.sleep(FLUSH_CHECK_S)
 
 
-def run_executor(config: ProjectConfig, redis_url: str) -> None:
+def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1) -> None:
+    """An executor. verbosity 0: errors only; 1: a line per run; 2: Celery's banner and info log too."""
     from potato_queue.celery_app import enqueue, make_celery
     from potato_queue.tasks.runs import register
 
@@ -116,7 +120,17 @@ def run_executor(config: ProjectConfig, redis_url: str) -> None:
     threading.Thread(target=_reconcile_forever, args=args, daemon=True, name="reconcile").start()
     # solo pool: the run is supervised in this process, so killing the
     # executor takes its supervision with it (the agent then sees EOF on stdin).
+    from celery.exceptions import SecurityWarning
+
+    if verbosity < 2:
+        # Celery's banner, and its warning that a worker runs as root (our workers run no pickled tasks,
+        # and the runs themselves get an allow-listed environment), would drown what an admin reads.
+        warnings.filterwarnings("ignore", category=SecurityWarning)
+    if verbosity == 0:
+        os.environ[QUIET_ENV] = "1"
     app.worker_main([
+        *([] if verbosity >= 2 else ["--quiet"]),
         "worker", "--pool=solo", "--concurrency=1", "--prefetch-multiplier=1", "-Q", Keys.of(config).queue,
-        "--loglevel=WARNING", "--without-gossip", "--without-mingle", "-n", f"potato-queue-{os.getpid()}@%h",
+        f"--loglevel={'INFO' if verbosity >= 2 else 'WARNING' if verbosity else 'ERROR'}", "--without-gossip",
+        "--without-mingle", "-n", f"potato-queue-{os.getpid()}@%h",
     ])

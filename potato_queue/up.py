@@ -20,6 +20,7 @@ from typing import IO
 
 from potato_queue.config import REDIS_URL_ENV, ProjectConfig
 from potato_queue.embedded_redis import EmbeddedRedis, ping
+from potato_queue.validate import WARNINGS_SHOWN_ENV
 
 __all__ = ["up"]
 
@@ -48,25 +49,27 @@ def _exit_on(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: list[str], port: int) -> int:
+def up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: list[str], port: int,
+       verbose: bool = False) -> int:
     # SIGTERM and SIGHUP would end this process at once, leaving the server, the executor and Redis
     # running under PID 1: as SystemExit they unwind the stack below, which stops every child.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _exit_on)
     try:
-        return _up(config, redis_url, trainer=trainer, schemas=schemas, port=port)
+        return _up(config, redis_url, trainer=trainer, schemas=schemas, port=port, verbose=verbose)
     except KeyboardInterrupt:
         return 130
 
 
-def _up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: list[str], port: int) -> int:
+def _up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: list[str], port: int,
+        verbose: bool) -> int:
     with ExitStack() as stack:
         if not ping(redis_url):
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="potato-queue-redis-"))
             redis = stack.enter_context(EmbeddedRedis(Path(folder)))
             redis_url = redis.url
             print(f"potato-queue: no Redis answered, so one runs privately at {redis_url}", flush=True)
-        env = {**os.environ, REDIS_URL_ENV: redis_url}
+        env = {**os.environ, REDIS_URL_ENV: redis_url, WARNINGS_SHOWN_ENV: str(config.config_path.resolve())}
         cfg_path = str(config.config_path)
         server = _spawn(["serve", cfg_path, "--port", str(port)], env, stdout=subprocess.PIPE)
         stack.callback(_stop, server)
@@ -74,7 +77,7 @@ def _up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: 
         print(server.stdout.readline().strip(), flush=True)  # where it serves
         # The rest of what it prints, passed on (and the pipe never fills).
         threading.Thread(target=_pass_on, args=(server.stdout,), daemon=True).start()
-        executor = _spawn(["worker", cfg_path], env)
+        executor = _spawn(["worker", cfg_path, "--verbose" if verbose else "--quiet"], env)
         stack.callback(_stop, executor)
         if trainer is None:
             return executor.wait()

@@ -288,6 +288,7 @@ def _acknowledge(raw: Any, found: list[Warning_], backends: list[str], report: R
         (report.acknowledged if i in matched else report.warnings).append(w.text)
 
 
+WARNINGS_SHOWN_ENV = "POTATO_QUEUE_WARNINGS_SHOWN"
 # The tutorial's example key: anyone who read it knows it.
 PLACEHOLDER_KEYS = frozenset({"change-me", "changeme", "change_me", "secret", "admin"})
 MIN_ADMIN_KEY_CHARS = 12
@@ -338,7 +339,9 @@ def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None) 
     if report.errors:
         raise ConfigError(str(path), report.errors)
     out = stream if stream is not None else sys.stderr
-    for text in report.warnings:
-        print(f"warning: {text}", file=out)
+    # `up` prints them once and starts its server and executor with this set, so they do not repeat them.
+    if os.environ.get(WARNINGS_SHOWN_ENV) != str(Path(path).resolve()):
+        for text in report.warnings:
+            print(f"warning: {text}", file=out)
     assert report.config is not None
     return report.config

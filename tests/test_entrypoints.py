@@ -161,3 +161,42 @@ def test_up_stops_its_whole_tree_on_a_signal(signame: str, tmp_path: Path) -> No
         time.sleep(0.1)
     assert [alive_cmd(p) for p in children if alive_cmd(p)] == []
     assert not socket_path.exists() and not socket_path.parent.exists()
+
+
+def test_help_names_every_option_and_cuts_no_summary_short() -> None:
+    import re
+
+    top = run_cli("--help").stdout
+    summaries = top.split("Commands:", 1)[1]
+    assert "..." not in summaries and "Start everything on this machine: Redis if none answers, the server and an executor." in top
+    for command in (["training", "run"], ["training", "agent"], ["up"], ["worker"]):
+        text = run_cli(*command, "--help").stdout
+        options = [line for line in text.splitlines() if line.startswith("  -")]
+        without_help = [line for line in options if len(re.split(r"\s{2,}", line.strip())) < 2]
+        assert options and without_help == [], text
+    assert "--param KEY=VALUE" in run_cli("training", "run", "--help").stdout
+
+
+def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: str) -> None:
+    from tests.lifecycle_helpers import started
+
+    with started(tmp_path, redis_server_url, executors=1) as svc:
+        proc = run_cli("training", "run", svc.config, "--trainer", "majority-baseline", "--schema", "sentiment",
+                       "--param", "epochs=3", "--param", "note=a b", "--param", "lr=0.5", "--follow", timeout_s=120)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        run_id = proc.stdout.split("queued run ", 1)[1].split()[0]
+        assert svc.api("GET", f"/runs/{run_id}")[1]["params"] == {"epochs": 3, "note": "a b", "lr": 0.5}
+        assert "predictions: " in proc.stdout and "annotation_output/training/predictions.jsonl" in proc.stdout
+        bad = run_cli("training", "run", svc.config, "--trainer", "majority-baseline", "--schema", "sentiment",
+                      "--param", "epochs")
+        assert bad.returncode == 1 and "--param 'epochs' is not KEY=VALUE" in bad.stderr
+
+
+def test_the_demo_is_not_drowned_by_the_executors_log(tmp_path: Path, redis_server_url: str) -> None:
+    from tests.lifecycle_helpers import make_project
+
+    proc = run_cli("up", make_project(tmp_path), "--run", "majority-baseline", "--port", "0", timeout_s=180)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert "[config]" not in out and "superuser privileges" not in out and "woken for run" not in out, out
+    assert " at http://127.0.0.1:" in out and "predictions: " in out

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import redis
 from celery import Celery
 
@@ -14,13 +16,15 @@ __all__ = ["register"]
 def register(app: Celery, config: ProjectConfig, redis_url: str) -> None:
     """Bind execute(run_id) to this project's config (the worker process has one)."""
     from potato_queue.runs.dispatch import Dispatcher
+    from potato_queue.serve import QUIET_ENV
 
     dispatcher = Dispatcher(config, redis.Redis.from_url(redis_url))
+    say = (lambda _: None) if os.environ.get(QUIET_ENV) else (lambda text: print(text, flush=True))
 
     @app.task(name=EXECUTE_TASK, acks_late=True)
     def execute(run_id: str) -> None:
         # One line per delivery: a message delivered again shows up here twice. The run that
         # starts is the oldest queued one, which need not be the one this message named.
-        print(f"potato-queue: woken for run {run_id}", flush=True)
+        say(f"potato-queue: woken for run {run_id}")
         ran = dispatcher.execute_next()
-        print(f"potato-queue: ran {ran}" if ran else "potato-queue: nothing queued to run", flush=True)
+        say(f"potato-queue: ran {ran}" if ran else "potato-queue: nothing queued to run")
