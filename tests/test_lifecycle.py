@@ -314,3 +314,28 @@ def test_predictions_that_are_not_predictions_are_skipped_and_named(tmp_path: Pa
     published = (config.output_path / "training" / "predictions.jsonl").read_text(encoding="utf-8")
     assert json.loads(published)["payload"]["label"] == "pos\ufffd"
     assert [p.name for p in (config.output_path / "training").iterdir() if p.name.startswith(".")] == []
+
+
+def test_retain_runs_prunes_old_bundles_and_models_but_never_the_latest_success(tmp_path: Path,
+                                                                                redis_server_url: str) -> None:
+    with started(tmp_path, redis_server_url, retain_runs=1, grace_seconds=2) as svc:
+        first = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+        assert svc.wait_for(first, TERMINAL)["state"] == "succeeded"
+        # A failed run (its model folder does not exist), newer than the success.
+        failed = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                               params={"model_name": str(tmp_path / "no-such-model")})
+        assert svc.wait_for(failed, TERMINAL, timeout_s=120)["state"] == "failed"
+        # Beyond retain_runs=1, and kept: it is the latest successful run.
+        assert (run_path(svc, first) / "bundle.tar.gz").exists() and (run_path(svc, first) / "artifacts").exists()
+        later = [svc.start_run(trainer="majority-baseline", schemas=["sentiment"]) for _ in range(2)]
+        for run_id in later:
+            assert svc.wait_for(run_id, TERMINAL)["state"] == "succeeded"
+        kept, pruned = later[-1], [failed, later[0]]
+        for run_id in pruned:
+            folder = run_path(svc, run_id)
+            assert not (folder / "bundle.tar.gz").exists() and not (folder / "artifacts").exists()
+            assert (folder / "run.json").exists() and "retain_runs keeps the newest 1" in (folder / "run.log").read_text()
+        assert (run_path(svc, kept) / "bundle.tar.gz").exists()
+        # `first` is no longer the latest success: it went too, after later[0] succeeded.
+        assert not (run_path(svc, first) / "bundle.tar.gz").exists()
+        assert svc.api("GET", f"/runs/{first}")[1]["pruned_at"]

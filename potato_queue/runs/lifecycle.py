@@ -19,6 +19,7 @@ from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, RunHa
 from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.job import build_job, server_url_for
 from potato_queue.runs.lease import Lease
+from potato_queue.runs.retention import prune_old_runs
 from potato_queue.runs.supervise import Outcome, Watch, supervise
 from potato_queue.store import RunStore
 from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM
@@ -93,6 +94,13 @@ class RunLife:
                 self.handle.kill()
         finally:
             self.store.revoke_run_token(self.run_id)
+            self._prune()
+
+    def _prune(self) -> None:
+        try:
+            prune_old_runs(self.store, self.config.model_training.retain_runs)
+        except OSError as exc:  # housekeeping: never what ends a run
+            self.log(f"warning: old runs could not be pruned (retain_runs): {exc}")
 
     def _prepare(self, executor: Executor) -> LaunchSpec:
         self.store.set_live(self.run_id, step="building the bundle")
