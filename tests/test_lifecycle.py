@@ -339,3 +339,19 @@ def test_retain_runs_prunes_old_bundles_and_models_but_never_the_latest_success(
         # `first` is no longer the latest success: it went too, after later[0] succeeded.
         assert not (run_path(svc, first) / "bundle.tar.gz").exists()
         assert svc.api("GET", f"/runs/{first}")[1]["pruned_at"]
+
+
+def test_hf_with_no_hub_fails_at_once_saying_the_model_is_not_cached(tmp_path: Path, redis_server_url: str) -> None:
+    # The hub's address here refuses connections (port 9 on loopback), as no hub answers a closed network.
+    with started(tmp_path, redis_server_url, executors=0, grace_seconds=2) as svc:
+        svc.executor(env={"HF_ENDPOINT": "http://127.0.0.1:9"})
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                               params={"model_name": "some-lab/a-model-nobody-cached", "epochs": 1})
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=120)
+        assert run["state"] == "failed"
+        assert run["error"].startswith("Model 'some-lab/a-model-nobody-cached' is not in this machine's Hugging Face "
+                                       "cache, and the hub (127.0.0.1) does not answer from here"), run["error"]
+        assert "fix: download it where the hub answers (huggingface-cli download some-lab/a-model-nobody-cached)" \
+            in run["error"]
+        log = (run_path(svc, run_id) / "run.log").read_text()
+        assert "the model hub (127.0.0.1) does not answer from here" in log and "Traceback" not in log, log

@@ -14,7 +14,7 @@ from typing import Dict, Optional
 from .api import FitResult, RunContext, Trainer
 from .bundle import Bundle, load_bundle
 from .device import apply_thread_env, apply_torch_threads, describe_device, resolve_device
-from .errors import Cancelled, ValidationFailed, classify
+from .errors import Cancelled, ValidationFailed, WorkerError, classify
 from .events import Reporter
 from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_UNEXPECTED
 from .loading import load_trainer
@@ -56,11 +56,18 @@ def _fail(reporter: Reporter, stop: StopFlag, state: _State, exc: BaseException)
         return EXIT_CANCELLED
     failure = classify(exc, state.trainer_name, state.install_hint)
     reporter.error(failure.code, failure.message, failure.install_hint)
-    if failure.exit_code == EXIT_UNEXPECTED:
-        text = traceback.format_exc()
-        sys.stderr.write(text)
-        reporter.log("error", text[-4000:])
+    if failure.exit_code == EXIT_UNEXPECTED and not isinstance(exc, WorkerError):
+        sys.stderr.write(traceback.format_exc())  # the whole of it, in the worker's own stderr
+        reporter.log("error", _where(exc))
     return failure.exit_code
+
+
+def _where(exc: BaseException) -> str:
+    """The last exception and where it was raised, in one line (run.log), not a flattened traceback."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    at = " at {}:{} in {}".format(os.path.basename(frames[-1].filename), frames[-1].lineno, frames[-1].name) if frames else ""
+    first = (str(exc).strip().splitlines() or [""])[0][:500]
+    return "{}: {}{}".format(type(exc).__name__, first, at)
 
 
 def _check_stop(stop: StopFlag, where: str) -> None:
