@@ -93,7 +93,7 @@ def _new_run(store: RunStore, n: int) -> tuple[str, str]:
                               "bundle": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}})
     store.transition(run_id, "starting")
     store.transition(run_id, "running")
-    return run_id, store.issue_run_token(run_id, ttl_s=3600)
+    return run_id, store.tokens.issue(run_id, ttl_s=3600)
 
 
 def by_hand(worker: Path, n: int, tmp: Path) -> float:

@@ -65,6 +65,11 @@ class Keys:
         return f"{self.prefix}:unfinished"
 
     @property
+    def unwritten(self) -> str:
+        """Set of runs whose latest record is held in Redis because their folder could not be written."""
+        return f"{self.prefix}:unwritten"
+
+    @property
     def slot(self) -> str:
         """The run slot lease: holds the run id being supervised."""
         return f"{self.prefix}:slot"

@@ -1,4 +1,4 @@
-"""Redis plumbing for the run store: its Lua scripts, and an asyncio twin of a client.
+"""Redis plumbing for the run store: its Lua scripts, an asyncio twin of a client, a long-poll.
 
 Only potato_queue.store uses these; they live apart to keep the store's own
 module about runs.
@@ -6,10 +6,13 @@ module about runs.
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Awaitable, Callable
+
 import redis
 import redis.asyncio as aioredis
 
-__all__ = ["CAS_STATE", "MERGE_METRICS", "RECORD_RESULT", "async_twin"]
+__all__ = ["CAS_STATE", "MERGE_METRICS", "RECORD_RESULT", "async_twin", "wait_published"]
 
 # KEYS: the run's hash, the unfinished index, the run token's digest. ARGV: the
 # new state, "1" when it is final, the run id, then the states it may come
@@ -70,3 +73,29 @@ def async_twin(client: redis.Redis) -> aioredis.Redis:
         connection_class = aioredis.Connection
         kwargs = {k: v for k, v in kwargs.items() if not k.startswith("ssl_")}
     return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=connection_class, **kwargs))
+
+
+async def wait_published(client: redis.Redis, channel: str, due: Callable[[aioredis.Redis], Awaitable[bool]],
+                         wait_s: float, hung_up: Callable[[], Awaitable[bool]]) -> bool:
+    """True as soon as `due()` holds or anything is published on `channel`; False after wait_s or once
+    `hung_up()` (nobody to answer: the Redis connection is freed, and a shutdown can finish)."""
+    twin = async_twin(client)
+    pubsub = twin.pubsub()
+    try:
+        await pubsub.subscribe(channel)
+        deadline = asyncio.get_running_loop().time() + wait_s
+        while True:
+            # Subscribed first, then due() read: a change made in between is seen one way or the other.
+            # It is read again every second in case a publish was missed (a reconnect).
+            if await due(twin):
+                return True
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                return False
+            if await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, 1.0)):
+                return True
+            if await hung_up():
+                return False
+    finally:
+        await pubsub.aclose()
+        await twin.aclose()

@@ -10,7 +10,6 @@ lifecycle ask it, and nothing else builds a key or talks to Redis for a run.
 
 from __future__ import annotations
 
-import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -22,14 +21,16 @@ import redis
 import redis.asyncio as aioredis
 
 from potato_queue.config import ProjectConfig
+from potato_queue.errors import PotatoQueueError
 from potato_queue.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
-from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, async_twin
+from potato_queue.pending import PendingRecords
+from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, wait_published
 from potato_queue.runs.lease import Lease
-from potato_queue.tokens import new_token, token_digest, token_matches
+from potato_queue.tokens import RunTokens
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.text import one_line
 
-__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "RunStore", "RunView", "write_json_atomic", "utc_now", "utc_of",
+__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "RunStore", "RunView", "RunFolderError", "write_json_atomic", "utc_now", "utc_of",
            "log_text"]
 
 STATES = ("queued", "starting", "running", "collecting", "succeeded", "failed", "cancelled")
@@ -44,10 +45,8 @@ _ALLOWED_FROM = {
     "cancelled": ("queued", "starting", "running", "collecting"),
     "queued": ("queued",),
 }
-_LIVE_JSON = ("progress", "metrics", "result")
-# How many of the project's latest runs a rejected token is compared against
-# to answer 403 ("another run's token") rather than 401.
-OTHER_RUNS_CHECKED = 256
+_LIVE_JSON = ("progress", "metrics", "result", "pending_record")
+FOLDER_FIX = "make the project's output folder writable again (free space, permissions); the run's record is written then"
 
 
 def utc_of(epoch_s: float) -> str:
@@ -79,6 +78,14 @@ def _created_ms(record: dict[str, Any]) -> float:
     return datetime.fromisoformat(record["created_at"].replace("Z", "+00:00")).timestamp() * 1000
 
 
+class RunFolderError(PotatoQueueError):
+    """A run's folder cannot be written (disk full, read-only): its record is held in Redis meanwhile."""
+
+
+def _folder_error(folder: Any, exc: OSError) -> str:
+    return f"The run's folder {folder} cannot be written: {exc.strerror or exc}"
+
+
 @dataclass(frozen=True)
 class RunView:
     """What the supervising executor looks at every tick, read in one round trip."""
@@ -88,6 +95,7 @@ class RunView:
     message: str | None
     heartbeat_at: float | None  # the agent's last contact (epoch s); None before its first
     cancel_requested: bool
+    disk_error: str | None = None  # a write for the run failed: the run cannot go on
 
 
 class RunStore:
@@ -100,6 +108,8 @@ class RunStore:
         self._cas = client.register_script(CAS_STATE)
         self._record_result = client.register_script(RECORD_RESULT)
         self._created: dict[str, str] = {}
+        self.tokens = RunTokens(client, self.keys)
+        self.pending = PendingRecords(client, self.keys)
 
     # -- records ---------------------------------------------------------
     def paths(self, run_id: str) -> RunPaths:
@@ -115,8 +125,11 @@ class RunStore:
             "error": None, "metrics": {}, "held_out": {}, "exit_code": None, "artifact_uri": None,
         }
         paths = self.paths(run_id)
-        paths.dir.mkdir(mode=0o700, parents=True, exist_ok=False)
-        write_json_atomic(paths.run_json, record)
+        try:
+            paths.dir.mkdir(mode=0o700, parents=True, exist_ok=False)
+            write_json_atomic(paths.run_json, record)
+        except OSError as exc:
+            raise RunFolderError(_folder_error(paths.dir, exc), fix=FOLDER_FIX) from None
         self._seed_live(record)
         return record
 
@@ -141,6 +154,8 @@ class RunStore:
         """run.json with the live fields from Redis laid over it."""
         record = self.read(run_id)
         live = self.live(run_id)
+        if record["state"] not in FINAL_STATES and isinstance(live.get("pending_record"), dict):
+            record = live["pending_record"]  # newer than run.json, which could not be written
         if record["state"] not in FINAL_STATES:
             # A final state shows once run.json has it: Redis changes first, so
             # for a moment it is final there while the record is still being written.
@@ -190,7 +205,7 @@ class RunStore:
         assert "state" not in fields, "use transition() for the state"
         record = self.read(run_id) if record is None else record
         record.update(fields)
-        write_json_atomic(self.paths(run_id).run_json, record)
+        self._write_record(run_id, record)
         return record
 
     def transition(self, run_id: str, state: str, record: dict[str, Any] | None = None,
@@ -205,8 +220,21 @@ class RunStore:
             record["finished_at"] = record.get("finished_at") or utc_now()
             live = self.live(run_id)
             record.update({k: live[k] for k in ("step", "progress") if k in live})
-        write_json_atomic(self.paths(run_id).run_json, record)
+        self._write_record(run_id, record)
         return record
+
+    def _write_record(self, run_id: str, record: dict[str, Any]) -> None:
+        """run.json, or, when the folder cannot be written, the record held in Redis and RunFolderError."""
+        try:
+            write_json_atomic(self.paths(run_id).run_json, record)
+        except OSError as exc:
+            error = _folder_error(self.paths(run_id).dir, exc)
+            self.pending.hold(run_id, {**record, "error": record.get("error") or error}, error)
+            raise RunFolderError(error, fix=FOLDER_FIX) from None
+
+    def write_held_records(self) -> list[str]:
+        """The records held while their folders could not be written, written now where they can be."""
+        return self.pending.write_held(lambda run_id, record: write_json_atomic(self.paths(run_id).run_json, record))
 
     def _compare_and_set(self, run_id: str, state: str) -> bool:
         keys = [self.keys.run(run_id), self.keys.unfinished, self.keys.run_token(run_id)]
@@ -280,11 +308,13 @@ class RunStore:
 
     def view(self, run_id: str) -> RunView:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(self.keys.run(run_id), "agent_exit_code", "artifact_uri", "agent_message", "heartbeat_at")
+        pipe.hmget(self.keys.run(run_id), "agent_exit_code", "artifact_uri", "agent_message", "heartbeat_at",
+                   "disk_error")
         pipe.exists(self.keys.cancel(run_id))
-        (code, uri, message, beat), cancel = pipe.execute()
+        (code, uri, message, beat, disk_error), cancel = pipe.execute()
         return RunView(exit_code=None if code is None else int(code), artifact_uri=_text(uri), message=_text(message),
-                       heartbeat_at=None if beat is None else float(beat), cancel_requested=bool(cancel))
+                       heartbeat_at=None if beat is None else float(beat), cancel_requested=bool(cancel),
+                       disk_error=_text(disk_error))
 
     def wait_result(self, run_id: str, timeout_s: float) -> None:
         """Sleep up to timeout_s, waking as soon as the agent's result arrives."""
@@ -294,9 +324,13 @@ class RunStore:
         self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(time.time()))
 
     def log(self, run_id: str, *messages: str) -> None:
-        """Lines in run.log, what the admin reads (one write for them all)."""
-        with open(self.paths(run_id).run_log, "a", encoding="utf-8") as fh:
-            fh.write(log_text(list(messages)))
+        """Lines in run.log, what the admin reads (one write for them all). A folder that cannot be
+        written is noted for the executor, which ends the run with it; the caller goes on."""
+        try:
+            with open(self.paths(run_id).run_log, "a", encoding="utf-8") as fh:
+                fh.write(log_text(list(messages)))
+        except OSError as exc:
+            self.pending.note(run_id, _folder_error(self.paths(run_id).dir, exc))
 
     # -- the executors' shared state -------------------------------------------
     def slot_lease(self) -> Lease:
@@ -348,52 +382,11 @@ class RunStore:
 
     async def wait_stop_due(self, run_id: str, wait_s: float, hung_up: Callable[[], Awaitable[bool]]) -> bool:
         """True as soon as stop_due (published or found), False after wait_s or once `hung_up()`."""
-        client = async_twin(self.redis)
-        pubsub = client.pubsub()
-        try:
-            await pubsub.subscribe(self.keys.control(run_id))
-            deadline = asyncio.get_running_loop().time() + wait_s
-            while True:
-                # Subscribed first, then the keys read: a cancel made in between is seen one way or the
-                # other. They are read again every second in case a publish was missed (a reconnect).
-                if await self._stop_due_async(client, run_id):
-                    return True
-                left = deadline - asyncio.get_running_loop().time()
-                if left <= 0:
-                    return False
-                if await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, 1.0)):
-                    return True
-                if await hung_up():
-                    return False  # nobody to answer: free the Redis connection (and let a shutdown finish)
-        finally:
-            await pubsub.aclose()
-            await client.aclose()
+        async def due(client: aioredis.Redis) -> bool:
+            async with client.pipeline(transaction=False) as pipe:
+                pipe.exists(self.keys.cancel(run_id))
+                pipe.hget(self.keys.run(run_id), "state")
+                requested, state = await pipe.execute()
+            return bool(requested) or _text(state) in FINAL_STATES
 
-    async def _stop_due_async(self, client: aioredis.Redis, run_id: str) -> bool:
-        async with client.pipeline(transaction=False) as pipe:
-            pipe.exists(self.keys.cancel(run_id))
-            pipe.hget(self.keys.run(run_id), "state")
-            requested, state = await pipe.execute()
-        return bool(requested) or _text(state) in FINAL_STATES
-
-    # -- run tokens ----------------------------------------------------------
-    def issue_run_token(self, run_id: str, ttl_s: float) -> str:
-        """A fresh token for one run; only its sha256 is kept, for ttl_s at most (the run's end revokes it)."""
-        token = new_token()
-        self.redis.set(self.keys.run_token(run_id), token_digest(token), ex=max(1, int(ttl_s)))
-        return token
-
-    def verify_run_token(self, run_id: str, token: str) -> bool:
-        return token_matches(self.redis.get(self.keys.run_token(run_id)), token)
-
-    def token_of_another_run(self, run_id: str, token: str) -> bool:
-        """True when `token` opens one of the project's recent runs other than `run_id` (403, not 401)."""
-        ids = [_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, OTHER_RUNS_CHECKED - 1)]
-        others = [r for r in ids if r != run_id]
-        if not others:
-            return False
-        stored = self.redis.mget([self.keys.run_token(r) for r in others])
-        return any(token_matches(digest, token) for digest in stored if digest is not None)
-
-    def revoke_run_token(self, run_id: str) -> None:
-        self.redis.delete(self.keys.run_token(run_id))
+        return await wait_published(self.redis, self.keys.control(run_id), due, wait_s, hung_up)

@@ -233,7 +233,7 @@ def make_run(served: Served, mode: str, *, grace: float | None = 5, max_ram_mb: 
         "bundle": {"bytes": len(data), "sha256": sha256 or hashlib.sha256(data).hexdigest()},
     })
     assert store.transition(run_id, "starting") and store.transition(run_id, "running")
-    return run_id, store.issue_run_token(run_id, ttl_s=3600), data
+    return run_id, store.tokens.issue(run_id, ttl_s=3600), data
 
 
 @pytest.fixture

@@ -74,3 +74,31 @@ def test_everything_a_run_writes_is_this_accounts_only(tmp_path: Path, redis_ser
     wrong = {str(p.relative_to(training)): oct(mode) for p, mode in found.items()
              if mode != (0o700 if p.is_dir() else 0o600)}
     assert wrong == {}, wrong
+
+
+def test_a_run_folder_that_stops_taking_writes_ends_the_run_and_disk_catches_up(
+        tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    """chattr +i (root, ext4): the run folder takes no new file, as a full disk or a read-only remount."""
+    import json
+    import subprocess
+    import time
+
+    with started(tmp_path, redis_server_url, grace_seconds=2) as svc:
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                               params={"model_name": str(tiny_model), "epochs": 40, "batch_size": 8})
+        wait_running(svc, run_id)
+        folder = run_path(svc, run_id)
+        subprocess.run(["chattr", "+i", str(folder)], check=True)
+        try:
+            run = svc.wait_for(run_id, TERMINAL, timeout_s=120)
+            assert run["state"] == "failed", run
+            assert "cannot write" in run["error"] or "cannot be written" in run["error"], run["error"]
+            assert json.loads((folder / "run.json").read_text())["state"] != "failed"  # disk could not follow yet
+        finally:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        deadline = time.monotonic() + 30
+        while json.loads((folder / "run.json").read_text())["state"] != "failed":
+            assert time.monotonic() < deadline, "run.json never caught up with Redis"
+            time.sleep(0.2)
+        on_disk = json.loads((folder / "run.json").read_text())
+        assert on_disk["error"] == run["error"] and svc.api("GET", f"/runs/{run_id}")[1]["state"] == "failed"

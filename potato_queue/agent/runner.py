@@ -265,6 +265,7 @@ class Runner:
             # Refused here, not sent: the server would answer 413 only after the first bytes.
             problem = "predictions.jsonl is {} bytes, above max_predictions_mb ({} bytes); it was not sent".format(
                 size, limit)
+            too_large = True
         else:
             self.relay.emit("status", state="finishing", step="sending predictions")
             try:
@@ -273,10 +274,14 @@ class Runner:
                 return message
             except ApiError as exc:
                 problem = "predictions.jsonl was refused: {}".format(exc.detail)
+                too_large = exc.status == 413
             except Unreachable as exc:
                 problem = "predictions.jsonl could not be sent: {}".format(exc)
+                too_large = False
+        # Only a refusal for its size has the size's fix; otherwise the server's message says it all.
+        hint = _HINTS["predictions"] if too_large else None
         self.log(problem)
-        self.relay.emit("error", code="predictions_not_sent", message=problem, install_hint=_HINTS["predictions"])
+        self.relay.emit("error", code="predictions_not_sent", message=problem, install_hint=hint)
         return problem if message is None else "{}; {}".format(message, problem)
 
     def _clean_up(self) -> None:

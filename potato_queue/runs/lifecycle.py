@@ -8,6 +8,7 @@ revoked, and nothing of it is left running on the backend.
 
 from __future__ import annotations
 
+import errno
 import time
 from pathlib import Path
 from typing import Any
@@ -21,7 +22,7 @@ from potato_queue.runs.job import build_job, server_url_for
 from potato_queue.runs.lease import Lease
 from potato_queue.runs.retention import prune_old_runs
 from potato_queue.runs.supervise import Outcome, Watch, supervise
-from potato_queue.store import RunStore
+from potato_queue.store import FOLDER_FIX, RunFolderError, RunStore
 from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM
 
 __all__ = ["RunLife", "failure_of"]
@@ -55,10 +56,15 @@ def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -
     return "failed", message or f"The worker exited with code {code}; see run.log"
 
 
+_CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
 def _said(exc: Exception) -> str:
     """An error as run.log and the run's record say it: ours with its fix, others with their type."""
     if isinstance(exc, PotatoQueueError):
         return f"{exc.message}; fix: {exc.fix}" if exc.fix else exc.message
+    if isinstance(exc, OSError) and exc.errno in _CANNOT_WRITE:
+        return f"{exc.filename or 'the run folder'} cannot be written: {exc.strerror}; fix: {FOLDER_FIX}"
     return f"{type(exc).__name__}: {exc}"
 
 
@@ -93,7 +99,7 @@ class RunLife:
             if self.handle is not None:
                 self.handle.kill()
         finally:
-            self.store.revoke_run_token(self.run_id)
+            self.store.tokens.revoke(self.run_id)
             self._prune()
 
     def _prune(self) -> None:
@@ -106,7 +112,7 @@ class RunLife:
         self.store.set_live(self.run_id, step="building the bundle")
         job = build_job(self.config, self.store, self.record, self.paths)
         self.store.update(self.run_id, self.record, job=job)
-        token = None if executor.pull else self.store.issue_run_token(self.run_id, self._token_ttl_s())
+        token = None if executor.pull else self.store.tokens.issue(self.run_id, self._token_ttl_s())
         return LaunchSpec(run_id=self.run_id, backend_name=self.record["backend"], job=job, token=token,
                           server_url=server_url_for(self.store), paths=self.paths, log=self.log, step=self.step)
 
@@ -139,7 +145,11 @@ class RunLife:
                 outcome = Outcome(result=result, state="failed", error=result.message)
             else:
                 return self._succeed(result, live)
-        artifact_uri = self._collect(result)
+        try:
+            artifact_uri = self._collect(result)
+        except OSError as exc:  # the run failed already; this must not hide why
+            self.log(f"the model files could not be collected: {_said(exc)}")
+            artifact_uri = None
         state, error = failure_of(outcome, live, self.store.cancel_requested(self.run_id))
         self.store.transition(self.run_id, state, self.record, exit_code=result.exit_code if result else None,
                               error=error, metrics=live.get("metrics") or {}, artifact_uri=artifact_uri)
@@ -162,5 +172,8 @@ class RunLife:
         self.log("succeeded")
 
     def _fail(self, error: str) -> None:
-        if self.store.transition(self.run_id, "failed", self.record, error=error):
-            self.log(f"failed: {error}")
+        try:
+            if self.store.transition(self.run_id, "failed", self.record, error=error):
+                self.log(f"failed: {error}")
+        except RunFolderError:
+            pass  # failed in Redis, the record held there until the folder takes writes again

@@ -45,7 +45,9 @@ def fail_orphans(store: RunStore, unfinished: list[tuple[str, str]]) -> bool:
 
 def sweep_orphans(store: RunStore) -> None:
     """From the executor's background thread: runs left in flight by a dead executor end failed,
-    even when nothing is queued to make an executor look."""
+    even when nothing is queued to make an executor look; records held while their folder could not
+    be written are written once it can be."""
+    store.write_held_records()
     unfinished = store.unfinished()
     if not any(state in IN_FLIGHT for _, state in unfinished):
         return

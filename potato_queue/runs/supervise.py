@@ -124,6 +124,8 @@ def _tick(watch: Watch) -> Outcome | None:
     result = _result(view)
     if result is not None:
         return Outcome(result=result)
+    if view.disk_error:
+        return stop_run(watch, watch.grace_s, "failed", f"{view.disk_error}; the run was stopped")
     now_s = time.time()
     if not watch.contacted and view.heartbeat_at is not None:
         watch.contacted = True

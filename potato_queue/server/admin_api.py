@@ -18,7 +18,7 @@ from potato_queue.config import LOCAL
 from potato_queue.runs.finalize import published_predictions, read_jsonl
 from potato_queue.runs.submit import RunRefused, start_run, trainer_table
 from potato_queue.server.guard import admin_problem
-from potato_queue.store import FINAL_STATES, RunStore
+from potato_queue.store import FINAL_STATES, RunFolderError, RunStore
 
 __all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
 
@@ -77,6 +77,8 @@ def post_run(body: RunRequest, request: Request) -> RunAccepted:
                            trainer=body.trainer, schemas=body.schemas, backend=body.backend, params=body.params)
     except RunRefused as exc:
         raise HTTPException(exc.status, exc.message) from None
+    except RunFolderError as exc:
+        raise HTTPException(507, f"{exc.message}; fix: {exc.fix}") from None
     return RunAccepted(run_id=record["run_id"], state="queued")
 
 
@@ -145,7 +147,8 @@ def admin_router() -> APIRouter:
     add("/runs", post_run, methods=["POST"], status_code=202, response_model=RunAccepted, responses={
         400: {"model": ErrorReply, "description": "an unknown trainer or schema, params too deep or large, "
                                                   "a backend this version cannot run"},
-        409: {"model": ErrorReply, "description": "a backend the config does not name"}})
+        409: {"model": ErrorReply, "description": "a backend the config does not name"},
+        507: {"model": ErrorReply, "description": "the project's output folder cannot be written"}})
     add("/runs", list_runs, methods=["GET"])
     add("/runs/{run_id}", get_run, methods=["GET"], responses=_UNKNOWN_RUN)
     add("/runs/{run_id}/cancel", cancel_run, methods=["POST"], responses={

@@ -198,8 +198,18 @@ def post_events(request: Request, run_id: AuthorizedRun, batch: EventBatch) -> C
         problem = too_deep(event, f"event {index} of the batch")
         if problem is not None:
             raise HTTPException(400, problem)
-    ingest_events(store, run_id, [clean(event) for event in batch.events])
+    try:
+        ingest_events(store, run_id, [clean(event) for event in batch.events])
+    except OSError as exc:
+        raise _cannot_write(store, run_id, exc) from None
     return CancelReply(cancel=store.stop_due(run_id))
+
+
+def _cannot_write(store: RunStore, run_id: str, exc: OSError) -> HTTPException:
+    """507: the run's folder takes no writes; the executor ends the run with the same error."""
+    error = f"the server cannot write run {run_id}'s folder: {exc.strerror or exc}"
+    store.pending.note(run_id, error)
+    return HTTPException(507, error)
 
 
 async def get_control(
@@ -256,9 +266,11 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
         raise _too_large(config, f"{int(declared)} bytes")
     try:
         total, lines = await _receive(request, paths.predictions_partial, config)
+        os.replace(paths.predictions_partial, paths.predictions)
     except ClientDisconnect:
         raise HTTPException(400, "the upload was cut off; send predictions.jsonl again") from None
-    os.replace(paths.predictions_partial, paths.predictions)
+    except OSError as exc:
+        raise await run_in_threadpool(_cannot_write, store, run_id, exc) from None
     await run_in_threadpool(store.log, run_id, f"predictions received: {lines} lines, {total} bytes")
     return PredictionsReply(bytes=total, lines=lines)
 
@@ -291,13 +303,15 @@ def agent_router() -> APIRouter:
     )
     router.add_api_route("/runs/{run_id}/events", post_events, methods=["POST"], response_model=CancelReply,
                          responses={400: {"model": ErrorReply, "description": "an event nests too deep"},
-                                    413: {"model": ErrorReply, "description": "a batch over 32 MiB"}})
+                                    413: {"model": ErrorReply, "description": "a batch over 32 MiB"},
+                                    507: {"model": ErrorReply, "description": "the run's folder takes no writes"}})
     router.add_api_route("/runs/{run_id}/control", get_control, methods=["GET"], response_model=CancelReply)
     router.add_api_route(
         "/runs/{run_id}/predictions", put_predictions, methods=["PUT"], response_model=PredictionsReply,
         openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {
             "schema": {"type": "string", "format": "binary"}}}}},
-        responses={409: {"model": ErrorReply}, 413: {"model": ErrorReply, "description": "over max_predictions_mb"}},
+        responses={409: {"model": ErrorReply}, 413: {"model": ErrorReply, "description": "over max_predictions_mb"},
+                   507: {"model": ErrorReply, "description": "the run's folder takes no writes"}},
     )
     router.add_api_route("/runs/{run_id}/result", post_result, methods=["POST"], response_model=ResultReply,
                          responses={409: {"model": ErrorReply, "description": "the run already has its result"}})

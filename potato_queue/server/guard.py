@@ -66,9 +66,9 @@ def token_problem(store: RunStore, run_id: str, token: str | None) -> tuple[int,
     """(status, why) when `token` does not open `run_id`: 403 for another run's token, else 401."""
     if not token:
         return 401, UNAUTHORIZED_RUN
-    if RUN_ID_RE.match(run_id) and store.verify_run_token(run_id, token):
+    if RUN_ID_RE.match(run_id) and store.tokens.verify(run_id, token):
         return None
-    if store.token_of_another_run(run_id, token):
+    if store.tokens.of_another_run(run_id, token):
         return 403, f"this token is for another run, not {run_id}"
     return 401, UNAUTHORIZED_RUN
 

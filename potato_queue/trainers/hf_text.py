@@ -21,12 +21,10 @@ from __future__ import annotations
 import math
 import os
 import random
-import socket
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
-from urllib.parse import urlsplit
 
 from potato_queue.trainers.common import (
     labelled_texts,
@@ -37,8 +35,9 @@ from potato_queue.trainers.common import (
     validate_nominal,
     write_json,
 )
+from potato_queue.trainers.hub import go_offline, hub_answers, hub_host, not_cached
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
-from potato_queue.worker.errors import TrainerError, ValidationFailed
+from potato_queue.worker.errors import ValidationFailed
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["HFTextClassificationTrainer", "HFSettings", "read_settings", "CARD_FILE"]
@@ -127,45 +126,6 @@ def _seed_everything(seed: int) -> None:
 
     random.seed(seed)
     torch.manual_seed(seed)
-
-
-HUB_PROBE_TIMEOUT_S = 3.0
-
-
-def _hub_address() -> tuple[str, int]:
-    parts = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
-    return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
-
-
-def hub_answers(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
-    """Whether the model hub can be reached from here (a proxy is trusted to reach it)."""
-    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
-        return False
-    if os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
-        return True
-    try:
-        socket.create_connection(_hub_address(), timeout=timeout_s).close()
-    except OSError:
-        return False
-    return True
-
-
-def go_offline() -> None:
-    """Nothing from the hub, for whatever loads models (transformers and huggingface_hub read these when
-    they are imported; _load_base also asks for the cache only). Without it a machine with no network
-    retries the hub for about a minute before failing."""
-    os.environ["HF_HUB_OFFLINE"] = "1"
-    os.environ["TRANSFORMERS_OFFLINE"] = "1"
-
-
-def _not_cached(settings: HFSettings, exc: Exception) -> TrainerError:
-    host = _hub_address()[0]
-    return TrainerError(
-        f"Model {settings.model_name!r} is not in this machine's Hugging Face cache, and the hub ({host}) does not "
-        f"answer from here ({type(exc).__name__})",
-        install_hint=f"download it where the hub answers (huggingface-cli download {settings.model_name}), copy the "
-                     "folder to this machine and set params.model_name to it",
-    )
 
 
 def _load_base(settings: HFSettings, labels: list[str], device: str, offline: bool) -> tuple[Any, Any]:
@@ -265,7 +225,7 @@ class HFTextClassificationTrainer(Trainer):
         if self.offline:
             go_offline()
             if not self.settings.local_model:
-                ctx.reporter.log("warning", f"the model hub ({_hub_address()[0]}) does not answer from here: "
+                ctx.reporter.log("warning", f"the model hub ({hub_host()}) does not answer from here: "
                                             f"{name} must be in this machine's Hugging Face cache")
         return problems
 
@@ -306,7 +266,7 @@ class HFTextClassificationTrainer(Trainer):
             tokenizer, model = _load_base(settings, labels, ctx.device, self.offline)
         except OSError as exc:
             if self.offline and not settings.local_model:
-                raise _not_cached(settings, exc) from exc
+                raise not_cached(settings.model_name, exc) from exc
             raise
         if settings.lora:
             model = _apply_lora(ctx, model, settings.lora)

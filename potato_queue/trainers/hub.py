@@ -1,0 +1,56 @@
+"""The Hugging Face hub, as the hf trainer sees it: can it be reached, and going offline when not.
+
+Standard library only at import (it runs inside the worker, before transformers is imported).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from urllib.parse import urlsplit
+
+from potato_queue.worker.errors import TrainerError
+
+__all__ = ["hub_answers", "hub_host", "go_offline", "not_cached", "HUB_PROBE_TIMEOUT_S"]
+
+HUB_PROBE_TIMEOUT_S = 3.0
+
+
+def _hub_address() -> tuple[str, int]:
+    parts = urlsplit(os.environ.get("HF_ENDPOINT") or "https://huggingface.co")
+    return parts.hostname or "huggingface.co", parts.port or (80 if parts.scheme == "http" else 443)
+
+
+def hub_answers(timeout_s: float = HUB_PROBE_TIMEOUT_S) -> bool:
+    """Whether the model hub can be reached from here (a proxy is trusted to reach it)."""
+    if os.environ.get("HF_HUB_OFFLINE") == "1" or os.environ.get("TRANSFORMERS_OFFLINE") == "1":
+        return False
+    if os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy"):
+        return True
+    try:
+        socket.create_connection(_hub_address(), timeout=timeout_s).close()
+    except OSError:
+        return False
+    return True
+
+
+def go_offline() -> None:
+    """Nothing from the hub, for whatever loads models (transformers and huggingface_hub read these when
+    they are imported; _load_base also asks for the cache only). Without it a machine with no network
+    retries the hub for about a minute before failing."""
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    os.environ["TRANSFORMERS_OFFLINE"] = "1"
+
+
+def not_cached(model_name: str, exc: Exception) -> TrainerError:
+    """The error for a hub model this machine has not cached, while no hub answers."""
+    return TrainerError(
+        f"Model {model_name!r} is not in this machine's Hugging Face cache, and the hub ({hub_host()}) does not "
+        f"answer from here ({type(exc).__name__})",
+        install_hint=f"download it where the hub answers (huggingface-cli download {model_name}), copy the "
+                     "folder to this machine and set params.model_name to it",
+    )
+
+
+def hub_host() -> str:
+    return _hub_address()[0]
