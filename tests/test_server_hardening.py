@@ -78,11 +78,16 @@ def test_params_nested_too_deep_are_refused_and_the_listing_stays_whole(svc: Ser
     assert "run.json cannot be read" in runs[0]["error"]
 
 
-@pytest.mark.parametrize("query", ["offset=-1", "offset=1e30", f"offset={2**63}", "offset=abc"])
+@pytest.mark.parametrize("query", ["offset=-1", "offset=1e30", f"offset={2**63}", f"offset={2**40 + 1}", "offset=abc"])
 def test_a_bad_log_offset_is_a_4xx(svc: Services, query: str) -> None:
     run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
     status, reply = svc.api("GET", f"/runs/{run_id}/log?{query}")
     assert status == 422 and reply["detail"][0]["loc"] == ["query", "offset"], reply
+
+
+def test_an_offset_past_the_end_of_the_log_is_empty(svc: Services) -> None:
+    run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+    assert svc.api("GET", f"/runs/{run_id}/log?offset={2**40}") == (200, "")
 
 
 def test_limit_zero_and_numbers_json_cannot_hold_are_4xx(svc: Services) -> None:

@@ -23,8 +23,8 @@ from potato_queue.store import FINAL_STATES, RunFolderError, RunStore
 __all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
 
 MAX_RUNS_LISTED = 1000
-# Bytes into run.log: 2**53 is past any file, and still an exact JSON number.
-MAX_OFFSET = 2**53
+# Bytes into run.log: a tebibyte is past any run.log (and below what every filesystem can seek to).
+MAX_OFFSET = 2**40
 
 
 class RunRequest(BaseModel):
@@ -110,7 +110,7 @@ def run_log(run_id: str, request: Request, offset: Annotated[int, Query(ge=0, le
     """run.log from byte `offset` on (to follow it)."""
     _get_run(_store(request), run_id)
     path = _store(request).paths(run_id).run_log
-    if not path.exists():
+    if not path.exists() or offset >= path.stat().st_size:
         return ""
     with open(path, "rb") as fh:
         fh.seek(offset)
