@@ -20,6 +20,7 @@ import argparse
 import json
 import os
 import re
+import shutil
 import signal
 import statistics
 import subprocess
@@ -92,9 +93,12 @@ def hand_worker(tmp: Path, bundle: Path, trainer: str, params: dict[str, Any], n
 
 
 def first_bundle(svc: Services) -> Path:
+    """A run's bundle, copied aside: retain_runs prunes the run's own copy once newer runs end."""
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
     svc.wait_for(run_id, TERMINAL)
-    return run_dir(svc, run_id) / "bundle"
+    aside = svc.tmp_path / f"bundle-{run_id}"
+    shutil.copytree(run_dir(svc, run_id) / "bundle", aside)
+    return aside
 
 
 def p95(values: list[float]) -> float:

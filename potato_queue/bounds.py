@@ -14,7 +14,7 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_PARAMS_BYTES", "depth_of", "too_deep", "clean", "json_size"]
+__all__ = ["MAX_DEPTH", "MAX_PARAMS_BYTES", "depth_of", "too_deep", "clean", "clean_flat", "json_size"]
 
 MAX_DEPTH = 20
 MAX_PARAMS_BYTES = 64 * 1024
@@ -47,6 +47,24 @@ def _scalar(value: Any) -> Any:
         return str(value)  # "inf", "nan": readable, and valid JSON
     if isinstance(value, str) and _SURROGATE.search(value):
         return _SURROGATE.sub("\ufffd", value)
+    return value
+
+
+_PLAIN = (int, bool, type(None))
+
+
+def clean_flat(value: dict[str, Any]) -> dict[str, Any] | None:
+    """`value` itself when it is one level of plain, servable scalars (what nearly every event is),
+    else None (then too_deep() and clean() decide). The hot path of an events batch: no walk, no copy."""
+    for key, item in value.items():
+        if isinstance(item, str):
+            if not item.isascii() and _SURROGATE.search(item):
+                return None
+        elif isinstance(item, float):
+            if not math.isfinite(item):
+                return None
+        elif not isinstance(item, _PLAIN) or not key.isascii():
+            return None
     return value
 
 

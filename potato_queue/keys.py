@@ -65,6 +65,11 @@ class Keys:
         return f"{self.prefix}:unfinished"
 
     @property
+    def bulky(self) -> str:
+        """Sorted set (by creation time) of the runs whose folder still holds a bundle or model files."""
+        return f"{self.prefix}:bulky"
+
+    @property
     def unwritten(self) -> str:
         """Set of runs whose latest record is held in Redis because their folder could not be written."""
         return f"{self.prefix}:unwritten"

@@ -13,90 +13,38 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
 from potato_queue.config import ProjectConfig
-from potato_queue.errors import PotatoQueueError
 from potato_queue.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
 from potato_queue.pending import PendingRecords
+from potato_queue.records import (
+    _ALLOWED_FROM,
+    _LIVE_JSON,
+    FINAL_STATES,
+    FOLDER_FIX,
+    IN_FLIGHT,
+    STATES,
+    RunFolderError,
+    RunView,
+    _created_ms,
+    _folder_error,
+    _text,
+    log_text,
+    utc_now,
+    utc_of,
+    write_json_atomic,
+)
 from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, wait_published
 from potato_queue.runs.lease import Lease
 from potato_queue.tokens import RunTokens
-from potato_queue.worker.files import write_atomic
-from potato_queue.worker.text import one_line
 
-__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "RunStore", "RunView", "RunFolderError", "write_json_atomic", "utc_now", "utc_of",
-           "log_text"]
-
-STATES = ("queued", "starting", "running", "collecting", "succeeded", "failed", "cancelled")
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
-IN_FLIGHT = ("starting", "running", "collecting")
-_ALLOWED_FROM = {
-    "starting": ("queued",),
-    "running": ("starting",),
-    "collecting": ("starting", "running"),
-    "succeeded": ("collecting",),
-    "failed": ("queued", "starting", "running", "collecting"),
-    "cancelled": ("queued", "starting", "running", "collecting"),
-    "queued": ("queued",),
-}
-_LIVE_JSON = ("progress", "metrics", "result", "pending_record")
-FOLDER_FIX = "make the project's output folder writable again (free space, permissions); the run's record is written then"
-
-
-def utc_of(epoch_s: float) -> str:
-    """An instant as run.json writes it: UTC, milliseconds, `Z`."""
-    return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-def utc_now() -> str:
-    return utc_of(time.time())
-
-
-def log_text(lines: list[str]) -> str:
-    """run.log's line format, the only place it is defined: UTC stamp, one line per entry, its
-    control characters escaped (a message cannot forge a line of its own)."""
-    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
-    return "".join(f"{stamp} {one_line(line)}\n" for line in lines)
-
-
-def write_json_atomic(path: Any, data: Any) -> None:
-    """A JSON file, written so a reader sees the old or the new, never half."""
-    write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
-
-
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
-
-
-def _created_ms(record: dict[str, Any]) -> float:
-    return datetime.fromisoformat(record["created_at"].replace("Z", "+00:00")).timestamp() * 1000
-
-
-class RunFolderError(PotatoQueueError):
-    """A run's folder cannot be written (disk full, read-only): its record is held in Redis meanwhile."""
-
-
-def _folder_error(folder: Any, exc: OSError) -> str:
-    return f"The run's folder {folder} cannot be written: {exc.strerror or exc}"
-
-
-@dataclass(frozen=True)
-class RunView:
-    """What the supervising executor looks at every tick, read in one round trip."""
-
-    exit_code: int | None  # the agent's result, once posted
-    artifact_uri: str | None
-    message: str | None
-    heartbeat_at: float | None  # the agent's last contact (epoch s); None before its first
-    cancel_requested: bool
-    disk_error: str | None = None  # a write for the run failed: the run cannot go on
-
+# The record's shapes live in records.py; they are re-exported here, where callers look for them.
+__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "FOLDER_FIX", "RunStore", "RunView", "RunFolderError",
+           "write_json_atomic", "utc_now", "utc_of", "log_text"]
 
 class RunStore:
     """One project's runs."""
@@ -263,6 +211,21 @@ class RunStore:
                 out.append((run_id, state or "queued"))
         return out
 
+    def mark_bulky(self, run_id: str, bulky: bool = True) -> None:
+        """The run's folder holds (or no longer holds) a bundle or model files: retain_runs' index."""
+        if bulky:
+            self.redis.zadd(self.keys.bulky, {run_id: _created_ms(self.read(run_id))})
+        else:
+            self.redis.zrem(self.keys.bulky, run_id)
+
+    def bulky_runs(self) -> list[str]:
+        """The runs whose folders hold a bundle or model files, oldest first."""
+        return [_text(r) for r in self.redis.zrange(self.keys.bulky, 0, -1)]
+
+    def newest_runs(self, n: int) -> list[str]:
+        """The ids of the newest `n` runs, newest first."""
+        return [_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, n - 1)] if n > 0 else []
+
     def reseed_from_disk(self) -> list[str]:
         """After Redis was emptied: live states and the unfinished index from the run folders.
         Returns the ids of the queued runs Redis had lost (their wake-ups were lost with it)."""
@@ -271,6 +234,8 @@ class RunStore:
             record = self.read(run_id)
             if self._seed_live(record) and record["state"] == "queued":
                 lost.append(run_id)
+            if self.paths(run_id).bundle.exists() or self.paths(run_id).artifacts.exists():
+                self.redis.zadd(self.keys.bulky, {run_id: _created_ms(record)}, nx=True)
         return lost
 
     # -- live state --------------------------------------------------------

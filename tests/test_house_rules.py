@@ -64,7 +64,7 @@ def test_vermin_says_python_38_is_enough() -> None:
 
 PACKAGE = ROOT / "potato_queue"
 HEAVY = ("celery", "kombu", "fastapi", "starlette", "uvicorn", "torch", "transformers", "peft", "sklearn")
-CORE = ["config.py", "validate.py", "keys.py", "store.py", "redis_plumbing.py", "tokens.py", "pending.py", "bounds.py",
+CORE = ["config.py", "validate.py", "keys.py", "store.py", "records.py", "redis_plumbing.py", "tokens.py", "pending.py", "bounds.py",
         "bundle", "runs/finalize.py"]
 NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.tasks", "potato_queue.celery_app",
                     "potato_queue.agent", "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")

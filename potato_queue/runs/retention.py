@@ -18,35 +18,53 @@ from potato_queue.store import FINAL_STATES, RunStore, utc_now
 
 __all__ = ["prune_old_runs"]
 
+# How far back the latest successful run is looked for (a run's end usually is it).
+LOOK_BACK_RUNS = 1000
+
 
 def _bulky(store: RunStore, run_id: str) -> list[Path]:
     paths = store.paths(run_id)
     return [p for p in (paths.bundle, paths.bundle_dir, paths.artifacts, paths.agent_workdir) if p.exists()]
 
 
-def prune_old_runs(store: RunStore, retain: int) -> list[str]:
-    """Remove the bundles and model files of finished runs beyond the newest `retain`; the ids pruned."""
-    finished = []
-    for run_id in store.run_ids():
+def _latest_success(store: RunStore) -> str | None:
+    for run_id in store.newest_runs(LOOK_BACK_RUNS):  # usually the run that just ended: one read
         try:
-            finished.append((run_id, store.read(run_id)))
+            if store.read(run_id).get("state") == "succeeded":
+                return run_id
         except KeyError:
-            continue  # unreadable: not ours to judge
-    finished = [(i, r) for i, r in finished if r.get("state") in FINAL_STATES]
-    succeeded = [i for i, r in finished if r.get("state") == "succeeded"]
-    keep = {i for i, _ in finished[len(finished) - retain:]} if retain else set()
-    keep |= set(succeeded[-1:])
-    pruned = []
-    for run_id, record in finished:
-        bulky = _bulky(store, run_id)
-        if run_id in keep or not bulky:
             continue
-        for path in bulky:
+    return None
+
+
+def prune_old_runs(store: RunStore, retain: int) -> list[str]:
+    """Remove the bundles and model files of finished runs beyond the newest `retain`; the ids pruned.
+
+    Cheap at every run's end, however long the project's history: only the runs in the store's
+    index of folders with bulky files are looked at.
+    """
+    newest = set(store.newest_runs(retain))
+    candidates = [run_id for run_id in store.bulky_runs() if run_id not in newest]
+    if not candidates:
+        return []
+    keep = _latest_success(store)
+    pruned = []
+    for run_id in candidates:
+        try:
+            record = store.read(run_id)
+        except KeyError:
+            store.mark_bulky(run_id, False)
+            continue  # gone, or unreadable: not ours to judge
+        if run_id == keep or record.get("state") not in FINAL_STATES:
+            continue
+        for path in _bulky(store, run_id):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
-        store.update(run_id, record, pruned_at=utc_now())
-        store.log(run_id, f"bundle and model files removed: model_training.retain_runs keeps the newest {retain} runs")
+        store.mark_bulky(run_id, False)
+        # A line in run.log, not a rewrite of run.json: the record stays as the run left it (and no fsync).
+        store.log(run_id, f"bundle and model files removed at {utc_now()}: model_training.retain_runs keeps "
+                          f"the newest {retain} runs")
         pruned.append(run_id)
     return pruned

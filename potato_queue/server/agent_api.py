@@ -25,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse
 
-from potato_queue.bounds import clean, too_deep
+from potato_queue.bounds import clean, clean_flat, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.runs.ingest import ingest_events
 from potato_queue.server.guard import token_problem
@@ -194,15 +194,20 @@ def get_bundle(request: Request, run_id: AuthorizedRun) -> FileResponse:
 def post_events(request: Request, run_id: AuthorizedRun, batch: EventBatch) -> CancelReply:
     """Record a batch of events (an empty batch is a heartbeat); the reply says whether to stop."""
     store = _store(request)
-    for index, event in enumerate(batch.events):
-        problem = too_deep(event, f"event {index} of the batch")
-        if problem is not None:
-            raise HTTPException(400, problem)
+    events = [clean_flat(event) or _checked_event(index, event) for index, event in enumerate(batch.events)]
     try:
-        ingest_events(store, run_id, [clean(event) for event in batch.events])
+        ingest_events(store, run_id, events)
     except OSError as exc:
         raise _cannot_write(store, run_id, exc) from None
     return CancelReply(cancel=store.stop_due(run_id))
+
+
+def _checked_event(index: int, event: dict[str, Any]) -> dict[str, Any]:
+    """An event that is not one flat level of plain values: bounded in depth, made servable."""
+    problem = too_deep(event, f"event {index} of the batch")
+    if problem is not None:
+        raise HTTPException(400, problem)
+    return clean(event)
 
 
 def _cannot_write(store: RunStore, run_id: str, exc: OSError) -> HTTPException:
