@@ -211,10 +211,10 @@ class RunStore:
                 out.append((run_id, state or "queued"))
         return out
 
-    def mark_bulky(self, run_id: str, bulky: bool = True) -> None:
+    def mark_bulky(self, run_id: str, bulky: bool = True, record: dict[str, Any] | None = None) -> None:
         """The run's folder holds (or no longer holds) a bundle or model files: retain_runs' index."""
         if bulky:
-            self.redis.zadd(self.keys.bulky, {run_id: _created_ms(self.read(run_id))})
+            self.redis.zadd(self.keys.bulky, {run_id: _created_ms(record or self.read(run_id))})
         else:
             self.redis.zrem(self.keys.bulky, run_id)
 

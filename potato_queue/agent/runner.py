@@ -89,7 +89,7 @@ def write_spec(files: RunFiles, run_id: str, job: Dict[str, Any]) -> None:
         "bundle_dir": files.bundle_dir, "workdir": files.work, "params": job.get("params") or {},
         "seed": job.get("seed"), "limits": job.get("limits") or {},
     }
-    write_atomic(files.spec, json.dumps(spec, indent=2, sort_keys=True), mode=0o600)
+    write_atomic(files.spec, json.dumps(spec, indent=2, sort_keys=True), mode=0o600, durable=False)
 
 
 class _Watch:

@@ -58,7 +58,7 @@ def build_job(config: ProjectConfig, store: RunStore, record: dict[str, Any], pa
     mt = config.model_training
     manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
     size, sha256 = pack_bundle(paths.bundle_dir, paths.bundle)
-    store.mark_bulky(record["run_id"])
+    store.mark_bulky(record["run_id"], record=record)
     store.log(record["run_id"], f"bundle built: {size} bytes, sha256 {sha256[:12]}",
               *(f"warning: {text}" for text in manifest["stats"]["warnings"]))
     return {

@@ -132,6 +132,8 @@ class Guard:
         if len(parts) != 4 or parts[1] != "runs":
             return None, BODY_CAPS["agent"]
         run_id, route = parts[2], parts[3]
+        if scope["method"] in ("GET", "HEAD"):
+            return None, BODY_CAPS["agent"]  # no body to hold back: the route's own check is soon enough
         problem = await run_in_threadpool(token_problem, self.store, run_id, _bearer(headers))
         if problem is None:
             scope.setdefault("state", {})["authorized_run"] = run_id  # the route need not ask Redis again

@@ -22,8 +22,12 @@ def _chunks(data: Data) -> Iterable[bytes]:
         yield chunk.encode("utf-8") if isinstance(chunk, str) else chunk
 
 
-def write_atomic(path: "Union[str, os.PathLike[str]]", data: Data, mode: int = 0o600) -> None:
-    """Replace `path` with `data` (bytes, text, or an iterable of either) in one rename."""
+def write_atomic(path: "Union[str, os.PathLike[str]]", data: Data, mode: int = 0o600, durable: bool = True) -> None:
+    """Replace `path` with `data` (bytes, text, or an iterable of either) in one rename.
+
+    durable=False skips the fsync: for a file that is of no use after a crash anyway (a run's
+    spec.json), where the fsync's milliseconds would sit on every run's start.
+    """
     folder = os.path.dirname(os.path.abspath(path))
     os.makedirs(folder, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", dir=folder)
@@ -32,7 +36,8 @@ def write_atomic(path: "Union[str, os.PathLike[str]]", data: Data, mode: int = 0
             for chunk in _chunks(data):
                 fh.write(chunk)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
