@@ -170,3 +170,8 @@ class RunPaths:
     def agent_workdir(self) -> Path:
         """Where a local run's agent keeps its files (bundle copy, worker workdir)."""
         return self.dir / "agent"
+
+    @property
+    def bulky(self) -> tuple[Path, ...]:
+        """The large part of a run's folder, which retain_runs removes: bundle, model files, the agent's copies."""
+        return (self.bundle, self.bundle_dir, self.artifacts, self.agent_workdir)

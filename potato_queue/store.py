@@ -234,7 +234,7 @@ class RunStore:
             record = self.read(run_id)
             if self._seed_live(record) and record["state"] == "queued":
                 lost.append(run_id)
-            if self.paths(run_id).bundle.exists() or self.paths(run_id).artifacts.exists():
+            if any(p.exists() for p in self.paths(run_id).bulky):
                 self.redis.zadd(self.keys.bulky, {run_id: _created_ms(record)}, nx=True)
         return lost
 

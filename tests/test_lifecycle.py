@@ -132,6 +132,7 @@ def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Service
     import redis
 
     ids = [services.start_run(trainer="sklearn-text", schemas=["sentiment"]) for _ in range(2)]
+    # services.redis_url is the suite's own Redis (conftest: private, or a given one that was empty).
     redis.Redis.from_url(services.redis_url).flushdb()
     services.executor()
     runs = [services.wait_for(i, TERMINAL, timeout_s=120) for i in ids]

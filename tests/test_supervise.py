@@ -55,7 +55,7 @@ def watch_of(store: RunStore, handle: RunHandle, *, heartbeat_timeout_s: float =
     now = time.time()
     watch = Watch(run_id=run_id, backend_name="box", handle=handle, store=store, grace_s=0.2,
                   heartbeat_timeout_s=heartbeat_timeout_s, max_wall_s=max_wall_s, started_s=now, launched_s=now,
-                  renew_lease=lambda: True, on_first_contact=contacts.append, log=lambda _: None,
+                  renew_lease=lambda: True, on_first_contact=lambda: contacts.append(time.time()), log=lambda _: None,
                   step=steps.append, last_output=lambda: "")
     return watch, contacts, steps
 

@@ -44,7 +44,10 @@ def _backend(config: ProjectConfig, backend_name: str) -> Any:
 
 def unavailable_reason(config: ProjectConfig, backend_name: str) -> str | None:
     """Why runs cannot go to this (configured) backend, or None when they can."""
-    kind = _backend(config, backend_name).type
+    return _not_runnable(config, backend_name, _backend(config, backend_name).type)
+
+
+def _not_runnable(config: ProjectConfig, backend_name: str, kind: str) -> str | None:
     if kind in RUNNABLE:
         return None
     runnable = [n for n in config.model_training.backend_names()
@@ -56,7 +59,7 @@ def unavailable_reason(config: ProjectConfig, backend_name: str) -> str | None:
 def build_executor(config: ProjectConfig, backend_name: str) -> Executor:
     """A new executor for the named backend, built with its config model."""
     backend = _backend(config, backend_name)
-    reason = unavailable_reason(config, backend_name)
+    reason = _not_runnable(config, backend_name, backend.type)
     if reason is not None:
         raise NotRunnable(reason, fix="start the run on another backend, or upgrade potato-queue")
     module, _, cls = RUNNABLE[backend.type].partition(":")

@@ -99,7 +99,7 @@ class RunLife:
             if self.handle is not None:
                 self.handle.kill()
         finally:
-            self.store.tokens.revoke(self.run_id)
+            # The token went with the final state (the store's compare-and-set deletes it).
             self._prune()
 
     def _prune(self) -> None:
@@ -133,7 +133,7 @@ class RunLife:
             last_output=lambda: _tail(self.paths.agent_log),
         )
 
-    def _first_contact(self, at_s: float) -> None:
+    def _first_contact(self) -> None:
         self.store.transition(self.run_id, "running", self.record)
 
     def _finish(self, outcome: Outcome) -> None:

@@ -1,10 +1,10 @@
 """retain_runs: the bulky files of old runs are removed once a run ends.
 
 A run's bundle (a copy of the project's annotations) and its model files are
-the large part of its folder. Of the finished runs, the newest
-`model_training.retain_runs` keep everything; older ones lose their bundle,
-their model files and the local agent's copies, and keep their record,
-logs, events and predictions. Never touched: a run not yet finished, and
+the large part of its folder. The newest `model_training.retain_runs` runs
+keep everything; older finished ones lose their bundle, their model files
+and the local agent's copies, and keep their record, logs, events and
+predictions. Never touched: a run not yet finished, and
 the latest successful run (whose model and predictions the project uses,
 and decision-calibrate recalibrates), however old.
 """
@@ -23,8 +23,7 @@ LOOK_BACK_RUNS = 1000
 
 
 def _bulky(store: RunStore, run_id: str) -> list[Path]:
-    paths = store.paths(run_id)
-    return [p for p in (paths.bundle, paths.bundle_dir, paths.artifacts, paths.agent_workdir) if p.exists()]
+    return [p for p in store.paths(run_id).bulky if p.exists()]
 
 
 def _latest_success(store: RunStore) -> str | None:

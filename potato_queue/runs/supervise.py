@@ -56,7 +56,7 @@ class Watch:
     started_s: float  # epoch seconds: the run's start
     launched_s: float  # epoch seconds: launch() returned
     renew_lease: Callable[[], bool]
-    on_first_contact: Callable[[float], None]
+    on_first_contact: Callable[[], None]
     log: Callable[[str], None]
     step: Callable[[str], None]
     last_output: Callable[[], str]  # the agent's last lines, for a run whose agent vanished
@@ -85,12 +85,13 @@ def stop_run(watch: Watch, grace_s: float, state: str, error: str) -> Outcome:
     return Outcome(result=result or _result(watch.store.view(watch.run_id)), state=state, error=error)
 
 
-def _gone(watch: Watch, why: str, tail: str) -> Outcome:
+def _gone(watch: Watch, why: str) -> Outcome:
     time.sleep(GONE_SETTLE_S)
     result = _result(watch.store.view(watch.run_id))
     if result is not None:
         return Outcome(result=result)
     watch.handle.kill()
+    tail = watch.last_output()
     error = f"The agent stopped without reporting a result ({why})" + (f"; its last output: {tail}" if tail else "")
     watch.log(error)
     return Outcome(state="failed", error=error)
@@ -129,7 +130,7 @@ def _tick(watch: Watch) -> Outcome | None:
     now_s = time.time()
     if not watch.contacted and view.heartbeat_at is not None:
         watch.contacted = True
-        watch.on_first_contact(view.heartbeat_at)
+        watch.on_first_contact()
     if watch.cancel_seen_s is None and view.cancel_requested:
         watch.cancel_seen_s = now_s
         watch.step("cancelling: asking the worker to stop")
@@ -138,7 +139,7 @@ def _tick(watch: Watch) -> Outcome | None:
                         f"cancelled; the agent did not report within {watch.grace_s:g} s, so it was stopped")
     status = watch.handle.poll()
     if isinstance(status, Gone):
-        return _gone(watch, status.why, watch.last_output())
+        return _gone(watch, status.why)
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
         return stop_run(watch, 0, "failed", overdue)
