@@ -3,8 +3,10 @@ and no 5xx for small mistakes. `potato-queue serve` runs as a user starts it; re
 
 from __future__ import annotations
 
+import asyncio
 import json
 import socket
+import time
 import urllib.parse
 from collections.abc import Iterator
 from pathlib import Path
@@ -107,3 +109,33 @@ def test_the_openapi_document_names_every_status(svc: Services) -> None:
     assert {"202", "400", "401", "409", "413", "422"} <= set(post_runs)
     assert {"200", "401", "404"} <= set(doc["paths"][f"{ADMIN}/runs/{{run_id}}"]["get"]["responses"])
     assert {"200", "404", "409"} <= set(doc["paths"][f"{ADMIN}/runs/{{run_id}}/cancel"]["post"]["responses"])
+
+
+def test_a_refused_key_or_token_is_answered_late(svc: Services) -> None:
+    # A client looping on refused requests is held to a few a second (bench_hostile measures the effect).
+    from potato_queue.server.guard import AGENT_PREFIX, REFUSAL_DELAY_S
+    wrong_key = f"GET {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nX-API-Key: not-the-key"
+    wrong_token = f"GET {AGENT_PREFIX}/runs/r-none/job HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope"
+    for head, expected in ((wrong_key, "X-API-Key"), (wrong_token, "run token")):
+        started_s = time.monotonic()
+        status, body = raw_request(svc.url, head)
+        assert status == 401 and expected in body
+        assert time.monotonic() - started_s >= REFUSAL_DELAY_S
+
+
+def test_the_tarpit_holds_a_bounded_number_of_refusals() -> None:
+    # Past its cap a refusal is answered at once: held connections never pile up without bound.
+    from potato_queue.server.guard import Tarpit
+
+    async def three_held_of_five() -> tuple[int, int]:
+        tarpit = Tarpit(delay_s=30, max_held=3)
+        waits = [asyncio.ensure_future(tarpit.wait()) for _ in range(5)]
+        await asyncio.sleep(0.05)
+        done = sum(wait.done() for wait in waits)
+        held = tarpit.held
+        for wait in waits:
+            wait.cancel()
+        await asyncio.gather(*waits, return_exceptions=True)
+        return done, held
+
+    assert asyncio.run(three_held_of_five()) == (2, 3)

@@ -8,10 +8,15 @@ admin key or run token, 413 for a body over its route's cap (from
 Content-Length, or by reading at most the cap of a chunked body), and only
 then lets the route see the request. Predictions are streamed by their
 route under their own limit (max_predictions_mb).
+
+A refusal for a wrong key or token is answered late (the Tarpit): a client
+looping on refused requests then costs the server a few requests a second
+instead of thousands, which is what kept an admin's poll slow under a flood.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import secrets
@@ -28,7 +33,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.keys import RUN_ID_RE
 from potato_queue.store import RunStore
 
-__all__ = ["Guard", "guard", "admin_key", "admin_problem", "token_problem", "ADMIN_PREFIX", "AGENT_PREFIX", "BODY_CAPS"]
+__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "token_problem", "ADMIN_PREFIX", "AGENT_PREFIX", "BODY_CAPS"]
 
 ADMIN_PREFIX = "/admin/training/api"
 AGENT_PREFIX = "/api/training/agent/v1"
@@ -39,6 +44,10 @@ BODY_CAPS = {
     "events": 32 * 1024 * KIB,  # a batch of at most 500 events
     "agent": 64 * KIB,  # a result, or no body at all
 }
+# How long a refused authentication waits before its answer, and how many may wait at once (each
+# holds one connection and at most uvicorn's 64 KiB read buffer; past that, refusals answer at once).
+REFUSAL_DELAY_S = 0.25
+MAX_DELAYED_REFUSALS = 64
 UNAUTHORIZED_RUN = "a valid run token is required (Authorization: Bearer <token>)"
 
 Scope = MutableMapping[str, Any]
@@ -117,11 +126,41 @@ def _replay(messages: list[Message], receive: Receive) -> Receive:
     return replayed
 
 
+class Tarpit:
+    """Holds refused requests for `delay_s` before they are answered, at most `max_held` at a time.
+
+    The sleep costs no CPU; what a flood of refused requests costs is their rate, and a client that
+    waits for its answer (as HTTP clients do) now makes 1/delay_s of them a second.
+    """
+
+    def __init__(self, delay_s: float = REFUSAL_DELAY_S, max_held: int = MAX_DELAYED_REFUSALS) -> None:
+        self.delay_s, self.max_held, self.held = delay_s, max_held, 0
+
+    async def wait(self) -> None:
+        if self.held >= self.max_held:
+            return
+        self.held += 1
+        try:
+            await asyncio.sleep(self.delay_s)
+        finally:
+            self.held -= 1
+
+
 class Guard:
     """The middleware: authenticate, then cap, then the route."""
 
     def __init__(self, app: ASGIApp, store: RunStore, config: ProjectConfig) -> None:
         self.app, self.store, self.config = app, store, config
+        self.tarpit = Tarpit()
+
+    def _late_refusals(self, send: Send) -> Send:
+        """`send`, holding back a 401/403 that a route gave (the agent GETs check their own token)."""
+        async def sent(message: Message) -> None:
+            if message["type"] == "http.response.start" and message["status"] in (401, 403):
+                await self.tarpit.wait()
+            await send(message)
+
+        return sent
 
     async def _check(self, scope: Scope, headers: dict[str, str]) -> tuple[tuple[int, str] | None, int | None]:
         """(problem, body cap) of a request; a cap of None means the route streams under its own limit."""
@@ -145,7 +184,10 @@ class Guard:
         headers = _headers(scope)
         problem, cap = await self._check(scope, headers)
         if problem is not None:
+            await self.tarpit.wait()
             return await _reply(send, *problem, bearer=scope["path"].startswith(AGENT_PREFIX))
+        if scope["method"] in ("GET", "HEAD") and scope["path"].startswith(AGENT_PREFIX + "/"):
+            send = self._late_refusals(send)
         if cap is not None:
             declared = headers.get("content-length", "")
             if declared.isdigit() and int(declared) > cap:
