@@ -167,8 +167,9 @@ def training() -> None:
 @training.command()
 @click.argument("backend")
 @CONFIG
+@REDIS
 @click.option("--json", "as_json", is_flag=True)
-def check(backend: str, config: Path, as_json: bool) -> None:
+def check(backend: str, config: Path, redis_url: str, as_json: bool) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
     cfg = _checked(config)
     if backend not in cfg.model_training.backend_names():
@@ -177,7 +178,13 @@ def check(backend: str, config: Path, as_json: bool) -> None:
 
     if unavailable_reason(cfg, backend) is not None:
         raise _not_built(f"training check {backend}", f"the {cfg.model_training.backends[backend].type} backend's work")
-    report = build_executor(cfg, backend).check()
+    if cfg.model_training.backend_config(backend).type == "agent":
+        from potato_queue.agent_admin import agent_check
+
+        store, _ = _store_and_queue(cfg, _redis_checked(redis_url))
+        report = agent_check(store, backend, str(config))
+    else:
+        report = build_executor(cfg, backend).check()
     click.echo(json.dumps({"ok": report.ok, **report.data}) if as_json else "\n".join(report.lines))
     if not report.ok:
         raise click.exceptions.Exit(1)
@@ -189,25 +196,24 @@ def check(backend: str, config: Path, as_json: bool) -> None:
 @REDIS
 def register(backend: str, config: Path, redis_url: str) -> None:
     """Issue a token for an agent BACKEND (printed once; replaces the old one)."""
-    _checked(config)
-    raise _not_built("training register", "the agent-backend work")
+    from potato_queue.agent_admin import agent_backend_checked, register_text
+
+    cfg = _checked(config)
+    agent_backend_checked(cfg, backend)
+    store, _ = _store_and_queue(cfg, _redis_checked(redis_url))
+    click.echo(register_text(backend, store.agents.issue(backend), store.server_url()))
 
 
-@training.command()
-@click.option("--server", required=True, help="The server's URL, as the training machine reaches it.")
-@click.option("--backend", required=True, help="The agent backend whose runs this agent takes.")
-@click.option("--token-file", type=click.Path(dir_okay=False, path_type=Path),
-              help="A file holding the backend's token (else $POTATO_TRAINING_TOKEN; never on the command line).")
-@click.option("--python", "python_exe", default=None, help="The worker's interpreter (default: this one).")
-@click.option("--once", is_flag=True, help="Exit after one run.")
-@click.option("--workdir", default="~/.cache/potato-training", show_default=True,
-              help="Where bundles and model files are kept.")
-@click.option("--keep", is_flag=True, help="Keep each run's bundle after the run.")
-@click.option("--slurm-config", type=click.Path(dir_okay=False, path_type=Path),
-              help="Submit each run's worker to SLURM with these settings (a JSON object).")
-def agent(**_: Any) -> None:
-    """Run a backend's jobs on this machine until stopped (token from POTATO_TRAINING_TOKEN)."""
-    raise _not_built("training agent", "the agent-backend work")
+@training.command(context_settings={"ignore_unknown_options": True, "help_option_names": []},
+                  add_help_option=False)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+def agent(args: tuple[str, ...]) -> None:
+    """Run an agent backend's runs on this machine until stopped (token from POTATO_TRAINING_TOKEN)."""
+    # The standard-library agent owns its options (the same ones agent.pyz takes): --server, --backend,
+    # --token-file, --python, --once, --workdir, --keep, --ca-file; -h lists them.
+    from potato_queue.agent.__main__ import main as agent_main
+
+    raise click.exceptions.Exit(agent_main(["serve", *args]))
 
 
 @training.command()

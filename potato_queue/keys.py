@@ -88,6 +88,23 @@ class Keys:
     def server_url(self) -> str:
         return f"{self.prefix}:server_url"
 
+    def agent_token(self, backend: str) -> str:
+        """Hash of an agent backend's registration: the token's sha256, created, last_seen, the agent."""
+        return f"{self.prefix}:agent:{backend}"
+
+    def agent_token_owner(self, digest: str) -> str:
+        """The backend a token digest was issued for (to answer 403, not 401, for another backend's token)."""
+        return f"{self.prefix}:agent-digest:{digest}"
+
+    def offers(self, backend: str) -> str:
+        """Sorted set of the runs waiting for an agent of this backend to claim them, oldest first."""
+        return f"{self.prefix}:offers:{backend}"
+
+    @property
+    def offered(self) -> str:
+        """Pub/sub channel: a run was offered to an agent backend (the message is the backend's name)."""
+        return f"{self.prefix}:offered"
+
     def run(self, run_id: str) -> str:
         """Hash of the run's live state (state, step, progress, heartbeat_at, ...)."""
         return f"{self.prefix}:run:{run_id}"

@@ -24,7 +24,8 @@ FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
 IN_FLIGHT = ("starting", "running", "collecting")
 _ALLOWED_FROM = {
     "starting": ("queued",),
-    "running": ("starting",),
+    # A pull backend's run stays queued until its agent claims it (AGT-4), then runs.
+    "running": ("starting", "queued"),
     "collecting": ("starting", "running"),
     "succeeded": ("collecting",),
     "failed": ("queued", "starting", "running", "collecting"),
@@ -82,3 +83,4 @@ class RunView:
     heartbeat_at: float | None  # the agent's last contact (epoch s); None before its first
     cancel_requested: bool
     disk_error: str | None = None  # a write for the run failed: the run cannot go on
+    state: str | None = None

@@ -12,7 +12,7 @@ from collections.abc import Awaitable, Callable
 import redis
 import redis.asyncio as aioredis
 
-__all__ = ["CAS_STATE", "MERGE_METRICS", "RECORD_RESULT", "async_twin", "wait_published"]
+__all__ = ["CAS_STATE", "CLAIM", "MERGE_METRICS", "RECORD_RESULT", "async_twin", "wait_published"]
 
 # KEYS: the run's hash, the unfinished index, the run token's digest. ARGV: the
 # new state, "1" when it is final, the run id, then the states it may come
@@ -44,6 +44,17 @@ for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('RPUSH', KEYS[2], '1')
 redis.call('EXPIRE', KEYS[2], 3600)
 return 1
+"""
+# KEYS: the agent backend's registration hash, its offers. ARGV: the token's digest, now (epoch s), the
+# agent's description (JSON). 'denied' unless the digest is the registered one, so a token replaced while
+# its claim waited claims nothing; else the oldest offered run, popped (exactly one agent gets it), or ''.
+# The digests compared are sha256 of 32 random bytes: their compare's timing tells nothing of a token.
+CLAIM = """
+if redis.call('HGET', KEYS[1], 'digest') ~= ARGV[1] then return 'denied' end
+redis.call('HSET', KEYS[1], 'last_seen', ARGV[2], 'agent', ARGV[3])
+local popped = redis.call('ZPOPMIN', KEYS[2])
+if #popped == 0 then return '' end
+return popped[1]
 """
 # Metrics are one JSON object in the live hash; merging there (not in Python)
 # keeps the read-modify-write atomic and inside the batch's single pipeline.

@@ -40,7 +40,7 @@ from potato_queue.records import (
 )
 from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, wait_published
 from potato_queue.runs.lease import Lease
-from potato_queue.tokens import RunTokens
+from potato_queue.tokens import AgentTokens, RunTokens
 
 # The record's shapes live in records.py; they are re-exported here, where callers look for them.
 __all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "FOLDER_FIX", "RunStore", "RunView", "RunFolderError",
@@ -57,6 +57,7 @@ class RunStore:
         self._record_result = client.register_script(RECORD_RESULT)
         self._created: dict[str, str] = {}
         self.tokens = RunTokens(client, self.keys)
+        self.agents = AgentTokens(client, self.keys)
         self.pending = PendingRecords(client, self.keys)
 
     # -- records ---------------------------------------------------------
@@ -274,12 +275,12 @@ class RunStore:
     def view(self, run_id: str) -> RunView:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(self.keys.run(run_id), "agent_exit_code", "artifact_uri", "agent_message", "heartbeat_at",
-                   "disk_error")
+                   "disk_error", "state")
         pipe.exists(self.keys.cancel(run_id))
-        (code, uri, message, beat, disk_error), cancel = pipe.execute()
+        (code, uri, message, beat, disk_error, state), cancel = pipe.execute()
         return RunView(exit_code=None if code is None else int(code), artifact_uri=_text(uri), message=_text(message),
                        heartbeat_at=None if beat is None else float(beat), cancel_requested=bool(cancel),
-                       disk_error=_text(disk_error))
+                       disk_error=_text(disk_error), state=_text(state))
 
     def wait_result(self, run_id: str, timeout_s: float) -> None:
         """Sleep up to timeout_s, waking as soon as the agent's result arrives."""

@@ -7,13 +7,17 @@ is its digest (keys.Keys.run_token), so a copy of the database opens nothing.
 from __future__ import annotations
 
 import hashlib
+import json
 import secrets
+import time
+from typing import Any
 
 import redis
 
 from potato_queue.keys import Keys
+from potato_queue.redis_plumbing import CLAIM
 
-__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "OTHER_RUNS_CHECKED"]
+__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "DENIED", "OTHER_RUNS_CHECKED"]
 
 # How many of the project's latest runs a rejected token is compared against
 # to answer 403 ("another run's token") rather than 401.
@@ -69,3 +73,71 @@ class RunTokens:
 
     def revoke(self, run_id: str) -> None:
         self.redis.delete(self.keys.run_token(run_id))
+
+
+DENIED = "denied"
+
+
+class AgentTokens:
+    """One project's agent-backend tokens (the store's `agents`) and the runs offered to those agents.
+
+    A backend has at most one token: registering again replaces it, and the old one stops working
+    at once, a claim already waiting included (the claim compares digests in the same Lua step that
+    pops the run). Redis keeps its digest, when it was made, when an agent last asked for work and
+    what that agent said of itself (host, Python, trainer packages).
+    """
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis, self.keys = client, keys
+        self._claim = client.register_script(CLAIM)
+
+    def issue(self, backend: str) -> str:
+        """A fresh token for `backend`, replacing (and revoking) the one before it."""
+        token, key = new_token(), self.keys.agent_token(backend)
+        old = self.redis.hget(key, "digest")
+        pipe = self.redis.pipeline()
+        if old is not None:
+            pipe.delete(self.keys.agent_token_owner(_text(old)))
+        pipe.delete(key)
+        pipe.hset(key, mapping={"digest": token_digest(token), "created_at": repr(time.time())})
+        pipe.set(self.keys.agent_token_owner(token_digest(token)), backend)
+        pipe.execute()
+        return token
+
+    def registration(self, backend: str) -> dict[str, Any] | None:
+        """created_at, last_seen (epoch s; None before an agent asked) and the agent's own description."""
+        fields = {_text(k): _text(v) for k, v in self.redis.hgetall(self.keys.agent_token(backend)).items()}
+        if "digest" not in fields:
+            return None
+        return {"created_at": float(fields["created_at"]),
+                "last_seen": float(fields["last_seen"]) if "last_seen" in fields else None,
+                "agent": json.loads(fields["agent"]) if "agent" in fields else None}
+
+    def verify(self, backend: str, token: str) -> bool:
+        return token_matches(self.redis.hget(self.keys.agent_token(backend), "digest"), token)
+
+    def owner_of(self, token: str) -> str | None:
+        """The backend this token was issued for, if it is still registered."""
+        owner = self.redis.get(self.keys.agent_token_owner(token_digest(token)))
+        return None if owner is None else _text(owner)
+
+    def claim(self, backend: str, token: str, agent: dict[str, Any]) -> str | None:
+        """The oldest run offered to `backend` (now the caller's), None when none is, DENIED for a token
+        that is not (or no longer) this backend's. Marks the backend as seen either way."""
+        keys = [self.keys.agent_token(backend), self.keys.offers(backend)]
+        answer = _text(self._claim(keys=keys, args=[token_digest(token), repr(time.time()), json.dumps(agent)]))
+        return answer or None
+
+    # -- offers: the executor's side ---------------------------------------------
+    def offer(self, backend: str, run_id: str) -> None:
+        """Post a run for the backend's agents and wake the claims waiting for it."""
+        pipe = self.redis.pipeline()
+        pipe.zadd(self.keys.offers(backend), {run_id: time.time()}, nx=True)
+        pipe.publish(self.keys.offered, backend)
+        pipe.execute()
+
+    def is_offered(self, backend: str, run_id: str) -> bool:
+        return self.redis.zscore(self.keys.offers(backend), run_id) is not None
+
+    def withdraw(self, backend: str, run_id: str) -> None:
+        self.redis.zrem(self.keys.offers(backend), run_id)

@@ -1,4 +1,9 @@
 """python -m potato_queue.agent run --server URL --run-id ID --workdir DIR [--python EXE] [--keep]
+python -m potato_queue.agent serve --server URL --backend NAME [--token-file F] [--once] ...
+
+`serve` is the agent of an agent backend (`potato-queue training agent`, and
+agent.pyz as the server serves it): it claims the backend's runs until
+stopped. Its backend token comes from POTATO_TRAINING_TOKEN or --token-file.
 
 With --assignment-on-stdin the agent is started ahead of time (the local
 backend keeps one warm, so a run does not wait for Python to start and import
@@ -20,6 +25,7 @@ import sys
 import threading
 from typing import IO, List, Optional
 
+from potato_queue.agent.backend import BackendAgent
 from potato_queue.agent.client import RunClient
 from potato_queue.agent.proc import ProcessLauncher, worker_env
 from potato_queue.agent.runner import Runner, log_line
@@ -47,7 +53,67 @@ def build_parser() -> argparse.ArgumentParser:
                           "by default a closed stdin means whoever started the agent is gone, and the worker stops")
     # Seconds without an answer before the agent stops the worker (AGT-7); tests shorten it.
     run.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
+    add_serve_options(commands.add_parser("serve", help="claim and run an agent backend's runs until stopped"))
     return parser
+
+
+TOKEN_ENV = "POTATO_TRAINING_TOKEN"
+DEFAULT_WORKDIR = os.path.join("~", ".cache", "potato-training")
+
+
+def add_serve_options(serve: argparse.ArgumentParser) -> None:
+    """The options of `serve` (also `potato-queue training agent`'s)."""
+    serve.add_argument("--server", required=True, help="the server's URL, http(s)://host:port")
+    serve.add_argument("--backend", required=True, help="the agent backend whose runs this agent takes")
+    serve.add_argument("--token-file", help="a file holding the backend token (else ${})".format(TOKEN_ENV))
+    serve.add_argument("--python", default=sys.executable,
+                       help="the interpreter that runs the worker (default: this one)")
+    serve.add_argument("--once", action="store_true", help="exit after one run")
+    serve.add_argument("--workdir", default=DEFAULT_WORKDIR,
+                       help="where runs keep their files and model files (default ~/.cache/potato-training)")
+    serve.add_argument("--keep", action="store_true", help="keep each run's bundle after the run")
+    serve.add_argument("--ca-file", help="verify the server's https certificate against this CA file only")
+    # Seconds without an answer during a run before the agent cancels it (AGT-7: 300); for tests.
+    serve.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
+
+
+def backend_token(token_file: Optional[str]) -> str:
+    """The backend token: from --token-file, else $POTATO_TRAINING_TOKEN; never from the command line."""
+    if token_file:
+        with open(token_file, encoding="utf-8") as fh:
+            return fh.readline().strip()
+    return os.environ.get(TOKEN_ENV, "").strip()
+
+
+def serve(args: argparse.Namespace) -> int:
+    """Run an agent backend's agent until SIGINT/SIGTERM (a run in flight is cancelled and reported)."""
+    try:
+        token = backend_token(args.token_file)
+    except OSError as exc:
+        log_line("the token file cannot be read: {}".format(exc))
+        return EXIT_BAD_SPEC
+    if not token:
+        log_line("no backend token: set {} or pass --token-file (the token `potato-queue training register {} "
+                 "CONFIG` printed on the server)".format(TOKEN_ENV, args.backend))
+        return EXIT_BAD_SPEC
+    workdir = os.path.expanduser(args.workdir)
+    os.makedirs(workdir, mode=0o700, exist_ok=True)
+    try:
+        agent = BackendAgent(args.server, args.backend, token, workdir, python=args.python, keep=args.keep,
+                             once=args.once, unreachable_s=args.unreachable_s, ca_file=args.ca_file, log=log_line)
+    except (ValueError, OSError) as exc:
+        log_line(str(exc))
+        return EXIT_BAD_SPEC
+
+    def handler(signum: int, _frame: object) -> None:
+        name = signal.Signals(signum).name
+        if agent.runner is None:
+            raise SystemExit(0)  # idle: leave the claim that is waiting; nothing to cancel
+        agent.stop("the agent got {}".format(name))
+
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, handler)
+    return agent.serve()
 
 
 def read_assignment(args: argparse.Namespace, stream: IO[str]) -> bool:
@@ -94,6 +160,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     os.umask(0o077)  # files 0600, folders 0700: the host is shared with other accounts
     parser = build_parser()
     args = parser.parse_args(argv)
+    if args.command == "serve":
+        return serve(args)
     launcher = ProcessLauncher(args.python, worker_env())
     if args.assignment_on_stdin:
         # Start the worker's interpreter now too: a warm agent with a cold worker saves half.

@@ -18,8 +18,10 @@ import contextlib
 import http.client
 import json
 import socket
+import ssl
 import threading
 import time
+import urllib.request
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
 from urllib.parse import unquote, urlsplit
 
@@ -31,6 +33,7 @@ __all__ = [
     "RETRY_STATUSES",
     "ApiError",
     "Unreachable",
+    "TlsError",
     "Retryable",
     "Backoff",
     "retry",
@@ -64,6 +67,10 @@ class ApiError(Exception):
 
 class Unreachable(Exception):
     """No answer from the server for as long as the caller was willing to wait."""
+
+
+class TlsError(Exception):
+    """The server's TLS certificate could not be verified: asking again gets the same answer."""
 
 
 class Retryable(Exception):
@@ -172,16 +179,46 @@ class UnixHTTPConnection(http.client.HTTPConnection):
         self.sock = sock
 
 
-def open_connection(server: str, timeout: float = DEFAULT_TIMEOUT_S) -> http.client.HTTPConnection:
-    """A connection to `http://host:port`, `https://host:port` or `unix:///path/to.sock`."""
+def _proxy_for(scheme: str, host: str) -> Optional[Tuple[str, int]]:
+    """(host, port) of the proxy HTTP(S)_PROXY names for this server, None without one or under NO_PROXY."""
+    proxy = urllib.request.getproxies().get(scheme)
+    if not proxy or urllib.request.proxy_bypass(host):
+        return None
+    parts = urlsplit(proxy if "://" in proxy else "http://" + proxy)
+    return parts.hostname or "127.0.0.1", parts.port or 3128
+
+
+def open_connection(server: str, timeout: float = DEFAULT_TIMEOUT_S,
+                    ca_file: Optional[str] = None) -> http.client.HTTPConnection:
+    """A connection to `http://host:port`, `https://host:port` or `unix:///path/to.sock`.
+
+    https verifies the server against the system's CAs, or only `ca_file`'s. A proxy named by
+    HTTP_PROXY / HTTPS_PROXY (and not bypassed by NO_PROXY) is asked for a tunnel (CONNECT).
+    """
     parts = urlsplit(server)
     if parts.scheme == "unix":
         return UnixHTTPConnection(unquote(parts.path), timeout=timeout)
-    if parts.scheme == "http":
-        return http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port or 80, timeout=timeout)
+    if parts.scheme not in ("http", "https"):
+        raise ValueError("server URL must be http://host:port, https://host:port or unix:///path, not {!r}".format(
+            server))
+    host, port = parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
+    proxy = _proxy_for(parts.scheme, host)
+    target = proxy or (host, port)
     if parts.scheme == "https":
-        return http.client.HTTPSConnection(parts.hostname or "127.0.0.1", parts.port or 443, timeout=timeout)
-    raise ValueError("server URL must be http://host:port or unix:///path, not {!r}".format(server))
+        context = ssl.create_default_context(cafile=ca_file)
+        conn = http.client.HTTPSConnection(target[0], target[1], timeout=timeout,
+                                           context=context)  # type: http.client.HTTPConnection
+    else:
+        conn = http.client.HTTPConnection(target[0], target[1], timeout=timeout)
+    if proxy is not None:
+        conn.set_tunnel(host, port)
+    return conn
+
+
+def tls_problem(server: str, exc: ssl.SSLCertVerificationError) -> TlsError:
+    return TlsError(
+        "the TLS certificate of {} could not be verified ({}); fix: give the agent the CA that signed it with "
+        "--ca-file, or install that CA in the system's store".format(server, exc.verify_message or exc))
 
 
 def error_detail(body: bytes) -> str:
@@ -206,9 +243,11 @@ class Transport:
     """Requests to one server with one bearer token; paths are relative to API_PREFIX."""
 
     def __init__(self, server: str, token: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 give_up_s: float = DEFAULT_GIVE_UP_S, log: Optional[Log] = None) -> None:
-        open_connection(server).close()  # a bad URL fails here, not in a thread
+                 give_up_s: float = DEFAULT_GIVE_UP_S, log: Optional[Log] = None,
+                 ca_file: Optional[str] = None) -> None:
+        open_connection(server, ca_file=ca_file).close()  # a bad URL fails here, not in a thread
         self.server = server
+        self.ca_file = ca_file
         self.timeout_s = timeout_s
         self.give_up_s = give_up_s
         self.log = log or _no_log
@@ -246,7 +285,7 @@ class Transport:
         conn = getattr(self._local, "conn", None)
         reused = conn is not None
         if conn is None:
-            conn = open_connection(self.server, timeout_s)
+            conn = open_connection(self.server, timeout_s, self.ca_file)
             conn.blocksize = CHUNK_BYTES
             self._local.conn = conn
         conn.timeout = timeout_s
@@ -276,6 +315,9 @@ class Transport:
             try:
                 conn.request(method, API_PREFIX + "/" + path, body=body, headers=all_headers)
                 response = conn.getresponse()
+            except ssl.SSLCertVerificationError as exc:
+                self._failed()
+                raise tls_problem(self.server, exc) from None
             except (OSError, http.client.HTTPException):
                 self._failed()
                 # The server closes idle keep-alive connections: a fresh one deserves a try at once

@@ -24,6 +24,7 @@ BACKEND_TYPES = ("local", "ssh", "slurm", "agent")
 # Backend type -> "module:Class" of the types this version runs.
 RUNNABLE: dict[str, str] = {
     "local": "potato_queue.executors.local:LocalExecutor",
+    "agent": "potato_queue.executors.agent:AgentExecutor",
 }
 
 

@@ -19,13 +19,14 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 from potato_queue.keys import RunPaths
 
 __all__ = [
     "CheckReport",
     "LaunchSpec",
+    "Offer",
     "AgentResult",
     "Waiting",
     "Running",
@@ -45,6 +46,19 @@ class CheckReport:
     data: dict[str, Any] = field(default_factory=dict)
 
 
+class Offer(Protocol):
+    """A pull backend's run, posted for its agents to claim (the lifecycle makes it; Redis is behind it)."""
+
+    def post(self) -> None:
+        """Offer the run and wake the agents waiting for work."""
+
+    def taken(self) -> bool:
+        """Whether an agent has claimed it."""
+
+    def withdraw(self) -> None:
+        """No agent may claim it any more. Idempotent."""
+
+
 @dataclass(frozen=True)
 class LaunchSpec:
     """What an executor gets to start a run: the run, not the run store or the project config."""
@@ -59,6 +73,8 @@ class LaunchSpec:
     # A line in run.log, and the step line the page shows (also kept in run.log).
     log: Callable[[str], None]
     step: Callable[[str], None]
+    # A pull backend's offer (None for the others).
+    offer: Offer | None = None
 
 
 @dataclass(frozen=True)
@@ -81,6 +97,8 @@ class Waiting:
 
     why: str
     until_s: float | None = None
+    # What the run fails with past until_s (default: that it was still waiting, and why).
+    expired: str | None = None
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from typing import Any
 import redis
 
 from potato_queue.config import LOCAL, ProjectConfig
+from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
 from potato_queue.runs.lifecycle import RunLife
 from potato_queue.runs.recovery import fail_orphans
@@ -49,10 +50,22 @@ class Dispatcher:
         for run_id, state in unfinished:
             if state == "queued":
                 started_s = time.time()
-                record = self.store.transition(run_id, "starting", started_at=utc_of(started_s))
+                record = self._hold(run_id, started_s)
                 if record is not None:
                     return record, started_s
         return None
+
+    def _hold(self, run_id: str, started_s: float) -> dict[str, Any] | None:
+        """The run's record once it is this executor's: `starting`, or, on a pull backend, still
+        `queued` until its agent claims it (AGT-4). None when the run is no longer queued."""
+        record = self.store.read(run_id)
+        try:
+            pull = self.executors.get(record["backend"]).pull
+        except PotatoQueueError:
+            pull = False  # RunLife fails it with the registry's message
+        if pull:
+            return self.store.transition(run_id, "queued", record)
+        return self.store.transition(run_id, "starting", record, started_at=utc_of(started_s))
 
     def execute_next(self, *, poll_s: float = 0.05) -> str | None:
         """Wait for the slot, then run the oldest queued run. Returns the run id it ran, if any."""

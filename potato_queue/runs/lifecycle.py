@@ -22,7 +22,7 @@ from potato_queue.runs.job import build_job, server_url_for
 from potato_queue.runs.lease import Lease
 from potato_queue.runs.retention import prune_old_runs
 from potato_queue.runs.supervise import Outcome, Watch, supervise
-from potato_queue.store import FOLDER_FIX, RunFolderError, RunStore
+from potato_queue.store import FOLDER_FIX, RunFolderError, RunStore, utc_now
 from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM
 
 __all__ = ["RunLife", "failure_of"]
@@ -66,6 +66,22 @@ def _said(exc: Exception) -> str:
     if isinstance(exc, OSError) and exc.errno in _CANNOT_WRITE:
         return f"{exc.filename or 'the run folder'} cannot be written: {exc.strerror}; fix: {FOLDER_FIX}"
     return f"{type(exc).__name__}: {exc}"
+
+
+class _StoreOffer:
+    """A pull backend's run, offered to its agents through the store (executors.base.Offer)."""
+
+    def __init__(self, store: RunStore, backend: str, run_id: str) -> None:
+        self.store, self.backend, self.run_id = store, backend, run_id
+
+    def post(self) -> None:
+        self.store.agents.offer(self.backend, self.run_id)
+
+    def taken(self) -> bool:
+        return not self.store.agents.is_offered(self.backend, self.run_id)
+
+    def withdraw(self) -> None:
+        self.store.agents.withdraw(self.backend, self.run_id)
 
 
 class RunLife:
@@ -112,9 +128,12 @@ class RunLife:
         self.store.set_live(self.run_id, step="building the bundle")
         job = build_job(self.config, self.store, self.record, self.paths)
         self.store.update(self.run_id, self.record, job=job)
+        backend = self.record["backend"]
         token = None if executor.pull else self.store.tokens.issue(self.run_id, self._token_ttl_s())
-        return LaunchSpec(run_id=self.run_id, backend_name=self.record["backend"], job=job, token=token,
-                          server_url=server_url_for(self.store), paths=self.paths, log=self.log, step=self.step)
+        offer = _StoreOffer(self.store, backend, self.run_id) if executor.pull else None
+        return LaunchSpec(run_id=self.run_id, backend_name=backend, job=job, token=token,
+                          server_url=server_url_for(self.store), paths=self.paths, log=self.log, step=self.step,
+                          offer=offer)
 
     def _token_ttl_s(self) -> float:
         mt = self.config.model_training
@@ -134,7 +153,9 @@ class RunLife:
         )
 
     def _first_contact(self) -> None:
-        self.store.transition(self.run_id, "running", self.record)
+        # A pull backend's run was queued until its agent claimed it: it starts now.
+        started = {"started_at": utc_now()} if self.record["state"] == "queued" else {}
+        self.store.transition(self.run_id, "running", self.record, **started)
 
     def _finish(self, outcome: Outcome) -> None:
         live = self.store.live(self.run_id)
@@ -151,9 +172,9 @@ class RunLife:
             self.log(f"the model files could not be collected: {_said(exc)}")
             artifact_uri = None
         state, error = failure_of(outcome, live, self.store.cancel_requested(self.run_id))
-        self.store.transition(self.run_id, state, self.record, exit_code=result.exit_code if result else None,
-                              error=error, metrics=live.get("metrics") or {}, artifact_uri=artifact_uri)
-        self.log(f"{state}: {error}" if error else state)
+        if self.store.transition(self.run_id, state, self.record, exit_code=result.exit_code if result else None,
+                                 error=error, metrics=live.get("metrics") or {}, artifact_uri=artifact_uri):
+            self.log(f"{state}: {error}" if error else state)
 
     def _collect(self, result: AgentResult | None) -> str | None:
         assert self.handle is not None

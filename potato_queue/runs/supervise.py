@@ -7,7 +7,8 @@ The clocks (API-4, AGT-4, AGT-7):
   claim, for the scheduler): the run is then bounded by its own deadline,
   never by the heartbeat timeout. A handle that says *running* while its
   agent has not made contact yet gets heartbeat_timeout_s to make it;
-- max_wall_seconds counts from the run's start (bundle and launch included).
+- max_wall_seconds counts from the run's start (bundle and launch included),
+  or, for a run that waited, from the end of its wait.
 
 The stop policy, written once: ask the agent to stop (the cancel flag it
 long-polls), give it grace_seconds to stop its worker and report, then the
@@ -21,7 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from potato_queue.executors.base import AgentResult, Gone, RunHandle, Waiting
-from potato_queue.store import RunStore, RunView
+from potato_queue.store import FINAL_STATES, RunStore, RunView
 
 __all__ = ["Outcome", "Watch", "supervise", "stop_run", "TICK_S", "CANCEL_MARGIN_S"]
 
@@ -104,7 +105,7 @@ def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str |
             watch.waiting_why = status.why
             watch.step(status.why)
         if status.until_s is not None and now_s > status.until_s:
-            return f"The run was still waiting past its deadline: {status.why}"
+            return status.expired or f"The run was still waiting past its deadline: {status.why}"
         return None
     limit_s = watch.heartbeat_timeout_s
     if view.heartbeat_at is None:
@@ -125,6 +126,9 @@ def _tick(watch: Watch) -> Outcome | None:
     result = _result(view)
     if result is not None:
         return Outcome(result=result)
+    if view.state in FINAL_STATES:  # a run still queued (unclaimed) is cancelled by the API directly
+        watch.handle.kill()
+        return Outcome(state=view.state, error=None)
     if view.disk_error:
         return stop_run(watch, watch.grace_s, "failed", f"{view.disk_error}; the run was stopped")
     now_s = time.time()
@@ -143,6 +147,10 @@ def _tick(watch: Watch) -> Outcome | None:
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
         return stop_run(watch, 0, "failed", overdue)
+    if isinstance(status, Waiting):
+        return None  # the wall clock starts when an agent has the run, not while it waits for one
+    if watch.waiting_why is not None:
+        watch.waiting_why, watch.started_s = None, now_s
     if watch.max_wall_s and now_s - watch.started_s > watch.max_wall_s and watch.cancel_seen_s is None:
         return stop_run(watch, watch.grace_s, "failed",
                         f"The run did not finish within max_wall_seconds ({watch.max_wall_s:g} s) and was stopped")

@@ -11,6 +11,7 @@ from fastapi import FastAPI
 from potato_queue.config import ProjectConfig
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
+from potato_queue.server.claims import claims_router
 from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, guard
 from potato_queue.store import RunStore
 
@@ -34,6 +35,7 @@ def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
     app.state.enqueue = lambda run_id: enqueue(celery, config, run_id)
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
     app.include_router(agent_router(), prefix=AGENT_PREFIX)
+    app.include_router(claims_router(), prefix=AGENT_PREFIX)
     return app
 
 

@@ -33,7 +33,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.keys import RUN_ID_RE
 from potato_queue.store import RunStore
 
-__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "token_problem", "ADMIN_PREFIX", "AGENT_PREFIX", "BODY_CAPS"]
+__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "token_problem", "backend_problem", "ADMIN_PREFIX", "AGENT_PREFIX", "BODY_CAPS"]
 
 ADMIN_PREFIX = "/admin/training/api"
 AGENT_PREFIX = "/api/training/agent/v1"
@@ -80,6 +80,17 @@ def token_problem(store: RunStore, run_id: str, token: str | None) -> tuple[int,
     if store.tokens.of_another_run(run_id, token):
         return 403, f"this token is for another run, not {run_id}"
     return 401, UNAUTHORIZED_RUN
+
+
+def backend_problem(store: RunStore, backend: str, token: str | None) -> tuple[int, str] | None:
+    """(status, why) when `token` is not the agent token of `backend`: 403 for another backend's, else 401."""
+    if token and store.agents.verify(backend, token):
+        return None
+    owner = store.agents.owner_of(token) if token else None
+    if owner is not None:
+        return 403, f"this token is for the agent backend {owner}, not {backend}"
+    return 401, (f"a valid agent token for backend {backend} is required (Authorization: Bearer <token>): the one "
+                 f"`potato-queue training register {backend} CONFIG` printed last")
 
 
 def _headers(scope: Scope) -> dict[str, str]:
@@ -168,6 +179,9 @@ class Guard:
         if path.startswith(ADMIN_PREFIX + "/"):
             return admin_problem(self.config, headers.get("x-api-key")), BODY_CAPS["admin"]
         parts = path[len(AGENT_PREFIX):].split("/")  # "", "runs", run_id, route
+        if len(parts) == 4 and parts[1] == "backends":
+            problem = await run_in_threadpool(backend_problem, self.store, parts[2], _bearer(headers))
+            return problem, BODY_CAPS["agent"]
         if len(parts) != 4 or parts[1] != "runs":
             return None, BODY_CAPS["agent"]
         run_id, route = parts[2], parts[3]

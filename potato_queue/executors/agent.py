@@ -1,0 +1,85 @@
+"""The agent backend: a training machine the server cannot reach (behind NAT, a firewall).
+
+Nothing is started from here: the run is offered to the backend's agents,
+which long-poll the server for work (`potato-queue training agent`). The run
+stays `queued` and *waiting* until one claims it, bounded by queue_timeout_s
+when the backend sets one (AGT-4); from the claim on, the agent's heartbeats
+are what keeps the run alive, and cancel reaches it through its control
+long-poll. The model files stay on the training machine (AGT-6): the run's
+artifact_uri is the `<host>:<folder>` the agent reported.
+"""
+
+from __future__ import annotations
+
+import time
+
+from potato_queue.config import AgentBackend
+from potato_queue.executors.base import (
+    AgentResult,
+    CheckReport,
+    Executor,
+    LaunchSpec,
+    Offer,
+    RunHandle,
+    Running,
+    Status,
+    Waiting,
+)
+
+__all__ = ["AgentExecutor", "AgentHandle", "waiting_why", "no_agent_error"]
+
+
+def waiting_why(backend_name: str) -> str:
+    return f"waiting for an agent on {backend_name}"
+
+
+def no_agent_error(backend_name: str, queue_timeout_s: float) -> str:
+    """ERR-10: why a run on an agent backend never started, and what to do."""
+    return (f"No agent on {backend_name} asked for work within queue_timeout_s ({queue_timeout_s:g} s); fix: start "
+            f"one on the training machine (potato-queue training agent --server URL --backend {backend_name}), "
+            f"and see when one last asked with: potato-queue training check {backend_name} CONFIG")
+
+
+class AgentHandle(RunHandle):
+    """A run offered to an agent backend: waiting until claimed, then in its agent's hands."""
+
+    def __init__(self, offer: Offer, why: str, until_s: float | None, expired: str | None) -> None:
+        self.offer, self.why, self.until_s, self.expired = offer, why, until_s, expired
+        self.claimed = False
+
+    def poll(self) -> Status:
+        if not self.claimed:
+            self.claimed = self.offer.taken()
+        if self.claimed:
+            # Gone is never known here: a machine behind NAT can only fall silent (the heartbeat says so).
+            return Running()
+        return Waiting(self.why, self.until_s, self.expired)
+
+    def kill(self) -> None:
+        # Nothing of ours runs where we could reach it; an agent that still has the run learns of its
+        # end from the revoked token (401) or the control call, and stops its worker itself.
+        self.offer.withdraw()
+
+    def collect(self, result: AgentResult) -> str | None:
+        self.offer.withdraw()
+        return result.artifact_uri
+
+
+class AgentExecutor(Executor):
+    type_name = "agent"
+    pull = True
+    backend: AgentBackend
+
+    def check(self) -> CheckReport:
+        # The registration lives in the server's store; `training check` reads it there.
+        return CheckReport(ok=True, lines=[f"{self.backend_name}: an agent backend (runs wait for its agent)"])
+
+    def launch(self, spec: LaunchSpec) -> RunHandle:
+        if spec.offer is None:
+            raise ValueError("an agent run needs its offer")
+        timeout_s = self.backend.queue_timeout_s
+        until_s = time.time() + timeout_s if timeout_s else None
+        expired = no_agent_error(self.backend_name, timeout_s) if timeout_s else None
+        spec.offer.post()
+        spec.step(waiting_why(self.backend_name))
+        return AgentHandle(spec.offer, waiting_why(self.backend_name), until_s, expired)

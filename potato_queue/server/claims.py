@@ -1,0 +1,174 @@
+"""An agent backend's agents asking for work: the claim long-poll, and the agent served as one file.
+
+A claim is answered at once when a run is offered to its backend, else it
+waits up to wait_s. Waiting costs no Redis connection and no thread: one
+subscription per server process (ClaimWakeups) hears the executors' offers
+and wakes the claims of that backend, which then race for the run in one Lua
+step (tokens.AgentTokens.claim): exactly one gets it. The winner gets a token
+for that run alone, and the run's first contact is recorded, so the
+executor sees it as in its agent's hands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+import redis.asyncio as aioredis
+from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, Field
+
+from potato_queue.code_package import agent_zipapp
+from potato_queue.config import ProjectConfig
+from potato_queue.redis_plumbing import async_twin
+from potato_queue.store import RunStore
+from potato_queue.tokens import DENIED
+
+__all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S"]
+
+MAX_CLAIM_WAIT_S = 30.0
+# A run token lives as long as a run may: the final state revokes it before that.
+CLAIMED_TOKEN_TTL_S = 30 * 24 * 3600.0
+_BAD_TOKEN = "the token for this backend was refused: it is wrong, or it was replaced by a newer register"
+
+
+class AgentInfo(BaseModel):
+    """What an agent says of itself with each claim (`training check` shows the latest)."""
+
+    model_config = ConfigDict(extra="allow")
+    host: str | None = Field(None, max_length=255)
+    python: str | None = Field(None, max_length=64, description="the worker interpreter's version")
+    packages: dict[str, str | None] = Field(default_factory=dict, description="trainer packages and versions")
+
+
+class Claim(BaseModel):
+    """The run this agent now has (null when none came within wait_s), and a token for that run alone."""
+
+    run_id: str | None = None
+    token: str | None = None
+
+
+def agent_backends(config: ProjectConfig) -> list[str]:
+    mt = config.model_training
+    return [name for name in mt.backend_names() if mt.backend_config(name).type == "agent"]
+
+
+class ClaimWakeups:
+    """One pub/sub subscription per server process; waiting claims wait on an asyncio.Event per backend."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
+        self._events: dict[str, asyncio.Event] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._ready: asyncio.Event | None = None
+
+    async def _listen(self, twin: aioredis.Redis) -> None:
+        pubsub = twin.pubsub()
+        await pubsub.subscribe(self.store.keys.offered)
+        assert self._ready is not None
+        self._ready.set()
+        try:
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    backend = message["data"].decode() if isinstance(message["data"], bytes) else message["data"]
+                    event = self._events.pop(backend, None)
+                    if event is not None:
+                        event.set()  # every claim waiting for this backend tries again
+        finally:
+            await pubsub.aclose()
+            await twin.aclose()
+
+    async def _started(self) -> None:
+        if self._task is None or self._task.done():
+            self._ready = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._listen(async_twin(self.store.redis)))
+        assert self._ready is not None
+        await self._ready.wait()  # subscribed before the caller looks, so no offer slips between
+
+    async def event(self, backend: str) -> asyncio.Event:
+        """The event the next offer to `backend` sets: take it before looking, so no offer slips between."""
+        await self._started()
+        return self._events.setdefault(backend, asyncio.Event())
+
+
+def _store(request: Request) -> RunStore:
+    return request.app.state.store
+
+
+def _wakeups(request: Request) -> ClaimWakeups:
+    state = request.app.state
+    if getattr(state, "claim_wakeups", None) is None:
+        state.claim_wakeups = ClaimWakeups(state.store)
+    return state.claim_wakeups
+
+
+def _bearer(request: Request) -> str:
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    return token.strip() if scheme.lower() == "bearer" else ""
+
+
+def _claim_once(store: RunStore, backend: str, token: str, agent: dict[str, Any]) -> Claim | None:
+    """One try: the claim, None when nothing is offered; 401 when the token is no longer this backend's."""
+    run_id = store.agents.claim(backend, token, agent)
+    if run_id == DENIED:
+        raise HTTPException(401, _BAD_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+    if run_id is None:
+        return None
+    run_token = store.tokens.issue(run_id, CLAIMED_TOKEN_TTL_S)
+    store.touch_heartbeat(run_id)  # the first contact: the executor sees the run in its agent's hands
+    store.log(run_id, f"claimed by the agent on {agent.get('host') or 'an unnamed host'} (backend {backend})")
+    return Claim(run_id=run_id, token=run_token)
+
+
+async def claim(
+    request: Request,
+    backend: str,
+    agent: AgentInfo,
+    wait_s: Annotated[float, Query(ge=0, description=f"how long to wait for a run; at most {MAX_CLAIM_WAIT_S:g}")]
+    = 25.0,
+) -> Claim:
+    """Long-poll for a run of this agent backend (backend token): answers as soon as one is offered."""
+    store, config = _store(request), request.app.state.config
+    if backend not in agent_backends(config):
+        raise HTTPException(404, f"{backend!r} is not an agent backend of this project (agent backends: "
+                                 f"{', '.join(agent_backends(config)) or 'none'})")
+    wakeups, token, info = _wakeups(request), _bearer(request), agent.model_dump()
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + min(wait_s, MAX_CLAIM_WAIT_S)
+    while True:
+        offered = await wakeups.event(backend)
+        found = await run_in_threadpool(_claim_once, store, backend, token, info)
+        if found is not None:
+            return found
+        try:
+            await asyncio.wait_for(offered.wait(), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            return Claim()
+        if await request.is_disconnected():
+            return Claim()  # nobody to hand a run to: leave it for an agent that is there
+
+
+def get_agent_zipapp() -> Response:
+    """The agent, worker and trainers as one file: `python3 agent.pyz --server URL --backend NAME`."""
+    package = agent_zipapp()
+    return Response(package.data, media_type="application/zip",
+                    headers={"Content-Disposition": 'attachment; filename="agent.pyz"', "ETag": f'"{package.sha256}"',
+                             "X-Content-SHA256": package.sha256})
+
+
+def claims_router() -> APIRouter:
+    """The backend-level agent routes, to mount at /api/training/agent/v1 beside the per-run ones."""
+    router = APIRouter(tags=["agent protocol"])
+    router.add_api_route(
+        "/backends/{backend}/claim", claim, methods=["POST"], response_model=Claim,
+        responses={401: {"description": "no token, or not this backend's (wrong, or replaced)"},
+                   403: {"description": "the token belongs to another backend"},
+                   404: {"description": "no agent backend of that name"}},
+    )
+    router.add_api_route(
+        "/agent.pyz", get_agent_zipapp, methods=["GET"], response_class=Response,
+        responses={200: {"content": {"application/zip": {}}, "description": "a zipapp; needs Python 3.8+"}},
+    )
+    return router
