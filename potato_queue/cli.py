@@ -115,11 +115,17 @@ def _print_report(config: Path, report: Any, strict: bool) -> None:
 @click.option("--host", default="127.0.0.1", show_default=True)
 @click.option("--port", default=8000, show_default=True, type=int)
 @click.option("--public-url", default=None, help="The URL agents use, when behind a proxy.")
-def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | None) -> None:
+@click.option("--tls-cert", type=click.Path(exists=True, dir_okay=False), help="Serve https with this certificate (PEM).")
+@click.option("--tls-key", type=click.Path(exists=True, dir_okay=False), help="The certificate's private key (PEM).")
+def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | None, tls_cert: str | None,
+          tls_key: str | None) -> None:
     """Run the server: Training page, admin JSON API, agent protocol."""
     from potato_queue.serve import serve_forever
 
-    serve_forever(_checked(config), _redis_checked(redis_url), host=host, port=port, public_url=public_url)
+    if bool(tls_cert) != bool(tls_key):
+        raise PotatoQueueError("--tls-cert and --tls-key go together", fix="give both, or neither for http")
+    serve_forever(_checked(config), _redis_checked(redis_url), host=host, port=port, public_url=public_url,
+                  tls=(tls_cert, tls_key) if tls_cert and tls_key else None)
 
 
 @cli.command()

@@ -64,7 +64,9 @@ def check_writable(config: ProjectConfig) -> None:
         ) from None
 
 
-def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int, public_url: str | None) -> None:
+def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int, public_url: str | None,
+                  tls: tuple[str, str] | None = None) -> None:
+    """Serve until stopped; `tls` (certificate file, key file) serves https."""
     import uvicorn
 
     from potato_queue.server.app import create_app, record_server_url
@@ -81,11 +83,13 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
     bound_port = sock.getsockname()[1]
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    url = public_url or f"http://{reach}:{bound_port}"
+    url = public_url or f"{'https' if tls else 'http'}://{reach}:{bound_port}"
     record_server_url(app.state.store, url)
     print(f"potato-queue: serving {config.annotation_task_name or config.config_path} at {url}", flush=True)
     print(f"potato-queue: {admin_state}", flush=True)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2))
+    certfile, keyfile = tls or (None, None)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                                           ssl_certfile=certfile, ssl_keyfile=keyfile))
     server.run(sockets=[sock])
 
 

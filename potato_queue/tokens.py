@@ -101,6 +101,7 @@ class AgentTokens:
         pipe.delete(key)
         pipe.hset(key, mapping={"digest": token_digest(token), "created_at": repr(time.time())})
         pipe.set(self.keys.agent_token_owner(token_digest(token)), backend)
+        pipe.publish(self.keys.offered, backend)  # claims waiting with the old token try again, and are refused
         pipe.execute()
         return token
 

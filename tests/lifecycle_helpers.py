@@ -36,10 +36,12 @@ def make_project(tmp_path: Path, **training: Any) -> Path:
 
 
 @contextmanager
-def started(tmp_path: Path, redis_url: str, executors: int = 1, **training: Any) -> Iterator[Services]:
-    """The example project with `training` overrides, its server and `executors` executors, stopped after."""
+def started(tmp_path: Path, redis_url: str, executors: int = 1, host: str = "127.0.0.1",
+            **training: Any) -> Iterator[Services]:
+    """The example project with `training` overrides, its server (on `host`) and `executors` executors,
+    stopped after."""
     svc = Services(make_project(tmp_path, **training), redis_url, tmp_path)
-    svc.serve()
+    svc.serve(host)
     try:
         for _ in range(executors):
             svc.executor()
@@ -67,11 +69,11 @@ class Services:
         self.procs.append(proc)
         return proc
 
-    def serve(self) -> str:
-        proc = self._spawn("serve", str(self.config), "--port", "0", name="server", pipe=True)
+    def serve(self, host: str = "127.0.0.1") -> str:
+        proc = self._spawn("serve", str(self.config), "--host", host, "--port", "0", name="server", pipe=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()
-        assert " at http://" in line, line + (self.tmp_path / "server.log").read_text()
+        assert " at http" in line, line + (self.tmp_path / "server.log").read_text()
         self.url = line.rsplit(" at ", 1)[1].strip()
         return self.url
 

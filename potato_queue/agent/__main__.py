@@ -68,7 +68,7 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--token-file", help="a file holding the backend token (else ${})".format(TOKEN_ENV))
     serve.add_argument("--python", default=sys.executable,
                        help="the interpreter that runs the worker (default: this one)")
-    serve.add_argument("--once", action="store_true", help="exit after one run")
+    serve.add_argument("--once", action="store_true", help="exit after one run, with its exit code")
     serve.add_argument("--workdir", default=DEFAULT_WORKDIR,
                        help="where runs keep their files and model files (default ~/.cache/potato-training)")
     serve.add_argument("--keep", action="store_true", help="keep each run's bundle after the run")

@@ -1,0 +1,233 @@
+"""The agent backend, for real: the training machine is a network namespace behind a one-way firewall.
+
+The server listens on the host side of a veth pair; `potato-queue training
+agent` (or the served agent.pyz on a bare Python 3.8) runs inside the
+namespace, whose nft table drops every new inbound connection and counts
+them: the server can never open a connection to the agent, and the tests
+check it never tried. A silent network cut is an nft table that drops
+everything both ways (tests/netns.py). Everything else is real: Redis, the
+server, the executor, the agent and the worker.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT
+from tests.lifecycle_helpers import TERMINAL, Services, started
+from tests.netns import NatHost, netns_missing
+
+BACKEND = "lab"
+PYTHON38 = Path.home() / ".pyenv" / "versions" / "3.8.18" / "bin" / "python3.8"
+AGENT = [sys.executable, "-m", "potato_queue.cli", "training", "agent"]
+
+
+@pytest.fixture
+def nat() -> Iterator[NatHost]:
+    missing = netns_missing()
+    if missing:
+        pytest.fail(f"the agent-backend tests need a network namespace: {missing}")
+    with NatHost() as host:
+        yield host
+
+
+def lab(**extra: Any) -> dict[str, Any]:
+    return {"backends": {BACKEND: {"type": "agent", **extra}}}
+
+
+def register(svc: Services, backend: str = BACKEND) -> str:
+    """`potato-queue training register`, as the admin runs it; the token it printed."""
+    out = subprocess.run([sys.executable, "-m", "potato_queue.cli", "training", "register", backend, str(svc.config)],
+                         env=svc.env, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "shown once" in out.stdout and f"--server {svc.url} --backend {backend}" in out.stdout
+    return out.stdout.splitlines()[2].strip()
+
+
+class Agent:
+    """One agent process inside the namespace, its output in a file."""
+
+    def __init__(self, nat: NatHost, svc: Services, token: str, *args: str, argv: list[str] | None = None,
+                 name: str = "agent") -> None:
+        self.out = svc.tmp_path / f"{name}.out"
+        self.workdir = svc.tmp_path / f"{name}-work"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
+        env["POTATO_TRAINING_TOKEN"] = token
+        command = (argv or AGENT) + ["--server", svc.url, "--backend", BACKEND, "--workdir", str(self.workdir), *args]
+        with open(self.out, "w") as out:
+            self.proc = nat.popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=svc.tmp_path,
+                                  start_new_session=True)
+
+    def output(self) -> str:
+        return self.out.read_text()
+
+    def wait(self, timeout_s: float = 60) -> int:
+        return self.proc.wait(timeout_s)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+@pytest.fixture
+def behind_nat(tmp_path: Path, redis_server_url: str, nat: NatHost) -> Iterator[Services]:
+    with started(tmp_path, redis_server_url, host=nat.host_ip, **lab(heartbeat_timeout_s=60)) as svc:
+        yield svc
+
+
+def test_an_agent_behind_nat_runs_a_run_and_keeps_the_model_there(behind_nat: Services, nat: NatHost) -> None:
+    svc = behind_nat
+    agent = Agent(nat, svc, register(svc), "--once")
+    run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    assert run["state"] == "succeeded", (run, agent.output())
+    assert agent.wait() == 0
+    host, folder = run["artifact_uri"].split(":", 1)
+    assert host == socket.gethostname() and folder.startswith(str(agent.workdir))
+    assert any(Path(folder).iterdir()), "the model files stay on the training machine"
+    assert run["held_out"]["sentiment"]["test"]["n"] > 0
+    assert (svc.config.parent / "annotation_output" / "training" / "predictions.jsonl").exists()
+    assert nat.refused_inbound() == 0, "something tried to connect into the machine behind NAT"
+
+
+def test_a_run_waits_queued_for_an_agent_and_fails_after_queue_timeout(tmp_path: Path, redis_server_url: str) -> None:
+    with started(tmp_path, redis_server_url, **lab(queue_timeout_s=3)) as svc:
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+        time.sleep(1.5)
+        _, waiting = svc.api("GET", f"/runs/{run_id}")
+        assert (waiting["state"], waiting["step"]) == ("queued", f"waiting for an agent on {BACKEND}")
+        run = svc.wait_for(run_id, TERMINAL, 30)
+    assert run["state"] == "failed"
+    assert run["error"].startswith(f"No agent on {BACKEND} asked for work within queue_timeout_s (3 s)")
+    assert f"potato-queue training check {BACKEND}" in run["error"]
+
+
+def test_a_queued_agent_run_cancels_at_once_and_the_next_run_goes(tmp_path: Path, redis_server_url: str) -> None:
+    with started(tmp_path, redis_server_url, **lab()) as svc:
+        waiting = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+        after = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+        time.sleep(1.0)
+        assert svc.api("GET", f"/runs/{after}")[1]["state"] == "queued", "one run at a time, whatever the backend"
+        assert svc.api("POST", f"/runs/{waiting}/cancel")[0] == 200
+        assert svc.wait_for(waiting, TERMINAL, 10)["state"] == "cancelled"
+        assert svc.wait_for(after, TERMINAL, 60)["state"] == "succeeded"
+
+
+def test_two_agents_one_run_exactly_one_claims_it(behind_nat: Services, nat: NatHost) -> None:
+    svc = behind_nat
+    token = register(svc)
+    agents = [Agent(nat, svc, token, "--once", name=f"agent{i}") for i in range(2)]
+    time.sleep(2.0)  # both are waiting in their claim
+    run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+    assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded"
+    claimed = [a for a in agents if f"claimed run {run_id}" in a.output()]
+    assert len(claimed) == 1, [a.output() for a in agents]
+    idle = next(a for a in agents if a is not claimed[0])
+    assert idle.proc.poll() is None, "the other agent is still waiting for work"
+    idle.proc.send_signal(signal.SIGTERM)
+    assert idle.wait(15) == 0
+
+
+def test_a_replaced_token_stops_its_agent_with_the_fix(behind_nat: Services, nat: NatHost) -> None:
+    svc = behind_nat
+    agent = Agent(nat, svc, register(svc))
+    time.sleep(2.0)  # in its claim long-poll
+    register(svc)  # the admin registers again: the old token stops working at once
+    assert agent.wait(20) == 3
+    out = agent.output()
+    assert "refused this agent's token for backend lab" in out and f"potato-queue training register {BACKEND}" in out
+
+
+def _claim(svc: Services, backend: str, token: str | None) -> tuple[int, dict[str, Any]]:
+    req = urllib.request.Request(f"{svc.url}/api/training/agent/v1/backends/{backend}/claim?wait_s=0",
+                                 data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=30) as reply:
+            return reply.status, json.loads(reply.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def test_a_backend_token_claims_only_its_own_backend(tmp_path: Path, redis_server_url: str) -> None:
+    backends = {"backends": {"lab": {"type": "agent"}, "other": {"type": "agent"}}}
+    with started(tmp_path, redis_server_url, executors=0, **backends) as svc:
+        lab_token = register(svc, "lab")
+        assert _claim(svc, "lab", lab_token) == (200, {"run_id": None, "token": None})
+        status, reply = _claim(svc, "other", lab_token)
+        assert status == 403 and reply["detail"] == "this token is for the agent backend lab, not other"
+        status, reply = _claim(svc, "lab", None)
+        assert status == 401 and "potato-queue training register lab CONFIG" in reply["detail"]
+
+
+def test_check_shows_the_registration_and_the_agent_it_saw(behind_nat: Services, nat: NatHost) -> None:
+    svc = behind_nat
+    check = [sys.executable, "-m", "potato_queue.cli", "training", "check", BACKEND, str(svc.config)]
+    before = subprocess.run(check, env=svc.env, capture_output=True, text=True, timeout=60)
+    assert before.returncode == 1 and "no token issued yet" in before.stdout
+    assert f"potato-queue training register {BACKEND} {svc.config}" in before.stdout
+    token = register(svc)
+    unseen = subprocess.run(check + ["--json"], env=svc.env, capture_output=True, text=True, timeout=60)
+    assert unseen.returncode == 1 and json.loads(unseen.stdout)["last_seen"] is None
+    agent = Agent(nat, svc, token)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        seen = subprocess.run(check + ["--json"], env=svc.env, capture_output=True, text=True, timeout=60)
+        if seen.returncode == 0:
+            break
+        time.sleep(0.5)
+    agent.stop()
+    report = json.loads(seen.stdout)
+    assert report["ok"] and report["last_seen"] is not None, (report, agent.output())
+    assert report["agent"]["host"] == socket.gethostname()
+    assert report["agent"]["python"] == ".".join(map(str, sys.version_info[:3]))
+    assert "scikit-learn" in report["agent"]["packages"]
+
+
+def test_the_served_agent_runs_on_a_bare_python_38(behind_nat: Services, nat: NatHost) -> None:
+    svc = behind_nat
+    assert PYTHON38.exists(), f"{PYTHON38}: pyenv's CPython 3.8 stands in for an old GPU host"
+    pyz = svc.tmp_path / "agent.pyz"
+    # Fetched from inside the namespace, as the register text says (curl there, urllib here).
+    nat.exec(str(PYTHON38), "-c", f"import urllib.request; urllib.request.urlretrieve({svc.url!r} + "
+             f"'/api/training/agent/v1/agent.pyz', {str(pyz)!r})")
+    agent = Agent(nat, svc, register(svc), "--once", argv=[str(PYTHON38), str(pyz)])
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    assert run["state"] == "succeeded", (run, agent.output())
+    assert agent.wait() == 0
+    assert "Python 3.8.18" in agent.output()
+    assert not (ROOT / "potato_queue") in [Path(p) for p in agent.output().split()]
+
+
+def test_the_token_is_in_no_command_line_url_or_log(behind_nat: Services, nat: NatHost, tiny_model: Path) -> None:
+    svc = behind_nat
+    token = register(svc)
+    agent = Agent(nat, svc, token, "--once")
+    run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
+                           params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    deadline = time.monotonic() + 60
+    while svc.api("GET", f"/runs/{run_id}")[1].get("progress") is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    cmdlines = [p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists()]
+    assert not [c for c in cmdlines if token.encode() in c]
+    assert svc.api("POST", f"/runs/{run_id}/cancel")[0] == 200
+    assert svc.wait_for(run_id, TERMINAL, 60)["state"] == "cancelled"
+    assert agent.wait(30) == 4, "with --once the agent exits with its run's exit code (4: cancelled)"
+    texts = [agent.output(), svc.logs()] + [p.read_text(errors="replace") for p in svc.tmp_path.rglob("*.log")]
+    assert not [t for t in texts if token in t]
+    assert not nat.pids(), "nothing of the run is left on the training machine"
