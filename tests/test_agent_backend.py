@@ -211,7 +211,7 @@ def test_the_served_agent_runs_on_a_bare_python_38(behind_nat: Services, nat: Na
     assert run["state"] == "succeeded", (run, agent.output())
     assert agent.wait() == 0
     assert "Python 3.8.18" in agent.output()
-    assert not (ROOT / "potato_queue") in [Path(p) for p in agent.output().split()]
+    assert (ROOT / "potato_queue") not in [Path(p) for p in agent.output().split()]
 
 
 def test_the_token_is_in_no_command_line_url_or_log(behind_nat: Services, nat: NatHost, tiny_model: Path) -> None:
