@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -58,6 +59,7 @@ class Services:
         self.env = {**os.environ, "POTATO_QUEUE_REDIS_URL": redis_url, "PYTHONUNBUFFERED": "1"}
         self.procs: list[subprocess.Popen[str]] = []
         self.url = ""
+        self.ssl_context: ssl.SSLContext | None = None  # for a server on https
 
     def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None, pipe: bool = False,
                cwd: Path | None = None) -> subprocess.Popen[str]:
@@ -69,8 +71,8 @@ class Services:
         self.procs.append(proc)
         return proc
 
-    def serve(self, host: str = "127.0.0.1") -> str:
-        proc = self._spawn("serve", str(self.config), "--host", host, "--port", "0", name="server", pipe=True)
+    def serve(self, host: str = "127.0.0.1", *args: str) -> str:
+        proc = self._spawn("serve", str(self.config), "--host", host, "--port", "0", *args, name="server", pipe=True)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert " at http" in line, line + (self.tmp_path / "server.log").read_text()
@@ -99,7 +101,7 @@ class Services:
         if key is not None:
             req.add_header("X-API-Key", key)
         try:
-            with urllib.request.urlopen(req, timeout=30) as resp:
+            with urllib.request.urlopen(req, timeout=30, context=self.ssl_context) as resp:
                 raw = resp.read()
                 status = resp.status
         except urllib.error.HTTPError as err:

@@ -12,9 +12,9 @@ server, the executor, the agent and the worker.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -25,61 +25,16 @@ from typing import Any
 
 import pytest
 
+from tests.agent_helpers import BACKEND, PYTHON38, Agent, lab, nat_host, register
 from tests.conftest import ROOT
-from tests.lifecycle_helpers import TERMINAL, Services, started
-from tests.netns import NatHost, netns_missing
-
-BACKEND = "lab"
-PYTHON38 = Path.home() / ".pyenv" / "versions" / "3.8.18" / "bin" / "python3.8"
-AGENT = [sys.executable, "-m", "potato_queue.cli", "training", "agent"]
+from tests.lifecycle_helpers import TERMINAL, Services, make_project, started
+from tests.netns import NatHost
 
 
 @pytest.fixture
 def nat() -> Iterator[NatHost]:
-    missing = netns_missing()
-    if missing:
-        pytest.fail(f"the agent-backend tests need a network namespace: {missing}")
-    with NatHost() as host:
+    with nat_host() as host:
         yield host
-
-
-def lab(**extra: Any) -> dict[str, Any]:
-    return {"backends": {BACKEND: {"type": "agent", **extra}}}
-
-
-def register(svc: Services, backend: str = BACKEND) -> str:
-    """`potato-queue training register`, as the admin runs it; the token it printed."""
-    out = subprocess.run([sys.executable, "-m", "potato_queue.cli", "training", "register", backend, str(svc.config)],
-                         env=svc.env, capture_output=True, text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert "shown once" in out.stdout and f"--server {svc.url} --backend {backend}" in out.stdout
-    return out.stdout.splitlines()[2].strip()
-
-
-class Agent:
-    """One agent process inside the namespace, its output in a file."""
-
-    def __init__(self, nat: NatHost, svc: Services, token: str, *args: str, argv: list[str] | None = None,
-                 name: str = "agent") -> None:
-        self.out = svc.tmp_path / f"{name}.out"
-        self.workdir = svc.tmp_path / f"{name}-work"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
-        env["POTATO_TRAINING_TOKEN"] = token
-        command = (argv or AGENT) + ["--server", svc.url, "--backend", BACKEND, "--workdir", str(self.workdir), *args]
-        with open(self.out, "w") as out:
-            self.proc = nat.popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=svc.tmp_path,
-                                  start_new_session=True)
-
-    def output(self) -> str:
-        return self.out.read_text()
-
-    def wait(self, timeout_s: float = 60) -> int:
-        return self.proc.wait(timeout_s)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
 
 
 @pytest.fixture
@@ -231,3 +186,78 @@ def test_the_token_is_in_no_command_line_url_or_log(behind_nat: Services, nat: N
     texts = [agent.output(), svc.logs()] + [p.read_text(errors="replace") for p in svc.tmp_path.rglob("*.log")]
     assert not [t for t in texts if token in t]
     assert not nat.pids(), "nothing of the run is left on the training machine"
+
+
+def _wait_progress(svc: Services, run_id: str, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while svc.api("GET", f"/runs/{run_id}")[1].get("progress") is None:
+        assert time.monotonic() < deadline, f"run {run_id} made no progress: {svc.logs()}"
+        time.sleep(0.2)
+
+
+def test_a_silent_network_cut_fails_the_run_and_the_agent_stops_its_worker(
+        tmp_path: Path, redis_server_url: str, nat: NatHost, tiny_model: Path) -> None:
+    with started(tmp_path, redis_server_url, host=nat.host_ip, **lab(heartbeat_timeout_s=5)) as svc:
+        # --unreachable-s shortens AGT-7's 300 s for the test (an option documented as for testing).
+        agent = Agent(nat, svc, register(svc), "--once", "--unreachable-s", "3")
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
+                               params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+        _wait_progress(svc, run_id)
+        nat.cut()
+        run = svc.wait_for(run_id, TERMINAL, 30)
+        assert (run["state"], run["error"]) == ("failed", f"No word from the agent on {BACKEND} for 5 seconds")
+        agent.wait(120)  # its calls hang for their timeout (30 s) before they fail, as on a real cut
+        out = agent.output()
+        assert "no answer from the server for 3 s: SIGTERM to" in out, out
+        assert not nat.pids(), "no worker is left on the training machine"
+        nat.restore()
+
+
+def _tls_files(folder: Path, ip: str) -> tuple[Path, Path, Path]:
+    """A CA made here, and a certificate it signed for the server's address: (ca, cert, key)."""
+    ca_key, ca, key, csr, cert = (folder / n for n in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
+    ext = folder / "san.ext"
+    ext.write_text(f"subjectAltName=IP:{ip}\n")
+    for argv in (
+        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
+         "-subj", "/CN=potato-queue test CA"],
+        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={ip}"],
+        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
+         "-extfile", ext],
+    ):
+        subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True, timeout=60)
+    return ca, cert, key
+
+
+def test_https_with_the_servers_ca_and_a_clear_error_without_it(
+        tmp_path: Path, redis_server_url: str, nat: NatHost) -> None:
+    ca, cert, key = _tls_files(tmp_path, nat.host_ip)
+    svc = Services(make_project(tmp_path, **lab()), redis_server_url, tmp_path)
+    svc.serve(nat.host_ip, "--tls-cert", str(cert), "--tls-key", str(key))
+    try:
+        assert svc.url.startswith("https://")
+        svc.ssl_context = ssl.create_default_context(cafile=str(ca))
+        svc.executor()
+        token = register(svc)
+        unverified = Agent(nat, svc, token, "--once", name="no-ca")
+        assert unverified.wait(30) == 3
+        assert "could not be verified" in unverified.output() and "--ca-file" in unverified.output()
+        agent = Agent(nat, svc, token, "--once", "--ca-file", str(ca))
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+        assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded", agent.output()
+        assert agent.wait() == 0
+    finally:
+        svc.stop()
+
+
+def test_predictions_over_max_predictions_mb_fail_the_run_saying_what_to_raise(
+        tmp_path: Path, redis_server_url: str, nat: NatHost) -> None:
+    with started(tmp_path, redis_server_url, host=nat.host_ip, max_predictions_mb=0.001, **lab()) as svc:
+        agent = Agent(nat, svc, register(svc), "--once")
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        agent.wait()
+    assert run["state"] == "failed"
+    assert "above max_predictions_mb" in run["error"], run["error"]
+    assert "raise model_training.max_predictions_mb" in (svc.config.parent / "annotation_output" / "training" / "runs"
+                                                        / run_id / "run.log").read_text()

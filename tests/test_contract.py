@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -21,13 +22,13 @@ from typing import Any
 
 import pytest
 
+from tests.agent_helpers import BACKEND, Agent, nat_host, register
 from tests.lifecycle_helpers import (
     TERMINAL,
     Services,
     agent_pid,
     alive_cmd,
     parent_of,
-    pids,
     processes_of,
     run_path,
     session_of,
@@ -36,6 +37,7 @@ from tests.lifecycle_helpers import (
 )
 
 LONG_HF = {"epochs": 500, "batch_size": 4}
+Harness = Any  # LocalHarness | AgentHarness: the same methods, duck-typed
 
 
 class LocalHarness:
@@ -43,8 +45,30 @@ class LocalHarness:
 
     name = "local"
 
-    def training(self) -> dict[str, Any]:
-        return {"backend": "local"}
+    @contextmanager
+    def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
+        training.pop("queue_timeout_s", None)  # only pull backends wait for a claim
+        with started(tmp_path, redis_url, executors=1, backend="local", **training) as svc:
+            yield svc
+
+    def agent_log(self, svc: Services, run_id: str) -> str:
+        return (run_path(svc, run_id) / "agent.log").read_text()
+
+    def model_folder(self, svc: Services, run: dict[str, Any]) -> Path:
+        """Where the run's model files are, checked against its artifact_uri."""
+        artifacts = run_path(svc, run["run_id"]) / "artifacts"
+        assert run["artifact_uri"] == str(artifacts)
+        return artifacts
+
+    def thaw(self, svc: Services, run_id: str) -> None:
+        """After a frozen agent's run has failed: the executor killed what was left (nothing to do)."""
+
+    def vanished_error(self, heartbeat_timeout_s: float) -> str:
+        """How a run whose agent was killed fails (the executor sees its process exit)."""
+        return "The agent stopped without reporting a result"
+
+    def never_contacted_error(self, timeout_s: float) -> str:
+        return f"The agent on {self.name} made no contact within {timeout_s:g} seconds of its start"
 
     def agent_pid(self, svc: Services, run_id: str) -> int:
         return agent_pid(run_path(svc, run_id))
@@ -71,17 +95,100 @@ class LocalHarness:
         raise AssertionError("the executor started no warm agent")
 
 
-HARNESSES = {"local": LocalHarness()}
+class AgentHarness:
+    """The agent backend: one `potato-queue training agent` in a network namespace behind a one-way
+    firewall (tests/netns.py) runs the project's runs; its worker is its child there."""
+
+    name = BACKEND
+
+    def __init__(self) -> None:
+        self.nat: NatHost | None = None
+        self.agent: Agent | None = None
+
+    @contextmanager
+    def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
+        backend = {"type": "agent"}
+        if "heartbeat_timeout_s" in training:  # an agent backend has its own
+            backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
+        if training.pop("queue_timeout_s", None):
+            backend["queue_timeout_s"] = 3
+        with nat_host() as nat, started(tmp_path, redis_url, executors=1, host=nat.host_ip, backend=BACKEND,
+                                         backends={BACKEND: backend}, **training) as svc:
+            self.nat, self.agent = nat, Agent(nat, svc, register(svc))
+            try:
+                yield svc
+            finally:
+                self.agent.stop()
+
+    def agent_pid(self, svc: Services, run_id: str) -> int:
+        assert self.agent is not None
+        return self.agent.proc.pid
+
+    def _run_processes(self, run_id: str) -> list[int]:
+        """Processes on the training machine working in the run's folder (a worker waiting for the next
+        run, started ahead, waits in the code's own folder)."""
+        assert self.nat is not None and self.agent is not None
+        run_dir = str(self.agent.workdir / run_id)
+        found = []
+        for pid in self.nat.pids():
+            try:
+                cwd = os.readlink(f"/proc/{pid}/cwd")
+            except OSError:
+                continue
+            if cwd.startswith(run_dir) and alive_cmd(pid):
+                found.append(pid)
+        return found
+
+    def worker_pid(self, svc: Services, run_id: str) -> int:
+        (worker,) = [p for p in self._run_processes(run_id) if "potato_queue.worker" in (alive_cmd(p) or "")]
+        return worker
+
+    def leftovers(self, svc: Services, run_id: str) -> list[str]:
+        return [alive_cmd(p) or "" for p in self._run_processes(run_id)]
+
+    def agent_log(self, svc: Services, run_id: str) -> str:
+        assert self.agent is not None
+        return self.agent.output()
+
+    def model_folder(self, svc: Services, run: dict[str, Any]) -> Path:
+        host, folder = run["artifact_uri"].split(":", 1)
+        assert self.agent is not None and host == socket.gethostname()
+        assert folder.startswith(str(self.agent.workdir)), "the model files stay on the training machine"
+        return Path(folder)
+
+    def thaw(self, svc: Services, run_id: str) -> None:
+        """A frozen agent behind NAT can be stopped by nobody: once it runs again, it learns that its run
+        ended (its token is revoked) and stops the worker itself."""
+        assert self.agent is not None
+        os.kill(self.agent.proc.pid, signal.SIGCONT)
+        deadline = time.monotonic() + 60
+        while self.leftovers(svc, run_id) and time.monotonic() < deadline:
+            time.sleep(0.2)
+
+    def vanished_error(self, heartbeat_timeout_s: float) -> str:
+        # Behind NAT nothing can be seen of the agent but its silence.
+        return f"No word from the agent on {self.name} for {heartbeat_timeout_s:g} seconds"
+
+    def never_contacted_error(self, timeout_s: float) -> str:
+        return f"No agent on {self.name} asked for work within queue_timeout_s (3 s)"
+
+    def hold_the_next_agent(self, svc: Services, executor_pid: int) -> None:
+        """Freeze the agent before it claims: the run waits queued, bounded by queue_timeout_s."""
+        assert self.agent is not None
+        os.kill(self.agent.proc.pid, signal.SIGSTOP)
+
+
+HARNESSES: dict[str, Harness] = {"local": LocalHarness(), "agent": AgentHarness()}
 
 
 @pytest.fixture(params=sorted(HARNESSES))
-def harness(request: pytest.FixtureRequest) -> LocalHarness:
+def harness(request: pytest.FixtureRequest) -> Harness:
     return HARNESSES[request.param]
 
 
 @contextmanager
-def project(tmp_path: Path, redis_url: str, harness: LocalHarness, **training: Any) -> Iterator[Services]:
-    with started(tmp_path, redis_url, executors=1, **{**harness.training(), **training}) as svc:
+def project(tmp_path: Path, redis_url: str, harness: Harness, **training: Any) -> Iterator[Services]:
+    with harness.project(tmp_path, redis_url, **training) as svc:
         yield svc
 
 
@@ -96,8 +203,7 @@ def test_a_run_succeeds_and_collects_its_artifacts(tmp_path: Path, redis_server_
         run = svc.wait_for(run_id, TERMINAL)
         assert run["state"] == "succeeded", (run, svc.logs())
         assert run["ran_on"] == harness.name and run["exit_code"] == 0
-        artifacts = run_path(svc, run_id) / "artifacts"
-        assert run["artifact_uri"] == str(artifacts) and sorted(p.name for p in artifacts.iterdir())
+        assert sorted(p.name for p in harness.model_folder(svc, run).iterdir())
         # One scorer: the worker's metrics and the server's held-out scores agree on the same predictions.
         for split in ("val", "test"):
             held_out = run["held_out"]["sentiment"][split]
@@ -131,21 +237,22 @@ def test_a_worker_deaf_to_sigterm_is_killed_after_grace_and_the_run_is_cancelled
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
         assert time.monotonic() - asked >= 2, "the run ended before grace_seconds had passed"
         assert (run["state"], run["exit_code"]) == ("cancelled", 128 + signal.SIGKILL), run
-        log = (run_path(svc, run_id) / "agent.log").read_text()
+        log = harness.agent_log(svc, run_id)
         assert "still running 2 s after SIGTERM: SIGKILL" in log, log
         assert harness.leftovers(svc, run_id) == []
 
 
 def test_the_agent_vanishing_fails_the_run_with_its_last_output(tmp_path: Path, redis_server_url: str,
                                                                 harness: LocalHarness, tiny_model: Path) -> None:
-    with project(tmp_path, redis_server_url, harness, grace_seconds=2) as svc:
+    with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=5) as svc:
         run_id = long_run(svc, tiny_model)
         wait_running(svc, run_id)
         os.kill(harness.agent_pid(svc, run_id), signal.SIGKILL)
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
         assert run["state"] == "failed"
-        assert run["error"].startswith("The agent stopped without reporting a result"), run["error"]
-        assert "its last output:" in run["error"] and "worker started" in run["error"], run["error"]
+        assert run["error"].startswith(harness.vanished_error(5)), run["error"]
+        if harness.name == "local":  # behind NAT, the agent's last output stays on its machine
+            assert "its last output:" in run["error"] and "worker started" in run["error"], run["error"]
         assert harness.leftovers(svc, run_id) == []
 
 
@@ -157,6 +264,7 @@ def test_silence_fails_the_run_with_no_word_from_the_agent(tmp_path: Path, redis
         os.kill(harness.agent_pid(svc, run_id), signal.SIGSTOP)
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
         assert (run["state"], run["error"]) == ("failed", f"No word from the agent on {harness.name} for 3 seconds")
+        harness.thaw(svc, run_id)
         assert harness.leftovers(svc, run_id) == []
 
 
@@ -176,12 +284,13 @@ def test_max_wall_seconds_stops_a_silent_hung_run(tmp_path: Path, redis_server_u
 
 def test_a_run_still_waiting_past_its_deadline_fails_saying_why(tmp_path: Path, redis_server_url: str,
                                                                 harness: LocalHarness) -> None:
-    with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=3) as svc:
+    with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=3,
+                 queue_timeout_s=3) as svc:
         harness.hold_the_next_agent(svc, svc.procs[-1].pid)
         run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
         assert run["state"] == "failed"
-        assert run["error"] == f"The agent on {harness.name} made no contact within 3 seconds of its start", run
+        assert run["error"].startswith(harness.never_contacted_error(3)), run
         assert harness.leftovers(svc, run_id) == []
 
 
@@ -198,7 +307,7 @@ def test_cancel_before_the_trainers_loop_stops_the_worker_at_once(tmp_path: Path
         svc.api("POST", f"/runs/{run_id}/cancel")
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
         assert (run["state"], run["exit_code"]) == ("cancelled", 4), run
-        agent_log = (run_path(svc, run_id) / "agent.log").read_text()
+        agent_log = harness.agent_log(svc, run_id)
         assert "SIGTERM to" in agent_log and "after SIGTERM: SIGKILL" not in agent_log, agent_log
         events = svc.api("GET", f"/runs/{run_id}/events")[1]
         assert any("before the trainer's loop began" in str(e.get("step")) for e in events), events

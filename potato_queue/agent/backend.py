@@ -21,7 +21,7 @@ from urllib.parse import quote
 from potato_queue.agent.client import RunClient
 from potato_queue.agent.proc import ProcessLauncher, worker_env
 from potato_queue.agent.runner import Runner
-from potato_queue.agent.transport import ApiError, Transport, Unreachable
+from potato_queue.agent.transport import ApiError, TlsError, Transport, Unreachable
 
 __all__ = ["BackendAgent", "describe_python", "CLAIM_WAIT_S", "EXIT_REFUSED"]
 
@@ -64,6 +64,9 @@ class BackendAgent:
         self.runner = None  # type: Optional[Runner]
         self.launcher = ProcessLauncher(python, worker_env())
         self.me = {"host": socket.gethostname(), "agent_python": platform.python_version(), "pid": os.getpid()}
+        # How a failed claim is logged (the first failure and every 10th): what was tried, and the fix.
+        self._asking = ("asking {} for work (if this goes on: is the server running, and is --server the "
+                        "address this machine reaches it at?)".format(server))
 
     def stop(self, reason: str) -> None:
         """Stop after the run in flight, which is cancelled (SIGTERM, grace) and reported."""
@@ -89,6 +92,9 @@ class BackendAgent:
         except ApiError as exc:
             self.log(self._refusal(exc))
             return EXIT_REFUSED
+        except TlsError as exc:
+            self.log(str(exc))
+            return EXIT_REFUSED
         finally:
             self.launcher.close()
         return code
@@ -100,7 +106,7 @@ class BackendAgent:
         path = "backends/{}/claim".format(quote(self.backend, safe=""))
         try:
             reply = self.transport.call("POST", path, self.me, query="?wait_s={:g}".format(CLAIM_WAIT_S),
-                                        timeout_s=CLAIM_WAIT_S + 15, give_up_s=math.inf, what="claim")
+                                        timeout_s=CLAIM_WAIT_S + 15, give_up_s=math.inf, what=self._asking)
         except Unreachable:
             return None  # only when stopping: the policy retries for ever otherwise
         return reply if reply.get("run_id") else None

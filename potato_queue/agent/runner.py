@@ -33,6 +33,7 @@ MEMORY_CHECK_S = 0.25
 # How often the runner looks at cancel and the memory limit: a cancel waits at most this long for its
 # SIGTERM (P1), and a tick costs a few microseconds.
 TICK_S = 0.02
+LOST_SERVER_TIMEOUT_S = 5.0
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -211,6 +212,8 @@ class Runner:
         if self.client.silence_s() > self.unreachable_s and not self.lost_server:
             self.lost_server = True  # AGT-7: the run is cancelled on this side
             self.request_stop("no answer from the server for {:g} s".format(self.unreachable_s))
+            # The last calls (events, result) still try, but each for seconds, not a full timeout.
+            self.client.transport.timeout_s = min(self.client.transport.timeout_s, LOST_SERVER_TIMEOUT_S)
         if self.cancel.is_set() and watch.term_at is None:
             watch.term_at = now
             self.log("{}: SIGTERM to {}; SIGKILL in {:g} s".format(self.stop_reason, worker.stop_target,

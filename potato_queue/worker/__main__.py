@@ -13,7 +13,7 @@ from .errors import Cancelled
 from .events import Reporter
 from .exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED
 from .run import run
-from .stop import StopFlag, install_signal_handlers
+from .stop import StopFlag, install_signal_handlers, stop_when_orphaned
 
 __all__ = ["main"]
 
@@ -76,6 +76,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.spec:
         reporter.error("bad_spec", "usage: python -m potato_queue.worker --spec spec.json")
         return EXIT_BAD_SPEC
+    stop_when_orphaned()
     return run(args.spec, reporter, stop)
 
 

@@ -10,14 +10,20 @@ torch, loading a model) there is nothing to save, and a signal raises
 A second signal always raises at once, for a trainer stuck in one long call.
 """
 
+import os
 import signal
 import threading
+import time
 from types import FrameType
 from typing import Optional
 
 from .errors import Cancelled
 
-__all__ = ["StopFlag", "install_signal_handlers"]
+__all__ = ["StopFlag", "install_signal_handlers", "stop_when_orphaned", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
+
+ORPHAN_POLL_S = 0.5
+# After its agent is gone, the worker stops as on a cancel; this long later it exits, stopped or not.
+ORPHAN_GRACE_S = 10.0
 
 
 class StopFlag:
@@ -66,3 +72,23 @@ def install_signal_handlers(flag: StopFlag) -> None:
             signal.signal(sig, handle)
         except (ValueError, OSError):
             pass  # not the main thread: cancellation falls back to SIGKILL
+
+
+def stop_when_orphaned(poll_s: float = ORPHAN_POLL_S, grace_s: float = ORPHAN_GRACE_S) -> None:
+    """Stop this worker when the agent that started it dies (its parent changes).
+
+    An agent killed with SIGKILL (the OOM killer, a user's kill -9) cannot
+    stop its worker, and on a machine behind NAT nothing else can: the worker
+    would hold the GPU for nobody. It stops itself as on a cancel (SIGTERM to
+    itself), then exits after grace_s if the trainer has not stopped.
+    """
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(grace_s)
+        os._exit(128 + signal.SIGTERM)
+
+    threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
