@@ -23,12 +23,14 @@ from typing import Any
 import pytest
 
 from tests.agent_helpers import BACKEND, Agent, nat_host, register
+from tests.netns import NatHost
 from tests.lifecycle_helpers import (
     TERMINAL,
     Services,
     agent_pid,
     alive_cmd,
     parent_of,
+    pids,
     processes_of,
     run_path,
     session_of,
