@@ -23,7 +23,6 @@ from typing import Any
 import pytest
 
 from tests.agent_helpers import BACKEND, Agent, nat_host, register
-from tests.netns import NatHost
 from tests.lifecycle_helpers import (
     TERMINAL,
     Services,
@@ -37,6 +36,7 @@ from tests.lifecycle_helpers import (
     started,
     wait_running,
 )
+from tests.netns import NatHost
 
 LONG_HF = {"epochs": 500, "batch_size": 4}
 Harness = Any  # LocalHarness | AgentHarness: the same methods, duck-typed
