@@ -17,7 +17,7 @@ import redis
 from potato_queue.keys import Keys
 from potato_queue.redis_plumbing import CLAIM
 
-__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "DENIED", "OTHER_RUNS_CHECKED"]
+__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "DENIED", "WAKE_EVERYONE", "OTHER_RUNS_CHECKED"]
 
 # How many of the project's latest runs a rejected token is compared against
 # to answer 403 ("another run's token") rather than 401.
@@ -76,6 +76,9 @@ class RunTokens:
 
 
 DENIED = "denied"
+# An offered-channel message that starts with this wakes every claim waiting for the backend named after it
+# (a plain backend name wakes one).
+WAKE_EVERYONE = "*"
 
 
 class AgentTokens:
@@ -101,7 +104,7 @@ class AgentTokens:
         pipe.delete(key)
         pipe.hset(key, mapping={"digest": token_digest(token), "created_at": repr(time.time())})
         pipe.set(self.keys.agent_token_owner(token_digest(token)), backend)
-        pipe.publish(self.keys.offered, backend)  # claims waiting with the old token try again, and are refused
+        pipe.publish(self.keys.offered, WAKE_EVERYONE + backend)  # every claim waiting tries again: the old token's are refused
         pipe.execute()
         return token
 

@@ -24,7 +24,7 @@ from potato_queue.code_package import agent_zipapp
 from potato_queue.config import ProjectConfig
 from potato_queue.redis_plumbing import async_twin
 from potato_queue.store import RunStore
-from potato_queue.tokens import DENIED
+from potato_queue.tokens import DENIED, WAKE_EVERYONE
 
 __all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S"]
 
@@ -56,11 +56,18 @@ def agent_backends(config: ProjectConfig) -> list[str]:
 
 
 class ClaimWakeups:
-    """One pub/sub subscription per server process; waiting claims wait on an asyncio.Event per backend."""
+    """One pub/sub subscription per server process, and the claims waiting in it, by backend.
+
+    An offer wakes one waiting claim (the one waiting longest), not all: with
+    thousands of idle agents, waking them all for one run would cost thousands
+    of claim tries. A new token (a register) wakes them all, so claims made
+    with the old one are refused at once.
+    """
 
     def __init__(self, store: RunStore) -> None:
         self.store = store
-        self._events: dict[str, asyncio.Event] = {}
+        self._waiting: dict[str, dict[int, asyncio.Future[None]]] = {}
+        self._next_id = 0
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
 
@@ -72,10 +79,9 @@ class ClaimWakeups:
         try:
             async for message in pubsub.listen():
                 if message.get("type") == "message":
-                    backend = message["data"].decode() if isinstance(message["data"], bytes) else message["data"]
-                    event = self._events.pop(backend, None)
-                    if event is not None:
-                        event.set()  # every claim waiting for this backend tries again
+                    data = message["data"].decode() if isinstance(message["data"], bytes) else message["data"]
+                    everyone = data.startswith(WAKE_EVERYONE)
+                    self.wake(data[len(WAKE_EVERYONE):] if everyone else data, everyone=everyone)
         finally:
             await pubsub.aclose()
             await twin.aclose()
@@ -85,12 +91,27 @@ class ClaimWakeups:
             self._ready = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._listen(async_twin(self.store.redis)))
         assert self._ready is not None
-        await self._ready.wait()  # subscribed before the caller looks, so no offer slips between
+        await self._ready.wait()
 
-    async def event(self, backend: str) -> asyncio.Event:
-        """The event the next offer to `backend` sets: take it before looking, so no offer slips between."""
+    async def waiter(self, backend: str) -> tuple[int, asyncio.Future[None]]:
+        """A place in the backend's line: take it before looking, so no offer slips between."""
         await self._started()
-        return self._events.setdefault(backend, asyncio.Event())
+        self._next_id += 1
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.setdefault(backend, {})[self._next_id] = future
+        return self._next_id, future
+
+    def leave(self, backend: str, place: int) -> None:
+        self._waiting.get(backend, {}).pop(place, None)
+
+    def wake(self, backend: str, everyone: bool = False) -> None:
+        line = self._waiting.get(backend, {})
+        while line:
+            future = line.pop(next(iter(line)))
+            if not future.done():
+                future.set_result(None)
+                if not everyone:
+                    return
 
 
 def _store(request: Request) -> RunStore:
@@ -138,16 +159,23 @@ async def claim(
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait_s, MAX_CLAIM_WAIT_S)
     while True:
-        offered = await wakeups.event(backend)
-        found = await run_in_threadpool(_claim_once, store, backend, token, info)
+        place, offered = await wakeups.waiter(backend)
+        try:
+            found = await run_in_threadpool(_claim_once, store, backend, token, info)
+        except BaseException:
+            wakeups.leave(backend, place)
+            raise
         if found is not None:
+            wakeups.leave(backend, place)
             return found
         try:
-            await asyncio.wait_for(offered.wait(), max(0.0, deadline - loop.time()))
+            await asyncio.wait_for(offered, max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
+            wakeups.leave(backend, place)
             return Claim()
         if await request.is_disconnected():
-            return Claim()  # nobody to hand a run to: leave it for an agent that is there
+            wakeups.wake(backend)  # nobody here to hand the run to: the next agent in line takes it
+            return Claim()
 
 
 def get_agent_zipapp() -> Response:
