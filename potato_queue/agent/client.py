@@ -9,6 +9,8 @@ means (a 409 after a lost answer, a bundle resumed with Range).
 import hashlib
 import http.client
 import os
+import queue
+import threading
 from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import quote
 
@@ -124,21 +126,21 @@ class RunClient:
     def download_bundle(self, dest: str, size: int, sha256: str, tries: int = BUNDLE_TRIES) -> None:
         """bundle.tar.gz into `dest`, resuming a partial file with Range; BundleError unless whole and verified."""
         resumed = os.path.exists(dest) and os.path.getsize(dest) > 0
-        self._download(dest, size, tries)
-        digest = file_sha256(dest)
+        digest = self._download(dest, size, tries)
         if digest != sha256 and resumed:
             # The partial file we resumed may be another bundle's: one more go from the first byte.
             self._log("the resumed bundle does not match its sha256: downloading it again from the start")
             os.unlink(dest)
-            self._download(dest, size, tries)
-            digest = file_sha256(dest)
+            digest = self._download(dest, size, tries)
         if digest != sha256:
             os.unlink(dest)
             raise BundleError("the bundle's sha256 is {}, not {} as the job says: refusing it".format(digest, sha256))
 
-    def _download(self, dest: str, size: int, tries: int) -> None:
-        """Up to `tries` requests until `dest` holds `size` bytes, each resuming where the last stopped."""
+    def _download(self, dest: str, size: int, tries: int) -> str:
+        """Up to `tries` requests until `dest` holds `size` bytes, each resuming where the last stopped;
+        the file's sha256, computed as the bytes arrive (a second pass over a 1 GB file costs a second)."""
         policy = self.transport.backoff("GET bundle", None, max_tries=tries)
+        hashed = _Hashed(dest)
 
         def attempt() -> None:
             have = _size_of(dest)
@@ -149,7 +151,7 @@ class RunClient:
                 return
             if have:
                 self._log("resuming the bundle download at byte {} of {}".format(have, size))
-            self._fetch_bundle(dest, have)
+            self._fetch_bundle(dest, have, hashed)
             if _size_of(dest) != size:
                 raise Retryable("the download ended at byte {} of {}".format(_size_of(dest), size))
 
@@ -158,8 +160,9 @@ class RunClient:
         except Unreachable:
             raise BundleError("the bundle download failed {} times (last: {}); got {} of {} bytes".format(
                 policy.failures, policy.problem, _size_of(dest), size)) from None
+        return hashed.hexdigest()
 
-    def _fetch_bundle(self, dest: str, offset: int) -> None:
+    def _fetch_bundle(self, dest: str, offset: int, hashed: "_Hashed") -> None:
         """One GET from byte `offset`, appended to (206) or replacing (200) `dest`."""
         headers = {"Range": "bytes={}-".format(offset)} if offset else {}
         try:
@@ -171,13 +174,90 @@ class RunClient:
                     raise Retryable("HTTP {}".format(response.status))
                 if response.status >= 400:
                     raise ApiError(response.status, error_detail(response.read()))
+                hashed.start(response.status == 206)
                 with open(dest, "ab" if response.status == 206 else "wb") as fh:
-                    chunk = response.read(CHUNK_BYTES)
-                    while chunk:
-                        fh.write(chunk)
-                        chunk = response.read(CHUNK_BYTES)
+                    sink = _Sink(fh, hashed)
+                    try:
+                        buffer = sink.take()
+                        got = response.readinto(buffer)
+                        while got:
+                            sink.put(buffer, got)
+                            buffer = sink.take()
+                            got = response.readinto(buffer)
+                    finally:
+                        sink.close()
         except (OSError, http.client.HTTPException) as exc:
             raise Retryable(problem_of(exc)) from None
+
+
+class _Sink:
+    """Writes and hashes the blocks the reader hands it, in a thread of its own, so that reading the
+    next block from the socket overlaps writing and hashing this one (hashlib and file writes release
+    the GIL). A write that failed is raised by close()."""
+
+    def __init__(self, fh: Any, hashed: "_Hashed", buffers: int = 3) -> None:
+        self.fh, self.hashed = fh, hashed
+        self.free = queue.Queue()  # type: queue.Queue[memoryview]
+        self.full = queue.Queue()  # type: queue.Queue[Optional[Tuple[memoryview, int]]]
+        for _ in range(buffers):
+            self.free.put(memoryview(bytearray(CHUNK_BYTES)))
+        self.error = None  # type: Optional[OSError]
+        self.thread = threading.Thread(target=self._drain, name="bundle-writer", daemon=True)
+        self.thread.start()
+
+    def _drain(self) -> None:
+        while True:
+            item = self.full.get()
+            if item is None:
+                return
+            block, size = item
+            if self.error is None:
+                try:
+                    self.fh.write(block[:size])
+                    self.hashed.update(block[:size])
+                except OSError as exc:
+                    self.error = exc
+            self.free.put(block)
+
+    def take(self) -> memoryview:
+        return self.free.get()
+
+    def put(self, block: memoryview, size: int) -> None:
+        self.full.put((block, size))
+
+    def close(self) -> None:
+        self.full.put(None)
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
+class _Hashed:
+    """The sha256 of a file being downloaded, kept as bytes are appended; re-read from disk when a try
+    appends to a file whose bytes were not all seen (a partial file from before, a write that failed)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.digest = hashlib.sha256()
+        self.count = 0
+
+    def start(self, appending: bool) -> None:
+        if not appending:
+            self.digest, self.count = hashlib.sha256(), 0
+        elif self.count != _size_of(self.path):
+            self.digest, self.count = hashlib.sha256(), 0
+            with open(self.path, "rb") as fh:
+                for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
+                    self.update(block)
+
+    def update(self, data: "bytes | memoryview") -> None:
+        self.digest.update(data)
+        self.count += len(data)
+
+    def hexdigest(self) -> str:
+        if self.count != _size_of(self.path):
+            self.start(appending=True)  # nothing was downloaded by this call (the file was whole already)
+        return self.digest.hexdigest()
 
 
 def _size_of(path: str) -> int:

@@ -1,0 +1,292 @@
+"""P1, P4, P7 on the agent backend, each against the real alternative in the same run.
+
+    .venv/bin/python bench/bench_agent.py p1 [--runs 20]        cancel -> SIGTERM at the worker, p95 (goal <= 100 ms)
+    .venv/bin/python bench/bench_agent.py p4 [--mb 1024]        the agent's bundle download vs curl from a static server
+    .venv/bin/python bench/bench_agent.py p7 [--agents 1000]    idle agents long-polling: RSS, CPU, claim p99
+    .venv/bin/python bench/bench_agent.py all
+
+Everything is real: a private Redis, `potato-queue serve` and `worker`,
+`potato-queue training agent` (P1), the agent's own download code (P4) and
+raw HTTP long-polls from one asyncio process standing for many agents (P7).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import os
+import resource
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.parse
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_lifecycle import find, hand_worker, is_cancelled, is_training, p95, read_until, report, wait  # noqa: E402
+
+from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
+from tests.lifecycle_helpers import Services, build_tiny_model, started  # noqa: E402
+
+BACKEND = "lab"
+AGENT_BACKENDS = {"backends": {BACKEND: {"type": "agent", "heartbeat_timeout_s": 60}}}
+
+
+@contextmanager
+def services(tmp: Path, executors: int = 1, **training: Any) -> Iterator[Services]:
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
+        url = stack.enter_context(EmbeddedRedis(folder)).url
+        yield stack.enter_context(started(tmp, url, executors, grace_seconds=5, **AGENT_BACKENDS, **training))
+
+
+def register(svc: Services) -> str:
+    out = subprocess.run([sys.executable, "-m", "potato_queue.cli", "training", "register", BACKEND, str(svc.config)],
+                         env=svc.env, capture_output=True, text=True, check=True)
+    return out.stdout.splitlines()[2].strip()
+
+
+def run_dir(svc: Services, run_id: str) -> Path:
+    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_s(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# ---------------------------------------------------------------- P1: cancel on the agent backend
+
+
+def p1(tmp: Path, runs: int) -> None:
+    params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
+    ours: list[float] = []
+    with services(tmp / "p1") as svc:
+        env = {**os.environ, "POTATO_TRAINING_TOKEN": register(svc)}
+        agent = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "training", "agent", "--server", svc.url,
+                                  "--backend", BACKEND, "--workdir", str(tmp / "agent")],
+                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        try:
+            for _ in range(runs):
+                run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params,
+                                       backend=BACKEND)
+                wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
+                sent = time.time()
+                svc.api("POST", f"/runs/{run_id}/cancel")
+                ours.append(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)["t"] - sent)
+                svc.wait_for(run_id, {"cancelled", "failed", "succeeded"})
+        finally:
+            os.killpg(agent.pid, signal.SIGTERM)
+            agent.wait(30)
+        bundle = next(p for p in (tmp / "agent").glob("*/bundle") if p.is_dir()) if any(
+            (tmp / "agent").glob("*/bundle")) else None
+        if bundle is None:  # the agent removed its copies (no --keep): a run's bundle on the server
+            bundle = next(p for p in run_dir(svc, run_id).parent.glob("*/bundle") if p.is_dir())
+        hand: list[float] = []
+        for i in range(runs):
+            proc, _ = hand_worker(tmp, bundle, "hf-text-classification", params, f"p1-{i}")
+            read_until(proc, is_training)
+            sent = time.time()
+            os.killpg(proc.pid, signal.SIGTERM)
+            hand.append(read_until(proc, is_cancelled)["t"] - sent)
+            proc.wait()
+    report("P1 (agent backend)", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 0.100 s")
+
+
+# ---------------------------------------------------------------- P4: the bundle download
+
+
+def _big_file(path: Path, mb: int) -> str:
+    digest = hashlib.sha256()
+    block = os.urandom(1 << 20)
+    with open(path, "wb") as fh:
+        for i in range(mb):
+            chunk = block[i % 997:] + block[:i % 997]  # no two blocks alike: gzip-like, incompressible
+            fh.write(chunk)
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def p4(tmp: Path, mb: int) -> None:
+    from potato_queue.agent.client import AgentClient
+
+    with services(tmp / "p4", executors=0) as svc:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        bundle = run_dir(svc, run_id) / "bundle.tar.gz"
+        sha256 = _big_file(bundle, mb)
+        os.sync()  # written back to disk before anything is timed: both read it from the page cache
+        subprocess.run(["cat", str(bundle)], stdout=subprocess.DEVNULL, check=True)
+        import redis
+
+        from potato_queue.store import RunStore
+        from potato_queue.validate import load_checked
+
+        token = RunStore(load_checked(svc.config), redis.Redis.from_url(svc.redis_url)).tokens.issue(run_id, 3600)
+        static = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1",
+                                   "--directory", str(bundle.parent)], stdout=subprocess.PIPE,
+                                  stderr=subprocess.DEVNULL, text=True)
+        try:
+            assert static.stdout is not None
+            port = static.stdout.readline().split("port ")[1].split()[0]
+            ours, theirs = [], []
+
+            def agent_download(dest: Path) -> None:
+                AgentClient(svc.url, run_id, token).download_bundle(str(dest), bundle.stat().st_size, sha256)
+
+            def curl(dest: Path) -> None:
+                subprocess.run(["curl", "-fsS", "-o", str(dest), f"http://127.0.0.1:{port}/bundle.tar.gz"], check=True)
+
+            header = tmp / "auth.header"  # the token in a file, not on curl's command line
+            header.write_text(f"Authorization: Bearer {token}\n")
+            via_ours: list[float] = []
+
+            def curl_ours(dest: Path) -> None:
+                subprocess.run(["curl", "-fsS", "-o", str(dest), "-H", f"@{header}",
+                                f"{svc.url}/api/training/agent/v1/runs/{run_id}/bundle"], check=True)
+
+            rows = [("agent", agent_download, ours), ("curl", curl, theirs), ("curl-ours", curl_ours, via_ours)]
+            for i in range(6):  # rotating who goes first: the page cache's write-back treats them alike
+                for name, fetch, took in rows[i % 3:] + rows[:i % 3]:
+                    dest = tmp / f"{name}-{i}.tar.gz"
+                    os.sync()  # the last download's dirty pages written back first
+                    started_s = time.perf_counter()
+                    fetch(dest)
+                    took.append(time.perf_counter() - started_s)
+                    dest.unlink()
+        finally:
+            static.terminate()
+            static.wait()
+    from potato_queue.agent.client import file_sha256
+
+    started_s = time.perf_counter()
+    file_sha256(str(bundle)) if bundle.exists() else None
+    sha_mbs = mb / (time.perf_counter() - started_s)
+    ours_mbs, theirs_mbs = mb / statistics.median(ours), mb / statistics.median(theirs)
+    print(f"P4: {mb} MB bundle: agent (download + sha256 check) {ours_mbs:.0f} MB/s, curl from a static server "
+          f"{theirs_mbs:.0f} MB/s, ratio {ours_mbs / theirs_mbs:.2f} (goal >= 0.9x); curl from potato-queue's "
+          f"bundle route {mb / statistics.median(via_ours):.0f} MB/s; sha256 alone on this CPU {sha_mbs:.0f} MB/s "
+          f"(the agent's ceiling: it must verify what it got, AGT-5)", flush=True)
+
+
+# ---------------------------------------------------------------- P7: idle agents
+
+
+async def _long_poll(host: str, port: int, token: str, stop: asyncio.Event, claims: asyncio.Queue[Any],
+                     delay_s: float) -> None:
+    """One idle agent: claim, wait, claim again; a run it gets is reported at once as failed (exit 1)."""
+    await asyncio.sleep(delay_s)  # thousands of agents do not all connect in the same millisecond
+    body = json.dumps({"host": "bench", "python": "3.11"}).encode()
+    head = (f"POST /api/training/agent/v1/backends/{BACKEND}/claim?wait_s=25 HTTP/1.1\r\nHost: x\r\n"
+            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    reader, writer = await asyncio.open_connection(host, port)
+    try:
+        while not stop.is_set():
+            writer.write(head.encode() + body)
+            await writer.drain()
+            status_line = await reader.readline()
+            length = 0
+            while (line := await reader.readline()) not in (b"\r\n", b""):
+                if line.lower().startswith(b"content-length:"):
+                    length = int(line.split(b":")[1])
+            reply = json.loads(await reader.readexactly(length)) if length else {}
+            if b" 200 " in status_line and reply.get("run_id"):
+                await claims.put((time.time(), reply))
+    except (ConnectionError, asyncio.IncompleteReadError):
+        pass
+    finally:
+        writer.close()
+
+
+def _report_failed(url: str, claim: dict[str, Any]) -> None:
+    import urllib.request
+
+    req = urllib.request.Request(f"{url}/api/training/agent/v1/runs/{claim['run_id']}/result", method="POST",
+                                 data=json.dumps({"exit_code": 1, "message": "bench"}).encode(),
+                                 headers={"Authorization": f"Bearer {claim['token']}",
+                                          "Content-Type": "application/json"})
+    urllib.request.urlopen(req, timeout=30).read()
+
+
+async def _idle_agents(svc: Services, token: str, agents: int, runs: int) -> dict[str, float]:
+    parts = urllib.parse.urlsplit(svc.url)
+    stop, claims = asyncio.Event(), asyncio.Queue()
+    tasks = [asyncio.create_task(_long_poll(parts.hostname, parts.port, token, stop, claims, i / 1000))
+             for i in range(agents)]
+    server = svc.procs[0].pid
+    await asyncio.sleep(max(10.0, agents / 1000 + 10))  # all connected and waiting
+    cpu_before, idle_started = cpu_s(server), time.monotonic()
+    await asyncio.sleep(30.0)
+    idle_cpu = (cpu_s(server) - cpu_before) / (time.monotonic() - idle_started)
+    idle_rss = rss_mb(server)
+    latencies = []
+    for _ in range(runs):
+        posted = time.time()
+        await asyncio.to_thread(svc.start_run, trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        claimed_at, claim = await asyncio.wait_for(claims.get(), 60)
+        latencies.append(claimed_at - posted)
+        await asyncio.to_thread(_report_failed, svc.url, claim)
+        await asyncio.to_thread(svc.wait_for, claim["run_id"], {"failed", "succeeded", "cancelled"})
+    stop.set()
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    ordered = sorted(latencies)
+    return {"rss_mb": idle_rss, "cpu": idle_cpu, "p99_s": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+            "median_s": statistics.median(latencies)}
+
+
+def p7(tmp: Path, agents: int) -> None:
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the server, started below, inherits it
+    for count in sorted({agents, 10 * agents}):
+        if count + 500 > hard:  # each side (this process, the server) holds one socket per agent
+            print(f"P7: {count} agents need {count + 500} open files; the hard limit here is {hard}", flush=True)
+            continue
+        with services(tmp / f"p7-{count}") as svc:
+            token = register(svc)
+            base_rss = rss_mb(svc.procs[0].pid)
+            row = asyncio.run(_idle_agents(svc, token, count, runs=20))
+        print(f"P7: {count} idle agents long-polling one server: RSS {row['rss_mb']:.0f} MB ({base_rss:.0f} MB with "
+              f"none; goal < 300 MB at 1,000), idle CPU {row['cpu']:.1%} of a core (goal < 10 %), claim latency "
+              f"from POST /runs: median {row['median_s'] * 1000:.0f} ms, p99 {row['p99_s'] * 1000:.0f} ms over 20 "
+              f"runs (goal < 200 ms)", flush=True)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+BENCHES = {"p1": (p1, 20), "p4": (p4, 1024), "p7": (p7, 1000)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=[*BENCHES, "all"])
+    parser.add_argument("--runs", type=int, default=None)
+    parser.add_argument("--mb", type=int, default=None)
+    parser.add_argument("--agents", type=int, default=None)
+    args = parser.parse_args()
+    for name in BENCHES if args.which == "all" else [args.which]:
+        bench, default = BENCHES[name]
+        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+            bench(Path(tmp), args.runs or args.mb or args.agents or default)
+
+
+if __name__ == "__main__":
+    threading.stack_size(1 << 20)
+    main()
