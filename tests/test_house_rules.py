@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import io
 import shutil
 import subprocess
 import sys
@@ -13,6 +14,8 @@ import pytest
 from tests.conftest import ROOT
 
 BARE = [ROOT / "potato_queue" / "agent", ROOT / "potato_queue" / "worker"]
+# Served in agent.pyz and copied to remote hosts with agent/ and worker/ (potato_queue.code_package).
+TRAINERS = ROOT / "potato_queue" / "trainers"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
 
@@ -28,7 +31,7 @@ def module_level_imports(path: Path) -> list[str]:
 
 
 def bare_files() -> list[Path]:
-    return sorted(p for folder in BARE for p in folder.rglob("*.py"))
+    return sorted(p for folder in [*BARE, TRAINERS] for p in folder.rglob("*.py"))
 
 
 def test_bare_packages_exist() -> None:
@@ -39,7 +42,8 @@ def test_bare_packages_exist() -> None:
 def test_stdlib_only_at_module_level(path: Path) -> None:
     foreign = [
         m for m in module_level_imports(path)
-        if m.split(".")[0] not in STDLIB and not m.startswith(("potato_queue.agent", "potato_queue.worker"))
+        if m.split(".")[0] not in STDLIB
+        and not m.startswith(("potato_queue.agent", "potato_queue.worker", "potato_queue.trainers"))
     ]
     assert foreign == [], f"{path} imports {foreign} at module level; agent/ and worker/ run on bare hosts"
 
@@ -58,6 +62,29 @@ def test_vermin_says_python_38_is_enough() -> None:
         capture_output=True, text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_trainers_run_on_python_38_too() -> None:
+    """Their annotations are never evaluated (from __future__ import annotations), so only the code counts."""
+    vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
+    proc = subprocess.run([vermin, "--no-tips", "--target=3.8-", "--violations", "--backport", "typing", str(TRAINERS)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_the_served_code_is_the_bare_packages_and_is_the_same_each_time() -> None:
+    import zipfile
+
+    from potato_queue.code_package import agent_zipapp
+
+    package = agent_zipapp()
+    agent_zipapp.cache_clear()
+    assert agent_zipapp().sha256 == package.sha256, "the same code makes the same archive (its hash names it)"
+    with zipfile.ZipFile(io.BytesIO(package.data)) as archive:
+        names = set(archive.namelist())
+    expected = {f"potato_queue/{p.relative_to(ROOT / 'potato_queue').as_posix()}" for p in bare_files()}
+    assert expected <= names and "__main__.py" in names
+    assert not [n for n in names if n.startswith(("potato_queue/server", "potato_queue/executors", "potato_queue/config"))]
 
 
 # ---------------------------------------------------------------- what each part may import

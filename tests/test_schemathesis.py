@@ -33,9 +33,10 @@ def _ndjson(_ctx: Any, value: Any) -> bytes:
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> Iterator[tuple[Services, str, str, str]]:
-    """The server, a running run and its token (agent routes), and a queued run (admin routes)."""
+    """The server, a running run and its token (agent routes), and a queued run (admin routes); the agent
+    backend `lab`'s token is in BACKEND_TOKEN (its claim route)."""
     tmp = tmp_path_factory.mktemp("schemathesis")
-    with started(tmp, redis_server_url, executors=0) as svc:
+    with started(tmp, redis_server_url, executors=0, backends={"lab": {"type": "agent"}}) as svc:
         store = RunStore(load_checked(svc.config), redis.Redis.from_url(redis_server_url))
         run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
         bundle = b"not really a bundle, but bytes to download"
@@ -44,6 +45,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> I
                                   "bundle": {"bytes": len(bundle), "sha256": hashlib.sha256(bundle).hexdigest()}})
         assert store.transition(run_id, "starting") and store.transition(run_id, "running")
         admin_run = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+        BACKEND_TOKEN.append(store.agents.issue("lab"))
         yield svc, run_id, store.tokens.issue(run_id, ttl_s=3600), admin_run
 
 
@@ -54,6 +56,7 @@ def api_schema(served: tuple[Services, str, str, str]) -> Any:
 
 
 CALLS: list[int] = []
+BACKEND_TOKEN: list[str] = []
 
 
 def _call(case: Any, served: tuple[Services, str, str, str]) -> None:
@@ -63,6 +66,10 @@ def _call(case: Any, served: tuple[Services, str, str, str]) -> None:
     if "{run_id}" in case.path:  # real runs, so requests reach the routes' own code, not only a 404
         case.path_parameters = {**(case.path_parameters or {}), "run_id": run_id if agent else admin_run}
     headers = {"Authorization": f"Bearer {token}"} if agent else {"X-API-Key": ADMIN_KEY}
+    if "{backend}" in case.path:  # the claim: the agent backend's token, and no long wait
+        case.path_parameters = {**(case.path_parameters or {}), "backend": "lab"}
+        headers = {"Authorization": f"Bearer {BACKEND_TOKEN[0]}"}
+        case.query = {**(case.query or {}), "wait_s": 0}
     if case.path.endswith("/control"):
         case.query = {**(case.query or {}), "wait_s": 0}  # a long-poll: answer at once
     case.call_and_validate(base_url=svc.url, headers=headers, checks=[not_a_server_error, status_code_conformance],

@@ -123,20 +123,22 @@ class RunClient:
         return retry(attempt, policy)
 
     # -- the bundle ---------------------------------------------------------------
-    def download_bundle(self, dest: str, size: int, sha256: str, tries: int = BUNDLE_TRIES) -> None:
-        """bundle.tar.gz into `dest`, resuming a partial file with Range; BundleError unless whole and verified."""
+    def download_bundle(self, dest: str, size: int, sha256: str, tries: int = BUNDLE_TRIES,
+                        progress: Optional[Callable[[int], None]] = None) -> None:
+        """bundle.tar.gz into `dest`, resuming a partial file with Range; BundleError unless whole and verified.
+        `progress(bytes held)` is called as bytes arrive."""
         resumed = os.path.exists(dest) and os.path.getsize(dest) > 0
-        digest = self._download(dest, size, tries)
+        digest = self._download(dest, size, tries, progress)
         if digest != sha256 and resumed:
             # The partial file we resumed may be another bundle's: one more go from the first byte.
             self._log("the resumed bundle does not match its sha256: downloading it again from the start")
             os.unlink(dest)
-            digest = self._download(dest, size, tries)
+            digest = self._download(dest, size, tries, progress)
         if digest != sha256:
             os.unlink(dest)
             raise BundleError("the bundle's sha256 is {}, not {} as the job says: refusing it".format(digest, sha256))
 
-    def _download(self, dest: str, size: int, tries: int) -> str:
+    def _download(self, dest: str, size: int, tries: int, progress: Optional[Callable[[int], None]]) -> str:
         """Up to `tries` requests until `dest` holds `size` bytes, each resuming where the last stopped;
         the file's sha256, computed as the bytes arrive (a second pass over a 1 GB file costs a second)."""
         policy = self.transport.backoff("GET bundle", None, max_tries=tries)
@@ -151,7 +153,7 @@ class RunClient:
                 return
             if have:
                 self._log("resuming the bundle download at byte {} of {}".format(have, size))
-            self._fetch_bundle(dest, have, hashed)
+            self._fetch_bundle(dest, have, hashed, progress or _no_progress)
             if _size_of(dest) != size:
                 raise Retryable("the download ended at byte {} of {}".format(_size_of(dest), size))
 
@@ -162,7 +164,7 @@ class RunClient:
                 policy.failures, policy.problem, _size_of(dest), size)) from None
         return hashed.hexdigest()
 
-    def _fetch_bundle(self, dest: str, offset: int, hashed: "_Hashed") -> None:
+    def _fetch_bundle(self, dest: str, offset: int, hashed: "_Hashed", progress: Callable[[int], None]) -> None:
         """One GET from byte `offset`, appended to (206) or replacing (200) `dest`."""
         headers = {"Range": "bytes={}-".format(offset)} if offset else {}
         try:
@@ -177,11 +179,14 @@ class RunClient:
                 hashed.start(response.status == 206)
                 with open(dest, "ab" if response.status == 206 else "wb") as fh:
                     sink = _Sink(fh, hashed)
+                    held = offset if response.status == 206 else 0
                     try:
                         buffer = sink.take()
                         got = response.readinto(buffer)
                         while got:
                             sink.put(buffer, got)
+                            held += got
+                            progress(held)
                             buffer = sink.take()
                             got = response.readinto(buffer)
                     finally:
@@ -258,6 +263,10 @@ class _Hashed:
         if self.count != _size_of(self.path):
             self.start(appending=True)  # nothing was downloaded by this call (the file was whole already)
         return self.digest.hexdigest()
+
+
+def _no_progress(_held: int) -> None:
+    pass
 
 
 def _size_of(path: str) -> int:

@@ -20,6 +20,7 @@ from typing import Any, Callable, Dict, Optional, Tuple
 
 from potato_queue.agent.client import BundleError, RunClient
 from potato_queue.agent.launcher import LaunchError, WorkerHandle, WorkerLauncher
+from potato_queue.agent.progress import Progress
 from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
 from potato_queue.agent.transport import ApiError, Unreachable
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
@@ -181,7 +182,12 @@ class Runner:
         bundle = job.get("bundle") or {}
         self.relay.emit("status", state="starting", step="downloading the bundle")
         started = time.monotonic()
-        self.client.download_bundle(self.files.bundle_tar, int(bundle["bytes"]), str(bundle["sha256"]))
+        size = int(bundle["bytes"])
+        progress = Progress("bundle", size, self.log)
+        try:
+            self.client.download_bundle(self.files.bundle_tar, size, str(bundle["sha256"]), progress=progress.update)
+        finally:
+            progress.finish()
         self.log("bundle: {} bytes in {:.2f} s, sha256 verified".format(bundle["bytes"], time.monotonic() - started))
         self.relay.emit("status", state="starting", step="unpacking the bundle")
         extract_bundle(self.files.bundle_tar, self.files.bundle_dir)

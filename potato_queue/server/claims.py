@@ -37,10 +37,15 @@ _BAD_TOKEN = "the token for this backend was refused: it is wrong, or it was rep
 class AgentInfo(BaseModel):
     """What an agent says of itself with each claim (`training check` shows the latest)."""
 
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="ignore")
     host: str | None = Field(None, max_length=255)
     python: str | None = Field(None, max_length=64, description="the worker interpreter's version")
-    packages: dict[str, str | None] = Field(default_factory=dict, description="trainer packages and versions")
+    executable: str | None = Field(None, max_length=4096, description="the worker's interpreter")
+    packages: dict[str, str | None] = Field(default_factory=dict, max_length=64,
+                                            description="trainer packages and their versions")
+    agent_python: str | None = Field(None, max_length=64, description="the agent's own Python version")
+    pid: int | None = None
+    error: str | None = Field(None, max_length=2000, description="why the worker's interpreter could not be asked")
 
 
 class Claim(BaseModel):
@@ -193,7 +198,8 @@ def claims_router() -> APIRouter:
         "/backends/{backend}/claim", claim, methods=["POST"], response_model=Claim,
         responses={401: {"description": "no token, or not this backend's (wrong, or replaced)"},
                    403: {"description": "the token belongs to another backend"},
-                   404: {"description": "no agent backend of that name"}},
+                   404: {"description": "no agent backend of that name"},
+                   413: {"description": "a body over 64 KiB"}},
     )
     router.add_api_route(
         "/agent.pyz", get_agent_zipapp, methods=["GET"], response_class=Response,

@@ -1,0 +1,96 @@
+"""Pure parts of the agent backend: the register text, proxies, the download's progress, the claim's wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+
+import pytest
+
+from potato_queue.agent.progress import MIN_LOGGED_BYTES, Progress
+from potato_queue.agent.transport import _proxy_for, open_connection
+from potato_queue.agent_admin import AGENT_PYZ_PATH, register_text
+from potato_queue.executors.agent import no_agent_error
+
+
+def test_register_prints_the_token_once_and_the_commands_for_the_training_machine() -> None:
+    text = register_text("lab", "TOKEN123", "https://annotate.example.org")
+    assert text.count("TOKEN123") == 3  # shown once, then in the two ways to start the agent
+    assert "export POTATO_TRAINING_TOKEN=TOKEN123" in text
+    assert "potato-queue training agent --server https://annotate.example.org --backend lab" in text
+    assert f"curl -fsSo agent.pyz https://annotate.example.org{AGENT_PYZ_PATH}" in text
+    assert "--token TOKEN123" not in text and "--token=" not in text
+
+
+def test_register_without_a_known_url_says_what_to_put_in() -> None:
+    text = register_text("lab", "T", None)
+    assert "--server http://<this-server>:8000" in text and "Replace <this-server>" in text
+
+
+def test_the_queue_timeout_message_names_the_fix() -> None:
+    assert no_agent_error("lab", 3600) == (
+        "No agent on lab asked for work within queue_timeout_s (3600 s); fix: start one on the training machine "
+        "(potato-queue training agent --server URL --backend lab), and see when one last asked with: "
+        "potato-queue training check lab CONFIG")
+
+
+def test_proxies_come_from_the_environment_and_no_proxy_bypasses_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("https_proxy", "http://proxy.example.org:3128")
+    monkeypatch.setenv("no_proxy", "internal.example.org")
+    assert _proxy_for("https", "annotate.example.org") == ("proxy.example.org", 3128)
+    assert _proxy_for("https", "internal.example.org") is None
+    conn = open_connection("https://annotate.example.org:8443")
+    assert (conn.host, conn.port) == ("proxy.example.org", 3128)
+    assert (conn._tunnel_host, conn._tunnel_port) == ("annotate.example.org", 8443)  # CONNECT through it
+
+
+def test_no_proxy_set_means_a_direct_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    conn = open_connection("http://10.0.0.1:8000")
+    assert (conn.host, conn.port, conn._tunnel_host) == ("10.0.0.1", 8000, None)
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_progress_is_a_bar_on_a_terminal_and_quarter_lines_in_a_log() -> None:
+    lines: list[str] = []
+    total = 4 * MIN_LOGGED_BYTES
+    logged = Progress("bundle", total, lines.append, stream=io.StringIO())
+    for done in range(0, total + 1, MIN_LOGGED_BYTES // 4):
+        logged.update(done)
+    assert lines == ["bundle: 25% (8 of 32 MB)", "bundle: 50% (16 of 32 MB)", "bundle: 75% (24 of 32 MB)"]
+    tty = _Tty()
+    bar = Progress("bundle", total, lines.append, stream=tty)
+    bar.update(total)
+    bar.finish()
+    assert tty.getvalue() == "\rbundle [" + "#" * 30 + "] 100% 32/32 MB\n"
+
+
+def test_a_small_download_shows_no_progress() -> None:
+    lines: list[str] = []
+    tty = _Tty()
+    small = Progress("bundle", MIN_LOGGED_BYTES - 1, lines.append, stream=tty)
+    small.update(MIN_LOGGED_BYTES - 1)
+    small.finish()
+    assert lines == [] and tty.getvalue() == ""
+
+
+def test_an_offer_wakes_the_claim_waiting_longest_and_a_register_wakes_all() -> None:
+    from potato_queue.server.claims import ClaimWakeups
+
+    async def scenario() -> tuple[list[bool], list[bool]]:
+        wakeups = ClaimWakeups(store=None)  # type: ignore[arg-type]
+        wakeups._ready = asyncio.Event()
+        wakeups._ready.set()
+        wakeups._task = asyncio.get_running_loop().create_future()  # stands for the listener: not done
+        line = [await wakeups.waiter("lab") for _ in range(3)]
+        wakeups.wake("lab")
+        one = [future.done() for _, future in line]
+        wakeups.wake("lab", everyone=True)
+        return one, [future.done() for _, future in line]
+
+    assert asyncio.run(scenario()) == ([True, False, False], [True, True, True])
