@@ -217,9 +217,9 @@ def agent(args: tuple[str, ...]) -> None:
     """Run an agent backend's runs on this machine until stopped (token from POTATO_TRAINING_TOKEN)."""
     # The standard-library agent owns its options (the same ones agent.pyz takes): --server, --backend,
     # --token-file, --python, --once, --workdir, --keep, --ca-file; -h lists them.
-    from potato_queue.agent.__main__ import main as agent_main
+    from potato_queue.agent.__main__ import serve_main
 
-    raise click.exceptions.Exit(agent_main(["serve", *args]))
+    raise click.exceptions.Exit(serve_main(list(args), prog="potato-queue training agent"))
 
 
 @training.command()

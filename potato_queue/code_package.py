@@ -25,9 +25,9 @@ PACKAGED = ("agent", "worker", "trainers")
 # The zipapp's entry: `python3 agent.pyz ARGS` is `python -m potato_queue.agent serve ARGS`.
 ZIPAPP_MAIN = """\
 import sys
-from potato_queue.agent.__main__ import main
+from potato_queue.agent.__main__ import main, serve_main
 argv = sys.argv[1:]
-sys.exit(main(argv if argv[:1] in (["run"], ["serve"], ["-h"], ["--help"]) else ["serve"] + argv))
+sys.exit(main(argv) if argv[:1] in (["run"], ["serve"]) else serve_main(argv, prog="python3 agent.pyz"))
 """
 _EPOCH = (1980, 1, 1, 0, 0, 0)
 

@@ -38,6 +38,12 @@ table inet pq_cut {
 }
 """
 
+RESET = """
+table inet pq_reset {{
+  chain output {{ type filter hook output priority -20; policy accept; tcp dport {port} reject with tcp reset; }}
+}}
+"""
+
 
 def netns_missing() -> str | None:
     """Why namespaces cannot be made here (a reason to skip), or None."""
@@ -103,6 +109,19 @@ class NatHost:
 
     def restore(self) -> None:
         self.exec("nft", "delete", "table", "inet", "pq_cut")
+
+    def slow(self, rate: str) -> None:
+        """Shape what the host sends into the namespace to `rate` (tc tbf, e.g. "8mbit")."""
+        _sh("tc", "qdisc", "add", "dev", self.veth_host, "root", "tbf", "rate", rate, "burst", "32kbit",
+            "latency", "400ms")
+
+    def reset_connections_from(self, port: int) -> None:
+        """Reset every connection to the host's `port` as soon as the namespace sends on it (an ACK will do):
+        the agent's side sees ECONNRESET at once, as when a proxy or a NAT box drops the connection."""
+        self.exec("nft", "-f", "-", input_text=RESET.format(port=port))
+
+    def stop_resetting(self) -> None:
+        self.exec("nft", "delete", "table", "inet", "pq_reset")
 
     def pids(self) -> list[int]:
         out = subprocess.run(["ip", "netns", "pids", self.name], capture_output=True, text=True).stdout

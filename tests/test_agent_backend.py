@@ -12,9 +12,12 @@ server, the executor, the agent and the worker.
 from __future__ import annotations
 
 import json
+import os
+import random
 import signal
 import socket
 import ssl
+import string
 import subprocess
 import sys
 import time
@@ -25,7 +28,7 @@ from typing import Any
 
 import pytest
 
-from tests.agent_helpers import BACKEND, PYTHON38, Agent, lab, nat_host, register
+from tests.agent_helpers import AGENT, BACKEND, PYTHON38, Agent, lab, nat_host, register
 from tests.conftest import ROOT
 from tests.lifecycle_helpers import TERMINAL, Services, make_project, started
 from tests.netns import NatHost
@@ -261,3 +264,50 @@ def test_predictions_over_max_predictions_mb_fail_the_run_saying_what_to_raise(
     assert "above max_predictions_mb" in run["error"], run["error"]
     assert "raise model_training.max_predictions_mb" in (svc.config.parent / "annotation_output" / "training" / "runs"
                                                         / run_id / "run.log").read_text()
+
+
+def test_a_bundle_download_cut_midway_resumes_and_is_verified(
+        tmp_path: Path, redis_server_url: str, nat: NatHost) -> None:
+    with started(tmp_path, redis_server_url, host=nat.host_ip, **lab()) as svc:
+        # ~3 MB of unlabelled items (incompressible text), over a 8 Mbit/s link: a download of seconds.
+        data = svc.config.parent / "data" / "reviews.json"
+        rng = random.Random(7)
+        items = json.loads(data.read_text()) + [
+            {"id": f"big{i}", "text": "".join(rng.choice(string.ascii_letters + " ") for _ in range(2000))}
+            for i in range(2000)]
+        data.write_text(json.dumps(items))
+        nat.slow("8mbit")
+        agent = Agent(nat, svc, register(svc), "--once")
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        deadline = time.monotonic() + 60
+        while not [p for p in agent.workdir.glob("*/bundle.tar.gz") if p.stat().st_size > 0]:
+            assert time.monotonic() < deadline, agent.output()  # a part of the bundle has arrived
+            time.sleep(0.05)
+        nat.reset_connections_from(int(svc.url.rsplit(":", 1)[1]))
+        time.sleep(0.3)
+        nat.stop_resetting()
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert agent.wait() == 0
+    out = agent.output()
+    assert run["state"] == "succeeded", (run, out)
+    assert "resuming the bundle download at byte" in out and "sha256 verified" in out, out
+
+
+def test_an_agent_that_cannot_reach_the_server_says_what_to_check(nat: NatHost, tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
+    env["POTATO_TRAINING_TOKEN"] = "some-token"
+    server = f"http://{nat.host_ip}:9"  # nothing listens there
+    with open(tmp_path / "agent.out", "w") as out:
+        proc = nat.popen([*AGENT, "--server", server, "--backend", BACKEND, "--workdir", str(tmp_path / "w")],
+                         stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 30
+        while "is the server running" not in (tmp_path / "agent.out").read_text():
+            assert time.monotonic() < deadline, (tmp_path / "agent.out").read_text()
+            time.sleep(0.1)
+        text = (tmp_path / "agent.out").read_text()
+        assert f"asking {server} for work" in text and "is --server the address this machine reaches it at?" in text
+        assert proc.poll() is None, "it keeps trying: the server may be restarting"
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(15)

@@ -32,7 +32,7 @@ from potato_queue.agent.runner import Runner, log_line
 from potato_queue.agent.transport import Transport
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
 
-__all__ = ["build_parser", "read_token", "main"]
+__all__ = ["build_parser", "read_token", "main", "serve_main"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -53,8 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
                           "by default a closed stdin means whoever started the agent is gone, and the worker stops")
     # Seconds without an answer before the agent stops the worker (AGT-7); tests shorten it.
     run.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
-    add_serve_options(commands.add_parser("serve", help="claim and run an agent backend's runs until stopped"))
+    add_serve_options(commands.add_parser("serve", help="claim and run an agent backend's runs until stopped",
+                                          formatter_class=_wide))
     return parser
+
+
+def _wide(prog: str) -> argparse.HelpFormatter:
+    return argparse.HelpFormatter(prog, max_help_position=32, width=110)
+
+
+def serve_main(argv: List[str], prog: str) -> int:
+    """`serve` with a command line of its own (`potato-queue training agent`, agent.pyz)."""
+    os.umask(0o077)
+    parser = argparse.ArgumentParser(prog=prog, formatter_class=_wide,
+                                     description="Claim and run an agent backend's runs until stopped.")
+    add_serve_options(parser)
+    return serve(parser.parse_args(argv))
 
 
 TOKEN_ENV = "POTATO_TRAINING_TOKEN"
@@ -63,16 +77,17 @@ DEFAULT_WORKDIR = os.path.join("~", ".cache", "potato-training")
 
 def add_serve_options(serve: argparse.ArgumentParser) -> None:
     """The options of `serve` (also `potato-queue training agent`'s)."""
-    serve.add_argument("--server", required=True, help="the server's URL, http(s)://host:port")
-    serve.add_argument("--backend", required=True, help="the agent backend whose runs this agent takes")
-    serve.add_argument("--token-file", help="a file holding the backend token (else ${})".format(TOKEN_ENV))
-    serve.add_argument("--python", default=sys.executable,
+    serve.add_argument("--server", required=True, metavar="URL", help="the server's URL, http(s)://host:port")
+    serve.add_argument("--backend", required=True, metavar="NAME", help="the agent backend whose runs this agent takes")
+    serve.add_argument("--token-file", metavar="FILE",
+                       help="a file holding the backend token (else ${})".format(TOKEN_ENV))
+    serve.add_argument("--python", default=sys.executable, metavar="EXE",
                        help="the interpreter that runs the worker (default: this one)")
     serve.add_argument("--once", action="store_true", help="exit after one run, with its exit code")
-    serve.add_argument("--workdir", default=DEFAULT_WORKDIR,
+    serve.add_argument("--workdir", default=DEFAULT_WORKDIR, metavar="DIR",
                        help="where runs keep their files and model files (default ~/.cache/potato-training)")
     serve.add_argument("--keep", action="store_true", help="keep each run's bundle after the run")
-    serve.add_argument("--ca-file", help="verify the server's https certificate against this CA file only")
+    serve.add_argument("--ca-file", metavar="FILE", help="verify the server's https certificate against this CA file only")
     # Seconds without an answer during a run before the agent cancels it (AGT-7: 300); for tests.
     serve.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
 
