@@ -11,7 +11,7 @@ import http.client
 import os
 import queue
 import threading
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 from urllib.parse import quote
 
 from potato_queue.agent.transport import (
@@ -196,43 +196,65 @@ class RunClient:
 
 
 class _Sink:
-    """Writes and hashes the blocks the reader hands it, in a thread of its own, so that reading the
-    next block from the socket overlaps writing and hashing this one (hashlib and file writes release
-    the GIL). A write that failed is raised by close()."""
+    """Writes the blocks the reader hands it in one thread and hashes them in another, so that reading
+    the next block from the socket, writing this one and hashing it overlap (file writes and hashlib
+    release the GIL; sha256 alone is ~1 GB/s of one core). A block is reused once both are done with
+    it. A write that failed is raised by close()."""
 
-    def __init__(self, fh: Any, hashed: "_Hashed", buffers: int = 3) -> None:
+    def __init__(self, fh: Any, hashed: "_Hashed", buffers: int = 4) -> None:
         self.fh, self.hashed = fh, hashed
         self.free = queue.Queue()  # type: queue.Queue[memoryview]
-        self.full = queue.Queue()  # type: queue.Queue[Optional[Tuple[memoryview, int]]]
         for _ in range(buffers):
             self.free.put(memoryview(bytearray(CHUNK_BYTES)))
         self.error = None  # type: Optional[OSError]
-        self.thread = threading.Thread(target=self._drain, name="bundle-writer", daemon=True)
-        self.thread.start()
+        self._pending = {}  # type: Dict[int, int]
+        self._lock = threading.Lock()
+        self._lines = []  # type: List[queue.Queue[Optional[Tuple[memoryview, int]]]]
+        self._threads = []  # type: List[threading.Thread]
+        for work, name in ((self._write, "bundle-writer"), (self._hash, "bundle-hasher")):
+            line = queue.Queue()  # type: queue.Queue[Optional[Tuple[memoryview, int]]]
+            self._lines.append(line)
+            self._threads.append(threading.Thread(target=self._drain, args=(line, work), name=name, daemon=True))
+            self._threads[-1].start()
 
-    def _drain(self) -> None:
+    def _write(self, block: memoryview) -> None:
+        if self.error is None:
+            try:
+                self.fh.write(block)
+            except OSError as exc:
+                self.error = exc
+
+    def _hash(self, block: memoryview) -> None:
+        self.hashed.update(block)
+
+    def _drain(self, line: "queue.Queue[Optional[Tuple[memoryview, int]]]",
+               work: Callable[[memoryview], None]) -> None:
         while True:
-            item = self.full.get()
+            item = line.get()
             if item is None:
                 return
             block, size = item
-            if self.error is None:
-                try:
-                    self.fh.write(block[:size])
-                    self.hashed.update(block[:size])
-                except OSError as exc:
-                    self.error = exc
-            self.free.put(block)
+            work(block[:size])
+            with self._lock:
+                self._pending[id(block)] -= 1
+                done = self._pending[id(block)] == 0
+            if done:
+                self.free.put(block)
 
     def take(self) -> memoryview:
         return self.free.get()
 
     def put(self, block: memoryview, size: int) -> None:
-        self.full.put((block, size))
+        with self._lock:
+            self._pending[id(block)] = len(self._lines)
+        for line in self._lines:
+            line.put((block, size))
 
     def close(self) -> None:
-        self.full.put(None)
-        self.thread.join()
+        for line in self._lines:
+            line.put(None)
+        for thread in self._threads:
+            thread.join()
         if self.error is not None:
             raise self.error
 
