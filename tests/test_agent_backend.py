@@ -311,3 +311,18 @@ def test_an_agent_that_cannot_reach_the_server_says_what_to_check(nat: NatHost, 
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         proc.wait(15)
+
+
+def test_stopping_the_agent_cancels_its_run_with_grace_and_reports_it(
+        behind_nat: Services, nat: NatHost, tiny_model: Path) -> None:
+    svc = behind_nat
+    agent = Agent(nat, svc, register(svc))
+    run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
+                           params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    _wait_progress(svc, run_id)
+    agent.proc.send_signal(signal.SIGTERM)  # Ctrl-C or a service manager stopping it
+    run = svc.wait_for(run_id, TERMINAL, 60)
+    assert (run["state"], run["exit_code"]) == ("cancelled", 4), run
+    assert agent.wait(30) == 0, "stopped as asked: a clean exit"
+    assert "the agent got SIGTERM: SIGTERM to" in agent.output()
+    assert not nat.pids(), "the agent and its worker are gone"

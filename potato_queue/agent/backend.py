@@ -76,11 +76,11 @@ class BackendAgent:
             runner.request_stop(reason)
 
     def serve(self) -> int:
-        """Until stopped (or one run with `once`): 0, or EXIT_REFUSED when the server refuses us."""
+        """Until stopped: 0 (with `once`, after one run: its exit code), or EXIT_REFUSED when the server
+        refuses us."""
         self.me.update(describe_python(self.python))
         self.log("agent for backend {} on {}: server {}, workdir {}, worker Python {} ({})".format(
             self.backend, self.me["host"], self.server, self.workdir, self.me.get("python", "?"), self.python))
-        code = 0
         try:
             while not self.stopping.is_set():
                 claim = self._claim()
@@ -88,7 +88,7 @@ class BackendAgent:
                     continue
                 code = self._run(claim)
                 if self.once:
-                    break
+                    return code
         except ApiError as exc:
             self.log(self._refusal(exc))
             return EXIT_REFUSED
@@ -97,7 +97,7 @@ class BackendAgent:
             return EXIT_REFUSED
         finally:
             self.launcher.close()
-        return code
+        return 0
 
     def _claim(self) -> Optional[Dict[str, Any]]:
         """One long-poll for work: the claim ({run_id, token}), or None when none came."""
