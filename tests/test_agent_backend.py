@@ -326,3 +326,20 @@ def test_stopping_the_agent_cancels_its_run_with_grace_and_reports_it(
     assert agent.wait(30) == 0, "stopped as asked: a clean exit"
     assert "the agent got SIGTERM: SIGTERM to" in agent.output()
     assert not nat.pids(), "the agent and its worker are gone"
+
+
+def test_an_offer_left_by_a_dead_executor_for_a_cancelled_run_is_not_handed_out(
+        tmp_path: Path, redis_server_url: str) -> None:
+    import redis
+
+    from potato_queue.store import RunStore
+    from potato_queue.validate import load_checked
+
+    with started(tmp_path, redis_server_url, executors=0, **lab()) as svc:
+        store = RunStore(load_checked(svc.config), redis.Redis.from_url(redis_server_url))
+        token = register(svc)
+        run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)["run_id"]
+        store.agents.offer(BACKEND, run_id)  # as an executor does, which then died
+        assert store.request_cancel(run_id) == "cancelled"
+        assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None})
+        assert not store.agents.is_offered(BACKEND, run_id)

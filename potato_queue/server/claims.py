@@ -137,12 +137,17 @@ def _bearer(request: Request) -> str:
 
 def _claim_once(store: RunStore, backend: str, token: str, agent: dict[str, Any]) -> Claim | None:
     """One try: the claim, None when nothing is offered; 401 when the token is no longer this backend's."""
-    run_id = store.agents.claim(backend, token, agent)
-    if run_id == DENIED:
-        raise HTTPException(401, _BAD_TOKEN, headers={"WWW-Authenticate": "Bearer"})
-    if run_id is None:
-        return None
-    run_token = store.tokens.issue(run_id, CLAIMED_TOKEN_TTL_S)
+    while True:
+        run_id = store.agents.claim(backend, token, agent)
+        if run_id == DENIED:
+            raise HTTPException(401, _BAD_TOKEN, headers={"WWW-Authenticate": "Bearer"})
+        if run_id is None:
+            return None
+        # The token first, then the state: a run that ends from now on revokes the token with its end.
+        run_token = store.tokens.issue(run_id, CLAIMED_TOKEN_TTL_S)
+        if store.view(run_id).state == "queued":
+            break
+        store.tokens.revoke(run_id)  # an offer its executor could not withdraw (it died; the run ended)
     store.touch_heartbeat(run_id)  # the first contact: the executor sees the run in its agent's hands
     store.log(run_id, f"claimed by the agent on {agent.get('host') or 'an unnamed host'} (backend {backend})")
     return Claim(run_id=run_id, token=run_token)
