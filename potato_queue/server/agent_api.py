@@ -178,7 +178,7 @@ def get_job(request: Request, run_id: AuthorizedRun) -> Job:
 
 class _BundleFile(FileResponse):
     # Larger reads than Starlette's 64 KiB: a bundle can be hundreds of MB.
-    chunk_size = 1024 * 1024
+    chunk_size = 4 * 1024 * 1024
 
 
 def get_bundle(request: Request, run_id: AuthorizedRun) -> FileResponse:
