@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_lifecycle import find, hand_worker, is_cancelled, is_training, p95, read_until, report, wait  # noqa: E402
+from bench_lifecycle import find, hand_cancel_s, is_cancelled, is_training, p95, report, wait  # noqa: E402
 
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import Services, build_tiny_model, started  # noqa: E402
@@ -96,18 +96,7 @@ def p1(tmp: Path, runs: int) -> None:
         finally:
             os.killpg(agent.pid, signal.SIGTERM)
             agent.wait(30)
-        bundle = next(p for p in (tmp / "agent").glob("*/bundle") if p.is_dir()) if any(
-            (tmp / "agent").glob("*/bundle")) else None
-        if bundle is None:  # the agent removed its copies (no --keep): a run's bundle on the server
-            bundle = next(p for p in run_dir(svc, run_id).parent.glob("*/bundle") if p.is_dir())
-        hand: list[float] = []
-        for i in range(runs):
-            proc, _ = hand_worker(tmp, bundle, "hf-text-classification", params, f"p1-{i}")
-            read_until(proc, is_training)
-            sent = time.time()
-            os.killpg(proc.pid, signal.SIGTERM)
-            hand.append(read_until(proc, is_cancelled)["t"] - sent)
-            proc.wait()
+        hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs)  # the last run's, on the server
     report("P1 (agent backend)", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 0.100 s")
 
 
