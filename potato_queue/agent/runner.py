@@ -253,7 +253,10 @@ class Runner:
         uri = "{}:{}".format(socket.gethostname(), self.files.work)
         try:
             reply = self.client.post_result(code, uri, message, give_up_s=self._patience_s())
-            self.log("result sent: exit code {}; the run is {}".format(code, reply.get("state")))
+            state = reply.get("state")
+            # Until the executor has collected the run, the server still calls it running.
+            after = "the server finishes the run now" if state == "running" else "the run is {}".format(state)
+            self.log("result sent: exit code {}; {}".format(code, after))
         except (Unreachable, ApiError) as exc:
             self.log("the result could not be sent: {}".format(exc))
         self._stop_threads.set()
