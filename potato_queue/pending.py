@@ -17,12 +17,9 @@ from typing import Any
 import redis
 
 from potato_queue.keys import Keys
+from potato_queue.records import as_text
 
 __all__ = ["PendingRecords"]
-
-
-def _text(value: Any) -> Any:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 class PendingRecords:
@@ -42,12 +39,12 @@ class PendingRecords:
 
     def held(self, run_id: str) -> dict[str, Any] | None:
         raw = self.redis.hget(self.keys.run(run_id), "pending_record")
-        return None if raw is None else json.loads(_text(raw))
+        return None if raw is None else json.loads(as_text(raw))
 
     def write_held(self, write: Callable[[str, dict[str, Any]], None]) -> list[str]:
         """Write every held record with `write(run_id, record)`; the ids written (the others stay held)."""
         written = []
-        for run_id in [_text(r) for r in self.redis.smembers(self.keys.unwritten)]:
+        for run_id in [as_text(r) for r in self.redis.smembers(self.keys.unwritten)]:
             record = self.held(run_id)
             try:
                 if record is not None:

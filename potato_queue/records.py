@@ -17,7 +17,7 @@ from potato_queue.worker.files import write_atomic
 from potato_queue.worker.text import one_line
 
 __all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "FOLDER_FIX", "RunView", "RunFolderError", "write_json_atomic",
-           "utc_now", "utc_of", "log_text"]
+           "utc_now", "utc_of", "log_text", "as_text"]
 
 STATES = ("queued", "starting", "running", "collecting", "succeeded", "failed", "cancelled")
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -57,7 +57,8 @@ def write_json_atomic(path: Any, data: Any) -> None:
     write_atomic(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
-def _text(value: Any) -> Any:
+def as_text(value: Any) -> Any:
+    """A value Redis gave as bytes, as text (anything else as it is)."""
     return value.decode() if isinstance(value, bytes) else value
 
 

@@ -32,7 +32,7 @@ from potato_queue.records import (
     RunView,
     _created_ms,
     _folder_error,
-    _text,
+    as_text,
     log_text,
     utc_now,
     utc_of,
@@ -197,13 +197,13 @@ class RunStore:
     # -- the unfinished index ----------------------------------------------
     def unfinished(self) -> list[tuple[str, str]]:
         """(run id, state) of every run not yet final, oldest first: one ZRANGE and one pipeline."""
-        ids = [_text(r) for r in self.redis.zrange(self.keys.unfinished, 0, -1)]
+        ids = [as_text(r) for r in self.redis.zrange(self.keys.unfinished, 0, -1)]
         if not ids:
             return []
         pipe = self.redis.pipeline(transaction=False)
         for run_id in ids:
             pipe.hget(self.keys.run(run_id), "state")
-        states = [_text(s) for s in pipe.execute()]
+        states = [as_text(s) for s in pipe.execute()]
         out = []
         for run_id, state in zip(ids, states, strict=True):
             if state in FINAL_STATES:
@@ -221,11 +221,11 @@ class RunStore:
 
     def bulky_runs(self) -> list[str]:
         """The runs whose folders hold a bundle or model files, oldest first."""
-        return [_text(r) for r in self.redis.zrange(self.keys.bulky, 0, -1)]
+        return [as_text(r) for r in self.redis.zrange(self.keys.bulky, 0, -1)]
 
     def newest_runs(self, n: int) -> list[str]:
         """The ids of the newest `n` runs, newest first."""
-        return [_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, n - 1)] if n > 0 else []
+        return [as_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, n - 1)] if n > 0 else []
 
     def reseed_from_disk(self) -> list[str]:
         """After Redis was emptied: live states and the unfinished index from the run folders.
@@ -243,7 +243,7 @@ class RunStore:
     def live(self, run_id: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in self.redis.hgetall(self.keys.run(run_id)).items():
-            k, v = _text(key), _text(value)
+            k, v = as_text(key), as_text(value)
             out[k] = json.loads(v) if k in _LIVE_JSON else (float(v) if k == "heartbeat_at" else v)
         return out
 
@@ -270,7 +270,7 @@ class RunStore:
         keys = [self.keys.run(run_id), self.keys.result_signal(run_id)]
         if not self._record_result(keys=keys, args=[str(exit_code), repr(time.time()), *extra]):
             return None
-        return str(_text(self.redis.hget(keys[0], "state")) or "unknown")
+        return str(as_text(self.redis.hget(keys[0], "state")) or "unknown")
 
     def view(self, run_id: str) -> RunView:
         pipe = self.redis.pipeline(transaction=False)
@@ -278,9 +278,9 @@ class RunStore:
                    "disk_error", "state")
         pipe.exists(self.keys.cancel(run_id))
         (code, uri, message, beat, disk_error, state), cancel = pipe.execute()
-        return RunView(exit_code=None if code is None else int(code), artifact_uri=_text(uri), message=_text(message),
+        return RunView(exit_code=None if code is None else int(code), artifact_uri=as_text(uri), message=as_text(message),
                        heartbeat_at=None if beat is None else float(beat), cancel_requested=bool(cancel),
-                       disk_error=_text(disk_error), state=_text(state))
+                       disk_error=as_text(disk_error), state=as_text(state))
 
     def wait_result(self, run_id: str, timeout_s: float) -> None:
         """Sleep up to timeout_s, waking as soon as the agent's result arrives."""
@@ -313,7 +313,7 @@ class RunStore:
 
     def server_url(self) -> str | None:
         """Where `potato-queue serve` said agents and executors reach it (None: no server running)."""
-        return _text(self.redis.get(self.keys.server_url))
+        return as_text(self.redis.get(self.keys.server_url))
 
     # -- cancel ------------------------------------------------------------
     def request_cancel(self, run_id: str) -> str:
@@ -344,7 +344,7 @@ class RunStore:
         pipe.exists(self.keys.cancel(run_id))
         pipe.hget(self.keys.run(run_id), "state")
         requested, state = pipe.execute()
-        return bool(requested) or _text(state) in FINAL_STATES
+        return bool(requested) or as_text(state) in FINAL_STATES
 
     async def wait_stop_due(self, run_id: str, wait_s: float, hung_up: Callable[[], Awaitable[bool]]) -> bool:
         """True as soon as stop_due (published or found), False after wait_s or once `hung_up()`."""
@@ -353,6 +353,6 @@ class RunStore:
                 pipe.exists(self.keys.cancel(run_id))
                 pipe.hget(self.keys.run(run_id), "state")
                 requested, state = await pipe.execute()
-            return bool(requested) or _text(state) in FINAL_STATES
+            return bool(requested) or as_text(state) in FINAL_STATES
 
         return await wait_published(self.redis, self.keys.control(run_id), due, wait_s, hung_up)

@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from potato_queue.keys import Keys
+from potato_queue.records import as_text
 from potato_queue.redis_plumbing import CLAIM
 
 __all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "DENIED", "WAKE_EVERYONE", "OTHER_RUNS_CHECKED"]
@@ -42,10 +43,6 @@ def token_matches(stored_digest: bytes | str | None, token: str) -> bool:
     return secrets.compare_digest(stored, token_digest(token))
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 class RunTokens:
     """One project's run tokens (the store's `tokens`): a token opens one run until that run ends (its
     final state deletes it, in the store's compare-and-set) or it expires."""
@@ -64,7 +61,7 @@ class RunTokens:
 
     def of_another_run(self, run_id: str, token: str) -> bool:
         """True when `token` opens one of the project's recent runs other than `run_id` (403, not 401)."""
-        ids = [_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, OTHER_RUNS_CHECKED - 1)]
+        ids = [as_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, OTHER_RUNS_CHECKED - 1)]
         others = [r for r in ids if r != run_id]
         if not others:
             return False
@@ -100,7 +97,7 @@ class AgentTokens:
         old = self.redis.hget(key, "digest")
         pipe = self.redis.pipeline()
         if old is not None:
-            pipe.delete(self.keys.agent_token_owner(_text(old)))
+            pipe.delete(self.keys.agent_token_owner(as_text(old)))
         pipe.delete(key)
         pipe.hset(key, mapping={"digest": token_digest(token), "created_at": repr(time.time())})
         pipe.set(self.keys.agent_token_owner(token_digest(token)), backend)
@@ -110,7 +107,7 @@ class AgentTokens:
 
     def registration(self, backend: str) -> dict[str, Any] | None:
         """created_at, last_seen (epoch s; None before an agent asked) and the agent's own description."""
-        fields = {_text(k): _text(v) for k, v in self.redis.hgetall(self.keys.agent_token(backend)).items()}
+        fields = {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.keys.agent_token(backend)).items()}
         if "digest" not in fields:
             return None
         return {"created_at": float(fields["created_at"]),
@@ -123,13 +120,13 @@ class AgentTokens:
     def owner_of(self, token: str) -> str | None:
         """The backend this token was issued for, if it is still registered."""
         owner = self.redis.get(self.keys.agent_token_owner(token_digest(token)))
-        return None if owner is None else _text(owner)
+        return None if owner is None else as_text(owner)
 
     def claim(self, backend: str, token: str, agent: dict[str, Any]) -> str | None:
         """The oldest run offered to `backend` (now the caller's), None when none is, DENIED for a token
         that is not (or no longer) this backend's. Marks the backend as seen either way."""
         keys = [self.keys.agent_token(backend), self.keys.offers(backend)]
-        answer = _text(self._claim(keys=keys, args=[token_digest(token), repr(time.time()), json.dumps(agent)]))
+        answer = as_text(self._claim(keys=keys, args=[token_digest(token), repr(time.time()), json.dumps(agent)]))
         return answer or None
 
     # -- offers: the executor's side ---------------------------------------------

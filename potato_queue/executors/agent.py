@@ -80,6 +80,7 @@ class AgentExecutor(Executor):
         timeout_s = self.backend.queue_timeout_s
         until_s = time.time() + timeout_s if timeout_s else None
         expired = no_agent_error(self.backend_name, timeout_s) if timeout_s else None
+        why = waiting_why(self.backend_name)
         spec.offer.post()
-        spec.step(waiting_why(self.backend_name))
-        return AgentHandle(spec.offer, waiting_why(self.backend_name), until_s, expired)
+        spec.step(why)
+        return AgentHandle(spec.offer, why, until_s, expired)

@@ -11,7 +11,7 @@ from fastapi import FastAPI
 from potato_queue.config import ProjectConfig
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
-from potato_queue.server.claims import claims_router
+from potato_queue.server.claims import ClaimWakeups, claims_router
 from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, guard
 from potato_queue.store import RunStore
 
@@ -31,6 +31,7 @@ def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
     celery = make_celery(config, redis_url)
     app.state.config = config
     app.state.store = RunStore(config, client)
+    app.state.claim_wakeups = ClaimWakeups(app.state.store)  # subscribes at the first claim
     guard(app, app.state.store, config)
     app.state.enqueue = lambda run_id: enqueue(celery, config, run_id)
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)

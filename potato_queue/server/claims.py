@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from potato_queue.code_package import agent_zipapp
 from potato_queue.config import ProjectConfig
 from potato_queue.redis_plumbing import async_twin
+from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
 from potato_queue.tokens import DENIED, WAKE_EVERYONE
 
@@ -124,15 +125,7 @@ def _store(request: Request) -> RunStore:
 
 
 def _wakeups(request: Request) -> ClaimWakeups:
-    state = request.app.state
-    if getattr(state, "claim_wakeups", None) is None:
-        state.claim_wakeups = ClaimWakeups(state.store)
-    return state.claim_wakeups
-
-
-def _bearer(request: Request) -> str:
-    scheme, _, token = request.headers.get("authorization", "").partition(" ")
-    return token.strip() if scheme.lower() == "bearer" else ""
+    return request.app.state.claim_wakeups
 
 
 def _claim_once(store: RunStore, backend: str, token: str, agent: dict[str, Any]) -> Claim | None:
@@ -165,7 +158,7 @@ async def claim(
     if backend not in agent_backends(config):
         raise HTTPException(404, f"{backend!r} is not an agent backend of this project (agent backends: "
                                  f"{', '.join(agent_backends(config)) or 'none'})")
-    wakeups, token, info = _wakeups(request), _bearer(request), agent.model_dump()
+    wakeups, token, info = _wakeups(request), bearer(request.headers) or "", agent.model_dump()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait_s, MAX_CLAIM_WAIT_S)
     while True:

@@ -20,7 +20,7 @@ import asyncio
 import json
 import os
 import secrets
-from collections.abc import Awaitable, Callable, MutableMapping
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
 from fastapi import Request
@@ -33,7 +33,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.keys import RUN_ID_RE
 from potato_queue.store import RunStore
 
-__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "token_problem", "backend_problem", "ADMIN_PREFIX", "AGENT_PREFIX", "BODY_CAPS"]
+__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "token_problem", "backend_problem", "bearer", "ADMIN_PREFIX", "AGENT_PREFIX", "BODY_CAPS"]
 
 ADMIN_PREFIX = "/admin/training/api"
 AGENT_PREFIX = "/api/training/agent/v1"
@@ -97,7 +97,8 @@ def _headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
-def _bearer(headers: dict[str, str]) -> str | None:
+def bearer(headers: Mapping[str, str]) -> str | None:
+    """The token of an `Authorization: Bearer <token>` header (lower-cased names), or None."""
     scheme, _, token = headers.get("authorization", "").partition(" ")
     return (token.strip() or None) if scheme.lower() == "bearer" else None
 
@@ -180,14 +181,14 @@ class Guard:
             return admin_problem(self.config, headers.get("x-api-key")), BODY_CAPS["admin"]
         parts = path[len(AGENT_PREFIX):].split("/")  # "", "runs", run_id, route
         if len(parts) == 4 and parts[1] == "backends":
-            problem = await run_in_threadpool(backend_problem, self.store, parts[2], _bearer(headers))
+            problem = await run_in_threadpool(backend_problem, self.store, parts[2], bearer(headers))
             return problem, BODY_CAPS["agent"]
         if len(parts) != 4 or parts[1] != "runs":
             return None, BODY_CAPS["agent"]
         run_id, route = parts[2], parts[3]
         if scope["method"] in ("GET", "HEAD"):
             return None, BODY_CAPS["agent"]  # no body to hold back: the route's own check is soon enough
-        problem = await run_in_threadpool(token_problem, self.store, run_id, _bearer(headers))
+        problem = await run_in_threadpool(token_problem, self.store, run_id, bearer(headers))
         if problem is None:
             scope.setdefault("state", {})["authorized_run"] = run_id  # the route need not ask Redis again
         return problem, {"events": BODY_CAPS["events"], "predictions": None}.get(route, BODY_CAPS["agent"])
