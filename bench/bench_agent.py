@@ -114,9 +114,17 @@ def _big_file(path: Path, mb: int) -> str:
     return digest.hexdigest()
 
 
-def p4(tmp: Path, mb: int) -> None:
-    from potato_queue.agent.client import AgentClient
+# The agent's own download code (potato_queue.agent.client), run as the agent runs it; the token from
+# the environment, never argv.
+AGENT_DOWNLOAD = """
+import os, sys
+from potato_queue.agent.client import AgentClient
+server, run_id, dest, size, sha256 = sys.argv[1:]
+AgentClient(server, run_id, os.environ["POTATO_TRAINING_TOKEN"]).download_bundle(dest, int(size), sha256)
+"""
 
+
+def p4(tmp: Path, mb: int) -> None:
     with services(tmp / "p4", executors=0) as svc:
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         bundle = run_dir(svc, run_id) / "bundle.tar.gz"
@@ -137,8 +145,10 @@ def p4(tmp: Path, mb: int) -> None:
             port = static.stdout.readline().split("port ")[1].split()[0]
             ours, theirs = [], []
 
-            def agent_download(dest: Path) -> None:
-                AgentClient(svc.url, run_id, token).download_bundle(str(dest), bundle.stat().st_size, sha256)
+            def agent_download(dest: Path) -> None:  # a process of its own, as the agent and curl are
+                subprocess.run([sys.executable, "-c", AGENT_DOWNLOAD, svc.url, run_id, str(dest),
+                                str(bundle.stat().st_size), sha256], env={**os.environ, "POTATO_TRAINING_TOKEN": token},
+                               cwd=ROOT, check=True)
 
             def curl(dest: Path) -> None:
                 subprocess.run(["curl", "-fsS", "-o", str(dest), f"http://127.0.0.1:{port}/bundle.tar.gz"], check=True)
@@ -176,14 +186,16 @@ def p4(tmp: Path, mb: int) -> None:
     started_s = time.perf_counter()
     file_sha256(str(bundle)) if bundle.exists() else None
     sha_mbs = mb / (time.perf_counter() - started_s)
-    ours_mbs, theirs_mbs = mb / statistics.median(ours), mb / statistics.median(theirs)
-    print(f"P4: {mb} MB bundle: agent (download + sha256 check) {ours_mbs:.0f} MB/s, curl from a static server "
-          f"{theirs_mbs:.0f} MB/s, ratio {ours_mbs / theirs_mbs:.2f} (goal >= 0.9x); curl from potato-queue's "
-          f"bundle route {mb / statistics.median(via_ours):.0f} MB/s; sha256 alone on this CPU {sha_mbs:.0f} MB/s "
-          f"(the agent's ceiling: it must verify what it got, AGT-5)", flush=True)
-    checked_mbs = mb / statistics.median(verified)
-    print(f"P4: against curl + sha256sum of the same file (a download one can trust, as the agent's): "
-          f"{checked_mbs:.0f} MB/s, ratio {ours_mbs / checked_mbs:.2f}", flush=True)
+    # Best of 8 and the median: on a VM the host's paging adds noise to every side's kernel time.
+    rates = {name: (mb / min(took), mb / statistics.median(took)) for name, _, took in rows}
+    print(f"P4: {mb} MB bundle, MB/s best / median of 8: " + ", ".join(
+        f"{name} {best:.0f} / {median:.0f}" for name, (best, median) in rates.items()), flush=True)
+    for against in ("curl", "curl-sha256sum"):
+        print(f"P4: agent (download + sha256 check) vs {against}: ratio {rates['agent'][0] / rates[against][0]:.2f} "
+              f"best, {rates['agent'][1] / rates[against][1]:.2f} median" + (" (goal >= 0.9x)" if against == "curl"
+                                                                               else ""), flush=True)
+    print(f"P4: sha256 alone on this CPU {sha_mbs:.0f} MB/s (the agent must verify what it got, AGT-5); curl is "
+          "from a plain static server, curl-ours from potato-queue's bundle route", flush=True)
 
 
 # ---------------------------------------------------------------- P7: idle agents

@@ -222,6 +222,40 @@ def test_a_cut_bundle_download_resumes_with_range(server: Scripted, tmp_path: Pa
     assert "resuming the bundle download at byte 100000 of 300000" in logs
 
 
+def whole_bundle(data: bytes) -> Step:
+    """A server that ignores Range: 200 and every byte, whatever was asked."""
+    def step(handler: Handler, _body: bytes) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Length", str(len(data)))
+        handler.end_headers()
+        handler.wfile.write(data)
+    return step
+
+
+@pytest.mark.parametrize("third", ["resumed", "ignores-range"])
+def test_a_bundle_cut_twice_is_whole_and_verified(third: str, server: Scripted, tmp_path: Path) -> None:
+    """Past the hasher's 4 MiB reads, cuts at odd bytes: the hash follows the file through every try,
+    and a server that answers 200 to a Range request starts the file and its hash over."""
+    data = os.urandom(13_000_003)
+    client = make_client(server, [])
+    last = bundle_bytes(data) if third == "resumed" else whole_bundle(data)
+    server.script = [bundle_bytes(data, cut_at=5_000_001), bundle_bytes(data, cut_at=9_437_185), last]
+    dest = tmp_path / "bundle.tar.gz"
+    client.download_bundle(str(dest), len(data), hashlib.sha256(data).hexdigest())
+    assert dest.read_bytes() == data
+    assert [seen[2].get("Range") for seen in server.seen] == [None, "bytes=5000001-", "bytes=9437185-"]
+
+
+def test_a_bundle_that_differs_after_a_resume_is_refused(server: Scripted, tmp_path: Path) -> None:
+    data = os.urandom(6_000_000)
+    other = data[:3_000_000] + os.urandom(3_000_000)
+    client = make_client(server, [])
+    server.script = [bundle_bytes(data, cut_at=3_000_000), bundle_bytes(other)]
+    with pytest.raises(BundleError, match="refusing it"):
+        client.download_bundle(str(tmp_path / "bundle.tar.gz"), len(data), hashlib.sha256(data).hexdigest())
+    assert not (tmp_path / "bundle.tar.gz").exists()
+
+
 def test_the_bundle_gets_five_tries(server: Scripted, tmp_path: Path) -> None:
     client = make_client(server, [])
     server.script = [answer(503, {})] * 6

@@ -8,10 +8,10 @@ means (a 409 after a lost answer, a bundle resumed with Range).
 
 import hashlib
 import http.client
+import mmap
 import os
-import queue
 import threading
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import quote
 
 from potato_queue.agent.transport import (
@@ -176,106 +176,107 @@ class RunClient:
                     raise Retryable("HTTP {}".format(response.status))
                 if response.status >= 400:
                     raise ApiError(response.status, error_detail(response.read()))
-                hashed.start(response.status == 206)
-                with open(dest, "ab" if response.status == 206 else "wb") as fh:
-                    sink = _Sink(fh, hashed)
-                    held = offset if response.status == 206 else 0
-                    try:
-                        buffer = sink.take()
-                        got = response.readinto(buffer)
-                        while got:
-                            sink.put(buffer, got)
-                            held += got
-                            progress(held)
-                            buffer = sink.take()
-                            got = response.readinto(buffer)
-                    finally:
-                        sink.close()
+                held = offset if response.status == 206 else 0
+                with open(dest, "ab" if held else "wb") as fh, _Follower(hashed, dest, held) as follower:
+                    block = memoryview(bytearray(BLOCK_BYTES))
+                    got = response.readinto(block)
+                    while got:
+                        for at in range(0, got, WRITE_BYTES):
+                            fh.write(block[at:min(at + WRITE_BYTES, got)])
+                        held += got
+                        follower.written(fh, held)
+                        progress(held)
+                        got = response.readinto(block)
+                    follower.written(fh, held, last=True)
         except (OSError, http.client.HTTPException) as exc:
             raise Retryable(problem_of(exc)) from None
 
 
-class _Sink:
-    """Writes the blocks the reader hands it in one thread and hashes them in another, so that reading
-    the next block from the socket, writing this one and hashing it overlap (file writes and hashlib
-    release the GIL; sha256 alone is ~1 GB/s of one core). A block is reused once both are done with
-    it. A write that failed is raised by close()."""
+# The bytes just received are written while still in this core's cache, and hashed from the page cache
+# by another thread in large mapped reads: handing each block to a writer and a hasher thread instead
+# cost 2-3x the CPU in lock hand-offs and cold copies. Writes are 32 KiB, as curl's are about: the
+# kernel backs a large write with large page-cache folios, whose fresh memory cost a VM twice the
+# kernel time of small ones (docs/decisions.md, P4).
+BLOCK_BYTES = 256 * 1024
+WRITE_BYTES = 32 * 1024
+HASH_READ_BYTES = 4 * 1024 * 1024
 
-    def __init__(self, fh: Any, hashed: "_Hashed", buffers: int = 4) -> None:
-        self.fh, self.hashed = fh, hashed
-        self.free = queue.Queue()  # type: queue.Queue[memoryview]
-        for _ in range(buffers):
-            self.free.put(memoryview(bytearray(CHUNK_BYTES)))
-        self.error = None  # type: Optional[OSError]
-        self._pending = {}  # type: Dict[int, int]
-        self._lock = threading.Lock()
-        self._lines = []  # type: List[queue.Queue[Optional[Tuple[memoryview, int]]]]
-        self._threads = []  # type: List[threading.Thread]
-        for work, name in ((self._write, "bundle-writer"), (self._hash, "bundle-hasher")):
-            line = queue.Queue()  # type: queue.Queue[Optional[Tuple[memoryview, int]]]
-            self._lines.append(line)
-            self._threads.append(threading.Thread(target=self._drain, args=(line, work), name=name, daemon=True))
-            self._threads[-1].start()
 
-    def _write(self, block: memoryview) -> None:
-        if self.error is None:
-            try:
-                self.fh.write(block)
-            except OSError as exc:
-                self.error = exc
+class _Follower:
+    """A thread that hashes `path` as it grows, reading behind the writer. What it hashes is what the
+    file holds, so a resumed file's old bytes are hashed (again, when `hashed` did not see them) while
+    the rest downloads. Leaving the `with` waits until every byte written was hashed."""
 
-    def _hash(self, block: memoryview) -> None:
-        self.hashed.update(block)
+    def __init__(self, hashed: "_Hashed", path: str, held: int) -> None:
+        if hashed.count > held or not held:
+            hashed.reset()  # a file started over, or one whose bytes this download did not all see
+        self.hashed, self.path = hashed, path
+        self._ready = held  # bytes on disk that may be hashed
+        self._published = held
+        self._done = False
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._follow, name="bundle-hasher", daemon=True)
 
-    def _drain(self, line: "queue.Queue[Optional[Tuple[memoryview, int]]]",
-               work: Callable[[memoryview], None]) -> None:
-        while True:
-            item = line.get()
-            if item is None:
-                return
-            block, size = item
-            work(block[:size])
-            with self._lock:
-                self._pending[id(block)] -= 1
-                done = self._pending[id(block)] == 0
-            if done:
-                self.free.put(block)
+    def __enter__(self) -> "_Follower":
+        self._thread.start()
+        return self
 
-    def take(self) -> memoryview:
-        return self.free.get()
+    def __exit__(self, *exc: object) -> None:
+        with self._cond:
+            self._done = True
+            self._cond.notify()
+        self._thread.join()
 
-    def put(self, block: memoryview, size: int) -> None:
-        with self._lock:
-            self._pending[id(block)] = len(self._lines)
-        for line in self._lines:
-            line.put((block, size))
+    def written(self, fh: Any, held: int, last: bool = False) -> None:
+        """`held` bytes are in the file; the hasher is woken every HASH_READ_BYTES (and at the end)."""
+        if held - self._published < HASH_READ_BYTES and not last:
+            return
+        fh.flush()
+        with self._cond:
+            self._ready = self._published = held
+            self._cond.notify()
 
-    def close(self) -> None:
-        for line in self._lines:
-            line.put(None)
-        for thread in self._threads:
-            thread.join()
-        if self.error is not None:
-            raise self.error
+    def _follow(self) -> None:
+        try:
+            with open(self.path, "rb", buffering=0) as fh:
+                while self._hash_ready(fh.fileno()):
+                    pass
+        except (OSError, ValueError):
+            pass  # the hash is short of the file; hexdigest() reads it again
+
+    def _hash_ready(self, fd: int) -> bool:
+        """Hashes what is ready; False once the writer is done and everything is hashed."""
+        with self._cond:
+            while self._ready <= self.hashed.count and not self._done:
+                self._cond.wait()
+            ready, done = self._ready, self._done
+        while self.hashed.count < ready:
+            _hash_mapped(self.hashed, fd, min(HASH_READ_BYTES, ready - self.hashed.count))
+        return not (done and self.hashed.count >= ready)
+
+
+def _hash_mapped(hashed: "_Hashed", fd: int, size: int) -> None:
+    """Hashes `size` bytes of the file from byte hashed.count, mapped from the page cache rather than
+    copied out of it (a read's copy was a tenth of the download's CPU)."""
+    start = hashed.count - hashed.count % mmap.ALLOCATIONGRANULARITY
+    with mmap.mmap(fd, hashed.count + size - start, access=mmap.ACCESS_READ, offset=start) as mapped:
+        view = memoryview(mapped)
+        try:
+            hashed.update(view[hashed.count - start:])
+        finally:
+            view.release()
 
 
 class _Hashed:
-    """The sha256 of a file being downloaded, kept as bytes are appended; re-read from disk when a try
-    appends to a file whose bytes were not all seen (a partial file from before, a write that failed)."""
+    """The sha256 of the first `count` bytes of a file being downloaded, kept across tries."""
 
     def __init__(self, path: str) -> None:
         self.path = path
         self.digest = hashlib.sha256()
         self.count = 0
 
-    def start(self, appending: bool) -> None:
-        if not appending:
-            self.digest, self.count = hashlib.sha256(), 0
-        elif self.count != _size_of(self.path):
-            self.digest, self.count = hashlib.sha256(), 0
-            with open(self.path, "rb") as fh:
-                for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
-                    self.update(block)
+    def reset(self) -> None:
+        self.digest, self.count = hashlib.sha256(), 0
 
     def update(self, data: "bytes | memoryview") -> None:
         self.digest.update(data)
@@ -283,7 +284,11 @@ class _Hashed:
 
     def hexdigest(self) -> str:
         if self.count != _size_of(self.path):
-            self.start(appending=True)  # nothing was downloaded by this call (the file was whole already)
+            # Not every byte was seen (the file was whole already, or the hasher could not read it).
+            self.reset()
+            with open(self.path, "rb") as fh:
+                for block in iter(lambda: fh.read(HASH_READ_BYTES), b""):
+                    self.update(block)
         return self.digest.hexdigest()
 
 
