@@ -177,12 +177,11 @@ class RunClient:
                 if response.status >= 400:
                     raise ApiError(response.status, error_detail(response.read()))
                 held = offset if response.status == 206 else 0
-                with open(dest, "ab" if held else "wb") as fh, _Follower(hashed, dest, held) as follower:
+                with open(dest, "ab" if held else "wb", buffering=0) as fh, _Follower(hashed, dest, held) as follower:
                     block = memoryview(bytearray(BLOCK_BYTES))
                     got = response.readinto(block)
                     while got:
-                        for at in range(0, got, WRITE_BYTES):
-                            fh.write(block[at:min(at + WRITE_BYTES, got)])
+                        _write_all(fh, block[:got])
                         held += got
                         follower.written(fh, held)
                         progress(held)
@@ -200,6 +199,13 @@ class RunClient:
 BLOCK_BYTES = 256 * 1024
 WRITE_BYTES = 32 * 1024
 HASH_READ_BYTES = 4 * 1024 * 1024
+
+
+def _write_all(fh: Any, data: memoryview) -> None:
+    """All of `data` into an unbuffered file, WRITE_BYTES at a time (a write may take only part)."""
+    at = 0
+    while at < len(data):
+        at += fh.write(data[at:at + WRITE_BYTES])
 
 
 class _Follower:
