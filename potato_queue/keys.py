@@ -16,7 +16,8 @@ from pathlib import Path
 
 from potato_queue.config import ProjectConfig
 
-__all__ = ["RUN_ID_RE", "new_run_id", "project_id", "Keys", "RunPaths", "runs_dir", "project_predictions_path"]
+__all__ = ["RUN_ID_RE", "new_run_id", "project_id", "Keys", "RunPaths", "runs_dir", "project_predictions_path",
+           "remote_socket_path"]
 
 RUN_ID_RE = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
 
@@ -123,6 +124,13 @@ class Keys:
     def run_token(self, run_id: str) -> str:
         """sha256 of the run's token (the token itself is never stored)."""
         return f"{self.prefix}:token:{run_id}"
+
+
+def remote_socket_path(run_id: str) -> str:
+    """An ssh run's socket on the host, reverse-forwarded to the server: in /tmp, where sshd makes it
+    0600 (the login account's alone), and unique per launch, since a second forward to a path in use
+    silently takes it over (../shared/ENVIRONMENT.md)."""
+    return f"/tmp/potato-queue-{run_id}-{secrets.token_hex(4)}.sock"
 
 
 def runs_dir(config: ProjectConfig) -> Path:

@@ -24,6 +24,7 @@ BACKEND_TYPES = ("local", "ssh", "slurm", "agent")
 # Backend type -> "module:Class" of the types this version runs.
 RUNNABLE: dict[str, str] = {
     "local": "potato_queue.executors.local:LocalExecutor",
+    "ssh": "potato_queue.executors.ssh:SshExecutor",
     "agent": "potato_queue.executors.agent:AgentExecutor",
 }
 

@@ -108,9 +108,15 @@ class Running:
 
 @dataclass(frozen=True)
 class Gone:
-    """What the executor started is gone (exited, session dropped); `why` says what is known."""
+    """What the executor started is gone (exited, session dropped); `why` says what is known.
+
+    `error` is the run's error when the executor knows exactly what went wrong (ssh refused the key,
+    no such Python there) and the agent never ran to say so itself; `fix` what the admin does about it.
+    """
 
     why: str
+    error: str | None = None
+    fix: str | None = None
 
 
 Status = Waiting | Running | Gone

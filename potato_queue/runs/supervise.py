@@ -86,14 +86,17 @@ def stop_run(watch: Watch, grace_s: float, state: str, error: str) -> Outcome:
     return Outcome(result=result or _result(watch.store.view(watch.run_id)), state=state, error=error)
 
 
-def _gone(watch: Watch, why: str) -> Outcome:
+def _gone(watch: Watch, gone: Gone) -> Outcome:
     time.sleep(GONE_SETTLE_S)
     result = _result(watch.store.view(watch.run_id))
     if result is not None:
         return Outcome(result=result)
     watch.handle.kill()
-    tail = watch.last_output()
-    error = f"The agent stopped without reporting a result ({why})" + (f"; its last output: {tail}" if tail else "")
+    if gone.error is not None:
+        error = gone.error + (f"; fix: {gone.fix}" if gone.fix else "")
+    else:
+        tail = watch.last_output()
+        error = f"The agent stopped without reporting a result ({gone.why})" + (f"; its last output: {tail}" if tail else "")
     watch.log(error)
     return Outcome(state="failed", error=error)
 
@@ -143,7 +146,7 @@ def _tick(watch: Watch) -> Outcome | None:
                         f"cancelled; the agent did not report within {watch.grace_s:g} s, so it was stopped")
     status = watch.handle.poll()
     if isinstance(status, Gone):
-        return _gone(watch, status.why)
+        return _gone(watch, status)
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
         return stop_run(watch, 0, "failed", overdue)

@@ -1,0 +1,149 @@
+"""The first thing an ssh run runs on the GPU host: `python -c <this file's source>`.
+
+Standard library only, Python 3.8+, and self-contained: nothing of ours is on
+the host yet. It speaks with the executor over the ssh session's stdin and
+stdout, one JSON object a line, and reads stdin unbuffered, so that what
+follows its last message (the assignment and the run token) is left for the
+agent it becomes:
+
+  executor -> {"remote_dir", "code_sha256", "packages", "env", "num_threads", "gpus", "min_free_gpu_mb", "host"}
+  boot     -> {"event": "python", "version", "executable"}
+  boot     -> {"event": "need_code"}            executor -> "<bytes>\\n" and the agent.pyz bytes
+  boot     -> {"event": "creating_env"}         (only when `packages` changed or is new)
+  boot     -> {"event": "gpu", "line"}
+  boot     -> {"event": "ready", "workdir"}     then it execs the agent, whose stdin the executor writes
+  boot     -> {"event": "refused", "message"}   and exits 3 (a Python too old, no GPU that fits)
+
+The host's layout, all under remote_dir (mode 0700): code/<sha256>.pyz (the
+agent zipapp, kept while the code is the same), venvs/<hash of packages>/
+(with a `ready` file once pip has finished), jobs/<run_id>/ (the agent's).
+"""
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+from typing import List, Optional, Tuple
+
+EXIT_REFUSED = 3
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def send(event: str, **fields: object) -> None:
+    os.write(1, (json.dumps(dict(fields, event=event)) + "\n").encode())
+
+
+def read_line() -> str:
+    """One line of stdin, a byte at a time: a buffered read would take the agent's lines too."""
+    line = b""
+    while not line.endswith(b"\n"):
+        byte = os.read(0, 1)
+        if not byte:
+            raise SystemExit("potato-queue: the executor closed the session")
+        line += byte
+    return line.decode()
+
+
+def read_exact(size: int) -> bytes:
+    chunks, left = [], size  # type: List[bytes], int
+    while left:
+        chunk = os.read(0, min(left, 1 << 20))
+        if not chunk:
+            raise SystemExit("potato-queue: the session ended while the code was being copied")
+        chunks.append(chunk)
+        left -= len(chunk)
+    return b"".join(chunks)
+
+
+def folder(path: str) -> str:
+    os.makedirs(path, mode=0o700, exist_ok=True)
+    return path
+
+
+def ensure_code(root: str, sha256: str) -> str:
+    """code/<sha256>.pyz, received from the executor only when it is not there yet."""
+    path = os.path.join(folder(os.path.join(root, "code")), sha256 + ".pyz")
+    if os.path.exists(path):
+        return path
+    send("need_code")
+    data = read_exact(int(read_line()))
+    if hashlib.sha256(data).hexdigest() != sha256:
+        raise SystemExit("potato-queue: the code arrived damaged (sha256 differs)")
+    partial = "{}.{}.partial".format(path, os.getpid())
+    with open(os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as fh:
+        fh.write(data)
+    os.replace(partial, path)  # whole or absent: two runs copying at once both end with the same file
+    return path
+
+
+def ensure_env(root: str, packages: List[str]) -> str:
+    """The interpreter for the run: a venv with `packages` (built once per list), or this one."""
+    if not packages:
+        return sys.executable
+    name = hashlib.sha256(json.dumps(sorted(packages)).encode()).hexdigest()[:16]
+    venv = os.path.join(folder(os.path.join(root, "venvs")), name)
+    python = os.path.join(venv, "bin", "python")
+    if os.path.exists(os.path.join(venv, "ready")):
+        return python
+    send("creating_env")
+    shutil.rmtree(venv, ignore_errors=True)  # a build that was cut off half-way
+    subprocess.check_call([sys.executable, "-m", "venv", "--system-site-packages", venv], stdout=2)
+    subprocess.check_call([python, "-m", "pip", "install", "--disable-pip-version-check", "-q"] + list(packages),
+                          stdout=2)
+    open(os.path.join(venv, "ready"), "w").close()
+    return python
+
+
+def gpu_facts(python: str, setting: str) -> Tuple[str, Optional[List[str]]]:
+    """(nvidia-smi's CSV, torch's arch list or None); no nvidia-smi means no GPU."""
+    from potato_queue.agent.gpus import NVIDIA_SMI_QUERY
+
+    if setting == "none" or shutil.which("nvidia-smi") is None:
+        return "", None
+    csv = subprocess.run(NVIDIA_SMI_QUERY, stdout=subprocess.PIPE, stderr=2, check=False).stdout.decode()
+    ask = "import json, torch; print(json.dumps(torch.cuda.get_arch_list()))"
+    torch = subprocess.run([python, "-c", ask], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False)
+    archs = json.loads(torch.stdout.decode()) if torch.returncode == 0 else None
+    return csv, archs
+
+
+def main() -> int:
+    os.umask(0o077)
+    header = json.loads(read_line())
+    os.environ.update(header["env"])  # the backend's PATH finds nvidia-smi and pip too
+    if sys.version_info < (3, 8):
+        send("refused", message="{} is Python {}; potato-queue needs 3.8 or newer".format(
+            sys.executable, platform.python_version()))
+        return EXIT_REFUSED
+    send("python", version=platform.python_version(), executable=sys.executable)
+    root = folder(os.path.expanduser(header["remote_dir"]))
+    code = ensure_code(root, header["code_sha256"])
+    python = ensure_env(root, header["packages"])
+    sys.path.insert(0, code)
+    from potato_queue.agent.gpus import GpuRefused, choose, parse_gpus
+    from potato_queue.agent.isolated import allowed_env, python_argv
+
+    csv, archs = gpu_facts(python, header["gpus"])
+    try:
+        choice = choose(header["gpus"], parse_gpus(csv), header["min_free_gpu_mb"], archs, header["host"])
+    except GpuRefused as refused:
+        send("refused", message=str(refused))
+        return EXIT_REFUSED
+    send("gpu", line=choice.line)
+    env = allowed_env(os.environ, header["env"])
+    env["CUDA_VISIBLE_DEVICES"] = choice.visible_devices
+    if header.get("num_threads"):
+        env.update({name: str(header["num_threads"]) for name in THREAD_VARIABLES})
+    jobs = folder(os.path.join(root, "jobs"))
+    send("ready", workdir=jobs)
+    argv = python_argv(python, "potato_queue.agent", ["run", "--assignment-on-stdin", "--python", python],
+                       code_root=code)
+    os.execve(python, argv, env)
+    return 0  # not reached
+
+
+if __name__ == "__main__":
+    sys.exit(main())

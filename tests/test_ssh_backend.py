@@ -1,0 +1,126 @@
+"""The ssh backend, for real: a real sshd on 127.0.0.1 (tests/sshd.py) stands for the GPU server,
+reached through an alias in an ssh config file. Everything else is real too: Redis, the server, the
+executor, the bootstrap, the agent and the worker on the "host". The GPUs are not: `nvidia-smi` is a
+script on the remote PATH printing scripted CSV, standing in for hardware this machine lacks.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from potato_queue.errors import PotatoQueueError
+from potato_queue.executors.ssh import forward_target
+from tests.agent_helpers import PYTHON38
+from tests.lifecycle_helpers import TERMINAL, Services, started
+from tests.sshd import ALIAS, Sshd
+
+BACKEND = "gpu-server"
+TWO_GPUS = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0\n"
+
+
+def test_the_forward_goes_to_the_servers_plain_http_address() -> None:
+    assert forward_target("http://127.0.0.1:8000") == "127.0.0.1:8000"
+    assert forward_target("http://[::1]:8000/") == "[::1]:8000"
+    assert forward_target("http://annotate.lab.org") == "annotate.lab.org:80"
+    with pytest.raises(PotatoQueueError, match="plain http address, not https://annotate.lab.org"):
+        forward_target("https://annotate.lab.org")
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+def fake_nvidia_smi(folder: Path, csv: str) -> str:
+    """A folder for the backend's PATH whose nvidia-smi prints `csv` (it stands in for GPUs)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    script = folder / "nvidia-smi"
+    script.write_text(f"#!/bin/sh\ncat <<'EOF'\n{csv}EOF\n")
+    script.chmod(0o755)
+    return f"{folder}:/usr/local/bin:/usr/bin:/bin"
+
+
+def gpu_server(tmp_path: Path, **extra: Any) -> dict[str, Any]:
+    backend = {"type": "ssh", "host": ALIAS, "python": "/usr/bin/python3", "remote_dir": str(tmp_path / "remote"),
+               "heartbeat_timeout_s": 60, **extra}
+    return {"backends": {BACKEND: backend}}
+
+
+def over_ssh(tmp_path: Path, redis_url: str, sshd: Sshd, **backend: Any) -> Any:
+    """The server and one executor whose ssh uses the test's config file (POTATO_QUEUE_SSH_CONFIG)."""
+    sshd.write_config("root")
+    context = started(tmp_path, redis_url, executors=0, **gpu_server(tmp_path, **backend))
+    svc = context.__enter__()
+    svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+    return context, svc
+
+
+@pytest.fixture
+def svc_factory(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> Iterator[Any]:
+    contexts: list[Any] = []
+
+    def make(**backend: Any) -> Services:
+        context, svc = over_ssh(tmp_path, redis_server_url, sshd, **backend)
+        contexts.append(context)
+        return svc
+
+    yield make
+    for context in contexts:
+        context.__exit__(None, None, None)
+
+
+def run_log(svc: Services, run_id: str) -> str:
+    return (svc.config.parent / "annotation_output" / "training" / "runs" / run_id / "run.log").read_text()
+
+
+def test_a_run_over_ssh_succeeds_gets_the_gpu_and_the_code_is_copied_once(svc_factory: Any, tmp_path: Path) -> None:
+    svc = svc_factory(env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)})
+    first = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(first, TERMINAL, 120)
+    assert run["state"] == "succeeded", (run, svc.logs())
+    log = run_log(svc, first)
+    assert f"{ALIAS}: Python 3.11" in log and "(/usr/bin/python3)" in log, "run.log names the host's Python"
+    assert f"{ALIAS}: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free" in log
+    assert f"copying Potato's code to {ALIAS}" in log and f"waiting for the agent on {ALIAS}" in log
+    second = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    assert svc.wait_for(second, TERMINAL, 120)["state"] == "succeeded"
+    assert "copying Potato's code" not in run_log(svc, second), "the code is on the host already"
+    assert len(list((tmp_path / "remote" / "code").iterdir())) == 1
+    assert not any((tmp_path / "remote" / "jobs").iterdir()), "the remote job folders are removed"
+
+
+def test_a_bare_python_38_with_nothing_of_ours_runs_a_run(svc_factory: Any) -> None:
+    svc = svc_factory(python=str(PYTHON38), gpus="none")
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    assert run["state"] == "succeeded", (run, svc.logs())
+    assert f"{ALIAS}: Python 3.8.18" in run_log(svc, run_id)
+
+
+def test_a_python_the_host_lacks_is_err_2(svc_factory: Any) -> None:
+    svc = svc_factory(python="/opt/no-such/python3")
+    run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
+    assert run["state"] == "failed"
+    assert run["error"].startswith(f"/opt/no-such/python3 was not found on {ALIAS}"), run["error"]
+
+
+def test_an_account_without_a_key_fails_at_once_with_err_1(svc_factory: Any, sshd: Sshd) -> None:
+    svc = svc_factory(user=sshd.add_user("pqnokey"))
+    run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
+    assert run["state"] == "failed"
+    assert run["error"].startswith(f"ssh to {ALIAS} failed: Permission denied"), run["error"]
+
+
+def test_no_gpu_with_min_free_gpu_mb_free_is_err_3(svc_factory: Any, tmp_path: Path) -> None:
+    svc = svc_factory(env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)}, min_free_gpu_mb=80000)
+    run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
+    assert run["state"] == "failed"
+    assert run["error"].startswith("No GPU has 80000 MB free"), run["error"]
