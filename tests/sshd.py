@@ -41,6 +41,7 @@ class Sshd:
     def __init__(self, root: Path) -> None:
         require_sshd()
         self.root = root
+        root.mkdir(parents=True, exist_ok=True)
         # sshd reads a user's keys file as that user: the folder must be reachable by every account,
         # which pytest's own tmp (0700) is not.
         self.keys = Path(tempfile.mkdtemp(prefix="pq-sshd-keys-"))

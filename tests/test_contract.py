@@ -14,6 +14,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,6 +24,7 @@ from typing import Any
 
 import pytest
 
+from potato_queue.executors.ssh import SSH_CONFIG_ENV
 from tests.agent_helpers import BACKEND, Agent, nat_host, register
 from tests.lifecycle_helpers import (
     TERMINAL,
@@ -37,6 +40,7 @@ from tests.lifecycle_helpers import (
     wait_running,
 )
 from tests.netns import NatHost
+from tests.sshd import ALIAS, Sshd
 
 LONG_HF = {"epochs": 500, "batch_size": 4}
 Harness = Any  # LocalHarness | AgentHarness: the same methods, duck-typed
@@ -180,7 +184,99 @@ class AgentHarness:
         os.kill(self.agent.proc.pid, signal.SIGSTOP)
 
 
-HARNESSES: dict[str, Harness] = {"local": LocalHarness(), "agent": AgentHarness()}
+class SshHarness:
+    """The ssh backend: a real sshd on 127.0.0.1 (tests/sshd.py) is the GPU server; the agent and the
+    worker run there under the login account, started over ssh by the executor."""
+
+    name = "gpu-server"
+
+    def __init__(self) -> None:
+        self.sshd: Sshd | None = None
+        self.remote = Path()
+        self.frozen: list[int] = []
+
+    @contextmanager
+    def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
+        training.pop("queue_timeout_s", None)  # an ssh run waits for its connection, bounded by ssh itself
+        self.remote, self.frozen = tmp_path / "remote", []
+        backend = {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none",
+                   "remote_dir": str(self.remote)}
+        if "heartbeat_timeout_s" in training:
+            backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
+        self.sshd = Sshd(tmp_path / "sshd")
+        try:
+            with started(tmp_path, redis_url, executors=0, backend=self.name, backends={self.name: backend},
+                         **training) as svc:
+                svc.executor(env={SSH_CONFIG_ENV: str(self.sshd.config)})
+                yield svc
+        finally:
+            for pid in self.frozen:
+                _continue(pid)
+            self.sshd.close()
+
+    def _ours(self) -> list[int]:
+        """Our processes on the host: everything started from the code copied to remote_dir."""
+        marker = f"{self.remote}/code/"
+        return [p for p in pids() if marker in (alive_cmd(p) or "")]
+
+    def agent_pid(self, svc: Services, run_id: str) -> int:
+        (agent,) = [p for p in self._ours() if "potato_queue.agent" in (alive_cmd(p) or "")]
+        return agent
+
+    def worker_pid(self, svc: Services, run_id: str) -> int:
+        agent = self.agent_pid(svc, run_id)
+        (worker,) = [p for p in self._ours() if parent_of(p) == agent and "potato_queue.worker" in (alive_cmd(p) or "")]
+        return worker
+
+    def leftovers(self, svc: Services, run_id: str) -> list[str]:
+        deadline = time.monotonic() + 10  # the session's end reaches the host's processes within moments
+        while self._ours() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        sockets = [str(p) for p in Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")]
+        jobs = [str(p) for p in (self.remote / "jobs").glob(f"{run_id}*")]
+        return [alive_cmd(p) or "" for p in self._ours()] + sockets + jobs
+
+    def agent_log(self, svc: Services, run_id: str) -> str:
+        return (run_path(svc, run_id) / "agent.log").read_text()
+
+    def model_folder(self, svc: Services, run: dict[str, Any]) -> Path:
+        artifacts = run_path(svc, run["run_id"]) / "artifacts"
+        assert run["artifact_uri"] == str(artifacts), "the model files came back from the host"
+        return artifacts
+
+    def thaw(self, svc: Services, run_id: str) -> None:
+        """The executor closed the frozen agent's session; once it runs again it sees that and stops."""
+        for pid in self.frozen:
+            _continue(pid)
+
+    def vanished_error(self, heartbeat_timeout_s: float) -> str:
+        return "The agent stopped without reporting a result"
+
+    def never_contacted_error(self, timeout_s: float) -> str:
+        return f"The agent on {self.name} made no contact within {timeout_s:g} seconds of its start"
+
+    def hold_the_next_agent(self, svc: Services, executor_pid: int) -> None:
+        """Freeze the next agent on the host as soon as it is there, before its first call."""
+        def freeze() -> None:
+            deadline = time.monotonic() + 30
+            while time.monotonic() < deadline:
+                for pid in self._ours():
+                    if "potato_queue.agent" in (alive_cmd(pid) or ""):
+                        os.kill(pid, signal.SIGSTOP)
+                        self.frozen.append(pid)
+                        return
+                time.sleep(0.002)
+        threading.Thread(target=freeze, daemon=True).start()
+
+
+def _continue(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGCONT)
+    except ProcessLookupError:
+        pass
+
+
+HARNESSES: dict[str, Harness] = {"local": LocalHarness(), "agent": AgentHarness(), "ssh": SshHarness()}
 
 
 @pytest.fixture(params=sorted(HARNESSES))

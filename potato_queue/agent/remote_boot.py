@@ -11,7 +11,8 @@ agent it becomes:
   boot     -> {"event": "need_code"}            executor -> "<bytes>\\n" and the agent.pyz bytes
   boot     -> {"event": "creating_env"}         (only when `packages` changed or is new)
   boot     -> {"event": "gpu", "line"}
-  boot     -> {"event": "ready", "workdir"}     then it execs the agent, whose stdin the executor writes
+  boot     -> {"event": "ready", "workdir", "session"}  then it execs the agent, whose stdin the executor
+                                                writes; `session` is the sid of everything the run starts
   boot     -> {"event": "refused", "message"}   and exits 3 (a Python too old, no GPU that fits)
 
 The host's layout, all under remote_dir (mode 0700): code/<sha256>.pyz (the
@@ -138,7 +139,11 @@ def main() -> int:
     if header.get("num_threads"):
         env.update({name: str(header["num_threads"]) for name in THREAD_VARIABLES})
     jobs = folder(os.path.join(root, "jobs"))
-    send("ready", workdir=jobs)
+    try:
+        os.setsid()  # a session of our own: the executor's hard stop is `pkill -KILL -s` of it
+    except OSError:
+        pass  # already a session leader (sshd made one for the command)
+    send("ready", workdir=jobs, session=os.getsid(0))
     argv = python_argv(python, "potato_queue.agent", ["run", "--assignment-on-stdin", "--python", python],
                        code_root=code)
     os.execve(python, argv, env)

@@ -77,6 +77,7 @@ class _Session:
         self.phase = f"connecting to {backend.host}"
         self.ready = threading.Event()
         self.workdir: str | None = None
+        self.remote_session: int | None = None
         self.refusal: str | None = None
 
     def converse(self, header: dict[str, Any]) -> None:
@@ -117,6 +118,7 @@ class _Session:
             self.refusal = str(message["message"])
         elif event == "ready":
             self.workdir = str(message["workdir"])
+            self.remote_session = int(message["session"])
             assignment = {"run_id": self.spec.run_id, "server": f"unix://{self.socket}", "workdir": self.workdir}
             assert self.spec.token is not None
             self._send(stdin, json.dumps(assignment).encode() + b"\n" + self.spec.token.encode() + b"\n")
@@ -187,10 +189,13 @@ class SshHandle(RunHandle):
         return None if workdir is None else f"{workdir}/{self.session.spec.run_id}"
 
     def _cleanup_command(self, keep_job: bool) -> str:
-        """Removes what the run left on the host: the socket file (sshd leaves it) and the job folder."""
+        """Ends what the run left on the host: its processes (a frozen agent does not see the session
+        end), the socket file (sshd leaves it) and the job folder."""
         job = self._job()
         doomed = [self.session.socket] + ([job] if job and not keep_job and not self.backend.keep_remote else [])
-        return remote_shell(["rm", "-rf", "--", *doomed])
+        remove = remote_shell(["rm", "-rf", "--", *doomed])
+        sid = self.session.remote_session
+        return remove if sid is None else f"pkill -KILL -s {sid} 2>/dev/null; {remove}"
 
     def _clean_up(self, keep_job: bool) -> None:
         if self.cleaned:
