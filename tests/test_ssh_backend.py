@@ -6,6 +6,11 @@ script on the remote PATH printing scripted CSV, standing in for hardware this m
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,7 +20,7 @@ import pytest
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.ssh import forward_target
 from tests.agent_helpers import PYTHON38
-from tests.lifecycle_helpers import TERMINAL, Services, started
+from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, pids, started, wait_running
 from tests.sshd import ALIAS, Sshd
 
 BACKEND = "gpu-server"
@@ -124,3 +129,50 @@ def test_no_gpu_with_min_free_gpu_mb_free_is_err_3(svc_factory: Any, tmp_path: P
     run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
     assert run["state"] == "failed"
     assert run["error"].startswith("No GPU has 80000 MB free"), run["error"]
+
+
+def test_a_trainer_whose_packages_the_host_lacks_is_err_4(svc_factory: Any) -> None:
+    svc = svc_factory(gpus="none")  # Debian's python3 there has no scikit-learn
+    run = svc.wait_for(svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND), TERMINAL, 120)
+    assert run["state"] == "failed"
+    assert "Trainer 'sklearn-text' could not be imported" in run["error"], run["error"]
+
+
+def long_hf_run(svc: Services, tiny_model: Path) -> str:
+    return svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
+                         params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+
+
+def test_the_token_is_in_no_argv_on_either_side(svc_factory: Any, tiny_model: Path, tmp_path: Path) -> None:
+    svc = svc_factory(python=sys.executable, gpus="none")
+    run_id = long_hf_run(svc, tiny_model)
+    wait_running(svc, run_id)
+    # The run token is 43 url-safe characters (secrets.token_urlsafe(32)); nothing of ours has such a
+    # word on its command line, so any would be a leak. Both sides are this machine's /proc.
+    ours = [cmd for pid in pids() if (cmd := alive_cmd(pid)) and (str(tmp_path) in cmd or "potato" in cmd)]
+    assert any("potato_queue.agent run --assignment-on-stdin" in cmd for cmd in ours), ours
+    assert any(cmd.startswith("ssh ") and "-R /tmp/potato-queue-" in cmd for cmd in ours), ours
+    leaks = [word for cmd in ours for word in cmd.split() if re.fullmatch(r"[A-Za-z0-9_-]{43}", word)]
+    assert leaks == []
+    svc.api("POST", f"/runs/{run_id}/cancel")
+    assert svc.wait_for(run_id, TERMINAL, 60)["state"] == "cancelled"
+
+
+def test_killing_the_ssh_client_fails_the_run_and_leaves_nothing_on_the_host(
+        svc_factory: Any, tiny_model: Path, tmp_path: Path) -> None:
+    svc = svc_factory(python=sys.executable, gpus="none")
+    run_id = long_hf_run(svc, tiny_model)
+    wait_running(svc, run_id)
+    (client,) = [pid for pid in pids() if (alive_cmd(pid) or "").startswith("ssh ")
+                 and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")]
+    os.kill(client, signal.SIGKILL)
+    run = svc.wait_for(run_id, TERMINAL, 60)
+    assert run["state"] == "failed"
+    assert run["error"].startswith("The agent stopped without reporting a result (the ssh session to "), run["error"]
+    remote = tmp_path / "remote"
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and [p for p in pids() if f"{remote}/code/" in (alive_cmd(p) or "")]:
+        time.sleep(0.1)
+    assert [alive_cmd(p) for p in pids() if f"{remote}/code/" in (alive_cmd(p) or "")] == []
+    assert list(Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")) == []
+    assert list((remote / "jobs").iterdir()) == []
