@@ -176,3 +176,65 @@ def test_killing_the_ssh_client_fails_the_run_and_leaves_nothing_on_the_host(
     assert [alive_cmd(p) for p in pids() if f"{remote}/code/" in (alive_cmd(p) or "")] == []
     assert list(Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")) == []
     assert list((remote / "jobs").iterdir()) == []
+
+
+def test_the_model_files_come_back_and_the_job_folder_goes(svc_factory: Any, tmp_path: Path) -> None:
+    svc = svc_factory(gpus="none")
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    artifacts = svc.config.parent / "annotation_output" / "training" / "runs" / run_id / "artifacts"
+    assert (run["state"], run["artifact_uri"]) == ("succeeded", str(artifacts)), run
+    assert sorted(p.name for p in artifacts.iterdir()) and not (artifacts / "predictions.jsonl").exists()
+    assert "copying the model back:" in run_log(svc, run_id)
+    assert list((tmp_path / "remote" / "jobs").iterdir()) == []
+
+
+def test_files_over_max_artifact_mb_stay_on_the_host_and_are_named(svc_factory: Any, tmp_path: Path) -> None:
+    svc = svc_factory(gpus="none", max_artifact_mb=0.000001)
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    job = tmp_path / "remote" / "jobs" / run_id
+    assert (run["state"], run["artifact_uri"]) == ("succeeded", f"{ALIAS}:{job}/work"), run
+    kept = [p.name for p in (job / "work").iterdir() if p.name != "predictions.jsonl"]
+    assert kept and all(f"{name} (0 MB) is over max_artifact_mb (1e-06 MB): it stays on {ALIAS}" in run_log(svc, run_id)
+                        for name in kept), run_log(svc, run_id)
+
+
+@pytest.mark.parametrize("setting", [{"fetch_artifacts": False}, {"keep_remote": True}])
+def test_fetch_artifacts_false_and_keep_remote_leave_the_job_folder(svc_factory: Any, tmp_path: Path,
+                                                                    setting: dict[str, bool]) -> None:
+    svc = svc_factory(gpus="none", **setting)
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    job = tmp_path / "remote" / "jobs" / run_id
+    assert run["state"] == "succeeded" and any((job / "work").iterdir())
+    artifacts = svc.config.parent / "annotation_output" / "training" / "runs" / run_id / "artifacts"
+    if setting.get("fetch_artifacts") is False:
+        assert run["artifact_uri"] == f"{ALIAS}:{job}/work" and not artifacts.exists()
+    else:
+        assert run["artifact_uri"] == str(artifacts) and any(artifacts.iterdir())
+    assert list(Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")) == []
+
+
+def test_a_copy_that_sends_nothing_ends_with_err_7_and_the_predictions_count(
+        tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
+    # The host's python stops itself (SIGSTOP) when it is asked to send the model files: a stalled sender.
+    python = tmp_path / "bin" / "python3"
+    python.parent.mkdir(parents=True)
+    python.write_text('#!/bin/sh\ncase "$2" in *"model files back from an ssh host"*) kill -STOP $$;; esac\n'
+                      'exec /usr/bin/python3 "$@"\n')
+    python.chmod(0o755)
+    sshd.write_config("root")
+    with started(tmp_path, redis_server_url, executors=0, **gpu_server(tmp_path, python=str(python), gpus="none")) as svc:
+        svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config), "POTATO_QUEUE_COPY_STALL_S": "2"})
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "failed"
+        assert run["error"] == (f"The copy from {ALIAS} sent nothing for 2 s (the predictions are stored; only model "
+                                "files are missing from artifacts/)")
+        assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
+        assert (svc.config.parent / "annotation_output" / "training" / "predictions.jsonl").exists()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and [p for p in pids() if str(python) in (alive_cmd(p) or "")]:
+        time.sleep(0.1)
+    assert [alive_cmd(p) for p in pids() if str(python) in (alive_cmd(p) or "")] == []

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from potato_queue.errors import PotatoQueueError
 from potato_queue.keys import RunPaths
 
 __all__ = [
@@ -34,6 +35,7 @@ __all__ = [
     "Status",
     "RunHandle",
     "Executor",
+    "ModelFilesMissing",
 ]
 
 
@@ -120,6 +122,11 @@ class Gone:
 
 
 Status = Waiting | Running | Gone
+
+
+class ModelFilesMissing(PotatoQueueError):
+    """collect() could not bring the model files back (a stalled copy): the predictions are stored,
+    and the run fails saying only the model files are missing."""
 
 
 class RunHandle(ABC):

@@ -16,7 +16,7 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
-from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, RunHandle
+from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, ModelFilesMissing, RunHandle
 from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.job import build_job, server_url_for
 from potato_queue.runs.lease import Lease
@@ -186,11 +186,16 @@ class RunLife:
     def _succeed(self, result: AgentResult, live: dict[str, Any]) -> None:
         self.store.transition(self.run_id, "collecting", self.record)
         self.step("collecting the results")
-        artifact_uri = self._collect(result)
+        error = None
+        try:
+            artifact_uri = self._collect(result)
+        except ModelFilesMissing as exc:  # the predictions arrived: they still count
+            artifact_uri, error = None, exc.message
         held_out = finalize_predictions(self.config, self.store, self.run_id, self.record["schemas"])
-        self.store.transition(self.run_id, "succeeded", self.record, exit_code=EXIT_OK, held_out=held_out,
-                              metrics=live.get("metrics") or {}, error=None, artifact_uri=artifact_uri)
-        self.log("succeeded")
+        state = "failed" if error else "succeeded"
+        self.store.transition(self.run_id, state, self.record, exit_code=EXIT_OK, held_out=held_out,
+                              metrics=live.get("metrics") or {}, error=error, artifact_uri=artifact_uri)
+        self.log(f"failed: {error}" if error else "succeeded")
 
     def _fail(self, error: str) -> None:
         try:
