@@ -6,9 +6,11 @@ script on the remote PATH printing scripted CSV, standing in for hardware this m
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -20,7 +22,8 @@ import pytest
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.ssh import forward_target
 from tests.agent_helpers import PYTHON38
-from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, pids, started, wait_running
+from tests.conftest import run_cli
+from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, make_project, pids, started, wait_running
 from tests.sshd import ALIAS, Sshd
 
 BACKEND = "gpu-server"
@@ -238,3 +241,46 @@ def test_a_copy_that_sends_nothing_ends_with_err_7_and_the_predictions_count(
     while time.monotonic() < deadline and [p for p in pids() if str(python) in (alive_cmd(p) or "")]:
         time.sleep(0.1)
     assert [alive_cmd(p) for p in pids() if str(python) in (alive_cmd(p) or "")] == []
+
+
+def check(tmp_path: Path, sshd: Sshd, *extra: str, **backend: Any) -> Any:
+    config = tmp_path / "project" / "config.yaml"
+    if not config.exists():
+        make_project(tmp_path, **gpu_server(tmp_path, **backend))
+    sshd.write_config("root")
+    return run_cli("training", "check", BACKEND, config, *extra, env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
+                   timeout_s=120)
+
+
+def test_check_reports_python_gpus_the_gpu_a_run_gets_and_missing_packages(tmp_path: Path, sshd: Sshd) -> None:
+    path = fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)
+    done = check(tmp_path, sshd, env={"PATH": path})
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith(f"{ALIAS}: Python 3.11") and "(/usr/bin/python3)" in lines[0]
+    assert "  GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free, 97 % busy" in lines
+    assert "a run now: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy" in lines
+    assert any(line.startswith("training packages missing from /usr/bin/python3: ") and "torch" in line
+               for line in lines), lines
+    as_json = json.loads(check(tmp_path, sshd, "--json", env={"PATH": path}).stdout)
+    assert as_json["ok"] is True and [g["index"] for g in as_json["gpus"]] == [0, 1] and "torch" in as_json["missing_packages"]
+
+
+def test_check_exits_1_when_a_run_could_not_start(tmp_path: Path, sshd: Sshd) -> None:
+    full = check(tmp_path, sshd, env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)}, min_free_gpu_mb=80000)
+    assert full.returncode == 1 and "a run now would not start: No GPU has 80000 MB free" in full.stdout
+    missing = check(tmp_path / "other", sshd, python="/opt/no-such/python3")
+    assert missing.returncode == 1 and f"/opt/no-such/python3 was not found on {ALIAS}" in missing.stdout
+
+
+def test_packages_build_the_venv_once_and_the_hosts_own_packages_stay_visible(svc_factory: Any, tmp_path: Path) -> None:
+    svc = svc_factory(gpus="none", packages=["iniconfig"])  # from PyPI; Debian's python3 lacks it
+    first = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    assert svc.wait_for(first, TERMINAL, 300)["state"] == "succeeded", svc.logs()
+    assert f"creating the environment on {ALIAS}: a venv with iniconfig" in run_log(svc, first)
+    second = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    assert svc.wait_for(second, TERMINAL, 120)["state"] == "succeeded"
+    assert "creating the environment" not in run_log(svc, second), "the venv is built once per packages list"
+    (venv,) = (tmp_path / "remote" / "venvs").iterdir()
+    # iniconfig from the venv, yaml from Debian's own dist-packages (--system-site-packages).
+    subprocess.run([str(venv / "bin" / "python"), "-c", "import iniconfig, yaml"], check=True)

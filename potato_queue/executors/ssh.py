@@ -26,7 +26,8 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from potato_queue import code_package
-from potato_queue.agent import remote_boot, remote_fetch
+from potato_queue.agent import remote_boot, remote_check, remote_fetch
+from potato_queue.agent.gpus import GpuRefused, choose, describe, has_kernels, parse_gpus
 from potato_queue.config import SshBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import (
@@ -41,7 +42,7 @@ from potato_queue.executors.base import (
     Status,
     Waiting,
 )
-from potato_queue.executors.openssh import SshTarget, remote_shell, run_ssh, ssh_argv, ssh_failure
+from potato_queue.executors.openssh import SshFailed, SshTarget, remote_shell, run_ssh, ssh_argv, ssh_failure
 from potato_queue.keys import remote_socket_path
 
 __all__ = ["SshExecutor", "SshHandle", "SSH_CONFIG_ENV", "forward_target"]
@@ -51,6 +52,7 @@ __all__ = ["SshExecutor", "SshHandle", "SSH_CONFIG_ENV", "forward_target"]
 SSH_CONFIG_ENV = "POTATO_QUEUE_SSH_CONFIG"
 BOOT_SOURCE = Path(remote_boot.__file__).read_text()
 FETCH_SOURCE = Path(remote_fetch.__file__).read_text()
+CHECK_SOURCE = Path(remote_check.__file__).read_text()
 COPY_STALL_S = 180.0
 EXIT_NOT_FOUND = 127
 
@@ -327,6 +329,30 @@ def stall_s() -> float:
     return float(os.environ.get("POTATO_QUEUE_COPY_STALL_S") or COPY_STALL_S)
 
 
+def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:
+    """The check's report from what remote_check saw, deciding the GPU as a run would."""
+    host = backend.host
+    gpus, archs = parse_gpus(facts.get("nvidia_smi") or ""), facts.get("arch_list")
+    lines = [f"{host}: Python {facts['python']} ({facts['executable']})"]
+    lines += [f"  {describe(gpu, archs)}" for gpu in gpus] or [f"  no GPU (no nvidia-smi on {host}'s PATH)"]
+    ok, gpu_line = True, ""
+    try:
+        gpu_line = choose(backend.gpus, gpus, backend.min_free_gpu_mb, archs, host).line
+        lines.append(f"a run now: {gpu_line}")
+    except GpuRefused as refused:
+        ok, gpu_line = False, str(refused)
+        lines.append(f"a run now would not start: {refused}")
+    missing = sorted(name for name, present in facts["packages"].items() if not present)
+    if missing:
+        venv = f"; the backend's packages go into a venv at the first run: {', '.join(backend.packages)}" \
+            if backend.packages else ""
+        lines.append(f"training packages missing from {facts['executable']}: {', '.join(missing)}{venv}")
+    data = {"host": host, "python": facts["python"], "executable": facts["executable"],
+            "gpus": [gpu._asdict() | {"usable": has_kernels(gpu, archs)} for gpu in gpus], "gpu": gpu_line,
+            "missing_packages": missing}
+    return CheckReport(ok=ok, lines=lines, data=data)
+
+
 def _tail(path: Path, size: int = 4000) -> str:
     try:
         with open(path, "rb") as fh:
@@ -341,12 +367,19 @@ class SshExecutor(Executor):
     backend: SshBackend
 
     def check(self) -> CheckReport:
-        ask = "import platform, sys; print(platform.python_version())"
+        """SSH-6: the host's Python, each GPU, the GPU a run would get, training packages it lacks."""
+        host, python = self.backend.host, self.backend.python
         try:
-            version = run_ssh(target_of(self.backend), [self.backend.python, "-c", ask]).strip()
+            env = json.dumps(self.backend.env).encode() + b"\n"
+            facts = json.loads(run_ssh(target_of(self.backend), [python, "-c", CHECK_SOURCE], stdin=env,
+                                       timeout_s=120))
         except PotatoQueueError as exc:
-            return CheckReport(ok=False, lines=[exc.message] + ([f"fix: {exc.fix}"] if exc.fix else []))
-        return CheckReport(ok=True, lines=[f"{self.backend.host}: Python {version}"], data={"python": version})
+            message, fix = exc.message, exc.fix
+            if not isinstance(exc, SshFailed) and ("not found" in message or "No such file" in message):
+                message, fix = f"{python} was not found on {host}", f"set `python` to an interpreter on {host}"
+            return CheckReport(ok=False, lines=[message] + ([f"fix: {fix}"] if fix else []),
+                               data={"error": message, "fix": fix})
+        return check_report(self.backend, facts)
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
         if spec.token is None:
