@@ -70,7 +70,8 @@ class Sshd:
             "ListenAddress 127.0.0.1", f"Port {self.port}", f"HostKey {self.root / 'host_key'}",
             f"PidFile {self.root / 'sshd.pid'}", f"AuthorizedKeysFile {self.keys}/%u", "StrictModes no",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
-            "UsePAM no", "StreamLocalBindUnlink yes", "AllowStreamLocalForwarding yes", "LogLevel ERROR", ""]))
+            "UsePAM no", "StreamLocalBindUnlink yes", "AllowStreamLocalForwarding yes", "LogLevel ERROR",
+            "Subsystem sftp internal-sftp", ""]))  # scp speaks sftp now
         Path("/run/sshd").mkdir(exist_ok=True)
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf.resolve())], stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10

@@ -120,7 +120,7 @@ def _files(*names: str) -> list[Path]:
 
 
 def executor_modules() -> list[Path]:
-    return [p for p in (PACKAGE / "executors").glob("*.py") if p.name not in ("__init__.py", "base.py", "openssh.py")]
+    return [p for p in (PACKAGE / "executors").glob("*.py") if p.name not in ("__init__.py", "base.py", "openssh.py", "remote_copy.py")]
 
 
 def test_there_is_an_executor_module_per_runnable_backend_type() -> None:

@@ -11,6 +11,7 @@ written whole it removes JOB, unless KEEP is 1 or a file stayed behind.
 import json
 import os
 import shutil
+import subprocess
 import sys
 import tarfile
 from typing import List, Tuple
@@ -35,6 +36,27 @@ def files_of(work: str) -> List[Tuple[str, int]]:
     return found
 
 
+def send_with_tar(job: str, work: str, names: List[str]) -> int:
+    """The host's tar writes the stream (C: a third of tarfile's CPU, which on a small host is the
+    copy's speed). Names go in a list file as ./NAME, so none can read as an option."""
+    listing = os.path.join(job, ".sent")
+    with open(os.open(listing, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as fh:
+        fh.write("".join("./" + name + "\n" for name in names))
+    try:
+        return subprocess.run(["tar", "-C", work, "--no-recursion", "-T", listing, "-cf", "-"], check=False).returncode
+    finally:
+        os.unlink(listing)
+
+
+def send_with_tarfile(work: str, names: List[str]) -> None:
+    out = os.fdopen(1, "wb", buffering=COPY_BUFFER_BYTES)
+    with tarfile.open(fileobj=out, mode="w|", bufsize=COPY_BUFFER_BYTES) as archive:
+        archive.copybufsize = COPY_BUFFER_BYTES
+        for name in names:
+            archive.add(os.path.join(work, name), arcname=name, recursive=False)
+    out.flush()
+
+
 def main(job: str, limit_bytes: int, keep: bool) -> int:
     work = os.path.join(job, "work")
     files = files_of(work) if os.path.isdir(work) else []
@@ -43,12 +65,13 @@ def main(job: str, limit_bytes: int, keep: bool) -> int:
     for name, size in files:
         if size > limit_bytes:
             say(too_big=name, bytes=size)
-    out = os.fdopen(1, "wb", buffering=COPY_BUFFER_BYTES)
-    with tarfile.open(fileobj=out, mode="w|", bufsize=COPY_BUFFER_BYTES) as archive:
-        archive.copybufsize = COPY_BUFFER_BYTES
-        for name, _size in sent:
-            archive.add(os.path.join(work, name), arcname=name, recursive=False)
-    out.flush()
+    names = [name for name, _ in sent]
+    if shutil.which("tar"):
+        status = send_with_tar(job, work, names)
+        if status != 0:
+            return status  # the executor sees a broken stream; the job folder stays
+    else:
+        send_with_tarfile(work, names)
     if not keep and len(sent) == len(files):
         shutil.rmtree(job, ignore_errors=True)
     return 0

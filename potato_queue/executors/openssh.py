@@ -39,6 +39,9 @@ ALWAYS_OPTIONS: tuple[str, ...] = (
     "ServerAliveInterval=15",
     "ServerAliveCountMax=4",
     "ConnectTimeout=20",
+    # AES-GCM first where both ends have it: with AES-NI it moves ~1.6x what the default
+    # chacha20-poly1305 does per core (the model files and the bundle cross the session; P5).
+    "Ciphers=^aes128-gcm@openssh.com,aes256-gcm@openssh.com",
 )
 CONTROL_PERSIST_S = 60
 

@@ -13,20 +13,16 @@ itself when its parent goes.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import subprocess
-import tarfile
 import threading
-import time
 from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 from potato_queue import code_package
-from potato_queue.agent import remote_boot, remote_check, remote_fetch
+from potato_queue.agent import remote_boot, remote_check
 from potato_queue.agent.gpus import GpuRefused, choose, describe, has_kernels, parse_gpus
 from potato_queue.config import SshBackend
 from potato_queue.errors import PotatoQueueError
@@ -36,13 +32,13 @@ from potato_queue.executors.base import (
     Executor,
     Gone,
     LaunchSpec,
-    ModelFilesMissing,
     RunHandle,
     Running,
     Status,
     Waiting,
 )
 from potato_queue.executors.openssh import SshFailed, SshTarget, remote_shell, run_ssh, ssh_argv, ssh_failure
+from potato_queue.executors.remote_copy import ModelCopy
 from potato_queue.keys import remote_socket_path
 
 __all__ = ["SshExecutor", "SshHandle", "SSH_CONFIG_ENV", "forward_target"]
@@ -51,9 +47,7 @@ __all__ = ["SshExecutor", "SshHandle", "SSH_CONFIG_ENV", "forward_target"]
 # from the account's ~/.ssh/config, and for the tests' sshd.
 SSH_CONFIG_ENV = "POTATO_QUEUE_SSH_CONFIG"
 BOOT_SOURCE = Path(remote_boot.__file__).read_text()
-FETCH_SOURCE = Path(remote_fetch.__file__).read_text()
 CHECK_SOURCE = Path(remote_check.__file__).read_text()
-COPY_STALL_S = 180.0
 EXIT_NOT_FOUND = 127
 
 
@@ -219,114 +213,11 @@ class SshHandle(RunHandle):
         job = self._job()
         if job is not None and self.backend.fetch_artifacts:
             self.cleaned = True  # the copy's own ssh cleans up once the stream is sent
-            kept = _Copy(self, job).run()
+            kept = ModelCopy(self.target, self.backend, self.session.spec, job,
+                             self._cleanup_command(keep_job=True)).run()
             return f"{self.backend.host}:{job}/work" if kept else str(self.session.spec.paths.artifacts)
         self._clean_up(keep_job=True)  # fetch_artifacts: false, the model files stay there
         return None if job is None else f"{self.backend.host}:{job}/work"
-
-
-class _Copy:
-    """The model files back over one ssh (remote_fetch's tar stream): progress on the step line, files
-    over max_artifact_mb named in run.log and left there, and a copy that sends nothing for
-    COPY_STALL_S ended (ERR-7)."""
-
-    def __init__(self, handle: SshHandle, job: str) -> None:
-        self.handle, self.job = handle, job
-        self.spec, self.backend = handle.session.spec, handle.backend
-        self.total = 0
-        self.received = 0
-        self.last_byte_s = time.monotonic()
-        self.kept_there = False
-        self.stalled = False
-
-    def command(self) -> list[str]:
-        keep = "1" if self.backend.keep_remote else "0"
-        cleanup = self.handle._cleanup_command(keep_job=True)
-        script = f'"$0" -c "$1" "$2" "$3" "$4"; status=$?; {cleanup}; exit $status'
-        limit = str(int(self.backend.max_artifact_mb * 1_000_000))
-        return ["sh", "-c", script, self.backend.python, FETCH_SOURCE, self.job, limit, keep]
-
-    def run(self) -> bool:
-        """Copies; True when some model files stayed on the host. ModelFilesMissing after a stall."""
-        artifacts = self.spec.paths.artifacts
-        artifacts.mkdir(mode=0o700, exist_ok=True)
-        with subprocess.Popen(ssh_argv(self.handle.target, self.command()), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE) as proc:
-            assert proc.stdout is not None and proc.stderr is not None
-            stderr: list[str] = []
-            threading.Thread(target=self._read_notes, args=(proc.stderr, stderr), daemon=True).start()
-            threading.Thread(target=self._watch, args=(proc,), daemon=True).start()
-            try:
-                with tarfile.open(fileobj=_Counted(proc.stdout, self), mode="r|") as archive:
-                    archive.extractall(artifacts, filter="data")
-            except (tarfile.TarError, OSError):
-                if not self.stalled:
-                    raise
-        if self.stalled:
-            # The sender (stopped, or stuck on a dead disk) outlives its ssh: end it by its job folder.
-            with contextlib.suppress(PotatoQueueError):
-                run_ssh(self.handle.target, ["pkill", "-KILL", "-f", "--", self.job], timeout_s=30)
-            with contextlib.suppress(PotatoQueueError):
-                run_ssh(self.handle.target, ["sh", "-c", self.handle._cleanup_command(keep_job=True)], timeout_s=30)
-            raise ModelFilesMissing(f"The copy from {self.backend.host} sent nothing for {stall_s():g} s "
-                                    "(the predictions are stored; only model files are missing from artifacts/)")
-        if proc.returncode == 255:
-            raise ssh_failure(self.backend.host, "".join(stderr))
-        return self.kept_there
-
-    def _read_notes(self, stream: IO[bytes], rest: list[str]) -> None:
-        for raw in stream:
-            line = raw.decode(errors="replace")
-            try:
-                note = json.loads(line)
-            except ValueError:
-                rest.append(line)
-                continue
-            if "total" in note:
-                self.total = int(note["total"])
-            elif "too_big" in note:
-                self.kept_there = True
-                self.spec.log(f"{note['too_big']} ({int(note['bytes']) / 1e6:.0f} MB) is over max_artifact_mb "
-                              f"({self.backend.max_artifact_mb:g} MB): it stays on {self.backend.host} in "
-                              f"{self.job}/work")
-
-    def _watch(self, proc: subprocess.Popen[bytes]) -> None:
-        shown_s = 0.0
-        while proc.poll() is None:
-            now_s = time.monotonic()
-            if now_s - self.last_byte_s > stall_s():
-                self.stalled = True
-                proc.kill()
-                return
-            if now_s - shown_s >= 1:
-                shown_s = now_s
-                self.spec.step(f"copying the model back: {self.received / 1e6:.0f} of {self.total / 1e6:.0f} MB")
-            time.sleep(0.1)
-
-    def got(self, size: int) -> None:
-        self.received += size
-        self.last_byte_s = time.monotonic()
-
-
-class _Counted(io.RawIOBase):
-    """The tar stream as it arrives, counted for the progress line and the stall watch."""
-
-    def __init__(self, stream: IO[bytes], copy: _Copy) -> None:
-        self.stream, self.copy = stream, copy
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer: Any) -> int:
-        data = self.stream.read1(len(buffer)) if hasattr(self.stream, "read1") else self.stream.read(len(buffer))
-        buffer[:len(data)] = data
-        self.copy.got(len(data))
-        return len(data)
-
-
-def stall_s() -> float:
-    """ERR-7's 180 s; POTATO_QUEUE_COPY_STALL_S shortens it, for testing only."""
-    return float(os.environ.get("POTATO_QUEUE_COPY_STALL_S") or COPY_STALL_S)
 
 
 def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:

@@ -1,0 +1,165 @@
+"""P1, P5, P6 on the ssh backend, each against the real alternative in the same run.
+
+    .venv/bin/python bench/bench_ssh.py p1 [--runs 20]   cancel -> the worker stops, p95 (goal <= 100 ms)
+    .venv/bin/python bench/bench_ssh.py p5 [--mb 1024]   the model files back vs scp of the same files (goal >= 1.0x)
+    .venv/bin/python bench/bench_ssh.py p6 [--runs 5]    a no-op run over ssh vs `ssh host true` (goal <= 3 round trips)
+    .venv/bin/python bench/bench_ssh.py all
+
+Everything is real: a real sshd on 127.0.0.1 (tests/sshd.py) is the GPU
+server, with a private Redis, `potato-queue serve` and `worker`. Run as root
+(the sshd logs in as root).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+from bench_lifecycle import find, hand_cancel_s, is_cancelled, is_training, p95, report, wait  # noqa: E402
+
+from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
+from potato_queue.executors.base import LaunchSpec  # noqa: E402
+from potato_queue.executors.remote_copy import ModelCopy  # noqa: E402
+from potato_queue.executors.ssh import SSH_CONFIG_ENV, target_of  # noqa: E402
+from potato_queue.keys import RunPaths  # noqa: E402
+from tests.lifecycle_helpers import Services, build_tiny_model, started  # noqa: E402
+from tests.sshd import ALIAS, Sshd  # noqa: E402
+
+BACKEND = "gpu-server"
+
+
+@contextmanager
+def over_ssh(tmp: Path, **backend: Any) -> Iterator[tuple[Services, Sshd]]:
+    with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
+        sshd = Sshd(tmp / "sshd")
+        stack.callback(sshd.close)
+        url = stack.enter_context(EmbeddedRedis(folder)).url
+        settings = {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none",
+                    "remote_dir": str(tmp / "remote"), "heartbeat_timeout_s": 60, **backend}
+        svc = stack.enter_context(started(tmp / "project", url, executors=0, grace_seconds=5,
+                                          backends={BACKEND: settings}))
+        svc.executor(env={SSH_CONFIG_ENV: str(sshd.config)})
+        yield svc, sshd
+
+
+def run_dir(svc: Services, run_id: str) -> Path:
+    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+
+
+# ---------------------------------------------------------------- P1: cancel over ssh
+
+
+def p1(tmp: Path, runs: int) -> None:
+    params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
+    ours: list[float] = []
+    with over_ssh(tmp / "p1") as (svc, _sshd):
+        for _ in range(runs):
+            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params,
+                                   backend=BACKEND)
+            wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
+            sent = time.time()
+            svc.api("POST", f"/runs/{run_id}/cancel")
+            ours.append(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)["t"] - sent)
+            svc.wait_for(run_id, {"cancelled", "failed", "succeeded"})
+        hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs)
+    report("P1 (ssh backend)", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 0.100 s")
+
+
+# ---------------------------------------------------------------- P5: the model files back
+
+
+def _model_files(work: Path, mb: int) -> None:
+    """`mb` MB of incompressible model files in four pieces, as a fine-tuned model's shards."""
+    work.mkdir(parents=True)
+    block = os.urandom(1 << 20)
+    for shard in range(4):
+        with open(work / f"model-{shard}.safetensors", "wb") as fh:
+            for i in range(mb // 4):
+                fh.write(block[i % 991:] + block[:i % 991])
+
+
+def _copy_back(svc: Services, sshd: Sshd, job: Path, dest: Path) -> None:
+    """potato-queue's copy of a job's model files (the same _Copy a run's collect uses)."""
+    from potato_queue.config import SshBackend
+
+    backend = SshBackend(host=ALIAS, python=sys.executable, remote_dir=str(job.parent.parent), keep_remote=True,
+                         max_artifact_mb=1e9)
+    os.environ[SSH_CONFIG_ENV] = str(sshd.config)
+    spec = LaunchSpec(run_id=job.name, backend_name=BACKEND, job={}, token=None, server_url=svc.url,
+                      paths=RunPaths(dest), log=lambda _line: None, step=lambda _line: None)
+    dest.mkdir()
+    ModelCopy(target_of(backend), backend, spec, str(job), "true").run()
+
+
+def p5(tmp: Path, mb: int) -> None:
+    with over_ssh(tmp / "p5") as (svc, sshd):
+        job = tmp / "p5" / "remote" / "jobs" / "bench-job"
+        _model_files(job / "work", mb)
+        ours, theirs = [], []
+        for i in range(6):  # alternating who goes first
+            for name, took in ((("ours", ours), ("scp", theirs))[::1 if i % 2 == 0 else -1]):
+                dest = tmp / f"{name}-{i}"
+                os.sync()
+                started_s = time.perf_counter()
+                if name == "ours":
+                    _copy_back(svc, sshd, job, dest)
+                else:
+                    subprocess.run(["scp", "-q", "-r", "-F", str(sshd.config), f"{ALIAS}:{job}/work", str(dest)],
+                                   check=True)
+                took.append(time.perf_counter() - started_s)
+                subprocess.run(["rm", "-rf", str(dest)], check=True)
+    ours_mbs, scp_mbs = mb / statistics.median(ours), mb / statistics.median(theirs)
+    print(f"P5: {mb} MB of model files back over ssh: potato-queue {ours_mbs:.0f} MB/s, scp {scp_mbs:.0f} MB/s "
+          f"(median of 6), ratio {ours_mbs / scp_mbs:.2f} (goal >= 1.0x, floor 0.9x)", flush=True)
+
+
+# ---------------------------------------------------------------- P6: a no-op run's overhead
+
+
+def p6(tmp: Path, runs: int) -> None:
+    with over_ssh(tmp / "p6") as (svc, sshd):
+        svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND),
+                     {"succeeded"}, 120)  # the code is on the host from now on
+        over_ssh_s, local_s, true_s = [], [], []
+        for _ in range(runs):
+            for backend, took in ((BACKEND, over_ssh_s), ("local", local_s)):
+                started_s = time.perf_counter()
+                run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=backend)
+                svc.wait_for(run_id, {"succeeded"}, 120)
+                took.append(time.perf_counter() - started_s)
+            started_s = time.perf_counter()
+            subprocess.run(["ssh", "-F", str(sshd.config), ALIAS, "true"], check=True)
+            true_s.append(time.perf_counter() - started_s)
+    ssh_run, local_run, round_trip = (statistics.median(x) for x in (over_ssh_s, local_s, true_s))
+    print(f"P6: a no-op run (majority-baseline), median of {runs}: over ssh {ssh_run:.2f} s, local {local_run:.2f} s, "
+          f"`ssh host true` {round_trip:.3f} s; ssh's overhead {ssh_run - local_run:.2f} s = "
+          f"{(ssh_run - local_run) / round_trip:.1f} round trips (goal <= 3)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("which", choices=["p1", "p5", "p6", "all"])
+    parser.add_argument("--runs", type=int)
+    parser.add_argument("--mb", type=int)
+    args = parser.parse_args()
+    for name, bench, default in (("p1", p1, 20), ("p5", p5, 1024), ("p6", p6, 5)):
+        if args.which in (name, "all"):
+            with tempfile.TemporaryDirectory(prefix=f"bench-ssh-{name}-") as tmp:
+                bench(Path(tmp), (args.mb if name == "p5" else args.runs) or default)
+
+
+if __name__ == "__main__":
+    main()
