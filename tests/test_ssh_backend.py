@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import pwd
 import re
 import signal
 import subprocess
@@ -284,3 +285,47 @@ def test_packages_build_the_venv_once_and_the_hosts_own_packages_stay_visible(sv
     (venv,) = (tmp_path / "remote" / "venvs").iterdir()
     # iniconfig from the venv, yaml from Debian's own dist-packages (--system-site-packages).
     subprocess.run([str(venv / "bin" / "python"), "-c", "import iniconfig, yaml"], check=True)
+
+
+def fake_torch(folder: Path, archs: list[str]) -> str:
+    """A `torch` whose CUDA build has kernels for `archs` only: it stands in for a host's torch."""
+    (folder / "torch").mkdir(parents=True)
+    (folder / "torch" / "__init__.py").write_text(
+        f"class cuda:\n    @staticmethod\n    def get_arch_list():\n        return {archs!r}\n")
+    return str(folder)
+
+
+def test_a_pinned_gpu_is_taken_as_asked(svc_factory: Any, tmp_path: Path) -> None:
+    svc = svc_factory(gpus="0", env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)})
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded"
+    assert f"{ALIAS}: the run gets GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free, 97 % busy" in run_log(svc, run_id)
+
+
+def test_gpus_the_hosts_torch_has_no_kernels_for_are_err_5(svc_factory: Any, tmp_path: Path, sshd: Sshd) -> None:
+    env = {"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS), "PYTHONPATH": fake_torch(tmp_path / "site", ["sm_90"])}
+    svc = svc_factory(env=env)
+    run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
+    assert (run["state"], run["error"]) == ("failed", "This host's torch has no kernels for any of its GPUs")
+    report = check(tmp_path / "check", sshd, env=env)
+    assert report.returncode == 1
+    assert "  GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy (torch there has no kernels for it)" in (
+        report.stdout.splitlines())
+
+
+def test_a_run_as_an_ordinary_account_in_its_home(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
+    user = sshd.add_user("pqrun")
+    sshd.authorize(user, sshd.key)
+    sshd.write_config(user)
+    backend = {"type": "ssh", "host": ALIAS, "python": "/usr/bin/python3", "gpus": "none"}  # remote_dir: ~/.cache/...
+    try:
+        with started(tmp_path, redis_server_url, executors=0, backends={BACKEND: backend}) as svc:
+            svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+            run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+            run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "succeeded", run
+        home = Path(f"/home/{user}/.cache/potato-training")
+        assert (home / "code").is_dir() and home.stat().st_uid == pwd.getpwnam(user).pw_uid
+        assert oct(home.stat().st_mode & 0o777) == "0o700"
+    finally:
+        sshd.write_config("root")

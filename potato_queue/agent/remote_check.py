@@ -28,7 +28,7 @@ def main() -> int:
     if shutil.which("nvidia-smi"):
         answer = subprocess.run(QUERY, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False)
         facts["nvidia_smi"] = answer.stdout.decode(errors="replace")
-    if facts["nvidia_smi"] and facts["packages"]["torch"]:
+    if facts["nvidia_smi"]:  # asked in a subprocess, which sees the backend's PYTHONPATH too
         ask = "import json, torch; print(json.dumps(torch.cuda.get_arch_list()))"
         torch = subprocess.run([sys.executable, "-c", ask], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                check=False)
