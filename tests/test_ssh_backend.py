@@ -148,9 +148,14 @@ def long_hf_run(svc: Services, tiny_model: Path) -> str:
 
 
 def test_the_token_is_in_no_argv_on_either_side(svc_factory: Any, tiny_model: Path, tmp_path: Path) -> None:
-    svc = svc_factory(python=sys.executable, gpus="none")
+    svc = svc_factory(python=sys.executable, gpus="none", num_threads=3)
     run_id = long_hf_run(svc, tiny_model)
     wait_running(svc, run_id)
+    (worker,) = [p for p in pids() if f"{tmp_path}/remote/code/" in (alive_cmd(p) or "")
+                 and "potato_queue.worker --spec" in (alive_cmd(p) or "")]
+    environ = dict(item.split("=", 1) for item in Path(f"/proc/{worker}/environ").read_text().split("\0") if "=" in item)
+    assert [environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")] == ["3"] * 3
+    assert not [name for name in environ if "TOKEN" in name or name == "POTATO_QUEUE_REDIS_URL"], sorted(environ)
     # The run token is 43 url-safe characters (secrets.token_urlsafe(32)); nothing of ours has such a
     # word on its command line, so any would be a leak. Both sides are this machine's /proc.
     ours = [cmd for pid in pids() if (cmd := alive_cmd(pid)) and (str(tmp_path) in cmd or "potato" in cmd)]
