@@ -66,7 +66,7 @@ def main(job: str, limit_bytes: int, keep: bool) -> int:
         if size > limit_bytes:
             say(too_big=name, bytes=size)
     names = [name for name, _ in sent]
-    if shutil.which("tar"):
+    if names and shutil.which("tar"):
         status = send_with_tar(job, work, names)
         if status != 0:
             return status  # the executor sees a broken stream; the job folder stays

@@ -209,6 +209,9 @@ class SshHandle(RunHandle):
             self.session.spec.log(f"could not clean up on {self.backend.host}: {exc.message}")
 
     def collect(self, result: AgentResult) -> str | None:
+        if result.exit_code != 0 or self.cleaned:
+            self.kill()  # model files come back after success only (SSH-7); a stopped run's are gone
+            return None
         self._end_session()
         job = self._job()
         if job is not None and self.backend.fetch_artifacts:

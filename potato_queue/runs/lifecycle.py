@@ -168,7 +168,7 @@ class RunLife:
                 return self._succeed(result, live)
         try:
             artifact_uri = self._collect(result)
-        except OSError as exc:  # the run failed already; this must not hide why
+        except (OSError, PotatoQueueError) as exc:  # the run failed already; this must not hide why
             self.log(f"the model files could not be collected: {_said(exc)}")
             artifact_uri = None
         state, error = failure_of(outcome, live, self.store.cancel_requested(self.run_id))
