@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_lifecycle import find, hand_cancel_s, is_cancelled, is_training, p95, report, wait  # noqa: E402
+from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import Services, build_tiny_model, started  # noqa: E402
@@ -78,21 +78,13 @@ def cpu_s(pid: int) -> float:
 
 def p1(tmp: Path, runs: int) -> None:
     params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
-    ours: list[float] = []
     with services(tmp / "p1") as svc:
         env = {**os.environ, "POTATO_TRAINING_TOKEN": register(svc)}
         agent = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "training", "agent", "--server", svc.url,
                                   "--backend", BACKEND, "--workdir", str(tmp / "agent")],
                                  env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
         try:
-            for _ in range(runs):
-                run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params,
-                                       backend=BACKEND)
-                wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
-                sent = time.time()
-                svc.api("POST", f"/runs/{run_id}/cancel")
-                ours.append(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)["t"] - sent)
-                svc.wait_for(run_id, {"cancelled", "failed", "succeeded"})
+            ours, run_id = cancel_s(svc, params, runs, backend=BACKEND)
         finally:
             os.killpg(agent.pid, signal.SIGTERM)
             agent.wait(30)

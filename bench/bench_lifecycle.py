@@ -156,17 +156,25 @@ def hand_cancel_s(tmp: Path, bundle: Path, params: dict[str, Any], runs: int) ->
     return took
 
 
+def cancel_s(svc: Services, params: dict[str, Any], runs: int, **where: Any) -> tuple[list[float], str]:
+    """P1 through the queue: start a long run (on `where`'s backend), cancel it once it trains, and time
+    cancel -> the worker says cancelled; the times and the last run's id."""
+    took: list[float] = []
+    run_id = ""
+    for _ in range(runs):
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params, **where)
+        wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
+        sent = time.time()
+        svc.api("POST", f"/runs/{run_id}/cancel")
+        took.append(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)["t"] - sent)
+        svc.wait_for(run_id, TERMINAL)
+    return took, run_id
+
+
 def p1(tmp: Path, runs: int) -> None:
     params = {"model_name": str(tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
-    ours: list[float] = []
     with services(tmp / "p1") as svc:
-        for _ in range(runs):
-            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
-            wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
-            sent = time.time()
-            svc.api("POST", f"/runs/{run_id}/cancel")
-            ours.append(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)["t"] - sent)
-            svc.wait_for(run_id, TERMINAL)
+        ours, run_id = cancel_s(svc, params, runs)
         hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs)
     report("P1", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 1 s")
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from bench_lifecycle import find, hand_cancel_s, is_cancelled, is_training, p95, report, wait  # noqa: E402
+from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.executors.base import LaunchSpec  # noqa: E402
@@ -64,16 +64,8 @@ def run_dir(svc: Services, run_id: str) -> Path:
 
 def p1(tmp: Path, runs: int) -> None:
     params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
-    ours: list[float] = []
     with over_ssh(tmp / "p1") as (svc, _sshd):
-        for _ in range(runs):
-            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params,
-                                   backend=BACKEND)
-            wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
-            sent = time.time()
-            svc.api("POST", f"/runs/{run_id}/cancel")
-            ours.append(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)["t"] - sent)
-            svc.wait_for(run_id, {"cancelled", "failed", "succeeded"})
+        ours, run_id = cancel_s(svc, params, runs, backend=BACKEND)
         hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs)
     report("P1 (ssh backend)", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 0.100 s")
 

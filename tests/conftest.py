@@ -12,6 +12,7 @@ import pytest
 
 from potato_queue.config import REDIS_URL_ENV
 from potato_queue.embedded_redis import EmbeddedRedis
+from tests.sshd import Sshd
 
 ROOT = Path(__file__).resolve().parent.parent
 CLI = [sys.executable, "-m", "potato_queue.cli"]
@@ -50,6 +51,16 @@ def redis_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             os.environ[REDIS_URL_ENV] = before
         if server is not None:
             server.stop()
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
+    """A real OpenSSH server on 127.0.0.1 for one test module (tests/sshd.py)."""
+    server = Sshd(tmp_path_factory.mktemp("sshd"))
+    try:
+        yield server
+    finally:
+        server.close()
 
 
 def run_cli(*args: str | os.PathLike[str], env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:

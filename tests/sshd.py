@@ -42,27 +42,28 @@ class Sshd:
         require_sshd()
         self.root = root
         root.mkdir(parents=True, exist_ok=True)
+        self.port = free_port()
+        self.made_users: list[str] = []
+        self.known_hosts = root / "known_hosts"
+        self.config = root / "ssh_config"
+        self.key = self.new_key("client")
+        self.new_key("host_key")
         # sshd reads a user's keys file as that user: the folder must be reachable by every account,
         # which pytest's own tmp (0700) is not.
         self.keys = Path(tempfile.mkdtemp(prefix="pq-sshd-keys-"))
-        self.keys.chmod(0o755)
-        self.port = free_port()
-        self.key = self._keypair("client")
-        self.made_users: list[str] = []
-        self.known_hosts = root / "known_hosts"
-        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(root / "host_key")], check=True)
-        self.authorize("root", self.key)
-        self.config = root / "ssh_config"
-        self.write_config("root")
-        self.process = self._start()
+        try:
+            self.keys.chmod(0o755)
+            self.authorize("root", self.key)
+            self.write_config("root")
+            self.process = self._start()
+        except BaseException:
+            shutil.rmtree(self.keys, ignore_errors=True)
+            raise
 
-    def _keypair(self, name: str, passphrase: str = "") -> Path:
+    def new_key(self, name: str, passphrase: str = "") -> Path:
         key = self.root / name
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", passphrase, "-f", str(key)], check=True)
         return key
-
-    def new_key(self, name: str, passphrase: str = "") -> Path:
-        return self._keypair(name, passphrase)
 
     def _start(self) -> subprocess.Popen[bytes]:
         conf = self.root / "sshd_config"

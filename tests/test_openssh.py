@@ -8,7 +8,6 @@ import secrets
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -78,15 +77,6 @@ def test_ssh_failures_say_what_and_the_fix() -> None:
 
 
 # -- against a real sshd ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    server = Sshd(tmp_path_factory.mktemp("sshd"))
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def test_a_host_alias_from_an_ssh_config_works(sshd: Sshd) -> None:
     sshd.write_config("root")
     assert run_ssh(SshTarget(ALIAS, config_file=str(sshd.config)), ["echo", "it works"]) == "it works\n"

@@ -39,15 +39,6 @@ def test_the_forward_goes_to_the_servers_plain_http_address() -> None:
         forward_target("https://annotate.lab.org")
 
 
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    server = Sshd(tmp_path_factory.mktemp("sshd"))
-    try:
-        yield server
-    finally:
-        server.close()
-
-
 def fake_nvidia_smi(folder: Path, csv: str) -> str:
     """A folder for the backend's PATH whose nvidia-smi prints `csv` (it stands in for GPUs)."""
     folder.mkdir(parents=True, exist_ok=True)

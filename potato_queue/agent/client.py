@@ -183,10 +183,10 @@ class RunClient:
                     while got:
                         _write_all(fh, block[:got])
                         held += got
-                        follower.written(fh, held)
+                        follower.written(held)
                         progress(held)
                         got = response.readinto(block)
-                    follower.written(fh, held, last=True)
+                    follower.written(held, last=True)
         except (OSError, http.client.HTTPException) as exc:
             raise Retryable(problem_of(exc)) from None
 
@@ -233,11 +233,11 @@ class _Follower:
             self._cond.notify()
         self._thread.join()
 
-    def written(self, fh: Any, held: int, last: bool = False) -> None:
-        """`held` bytes are in the file; the hasher is woken every HASH_READ_BYTES (and at the end)."""
+    def written(self, held: int, last: bool = False) -> None:
+        """`held` bytes are in the (unbuffered) file; the hasher is woken every HASH_READ_BYTES and at
+        the end."""
         if held - self._published < HASH_READ_BYTES and not last:
             return
-        fh.flush()
         with self._cond:
             self._ready = self._published = held
             self._cond.notify()
@@ -291,10 +291,7 @@ class _Hashed:
     def hexdigest(self) -> str:
         if self.count != _size_of(self.path):
             # Not every byte was seen (the file was whole already, or the hasher could not read it).
-            self.reset()
-            with open(self.path, "rb") as fh:
-                for block in iter(lambda: fh.read(HASH_READ_BYTES), b""):
-                    self.update(block)
+            return file_sha256(self.path)
         return self.digest.hexdigest()
 
 

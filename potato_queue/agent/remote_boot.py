@@ -27,7 +27,7 @@ import platform
 import shutil
 import subprocess
 import sys
-from typing import List, Optional, Tuple
+from typing import List
 
 EXIT_REFUSED = 3
 THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
@@ -98,19 +98,6 @@ def ensure_env(root: str, packages: List[str]) -> str:
     return python
 
 
-def gpu_facts(python: str, setting: str) -> Tuple[str, Optional[List[str]]]:
-    """(nvidia-smi's CSV, torch's arch list or None); no nvidia-smi means no GPU."""
-    from potato_queue.agent.gpus import NVIDIA_SMI_QUERY
-
-    if setting == "none" or shutil.which("nvidia-smi") is None:
-        return "", None
-    csv = subprocess.run(NVIDIA_SMI_QUERY, stdout=subprocess.PIPE, stderr=2, check=False).stdout.decode()
-    ask = "import json, torch; print(json.dumps(torch.cuda.get_arch_list()))"
-    torch = subprocess.run([python, "-c", ask], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, check=False)
-    archs = json.loads(torch.stdout.decode()) if torch.returncode == 0 else None
-    return csv, archs
-
-
 def main() -> int:
     os.umask(0o077)
     header = json.loads(read_line())
@@ -124,10 +111,11 @@ def main() -> int:
     code = ensure_code(root, header["code_sha256"])
     python = ensure_env(root, header["packages"])
     sys.path.insert(0, code)
-    from potato_queue.agent.gpus import GpuRefused, choose, parse_gpus
+    from potato_queue.agent.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, parse_gpus
     from potato_queue.agent.isolated import allowed_env, python_argv
+    from potato_queue.agent.remote_check import gpu_facts
 
-    csv, archs = gpu_facts(python, header["gpus"])
+    csv, archs = ("", None) if header["gpus"] == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)
     try:
         choice = choose(header["gpus"], parse_gpus(csv), header["min_free_gpu_mb"], archs, header["host"])
     except GpuRefused as refused:

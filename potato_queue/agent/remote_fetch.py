@@ -59,7 +59,7 @@ def send_with_tarfile(work: str, names: List[str]) -> None:
 
 def main(job: str, limit_bytes: int, keep: bool) -> int:
     work = os.path.join(job, "work")
-    files = files_of(work) if os.path.isdir(work) else []
+    files = files_of(work)  # none when there is no work folder
     sent = [(name, size) for name, size in files if size <= limit_bytes]
     say(total=sum(size for _, size in sent))
     for name, size in files:

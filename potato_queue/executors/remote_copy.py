@@ -47,6 +47,7 @@ class ModelCopy:
         self.total = 0
         self.received = 0
         self.last_byte_s = time.monotonic()
+        self.stall_s = stall_s()
         self.kept_there = False
         self.stalled = False
 
@@ -73,7 +74,7 @@ class ModelCopy:
                 failure = self._untar_in_python(proc, artifacts)
         if self.stalled:
             self._end_the_sender()
-            raise ModelFilesMissing(f"The copy from {self.backend.host} sent nothing for {stall_s():g} s "
+            raise ModelFilesMissing(f"The copy from {self.backend.host} sent nothing for {self.stall_s:g} s "
                                     "(the predictions are stored; only model files are missing from artifacts/)")
         if proc.returncode == 255:
             raise ssh_failure(self.backend.host, "".join(stderr))
@@ -131,22 +132,20 @@ class ModelCopy:
 
     def _watch(self, proc: subprocess.Popen[bytes], arrived: Callable[[], int],
                untar: subprocess.Popen[bytes] | None = None) -> None:
-        shown_s, last = 0.0, -1
+        """Once a second (arrived() may walk the artifacts folder): the step line, and the stall watch."""
+        last = -1
         while proc.poll() is None or (untar is not None and untar.poll() is None):
-            now_s = time.monotonic()
-            got = arrived()
+            now_s, got = time.monotonic(), arrived()
             if got != last:
                 last, self.last_byte_s = got, now_s
-            if now_s - self.last_byte_s > stall_s():
+            if now_s - self.last_byte_s > self.stall_s:
                 self.stalled = True
                 for process in (proc, untar):
                     if process is not None and process.poll() is None:
                         process.kill()
                 return
-            if now_s - shown_s >= 1:
-                shown_s = now_s
-                self.spec.step(f"copying the model back: {got / 1e6:.0f} of {self.total / 1e6:.0f} MB")
-            time.sleep(0.1)
+            self.spec.step(f"copying the model back: {got / 1e6:.0f} of {self.total / 1e6:.0f} MB")
+            _wait_s(proc, untar, 1.0)
 
     def got(self, size: int) -> None:
         self.received += size
@@ -166,6 +165,14 @@ class _Counted(io.RawIOBase):
         buffer[:len(data)] = data
         self.copy.got(len(data))
         return len(data)
+
+
+def _wait_s(proc: subprocess.Popen[bytes], untar: subprocess.Popen[bytes] | None, timeout_s: float) -> None:
+    """Up to timeout_s, less when the last of them still running ends."""
+    running = [process for process in (untar, proc) if process is not None and process.poll() is None]
+    if running:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            running[0].wait(timeout=timeout_s)
 
 
 def _size_of(folder: Path) -> int:

@@ -23,7 +23,7 @@ from urllib.parse import urlsplit
 
 from potato_queue import code_package
 from potato_queue.agent import remote_boot, remote_check
-from potato_queue.agent.gpus import GpuRefused, choose, describe, has_kernels, parse_gpus
+from potato_queue.agent.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, describe, has_kernels, parse_gpus
 from potato_queue.config import SshBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import (
@@ -49,6 +49,8 @@ SSH_CONFIG_ENV = "POTATO_QUEUE_SSH_CONFIG"
 BOOT_SOURCE = Path(remote_boot.__file__).read_text()
 CHECK_SOURCE = Path(remote_check.__file__).read_text()
 EXIT_NOT_FOUND = 127
+# What `training check` looks for in the host's interpreter (the trainers' import names).
+TRAINING_PACKAGES = ["torch", "transformers", "peft", "sklearn"]
 
 
 def forward_target(server_url: str) -> str:
@@ -61,10 +63,6 @@ def forward_target(server_url: str) -> str:
     return f"{host}:{parts.port or 80}"
 
 
-def header_root(backend: SshBackend) -> str:
-    return backend.remote_dir.rstrip("/")
-
-
 def target_of(backend: SshBackend) -> SshTarget:
     return SshTarget.of(backend, config_file=os.environ.get(SSH_CONFIG_ENV) or None)
 
@@ -72,9 +70,8 @@ def target_of(backend: SshBackend) -> SshTarget:
 class _Session:
     """The run's ssh process and the bootstrap's conversation on its stdin and stdout."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], spec: LaunchSpec, backend: SshBackend) -> None:
-        self.proc, self.spec, self.backend = proc, spec, backend
-        self.socket = ""
+    def __init__(self, proc: subprocess.Popen[bytes], spec: LaunchSpec, backend: SshBackend, socket: str) -> None:
+        self.proc, self.spec, self.backend, self.socket = proc, spec, backend, socket
         # The step line until the agent runs (the supervise loop shows a Waiting's why).
         self.phase = f"connecting to {backend.host}"
         self.ready = threading.Event()
@@ -88,16 +85,14 @@ class _Session:
         assert stdin is not None and stdout is not None
         try:
             self._send(stdin, json.dumps(header).encode() + b"\n")
-            for raw in stdout:
-                if self.ready.is_set():
-                    self._agent_output(raw)
-                    continue
-                try:
-                    message = json.loads(raw)
-                except ValueError:
-                    self._agent_output(raw)
-                    continue
-                self._answer(message, host, stdin)
+            with open(self.spec.paths.agent_log, "ab") as agent_log:
+                for raw in stdout:
+                    message = None if self.ready.is_set() else _message(raw)
+                    if message is None:
+                        agent_log.write(raw)
+                        agent_log.flush()
+                    else:
+                        self._answer(message, host, stdin)
         except OSError:
             pass  # the session ended; poll() says how
 
@@ -108,8 +103,8 @@ class _Session:
         elif event == "need_code":
             self.phase = f"copying Potato's code to {host}"
             package = code_package.agent_zipapp()
-            self.spec.log(f"{self.phase}: {len(package.data) / 1000:.0f} KB, to {header_root(self.backend)}/code/"
-                          f"{package.sha256}.pyz")
+            self.spec.log(f"{self.phase}: {len(package.data) / 1000:.0f} KB, to "
+                          f"{self.backend.remote_dir.rstrip('/')}/code/{package.sha256}.pyz")
             self._send(stdin, f"{len(package.data)}\n".encode() + package.data)
         elif event == "creating_env":
             self.phase = f"creating the environment on {host}"
@@ -132,9 +127,22 @@ class _Session:
         stdin.write(data)
         stdin.flush()
 
-    def _agent_output(self, raw: bytes) -> None:
-        with open(self.spec.paths.agent_log, "ab") as fh:
-            fh.write(raw)
+
+
+def _message(raw: bytes) -> dict[str, Any] | None:
+    """A bootstrap message, or None for a line of output."""
+    try:
+        message = json.loads(raw)
+    except ValueError:
+        return None
+    return message if isinstance(message, dict) else None
+
+
+def python_not_found(backend: SshBackend, backend_name: str) -> tuple[str, str]:
+    """ERR-2 and its fix."""
+    host = backend.host
+    return (f"{backend.python} was not found on {host}", f"set `python` of backend {backend_name} to an interpreter "
+            f"on {host} (3.8 or newer; `ssh {host} which python3` shows one)")
 
 
 class SshHandle(RunHandle):
@@ -161,9 +169,8 @@ class SshHandle(RunHandle):
             failure = ssh_failure(host, _tail(self.session.spec.paths.agent_log))
             return Gone(failure.message, error=failure.message, fix=failure.fix)
         if code == EXIT_NOT_FOUND:
-            return Gone(f"{self.backend.python} was not found on {host}", error=f"{self.backend.python} was not "
-                        f"found on {host}", fix=f"set `python` of backend {self.session.spec.backend_name} to an "
-                        f"interpreter on {host} (3.8 or newer; `ssh {host} which python3` shows one)")
+            message, fix = python_not_found(self.backend, self.session.spec.backend_name)
+            return Gone(message, error=message, fix=fix)
         why = f"the setup on {host} ended with exit code {code}"
         return Gone(why, error=f"{why}: {_tail(self.session.spec.paths.agent_log, 600).strip()}")
 
@@ -262,15 +269,14 @@ class SshExecutor(Executor):
 
     def check(self) -> CheckReport:
         """SSH-6: the host's Python, each GPU, the GPU a run would get, training packages it lacks."""
-        host, python = self.backend.host, self.backend.python
         try:
-            env = json.dumps(self.backend.env).encode() + b"\n"
-            facts = json.loads(run_ssh(target_of(self.backend), [python, "-c", CHECK_SOURCE], stdin=env,
-                                       timeout_s=120))
+            asked = {"env": self.backend.env, "query": NVIDIA_SMI_QUERY, "packages": TRAINING_PACKAGES}
+            facts = json.loads(run_ssh(target_of(self.backend), [self.backend.python, "-c", CHECK_SOURCE],
+                                       stdin=json.dumps(asked).encode() + b"\n", timeout_s=120))
         except PotatoQueueError as exc:
             message, fix = exc.message, exc.fix
             if not isinstance(exc, SshFailed) and ("not found" in message or "No such file" in message):
-                message, fix = f"{python} was not found on {host}", f"set `python` to an interpreter on {host}"
+                message, fix = python_not_found(self.backend, self.backend_name)
             return CheckReport(ok=False, lines=[message] + ([f"fix: {fix}"] if fix else []),
                                data={"error": message, "fix": fix})
         return check_report(self.backend, facts)
@@ -288,8 +294,7 @@ class SshExecutor(Executor):
                                     start_new_session=True)
         finally:
             os.close(log_fd)
-        session = _Session(proc, spec, self.backend)
-        session.socket = socket
+        session = _Session(proc, spec, self.backend, socket)
         header = {"remote_dir": self.backend.remote_dir, "code_sha256": code_package.agent_zipapp().sha256,
                   "packages": self.backend.packages, "env": self.backend.env, "num_threads": self.backend.num_threads,
                   "gpus": self.backend.gpus, "min_free_gpu_mb": self.backend.min_free_gpu_mb,
