@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from potato_queue.agent.slurm import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
 from potato_queue.errors import ConfigUnreadable
 
 __all__ = [
@@ -68,28 +69,9 @@ class AutoRetrainConfig(_Strict):
     backend: str | None = None
 
 
-# Backend key -> sbatch long option (CFG-4). The config owns this table: it
-# decides which keys a slurm backend accepts, and hands the agent the flags as
-# data (SlurmBackend.sbatch_options), so the bare-host agent needs no copy.
-SBATCH_FLAGS: dict[str, str] = {
-    "partition": "--partition",
-    "gres": "--gres",
-    "time": "--time",
-    "account": "--account",
-    "qos": "--qos",
-    "cpus_per_task": "--cpus-per-task",
-    "mem": "--mem",
-    "mem_per_cpu": "--mem-per-cpu",
-    "mem_per_gpu": "--mem-per-gpu",
-    "constraint": "--constraint",
-    "nodes": "--nodes",
-    "ntasks": "--ntasks",
-    "reservation": "--reservation",
-    "exclude": "--exclude",
-    "nodelist": "--nodelist",
-    "gpus_per_node": "--gpus-per-node",
-    "comment": "--comment",
-}
+# Backend key -> sbatch long option (CFG-4): the agent's table (it maps slurm.json too); the config
+# accepts exactly these keys on a slurm backend and hands the agent their values as data.
+SBATCH_FLAGS: dict[str, str] = AGENT_SBATCH_FLAGS
 
 
 class LocalBackend(_Strict):
@@ -159,16 +141,20 @@ class _SlurmCore(_RemoteBackend):
     job_python: str = "python3"
     prelude: list[str] = Field(default_factory=list)
     poll_interval_s: float = Field(10.0, gt=0)
+    # SLURM requeues a job whose node failed; a run's job is not requeued unless asked (its files are half-written).
+    requeue: bool = False
 
     @field_validator(*SBATCH_FLAGS, mode="before", check_fields=False)
     @classmethod
     def _sbatch_values_are_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
-    def sbatch_options(self) -> dict[str, str]:
-        """{sbatch long option: value} for the settings that are set, in SBATCH_FLAGS' order."""
-        values = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
-        return {SBATCH_FLAGS[key]: str(v) for key, v in values.items() if v is not None and v != ""}
+    def job_settings(self) -> dict[str, Any]:
+        """What the agent on the login node needs to submit the job: slurm.json's object (agent/slurm.py)."""
+        sbatch = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
+        return {"job_python": self.job_python, "prelude": self.prelude, "poll_interval_s": self.poll_interval_s,
+                "requeue": self.requeue, "env": self.env, "num_threads": self.num_threads,
+                **{key: str(value) for key, value in sbatch.items() if value is not None and value != ""}}
 
 
 def _make_slurm_model() -> type[_SlurmCore]:

@@ -85,3 +85,5 @@ class RunView:
     cancel_requested: bool
     disk_error: str | None = None  # a write for the run failed: the run cannot go on
     state: str | None = None
+    # The agent says the worker waits in a batch scheduler's queue (status `pending`): the run is waiting.
+    pending_step: str | None = None

@@ -275,12 +275,13 @@ class RunStore:
     def view(self, run_id: str) -> RunView:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hmget(self.keys.run(run_id), "agent_exit_code", "artifact_uri", "agent_message", "heartbeat_at",
-                   "disk_error", "state")
+                   "disk_error", "state", "worker_state", "step")
         pipe.exists(self.keys.cancel(run_id))
-        (code, uri, message, beat, disk_error, state), cancel = pipe.execute()
+        (code, uri, message, beat, disk_error, state, worker_state, step), cancel = pipe.execute()
+        pending = (as_text(step) or "waiting in the scheduler's queue") if as_text(worker_state) == "pending" else None
         return RunView(exit_code=None if code is None else int(code), artifact_uri=as_text(uri), message=as_text(message),
                        heartbeat_at=None if beat is None else float(beat), cancel_requested=bool(cancel),
-                       disk_error=as_text(disk_error), state=as_text(state))
+                       disk_error=as_text(disk_error), state=as_text(state), pending_step=pending)
 
     def wait_result(self, run_id: str, timeout_s: float) -> None:
         """Sleep up to timeout_s, waking as soon as the agent's result arrives."""

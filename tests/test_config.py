@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.agent.slurm import sbatch_flags
+from potato_queue.agent.slurm import SlurmSettings, sbatch_argv
 from potato_queue.config import DEFAULT_REDIS_URL, SBATCH_FLAGS, SlurmBackend, redis_url
 from potato_queue.validate import load_checked, slurm_time_s
 from tests.test_validate_cli import SEED, seed_config, write_project
@@ -70,11 +70,13 @@ def test_redis_url_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_every_sbatch_setting_is_a_slurm_key_and_maps_to_its_flag() -> None:
     assert set(SBATCH_FLAGS) <= set(SlurmBackend.model_fields)
     backend = load_checked(SEED / "config.yaml").model_training.backends["cluster"]
-    # The config owns the table; the agent gets the options as data and only renders them.
-    assert backend.sbatch_options() == {"--gres": "gpu:1", "--time": "04:00:00"}
-    assert sbatch_flags(backend.sbatch_options()) == ["--gres=gpu:1", "--time=04:00:00"]
+    # The agent gets the backend's settings as slurm.json's object and renders sbatch's flags from it.
+    settings = SlurmSettings.of(backend.job_settings())
+    assert settings.sbatch == {"--gres": "gpu:1", "--time": "04:00:00"}
+    assert settings.job_python == backend.job_python and settings.prelude == backend.prelude
     built = SlurmBackend(host="login", remote_dir="/scratch/p", cpus_per_task=8, partition="gpu", mem="32G")
-    assert sbatch_flags(built.sbatch_options()) == ["--partition=gpu", "--cpus-per-task=8", "--mem=32G"]
+    argv = sbatch_argv(SlurmSettings.of(built.job_settings()), "r1", "/scratch/p/jobs/r1")
+    assert argv[:6] == ["sbatch", "--parsable", "--partition=gpu", "--cpus-per-task=8", "--mem=32G", "--no-requeue"]
 
 
 @pytest.mark.parametrize(

@@ -60,7 +60,7 @@ def test_entry_point_refuses_unparsable_config_with_exit_2(tmp_path: Path) -> No
 
 def test_valid_config_gets_past_the_check(tmp_path: Path) -> None:
     # Commands not built yet say so plainly, after the config check passed.
-    proc = run_cli("training", "check", "cluster", SEED / "config.yaml")
+    proc = run_cli("beat", SEED / "config.yaml")
     assert "error: model_training" not in proc.stderr
     assert "is not built yet" in proc.stderr
 

@@ -29,6 +29,8 @@ from potato_queue.agent.backend import BackendAgent
 from potato_queue.agent.client import RunClient
 from potato_queue.agent.proc import ProcessLauncher, worker_env
 from potato_queue.agent.runner import Runner, log_line
+from potato_queue.agent.slurm import SettingsError, SlurmSettings
+from potato_queue.agent.slurm_launcher import SlurmLauncher
 from potato_queue.agent.transport import Transport
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
 
@@ -48,6 +50,8 @@ def build_parser() -> argparse.ArgumentParser:
                      help="wait for {run_id, server, workdir, log} as a JSON line on stdin, then the token")
     run.add_argument("--python", default=sys.executable, help="the interpreter that runs the worker")
     run.add_argument("--keep", action="store_true", help="keep the bundle after the run")
+    run.add_argument("--slurm", action="store_true",
+                     help="submit the worker with sbatch; the slurm settings come in the assignment's `slurm`")
     run.add_argument("--ignore-stdin-eof", action="store_true",
                      help="keep running when stdin closes after the token (a token from a file or echo); "
                           "by default a closed stdin means whoever started the agent is gone, and the worker stops")
@@ -88,6 +92,10 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
                        help="where runs keep their files and model files (default ~/.cache/potato-training)")
     serve.add_argument("--keep", action="store_true", help="keep each run's bundle after the run")
     serve.add_argument("--ca-file", metavar="FILE", help="verify the server's https certificate against this CA file only")
+    serve.add_argument("--slurm-config", metavar="FILE",
+                       help="submit each run's worker with sbatch, with the slurm settings in FILE (a JSON object of "
+                            "the backend's keys: partition, gres, time, job_python, prelude...); --workdir must then "
+                            "be on storage the compute nodes share")
     # Seconds without an answer during a run before the agent cancels it (AGT-7: 300); for tests.
     serve.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
 
@@ -114,8 +122,11 @@ def serve(args: argparse.Namespace) -> int:
     workdir = os.path.expanduser(args.workdir)
     os.makedirs(workdir, mode=0o700, exist_ok=True)
     try:
+        settings = read_slurm_config(args.slurm_config) if args.slurm_config else None
+        factory = None if settings is None else (lambda: SlurmLauncher(settings, log_line))
         agent = BackendAgent(args.server, args.backend, token, workdir, python=args.python, keep=args.keep,
-                             once=args.once, unreachable_s=args.unreachable_s, ca_file=args.ca_file, log=log_line)
+                             once=args.once, unreachable_s=args.unreachable_s, ca_file=args.ca_file, log=log_line,
+                             launcher_factory=factory)
     except (ValueError, OSError) as exc:
         log_line(str(exc))
         return EXIT_BAD_SPEC
@@ -131,6 +142,19 @@ def serve(args: argparse.Namespace) -> int:
     return agent.serve()
 
 
+def read_slurm_config(path: str) -> SlurmSettings:
+    """--slurm-config's settings; ValueError (SettingsError) with what is wrong in the file."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            data = json.load(fh)
+    except ValueError as exc:
+        raise SettingsError("{} is not valid JSON: {}".format(path, exc)) from exc
+    try:
+        return SlurmSettings.of(data)
+    except SettingsError as exc:
+        raise SettingsError("{}: {}".format(path, exc)) from exc
+
+
 def read_assignment(args: argparse.Namespace, stream: IO[str]) -> bool:
     """Fill in the run from stdin's JSON line and send our output to its log; False at EOF."""
     line = stream.readline()
@@ -138,6 +162,7 @@ def read_assignment(args: argparse.Namespace, stream: IO[str]) -> bool:
         return False  # whoever kept us warm is gone: nothing to do
     assignment = json.loads(line)
     args.run_id, args.server, args.workdir = assignment["run_id"], assignment["server"], assignment["workdir"]
+    args.slurm_settings = assignment.get("slurm") or {}
     if assignment.get("log"):
         fd = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 1)
@@ -177,13 +202,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)
-    launcher = ProcessLauncher(args.python, worker_env())
+    launcher = ProcessLauncher(args.python, worker_env())  # type: WorkerLauncher
     if args.assignment_on_stdin:
-        # Start the worker's interpreter now too: a warm agent with a cold worker saves half.
-        launcher.prestart()
+        if not args.slurm:
+            # Start the worker's interpreter now too: a warm agent with a cold worker saves half.
+            launcher.prestart()
         if not read_assignment(args, sys.stdin):
             launcher.close()
             return 0
+        if args.slurm:
+            try:
+                launcher = SlurmLauncher(SlurmSettings.of(args.slurm_settings), log_line)
+            except SettingsError as exc:
+                log_line(str(exc))
+                return EXIT_BAD_SPEC
     if not (args.server and args.run_id and args.workdir):
         launcher.close()
         parser.error("run needs --server, --run-id and --workdir (or --assignment-on-stdin)")

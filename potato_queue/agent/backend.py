@@ -19,6 +19,7 @@ from typing import Any, Callable, Dict, Optional
 from urllib.parse import quote
 
 from potato_queue.agent.client import RunClient
+from potato_queue.agent.launcher import WorkerLauncher
 from potato_queue.agent.proc import ProcessLauncher, worker_env
 from potato_queue.agent.runner import Runner
 from potato_queue.agent.transport import ApiError, TlsError, Transport, Unreachable
@@ -56,13 +57,16 @@ class BackendAgent:
 
     def __init__(self, server: str, backend: str, token: str, workdir: str, python: str = sys.executable,
                  keep: bool = False, once: bool = False, unreachable_s: float = 300.0,
-                 ca_file: Optional[str] = None, log: Callable[[str], None] = print) -> None:
+                 ca_file: Optional[str] = None, log: Callable[[str], None] = print,
+                 launcher_factory: Optional[Callable[[], WorkerLauncher]] = None) -> None:
         self.server, self.backend, self.workdir, self.python = server, backend, workdir, python
         self.keep, self.once, self.unreachable_s, self.ca_file, self.log = keep, once, unreachable_s, ca_file, log
         self.transport = Transport(server, token, log=log, ca_file=ca_file)
         self.stopping = threading.Event()
         self.runner = None  # type: Optional[Runner]
-        self.launcher = ProcessLauncher(python, worker_env())
+        # Each run's launcher: by default its worker is a process here, started ahead while we wait for work.
+        self.new_launcher = launcher_factory or (lambda: ProcessLauncher(python, worker_env()))
+        self.launcher = self.new_launcher()
         self.me = {"host": socket.gethostname(), "agent_python": platform.python_version(), "pid": os.getpid()}
         # How a failed claim is logged (the first failure and every 10th): what was tried, and the fix.
         self._asking = ("asking {} for work (if this goes on: is the server running, and is --server the "
@@ -101,7 +105,7 @@ class BackendAgent:
 
     def _claim(self) -> Optional[Dict[str, Any]]:
         """One long-poll for work: the claim ({run_id, token}), or None when none came."""
-        if self.launcher.prestarted is None:
+        if isinstance(self.launcher, ProcessLauncher) and self.launcher.prestarted is None:
             self.launcher.prestart()  # the next run's worker starts while we wait (cancel and start are faster)
         path = "backends/{}/claim".format(quote(self.backend, safe=""))
         try:
@@ -115,7 +119,7 @@ class BackendAgent:
         run_id, token = str(claim["run_id"]), str(claim["token"])
         self.log("claimed run {}".format(run_id))
         client = RunClient(Transport(self.server, token, log=self.log, ca_file=self.ca_file), run_id)
-        launcher, self.launcher = self.launcher, ProcessLauncher(self.python, worker_env())
+        launcher, self.launcher = self.launcher, self.new_launcher()
         self.runner = Runner(client, self.workdir, launcher, keep=self.keep, unreachable_s=self.unreachable_s,
                              log=self.log)
         if self.stopping.is_set():

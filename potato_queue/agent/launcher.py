@@ -12,11 +12,20 @@ To write a launcher: subclass both, implement every method that raises
 NotImplementedError, and keep the promises in the docstrings.
 """
 
-from typing import Optional
+from typing import NamedTuple, Optional, Tuple
 
 from potato_queue.agent.relay import EventRelay
 
-__all__ = ["LaunchError", "WorkerHandle", "WorkerLauncher"]
+__all__ = ["LaunchError", "WorkerEnded", "WorkerHandle", "WorkerLauncher"]
+
+
+class WorkerEnded(NamedTuple):
+    """Something other than the worker ended it (a scheduler's time limit), or it never ran: the run's
+    error `message` with its `code` and the fix, `hint`."""
+
+    code: str
+    message: str
+    hint: str
 
 
 class LaunchError(Exception):
@@ -41,6 +50,15 @@ class WorkerHandle:
 
     #: How the runner's log names what terminate() and kill() reach.
     stop_target = "the worker"
+
+    def started_status(self) -> Tuple[str, str]:
+        """The run's status once start() returned: (state, step). A batch job is `pending` until it runs,
+        and the server keeps a pending run *waiting* (its wall clock has not started)."""
+        return "running", "worker started"
+
+    def ended(self) -> Optional[WorkerEnded]:
+        """After the exit: what ended the worker when it was not the worker itself nor our stop, else None."""
+        return None
 
     def relay_output(self, relay: EventRelay) -> None:
         """Start relaying the worker's events and its stderr lines (as `log {level: "stderr"}`) into `relay`.

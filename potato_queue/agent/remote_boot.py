@@ -6,7 +6,9 @@ stdout, one JSON object a line, and reads stdin unbuffered, so that what
 follows its last message (the assignment and the run token) is left for the
 agent it becomes:
 
-  executor -> {"remote_dir", "code_sha256", "packages", "env", "num_threads", "gpus", "min_free_gpu_mb", "host"}
+  executor -> {"remote_dir", "code_sha256", "packages", "env", "num_threads", "gpus", "min_free_gpu_mb", "host",
+               "slurm"}                         (slurm: true on a login node: no GPU choice, the agent
+                                                submits its worker with sbatch)
   boot     -> {"event": "python", "version", "executable"}
   boot     -> {"event": "need_code"}            executor -> "<bytes>\\n" and the agent.pyz bytes
   boot     -> {"event": "creating_env"}         (only when `packages` changed or is new)
@@ -115,25 +117,27 @@ def main() -> int:
     from potato_queue.agent.isolated import allowed_env, python_argv
     from potato_queue.agent.remote_check import gpu_facts
 
-    csv, archs = ("", None) if header["gpus"] == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)
-    try:
-        choice = choose(header["gpus"], parse_gpus(csv), header["min_free_gpu_mb"], archs, header["host"])
-    except GpuRefused as refused:
-        send("refused", message=str(refused))
-        return EXIT_REFUSED
-    send("gpu", line=choice.line)
     env = allowed_env(os.environ, header["env"])
-    env["CUDA_VISIBLE_DEVICES"] = choice.visible_devices
-    if header.get("num_threads"):
-        env.update({name: str(header["num_threads"]) for name in THREAD_VARIABLES})
+    slurm = bool(header.get("slurm"))
+    if not slurm:  # a login node's GPUs are not the job's: SLURM's gres gives those
+        csv, archs = ("", None) if header["gpus"] == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)
+        try:
+            choice = choose(header["gpus"], parse_gpus(csv), header["min_free_gpu_mb"], archs, header["host"])
+        except GpuRefused as refused:
+            send("refused", message=str(refused))
+            return EXIT_REFUSED
+        send("gpu", line=choice.line)
+        env["CUDA_VISIBLE_DEVICES"] = choice.visible_devices
+        if header.get("num_threads"):
+            env.update({name: str(header["num_threads"]) for name in THREAD_VARIABLES})
     jobs = folder(os.path.join(root, "jobs"))
     try:
         os.setsid()  # a session of our own: the executor's hard stop is `pkill -KILL -s` of it
     except OSError:
         pass  # already a session leader (sshd made one for the command)
     send("ready", workdir=jobs, session=os.getsid(0))
-    argv = python_argv(python, "potato_queue.agent", ["run", "--assignment-on-stdin", "--python", python],
-                       code_root=code)
+    options = ["--slurm"] if slurm else ["--python", python]
+    argv = python_argv(python, "potato_queue.agent", ["run", "--assignment-on-stdin"] + options, code_root=code)
     os.execve(python, argv, env)
     return 0  # not reached
 

@@ -1,10 +1,12 @@
-"""What `training check` asks an ssh host: `python -c <this source>` prints one JSON object.
+"""What `training check` asks an ssh host or a login node: `python -c <this source>` prints one JSON object.
 
 Standard library only, Python 3.8+, self-contained (nothing of ours is needed
 on the host). From stdin, one JSON line: the backend's `env` (its PATH finds
 nvidia-smi; a command line is anyone's to read), the nvidia-smi query and the
-packages to look for. Out: the interpreter, nvidia-smi's answer, the arch list
-of the host's torch and which packages import. The server decides from these
+packages to look for (and, for a login node, `slurm`: remote_dir, job_python,
+partition). Out: the interpreter, which packages import, and nvidia-smi's
+answer with the arch list of the host's torch, or, on a login node, SLURM's
+commands on PATH and sinfo's nodes. The server decides from these
 with potato_queue.agent.gpus, as a run would; a run's bootstrap asks the same
 through gpu_facts().
 """
@@ -16,7 +18,7 @@ import shutil
 import subprocess
 import sys
 from importlib.util import find_spec
-from typing import List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 
 def gpu_facts(python: str, query: List[str]) -> Tuple[str, Optional[List[str]]]:
@@ -32,12 +34,32 @@ def gpu_facts(python: str, query: List[str]) -> Tuple[str, Optional[List[str]]]:
     return csv, json.loads(torch.stdout.decode()) if torch.returncode == 0 else None
 
 
+SINFO_FIELDS = "NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|"
+
+
+def slurm_facts(asked: Dict[str, Any]) -> Dict[str, Any]:
+    """A login node: SLURM's commands on PATH, where remote_dir really is, job_python, and sinfo's nodes."""
+    tools = {name: shutil.which(name) for name in ("sbatch", "squeue", "scancel", "scontrol", "sinfo")}
+    facts = {"tools": tools, "remote_dir": os.path.realpath(os.path.expanduser(asked["remote_dir"])),
+             "job_python": shutil.which(asked["job_python"]), "sinfo": None, "sinfo_error": None}
+    if tools["sinfo"]:
+        argv = ["sinfo", "-h", "-N", "-O", SINFO_FIELDS] + (["-p", asked["partition"]] if asked.get("partition") else [])
+        done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False, timeout=60)
+        facts["sinfo"] = done.stdout.decode(errors="replace")
+        facts["sinfo_error"] = done.stderr.decode(errors="replace").strip() or None
+    return facts
+
+
 def main() -> int:
     asked = json.loads(sys.stdin.readline())
     os.environ.update(asked["env"])
-    csv, archs = gpu_facts(sys.executable, asked["query"])
-    facts = {"python": platform.python_version(), "executable": sys.executable, "nvidia_smi": csv or None,
-             "arch_list": archs, "packages": {name: find_spec(name) is not None for name in asked["packages"]}}
+    facts = {"python": platform.python_version(), "executable": sys.executable,
+             "packages": {name: find_spec(name) is not None for name in asked["packages"]}}  # type: Dict[str, Any]
+    if asked.get("slurm"):
+        facts["slurm"] = slurm_facts(asked["slurm"])  # a login node: its GPUs, if any, are not the jobs'
+    else:
+        csv, facts["arch_list"] = gpu_facts(sys.executable, asked["query"])
+        facts["nvidia_smi"] = csv or None
     print(json.dumps(facts))
     return 0
 

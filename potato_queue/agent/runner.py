@@ -153,16 +153,17 @@ class Runner:
         except LaunchError as exc:
             return self._finish(EXIT_BAD_SPEC, exc.error_code, str(exc), hint=exc.install_hint)
         self.log("worker started: {}".format(worker.describe()))
-        self.relay.emit("status", state="running", step="worker started")
+        state, step = worker.started_status()
+        self.relay.emit("status", state=state, step=step)
         worker.relay_output(self.relay)
         try:
-            code, error_code, message = self._supervise(worker, job)
+            code, error_code, message, hint = self._supervise(worker, job)
         except BaseException:
             worker.kill()  # never leave a worker behind an agent that failed
             raise
         if not worker.wait_relayed(10.0):
             self.log("the worker's last output could not all be relayed")
-        return self._finish(code, error_code, message, job)
+        return self._finish(code, error_code, message, job, hint=hint)
 
     def _start_threads(self, job: Dict[str, Any]) -> None:
         interval = float(job.get("heartbeat_interval_s") or 10.0)
@@ -194,8 +195,10 @@ class Runner:
         write_spec(self.files, self.client.run_id, job)
 
     # -- while the worker runs -------------------------------------------------
-    def _supervise(self, worker: WorkerHandle, job: Dict[str, Any]) -> Tuple[int, Optional[str], Optional[str]]:
-        """Wait for the worker, applying cancel, grace, the memory limit and AGT-7."""
+    def _supervise(self, worker: WorkerHandle,
+                   job: Dict[str, Any]) -> Tuple[int, Optional[str], Optional[str], Optional[str]]:
+        """Wait for the worker, applying cancel, grace, the memory limit and AGT-7: (exit code, error code,
+        message, its fix)."""
         grace = job.get("grace_seconds")
         max_ram = (job.get("limits") or {}).get("max_ram_mb")
         watch = _Watch(DEFAULT_GRACE_S if grace is None else float(grace), float(max_ram) if max_ram else None)
@@ -205,14 +208,17 @@ class Runner:
             code = worker.wait(TICK_S)
         worker.cleanup()
         self.log("worker exited: code {}".format(code))
+        ended = worker.ended()
         if watch.oom_mb is not None:
             text = "out of memory: the run used {:.0f} MB, above max_ram_mb {:g}".format(
                 watch.oom_mb, watch.max_ram_mb or 0.0)
-            return EXIT_OOM, "out_of_memory", text
+            return EXIT_OOM, "out_of_memory", text, None
+        if ended is not None and watch.term_at is None:
+            return code, ended.code, ended.message, ended.hint
         if watch.killed:
             text = "{}; the worker ignored SIGTERM and was killed after {:g} s".format(self.stop_reason, watch.grace_s)
-            return code, None, text
-        return code, None, self.stop_reason if watch.term_at is not None else None
+            return code, None, text, None
+        return code, None, self.stop_reason if watch.term_at is not None else None, None
 
     def _tick(self, worker: WorkerHandle, watch: _Watch, now: float) -> None:
         if self.client.silence_s() > self.unreachable_s and not self.lost_server:

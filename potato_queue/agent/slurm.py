@@ -1,21 +1,208 @@
-"""SLURM on the login node: the sbatch command line.
+"""SLURM on the login node, as text in and text out: job.sh, sbatch's flags, squeue and scontrol, end reasons.
 
-Standard library only, Python 3.8+: this module is copied to login nodes.
-Which backend keys exist and which sbatch option each becomes is the
-config's business (config.SBATCH_FLAGS); the agent receives the options as
-data, `{"--partition": "gpu", ...}`, and only renders them. The
-submit/poll/cancel logic joins it with the SLURM backend.
+Standard library only, Python 3.8+: this module is copied to login nodes. The
+functions here run nothing; the launcher (slurm_launcher.py) runs the commands
+and hands their output to them, so each is tested on real command output.
+The slurm settings are one JSON object, the same whether the executor sends
+them with a run or an admin writes them to slurm.json for a hand-started
+agent (SLURM-8): the backend's keys, as the config names them.
 """
 
-from typing import Dict, List
+import re
+import shlex
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-__all__ = ["sbatch_flags"]
+__all__ = [
+    "SBATCH_FLAGS", "JOB_KEYS", "SlurmSettings", "SettingsError", "sbatch_argv", "job_script", "job_name",
+    "parse_job_id", "QueueState", "parse_squeue", "SQUEUE_FORMAT", "parse_scontrol", "end_reason",
+    "FINAL_STATES", "describe_state",
+]
+
+# Backend key -> sbatch long option (CFG-4). The config takes its slurm keys from this table.
+SBATCH_FLAGS = {
+    "partition": "--partition", "gres": "--gres", "time": "--time", "account": "--account", "qos": "--qos",
+    "cpus_per_task": "--cpus-per-task", "mem": "--mem", "mem_per_cpu": "--mem-per-cpu",
+    "mem_per_gpu": "--mem-per-gpu", "constraint": "--constraint", "nodes": "--nodes", "ntasks": "--ntasks",
+    "reservation": "--reservation", "exclude": "--exclude", "nodelist": "--nodelist",
+    "gpus_per_node": "--gpus-per-node", "comment": "--comment",
+}
+# The other keys the job needs; the rest of a backend (host, python, remote_dir...) is the executor's.
+JOB_KEYS = ("job_python", "prelude", "poll_interval_s", "requeue", "env", "num_threads")
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+SQUEUE_FORMAT = "%T|%r|%N"
+# Job states after which SLURM will not run the job again (scontrol's JobState).
+FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                          "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
 
 
-def sbatch_flags(options: Dict[str, object]) -> List[str]:
-    """`--option=value` for each option that has a value, in the order given."""
-    flags = []
-    for flag, value in options.items():
-        if value is not None and value != "":
-            flags.append("{}={}".format(flag, value))
-    return flags
+class SettingsError(ValueError):
+    """slurm settings that cannot be used; the message names the key and the fix."""
+
+
+class SlurmSettings(NamedTuple):
+    job_python: str
+    prelude: List[str]
+    poll_interval_s: float
+    requeue: bool
+    env: Dict[str, str]
+    num_threads: Optional[int]
+    sbatch: Dict[str, str]  # {"--partition": "gpu", ...}, in SBATCH_FLAGS' order
+
+    @classmethod
+    def of(cls, data: Dict[str, Any]) -> "SlurmSettings":
+        """From the settings object; SettingsError for a key SLURM jobs do not take."""
+        if not isinstance(data, dict):
+            raise SettingsError("the slurm settings must be a JSON object like {\"partition\": \"gpu\"}")
+        unknown = sorted(set(data) - set(SBATCH_FLAGS) - set(JOB_KEYS) - {"type"})
+        if unknown:
+            raise SettingsError("unknown slurm setting {}; the settings are {} and the sbatch settings {}".format(
+                ", ".join(unknown), ", ".join(JOB_KEYS), ", ".join(SBATCH_FLAGS)))
+        prelude = data.get("prelude") or []
+        if not isinstance(prelude, list) or not all(isinstance(line, str) for line in prelude):
+            raise SettingsError("prelude must be a list of shell lines, like [\"module load cuda/12.4\"]")
+        sbatch = {flag: str(data[key]) for key, flag in SBATCH_FLAGS.items()
+                  if data.get(key) is not None and str(data[key]) != ""}
+        threads = data.get("num_threads")
+        return cls(str(data.get("job_python") or "python3"), list(prelude), float(data.get("poll_interval_s") or 10.0),
+                   bool(data.get("requeue")), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
+                   int(threads) if threads else None, sbatch)
+
+
+def job_name(run_id: str) -> str:
+    """The job's name in squeue: whoever must end a run's job can find it by this name alone."""
+    return "potato-queue-{}".format(run_id)
+
+
+def sbatch_argv(settings: SlurmSettings, run_id: str, job_dir: str) -> List[str]:
+    """`sbatch --parsable` with the backend's flags, the job's name, its output file and folder."""
+    flags = ["{}={}".format(flag, value) for flag, value in settings.sbatch.items()]
+    requeue = [] if settings.requeue else ["--no-requeue"]
+    return (["sbatch", "--parsable"] + flags + requeue +
+            ["--job-name={}".format(job_name(run_id)), "--output={}/slurm.out".format(job_dir),
+             "--chdir={}/work".format(job_dir), "{}/job.sh".format(job_dir)])
+
+
+def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: List[str]) -> str:
+    """job.sh: the environment, the prelude, then the worker; it writes events.jsonl, stderr.log, exit_code.
+
+    A login shell (`bash -l`), because that is where clusters define `module`;
+    the backend's `env` is exported after the profile so that it wins. The
+    shell survives SIGTERM (a trap) so that it still writes exit_code after the
+    worker, which SLURM signals itself, has stopped.
+    """
+    q = shlex.quote
+    stderr_log, exit_code = q(job_dir + "/stderr.log"), q(job_dir + "/exit_code")
+    env = dict(settings.env)
+    if settings.num_threads:
+        env.update({name: str(settings.num_threads) for name in THREAD_VARIABLES})
+    lines = ["#!/bin/bash -l", "# potato-queue run {}: written by its agent; SLURM runs it on a compute node.".format(
+        run_id)]
+    lines.append("trap 'echo \"potato-queue: job.sh got SIGTERM; the worker stops\" >&2' TERM")
+    lines += ["export {}={}".format(name, q(value)) for name, value in sorted(env.items())]
+    running = q(job_dir + "/running")
+    # The agent sees the job start from this file within a tenth of a second; squeue only once per poll.
+    lines.append("printf '%s\\n' \"${SLURMD_NODENAME:-$(hostname)}\" > " + running + ".partial && mv -f " + running
+                 + ".partial " + running)
+    lines.append("finish() { printf '%s\\n' \"$1\" > " + exit_code + ".partial && mv -f " + exit_code + ".partial "
+                 + exit_code + "; exit \"$1\"; }")
+    for line in settings.prelude:
+        message = q("potato-queue: the prelude line failed: " + line)
+        lines += ["{", line, "}} 2>> {} || {{ echo {} >> {}; finish 2; }}".format(stderr_log, message, stderr_log)]
+    lines.append(" ".join(q(part) for part in worker_argv) + " < /dev/null >> {} 2>> {}".format(
+        q(job_dir + "/events.jsonl"), stderr_log))
+    lines.append('finish "$?"')
+    return "\n".join(lines) + "\n"
+
+
+def parse_job_id(stdout: str) -> str:
+    """The id from `sbatch --parsable`'s `<id>` or `<id>;<cluster>`; ValueError for anything else."""
+    text = stdout.strip().splitlines()[-1].split(";")[0].strip() if stdout.strip() else ""
+    if not re.match(r"^\d+(_\d+)?$", text):
+        raise ValueError("sbatch printed {!r}, not a job id".format(stdout.strip()[:200]))
+    return text
+
+
+class QueueState(NamedTuple):
+    state: str  # PENDING, RUNNING, COMPLETING...
+    reason: str  # Priority, Resources, None
+    node: str  # empty while pending
+
+
+def parse_squeue(stdout: str) -> Optional[QueueState]:
+    """The job's line of `squeue -h -j ID -o '%T|%r|%N'`; None when squeue does not list it."""
+    for line in stdout.splitlines():
+        parts = line.strip().split("|")
+        if len(parts) == 3 and parts[0]:
+            return QueueState(parts[0].strip(), parts[1].strip(), parts[2].strip())
+    return None
+
+
+def describe_state(job_id: str, state: QueueState) -> str:
+    """`SLURM job 4242: PENDING (Priority)`, `SLURM job 4242: RUNNING on node07`."""
+    if state.state == "PENDING":
+        reason = "not scheduled yet" if state.reason in ("", "None") else state.reason
+        return "SLURM job {}: PENDING ({})".format(job_id, reason)
+    if state.node:
+        return "SLURM job {}: {} on {}".format(job_id, state.state, state.node)
+    return "SLURM job {}: {}".format(job_id, state.state)
+
+
+def parse_scontrol(stdout: str) -> Dict[str, str]:
+    """`scontrol show job -o ID`'s fields as {name: value}; {} for a job SLURM no longer knows."""
+    fields = {}  # type: Dict[str, str]
+    for match in re.finditer(r"(?:^|\s)([A-Za-z][\w:/]*)=(\S*)", stdout.strip().splitlines()[0] if stdout.strip()
+                             else ""):
+        fields.setdefault(match.group(1), match.group(2))
+    return fields
+
+
+_DUE_TO = re.compile(r"\*\*\* JOB \S+ ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+_OOM = re.compile(r"oom-kill|out-of-memory|Out Of Memory", re.IGNORECASE)
+_REASONS = {
+    # state: (what happened, the fix)
+    "TIMEOUT": ("it reached its time limit", "raise the backend's `time`{time}, or train for fewer steps (params "
+                                             "such as epochs)"),
+    "NODE_FAIL": ("its node {node} failed", "start the run again; if it recurs, tell the cluster's admins, or "
+                                            "keep the job off that node with the backend's `exclude`"),
+    "PREEMPTED": ("it was preempted by a job of higher priority",
+                  "use a partition or qos whose jobs are not preempted, or start the run again"),
+    "OUT_OF_MEMORY": ("it ran out of memory", "raise the backend's `mem`{mem}, or train a smaller model or batch"),
+    "CANCELLED": ("it was cancelled from outside potato-queue (scancel)",
+                  "start the run again; Cancel run stops a run and also ends its job"),
+    "DEADLINE": ("it reached its deadline", "start the run again with a later deadline"),
+    "BOOT_FAIL": ("its node {node} failed to boot", "start the run again; tell the cluster's admins if it recurs"),
+}
+_SLURM_OUT_STATES = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
+
+
+def _state_from_slurm_out(slurm_out: str) -> Optional[str]:
+    """The end state slurmstepd wrote into slurm.out, where scontrol cannot tell (a purged job)."""
+    if _OOM.search(slurm_out):
+        return "OUT_OF_MEMORY"
+    match = _DUE_TO.search(slurm_out)
+    if match is None:
+        return None
+    return _SLURM_OUT_STATES.get(match.group(2) or "", "CANCELLED" if not match.group(2) else None)
+
+
+def end_reason(job_id: str, job: Dict[str, str], slurm_out: str, settings: SlurmSettings,
+               stopped_by_us: bool) -> Optional[Tuple[str, str, str]]:
+    """Why the scheduler ended the job, from scontrol's fields or slurm.out, as (error code, ERR-9's message,
+    the fix); None when it did not.
+
+    A job we cancelled, one that completed, or one whose worker failed on its own (FAILED) is not
+    the scheduler's doing: the worker's own error says what happened.
+    """
+    state = job.get("JobState", "")
+    if state not in _REASONS:
+        state = _state_from_slurm_out(slurm_out) or state
+    if state not in _REASONS or (state == "CANCELLED" and stopped_by_us):
+        return None
+    what, fix = _REASONS[state]
+    node = job.get("NodeList") or job.get("BatchHost") or "?"
+    limit = settings.sbatch.get("--time")
+    mem = settings.sbatch.get("--mem")
+    details = {"node": node, "time": " (now {})".format(limit) if limit else "", "mem": " (now {})".format(mem) if mem
+               else ""}
+    message = "SLURM job {} ended before the worker finished: {}".format(job_id, what.format(**details))
+    return "slurm_" + state.lower(), message, fix.format(**details)

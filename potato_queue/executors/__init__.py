@@ -25,6 +25,7 @@ BACKEND_TYPES = ("local", "ssh", "slurm", "agent")
 RUNNABLE: dict[str, str] = {
     "local": "potato_queue.executors.local:LocalExecutor",
     "ssh": "potato_queue.executors.ssh:SshExecutor",
+    "slurm": "potato_queue.executors.slurm:SlurmExecutor",
     "agent": "potato_queue.executors.agent:AgentExecutor",
 }
 

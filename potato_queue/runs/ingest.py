@@ -57,6 +57,8 @@ def summarize(events: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[st
 
 
 def _status(event: dict[str, Any], live: dict[str, str], lines: list[str]) -> None:
+    if event.get("state"):
+        live["worker_state"] = str(event["state"])  # `pending`: queued in a scheduler (supervise waits)
     step = event.get("step")
     if step:
         live["step"] = str(step)

@@ -147,6 +147,10 @@ def _tick(watch: Watch) -> Outcome | None:
     status = watch.handle.poll()
     if isinstance(status, Gone):
         return _gone(watch, status)
+    if view.pending_step is not None and not isinstance(status, Waiting):
+        # The agent runs, its worker waits for the scheduler: the agent's heartbeats go on, the wall clock waits.
+        watch.waiting_why = view.pending_step  # the step line is the agent's own already
+        status = Waiting(view.pending_step)
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
         return stop_run(watch, 0, "failed", overdue)

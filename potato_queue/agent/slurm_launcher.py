@@ -1,0 +1,367 @@
+"""The sbatch launcher: the worker as a SLURM batch job, followed through files on shared storage (SLURM-1..7).
+
+Standard library only, Python 3.8+ (it runs on login nodes). The runner sees
+a WorkerHandle like any other: start() writes job.sh and submits it with
+`sbatch --parsable`; a monitor thread runs squeue once per poll_interval_s
+(relaying each queue-state change as the run's step) and watches for the
+exit_code file job.sh writes; followers relay events.jsonl and stderr.log as
+they grow. A job missing from one squeue answer is unknown, not finished:
+scontrol, exit_code and slurm.out decide. Cancel is `scancel --full
+--signal=TERM`, the hard stop a plain `scancel`. srun and sacct are never used.
+"""
+
+import hashlib
+import os
+import re
+import subprocess
+import threading
+import time
+import zipfile
+from typing import Callable, Dict, List, Optional, Tuple
+
+from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
+from potato_queue.agent.launcher import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
+from potato_queue.agent.relay import MAX_LINE, EventRelay, stdout_event
+from potato_queue.agent.slurm import (
+    FINAL_STATES,
+    SQUEUE_FORMAT,
+    QueueState,
+    SlurmSettings,
+    describe_state,
+    end_reason,
+    job_script,
+    parse_job_id,
+    parse_scontrol,
+    parse_squeue,
+    sbatch_argv,
+)
+from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_OOM, EXIT_UNEXPECTED
+from potato_queue.worker.files import write_atomic
+
+__all__ = ["SlurmLauncher", "SlurmJob", "NO_SBATCH_FIX", "no_sbatch"]
+
+FILE_CHECK_S = 0.1  # how often exit_code is looked for: the end of a job is seen this fast
+FOLLOW_S = 0.05
+COMMAND_TIMEOUT_S = 60
+# squeue answers in a row that do not list the job, with scontrol unable to say, before it counts as gone.
+MISSES_BEFORE_GONE = 3
+# After a worker failed, how long SLURM may take to record why the job ended (its KillWait and more).
+END_STATE_WAIT_S = 20.0
+NO_SBATCH_FIX = ("potato-queue must reach the cluster's login node, and find sbatch on its PATH: when PATH is set only "
+                 "by a login shell, set PATH in the backend's env")
+Log = Callable[[str], None]
+
+
+def no_sbatch(host: str) -> str:
+    """ERR-8."""
+    return "{} has no sbatch on PATH, so it cannot submit jobs".format(host)
+
+
+def _read(path: str, limit: int = 64000) -> str:
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - limit))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+
+
+def shared_code_root(workdir: str) -> str:
+    """Where the compute nodes import our code from: the agent's zipapp, or a zip of the installed package
+    in the shared workdir (an installed package lives in a folder the nodes may not have)."""
+    if os.path.isfile(CODE_ROOT):
+        return CODE_ROOT
+    names = [os.path.join("potato_queue", "__init__.py")]
+    for package in ("agent", "worker", "trainers"):
+        for folder, _dirs, files in sorted(os.walk(os.path.join(CODE_ROOT, "potato_queue", package))):
+            names += sorted(os.path.relpath(os.path.join(folder, f), CODE_ROOT) for f in files if f.endswith(".py"))
+    digest = hashlib.sha256()
+    for name in names:
+        with open(os.path.join(CODE_ROOT, name), "rb") as fh:
+            digest.update(name.encode() + b"\0" + fh.read())
+    target = os.path.join(workdir, "code", "potato-queue-{}.pyz".format(digest.hexdigest()[:16]))
+    if not os.path.exists(target):
+        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+        partial = "{}.{}.partial".format(target, os.getpid())
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name in names:
+                archive.write(os.path.join(CODE_ROOT, name), name)
+        os.replace(partial, target)
+    return target
+
+
+class _Follower:
+    """Hands each line of a file that grows to `on_line`, until finish() and the file's end."""
+
+    def __init__(self, path: str, on_line: Callable[[bytes], None], split: "re.Pattern[bytes]") -> None:
+        self.path, self.on_line, self.split = path, on_line, split
+        self.finished = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="follow-" + os.path.basename(path), daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        handle, pending = None, b""
+        while True:
+            last = self.finished.is_set()  # read once more after finish: the file's last bytes
+            if handle is None and os.path.exists(self.path):
+                handle = open(self.path, "rb")
+            chunk = handle.read(1 << 20) if handle is not None else b""
+            if chunk:
+                parts = self.split.split(pending + chunk)
+                pending = parts.pop()
+                for part in parts:
+                    self.on_line(part)
+                if len(pending) > MAX_LINE:
+                    self.on_line(pending)
+                    pending = b""
+                continue
+            if last:
+                break
+            self.finished.wait(FOLLOW_S)
+        if pending:
+            self.on_line(pending)
+        if handle is not None:
+            handle.close()
+
+
+class SlurmJob(WorkerHandle):
+    """One submitted job. Its exit code is the worker's (exit_code), or the scheduler's end of it."""
+
+    stop_target = "the SLURM job"
+
+    def __init__(self, job_id: str, job_dir: str, flags: List[str], launcher: "SlurmLauncher") -> None:
+        self.job_id, self.job_dir, self.flags, self.launcher = job_id, job_dir, flags, launcher
+        self.settings, self.log = launcher.settings, launcher.log
+        self.state = None  # type: Optional[QueueState]
+        self.stopping = False
+        self._code = None  # type: Optional[int]
+        self._ended = None  # type: Optional[WorkerEnded]
+        self._exited = threading.Event()
+        self._relay = None  # type: Optional[EventRelay]
+        self._followers = []  # type: List[_Follower]
+        self._misses = 0
+        self._last_line = ""
+
+    # -- what the runner calls ------------------------------------------------
+    def started_status(self) -> Tuple[str, str]:
+        return "pending", "Submitted SLURM job {}: {}".format(self.job_id, " ".join(self.flags) or "no flags")
+
+    def relay_output(self, relay: EventRelay) -> None:
+        self._relay = relay
+
+        def event(raw: bytes) -> None:
+            relay.put(stdout_event(raw))
+
+        def stderr(raw: bytes) -> None:
+            text = raw.decode("utf-8", "replace").rstrip()
+            if text.strip():
+                relay.emit("log", level="stderr", msg=text[:MAX_LINE])
+
+        self._followers = [_Follower(self._path("events.jsonl"), event, re.compile(rb"\n")),
+                           _Follower(self._path("stderr.log"), stderr, re.compile(rb"[\r\n]"))]
+        threading.Thread(target=self._monitor, name="squeue", daemon=True).start()
+
+    def wait_relayed(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        for follower in self._followers:
+            follower.finished.set()
+            follower.thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(follower.thread.is_alive() for follower in self._followers)
+
+    def poll(self) -> Optional[int]:
+        return self._code
+
+    def wait(self, timeout_s: float) -> Optional[int]:
+        self._exited.wait(timeout_s)
+        return self._code
+
+    def terminate(self) -> None:
+        self.stopping = True
+        if self.state is None or self.state.state == "PENDING":
+            self._scancel([])  # a pending job gets its signal only once it runs: nothing to wait for
+        else:
+            self._scancel(["--full", "--signal=TERM"])
+
+    def kill(self) -> None:
+        self.stopping = True
+        if self._code is None:
+            self._scancel([])
+
+    def rss_mb(self) -> Optional[float]:
+        return None  # the scheduler enforces the job's memory (mem)
+
+    def describe(self) -> str:
+        return "SLURM job {}".format(self.job_id)
+
+    def cleanup(self) -> None:
+        """A job still queued or running after its worker's end (a stuck shell, a lost exit) is cancelled."""
+        state = self._squeue()
+        if state is not None and state.state in ("PENDING", "RUNNING", "SUSPENDED", "REQUEUED"):
+            self._scancel([])
+
+    def ended(self) -> Optional[WorkerEnded]:
+        return self._ended
+
+    # -- the monitor thread ---------------------------------------------------
+    def _path(self, name: str) -> str:
+        return os.path.join(self.job_dir, name)
+
+    def _monitor(self) -> None:
+        next_poll = 0.0
+        while not self._exited.is_set():
+            node = None if self.state and self.state.state != "PENDING" else _read(self._path("running")).strip()
+            if node:
+                self._seen(QueueState("RUNNING", "None", node))
+            code = self._exit_code()
+            if code is not None:
+                self._conclude(code)
+                return
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + self.settings.poll_interval_s
+                state = self._squeue()
+                if state is None:
+                    if self._missing():
+                        return
+                else:
+                    self._misses = 0
+                    self._seen(state)
+            time.sleep(FILE_CHECK_S)
+
+    def _seen(self, state: QueueState) -> None:
+        line, self.state = describe_state(self.job_id, state), state
+        if line == self._last_line:
+            return
+        self._last_line = line
+        self.log(line)
+        if self._relay is not None:
+            self._relay.emit("status", state="pending" if state.state == "PENDING" else "running", step=line)
+
+    def _missing(self) -> bool:
+        """squeue did not list the job: True once it is known to have ended (and concluded)."""
+        self._misses += 1
+        code = self._exit_code()
+        if code is not None:
+            self._conclude(code)
+            return True
+        fields = self._scontrol()
+        state = fields.get("JobState", "")
+        if state in FINAL_STATES:
+            self._conclude(self._exit_code(wait_s=2.0), fields)
+            return True
+        if state:
+            self.log("squeue did not list SLURM job {}; scontrol says {}: still following it".format(self.job_id, state))
+            return False
+        if self._misses < MISSES_BEFORE_GONE:
+            self.log("squeue did not list SLURM job {} ({} of {} tries)".format(self.job_id, self._misses,
+                                                                                MISSES_BEFORE_GONE))
+            return False
+        self._conclude(self._exit_code(wait_s=2.0), fields)
+        return True
+
+    def _conclude(self, code: Optional[int], fields: Optional[Dict[str, str]] = None) -> None:
+        """The job has ended (or its worker has): decide the exit code and whether the scheduler ended it."""
+        if code != 0 and not self.stopping:
+            fields = fields if fields is not None else self._final_fields()
+            reason = end_reason(self.job_id, fields, _read(self._path("slurm.out")), self.settings, self.stopping)
+            self._ended = WorkerEnded(*reason) if reason else self._no_worker(code)
+        if self._ended is not None:
+            code = EXIT_OOM if self._ended.code == "slurm_out_of_memory" else (
+                EXIT_BAD_SPEC if self._ended.code == "python_not_found" else EXIT_UNEXPECTED)
+        elif code is None:
+            self.log("SLURM job {} left the queue without writing exit_code".format(self.job_id))
+            code = EXIT_UNEXPECTED
+        self._code = code
+        self._exited.set()
+
+    def _no_worker(self, code: Optional[int]) -> Optional[WorkerEnded]:
+        """job.sh could not start job_python (exit 127 and not one event)."""
+        events = self._path("events.jsonl")
+        if code != 127 or (os.path.exists(events) and os.path.getsize(events) > 0):
+            return None
+        node = (self.state.node if self.state else "") or "the compute node"
+        return WorkerEnded("python_not_found", "{} was not found on {}".format(self.settings.job_python, node),
+                     "set the backend's job_python to an interpreter the compute nodes have (a path on shared "
+                     "storage), or make it available in prelude (module load, conda activate)")
+
+    def _final_fields(self) -> Dict[str, str]:
+        """scontrol's view once SLURM has recorded the job's end (it may still be completing)."""
+        deadline = time.monotonic() + END_STATE_WAIT_S
+        fields = self._scontrol()
+        while fields.get("JobState") not in FINAL_STATES and fields and time.monotonic() < deadline:
+            if re.search(r"DUE TO|oom-kill", _read(self._path("slurm.out"))):
+                break  # slurmstepd has said why already
+            time.sleep(0.25)
+            fields = self._scontrol()
+        return fields
+
+    def _exit_code(self, wait_s: float = 0.0) -> Optional[int]:
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                with open(self._path("exit_code")) as fh:
+                    return int(fh.read().strip())
+            except (OSError, ValueError):
+                if time.monotonic() >= deadline:
+                    return None
+            time.sleep(0.1)  # shared storage may show another node's file a moment late
+
+    # -- SLURM's commands -----------------------------------------------------
+    def _squeue(self) -> Optional[QueueState]:
+        out = self.launcher.command(["squeue", "-h", "-j", self.job_id, "-o", SQUEUE_FORMAT])
+        return None if out is None else parse_squeue(out)
+
+    def _scontrol(self) -> Dict[str, str]:
+        out = self.launcher.command(["scontrol", "show", "job", "-o", self.job_id])
+        return {} if out is None else parse_scontrol(out)
+
+    def _scancel(self, options: List[str]) -> None:
+        argv = ["scancel"] + options + [self.job_id]
+        self.log(" ".join(argv))
+        self.launcher.command(argv)
+
+
+class SlurmLauncher(WorkerLauncher):
+    """Submits each run's worker with sbatch from this (login) node."""
+
+    def __init__(self, settings: SlurmSettings, log: Log, host: Optional[str] = None) -> None:
+        self.settings, self.log = settings, log
+        self.host = host or os.uname()[1]
+        self.env = allowed_env(os.environ, settings.env)
+
+    def command(self, argv: List[str]) -> Optional[str]:
+        """A SLURM command's stdout; None when it failed (its stderr is logged) or is not there."""
+        try:
+            done = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=COMMAND_TIMEOUT_S)
+        except (OSError, subprocess.SubprocessError) as exc:
+            self.log("{} could not run: {}".format(argv[0], exc))
+            return None
+        if done.returncode != 0:
+            if "Invalid job id" not in done.stderr:
+                self.log("{} failed ({}): {}".format(" ".join(argv), done.returncode, done.stderr.strip()[:500]))
+            return None
+        return done.stdout
+
+    def start(self, spec_path: str, workdir: str) -> SlurmJob:
+        job_dir = os.path.dirname(os.path.abspath(spec_path))
+        run_id = os.path.basename(job_dir)
+        worker = python_argv(self.settings.job_python, "potato_queue.worker", ["--spec", spec_path],
+                             code_root=shared_code_root(os.path.dirname(job_dir)))
+        write_atomic(os.path.join(job_dir, "job.sh"), job_script(self.settings, run_id, job_dir, worker), mode=0o700,
+                     durable=False)
+        argv = sbatch_argv(self.settings, run_id, job_dir)
+        try:
+            done = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                                  timeout=COMMAND_TIMEOUT_S)
+        except FileNotFoundError as exc:
+            raise LaunchError("no_sbatch", no_sbatch(self.host), NO_SBATCH_FIX) from exc
+        except (OSError, subprocess.SubprocessError) as exc:
+            raise LaunchError("sbatch_failed", "sbatch could not run: {}".format(exc)) from exc
+        if done.returncode != 0:
+            raise LaunchError("sbatch_refused", "sbatch refused the job: {}".format(
+                done.stderr.strip() or done.stdout.strip()), "check the backend's sbatch settings ({}) against the "
+                "cluster's partitions (sinfo) and limits".format(" ".join(argv[2:-4]) or "none set"))
+        job_id = parse_job_id(done.stdout)
+        flags = argv[2:-4]
+        self.log("Submitted SLURM job {}: {}".format(job_id, " ".join(argv)))
+        return SlurmJob(job_id, job_dir, flags, self)

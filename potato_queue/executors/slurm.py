@@ -1,0 +1,118 @@
+"""The slurm backend: a cluster behind its scheduler, through its login node (SLURM-1..8).
+
+The run's agent starts on the login node over one ssh session, as for ssh
+(remote_agent.py; code by hash, no venv and no GPU choice there). The agent
+submits only the worker, with sbatch (agent/slurm_launcher.py), and follows
+it through the job folder on storage the compute nodes share. The hard stop
+adds a `scancel` of the run's job, found by its name, before the host's
+processes end: a frozen or killed agent never leaves an allocation behind.
+`training check` asks the login node for SLURM's commands, where remote_dir
+really is, job_python and sinfo's view of the partition.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+from potato_queue.agent import remote_check
+from potato_queue.agent.slurm import job_name
+from potato_queue.agent.slurm_launcher import NO_SBATCH_FIX, no_sbatch
+from potato_queue.config import SlurmBackend
+from potato_queue.errors import PotatoQueueError
+from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
+from potato_queue.executors.openssh import SshFailed, remote_shell, run_ssh
+from potato_queue.executors.remote_agent import python_not_found, start_agent, target_of
+
+__all__ = ["SlurmExecutor", "slurm_check_report", "parse_sinfo", "NODE_LOCAL"]
+
+CHECK_SOURCE = Path(remote_check.__file__).read_text()
+NODE_LOCAL = ("/tmp", "/var/tmp")
+_GPU_COUNT = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
+
+
+def _gpus(gres: str) -> int:
+    return sum(int(count) for count in _GPU_COUNT.findall(gres))
+
+
+def parse_sinfo(text: str) -> list[dict[str, Any]]:
+    """`sinfo -h -N -O NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|` as one dict per node line."""
+    nodes = []
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split("|")]
+        if len(parts) >= 5 and parts[0]:
+            total, used = _gpus(parts[3]), _gpus(parts[4])
+            nodes.append({"node": parts[0], "partition": parts[1].rstrip("*"), "state": parts[2],
+                          "gpus": total, "free_gpus": max(0, total - used)})
+    return nodes
+
+
+def _partition_line(backend: SlurmBackend, facts: dict[str, Any]) -> str:
+    nodes = parse_sinfo(facts.get("sinfo") or "")
+    partition = backend.partition or "the default partition"
+    if not nodes:
+        return f"sinfo shows no node in {partition}" + (f": {facts['sinfo_error']}" if facts.get("sinfo_error") else "")
+    states = sorted({node["state"] for node in nodes})
+    free = sum(node["free_gpus"] for node in nodes if node["state"] in ("idle", "mixed"))
+    total = sum(node["gpus"] for node in nodes)
+    return f"partition {partition}: {len(nodes)} node(s), {', '.join(states)}; {free} of {total} GPUs free"
+
+
+def slurm_check_report(backend: SlurmBackend, facts: dict[str, Any]) -> CheckReport:
+    """SLURM-5: sbatch, squeue and scancel on PATH, remote_dir not node-local, the Pythons, the partition."""
+    host, slurm = backend.host, facts["slurm"]
+    lines = [f"{host}: Python {facts['python']} ({facts['executable']}) runs the agent"]
+    problems: list[str] = []
+    tools = slurm["tools"]
+    if not tools.get("sbatch"):
+        problems.append(f"{no_sbatch(host)}; fix: {NO_SBATCH_FIX}")
+    for name in ("squeue", "scancel"):
+        if not tools.get(name):
+            problems.append(f"{host} has no {name} on PATH, so runs cannot be followed or cancelled; fix: {NO_SBATCH_FIX}")
+    lines += [f"  {name}: {tools[name] or 'not on PATH'}" for name in ("sbatch", "squeue", "scancel", "scontrol")]
+    real = slurm["remote_dir"]
+    if any(real == top or real.startswith(top + "/") for top in NODE_LOCAL):
+        problems.append(f"remote_dir {backend.remote_dir} is {real} on {host}, which is local to each node; fix: set "
+                        "remote_dir to a folder on storage the compute nodes share")
+    else:
+        lines.append(f"remote_dir: {real} (it must be on storage the compute nodes share)")
+    seen = f"on the login node: {slurm['job_python']}" if slurm["job_python"] else "not on the login node's PATH"
+    lines.append(f"job_python: {backend.job_python} runs the worker on the compute nodes ({seen}; the check cannot see "
+                 "the compute nodes' packages: a missing one fails the first run with its import error in run.log)")
+    lines.append(_partition_line(backend, slurm))
+    lines += [f"problem: {problem}" for problem in problems]
+    data = {"host": host, "python": facts["python"], "executable": facts["executable"], "tools": tools,
+            "remote_dir": real, "job_python": backend.job_python, "job_python_on_login_node": slurm["job_python"],
+            "nodes": parse_sinfo(slurm.get("sinfo") or ""), "problems": problems}
+    return CheckReport(ok=not problems, lines=lines, data=data)
+
+
+class SlurmExecutor(Executor):
+    type_name = "slurm"
+    backend: SlurmBackend
+
+    def check(self) -> CheckReport:
+        asked = {"env": self.backend.env, "query": [], "packages": [],
+                 "slurm": {"remote_dir": self.backend.remote_dir, "job_python": self.backend.job_python,
+                           "partition": self.backend.partition}}
+        try:
+            facts = json.loads(run_ssh(target_of(self.backend), [self.backend.python, "-c", CHECK_SOURCE],
+                                       stdin=json.dumps(asked).encode() + b"\n", timeout_s=120))
+        except PotatoQueueError as exc:
+            message, fix = exc.message, exc.fix
+            if not isinstance(exc, SshFailed) and ("not found" in message or "No such file" in message):
+                message, fix = python_not_found(self.backend, self.backend_name)
+            return CheckReport(ok=False, lines=[message] + ([f"fix: {fix}"] if fix else []),
+                               data={"error": message, "fix": fix})
+        return slurm_check_report(self.backend, facts)
+
+    def launch(self, spec: LaunchSpec) -> RunHandle:
+        header = {"packages": [], "num_threads": None, "gpus": "none", "min_free_gpu_mb": 0, "slurm": True}
+        # By name, so that even a job whose id never reached us is found; its owner's only.
+        env = [f"{name}={value}" for name, value in self.backend.env.items()]  # SLURM_CONF, a PATH to scancel
+        stop_job = remote_shell(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + \
+            ' "$(id -un)" 2>/dev/null; '
+        return start_agent(spec, self.backend, header, assignment={"slurm": self.backend.job_settings()},
+                           stop_job=stop_job)

@@ -1,0 +1,150 @@
+"""A real single-node SLURM (munged, slurmctld, slurmd) for the slurm backend's tests.
+
+Debian's slurm 22.05 and munge, configured as ../shared/ENVIRONMENT.md measured: no systemd, no
+cgroups, its own munge key and socket, its own ports, state, spool, pid and log files, all in a
+folder the harness made. Two fake GPUs: gres files that are symlinks to /dev/null (slurmd hands
+them out and sets CUDA_VISIBLE_DEVICES; nothing here can compute on them, which the tests say).
+A second partition, `urgent`, preempts jobs of `gpu` (PREEMPTED). Clients find the cluster through
+SLURM_CONF, which an ssh session does not inherit: the tests set it in the backend's `env`.
+close() stops the daemons by their pid files (never by name) and waits for them.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.sshd import free_port
+
+DAEMONS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd")
+NODE = "node1"
+CPUS = 4  # more than this machine has (config_overrides): a run's job and a blocker fit side by side
+
+
+def require_slurm() -> None:
+    """Fails (never skips) where the suite cannot run SLURM: these tests are part of the suite."""
+    missing = [path for path in DAEMONS if not Path(path).exists()] + [
+        name for name in ("sbatch", "squeue", "scancel", "scontrol") if shutil.which(name) is None]
+    if missing:
+        pytest.fail(f"the slurm backend's tests need SLURM ({', '.join(missing)} missing): "
+                    "apt-get install --no-install-recommends slurmctld slurmd slurm-client munge")
+    if os.geteuid() != 0:
+        pytest.fail("the slurm backend's tests start slurmctld and slurmd: run them as root")
+
+
+def _slurm_conf(root: Path, munge_socket: Path) -> str:
+    return "\n".join([
+        "ClusterName=pqtest", "SlurmctldHost=localhost", f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
+        "SlurmUser=root", "AuthType=auth/munge", f"AuthInfo=socket={munge_socket}",
+        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}",
+        f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'slurmd.pid'}",
+        f"SlurmctldLogFile={root / 'slurmctld.log'}", f"SlurmdLogFile={root / 'slurmd.log'}",
+        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/linux",
+        "JobAcctGatherParams=OverMemoryKill", "AccountingStorageType=accounting_storage/none",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", "DefMemPerCPU=100",
+        "MailProg=/bin/true", "ReturnToService=2", "SlurmdParameters=config_overrides",
+        "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0", "KillWait=5", "MinJobAge=300",
+        "GresTypes=gpu", "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",
+        f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=4000 Gres=gpu:2 State=UNKNOWN",
+        f"PartitionName=gpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+        f"PartitionName=urgent Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=10", ""])
+
+
+class SlurmCluster:
+    """The cluster; `env` is what a client (and a backend's `env`) needs to reach it."""
+
+    def __init__(self, root: Path) -> None:
+        require_slurm()
+        self.root = root
+        for name in ("state", "spool", "dev", "munge"):
+            (root / name).mkdir(parents=True, exist_ok=True)
+        (root / "munge").chmod(0o755)  # slurmd's job steps reach the socket as the job's user
+        self.munge_socket = root / "munge" / "munge.socket"
+        self.conf = root / "slurm.conf"
+        self.conf.write_text(_slurm_conf(root, self.munge_socket))
+        for index in range(2):
+            os.symlink("/dev/null", root / "dev" / f"nvidia{index}")
+        (root / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={root / 'dev'}/nvidia[0-1]\n")
+        self.env = {"SLURM_CONF": str(self.conf)}
+        self.pid_files: list[Path] = []
+        try:
+            self._start()
+        except BaseException:
+            self.close()
+            raise
+
+    def _start(self) -> None:
+        key = self.root / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        key.chmod(0o600)
+        munge = self.root / "munge"
+        self._daemon("munged", ["/usr/sbin/munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
+                                f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
+                                f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
+        self._daemon("slurmctld", ["/usr/sbin/slurmctld", "-i"], self.root / "slurmctld.pid")
+        self._daemon("slurmd", ["/usr/sbin/slurmd", "-N", NODE], self.root / "slurmd.pid")
+        self.wait_node_state("idle")
+
+    def _daemon(self, name: str, argv: list[str], pid_file: Path) -> None:
+        env = dict(os.environ, SLURM_CONF=str(self.conf))
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30)
+        if done.returncode != 0:
+            raise RuntimeError(f"{name} did not start: {done.stderr or done.stdout}")
+        self.pid_files.append(pid_file)
+        deadline = time.monotonic() + 10
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.02)
+
+    def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        """A SLURM client command against this cluster."""
+        return subprocess.run(list(argv), env=dict(os.environ, **self.env), capture_output=True, text=True,
+                              timeout=30, check=check)
+
+    def node_state(self) -> str:
+        return self.run("sinfo", "-h", "-n", NODE, "-o", "%T").stdout.strip()
+
+    def wait_node_state(self, state: str, timeout_s: float = 30) -> None:
+        deadline = time.monotonic() + timeout_s
+        while self.node_state().rstrip("*~#") != state:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"node {NODE} is {self.node_state()!r}, not {state}, after {timeout_s} s: "
+                                   f"{(self.root / 'slurmctld.log').read_text()[-2000:]}")
+            time.sleep(0.1)
+
+    def queue(self) -> list[str]:
+        """`<id> <state>` of every job SLURM still lists."""
+        return self.run("squeue", "-h", "-o", "%i %T").stdout.split("\n")[:-1]
+
+    def wait_empty(self, timeout_s: float = 30) -> None:
+        """No job left in the queue (each test leaves the node idle for the next)."""
+        deadline = time.monotonic() + timeout_s
+        while self.queue():
+            if time.monotonic() > deadline:
+                raise AssertionError(f"jobs still in SLURM after {timeout_s} s: {self.queue()}")
+            time.sleep(0.1)
+
+    def resume_node(self) -> None:
+        self.run("scontrol", "update", f"nodename={NODE}", "state=resume", check=False)
+        self.wait_node_state("idle")
+
+    def close(self) -> None:
+        for pid_file in reversed(self.pid_files):
+            try:
+                pid = int(pid_file.read_text().split()[0])
+            except (OSError, ValueError, IndexError):
+                continue
+            try:
+                os.kill(pid, signal.SIGTERM)
+            except ProcessLookupError:
+                continue
+            deadline = time.monotonic() + 15
+            while time.monotonic() < deadline and Path(f"/proc/{pid}").exists():
+                time.sleep(0.05)
+            if Path(f"/proc/{pid}").exists():
+                os.kill(pid, signal.SIGKILL)
