@@ -12,9 +12,11 @@ stuck filesystem, a frozen VM); nothing is mocked.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -40,6 +42,7 @@ from tests.lifecycle_helpers import (
     wait_running,
 )
 from tests.netns import NatHost
+from tests.slurm_cluster import SlurmCluster
 from tests.sshd import ALIAS, Sshd
 
 LONG_HF = {"epochs": 500, "batch_size": 4}
@@ -50,6 +53,7 @@ class LocalHarness:
     """The local backend: agent and worker are processes on this machine."""
 
     name = "local"
+    hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
 
     @contextmanager
     def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
@@ -106,6 +110,7 @@ class AgentHarness:
     firewall (tests/netns.py) runs the project's runs; its worker is its child there."""
 
     name = BACKEND
+    hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
 
     def __init__(self) -> None:
         self.nat: NatHost | None = None
@@ -189,6 +194,7 @@ class SshHarness:
     worker run there under the login account, started over ssh by the executor."""
 
     name = "gpu-server"
+    hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
 
     def __init__(self) -> None:
         self.sshd: Sshd | None = None
@@ -269,6 +275,55 @@ class SshHarness:
         threading.Thread(target=freeze, daemon=True).start()
 
 
+class SlurmHarness(SshHarness):
+    """The slurm backend: the same sshd is the login node, a real single-node SLURM (tests/slurm_cluster.py)
+    runs the worker as a batch job; remote_dir is outside /tmp, as SLURM's shared storage must be."""
+
+    name = "cluster"
+    # SLURM's hard stop (scancel) sends SIGCONT and SIGTERM before its SIGKILL: the frozen worker runs again,
+    # takes the SIGTERM it had pending, and exits as cancelled.
+    hard_stop_exit_code = 4
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slurm: SlurmCluster | None = None
+
+    @contextmanager
+    def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
+        training.pop("queue_timeout_s", None)
+        self.remote, self.frozen = Path(tempfile.mkdtemp(prefix="pq-contract-", dir="/srv")), []
+        self.slurm = SlurmCluster(tmp_path / "slurm")
+        backend = {"type": "slurm", "host": ALIAS, "python": sys.executable, "job_python": sys.executable,
+                   "remote_dir": str(self.remote), "poll_interval_s": 1, "env": self.slurm.env}
+        if "heartbeat_timeout_s" in training:
+            backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
+        try:
+            self.sshd = Sshd(tmp_path / "sshd")
+            with started(tmp_path, redis_url, executors=0, backend=self.name, backends={self.name: backend},
+                         **training) as svc:
+                svc.executor(env={SSH_CONFIG_ENV: str(self.sshd.config)})
+                yield svc
+        finally:
+            for pid in self.frozen:
+                _continue(pid)
+            if self.sshd is not None:
+                self.sshd.close()
+            self.slurm.close()
+            shutil.rmtree(self.remote, ignore_errors=True)
+
+    def worker_pid(self, svc: Services, run_id: str) -> int:
+        # The worker's parent is the job's shell, under slurmd: not the agent on the login node.
+        (worker,) = [p for p in self._ours() if "potato_queue.worker --spec" in (alive_cmd(p) or "")]
+        return worker
+
+    def leftovers(self, svc: Services, run_id: str) -> list[str]:
+        assert self.slurm is not None
+        deadline = time.monotonic() + 20  # SLURM ends a cancelled job within its KillWait
+        while self.slurm.queue() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return [f"SLURM job {line}" for line in self.slurm.queue()] + super().leftovers(svc, run_id)
+
+
 def _continue(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGCONT)
@@ -276,7 +331,8 @@ def _continue(pid: int) -> None:
         pass
 
 
-HARNESSES: dict[str, Harness] = {"local": LocalHarness(), "agent": AgentHarness(), "ssh": SshHarness()}
+HARNESSES: dict[str, Harness] = {"local": LocalHarness(), "agent": AgentHarness(), "ssh": SshHarness(),
+                                 "slurm": SlurmHarness()}
 
 
 @pytest.fixture(params=sorted(HARNESSES))
@@ -334,7 +390,7 @@ def test_a_worker_deaf_to_sigterm_is_killed_after_grace_and_the_run_is_cancelled
         svc.api("POST", f"/runs/{run_id}/cancel")
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
         assert time.monotonic() - asked >= 2, "the run ended before grace_seconds had passed"
-        assert (run["state"], run["exit_code"]) == ("cancelled", 128 + signal.SIGKILL), run
+        assert (run["state"], run["exit_code"]) == ("cancelled", harness.hard_stop_exit_code), run
         log = harness.agent_log(svc, run_id)
         assert "still running 2 s after SIGTERM: SIGKILL" in log, log
         assert harness.leftovers(svc, run_id) == []

@@ -81,7 +81,8 @@ def svc_factory(tmp_path: Path, redis_server_url: str, sshd: Sshd, slurm: SlurmC
 
 
 def run_log(svc: Services, run_id: str) -> str:
-    return (run_path(svc, run_id) / "run.log").read_text()
+    path = run_path(svc, run_id) / "run.log"
+    return path.read_text() if path.exists() else ""  # the executor may not have taken the run yet
 
 
 def job_id_of(svc: Services, run_id: str, timeout_s: float = 60) -> str:
@@ -124,3 +125,254 @@ def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(svc_factory: Any, slurm
     assert (run_path(svc, run_id) / "predictions.jsonl").stat().st_size > 0
     assert list((shared / "jobs").iterdir()) == [], "the job folder is removed after the copy back"
     assert slurm.queue() == []
+
+
+def block_the_node(slurm: SlurmCluster, partition: str = "gpu") -> str:
+    """A job holding every CPU of the node, so that the next one waits (PENDING, Resources)."""
+    job = slurm.run("sbatch", "--parsable", f"--partition={partition}", f"--cpus-per-task={CPUS}", "--wrap",
+                    "sleep 300").stdout.strip()
+    deadline = time.monotonic() + 30
+    while f"{job} RUNNING" not in slurm.queue():
+        assert time.monotonic() < deadline, slurm.queue()
+        time.sleep(0.1)
+    return job
+
+
+def test_a_pending_job_logs_its_queue_states_and_its_wait_is_not_run_time(svc_factory: Any, slurm: SlurmCluster) -> None:
+    blocker = block_the_node(slurm)
+    # max_wall_seconds counts from the end of the wait, and no heartbeat clock runs out while the job waits.
+    svc = svc_factory(training={"max_wall_seconds": 6}, heartbeat_timeout_s=3)
+    run_id = svc.start_run(**MAJORITY)
+    job = job_id_of(svc, run_id)
+    wait_log(svc, run_id, f"SLURM job {job}: PENDING (Resources)")
+    time.sleep(9)
+    _, run = svc.api("GET", f"/runs/{run_id}")
+    assert run["state"] == "running" and run["step"] == f"SLURM job {job}: PENDING (Resources)", run
+    slurm.run("scancel", blocker)
+    run = svc.wait_for(run_id, TERMINAL, 60)
+    assert run["state"] == "succeeded", (run, run_log(svc, run_id))
+    log = run_log(svc, run_id)
+    assert log.index(f"SLURM job {job}: PENDING (Resources)") < log.index(f"SLURM job {job}: RUNNING on {NODE}")
+
+
+def agent_log(svc: Services, run_id: str) -> str:
+    return (run_path(svc, run_id) / "agent.log").read_text()
+
+
+def test_cancel_from_the_api_ends_the_job(svc_factory: Any, slurm: SlurmCluster, tiny_model: Path) -> None:
+    svc = svc_factory()
+    run_id = long_hf_run(svc, tiny_model)
+    job = job_id_of(svc, run_id)
+    wait_log(svc, run_id, "step: training sentiment", timeout_s=90)
+    svc.api("POST", f"/runs/{run_id}/cancel")
+    run = svc.wait_for(run_id, TERMINAL, 60)
+    assert run["state"] == "cancelled", (run, run_log(svc, run_id))
+    assert f"scancel --full --signal=TERM {job}" in agent_log(svc, run_id)
+    slurm.wait_empty(15)
+
+
+def test_the_ssh_session_killed_mid_run_cancels_the_job(svc_factory: Any, slurm: SlurmCluster, tiny_model: Path,
+                                                        shared: Path) -> None:
+    svc = svc_factory()
+    run_id = long_hf_run(svc, tiny_model)
+    job = job_id_of(svc, run_id)
+    wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
+    (client,) = [pid for pid in pids() if (alive_cmd(pid) or "").startswith("ssh ")
+                 and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")]
+    os.kill(client, signal.SIGKILL)
+    run = svc.wait_for(run_id, TERMINAL, 60)
+    assert run["state"] == "failed", run
+    slurm.wait_empty(20)  # the allocation is freed: nothing of the run is left in SLURM
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and [p for p in pids() if str(shared) in (alive_cmd(p) or "")]:
+        time.sleep(0.1)
+    assert [alive_cmd(p) for p in pids() if str(shared) in (alive_cmd(p) or "")] == []
+    assert list((shared / "jobs").iterdir()) == []
+
+
+def running_job(svc: Services, run_id: str, slurm: SlurmCluster) -> str:
+    job = job_id_of(svc, run_id)
+    wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
+    wait_log(svc, run_id, "step: training sentiment", timeout_s=90)
+    return job
+
+
+def test_a_job_past_its_time_limit_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster,
+                                                                  tiny_model: Path) -> None:
+    svc = svc_factory(time="00:10:00")
+    run_id = long_hf_run(svc, tiny_model)
+    job = running_job(svc, run_id, slurm)
+    slurm.run("scontrol", "update", f"jobid={job}", "TimeLimit=0")
+    run = svc.wait_for(run_id, TERMINAL, 90)
+    assert run["state"] == "failed", run
+    assert run["error"].startswith(f"SLURM job {job} ended before the worker finished: it reached its time limit"), run
+    assert "raise the backend's `time` (now 00:10:00)" in run["error"], run
+
+
+def test_a_failed_node_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster, tiny_model: Path) -> None:
+    svc = svc_factory()
+    run_id = long_hf_run(svc, tiny_model)
+    job = running_job(svc, run_id, slurm)
+    slurm.run("scontrol", "update", f"nodename={NODE}", "state=down", "reason=test")
+    run = svc.wait_for(run_id, TERMINAL, 90)
+    assert run["state"] == "failed", run
+    assert run["error"].startswith(f"SLURM job {job} ended before the worker finished: its node {NODE} failed"), run
+
+
+def test_a_preempted_job_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster, tiny_model: Path) -> None:
+    svc = svc_factory()
+    run_id = long_hf_run(svc, tiny_model)
+    job = running_job(svc, run_id, slurm)
+    block_the_node(slurm, partition="urgent")  # a higher PriorityTier: the run's job is cancelled for it
+    run = svc.wait_for(run_id, TERMINAL, 90)
+    assert run["state"] == "failed", run
+    assert run["error"].startswith(
+        f"SLURM job {job} ended before the worker finished: it was preempted by a job of higher priority"), run
+
+
+def test_a_scancel_from_outside_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster,
+                                                              tiny_model: Path) -> None:
+    svc = svc_factory()
+    run_id = long_hf_run(svc, tiny_model)
+    job = running_job(svc, run_id, slurm)
+    slurm.run("scancel", job)
+    run = svc.wait_for(run_id, TERMINAL, 90)
+    assert run["state"] == "failed", run
+    assert run["error"].startswith(
+        f"SLURM job {job} ended before the worker finished: it was cancelled from outside potato-queue (scancel)"), run
+
+
+def test_a_job_missing_from_one_squeue_answer_is_not_taken_as_finished(svc_factory: Any, slurm: SlurmCluster,
+                                                                       tmp_path: Path) -> None:
+    # A squeue in front of the real one on the backend's PATH answers "no such job" while the flag file
+    # exists, and removes it: the job vanishes from exactly one answer.
+    shim, flag = tmp_path / "shim", tmp_path / "hide-once"
+    shim.mkdir()
+    (shim / "squeue").write_text(f"#!/bin/sh\nif [ -e {flag} ]; then rm -f {flag}; exit 0; fi\nexec /usr/bin/squeue \"$@\"\n")
+    (shim / "squeue").chmod(0o755)
+    blocker = block_the_node(slurm)
+    svc = svc_factory(env={"PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"})
+    run_id = svc.start_run(**MAJORITY)
+    job = job_id_of(svc, run_id)
+    wait_log(svc, run_id, f"SLURM job {job}: PENDING (Resources)")
+    flag.touch()
+    deadline = time.monotonic() + 10
+    while flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not flag.exists(), "the agent polled squeue"
+    time.sleep(1.5)
+    _, run = svc.api("GET", f"/runs/{run_id}")
+    assert run["state"] == "running", run
+    assert f"squeue did not list SLURM job {job}; scontrol says PENDING: still following it" in agent_log(svc, run_id)
+    slurm.run("scancel", blocker)
+    run = svc.wait_for(run_id, TERMINAL, 60)
+    assert run["state"] == "succeeded", (run, run_log(svc, run_id))
+
+
+def test_an_import_error_on_the_compute_node_is_in_run_log(svc_factory: Any) -> None:
+    svc = svc_factory(job_python="/usr/bin/python3")  # Debian's python3 has no scikit-learn
+    run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 90)
+    assert run["state"] == "failed", run
+    assert "Trainer 'sklearn-text' could not be imported" in run["error"], run
+    assert "Trainer 'sklearn-text' could not be imported" in run_log(svc, run_id)
+
+
+def test_a_job_python_the_nodes_lack_says_so(svc_factory: Any) -> None:
+    svc = svc_factory(job_python="/opt/no-such/python3")
+    run = svc.wait_for(svc.start_run(**MAJORITY), TERMINAL, 90)
+    assert run["state"] == "failed", run
+    assert run["error"].startswith(f"/opt/no-such/python3 was not found on {NODE}"), run
+    assert "set the backend's job_python" in run["error"]
+
+
+def test_a_login_host_without_sbatch_is_err_8(svc_factory: Any, tmp_path: Path) -> None:
+    svc = svc_factory(env={"PATH": str(tmp_path / "empty")})
+    run = svc.wait_for(svc.start_run(**MAJORITY), TERMINAL, 60)
+    assert run["state"] == "failed", run
+    assert run["error"].startswith(f"{ALIAS} has no sbatch on PATH, so it cannot submit jobs"), run
+    assert "set PATH in the backend's env" in run["error"]
+
+
+def check(tmp_path: Path, sshd: Sshd, slurm: SlurmCluster, shared: Path, **backend: Any) -> subprocess.CompletedProcess[str]:
+    from tests.lifecycle_helpers import make_project
+
+    sshd.write_config("root")
+    config = make_project(tmp_path, **cluster_backend(slurm, shared, **backend))
+    return run_cli("training", "check", BACKEND, config, "--json",
+                   env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)}, timeout_s=120)
+
+
+def test_check_reports_the_commands_the_pythons_and_the_partition(tmp_path: Path, sshd: Sshd, slurm: SlurmCluster,
+                                                                  shared: Path) -> None:
+    from tests.lifecycle_helpers import make_project
+
+    sshd.write_config("root")
+    config = make_project(tmp_path, **cluster_backend(slurm, shared, partition="gpu"))
+    proc = run_cli("training", "check", BACKEND, config, env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
+                   timeout_s=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"{ALIAS}: Python 3.11" in proc.stdout and "runs the agent" in proc.stdout
+    assert "sbatch: /usr/bin/sbatch" in proc.stdout and "scancel: /usr/bin/scancel" in proc.stdout
+    assert f"remote_dir: {shared}" in proc.stdout
+    assert f"job_python: {sys.executable} runs the worker on the compute nodes" in proc.stdout
+    assert "partition gpu: 1 node(s), idle; 2 of 2 GPUs free" in proc.stdout, proc.stdout
+    data = json.loads(check(tmp_path / "json", sshd, slurm, shared).stdout)
+    assert data["ok"] is True and data["nodes"] == [
+        {"node": NODE, "partition": "gpu", "state": "idle", "gpus": 2, "free_gpus": 2},
+        {"node": NODE, "partition": "urgent", "state": "idle", "gpus": 2, "free_gpus": 2}]
+
+
+def test_check_fails_without_sbatch_and_for_a_remote_dir_that_is_really_in_tmp(tmp_path: Path, sshd: Sshd,
+                                                                                slurm: SlurmCluster, shared: Path) -> None:
+    proc = check(tmp_path / "a", sshd, slurm, shared, env={"PATH": str(tmp_path / "empty")})
+    assert proc.returncode == 1
+    problems = json.loads(proc.stdout)["problems"]
+    assert problems[0].startswith(f"{ALIAS} has no sbatch on PATH, so it cannot submit jobs; fix: "), problems
+    # The validator sees /srv/...; only the login node knows the folder is a link into /tmp.
+    link = shared / "scratch"
+    link.symlink_to(tempfile.mkdtemp(prefix="pq-node-local-"))
+    proc = check(tmp_path / "b", sshd, slurm, shared, remote_dir=str(link))
+    assert proc.returncode == 1
+    (problem,) = json.loads(proc.stdout)["problems"]
+    assert problem.startswith(f"remote_dir {link} is {link.resolve()} on {ALIAS}, which is local to each node"), problem
+    shutil.rmtree(link.resolve())
+
+
+def test_a_hand_started_agent_on_the_login_node_submits_with_its_slurm_config(
+        tmp_path: Path, redis_server_url: str, slurm: SlurmCluster, shared: Path) -> None:
+    from tests.agent_helpers import AGENT, lab, register
+
+    settings = tmp_path / "slurm.json"
+    with started(tmp_path, redis_server_url, executors=1, **lab()) as svc:
+        token = register(svc)
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}, **slurm.env,
+               "POTATO_TRAINING_TOKEN": token}
+        settings.write_text(json.dumps({"partition": "gpu", "gres": "gpu:1", "job_pyhton": sys.executable}))
+        refused = subprocess.run([*AGENT, "--server", svc.url, "--backend", "lab", "--workdir", str(shared),
+                                  "--slurm-config", str(settings), "--once"], env=env, capture_output=True, text=True,
+                                 timeout=60)
+        assert refused.returncode == 2
+        assert f"{settings}: unknown slurm setting job_pyhton; the settings are job_python, prelude" in refused.stderr
+        settings.write_text(json.dumps({"partition": "gpu", "gres": "gpu:1", "job_python": sys.executable,
+                                        "poll_interval_s": 1}))
+        agent = subprocess.Popen([*AGENT, "--server", svc.url, "--backend", "lab", "--workdir", str(shared),
+                                  "--slurm-config", str(settings), "--once"], env=env, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path)
+        try:
+            run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="lab")
+            run = svc.wait_for(run_id, TERMINAL, 120)
+            assert agent.wait(60) == 0
+        finally:
+            if agent.poll() is None:
+                os.killpg(agent.pid, signal.SIGKILL)
+                agent.wait()
+        output = agent.stdout.read() if agent.stdout else ""
+        assert run["state"] == "succeeded", (run, output)
+        log = run_log(svc, run_id)
+        job = job_id_of(svc, run_id)
+        assert f"Submitted SLURM job {job}: --partition=gpu --gres=gpu:1 --no-requeue" in log
+        assert f"SLURM job {job}: RUNNING on {NODE}" in log
+        assert run["artifact_uri"].endswith(f":{shared}/{run_id}/work"), run
+        # An installed agent's code lives where the nodes may not look: the job ran a copy in the workdir.
+        assert [p.name.startswith("potato-queue-") for p in (shared / "code").iterdir()] == [True]

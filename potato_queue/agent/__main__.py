@@ -163,6 +163,7 @@ def read_assignment(args: argparse.Namespace, stream: IO[str]) -> bool:
     assignment = json.loads(line)
     args.run_id, args.server, args.workdir = assignment["run_id"], assignment["server"], assignment["workdir"]
     args.slurm_settings = assignment.get("slurm") or {}
+    args.host = assignment.get("host")  # the name the admin gave this host (errors use it)
     if assignment.get("log"):
         fd = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 1)
@@ -212,7 +213,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             return 0
         if args.slurm:
             try:
-                launcher = SlurmLauncher(SlurmSettings.of(args.slurm_settings), log_line)
+                launcher = SlurmLauncher(SlurmSettings.of(args.slurm_settings), log_line, host=args.host)
             except SettingsError as exc:
                 log_line(str(exc))
                 return EXIT_BAD_SPEC

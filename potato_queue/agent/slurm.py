@@ -156,7 +156,7 @@ def parse_scontrol(stdout: str) -> Dict[str, str]:
     return fields
 
 
-_DUE_TO = re.compile(r"\*\*\* JOB \S+ ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))? \*\*\*")
+_DUE_TO = re.compile(r"\*\*\* JOB \S+ ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?(?:,[^*]*)? \*\*\*")
 _OOM = re.compile(r"oom-kill|out-of-memory|Out Of Memory", re.IGNORECASE)
 _REASONS = {
     # state: (what happened, the fix)
@@ -175,14 +175,14 @@ _REASONS = {
 _SLURM_OUT_STATES = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
 
 
-def _state_from_slurm_out(slurm_out: str) -> Optional[str]:
-    """The end state slurmstepd wrote into slurm.out, where scontrol cannot tell (a purged job)."""
+def _state_from_slurm_out(slurm_out: str) -> Tuple[Optional[str], str]:
+    """The end state slurmstepd wrote into slurm.out, and the node, where scontrol cannot tell (a purged job)."""
     if _OOM.search(slurm_out):
-        return "OUT_OF_MEMORY"
+        return "OUT_OF_MEMORY", ""
     match = _DUE_TO.search(slurm_out)
     if match is None:
-        return None
-    return _SLURM_OUT_STATES.get(match.group(2) or "", "CANCELLED" if not match.group(2) else None)
+        return None, ""
+    return _SLURM_OUT_STATES.get(match.group(2) or "", "CANCELLED" if not match.group(2) else None), match.group(1)
 
 
 def end_reason(job_id: str, job: Dict[str, str], slurm_out: str, settings: SlurmSettings,
@@ -193,13 +193,14 @@ def end_reason(job_id: str, job: Dict[str, str], slurm_out: str, settings: Slurm
     A job we cancelled, one that completed, or one whose worker failed on its own (FAILED) is not
     the scheduler's doing: the worker's own error says what happened.
     """
-    state = job.get("JobState", "")
+    state, node = job.get("JobState", ""), job.get("NodeList") or job.get("BatchHost") or ""
     if state not in _REASONS:
-        state = _state_from_slurm_out(slurm_out) or state
+        from_out, out_node = _state_from_slurm_out(slurm_out)
+        state, node = from_out or state, node or out_node
     if state not in _REASONS or (state == "CANCELLED" and stopped_by_us):
         return None
     what, fix = _REASONS[state]
-    node = job.get("NodeList") or job.get("BatchHost") or "?"
+    node = node or "?"
     limit = settings.sbatch.get("--time")
     mem = settings.sbatch.get("--mem")
     details = {"node": node, "time": " (now {})".format(limit) if limit else "", "mem": " (now {})".format(mem) if mem

@@ -35,11 +35,12 @@ from potato_queue.agent.slurm import (
     parse_squeue,
     sbatch_argv,
 )
-from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_OOM, EXIT_UNEXPECTED
+from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
 from potato_queue.worker.files import write_atomic
 
 __all__ = ["SlurmLauncher", "SlurmJob", "NO_SBATCH_FIX", "no_sbatch"]
 
+KILLED = 128 + 9  # what a worker killed by SIGKILL exits with, shell-style
 FILE_CHECK_S = 0.1  # how often exit_code is looked for: the end of a job is seen this fast
 FOLLOW_S = 0.05
 COMMAND_TIMEOUT_S = 60
@@ -183,6 +184,9 @@ class SlurmJob(WorkerHandle):
             self._scancel(["--full", "--signal=TERM"])
 
     def kill(self) -> None:
+        """The plain scancel: SLURM ends the job (SIGCONT and SIGTERM to all of it, SIGKILL after its KillWait)
+        and frees its allocation. SLURM has no SIGKILL-at-once for a batch job: scancel --signal=KILL is this
+        same cancel."""
         self.stopping = True
         if self._code is None:
             self._scancel([])
@@ -267,6 +271,9 @@ class SlurmJob(WorkerHandle):
         if self._ended is not None:
             code = EXIT_OOM if self._ended.code == "slurm_out_of_memory" else (
                 EXIT_BAD_SPEC if self._ended.code == "python_not_found" else EXIT_UNEXPECTED)
+        elif code is None and self.stopping:
+            # job.sh went with the worker (our hard stop), or the job was cancelled before it ran.
+            code = KILLED if self.state is not None and self.state.state != "PENDING" else EXIT_CANCELLED
         elif code is None:
             self.log("SLURM job {} left the queue without writing exit_code".format(self.job_id))
             code = EXIT_UNEXPECTED

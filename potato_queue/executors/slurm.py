@@ -114,5 +114,6 @@ class SlurmExecutor(Executor):
         env = [f"{name}={value}" for name, value in self.backend.env.items()]  # SLURM_CONF, a PATH to scancel
         stop_job = remote_shell(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + \
             ' "$(id -un)" 2>/dev/null; '
-        return start_agent(spec, self.backend, header, assignment={"slurm": self.backend.job_settings()},
+        return start_agent(spec, self.backend, header, assignment={"slurm": self.backend.job_settings(),
+                                                                    "host": self.backend.host},
                            stop_job=stop_job)

@@ -1,0 +1,179 @@
+"""The slurm backend's pure functions (agent/slurm.py, executors/slurm.py), on real command output.
+
+tests/data/slurm/ holds what Debian's slurm 22.05 printed on the single-node test cluster
+(tests/slurm_cluster.py) for each way a job ends: squeue's lines, `scontrol show job -o` and the
+job's slurm.out. job.sh is run for real by bash here, with a stand-in worker (no SLURM needed for
+what the script itself does).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from potato_queue.agent.slurm import (
+    QueueState,
+    SettingsError,
+    SlurmSettings,
+    describe_state,
+    end_reason,
+    job_script,
+    parse_job_id,
+    parse_scontrol,
+    parse_squeue,
+    sbatch_argv,
+)
+from potato_queue.executors.slurm import parse_sinfo
+
+DATA = Path(__file__).parent / "data" / "slurm"
+SETTINGS = SlurmSettings.of({"partition": "gpu", "gres": "gpu:1", "time": "00:10:00", "mem": "4G"})
+
+
+def test_sbatch_gets_the_backends_flags_in_order_and_no_requeue_unless_asked() -> None:
+    argv = sbatch_argv(SETTINGS, "r1", "/shared/jobs/r1")
+    assert argv == ["sbatch", "--parsable", "--partition=gpu", "--gres=gpu:1", "--time=00:10:00", "--mem=4G",
+                    "--no-requeue", "--job-name=potato-queue-r1", "--output=/shared/jobs/r1/slurm.out",
+                    "--chdir=/shared/jobs/r1/work", "/shared/jobs/r1/job.sh"]
+    requeued = sbatch_argv(SlurmSettings.of({"requeue": True, "cpus_per_task": 8}), "r1", "/j")
+    assert "--no-requeue" not in requeued and "--cpus-per-task=8" in requeued
+
+
+def test_settings_refuse_a_misspelled_key_and_a_prelude_that_is_not_a_list() -> None:
+    with pytest.raises(SettingsError, match="unknown slurm setting partiton; the settings are job_python"):
+        SlurmSettings.of({"partiton": "gpu"})
+    with pytest.raises(SettingsError, match="prelude must be a list of shell lines"):
+        SlurmSettings.of({"prelude": "module load cuda"})
+    assert SlurmSettings.of({"type": "slurm"}).job_python == "python3"
+
+
+def test_the_job_id_from_sbatch_parsable() -> None:
+    assert parse_job_id("4242\n") == "4242"
+    assert parse_job_id("4242;cluster2\n") == "4242"
+    with pytest.raises(ValueError, match="not a job id"):
+        parse_job_id("sbatch: error: Batch job submission failed\n")
+
+
+def test_squeue_lines_and_the_run_log_line_they_become() -> None:
+    pending = parse_squeue((DATA / "squeue_pending.txt").read_text())
+    running = parse_squeue((DATA / "squeue_running.txt").read_text())
+    assert pending == QueueState("PENDING", "Resources", "")
+    assert running == QueueState("RUNNING", "None", "node1")
+    assert describe_state("7", pending) == "SLURM job 7: PENDING (Resources)"
+    assert describe_state("7", running) == "SLURM job 7: RUNNING on node1"
+    assert describe_state("7", QueueState("PENDING", "None", "")) == "SLURM job 7: PENDING (not scheduled yet)"
+    assert parse_squeue("") is None  # a job SLURM no longer lists
+
+
+def scontrol(name: str) -> dict[str, str]:
+    return parse_scontrol((DATA / f"scontrol_{name}.txt").read_text())
+
+
+def slurm_out(name: str) -> str:
+    return (DATA / f"slurm_out_{name}.txt").read_text()
+
+
+def test_scontrol_fields() -> None:
+    fields = scontrol("timeout")
+    assert fields["JobState"] == "TIMEOUT" and fields["NodeList"] == "node1" and fields["BatchFlag"] == "1"
+    assert parse_scontrol("") == {}
+
+
+@pytest.mark.parametrize(("name", "message", "fix"), [
+    ("timeout", "it reached its time limit", "raise the backend's `time` (now 00:10:00)"),
+    ("node_fail", "its node node1 failed", "`exclude`"),
+    ("preempted", "it was preempted by a job of higher priority", "not preempted"),
+    ("cancelled", "it was cancelled from outside potato-queue (scancel)", "Cancel run"),
+])
+def test_each_way_the_scheduler_ends_a_job_has_its_reason_and_fix(name: str, message: str, fix: str) -> None:
+    job = scontrol(name)["JobId"]
+    code, text, hint = end_reason(job, scontrol(name), slurm_out(name), SETTINGS, stopped_by_us=False) or ("", "", "")
+    assert text == f"SLURM job {job} ended before the worker finished: {message}"
+    assert code == f"slurm_{scontrol(name)['JobState'].lower()}" and fix in hint
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("timeout", "it reached its time limit"),
+    ("node_fail", "its node node1 failed"),
+    ("preempted", "it was preempted by a job of higher priority"),
+    ("cancelled", "it was cancelled from outside potato-queue (scancel)"),
+])
+def test_slurm_out_tells_the_reason_when_scontrol_no_longer_knows_the_job(name: str, message: str) -> None:
+    reason = end_reason("7", {}, slurm_out(name), SETTINGS, stopped_by_us=False)
+    assert reason is not None and reason[1] == f"SLURM job 7 ended before the worker finished: {message}"
+
+
+def test_the_scheduler_did_not_end_a_job_that_completed_failed_on_its_own_or_that_we_cancelled() -> None:
+    assert end_reason("7", scontrol("completed"), slurm_out("completed"), SETTINGS, False) is None
+    assert end_reason("7", scontrol("failed"), slurm_out("failed"), SETTINGS, False) is None
+    assert end_reason("7", scontrol("cancelled"), slurm_out("cancelled"), SETTINGS, stopped_by_us=True) is None
+    oom = end_reason("7", {"JobState": "OUT_OF_MEMORY"}, "", SETTINGS, False)
+    assert oom is not None and oom[1].endswith("it ran out of memory") and "`mem` (now 4G)" in oom[2]
+
+
+def test_sinfo_nodes_with_their_free_gpus() -> None:
+    text = "node1|gpu*|mixed|gpu:2|gpu:1(IDX:0)|\nnode2|gpu*|idle|gpu:a100:4(S:0-1)|gpu:a100:0(IDX:N/A)|\n"
+    assert parse_sinfo(text) == [
+        {"node": "node1", "partition": "gpu", "state": "mixed", "gpus": 2, "free_gpus": 1},
+        {"node": "node2", "partition": "gpu", "state": "idle", "gpus": 4, "free_gpus": 4}]
+
+
+# ---------------------------------------------------------------- job.sh, run by bash
+
+def run_job(tmp_path: Path, worker_code: str, **settings: object) -> subprocess.Popen[bytes]:
+    job = tmp_path / "job"
+    (job / "work").mkdir(parents=True)
+    script = job / "job.sh"
+    script.write_text(job_script(SlurmSettings.of(settings), "r1", str(job), [sys.executable, "-c", worker_code]))
+    script.chmod(0o700)
+    return subprocess.Popen([str(script)], cwd=job / "work", env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
+                                                                   "SLURMD_NODENAME": "node7"})
+
+
+def test_job_sh_writes_events_stderr_and_the_exit_code(tmp_path: Path) -> None:
+    worker = ("import os, sys; print('{\"event\": \"status\", \"state\": \"running\"}'); "
+              "sys.stderr.write('a line on stderr ' + os.environ['PQ_FROM_ENV'] + ' ' + os.environ['OMP_NUM_THREADS']);"
+              " sys.exit(3)")
+    job = run_job(tmp_path, worker, env={"PQ_FROM_ENV": "it's set"}, num_threads=2)
+    assert job.wait(30) == 3
+    folder = tmp_path / "job"
+    assert json.loads((folder / "events.jsonl").read_text()) == {"event": "status", "state": "running"}
+    assert (folder / "stderr.log").read_text() == "a line on stderr it's set 2"
+    assert (folder / "exit_code").read_text() == "3\n" and (folder / "running").read_text() == "node7\n"
+
+
+def test_a_failing_prelude_line_ends_the_job_saying_which(tmp_path: Path) -> None:
+    job = run_job(tmp_path, "print('never')", prelude=["true # a comment", "module load cuda/99"])
+    assert job.wait(30) == 2
+    folder = tmp_path / "job"
+    assert "potato-queue: the prelude line failed: module load cuda/99" in (folder / "stderr.log").read_text()
+    assert (folder / "exit_code").read_text() == "2\n" and not (folder / "events.jsonl").exists()
+
+
+def test_job_sh_outlives_sigterm_and_records_how_the_worker_stopped(tmp_path: Path) -> None:
+    # SLURM's scancel --full --signal=TERM reaches every process of the job: the shell and the worker.
+    worker = ("import signal, sys, time\n"
+              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(4))\n"
+              "print('{\"event\": \"status\"}', flush=True)\n"
+              "time.sleep(60)\n")
+    job = run_job(tmp_path, worker)
+    events = tmp_path / "job" / "events.jsonl"
+    deadline = time.monotonic() + 30
+    while not (events.exists() and events.read_text()):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    for pid in [job.pid, *child_pids(job.pid)]:
+        os.kill(pid, signal.SIGTERM)
+    assert job.wait(30) == 4
+    assert (tmp_path / "job" / "exit_code").read_text() == "4\n"
+
+
+def child_pids(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
