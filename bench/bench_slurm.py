@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lifecycle import p95  # noqa: E402
 
+from potato_queue.agent.runner import extract_bundle  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.executors.remote_agent import SSH_CONFIG_ENV  # noqa: E402
 from tests.lifecycle_helpers import TERMINAL, Services, build_tiny_model, run_path, started  # noqa: E402
@@ -153,6 +154,8 @@ def noop(tmp: Path, runs: int) -> None:
             job_dir = Path(run["artifact_uri"].split(":", 1)[1]).parent
             for name in ("exit_code", "running", "events.jsonl", "stderr.log", "slurm.out"):
                 (job_dir / name).unlink(missing_ok=True)
+            # The agent removed the unpacked bundle after its run; the hand run gets it back, untimed.
+            extract_bundle(str(run_path(svc, run_id) / "bundle.tar.gz"), str(job_dir / "bundle"))
             started_s = time.perf_counter()
             slurm.run("sbatch", "--wait", "--parsable", f"--output={job_dir}/slurm.out", f"--chdir={job_dir}/work",
                       str(job_dir / "job.sh"))

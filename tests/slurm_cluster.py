@@ -38,15 +38,18 @@ def require_slurm() -> None:
         pytest.fail("the slurm backend's tests start slurmctld and slurmd: run them as root")
 
 
-def _slurm_conf(root: Path, munge_socket: Path) -> str:
+def _slurm_conf(root: Path, munge_socket: Path, cgroups: bool) -> str:
+    # With cgroups (v1 here), memory is the kernel's to enforce: a job over its mem ends OUT_OF_MEMORY.
+    tracking = (["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup", "JobAcctGatherType=jobacct_gather/cgroup"]
+                if cgroups else ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
+                                 "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherParams=OverMemoryKill"])
     return "\n".join([
         "ClusterName=pqtest", "SlurmctldHost=localhost", f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
         "SlurmUser=root", "AuthType=auth/munge", f"AuthInfo=socket={munge_socket}",
         f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}",
         f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'slurmd.pid'}",
         f"SlurmctldLogFile={root / 'slurmctld.log'}", f"SlurmdLogFile={root / 'slurmd.log'}",
-        "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "JobAcctGatherType=jobacct_gather/linux",
-        "JobAcctGatherParams=OverMemoryKill", "AccountingStorageType=accounting_storage/none",
+        *tracking, "AccountingStorageType=accounting_storage/none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", "DefMemPerCPU=100",
         "MailProg=/bin/true", "ReturnToService=2", "SlurmdParameters=config_overrides",
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0", "KillWait=5", "MinJobAge=300",
@@ -59,7 +62,7 @@ def _slurm_conf(root: Path, munge_socket: Path) -> str:
 class SlurmCluster:
     """The cluster; `env` is what a client (and a backend's `env`) needs to reach it."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, cgroups: bool = False) -> None:
         require_slurm()
         self.root = root
         for name in ("state", "spool", "dev", "munge"):
@@ -67,7 +70,10 @@ class SlurmCluster:
         (root / "munge").chmod(0o755)  # slurmd's job steps reach the socket as the job's user
         self.munge_socket = root / "munge" / "munge.socket"
         self.conf = root / "slurm.conf"
-        self.conf.write_text(_slurm_conf(root, self.munge_socket))
+        self.conf.write_text(_slurm_conf(root, self.munge_socket, cgroups))
+        if cgroups:
+            (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n"
+                                              "ConstrainDevices=no\nConstrainCores=no\n")
         for index in range(2):
             os.symlink("/dev/null", root / "dev" / f"nvidia{index}")
         (root / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={root / 'dev'}/nvidia[0-1]\n")
@@ -132,6 +138,12 @@ class SlurmCluster:
     def resume_node(self) -> None:
         self.run("scontrol", "update", f"nodename={NODE}", "state=resume", check=False)
         self.wait_node_state("idle")
+
+    def __enter__(self) -> SlurmCluster:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
     def close(self) -> None:
         for pid_file in reversed(self.pid_files):

@@ -190,6 +190,22 @@ def test_the_ssh_session_killed_mid_run_cancels_the_job(svc_factory: Any, slurm:
     assert list((shared / "jobs").iterdir()) == []
 
 
+def test_a_dropped_session_makes_the_agent_cancel_its_job_by_itself(svc_factory: Any, slurm: SlurmCluster,
+                                                                    tiny_model: Path, sshd: Sshd) -> None:
+    # The executor's own clean-up cannot log in any more (a key the host does not know): only the agent
+    # on the login node, which sees its session end, can free the allocation.
+    svc = svc_factory(training={"grace_seconds": 2})
+    run_id = long_hf_run(svc, tiny_model)
+    job = job_id_of(svc, run_id)
+    wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
+    sshd.write_config("root", key=sshd.new_key("unknown-to-the-host"))
+    (client,) = [pid for pid in pids() if (alive_cmd(pid) or "").startswith("ssh ")
+                 and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")]
+    os.kill(client, signal.SIGKILL)
+    assert svc.wait_for(run_id, TERMINAL, 60)["state"] == "failed"
+    slurm.wait_empty(30)
+
+
 def running_job(svc: Services, run_id: str, slurm: SlurmCluster) -> str:
     job = job_id_of(svc, run_id)
     wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
@@ -376,3 +392,20 @@ def test_a_hand_started_agent_on_the_login_node_submits_with_its_slurm_config(
         assert run["artifact_uri"].endswith(f":{shared}/{run_id}/work"), run
         # An installed agent's code lives where the nodes may not look: the job ran a copy in the workdir.
         assert [p.name.startswith("potato-queue-") for p in (shared / "code").iterdir()] == [True]
+
+
+def test_a_job_over_its_mem_fails_the_run_out_of_memory(tmp_path: Path, redis_server_url: str, sshd: Sshd,
+                                                         shared: Path, tiny_model: Path) -> None:
+    # Only the cgroup plugins enforce a job's memory (cgroup v1 on this machine): a cluster of its own.
+    with SlurmCluster(tmp_path / "cgroup-slurm", cgroups=True) as slurm:
+        sshd.write_config("root")
+        backend = cluster_backend(slurm, shared, mem="150M")  # importing torch alone takes more
+        with started(tmp_path, redis_server_url, executors=0, **backend) as svc:
+            svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+            run_id = long_hf_run(svc, tiny_model)
+            run = svc.wait_for(run_id, TERMINAL, 120)
+            job = job_id_of(svc, run_id)
+        assert run["state"] == "failed", run
+        assert run["error"].startswith(f"SLURM job {job} ended before the worker finished: it ran out of memory"), run
+        assert "raise the backend's `mem` (now 150M)" in run["error"]
+        slurm.wait_empty()

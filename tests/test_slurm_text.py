@@ -90,6 +90,7 @@ def test_scontrol_fields() -> None:
     ("node_fail", "its node node1 failed", "`exclude`"),
     ("preempted", "it was preempted by a job of higher priority", "not preempted"),
     ("cancelled", "it was cancelled from outside potato-queue (scancel)", "Cancel run"),
+    ("out_of_memory", "it ran out of memory", "raise the backend's `mem` (now 4G)"),
 ])
 def test_each_way_the_scheduler_ends_a_job_has_its_reason_and_fix(name: str, message: str, fix: str) -> None:
     job = scontrol(name)["JobId"]
@@ -103,6 +104,7 @@ def test_each_way_the_scheduler_ends_a_job_has_its_reason_and_fix(name: str, mes
     ("node_fail", "its node node1 failed"),
     ("preempted", "it was preempted by a job of higher priority"),
     ("cancelled", "it was cancelled from outside potato-queue (scancel)"),
+    ("out_of_memory", "it ran out of memory"),
 ])
 def test_slurm_out_tells_the_reason_when_scontrol_no_longer_knows_the_job(name: str, message: str) -> None:
     reason = end_reason("7", {}, slurm_out(name), SETTINGS, stopped_by_us=False)
@@ -110,11 +112,10 @@ def test_slurm_out_tells_the_reason_when_scontrol_no_longer_knows_the_job(name: 
 
 
 def test_the_scheduler_did_not_end_a_job_that_completed_failed_on_its_own_or_that_we_cancelled() -> None:
+    # (out_of_memory's files are from the test cluster in its cgroup mode: SlurmCluster(cgroups=True).)
     assert end_reason("7", scontrol("completed"), slurm_out("completed"), SETTINGS, False) is None
     assert end_reason("7", scontrol("failed"), slurm_out("failed"), SETTINGS, False) is None
     assert end_reason("7", scontrol("cancelled"), slurm_out("cancelled"), SETTINGS, stopped_by_us=True) is None
-    oom = end_reason("7", {"JobState": "OUT_OF_MEMORY"}, "", SETTINGS, False)
-    assert oom is not None and oom[1].endswith("it ran out of memory") and "`mem` (now 4G)" in oom[2]
 
 
 def test_sinfo_nodes_with_their_free_gpus() -> None:
