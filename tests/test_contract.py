@@ -204,13 +204,12 @@ class SshHarness:
     @contextmanager
     def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
         training.pop("queue_timeout_s", None)  # an ssh run waits for its connection, bounded by ssh itself
-        self.remote, self.frozen = tmp_path / "remote", []
-        backend = {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none",
-                   "remote_dir": str(self.remote)}
-        if "heartbeat_timeout_s" in training:
-            backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
-        self.sshd = Sshd(tmp_path / "sshd")
+        self.frozen, self.sshd = [], None
         try:
+            backend = self.backend(tmp_path)
+            if "heartbeat_timeout_s" in training:
+                backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
+            self.sshd = Sshd(tmp_path / "sshd")
             with started(tmp_path, redis_url, executors=0, backend=self.name, backends={self.name: backend},
                          **training) as svc:
                 svc.executor(env={SSH_CONFIG_ENV: str(self.sshd.config)})
@@ -218,7 +217,16 @@ class SshHarness:
         finally:
             for pid in self.frozen:
                 _continue(pid)
-            self.sshd.close()
+            if self.sshd is not None:
+                self.sshd.close()
+            self.close()
+
+    def backend(self, tmp_path: Path) -> dict[str, Any]:
+        self.remote = tmp_path / "remote"
+        return {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none", "remote_dir": str(self.remote)}
+
+    def close(self) -> None:
+        """What the harness started for the project besides sshd."""
 
     def _ours(self) -> list[int]:
         """Our processes on the host: everything started from the code copied to remote_dir."""
@@ -288,28 +296,17 @@ class SlurmHarness(SshHarness):
         super().__init__()
         self.slurm: SlurmCluster | None = None
 
-    @contextmanager
-    def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
-        training.pop("queue_timeout_s", None)
-        self.remote, self.frozen = Path(tempfile.mkdtemp(prefix="pq-contract-", dir="/srv")), []
+    def backend(self, tmp_path: Path) -> dict[str, Any]:
+        self.slurm = None
+        self.remote = Path(tempfile.mkdtemp(prefix="pq-contract-", dir="/srv"))
         self.slurm = SlurmCluster(tmp_path / "slurm")
-        backend = {"type": "slurm", "host": ALIAS, "python": sys.executable, "job_python": sys.executable,
-                   "remote_dir": str(self.remote), "poll_interval_s": 1, "env": self.slurm.env}
-        if "heartbeat_timeout_s" in training:
-            backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
-        try:
-            self.sshd = Sshd(tmp_path / "sshd")
-            with started(tmp_path, redis_url, executors=0, backend=self.name, backends={self.name: backend},
-                         **training) as svc:
-                svc.executor(env={SSH_CONFIG_ENV: str(self.sshd.config)})
-                yield svc
-        finally:
-            for pid in self.frozen:
-                _continue(pid)
-            if self.sshd is not None:
-                self.sshd.close()
+        return {"type": "slurm", "host": ALIAS, "python": sys.executable, "job_python": sys.executable,
+                "remote_dir": str(self.remote), "poll_interval_s": 1, "env": self.slurm.env}
+
+    def close(self) -> None:
+        if self.slurm is not None:
             self.slurm.close()
-            shutil.rmtree(self.remote, ignore_errors=True)
+        shutil.rmtree(self.remote, ignore_errors=True)
 
     def worker_pid(self, svc: Services, run_id: str) -> int:
         # The worker's parent is the job's shell, under slurmd: not the agent on the login node.

@@ -110,9 +110,17 @@ def long_hf_run(svc: Services, tiny_model: Path) -> str:
                          params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
 
 
-def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(svc_factory: Any, slurm: SlurmCluster, shared: Path) -> None:
+def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(svc_factory: Any, slurm: SlurmCluster, shared: Path,
+                                                         tmp_path: Path) -> None:
+    # srun and sacct are never used (SLURM-2): stand-ins in front of the real ones note any call.
+    shim, called = tmp_path / "shim", tmp_path / "called"
+    shim.mkdir()
+    for name in ("srun", "sacct"):
+        (shim / name).write_text(f"#!/bin/sh\necho {name} >> {called}\nexec /usr/bin/{name} \"$@\"\n")
+        (shim / name).chmod(0o755)
     # The prelude runs in the job, before the worker: it shows the GPU SLURM handed the job.
-    svc = svc_factory(gres="gpu:1", time="00:10:00", prelude=['echo "job sees CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2'])
+    svc = svc_factory(gres="gpu:1", time="00:10:00", env={"PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"},
+                      prelude=['echo "job sees CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2'])
     run_id = svc.start_run(**MAJORITY)
     run = svc.wait_for(run_id, TERMINAL, 120)
     assert run["state"] == "succeeded", (run, run_log(svc, run_id), svc.logs())
@@ -125,6 +133,7 @@ def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(svc_factory: Any, slurm
     assert (run_path(svc, run_id) / "predictions.jsonl").stat().st_size > 0
     assert list((shared / "jobs").iterdir()) == [], "the job folder is removed after the copy back"
     assert slurm.queue() == []
+    assert not called.exists(), called.read_text()
 
 
 def block_the_node(slurm: SlurmCluster, partition: str = "gpu") -> str:

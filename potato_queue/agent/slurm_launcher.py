@@ -29,6 +29,7 @@ from potato_queue.agent.slurm import (
     SlurmSettings,
     describe_state,
     end_reason,
+    job_name,
     job_script,
     parse_job_id,
     parse_scontrol,
@@ -368,7 +369,11 @@ class SlurmLauncher(WorkerLauncher):
             raise LaunchError("sbatch_refused", "sbatch refused the job: {}".format(
                 done.stderr.strip() or done.stdout.strip()), "check the backend's sbatch settings ({}) against the "
                 "cluster's partitions (sinfo) and limits".format(" ".join(argv[2:-4]) or "none set"))
-        job_id = parse_job_id(done.stdout)
+        try:
+            job_id = parse_job_id(done.stdout)
+        except ValueError as exc:
+            self.command(["scancel", "--name", job_name(run_id), "--user", str(os.getuid())])  # if it was queued
+            raise LaunchError("sbatch_failed", str(exc)) from exc
         flags = argv[2:-4]
         self.log("Submitted SLURM job {}: {}".format(job_id, " ".join(argv)))
         return SlurmJob(job_id, job_dir, flags, self)

@@ -23,20 +23,30 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from potato_queue import code_package
-from potato_queue.agent import remote_boot
+from potato_queue.agent import remote_boot, remote_check
 from potato_queue.errors import PotatoQueueError
-from potato_queue.executors.base import AgentResult, Gone, LaunchSpec, RunHandle, Running, Status, Waiting
-from potato_queue.executors.openssh import SshTarget, remote_shell, run_ssh, ssh_argv, ssh_failure
+from potato_queue.executors.base import (
+    AgentResult,
+    CheckReport,
+    Gone,
+    LaunchSpec,
+    RunHandle,
+    Running,
+    Status,
+    Waiting,
+)
+from potato_queue.executors.openssh import SshFailed, SshTarget, remote_shell, run_ssh, ssh_argv, ssh_failure
 from potato_queue.executors.remote_copy import ModelCopy
 from potato_queue.keys import remote_socket_path
 
-__all__ = ["SSH_CONFIG_ENV", "forward_target", "target_of", "python_not_found", "start_agent", "RemoteAgentHandle",
-           "tail"]
+__all__ = ["SSH_CONFIG_ENV", "forward_target", "target_of", "python_not_found", "host_facts", "failed_check",
+           "start_agent", "RemoteAgentHandle", "tail"]
 
 # An ssh config file of the server's own (ssh's -F): for a deployment that keeps its hosts apart
 # from the account's ~/.ssh/config, and for the tests' sshd.
 SSH_CONFIG_ENV = "POTATO_QUEUE_SSH_CONFIG"
 BOOT_SOURCE = Path(remote_boot.__file__).read_text()
+CHECK_SOURCE = Path(remote_check.__file__).read_text()
 EXIT_NOT_FOUND = 127
 
 
@@ -59,6 +69,27 @@ def python_not_found(backend: Any, backend_name: str) -> tuple[str, str]:
     host = backend.host
     return (f"{backend.python} was not found on {host}", f"set `python` of backend {backend_name} to an interpreter "
             f"on {host} (3.8 or newer; `ssh {host} which python3` shows one)")
+
+
+def host_facts(backend: Any, backend_name: str, asked: dict[str, Any]) -> dict[str, Any]:
+    """What remote_check saw on the host (`training check`); PotatoQueueError with its fix when the host cannot
+    be asked (ERR-1 and the other ssh failures, ERR-2)."""
+    try:
+        return json.loads(run_ssh(target_of(backend), [backend.python, "-c", CHECK_SOURCE],
+                                  stdin=json.dumps(asked).encode() + b"\n", timeout_s=120))
+    except SshFailed:
+        raise
+    except PotatoQueueError as exc:
+        if "not found" in exc.message or "No such file" in exc.message:
+            message, fix = python_not_found(backend, backend_name)
+            raise PotatoQueueError(message, fix=fix) from exc
+        raise
+
+
+def failed_check(exc: PotatoQueueError) -> CheckReport:
+    """The check's report when the host could not be asked."""
+    return CheckReport(ok=False, lines=[exc.message] + ([f"fix: {exc.fix}"] if exc.fix else []),
+                       data={"error": exc.message, "fix": exc.fix})
 
 
 def tail(path: Path, size: int = 4000) -> str:

@@ -12,23 +12,19 @@ really is, job_python and sinfo's view of the partition.
 
 from __future__ import annotations
 
-import json
 import re
-from pathlib import Path
 from typing import Any
 
-from potato_queue.agent import remote_check
 from potato_queue.agent.slurm import job_name
 from potato_queue.agent.slurm_launcher import NO_SBATCH_FIX, no_sbatch
 from potato_queue.config import SlurmBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
-from potato_queue.executors.openssh import SshFailed, remote_shell, run_ssh
-from potato_queue.executors.remote_agent import python_not_found, start_agent, target_of
+from potato_queue.executors.openssh import remote_shell
+from potato_queue.executors.remote_agent import failed_check, host_facts, start_agent
 
 __all__ = ["SlurmExecutor", "slurm_check_report", "parse_sinfo", "NODE_LOCAL"]
 
-CHECK_SOURCE = Path(remote_check.__file__).read_text()
 NODE_LOCAL = ("/tmp", "/var/tmp")
 _GPU_COUNT = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
 
@@ -98,14 +94,9 @@ class SlurmExecutor(Executor):
                  "slurm": {"remote_dir": self.backend.remote_dir, "job_python": self.backend.job_python,
                            "partition": self.backend.partition}}
         try:
-            facts = json.loads(run_ssh(target_of(self.backend), [self.backend.python, "-c", CHECK_SOURCE],
-                                       stdin=json.dumps(asked).encode() + b"\n", timeout_s=120))
+            facts = host_facts(self.backend, self.backend_name, asked)
         except PotatoQueueError as exc:
-            message, fix = exc.message, exc.fix
-            if not isinstance(exc, SshFailed) and ("not found" in message or "No such file" in message):
-                message, fix = python_not_found(self.backend, self.backend_name)
-            return CheckReport(ok=False, lines=[message] + ([f"fix: {fix}"] if fix else []),
-                               data={"error": message, "fix": fix})
+            return failed_check(exc)
         return slurm_check_report(self.backend, facts)
 
     def launch(self, spec: LaunchSpec) -> RunHandle:

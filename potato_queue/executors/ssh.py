@@ -9,21 +9,16 @@ there and decides the GPU as a run would.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Any
 
-from potato_queue.agent import remote_check
 from potato_queue.agent.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, describe, has_kernels, parse_gpus
 from potato_queue.config import SshBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
-from potato_queue.executors.openssh import SshFailed, run_ssh
-from potato_queue.executors.remote_agent import python_not_found, start_agent, target_of
+from potato_queue.executors.remote_agent import failed_check, host_facts, start_agent
 
 __all__ = ["SshExecutor", "check_report", "TRAINING_PACKAGES"]
 
-CHECK_SOURCE = Path(remote_check.__file__).read_text()
 # What `training check` looks for in the host's interpreter (the trainers' import names).
 TRAINING_PACKAGES = ["torch", "transformers", "peft", "sklearn"]
 
@@ -58,16 +53,11 @@ class SshExecutor(Executor):
 
     def check(self) -> CheckReport:
         """SSH-6: the host's Python, each GPU, the GPU a run would get, training packages it lacks."""
+        asked = {"env": self.backend.env, "query": NVIDIA_SMI_QUERY, "packages": TRAINING_PACKAGES}
         try:
-            asked = {"env": self.backend.env, "query": NVIDIA_SMI_QUERY, "packages": TRAINING_PACKAGES}
-            facts = json.loads(run_ssh(target_of(self.backend), [self.backend.python, "-c", CHECK_SOURCE],
-                                       stdin=json.dumps(asked).encode() + b"\n", timeout_s=120))
+            facts = host_facts(self.backend, self.backend_name, asked)
         except PotatoQueueError as exc:
-            message, fix = exc.message, exc.fix
-            if not isinstance(exc, SshFailed) and ("not found" in message or "No such file" in message):
-                message, fix = python_not_found(self.backend, self.backend_name)
-            return CheckReport(ok=False, lines=[message] + ([f"fix: {fix}"] if fix else []),
-                               data={"error": message, "fix": fix})
+            return failed_check(exc)
         return check_report(self.backend, facts)
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
