@@ -108,9 +108,9 @@ class SlurmCluster:
             time.sleep(0.02)
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        """A SLURM client command against this cluster."""
+        """A SLURM client command against this cluster, in its folder (a job's default slurm-N.out lands there)."""
         return subprocess.run(list(argv), env=dict(os.environ, **self.env), capture_output=True, text=True,
-                              timeout=30, check=check)
+                              timeout=30, check=check, cwd=self.root)
 
     def node_state(self) -> str:
         return self.run("sinfo", "-h", "-n", NODE, "-o", "%T").stdout.strip()
