@@ -40,7 +40,8 @@ SINFO_FIELDS = "NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|"
 def slurm_facts(asked: Dict[str, Any]) -> Dict[str, Any]:
     """A login node: SLURM's commands on PATH, where remote_dir really is, job_python, and sinfo's nodes."""
     tools = {name: shutil.which(name) for name in ("sbatch", "squeue", "scancel", "scontrol", "sinfo")}
-    facts = {"tools": tools, "remote_dir": os.path.realpath(os.path.expanduser(asked["remote_dir"])),
+    remote_dir = os.path.realpath(os.path.expanduser(asked["remote_dir"]))
+    facts = {"tools": tools, "remote_dir": remote_dir, "remote_dir_exists": os.path.isdir(remote_dir),
              "job_python": shutil.which(asked["job_python"]), "sinfo": None, "sinfo_error": None}
     if tools["sinfo"]:
         argv = ["sinfo", "-h", "-N", "-O", SINFO_FIELDS] + (["-p", asked["partition"]] if asked.get("partition") else [])

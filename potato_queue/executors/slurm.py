@@ -73,7 +73,8 @@ def slurm_check_report(backend: SlurmBackend, facts: dict[str, Any]) -> CheckRep
         problems.append(f"remote_dir {backend.remote_dir} is {real} on {host}, which is local to each node; fix: set "
                         "remote_dir to a folder on storage the compute nodes share")
     else:
-        lines.append(f"remote_dir: {real} (it must be on storage the compute nodes share)")
+        missing = "" if slurm.get("remote_dir_exists") else "not there yet, the first run makes it; "
+        lines.append(f"remote_dir: {real} ({missing}it must be on storage the compute nodes share)")
     seen = f"on the login node: {slurm['job_python']}" if slurm["job_python"] else "not on the login node's PATH"
     lines.append(f"job_python: {backend.job_python} runs the worker on the compute nodes ({seen}; the check cannot see "
                  "the compute nodes' packages: a missing one fails the first run with its import error in run.log)")
