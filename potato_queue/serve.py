@@ -9,6 +9,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import redis
 
@@ -90,6 +91,13 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     certfile, keyfile = tls or (None, None)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                                            ssl_certfile=certfile, ssl_keyfile=keyfile))
+    handle_exit = server.handle_exit
+
+    def stopping(sig: int, frame: Any) -> None:
+        app.state.stopping.set()  # the Training page's event streams end, so the shutdown need not wait on them
+        handle_exit(sig, frame)
+
+    server.handle_exit = stopping  # type: ignore[method-assign]
     server.run(sockets=[sock])
 
 

@@ -8,6 +8,7 @@ answers is in the OpenAPI document.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
@@ -17,7 +18,7 @@ from pydantic import BaseModel, Field
 from potato_queue.config import LOCAL
 from potato_queue.runs.finalize import published_predictions, read_jsonl
 from potato_queue.runs.submit import RunRefused, start_run, trainer_table
-from potato_queue.server.guard import admin_problem
+from potato_queue.server.guard import request_admin_problem
 from potato_queue.store import FINAL_STATES, RunFolderError, RunStore
 
 __all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
@@ -46,7 +47,8 @@ class ErrorReply(BaseModel):
 def _require_key(request: Request, x_api_key: str | None = Header(default=None)) -> None:
     # The Guard middleware has refused a wrong key before the body was read; this documents the
     # header in the OpenAPI document, and holds should the router be mounted without the Guard.
-    problem = admin_problem(request.app.state.config, x_api_key)
+    # The Training page's session cookie stands for the key (server/session.py).
+    problem = request_admin_problem(request.app.state.config, request.method, request.headers)
     if problem is not None:
         raise HTTPException(*problem)
 
@@ -73,8 +75,11 @@ def _get_run(store: RunStore, run_id: str) -> dict[str, Any]:
 def post_run(body: RunRequest, request: Request) -> RunAccepted:
     """Queue a run (API-2): 409 for a backend the config does not name, 400 for anything else refused."""
     try:
+        # A run started with the page's session cookie, not the API key, was started from the page.
+        trigger = "api" if request.headers.get("x-api-key") is not None else "page"
         record = start_run(request.app.state.config, _store(request), request.app.state.enqueue,
-                           trainer=body.trainer, schemas=body.schemas, backend=body.backend, params=body.params)
+                           trainer=body.trainer, schemas=body.schemas, backend=body.backend, params=body.params,
+                           trigger=trigger)
     except RunRefused as exc:
         raise HTTPException(exc.status, exc.message) from None
     except RunFolderError as exc:
@@ -118,17 +123,36 @@ def run_log(run_id: str, request: Request, offset: Annotated[int, Query(ge=0, le
 
 
 def trainers() -> dict[str, dict[str, Any]]:
-    return trainer_table()
+    """The registry, and which of each trainer's packages this server lacks (a local run's install hint)."""
+    table = trainer_table()
+    for info in table.values():
+        info["missing_here"] = [name for name in info["packages"] if importlib.util.find_spec(name) is None]
+    return table
 
 
 def schemas(request: Request) -> list[dict[str, Any]]:
     return request.app.state.config.annotation_schemes
 
 
+def _label(name: str, kind: str, host: str | None, device: str | None) -> str:
+    """How the page's Runs on menu names a backend (the tutorial's forms)."""
+    if kind == "local":
+        return f"{name} (this machine, {device or 'its device is being checked'})"
+    if kind == "agent":
+        return f"{name} (agent)"
+    return f"{name} ({kind} to {host})" if kind == "ssh" else f"{name} ({kind} on {host})"
+
+
 def backends(request: Request) -> list[dict[str, Any]]:
+    """Every backend, with the menu's label; `default` marks model_training.backend."""
     mt = request.app.state.config.model_training
+    probe = getattr(request.app.state, "local_device", None)
+    device = probe(30.0) if probe else None
     rows = [{"name": LOCAL, "type": "local", "host": None}]
     rows += [{"name": n, "type": b.type, "host": getattr(b, "host", None)} for n, b in mt.backends.items()]
+    for row in rows:
+        row["label"] = _label(row["name"], row["type"], row["host"], device)
+        row["default"] = row["name"] == mt.default_backend
     return rows
 
 

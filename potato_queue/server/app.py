@@ -12,7 +12,9 @@ from potato_queue.config import ProjectConfig
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.claims import ClaimWakeups, claims_router
-from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, guard
+from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, PAGE_PREFIX, guard
+from potato_queue.server.page import page_router
+from potato_queue.server.page_api import device_probe, page_api_router
 from potato_queue.store import RunStore
 
 __all__ = ["create_app", "ADMIN_PREFIX", "AGENT_PREFIX", "record_server_url"]
@@ -34,7 +36,12 @@ def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
     app.state.claim_wakeups = ClaimWakeups(app.state.store)  # subscribes at the first claim
     guard(app, app.state.store, config)
     app.state.enqueue = lambda run_id: enqueue(celery, config, run_id)
+    app.state.redis_url = redis_url
+    app.state.stopping = threading.Event()  # set when the server is asked to stop (serve.py)
+    app.state.local_device = device_probe(config, redis_url)
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
+    app.include_router(page_api_router(), prefix=ADMIN_PREFIX)
+    app.include_router(page_router(), prefix=PAGE_PREFIX)
     app.include_router(agent_router(), prefix=AGENT_PREFIX)
     app.include_router(claims_router(), prefix=AGENT_PREFIX)
     return app

@@ -31,11 +31,13 @@ from starlette.concurrency import run_in_threadpool
 from potato_queue.bounds import clean
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import RUN_ID_RE
+from potato_queue.server.session import cookie_value, cross_site_problem, session_nonce
 from potato_queue.store import RunStore
 
-__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "token_problem", "backend_problem", "bearer", "ADMIN_PREFIX", "AGENT_PREFIX", "BODY_CAPS"]
+__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
 
-ADMIN_PREFIX = "/admin/training/api"
+PAGE_PREFIX = "/admin/training"
+ADMIN_PREFIX = PAGE_PREFIX + "/api"
 AGENT_PREFIX = "/api/training/agent/v1"
 KIB = 1024
 # Bytes a request body may have, by the part of the API it is for.
@@ -43,6 +45,7 @@ BODY_CAPS = {
     "admin": 1024 * KIB,  # a run request: trainer, schemas, params
     "events": 32 * 1024 * KIB,  # a batch of at most 500 events
     "agent": 64 * KIB,  # a result, or no body at all
+    "form": 4 * KIB,  # the Training page's sign-in and sign-out
 }
 # How long a refused authentication waits before its answer, and how many may wait at once (each
 # holds one connection and at most uvicorn's 64 KiB read buffer; past that, refusals answer at once).
@@ -69,6 +72,18 @@ def admin_problem(config: ProjectConfig, given: str | None) -> tuple[int, str] |
     if given is None or not secrets.compare_digest(given.encode(), expected.encode()):
         return 401, "Admin authentication required: send the header X-API-Key with the project's admin key"
     return None
+
+
+def request_admin_problem(config: ProjectConfig, method: str, headers: Mapping[str, str]) -> tuple[int, str] | None:
+    """A request to the admin API: the X-API-Key header, or the Training page's session cookie with its
+    cross-site check (403); None when it may go on."""
+    if headers.get("x-api-key") is None:
+        key = admin_key(config)
+        nonce = session_nonce(key, cookie_value(headers))
+        if nonce is not None:
+            problem = cross_site_problem(key, method, headers, nonce)
+            return None if problem is None else (403, problem)
+    return admin_problem(config, headers.get("x-api-key"))
 
 
 def token_problem(store: RunStore, run_id: str, token: str | None) -> tuple[int, str] | None:
@@ -178,7 +193,9 @@ class Guard:
         """(problem, body cap) of a request; a cap of None means the route streams under its own limit."""
         path = scope["path"]
         if path.startswith(ADMIN_PREFIX + "/"):
-            return admin_problem(self.config, headers.get("x-api-key")), BODY_CAPS["admin"]
+            return self._admin_problem(scope["method"], headers), BODY_CAPS["admin"]
+        if path.startswith(PAGE_PREFIX + "/"):
+            return None, BODY_CAPS["form"]  # the page's own forms check who signs in, and out
         parts = path[len(AGENT_PREFIX):].split("/")  # "", "runs", run_id, route
         if len(parts) == 4 and parts[1] == "backends":
             problem = await run_in_threadpool(backend_problem, self.store, parts[2], bearer(headers))
@@ -193,8 +210,11 @@ class Guard:
             scope.setdefault("state", {})["authorized_run"] = run_id  # the route need not ask Redis again
         return problem, {"events": BODY_CAPS["events"], "predictions": None}.get(route, BODY_CAPS["agent"])
 
+    def _admin_problem(self, method: str, headers: dict[str, str]) -> tuple[int, str] | None:
+        return request_admin_problem(self.config, method, headers)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or not scope["path"].startswith((ADMIN_PREFIX + "/", AGENT_PREFIX + "/")):
+        if scope["type"] != "http" or not scope["path"].startswith((PAGE_PREFIX + "/", AGENT_PREFIX + "/")):
             return await self.app(scope, receive, send)
         headers = _headers(scope)
         problem, cap = await self._check(scope, headers)

@@ -36,6 +36,7 @@ from potato_queue.trainers.common import (
     write_json,
 )
 from potato_queue.trainers.hub import go_offline, hub_answers, hub_host, not_cached
+from potato_queue.trainers.registry import TRAINERS
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import ValidationFailed
 from potato_queue.worker.spec import SchemaSpec
@@ -43,7 +44,8 @@ from potato_queue.worker.spec import SchemaSpec
 __all__ = ["HFTextClassificationTrainer", "HFSettings", "read_settings", "CARD_FILE"]
 
 CARD_FILE = "model_card.json"
-DEFAULT_MODEL = "distilbert-base-uncased"
+INFO = TRAINERS["hf-text-classification"]  # its params' defaults
+DEFAULT_MODEL = str(INFO.default("model_name"))
 LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}
 
 
@@ -86,10 +88,10 @@ def read_settings(ctx: RunContext) -> HFSettings:
     lora = _lora_settings(ctx.params.get("lora"))
     settings = HFSettings(
         model_name=param(ctx, "model_name", DEFAULT_MODEL, str),
-        epochs=param(ctx, "epochs", 3, int),
-        learning_rate=param(ctx, "learning_rate", 2e-4 if lora else 5e-5, float),
-        batch_size=param(ctx, "batch_size", 16, int),
-        max_length=param(ctx, "max_length", 256, int),
+        epochs=param(ctx, "epochs", INFO.default("epochs"), int),
+        learning_rate=param(ctx, "learning_rate", 2e-4 if lora else INFO.default("learning_rate"), float),
+        batch_size=param(ctx, "batch_size", INFO.default("batch_size"), int),
+        max_length=param(ctx, "max_length", INFO.default("max_length"), int),
         lora=lora,
         seed=param(ctx, "seed", ctx.spec.seed, int),
         weight_decay=param(ctx, "weight_decay", 0.01, float),

@@ -44,6 +44,14 @@ class TrainerInfo:
     extra: str = ""
     kinds: tuple[str, ...] = ("nominal",)
     local_only: bool = False
+    #: The params a run may set and their defaults (the trainer reads its defaults from here; the page shows them).
+    params: tuple[tuple[str, object], ...] = ()
+    #: Import names of the packages the trainer needs (what `extra` installs).
+    packages: tuple[str, ...] = ()
+
+    def default(self, name: str) -> object:
+        """The default of param *name*."""
+        return dict(self.params)[name]
 
     @property
     def install_hint(self) -> str:
@@ -59,6 +67,8 @@ class TrainerInfo:
             "install_hint": self.install_hint,
             "kinds": list(self.kinds),
             "local_only": self.local_only,
+            "params": dict(self.params),
+            "packages": list(self.packages),
         }
 
 
@@ -70,12 +80,17 @@ TRAINERS: dict[str, TrainerInfo] = {
             target="potato_queue.trainers.hf_text:HFTextClassificationTrainer",
             description="Fine-tunes a transformers sequence classifier (optionally LoRA via peft).",
             extra="train-text",
+            params=(("model_name", "distilbert-base-uncased"), ("epochs", 3), ("learning_rate", 5e-5),
+                    ("batch_size", 16), ("max_length", 256), ("lora", None)),
+            packages=("torch", "transformers"),
         ),
         TrainerInfo(
             name="sklearn-text",
             target="potato_queue.trainers.sklearn_text:SklearnTextTrainer",
             description="TF-IDF features and logistic regression; fast, CPU only.",
             extra="train-sklearn",
+            params=(("C", 1.0), ("max_features", 50000), ("ngram_max", 2), ("max_iter", 1000)),
+            packages=("sklearn",),
         ),
         TrainerInfo(
             name="majority-baseline",

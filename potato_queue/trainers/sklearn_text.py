@@ -20,6 +20,7 @@ from potato_queue.trainers.common import (
     validate_nominal,
     write_json,
 )
+from potato_queue.trainers.registry import TRAINERS
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import TrainerError, ValidationFailed
 from potato_queue.worker.scoring import accuracy
@@ -29,6 +30,8 @@ __all__ = ["SklearnTextTrainer", "MODEL_FILE", "CARD_FILE"]
 MODEL_FILE = "model.pkl"
 CARD_FILE = "model_card.json"
 PREDICT_BATCH = 512
+
+INFO = TRAINERS["sklearn-text"]  # its params' defaults
 
 
 class SklearnTextTrainer(Trainer):
@@ -47,10 +50,10 @@ class SklearnTextTrainer(Trainer):
         if class_weight not in (None, "balanced"):
             raise ValidationFailed(f"params.class_weight must be 'balanced' or null, got {class_weight!r}")
         settings = {
-            "C": param(ctx, "C", 1.0, float),
-            "max_features": param(ctx, "max_features", 50000, int),
-            "ngram_max": param(ctx, "ngram_max", 2, int),
-            "max_iter": param(ctx, "max_iter", 1000, int),
+            "C": param(ctx, "C", INFO.default("C"), float),
+            "max_features": param(ctx, "max_features", INFO.default("max_features"), int),
+            "ngram_max": param(ctx, "ngram_max", INFO.default("ngram_max"), int),
+            "max_iter": param(ctx, "max_iter", INFO.default("max_iter"), int),
             "class_weight": class_weight,
         }
         if settings["C"] <= 0 or settings["max_features"] < 1 or not 1 <= settings["ngram_max"] <= 5:

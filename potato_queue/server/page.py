@@ -1,0 +1,162 @@
+"""The Training page at /admin/training: sign in, the runs, a run's own page (API-3).
+
+Plain server-side HTML and a little JavaScript (server/static/, served from the
+package: no build step, no CDN, so it works on a server without internet). The
+pages carry no data of their own: their scripts ask the admin API with the
+session cookie, and follow the runs through server-sent events. A state-changing
+request from the page carries the session's CSRF token (meta tag `csrf`).
+"""
+
+from __future__ import annotations
+
+import html
+import secrets
+from pathlib import Path
+from urllib.parse import parse_qs
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+
+from potato_queue.keys import RUN_ID_RE
+from potato_queue.server.guard import PAGE_PREFIX, admin_key
+from potato_queue.server.session import (
+    COOKIE,
+    SESSION_S,
+    cookie_value,
+    csrf_token,
+    new_session,
+    session_nonce,
+)
+
+__all__ = ["page_router", "PAGE_PREFIX", "STATIC"]
+
+STATIC = Path(__file__).parent / "static"
+_ASSETS = {"page.css": "text/css", "training.js": "text/javascript", "run.js": "text/javascript",
+           "common.js": "text/javascript"}
+
+
+def _layout(title: str, body: str, csrf: str = "", scripts: tuple[str, ...] = ()) -> str:
+    tags = "".join(f'<script src="{PAGE_PREFIX}/static/{name}" defer></script>' for name in scripts)
+    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+            f'<meta name="csrf" content="{html.escape(csrf)}"><title>{html.escape(title)}</title>'
+            f'<link rel="icon" href="data:,"><link rel="stylesheet" href="{PAGE_PREFIX}/static/page.css">{tags}</head><body>{body}</body></html>')
+
+
+def _sign_in_page(problem: str = "") -> str:
+    alert = f'<p class="problem" role="alert">{html.escape(problem)}</p>' if problem else ""
+    return _layout("Sign in: Training", f"""
+<main class="narrow"><h1>Training</h1>{alert}
+<form method="post" action="{PAGE_PREFIX}/sign-in">
+<label for="key">Admin key</label>
+<input id="key" name="key" type="password" autocomplete="current-password" required autofocus>
+<button type="submit">Sign in</button></form>
+<p class="hint">The project's admin_api_key (config.yaml), or $POTATO_ADMIN_API_KEY on the server.</p></main>""")
+
+
+def _nonce(request: Request) -> str | None:
+    return session_nonce(admin_key(request.app.state.config), cookie_value(request.headers))
+
+
+def _header(csrf: str, title: str) -> str:
+    return (f'<header><h1><a href="{PAGE_PREFIX}">Training</a>{html.escape(title)}</h1>'
+            f'<form method="post" action="{PAGE_PREFIX}/sign-out"><input type="hidden" name="csrf" '
+            f'value="{html.escape(csrf)}"><button type="submit" class="quiet">Sign out</button></form></header>')
+
+
+def training_page(request: Request) -> Response:
+    nonce = _nonce(request)
+    if nonce is None:
+        return HTMLResponse(_sign_in_page())
+    csrf = csrf_token(admin_key(request.app.state.config), nonce)
+    body = _header(csrf, "") + """
+<main>
+<section aria-labelledby="runs-on"><h2 id="runs-on">Start a run</h2>
+<form id="start">
+ <div class="row"><label for="backend">Runs on</label><select id="backend" name="backend"></select>
+  <button type="button" id="check">Check</button></div>
+ <pre id="check-report" aria-live="polite" hidden></pre>
+ <div class="row"><label for="trainer">Trainer</label><select id="trainer" name="trainer"></select></div>
+ <p id="trainer-hint" class="hint"></p>
+ <fieldset id="schemas"><legend>Schemas</legend></fieldset>
+ <fieldset id="params"><legend>Params</legend></fieldset>
+ <button type="submit" id="start-run">Start run</button> <span id="start-problem" class="problem" role="alert"></span>
+</form></section>
+<section aria-labelledby="runs-title"><h2 id="runs-title">Runs <span id="live" class="hint">connecting</span></h2>
+<div class="scroll"><table id="runs"><thead><tr><th>Run</th><th>Ran on</th><th>State</th><th>Trigger</th>
+<th>Held-out (acc / macro-F1)</th><th>Duration</th><th>Started</th><th>Step</th><th></th></tr></thead>
+<tbody></tbody></table></div></section>
+<section id="agents" aria-labelledby="agents-title" hidden><h2 id="agents-title">Agents</h2><div></div></section>
+</main>"""
+    return HTMLResponse(_layout("Training", body, csrf, ("common.js", "training.js")))
+
+
+def run_page(run_id: str, request: Request) -> Response:
+    nonce = _nonce(request)
+    if nonce is None:
+        return RedirectResponse(PAGE_PREFIX, status_code=303)
+    if not RUN_ID_RE.match(run_id):
+        raise HTTPException(404, "no such run")
+    csrf = csrf_token(admin_key(request.app.state.config), nonce)
+    body = _header(csrf, f" / run {run_id}") + f"""
+<main id="run" data-run="{html.escape(run_id)}">
+<section><h2>Run <span id="state"></span></h2><dl id="facts"></dl>
+<div id="step" class="step"></div><button type="button" id="cancel" hidden>Cancel run</button></section>
+<section aria-labelledby="chart-title"><h2 id="chart-title">Training loss and held-out scores</h2>
+<div id="chart" role="img" aria-label="metrics over steps"></div></section>
+<section aria-labelledby="pred-title"><h2 id="pred-title">Predictions</h2><div id="predictions"></div></section>
+<section aria-labelledby="log-title"><h2 id="log-title">run.log</h2><pre id="log" tabindex="0"></pre></section>
+</main>"""
+    return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js")))
+
+
+async def _form(request: Request) -> dict[str, str]:
+    body = (await request.body()).decode("utf-8", "replace")
+    return {k: v[0] for k, v in parse_qs(body).items()}
+
+
+def _same_origin(request: Request) -> bool:
+    origin = request.headers.get("origin")
+    return origin is None or origin.split("://", 1)[-1] == request.headers.get("host", "")
+
+
+async def sign_in(request: Request) -> Response:
+    key = admin_key(request.app.state.config)
+    if not _same_origin(request):
+        return HTMLResponse(_sign_in_page("Sign-in from another site refused."), status_code=403)
+    given = (await _form(request)).get("key", "")
+    if key is None or not secrets.compare_digest(given.encode(), key.encode()):
+        why = "No admin key is configured on the server." if key is None else "That is not the admin key."
+        return HTMLResponse(_sign_in_page(why), status_code=401)
+    reply = RedirectResponse(PAGE_PREFIX, status_code=303)
+    reply.set_cookie(COOKIE, new_session(key), max_age=SESSION_S, path=PAGE_PREFIX, httponly=True, samesite="strict",
+                     secure=request.url.scheme == "https")
+    return reply
+
+
+async def sign_out(request: Request) -> Response:
+    nonce = _nonce(request)
+    form = await _form(request)
+    if nonce is not None and not secrets.compare_digest(form.get("csrf", ""),
+                                                        csrf_token(admin_key(request.app.state.config), nonce)):
+        raise HTTPException(403, "cross-site request refused")
+    reply = RedirectResponse(PAGE_PREFIX, status_code=303)
+    reply.delete_cookie(COOKIE, path=PAGE_PREFIX)
+    return reply
+
+
+def static(name: str) -> FileResponse:
+    if name not in _ASSETS:
+        raise HTTPException(404, "no such file")
+    return FileResponse(STATIC / name, media_type=_ASSETS[name], headers={"Cache-Control": "no-cache"})
+
+
+def page_router() -> APIRouter:
+    router = APIRouter(include_in_schema=False)
+    router.add_api_route("", training_page, methods=["GET"])
+    router.add_api_route("/", training_page, methods=["GET"])
+    router.add_api_route("/runs/{run_id}", run_page, methods=["GET"])
+    router.add_api_route("/sign-in", sign_in, methods=["POST"])
+    router.add_api_route("/sign-out", sign_out, methods=["POST"])
+    router.add_api_route("/static/{name}", static, methods=["GET"])
+    return router

@@ -1,0 +1,104 @@
+// A run's page: its facts, run.log as it grows, the metrics chart, its predictions.
+"use strict";
+const RUN = document.getElementById("run").dataset.run;
+let logOffset = 0, eventsSeen = 0, finished = false;
+const metrics = [];
+const NS = "http://www.w3.org/2000/svg";
+
+function svg(tag, attrs) {
+  const node = document.createElementNS(NS, tag);
+  for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, v);
+  return node;
+}
+
+async function refresh() {
+  const run = await api("/runs/" + RUN);
+  document.getElementById("state").textContent = run.state;
+  const facts = document.getElementById("facts");
+  const rows = [["Ran on", run.ran_on], ["Trainer", run.trainer], ["Schemas", (run.schemas || []).join(", ")],
+    ["Params", JSON.stringify(run.params || {})], ["Trigger", run.trigger], ["Duration", duration(run)],
+    ["Model (artifact_uri)", run.artifact_uri], ["Held-out", heldOut(run)], ["Error", run.error]];
+  facts.replaceChildren(...rows.filter(([, v]) => v).flatMap(([k, v]) => [el("dt", {text: k}), el("dd", {text: String(v)})]));
+  finished = ["succeeded", "failed", "cancelled", "broken"].includes(run.state);
+  const step = document.getElementById("step");
+  step.replaceChildren(el("span", {text: finished ? "" : run.step || ""}));
+  const bar = progressBar(run.progress);
+  if (bar && !finished) step.append(bar);
+  document.getElementById("cancel").hidden = finished;
+  return run;
+}
+
+async function tailLog() {
+  const text = await api("/runs/" + RUN + "/log?offset=" + logOffset);
+  if (text) {
+    logOffset += new TextEncoder().encode(text).length;
+    const log = document.getElementById("log");
+    log.textContent += text;
+    log.scrollTop = log.scrollHeight;
+  }
+}
+
+async function readEvents() {
+  const events = await api("/runs/" + RUN + "/events?after=" + eventsSeen);
+  eventsSeen += events.length;
+  const fresh = events.filter((e) => e.event === "metric" && typeof e.value === "number");
+  if (fresh.length) { metrics.push(...fresh); drawChart(); }
+}
+
+function drawChart() {
+  const box = document.getElementById("chart"), width = 640, height = 240, pad = 36;
+  const series = {};
+  metrics.forEach((m, i) => { (series[m.split + "/" + m.name] = series[m.split + "/" + m.name] || []).push([m.step ?? i, m.value]); });
+  const xs = metrics.map((m, i) => m.step ?? i), ys = metrics.map((m) => m.value);
+  const [x0, x1] = [Math.min(...xs), Math.max(...xs, Math.min(...xs) + 1)];
+  const [y0, y1] = [Math.min(0, ...ys), Math.max(1, ...ys)];
+  const x = (v) => pad + (v - x0) / (x1 - x0) * (width - 2 * pad), y = (v) => height - pad - (v - y0) / (y1 - y0) * (height - 2 * pad);
+  const chart = svg("svg", {viewBox: `0 0 ${width} ${height}`, width: "100%", class: "chart"});
+  chart.append(svg("line", {x1: pad, y1: height - pad, x2: width - pad, y2: height - pad, class: "axis"}));
+  chart.append(svg("line", {x1: pad, y1: pad, x2: pad, y2: height - pad, class: "axis"}));
+  const label = (text, lx, ly) => { const t = svg("text", {x: lx, y: ly, class: "tick"}); t.textContent = text; chart.append(t); };
+  label(y1.toFixed(2), 2, pad + 4); label(y0.toFixed(2), 2, height - pad); label("step " + x0, pad, height - 8); label("step " + x1, width - pad - 50, height - 8);
+  const legend = el("ul", {class: "legend"});
+  Object.entries(series).forEach(([name, points], k) => {
+    const cls = "series s" + (k % 6);
+    chart.append(svg("polyline", {points: points.map(([a, b]) => x(a) + "," + y(b)).join(" "), class: cls}));
+    for (const [a, b] of points) {
+      const dot = svg("circle", {cx: x(a), cy: y(b), r: 3, class: cls + " point", "data-series": name});
+      const tip = svg("title", {}); tip.textContent = `${name} at step ${a}: ${b}`; dot.append(tip);
+      chart.append(dot);
+    }
+    legend.append(el("li", {class: cls, text: name}));
+  });
+  box.replaceChildren(chart, legend);
+}
+
+async function predictions() {
+  const box = document.getElementById("predictions");
+  let text;
+  try { text = await api("/runs/" + RUN + "/predictions.jsonl"); } catch (err) { box.textContent = "none yet"; return; }
+  const lines = (typeof text === "string" ? text : JSON.stringify(text)).split("\n").filter(Boolean).map((l) => JSON.parse(l));
+  const counts = {};
+  for (const p of lines) { const key = p.schema_name + ": " + p.payload.label; counts[key] = (counts[key] || 0) + 1; }
+  const table = el("table", {}, el("thead", {}, el("tr", {}, el("th", {text: "Schema: label"}), el("th", {text: "Items"}))));
+  table.append(el("tbody", {}, ...Object.entries(counts).sort().map(([k, n]) => el("tr", {}, el("td", {text: k}), el("td", {text: String(n)})))));
+  const sample = el("table", {class: "sample"}, el("thead", {}, el("tr", {}, el("th", {text: "Item"}), el("th", {text: "Schema"}), el("th", {text: "Label"}), el("th", {text: "Confidence"}))));
+  sample.append(el("tbody", {}, ...lines.slice(0, 10).map((p) => el("tr", {}, el("td", {text: p.instance_id}), el("td", {text: p.schema_name}),
+    el("td", {text: p.payload.label}), el("td", {text: Number(p.confidence).toFixed(3)})))));
+  box.replaceChildren(el("p", {text: lines.length + " predictions "}, el("a", {href: API + "/runs/" + RUN + "/predictions.jsonl", download: "", text: "download predictions.jsonl"})),
+    table, el("h3", {text: "A sample"}), sample);
+}
+
+document.getElementById("cancel").addEventListener("click", async () => {
+  if (!window.confirm("Cancel run " + RUN + "?")) return;
+  await api("/runs/" + RUN + "/cancel", {method: "POST"});
+});
+
+async function tick() {
+  try {
+    await refresh();
+    await Promise.all([tailLog(), readEvents()]);
+    if (finished && !document.querySelector("#predictions table")) await predictions();
+  } catch (err) { document.getElementById("step").textContent = "reconnecting: " + err.message; }
+  setTimeout(tick, finished ? 5000 : 1000);
+}
+tick();

@@ -1,0 +1,114 @@
+// The Training page: Runs on (with Check), the start form, the live Runs table.
+"use strict";
+let trainers = {};
+
+async function loadForm() {
+  const [backends, table, schemas] = await Promise.all([api("/backends"), api("/trainers"), api("/schemas")]);
+  const menu = document.getElementById("backend");
+  for (const b of backends) menu.append(el("option", {value: b.name, text: b.label, selected: b.default ? "" : null}));
+  trainers = table;
+  const select = document.getElementById("trainer");
+  for (const name of Object.keys(table).sort()) select.append(el("option", {value: name, text: name}));
+  select.value = table["sklearn-text"] ? "sklearn-text" : select.options[0].value;
+  const box = document.getElementById("schemas");
+  for (const s of schemas) {
+    const id = "schema-" + s.name;
+    box.append(el("label", {for: id}, el("input", {type: "checkbox", id, name: "schema", value: s.name, checked: ""}), " " + s.name));
+  }
+  select.addEventListener("change", showTrainer);
+  showTrainer();
+  agents(backends);
+}
+
+function showTrainer() {
+  const info = trainers[document.getElementById("trainer").value] || {};
+  const hint = document.getElementById("trainer-hint");
+  const missing = info.missing_here || [];
+  hint.textContent = (info.description || "") + (missing.length ? " Not installed on this server (" + missing.join(", ") +
+    "): " + info.install_hint : "");
+  const box = document.getElementById("params");
+  box.replaceChildren(el("legend", {text: "Params"}));
+  for (const [name, value] of Object.entries(info.params || {})) {
+    const id = "param-" + name;
+    box.append(el("label", {for: id, text: name}),
+               el("input", {id, name, "data-param": name, value: value === null ? "" : JSON.stringify(value).replace(/^"|"$/g, "")}));
+  }
+}
+
+function params() {
+  const out = {};
+  const defaults = (trainers[document.getElementById("trainer").value] || {}).params || {};
+  for (const input of document.querySelectorAll("[data-param]")) {
+    const name = input.dataset.param, text = input.value.trim(), fallback = defaults[name];
+    if (text === "" || text === String(fallback)) continue;
+    out[name] = typeof fallback === "number" ? Number(text) : (text === "true" ? true : text === "false" ? false : text);
+  }
+  return out;
+}
+
+async function startRun(event) {
+  event.preventDefault();
+  const problem = document.getElementById("start-problem");
+  problem.textContent = "";
+  const schemas = [...document.querySelectorAll('input[name="schema"]:checked')].map((x) => x.value);
+  try {
+    await api("/runs", {method: "POST", body: JSON.stringify({trainer: document.getElementById("trainer").value,
+      schemas, backend: document.getElementById("backend").value, params: params()})});
+  } catch (err) { problem.textContent = err.message; }
+}
+
+async function check() {
+  const name = document.getElementById("backend").value, out = document.getElementById("check-report");
+  out.hidden = false;
+  out.textContent = "checking " + name + "...";
+  try {
+    const report = await api("/backends/" + encodeURIComponent(name) + "/check");
+    out.textContent = (report.ok ? "ok" : "a run could not start now") + "\n" + report.lines.join("\n");
+    out.className = report.ok ? "ok" : "problem";
+  } catch (err) { out.textContent = err.message; }
+}
+
+function row(run) {
+  const cancel = el("button", {type: "button", class: "quiet", text: "Cancel run"});
+  cancel.addEventListener("click", async () => {
+    if (!window.confirm("Cancel run " + run.run_id + "?")) return;
+    try { await api("/runs/" + run.run_id + "/cancel", {method: "POST"}); } catch (err) { window.alert(err.message); }
+  });
+  const active = !["succeeded", "failed", "cancelled", "broken"].includes(run.state);
+  const step = el("td", {class: "step"}, el("span", {text: active ? run.step || "" : run.error || ""}));
+  const bar = active ? progressBar(run.progress) : null;
+  if (bar) step.append(bar);
+  return el("tr", {"data-run": run.run_id, "data-state": run.state},
+    el("td", {}, el("a", {href: "/admin/training/runs/" + run.run_id, text: run.run_id})),
+    el("td", {text: run.ran_on || ""}), el("td", {class: "state", text: run.state}), el("td", {text: run.trigger || ""}),
+    el("td", {text: heldOut(run)}), el("td", {text: duration(run)}),
+    el("td", {text: (run.started_at || run.created_at || "").replace("T", " ").slice(0, 19)}), step,
+    el("td", {}, active ? cancel : ""));
+}
+
+function follow() {
+  const live = document.getElementById("live");
+  const source = new EventSource(API + "/stream");
+  source.addEventListener("runs", (event) => {
+    live.textContent = "live";
+    document.querySelector("#runs tbody").replaceChildren(...JSON.parse(event.data).map(row));
+  });
+  source.addEventListener("error", () => { live.textContent = "reconnecting"; });
+}
+
+function agents(backends) {
+  const pull = backends.filter((b) => b.type === "agent");
+  if (!pull.length) return;
+  const box = document.querySelector("#agents div");
+  document.getElementById("agents").hidden = false;
+  for (const b of pull) {
+    const item = el("pre", {text: b.name + ": checking..."});
+    box.append(item);
+    api("/backends/" + encodeURIComponent(b.name) + "/check").then((r) => { item.textContent = r.lines.join("\n"); });
+  }
+}
+
+document.getElementById("start").addEventListener("submit", startRun);
+document.getElementById("check").addEventListener("click", check);
+loadForm().catch((err) => { document.getElementById("start-problem").textContent = err.message; });
+follow();

@@ -1,0 +1,230 @@
+"""The Training page in a real browser: Debian's headless chromium driven by Playwright, against a real
+server, executor and agent (Redis, `potato-queue serve`, `potato-queue worker`, the local backend).
+
+The ssh, slurm and agent backends in the config are there for the Runs on menu (their hosts are not
+reached). Screenshots of the page with a run in flight and of a run's page are saved under the
+session's test output folder (<pytest basetemp>/screenshots/), for a person to look at.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, started
+from tests.sshd import free_port
+
+CHROMIUM = "/usr/bin/chromium"
+BACKENDS = {
+    "gpu-server": {"type": "ssh", "host": "gpu.example.org"},
+    "cluster": {"type": "slurm", "host": "login.cluster.example.org", "remote_dir": "/shared/me/potato"},
+    "lab-workstation": {"type": "agent"},
+}
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    if not Path(CHROMIUM).exists():
+        pytest.fail("the Training page's tests need Debian's chromium: apt-get install chromium")
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+            "--no-first-run"])
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture(scope="module")
+def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    folder = tmp_path_factory.getbasetemp() / "screenshots"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+@pytest.fixture
+def svc(tmp_path: Path, redis_server_url: str) -> Iterator[Services]:
+    port = free_port()
+    # The default backend is not the menu's first entry, so that preselecting it is seen.
+    with started(tmp_path, redis_server_url, executors=0, backend="gpu-server", backends=BACKENDS,
+                 grace_seconds=3) as svc:
+        svc.stop()  # on a port of its own, so that a restart comes back at the same address
+        svc.procs.clear()
+        svc.serve("127.0.0.1", "--port", str(port))
+        svc.executor()
+        yield svc
+
+
+def signed_in(browser: Any, svc: Services) -> Any:
+    page = browser.new_page(viewport={"width": 1280, "height": 900})
+    page.goto(f"{svc.url}/admin/training")
+    page.fill("#key", ADMIN_KEY)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#backend option", state="attached", timeout=60000)
+    return page
+
+
+def runs_rows(page: Any) -> list[dict[str, str]]:
+    return page.eval_on_selector_all("#runs tbody tr", """rows => rows.map(r => ({run: r.dataset.run,
+        state: r.dataset.state, ran_on: r.children[1].textContent, trigger: r.children[3].textContent,
+        step: r.children[7].textContent}))""")
+
+
+def start_from_form(page: Any, trainer: str, **params: Any) -> None:
+    page.select_option("#backend", "local")
+    page.select_option("#trainer", trainer)
+    for name, value in params.items():
+        page.fill(f"#param-{name}", str(value))
+    page.click("#start-run")
+
+
+def test_sign_in_refuses_a_wrong_key_and_the_cookie_is_httponly_and_strict(browser: Any, svc: Services) -> None:
+    page = browser.new_page()
+    page.goto(f"{svc.url}/admin/training")
+    page.fill("#key", "not-the-key")
+    page.click("button[type=submit]")
+    assert page.text_content("[role=alert]") == "That is not the admin key."
+    assert page.context.cookies() == []
+    page.fill("#key", ADMIN_KEY)
+    page.click("button[type=submit]")
+    page.wait_for_selector("#runs")
+    (cookie,) = page.context.cookies()
+    assert (cookie["name"], cookie["httpOnly"], cookie["sameSite"]) == ("pq_session", True, "Strict")
+    assert ADMIN_KEY not in cookie["value"]
+    assert page.evaluate("document.cookie") == "", "no script can read the session"
+    page.click("text=Sign out")
+    page.wait_for_selector("#key")
+    assert page.context.cookies() == []
+
+
+def test_the_menu_lists_every_backend_with_type_and_host_and_preselects_the_default(browser: Any, svc: Services) -> None:
+    page = signed_in(browser, svc)
+    labels = page.eval_on_selector_all("#backend option", "options => options.map(o => o.textContent)")
+    assert labels[1:] == ["gpu-server (ssh to gpu.example.org)", "cluster (slurm on login.cluster.example.org)",
+                          "lab-workstation (agent)"]
+    assert labels[0].startswith("local (this machine, ") and "being checked" not in labels[0], labels
+    assert page.eval_on_selector("#backend", "s => s.value") == "gpu-server"
+    page.select_option("#backend", "local")
+    page.click("#check")
+    page.wait_for_function("document.getElementById('check-report').textContent.includes('local: this machine')",
+                           timeout=60000)
+    assert page.text_content("#check-report").startswith("ok\n")
+    # The agent backend has no token yet: the page says so, with the command to issue one.
+    page.wait_for_function("document.querySelector('#agents pre').textContent.includes('no token issued yet')",
+                           timeout=60000)
+    assert "potato-queue training register lab-workstation" in page.text_content("#agents pre")
+
+
+def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
+        browser: Any, svc: Services, tiny_model: Path, screenshots: Path) -> None:
+    page = signed_in(browser, svc)
+    page.evaluate("window.notReloaded = true")
+    start_from_form(page, "hf-text-classification", model_name=tiny_model, epochs=40, batch_size=4)
+    steps: set[str] = set()
+    deadline = time.monotonic() + 120
+    shot = False
+    while time.monotonic() < deadline:
+        rows = runs_rows(page)
+        if rows:
+            steps.add(rows[0]["step"])
+            if not shot and "training" in rows[0]["step"]:
+                page.screenshot(path=str(screenshots / "training-page-run-in-flight.png"), full_page=True)
+                shot = True
+            if rows[0]["state"] in TERMINAL:
+                break
+        time.sleep(0.1)
+    (row,) = runs_rows(page)
+    assert row["state"] == "succeeded", row
+    assert (row["ran_on"], row["trigger"]) == ("local", "page")
+    assert len(steps - {""}) >= 3, steps
+    assert shot and page.evaluate("window.notReloaded") is True
+    # The run's page: one point on the chart per metric event.
+    page.click(f"a[href='/admin/training/runs/{row['run']}']")
+    page.wait_for_selector("#predictions table", timeout=60000)
+    events = svc.api("GET", f"/runs/{row['run']}/events")[1]
+    metric_events = [e for e in events if e["event"] == "metric" and isinstance(e.get("value"), int | float)]
+    assert len(metric_events) > 2
+    page.wait_for_function(f"document.querySelectorAll('#chart circle.point').length === {len(metric_events)}")
+    assert "train/loss" in page.text_content("#chart .legend")
+    assert "held-out scores" in page.text_content("#log")
+    assert page.get_attribute("#predictions a[download]", "href").endswith("/predictions.jsonl")
+    page.screenshot(path=str(screenshots / "run-page.png"), full_page=True)
+
+
+def test_cancel_run_asks_first_and_cancels(browser: Any, svc: Services, tiny_model: Path) -> None:
+    page = signed_in(browser, svc)
+    start_from_form(page, "hf-text-classification", model_name=tiny_model, epochs=500, batch_size=4)
+    page.wait_for_function("[...document.querySelectorAll('#runs tbody td.step')].some(t => t.textContent.includes('training'))",
+                           timeout=120000)
+    answers: list[str] = []
+
+    def answer(dialog: Any) -> None:
+        answers.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", answer)
+    page.click("#runs tbody button")
+    page.wait_for_selector("#runs tbody tr[data-state=cancelled]", timeout=60000)
+    assert answers and answers[0].startswith("Cancel run ")
+
+
+def post(svc: Services, path: str, cookie: str, **headers: str) -> int:
+    request = urllib.request.Request(f"{svc.url}/admin/training/api{path}", method="POST",
+                                     data=json.dumps({"trainer": "majority-baseline", "schemas": ["sentiment"]}).encode(),
+                                     headers={"Content-Type": "application/json", "Cookie": cookie, **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=30) as reply:
+            return reply.status
+    except urllib.error.HTTPError as err:
+        return err.code
+
+
+def test_a_cross_site_post_is_refused(browser: Any, svc: Services) -> None:
+    page = signed_in(browser, svc)
+    (cookie,) = page.context.cookies()
+    session = f"pq_session={cookie['value']}"
+    csrf = page.get_attribute('meta[name="csrf"]', "content")
+    assert post(svc, "/runs", session, Origin="http://evil.example") == 403
+    assert post(svc, "/runs", session) == 403, "the cookie alone (no token) starts nothing"
+    assert post(svc, "/runs", session, Origin="http://evil.example", **{"X-CSRF-Token": csrf}) == 403
+    # Without the cookie, a page on another site cannot even send it (SameSite=Strict); with the page's own
+    # token from the same origin the request goes through.
+    assert post(svc, "/runs", session, Origin=svc.url, **{"X-CSRF-Token": csrf}) == 202
+
+
+def test_the_page_recovers_after_the_server_restarts(browser: Any, svc: Services) -> None:
+    page = signed_in(browser, svc)
+    page.wait_for_function("document.getElementById('live').textContent === 'live'")
+    server = svc.procs[0]
+    # os.killpg, never the kill binary: Debian 12's procps-ng 4.0.2 `kill -TERM -<pgid>` signals every process
+    # (kill(-1), seen under strace).
+    os.killpg(server.pid, signal.SIGTERM)
+    server.wait(30)
+    page.wait_for_function("document.getElementById('live').textContent === 'reconnecting'", timeout=30000)
+    port = svc.url.rsplit(":", 1)[1]
+    svc.serve("127.0.0.1", "--port", port)
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+    page.wait_for_selector(f"#runs tbody tr[data-run='{run_id}'][data-state=succeeded]", timeout=90000)
+    assert page.text_content("#live") == "live"
+
+
+def test_the_page_is_readable_at_a_phones_width(browser: Any, svc: Services) -> None:
+    page = signed_in(browser, svc)
+    page.set_viewport_size({"width": 390, "height": 844})
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 390, f"the page is {width} px wide at a phone's 390"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.tagName") in ("BUTTON", "SELECT", "A", "INPUT")
+
