@@ -89,6 +89,15 @@ class Keys:
     def server_url(self) -> str:
         return f"{self.prefix}:server_url"
 
+    def executor(self, name: str) -> str:
+        """An executor process that is up (`<host>:<pid>`), refreshed every few seconds with a short expiry."""
+        return f"{self.prefix}:executor:{name}"
+
+    @property
+    def executors(self) -> str:
+        """The pattern of every executor's key (for SCAN)."""
+        return f"{self.prefix}:executor:*"
+
     def agent_token(self, backend: str) -> str:
         """Hash of an agent backend's registration: the token's sha256, created, last_seen, the agent."""
         return f"{self.prefix}:agent:{backend}"

@@ -118,6 +118,21 @@ def _reconcile_forever(store: RunStore, enqueue: Callable[[str], None]) -> None:
         time.sleep(FLUSH_CHECK_S)
 
 
+EXECUTOR_TTL_S = 15
+EXECUTOR_REFRESH_S = 5.0
+
+
+def _say_alive(store: RunStore) -> None:
+    """This executor is up (/healthz counts them): a key with a short expiry, refreshed until the process ends."""
+    name = f"{socket.gethostname()}:{os.getpid()}"
+    while True:
+        try:
+            store.record_executor(name, EXECUTOR_TTL_S)
+        except redis.RedisError:
+            pass
+        time.sleep(EXECUTOR_REFRESH_S)
+
+
 def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1) -> None:
     """An executor. verbosity 0: errors only; 1: a line per run; 2: Celery's banner and info log too."""
     from potato_queue.celery_app import enqueue, make_celery
@@ -130,6 +145,7 @@ def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1) -
     store = RunStore(config, redis.Redis.from_url(redis_url))
     args = (store, lambda run_id: enqueue(app, config, run_id))
     threading.Thread(target=_reconcile_forever, args=args, daemon=True, name="reconcile").start()
+    threading.Thread(target=_say_alive, args=(store,), daemon=True, name="alive").start()
     # solo pool: the run is supervised in this process, so killing the
     # executor takes its supervision with it (the agent then sees EOF on stdin).
     from celery.exceptions import SecurityWarning

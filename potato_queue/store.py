@@ -312,6 +312,18 @@ class RunStore:
     def record_server_url(self, url: str, ttl_s: float) -> None:
         self.redis.set(self.keys.server_url, url, ex=max(1, int(ttl_s)))
 
+    def record_executor(self, name: str, ttl_s: float) -> None:
+        self.redis.set(self.keys.executor(name), repr(time.time()), ex=max(1, int(ttl_s)))
+
+    def executors_seen(self) -> list[str]:
+        """The executors up now (`<host>:<pid>`), as they last said so within their expiry."""
+        head = len(self.keys.executor(""))
+        return sorted(as_text(key)[head:] for key in self.redis.scan_iter(match=self.keys.executors, count=1000))
+
+    def queue_length(self) -> int:
+        """Runs waiting in the Celery queue for an executor."""
+        return int(self.redis.llen(self.keys.queue))
+
     def server_url(self) -> str | None:
         """Where `potato-queue serve` said agents and executors reach it (None: no server running)."""
         return as_text(self.redis.get(self.keys.server_url))

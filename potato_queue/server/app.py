@@ -13,6 +13,7 @@ from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.claims import ClaimWakeups, claims_router
 from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, PAGE_PREFIX, guard
+from potato_queue.server.ops import ops_router
 from potato_queue.server.page import page_router
 from potato_queue.server.page_api import device_probe, page_api_router
 from potato_queue.store import RunStore
@@ -42,6 +43,7 @@ def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
     app.include_router(page_api_router(), prefix=ADMIN_PREFIX)
     app.include_router(page_router(), prefix=PAGE_PREFIX)
+    app.include_router(ops_router())
     app.include_router(agent_router(), prefix=AGENT_PREFIX)
     app.include_router(claims_router(), prefix=AGENT_PREFIX)
     return app

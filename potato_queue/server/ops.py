@@ -1,0 +1,120 @@
+"""/metrics (Prometheus' text format) and /healthz, for whoever runs potato-queue as a service.
+
+/metrics answers the admin key (X-API-Key) or, for a scraper, the token in
+$POTATO_QUEUE_METRICS_TOKEN as `Authorization: Bearer <token>` (a token that
+opens nothing else). /healthz needs nothing and tells nothing private: Redis
+answers, and how many executors said they are up in the last few seconds.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+from collections import Counter
+from datetime import datetime
+from typing import Any
+
+import redis
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, PlainTextResponse
+
+from potato_queue.server.guard import admin_problem, bearer
+from potato_queue.store import FINAL_STATES, STATES
+
+__all__ = ["ops_router", "METRICS_TOKEN_ENV", "render_metrics"]
+
+METRICS_TOKEN_ENV = "POTATO_QUEUE_METRICS_TOKEN"
+LISTED = 100000
+
+
+def _scrape_allowed(request: Request) -> bool:
+    token = os.environ.get(METRICS_TOKEN_ENV)
+    given = bearer({k.lower(): v for k, v in request.headers.items()})
+    if token and given and secrets.compare_digest(given.encode(), token.encode()):
+        return True
+    return admin_problem(request.app.state.config, request.headers.get("x-api-key")) is None
+
+
+def _label(value: Any) -> str:
+    return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _seconds(text: str | None) -> float | None:
+    return None if not text else datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
+
+
+def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[dict[str, Any], float]]) -> None:
+    lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
+    for labels, value in samples:
+        inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
+        lines.append(f"{name}{{{inner}}} {value:g}" if inner else f"{name} {value:g}")
+
+
+def render_metrics(runs: list[dict[str, Any]], queue_length: int, agents: dict[str, float | None],
+                   executors: int, now_s: float) -> str:
+    """The exposition text: runs by state and backend, the queue, run durations, heartbeat ages, agents."""
+    lines: list[str] = []
+    by = Counter((r.get("state", "unknown"), r.get("backend") or "?") for r in runs)
+    backends = sorted({b for _, b in by} | {"local"})
+    _metric(lines, "potato_queue_runs", "gauge", "Runs in the project by state and backend.",
+            [({"state": s, "backend": b}, by.get((s, b), 0)) for s in (*STATES, "broken") for b in backends
+             if by.get((s, b), 0) or s in STATES])
+    _metric(lines, "potato_queue_queue_length", "gauge", "Runs waiting in the queue for an executor.",
+            [({}, queue_length)])
+    _metric(lines, "potato_queue_executors", "gauge", "Executor processes that said they are up.", [({}, executors)])
+    finished = [r for r in runs if r.get("state") in FINAL_STATES and _seconds(r.get("started_at"))
+                and _seconds(r.get("finished_at"))]
+    durations = Counter()  # type: Counter[str]
+    counts = Counter(str(r.get("backend")) for r in finished)
+    for r in finished:
+        durations[str(r.get("backend"))] += (_seconds(r["finished_at"]) or 0) - (_seconds(r["started_at"]) or 0)
+    lines += ["# HELP potato_queue_run_duration_seconds Wall time of finished runs, from start to end.",
+              "# TYPE potato_queue_run_duration_seconds summary"]
+    for backend in sorted(counts):
+        lines.append(f'potato_queue_run_duration_seconds_sum{{backend="{_label(backend)}"}} {durations[backend]:g}')
+        lines.append(f'potato_queue_run_duration_seconds_count{{backend="{_label(backend)}"}} {counts[backend]}')
+    beats = [({"run_id": r["run_id"], "backend": r.get("backend")}, now_s - float(r["heartbeat_at"]))
+             for r in runs if r.get("state") not in FINAL_STATES and r.get("heartbeat_at")]
+    _metric(lines, "potato_queue_heartbeat_age_seconds", "gauge", "Seconds since a run's agent last reported.", beats)
+    _metric(lines, "potato_queue_agent_last_seen_age_seconds", "gauge",
+            "Seconds since an agent backend's agent last asked for work.",
+            [({"backend": b}, now_s - seen) for b, seen in sorted(agents.items()) if seen is not None])
+    return "\n".join(lines) + "\n"
+
+
+def metrics(request: Request) -> PlainTextResponse:
+    if not _scrape_allowed(request):
+        return PlainTextResponse("the admin key (X-API-Key) or the scrape token ($POTATO_QUEUE_METRICS_TOKEN, as "
+                                 "Authorization: Bearer) is required\n", status_code=401)
+    store, config = request.app.state.store, request.app.state.config
+    agents = {}
+    for name, backend in config.model_training.backends.items():
+        if backend.type == "agent":
+            registration = store.agents.registration(name)
+            agents[name] = registration["last_seen"] if registration else None
+    text = render_metrics(store.list_runs(LISTED), store.queue_length(), agents, len(store.executors_seen()),
+                          time.time())
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
+
+
+def healthz(request: Request) -> JSONResponse:
+    """200 when Redis answers and an executor is up; 503 saying which is not."""
+    store = request.app.state.store
+    try:
+        store.redis.ping()
+        executors = len(store.executors_seen())
+    except redis.RedisError as exc:
+        return JSONResponse({"ok": False, "redis": f"unreachable: {exc}", "executors": None}, status_code=503)
+    problem = None if executors else "no executor is up: start one (potato-queue worker CONFIG)"
+    body = {"ok": problem is None, "redis": "ok", "executors": executors, **({"problem": problem} if problem else {})}
+    return JSONResponse(body, status_code=200 if problem is None else 503)
+
+
+def ops_router() -> APIRouter:
+    router = APIRouter(tags=["operations"])
+    router.add_api_route("/metrics", metrics, methods=["GET"], response_class=PlainTextResponse,
+                         responses={401: {"description": "neither the admin key nor the scrape token"}})
+    # A probe for load balancers and systemd, not part of the API (its 503 is its message).
+    router.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
+    return router
