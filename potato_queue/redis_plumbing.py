@@ -7,6 +7,8 @@ module about runs.
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from collections.abc import Awaitable, Callable
 
 import redis
@@ -110,3 +112,22 @@ async def wait_published(client: redis.Redis, channel: str, due: Callable[[aiore
     finally:
         await pubsub.aclose()
         await twin.aclose()
+
+
+def refresh_forever(write: Callable[[], None], every_s: float, name: str) -> None:
+    """Run `write` now, then every `every_s` in a daemon thread, for the life of the process: a key with a short
+    expiry that says something is up comes back after Redis is emptied and lapses once the process is gone.
+    A Redis that does not answer is tried again at the next turn."""
+    def loop() -> None:
+        while True:
+            time.sleep(every_s)
+            try:
+                write()
+            except redis.RedisError:
+                pass
+
+    try:
+        write()
+    except redis.RedisError:
+        pass
+    threading.Thread(target=loop, daemon=True, name=name).start()

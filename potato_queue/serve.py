@@ -16,6 +16,7 @@ import redis
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.keys import Keys
+from potato_queue.redis_plumbing import refresh_forever
 from potato_queue.store import RunStore
 
 __all__ = ["serve_forever", "run_executor", "VISIBILITY_ENV"]
@@ -123,14 +124,9 @@ EXECUTOR_REFRESH_S = 5.0
 
 
 def _say_alive(store: RunStore) -> None:
-    """This executor is up (/healthz counts them): a key with a short expiry, refreshed until the process ends."""
+    """This executor is up (/healthz counts them)."""
     name = f"{socket.gethostname()}:{os.getpid()}"
-    while True:
-        try:
-            store.record_executor(name, EXECUTOR_TTL_S)
-        except redis.RedisError:
-            pass
-        time.sleep(EXECUTOR_REFRESH_S)
+    refresh_forever(lambda: store.record_executor(name, EXECUTOR_TTL_S), EXECUTOR_REFRESH_S, "alive")
 
 
 def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1) -> None:
@@ -145,7 +141,7 @@ def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1) -
     store = RunStore(config, redis.Redis.from_url(redis_url))
     args = (store, lambda run_id: enqueue(app, config, run_id))
     threading.Thread(target=_reconcile_forever, args=args, daemon=True, name="reconcile").start()
-    threading.Thread(target=_say_alive, args=(store,), daemon=True, name="alive").start()
+    _say_alive(store)
     # solo pool: the run is supervised in this process, so killing the
     # executor takes its supervision with it (the agent then sees EOF on stdin).
     from celery.exceptions import SecurityWarning

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import threading
-import time
 
 import redis
 from fastapi import FastAPI
 
 from potato_queue.config import ProjectConfig
+from potato_queue.redis_plumbing import refresh_forever
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.claims import ClaimWakeups, claims_router
@@ -60,13 +60,4 @@ def record_server_url(store: RunStore, url: str) -> None:
     is emptied, and a stopped server's address does not linger.
     """
 
-    def refresh() -> None:
-        while True:
-            try:
-                store.record_server_url(url, SERVER_URL_TTL_S)
-            except redis.RedisError:
-                pass
-            time.sleep(SERVER_URL_REFRESH_S)
-
-    store.record_server_url(url, SERVER_URL_TTL_S)
-    threading.Thread(target=refresh, daemon=True, name="server-url").start()
+    refresh_forever(lambda: store.record_server_url(url, SERVER_URL_TTL_S), SERVER_URL_REFRESH_S, "server-url")

@@ -193,7 +193,7 @@ class Guard:
         """(problem, body cap) of a request; a cap of None means the route streams under its own limit."""
         path = scope["path"]
         if path.startswith(ADMIN_PREFIX + "/"):
-            return self._admin_problem(scope["method"], headers), BODY_CAPS["admin"]
+            return request_admin_problem(self.config, scope["method"], headers), BODY_CAPS["admin"]
         if path.startswith(PAGE_PREFIX + "/"):
             return None, BODY_CAPS["form"]  # the page's own forms check who signs in, and out
         parts = path[len(AGENT_PREFIX):].split("/")  # "", "runs", run_id, route
@@ -209,9 +209,6 @@ class Guard:
         if problem is None:
             scope.setdefault("state", {})["authorized_run"] = run_id  # the route need not ask Redis again
         return problem, {"events": BODY_CAPS["events"], "predictions": None}.get(route, BODY_CAPS["agent"])
-
-    def _admin_problem(self, method: str, headers: dict[str, str]) -> tuple[int, str] | None:
-        return request_admin_problem(self.config, method, headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith((PAGE_PREFIX + "/", AGENT_PREFIX + "/")):

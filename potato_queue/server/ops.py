@@ -63,12 +63,12 @@ def render_metrics(runs: list[dict[str, Any]], queue_length: int, agents: dict[s
     _metric(lines, "potato_queue_queue_length", "gauge", "Runs waiting in the queue for an executor.",
             [({}, queue_length)])
     _metric(lines, "potato_queue_executors", "gauge", "Executor processes that said they are up.", [({}, executors)])
-    finished = [r for r in runs if r.get("state") in FINAL_STATES and _seconds(r.get("started_at"))
-                and _seconds(r.get("finished_at"))]
-    durations = Counter()  # type: Counter[str]
-    counts = Counter(str(r.get("backend")) for r in finished)
-    for r in finished:
-        durations[str(r.get("backend"))] += (_seconds(r["finished_at"]) or 0) - (_seconds(r["started_at"]) or 0)
+    durations, counts = Counter(), Counter()  # type: Counter[str], Counter[str]
+    for r in runs:
+        started, ended = _seconds(r.get("started_at")), _seconds(r.get("finished_at"))
+        if r.get("state") in FINAL_STATES and started and ended:
+            durations[str(r.get("backend"))] += ended - started
+            counts[str(r.get("backend"))] += 1
     lines += ["# HELP potato_queue_run_duration_seconds Wall time of finished runs, from start to end.",
               "# TYPE potato_queue_run_duration_seconds summary"]
     for backend in sorted(counts):

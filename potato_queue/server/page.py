@@ -24,6 +24,7 @@ from potato_queue.server.session import (
     SESSION_S,
     cookie_value,
     csrf_token,
+    foreign_origin,
     new_session,
     session_nonce,
 )
@@ -115,14 +116,9 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(body).items()}
 
 
-def _same_origin(request: Request) -> bool:
-    origin = request.headers.get("origin")
-    return origin is None or origin.split("://", 1)[-1] == request.headers.get("host", "")
-
-
 async def sign_in(request: Request) -> Response:
     key = admin_key(request.app.state.config)
-    if not _same_origin(request):
+    if foreign_origin(request.headers) is not None:
         return HTMLResponse(_sign_in_page("Sign-in from another site refused."), status_code=403)
     given = (await _form(request)).get("key", "")
     if key is None or not secrets.compare_digest(given.encode(), key.encode()):

@@ -18,7 +18,8 @@ import secrets
 import time
 from collections.abc import Mapping
 
-__all__ = ["COOKIE", "SESSION_S", "new_session", "session_nonce", "csrf_token", "cross_site_problem", "cookie_value"]
+__all__ = ["COOKIE", "SESSION_S", "new_session", "session_nonce", "csrf_token", "cross_site_problem", "cookie_value",
+           "foreign_origin"]
 
 COOKIE = "pq_session"
 SESSION_S = 12 * 3600
@@ -69,13 +70,19 @@ def cookie_value(headers: Mapping[str, str]) -> str | None:
     return None
 
 
+def foreign_origin(headers: Mapping[str, str]) -> str | None:
+    """The request's Origin when the browser named one that is not this server (lower-cased headers)."""
+    origin = headers.get("origin")
+    return origin if origin is not None and origin.split("://", 1)[-1] != headers.get("host", "") else None
+
+
 def cross_site_problem(key: str | None, method: str, headers: Mapping[str, str], nonce: str) -> str | None:
     """Why a cookie-authenticated request is refused as possibly cross-site, or None."""
     if method not in UNSAFE:
         return None
-    origin, host = headers.get("origin"), headers.get("host", "")
-    if origin is not None and origin.split("://", 1)[-1] != host:
-        return f"cross-site request refused: Origin {origin} is not this server ({host})"
+    origin = foreign_origin(headers)
+    if origin is not None:
+        return f"cross-site request refused: Origin {origin} is not this server ({headers.get('host', '')})"
     given = headers.get("x-csrf-token", "")
     if not hmac.compare_digest(given, csrf_token(key, nonce)):
         return "cross-site request refused: the page's X-CSRF-Token is missing or wrong (reload the page)"
