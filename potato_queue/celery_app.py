@@ -13,9 +13,10 @@ from celery import Celery
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import Keys
 
-__all__ = ["EXECUTE_TASK", "make_celery", "kombu_url", "enqueue"]
+__all__ = ["EXECUTE_TASK", "RETRAIN_TASK", "make_celery", "kombu_url", "enqueue", "schedule_retrain"]
 
 EXECUTE_TASK = "potato_queue.execute"
+RETRAIN_TASK = "potato_queue.auto_retrain"
 # The Redis transport redelivers a message unacked for longer than this.
 # Runs may last days; execute() is idempotent, so the cost of a redelivery
 # is only a wake-up. Thirty days is above any run we expect.
@@ -60,6 +61,14 @@ def make_celery(config: ProjectConfig, redis_url: str, *, visibility_timeout_s: 
         accept_content=["json"],
     )
     return app
+
+
+def schedule_retrain(app: Celery, config: ProjectConfig, every_s: float) -> None:
+    """Beat's one entry: an auto-retrain check every every_s, on the project's queue. A tick no executor
+    took within every_s expires (a busy single executor would otherwise meet a pile of stale checks)."""
+    app.conf.beat_schedule = {"auto-retrain": {
+        "task": RETRAIN_TASK, "schedule": every_s,
+        "options": {"queue": Keys.of(config).queue, "expires": every_s}}}
 
 
 def enqueue(app: Celery, config: ProjectConfig, run_id: str) -> None:

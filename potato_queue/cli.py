@@ -143,10 +143,14 @@ def worker(config: Path, redis_url: str, verbose: bool, quiet: bool) -> None:
 @cli.command()
 @CONFIG
 @REDIS
-def beat(config: Path, redis_url: str) -> None:
-    """Run the auto-retrain schedule (Celery beat)."""
-    _checked(config)
-    raise _not_built("beat", "the auto-retrain work")
+@click.option("--every-s", default=60.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="How often to check for new annotations (seconds).")
+@click.option("-v", "--verbose", is_flag=True, help="Celery beat's banner and its info log too.")
+def beat(config: Path, redis_url: str, every_s: float, verbose: bool) -> None:
+    """Run the auto-retrain schedule (Celery beat): one per project; the executors run its checks."""
+    from potato_queue.serve import run_beat
+
+    run_beat(_checked(config), _redis_checked(redis_url), every_s=every_s, verbose=verbose)
 
 
 @cli.command()
@@ -157,7 +161,7 @@ def beat(config: Path, redis_url: str) -> None:
 @click.option("--port", default=8000, show_default=True, type=int, help="The server's port (0: any free one).")
 @click.option("-v", "--verbose", is_flag=True, help="The executor's own log too (Celery's banner, a line per run).")
 def up(config: Path, redis_url: str, trainer: str | None, schemas: tuple[str, ...], port: int, verbose: bool) -> None:
-    """Start everything on this machine: Redis if none answers, the server and an executor."""
+    """Start everything on this machine: Redis if none answers, the server, an executor, and beat for auto-retrain."""
     from potato_queue.up import up as start_all
 
     cfg = _checked(config)
@@ -252,9 +256,13 @@ def run(config: Path, redis_url: str, trainer: str, schemas: tuple[str, ...], ba
 def runs(config: Path, redis_url: str) -> None:
     """List the project's runs."""
     from potato_queue.follow import runs_table
+    from potato_queue.runs.retrain import last_check
 
-    store, _ = _store_and_queue(_checked(config), _redis_checked(redis_url))
+    cfg = _checked(config)
+    store, _ = _store_and_queue(cfg, _redis_checked(redis_url))
     click.echo(runs_table(store.list_runs()))
+    if cfg.model_training.auto_retrain.enabled:
+        click.echo(f"auto-retrain: {last_check(cfg, store)['reason']}")
 
 
 @training.command()
@@ -327,13 +335,12 @@ def _params(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[Any, Any]:
-    import redis
-
     from potato_queue.celery_app import enqueue, make_celery
+    from potato_queue.redis_plumbing import client_for
     from potato_queue.store import RunStore
 
     app = make_celery(cfg, redis_url)
-    return RunStore(cfg, redis.Redis.from_url(redis_url)), lambda run_id: enqueue(app, cfg, run_id)
+    return RunStore(cfg, client_for(redis_url)), lambda run_id: enqueue(app, cfg, run_id)
 
 
 # What potato-queue writes (run folders, bundles, logs, predictions, models) holds annotation data:

@@ -17,7 +17,7 @@ from pathlib import Path
 from potato_queue.config import ProjectConfig
 
 __all__ = ["RUN_ID_RE", "new_run_id", "project_id", "Keys", "RunPaths", "runs_dir", "project_predictions_path",
-           "remote_socket_path"]
+           "remote_socket_path", "retrain_state_path"]
 
 RUN_ID_RE = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
 
@@ -94,6 +94,16 @@ class Keys:
         return f"{self.prefix}:executor:{name}"
 
     @property
+    def retrain_lock(self) -> str:
+        """Held while one auto-retrain check decides (two beats, or two executors, start one run)."""
+        return f"{self.prefix}:retrain:lock"
+
+    @property
+    def retrain_status(self) -> str:
+        """The last auto-retrain check: when, and why it started a run or did not (a hash)."""
+        return f"{self.prefix}:retrain:status"
+
+    @property
     def executors(self) -> str:
         """The pattern of every executor's key (for SCAN)."""
         return f"{self.prefix}:executor:*"
@@ -144,6 +154,11 @@ def remote_socket_path(run_id: str) -> str:
 
 def runs_dir(config: ProjectConfig) -> Path:
     return config.output_path / "training" / "runs"
+
+
+def retrain_state_path(config: ProjectConfig) -> Path:
+    """Auto-retrain's baseline (annotations counted at the last auto run): on disk, so restarts keep it."""
+    return config.output_path / "training" / "auto_retrain.json"
 
 
 def project_predictions_path(config: ProjectConfig) -> Path:

@@ -14,7 +14,19 @@ from collections.abc import Awaitable, Callable
 import redis
 import redis.asyncio as aioredis
 
-__all__ = ["CAS_STATE", "CLAIM", "MERGE_METRICS", "RECORD_RESULT", "async_twin", "wait_published"]
+__all__ = ["CAS_STATE", "CLAIM", "MERGE_METRICS", "RECORD_RESULT", "SOCKET_TIMEOUT_S", "async_twin", "client_for",
+           "wait_published"]
+
+# redis-py 8 gives every client a 5 s socket timeout unless told otherwise: a Redis busy for 5 s (a slow
+# fsync, a large load) would then fail a run that is training fine. Ours is a hung server's limit, not a
+# busy one's; no command of ours blocks for more than a second.
+SOCKET_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 10.0
+
+
+def client_for(url: str) -> redis.Redis:
+    """The Redis client every part of potato-queue uses for `url` (its timeouts set here, once)."""
+    return redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S)
 
 # KEYS: the run's hash, the unfinished index, the run token's digest. ARGV: the
 # new state, "1" when it is final, the run id, then the states it may come

@@ -16,7 +16,7 @@ import redis
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.keys import Keys
-from potato_queue.redis_plumbing import refresh_forever
+from potato_queue.redis_plumbing import client_for, refresh_forever
 from potato_queue.store import RunStore
 
 __all__ = ["serve_forever", "run_executor", "VISIBILITY_ENV"]
@@ -129,17 +129,42 @@ def _say_alive(store: RunStore) -> None:
     refresh_forever(lambda: store.record_executor(name, EXECUTOR_TTL_S), EXECUTOR_REFRESH_S, "alive")
 
 
+RETRAIN_EVERY_S = 60.0
+
+
+def run_beat(config: ProjectConfig, redis_url: str, *, every_s: float = RETRAIN_EVERY_S, verbose: bool = False) -> None:
+    """Celery beat sending the auto-retrain check every every_s; the executors run it. Its schedule is
+    kept in memory (celery.beat:Scheduler): the default one writes celerybeat-schedule into the working
+    directory, and a fixed interval has nothing worth keeping."""
+    from potato_queue.celery_app import make_celery, schedule_retrain
+
+    settings = config.model_training.auto_retrain
+    if not settings.enabled or not settings.trainer:
+        raise PotatoQueueError(
+            f"auto-retrain is off in {config.config_path}: beat has nothing to schedule",
+            fix="set model_training.auto_retrain.enabled: true and its trainer, or do not run beat", exit_code=2)
+    app = make_celery(config, redis_url)
+    schedule_retrain(app, config, every_s)
+    print(f"potato-queue beat: an auto-retrain check every {every_s:g} s (trainer {settings.trainer}, "
+          f"after {settings.update_frequency} new annotations, at most every {settings.min_interval_s:g} s)",
+          flush=True)
+    app.Beat(scheduler="celery.beat:Scheduler", loglevel="INFO" if verbose else "WARNING",
+             quiet=not verbose).run()
+
+
 def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1) -> None:
     """An executor. verbosity 0: errors only; 1: a line per run; 2: Celery's banner and info log too."""
     from potato_queue.celery_app import enqueue, make_celery
+    from potato_queue.tasks.retrain import register_retrain
     from potato_queue.tasks.runs import register
 
     check_writable(config)
     timeout = os.environ.get(VISIBILITY_ENV)
     app = make_celery(config, redis_url, visibility_timeout_s=float(timeout) if timeout else None)
     register(app, config, redis_url)
-    store = RunStore(config, redis.Redis.from_url(redis_url))
+    store = RunStore(config, client_for(redis_url))
     args = (store, lambda run_id: enqueue(app, config, run_id))
+    register_retrain(app, config, *args, say=lambda text: None if os.environ.get(QUIET_ENV) else print(text, flush=True))
     threading.Thread(target=_reconcile_forever, args=args, daemon=True, name="reconcile").start()
     _say_alive(store)
     # solo pool: the run is supervised in this process, so killing the

@@ -46,6 +46,9 @@ from potato_queue.tokens import AgentTokens, RunTokens
 __all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "FOLDER_FIX", "RunStore", "RunView", "RunFolderError",
            "write_json_atomic", "utc_now", "utc_of", "log_text"]
 
+MIN_WAIT_S = 0.01  # the shortest BLPOP; Redis wakes blocked clients every 100 ms (hz 10) anyway
+
+
 class RunStore:
     """One project's runs."""
 
@@ -284,8 +287,9 @@ class RunStore:
                        disk_error=as_text(disk_error), state=as_text(state), pending_step=pending)
 
     def wait_result(self, run_id: str, timeout_s: float) -> None:
-        """Sleep up to timeout_s, waking as soon as the agent's result arrives."""
-        self.redis.blpop([self.keys.result_signal(run_id)], timeout=timeout_s)
+        """Sleep up to timeout_s (at least 10 ms), waking as soon as the agent's result arrives."""
+        # Redis 6.2 (the embedded one) truncates a timeout to whole ms: 0.001 s becomes 0, "block forever".
+        self.redis.blpop([self.keys.result_signal(run_id)], timeout=max(MIN_WAIT_S, timeout_s))
 
     def touch_heartbeat(self, run_id: str) -> None:
         self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(time.time()))

@@ -1,7 +1,8 @@
 """`potato-queue up`: everything on this machine, for a laptop or the README's demo.
 
 Uses the configured Redis when one answers, else starts a private one on a
-unix socket; then the server and one executor as child processes. With
+unix socket; then the server, one executor and (with auto_retrain enabled)
+beat as child processes. With
 --run it queues one training run, follows it, prints the held-out scores
 and stops everything; without, it runs until Ctrl-C.
 """
@@ -80,6 +81,8 @@ def _up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: 
         executor = _spawn(["worker", cfg_path, "--verbose" if verbose else "--quiet"], env)
         stack.callback(_stop, executor)
         if trainer is None:
+            if config.model_training.auto_retrain.enabled:
+                stack.callback(_stop, _spawn(["beat", cfg_path], env))
             return executor.wait()
         args = ["training", "run", cfg_path, "--trainer", trainer, "--follow"]
         for schema in schemas:

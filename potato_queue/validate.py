@@ -232,6 +232,21 @@ def _type_errors(exc: ValidationError) -> list[str]:
     return out
 
 
+def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
+    """An enabled auto-retrain needs a trainer that exists: else every beat tick would fail the same way."""
+    from potato_queue.trainers import trainer_names
+
+    trainer, names = retrain.get("trainer"), trainer_names()
+    if retrain.get("enabled") is True and not trainer:
+        errors.append(f"model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
+                      f"(trainers: {', '.join(names)})")
+    elif trainer and str(trainer) not in names:
+        close = difflib.get_close_matches(str(trainer), names, n=1, cutoff=0.6)
+        hint = f"; did you mean '{close[0]}'?" if close else ""
+        errors.append(f"model_training.auto_retrain.trainer is {trainer!r}, which is no trainer "
+                      f"(trainers: {', '.join(names)}){hint}")
+
+
 def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str], errors: list[str]) -> None:
     """Names that must point at something: backends, schemes, data files (read from the raw mapping,
     so a reference is checked even when a backend entry has errors of its own)."""
@@ -244,6 +259,7 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
             close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             errors.append(f"{path} is {value!r}, which names no backend (configured: {', '.join(names)}){hint}")
+    _check_retrain_trainer(retrain, errors)
     schemes = [str(s.get("name")) for s in data.get("annotation_schemes") or [] if isinstance(s, dict)]
     writeback = mt.get("writeback") if isinstance(mt.get("writeback"), dict) else {}
     for path, listed in (("model_training.writeback.schemas", writeback.get("schemas")), ("model_training.auto_retrain.schemas", retrain.get("schemas"))):

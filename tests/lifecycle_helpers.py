@@ -23,12 +23,14 @@ import yaml
 from tests.conftest import ROOT
 
 ADMIN_KEY = "test-admin-key-123"
+SMALL_PROJECT = ROOT / "tests" / "fixtures" / "reviews_small"
 
 
 def make_project(tmp_path: Path, **training: Any) -> Path:
-    """The example reviews project, copied, with model_training overrides."""
+    """The tests' small reviews project (160 templated reviews: a tiny model learns them in seconds), copied,
+    with model_training overrides. The README's example (examples/reviews) is bundled in test_bundle.py."""
     project = tmp_path / "project"
-    shutil.copytree(ROOT / "examples" / "reviews", project, ignore=shutil.ignore_patterns("training"))
+    shutil.copytree(SMALL_PROJECT, project, ignore=shutil.ignore_patterns("training"))
     config = yaml.safe_load((project / "config.yaml").read_text())
     config["admin_api_key"] = ADMIN_KEY
     config["model_training"].update(training)
@@ -139,7 +141,7 @@ def build_tiny_model(folder: Path) -> Path:
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
-    texts = [row["text"] for row in json.loads((ROOT / "examples/reviews/data/reviews.json").read_text())]
+    texts = [row["text"] for row in json.loads((SMALL_PROJECT / "data" / "reviews.json").read_text())]
     words = sorted({w.strip(".,").lower() for t in texts for w in t.split()})
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     vocab = {word: i for i, word in enumerate(specials + words)}

@@ -40,6 +40,8 @@ def require_slurm() -> None:
 
 def _slurm_conf(root: Path, munge_socket: Path, cgroups: bool) -> str:
     # With cgroups (v1 here), memory is the kernel's to enforce: a job over its mem ends OUT_OF_MEMORY.
+    # Without, OverMemoryKill samples every 30 s: DefMemPerCPU must hold a worker that imports torch, or
+    # any run longer than 30 s is killed (a job of 1 CPU gets 1000 MB; four fit in RealMemory).
     tracking = (["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup", "JobAcctGatherType=jobacct_gather/cgroup"]
                 if cgroups else ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
                                  "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherParams=OverMemoryKill"])
@@ -50,7 +52,7 @@ def _slurm_conf(root: Path, munge_socket: Path, cgroups: bool) -> str:
         f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'slurmd.pid'}",
         f"SlurmctldLogFile={root / 'slurmctld.log'}", f"SlurmdLogFile={root / 'slurmd.log'}",
         *tracking, "AccountingStorageType=accounting_storage/none",
-        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", "DefMemPerCPU=100",
+        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", "DefMemPerCPU=1000",
         "MailProg=/bin/true", "ReturnToService=2", "SlurmdParameters=config_overrides",
         "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0", "KillWait=5", "MinJobAge=300",
         "GresTypes=gpu", "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",

@@ -196,8 +196,13 @@ def test_rebuild_replaces_a_previous_bundle(tmp_path: Path) -> None:
     assert "unlabeled" not in manifest["splits"] and not (out / "unlabeled.jsonl").exists()
 
 
-def test_example_reviews_project_bundles(tmp_path: Path) -> None:
-    manifest = build_bundle(load(ROOT / "examples" / "reviews" / "config.yaml"), tmp_path / "bundle")
-    assert sum(manifest["stats"]["splits"].values()) == 120
-    assert manifest["splits"]["unlabeled"]["n"] == 40
-    assert manifest["labels"] == {"sentiment": ["negative", "positive"]}
+def test_the_readmes_example_project_bundles_as_potato_bundles_it(tmp_path: Path) -> None:
+    """examples/reviews (440 reviews, two annotators who disagree on some): Potato 2.12.1's own builder
+    wrote tests/fixtures/reviews_potato_bundle; ours gives the same digest, splits and labels."""
+    out = tmp_path / "bundle"
+    manifest = build_bundle(load(ROOT / "examples" / "reviews" / "config.yaml"), out)
+    potatos = json.loads((ROOT / "tests" / "fixtures" / "reviews_potato_bundle" / "manifest.json").read_text())
+    for key in ["digest", "splits", "stats", "labels"]:
+        assert manifest[key] == potatos[key], key
+    assert (out / "labels.json").read_bytes() == (ROOT / "tests/fixtures/reviews_potato_bundle/labels.json").read_bytes()
+    assert sum(manifest["stats"]["splits"].values()) == 360 and manifest["splits"]["unlabeled"]["n"] == 80

@@ -405,7 +405,8 @@ def test_a_hand_started_agent_on_the_login_node_submits_with_its_slurm_config(
 
 def test_a_job_over_its_mem_fails_the_run_out_of_memory(tmp_path: Path, redis_server_url: str, sshd: Sshd,
                                                          shared: Path, tiny_model: Path) -> None:
-    # Only the cgroup plugins enforce a job's memory (cgroup v1 on this machine): a cluster of its own.
+    # The cgroup plugins enforce a job's memory at once (cgroup v1 on this machine): a cluster of its own.
+    # (Without them OverMemoryKill samples every 30 s; that text is tests/data/slurm/*over_mem_polled*.)
     with SlurmCluster(tmp_path / "cgroup-slurm", cgroups=True) as slurm:
         sshd.write_config("root")
         backend = cluster_backend(slurm, shared, mem="150M")  # importing torch alone takes more

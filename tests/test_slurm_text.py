@@ -111,6 +111,15 @@ def test_slurm_out_tells_the_reason_when_scontrol_no_longer_knows_the_job(name: 
     assert reason is not None and reason[1] == f"SLURM job 7 ended before the worker finished: {message}"
 
 
+def test_a_job_killed_by_memory_polling_ran_out_of_memory() -> None:
+    """jobacct_gather/linux with OverMemoryKill (no cgroups): the job ends FAILED, and slurm.out's CANCELLED
+    line has no DUE TO; its "exceeded memory limit" is what says why (files from SlurmCluster(cgroups=False))."""
+    for fields in (scontrol("over_mem_polled"), {}):
+        reason = end_reason("1", fields, slurm_out("over_mem_polled"), SETTINGS, stopped_by_us=False)
+        assert reason is not None and reason[:2] == (
+            "slurm_out_of_memory", "SLURM job 1 ended before the worker finished: it ran out of memory"), reason
+
+
 def test_the_scheduler_did_not_end_a_job_that_completed_failed_on_its_own_or_that_we_cancelled() -> None:
     # (out_of_memory's files are from the test cluster in its cgroup mode: SlurmCluster(cgroups=True).)
     assert end_reason("7", scontrol("completed"), slurm_out("completed"), SETTINGS, False) is None

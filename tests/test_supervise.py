@@ -132,3 +132,15 @@ def test_the_wall_clock_asks_the_agent_to_stop_then_kills(store: RunStore) -> No
     outcome = supervise(watch, tick_s=0.05)
     assert outcome.error == "The run did not finish within max_wall_seconds (0.3 s) and was stopped"
     assert store.cancel_requested(watch.run_id) and handle.killed == 1
+
+
+def test_a_run_waiting_past_its_wall_deadline_keeps_being_watched(store: RunStore) -> None:
+    """While a job waits in a scheduler its wall clock does not run, and supervise sleeps its shortest wait:
+    Redis 6.2 (the embedded one) took a 1 ms BLPOP for "block forever", and nothing was checked again."""
+    handle = ScriptedHandle(Waiting("SLURM job 3: PENDING (Resources)", until_s=time.time() + 1.0))
+    watch, _, _ = watch_of(store, handle, max_wall_s=0.2)
+    watch.started_s = watch.launched_s = time.time() - 5  # the wall deadline is 4.8 s gone
+    began = time.monotonic()
+    outcome = supervise(watch)
+    assert time.monotonic() - began < 4, "supervise stopped ticking while the run waited"
+    assert outcome.error == "The run was still waiting past its deadline: SLURM job 3: PENDING (Resources)"

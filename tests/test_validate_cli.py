@@ -158,6 +158,20 @@ def test_default_or_retrain_backend_naming_no_backend(tmp_path: Path, key: str) 
     assert err.endswith(f"did you mean '{wanted}'?")
 
 
+@pytest.mark.parametrize(("retrain", "wanted"), [
+    ({"enabled": True}, "model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
+                        "(trainers: decision-calibrate, hf-text-classification, majority-baseline, sklearn-text)"),
+    ({"enabled": True, "trainer": "sklearn-txt"}, "model_training.auto_retrain.trainer is 'sklearn-txt', which is no "
+     "trainer (trainers: decision-calibrate, hf-text-classification, majority-baseline, sklearn-text); did you mean "
+     "'sklearn-text'?"),
+])
+def test_an_enabled_auto_retrain_needs_a_real_trainer(tmp_path: Path, retrain: dict[str, object], wanted: str) -> None:
+    cfg = seed_config()
+    cfg["model_training"]["auto_retrain"] = retrain
+    code, report = validate(write_project(tmp_path, cfg))
+    assert code == 1 and wanted in report["errors"], report["errors"]
+
+
 def test_backend_local_is_always_there(tmp_path: Path) -> None:
     cfg = seed_config()
     cfg["model_training"]["backend"] = "local"

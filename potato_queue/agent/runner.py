@@ -41,8 +41,13 @@ _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 def log_line(message: str) -> None:
     """The agent's own log: stderr, one timestamped line (the executor keeps it as agent.log)."""
     stamp = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-    sys.stderr.write("{} agent: {}\n".format(stamp, one_line(message)))
-    sys.stderr.flush()
+    try:
+        sys.stderr.write("{} agent: {}\n".format(stamp, one_line(message)))
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        # Whoever read our stderr is gone (a dropped ssh session: EPIPE): the line is lost, but the clean-up
+        # that is logging it (a scancel, the worker's stop) must still run.
+        pass
 
 
 class RunFiles:

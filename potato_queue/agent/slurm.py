@@ -157,7 +157,9 @@ def parse_scontrol(stdout: str) -> Dict[str, str]:
 
 
 _DUE_TO = re.compile(r"\*\*\* JOB \S+ ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z ]+?))?(?:,[^*]*)? \*\*\*")
-_OOM = re.compile(r"oom-kill|out-of-memory|Out Of Memory", re.IGNORECASE)
+# The cgroup plugins' oom-kill, and jobacct_gather/linux's OverMemoryKill (its job ends FAILED, and
+# slurm.out's CANCELLED line has no DUE TO: only "exceeded memory limit" says why).
+_OOM = re.compile(r"oom-kill|out-of-memory|Out Of Memory|exceeded (?:job )?memory limit", re.IGNORECASE)
 _REASONS = {
     # state: (what happened, the fix)
     "TIMEOUT": ("it reached its time limit", "raise the backend's `time`{time}, or train for fewer steps (params "

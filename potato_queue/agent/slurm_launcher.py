@@ -143,6 +143,7 @@ class SlurmJob(WorkerHandle):
         self._followers = []  # type: List[_Follower]
         self._misses = 0
         self._last_line = ""
+        self._seen_lock = threading.Lock()
 
     # -- what the runner calls ------------------------------------------------
     def started_status(self) -> Tuple[str, str]:
@@ -152,6 +153,8 @@ class SlurmJob(WorkerHandle):
         self._relay = relay
 
         def event(raw: bytes) -> None:
+            # The job's RUNNING line goes first: sent after the worker's own steps, it would hide them.
+            self._check_running()
             relay.put(stdout_event(raw))
 
         def stderr(raw: bytes) -> None:
@@ -214,9 +217,7 @@ class SlurmJob(WorkerHandle):
     def _monitor(self) -> None:
         next_poll = 0.0
         while not self._exited.is_set():
-            node = None if self.state and self.state.state != "PENDING" else _read(self._path("running")).strip()
-            if node:
-                self._seen(QueueState("RUNNING", "None", node))
+            self._check_running()
             code = self._exit_code()
             if code is not None:
                 self._conclude(code)
@@ -232,14 +233,22 @@ class SlurmJob(WorkerHandle):
                     self._seen(state)
             time.sleep(FILE_CHECK_S)
 
+    def _check_running(self) -> None:
+        """The job writes `running` (its node) before it starts the worker: the start, seen within 0.1 s."""
+        if self.state is None or self.state.state == "PENDING":
+            node = _read(self._path("running")).strip()
+            if node:
+                self._seen(QueueState("RUNNING", "None", node))
+
     def _seen(self, state: QueueState) -> None:
-        line, self.state = describe_state(self.job_id, state), state
-        if line == self._last_line:
-            return
-        self._last_line = line
-        self.log(line)
-        if self._relay is not None:
-            self._relay.emit("status", state="pending" if state.state == "PENDING" else "running", step=line)
+        with self._seen_lock:  # the monitor and the events follower
+            line, self.state = describe_state(self.job_id, state), state
+            if line == self._last_line:
+                return
+            self._last_line = line
+            self.log(line)
+            if self._relay is not None:
+                self._relay.emit("status", state="pending" if state.state == "PENDING" else "running", step=line)
 
     def _missing(self) -> bool:
         """squeue did not list the job: True once it is known to have ended (and concluded)."""
@@ -296,7 +305,7 @@ class SlurmJob(WorkerHandle):
         deadline = time.monotonic() + END_STATE_WAIT_S
         fields = self._scontrol()
         while fields.get("JobState") not in FINAL_STATES and fields and time.monotonic() < deadline:
-            if re.search(r"DUE TO|oom-kill", _read(self._path("slurm.out"))):
+            if re.search(r"DUE TO|oom-kill|memory limit", _read(self._path("slurm.out"))):
                 break  # slurmstepd has said why already
             time.sleep(0.25)
             fields = self._scontrol()

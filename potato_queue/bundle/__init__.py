@@ -24,6 +24,7 @@ from potato_queue.bundle.read import (
     _read_annotations,
     _read_items,
     _schema_names,
+    count_annotations,
     schema_kind,
     target_schemas,
     unencodable_items,
@@ -41,7 +42,8 @@ from potato_queue.bundle.write import (
 )
 from potato_queue.config import ProjectConfig
 
-__all__ = ["BUNDLE_VERSION", "TARGET_KINDS", "schema_kind", "target_schemas", "split_of", "build_bundle", "pack_bundle"]
+__all__ = ["BUNDLE_VERSION", "TARGET_KINDS", "schema_kind", "target_schemas", "split_of", "build_bundle", "pack_bundle",
+           "count_annotations"]
 
 
 def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | None = None) -> dict[str, Any]:

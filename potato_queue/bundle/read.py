@@ -21,7 +21,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # The public names, then what the other stages of the bundle use.
-__all__ = ["TARGET_KINDS", "Answers", "Row", "schema_kind", "target_schemas", "unencodable_items",
+__all__ = ["TARGET_KINDS", "Answers", "Row", "count_annotations", "schema_kind", "target_schemas", "unencodable_items",
            "_Annotations", "_read_annotations", "_read_items", "_schema_names"]
 
 # Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
@@ -187,6 +187,12 @@ def _read_state(path: Path) -> Mapping[str, Any]:
         raise PotatoQueueError(f"{path} cannot be read as JSON ({exc})",
                                fix="restore it from a backup, or move that annotator's folder aside") from None
     return state if isinstance(state, dict) else {}
+
+
+def count_annotations(config: ProjectConfig, schemas: Sequence[str]) -> int:
+    """How many (annotator, item) answers name one of `schemas`: auto-retrain's measure of new work."""
+    wanted = set(schemas)
+    return sum(1 for answers in _read_annotations(config).index.values() if wanted & set(answers))
 
 
 def _read_annotations(config: ProjectConfig) -> _Annotations:

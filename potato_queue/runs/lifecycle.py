@@ -9,6 +9,7 @@ revoked, and nothing of it is left running on the backend.
 from __future__ import annotations
 
 import errno
+import logging
 import time
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,8 @@ def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -
         return "failed", message or "The worker ran out of memory (exit 5); use a smaller model or batch, or raise max_ram_mb"
     return "failed", message or f"The worker exited with code {code}; see run.log"
 
+
+_log = logging.getLogger("potato_queue.runs")
 
 _CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
@@ -111,6 +114,8 @@ class RunLife:
             self.handle = executor.launch(spec)
             self._finish(supervise(self._watch(executor, spec)))
         except Exception as exc:  # the boundary: a run never stays in flight because of us
+            if not isinstance(exc, PotatoQueueError):
+                _log.exception("run %s failed on an unexpected error", self.run_id)  # where, for a bug report
             self._fail(_said(exc))
             if self.handle is not None:
                 self.handle.kill()

@@ -160,6 +160,13 @@ def predictions(request: Request) -> list[dict[str, Any]]:
     return published_predictions(request.app.state.config)
 
 
+def auto_retrain(request: Request) -> dict[str, Any]:
+    """What auto-retrain is doing: the last beat check's reason (`waiting for 7 more annotations`)."""
+    from potato_queue.runs.retrain import last_check
+
+    return last_check(request.app.state.config, _store(request))
+
+
 _UNKNOWN_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "no such run"}}
 
 
@@ -183,4 +190,5 @@ def admin_router() -> APIRouter:
     add("/schemas", schemas, methods=["GET"])
     add("/backends", backends, methods=["GET"])
     add("/predictions", predictions, methods=["GET"])
+    add("/auto_retrain", auto_retrain, methods=["GET"])
     return router

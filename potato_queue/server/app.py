@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 
-import redis
 from fastapi import FastAPI
 
 from potato_queue.config import ProjectConfig
-from potato_queue.redis_plumbing import refresh_forever
+from potato_queue.redis_plumbing import client_for, refresh_forever
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.claims import ClaimWakeups, claims_router
@@ -30,7 +29,7 @@ def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
         description="Remote training for Potato annotation projects: the admin API and the agent protocol.",
         version="1",
     )
-    client = redis.Redis.from_url(redis_url)
+    client = client_for(redis_url)
     celery = make_celery(config, redis_url)
     app.state.config = config
     app.state.store = RunStore(config, client)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 
-import redis
 from celery import Celery
 
 from potato_queue.celery_app import EXECUTE_TASK
 from potato_queue.config import ProjectConfig
+from potato_queue.redis_plumbing import client_for
 
 __all__ = ["register"]
 
@@ -18,7 +18,7 @@ def register(app: Celery, config: ProjectConfig, redis_url: str) -> None:
     from potato_queue.runs.dispatch import Dispatcher
     from potato_queue.serve import QUIET_ENV
 
-    dispatcher = Dispatcher(config, redis.Redis.from_url(redis_url))
+    dispatcher = Dispatcher(config, client_for(redis_url))
     say = (lambda _: None) if os.environ.get(QUIET_ENV) else (lambda text: print(text, flush=True))
 
     @app.task(name=EXECUTE_TASK, acks_late=True)

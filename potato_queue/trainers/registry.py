@@ -80,7 +80,7 @@ TRAINERS: dict[str, TrainerInfo] = {
             target="potato_queue.trainers.hf_text:HFTextClassificationTrainer",
             description="Fine-tunes a transformers sequence classifier (optionally LoRA via peft).",
             extra="train-text",
-            params=(("model_name", "distilbert-base-uncased"), ("epochs", 3), ("learning_rate", 5e-5),
+            params=(("model_name", "sentence-transformers/all-MiniLM-L6-v2"), ("epochs", 3), ("learning_rate", 5e-5),
                     ("batch_size", 16), ("max_length", 256), ("lora", None)),
             packages=("torch", "transformers"),
         ),

@@ -92,8 +92,20 @@ function follow() {
   source.addEventListener("runs", (event) => {
     live.textContent = "live";
     document.querySelector("#runs tbody").replaceChildren(...JSON.parse(event.data).map(row));
+    autoRetrain().catch(() => {});
   });
   source.addEventListener("error", () => { live.textContent = "reconnecting"; });
+}
+
+let retrainAsked = 0;
+async function autoRetrain() {
+  // The last beat check's reason; asked at most every 5 s (the runs stream may tick faster).
+  if (Date.now() - retrainAsked < 5000) return;
+  retrainAsked = Date.now();
+  const status = await api("/auto_retrain");
+  const line = document.getElementById("auto-retrain");
+  line.hidden = !status.enabled;
+  line.textContent = "Auto-retrain: " + status.reason;
 }
 
 function agents(backends) {
@@ -112,3 +124,4 @@ document.getElementById("start").addEventListener("submit", startRun);
 document.getElementById("check").addEventListener("click", check);
 loadForm().catch((err) => { document.getElementById("start-problem").textContent = err.message; });
 follow();
+setInterval(() => autoRetrain().catch(() => {}), 15000);
