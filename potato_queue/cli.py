@@ -156,16 +156,23 @@ def beat(config: Path, redis_url: str, every_s: float, verbose: bool) -> None:
 @cli.command()
 @CONFIG
 @REDIS
-@click.option("--run", "trainer", default=None, help="Queue one run with this trainer, follow it, then stop.")
+@click.option("--run", "trainers", multiple=True,
+              help="Queue a run with this trainer, follow it, then stop; repeated, the runs go in order and their "
+                   "held-out scores are compared.")
 @click.option("--schema", "schemas", multiple=True, help="Schema(s) for --run (default: every scheme).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A param for the --run trainers that have it (epochs=8 goes to hf-text-classification only).")
 @click.option("--port", default=8000, show_default=True, type=int, help="The server's port (0: any free one).")
 @click.option("-v", "--verbose", is_flag=True, help="The executor's own log too (Celery's banner, a line per run).")
-def up(config: Path, redis_url: str, trainer: str | None, schemas: tuple[str, ...], port: int, verbose: bool) -> None:
+def up(config: Path, redis_url: str, trainers: tuple[str, ...], schemas: tuple[str, ...], params: tuple[str, ...],
+       port: int, verbose: bool) -> None:
     """Start everything on this machine: Redis if none answers, the server, an executor, and beat for auto-retrain."""
+    from potato_queue.up import params_by_trainer
     from potato_queue.up import up as start_all
 
     cfg = _checked(config)
-    raise click.exceptions.Exit(start_all(cfg, redis_url, trainer=trainer, schemas=list(schemas) or cfg.schema_names(),
+    by_trainer = params_by_trainer(list(trainers), _params(params))
+    raise click.exceptions.Exit(start_all(cfg, redis_url, trainers=by_trainer, schemas=list(schemas) or cfg.schema_names(),
                                           port=port, verbose=verbose))
 
 

@@ -8,10 +8,11 @@ import time
 from typing import Any
 
 from potato_queue.keys import RunPaths, project_predictions_path
+from potato_queue.records import epoch_of
 from potato_queue.store import FINAL_STATES, RunStore
 from potato_queue.worker.exit_codes import EXIT_FOR_STATE
 
-__all__ = ["runs_table", "print_log", "follow", "held_out_table", "progress_line"]
+__all__ = ["runs_table", "print_log", "follow", "held_out_table", "compare_table", "progress_line"]
 
 
 
@@ -63,8 +64,34 @@ def held_out_table(held_out: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25) -> int:
-    """Print progress until the run ends; the exit code says how it ended."""
+def compare_table(records: list[dict[str, Any]]) -> str:
+    """Runs side by side: each schema's held-out accuracy and macro-F1 on val and test, and the run's time."""
+    lines = [f"{'trainer':<24} {'schema':<14} {'val acc':>8} {'val F1':>7} {'test acc':>9} {'test F1':>8} {'n test':>7} "
+             f"{'time':>7}"]
+    for record in records:
+        held_out = record.get("held_out") or {}
+        took = f"{_duration_s(record):.0f} s" if _duration_s(record) is not None else "-"
+        if not held_out:
+            lines.append(f"{record['trainer']:<24} {'-':<14} {record['state']:>8}")
+        for schema, splits in held_out.items():
+            val, test = splits.get("val") or {}, splits.get("test") or {}
+            lines.append(f"{record['trainer']:<24} {schema:<14} {_score(val, 'accuracy'):>8} {_score(val, 'macro_f1'):>7} "
+                         f"{_score(test, 'accuracy'):>9} {_score(test, 'macro_f1'):>8} {test.get('n', 0):>7} {took:>7}")
+    return "\n".join(lines)
+
+
+def _score(split: dict[str, Any], name: str) -> str:
+    return "-" if split.get(name) is None else f"{split[name]:.3f}"
+
+
+def _duration_s(record: dict[str, Any]) -> float | None:
+    started, finished = epoch_of(record.get("started_at")), epoch_of(record.get("finished_at"))
+    return None if started is None or finished is None else finished - started
+
+
+def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25, summary: bool = True) -> int:
+    """Print progress until the run ends (then, with summary, its held-out table and where its files
+    went); the exit code says how it ended."""
     last = ""
     while True:
         record = store.get(run_id)
@@ -78,9 +105,9 @@ def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25) -> int:
     print()
     if record.get("error"):
         print(f"error: {record['error']}")
-    if record.get("held_out"):
+    if record.get("held_out") and summary:
         print(held_out_table(record["held_out"]))
-    if record["state"] == "succeeded":
+    if record["state"] == "succeeded" and summary:
         print(f"\npredictions: {project_predictions_path(store.config)} (this run's: {store.paths(run_id).predictions})")
         if record.get("artifact_uri"):
             print(f"model files: {record['artifact_uri']}")

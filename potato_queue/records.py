@@ -17,7 +17,7 @@ from potato_queue.worker.files import write_atomic
 from potato_queue.worker.text import one_line
 
 __all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "FOLDER_FIX", "RunView", "RunFolderError", "write_json_atomic",
-           "utc_now", "utc_of", "log_text", "as_text"]
+           "utc_now", "utc_of", "epoch_of", "log_text", "as_text"]
 
 STATES = ("queued", "starting", "running", "collecting", "succeeded", "failed", "cancelled")
 FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
@@ -39,6 +39,11 @@ FOLDER_FIX = "make the project's output folder writable again (free space, permi
 def utc_of(epoch_s: float) -> str:
     """An instant as run.json writes it: UTC, milliseconds, `Z`."""
     return datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def epoch_of(text: str | None) -> float | None:
+    """An instant run.json wrote (utc_of's text) as epoch seconds; None for none."""
+    return None if not text else datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def utc_now() -> str:
@@ -63,7 +68,7 @@ def as_text(value: Any) -> Any:
 
 
 def _created_ms(record: dict[str, Any]) -> float:
-    return datetime.fromisoformat(record["created_at"].replace("Z", "+00:00")).timestamp() * 1000
+    return float(epoch_of(record["created_at"]) or 0.0) * 1000
 
 
 class RunFolderError(PotatoQueueError):

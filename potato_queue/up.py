@@ -3,8 +3,9 @@
 Uses the configured Redis when one answers, else starts a private one on a
 unix socket; then the server, one executor and (with auto_retrain enabled)
 beat as child processes. With
---run it queues one training run, follows it, prints the held-out scores
-and stops everything; without, it runs until Ctrl-C.
+--run it queues a training run per trainer given, follows each, prints the
+held-out scores (side by side when several) and stops everything; without,
+it runs until Ctrl-C.
 """
 
 from __future__ import annotations
@@ -17,10 +18,12 @@ import tempfile
 import threading
 from contextlib import ExitStack
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from potato_queue.config import REDIS_URL_ENV, ProjectConfig
 from potato_queue.embedded_redis import EmbeddedRedis, ping
+from potato_queue.errors import PotatoQueueError
+from potato_queue.redis_plumbing import client_for
 from potato_queue.validate import WARNINGS_SHOWN_ENV
 
 __all__ = ["up"]
@@ -50,19 +53,33 @@ def _exit_on(signum: int, _frame: object) -> None:
     raise SystemExit(128 + signum)
 
 
-def up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: list[str], port: int,
+def params_by_trainer(trainers: list[str], params: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each --run trainer with the --param values it declares; a param no trainer has is refused."""
+    from potato_queue.runs.submit import trainer_table
+
+    table = trainer_table()
+    declared = {name: set(table[name]["params"]) if name in table else set() for name in trainers}
+    stray = sorted(key for key in params if not any(key in names for names in declared.values()))
+    if stray:
+        raise PotatoQueueError(f"--param {stray[0]} is not a param of {', '.join(trainers) or 'any --run trainer'}",
+                               fix="drop it, or add the trainer it is for (GET /admin/training/api/trainers lists "
+                                   "each trainer's params)", exit_code=2)
+    return [(name, {k: v for k, v in params.items() if k in declared[name]}) for name in trainers]
+
+
+def up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str], port: int,
        verbose: bool = False) -> int:
     # SIGTERM and SIGHUP would end this process at once, leaving the server, the executor and Redis
     # running under PID 1: as SystemExit they unwind the stack below, which stops every child.
     for signum in (signal.SIGTERM, signal.SIGHUP):
         signal.signal(signum, _exit_on)
     try:
-        return _up(config, redis_url, trainer=trainer, schemas=schemas, port=port, verbose=verbose)
+        return _up(config, redis_url, trainers=trainers, schemas=schemas, port=port, verbose=verbose)
     except KeyboardInterrupt:
         return 130
 
 
-def _up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: list[str], port: int,
+def _up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str], port: int,
         verbose: bool) -> int:
     with ExitStack() as stack:
         if not ping(redis_url):
@@ -75,17 +92,43 @@ def _up(config: ProjectConfig, redis_url: str, *, trainer: str | None, schemas: 
         server = _spawn(["serve", cfg_path, "--port", str(port)], env, stdout=subprocess.PIPE)
         stack.callback(_stop, server)
         assert server.stdout is not None
-        print(server.stdout.readline().strip(), flush=True)  # where it serves
+        where = server.stdout.readline().strip()
+        print(where, flush=True)  # where it serves
         # The rest of what it prints, passed on (and the pipe never fills).
         threading.Thread(target=_pass_on, args=(server.stdout,), daemon=True).start()
         executor = _spawn(["worker", cfg_path, "--verbose" if verbose else "--quiet"], env)
         stack.callback(_stop, executor)
-        if trainer is None:
+        if not trainers:
             if config.model_training.auto_retrain.enabled:
                 stack.callback(_stop, _spawn(["beat", cfg_path], env))
             return executor.wait()
-        args = ["training", "run", cfg_path, "--trainer", trainer, "--follow"]
-        for schema in schemas:
-            args += ["--schema", schema]
-        return subprocess.call([sys.executable, "-m", "potato_queue.cli", *args], env=env)
+        from potato_queue.server.guard import PAGE_PREFIX
+
+        return run_in_order(config, redis_url, trainers, schemas, page=where.rsplit(" at ", 1)[-1] + PAGE_PREFIX)
     return 0
+
+
+def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str],
+                 page: str) -> int:
+    """Queue a run per trainer (they run one at a time, in this order), follow each, compare them."""
+    from potato_queue.celery_app import enqueue, make_celery
+    from potato_queue.follow import compare_table, follow
+    from potato_queue.keys import project_predictions_path
+    from potato_queue.runs.submit import start_run
+    from potato_queue.store import RunStore
+
+    store, app = RunStore(config, client_for(redis_url)), make_celery(config, redis_url)
+    print(f"potato-queue: the Training page, while this runs: {page} (admin key: admin_api_key in "
+          f"{config.config_path})", flush=True)
+    records = [start_run(config, store, lambda run_id: enqueue(app, config, run_id), trainer=trainer,
+                         schemas=schemas, params=params, trigger="cli") for trainer, params in trainers]
+    worst = 0
+    for record in records:
+        print(f"\n== {record['trainer']} (run {record['run_id']})", flush=True)
+        worst = max(worst, follow(store, record["run_id"], summary=len(records) == 1))
+    if len(records) > 1:
+        finished = [store.get(record["run_id"]) for record in records]
+        print("\nHeld-out scores, the same split for every run:\n" + compare_table(finished))
+        print(f"\npredictions: {project_predictions_path(config)} (published from the last run that succeeded; "
+              f"each run's own: {store.paths(records[-1]['run_id']).dir.parent}/<run>/predictions.jsonl)")
+    return worst

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -200,3 +201,26 @@ def test_the_demo_is_not_drowned_by_the_executors_log(tmp_path: Path, redis_serv
     assert proc.returncode == 0, out
     assert "[config]" not in out and "superuser privileges" not in out and "woken for run" not in out, out
     assert " at http://127.0.0.1:" in out and "predictions: " in out
+
+
+def test_up_runs_several_trainers_in_order_and_compares_them(tmp_path: Path, redis_server_url: str) -> None:
+    """The README's demo, on the tests' small project: each --run in turn, a --param only where it belongs,
+    then one table of held-out scores on the same split."""
+    from tests.lifecycle_helpers import make_project
+
+    config = make_project(tmp_path)
+    proc = run_cli("up", config, "--run", "majority-baseline", "--run", "sklearn-text", "--param", "C=0.5",
+                   "--port", "0", timeout_s=240)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    table = out.split("Held-out scores, the same split for every run:\n", 1)[1]
+    header, majority, sklearn = table.splitlines()[:3]
+    assert header.split()[:4] == ["trainer", "schema", "val", "acc"], table
+    assert majority.split()[:2] == ["majority-baseline", "sentiment"] and sklearn.split()[:2] == ["sklearn-text", "sentiment"]
+    assert out.index("== majority-baseline") < out.index("== sklearn-text")
+    assert "the Training page, while this runs: http://127.0.0.1:" in out and "/admin/training (admin key" in out
+    runs = sorted((config.parent / "annotation_output" / "training" / "runs").glob("*/run.json"))
+    params = {json.loads(p.read_text())["trainer"]: json.loads(p.read_text())["params"] for p in runs}
+    assert params == {"majority-baseline": {}, "sklearn-text": {"C": 0.5}}
+    stray = run_cli("up", config, "--run", "majority-baseline", "--param", "epochs=3", "--port", "0")
+    assert stray.returncode == 2 and "--param epochs is not a param of majority-baseline" in stray.stderr, stray.stderr

@@ -12,13 +12,13 @@ import os
 import secrets
 import time
 from collections import Counter
-from datetime import datetime
 from typing import Any
 
 import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from potato_queue.records import epoch_of
 from potato_queue.server.guard import admin_problem, bearer
 from potato_queue.store import FINAL_STATES, STATES
 
@@ -38,10 +38,6 @@ def _scrape_allowed(request: Request) -> bool:
 
 def _label(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _seconds(text: str | None) -> float | None:
-    return None if not text else datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[dict[str, Any], float]]) -> None:
@@ -65,7 +61,7 @@ def render_metrics(runs: list[dict[str, Any]], queue_length: int, agents: dict[s
     _metric(lines, "potato_queue_executors", "gauge", "Executor processes that said they are up.", [({}, executors)])
     durations, counts = Counter(), Counter()  # type: Counter[str], Counter[str]
     for r in runs:
-        started, ended = _seconds(r.get("started_at")), _seconds(r.get("finished_at"))
+        started, ended = epoch_of(r.get("started_at")), epoch_of(r.get("finished_at"))
         if r.get("state") in FINAL_STATES and started and ended:
             durations[str(r.get("backend"))] += ended - started
             counts[str(r.get("backend"))] += 1
