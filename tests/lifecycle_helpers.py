@@ -26,11 +26,12 @@ ADMIN_KEY = "test-admin-key-123"
 SMALL_PROJECT = ROOT / "tests" / "fixtures" / "reviews_small"
 
 
-def make_project(tmp_path: Path, **training: Any) -> Path:
-    """The tests' small reviews project (160 templated reviews: a tiny model learns them in seconds), copied,
-    with model_training overrides. The README's example (examples/reviews) is bundled in test_bundle.py."""
+def make_project(tmp_path: Path, source: Path = SMALL_PROJECT, **training: Any) -> Path:
+    """The tests' small reviews project (160 templated reviews: a tiny model learns them in seconds), or
+    `source`, copied, with model_training overrides. The README's example (examples/reviews) is bundled in
+    test_bundle.py and trained by bench/bench_demo.py."""
     project = tmp_path / "project"
-    shutil.copytree(SMALL_PROJECT, project, ignore=shutil.ignore_patterns("training"))
+    shutil.copytree(source, project, ignore=shutil.ignore_patterns("training"))
     config = yaml.safe_load((project / "config.yaml").read_text())
     config["admin_api_key"] = ADMIN_KEY
     config["model_training"].update(training)

@@ -1,0 +1,92 @@
+"""The README's first command, and its fine-tune through the queue against the same fine-tune by hand.
+
+    .venv/bin/python bench/bench_demo.py first-command   a fresh clone: `make venv`, then `make demo`, timed
+    .venv/bin/python bench/bench_demo.py p9              the demo's fine-tune (all-MiniLM-L6-v2 on
+                                                         examples/reviews): through the queue vs the worker
+                                                         started by hand on the same bundle
+    .venv/bin/python bench/bench_demo.py all
+
+first-command clones this checkout's HEAD into a temporary folder and runs the
+README's command there as a new user would (pip's cache warm, as on a second
+machine of the same admin); its Redis is the embedded one (POTATO_QUEUE_REDIS_URL
+points where nothing answers). Everything is real: no step is skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bench_lifecycle import epoch, first_bundle, hand_worker, report  # noqa: E402
+from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
+from tests.lifecycle_helpers import TERMINAL, Services, make_project  # noqa: E402
+
+# The Makefile's demo params for hf-text-classification (keep them in step).
+DEMO_PARAMS = {"epochs": 8, "batch_size": 8, "learning_rate": 1e-4}
+NOBODY = "redis://127.0.0.1:9/0"  # the discard port: no Redis answers, so `up` starts its own
+
+
+def first_command(tmp: Path) -> None:
+    clone = tmp / "clone"
+    subprocess.run(["git", "clone", "-q", str(ROOT), str(clone)], check=True)
+    env = {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": str(Path.home()), "POTATO_QUEUE_REDIS_URL": NOBODY}
+    t0 = time.monotonic()
+    subprocess.run(["make", "venv"], cwd=clone, env=env, check=True, capture_output=True)
+    venv_s = time.monotonic() - t0
+    t1 = time.monotonic()
+    done = subprocess.run(["make", "demo"], cwd=clone, env=env, capture_output=True, text=True)
+    demo_s = time.monotonic() - t1
+    if done.returncode != 0:
+        raise SystemExit(f"make demo failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    table = done.stdout.split("Held-out scores, the same split for every run:\n", 1)[1].split("\n\n", 1)[0]
+    print(table)
+    hf = re.search(r"^hf-text-classification .* (\d+) s$", table, re.M)
+    print(f"first command: make venv {venv_s:.0f} s (warm pip cache) + make demo {demo_s:.0f} s = "
+          f"{venv_s + demo_s:.0f} s; the fine-tune itself {hf.group(1) if hf else '?'} s", flush=True)
+
+
+def p9(tmp: Path) -> None:
+    params = {"model_name": "sentence-transformers/all-MiniLM-L6-v2", **DEMO_PARAMS}
+    with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(Path(folder)) as redis:
+        svc = Services(make_project(tmp / "queue", source=ROOT / "examples" / "reviews"), redis.url, tmp / "queue")
+        try:
+            svc.serve()
+            svc.executor()
+            bundle = first_bundle(svc)
+            posted = time.time()
+            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
+            run = svc.wait_for(run_id, TERMINAL, timeout_s=3600)
+            assert run["state"] == "succeeded", run
+            queue_s = epoch(run["finished_at"]) - posted
+        finally:
+            svc.stop()
+    t0 = time.monotonic()
+    proc, _ = hand_worker(tmp, bundle, "hf-text-classification", params, "p9-demo")
+    proc.communicate()
+    assert proc.returncode == 0, proc.returncode
+    report("P9", queue_s, time.monotonic() - t0, "s",
+           f"the demo's fine-tune (all-MiniLM-L6-v2, {DEMO_PARAMS['epochs']} epochs, 244 items, CPU)", "ratio <= 1.05")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("which", choices=["first-command", "p9", "all"])
+    which = parser.parse_args().which
+    with tempfile.TemporaryDirectory(prefix="pq-bench-demo-") as folder:
+        tmp = Path(folder)
+        if which in ("p9", "all"):
+            p9(tmp / "p9")
+        if which in ("first-command", "all"):
+            first_command(tmp / "first")
+
+
+if __name__ == "__main__":
+    main()
