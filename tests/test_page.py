@@ -228,3 +228,19 @@ def test_the_page_is_readable_at_a_phones_width(browser: Any, svc: Services) -> 
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.tagName") in ("BUTTON", "SELECT", "A", "INPUT")
 
+
+
+def test_the_page_says_why_auto_retrain_waits(tmp_path: Path, redis_server_url: str, browser: Any) -> None:
+    retrain = {"enabled": True, "trainer": "majority-baseline", "schemas": ["sentiment"], "update_frequency": 500}
+    with started(tmp_path, redis_server_url, executors=1, auto_retrain=retrain) as svc:
+        page = signed_in(browser, svc)
+        line = page.locator("#auto-retrain")
+        line.wait_for(state="visible", timeout=30000)
+        assert line.inner_text() == "Auto-retrain: no beat has checked yet: start `potato-queue beat CONFIG` (or `up`)"
+        beat = svc._spawn("beat", str(svc.config), "--every-s", "0.5", name="beat")
+        deadline = time.monotonic() + 60
+        wanted = "Auto-retrain: waiting for 340 more annotations (160 of 500 since the last auto run)"
+        while line.inner_text() != wanted:  # the page asks again every 15 s
+            assert time.monotonic() < deadline and beat.poll() is None, (line.inner_text(), svc.logs())
+            time.sleep(0.5)
+        page.close()

@@ -144,3 +144,16 @@ def test_a_run_waiting_past_its_wall_deadline_keeps_being_watched(store: RunStor
     outcome = supervise(watch)
     assert time.monotonic() - began < 4, "supervise stopped ticking while the run waited"
     assert outcome.error == "The run was still waiting past its deadline: SLURM job 3: PENDING (Resources)"
+
+
+def test_the_time_to_make_contact_counts_from_the_end_of_the_wait(store: RunStore) -> None:
+    """A first setup (an ssh host building the venv) that takes longer than heartbeat_timeout_s is a wait,
+    not a silence: the agent then started gets the whole heartbeat_timeout_s to make contact."""
+    handle = ScriptedHandle(Waiting("setting up box: building the venv"))
+    watch, _, steps = watch_of(store, handle, heartbeat_timeout_s=0.5)
+    threading.Timer(1.0, lambda: setattr(handle, "status", Running())).start()
+    began = time.monotonic()
+    outcome = supervise(watch, tick_s=0.05)
+    assert time.monotonic() - began >= 1.45, "the wait's time was counted against the agent's first contact"
+    assert outcome.error == "The agent on box made no contact within 0.5 seconds of its start"
+    assert steps[0] == "setting up box: building the venv"

@@ -151,13 +151,17 @@ def _tick(watch: Watch) -> Outcome | None:
         # The agent runs, its worker waits for the scheduler: the agent's heartbeats go on, the wall clock waits.
         watch.waiting_why = view.pending_step  # the step line is the agent's own already
         status = Waiting(view.pending_step)
+    if not isinstance(status, Waiting) and watch.waiting_why is not None:
+        # The wait is over (a venv built, a job started): the wall clock, and an agent's time to make
+        # its first contact, count from now; a first venv build longer than heartbeat_timeout_s is no silence.
+        watch.waiting_why, watch.started_s = None, now_s
+        if not watch.contacted:
+            watch.launched_s = now_s
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
         return stop_run(watch, 0, "failed", overdue)
     if isinstance(status, Waiting):
         return None  # the wall clock starts when an agent has the run, not while it waits for one
-    if watch.waiting_why is not None:
-        watch.waiting_why, watch.started_s = None, now_s
     if watch.max_wall_s and now_s - watch.started_s > watch.max_wall_s and watch.cancel_seen_s is None:
         return stop_run(watch, watch.grace_s, "failed",
                         f"The run did not finish within max_wall_seconds ({watch.max_wall_s:g} s) and was stopped")
