@@ -166,7 +166,7 @@ def beat(config: Path, redis_url: str, every_s: float, verbose: bool) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="The executor's own log too (Celery's banner, a line per run).")
 def up(config: Path, redis_url: str, trainers: tuple[str, ...], schemas: tuple[str, ...], params: tuple[str, ...],
        port: int, verbose: bool) -> None:
-    """Start everything on this machine: Redis if none answers, the server, an executor, and beat for auto-retrain."""
+    """Start everything on this machine: Redis if none answers, the server, an executor, beat."""
     from potato_queue.up import params_by_trainer
     from potato_queue.up import up as start_all
 

@@ -227,7 +227,8 @@ def _type_errors(exc: ValidationError) -> list[str]:
     out = []
     for err in exc.errors():
         msg = err["msg"].removeprefix("Value error, ")
-        got = "" if err["type"] == "missing" else f" (got {err['input']!r})"
+        # A validator of ours may name the value itself; it is said once.
+        got = "" if err["type"] == "missing" or "(got " in msg else f" (got {err['input']!r})"
         out.append(f"{_loc_path(err['loc'])}: {msg}{got}")
     return out
 

@@ -60,10 +60,10 @@ def test_entry_point_refuses_unparsable_config_with_exit_2(tmp_path: Path) -> No
 
 
 def test_valid_config_gets_past_the_check(tmp_path: Path) -> None:
-    # Commands not built yet say so plainly, after the config check passed.
+    # Past the config check, beat says what it needs: the seed project has auto-retrain off.
     proc = run_cli("beat", SEED / "config.yaml")
     assert "error: model_training" not in proc.stderr
-    assert "is not built yet" in proc.stderr
+    assert proc.returncode == 2 and "auto-retrain is off in" in proc.stderr, proc.stderr
 
 
 def test_cli_help_lists_the_command_tree() -> None:
@@ -140,9 +140,11 @@ def test_up_stops_its_whole_tree_on_a_signal(signame: str, tmp_path: Path) -> No
 
     from tests.lifecycle_helpers import alive_cmd, parent_of, pids
 
-    # No Redis answers at this URL, so `up` starts its own as well.
+    # No Redis answers at this URL, so `up` starts its own as well; auto-retrain is on, so beat too.
     env = {**os.environ, "POTATO_QUEUE_REDIS_URL": "redis://127.0.0.1:1/0"}
-    up = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "up", str(write_project(tmp_path, seed_config())),
+    cfg = seed_config()
+    cfg["model_training"]["auto_retrain"] = {"enabled": True, "trainer": "majority-baseline", "update_frequency": 1000}
+    up = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "up", str(write_project(tmp_path, cfg)),
                            "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                           start_new_session=True)
     assert up.stdout is not None
@@ -151,10 +153,11 @@ def test_up_stops_its_whole_tree_on_a_signal(signame: str, tmp_path: Path) -> No
     socket_path = Path(lines[0].split("unix://", 1)[1].split("?", 1)[0])
     deadline = time.monotonic() + 30
     children: list[int] = []
-    while len(children) < 3 and time.monotonic() < deadline:  # redis-server, serve, worker
+    while len(children) < 4 and time.monotonic() < deadline:  # redis-server, serve, worker, beat
         children = [p for p in pids() if parent_of(p) == up.pid and alive_cmd(p)]
         time.sleep(0.1)
-    assert len(children) == 3, [alive_cmd(p) for p in children]
+    assert len(children) == 4, [alive_cmd(p) for p in children]
+    assert any(" beat " in str(alive_cmd(p)) for p in children), [alive_cmd(p) for p in children]
     up.send_signal(getattr(signal, signame))
     up.wait(timeout=60)
     deadline = time.monotonic() + 30
@@ -169,7 +172,7 @@ def test_help_names_every_option_and_cuts_no_summary_short() -> None:
 
     top = run_cli("--help").stdout
     summaries = top.split("Commands:", 1)[1]
-    assert "..." not in summaries and "Start everything on this machine: Redis if none answers, the server and an executor." in top
+    assert "..." not in summaries and "Start everything on this machine: Redis if none answers, the server, an executor, beat." in top
     for command in (["training", "run"], ["training", "agent"], ["up"], ["worker"]):
         text = run_cli(*command, "--help").stdout
         options = [line for line in text.splitlines() if line.startswith("  -")]

