@@ -66,9 +66,11 @@ def make_celery(config: ProjectConfig, redis_url: str, *, visibility_timeout_s: 
 def schedule_retrain(app: Celery, config: ProjectConfig, every_s: float) -> None:
     """Beat's one entry: an auto-retrain check every every_s, on the project's queue. A tick no executor
     took within every_s expires (a busy single executor would otherwise meet a pile of stale checks)."""
-    app.conf.beat_schedule = {"auto-retrain": {
-        "task": RETRAIN_TASK, "schedule": every_s,
-        "options": {"queue": Keys.of(config).queue, "expires": every_s}}}
+    options = {"queue": Keys.of(config).queue, "expires": every_s}
+    app.conf.beat_schedule = {"auto-retrain": {"task": RETRAIN_TASK, "schedule": every_s, "options": options}}
+    # Beat's first tick comes one interval after its start; one check now says at once where things stand
+    # (the baseline on disk keeps a restart from retraining for the old annotations).
+    app.send_task(RETRAIN_TASK, **options)
 
 
 def enqueue(app: Celery, config: ProjectConfig, run_id: str) -> None:

@@ -102,13 +102,16 @@ def test_auto_retrain_starts_after_enough_annotations_and_says_why_it_waits(tmp_
         svc.executor()
         ticker = beat(svc)
         # The example's 160 answers are all new to a project that never retrained: one run at once.
-        (first,) = wait_auto_runs(svc, 1)
+        runs = wait_auto_runs(svc, 1)
+        assert len(runs) == 1, (runs, svc.logs())
+        first = runs[0]
         assert first["state"] == "succeeded" and first["schemas"] == ["sentiment"], first
         wait_reason(svc, "waiting for 5 more annotations (0 of 5 since the last auto run)")
         annotate(svc.config, 3)
         reply = wait_reason(svc, "waiting for 2 more annotations (3 of 5 since the last auto run)")
-        assert (reply["annotations"], reply["baseline"], reply["last_run_id"]) == (163, 160, first["run_id"])
-        assert "auto-retrain: waiting for 2 more annotations (3 of 5" in training_runs(svc)
+        assert (reply["annotations"], reply["baseline"], reply["last_run_id"]) == (163, 160, first["run_id"]), reply
+        listed = training_runs(svc)
+        assert "auto-retrain: waiting for 2 more annotations (3 of 5" in listed, listed
 
         # A restarted beat (Potato 2.12 forgets its baseline) starts nothing for the old annotations.
         ticker.terminate()
@@ -117,7 +120,7 @@ def test_auto_retrain_starts_after_enough_annotations_and_says_why_it_waits(tmp_
         beat(svc, "beat2")
         time.sleep(3)
         wait_reason(svc, "waiting for 2 more annotations (3 of 5")
-        assert len(auto_runs(svc)) == 1
+        assert len(auto_runs(svc)) == 1, (auto_runs(svc), svc.logs())
 
         annotate(svc.config, 2)
         runs = wait_auto_runs(svc, 2)
@@ -191,3 +194,15 @@ def test_checks_at_the_same_moment_start_one_run(tmp_path: Path, redis_server_ur
     assert len(reasons) == 1, reasons
     runs = sorted((config.parent / "annotation_output" / "training" / "runs").iterdir())
     assert len(runs) == 1, runs
+
+
+def test_beat_checks_once_at_its_start(tmp_path: Path, redis_server_url: str) -> None:
+    """Its schedule's first tick is an interval away (an hour here): one check at start says where things stand."""
+    svc = Services(make_project(tmp_path, auto_retrain={**RETRAIN, "update_frequency": 500}), redis_server_url, tmp_path)
+    try:
+        svc.serve()
+        svc.executor()
+        svc._spawn("beat", str(svc.config), "--every-s", "3600", name="beat")
+        wait_reason(svc, "waiting for 340 more annotations (160 of 500 since the last auto run)", timeout_s=60)
+    finally:
+        svc.stop()
