@@ -19,9 +19,9 @@ __all__ = ["runs_table", "print_log", "follow", "held_out_table", "compare_table
 def runs_table(records: list[dict[str, Any]]) -> str:
     if not records:
         return "no runs yet"
-    rows = [("RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "CREATED")]
-    rows += [(r["run_id"], r["state"], r.get("backend") or "", r["trainer"], ",".join(r["schemas"]), r["created_at"])
-             for r in records]
+    rows = [("RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "TRIGGER", "CREATED")]
+    rows += [(r["run_id"], r["state"], r.get("backend") or "", r["trainer"], ",".join(r["schemas"]),
+              r.get("trigger") or "", r["created_at"]) for r in records]
     widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
     return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 

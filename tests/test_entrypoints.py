@@ -133,9 +133,11 @@ def test_a_read_only_project_is_refused_at_start(tmp_path: Path, redis_server_ur
 
 @pytest.mark.parametrize("signame", ["SIGTERM", "SIGINT", "SIGHUP"])
 def test_up_stops_its_whole_tree_on_a_signal(signame: str, tmp_path: Path) -> None:
+    import contextlib
     import signal
     import subprocess
     import sys
+    import threading
     import time
 
     from tests.lifecycle_helpers import alive_cmd, parent_of, pids
@@ -148,23 +150,31 @@ def test_up_stops_its_whole_tree_on_a_signal(signame: str, tmp_path: Path) -> No
                            "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
                           start_new_session=True)
     assert up.stdout is not None
-    lines = [up.stdout.readline(), up.stdout.readline()]
-    assert "runs privately at unix://" in lines[0] and " at http://" in lines[1], lines
-    socket_path = Path(lines[0].split("unix://", 1)[1].split("?", 1)[0])
-    deadline = time.monotonic() + 30
     children: list[int] = []
-    while len(children) < 4 and time.monotonic() < deadline:  # redis-server, serve, worker, beat
-        children = [p for p in pids() if parent_of(p) == up.pid and alive_cmd(p)]
-        time.sleep(0.1)
-    assert len(children) == 4, [alive_cmd(p) for p in children]
-    assert any(" beat " in str(alive_cmd(p)) for p in children), [alive_cmd(p) for p in children]
-    up.send_signal(getattr(signal, signame))
-    up.wait(timeout=60)
-    deadline = time.monotonic() + 30
-    while any(alive_cmd(p) for p in children) and time.monotonic() < deadline:
-        time.sleep(0.1)
-    assert [alive_cmd(p) for p in children if alive_cmd(p)] == []
-    assert not socket_path.exists() and not socket_path.parent.exists()
+    try:
+        lines = [up.stdout.readline(), up.stdout.readline()]
+        assert "runs privately at unix://" in lines[0] and " at http://" in lines[1], lines
+        # The rest of what the tree prints is read, as a terminal would: a full pipe must not stall it.
+        threading.Thread(target=up.stdout.read, daemon=True).start()
+        socket_path = Path(lines[0].split("unix://", 1)[1].split("?", 1)[0])
+        deadline = time.monotonic() + 30
+        while len(children) < 4 and time.monotonic() < deadline:  # redis-server, serve, worker, beat
+            children = [p for p in pids() if parent_of(p) == up.pid and alive_cmd(p)]
+            time.sleep(0.1)
+        assert len(children) == 4, [alive_cmd(p) for p in children]
+        assert any(" beat " in str(alive_cmd(p)) for p in children), [alive_cmd(p) for p in children]
+        up.send_signal(getattr(signal, signame))
+        up.wait(timeout=60)
+        deadline = time.monotonic() + 30
+        while any(alive_cmd(p) for p in children) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [alive_cmd(p) for p in children if alive_cmd(p)] == []
+        assert not socket_path.exists() and not socket_path.parent.exists()
+    finally:  # a failure above leaves nothing running either
+        for pid in [up.pid, *children]:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, signal.SIGKILL)
+        up.wait(timeout=10)
 
 
 def test_help_names_every_option_and_cuts_no_summary_short() -> None:

@@ -33,6 +33,7 @@ RETRAIN = {"enabled": True, "trainer": "majority-baseline", "schemas": ["sentime
     ({"enabled": True, "min_interval_s": 600}, 130, Baseline(100, "r0", 1000.0), None, False,
      "waiting 500 s more: min_interval_s is 600 s since the last auto run (r0); 30 new annotations are ready"),
     ({"enabled": True}, 125, Baseline(100, "r0", 0.0), None, True, "25 new annotations since the last auto run"),
+    ({"enabled": True}, 30, Baseline(), None, True, "30 new annotations and no auto run yet"),
     ({"enabled": True}, 40, Baseline(100, "r0", 0.0), None, False,  # an annotator's folder was removed
      "waiting for 25 more annotations (0 of 25 since the last auto run)"),
 ])
@@ -112,6 +113,7 @@ def test_auto_retrain_starts_after_enough_annotations_and_says_why_it_waits(tmp_
         assert (reply["annotations"], reply["baseline"], reply["last_run_id"]) == (163, 160, first["run_id"]), reply
         listed = training_runs(svc)
         assert "auto-retrain: waiting for 2 more annotations (3 of 5" in listed, listed
+        assert listed.splitlines()[0].split()[6] == "TRIGGER" and listed.splitlines()[1].split()[5] == "auto", listed
 
         # A restarted beat (Potato 2.12 forgets its baseline) starts nothing for the old annotations.
         ticker.terminate()

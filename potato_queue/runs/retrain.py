@@ -67,7 +67,8 @@ def decide(settings: AutoRetrainConfig, annotations: int, baseline: Baseline, bu
         left_s = settings.min_interval_s - (now_s - baseline.started_s)
         return wait(f"waiting {left_s:.0f} s more: min_interval_s is {settings.min_interval_s:g} s since the last "
                     f"auto run ({baseline.run_id}); {new} new annotations are ready")
-    return Decision(True, f"{new} new annotations since the last auto run", annotations, new)
+    since = "since the last auto run" if baseline.run_id else "and no auto run yet"
+    return Decision(True, f"{new} new annotations {since}", annotations, new)
 
 
 def read_baseline(config: ProjectConfig) -> Baseline:
