@@ -71,8 +71,8 @@ def up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict[
        verbose: bool = False) -> int:
     # SIGTERM and SIGHUP would end this process at once, leaving the server, the executor and Redis
     # running under PID 1: as SystemExit they unwind the stack below, which stops every child. Ctrl-C
-    # takes the same path: under CI's load one KeyboardInterrupt shutdown did not end within 60 s while
-    # the SystemExit ones did (not reproduced here; one path for all three leaves one to get right).
+    # takes the same path, set here: a process started in the background by a shell (`cmd &`) inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt, so Ctrl-C or kill -INT did nothing.
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _exit_on)
     try:
