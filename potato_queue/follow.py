@@ -58,9 +58,7 @@ def held_out_table(held_out: dict[str, Any]) -> str:
     lines = [f"{'schema':<20} {'split':<6} {'accuracy':>9} {'macro_f1':>9} {'n':>5}"]
     for schema, splits in held_out.items():
         for split, s in splits.items():
-            acc = "-" if s.get("accuracy") is None else f"{s['accuracy']:.3f}"
-            f1 = "-" if s.get("macro_f1") is None else f"{s['macro_f1']:.3f}"
-            lines.append(f"{schema:<20} {split:<6} {acc:>9} {f1:>9} {s.get('n', 0):>5}")
+            lines.append(f"{schema:<20} {split:<6} {_score(s, 'accuracy'):>9} {_score(s, 'macro_f1'):>9} {s.get('n', 0):>5}")
     return "\n".join(lines)
 
 
@@ -69,8 +67,8 @@ def compare_table(records: list[dict[str, Any]]) -> str:
     lines = [f"{'trainer':<24} {'schema':<14} {'val acc':>8} {'val F1':>7} {'test acc':>9} {'test F1':>8} {'n test':>7} "
              f"{'time':>7}"]
     for record in records:
-        held_out = record.get("held_out") or {}
-        took = f"{_duration_s(record):.0f} s" if _duration_s(record) is not None else "-"
+        held_out, duration_s = record.get("held_out") or {}, _duration_s(record)
+        took = "-" if duration_s is None else f"{duration_s:.0f} s"
         if not held_out:
             lines.append(f"{record['trainer']:<24} {'-':<14} {record['state']:>8}")
         for schema, splits in held_out.items():
