@@ -39,10 +39,10 @@ class _Group(click.Group):
             ctx.exit(exc.exit_code)
 
 
-def _checked(config: Path) -> ProjectConfig:
+def _checked(config: Path, *, say_writeback: bool = False) -> ProjectConfig:
     from potato_queue.validate import load_checked
 
-    return load_checked(config)
+    return load_checked(config, say_writeback=say_writeback)
 
 
 def _redis_checked(url: str) -> str:
@@ -79,13 +79,18 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print {errors, warnings, acknowledged} as JSON.")
 def validate(config: Path, strict: bool, as_json: bool) -> None:
     """Check a project config (exit 0 valid, 1 errors or strict warnings, 2 unreadable)."""
+    from potato_queue.potato_ledger import ledger_status
     from potato_queue.validate import check_file
 
     report = check_file(config)
+    writeback = ledger_status(report.config) if report.config is not None else None
     if as_json:
-        click.echo(json.dumps(report.as_json(), indent=2))
+        extra = {"potato_writeback": vars(writeback)} if writeback is not None else {}
+        click.echo(json.dumps({**report.as_json(), **extra}, indent=2))
     else:
         _print_report(config, report, strict)
+        if writeback is not None:
+            click.echo(writeback.line())
     if not report.ok(strict):
         raise click.exceptions.Exit(1)
 
@@ -124,7 +129,7 @@ def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | 
 
     if bool(tls_cert) != bool(tls_key):
         raise PotatoQueueError("--tls-cert and --tls-key go together", fix="give both, or neither for http")
-    serve_forever(_checked(config), _redis_checked(redis_url), host=host, port=port, public_url=public_url,
+    serve_forever(_checked(config, say_writeback=True), _redis_checked(redis_url), host=host, port=port, public_url=public_url,
                   tls=(tls_cert, tls_key) if tls_cert and tls_key else None)
 
 
@@ -137,7 +142,7 @@ def worker(config: Path, redis_url: str, verbose: bool, quiet: bool) -> None:
     """Run an executor: a Celery worker that runs one training run at a time."""
     from potato_queue.serve import run_executor
 
-    run_executor(_checked(config), _redis_checked(redis_url), verbosity=2 if verbose else 0 if quiet else 1)
+    run_executor(_checked(config, say_writeback=True), _redis_checked(redis_url), verbosity=2 if verbose else 0 if quiet else 1)
 
 
 @cli.command()
@@ -170,7 +175,7 @@ def up(config: Path, redis_url: str, trainers: tuple[str, ...], schemas: tuple[s
     from potato_queue.up import params_by_trainer
     from potato_queue.up import up as start_all
 
-    cfg = _checked(config)
+    cfg = _checked(config, say_writeback=True)
     by_trainer = params_by_trainer(list(trainers), _params(params))
     raise click.exceptions.Exit(start_all(cfg, redis_url, trainers=by_trainer, schemas=list(schemas) or cfg.schema_names(),
                                           port=port, verbose=verbose))
@@ -202,7 +207,11 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool) -> None:
         report = agent_check(store, backend, str(config))
     else:
         report = build_executor(cfg, backend).check()
-    click.echo(json.dumps({"ok": report.ok, **report.data}) if as_json else "\n".join(report.lines))
+    from potato_queue.potato_ledger import ledger_status
+
+    writeback = ledger_status(cfg)
+    data, lines = {"ok": report.ok, **report.data, "potato_writeback": vars(writeback)}, [*report.lines, writeback.line()]
+    click.echo(json.dumps(data) if as_json else "\n".join(lines))
     if not report.ok:
         raise click.exceptions.Exit(1)
 

@@ -8,6 +8,7 @@ prefix (a hash of its task_dir). A run's files follow Potato's layout under
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import secrets
 from dataclasses import dataclass
@@ -17,7 +18,7 @@ from pathlib import Path
 from potato_queue.config import ProjectConfig
 
 __all__ = ["RUN_ID_RE", "new_run_id", "project_id", "Keys", "RunPaths", "runs_dir", "project_predictions_path",
-           "remote_socket_path", "retrain_state_path"]
+           "remote_socket_path", "retrain_state_path", "potato_task_dir", "potato_database_path"]
 
 RUN_ID_RE = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
 
@@ -159,6 +160,20 @@ def runs_dir(config: ProjectConfig) -> Path:
 def retrain_state_path(config: ProjectConfig) -> Path:
     """Auto-retrain's baseline (annotations counted at the last auto run): on disk, so restarts keep it."""
     return config.output_path / "training" / "auto_retrain.json"
+
+
+def potato_task_dir(config: ProjectConfig) -> str:
+    """task_dir exactly as Potato's server resolves it (normpath against the config's folder, no `~`, no
+    symlinks followed): the key under which Potato's own store finds the project's database."""
+    task_dir = config.task_dir or "."
+    if os.path.isabs(task_dir):
+        return task_dir
+    return os.path.normpath(os.path.join(str(config.config_path.parent), task_dir))
+
+
+def potato_database_path(config: ProjectConfig) -> Path:
+    """Potato's project database, which holds its training runs, their splits and every prediction."""
+    return Path(potato_task_dir(config)) / "project.sqlite"
 
 
 def project_predictions_path(config: ProjectConfig) -> Path:

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
 from potato_queue.pending import PendingRecords
+from potato_queue.potato_ledger import PotatoLedger
 from potato_queue.records import (
     _ALLOWED_FROM,
     _LIVE_JSON,
@@ -62,6 +63,7 @@ class RunStore:
         self.tokens = RunTokens(client, self.keys)
         self.agents = AgentTokens(client, self.keys)
         self.pending = PendingRecords(client, self.keys)
+        self.potato = PotatoLedger(config, log=self.log)  # the run as Potato's own Training page sees it
 
     # -- records ---------------------------------------------------------
     def paths(self, run_id: str) -> RunPaths:
@@ -83,6 +85,7 @@ class RunStore:
         except OSError as exc:
             raise RunFolderError(_folder_error(paths.dir, exc), fix=FOLDER_FIX) from None
         self._seed_live(record)
+        self.potato.record(record)
         return record
 
     def _seed_live(self, record: dict[str, Any]) -> bool:
@@ -173,6 +176,7 @@ class RunStore:
             live = self.live(run_id)
             record.update({k: live[k] for k in ("step", "progress") if k in live})
         self._write_record(run_id, record)
+        self.potato.record(record)
         return record
 
     def _write_record(self, run_id: str, record: dict[str, Any]) -> None:

@@ -30,6 +30,7 @@ from potato_queue.config import (
     read_yaml,
 )
 from potato_queue.errors import ConfigError
+from potato_queue.potato_ledger import ledger_status
 
 __all__ = ["Warning_", "Report", "check_data", "check_file", "load_checked", "slurm_time_s"]
 
@@ -350,8 +351,10 @@ def check_file(path: str | os.PathLike[str]) -> Report:
     return check_data(read_yaml(path), path)
 
 
-def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None) -> ProjectConfig:
-    """What every entry point calls: refuse to start on errors, print warnings (VAL-2)."""
+def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None,
+                 say_writeback: bool = False) -> ProjectConfig:
+    """What every entry point calls: refuse to start on errors, print warnings (VAL-2); a long-running
+    process (`say_writeback`) also says once whether runs reach Potato's own store."""
     report = check_file(path)
     if report.errors:
         raise ConfigError(str(path), report.errors)
@@ -360,5 +363,7 @@ def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None) 
     if os.environ.get(WARNINGS_SHOWN_ENV) != str(Path(path).resolve()):
         for text in report.warnings:
             print(f"warning: {text}", file=out)
+        if say_writeback and report.config is not None:
+            print(ledger_status(report.config).line(), file=out)
     assert report.config is not None
     return report.config

@@ -92,7 +92,7 @@ def test_the_served_code_is_the_bare_packages_and_is_the_same_each_time() -> Non
 PACKAGE = ROOT / "potato_queue"
 HEAVY = ("celery", "kombu", "fastapi", "starlette", "uvicorn", "torch", "transformers", "peft", "sklearn")
 CORE = ["config.py", "validate.py", "keys.py", "store.py", "records.py", "redis_plumbing.py", "tokens.py", "pending.py", "bounds.py",
-        "bundle", "runs/finalize.py"]
+        "bundle", "runs/finalize.py", "runs/gate.py", "potato_ledger.py"]
 NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.tasks", "potato_queue.celery_app",
                     "potato_queue.agent", "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")
 # Pure text and data the config shares with the agent, which must also work alone on a login node with its

@@ -1,7 +1,9 @@
-"""Finalize a run's predictions: held-out scores (TRN-3) and write-back (TRN-2).
+"""Finalize a run's predictions: held-out scores and write-back.
 
 Scoring uses the predictions the run sent back and the targets in the run's
-own bundle, so it is the same whatever backend trained the model.
+own bundle, so it is the same whatever backend trained the model. Write-back
+stores every valid prediction in Potato's store (potato_ledger) and writes the
+project's predictions.jsonl with what passes Potato's rules (runs/gate.py).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 from potato_queue.bounds import clean, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import project_predictions_path
+from potato_queue.runs.gate import PublishRules, Refusal, bundle_split_ids, publishable, refusals
 from potato_queue.store import RunStore
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.scoring import score
@@ -21,6 +24,8 @@ from potato_queue.worker.scoring import score
 __all__ = ["finalize_predictions", "read_jsonl", "read_predictions", "published_predictions"]
 
 HELD_OUT_SPLITS = ("val", "test")
+# A line of the project's predictions.jsonl: Potato's prediction line and the run it came from.
+PUBLISHED_KEYS = ("instance_id", "schema_name", "payload", "confidence", "run_id")
 
 
 def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
@@ -82,46 +87,72 @@ def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, An
     return result
 
 
-def _publishable(config: ProjectConfig, bundle_dir: Path, preds: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Potato's gates: never a train item, only writeback.schemas, confidence >= min_confidence."""
-    wb = config.model_training.writeback
-    train = set(_split_ids(bundle_dir, "train"))
-    unlabeled = set(_split_ids(bundle_dir, "unlabeled"))
-    out = []
-    for p in preds:
-        item = str(p.get("instance_id"))
-        confidence = p.get("confidence")
-        if item in train or p.get("schema_name") not in wb.schemas:
-            continue
-        if item in unlabeled and not wb.include_unlabeled:
-            continue
-        if not isinstance(confidence, (int, float)) or confidence < wb.min_confidence:
-            continue
-        out.append(p)
+def _train_ids_on_disk(store: RunStore, run_id: str) -> set[str]:
+    """Without Potato's store, the leak guard's items: the train split of every run whose bundle is on disk
+    (retain_runs removes old bundles; Potato's store keeps every run's)."""
+    out: set[str] = set()
+    for other in {*store.run_ids(), run_id}:
+        out.update(bundle_split_ids(store.paths(other).bundle_dir)["train"])
     return out
+
+
+def _candidates(config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Every stored prediction, latest per item and schema: Potato's table when write-back is on (what
+    Potato publishes at its start), else the published file with this run's laid over it."""
+    stored = store.potato.stored_predictions()
+    if stored is not None:
+        return stored
+    merged = {(str(p["instance_id"]), p["schema_name"]): p for p in published_predictions(config)}
+    for p in valid:
+        merged[(str(p["instance_id"]), p["schema_name"])] = {**p, "run_id": run_id}
+    return list(merged.values())
+
+
+def _rules(config: ProjectConfig, store: RunStore, run_id: str) -> PublishRules:
+    wb = config.model_training.writeback
+    guard = store.potato.leak_guard()
+    return PublishRules(train_ids=guard if guard is not None else _train_ids_on_disk(store, run_id),
+                        schemas=set(wb.schemas), rejected=store.potato.rejected(), min_confidence=wb.min_confidence)
 
 
 def published_predictions(config: ProjectConfig) -> list[dict[str, Any]]:
     return read_predictions(project_predictions_path(config))[0]
 
 
-def finalize_predictions(config: ProjectConfig, store: RunStore, run_id: str, schemas: Iterable[str]) -> dict[str, Any]:
-    """Score the held-out items and publish what passes the gates; returns held_out."""
+def _publish(config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]]) -> str:
+    """Write the project's predictions.jsonl (what passes Potato's rules); the line run.log says of it."""
+    rules = _rules(config, store, run_id)
+    published = publishable(rules, _candidates(config, store, run_id, valid))
+    lines = (json.dumps({k: p.get(k) for k in PUBLISHED_KEYS}, ensure_ascii=False) + "\n" for p in published)
+    write_atomic(project_predictions_path(config), lines)
+    ours = sum(1 for p in published if p.get("run_id") == run_id)
+    kept = ", ".join(f"{n} {why}" for why, n in rules.skipped.items() if n)
+    return (f"published {ours} of this run's {len(valid)} predictions as prelabels "
+            f"({len(published)} in the project's predictions.jsonl{'; kept off: ' + kept if kept else ''})")
+
+
+def _say_refused(store: RunStore, run_id: str, refused: list[Refusal]) -> None:
+    if refused:
+        named = "; ".join(r.said() for r in refused[:10]) + (" ..." if len(refused) > 10 else "")
+        store.log(run_id, f"warning: refused {len(refused)} prediction(s), never stored or published: {named}")
+
+
+def finalize_predictions(config: ProjectConfig, store: RunStore, record: dict[str, Any]) -> dict[str, Any]:
+    """Score the held-out items, store every valid prediction in Potato's store, publish what passes
+    Potato's rules; returns held_out."""
+    run_id = record["run_id"]
     paths = store.paths(run_id)
     preds, bad = read_predictions(paths.predictions)
     if bad:
         lines = ", ".join(map(str, bad[:10])) + (" ..." if len(bad) > 10 else "")
         store.log(run_id, f"warning: predictions.jsonl has {len(bad)} line(s) that are not a prediction "
                           f"(a JSON object with instance_id and schema_name), skipped: line(s) {lines}")
-    if not preds:
+    valid, refused = refusals(config, paths.bundle_dir, preds, record["schemas"])
+    _say_refused(store, run_id, refused)
+    if not valid:
         store.log(run_id, "no predictions came back, so there is nothing to score or publish")
         return {}
-    held_out = _held_out(paths.bundle_dir, schemas, preds)
-    published = _publishable(config, paths.bundle_dir, preds)
-    merged = {(p["instance_id"], p["schema_name"]): p for p in published_predictions(config)}
-    for p in published:
-        merged[(p["instance_id"], p["schema_name"])] = {**p, "run_id": run_id}
-    lines = (json.dumps(row, ensure_ascii=False) + "\n" for row in merged.values())
-    write_atomic(project_predictions_path(config), lines)
-    store.log(run_id, f"held-out scores: {json.dumps(held_out)}; published {len(published)} of {len(preds)} predictions")
+    held_out = _held_out(paths.bundle_dir, record["schemas"], valid)
+    store.potato.record_predictions(record, valid)
+    store.log(run_id, f"held-out scores: {json.dumps(held_out)}; {_publish(config, store, run_id, valid)}")
     return held_out

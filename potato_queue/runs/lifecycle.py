@@ -19,6 +19,7 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
 from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, ModelFilesMissing, RunHandle
 from potato_queue.runs.finalize import finalize_predictions
+from potato_queue.runs.gate import bundle_split_ids, bundle_summary
 from potato_queue.runs.job import build_job, server_url_for
 from potato_queue.runs.lease import Lease
 from potato_queue.runs.retention import prune_old_runs
@@ -132,7 +133,10 @@ class RunLife:
     def _prepare(self, executor: Executor) -> LaunchSpec:
         self.store.set_live(self.run_id, step="building the bundle")
         job = build_job(self.config, self.store, self.record, self.paths)
-        self.store.update(self.run_id, self.record, job=job)
+        split_ids = bundle_split_ids(self.paths.bundle_dir)
+        self.store.update(self.run_id, self.record, job=job, bundle=bundle_summary(self.paths.bundle_dir, split_ids))
+        self.store.potato.record_splits(self.record, split_ids)
+        self.store.potato.record(self.record)  # now with its split sizes and digest
         backend = self.record["backend"]
         token = None if executor.pull else self.store.tokens.issue(self.run_id, self._token_ttl_s())
         offer = _StoreOffer(self.store, backend, self.run_id) if executor.pull else None
@@ -196,10 +200,12 @@ class RunLife:
             artifact_uri = self._collect(result)
         except ModelFilesMissing as exc:  # the predictions arrived: they still count
             artifact_uri, error = None, exc.message
-        held_out = finalize_predictions(self.config, self.store, self.run_id, self.record["schemas"])
+        held_out = finalize_predictions(self.config, self.store, self.record)
         state = "failed" if error else "succeeded"
+        model_version = (live.get("result") or {}).get("model_version")
         self.store.transition(self.run_id, state, self.record, exit_code=EXIT_OK, held_out=held_out,
-                              metrics=live.get("metrics") or {}, error=error, artifact_uri=artifact_uri)
+                              metrics=live.get("metrics") or {}, error=error, artifact_uri=artifact_uri,
+                              model_version=model_version)
         self.log(f"failed: {error}" if error else "succeeded")
 
     def _fail(self, error: str) -> None:

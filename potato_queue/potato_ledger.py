@@ -1,0 +1,314 @@
+"""Potato's own training store: every run, its splits and its predictions, where Potato reads them.
+
+Potato 2.12 keeps its training runs in the project's database, `<task_dir>/project.sqlite`
+(training_runs, training_run_items, training_predictions). Its Training page and runs API read
+those tables on every request; at its start it publishes the stored predictions that pass its
+four rules as prelabels. Recording a run there is what makes it reach an annotation team.
+
+Every write goes through Potato's own functions (`potato.training.store`), so Potato keeps its
+tables, migrations and encoding. The only SQL here is a read-only look at the columns, to refuse
+a database that a Potato we were not tested with made. Nothing here may end a run: a write that
+fails is a warning in run.log, and predictions.jsonl is written either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import socket
+import sqlite3
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+from potato_queue.config import LOCAL, ProjectConfig
+from potato_queue.keys import potato_database_path, potato_task_dir
+from potato_queue.records import epoch_of
+
+__all__ = [
+    "POTATO_DIST",
+    "TESTED_RANGE",
+    "INSTALL_FIX",
+    "RUN_STATE_IN_POTATO",
+    "OWNED_BY_POTATO",
+    "LedgerStatus",
+    "ledger_status",
+    "installed_potato",
+    "columns_problem",
+    "potato_config",
+    "potato_metrics",
+    "potato_run_fields",
+    "PotatoLedger",
+]
+
+POTATO_DIST = "potato-annotation"
+TESTED_RANGE = ">=2.12.1,<2.13"
+_TESTED_FROM, _TESTED_BEFORE = (2, 12, 1), (2, 13)
+INSTALL_FIX = "pip install 'potato-queue[potato]' where potato-queue runs (potato-annotation>=2.12.1,<2.13)"
+
+RUN_STATE_IN_POTATO = {
+    "queued": "queued", "starting": "building", "running": "running", "collecting": "evaluating",
+    "succeeded": "success", "failed": "error", "cancelled": "cancelled",
+}
+# Potato keeps a run's unlabeled items out of its run items: they are predicted on, never fitted on.
+RECORDED_SPLITS = ("train", "val", "test")
+# A run record with this field set was started by Potato's own manager, which records it itself.
+OWNED_BY_POTATO = "potato_run_id"
+
+# The columns potato-queue writes through Potato's functions, as Potato 2.12 creates them.
+COLUMNS: dict[str, tuple[str, ...]] = {
+    "training_runs": (
+        "project", "run_id", "trainer", "backend", "schema_names", "kinds", "status", "trigger", "created_at",
+        "started_at", "finished_at", "n_train", "n_val", "n_test", "split_seed", "params", "metrics",
+        "artifact_dir", "model_version", "bundle_digest", "error", "error_code", "pid", "host"),
+    "training_run_items": ("project", "run_id", "instance_id", "split"),
+    "training_predictions": ("project", "instance_id", "schema_name", "run_id", "payload", "confidence", "created_at"),
+}
+
+# How long one write keeps retrying a database a running Potato holds locked; each try waits
+# BUSY_TIMEOUT_MS inside SQLite, so the retries (and the line saying so) are ours.
+LOCKED_RETRY_S = 30.0
+BUSY_TIMEOUT_MS = 250
+
+_log = logging.getLogger("potato_queue.potato")
+
+
+def installed_potato() -> str | None:
+    try:
+        return metadata.version(POTATO_DIST)
+    except metadata.PackageNotFoundError:
+        return None
+
+
+def _version_tuple(text: str) -> tuple[int, ...]:
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+    return tuple(parts)
+
+
+def columns_problem(db: Path) -> str | None:
+    """Why the database cannot take our writes (a table without a column we write), or None."""
+    if not db.exists():
+        return None  # Potato's own functions create the tables
+    try:
+        conn = sqlite3.connect(f"{db.as_uri()}?mode=ro", uri=True, timeout=5)
+        try:
+            have = {t: {row[1] for row in conn.execute(f"PRAGMA table_info({t})")} for t in COLUMNS}
+        finally:
+            conn.close()
+    except sqlite3.Error as exc:
+        return f"{db} cannot be read: {exc}"
+    for table, wanted in COLUMNS.items():
+        missing = [c for c in wanted if have[table] and c not in have[table]]
+        if missing:
+            return (f"{db} has a table {table} without the column(s) {', '.join(missing)}: a Potato version "
+                    f"potato-queue was not tested with made it")
+    return None
+
+
+@dataclass(frozen=True)
+class LedgerStatus:
+    """Whether runs are recorded in Potato's store, and why (not)."""
+
+    on: bool
+    why: str
+    fix: str | None = None
+
+    def line(self) -> str:
+        text = f"Potato write-back is {'on' if self.on else 'off'}: {self.why}"
+        return f"{text}; fix: {self.fix}" if self.fix else text
+
+
+def ledger_status(config: ProjectConfig) -> LedgerStatus:
+    """Checked without writing anything (validate and training check call it)."""
+    version, db = installed_potato(), potato_database_path(config)
+    if not config.model_training.enabled:
+        return LedgerStatus(False, "model_training.enabled is false, so no run starts", "set model_training.enabled: true")
+    if version is None:
+        return LedgerStatus(False, f"potato-annotation is not installed here, so Potato's Training page and "
+                                   f"prelabels ({db}) do not see these runs; predictions.jsonl is still written",
+                            INSTALL_FIX)
+    if not _TESTED_FROM <= _version_tuple(version) < _TESTED_BEFORE:
+        return LedgerStatus(False, f"potato-annotation {version} is installed, and potato-queue writes Potato's "
+                                   f"store only for the versions it is tested with ({TESTED_RANGE}); "
+                                   f"predictions.jsonl is still written",
+                            f"pip install 'potato-annotation{TESTED_RANGE}', or a potato-queue tested with {version}")
+    problem = columns_problem(db)
+    if problem is not None:
+        return LedgerStatus(False, f"{problem}; predictions.jsonl is still written",
+                            f"run the Potato version that made {db.name} in the range {TESTED_RANGE}")
+    return LedgerStatus(True, f"runs, their splits and predictions are recorded in {db} (potato-annotation {version})")
+
+
+def potato_config(config: ProjectConfig) -> dict[str, Any]:
+    """The part of Potato's config dict its store and write-back functions read."""
+    out: dict[str, Any] = {
+        "task_dir": potato_task_dir(config),
+        "model_training": {"writeback": config.model_training.writeback.model_dump()},
+    }
+    if config.annotation_task_name is not None:
+        out["annotation_task_name"] = config.annotation_task_name
+    return out
+
+
+def potato_metrics(record: dict[str, Any]) -> dict[str, Any]:
+    """A run's numbers as Potato's page lists them: the training metrics as `<split>_<name>`, then the
+    held-out scores, `accuracy` (which the runs table shows) being the first schema's test accuracy."""
+    out: dict[str, Any] = {}
+    for key, value in (record.get("metrics") or {}).items():
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            out[key.replace("/", "_")] = value
+    held_out = record.get("held_out") or {}
+    for position, (schema, splits) in enumerate(held_out.items()):
+        prefix = "" if position == 0 else f"{schema}_"
+        for split in ("val", "test"):
+            for name in ("accuracy", "macro_f1"):
+                value = (splits.get(split) or {}).get(name)
+                if value is not None:
+                    out[f"{prefix}{split}_{name}"] = value
+        test = splits.get("test") or {}
+        for name in ("accuracy", "macro_f1"):
+            if test.get(name) is not None:
+                out[f"{prefix}{name}"] = test[name]
+    return out
+
+
+def _error_code(record: dict[str, Any]) -> str:
+    if record.get("state") == "cancelled":
+        return "cancelled"
+    if record.get("state") != "failed":
+        return ""
+    code = record.get("exit_code")
+    return f"exit_{code}" if code is not None else "potato_queue"
+
+
+def potato_run_fields(record: dict[str, Any], *, split_seed: int, host: str) -> dict[str, Any]:
+    """A potato-queue run record as the fields of Potato's TrainingRun (text in, text out)."""
+    bundle = record.get("bundle") or {}
+    counts = bundle.get("n") or {}
+    return {
+        "run_id": record["run_id"], "trainer": record["trainer"], "backend": f"potato-queue/{record['backend']}",
+        "schema_names": list(record.get("schemas") or []), "kinds": list(bundle.get("kinds") or []),
+        "status": RUN_STATE_IN_POTATO.get(record["state"], "error"), "trigger": record.get("trigger") or "api",
+        "created_at": epoch_of(record.get("created_at")) or time.time(),
+        "started_at": epoch_of(record.get("started_at")), "finished_at": epoch_of(record.get("finished_at")),
+        "n_train": int(counts.get("train", 0)), "n_val": int(counts.get("val", 0)),
+        "n_test": int(counts.get("test", 0)), "split_seed": split_seed, "params": dict(record.get("params") or {}),
+        "metrics": potato_metrics(record), "artifact_dir": record.get("artifact_uri") or "",
+        "model_version": record.get("model_version") or "", "bundle_digest": bundle.get("digest") or "",
+        "error": record.get("error") or "", "error_code": _error_code(record), "pid": None, "host": host,
+    }
+
+
+def _locked(exc: sqlite3.OperationalError) -> bool:
+    text = str(exc).lower()
+    return "locked" in text or "busy" in text
+
+
+class PotatoLedger:
+    """One project's runs mirrored into Potato's store; with write-back off, nothing (said once)."""
+
+    def __init__(self, config: ProjectConfig, log: Callable[[str, str], None]) -> None:
+        self.config = config
+        self._log = log  # (run_id, line) -> run.log
+        self._status: LedgerStatus | None = None
+        self._cfg = potato_config(config)
+        self._host = {name: getattr(config.model_training.backend_config(name), "host", None)
+                      for name in config.model_training.backend_names()}
+        self._busy_timeout_set = False
+
+    @property
+    def status(self) -> LedgerStatus:
+        if self._status is None:
+            self._status = ledger_status(self.config)
+            _log.info("%s", self._status.line())
+        return self._status
+
+    def _store(self) -> Any:
+        from potato.persistence import get_db
+        from potato.training import store
+
+        if not self._busy_timeout_set:
+            get_db(self._cfg["task_dir"]).execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+            self._busy_timeout_set = True
+        return store
+
+    def _write(self, run_id: str, what: str, write: Callable[[Any], Any]) -> bool:
+        """One write through Potato's store, retried while the database is locked; False when it failed."""
+        started, tries = time.monotonic(), 0
+        while True:
+            try:
+                write(self._store())
+                break
+            except sqlite3.OperationalError as exc:
+                if not _locked(exc) or time.monotonic() - started > LOCKED_RETRY_S:
+                    return self._failed(run_id, what, exc)
+                tries += 1
+                time.sleep(min(0.05 * 2 ** tries, 1.0))
+            except Exception as exc:  # Potato's own code: whatever it raises, the run goes on
+                return self._failed(run_id, what, exc)
+        if tries:
+            self._log(run_id, f"Potato's database was locked (a running Potato was writing): {what} recorded "
+                              f"after {tries} retr{'y' if tries == 1 else 'ies'}")
+        return True
+
+    def _failed(self, run_id: str, what: str, exc: Exception) -> bool:
+        self._log(run_id, f"warning: {what} could not be recorded in Potato's store "
+                          f"({potato_database_path(self.config)}): {type(exc).__name__}: {exc}")
+        return False
+
+    def record(self, record: dict[str, Any]) -> None:
+        """The run as it is now: on submit and at each change of state."""
+        if record.get(OWNED_BY_POTATO) or not self.status.on:
+            return
+        host = self._host.get(record["backend"]) or (socket.gethostname() if record["backend"] == LOCAL else "")
+        fields = potato_run_fields(record, split_seed=self.config.model_training.split_seed, host=host)
+
+        def write(store: Any) -> None:
+            store.record_run(self._cfg, store.TrainingRun(**fields))
+
+        self._write(record["run_id"], f"the run's state ({fields['status']})", write)
+
+    def record_splits(self, record: dict[str, Any], split_ids: dict[str, list[str]]) -> None:
+        """Which item went into which split: Potato's leak guard never prelabels a `train` item."""
+        if record.get(OWNED_BY_POTATO) or not self.status.on:
+            return
+        splits = {name: split_ids.get(name, []) for name in RECORDED_SPLITS}
+        self._write(record["run_id"], "the run's splits", lambda store: store.record_run_items(
+            self._cfg, record["run_id"], splits))
+
+    def record_predictions(self, record: dict[str, Any], predictions: Iterable[dict[str, Any]]) -> bool:
+        """Every valid prediction, ungated (Potato gates when it publishes); a newer run's replace an older's."""
+        if record.get(OWNED_BY_POTATO) or not self.status.on:
+            return False
+        rows = [(str(p["instance_id"]), str(p["schema_name"]), p.get("payload"), p.get("confidence"))
+                for p in predictions]
+        return self._write(record["run_id"], f"{len(rows)} predictions", lambda store: store.record_predictions(
+            self._cfg, record["run_id"], rows))
+
+    def leak_guard(self) -> set[str] | None:
+        """Every item any recorded run fitted on (None with write-back off)."""
+        if not self.status.on:
+            return None
+        return set(self._store().all_training_split_ids(self._cfg))
+
+    def rejected(self) -> set[tuple[str, str]]:
+        """(item, schema) pairs a reviewer rejected in Potato's model review (empty with write-back off)."""
+        if not self.status.on:
+            return set()
+        from potato import model_review
+
+        return {(v.instance_id, v.schema_name) for v in model_review.load_verdicts(self._cfg) if v.verdict == "reject"}
+
+    def stored_predictions(self) -> list[dict[str, Any]] | None:
+        """Every prediction in Potato's store, latest per item and schema (None with write-back off)."""
+        if not self.status.on:
+            return None
+        return list(self._store().load_predictions(self._cfg))

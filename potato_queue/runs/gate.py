@@ -1,0 +1,167 @@
+"""Which predictions count, and which become prelabels: Potato's rules, applied the way Potato applies them.
+
+A prediction is *refused* (named in run.log, never stored or published) when it cannot be one of
+this run's: an item not in the run's bundle, a schema the run did not train, a label outside the
+schema, a confidence that is not a number in [0, 1]. A valid prediction is stored; it is
+*published* as a prelabel only when it passes Potato 2.12's four rules, in its order: the item is
+in no run's train split (the leak guard), the schema is in writeback.schemas, no reviewer
+rejected it, and its confidence is at least writeback.min_confidence (a missing one passes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from potato_queue.config import ProjectConfig
+
+__all__ = ["BUNDLE_SPLITS", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals", "publishable"]
+
+BUNDLE_SPLITS = ("train", "val", "test", "unlabeled")
+# Kinds whose labels come from a closed vocabulary, so a foreign label can be told.
+_VOCABULARY_KINDS = ("nominal", "multilabel")
+
+
+def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+    if not path.exists():
+        return
+    with open(path, encoding="utf-8") as fh:
+        for line in fh:
+            if line.strip():
+                try:
+                    row = json.loads(line)
+                except ValueError:
+                    continue
+                if isinstance(row, dict):
+                    yield row
+
+
+def bundle_split_ids(bundle_dir: Path) -> dict[str, list[str]]:
+    """Each split's item ids, in the bundle's order (an absent split file is an empty split)."""
+    return {split: [str(row.get("instance_id")) for row in _jsonl(bundle_dir / f"{split}.jsonl")]
+            for split in BUNDLE_SPLITS}
+
+
+def _manifest(bundle_dir: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((bundle_dir / "manifest.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return manifest if isinstance(manifest, dict) else {}
+
+
+def bundle_summary(bundle_dir: Path, split_ids: dict[str, list[str]]) -> dict[str, Any]:
+    """What a run's record keeps of its bundle: the digest, each schema's kind, each split's size."""
+    manifest = _manifest(bundle_dir)
+    return {"digest": manifest.get("digest") or "", "n": {split: len(ids) for split, ids in split_ids.items()},
+            "kinds": [str(s.get("kind")) for s in manifest.get("schemas") or [] if isinstance(s, dict)]}
+
+
+def _allowed_labels(config: ProjectConfig, bundle_dir: Path) -> dict[str, tuple[str, set[str]]]:
+    """{schema: (kind, labels)}: the labels observed in the bundle and those the project's scheme offers."""
+    manifest = _manifest(bundle_dir)
+    offered: dict[str, set[str]] = {}
+    for scheme in config.annotation_schemes:
+        names = {str(x.get("name") if isinstance(x, dict) else x) for x in scheme.get("labels") or []}
+        offered[str(scheme.get("name"))] = names
+    return {str(s.get("name")): (str(s.get("kind")), set(map(str, s.get("labels") or [])) | offered.get(str(s.get("name")), set()))
+            for s in manifest.get("schemas") or [] if isinstance(s, dict)}
+
+
+@dataclass(frozen=True)
+class Refusal:
+    line: int  # the prediction's position among the run's predictions, from 1
+    instance_id: str
+    schema: str
+    why: str
+
+    def said(self) -> str:
+        return f"#{self.line} ({self.instance_id!r}, {self.schema!r}): {self.why}"
+
+
+def _bad_confidence(value: Any) -> bool:
+    if value is None:
+        return False
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return True
+    return math.isnan(value) or not 0.0 <= value <= 1.0
+
+
+def _label_problem(label: Any, kind: str, labels: set[str]) -> str | None:
+    if kind not in _VOCABULARY_KINDS or not labels:
+        return None
+    given = label if kind == "multilabel" and isinstance(label, list) else [label]
+    foreign = [x for x in given if not isinstance(x, str) or x not in labels]
+    if foreign:
+        return f"label {foreign[0]!r} is not one of the schema's labels ({', '.join(sorted(labels))})"
+    return None
+
+
+def _problem(p: dict[str, Any], items: set[str], schemas: dict[str, tuple[str, set[str]]]) -> str | None:
+    payload = p.get("payload")
+    label = payload.get("label") if isinstance(payload, dict) else payload
+    if str(p["instance_id"]) not in items:
+        return "the item is not in the run's bundle"
+    if p["schema_name"] not in schemas:
+        return f"the run did not train schema {p['schema_name']!r} (it trained {', '.join(sorted(schemas))})"
+    confidences = [p.get("confidence")] + ([payload.get("confidence")] if isinstance(payload, dict) else [])
+    bad = next((c for c in confidences if _bad_confidence(c)), None)
+    if bad is not None:
+        return f"confidence {bad!r} is not a number in [0, 1]"
+    kind, labels = schemas[p["schema_name"]]
+    return _label_problem(label, kind, labels)
+
+
+def refusals(config: ProjectConfig, bundle_dir: Path, predictions: list[dict[str, Any]],
+             schemas: Iterable[str]) -> tuple[list[dict[str, Any]], list[Refusal]]:
+    """(the valid predictions, the refused ones with why) against the run's own bundle."""
+    items = {i for ids in bundle_split_ids(bundle_dir).values() for i in ids}
+    trained = set(schemas)
+    allowed = {name: v for name, v in _allowed_labels(config, bundle_dir).items() if name in trained}
+    valid, refused = [], []
+    for number, p in enumerate(predictions, 1):
+        why = _problem(p, items, allowed)
+        if why is None:
+            valid.append(p)
+        else:
+            refused.append(Refusal(number, str(p["instance_id"]), str(p["schema_name"]), why))
+    return valid, refused
+
+
+@dataclass
+class PublishRules:
+    """Potato's four rules with their inputs; `skipped` counts what each kept off."""
+
+    train_ids: set[str]
+    schemas: set[str]
+    rejected: set[tuple[str, str]]
+    min_confidence: float
+    skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
+        ("train split", "schema not enabled", "rejected by a reviewer", "below min_confidence"), 0))
+
+    def why_not(self, p: dict[str, Any]) -> str | None:
+        item, schema, confidence = str(p.get("instance_id")), str(p.get("schema_name")), p.get("confidence")
+        if item in self.train_ids:
+            return "train split"
+        if schema not in self.schemas:
+            return "schema not enabled"
+        if (item, schema) in self.rejected:
+            return "rejected by a reviewer"
+        if confidence is not None and float(confidence) < self.min_confidence:
+            return "below min_confidence"
+        return None
+
+
+def publishable(rules: PublishRules, candidates: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for p in candidates:
+        why = rules.why_not(p)
+        if why is None:
+            out.append(p)
+        else:
+            rules.skipped[why] += 1
+    return out
