@@ -364,6 +364,15 @@ def _store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[Any, Any]:
 UMASK = 0o077
 
 
+def _add_potato_group() -> None:
+    from potato_queue.cli_potato import potato
+
+    cli.add_command(potato)
+
+
+_add_potato_group()
+
+
 def main(argv: list[str] | None = None) -> None:
     os.umask(UMASK)
     cli.main(args=argv, prog_name="potato-queue")

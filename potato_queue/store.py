@@ -21,7 +21,7 @@ import redis.asyncio as aioredis
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
 from potato_queue.pending import PendingRecords
-from potato_queue.potato_ledger import PotatoLedger
+from potato_queue.potato_ledger import OWNED_BY_POTATO, PotatoLedger
 from potato_queue.records import (
     _ALLOWED_FROM,
     _LIVE_JSON,
@@ -70,7 +70,7 @@ class RunStore:
         return RunPaths.of(self.config, run_id)
 
     def create(self, *, trainer: str, schemas: list[str], backend: str, params: dict[str, Any] | None = None,
-               trigger: str = "api") -> dict[str, Any]:
+               trigger: str = "api", potato_run_id: str | None = None) -> dict[str, Any]:
         run_id = new_run_id()
         record = {
             "run_id": run_id, "state": "queued", "backend": backend, "trainer": trainer,
@@ -78,6 +78,8 @@ class RunStore:
             "created_at": utc_now(), "started_at": None, "finished_at": None,
             "error": None, "metrics": {}, "held_out": {}, "exit_code": None, "artifact_uri": None,
         }
+        if potato_run_id is not None:
+            record[OWNED_BY_POTATO] = potato_run_id
         paths = self.paths(run_id)
         try:
             paths.dir.mkdir(mode=0o700, parents=True, exist_ok=False)

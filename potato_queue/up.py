@@ -23,6 +23,7 @@ from typing import IO, Any
 from potato_queue.config import REDIS_URL_ENV, ProjectConfig
 from potato_queue.embedded_redis import EmbeddedRedis, ping
 from potato_queue.errors import PotatoQueueError
+from potato_queue.potato_hook import TRAINER_NAME
 from potato_queue.redis_plumbing import client_for
 from potato_queue.validate import WARNINGS_SHOWN_ENV
 
@@ -101,7 +102,7 @@ def _up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict
         executor = _spawn(["worker", cfg_path, "--verbose" if verbose else "--quiet"], env)
         stack.callback(_stop, executor)
         if not trainers:
-            if config.model_training.auto_retrain.enabled:
+            if config.model_training.auto_retrain.enabled and config.model_training.auto_retrain.trainer != TRAINER_NAME:
                 stack.callback(_stop, _spawn(["beat", cfg_path], env))
             return executor.wait()
         from potato_queue.server.guard import PAGE_PREFIX

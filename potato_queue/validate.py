@@ -30,6 +30,7 @@ from potato_queue.config import (
     read_yaml,
 )
 from potato_queue.errors import ConfigError
+from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
 from potato_queue.potato_ledger import ledger_status
 
 __all__ = ["Warning_", "Report", "check_data", "check_file", "load_checked", "slurm_time_s"]
@@ -238,7 +239,7 @@ def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
     """An enabled auto-retrain needs a trainer that exists: else every beat tick would fail the same way."""
     from potato_queue.trainers import trainer_names
 
-    trainer, names = retrain.get("trainer"), trainer_names()
+    trainer, names = retrain.get("trainer"), [*trainer_names(), POTATO_SCHEDULES]
     if retrain.get("enabled") is True and not trainer:
         errors.append(f"model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
                       f"(trainers: {', '.join(names)})")
@@ -247,6 +248,18 @@ def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
         hint = f"; did you mean '{close[0]}'?" if close else ""
         errors.append(f"model_training.auto_retrain.trainer is {trainer!r}, which is no trainer "
                       f"(trainers: {', '.join(names)}){hint}")
+
+
+def _check_retrain_schedulers(data: dict[str, Any], warnings: list[Warning_]) -> None:
+    """Potato 2.12's own scheduler acts on the same block whenever it has a trainer and schemas."""
+    mt = data.get("model_training") if isinstance(data.get("model_training"), dict) else {}
+    retrain = mt.get("auto_retrain") if isinstance(mt.get("auto_retrain"), dict) else {}
+    if retrain.get("enabled") is True and retrain.get("schemas") and retrain.get("trainer") not in (None, POTATO_SCHEDULES):
+        warnings.append(Warning_(
+            f"model_training.auto_retrain names both a trainer ({retrain['trainer']}) and schemas, so Potato's own "
+            "server retrains on it too (locally, or failing on a trainer it lacks) while potato-queue's beat does; "
+            f"leave auto_retrain.schemas out (beat then trains every trainable schema, and Potato's scheduler stays "
+            f"idle), or set auto_retrain.trainer: {POTATO_SCHEDULES} so that Potato schedules and potato-queue runs"))
 
 
 def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str], errors: list[str]) -> None:
@@ -333,6 +346,7 @@ def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Rep
     found: list[Warning_] = []
     clean = _check_sections(data, report.errors, found)
     _check_admin_key(data.get("admin_api_key"), found)
+    _check_retrain_schedulers(data, found)
     _check_references(data, config_path, report.errors)
     backends = list(clean.get("model_training", {}).get("backends", {}))
     _acknowledge((validation or {}).get("acknowledge"), found, backends, report)

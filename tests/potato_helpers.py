@@ -54,8 +54,8 @@ def free_port() -> int:
 class PotatoServer:
     """`potato start CONFIG -p PORT` in the project's folder, stopped (with its process group) after."""
 
-    def __init__(self, config: Path, logs: Path, admin_key: str) -> None:
-        self.config, self.logs, self.admin_key = config, logs, admin_key
+    def __init__(self, config: Path, logs: Path, admin_key: str, env: dict[str, str] | None = None) -> None:
+        self.config, self.logs, self.admin_key, self.env = config, logs, admin_key, env or {}
         self.proc: subprocess.Popen[bytes] | None = None
         self.starts = 0
         self.url = ""
@@ -72,7 +72,7 @@ class PotatoServer:
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([str(potato), "start", str(self.config), "-p", str(port)], stdout=log,
                                          stderr=subprocess.STDOUT, cwd=self.config.parent, start_new_session=True,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"potato exited: {self.log()[-3000:]}"
@@ -120,6 +120,17 @@ class PotatoServer:
                 return err.code, json.loads(raw)
             except ValueError:
                 return err.code, raw.decode(errors="replace")
+
+    def wait_run(self, run_id: str, states: set[str], timeout_s: float = 120) -> dict[str, Any]:
+        """A run of Potato's own manager, once in one of `states` (success, error, cancelled)."""
+        deadline = time.monotonic() + timeout_s
+        run: Any = None
+        while time.monotonic() < deadline:
+            status, run = self.api("GET", f"/admin/training/api/runs/{run_id}")
+            if status == 200 and run["status"] in states:
+                return run
+            time.sleep(0.2)
+        raise AssertionError(f"Potato's run {run_id} not in {states} after {timeout_s} s: {run}; {self.log()[-3000:]}")
 
     def first_page_of(self, annotator: str) -> str:
         """The annotation page a new annotator is served first (signed in by name alone)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -291,29 +292,46 @@ def test_a_data_item_that_is_not_valid_unicode_is_named_and_the_run_goes_on(tmp_
         svc.stop()
 
 
-def test_predictions_that_are_not_predictions_are_skipped_and_named(tmp_path: Path, redis_server_url: str) -> None:
+def test_bad_predictions_are_refused_and_named_and_never_reach_potato(tmp_path: Path, redis_server_url: str) -> None:
+    """What an agent or a host sends back is checked against the run's own bundle: lines that are not a
+    prediction are skipped, an unknown item, a foreign label (a lone surrogate included) or a confidence
+    that is not a number in [0, 1] are refused and named; a good one is stored in Potato's store and
+    published."""
     import redis
+    from potato.training import store as potato_store
 
     from potato_queue.bundle import build_bundle
+    from potato_queue.potato_ledger import potato_config
     from potato_queue.runs.finalize import finalize_predictions
     from potato_queue.store import RunStore
     from potato_queue.validate import load_checked
 
     config = load_checked(make_project(tmp_path, writeback={"schemas": ["sentiment"], "include_unlabeled": True}))
     store = RunStore(config, redis.Redis.from_url(redis_server_url))
-    run_id = store.create(trainer="sklearn-text", schemas=["sentiment"], backend="local")["run_id"]
-    paths = store.paths(run_id)
+    record = store.create(trainer="sklearn-text", schemas=["sentiment"], backend="local")
+    paths = store.paths(record["run_id"])
     build_bundle(config, paths.bundle_dir, ["sentiment"])
-    unlabeled = json.loads((paths.bundle_dir / "unlabeled.jsonl").read_text().splitlines()[0])["instance_id"]
-    good = {"instance_id": unlabeled, "schema_name": "sentiment", "payload": {"label": "pos\ud800", "confidence": 0.9},
-            "confidence": 0.9}
-    paths.predictions.write_text("[1, 2]\n" + json.dumps(good) + "\nnot json\n", encoding="utf-8", errors="surrogatepass")
-    held_out = finalize_predictions(config, store, run_id, ["sentiment"])
-    assert held_out["sentiment"]["test"]["n"] > 0
+    unlabeled = [json.loads(line)["instance_id"] for line in (paths.bundle_dir / "unlabeled.jsonl").read_text().splitlines()]
+
+    def pred(item: str, label: str, confidence: Any) -> str:
+        return json.dumps({"instance_id": item, "schema_name": "sentiment",
+                           "payload": {"label": label, "confidence": confidence}, "confidence": confidence})
+
+    lines = ["[1, 2]", pred(unlabeled[0], "positive", 0.9), "not json", pred("r999-nowhere", "positive", 0.9),
+             pred(unlabeled[1], "pos\ud800", 0.9), pred(unlabeled[2], "negative", "true"), pred(unlabeled[3], "negative", 1.5)]
+    paths.predictions.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
+    finalize_predictions(config, store, record)
     log = paths.run_log.read_text()
     assert "predictions.jsonl has 2 line(s) that are not a prediction" in log and "line(s) 1, 3" in log, log
-    published = (config.output_path / "training" / "predictions.jsonl").read_text(encoding="utf-8")
-    assert json.loads(published)["payload"]["label"] == "pos\ufffd"
+    assert "refused 4 prediction(s), never stored or published" in log, log
+    assert "('r999-nowhere', 'sentiment'): the item is not in the run's bundle" in log
+    assert f"('{unlabeled[1]}', 'sentiment'): label 'pos\ufffd' is not one of the schema's labels (negative, positive)" in log
+    assert f"('{unlabeled[2]}', 'sentiment'): confidence 'true' is not a number in [0, 1]" in log
+    assert f"('{unlabeled[3]}', 'sentiment'): confidence 1.5 is not a number in [0, 1]" in log
+    published = (config.output_path / "training" / "predictions.jsonl").read_text(encoding="utf-8").splitlines()
+    assert [json.loads(line)["instance_id"] for line in published] == [unlabeled[0]]
+    stored = potato_store.load_predictions(potato_config(config), run_id=record["run_id"])
+    assert [p["instance_id"] for p in stored] == [unlabeled[0]]
     assert [p.name for p in (config.output_path / "training").iterdir() if p.name.startswith(".")] == []
 
 

@@ -24,7 +24,17 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.remote_agent import forward_target
 from tests.agent_helpers import PYTHON38
 from tests.conftest import run_cli
-from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, make_project, pids, started, wait_running
+from tests.lifecycle_helpers import (
+    TERMINAL,
+    Services,
+    alive_cmd,
+    make_project,
+    pids,
+    run_path,
+    started,
+    wait_running,
+)
+from tests.potato_helpers import potato_view
 from tests.sshd import ALIAS, Sshd
 
 BACKEND = "gpu-server"
@@ -97,19 +107,34 @@ def test_a_run_over_ssh_succeeds_gets_the_gpu_and_the_code_is_copied_once(svc_fa
     assert not any((tmp_path / "remote" / "jobs").iterdir()), "the remote job folders are removed"
 
 
-def test_a_bare_python_38_with_nothing_of_ours_runs_a_run(svc_factory: Any) -> None:
+def test_a_bare_python_38_with_nothing_of_ours_runs_a_run_that_potato_sees(svc_factory: Any) -> None:
+    from potato.training import store
+
     svc = svc_factory(python=str(PYTHON38), gpus="none")
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     run = svc.wait_for(run_id, TERMINAL, 120)
     assert run["state"] == "succeeded", (run, svc.logs())
     assert f"{ALIAS}: Python 3.8.18" in run_log(svc, run_id)
+    # In Potato's own store (potato-annotation 2.12.1), named after the backend and the host it ran on.
+    cfg = potato_view(svc.config)
+    row = store.load_run(cfg, run_id)
+    assert (row.status, row.backend, row.host) == ("success", f"potato-queue/{BACKEND}", ALIAS)
+    assert row.metrics["accuracy"] == run["held_out"]["sentiment"]["test"]["accuracy"]
+    assert len(store.load_predictions(cfg, run_id=run_id)) == len(run_path(svc, run_id).joinpath(
+        "predictions.jsonl").read_text().splitlines()) > 0
+    assert sorted(store.training_split_ids(cfg, run_id)) == sorted(
+        json.loads(line)["instance_id"] for line in (run_path(svc, run_id) / "bundle" / "train.jsonl").read_text().splitlines())
 
 
 def test_a_python_the_host_lacks_is_err_2(svc_factory: Any) -> None:
+    from potato.training import store
+
     svc = svc_factory(python="/opt/no-such/python3")
     run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
     assert run["state"] == "failed"
     assert run["error"].startswith(f"/opt/no-such/python3 was not found on {ALIAS}"), run["error"]
+    row = store.load_run(potato_view(svc.config), run["run_id"])
+    assert (row.status, row.error) == ("error", run["error"]), "Potato's page says why the run failed"
 
 
 def test_an_account_without_a_key_fails_at_once_with_err_1(svc_factory: Any, sshd: Sshd) -> None:

@@ -97,13 +97,12 @@ def _train_ids_on_disk(store: RunStore, run_id: str) -> set[str]:
 
 
 def _candidates(config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every stored prediction, latest per item and schema: Potato's table when write-back is on (what
-    Potato publishes at its start), else the published file with this run's laid over it."""
+    """Every stored prediction, latest per item and schema, this run's laid over them: Potato's table when
+    write-back is on (what Potato publishes at its start), else the published file."""
     stored = store.potato.stored_predictions()
-    if stored is not None:
-        return stored
-    merged = {(str(p["instance_id"]), p["schema_name"]): p for p in published_predictions(config)}
-    for p in valid:
+    merged = {(str(p["instance_id"]), p["schema_name"]): p
+              for p in (stored if stored is not None else published_predictions(config))}
+    for p in valid:  # a run Potato records itself is not in its table yet
         merged[(str(p["instance_id"]), p["schema_name"])] = {**p, "run_id": run_id}
     return list(merged.values())
 

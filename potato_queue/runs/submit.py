@@ -65,14 +65,16 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def start_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], *, trainer: str,
               schemas: list[str], backend: str | None = None, params: dict[str, Any] | None = None,
-              trigger: str = "api") -> dict[str, Any]:
-    """Check the request, write the queued run, wake an executor."""
+              trigger: str = "api", potato_run_id: str | None = None) -> dict[str, Any]:
+    """Check the request, write the queued run, wake an executor (`potato_run_id`: the Potato run it trains
+    for, which Potato records itself)."""
     if not config.model_training.enabled:
         raise RunRefused(f"Training is off for this project: model_training.enabled is false in {config.config_path}",
                          status=409, fix="set model_training.enabled: true there, then restart potato-queue's "
                                          "server and executors")
     chosen = choose_backend(config, trainer, schemas, backend)
     params = check_params(params or {})
-    record = store.create(trainer=trainer, schemas=schemas, backend=chosen, params=params, trigger=trigger)
+    record = store.create(trainer=trainer, schemas=schemas, backend=chosen, params=params, trigger=trigger,
+                          potato_run_id=potato_run_id)
     enqueue(record["run_id"])
     return record

@@ -16,6 +16,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from potato_queue.config import LOCAL
+from potato_queue.keys import RUN_ID_RE
 from potato_queue.runs.finalize import published_predictions, read_jsonl
 from potato_queue.runs.submit import RunRefused, start_run, trainer_table
 from potato_queue.server.guard import request_admin_problem
@@ -33,6 +34,9 @@ class RunRequest(BaseModel):
     schemas: list[str] = Field(min_length=1, max_length=100)
     backend: str | None = Field(None, max_length=200)
     params: dict[str, Any] = Field(default_factory=dict, description="the trainer's settings (at most 20 levels deep, 64 KiB)")
+    potato_run_id: str | None = Field(None, pattern=RUN_ID_RE.pattern, description=(
+        "set by Potato's potato-queue-remote trainer: the Potato run this run trains for (Potato records it, so "
+        "potato-queue does not record it in Potato's store again)"))
 
 
 class RunAccepted(BaseModel):
@@ -79,9 +83,9 @@ def post_run(body: RunRequest, request: Request) -> RunAccepted:
         trigger = "api" if request.headers.get("x-api-key") is not None else "page"
         record = start_run(request.app.state.config, _store(request), request.app.state.enqueue,
                            trainer=body.trainer, schemas=body.schemas, backend=body.backend, params=body.params,
-                           trigger=trigger)
+                           trigger="potato" if body.potato_run_id else trigger, potato_run_id=body.potato_run_id)
     except RunRefused as exc:
-        raise HTTPException(exc.status, exc.message) from None
+        raise HTTPException(exc.status, f"{exc.message}; fix: {exc.fix}" if exc.fix else exc.message) from None
     except RunFolderError as exc:
         raise HTTPException(507, f"{exc.message}; fix: {exc.fix}") from None
     return RunAccepted(run_id=record["run_id"], state="queued")

@@ -1,0 +1,112 @@
+"""Potato's own Training page starts remote runs: the potato-queue-remote trainer, installed into Potato's
+environment with `potato-queue potato install-trainer`, run by Potato 2.12.1's own manager and worker
+child (pip potato-annotation), queues the run here; Potato publishes its predictions at once and records
+the run once; cancelling in Potato cancels the run here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from potato_queue.potato_hook import pth_path
+from tests.conftest import run_cli
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, wait_running
+from tests.potato_helpers import PotatoServer, add_potato_keys, potato_view
+
+
+@pytest.fixture(scope="module")
+def trainer_installed() -> Iterator[None]:
+    """The documented install step, undone after when it was not there before."""
+    there_before = pth_path().exists()
+    proc = run_cli("potato", "install-trainer")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "potato-queue-remote is one of Potato's trainers" in proc.stdout
+    yield
+    if not there_before:
+        assert run_cli("potato", "remove-trainer").returncode == 0
+
+
+@dataclass
+class Live:
+    svc: Services
+    potato: PotatoServer
+    config: Path
+
+
+@pytest.fixture(scope="module")
+def live(trainer_installed: None, tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> Iterator[Live]:
+    tmp = tmp_path_factory.mktemp("potato-live")
+    config = make_project(tmp, grace_seconds=2, writeback={"schemas": ["sentiment"], "include_unlabeled": True,
+                                                           "min_confidence": 0.0})
+    add_potato_keys(config)
+    svc = Services(config, redis_server_url, tmp)
+    try:
+        svc.serve()
+        svc.executor()
+        potato = PotatoServer(config, tmp, ADMIN_KEY, env={"POTATO_QUEUE_URL": svc.url, "POTATO_QUEUE_API_KEY": ADMIN_KEY})
+        potato.start()
+        yield Live(svc, potato, config)
+    finally:
+        svc.stop()
+        if "potato" in locals():
+            potato.stop()
+
+
+def test_a_fresh_python_in_potatos_environment_knows_the_trainer(trainer_installed: None) -> None:
+    """Potato's worker child is such a python: `python -m potato.training.worker`."""
+    probe = "import potato.training.registry as r; print(r.get_trainer_class('potato-queue-remote').__name__)"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "RemoteTrainer", proc.stderr
+
+
+def _queue_run_for(live: Live, potato_run_id: str, timeout_s: float = 60) -> dict:
+    """The run potato-queue queued for Potato's run (Potato builds its bundle first, then starts its worker)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        runs = [r for r in live.svc.api("GET", "/runs")[1] if r.get("potato_run_id") == potato_run_id]
+        assert len(runs) <= 1, runs
+        if runs:
+            return runs[0]
+        time.sleep(0.2)
+    raise AssertionError(f"no run here for Potato's {potato_run_id}: {live.potato.log()[-3000:]}")
+
+
+def test_a_run_started_on_potatos_page_runs_here_and_its_prelabels_are_published_at_once(live: Live) -> None:
+    from potato.training import store
+
+    trainers = {t["name"]: t for t in live.potato.api("GET", "/admin/training/api/trainers")[1]["trainers"]}
+    assert trainers["potato-queue-remote"]["available"], trainers
+    status, started = live.potato.api("POST", "/admin/training/api/runs", {
+        "trainer": "potato-queue-remote", "schemas": ["sentiment"],
+        "params": {"trainer": "sklearn-text", "backend": "local"}})
+    assert status == 200 and started["started"], started
+    run = live.potato.wait_run(started["run_id"], {"success", "error", "cancelled"})
+    assert run["status"] == "success", (run, live.potato.log()[-3000:], live.svc.logs())
+    ours = _queue_run_for(live, started["run_id"])
+    assert (ours["state"], ours["trigger"], ours["ran_on"]) == ("succeeded", "potato", "local")
+    assert run["metrics"]["accuracy"] == ours["held_out"]["sentiment"]["test"]["accuracy"]
+    cfg = potato_view(live.config)
+    assert store.load_run(cfg, ours["run_id"]) is None, "Potato records its run; potato-queue does not record it again"
+    published = live.potato.api("GET", "/admin/model-review")[1]["n_prelabelled"]
+    stored = store.load_predictions(cfg, run_id=started["run_id"])
+    assert published > 0 and published == len({p["instance_id"] for p in stored}), "published without a restart"
+
+
+def test_cancelling_in_potato_cancels_the_run_here(live: Live, tiny_model: Path) -> None:
+    status, started = live.potato.api("POST", "/admin/training/api/runs", {
+        "trainer": "potato-queue-remote", "schemas": ["sentiment"],
+        "params": {"trainer": "hf-text-classification", "backend": "local",
+                   "params": {"model_name": str(tiny_model), "epochs": 500, "batch_size": 4}}})
+    assert status == 200 and started["started"], started
+    ours = _queue_run_for(live, started["run_id"])
+    wait_running(live.svc, ours["run_id"], 120)
+    status, reply = live.potato.api("POST", f"/admin/training/api/runs/{started['run_id']}/cancel")
+    assert status == 200 and reply["cancelled"], reply
+    assert live.potato.wait_run(started["run_id"], {"success", "error", "cancelled"}, 60)["status"] == "cancelled"
+    assert live.svc.wait_for(ours["run_id"], TERMINAL, 60)["state"] == "cancelled"
