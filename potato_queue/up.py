@@ -23,6 +23,7 @@ from typing import IO, Any
 from potato_queue.config import REDIS_URL_ENV, ProjectConfig
 from potato_queue.embedded_redis import EmbeddedRedis, ping
 from potato_queue.errors import PotatoQueueError
+from potato_queue.keys import potato_database_path
 from potato_queue.potato_hook import TRAINER_NAME
 from potato_queue.redis_plumbing import client_for
 from potato_queue.validate import WARNINGS_SHOWN_ENV
@@ -132,6 +133,19 @@ def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str
     if len(records) > 1:
         finished = [store.get(record["run_id"]) for record in records]
         print("\nHeld-out scores, the same split for every run:\n" + compare_table(finished))
-        print(f"\npredictions: {project_predictions_path(config)} (published from the last run that succeeded; "
-              f"each run's own: {store.paths(records[-1]['run_id']).dir.parent}/<run>/predictions.jsonl)")
+        print(f"\npredictions: {project_predictions_path(config)} (what passes Potato's rules, the newest run's "
+              f"per item; each run's own: {store.paths(records[-1]['run_id']).dir.parent}/<run>/predictions.jsonl)")
+    print(where_in_potato(store), flush=True)
     return worst
+
+
+def where_in_potato(store: Any) -> str:
+    """Where the runs show in Potato itself, or why they do not."""
+    status = store.potato.status
+    if not status.on:
+        return f"\n{status.line()}"
+    config = store.config
+    return (f"\nIn Potato: these runs are in {potato_database_path(config)}. Start Potato on the project "
+            f"(potato start {config.config_path}): its Training page (/admin/training) lists them, and at that start it "
+            f"publishes their predictions as prelabels (/admin/model-review; annotators see them pre-filled when "
+            f"pre_annotation is on). A Potato already running lists them at once and publishes them at its next start.")

@@ -232,6 +232,7 @@ def test_up_runs_several_trainers_in_order_and_compares_them(tmp_path: Path, red
     assert majority.split()[:2] == ["majority-baseline", "sentiment"] and sklearn.split()[:2] == ["sklearn-text", "sentiment"]
     assert out.index("== majority-baseline") < out.index("== sklearn-text")
     assert "the Training page, while this runs: http://127.0.0.1:" in out and "/admin/training (admin key" in out
+    assert f"In Potato: these runs are in {config.parent / 'project.sqlite'}. Start Potato on the project" in out
     runs = sorted((config.parent / "annotation_output" / "training" / "runs").glob("*/run.json"))
     params = {json.loads(p.read_text())["trainer"]: json.loads(p.read_text())["params"] for p in runs}
     assert params == {"majority-baseline": {}, "sklearn-text": {"C": 0.5}}
