@@ -5,8 +5,9 @@ its built-in ones when it is imported, and every run's worker is a fresh `python
 potato.training.worker` that imports the registry again. A trainer registered in the server alone
 fails in the worker with `unknown_trainer`. So registration rides on the interpreter itself: a
 one-line .pth file in the site-packages of Potato's environment (written by `potato-queue potato
-install-trainer`) imports this module at every start, which waits at no cost for the registry's
-import and then registers `potato-queue-remote` by module path, the way Potato registers its own.
+install-trainer`) loads this file at every start (by its path, without importing the potato_queue
+package), which waits at no cost for the registry's import and then registers `potato-queue-remote`
+by module path, the way Potato registers its own.
 
 Standard library only, and nothing here may break an interpreter: every failure is swallowed.
 """
@@ -28,9 +29,14 @@ __all__ = ["TRAINER_NAME", "PTH_NAME", "PTH_LINE", "install", "register", "pth_p
 TRAINER_NAME = "potato-queue-remote"
 REGISTRY = "potato.training.registry"
 PTH_NAME = "potato_queue_remote.pth"
-# Guarded: with potato-queue uninstalled the line does nothing instead of printing an error at every start.
-PTH_LINE = ("import importlib.util as _u; _u.find_spec('potato_queue') is not None "
-            "and __import__('potato_queue.potato_hook').potato_hook.install()\n")
+# Loads this file by its path under a private name, without importing the potato_queue package: an
+# interpreter that later runs potato-queue's code from elsewhere (the code an ssh run copies to a host)
+# must find `potato_queue` unimported. With potato-queue uninstalled the line does nothing.
+PTH_LINE = ("import importlib.util as _u, os as _o; _s = _u.find_spec('potato_queue'); "
+            "_p = _s is not None and _s.submodule_search_locations and "
+            "_o.path.join(list(_s.submodule_search_locations)[0], 'potato_hook.py'); "
+            "_h = _p and _o.path.isfile(_p) and _u.spec_from_file_location('_potato_queue_hook', _p); "
+            "_m = _h and _u.module_from_spec(_h); _m and (_h.loader.exec_module(_m) or _m.install())\n")
 
 
 def register(registry: ModuleType) -> None:

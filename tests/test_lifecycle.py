@@ -320,7 +320,8 @@ def test_bad_predictions_are_refused_and_named_and_never_reach_potato(tmp_path: 
     lines = ["[1, 2]", pred(unlabeled[0], "positive", 0.9), "not json", pred("r999-nowhere", "positive", 0.9),
              pred(unlabeled[1], "pos\ud800", 0.9), pred(unlabeled[2], "negative", "true"), pred(unlabeled[3], "negative", 1.5)]
     paths.predictions.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
-    finalize_predictions(config, store, record)
+    _, prelabels = finalize_predictions(config, store, record)
+    assert (prelabels["published"], prelabels["predictions"], prelabels["refused"]) == (1, 1, 4)
     log = paths.run_log.read_text()
     assert "predictions.jsonl has 2 line(s) that are not a prediction" in log and "line(s) 1, 3" in log, log
     assert "refused 4 prediction(s), never stored or published" in log, log

@@ -159,6 +159,9 @@ def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
     page.wait_for_function(f"document.querySelectorAll('#chart circle.point').length === {len(metric_events)}")
     assert "train/loss" in page.text_content("#chart .legend")
     assert "held-out scores" in page.text_content("#log")
+    prelabels = svc.api("GET", f"/runs/{row['run']}")[1]["prelabels"]
+    assert prelabels["said"].startswith(f"published {prelabels['published']} of this run's ")
+    assert prelabels["said"] in page.text_content("#facts"), "the page counts what Potato's rules publish"
     assert page.get_attribute("#predictions a[download]", "href").endswith("/predictions.jsonl")
     page.screenshot(path=str(screenshots / "run-page.png"), full_page=True)
 

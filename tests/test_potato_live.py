@@ -65,6 +65,14 @@ def test_a_fresh_python_in_potatos_environment_knows_the_trainer(trainer_install
     assert proc.returncode == 0 and proc.stdout.strip() == "RemoteTrainer", proc.stderr
 
 
+def test_the_hook_leaves_potato_queue_unimported_until_potato_asks(trainer_installed: None) -> None:
+    """The code an ssh run copies to a host is run by the host's python: with the trainer installed in that
+    python, `potato_queue` must still be free to come from the copy."""
+    probe = "import sys; print(sorted(m for m in sys.modules if m.startswith('potato')))"
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
+
+
 def _queue_run_for(live: Live, potato_run_id: str, timeout_s: float = 60) -> dict:
     """The run potato-queue queued for Potato's run (Potato builds its bundle first, then starts its worker)."""
     deadline = time.monotonic() + timeout_s

@@ -118,16 +118,20 @@ def published_predictions(config: ProjectConfig) -> list[dict[str, Any]]:
     return read_predictions(project_predictions_path(config))[0]
 
 
-def _publish(config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]]) -> str:
-    """Write the project's predictions.jsonl (what passes Potato's rules); the line run.log says of it."""
+def _publish(config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]],
+             refused: int) -> dict[str, Any]:
+    """Write the project's predictions.jsonl (what passes Potato's rules); what the run's record keeps of it."""
     rules = _rules(config, store, run_id)
     published = publishable(rules, _candidates(config, store, run_id, valid))
     lines = (json.dumps({k: p.get(k) for k in PUBLISHED_KEYS}, ensure_ascii=False) + "\n" for p in published)
     write_atomic(project_predictions_path(config), lines)
     ours = sum(1 for p in published if p.get("run_id") == run_id)
     kept = ", ".join(f"{n} {why}" for why, n in rules.skipped.items() if n)
-    return (f"published {ours} of this run's {len(valid)} predictions as prelabels "
-            f"({len(published)} in the project's predictions.jsonl{'; kept off: ' + kept if kept else ''})")
+    said = (f"published {ours} of this run's {len(valid)} predictions as prelabels "
+            f"({len(published)} in the project's predictions.jsonl{'; kept off: ' + kept if kept else ''})"
+            + (f"; {refused} refused" if refused else ""))
+    return {"published": ours, "predictions": len(valid), "refused": refused, "kept_off": dict(rules.skipped),
+            "said": said}
 
 
 def _say_refused(store: RunStore, run_id: str, refused: list[Refusal]) -> None:
@@ -136,9 +140,10 @@ def _say_refused(store: RunStore, run_id: str, refused: list[Refusal]) -> None:
         store.log(run_id, f"warning: refused {len(refused)} prediction(s), never stored or published: {named}")
 
 
-def finalize_predictions(config: ProjectConfig, store: RunStore, record: dict[str, Any]) -> dict[str, Any]:
+def finalize_predictions(config: ProjectConfig, store: RunStore,
+                         record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Score the held-out items, store every valid prediction in Potato's store, publish what passes
-    Potato's rules; returns held_out."""
+    Potato's rules; returns (held_out, what was published: the record's `prelabels`)."""
     run_id = record["run_id"]
     paths = store.paths(run_id)
     preds, bad = read_predictions(paths.predictions)
@@ -150,8 +155,9 @@ def finalize_predictions(config: ProjectConfig, store: RunStore, record: dict[st
     _say_refused(store, run_id, refused)
     if not valid:
         store.log(run_id, "no predictions came back, so there is nothing to score or publish")
-        return {}
+        return {}, None
     held_out = _held_out(paths.bundle_dir, record["schemas"], valid)
     store.potato.record_predictions(record, valid)
-    store.log(run_id, f"held-out scores: {json.dumps(held_out)}; {_publish(config, store, run_id, valid)}")
-    return held_out
+    prelabels = _publish(config, store, run_id, valid, len(refused))
+    store.log(run_id, f"held-out scores: {json.dumps(held_out)}; {prelabels['said']}")
+    return held_out, prelabels

@@ -200,12 +200,12 @@ class RunLife:
             artifact_uri = self._collect(result)
         except ModelFilesMissing as exc:  # the predictions arrived: they still count
             artifact_uri, error = None, exc.message
-        held_out = finalize_predictions(self.config, self.store, self.record)
+        held_out, prelabels = finalize_predictions(self.config, self.store, self.record)
         state = "failed" if error else "succeeded"
         model_version = (live.get("result") or {}).get("model_version")
         self.store.transition(self.run_id, state, self.record, exit_code=EXIT_OK, held_out=held_out,
                               metrics=live.get("metrics") or {}, error=error, artifact_uri=artifact_uri,
-                              model_version=model_version)
+                              model_version=model_version, prelabels=prelabels)
         self.log(f"failed: {error}" if error else "succeeded")
 
     def _fail(self, error: str) -> None:

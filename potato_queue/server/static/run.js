@@ -17,7 +17,8 @@ async function refresh() {
   const facts = document.getElementById("facts");
   const rows = [["Ran on", run.ran_on], ["Trainer", run.trainer], ["Schemas", (run.schemas || []).join(", ")],
     ["Params", JSON.stringify(run.params || {})], ["Trigger", run.trigger], ["Duration", duration(run)],
-    ["Model (artifact_uri)", run.artifact_uri], ["Held-out", heldOut(run)], ["Error", run.error]];
+    ["Model (artifact_uri)", run.artifact_uri], ["Held-out", heldOut(run)],
+    ["Prelabels", run.prelabels && run.prelabels.said], ["Error", run.error]];
   facts.replaceChildren(...rows.filter(([, v]) => v).flatMap(([k, v]) => [el("dt", {text: k}), el("dd", {text: String(v)})]));
   finished = ["succeeded", "failed", "cancelled", "broken"].includes(run.state);
   const step = document.getElementById("step");
