@@ -308,22 +308,31 @@ class PotatoLedger:
 
         return self._write(record["run_id"], f"{len(rows)} predictions", write)
 
-    def leak_guard(self) -> set[str] | None:
-        """Every item any recorded run fitted on (None with write-back off)."""
+    def _read(self, what: str, read: Callable[[Any], Any]) -> Any:
+        """A read of Potato's store; None when write-back is off or the read failed (the caller then
+        falls back to what potato-queue keeps itself)."""
         if not self.status.on:
             return None
-        return set(self._store().all_training_split_ids(self._cfg))
+        try:
+            return read(self._store())
+        except Exception as exc:  # Potato's own code: whatever it raises, the run goes on
+            _log.warning("Potato's store could not be read (%s): %s: %s", what, type(exc).__name__, exc)
+            return None
+
+    def leak_guard(self) -> set[str] | None:
+        """Every item any recorded run fitted on."""
+        return self._read("the leak guard", lambda store: set(store.all_training_split_ids(self._cfg)))
 
     def rejected(self) -> set[tuple[str, str]]:
-        """(item, schema) pairs a reviewer rejected in Potato's model review (empty with write-back off)."""
-        if not self.status.on:
-            return set()
-        from potato import model_review
+        """(item, schema) pairs a reviewer rejected in Potato's model review."""
+        def read(_store: Any) -> set[tuple[str, str]]:
+            from potato import model_review
 
-        return {(v.instance_id, v.schema_name) for v in model_review.load_verdicts(self._cfg) if v.verdict == "reject"}
+            return {(v.instance_id, v.schema_name) for v in model_review.load_verdicts(self._cfg)
+                    if v.verdict == "reject"}
+
+        return self._read("reviewer rejections", read) or set()
 
     def stored_predictions(self) -> list[dict[str, Any]] | None:
-        """Every prediction in Potato's store, latest per item and schema (None with write-back off)."""
-        if not self.status.on:
-            return None
-        return list(self._store().load_predictions(self._cfg))
+        """Every prediction in Potato's store, latest per item and schema."""
+        return self._read("the stored predictions", lambda store: list(store.load_predictions(self._cfg)))

@@ -43,6 +43,7 @@ POLL_S = 0.5
 # Potato checks its wall limit only when its worker prints a line: one at least this often.
 BEAT_S = 2.0
 FINAL = ("succeeded", "failed", "cancelled")
+LOST_AFTER_S = 60.0
 KEY_ENVS = ("POTATO_QUEUE_API_KEY", "POTATO_ADMIN_API_KEY")
 
 
@@ -140,13 +141,21 @@ class RemoteTrainer(Trainer):
                                 f"model files: {run.get('artifact_uri') or 'not kept'}"])
 
     def _follow(self, client: QueueClient, run_id: str, report: ProgressReporter) -> dict[str, Any]:
-        relay, cancelled = _Relay(report), False
+        relay, cancelled, reached_s = _Relay(report), False, time.monotonic()
         while True:
-            if report.should_stop() and not cancelled:
-                client.json("POST", f"/runs/{run_id}/cancel")
-                report.log("info", f"cancelled potato-queue run {run_id}")
-                cancelled = True
-            run = client.json("GET", f"/runs/{run_id}")
+            try:
+                if report.should_stop() and not cancelled:
+                    client.json("POST", f"/runs/{run_id}/cancel")
+                    report.log("info", f"cancelled potato-queue run {run_id}")
+                    cancelled = True
+                run = client.json("GET", f"/runs/{run_id}")
+                reached_s = time.monotonic()
+            except TrainerError as exc:  # a server restart is a blip; a server gone for long is the end
+                if time.monotonic() - reached_s > LOST_AFTER_S:
+                    raise TrainerError(f"{exc}; for {LOST_AFTER_S:g} s, so Potato stops following potato-queue run "
+                                       f"{run_id}, which may still be running there") from None
+                time.sleep(POLL_S)
+                continue
             if run["state"] in FINAL:
                 return run
             relay.show(run)

@@ -89,7 +89,9 @@ def test_check_local_names_the_device() -> None:
     # This machine has no GPU: a local run uses the CPU (LOC-2).
     proc = run_cli("training", "check", "local", SEED / "config.yaml")
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip() == "local: this machine, CPU"
+    device, writeback = proc.stdout.strip().splitlines()
+    assert device == "local: this machine, CPU"
+    assert writeback.startswith("Potato write-back is on: runs, their splits and predictions are recorded in ")
 
 
 def test_serve_refuses_the_placeholder_key_on_a_reachable_address(tmp_path: Path, redis_server_url: str) -> None:

@@ -208,3 +208,31 @@ def test_beat_checks_once_at_its_start(tmp_path: Path, redis_server_url: str) ->
         wait_reason(svc, "waiting for 340 more annotations (160 of 500 since the last auto run)", timeout_s=60)
     finally:
         svc.stop()
+
+
+def test_a_project_whose_auto_retrain_is_potatos_gets_no_beat(tmp_path: Path, redis_server_url: str) -> None:
+    """trainer potato-queue-remote: Potato's own server schedules (its runs queue here), so beat refuses."""
+    from tests.conftest import run_cli
+
+    remote = {"enabled": True, "trainer": "potato-queue-remote", "schemas": ["sentiment"],
+              "params": {"trainer": "sklearn-text", "backend": "local"}}
+    svc = Services(make_project(tmp_path, auto_retrain=remote), redis_server_url, tmp_path)
+    checked = run_cli("validate", svc.config, "--strict")
+    assert "names both a trainer" not in checked.stdout, checked.stdout
+    done = subprocess.run([sys.executable, "-m", "potato_queue.cli", "beat", str(svc.config)], env=svc.env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2, done
+    assert "auto-retrain of this project is Potato's: model_training.auto_retrain.trainer is potato-queue-remote" \
+        in done.stderr and "do not run beat for this project" in done.stderr
+
+
+@pytest.mark.parametrize("schemas", [["sentiment"], None])
+def test_validate_warns_when_potatos_scheduler_would_act_too(tmp_path: Path, schemas: list[str] | None) -> None:
+    """Potato 2.12 acts on model_training.auto_retrain when it names a trainer and schemas."""
+    from tests.conftest import run_cli
+
+    retrain = {**RETRAIN, "schemas": schemas} if schemas else {k: v for k, v in RETRAIN.items() if k != "schemas"}
+    checked = run_cli("validate", make_project(tmp_path, auto_retrain=retrain))
+    warned = ("warning: model_training.auto_retrain names both a trainer (majority-baseline) and schemas, so "
+              "Potato's own server retrains on it too") in checked.stdout
+    assert checked.returncode == 0 and warned == bool(schemas), checked.stdout

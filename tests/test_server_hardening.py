@@ -71,7 +71,8 @@ def test_params_nested_too_deep_are_refused_and_the_listing_stays_whole(svc: Ser
         node["x"] = {}
         node = node["x"]
     status, reply = svc.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment"], "params": deep})
-    assert status == 400 and reply["detail"] == "params nests more than 20 levels deep; at most 20 are accepted"
+    assert status == 400 and reply["detail"] == ("params nests more than 20 levels deep; at most 20 are accepted; fix: "
+                                                 "pass the trainer's settings, not data (the data comes from the project)")
     ok = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], params={"n": [1, [2, [3]]], "f": 1e400})
     assert svc.api("GET", f"/runs/{ok}")[1]["params"] == {"n": [1, [2, [3]]], "f": "inf"}
     (run_path(svc, ok) / "run.json").write_text("{ not json")

@@ -39,8 +39,11 @@ def write_project(tmp_path: Path, config: dict[str, Any] | str) -> Path:
 
 
 def validate(path: Path, *flags: str) -> tuple[int, dict[str, list[str]]]:
+    """The exit code and the report's lists (whether Potato write-back is on: test_json_shape)."""
     proc = run_cli("validate", path, "--json", *flags)
-    return proc.returncode, json.loads(proc.stdout)
+    report = json.loads(proc.stdout)
+    report.pop("potato_writeback", None)
+    return proc.returncode, report
 
 
 def with_backend(name: str, entry: dict[str, Any]) -> dict[str, Any]:
@@ -160,10 +163,11 @@ def test_default_or_retrain_backend_naming_no_backend(tmp_path: Path, key: str) 
 
 @pytest.mark.parametrize(("retrain", "wanted"), [
     ({"enabled": True}, "model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
-                        "(trainers: decision-calibrate, hf-text-classification, majority-baseline, sklearn-text)"),
+                        "(trainers: decision-calibrate, hf-text-classification, majority-baseline, sklearn-text, "
+                        "potato-queue-remote)"),
     ({"enabled": True, "trainer": "sklearn-txt"}, "model_training.auto_retrain.trainer is 'sklearn-txt', which is no "
-     "trainer (trainers: decision-calibrate, hf-text-classification, majority-baseline, sklearn-text); did you mean "
-     "'sklearn-text'?"),
+     "trainer (trainers: decision-calibrate, hf-text-classification, majority-baseline, sklearn-text, "
+     "potato-queue-remote); did you mean 'sklearn-text'?"),
 ])
 def test_an_enabled_auto_retrain_needs_a_real_trainer(tmp_path: Path, retrain: dict[str, object], wanted: str) -> None:
     cfg = seed_config()
@@ -322,5 +326,9 @@ def test_not_a_mapping_exits_2(tmp_path: Path) -> None:
 
 
 def test_json_shape(tmp_path: Path) -> None:
-    proc = run_cli("validate", write_project(tmp_path, seed_config()), "--json")
-    assert json.loads(proc.stdout) == {"errors": [], "warnings": [], "acknowledged": []}
+    path = write_project(tmp_path, seed_config())
+    proc = run_cli("validate", path, "--json")
+    db = path.parent / "project.sqlite"
+    assert json.loads(proc.stdout) == {"errors": [], "warnings": [], "acknowledged": [], "potato_writeback": {
+        "on": True, "why": f"runs, their splits and predictions are recorded in {db} (potato-annotation 2.12.1)",
+        "fix": None}}
