@@ -224,6 +224,8 @@ def test_a_project_whose_auto_retrain_is_potatos_gets_no_beat(tmp_path: Path, re
     assert done.returncode == 2, done
     assert "auto-retrain of this project is Potato's: model_training.auto_retrain.trainer is potato-queue-remote" \
         in done.stderr and "do not run beat for this project" in done.stderr
+    listed = run_cli("training", "runs", svc.config, env=svc.env)
+    assert "auto-retrain: Potato's own server schedules it (trainer potato-queue-remote)" in listed.stdout, listed
 
 
 @pytest.mark.parametrize("schemas", [["sentiment"], None])

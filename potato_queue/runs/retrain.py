@@ -21,6 +21,7 @@ from potato_queue.bundle import count_annotations, target_schemas
 from potato_queue.config import AutoRetrainConfig, ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.keys import retrain_state_path
+from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
 from potato_queue.records import as_text, write_json_atomic
 from potato_queue.runs.lease import Lease
 from potato_queue.runs.submit import start_run
@@ -126,6 +127,9 @@ def last_check(config: ProjectConfig, store: RunStore) -> dict[str, Any]:
     baseline = read_baseline(config) if settings.enabled else Baseline()
     if not settings.enabled:
         reason = "auto-retrain is off (model_training.auto_retrain.enabled)"
+    elif settings.trainer == POTATO_SCHEDULES:
+        reason = (f"Potato's own server schedules it (trainer {POTATO_SCHEDULES}); its runs show here with the "
+                  "trigger potato")
     elif not raw:
         reason = "no beat has checked yet: start `potato-queue beat CONFIG` (or `up`)"
     else:
