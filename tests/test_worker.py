@@ -516,3 +516,31 @@ def test_majority_baseline_predicts_the_most_frequent_train_label(tmp_path: Path
     predictions = assert_predictions(tmp_path / "work", bundle, run)
     assert {p["payload"]["label"] for p in predictions} == {top}
     assert predictions[0]["confidence"] == pytest.approx(train_labels.count(top) / len(train_labels))
+
+
+@pytest.mark.parametrize("decided", [True, False])
+def test_a_second_sigterm_after_the_exit_code_is_decided_only_notes_the_stop(decided: bool) -> None:
+    """SLURM resumes a stopped job with SIGCONT and SIGTERM together: a cancelled run's second SIGTERM then
+    lands while the worker writes its last events, and must not turn exit 4 into a traceback (exit 1)."""
+    import os
+    import signal
+
+    from potato_queue.worker.errors import Cancelled
+    from potato_queue.worker.stop import install_signal_handlers
+
+    flag = StopFlag()
+    flag.armed = True  # the trainer's loop had begun
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        install_signal_handlers(flag)
+        os.kill(os.getpid(), signal.SIGTERM)  # the cancel: noted, the trainer stops at its next check
+        flag.finishing = decided
+        if decided:
+            os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            with pytest.raises(Cancelled, match="Cancelled by a second SIGTERM"):
+                os.kill(os.getpid(), signal.SIGTERM)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+    assert flag.is_set() and flag.count == 2

@@ -42,8 +42,10 @@ def run(spec_path: str, reporter: Reporter, stop: StopFlag) -> int:
     try:
         return _run(spec_path, reporter, state, stop)
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the process boundary
+        stop.finishing = True
         return _fail(reporter, stop, state, exc)
     finally:
+        stop.finishing = True
         if state.watchdog is not None:
             state.watchdog.stop()
         reporter.flush()

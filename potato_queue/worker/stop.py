@@ -35,6 +35,10 @@ class StopFlag:
         self.count = 0
         # Set by the trainer's first poll: from then on a signal waits for the trainer to stop.
         self.armed = False
+        # Set once the run's exit code is decided: a signal then only notes the stop. Raised in the last
+        # flush, a second SIGTERM (SLURM resumes a stopped job with SIGCONT and SIGTERM together) turned a
+        # decided "cancelled" (4) into a traceback and exit 1.
+        self.finishing = False
 
     def set(self, reason: str = "") -> None:
         """Request a stop."""
@@ -62,6 +66,8 @@ def install_signal_handlers(flag: StopFlag) -> None:
         flag.count += 1
         name = signal.Signals(signum).name
         flag.set(name)
+        if flag.finishing:
+            return
         if not flag.armed:
             raise Cancelled("Cancelled by %s before the trainer's loop began" % name)
         if flag.count > 1:
