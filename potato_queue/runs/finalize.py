@@ -9,14 +9,14 @@ project's predictions.jsonl with what passes Potato's rules (runs/gate.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from potato_queue.bounds import clean, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.keys import project_predictions_path
-from potato_queue.runs.gate import PublishRules, Refusal, bundle_split_ids, publishable, refusals
+from potato_queue.runs.gate import PublishRules, Refusal, bundle_split_ids, publishable, read_jsonl, refusals
 from potato_queue.store import RunStore
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.scoring import score
@@ -26,19 +26,6 @@ __all__ = ["finalize_predictions", "read_jsonl", "read_predictions", "published_
 HELD_OUT_SPLITS = ("val", "test")
 # A line of the project's predictions.jsonl: Potato's prediction line and the run it came from.
 PUBLISHED_KEYS = ("instance_id", "schema_name", "payload", "confidence", "run_id")
-
-
-def read_jsonl(path: Path) -> Iterator[dict[str, Any]]:
-    if not path.exists():
-        return
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if line:
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    continue
 
 
 def read_predictions(path: Path) -> tuple[list[dict[str, Any]], list[int]]:

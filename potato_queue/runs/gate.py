@@ -19,31 +19,31 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 
-__all__ = ["BUNDLE_SPLITS", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals", "publishable"]
+__all__ = ["BUNDLE_SPLITS", "read_jsonl", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals", "publishable"]
 
 BUNDLE_SPLITS = ("train", "val", "test", "unlabeled")
 # Kinds whose labels come from a closed vocabulary, so a foreign label can be told.
 _VOCABULARY_KINDS = ("nominal", "multilabel")
 
 
-def _jsonl(path: Path) -> Iterator[dict[str, Any]]:
+def read_jsonl(path: Path) -> Iterator[Any]:
+    """The JSON values of a JSON Lines file, skipping lines that are not JSON (nothing when it is absent)."""
     if not path.exists():
         return
     with open(path, encoding="utf-8") as fh:
         for line in fh:
-            if line.strip():
+            line = line.strip()
+            if line:
                 try:
-                    row = json.loads(line)
+                    yield json.loads(line)
                 except ValueError:
                     continue
-                if isinstance(row, dict):
-                    yield row
 
 
 def bundle_split_ids(bundle_dir: Path) -> dict[str, list[str]]:
     """Each split's item ids, in the bundle's order (an absent split file is an empty split)."""
-    return {split: [str(row.get("instance_id")) for row in _jsonl(bundle_dir / f"{split}.jsonl")]
-            for split in BUNDLE_SPLITS}
+    return {split: [str(row.get("instance_id")) for row in read_jsonl(bundle_dir / f"{split}.jsonl")
+                    if isinstance(row, dict)] for split in BUNDLE_SPLITS}
 
 
 def _manifest(bundle_dir: Path) -> dict[str, Any]:
