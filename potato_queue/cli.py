@@ -63,6 +63,8 @@ def _not_built(command: str, issue: str) -> NotBuiltYet:
     )
 
 
+# The broker's visibility timeout for `worker` (see there).
+VISIBILITY_ENV = "POTATO_QUEUE_VISIBILITY_TIMEOUT_S"
 # Wide enough that a command's one-line summary is never cut short in --help.
 HELP_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 110, "terminal_width": 110}
 
@@ -142,7 +144,11 @@ def worker(config: Path, redis_url: str, verbose: bool, quiet: bool) -> None:
     """Run an executor: a Celery worker that runs one training run at a time."""
     from potato_queue.serve import run_executor
 
-    run_executor(_checked(config, say_writeback=True), _redis_checked(redis_url), verbosity=2 if verbose else 0 if quiet else 1)
+    # Read here, at the process's edge: tests shorten the broker's visibility timeout to prove a long run is
+    # not executed twice when its message is delivered again.
+    timeout = os.environ.get(VISIBILITY_ENV)
+    run_executor(_checked(config, say_writeback=True), _redis_checked(redis_url),
+                 verbosity=2 if verbose else 0 if quiet else 1, visibility_timeout_s=float(timeout) if timeout else None)
 
 
 @cli.command()
@@ -287,7 +293,7 @@ def runs(config: Path, redis_url: str) -> None:
 @REDIS
 def cancel(run_id: str, config: Path, redis_url: str) -> None:
     """Cancel a queued or running run."""
-    from potato_queue.store import FINAL_STATES
+    from potato_queue.run import FINAL_STATES, RunState
 
     store, _ = _store_and_queue(_checked(config), _redis_checked(redis_url))
     try:
@@ -297,7 +303,7 @@ def cancel(run_id: str, config: Path, redis_url: str) -> None:
     if before in FINAL_STATES:
         raise PotatoQueueError(f"run {run_id} had already finished ({before}); there is nothing to cancel")
     state = store.request_cancel(run_id)
-    click.echo(f"{run_id}: {state}" + ("" if state == "cancelled" else " (cancel requested; the worker is being stopped)"))
+    click.echo(f"{run_id}: {state}" + ("" if state == RunState.CANCELLED else " (cancel requested; the worker is being stopped)"))
 
 
 @training.command()

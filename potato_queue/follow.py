@@ -9,7 +9,8 @@ from typing import Any
 
 from potato_queue.keys import RunPaths, project_predictions_path
 from potato_queue.records import epoch_of
-from potato_queue.store import FINAL_STATES, RunStore
+from potato_queue.run import FINAL_STATES, RunState
+from potato_queue.store import RunStore
 from potato_queue.worker.exit_codes import EXIT_FOR_STATE
 
 __all__ = ["runs_table", "print_log", "follow", "held_out_table", "compare_table", "progress_line"]
@@ -105,7 +106,7 @@ def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25, summary: bool 
         print(f"error: {record['error']}")
     if record.get("held_out") and summary:
         print(held_out_table(record["held_out"]))
-    if record["state"] == "succeeded" and summary:
+    if record["state"] == RunState.SUCCEEDED and summary:
         print(f"\npredictions: {project_predictions_path(store.config)} (this run's: {store.paths(run_id).predictions})")
         if record.get("artifact_uri"):
             print(f"model files: {record['artifact_uri']}")

@@ -27,6 +27,7 @@ from typing import Any
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.keys import potato_database_path, potato_task_dir
 from potato_queue.records import epoch_of
+from potato_queue.run import RunState
 
 __all__ = [
     "POTATO_DIST",
@@ -50,8 +51,9 @@ _TESTED_FROM, _TESTED_BEFORE = (2, 12, 1), (2, 13)
 INSTALL_FIX = "pip install 'potato-queue[potato]' where potato-queue runs (potato-annotation>=2.12.1,<2.13)"
 
 RUN_STATE_IN_POTATO = {
-    "queued": "queued", "starting": "building", "running": "running", "collecting": "evaluating",
-    "succeeded": "success", "failed": "error", "cancelled": "cancelled",
+    RunState.QUEUED: "queued", RunState.STARTING: "building", RunState.RUNNING: "running",
+    RunState.COLLECTING: "evaluating", RunState.SUCCEEDED: "success", RunState.FAILED: "error",
+    RunState.CANCELLED: "cancelled",
 }
 # Potato keeps a run's unlabeled items out of its run items: they are predicted on, never fitted on.
 RECORDED_SPLITS = ("train", "val", "test")
@@ -181,9 +183,9 @@ def potato_metrics(record: dict[str, Any]) -> dict[str, Any]:
 
 
 def _error_code(record: dict[str, Any]) -> str:
-    if record.get("state") == "cancelled":
+    if record.get("state") == RunState.CANCELLED:
         return "cancelled"
-    if record.get("state") != "failed":
+    if record.get("state") != RunState.FAILED:
         return ""
     code = record.get("exit_code")
     return f"exit_{code}" if code is not None else "potato_queue"

@@ -33,6 +33,7 @@ from potato.training.base import (
 
 from potato_queue.potato_hook import TRAINER_NAME
 from potato_queue.potato_ledger import potato_metrics
+from potato_queue.run import FINAL_STATES, RunState
 
 __all__ = ["RemoteTrainer", "QueueClient", "REMOTE_PREDICTIONS", "DEFAULT_SERVER"]
 
@@ -42,7 +43,6 @@ REMOTE_PREDICTIONS = "potato-queue-predictions.jsonl"
 POLL_S = 0.5
 # Potato checks its wall limit only when its worker prints a line: one at least this often.
 BEAT_S = 2.0
-FINAL = ("succeeded", "failed", "cancelled")
 LOST_AFTER_S = 60.0
 KEY_ENVS = ("POTATO_QUEUE_API_KEY", "POTATO_ADMIN_API_KEY")
 
@@ -130,7 +130,7 @@ class RemoteTrainer(Trainer):
         report.log("info", f"queued potato-queue run {queued} ({p['trainer']} on {p.get('backend') or 'its default backend'}) "
                            f"at {client.server}")
         run = self._follow(client, queued, report)
-        if run["state"] != "succeeded":
+        if run["state"] != RunState.SUCCEEDED:
             raise TrainerError(f"potato-queue run {queued} {run['state']}: {run.get('error') or 'see its run.log'}")
         os.makedirs(spec.workdir, exist_ok=True)
         with open(os.path.join(spec.workdir, REMOTE_PREDICTIONS), "wb") as fh:
@@ -156,7 +156,7 @@ class RemoteTrainer(Trainer):
                                        f"{run_id}, which may still be running there") from None
                 time.sleep(POLL_S)
                 continue
-            if run["state"] in FINAL:
+            if run["state"] in FINAL_STATES:
                 return run
             relay.show(run)
             time.sleep(POLL_S)

@@ -1,14 +1,13 @@
-"""What a run's record is made of: its states, timestamps, log lines, and the views of it.
+"""How a run's record is written: timestamps, run.log's lines, atomic JSON, and a folder that takes no writes.
 
-The run store (store.py) reads and writes records; this module says what they
-look like, so the store's own module is about keeping them.
+What a run is (its states, its moves, its record's fields) is run.py's; the run
+store (store.py) keeps records with these helpers.
 """
 
 from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,23 +15,10 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.text import one_line
 
-__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "FOLDER_FIX", "RunView", "RunFolderError", "write_json_atomic",
-           "utc_now", "utc_of", "epoch_of", "log_text", "as_text"]
+__all__ = ["LIVE_JSON", "FOLDER_FIX", "RunFolderError", "write_json_atomic", "utc_now", "utc_of", "epoch_of",
+           "log_text", "as_text", "created_ms", "folder_error"]
 
-STATES = ("queued", "starting", "running", "collecting", "succeeded", "failed", "cancelled")
-FINAL_STATES = frozenset({"succeeded", "failed", "cancelled"})
-IN_FLIGHT = ("starting", "running", "collecting")
-_ALLOWED_FROM = {
-    "starting": ("queued",),
-    # A pull backend's run stays queued until its agent claims it (AGT-4), then runs.
-    "running": ("starting", "queued"),
-    "collecting": ("starting", "running"),
-    "succeeded": ("collecting",),
-    "failed": ("queued", "starting", "running", "collecting"),
-    "cancelled": ("queued", "starting", "running", "collecting"),
-    "queued": ("queued",),
-}
-_LIVE_JSON = ("progress", "metrics", "result", "pending_record")
+LIVE_JSON = ("progress", "metrics", "result", "pending_record")
 FOLDER_FIX = "make the project's output folder writable again (free space, permissions); the run's record is written then"
 
 
@@ -67,7 +53,7 @@ def as_text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def _created_ms(record: dict[str, Any]) -> float:
+def created_ms(record: dict[str, Any]) -> float:
     return float(epoch_of(record["created_at"]) or 0.0) * 1000
 
 
@@ -75,20 +61,5 @@ class RunFolderError(PotatoQueueError):
     """A run's folder cannot be written (disk full, read-only): its record is held in Redis meanwhile."""
 
 
-def _folder_error(folder: Any, exc: OSError) -> str:
+def folder_error(folder: Any, exc: OSError) -> str:
     return f"The run's folder {folder} cannot be written: {exc.strerror or exc}"
-
-
-@dataclass(frozen=True)
-class RunView:
-    """What the supervising executor looks at every tick, read in one round trip."""
-
-    exit_code: int | None  # the agent's result, once posted
-    artifact_uri: str | None
-    message: str | None
-    heartbeat_at: float | None  # the agent's last contact (epoch s); None before its first
-    cancel_requested: bool
-    disk_error: str | None = None  # a write for the run failed: the run cannot go on
-    state: str | None = None
-    # The agent says the worker waits in a batch scheduler's queue (status `pending`): the run is waiting.
-    pending_step: str | None = None

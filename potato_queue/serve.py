@@ -20,13 +20,8 @@ from potato_queue.potato_hook import TRAINER_NAME
 from potato_queue.redis_plumbing import client_for, refresh_forever
 from potato_queue.store import RunStore
 
-__all__ = ["serve_forever", "run_executor", "VISIBILITY_ENV"]
+__all__ = ["serve_forever", "run_executor", "run_beat", "check_admin_key", "check_writable"]
 
-# Tests shorten the Redis transport's visibility timeout to prove a long
-# run is not executed twice when its message is delivered again.
-VISIBILITY_ENV = "POTATO_QUEUE_VISIBILITY_TIMEOUT_S"
-# Set by `worker --quiet`: the execute task prints no line per run.
-QUIET_ENV = "POTATO_QUEUE_EXECUTOR_QUIET"
 FLUSH_CHECK_S = 2.0
 
 
@@ -77,7 +72,10 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     check_writable(config)
     admin_state = check_admin_key(config, host)
 
-    app = create_app(config, redis_url)
+    from potato_queue.celery_app import enqueue, make_celery
+
+    celery = make_celery(config, redis_url)
+    app = create_app(config, redis_url, enqueue=lambda run_id: enqueue(celery, config, run_id))
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     # Accepted sockets inherit this; without it every small reply waits on a 40 ms delayed ACK.
@@ -160,19 +158,29 @@ def run_beat(config: ProjectConfig, redis_url: str, *, every_s: float = RETRAIN_
              quiet=not verbose).run()
 
 
-def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1) -> None:
-    """An executor. verbosity 0: errors only; 1: a line per run; 2: Celery's banner and info log too."""
+def _say(text: str) -> None:
+    print(text, flush=True)
+
+
+def _say_nothing(text: str) -> None:
+    pass
+
+
+def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1,
+                 visibility_timeout_s: float | None = None) -> None:
+    """An executor. verbosity 0: errors only; 1: a line per run; 2: Celery's banner and info log too.
+    visibility_timeout_s: the broker redelivers a message unacked this long (None: celery_app's default)."""
     from potato_queue.celery_app import enqueue, make_celery
     from potato_queue.tasks.retrain import register_retrain
     from potato_queue.tasks.runs import register
 
     check_writable(config)
-    timeout = os.environ.get(VISIBILITY_ENV)
-    app = make_celery(config, redis_url, visibility_timeout_s=float(timeout) if timeout else None)
-    register(app, config, redis_url)
+    app = make_celery(config, redis_url, visibility_timeout_s=visibility_timeout_s)
+    say = _say_nothing if verbosity == 0 else _say
+    register(app, config, redis_url, say=say)
     store = RunStore(config, client_for(redis_url))
     args = (store, lambda run_id: enqueue(app, config, run_id))
-    register_retrain(app, config, *args, say=lambda text: None if os.environ.get(QUIET_ENV) else print(text, flush=True))
+    register_retrain(app, config, *args, say=say)
     threading.Thread(target=_reconcile_forever, args=args, daemon=True, name="reconcile").start()
     _say_alive(store)
     # solo pool: the run is supervised in this process, so killing the
@@ -183,8 +191,6 @@ def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1) -
         # Celery's banner, and its warning that a worker runs as root (our workers run no pickled tasks,
         # and the runs themselves get an allow-listed environment), would drown what an admin reads.
         warnings.filterwarnings("ignore", category=SecurityWarning)
-    if verbosity == 0:
-        os.environ[QUIET_ENV] = "1"
     app.worker_main([
         *([] if verbosity >= 2 else ["--quiet"]),
         "worker", "--pool=solo", "--concurrency=1", "--prefetch-multiplier=1", "-Q", Keys.of(config).queue,

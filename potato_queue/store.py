@@ -23,29 +23,22 @@ from potato_queue.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
 from potato_queue.pending import PendingRecords
 from potato_queue.potato_ledger import OWNED_BY_POTATO, PotatoLedger
 from potato_queue.records import (
-    _ALLOWED_FROM,
-    _LIVE_JSON,
-    FINAL_STATES,
     FOLDER_FIX,
-    IN_FLIGHT,
-    STATES,
+    LIVE_JSON,
     RunFolderError,
-    RunView,
-    _created_ms,
-    _folder_error,
     as_text,
+    created_ms,
+    folder_error,
     log_text,
     utc_now,
-    utc_of,
     write_json_atomic,
 )
 from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, wait_published
+from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView
 from potato_queue.runs.lease import Lease
 from potato_queue.tokens import AgentTokens, RunTokens
 
-# The record's shapes live in records.py; they are re-exported here, where callers look for them.
-__all__ = ["STATES", "FINAL_STATES", "IN_FLIGHT", "FOLDER_FIX", "RunStore", "RunView", "RunFolderError",
-           "write_json_atomic", "utc_now", "utc_of", "log_text"]
+__all__ = ["RunStore"]
 
 MIN_WAIT_S = 0.01  # the shortest BLPOP; Redis wakes blocked clients every 100 ms (hz 10) anyway
 
@@ -70,10 +63,10 @@ class RunStore:
         return RunPaths.of(self.config, run_id)
 
     def create(self, *, trainer: str, schemas: list[str], backend: str, params: dict[str, Any] | None = None,
-               trigger: str = "api", potato_run_id: str | None = None) -> dict[str, Any]:
+               trigger: str = "api", potato_run_id: str | None = None) -> RunRecord:
         run_id = new_run_id()
-        record = {
-            "run_id": run_id, "state": "queued", "backend": backend, "trainer": trainer,
+        record: RunRecord = {
+            "run_id": run_id, "state": RunState.QUEUED, "backend": backend, "trainer": trainer,
             "schemas": list(schemas), "params": dict(params or {}), "trigger": trigger,
             "created_at": utc_now(), "started_at": None, "finished_at": None,
             "error": None, "metrics": {}, "held_out": {}, "exit_code": None, "artifact_uri": None,
@@ -85,29 +78,29 @@ class RunStore:
             paths.dir.mkdir(mode=0o700, parents=True, exist_ok=False)
             write_json_atomic(paths.run_json, record)
         except OSError as exc:
-            raise RunFolderError(_folder_error(paths.dir, exc), fix=FOLDER_FIX) from None
+            raise RunFolderError(folder_error(paths.dir, exc), fix=FOLDER_FIX) from None
         self._seed_live(record)
         self.potato.record(record)
         return record
 
     def _seed_live(self, record: dict[str, Any]) -> bool:
         """Redis' view of a run from its record, where Redis has none; True when it had none."""
-        run_id, created_ms = record["run_id"], _created_ms(record)
+        run_id, created = record["run_id"], created_ms(record)
         pipe = self.redis.pipeline()
         pipe.hsetnx(self.keys.run(run_id), "state", record["state"])
-        pipe.zadd(self.keys.runs, {run_id: created_ms}, nx=True)
+        pipe.zadd(self.keys.runs, {run_id: created}, nx=True)
         if record["state"] not in FINAL_STATES:
-            pipe.zadd(self.keys.unfinished, {run_id: created_ms}, nx=True)
+            pipe.zadd(self.keys.unfinished, {run_id: created}, nx=True)
         return bool(pipe.execute()[0])
 
-    def read(self, run_id: str) -> dict[str, Any]:
+    def read(self, run_id: str) -> RunRecord:
         """run.json as written (KeyError when there is no such run)."""
         try:
             return json.loads(self.paths(run_id).run_json.read_text(encoding="utf-8"))
         except (FileNotFoundError, ValueError):
             raise KeyError(run_id) from None
 
-    def get(self, run_id: str) -> dict[str, Any]:
+    def get(self, run_id: str) -> RunRecord:
         """run.json with the live fields from Redis laid over it."""
         record = self.read(run_id)
         live = self.live(run_id)
@@ -155,7 +148,7 @@ class RunStore:
             return self.get(run_id)
         except (KeyError, OSError, ValueError, TypeError) as exc:
             why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else "it is missing or not JSON"
-            return {"run_id": run_id, "state": "broken", "error": f"run.json cannot be read ({why})"}
+            return {"run_id": run_id, "state": RunState.BROKEN, "error": f"run.json cannot be read ({why})"}
 
     def update(self, run_id: str, record: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
         """Write fields (not the state) into run.json; pass the record held in memory to skip a read."""
@@ -165,8 +158,8 @@ class RunStore:
         self._write_record(run_id, record)
         return record
 
-    def transition(self, run_id: str, state: str, record: dict[str, Any] | None = None,
-                   **fields: Any) -> dict[str, Any] | None:
+    def transition(self, run_id: str, state: RunState, record: RunRecord | None = None,
+                   **fields: Any) -> RunRecord | None:
         """Move to `state` if the current state allows it and write run.json: the record written,
         or None when the state did not allow it. With `record` (held in memory) run.json is not read."""
         if not self._compare_and_set(run_id, state):
@@ -186,7 +179,7 @@ class RunStore:
         try:
             write_json_atomic(self.paths(run_id).run_json, record)
         except OSError as exc:
-            error = _folder_error(self.paths(run_id).dir, exc)
+            error = folder_error(self.paths(run_id).dir, exc)
             self.pending.hold(run_id, {**record, "error": record.get("error") or error}, error)
             raise RunFolderError(error, fix=FOLDER_FIX) from None
 
@@ -194,9 +187,9 @@ class RunStore:
         """The records held while their folders could not be written, written now where they can be."""
         return self.pending.write_held(lambda run_id, record: write_json_atomic(self.paths(run_id).run_json, record))
 
-    def _compare_and_set(self, run_id: str, state: str) -> bool:
+    def _compare_and_set(self, run_id: str, state: RunState) -> bool:
         keys = [self.keys.run(run_id), self.keys.unfinished, self.keys.run_token(run_id)]
-        args = [state, "1" if state in FINAL_STATES else "0", run_id, *_ALLOWED_FROM[state]]
+        args = [state, "1" if state in FINAL_STATES else "0", run_id, *ALLOWED_FROM[state]]
         won = self._cas(keys=keys, args=args)
         if won == -1:
             self.redis.hsetnx(keys[0], "state", self.read(run_id)["state"])
@@ -218,13 +211,13 @@ class RunStore:
             if state in FINAL_STATES:
                 self.redis.zrem(self.keys.unfinished, run_id)  # a final state written before the index existed
             else:
-                out.append((run_id, state or "queued"))
+                out.append((run_id, state or RunState.QUEUED))
         return out
 
     def mark_bulky(self, run_id: str, bulky: bool = True, record: dict[str, Any] | None = None) -> None:
         """The run's folder holds (or no longer holds) a bundle or model files: retain_runs' index."""
         if bulky:
-            self.redis.zadd(self.keys.bulky, {run_id: _created_ms(record or self.read(run_id))})
+            self.redis.zadd(self.keys.bulky, {run_id: created_ms(record or self.read(run_id))})
         else:
             self.redis.zrem(self.keys.bulky, run_id)
 
@@ -242,10 +235,10 @@ class RunStore:
         lost = []
         for run_id in self.run_ids():
             record = self.read(run_id)
-            if self._seed_live(record) and record["state"] == "queued":
+            if self._seed_live(record) and record["state"] == RunState.QUEUED:
                 lost.append(run_id)
             if any(p.exists() for p in self.paths(run_id).bulky):
-                self.redis.zadd(self.keys.bulky, {run_id: _created_ms(record)}, nx=True)
+                self.redis.zadd(self.keys.bulky, {run_id: created_ms(record)}, nx=True)
         return lost
 
     # -- live state --------------------------------------------------------
@@ -253,11 +246,11 @@ class RunStore:
         out: dict[str, Any] = {}
         for key, value in self.redis.hgetall(self.keys.run(run_id)).items():
             k, v = as_text(key), as_text(value)
-            out[k] = json.loads(v) if k in _LIVE_JSON else (float(v) if k == "heartbeat_at" else v)
+            out[k] = json.loads(v) if k in LIVE_JSON else (float(v) if k == "heartbeat_at" else v)
         return out
 
     def set_live(self, run_id: str, **fields: Any) -> None:
-        mapping = {k: json.dumps(v) if k in _LIVE_JSON else str(v) for k, v in fields.items() if v is not None}
+        mapping = {k: json.dumps(v) if k in LIVE_JSON else str(v) for k, v in fields.items() if v is not None}
         if mapping:
             self.redis.hset(self.keys.run(run_id), mapping=mapping)
 
@@ -307,7 +300,7 @@ class RunStore:
             with open(self.paths(run_id).run_log, "a", encoding="utf-8") as fh:
                 fh.write(log_text(list(messages)))
         except OSError as exc:
-            self.pending.note(run_id, _folder_error(self.paths(run_id).dir, exc))
+            self.pending.note(run_id, folder_error(self.paths(run_id).dir, exc))
 
     # -- the executors' shared state -------------------------------------------
     def slot_lease(self) -> Lease:
@@ -345,9 +338,9 @@ class RunStore:
         if record["state"] in FINAL_STATES:
             return record["state"]
         self.signal_stop(run_id)
-        if record["state"] == "queued" and self.transition(run_id, "cancelled"):
+        if record["state"] == RunState.QUEUED and self.transition(run_id, RunState.CANCELLED):
             self.log(run_id, "cancelled while queued; it will not start")
-            return "cancelled"
+            return RunState.CANCELLED
         self.log(run_id, "cancel requested")
         return self.get(run_id)["state"]
 

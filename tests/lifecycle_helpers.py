@@ -82,8 +82,8 @@ class Services:
         self.url = line.rsplit(" at ", 1)[1].strip()
         return self.url
 
-    def executor(self, env: dict[str, str] | None = None, cwd: Path | None = None) -> subprocess.Popen[str]:
-        return self._spawn("worker", str(self.config), name=f"executor{len(self.procs)}", env=env, cwd=cwd)
+    def executor(self, env: dict[str, str] | None = None, cwd: Path | None = None, *args: str) -> subprocess.Popen[str]:
+        return self._spawn("worker", str(self.config), *args, name=f"executor{len(self.procs)}", env=env, cwd=cwd)
 
     def stop(self) -> None:
         for proc in self.procs:

@@ -194,9 +194,11 @@ def test_help_names_every_option_and_cuts_no_summary_short() -> None:
 
 
 def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: str) -> None:
+    """Also: `worker --quiet` prints no line per run (test_lifecycle's visibility test sees them without it)."""
     from tests.lifecycle_helpers import started
 
-    with started(tmp_path, redis_server_url, executors=1) as svc:
+    with started(tmp_path, redis_server_url, executors=0) as svc:
+        svc.executor(None, None, "--quiet")
         proc = run_cli("training", "run", svc.config, "--trainer", "majority-baseline", "--schema", "sentiment",
                        "--param", "epochs=3", "--param", "note=a b", "--param", "lr=0.5", "--follow", timeout_s=120)
         assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -206,6 +208,9 @@ def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: st
         bad = run_cli("training", "run", svc.config, "--trainer", "majority-baseline", "--schema", "sentiment",
                       "--param", "epochs")
         assert bad.returncode == 1 and "--param 'epochs' is not KEY=VALUE" in bad.stderr
+    quiet = (tmp_path / "executor1.log").read_text()
+    assert run_id in (svc.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
+    assert "woken for run" not in quiet and f"ran {run_id}" not in quiet, quiet
 
 
 def test_the_demo_is_not_drowned_by_the_executors_log(tmp_path: Path, redis_server_url: str) -> None:

@@ -177,3 +177,83 @@ def test_no_function_is_over_60_lines() -> None:
                 if size > MAX_FUNCTION_LINES:
                     long[f"{path.relative_to(ROOT)}:{node.name}"] = size
     assert long == {}, f"shorten these: {long}"
+
+
+# ---------------------------------------------------------------- the import graph
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def import_graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
+    """Each module's imports of our modules (at any depth), and every private name one imports from another."""
+    modules = {module_name(p): p for p in package_files()}
+
+    def owner(name: str) -> str:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name
+
+    edges: dict[str, set[str]] = {}
+    private: list[tuple[str, str, str]] = []
+    for name, path in modules.items():
+        package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                targets |= {owner(a.name) for a in node.names if a.name.startswith("potato_queue")}
+            elif isinstance(node, ast.ImportFrom):
+                base = package[:len(package) - node.level + 1] if node.level else []
+                source = ".".join([*base, node.module] if node.module else base)
+                if not source.startswith("potato_queue"):
+                    continue
+                for alias in node.names:
+                    target = f"{source}.{alias.name}" if f"{source}.{alias.name}" in modules else owner(source)
+                    targets.add(target)
+                    if alias.name.startswith("_") and not alias.name.startswith("__") and target != name:
+                        private.append((name, source, alias.name))
+        edges[name] = {t for t in targets if t and t != name}
+    return edges, private
+
+
+def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        for nxt in edges.get(node, ()):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = stack[stack.index(node):]
+            del stack[stack.index(node):]
+            if len(component) > 1:
+                cycles.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return cycles
+
+
+def test_no_import_circle_even_through_imports_inside_functions() -> None:
+    edges, _ = import_graph()
+    assert import_cycles(edges) == [], "a module imports, directly or not, one that imports it back"
+
+
+def test_the_cycle_finder_finds_one() -> None:
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_no_private_name_is_imported_from_another_module() -> None:
+    _, private = import_graph()
+    assert private == [], "make these public (no leading underscore, in __all__) or keep them in their module"

@@ -7,7 +7,7 @@ digest hashes the split files' bytes, so this reproduces Potato's
 `training/dataset.py` exactly: which items and answers are read (read.py),
 how annotators are merged (aggregate.py: Dawid-Skene, else exact-match
 majority), the rows' bytes and order and the seeded-hash splits (write.py;
-/work/shared/POTATO-FORMATS.md). `pack_bundle` makes the tar.gz an agent
+docs/protocol.md). `pack_bundle` makes the tar.gz an agent
 downloads.
 """
 
@@ -18,27 +18,27 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from potato_queue.bundle.aggregate import _all_targets, _no_labels, _resolve
+from potato_queue.bundle.aggregate import all_targets, no_labels_error, resolve_references
 from potato_queue.bundle.read import (
     TARGET_KINDS,
-    _read_annotations,
-    _read_items,
-    _schema_names,
     count_annotations,
+    read_annotations,
+    read_items,
     schema_kind,
+    schema_names,
     target_schemas,
     unencodable_items,
 )
 from potato_queue.bundle.write import (
     BUNDLE_VERSION,
     DEFAULT_SPLITS,
-    _Build,
-    _prepare_out_dir,
-    _rows,
-    _write_manifest,
-    _write_splits,
+    BundleBuild,
+    bundle_rows,
     pack_bundle,
+    prepare_out_dir,
     split_of,
+    write_manifest,
+    write_splits,
 )
 from potato_queue.config import ProjectConfig
 
@@ -53,17 +53,17 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
     unreadable user_state.json, an unknown scheme, nothing labelled, or an
     out_dir that holds something other than a bundle.
     """
-    names, training = _schema_names(config, schemas), config.model_training
+    names, training = schema_names(config, schemas), config.model_training
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
-    items, found = _read_items(config), _read_annotations(config)
-    references = _resolve(found, sorted(items), training.aggregation)
+    items, found = read_items(config), read_annotations(config)
+    references = resolve_references(found, sorted(items), training.aggregation)
     kinds = {name: schema_kind(by_name[name]) for name in names}
-    targets, labels = _all_targets(references, kinds)
+    targets, labels = all_targets(references, kinds)
     if not targets:  # Potato refuses when nobody answered; nothing to train on is refused too
-        raise _no_labels(config, len(items), found, names)
+        raise no_labels_error(config, len(items), found, names)
     out_dir = Path(out_dir)
-    _prepare_out_dir(out_dir)
-    build = _Build(
+    prepare_out_dir(out_dir)
+    build = BundleBuild(
         out_dir=out_dir, text_key=config.item_properties.text_key,
         # Potato's path (normalised, symlinks kept): a linked file's folder is named by its hash.
         task_dir=os.path.normpath(os.path.join(config.config_path.parent, os.path.expanduser(config.task_dir))),
@@ -75,6 +75,6 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
         build.stats["warnings"].append(
             f"{len(bad)} item(s) hold text that is not valid Unicode (a lone surrogate such as \\ud800), "
             f"replaced with U+FFFD: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; fix the data file")
-    rows, unlabeled = _rows(build, items, references, targets, training.writeback.include_unlabeled)
-    splits = _write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
-    return _write_manifest(build, training, names, by_name, kinds, labels, splits, rows)
+    rows, unlabeled = bundle_rows(build, items, references, targets, training.writeback.include_unlabeled)
+    splits = write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
+    return write_manifest(build, training, names, by_name, kinds, labels, splits, rows)

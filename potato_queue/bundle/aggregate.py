@@ -14,12 +14,12 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Any
 
-from potato_queue.bundle.read import Answers, _Annotations
+from potato_queue.bundle.read import Annotations, Answers
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # What the other stages of the bundle use; the rest is this stage's own.
-__all__ = ["_all_targets", "_no_labels", "_resolve"]
+__all__ = ["all_targets", "no_labels_error", "resolve_references"]
 
 _UNSET = (None, "", False, 0, "false")  # Potato's "not selected"; the string "0" is a selection
 
@@ -30,7 +30,7 @@ def _canonical(value_map: Any) -> tuple[str, Any]:
     return json.dumps(value_map, sort_keys=True, ensure_ascii=False), value_map
 
 
-def _majority(found: _Annotations, ids: Sequence[str]) -> dict[str, Answers]:
+def _majority(found: Annotations, ids: Sequence[str]) -> dict[str, Answers]:
     """Per item and scheme, the most frequent exact answer; a tie goes to the first annotator's."""
     references: dict[str, Answers] = {}
     for iid in ids:
@@ -94,7 +94,7 @@ def _dawid_skene(observations: list[tuple[str, str, str]], max_iter: int = 100, 
     return {item: classes[max(range(k), key=lambda j: p[j])] for item, p in posteriors.items()}
 
 
-def _consensus(found: _Annotations, ids: Sequence[str]) -> dict[str, Answers]:
+def _consensus(found: Annotations, ids: Sequence[str]) -> dict[str, Answers]:
     """Dawid-Skene per scheme, each distinct exact answer a class."""
     observations: dict[str, list[tuple[str, str, str]]] = {}
     answer_of: dict[str, dict[str, Any]] = {}
@@ -112,7 +112,7 @@ def _consensus(found: _Annotations, ids: Sequence[str]) -> dict[str, Answers]:
     return references
 
 
-def _resolve(found: _Annotations, ids: Sequence[str], aggregation: str) -> dict[str, Answers]:
+def resolve_references(found: Annotations, ids: Sequence[str], aggregation: str) -> dict[str, Answers]:
     """One agreed answer per item: consensus needs two annotators, else (or on failure) majority."""
     if aggregation == "consensus" and len(found.users) > 1:
         try:
@@ -151,7 +151,7 @@ def _target(kind: str, value_map: Any) -> Any:
     return _label_of(value_map)
 
 
-def _all_targets(references: dict[str, Answers], kinds: dict[str, str]
+def all_targets(references: dict[str, Answers], kinds: dict[str, str]
                  ) -> tuple[dict[str, Answers], dict[str, list[str]]]:
     """{item: targets} of the items with a usable answer, and the sorted labels seen per scheme."""
     targets: dict[str, Answers] = {}
@@ -167,7 +167,7 @@ def _all_targets(references: dict[str, Answers], kinds: dict[str, str]
     return targets, {name: sorted(labels) for name, labels in seen.items()}
 
 
-def _no_labels(config: ProjectConfig, n_items: int, found: _Annotations, names: Sequence[str]) -> PotatoQueueError:
+def no_labels_error(config: ProjectConfig, n_items: int, found: Annotations, names: Sequence[str]) -> PotatoQueueError:
     return PotatoQueueError(
         f"no labelled items to train on: {n_items} items and {found.n_records} annotation records under "
         f"{config.output_path}, none with a usable answer for {', '.join(names)}",

@@ -22,7 +22,7 @@ from potato_queue.errors import PotatoQueueError
 
 # The public names, then what the other stages of the bundle use.
 __all__ = ["TARGET_KINDS", "Answers", "Row", "count_annotations", "schema_kind", "target_schemas", "unencodable_items",
-           "_Annotations", "_read_annotations", "_read_items", "_schema_names"]
+           "Annotations", "read_annotations", "read_items", "schema_names"]
 
 # Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
 _KIND_OF_TYPE = {atype: kind for kind, types in {
@@ -64,7 +64,7 @@ def target_schemas(config: ProjectConfig) -> list[str]:
     return [str(s["name"]) for s in config.annotation_schemes if s.get("name") and schema_kind(s) in TARGET_KINDS]
 
 
-def _schema_names(config: ProjectConfig, schemas: Sequence[str] | None) -> list[str]:
+def schema_names(config: ProjectConfig, schemas: Sequence[str] | None) -> list[str]:
     names = list(schemas) if schemas is not None else target_schemas(config)
     unknown = [n for n in names if n not in config.schema_names()]
     if unknown or not names:
@@ -95,7 +95,7 @@ def _items_of_text(content: str, id_key: str) -> Iterator[tuple[str, Row]]:
             yield str(item.get(id_key, f"item_{number}")), item
 
 
-def _read_items(config: ProjectConfig) -> dict[str, Row]:
+def read_items(config: ProjectConfig) -> dict[str, Row]:
     items: dict[str, Row] = {}
     for path in config.data_paths():
         if not path.is_file():
@@ -118,7 +118,7 @@ def unencodable_items(items: dict[str, Row]) -> list[str]:
 
 
 @dataclass
-class _Annotations:
+class Annotations:
     """{(user, instance): answers}, and the annotators in first-seen order."""
 
     index: dict[tuple[str, str], Answers] = field(default_factory=dict)
@@ -192,11 +192,11 @@ def _read_state(path: Path) -> Mapping[str, Any]:
 def count_annotations(config: ProjectConfig, schemas: Sequence[str]) -> int:
     """How many (annotator, item) answers name one of `schemas`: auto-retrain's measure of new work."""
     wanted = set(schemas)
-    return sum(1 for answers in _read_annotations(config).index.values() if wanted & set(answers))
+    return sum(1 for answers in read_annotations(config).index.values() if wanted & set(answers))
 
 
-def _read_annotations(config: ProjectConfig) -> _Annotations:
-    found = _Annotations()
+def read_annotations(config: ProjectConfig) -> Annotations:
+    found = Annotations()
     out = config.output_path
     image_schemas = {str(s.get("name")) for s in config.annotation_schemes
                      if s.get("annotation_type") == "image_annotation"}

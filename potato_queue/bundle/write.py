@@ -26,7 +26,7 @@ from potato_queue.errors import PotatoQueueError
 
 # The public names, then what build_bundle uses.
 __all__ = ["BUNDLE_VERSION", "DEFAULT_SPLITS", "pack_bundle", "split_of",
-           "_Build", "_prepare_out_dir", "_rows", "_write_manifest", "_write_splits"]
+           "BundleBuild", "prepare_out_dir", "bundle_rows", "write_manifest", "write_splits"]
 
 BUNDLE_VERSION = 1
 DEFAULT_SPLITS = {"train": 0.7, "val": 0.15, "test": 0.15}
@@ -53,7 +53,7 @@ def split_of(instance_id: str, splits: Mapping[str, float], seed: int) -> str:
 
 
 @dataclass
-class _Build:
+class BundleBuild:
     """What one build needs while it walks the items, and the counts it reports."""
 
     out_dir: Path
@@ -66,7 +66,7 @@ class _Build:
         "splits": {}, "warnings": []})
 
 
-def _link_media(build: _Build, reference: str) -> str | None:
+def _link_media(build: BundleBuild, reference: str) -> str | None:
     """Symlink a media file into media/ (copy where links fail): its bundle path; None when missing."""
     if reference.startswith(("http://", "https://")):
         return reference  # the trainer fetches remote media itself
@@ -89,7 +89,7 @@ def _link_media(build: _Build, reference: str) -> str | None:
     return path
 
 
-def _row(build: _Build, iid: str, item: Row, targets: Answers | None) -> Row:
+def _row(build: BundleBuild, iid: str, item: Row, targets: Answers | None) -> Row:
     """A bundle row, keys in Potato's order: instance_id, text, targets, then media or media_missing."""
     row: Row = {"instance_id": iid, "text": str(item.get(build.text_key, "") or "")}
     if targets is not None:
@@ -101,7 +101,7 @@ def _row(build: _Build, iid: str, item: Row, targets: Answers | None) -> Row:
     return row
 
 
-def _rows(build: _Build, items: dict[str, Row], references: dict[str, Answers], targets: dict[str, Answers],
+def bundle_rows(build: BundleBuild, items: dict[str, Row], references: dict[str, Answers], targets: dict[str, Answers],
           include_unlabeled: bool) -> tuple[list[Row], list[Row]]:
     """Labelled and unlabeled rows in sorted id order (media is linked in that order too)."""
     rows, unlabeled = [], []
@@ -115,7 +115,7 @@ def _rows(build: _Build, items: dict[str, Row], references: dict[str, Answers], 
     return rows, unlabeled
 
 
-def _write_splits(build: _Build, splits: Mapping[str, float], seed: int, rows: list[Row],
+def write_splits(build: BundleBuild, splits: Mapping[str, float], seed: int, rows: list[Row],
                   unlabeled: list[Row]) -> dict[str, Row]:
     """Every split file (even empty) and unlabeled.jsonl when it has rows: their manifest entries."""
     by_split: dict[str, list[Row]] = {name: [] for name in splits}
@@ -163,7 +163,7 @@ def _modality(schemes: Sequence[Mapping[str, Any]], rows: Sequence[Row]) -> str:
     return "image" if rows and sum(map(names_image, rows)) >= 0.8 * len(rows) else "text"
 
 
-def _prepare_out_dir(out_dir: Path) -> None:
+def prepare_out_dir(out_dir: Path) -> None:
     """An empty folder to write into: a previous bundle is replaced, anything else refused."""
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not (out_dir / "manifest.json").is_file():
@@ -173,7 +173,7 @@ def _prepare_out_dir(out_dir: Path) -> None:
     (out_dir / "media").mkdir(parents=True)
 
 
-def _write_manifest(build: _Build, training: ModelTrainingConfig, names: Sequence[str],
+def write_manifest(build: BundleBuild, training: ModelTrainingConfig, names: Sequence[str],
                     by_name: Mapping[str, Mapping[str, Any]], kinds: Mapping[str, str],
                     labels: Mapping[str, list[str]], splits: dict[str, Row], rows: Sequence[Row]) -> dict[str, Any]:
     """manifest.json and labels.json, once the split files the digest hashes are written: the manifest."""

@@ -18,9 +18,11 @@ import redis
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
+from potato_queue.records import utc_of
+from potato_queue.run import RunState
 from potato_queue.runs.lifecycle import RunLife
 from potato_queue.runs.recovery import fail_orphans
-from potato_queue.store import RunStore, utc_of
+from potato_queue.store import RunStore
 
 __all__ = ["Dispatcher"]
 
@@ -39,7 +41,7 @@ class Dispatcher:
         self.executors.get(LOCAL).warm()
 
     def _anything_queued(self) -> bool:
-        return any(state == "queued" for _, state in self.store.unfinished())
+        return any(state == RunState.QUEUED for _, state in self.store.unfinished())
 
     def _take_oldest_queued(self) -> tuple[dict[str, Any], float] | None | bool:
         """The record of the run now `starting` and when it started (epoch s); None if nothing is
@@ -48,7 +50,7 @@ class Dispatcher:
         if fail_orphans(self.store, unfinished):
             return False
         for run_id, state in unfinished:
-            if state == "queued":
+            if state == RunState.QUEUED:
                 started_s = time.time()
                 record = self._hold(run_id, started_s)
                 if record is not None:
@@ -64,8 +66,8 @@ class Dispatcher:
         except PotatoQueueError:
             pull = False  # RunLife fails it with the registry's message
         if pull:
-            return self.store.transition(run_id, "queued", record)
-        return self.store.transition(run_id, "starting", record, started_at=utc_of(started_s))
+            return self.store.transition(run_id, RunState.QUEUED, record)
+        return self.store.transition(run_id, RunState.STARTING, record, started_at=utc_of(started_s))
 
     def execute_next(self, *, poll_s: float = 0.05) -> str | None:
         """Wait for the slot, then run the oldest queued run. Returns the run id it ran, if any."""

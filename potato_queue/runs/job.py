@@ -8,6 +8,7 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.keys import RunPaths
+from potato_queue.run import RunState
 from potato_queue.store import RunStore
 
 __all__ = ["build_job", "server_url_for", "latest_succeeded"]
@@ -32,7 +33,7 @@ def server_url_for(store: RunStore) -> str:
 
 def latest_succeeded(store: RunStore, *, exclude: str | None = None) -> str | None:
     for run_id in reversed(store.run_ids()):
-        if run_id != exclude and store.read(run_id)["state"] == "succeeded":
+        if run_id != exclude and store.read(run_id)["state"] == RunState.SUCCEEDED:
             return run_id
     return None
 

@@ -18,13 +18,15 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
 from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, ModelFilesMissing, RunHandle
+from potato_queue.records import FOLDER_FIX, RunFolderError, utc_now
+from potato_queue.run import RunState
 from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.gate import bundle_split_ids, bundle_summary
 from potato_queue.runs.job import build_job, server_url_for
 from potato_queue.runs.lease import Lease
 from potato_queue.runs.retention import prune_old_runs
 from potato_queue.runs.supervise import Outcome, Watch, supervise
-from potato_queue.store import FOLDER_FIX, RunFolderError, RunStore, utc_now
+from potato_queue.store import RunStore
 from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM
 
 __all__ = ["RunLife", "failure_of"]
@@ -44,7 +46,7 @@ def _tail(path: Path, lines: int = TAIL_LINES) -> str:
     return " | ".join(text.strip().splitlines()[-lines:])
 
 
-def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -> tuple[str, str | None]:
+def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -> tuple[RunState, str | None]:
     """The final state and error of a run that did not succeed."""
     if outcome.state is not None:
         return outcome.state, outcome.error
@@ -52,10 +54,10 @@ def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -
     message = live.get("error") or live.get("agent_message")
     if code == EXIT_CANCELLED or cancel_requested:
         # Asked to stop and stopped: a worker killed after ignoring SIGTERM is still a cancelled run.
-        return "cancelled", None if code == EXIT_CANCELLED else message
+        return RunState.CANCELLED, None if code == EXIT_CANCELLED else message
     if code == EXIT_OOM:
-        return "failed", message or "The worker ran out of memory (exit 5); use a smaller model or batch, or raise max_ram_mb"
-    return "failed", message or f"The worker exited with code {code}; see run.log"
+        return RunState.FAILED, message or "The worker ran out of memory (exit 5); use a smaller model or batch, or raise max_ram_mb"
+    return RunState.FAILED, message or f"The worker exited with code {code}; see run.log"
 
 
 _log = logging.getLogger("potato_queue.runs")
@@ -163,8 +165,8 @@ class RunLife:
 
     def _first_contact(self) -> None:
         # A pull backend's run was queued until its agent claimed it: it starts now.
-        started = {"started_at": utc_now()} if self.record["state"] == "queued" else {}
-        self.store.transition(self.run_id, "running", self.record, **started)
+        started = {"started_at": utc_now()} if self.record["state"] == RunState.QUEUED else {}
+        self.store.transition(self.run_id, RunState.RUNNING, self.record, **started)
 
     def _finish(self, outcome: Outcome) -> None:
         live = self.store.live(self.run_id)
@@ -172,7 +174,7 @@ class RunLife:
         if outcome.state is None and result is not None and result.exit_code == EXIT_OK:
             if not self.paths.predictions.exists() and result.message:
                 # The worker succeeded but its predictions did not arrive (e.g. over max_predictions_mb).
-                outcome = Outcome(result=result, state="failed", error=result.message)
+                outcome = Outcome(result=result, state=RunState.FAILED, error=result.message)
             else:
                 return self._succeed(result, live)
         try:
@@ -193,7 +195,7 @@ class RunLife:
         return self.handle.collect(result)  # the agent reported: bring back (and clean up) what it left
 
     def _succeed(self, result: AgentResult, live: dict[str, Any]) -> None:
-        self.store.transition(self.run_id, "collecting", self.record)
+        self.store.transition(self.run_id, RunState.COLLECTING, self.record)
         self.step("collecting the results")
         error = None
         try:
@@ -201,16 +203,16 @@ class RunLife:
         except ModelFilesMissing as exc:  # the predictions arrived: they still count
             artifact_uri, error = None, exc.message
         held_out, prelabels = finalize_predictions(self.config, self.store, self.record)
-        state = "failed" if error else "succeeded"
+        state = RunState.FAILED if error else RunState.SUCCEEDED
         model_version = (live.get("result") or {}).get("model_version")
         self.store.transition(self.run_id, state, self.record, exit_code=EXIT_OK, held_out=held_out,
                               metrics=live.get("metrics") or {}, error=error, artifact_uri=artifact_uri,
                               model_version=model_version, prelabels=prelabels)
-        self.log(f"failed: {error}" if error else "succeeded")
+        self.log(f"{RunState.FAILED}: {error}" if error else RunState.SUCCEEDED)
 
     def _fail(self, error: str) -> None:
         try:
-            if self.store.transition(self.run_id, "failed", self.record, error=error):
+            if self.store.transition(self.run_id, RunState.FAILED, self.record, error=error):
                 self.log(f"failed: {error}")
         except RunFolderError:
             pass  # failed in Redis, the record held there until the folder takes writes again

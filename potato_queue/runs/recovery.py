@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from potato_queue.store import IN_FLIGHT, RunStore
+from potato_queue.run import IN_FLIGHT, RunState
+from potato_queue.store import RunStore
 
 __all__ = ["ORPHAN_QUIET_S", "EXECUTOR_STOPPED", "fail_orphans", "sweep_orphans", "reconcile"]
 
@@ -38,7 +39,7 @@ def fail_orphans(store: RunStore, unfinished: list[tuple[str, str]]) -> bool:
             continue
         if not _orphaned(store, run_id):
             live = True
-        elif store.transition(run_id, "failed", error=EXECUTOR_STOPPED):
+        elif store.transition(run_id, RunState.FAILED, error=EXECUTOR_STOPPED):
             store.log(run_id, EXECUTOR_STOPPED)
     return live
 

@@ -14,7 +14,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from potato_queue.store import FINAL_STATES, RunStore, utc_now
+from potato_queue.records import utc_now
+from potato_queue.run import FINAL_STATES, RunState
+from potato_queue.store import RunStore
 
 __all__ = ["prune_old_runs"]
 
@@ -29,7 +31,7 @@ def _bulky(store: RunStore, run_id: str) -> list[Path]:
 def _latest_success(store: RunStore) -> str | None:
     for run_id in store.newest_runs(LOOK_BACK_RUNS):  # usually the run that just ended: one read
         try:
-            if store.read(run_id).get("state") == "succeeded":
+            if store.read(run_id).get("state") == RunState.SUCCEEDED:
                 return run_id
         except KeyError:
             continue

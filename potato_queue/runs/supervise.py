@@ -22,7 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from potato_queue.executors.base import AgentResult, Gone, RunHandle, Waiting
-from potato_queue.store import FINAL_STATES, RunStore, RunView
+from potato_queue.run import FINAL_STATES, RunState, RunView
+from potato_queue.store import RunStore
 
 __all__ = ["Outcome", "Watch", "supervise", "stop_run", "TICK_S", "CANCEL_MARGIN_S"]
 
@@ -39,7 +40,7 @@ class Outcome:
     """How supervision ended: the agent's result, and/or the state decided here and why."""
 
     result: AgentResult | None = None
-    state: str | None = None  # "failed" / "cancelled" when decided here
+    state: RunState | None = None  # failed or cancelled, when decided here
     error: str | None = None
 
 
@@ -72,7 +73,7 @@ def _result(view: RunView) -> AgentResult | None:
     return AgentResult(view.exit_code, view.artifact_uri, view.message)
 
 
-def stop_run(watch: Watch, grace_s: float, state: str, error: str) -> Outcome:
+def stop_run(watch: Watch, grace_s: float, state: RunState, error: str) -> Outcome:
     """Ask the agent to stop, wait up to grace_s (+ margin) for its report, then kill()."""
     watch.log(error)
     result = None
@@ -98,7 +99,7 @@ def _gone(watch: Watch, gone: Gone) -> Outcome:
         tail = watch.last_output()
         error = f"The agent stopped without reporting a result ({gone.why})" + (f"; its last output: {tail}" if tail else "")
     watch.log(error)
-    return Outcome(state="failed", error=error)
+    return Outcome(state=RunState.FAILED, error=error)
 
 
 def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str | None:
@@ -123,7 +124,7 @@ def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str |
 def _tick(watch: Watch) -> Outcome | None:
     """One look at the run: an Outcome when supervision is over, else None."""
     if not watch.renew_lease():
-        return stop_run(watch, watch.grace_s, "failed",
+        return stop_run(watch, watch.grace_s, RunState.FAILED,
                         "This executor lost the run slot (Redis unreachable or emptied); the run was stopped")
     view = watch.store.view(watch.run_id)
     result = _result(view)
@@ -133,7 +134,7 @@ def _tick(watch: Watch) -> Outcome | None:
         watch.handle.kill()
         return Outcome(state=view.state, error=None)
     if view.disk_error:
-        return stop_run(watch, watch.grace_s, "failed", f"{view.disk_error}; the run was stopped")
+        return stop_run(watch, watch.grace_s, RunState.FAILED, f"{view.disk_error}; the run was stopped")
     now_s = time.time()
     if not watch.contacted and view.heartbeat_at is not None:
         watch.contacted = True
@@ -142,7 +143,7 @@ def _tick(watch: Watch) -> Outcome | None:
         watch.cancel_seen_s = now_s
         watch.step("cancelling: asking the worker to stop")
     if watch.cancel_seen_s is not None and now_s - watch.cancel_seen_s > watch.grace_s + CANCEL_MARGIN_S:
-        return stop_run(watch, 0, "cancelled",
+        return stop_run(watch, 0, RunState.CANCELLED,
                         f"cancelled; the agent did not report within {watch.grace_s:g} s, so it was stopped")
     status = watch.handle.poll()
     if isinstance(status, Gone):
@@ -159,11 +160,11 @@ def _tick(watch: Watch) -> Outcome | None:
             watch.launched_s = now_s
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
-        return stop_run(watch, 0, "failed", overdue)
+        return stop_run(watch, 0, RunState.FAILED, overdue)
     if isinstance(status, Waiting):
         return None  # the wall clock starts when an agent has the run, not while it waits for one
     if watch.max_wall_s and now_s - watch.started_s > watch.max_wall_s and watch.cancel_seen_s is None:
-        return stop_run(watch, watch.grace_s, "failed",
+        return stop_run(watch, watch.grace_s, RunState.FAILED,
                         f"The run did not finish within max_wall_seconds ({watch.max_wall_s:g} s) and was stopped")
     return None
 

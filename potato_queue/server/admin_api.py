@@ -17,10 +17,13 @@ from pydantic import BaseModel, Field
 
 from potato_queue.config import LOCAL
 from potato_queue.keys import RUN_ID_RE
+from potato_queue.records import RunFolderError
+from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.runs.finalize import published_predictions, read_jsonl
 from potato_queue.runs.submit import RunRefused, start_run, trainer_table
+from potato_queue.server.deps import store_of
 from potato_queue.server.guard import request_admin_problem
-from potato_queue.store import FINAL_STATES, RunFolderError, RunStore
+from potato_queue.store import RunStore
 
 __all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
 
@@ -48,7 +51,7 @@ class ErrorReply(BaseModel):
     detail: str
 
 
-def _require_key(request: Request, x_api_key: str | None = Header(default=None)) -> None:
+def require_admin_key(request: Request, x_api_key: str | None = Header(default=None)) -> None:
     # The Guard middleware has refused a wrong key before the body was read; this documents the
     # header in the OpenAPI document, and holds should the router be mounted without the Guard.
     # The Training page's session cookie stands for the key (server/session.py).
@@ -57,23 +60,20 @@ def _require_key(request: Request, x_api_key: str | None = Header(default=None))
         raise HTTPException(*problem)
 
 
-def _store(request: Request) -> RunStore:
-    return request.app.state.store
 
-
-def _public(record: dict[str, Any]) -> dict[str, Any]:
+def public_record(record: dict[str, Any]) -> dict[str, Any]:
     record = dict(record)
     record["ran_on"] = record.pop("backend", None)
     record.pop("job", None)
     return record
 
 
-def _get_run(store: RunStore, run_id: str) -> dict[str, Any]:
+def get_public_run(store: RunStore, run_id: str) -> dict[str, Any]:
     try:
         record = store.get(run_id)
     except (KeyError, ValueError):
         raise HTTPException(404, f"No run {run_id!r} in this project") from None
-    return _public(record)
+    return public_record(record)
 
 
 def post_run(body: RunRequest, request: Request) -> RunAccepted:
@@ -81,44 +81,44 @@ def post_run(body: RunRequest, request: Request) -> RunAccepted:
     try:
         # A run started with the page's session cookie, not the API key, was started from the page.
         trigger = "api" if request.headers.get("x-api-key") is not None else "page"
-        record = start_run(request.app.state.config, _store(request), request.app.state.enqueue,
+        record = start_run(request.app.state.config, store_of(request), request.app.state.enqueue,
                            trainer=body.trainer, schemas=body.schemas, backend=body.backend, params=body.params,
                            trigger="potato" if body.potato_run_id else trigger, potato_run_id=body.potato_run_id)
     except RunRefused as exc:
         raise HTTPException(exc.status, f"{exc.message}; fix: {exc.fix}" if exc.fix else exc.message) from None
     except RunFolderError as exc:
         raise HTTPException(507, f"{exc.message}; fix: {exc.fix}") from None
-    return RunAccepted(run_id=record["run_id"], state="queued")
+    return RunAccepted(run_id=record["run_id"], state=RunState.QUEUED)
 
 
 def list_runs(request: Request,
               limit: Annotated[int, Query(ge=1, le=MAX_RUNS_LISTED)] = 100) -> list[dict[str, Any]]:
     """The newest runs first; a run whose record cannot be read is listed with state `broken`."""
-    return [_public(r) for r in _store(request).list_runs(limit)]
+    return [public_record(r) for r in store_of(request).list_runs(limit)]
 
 
 def get_run(run_id: str, request: Request) -> dict[str, Any]:
-    return _get_run(_store(request), run_id)
+    return get_public_run(store_of(request), run_id)
 
 
 def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
     """Cancel a queued or running run; 409 when it had already finished."""
-    before = _get_run(_store(request), run_id)["state"]
+    before = get_public_run(store_of(request), run_id)["state"]
     if before in FINAL_STATES:
         raise HTTPException(409, f"run {run_id} had already finished ({before}); there is nothing to cancel")
-    return {"run_id": run_id, "state": _store(request).request_cancel(run_id)}
+    return {"run_id": run_id, "state": store_of(request).request_cancel(run_id)}
 
 
 def run_events(run_id: str, request: Request, after: Annotated[int, Query(ge=0)] = 0) -> list[dict[str, Any]]:
     """The run's events from the `after`-th on."""
-    _get_run(_store(request), run_id)
-    return list(read_jsonl(_store(request).paths(run_id).events))[after:]
+    get_public_run(store_of(request), run_id)
+    return list(read_jsonl(store_of(request).paths(run_id).events))[after:]
 
 
 def run_log(run_id: str, request: Request, offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> str:
     """run.log from byte `offset` on (to follow it)."""
-    _get_run(_store(request), run_id)
-    path = _store(request).paths(run_id).run_log
+    get_public_run(store_of(request), run_id)
+    path = store_of(request).paths(run_id).run_log
     if not path.exists() or offset >= path.stat().st_size:
         return ""
     with open(path, "rb") as fh:
@@ -168,14 +168,14 @@ def auto_retrain(request: Request) -> dict[str, Any]:
     """What auto-retrain is doing: the last beat check's reason (`waiting for 7 more annotations`)."""
     from potato_queue.runs.retrain import last_check
 
-    return last_check(request.app.state.config, _store(request))
+    return last_check(request.app.state.config, store_of(request))
 
 
 _UNKNOWN_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "no such run"}}
 
 
 def admin_router() -> APIRouter:
-    router = APIRouter(dependencies=[Depends(_require_key)], tags=["admin"],
+    router = APIRouter(dependencies=[Depends(require_admin_key)], tags=["admin"],
                        responses={401: {"model": ErrorReply, "description": "no admin key, or a wrong one"},
                                   413: {"model": ErrorReply, "description": "a body over 1 MiB"}})
     add = router.add_api_route

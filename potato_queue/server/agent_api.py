@@ -28,6 +28,7 @@ from starlette.responses import FileResponse
 from potato_queue.bounds import clean, clean_flat, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.runs.ingest import ingest_events
+from potato_queue.server.deps import config_of, store_of
 from potato_queue.server.guard import token_problem
 from potato_queue.store import RunStore
 
@@ -115,14 +116,6 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
 
 
 # -- auth --------------------------------------------------------------------
-def _store(request: Request) -> RunStore:
-    return request.app.state.store
-
-
-def _config(request: Request) -> ProjectConfig:
-    return request.app.state.config
-
-
 # Declared as a security scheme so the OpenAPI document says how to authenticate.
 _BEARER = HTTPBearer(auto_error=False, scheme_name="run token",
                      description="the run's token, given to the agent on stdin")
@@ -137,7 +130,7 @@ def authorized_run(
     if request.scope.get("state", {}).get("authorized_run") == run_id:
         return run_id  # the Guard middleware checked it before the body was read
     token = credentials.credentials.strip() if credentials else None
-    problem = token_problem(_store(request), run_id, token or None)
+    problem = token_problem(store_of(request), run_id, token or None)
     if problem is not None:
         raise HTTPException(*problem, headers={"WWW-Authenticate": "Bearer"} if problem[0] == 401 else None)
     return run_id
@@ -160,7 +153,7 @@ def _max_predictions_bytes(config: ProjectConfig) -> int:
 # -- routes --------------------------------------------------------------------
 def get_job(request: Request, run_id: AuthorizedRun) -> Job:
     """The job of a started run: trainer, params, limits, the bundle's size and sha256."""
-    store, config = _store(request), _config(request)
+    store, config = store_of(request), config_of(request)
     try:
         record = store.read(run_id)
     except KeyError:
@@ -183,7 +176,7 @@ class _BundleFile(FileResponse):
 
 def get_bundle(request: Request, run_id: AuthorizedRun) -> FileResponse:
     """bundle.tar.gz; `Range: bytes=N-` answers 206 from byte N (to resume)."""
-    store = _store(request)
+    store = store_of(request)
     path = store.paths(run_id).bundle
     if not path.is_file():
         raise HTTPException(404, f"run {run_id} has no bundle on the server")
@@ -193,7 +186,7 @@ def get_bundle(request: Request, run_id: AuthorizedRun) -> FileResponse:
 
 def post_events(request: Request, run_id: AuthorizedRun, batch: EventBatch) -> CancelReply:
     """Record a batch of events (an empty batch is a heartbeat); the reply says whether to stop."""
-    store = _store(request)
+    store = store_of(request)
     events = [clean_flat(event) or _checked_event(index, event) for index, event in enumerate(batch.events)]
     try:
         ingest_events(store, run_id, events)
@@ -223,7 +216,7 @@ async def get_control(
     wait_s: Annotated[float, Query(ge=0, description=f"how long to wait for a cancel; at most {MAX_WAIT_S:g}")] = 25.0,
 ) -> CancelReply:
     """Long-poll: answers at once when a cancel is requested, else after wait_s."""
-    store = _store(request)
+    store = store_of(request)
     await run_in_threadpool(store.touch_heartbeat, run_id)
     return CancelReply(cancel=await store.wait_stop_due(run_id, min(wait_s, MAX_WAIT_S), request.is_disconnected))
 
@@ -261,7 +254,7 @@ async def _receive(request: Request, partial: Path, config: ProjectConfig) -> tu
 
 async def put_predictions(request: Request, run_id: AuthorizedRun) -> PredictionsReply:
     """predictions.jsonl, streamed; 413 over max_predictions_mb, 409 when already stored."""
-    store, config = _store(request), _config(request)
+    store, config = store_of(request), config_of(request)
     await run_in_threadpool(store.touch_heartbeat, run_id)
     paths = store.paths(run_id)
     if paths.predictions.exists():
@@ -282,7 +275,7 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
 
 def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> ResultReply:
     """The agent's last word: the worker's exit code and where the model files are."""
-    store = _store(request)
+    store = store_of(request)
     state = store.record_result(run_id, result.exit_code, clean(result.artifact_uri), clean(result.message))
     if state is None:
         raise HTTPException(409, f"run {run_id} already has its result; a run has one")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from fastapi import FastAPI
 
@@ -20,22 +21,20 @@ from potato_queue.store import RunStore
 __all__ = ["create_app", "ADMIN_PREFIX", "AGENT_PREFIX", "record_server_url"]
 
 
-
-def create_app(config: ProjectConfig, redis_url: str) -> FastAPI:
-    from potato_queue.celery_app import enqueue, make_celery
-
+def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str], None]) -> FastAPI:
+    """The app; `enqueue(run_id)` wakes an executor for a run this server queued (serve.py hands in the
+    Celery one)."""
     app = FastAPI(
         title="potato-queue",
         description="Remote training for Potato annotation projects: the admin API and the agent protocol.",
         version="1",
     )
     client = client_for(redis_url)
-    celery = make_celery(config, redis_url)
     app.state.config = config
     app.state.store = RunStore(config, client)
     app.state.claim_wakeups = ClaimWakeups(app.state.store)  # subscribes at the first claim
     guard(app, app.state.store, config)
-    app.state.enqueue = lambda run_id: enqueue(celery, config, run_id)
+    app.state.enqueue = enqueue
     app.state.redis_url = redis_url
     app.state.stopping = threading.Event()  # set when the server is asked to stop (serve.py)
     app.state.local_device = device_probe(config, redis_url)

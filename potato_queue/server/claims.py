@@ -23,6 +23,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from potato_queue.code_package import agent_zipapp
 from potato_queue.config import ProjectConfig
 from potato_queue.redis_plumbing import async_twin
+from potato_queue.run import RunState
+from potato_queue.server.deps import store_of
 from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
 from potato_queue.tokens import DENIED, WAKE_EVERYONE
@@ -120,10 +122,6 @@ class ClaimWakeups:
                     return
 
 
-def _store(request: Request) -> RunStore:
-    return request.app.state.store
-
-
 def _wakeups(request: Request) -> ClaimWakeups:
     return request.app.state.claim_wakeups
 
@@ -138,7 +136,7 @@ def _claim_once(store: RunStore, backend: str, token: str, agent: dict[str, Any]
             return None
         # The token first, then the state: a run that ends from now on revokes the token with its end.
         run_token = store.tokens.issue(run_id, CLAIMED_TOKEN_TTL_S)
-        if store.view(run_id).state == "queued":
+        if store.view(run_id).state == RunState.QUEUED:
             break
         store.tokens.revoke(run_id)  # an offer its executor could not withdraw (it died; the run ended)
     store.touch_heartbeat(run_id)  # the first contact: the executor sees the run in its agent's hands
@@ -154,7 +152,7 @@ async def claim(
     = 25.0,
 ) -> Claim:
     """Long-poll for a run of this agent backend (backend token): answers as soon as one is offered."""
-    store, config = _store(request), request.app.state.config
+    store, config = store_of(request), request.app.state.config
     if backend not in agent_backends(config):
         raise HTTPException(404, f"{backend!r} is not an agent backend of this project (agent backends: "
                                  f"{', '.join(agent_backends(config)) or 'none'})")

@@ -19,8 +19,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
 from potato_queue.records import epoch_of
+from potato_queue.run import FINAL_STATES, STATES, RunState
 from potato_queue.server.guard import admin_problem, bearer
-from potato_queue.store import FINAL_STATES, STATES
 
 __all__ = ["ops_router", "METRICS_TOKEN_ENV", "render_metrics"]
 
@@ -54,7 +54,7 @@ def render_metrics(runs: list[dict[str, Any]], queue_length: int, agents: dict[s
     by = Counter((r.get("state", "unknown"), r.get("backend") or "?") for r in runs)
     backends = sorted({b for _, b in by} | {"local"})
     _metric(lines, "potato_queue_runs", "gauge", "Runs in the project by state and backend.",
-            [({"state": s, "backend": b}, by.get((s, b), 0)) for s in (*STATES, "broken") for b in backends
+            [({"state": s, "backend": b}, by.get((s, b), 0)) for s in (*STATES, RunState.BROKEN) for b in backends
              if by.get((s, b), 0) or s in STATES])
     _metric(lines, "potato_queue_queue_length", "gauge", "Runs waiting in the queue for an executor.",
             [({}, queue_length)])

@@ -18,7 +18,8 @@ from fastapi import APIRouter, Depends, HTTPException, Request
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from potato_queue.server.admin_api import ErrorReply, _get_run, _public, _require_key, _store
+from potato_queue.server.admin_api import ErrorReply, get_public_run, public_record, require_admin_key
+from potato_queue.server.deps import store_of
 
 __all__ = ["page_api_router", "device_probe", "STREAM_TICK_S", "CHECK_TIMEOUT_S"]
 
@@ -77,7 +78,7 @@ def device_probe(config: Any, redis_url: str) -> Callable[[float], str | None]:
 
 
 def _snapshot(request: Request) -> str:
-    return json.dumps([_public(r) for r in _store(request).list_runs(LISTED)], default=str)
+    return json.dumps([public_record(r) for r in store_of(request).list_runs(LISTED)], default=str)
 
 
 async def _runs_events(request: Request) -> AsyncIterator[str]:
@@ -105,15 +106,15 @@ def runs_stream(request: Request) -> StreamingResponse:
 
 def predictions_file(run_id: str, request: Request) -> FileResponse:
     """The run's predictions.jsonl, as a download."""
-    _get_run(_store(request), run_id)
-    path = _store(request).paths(run_id).predictions
+    get_public_run(store_of(request), run_id)
+    path = store_of(request).paths(run_id).predictions
     if not path.exists():
         raise HTTPException(404, f"run {run_id} has no predictions")
     return FileResponse(path, media_type="application/x-ndjson", filename=f"{run_id}-predictions.jsonl")
 
 
 def page_api_router() -> APIRouter:
-    router = APIRouter(dependencies=[Depends(_require_key)], tags=["page"],
+    router = APIRouter(dependencies=[Depends(require_admin_key)], tags=["page"],
                        responses={401: {"model": ErrorReply, "description": "no admin key or session, or a wrong one"},
                                   403: {"model": ErrorReply, "description": "a cross-site request (the session cookie "
                                                                             "without the page's token)"}})

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 
 from celery import Celery
 
@@ -13,13 +13,12 @@ from potato_queue.redis_plumbing import client_for
 __all__ = ["register"]
 
 
-def register(app: Celery, config: ProjectConfig, redis_url: str) -> None:
-    """Bind execute(run_id) to this project's config (the worker process has one)."""
+def register(app: Celery, config: ProjectConfig, redis_url: str, *, say: Callable[[str], None]) -> None:
+    """Bind execute(run_id) to this project's config (the worker process has one); `say` prints a line per
+    wake-up (the process decides whether it shows: `worker --quiet` hands in one that drops it)."""
     from potato_queue.runs.dispatch import Dispatcher
-    from potato_queue.serve import QUIET_ENV
 
     dispatcher = Dispatcher(config, client_for(redis_url))
-    say = (lambda _: None) if os.environ.get(QUIET_ENV) else (lambda text: print(text, flush=True))
 
     @app.task(name=EXECUTE_TASK, acks_late=True)
     def execute(run_id: str) -> None:

@@ -1,0 +1,102 @@
+"""What a run is: its states, the moves between them, and the shape of its record.
+
+A run's state is stored as text (run.json, Redis, the API's JSON); `RunState`
+is that text, typed, so a state is always named through it and never spelled
+again. `ALLOWED_FROM` is the one table of moves; the store's compare-and-set
+applies it in Redis, so a cancel and an executor's start can never both win.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, TypedDict
+
+__all__ = ["RunState", "STATES", "FINAL_STATES", "IN_FLIGHT", "ALLOWED_FROM", "RunRecord", "RunView",
+           "is_final"]
+
+
+class RunState(str, Enum):
+    """A run's state, as stored and shown (the value is the text)."""
+
+    QUEUED = "queued"
+    STARTING = "starting"
+    RUNNING = "running"
+    COLLECTING = "collecting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    # Never stored and never moved into: how a list shows a run whose run.json cannot be read.
+    BROKEN = "broken"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+STATES: tuple[RunState, ...] = (RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.COLLECTING,
+                                RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+FINAL_STATES: frozenset[RunState] = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
+IN_FLIGHT: frozenset[RunState] = frozenset({RunState.STARTING, RunState.RUNNING, RunState.COLLECTING})
+
+_EARLY = (RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.COLLECTING)
+# state -> the states a run may be in to move there (the store's compare-and-set checks it in Redis).
+ALLOWED_FROM: dict[RunState, tuple[RunState, ...]] = {
+    RunState.STARTING: (RunState.QUEUED,),
+    # A pull backend's run stays queued until its agent claims it, then runs.
+    RunState.RUNNING: (RunState.STARTING, RunState.QUEUED),
+    RunState.COLLECTING: (RunState.STARTING, RunState.RUNNING),
+    RunState.SUCCEEDED: (RunState.COLLECTING,),
+    RunState.FAILED: _EARLY,
+    RunState.CANCELLED: _EARLY,
+    # A pull backend's dispatch keeps it queued (the claim starts it): a no-op move that still checks.
+    RunState.QUEUED: (RunState.QUEUED,),
+}
+
+
+def is_final(state: object) -> bool:
+    """True for succeeded, failed and cancelled, whether given as RunState or as stored text."""
+    return state in FINAL_STATES
+
+
+class RunRecord(TypedDict, total=False):
+    """run.json: what a run is and how it went (the store writes it, the API serves it)."""
+
+    run_id: str
+    state: str  # a RunState's text
+    backend: str
+    trainer: str
+    schemas: list[str]
+    params: dict[str, Any]
+    trigger: str  # api, cli, page, retrain, potato
+    created_at: str  # utc_of's text
+    started_at: str | None
+    finished_at: str | None
+    error: str | None
+    metrics: dict[str, Any]
+    held_out: dict[str, Any]
+    exit_code: int | None
+    artifact_uri: str | None
+    potato_run_id: str  # a run Potato's own manager started (Potato records it)
+    job: dict[str, Any]  # the job the executor built (runs/job.py)
+    bundle: dict[str, Any]  # the bundle's items per split
+    model_version: str | None
+    prelabels: dict[str, Any]  # what finalize published into Potato
+    # Laid over the record from Redis while the run is not final (RunStore.get):
+    step: str | None
+    progress: dict[str, Any] | None
+    heartbeat_at: float
+
+
+@dataclass(frozen=True)
+class RunView:
+    """What the supervising executor looks at every tick, read in one round trip."""
+
+    exit_code: int | None  # the agent's result, once posted
+    artifact_uri: str | None
+    message: str | None
+    heartbeat_at: float | None  # the agent's last contact (epoch s); None before its first
+    cancel_requested: bool
+    disk_error: str | None = None  # a write for the run failed: the run cannot go on
+    state: str | None = None
+    # The agent says the worker waits in a batch scheduler's queue (status `pending`): the run is waiting.
+    pending_step: str | None = None

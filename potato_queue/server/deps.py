@@ -1,0 +1,18 @@
+"""What a route takes from the app it runs in: the project's config and its run store (create_app sets both)."""
+
+from __future__ import annotations
+
+from fastapi import Request
+
+from potato_queue.config import ProjectConfig
+from potato_queue.store import RunStore
+
+__all__ = ["store_of", "config_of"]
+
+
+def store_of(request: Request) -> RunStore:
+    return request.app.state.store  # type: ignore[no-any-return]
+
+
+def config_of(request: Request) -> ProjectConfig:
+    return request.app.state.config  # type: ignore[no-any-return]
