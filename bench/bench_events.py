@@ -34,10 +34,10 @@ import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
 from potato_queue.config import build_config, redis_url  # noqa: E402
-from potato_queue.keys import Keys  # noqa: E402
 from potato_queue.server.agent_api import agent_router  # noqa: E402
 from potato_queue.server.guard import guard  # noqa: E402
 from potato_queue.store import RunStore  # noqa: E402
+from potato_queue.store.keys import Keys  # noqa: E402
 
 __all__ = ["main"]
 

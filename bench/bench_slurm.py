@@ -39,7 +39,7 @@ from bench_lifecycle import p95  # noqa: E402
 
 from potato_queue.agent.runner import extract_bundle  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
-from potato_queue.executors.remote_agent import SSH_CONFIG_ENV  # noqa: E402
+from potato_queue.executors.remote.session import SSH_CONFIG_ENV  # noqa: E402
 from tests.lifecycle_helpers import TERMINAL, Services, build_tiny_model, run_path, started  # noqa: E402
 from tests.slurm_cluster import CPUS, SlurmCluster  # noqa: E402
 from tests.sshd import ALIAS, Sshd  # noqa: E402

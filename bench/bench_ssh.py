@@ -32,9 +32,9 @@ from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.executors.base import LaunchSpec  # noqa: E402
-from potato_queue.executors.remote_agent import SSH_CONFIG_ENV, target_of  # noqa: E402
-from potato_queue.executors.remote_copy import ModelCopy  # noqa: E402
-from potato_queue.keys import RunPaths  # noqa: E402
+from potato_queue.executors.remote.copy import ModelCopy  # noqa: E402
+from potato_queue.executors.remote.session import SSH_CONFIG_ENV, target_of  # noqa: E402
+from potato_queue.store.keys import RunPaths  # noqa: E402
 from tests.lifecycle_helpers import Services, build_tiny_model, started  # noqa: E402
 from tests.sshd import ALIAS, Sshd  # noqa: E402
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from potato_queue.celery_app import make_celery
 from potato_queue.config import redis_url
+from potato_queue.processes.queue import make_celery
 from potato_queue.validate import load_checked
 
 __all__ = ["app"]

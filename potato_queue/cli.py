@@ -81,7 +81,7 @@ def cli() -> None:
 @click.option("--json", "as_json", is_flag=True, help="Print {errors, warnings, acknowledged} as JSON.")
 def validate(config: Path, strict: bool, as_json: bool) -> None:
     """Check a project config (exit 0 valid, 1 errors or strict warnings, 2 unreadable)."""
-    from potato_queue.potato_ledger import ledger_status
+    from potato_queue.store.potato_ledger import ledger_status
     from potato_queue.validate import check_file
 
     report = check_file(config)
@@ -127,7 +127,7 @@ def _print_report(config: Path, report: Any, strict: bool) -> None:
 def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | None, tls_cert: str | None,
           tls_key: str | None) -> None:
     """Run the server: Training page, admin JSON API, agent protocol."""
-    from potato_queue.serve import serve_forever
+    from potato_queue.processes.server import serve_forever
 
     if bool(tls_cert) != bool(tls_key):
         raise PotatoQueueError("--tls-cert and --tls-key go together", fix="give both, or neither for http")
@@ -142,7 +142,7 @@ def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | 
 @click.option("-q", "--quiet", is_flag=True, help="Only errors: not even a line per run.")
 def worker(config: Path, redis_url: str, verbose: bool, quiet: bool) -> None:
     """Run an executor: a Celery worker that runs one training run at a time."""
-    from potato_queue.serve import run_executor
+    from potato_queue.processes.executor import run_executor
 
     # Read here, at the process's edge: tests shorten the broker's visibility timeout to prove a long run is
     # not executed twice when its message is delivered again.
@@ -159,7 +159,7 @@ def worker(config: Path, redis_url: str, verbose: bool, quiet: bool) -> None:
 @click.option("-v", "--verbose", is_flag=True, help="Celery beat's banner and its info log too.")
 def beat(config: Path, redis_url: str, every_s: float, verbose: bool) -> None:
     """Run the auto-retrain schedule (Celery beat): one per project; the executors run its checks."""
-    from potato_queue.serve import run_beat
+    from potato_queue.processes.beat import run_beat
 
     run_beat(_checked(config), _redis_checked(redis_url), every_s=every_s, verbose=verbose)
 
@@ -178,8 +178,8 @@ def beat(config: Path, redis_url: str, every_s: float, verbose: bool) -> None:
 def up(config: Path, redis_url: str, trainers: tuple[str, ...], schemas: tuple[str, ...], params: tuple[str, ...],
        port: int, verbose: bool) -> None:
     """Start everything on this machine: Redis if none answers, the server, an executor, beat."""
-    from potato_queue.up import params_by_trainer
-    from potato_queue.up import up as start_all
+    from potato_queue.processes.up import params_by_trainer
+    from potato_queue.processes.up import up as start_all
 
     cfg = _checked(config, say_writeback=True)
     by_trainer = params_by_trainer(list(trainers), _params(params))
@@ -200,8 +200,9 @@ def training() -> None:
 def check(backend: str, config: Path, redis_url: str, as_json: bool) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
     cfg = _checked(config)
-    if backend not in cfg.model_training.backend_names():
-        raise PotatoQueueError(f"no backend named {backend!r}; configured: {', '.join(cfg.model_training.backend_names())}")
+    unknown = cfg.unknown_backend(backend)
+    if unknown is not None:
+        raise PotatoQueueError(unknown[0], fix=unknown[1])
     from potato_queue.executors import build_executor, unavailable_reason
 
     if unavailable_reason(cfg, backend) is not None:
@@ -213,7 +214,7 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool) -> None:
         report = agent_check(store, backend, str(config))
     else:
         report = build_executor(cfg, backend).check()
-    from potato_queue.potato_ledger import ledger_status
+    from potato_queue.store.potato_ledger import ledger_status
 
     writeback = ledger_status(cfg)
     data, lines = {"ok": report.ok, **report.data, "potato_writeback": vars(writeback)}, [*report.lines, writeback.line()]
@@ -233,7 +234,7 @@ def register(backend: str, config: Path, redis_url: str) -> None:
     cfg = _checked(config)
     agent_backend_checked(cfg, backend)
     store, _ = _store_and_queue(cfg, _redis_checked(redis_url))
-    click.echo(register_text(backend, store.agents.issue(backend), store.server_url()))
+    click.echo(register_text(backend, store.agents.issue(backend), store.presence.server_url()))
 
 
 @training.command(context_settings={"ignore_unknown_options": True, "help_option_names": []},
@@ -313,7 +314,7 @@ def cancel(run_id: str, config: Path, redis_url: str) -> None:
 def logs(run_id: str, config: Path, follow: bool) -> None:
     """Print a run's log (-f: keep printing until the run ends)."""
     from potato_queue.follow import print_log
-    from potato_queue.keys import RunPaths
+    from potato_queue.store.keys import RunPaths
 
     cfg = _checked(config)
     try:
@@ -357,9 +358,9 @@ def _params(pairs: tuple[str, ...]) -> dict[str, Any]:
 
 
 def _store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[Any, Any]:
-    from potato_queue.celery_app import enqueue, make_celery
-    from potato_queue.redis_plumbing import client_for
+    from potato_queue.processes.queue import enqueue, make_celery
     from potato_queue.store import RunStore
+    from potato_queue.store.plumbing import client_for
 
     app = make_celery(cfg, redis_url)
     return RunStore(cfg, client_for(redis_url)), lambda run_id: enqueue(app, cfg, run_id)

@@ -21,7 +21,7 @@ __all__ = ["CodePackage", "agent_zipapp", "PACKAGED", "ZIPAPP_MAIN"]
 
 ROOT = Path(__file__).resolve().parent
 # The sub-packages that run on a training machine (standard library only at module level).
-PACKAGED = ("agent", "worker", "trainers")
+PACKAGED = ("agent", "host", "worker", "trainers")
 # The zipapp's entry: `python3 agent.pyz ARGS` is `python -m potato_queue.agent serve ARGS`.
 ZIPAPP_MAIN = """\
 import sys

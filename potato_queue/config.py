@@ -1,6 +1,6 @@
 """The project config: a Potato config.yaml with a `model_training` section.
 
-Typed models for everything potato-queue reads (SPEC CFG-1..5), with every
+Typed models for everything potato-queue reads (CFG-1..5 in docs/requirements.md), with every
 default in one place. `read_yaml` parses the file; `build_config` turns a
 checked mapping into a `ProjectConfig` with its paths resolved the way Potato
 resolves them. Checking itself (unknown keys, cross references) lives in
@@ -17,7 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from potato_queue.agent.slurm import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
+from potato_queue.agent.launchers.sbatch import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
 from potato_queue.errors import ConfigUnreadable
 
 __all__ = [
@@ -150,7 +150,7 @@ class _SlurmCore(_RemoteBackend):
         return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
     def job_settings(self) -> dict[str, Any]:
-        """What the agent on the login node needs to submit the job: slurm.json's object (agent/slurm.py)."""
+        """What the agent on the login node needs to submit the job: slurm.json's object (agent/launchers/sbatch.py)."""
         sbatch = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
         return {"job_python": self.job_python, "prelude": self.prelude, "poll_interval_s": self.poll_interval_s,
                 "requeue": self.requeue, "env": self.env, "num_threads": self.num_threads,
@@ -261,6 +261,15 @@ class ProjectConfig(BaseModel):
 
     def schema_names(self) -> list[str]:
         return [str(s.get("name")) for s in self.annotation_schemes if s.get("name") is not None]
+
+    def unknown_backend(self, name: str) -> tuple[str, str] | None:
+        """(what is wrong, the fix) when `name` is no backend of this project; None when it is one. The one
+        wording for the API, the page, `training run/check/register`."""
+        names = self.model_training.backend_names()
+        if name in names:
+            return None
+        return (f"Backend {name!r} is not configured; configured backends: {', '.join(names)}",
+                f"name one of those, or add {name!r} under model_training.backends in {self.config_path}")
 
 
 def data_file_paths(data_files: Any) -> list[str]:

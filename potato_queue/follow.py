@@ -7,10 +7,10 @@ import sys
 import time
 from typing import Any
 
-from potato_queue.keys import RunPaths, project_predictions_path
-from potato_queue.records import epoch_of
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store import RunStore
+from potato_queue.store.keys import RunPaths, project_predictions_path
+from potato_queue.store.records import epoch_of
 from potato_queue.worker.exit_codes import EXIT_FOR_STATE
 
 __all__ = ["runs_table", "print_log", "follow", "held_out_table", "compare_table", "progress_line"]

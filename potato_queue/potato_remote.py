@@ -32,8 +32,8 @@ from potato.training.base import (
 )
 
 from potato_queue.potato_hook import TRAINER_NAME
-from potato_queue.potato_ledger import potato_metrics
 from potato_queue.run import FINAL_STATES, RunState
+from potato_queue.store.potato_ledger import potato_metrics
 
 __all__ = ["RemoteTrainer", "QueueClient", "REMOTE_PREDICTIONS", "DEFAULT_SERVER"]
 

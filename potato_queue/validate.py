@@ -1,4 +1,4 @@
-"""Checking a project config (SPEC VAL-1..4) and refusing to start on errors.
+"""Checking a project config (VAL-1..4 in docs/requirements.md) and refusing to start on errors.
 
 `check_file` returns a `Report` (errors, warnings, acknowledged) and never
 raises for a problem in the config itself; `load_checked` is what every entry
@@ -31,7 +31,7 @@ from potato_queue.config import (
 )
 from potato_queue.errors import ConfigError
 from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
-from potato_queue.potato_ledger import ledger_status
+from potato_queue.store.potato_ledger import ledger_status
 
 __all__ = ["Warning_", "Report", "check_data", "check_file", "load_checked", "slurm_time_s"]
 

@@ -6,7 +6,7 @@ inbound connection (the one-way firewall of a home router or a campus NAT),
 and counts what it dropped. `cut()` drops everything both ways (a silent
 network cut: connections hang, they are not refused); `restore()` undoes it.
 Only addresses inside the namespace made here are ever targets
-(ENVIRONMENT.md). Needs root, iproute2 and nftables (`.ci/run` installs it).
+(a rule on the host's own addresses could cut this machine off). Needs root, iproute2 and nftables (`.ci/run` installs it).
 """
 
 from __future__ import annotations
@@ -136,6 +136,6 @@ class NatHost:
         deadline = time.monotonic() + 5
         while self.pids() and time.monotonic() < deadline:
             time.sleep(0.05)
-        # The host side first, then the namespace (ENVIRONMENT.md).
+        # The host side first, then the namespace.
         subprocess.run(["ip", "link", "del", self.veth_host], capture_output=True)
         subprocess.run(["ip", "netns", "del", self.name], capture_output=True)

@@ -39,7 +39,7 @@ def add_potato_keys(config: Path, **extra: Any) -> None:
 def potato_view(config: Path) -> dict[str, Any]:
     """Potato's own config dict for the project, as its server builds it (its store reads task_dir and the
     project's name)."""
-    from potato_queue.potato_ledger import potato_config
+    from potato_queue.store.potato_ledger import potato_config
     from potato_queue.validate import load_checked
 
     return potato_config(load_checked(config))

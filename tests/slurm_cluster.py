@@ -1,6 +1,6 @@
 """A real single-node SLURM (munged, slurmctld, slurmd) for the slurm backend's tests.
 
-Debian's slurm 22.05 and munge, configured as ../shared/ENVIRONMENT.md measured: no systemd, no
+Debian's slurm 22.05 and munge, configured as measured on these machines: no systemd, no
 cgroups, its own munge key and socket, its own ports, state, spool, pid and log files, all in a
 folder the harness made. Two fake GPUs: gres files that are symlinks to /dev/null (slurmd hands
 them out and sets CUDA_VISIBLE_DEVICES; nothing here can compute on them, which the tests say).

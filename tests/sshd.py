@@ -1,4 +1,4 @@
-"""A real OpenSSH server on 127.0.0.1 for the ssh backend's tests (../shared/ENVIRONMENT.md).
+"""A real OpenSSH server on 127.0.0.1 for the ssh backend's tests.
 
 Its own host key, port, authorized keys and pid file, all in a folder the test
 made; an ssh config file with an alias (`gpu-test`) for the client side. An

@@ -339,7 +339,7 @@ def test_an_offer_left_by_a_dead_executor_for_a_cancelled_run_is_not_handed_out(
         store = RunStore(load_checked(svc.config), redis.Redis.from_url(redis_server_url))
         token = register(svc)
         run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)["run_id"]
-        store.agents.offer(BACKEND, run_id)  # as an executor does, which then died
+        store.offers.offer(BACKEND, run_id)  # as an executor does, which then died
         assert store.request_cancel(run_id) == "cancelled"
         assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None})
-        assert not store.agents.is_offered(BACKEND, run_id)
+        assert not store.offers.is_offered(BACKEND, run_id)

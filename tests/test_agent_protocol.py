@@ -34,12 +34,12 @@ import redis
 import uvicorn
 from fastapi import FastAPI
 
-from potato_queue.agent.proc import group_members
+from potato_queue.agent.launchers.process import group_members
 from potato_queue.config import ProjectConfig, build_config
-from potato_queue.keys import Keys
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.guard import guard
 from potato_queue.store import RunStore
+from potato_queue.store.keys import Keys
 from tests.conftest import ROOT
 
 PREFIX = "/api/training/agent/v1"

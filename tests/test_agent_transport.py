@@ -21,8 +21,8 @@ import pytest
 
 from potato_queue.agent import transport as transport_module
 from potato_queue.agent.client import BundleError, RunClient
-from potato_queue.agent.launcher import LaunchError
-from potato_queue.agent.proc import ProcessLauncher, scan_processes, worker_env
+from potato_queue.agent.launchers.base import LaunchError
+from potato_queue.agent.launchers.process import ProcessLauncher, scan_processes, worker_env
 from potato_queue.agent.relay import control_loop
 from potato_queue.agent.transport import (
     API_PREFIX,

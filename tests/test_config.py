@@ -1,4 +1,4 @@
-"""The typed config: defaults from SPEC, Potato's path resolution, the Redis URL, sbatch flags."""
+"""The typed config: the documented defaults, Potato's path resolution, the Redis URL, sbatch flags."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.agent.slurm import SlurmSettings, sbatch_argv
+from potato_queue.agent.launchers.sbatch import SlurmSettings, sbatch_argv
 from potato_queue.config import DEFAULT_REDIS_URL, SBATCH_FLAGS, SlurmBackend, redis_url
 from potato_queue.validate import load_checked, slurm_time_s
 from tests.test_validate_cli import SEED, seed_config, write_project

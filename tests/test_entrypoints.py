@@ -208,6 +208,14 @@ def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: st
         bad = run_cli("training", "run", svc.config, "--trainer", "majority-baseline", "--schema", "sentiment",
                       "--param", "epochs")
         assert bad.returncode == 1 and "--param 'epochs' is not KEY=VALUE" in bad.stderr
+        # One wording for a backend the project does not have, wherever it is named.
+        unknown = "Backend 'gpu-box' is not configured; configured backends: local"
+        status, reply = svc.api("POST", "/runs", {"trainer": "majority-baseline", "schemas": ["sentiment"],
+                                                  "backend": "gpu-box"})
+        assert status == 409 and reply["detail"].startswith(unknown) and "fix: name one of those" in reply["detail"]
+        for argv in (["training", "check", "gpu-box", svc.config], ["training", "register", "gpu-box", svc.config]):
+            proc = run_cli(*argv)
+            assert proc.returncode == 1 and unknown in proc.stderr and "under model_training.backends" in proc.stderr, argv
     quiet = (tmp_path / "executor1.log").read_text()
     assert run_id in (svc.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
     assert "woken for run" not in quiet and f"ran {run_id}" not in quiet, quiet

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from potato_queue.agent.gpus import NO_KERNELS, GpuRefused, choose, describe, has_kernels, parse_gpus
+from potato_queue.host.gpus import NO_KERNELS, GpuRefused, choose, describe, has_kernels, parse_gpus
 
 TWO_GPUS = """\
 0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0

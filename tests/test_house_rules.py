@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import ROOT
 
-BARE = [ROOT / "potato_queue" / "agent", ROOT / "potato_queue" / "worker"]
+BARE = [ROOT / "potato_queue" / "agent", ROOT / "potato_queue" / "host", ROOT / "potato_queue" / "worker"]
 # Served in agent.pyz and copied to remote hosts with agent/ and worker/ (potato_queue.code_package).
 TRAINERS = ROOT / "potato_queue" / "trainers"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
@@ -43,7 +43,7 @@ def test_stdlib_only_at_module_level(path: Path) -> None:
     foreign = [
         m for m in module_level_imports(path)
         if m.split(".")[0] not in STDLIB
-        and not m.startswith(("potato_queue.agent", "potato_queue.worker", "potato_queue.trainers"))
+        and not m.startswith(("potato_queue.agent", "potato_queue.host", "potato_queue.worker", "potato_queue.trainers"))
     ]
     assert foreign == [], f"{path} imports {foreign} at module level; agent/ and worker/ run on bare hosts"
 
@@ -91,13 +91,12 @@ def test_the_served_code_is_the_bare_packages_and_is_the_same_each_time() -> Non
 
 PACKAGE = ROOT / "potato_queue"
 HEAVY = ("celery", "kombu", "fastapi", "starlette", "uvicorn", "torch", "transformers", "peft", "sklearn")
-CORE = ["config.py", "validate.py", "keys.py", "store.py", "records.py", "redis_plumbing.py", "tokens.py", "pending.py", "bounds.py",
-        "bundle", "runs/finalize.py", "runs/gate.py", "potato_ledger.py"]
-NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.tasks", "potato_queue.celery_app",
-                    "potato_queue.agent", "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")
+CORE = ["config.py", "validate.py", "run.py", "store", "bounds.py", "bundle", "runs/finalize.py", "runs/gate.py"]
+NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.processes", "potato_queue.agent",
+                    "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")
 # Pure text and data the config shares with the agent, which must also work alone on a login node with its
 # slurm.json (the sbatch table): read from the agent's side, never copied.
-SHARED_WITH_THE_AGENT = ("potato_queue.agent.slurm",)
+SHARED_WITH_THE_AGENT = ("potato_queue.agent.launchers.sbatch",)
 
 
 def all_imports(path: Path, package: str | None = None) -> list[str]:
@@ -123,7 +122,8 @@ def _files(*names: str) -> list[Path]:
 
 
 def executor_modules() -> list[Path]:
-    return [p for p in (PACKAGE / "executors").glob("*.py") if p.name not in ("__init__.py", "base.py", "openssh.py", "remote_copy.py", "remote_agent.py")]
+    """One module per backend type; the ssh transport they share is the executors/remote/ sub-package."""
+    return [p for p in (PACKAGE / "executors").glob("*.py") if p.name not in ("__init__.py", "base.py")]
 
 
 def test_there_is_an_executor_module_per_runnable_backend_type() -> None:
@@ -136,7 +136,7 @@ def test_there_is_an_executor_module_per_runnable_backend_type() -> None:
 def test_an_executor_imports_no_celery_fastapi_torch_nor_another_executor(path: Path) -> None:
     others = {f"potato_queue.executors.{p.stem}" for p in executor_modules()} - {f"potato_queue.executors.{path.stem}"}
     bad = [m for m in all_imports(path) if m.split(".")[0] in HEAVY or m in others
-           or m.startswith(("potato_queue.server", "potato_queue.tasks", "potato_queue.celery_app", "potato_queue.runs"))]
+           or m.startswith(("potato_queue.server", "potato_queue.processes", "potato_queue.runs"))]
     assert bad == [], f"{path.name} imports {bad}; executors/ is the plug-in boundary"
 
 
@@ -144,6 +144,13 @@ def test_an_executor_imports_no_celery_fastapi_torch_nor_another_executor(path: 
 def test_the_core_imports_no_executor_server_tasks_or_agent(path: Path) -> None:
     bad = [m for m in all_imports(path) if (m.startswith(NOT_FOR_THE_CORE) and m not in SHARED_WITH_THE_AGENT)
            or m.split(".")[0] in HEAVY]
+    assert bad == [], f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+@pytest.mark.parametrize("path", _files("store", "run.py"), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_the_store_imports_nothing_of_a_runs_life(path: Path) -> None:
+    """Nothing runs back up: runs/ asks the store, never the other way round."""
+    bad = [m for m in all_imports(path) if m.startswith("potato_queue.runs")]
     assert bad == [], f"{path.relative_to(PACKAGE)} imports {bad}"
 
 
@@ -213,8 +220,16 @@ def import_graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
                     targets.add(target)
                     if alias.name.startswith("_") and not alias.name.startswith("__") and target != name:
                         private.append((name, source, alias.name))
+        # Importing a.b.c runs a/__init__ and a/b/__init__ first: an edge to each package not already ours.
+        ours = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
+        targets |= {parent for t in set(targets) for parent in packages_above(t, modules) if parent not in ours}
         edges[name] = {t for t in targets if t and t != name}
     return edges, private
+
+
+def packages_above(module: str, modules: dict[str, Path]) -> list[str]:
+    parts = module.split(".")
+    return [p for i in range(2, len(parts)) if (p := ".".join(parts[:i])) in modules]
 
 
 def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:

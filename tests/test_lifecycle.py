@@ -240,7 +240,7 @@ def test_a_run_for_a_backend_the_executors_config_lacks_fails_at_once_saying_why
     """The config gained a backend after the executor started (here: a run written for one it lacks)."""
     import redis
 
-    from potato_queue.celery_app import enqueue, make_celery
+    from potato_queue.processes.queue import enqueue, make_celery
     from potato_queue.store import RunStore
     from potato_queue.validate import load_checked
 
@@ -301,9 +301,9 @@ def test_bad_predictions_are_refused_and_named_and_never_reach_potato(tmp_path: 
     from potato.training import store as potato_store
 
     from potato_queue.bundle import build_bundle
-    from potato_queue.potato_ledger import potato_config
     from potato_queue.runs.finalize import finalize_predictions
     from potato_queue.store import RunStore
+    from potato_queue.store.potato_ledger import potato_config
     from potato_queue.validate import load_checked
 
     config = load_checked(make_project(tmp_path, writeback={"schemas": ["sentiment"], "include_unlabeled": True}))

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from potato_queue.errors import PotatoQueueError
-from potato_queue.executors.openssh import (
+from potato_queue.executors.remote.openssh import (
     SshFailed,
     SshTarget,
     control_argv,

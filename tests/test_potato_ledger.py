@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 import yaml
 
-from potato_queue import potato_ledger
-from potato_queue.keys import new_run_id, potato_database_path
-from potato_queue.potato_ledger import PotatoLedger, ledger_status, potato_config, potato_metrics
-from potato_queue.records import utc_now
+from potato_queue.store import potato_ledger
+from potato_queue.store.keys import new_run_id, potato_database_path
+from potato_queue.store.potato_ledger import PotatoLedger, ledger_status, potato_config, potato_metrics
+from potato_queue.store.records import utc_now
 from potato_queue.validate import load_checked
 from tests.conftest import run_cli
 from tests.lifecycle_helpers import make_project

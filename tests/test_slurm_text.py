@@ -1,4 +1,4 @@
-"""The slurm backend's pure functions (agent/slurm.py, executors/slurm.py), on real command output.
+"""The slurm backend's pure functions (agent/launchers/sbatch.py, executors/slurm.py), on real command output.
 
 tests/data/slurm/ holds what Debian's slurm 22.05 printed on the single-node test cluster
 (tests/slurm_cluster.py) for each way a job ends: squeue's lines, `scontrol show job -o` and the
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.agent.slurm import (
+from potato_queue.agent.launchers.sbatch import (
     QueueState,
     SettingsError,
     SlurmSettings,

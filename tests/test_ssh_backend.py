@@ -21,7 +21,7 @@ from typing import Any
 import pytest
 
 from potato_queue.errors import PotatoQueueError
-from potato_queue.executors.remote_agent import forward_target
+from potato_queue.executors.remote.session import forward_target
 from tests.agent_helpers import PYTHON38
 from tests.conftest import run_cli
 from tests.lifecycle_helpers import (

@@ -27,10 +27,10 @@ from typing import IO, List, Optional
 
 from potato_queue.agent.backend import BackendAgent
 from potato_queue.agent.client import RunClient
-from potato_queue.agent.proc import ProcessLauncher, worker_env
+from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
+from potato_queue.agent.launchers.sbatch import SettingsError, SlurmSettings
+from potato_queue.agent.launchers.slurm import SlurmLauncher
 from potato_queue.agent.runner import Runner, log_line
-from potato_queue.agent.slurm import SettingsError, SlurmSettings
-from potato_queue.agent.slurm_launcher import SlurmLauncher
 from potato_queue.agent.transport import Transport
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
 

@@ -19,8 +19,8 @@ from typing import Any, Callable, Dict, Optional
 from urllib.parse import quote
 
 from potato_queue.agent.client import RunClient
-from potato_queue.agent.launcher import WorkerLauncher
-from potato_queue.agent.proc import ProcessLauncher, worker_env
+from potato_queue.agent.launchers.base import WorkerLauncher
+from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.runner import Runner
 from potato_queue.agent.transport import ApiError, TlsError, Transport, Unreachable
 

@@ -3,7 +3,7 @@
 Standard library only, Python 3.8+. Files live in `DIR/<run_id>/`:
 bundle.tar.gz, bundle/, spec.json, work/ (the worker's workdir: model files
 and predictions.jsonl), as docs/protocol.md lays out. The runner speaks the
-protocol and applies cancel, grace and limits; a WorkerLauncher (launcher.py)
+protocol and applies cancel, grace and limits; a WorkerLauncher (launchers/base.py)
 starts the worker, and the runner touches it only through its WorkerHandle.
 """
 
@@ -19,7 +19,7 @@ import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
 from potato_queue.agent.client import BundleError, RunClient
-from potato_queue.agent.launcher import LaunchError, WorkerHandle, WorkerLauncher
+from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerLauncher
 from potato_queue.agent.progress import Progress
 from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
 from potato_queue.agent.transport import ApiError, Unreachable

@@ -6,7 +6,7 @@ client of the backend-level calls (register, claim) can share it with the
 per-run client. Each thread keeps its own keep-alive connection (the event
 sender, the heartbeat and the control long-poll run side by side). Every
 request has a timeout, because a cut network can leave a forwarded socket
-that accepts and then hangs (ENVIRONMENT.md).
+that accepts and then hangs (seen with ssh's reverse forwards).
 
 Every retrying loop of the agent goes through `Backoff` (and `retry`), so a
 server that is away is met the same way by every call: delays from 0.2 s

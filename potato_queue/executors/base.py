@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
 from potato_queue.errors import PotatoQueueError
-from potato_queue.keys import RunPaths
+from potato_queue.store.keys import RunPaths
 
 __all__ = [
     "CheckReport",

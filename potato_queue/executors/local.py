@@ -16,7 +16,7 @@ import subprocess
 import sys
 
 from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
-from potato_queue.agent.proc import scan_processes
+from potato_queue.agent.launchers.process import scan_processes
 from potato_queue.config import LocalBackend
 from potato_queue.executors.base import (
     AgentResult,

@@ -1,8 +1,8 @@
 """The slurm backend: a cluster behind its scheduler, through its login node (SLURM-1..8).
 
 The run's agent starts on the login node over one ssh session, as for ssh
-(remote_agent.py; code by hash, no venv and no GPU choice there). The agent
-submits only the worker, with sbatch (agent/slurm_launcher.py), and follows
+(remote/session.py; code by hash, no venv and no GPU choice there). The agent
+submits only the worker, with sbatch (agent/launchers/slurm.py), and follows
 it through the job folder on storage the compute nodes share. The hard stop
 adds a `scancel` of the run's job, found by its name, before the host's
 processes end: a frozen or killed agent never leaves an allocation behind.
@@ -15,13 +15,13 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from potato_queue.agent.slurm import job_name
-from potato_queue.agent.slurm_launcher import NO_SBATCH_FIX, no_sbatch
+from potato_queue.agent.launchers.sbatch import job_name
+from potato_queue.agent.launchers.slurm import NO_SBATCH_FIX, no_sbatch
 from potato_queue.config import SlurmBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
-from potato_queue.executors.openssh import remote_shell
-from potato_queue.executors.remote_agent import failed_check, host_facts, start_agent
+from potato_queue.executors.remote.openssh import remote_shell
+from potato_queue.executors.remote.session import failed_check, host_facts, start_agent
 
 __all__ = ["SlurmExecutor", "slurm_check_report", "parse_sinfo", "NODE_LOCAL"]
 

@@ -1,9 +1,9 @@
 """The ssh backend: a GPU server reached by ssh, with nothing installed there by hand (SSH-1..12).
 
-The run's agent starts over one ssh session (remote_agent.py): the bootstrap
+The run's agent starts over one ssh session (remote/session.py): the bootstrap
 there checks the interpreter, takes the code when it is missing, builds the
-venv once per `packages` list, picks the GPU (agent/gpus.py) and execs the
-agent, whose worker runs on that host. `training check` runs remote_check.py
+venv once per `packages` list, picks the GPU (host/gpus.py) and execs the
+agent, whose worker runs on that host. `training check` runs host/check.py
 there and decides the GPU as a run would.
 """
 
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from potato_queue.agent.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, describe, has_kernels, parse_gpus
 from potato_queue.config import SshBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
-from potato_queue.executors.remote_agent import failed_check, host_facts, start_agent
+from potato_queue.executors.remote.session import failed_check, host_facts, start_agent
+from potato_queue.host.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, describe, has_kernels, parse_gpus
 
 __all__ = ["SshExecutor", "check_report", "TRAINING_PACKAGES"]
 
@@ -24,7 +24,7 @@ TRAINING_PACKAGES = ["torch", "transformers", "peft", "sklearn"]
 
 
 def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:
-    """The check's report from what remote_check saw, deciding the GPU as a run would."""
+    """The check's report from what host/check.py saw, deciding the GPU as a run would."""
     host = backend.host
     gpus, archs = parse_gpus(facts.get("nvidia_smi") or ""), facts.get("arch_list")
     lines = [f"{host}: Python {facts['python']} ({facts['executable']})"]

@@ -18,11 +18,11 @@ import redis
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
-from potato_queue.records import utc_of
 from potato_queue.run import RunState
 from potato_queue.runs.lifecycle import RunLife
 from potato_queue.runs.recovery import fail_orphans
 from potato_queue.store import RunStore
+from potato_queue.store.records import utc_of
 
 __all__ = ["Dispatcher"]
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from potato_queue.bounds import clean, too_deep
 from potato_queue.config import ProjectConfig
-from potato_queue.keys import project_predictions_path
 from potato_queue.runs.gate import PublishRules, Refusal, bundle_split_ids, publishable, read_jsonl, refusals
 from potato_queue.store import RunStore
+from potato_queue.store.keys import project_predictions_path
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.scoring import score
 

@@ -7,9 +7,9 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
-from potato_queue.keys import RunPaths
 from potato_queue.run import RunState
 from potato_queue.store import RunStore
+from potato_queue.store.keys import RunPaths
 
 __all__ = ["build_job", "server_url_for", "latest_succeeded"]
 
@@ -19,10 +19,10 @@ SERVER_URL_WAIT_S = 2.5
 def server_url_for(store: RunStore) -> str:
     """The address `potato-queue serve` recorded for agents and executors."""
     deadline = time.monotonic() + 2 * SERVER_URL_WAIT_S
-    url = store.server_url()
+    url = store.presence.server_url()
     while url is None and time.monotonic() < deadline:  # the server re-records it every few seconds
         time.sleep(0.1)
-        url = store.server_url()
+        url = store.presence.server_url()
     if url is None:
         raise PotatoQueueError(
             "No potato-queue server is running for this project, so the agent has nothing to report to",

@@ -18,22 +18,22 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
 from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, ModelFilesMissing, RunHandle
-from potato_queue.records import FOLDER_FIX, RunFolderError, utc_now
 from potato_queue.run import RunState
 from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.gate import bundle_split_ids, bundle_summary
 from potato_queue.runs.job import build_job, server_url_for
-from potato_queue.runs.lease import Lease
 from potato_queue.runs.retention import prune_old_runs
 from potato_queue.runs.supervise import Outcome, Watch, supervise
 from potato_queue.store import RunStore
+from potato_queue.store.lease import Lease
+from potato_queue.store.records import FOLDER_FIX, RunFolderError, utc_now
 from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM
 
 __all__ = ["RunLife", "failure_of"]
 
 TAIL_LINES = 5
 # A run token dies with its run (the final state revokes it); this bounds one whose end was never
-# recorded. Without max_wall_seconds, as long as a run may be queued in Celery (celery_app).
+# recorded. Without max_wall_seconds, as long as a run may be queued in Celery (processes/queue.py).
 TOKEN_TTL_UNBOUNDED_S = 30 * 24 * 3600.0
 TOKEN_TTL_MARGIN_S = 3600.0
 
@@ -81,13 +81,13 @@ class _StoreOffer:
         self.store, self.backend, self.run_id = store, backend, run_id
 
     def post(self) -> None:
-        self.store.agents.offer(self.backend, self.run_id)
+        self.store.offers.offer(self.backend, self.run_id)
 
     def taken(self) -> bool:
-        return not self.store.agents.is_offered(self.backend, self.run_id)
+        return not self.store.offers.is_offered(self.backend, self.run_id)
 
     def withdraw(self) -> None:
-        self.store.agents.withdraw(self.backend, self.run_id)
+        self.store.offers.withdraw(self.backend, self.run_id)
 
 
 class RunLife:

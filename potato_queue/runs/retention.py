@@ -14,9 +14,9 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from potato_queue.records import utc_now
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store import RunStore
+from potato_queue.store.records import utc_now
 
 __all__ = ["prune_old_runs"]
 

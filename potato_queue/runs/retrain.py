@@ -20,12 +20,12 @@ from typing import Any
 from potato_queue.bundle import count_annotations, target_schemas
 from potato_queue.config import AutoRetrainConfig, ProjectConfig
 from potato_queue.errors import PotatoQueueError
-from potato_queue.keys import retrain_state_path
 from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
-from potato_queue.records import as_text, write_json_atomic
-from potato_queue.runs.lease import Lease
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
+from potato_queue.store.keys import retrain_state_path
+from potato_queue.store.lease import Lease
+from potato_queue.store.records import as_text, write_json_atomic
 
 __all__ = ["Baseline", "Decision", "decide", "check", "last_check", "AUTO_TRIGGER"]
 

@@ -32,9 +32,9 @@ def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], back
     """The backend the run goes to (API-2), or RunRefused saying what is valid (409/400)."""
     mt = config.model_training
     chosen = backend or mt.default_backend
-    if chosen not in mt.backend_names():
-        raise RunRefused(f"Backend {chosen!r} is not configured; configured backends: {', '.join(mt.backend_names())}",
-                         status=409)
+    unknown = config.unknown_backend(chosen)
+    if unknown is not None:
+        raise RunRefused(unknown[0], status=409, fix=unknown[1])
     trainers = trainer_table()
     if trainer not in trainers:
         raise RunRefused(f"Unknown trainer {trainer!r}; trainers: {', '.join(sorted(trainers))}", status=400)

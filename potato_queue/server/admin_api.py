@@ -16,14 +16,14 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from potato_queue.config import LOCAL
-from potato_queue.keys import RUN_ID_RE
-from potato_queue.records import RunFolderError
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.runs.finalize import published_predictions, read_jsonl
 from potato_queue.runs.submit import RunRefused, start_run, trainer_table
 from potato_queue.server.deps import store_of
 from potato_queue.server.guard import request_admin_problem
 from potato_queue.store import RunStore
+from potato_queue.store.keys import RUN_ID_RE
+from potato_queue.store.records import RunFolderError
 
 __all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
 

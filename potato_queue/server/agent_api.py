@@ -3,7 +3,7 @@
 Mounted at /api/training/agent/v1 (docs/protocol.md is the contract). Every
 call carries a run token, which authorizes exactly one run; nothing here
 knows of admin keys, so a request through a forwarded unix socket gets that
-run's rights and no more (SPEC SSH-10).
+run's rights and no more (SSH-10, docs/requirements.md).
 
 401 or 403: a token that is valid for the run in the path is accepted; a
 token that is valid for another run is 403 ("this token is for another

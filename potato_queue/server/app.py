@@ -8,7 +8,6 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from potato_queue.config import ProjectConfig
-from potato_queue.redis_plumbing import client_for, refresh_forever
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.claims import ClaimWakeups, claims_router
@@ -17,12 +16,13 @@ from potato_queue.server.ops import ops_router
 from potato_queue.server.page import page_router
 from potato_queue.server.page_api import device_probe, page_api_router
 from potato_queue.store import RunStore
+from potato_queue.store.plumbing import client_for, refresh_forever
 
 __all__ = ["create_app", "ADMIN_PREFIX", "AGENT_PREFIX", "record_server_url"]
 
 
 def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str], None]) -> FastAPI:
-    """The app; `enqueue(run_id)` wakes an executor for a run this server queued (serve.py hands in the
+    """The app; `enqueue(run_id)` wakes an executor for a run this server queued (processes/server.py hands in the
     Celery one)."""
     app = FastAPI(
         title="potato-queue",
@@ -36,7 +36,7 @@ def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str]
     guard(app, app.state.store, config)
     app.state.enqueue = enqueue
     app.state.redis_url = redis_url
-    app.state.stopping = threading.Event()  # set when the server is asked to stop (serve.py)
+    app.state.stopping = threading.Event()  # set when the server is asked to stop (processes/server.py)
     app.state.local_device = device_probe(config, redis_url)
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
     app.include_router(page_api_router(), prefix=ADMIN_PREFIX)
@@ -58,4 +58,4 @@ def record_server_url(store: RunStore, url: str) -> None:
     is emptied, and a stopped server's address does not linger.
     """
 
-    refresh_forever(lambda: store.record_server_url(url, SERVER_URL_TTL_S), SERVER_URL_REFRESH_S, "server-url")
+    refresh_forever(lambda: store.presence.record_server_url(url, SERVER_URL_TTL_S), SERVER_URL_REFRESH_S, "server-url")

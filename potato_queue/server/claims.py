@@ -22,12 +22,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from potato_queue.code_package import agent_zipapp
 from potato_queue.config import ProjectConfig
-from potato_queue.redis_plumbing import async_twin
 from potato_queue.run import RunState
 from potato_queue.server.deps import store_of
 from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
-from potato_queue.tokens import DENIED, WAKE_EVERYONE
+from potato_queue.store.offers import DENIED
+from potato_queue.store.plumbing import async_twin
+from potato_queue.store.tokens import WAKE_EVERYONE
 
 __all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S"]
 
@@ -129,7 +130,7 @@ def _wakeups(request: Request) -> ClaimWakeups:
 def _claim_once(store: RunStore, backend: str, token: str, agent: dict[str, Any]) -> Claim | None:
     """One try: the claim, None when nothing is offered; 401 when the token is no longer this backend's."""
     while True:
-        run_id = store.agents.claim(backend, token, agent)
+        run_id = store.offers.claim(backend, token, agent)
         if run_id == DENIED:
             raise HTTPException(401, _BAD_TOKEN, headers={"WWW-Authenticate": "Bearer"})
         if run_id is None:

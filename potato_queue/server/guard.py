@@ -30,9 +30,9 @@ from starlette.concurrency import run_in_threadpool
 
 from potato_queue.bounds import clean
 from potato_queue.config import ProjectConfig
-from potato_queue.keys import RUN_ID_RE
 from potato_queue.server.session import cookie_value, cross_site_problem, session_nonce
 from potato_queue.store import RunStore
+from potato_queue.store.keys import RUN_ID_RE
 
 __all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
 

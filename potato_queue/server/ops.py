@@ -18,9 +18,9 @@ import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from potato_queue.records import epoch_of
 from potato_queue.run import FINAL_STATES, STATES, RunState
 from potato_queue.server.guard import admin_problem, bearer
+from potato_queue.store.records import epoch_of
 
 __all__ = ["ops_router", "METRICS_TOKEN_ENV", "render_metrics"]
 
@@ -89,7 +89,7 @@ def metrics(request: Request) -> PlainTextResponse:
         if backend.type == "agent":
             registration = store.agents.registration(name)
             agents[name] = registration["last_seen"] if registration else None
-    text = render_metrics(store.list_runs(LISTED), store.queue_length(), agents, len(store.executors_seen()),
+    text = render_metrics(store.list_runs(LISTED), store.presence.queue_length(), agents, len(store.presence.executors_seen()),
                           time.time())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
@@ -99,7 +99,7 @@ def healthz(request: Request) -> JSONResponse:
     store = request.app.state.store
     try:
         store.redis.ping()
-        executors = len(store.executors_seen())
+        executors = len(store.presence.executors_seen())
     except redis.RedisError as exc:
         return JSONResponse({"ok": False, "redis": f"unreachable: {exc}", "executors": None}, status_code=503)
     problem = None if executors else "no executor is up: start one (potato-queue worker CONFIG)"

@@ -17,7 +17,6 @@ from urllib.parse import parse_qs
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
-from potato_queue.keys import RUN_ID_RE
 from potato_queue.server.guard import PAGE_PREFIX, admin_key
 from potato_queue.server.session import (
     COOKIE,
@@ -28,6 +27,7 @@ from potato_queue.server.session import (
     new_session,
     session_nonce,
 )
+from potato_queue.store.keys import RUN_ID_RE
 
 __all__ = ["page_router", "PAGE_PREFIX", "STATIC"]
 

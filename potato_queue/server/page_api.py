@@ -33,8 +33,9 @@ def check_backend(name: str, request: Request) -> dict[str, Any]:
     """`potato-queue training check NAME CONFIG` in a process of its own, as an admin would run it: the
     same report, and the server neither blocks on ssh nor imports torch for the local device."""
     config = request.app.state.config
-    if name not in config.model_training.backend_names():
-        raise HTTPException(404, f"no backend named {name!r}; configured: {', '.join(config.model_training.backend_names())}")
+    unknown = config.unknown_backend(name)
+    if unknown is not None:
+        raise HTTPException(404, f"{unknown[0]}; fix: {unknown[1]}")
     try:
         done = subprocess.run(_check_argv(config, name, request.app.state.redis_url), capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
                               env=dict(os.environ))

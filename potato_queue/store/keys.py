@@ -149,7 +149,7 @@ class Keys:
 def remote_socket_path(run_id: str) -> str:
     """An ssh run's socket on the host, reverse-forwarded to the server: in /tmp, where sshd makes it
     0600 (the login account's alone), and unique per launch, since a second forward to a path in use
-    silently takes it over (../shared/ENVIRONMENT.md)."""
+    silently takes it over."""
     return f"/tmp/potato-queue-{run_id}-{secrets.token_hex(4)}.sock"
 
 

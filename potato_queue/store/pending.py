@@ -16,8 +16,8 @@ from typing import Any
 
 import redis
 
-from potato_queue.keys import Keys
-from potato_queue.records import as_text
+from potato_queue.store.keys import Keys
+from potato_queue.store.records import as_text
 
 __all__ = ["PendingRecords"]
 

@@ -23,9 +23,9 @@ from typing import IO, Any
 from potato_queue.config import REDIS_URL_ENV, ProjectConfig
 from potato_queue.embedded_redis import EmbeddedRedis, ping
 from potato_queue.errors import PotatoQueueError
-from potato_queue.keys import potato_database_path
 from potato_queue.potato_hook import TRAINER_NAME
-from potato_queue.redis_plumbing import client_for
+from potato_queue.store.keys import potato_database_path
+from potato_queue.store.plumbing import client_for
 from potato_queue.validate import WARNINGS_SHOWN_ENV
 
 __all__ = ["up"]
@@ -115,11 +115,11 @@ def _up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict
 def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str],
                  page: str) -> int:
     """Queue a run per trainer (they run one at a time, in this order), follow each, compare them."""
-    from potato_queue.celery_app import enqueue, make_celery
     from potato_queue.follow import compare_table, follow
-    from potato_queue.keys import project_predictions_path
+    from potato_queue.processes.queue import enqueue, make_celery
     from potato_queue.runs.submit import start_run
     from potato_queue.store import RunStore
+    from potato_queue.store.keys import project_predictions_path
 
     store, app = RunStore(config, client_for(redis_url)), make_celery(config, redis_url)
     print(f"potato-queue: the Training page, while this runs: {page} (admin key: admin_api_key in "

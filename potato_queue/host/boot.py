@@ -113,9 +113,9 @@ def main() -> int:
     code = ensure_code(root, header["code_sha256"])
     python = ensure_env(root, header["packages"])
     sys.path.insert(0, code)
-    from potato_queue.agent.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, parse_gpus
     from potato_queue.agent.isolated import allowed_env, python_argv
-    from potato_queue.agent.remote_check import gpu_facts
+    from potato_queue.host.check import gpu_facts
+    from potato_queue.host.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, parse_gpus
 
     env = allowed_env(os.environ, header["env"])
     slurm = bool(header.get("slurm"))

@@ -1,7 +1,7 @@
 """SLURM on the login node, as text in and text out: job.sh, sbatch's flags, squeue and scontrol, end reasons.
 
 Standard library only, Python 3.8+: this module is copied to login nodes. The
-functions here run nothing; the launcher (slurm_launcher.py) runs the commands
+functions here run nothing; the launcher (launchers/slurm.py) runs the commands
 and hands their output to them, so each is tested on real command output.
 The slurm settings are one JSON object, the same whether the executor sends
 them with a run or an admin writes them to slurm.json for a hand-started

@@ -14,11 +14,10 @@ from typing import Any
 
 import redis
 
-from potato_queue.keys import Keys
-from potato_queue.records import as_text
-from potato_queue.redis_plumbing import CLAIM
+from potato_queue.store.keys import Keys
+from potato_queue.store.records import as_text
 
-__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "DENIED", "WAKE_EVERYONE", "OTHER_RUNS_CHECKED"]
+__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "WAKE_EVERYONE", "OTHER_RUNS_CHECKED"]
 
 # How many of the project's latest runs a rejected token is compared against
 # to answer 403 ("another run's token") rather than 401.
@@ -72,14 +71,13 @@ class RunTokens:
         self.redis.delete(self.keys.run_token(run_id))
 
 
-DENIED = "denied"
 # An offered-channel message that starts with this wakes every claim waiting for the backend named after it
 # (a plain backend name wakes one).
 WAKE_EVERYONE = "*"
 
 
 class AgentTokens:
-    """One project's agent-backend tokens (the store's `agents`) and the runs offered to those agents.
+    """One project's agent-backend tokens (the store's `agents`).
 
     A backend has at most one token: registering again replaces it, and the old one stops working
     at once, a claim already waiting included (the claim compares digests in the same Lua step that
@@ -89,7 +87,6 @@ class AgentTokens:
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis, self.keys = client, keys
-        self._claim = client.register_script(CLAIM)
 
     def issue(self, backend: str) -> str:
         """A fresh token for `backend`, replacing (and revoking) the one before it."""
@@ -121,24 +118,3 @@ class AgentTokens:
         """The backend this token was issued for, if it is still registered."""
         owner = self.redis.get(self.keys.agent_token_owner(token_digest(token)))
         return None if owner is None else as_text(owner)
-
-    def claim(self, backend: str, token: str, agent: dict[str, Any]) -> str | None:
-        """The oldest run offered to `backend` (now the caller's), None when none is, DENIED for a token
-        that is not (or no longer) this backend's. Marks the backend as seen either way."""
-        keys = [self.keys.agent_token(backend), self.keys.offers(backend)]
-        answer = as_text(self._claim(keys=keys, args=[token_digest(token), repr(time.time()), json.dumps(agent)]))
-        return answer or None
-
-    # -- offers: the executor's side ---------------------------------------------
-    def offer(self, backend: str, run_id: str) -> None:
-        """Post a run for the backend's agents and wake the claims waiting for it."""
-        pipe = self.redis.pipeline()
-        pipe.zadd(self.keys.offers(backend), {run_id: time.time()}, nx=True)
-        pipe.publish(self.keys.offered, backend)
-        pipe.execute()
-
-    def is_offered(self, backend: str, run_id: str) -> bool:
-        return self.redis.zscore(self.keys.offers(backend), run_id) is not None
-
-    def withdraw(self, backend: str, run_id: str) -> None:
-        self.redis.zrem(self.keys.offers(backend), run_id)

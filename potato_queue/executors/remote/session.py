@@ -1,7 +1,7 @@
 """An agent started over ssh on a host we log in to, shared by the ssh and slurm backends (not an executor).
 
 One ssh session per run. It reverse-forwards a unix socket in the host's /tmp
-(0600, one path per launch) to the server and runs `python -c <remote_boot>`,
+(0600, one path per launch) to the server and runs `python -c <host/boot.py>`,
 which checks the interpreter, takes the code (sent only when
 `remote_dir/code/<sha256>.pyz` is missing), and execs the agent. The agent
 gets its assignment and the run token on stdin, never on a command line, and
@@ -23,7 +23,6 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from potato_queue import code_package
-from potato_queue.agent import remote_boot, remote_check
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import (
     AgentResult,
@@ -35,9 +34,18 @@ from potato_queue.executors.base import (
     Status,
     Waiting,
 )
-from potato_queue.executors.openssh import SshFailed, SshTarget, remote_shell, run_ssh, ssh_argv, ssh_failure
-from potato_queue.executors.remote_copy import ModelCopy
-from potato_queue.keys import remote_socket_path
+from potato_queue.executors.remote.copy import ModelCopy
+from potato_queue.executors.remote.openssh import (
+    SshFailed,
+    SshTarget,
+    remote_shell,
+    run_ssh,
+    ssh_argv,
+    ssh_failure,
+)
+from potato_queue.host import boot as remote_boot
+from potato_queue.host import check as remote_check
+from potato_queue.store.keys import remote_socket_path
 
 __all__ = ["SSH_CONFIG_ENV", "forward_target", "target_of", "python_not_found", "host_facts", "failed_check",
            "start_agent", "RemoteAgentHandle", "tail"]
@@ -72,7 +80,7 @@ def python_not_found(backend: Any, backend_name: str) -> tuple[str, str]:
 
 
 def host_facts(backend: Any, backend_name: str, asked: dict[str, Any]) -> dict[str, Any]:
-    """What remote_check saw on the host (`training check`); PotatoQueueError with its fix when the host cannot
+    """What host/check.py saw on the host (`training check`); PotatoQueueError with its fix when the host cannot
     be asked (ERR-1 and the other ssh failures, ERR-2)."""
     try:
         return json.loads(run_ssh(target_of(backend), [backend.python, "-c", CHECK_SOURCE],

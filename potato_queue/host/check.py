@@ -7,7 +7,7 @@ packages to look for (and, for a login node, `slurm`: remote_dir, job_python,
 partition). Out: the interpreter, which packages import, and nvidia-smi's
 answer with the arch list of the host's torch, or, on a login node, SLURM's
 commands on PATH and sinfo's nodes. The server decides from these
-with potato_queue.agent.gpus, as a run would; a run's bootstrap asks the same
+with potato_queue.host.gpus, as a run would; a run's bootstrap asks the same
 through gpu_facts().
 """
 

@@ -1,7 +1,7 @@
 """OpenSSH command lines, built by pure functions, and the one place they run (shared by ssh and slurm).
 
 The contract with the admin is "if `ssh host true` works for this account, runs
-work" (DESIGN.md, why OpenSSH): aliases, ProxyJump, ssh-agent and certificates
+work" (docs/decisions.md, "OpenSSH, not paramiko"): aliases, ProxyJump, ssh-agent and certificates
 come from their ~/.ssh/config; potato-queue only adds what must always hold.
 BatchMode=yes turns a password prompt into an error at once (SSH-2), and
 ExitOnForwardFailure=yes turns a refused reverse forward into an exit instead

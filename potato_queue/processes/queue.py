@@ -11,7 +11,7 @@ from __future__ import annotations
 from celery import Celery
 
 from potato_queue.config import ProjectConfig
-from potato_queue.keys import Keys
+from potato_queue.store.keys import Keys
 
 __all__ = ["EXECUTE_TASK", "RETRAIN_TASK", "make_celery", "kombu_url", "enqueue", "schedule_retrain"]
 

@@ -19,10 +19,15 @@ import redis
 import redis.asyncio as aioredis
 
 from potato_queue.config import ProjectConfig
-from potato_queue.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
-from potato_queue.pending import PendingRecords
-from potato_queue.potato_ledger import OWNED_BY_POTATO, PotatoLedger
-from potato_queue.records import (
+from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView
+from potato_queue.store.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
+from potato_queue.store.lease import Lease
+from potato_queue.store.offers import Offers
+from potato_queue.store.pending import PendingRecords
+from potato_queue.store.plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, wait_published
+from potato_queue.store.potato_ledger import OWNED_BY_POTATO, PotatoLedger
+from potato_queue.store.presence import Presence
+from potato_queue.store.records import (
     FOLDER_FIX,
     LIVE_JSON,
     RunFolderError,
@@ -33,10 +38,7 @@ from potato_queue.records import (
     utc_now,
     write_json_atomic,
 )
-from potato_queue.redis_plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, wait_published
-from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView
-from potato_queue.runs.lease import Lease
-from potato_queue.tokens import AgentTokens, RunTokens
+from potato_queue.store.tokens import AgentTokens, RunTokens
 
 __all__ = ["RunStore"]
 
@@ -55,7 +57,9 @@ class RunStore:
         self._created: dict[str, str] = {}
         self.tokens = RunTokens(client, self.keys)
         self.agents = AgentTokens(client, self.keys)
+        self.offers = Offers(client, self.keys)
         self.pending = PendingRecords(client, self.keys)
+        self.presence = Presence(client, self.keys)
         self.potato = PotatoLedger(config, log=self.log)  # the run as Potato's own Training page sees it
 
     # -- records ---------------------------------------------------------
@@ -302,34 +306,10 @@ class RunStore:
         except OSError as exc:
             self.pending.note(run_id, folder_error(self.paths(run_id).dir, exc))
 
-    # -- the executors' shared state -------------------------------------------
     def slot_lease(self) -> Lease:
-        """The project's run slot (one run at a time, across executors)."""
+        """A holder's handle on the project's run slot (one run at a time, across executors); each
+        caller takes its own, since a handle keeps its holder's token and renewal clock."""
         return Lease(self.redis, self.keys.slot)
-
-    def first_look_since_empty(self) -> bool:
-        """True once after Redis was emptied (or first used): time to reseed it from the run folders."""
-        return bool(self.redis.set(self.keys.alive, "1", nx=True))
-
-    # -- the server's address -------------------------------------------------
-    def record_server_url(self, url: str, ttl_s: float) -> None:
-        self.redis.set(self.keys.server_url, url, ex=max(1, int(ttl_s)))
-
-    def record_executor(self, name: str, ttl_s: float) -> None:
-        self.redis.set(self.keys.executor(name), repr(time.time()), ex=max(1, int(ttl_s)))
-
-    def executors_seen(self) -> list[str]:
-        """The executors up now (`<host>:<pid>`), as they last said so within their expiry."""
-        head = len(self.keys.executor(""))
-        return sorted(as_text(key)[head:] for key in self.redis.scan_iter(match=self.keys.executors, count=1000))
-
-    def queue_length(self) -> int:
-        """Runs waiting in the Celery queue for an executor."""
-        return int(self.redis.llen(self.keys.queue))
-
-    def server_url(self) -> str | None:
-        """Where `potato-queue serve` said agents and executors reach it (None: no server running)."""
-        return as_text(self.redis.get(self.keys.server_url))
 
     # -- cancel ------------------------------------------------------------
     def request_cancel(self, run_id: str) -> str:

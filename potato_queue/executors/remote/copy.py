@@ -1,6 +1,6 @@
 """The model files back from a host over ssh, shared by the ssh and slurm backends (not an executor).
 
-The host's side is remote_fetch (`python -c`): a tar stream of the job's work/
+The host's side is host/fetch.py (`python -c`): a tar stream of the job's work/
 folder on stdout, notes on stderr (the total, files over max_artifact_mb).
 This side pipes the stream straight into this machine's tar (Python's tarfile
 where there is none), shows progress on the step line, and ends a copy that
@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-from potato_queue.agent import remote_fetch
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import LaunchSpec, ModelFilesMissing
-from potato_queue.executors.openssh import SshTarget, run_ssh, ssh_argv, ssh_failure
+from potato_queue.executors.remote.openssh import SshTarget, run_ssh, ssh_argv, ssh_failure
+from potato_queue.host import fetch as remote_fetch
 
 __all__ = ["ModelCopy", "FETCH_SOURCE", "COPY_STALL_S", "stall_s"]
 
@@ -36,7 +36,7 @@ WRITE_BLOCK_BYTES = 32 << 10
 
 
 class ModelCopy:
-    """The model files back over one ssh (remote_fetch's tar stream): progress on the step line, files
+    """The model files back over one ssh (host/fetch.py's tar stream): progress on the step line, files
     over max_artifact_mb named in run.log and left there, and a copy that sends nothing for
     COPY_STALL_S ended (ERR-7)."""
 

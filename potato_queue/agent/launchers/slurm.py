@@ -20,9 +20,8 @@ import zipfile
 from typing import Callable, Dict, List, Optional, Tuple
 
 from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
-from potato_queue.agent.launcher import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
-from potato_queue.agent.relay import MAX_LINE, EventRelay, stdout_event
-from potato_queue.agent.slurm import (
+from potato_queue.agent.launchers.base import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
+from potato_queue.agent.launchers.sbatch import (
     FINAL_STATES,
     SQUEUE_FORMAT,
     QueueState,
@@ -36,6 +35,7 @@ from potato_queue.agent.slurm import (
     parse_squeue,
     sbatch_argv,
 )
+from potato_queue.agent.relay import MAX_LINE, EventRelay, stdout_event
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
 from potato_queue.worker.files import write_atomic
 

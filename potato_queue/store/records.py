@@ -1,7 +1,7 @@
 """How a run's record is written: timestamps, run.log's lines, atomic JSON, and a folder that takes no writes.
 
 What a run is (its states, its moves, its record's fields) is run.py's; the run
-store (store.py) keeps records with these helpers.
+store (run_store.py) keeps records with these helpers.
 """
 
 from __future__ import annotations

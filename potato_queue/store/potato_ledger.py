@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from potato_queue.config import LOCAL, ProjectConfig
-from potato_queue.keys import potato_database_path, potato_task_dir
-from potato_queue.records import epoch_of
 from potato_queue.run import RunState
+from potato_queue.store.keys import potato_database_path, potato_task_dir
+from potato_queue.store.records import epoch_of
 
 __all__ = [
     "POTATO_DIST",

@@ -1,0 +1,50 @@
+"""The server: uvicorn serving create_app's app on a socket bound here."""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from potato_queue.config import ProjectConfig
+from potato_queue.processes.startup import check_admin_key, check_writable
+
+__all__ = ["serve_forever"]
+
+
+def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int, public_url: str | None,
+                  tls: tuple[str, str] | None = None) -> None:
+    """Serve until stopped; `tls` (certificate file, key file) serves https."""
+    import uvicorn
+
+    from potato_queue.server.app import create_app, record_server_url
+
+    check_writable(config)
+    admin_state = check_admin_key(config, host)
+
+    from potato_queue.processes.queue import enqueue, make_celery
+
+    celery = make_celery(config, redis_url)
+    app = create_app(config, redis_url, enqueue=lambda run_id: enqueue(celery, config, run_id))
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted sockets inherit this; without it every small reply waits on a 40 ms delayed ACK.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    bound_port = sock.getsockname()[1]
+    reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
+    url = public_url or f"{'https' if tls else 'http'}://{reach}:{bound_port}"
+    record_server_url(app.state.store, url)
+    print(f"potato-queue: serving {config.annotation_task_name or config.config_path} at {url}", flush=True)
+    print(f"potato-queue: {admin_state}", flush=True)
+    certfile, keyfile = tls or (None, None)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
+                                           ssl_certfile=certfile, ssl_keyfile=keyfile))
+    handle_exit = server.handle_exit
+
+    def stopping(sig: int, frame: Any) -> None:
+        app.state.stopping.set()  # the Training page's event streams end, so the shutdown need not wait on them
+        handle_exit(sig, frame)
+
+    server.handle_exit = stopping  # type: ignore[method-assign]
+    server.run(sockets=[sock])

@@ -1,0 +1,47 @@
+"""Who is up: the server's address, the executors alive, the queue's length, and whether Redis was emptied.
+
+Each process says so itself, refreshed every few seconds with a short expiry
+(processes/), so a stopped one does not linger and all of it comes back after
+Redis is emptied.
+"""
+
+from __future__ import annotations
+
+import time
+
+import redis
+
+from potato_queue.store.keys import Keys
+from potato_queue.store.records import as_text
+
+__all__ = ["Presence"]
+
+
+class Presence:
+    """One project's presence keys (the store's `presence`)."""
+
+    def __init__(self, client: redis.Redis, keys: Keys) -> None:
+        self.redis, self.keys = client, keys
+
+    def record_server_url(self, url: str, ttl_s: float) -> None:
+        self.redis.set(self.keys.server_url, url, ex=max(1, int(ttl_s)))
+
+    def server_url(self) -> str | None:
+        """Where `potato-queue serve` said agents and executors reach it (None: no server running)."""
+        return as_text(self.redis.get(self.keys.server_url))
+
+    def record_executor(self, name: str, ttl_s: float) -> None:
+        self.redis.set(self.keys.executor(name), repr(time.time()), ex=max(1, int(ttl_s)))
+
+    def executors_seen(self) -> list[str]:
+        """The executors up now (`<host>:<pid>`), as they last said so within their expiry."""
+        head = len(self.keys.executor(""))
+        return sorted(as_text(key)[head:] for key in self.redis.scan_iter(match=self.keys.executors, count=1000))
+
+    def queue_length(self) -> int:
+        """Runs waiting in the Celery queue for an executor."""
+        return int(self.redis.llen(self.keys.queue))
+
+    def first_look_since_empty(self) -> bool:
+        """True once after Redis was emptied (or first used): time to reseed it from the run folders."""
+        return bool(self.redis.set(self.keys.alive, "1", nx=True))

@@ -1,1 +1,0 @@
-"""Thin Celery tasks that call the service layer (runs.py, retrain.py)."""
