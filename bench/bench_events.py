@@ -34,6 +34,7 @@ import uvicorn  # noqa: E402
 from fastapi import FastAPI  # noqa: E402
 
 from potato_queue.config import build_config, redis_url  # noqa: E402
+from potato_queue.runs.service import RunService  # noqa: E402
 from potato_queue.server.agent_api import agent_router  # noqa: E402
 from potato_queue.server.guard import guard  # noqa: E402
 from potato_queue.store import RunStore  # noqa: E402
@@ -71,6 +72,7 @@ def _tiny_bundle() -> bytes:
 def _serve(store: RunStore, config: object, unix_path: str) -> tuple[uvicorn.Server, str]:
     app = FastAPI()
     app.state.store, app.state.config = store, config
+    app.state.runs = RunService(config, store)  # type: ignore[arg-type]
     app.include_router(agent_router(), prefix="/api/training/agent/v1")
     guard(app, store, config)  # as create_app has it
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY

@@ -26,9 +26,9 @@ AGENT_PYZ_PATH = "/api/training/agent/v1/agent.pyz"
 
 def agent_backend_checked(config: ProjectConfig, backend: str) -> None:
     mt = config.model_training
-    unknown = config.unknown_backend(backend)
-    if unknown is not None:
-        raise PotatoQueueError(unknown[0], fix=unknown[1])
+    from potato_queue.runs.service import require_backend
+
+    require_backend(config, backend)
     kind = mt.backend_config(backend).type
     if kind != "agent":
         raise PotatoQueueError(f"backend {backend!r} is of type {kind}: only an agent backend has a token",

@@ -199,10 +199,10 @@ def training() -> None:
 @click.option("--json", "as_json", is_flag=True)
 def check(backend: str, config: Path, redis_url: str, as_json: bool) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
+    from potato_queue.runs.service import require_backend
+
     cfg = _checked(config)
-    unknown = cfg.unknown_backend(backend)
-    if unknown is not None:
-        raise PotatoQueueError(unknown[0], fix=unknown[1])
+    require_backend(cfg, backend)
     from potato_queue.executors import build_executor, unavailable_reason
 
     if unavailable_reason(cfg, backend) is not None:
@@ -262,15 +262,12 @@ def run(config: Path, redis_url: str, trainer: str, schemas: tuple[str, ...], ba
         params: tuple[str, ...], follow: bool) -> None:
     """Queue a training run (--follow: watch it to the end and print the held-out scores)."""
     from potato_queue import follow as following
-    from potato_queue.runs.submit import start_run
 
-    cfg = _checked(config)
-    store, enqueue = _store_and_queue(cfg, _redis_checked(redis_url))
-    record = start_run(cfg, store, enqueue, trainer=trainer, schemas=list(schemas), backend=backend,
-                       params=_params(params), trigger="cli")
+    runs = _runs(_checked(config), _redis_checked(redis_url))
+    record = runs.submit(trainer=trainer, schemas=list(schemas), backend=backend, params=_params(params), trigger="cli")
     click.echo(f"queued run {record['run_id']} ({trainer} on {record['backend']})")
     if follow:
-        raise click.exceptions.Exit(following.follow(store, record["run_id"]))
+        raise click.exceptions.Exit(following.follow(runs.store, record["run_id"]))
 
 
 @training.command()
@@ -294,16 +291,9 @@ def runs(config: Path, redis_url: str) -> None:
 @REDIS
 def cancel(run_id: str, config: Path, redis_url: str) -> None:
     """Cancel a queued or running run."""
-    from potato_queue.run import FINAL_STATES, RunState
+    from potato_queue.run import RunState
 
-    store, _ = _store_and_queue(_checked(config), _redis_checked(redis_url))
-    try:
-        before = store.get(run_id)["state"]
-    except (KeyError, ValueError):
-        raise PotatoQueueError(f"no run {run_id!r} in this project", fix="list them with: potato-queue training runs CONFIG") from None
-    if before in FINAL_STATES:
-        raise PotatoQueueError(f"run {run_id} had already finished ({before}); there is nothing to cancel")
-    state = store.request_cancel(run_id)
+    state = _runs(_checked(config), _redis_checked(redis_url)).cancel(run_id)
     click.echo(f"{run_id}: {state}" + ("" if state == RunState.CANCELLED else " (cancel requested; the worker is being stopped)"))
 
 
@@ -355,6 +345,13 @@ def _params(pairs: tuple[str, ...]) -> dict[str, Any]:
         except ValueError:
             out[key.strip()] = value
     return out
+
+
+def _runs(cfg: ProjectConfig, redis_url: str) -> Any:
+    """The project's RunService, as the server has it (the same rules for a command as for the API)."""
+    from potato_queue.runs.service import RunService
+
+    return RunService(cfg, *_store_and_queue(cfg, redis_url))
 
 
 def _store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[Any, Any]:

@@ -17,6 +17,7 @@ from typing import Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from potato_queue.agent.launchers.sbatch import DEFAULT_JOB_PYTHON, DEFAULT_POLL_INTERVAL_S
 from potato_queue.agent.launchers.sbatch import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
 from potato_queue.errors import ConfigUnreadable
 
@@ -138,9 +139,9 @@ def _slurm_settings() -> dict[str, Any]:
 class _SlurmCore(_RemoteBackend):
     type: Literal["slurm"] = "slurm"
     remote_dir: str
-    job_python: str = "python3"
+    job_python: str = DEFAULT_JOB_PYTHON
     prelude: list[str] = Field(default_factory=list)
-    poll_interval_s: float = Field(10.0, gt=0)
+    poll_interval_s: float = Field(DEFAULT_POLL_INTERVAL_S, gt=0)
     # SLURM requeues a job whose node failed; a run's job is not requeued unless asked (its files are half-written).
     requeue: bool = False
 

@@ -11,6 +11,10 @@ __all__ = [
     "ConfigError",
     "ConfigUnreadable",
     "NotBuiltYet",
+    "NotFound",
+    "Conflict",
+    "Invalid",
+    "Denied",
 ]
 
 
@@ -61,3 +65,24 @@ class NotBuiltYet(PotatoQueueError):
     """A command of the tree that a later piece of work fills in."""
 
     exit_code = 3
+
+
+# What a request to the runs asked for cannot be done. The core raises these; each edge says them its own
+# way, once: the HTTP API by the status its exception handler maps each to (server/guard.py), the CLI by the
+# message, the fix and exit_code.
+
+
+class NotFound(PotatoQueueError):
+    """The project has no such thing: a run, a backend (HTTP 404)."""
+
+
+class Conflict(PotatoQueueError):
+    """Not in the state things are in: a finished run, training switched off, an unconfigured backend (409)."""
+
+
+class Invalid(PotatoQueueError):
+    """The request itself is wrong: an unknown trainer or schema, params too large (400)."""
+
+
+class Denied(PotatoQueueError):
+    """The credentials do not open this: a token that is not, or no longer, the backend's (401)."""

@@ -36,6 +36,7 @@ from fastapi import FastAPI
 
 from potato_queue.agent.launchers.process import group_members
 from potato_queue.config import ProjectConfig, build_config
+from potato_queue.runs.service import RunService
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.guard import guard
 from potato_queue.store import RunStore
@@ -148,6 +149,7 @@ def _serve(config: ProjectConfig, redis_url: str, socket_dir: str) -> Served:
     app = FastAPI()
     app.state.store = store
     app.state.config = config
+    app.state.runs = RunService(config, store)
     app.include_router(agent_router(), prefix=PREFIX)
     guard(app, store, config)  # as create_app has it
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from potato_queue.agent import transport as transport_module
-from potato_queue.agent.client import BundleError, RunClient
+from potato_queue.agent.client import BundleDownloadError, RunClient
 from potato_queue.agent.launchers.base import LaunchError
 from potato_queue.agent.launchers.process import ProcessLauncher, scan_processes, worker_env
 from potato_queue.agent.relay import control_loop
@@ -251,7 +251,7 @@ def test_a_bundle_that_differs_after_a_resume_is_refused(server: Scripted, tmp_p
     other = data[:3_000_000] + os.urandom(3_000_000)
     client = make_client(server, [])
     server.script = [bundle_bytes(data, cut_at=3_000_000), bundle_bytes(other)]
-    with pytest.raises(BundleError, match="refusing it"):
+    with pytest.raises(BundleDownloadError, match="refusing it"):
         client.download_bundle(str(tmp_path / "bundle.tar.gz"), len(data), hashlib.sha256(data).hexdigest())
     assert not (tmp_path / "bundle.tar.gz").exists()
 
@@ -259,7 +259,7 @@ def test_a_bundle_that_differs_after_a_resume_is_refused(server: Scripted, tmp_p
 def test_the_bundle_gets_five_tries(server: Scripted, tmp_path: Path) -> None:
     client = make_client(server, [])
     server.script = [answer(503, {})] * 6
-    with pytest.raises(BundleError, match=r"failed 5 times \(last: HTTP 503\); got 0 of 10 bytes"):
+    with pytest.raises(BundleDownloadError, match=r"failed 5 times \(last: HTTP 503\); got 0 of 10 bytes"):
         client.download_bundle(str(tmp_path / "bundle.tar.gz"), 10, "0" * 64)
     assert len(server.seen) == 5
 

@@ -38,7 +38,7 @@ __all__ = [
     "API_PREFIX",
     "ApiError",
     "Unreachable",
-    "BundleError",
+    "BundleDownloadError",
     "UnixHTTPConnection",
     "RunClient",
     "AgentClient",
@@ -49,7 +49,7 @@ __all__ = [
 BUNDLE_TRIES = 5
 
 
-class BundleError(Exception):
+class BundleDownloadError(Exception):
     """The bundle could not be downloaded whole, or is not the one the job names."""
 
 
@@ -125,7 +125,7 @@ class RunClient:
     # -- the bundle ---------------------------------------------------------------
     def download_bundle(self, dest: str, size: int, sha256: str, tries: int = BUNDLE_TRIES,
                         progress: Optional[Callable[[int], None]] = None) -> None:
-        """bundle.tar.gz into `dest`, resuming a partial file with Range; BundleError unless whole and verified.
+        """bundle.tar.gz into `dest`, resuming a partial file with Range; BundleDownloadError unless whole and verified.
         `progress(bytes held)` is called as bytes arrive."""
         resumed = os.path.exists(dest) and os.path.getsize(dest) > 0
         digest = self._download(dest, size, tries, progress)
@@ -136,7 +136,7 @@ class RunClient:
             digest = self._download(dest, size, tries, progress)
         if digest != sha256:
             os.unlink(dest)
-            raise BundleError("the bundle's sha256 is {}, not {} as the job says: refusing it".format(digest, sha256))
+            raise BundleDownloadError("the bundle's sha256 is {}, not {} as the job says: refusing it".format(digest, sha256))
 
     def _download(self, dest: str, size: int, tries: int, progress: Optional[Callable[[int], None]]) -> str:
         """Up to `tries` requests until `dest` holds `size` bytes, each resuming where the last stopped;
@@ -160,7 +160,7 @@ class RunClient:
         try:
             retry(attempt, policy)
         except Unreachable:
-            raise BundleError("the bundle download failed {} times (last: {}); got {} of {} bytes".format(
+            raise BundleDownloadError("the bundle download failed {} times (last: {}); got {} of {} bytes".format(
                 policy.failures, policy.problem, _size_of(dest), size)) from None
         return hashed.hexdigest()
 

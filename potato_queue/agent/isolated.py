@@ -20,6 +20,8 @@ import os
 import re
 from typing import Dict, List, Mapping, Optional
 
+from potato_queue.worker.device import THREAD_ENV_VARS
+
 __all__ = ["BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "ALLOWED_NAMES", "ALLOWED_PREFIXES"]
 
 # The folder holding the potato_queue package.
@@ -38,8 +40,7 @@ ALLOWED_NAMES = frozenset({
     "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8",
     "VIRTUAL_ENV", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
     "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-    "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS", "NUMEXPR_NUM_THREADS",
-    "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG",
+    "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG", *THREAD_ENV_VARS,
 })
 ALLOWED_PREFIXES = ("LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "CUDNN_", "HIP_", "ROCR_", "ROCM_", "HF_",
                     "HUGGINGFACE_", "TRANSFORMERS_", "TORCH_", "PYTORCH_", "CONDA_", "SLURM_", "MPLCONFIGDIR")

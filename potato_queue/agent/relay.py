@@ -18,6 +18,7 @@ from typing import IO, Any, Callable, Iterator, List, Optional
 
 from potato_queue.agent.client import RunClient
 from potato_queue.agent.transport import ApiError, Backoff, Unreachable
+from potato_queue.worker.events import PROTOCOL_VERSION
 
 __all__ = [
     "make_event",
@@ -42,7 +43,7 @@ Log = Callable[[str], None]
 
 def make_event(kind: str, **fields: Any) -> str:
     """An event of the agent's own, as JSON text."""
-    event = {"v": 1, "event": kind, "t": round(time.time(), 3)}
+    event = {"v": PROTOCOL_VERSION, "event": kind, "t": round(time.time(), 3)}
     event.update(fields)
     return json.dumps(event, separators=(",", ":"))
 
@@ -64,7 +65,7 @@ def stdout_event(raw: bytes) -> Optional[str]:
         if isinstance(event, dict) and isinstance(event.get("event"), str):
             if "v" in event and "t" in event:
                 return text
-            event.setdefault("v", 1)
+            event.setdefault("v", PROTOCOL_VERSION)
             event.setdefault("t", round(time.time(), 3))
             return json.dumps(event, separators=(",", ":"))
     return make_event("log", level="stdout", msg=text[:MAX_LINE])

@@ -18,7 +18,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, Optional, Tuple
 
-from potato_queue.agent.client import BundleError, RunClient
+from potato_queue.agent.client import BundleDownloadError, RunClient
 from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerLauncher
 from potato_queue.agent.progress import Progress
 from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
@@ -76,7 +76,7 @@ def extract_bundle(tar_path: str, dest: str) -> None:
         for member in tar:
             parts = member.name.replace("\\", "/").split("/")
             if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
-                raise BundleError("the bundle holds {!r}, which may not be unpacked".format(member.name))
+                raise BundleDownloadError("the bundle holds {!r}, which may not be unpacked".format(member.name))
             target = os.path.join(dest, *[p for p in parts if p not in ("", ".")])
             if member.isdir():
                 os.makedirs(target, exist_ok=True)
@@ -84,7 +84,7 @@ def extract_bundle(tar_path: str, dest: str) -> None:
             os.makedirs(os.path.dirname(target), exist_ok=True)
             source = tar.extractfile(member)
             if source is None:
-                raise BundleError("the bundle's {!r} cannot be read".format(member.name))
+                raise BundleDownloadError("the bundle's {!r} cannot be read".format(member.name))
             with source, open(target, "wb") as out:
                 shutil.copyfileobj(source, out, 1024 * 1024)
 
@@ -149,7 +149,7 @@ class Runner:
         self._start_threads(job)
         try:
             self._prepare(job)
-        except (BundleError, ApiError, tarfile.TarError, OSError) as exc:
+        except (BundleDownloadError, ApiError, tarfile.TarError, OSError) as exc:
             return self._finish(EXIT_BAD_SPEC, "bad_bundle", str(exc))
         if self.cancel.is_set():
             return self._finish(EXIT_CANCELLED, None, "{}: the worker was not started".format(self.stop_reason))

@@ -32,7 +32,6 @@ import sys
 from typing import List
 
 EXIT_REFUSED = 3
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 
 
 def send(event: str, **fields: object) -> None:
@@ -116,6 +115,7 @@ def main() -> int:
     from potato_queue.agent.isolated import allowed_env, python_argv
     from potato_queue.host.check import gpu_facts
     from potato_queue.host.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, parse_gpus
+    from potato_queue.worker.device import THREAD_ENV_VARS
 
     env = allowed_env(os.environ, header["env"])
     slurm = bool(header.get("slurm"))
@@ -129,7 +129,7 @@ def main() -> int:
         send("gpu", line=choice.line)
         env["CUDA_VISIBLE_DEVICES"] = choice.visible_devices
         if header.get("num_threads"):
-            env.update({name: str(header["num_threads"]) for name in THREAD_VARIABLES})
+            env.update({name: str(header["num_threads"]) for name in THREAD_ENV_VARS})
     jobs = folder(os.path.join(root, "jobs"))
     try:
         os.setsid()  # a session of our own: the executor's hard stop is `pkill -KILL -s` of it

@@ -7,11 +7,10 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
-from potato_queue.run import RunState
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths
 
-__all__ = ["build_job", "server_url_for", "latest_succeeded"]
+__all__ = ["build_job", "server_url_for"]
 
 SERVER_URL_WAIT_S = 2.5
 
@@ -31,17 +30,10 @@ def server_url_for(store: RunStore) -> str:
     return url
 
 
-def latest_succeeded(store: RunStore, *, exclude: str | None = None) -> str | None:
-    for run_id in reversed(store.run_ids()):
-        if run_id != exclude and store.read(run_id)["state"] == RunState.SUCCEEDED:
-            return run_id
-    return None
-
-
 def _params(config: ProjectConfig, store: RunStore, record: dict[str, Any]) -> dict[str, Any]:
     params = dict(record.get("params") or {})
     if record["trainer"] == "decision-calibrate":
-        base = latest_succeeded(store, exclude=record["run_id"])
+        base = store.latest_succeeded(exclude=record["run_id"])
         if base is None or not store.paths(base).predictions.exists():
             raise PotatoQueueError(
                 "decision-calibrate recalibrates the latest successful run, and this project has none with predictions",

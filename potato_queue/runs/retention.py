@@ -14,28 +14,14 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from potato_queue.run import FINAL_STATES, RunState
+from potato_queue.run import FINAL_STATES
 from potato_queue.store import RunStore
 from potato_queue.store.records import utc_now
 
 __all__ = ["prune_old_runs"]
 
-# How far back the latest successful run is looked for (a run's end usually is it).
-LOOK_BACK_RUNS = 1000
-
-
 def _bulky(store: RunStore, run_id: str) -> list[Path]:
     return [p for p in store.paths(run_id).bulky if p.exists()]
-
-
-def _latest_success(store: RunStore) -> str | None:
-    for run_id in store.newest_runs(LOOK_BACK_RUNS):  # usually the run that just ended: one read
-        try:
-            if store.read(run_id).get("state") == RunState.SUCCEEDED:
-                return run_id
-        except KeyError:
-            continue
-    return None
 
 
 def prune_old_runs(store: RunStore, retain: int) -> list[str]:
@@ -48,7 +34,7 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
     candidates = [run_id for run_id in store.bulky_runs() if run_id not in newest]
     if not candidates:
         return []
-    keep = _latest_success(store)
+    keep = store.latest_succeeded()
     pruned = []
     for run_id in candidates:
         try:

@@ -16,14 +16,12 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from potato_queue.config import LOCAL
-from potato_queue.run import FINAL_STATES, RunState
-from potato_queue.runs.finalize import published_predictions, read_jsonl
-from potato_queue.runs.submit import RunRefused, start_run, trainer_table
-from potato_queue.server.deps import store_of
+from potato_queue.run import RunState
+from potato_queue.runs.finalize import published_predictions
+from potato_queue.runs.submit import trainer_table
+from potato_queue.server.deps import runs_of, store_of
 from potato_queue.server.guard import request_admin_problem
-from potato_queue.store import RunStore
 from potato_queue.store.keys import RUN_ID_RE
-from potato_queue.store.records import RunFolderError
 
 __all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
 
@@ -61,69 +59,40 @@ def require_admin_key(request: Request, x_api_key: str | None = Header(default=N
 
 
 
-def public_record(record: dict[str, Any]) -> dict[str, Any]:
-    record = dict(record)
-    record["ran_on"] = record.pop("backend", None)
-    record.pop("job", None)
-    return record
-
-
-def get_public_run(store: RunStore, run_id: str) -> dict[str, Any]:
-    try:
-        record = store.get(run_id)
-    except (KeyError, ValueError):
-        raise HTTPException(404, f"No run {run_id!r} in this project") from None
-    return public_record(record)
-
 
 def post_run(body: RunRequest, request: Request) -> RunAccepted:
     """Queue a run (API-2): 409 for a backend the config does not name, 400 for anything else refused."""
-    try:
-        # A run started with the page's session cookie, not the API key, was started from the page.
-        trigger = "api" if request.headers.get("x-api-key") is not None else "page"
-        record = start_run(request.app.state.config, store_of(request), request.app.state.enqueue,
-                           trainer=body.trainer, schemas=body.schemas, backend=body.backend, params=body.params,
-                           trigger="potato" if body.potato_run_id else trigger, potato_run_id=body.potato_run_id)
-    except RunRefused as exc:
-        raise HTTPException(exc.status, f"{exc.message}; fix: {exc.fix}" if exc.fix else exc.message) from None
-    except RunFolderError as exc:
-        raise HTTPException(507, f"{exc.message}; fix: {exc.fix}") from None
+    # A run started with the page's session cookie, not the API key, was started from the page.
+    trigger = "api" if request.headers.get("x-api-key") is not None else "page"
+    record = runs_of(request).submit(trainer=body.trainer, schemas=body.schemas, backend=body.backend,
+                                     params=body.params, trigger="potato" if body.potato_run_id else trigger,
+                                     potato_run_id=body.potato_run_id)
     return RunAccepted(run_id=record["run_id"], state=RunState.QUEUED)
 
 
 def list_runs(request: Request,
               limit: Annotated[int, Query(ge=1, le=MAX_RUNS_LISTED)] = 100) -> list[dict[str, Any]]:
     """The newest runs first; a run whose record cannot be read is listed with state `broken`."""
-    return [public_record(r) for r in store_of(request).list_runs(limit)]
+    return runs_of(request).list(limit)
 
 
 def get_run(run_id: str, request: Request) -> dict[str, Any]:
-    return get_public_run(store_of(request), run_id)
+    return runs_of(request).get(run_id)
 
 
 def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
     """Cancel a queued or running run; 409 when it had already finished."""
-    before = get_public_run(store_of(request), run_id)["state"]
-    if before in FINAL_STATES:
-        raise HTTPException(409, f"run {run_id} had already finished ({before}); there is nothing to cancel")
-    return {"run_id": run_id, "state": store_of(request).request_cancel(run_id)}
+    return {"run_id": run_id, "state": runs_of(request).cancel(run_id)}
 
 
 def run_events(run_id: str, request: Request, after: Annotated[int, Query(ge=0)] = 0) -> list[dict[str, Any]]:
     """The run's events from the `after`-th on."""
-    get_public_run(store_of(request), run_id)
-    return list(read_jsonl(store_of(request).paths(run_id).events))[after:]
+    return runs_of(request).events(run_id, after)
 
 
 def run_log(run_id: str, request: Request, offset: Annotated[int, Query(ge=0, le=MAX_OFFSET)] = 0) -> str:
     """run.log from byte `offset` on (to follow it)."""
-    get_public_run(store_of(request), run_id)
-    path = store_of(request).paths(run_id).run_log
-    if not path.exists() or offset >= path.stat().st_size:
-        return ""
-    with open(path, "rb") as fh:
-        fh.seek(offset)
-        return fh.read().decode("utf-8", errors="replace")
+    return runs_of(request).log(run_id, offset)
 
 
 def trainers() -> dict[str, dict[str, Any]]:

@@ -28,7 +28,7 @@ from starlette.responses import FileResponse
 from potato_queue.bounds import clean, clean_flat, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.runs.ingest import ingest_events
-from potato_queue.server.deps import config_of, store_of
+from potato_queue.server.deps import config_of, runs_of, store_of
 from potato_queue.server.guard import token_problem
 from potato_queue.store import RunStore
 
@@ -161,7 +161,7 @@ def get_job(request: Request, run_id: AuthorizedRun) -> Job:
     job = record.get("job")
     if not isinstance(job, dict):
         raise HTTPException(409, f"run {run_id} has not been started: it has no job yet")
-    store.touch_heartbeat(run_id)
+    runs_of(request).heard_from(run_id)
     fields = {k: v for k, v in job.items() if k in Job.model_fields}
     fields.setdefault("heartbeat_interval_s", _heartbeat_interval(config, record))
     fields.setdefault("max_predictions_bytes", _max_predictions_bytes(config))
@@ -180,7 +180,7 @@ def get_bundle(request: Request, run_id: AuthorizedRun) -> FileResponse:
     path = store.paths(run_id).bundle
     if not path.is_file():
         raise HTTPException(404, f"run {run_id} has no bundle on the server")
-    store.touch_heartbeat(run_id)
+    runs_of(request).heard_from(run_id)
     return _BundleFile(path, media_type="application/gzip", filename="bundle.tar.gz")
 
 
@@ -217,7 +217,7 @@ async def get_control(
 ) -> CancelReply:
     """Long-poll: answers at once when a cancel is requested, else after wait_s."""
     store = store_of(request)
-    await run_in_threadpool(store.touch_heartbeat, run_id)
+    await run_in_threadpool(runs_of(request).heard_from, run_id)
     return CancelReply(cancel=await store.wait_stop_due(run_id, min(wait_s, MAX_WAIT_S), request.is_disconnected))
 
 
@@ -255,7 +255,7 @@ async def _receive(request: Request, partial: Path, config: ProjectConfig) -> tu
 async def put_predictions(request: Request, run_id: AuthorizedRun) -> PredictionsReply:
     """predictions.jsonl, streamed; 413 over max_predictions_mb, 409 when already stored."""
     store, config = store_of(request), config_of(request)
-    await run_in_threadpool(store.touch_heartbeat, run_id)
+    await run_in_threadpool(runs_of(request).heard_from, run_id)
     paths = store.paths(run_id)
     if paths.predictions.exists():
         raise HTTPException(409, f"run {run_id} already has its predictions; they are stored once")

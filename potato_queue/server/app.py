@@ -8,6 +8,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from potato_queue.config import ProjectConfig
+from potato_queue.runs.service import RunService
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.claims import ClaimWakeups, claims_router
@@ -35,6 +36,7 @@ def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str]
     app.state.claim_wakeups = ClaimWakeups(app.state.store)  # subscribes at the first claim
     guard(app, app.state.store, config)
     app.state.enqueue = enqueue
+    app.state.runs = RunService(config, app.state.store, enqueue)
     app.state.redis_url = redis_url
     app.state.stopping = threading.Event()  # set when the server is asked to stop (processes/server.py)
     app.state.local_device = device_probe(config, redis_url)

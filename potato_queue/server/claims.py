@@ -22,20 +22,16 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from potato_queue.code_package import agent_zipapp
 from potato_queue.config import ProjectConfig
-from potato_queue.run import RunState
-from potato_queue.server.deps import store_of
+from potato_queue.runs.service import RunService
+from potato_queue.server.deps import config_of, runs_of
 from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
-from potato_queue.store.offers import DENIED
 from potato_queue.store.plumbing import async_twin
 from potato_queue.store.tokens import WAKE_EVERYONE
 
 __all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S"]
 
 MAX_CLAIM_WAIT_S = 30.0
-# A run token lives as long as a run may: the final state revokes it before that.
-CLAIMED_TOKEN_TTL_S = 30 * 24 * 3600.0
-_BAD_TOKEN = "the token for this backend was refused: it is wrong, or it was replaced by a newer register"
 
 
 class AgentInfo(BaseModel):
@@ -127,22 +123,11 @@ def _wakeups(request: Request) -> ClaimWakeups:
     return request.app.state.claim_wakeups
 
 
-def _claim_once(store: RunStore, backend: str, token: str, agent: dict[str, Any]) -> Claim | None:
-    """One try: the claim, None when nothing is offered; 401 when the token is no longer this backend's."""
-    while True:
-        run_id = store.offers.claim(backend, token, agent)
-        if run_id == DENIED:
-            raise HTTPException(401, _BAD_TOKEN, headers={"WWW-Authenticate": "Bearer"})
-        if run_id is None:
-            return None
-        # The token first, then the state: a run that ends from now on revokes the token with its end.
-        run_token = store.tokens.issue(run_id, CLAIMED_TOKEN_TTL_S)
-        if store.view(run_id).state == RunState.QUEUED:
-            break
-        store.tokens.revoke(run_id)  # an offer its executor could not withdraw (it died; the run ended)
-    store.touch_heartbeat(run_id)  # the first contact: the executor sees the run in its agent's hands
-    store.log(run_id, f"claimed by the agent on {agent.get('host') or 'an unnamed host'} (backend {backend})")
-    return Claim(run_id=run_id, token=run_token)
+def _claim_once(runs: RunService, backend: str, token: str, agent: dict[str, Any]) -> Claim | None:
+    """One try: the claim, None when nothing is offered (Denied, 401, when the token is no longer this
+    backend's)."""
+    claimed = runs.claimed(backend, token, agent)
+    return None if claimed is None else Claim(run_id=claimed.run_id, token=claimed.token)
 
 
 async def claim(
@@ -153,7 +138,7 @@ async def claim(
     = 25.0,
 ) -> Claim:
     """Long-poll for a run of this agent backend (backend token): answers as soon as one is offered."""
-    store, config = store_of(request), request.app.state.config
+    config = config_of(request)
     if backend not in agent_backends(config):
         raise HTTPException(404, f"{backend!r} is not an agent backend of this project (agent backends: "
                                  f"{', '.join(agent_backends(config)) or 'none'})")
@@ -163,7 +148,7 @@ async def claim(
     while True:
         place, offered = await wakeups.waiter(backend)
         try:
-            found = await run_in_threadpool(_claim_once, store, backend, token, info)
+            found = await run_in_threadpool(_claim_once, runs_of(request), backend, token, info)
         except BaseException:
             wakeups.leave(backend, place)
             raise

@@ -1,13 +1,15 @@
-"""What a route takes from the app it runs in: the project's config and its run store (create_app sets both)."""
+"""What a route takes from the app it runs in: the project's config, its run store and its RunService
+(create_app sets them)."""
 
 from __future__ import annotations
 
 from fastapi import Request
 
 from potato_queue.config import ProjectConfig
+from potato_queue.runs.service import RunService
 from potato_queue.store import RunStore
 
-__all__ = ["store_of", "config_of"]
+__all__ = ["store_of", "config_of", "runs_of"]
 
 
 def store_of(request: Request) -> RunStore:
@@ -16,3 +18,8 @@ def store_of(request: Request) -> RunStore:
 
 def config_of(request: Request) -> ProjectConfig:
     return request.app.state.config  # type: ignore[no-any-return]
+
+
+def runs_of(request: Request) -> RunService:
+    """The project's RunService: what every route asks of the runs."""
+    return request.app.state.runs  # type: ignore[no-any-return]

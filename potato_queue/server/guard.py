@@ -30,9 +30,11 @@ from starlette.concurrency import run_in_threadpool
 
 from potato_queue.bounds import clean
 from potato_queue.config import ProjectConfig
+from potato_queue.errors import Conflict, Denied, Invalid, NotFound, PotatoQueueError
 from potato_queue.server.session import cookie_value, cross_site_problem, session_nonce
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RUN_ID_RE
+from potato_queue.store.records import RunFolderError
 
 __all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
 
@@ -241,7 +243,27 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": clean(detail)})
 
 
+# The core's refusals as HTTP: the one place a status is chosen for them.
+STATUS_OF_ERROR: tuple[tuple[type[PotatoQueueError], int], ...] = (
+    (NotFound, 404), (Conflict, 409), (Invalid, 400), (Denied, 401), (RunFolderError, 507))
+
+
+def http_status_of(exc: PotatoQueueError) -> int:
+    return next((status for kind, status in STATUS_OF_ERROR if isinstance(exc, kind)), 400)
+
+
+async def _refused(request: Request, exc: Exception) -> JSONResponse:
+    """A PotatoQueueError from the core: its status, and the message with its fix as the detail."""
+    assert isinstance(exc, PotatoQueueError)
+    detail = f"{exc.message}; fix: {exc.fix}" if exc.fix else exc.message
+    status = http_status_of(exc)
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)
+
+
 def guard(app: Any, store: RunStore, config: ProjectConfig) -> None:
-    """Put the Guard in front of a FastAPI app, and a 422 handler that cannot fail to render."""
+    """Put the Guard in front of a FastAPI app, a 422 handler that cannot fail to render, and the mapping
+    of the core's refusals to HTTP statuses."""
     app.add_middleware(Guard, store=store, config=config)
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    app.add_exception_handler(PotatoQueueError, _refused)

@@ -14,12 +14,13 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, HTTPException, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
-from potato_queue.server.admin_api import ErrorReply, get_public_run, public_record, require_admin_key
-from potato_queue.server.deps import store_of
+from potato_queue.errors import NotFound
+from potato_queue.server.admin_api import ErrorReply, require_admin_key
+from potato_queue.server.deps import runs_of, store_of
 
 __all__ = ["page_api_router", "device_probe", "STREAM_TICK_S", "CHECK_TIMEOUT_S"]
 
@@ -33,9 +34,7 @@ def check_backend(name: str, request: Request) -> dict[str, Any]:
     """`potato-queue training check NAME CONFIG` in a process of its own, as an admin would run it: the
     same report, and the server neither blocks on ssh nor imports torch for the local device."""
     config = request.app.state.config
-    unknown = config.unknown_backend(name)
-    if unknown is not None:
-        raise HTTPException(404, f"{unknown[0]}; fix: {unknown[1]}")
+    runs_of(request).backend_known(name)
     try:
         done = subprocess.run(_check_argv(config, name, request.app.state.redis_url), capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
                               env=dict(os.environ))
@@ -79,7 +78,7 @@ def device_probe(config: Any, redis_url: str) -> Callable[[float], str | None]:
 
 
 def _snapshot(request: Request) -> str:
-    return json.dumps([public_record(r) for r in store_of(request).list_runs(LISTED)], default=str)
+    return json.dumps(runs_of(request).list(LISTED), default=str)
 
 
 async def _runs_events(request: Request) -> AsyncIterator[str]:
@@ -107,10 +106,10 @@ def runs_stream(request: Request) -> StreamingResponse:
 
 def predictions_file(run_id: str, request: Request) -> FileResponse:
     """The run's predictions.jsonl, as a download."""
-    get_public_run(store_of(request), run_id)
+    runs_of(request).record(run_id)
     path = store_of(request).paths(run_id).predictions
     if not path.exists():
-        raise HTTPException(404, f"run {run_id} has no predictions")
+        raise NotFound(f"run {run_id} has no predictions")
     return FileResponse(path, media_type="application/x-ndjson", filename=f"{run_id}-predictions.jsonl")
 
 

@@ -143,6 +143,17 @@ class RunStore:
                 return run_id  # unreadable: sorted by its id (which starts with the creation second)
         return self._created[run_id]
 
+    def latest_succeeded(self, *, exclude: str | None = None) -> str | None:
+        """The newest run that succeeded, from the run folders (the truth, even just after Redis was
+        emptied): what decision-calibrate recalibrates and what retain_runs always keeps."""
+        for run_id in reversed(self.run_ids()):
+            try:
+                if run_id != exclude and self.read(run_id)["state"] == RunState.SUCCEEDED:
+                    return run_id
+            except KeyError:
+                continue  # unreadable: not a success anyone can build on
+        return None
+
     def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
         """The newest `limit` runs; one whose record cannot be read is listed as `broken`, never breaks the list."""
         return [self._listed(run_id) for run_id in reversed(self.run_ids()[-limit:])]

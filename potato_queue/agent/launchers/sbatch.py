@@ -12,10 +12,12 @@ import re
 import shlex
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from potato_queue.worker.device import THREAD_ENV_VARS
+
 __all__ = [
     "SBATCH_FLAGS", "JOB_KEYS", "SlurmSettings", "SettingsError", "sbatch_argv", "job_script", "job_name",
     "parse_job_id", "QueueState", "parse_squeue", "SQUEUE_FORMAT", "parse_scontrol", "end_reason",
-    "FINAL_STATES", "describe_state",
+    "SLURM_ENDED_STATES", "describe_state", "DEFAULT_JOB_PYTHON", "DEFAULT_POLL_INTERVAL_S",
 ]
 
 # Backend key -> sbatch long option (CFG-4). The config takes its slurm keys from this table.
@@ -28,11 +30,13 @@ SBATCH_FLAGS = {
 }
 # The other keys the job needs; the rest of a backend (host, python, remote_dir...) is the executor's.
 JOB_KEYS = ("job_python", "prelude", "poll_interval_s", "requeue", "env", "num_threads")
-THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
 SQUEUE_FORMAT = "%T|%r|%N"
+# The job settings' defaults (config.py's SlurmBackend takes them from here).
+DEFAULT_JOB_PYTHON = "python3"
+DEFAULT_POLL_INTERVAL_S = 10.0
 # Job states after which SLURM will not run the job again (scontrol's JobState).
-FINAL_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-                          "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+SLURM_ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
+                                "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
 
 
 class SettingsError(ValueError):
@@ -63,7 +67,8 @@ class SlurmSettings(NamedTuple):
         sbatch = {flag: str(data[key]) for key, flag in SBATCH_FLAGS.items()
                   if data.get(key) is not None and str(data[key]) != ""}
         threads = data.get("num_threads")
-        return cls(str(data.get("job_python") or "python3"), list(prelude), float(data.get("poll_interval_s") or 10.0),
+        return cls(str(data.get("job_python") or DEFAULT_JOB_PYTHON), list(prelude),
+                   float(data.get("poll_interval_s") or DEFAULT_POLL_INTERVAL_S),
                    bool(data.get("requeue")), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
                    int(threads) if threads else None, sbatch)
 
@@ -94,7 +99,7 @@ def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: 
     stderr_log, exit_code = q(job_dir + "/stderr.log"), q(job_dir + "/exit_code")
     env = dict(settings.env)
     if settings.num_threads:
-        env.update({name: str(settings.num_threads) for name in THREAD_VARIABLES})
+        env.update({name: str(settings.num_threads) for name in THREAD_ENV_VARS})
     lines = ["#!/bin/bash -l", "# potato-queue run {}: written by its agent; SLURM runs it on a compute node.".format(
         run_id)]
     lines.append("trap 'echo \"potato-queue: job.sh got SIGTERM; the worker stops\" >&2' TERM")

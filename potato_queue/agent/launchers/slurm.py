@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
 from potato_queue.agent.launchers.base import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
 from potato_queue.agent.launchers.sbatch import (
-    FINAL_STATES,
+    SLURM_ENDED_STATES,
     SQUEUE_FORMAT,
     QueueState,
     SlurmSettings,
@@ -259,7 +259,7 @@ class SlurmJob(WorkerHandle):
             return True
         fields = self._scontrol()
         state = fields.get("JobState", "")
-        if state in FINAL_STATES:
+        if state in SLURM_ENDED_STATES:
             self._conclude(self._exit_code(wait_s=2.0), fields)
             return True
         if state:
@@ -304,7 +304,7 @@ class SlurmJob(WorkerHandle):
         """scontrol's view once SLURM has recorded the job's end (it may still be completing)."""
         deadline = time.monotonic() + END_STATE_WAIT_S
         fields = self._scontrol()
-        while fields.get("JobState") not in FINAL_STATES and fields and time.monotonic() < deadline:
+        while fields.get("JobState") not in SLURM_ENDED_STATES and fields and time.monotonic() < deadline:
             if re.search(r"DUE TO|oom-kill|memory limit", _read(self._path("slurm.out"))):
                 break  # slurmstepd has said why already
             time.sleep(0.25)

@@ -1,0 +1,147 @@
+"""What a user, the Training page or an agent asks of one project's runs: each rule in one place.
+
+The CLI, the admin API, the page and the agent API all call `RunService`; none
+of them decides a run's rules itself. Refusals are errors.py's NotFound,
+Conflict, Invalid and Denied, which each edge says once its own way (the HTTP
+status in server/guard.py, the message, fix and exit code in the CLI). Nothing
+here knows HTTP.
+
+Two of the methods are the agent's named events: `claimed` (an agent backend's
+agent took an offered run) and `heard_from` (any call of a run's agent). The
+executor sees the first of them as the run's first contact (runs/supervise.py):
+the run is then `running`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from potato_queue.config import ProjectConfig
+from potato_queue.errors import Conflict, Denied, NotFound
+from potato_queue.run import FINAL_STATES, RunRecord, RunState
+from potato_queue.runs.submit import start_run
+from potato_queue.store import RunStore
+from potato_queue.store.keys import RUN_ID_RE
+from potato_queue.store.offers import DENIED
+
+__all__ = ["RunService", "Claimed", "require_backend", "public_view", "LIST_FIX", "CLAIMED_TOKEN_TTL_S"]
+
+LIST_FIX = "list them with: potato-queue training runs CONFIG"
+# A claimed run's token lives at most this long (its end revokes it sooner): a pull run has no executor-side
+# max_wall to derive it from before the claim.
+CLAIMED_TOKEN_TTL_S = 30 * 24 * 3600
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """An agent's claim: the run it now holds and the run's token (given to that agent only)."""
+
+    run_id: str
+    token: str
+
+
+def public_view(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
+    """A record as the API and the page show it: where it ran as `ran_on`, the job left out (it names paths
+    on the server and the bundle's digest, which are the agent's business)."""
+    view = dict(record)
+    view["ran_on"] = view.pop("backend", None)
+    view.pop("job", None)
+    return view
+
+
+def require_backend(config: ProjectConfig, name: str) -> None:
+    """NotFound (with the project's backends and the fix) unless the project has this backend."""
+    unknown = config.unknown_backend(name)
+    if unknown is not None:
+        raise NotFound(unknown[0], fix=unknown[1])
+
+
+class RunService:
+    """One project's runs, as every edge asks for them. `enqueue(run_id)` wakes an executor (None where
+    nothing is submitted, such as a read-only command)."""
+
+    def __init__(self, config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None] | None = None) -> None:
+        self.config, self.store, self.enqueue = config, store, enqueue
+
+    # -- a user's requests --------------------------------------------------------
+    def submit(self, *, trainer: str, schemas: list[str], backend: str | None = None,
+               params: dict[str, Any] | None = None, trigger: str = "api",
+               potato_run_id: str | None = None) -> RunRecord:
+        """Check the request (Conflict, Invalid), write the queued run, wake an executor."""
+        if self.enqueue is None:
+            raise RuntimeError("this RunService was made without enqueue: it cannot submit")
+        return start_run(self.config, self.store, self.enqueue, trainer=trainer, schemas=schemas, backend=backend,
+                         params=params, trigger=trigger, potato_run_id=potato_run_id)
+
+    def record(self, run_id: str) -> RunRecord:
+        """The run's record with its live fields (NotFound when the project has no such run)."""
+        if not RUN_ID_RE.match(run_id):
+            raise NotFound(f"No run {run_id!r} in this project (run ids look like 20261129T120000-a1b2c3)",
+                           fix=LIST_FIX)
+        try:
+            return self.store.get(run_id)
+        except (KeyError, ValueError):
+            raise NotFound(f"No run {run_id!r} in this project", fix=LIST_FIX) from None
+
+    def get(self, run_id: str) -> dict[str, Any]:
+        return public_view(self.record(run_id))
+
+    def list(self, limit: int) -> list[dict[str, Any]]:
+        """The newest `limit` runs, newest first (an unreadable one listed as `broken`)."""
+        return [public_view(record) for record in self.store.list_runs(limit)]
+
+    def cancel(self, run_id: str) -> RunState:
+        """Ask the run to stop (a queued run ends cancelled at once): its state now. Conflict when it had
+        already finished."""
+        before = self.record(run_id)["state"]
+        if before in FINAL_STATES:
+            raise Conflict(f"run {run_id} had already finished ({before}); there is nothing to cancel")
+        return RunState(self.store.request_cancel(run_id))
+
+    def log(self, run_id: str, offset: int = 0) -> str:
+        """run.log from byte `offset` on (to follow it); "" when nothing is new."""
+        self.record(run_id)
+        path = self.store.paths(run_id).run_log
+        if not path.exists() or offset >= path.stat().st_size:
+            return ""
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read().decode("utf-8", errors="replace")
+
+    def events(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
+        """The run's events from the `after`-th on."""
+        from potato_queue.runs.gate import read_jsonl
+
+        self.record(run_id)
+        return list(read_jsonl(self.store.paths(run_id).events))[after:]
+
+    def backend_known(self, name: str) -> None:
+        require_backend(self.config, name)
+
+    # -- an agent's events --------------------------------------------------------
+    def claimed(self, backend: str, token: str, agent: dict[str, Any]) -> Claimed | None:
+        """An agent of `backend` takes the oldest run offered to it: the run and its token, None when none
+        is offered; Denied when the token is not (or no longer) the backend's. The claim is the run's
+        first contact."""
+        while True:
+            run_id = self.store.offers.claim(backend, token, agent)
+            if run_id == DENIED:
+                raise Denied("the token for this backend was refused: it is wrong, or it was replaced by a newer register",
+                             fix=f"register again: potato-queue training register {backend} CONFIG")
+            if run_id is None:
+                return None
+            # The token first, then the state: a run that ends from now on revokes the token with its end.
+            run_token = self.store.tokens.issue(run_id, CLAIMED_TOKEN_TTL_S)
+            if self.store.view(run_id).state == RunState.QUEUED:
+                break
+            self.store.tokens.revoke(run_id)  # an offer its executor could not withdraw (it died; the run ended)
+        self.heard_from(run_id)
+        self.store.log(run_id, f"claimed by the agent on {agent.get('host') or 'an unnamed host'} (backend {backend})")
+        return Claimed(run_id, run_token)
+
+    def heard_from(self, run_id: str) -> None:
+        """The run's agent called (its job, bundle, control long-poll, predictions): the heartbeat. The first
+        such call is the run's first contact, which the supervising executor turns into `running`."""
+        self.store.touch_heartbeat(run_id)
