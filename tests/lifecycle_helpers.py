@@ -225,3 +225,20 @@ def wait_running(services: Services, run_id: str, timeout_s: float = 60) -> dict
         assert run["state"] not in TERMINAL, run
         time.sleep(0.1)
     raise AssertionError(f"{run_id} never reached training")
+
+
+def job_as_the_executor_stores_it(store: Any, run_id: str, data: bytes, **fields: Any) -> None:
+    """`data` as the run's bundle.tar.gz and its Job in run.json, as RunLife leaves them before the launch
+    (worker/job.py's one shape): for tests that drive the agent protocol by hand."""
+    import hashlib
+
+    from potato_queue.runs.job import heartbeat_interval_s, max_predictions_bytes
+    from potato_queue.worker.job import BundleRef, Job
+
+    record = store.read(run_id)
+    store.paths(run_id).bundle.write_bytes(data)
+    fields.setdefault("bundle", BundleRef(len(data), hashlib.sha256(data).hexdigest()))
+    job = Job(run_id=run_id, trainer=record["trainer"], schemas=record["schemas"],
+              heartbeat_interval_s=heartbeat_interval_s(store.config, record["backend"]),
+              max_predictions_bytes=max_predictions_bytes(store.config), **fields)
+    store.update(run_id, job=job.to_dict())

@@ -10,7 +10,6 @@ predictions.jsonl in its workdir, and how it meets SIGTERM.
 from __future__ import annotations
 
 import glob
-import hashlib
 import io
 import json
 import os
@@ -41,7 +40,9 @@ from potato_queue.server.agent_api import agent_router
 from potato_queue.server.guard import guard
 from potato_queue.store import RunStore
 from potato_queue.store.keys import Keys
+from potato_queue.worker.job import BundleRef, Limits
 from tests.conftest import ROOT
+from tests.lifecycle_helpers import job_as_the_executor_stores_it
 
 PREFIX = "/api/training/agent/v1"
 
@@ -227,13 +228,10 @@ def make_run(served: Served, mode: str, *, grace: float | None = 5, max_ram_mb: 
     store = served.store
     run_id = store.create(trainer="fake", schemas=["sentiment"], backend="local", params={"mode": mode, **params})["run_id"]
     data = bundle_bytes(extra_bytes)
-    store.paths(run_id).bundle.write_bytes(data)
-    store.update(run_id, job={
-        "trainer": "fake", "schemas": ["sentiment"], "params": {"mode": mode, **params}, "seed": 7,
-        "grace_seconds": grace,
-        "limits": {"max_wall_s": 600, "max_ram_mb": max_ram_mb, "device": "cpu", "num_threads": 1},
-        "bundle": {"bytes": len(data), "sha256": sha256 or hashlib.sha256(data).hexdigest()},
-    })
+    job_as_the_executor_stores_it(
+        store, run_id, data, params={"mode": mode, **params}, seed=7, grace_seconds=grace,
+        limits=Limits(max_wall_s=600, max_ram_mb=max_ram_mb, device="cpu", num_threads=1),  # type: ignore[arg-type]
+        **({"bundle": BundleRef(len(data), sha256)} if sha256 else {}))
     assert store.transition(run_id, "starting") and store.transition(run_id, "running")
     return run_id, store.tokens.issue(run_id, ttl_s=3600), data
 

@@ -7,7 +7,6 @@ to keep the suite short; the server is a real `potato-queue serve` on a private 
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,7 +19,7 @@ from schemathesis.specs.openapi.checks import status_code_conformance
 
 from potato_queue.store import RunStore
 from potato_queue.validate import load_checked
-from tests.lifecycle_helpers import ADMIN_KEY, Services, started
+from tests.lifecycle_helpers import ADMIN_KEY, Services, job_as_the_executor_stores_it, started
 
 EXAMPLES = 50
 
@@ -39,10 +38,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> I
     with started(tmp, redis_server_url, executors=0, backends={"lab": {"type": "agent"}}) as svc:
         store = RunStore(load_checked(svc.config), redis.Redis.from_url(redis_server_url))
         run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
-        bundle = b"not really a bundle, but bytes to download"
-        store.paths(run_id).bundle.write_bytes(bundle)
-        store.update(run_id, job={"trainer": "majority-baseline", "schemas": ["sentiment"], "params": {},
-                                  "bundle": {"bytes": len(bundle), "sha256": hashlib.sha256(bundle).hexdigest()}})
+        job_as_the_executor_stores_it(store, run_id, b"not really a bundle, but bytes to download")
         assert store.transition(run_id, "starting") and store.transition(run_id, "running")
         admin_run = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
         BACKEND_TOKEN.append(store.agents.issue("lab"))

@@ -16,7 +16,7 @@ import sys
 import tarfile
 import threading
 import time
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 from potato_queue.agent.client import BundleDownloadError, RunClient
 from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerLauncher
@@ -25,6 +25,7 @@ from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
 from potato_queue.agent.transport import ApiError, Unreachable
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
 from potato_queue.worker.files import write_atomic
+from potato_queue.worker.job import Job, JobError
 from potato_queue.worker.text import one_line
 
 __all__ = ["Runner", "RunFiles", "extract_bundle", "write_spec", "log_line", "DEFAULT_GRACE_S"]
@@ -89,13 +90,9 @@ def extract_bundle(tar_path: str, dest: str) -> None:
                 shutil.copyfileobj(source, out, 1024 * 1024)
 
 
-def write_spec(files: RunFiles, run_id: str, job: Dict[str, Any]) -> None:
+def write_spec(files: RunFiles, job: Job) -> None:
     """spec.json as the worker reads it (docs/protocol.md)."""
-    spec = {
-        "v": 1, "run_id": run_id, "trainer": job.get("trainer"), "schemas": job.get("schemas", []),
-        "bundle_dir": files.bundle_dir, "workdir": files.work, "params": job.get("params") or {},
-        "seed": job.get("seed"), "limits": job.get("limits") or {},
-    }
+    spec = job.worker_spec(files.bundle_dir, files.work)
     write_atomic(files.spec, json.dumps(spec, indent=2, sort_keys=True), mode=0o600, durable=False)
 
 
@@ -141,11 +138,11 @@ class Runner:
     def run(self) -> int:
         """The whole run; the exit code is the worker's, 5 for the memory limit, 2 for a bad bundle."""
         try:
-            job = self.client.job()
-        except (Unreachable, ApiError) as exc:
+            job = Job.from_dict(self.client.job())
+        except (Unreachable, ApiError, JobError) as exc:
             self.log("cannot fetch the job: {}".format(exc))
             return EXIT_UNEXPECTED
-        self.log("job: trainer {}, bundle {} bytes".format(job.get("trainer"), job.get("bundle", {}).get("bytes")))
+        self.log("job: trainer {}, bundle {} bytes".format(job.trainer, job.bundle.bytes))
         self._start_threads(job)
         try:
             self._prepare(job)
@@ -170,8 +167,8 @@ class Runner:
             self.log("the worker's last output could not all be relayed")
         return self._finish(code, error_code, message, job, hint=hint)
 
-    def _start_threads(self, job: Dict[str, Any]) -> None:
-        interval = float(job.get("heartbeat_interval_s") or 10.0)
+    def _start_threads(self, job: Job) -> None:
+        interval = job.heartbeat_interval_s or 10.0
         self.relay.start()
         beat = (self.client, interval, self._stop_threads, self._server_cancel, self.log)
         control = (self.client, self._stop_threads, self._server_cancel, self.log)
@@ -182,30 +179,30 @@ class Runner:
         """The server said cancel (in an events reply or on /control)."""
         self.request_stop("cancel requested")
 
-    def _prepare(self, job: Dict[str, Any]) -> None:
+    def _prepare(self, job: Job) -> None:
         """Download, verify and unpack the bundle; write spec.json; make the workdir."""
         os.makedirs(self.files.work, exist_ok=True)
-        bundle = job.get("bundle") or {}
+        bundle = job.bundle
         self.relay.emit("status", state="starting", step="downloading the bundle")
         started = time.monotonic()
-        size = int(bundle["bytes"])
+        size = bundle.bytes
         progress = Progress("bundle", size, self.log)
         try:
-            self.client.download_bundle(self.files.bundle_tar, size, str(bundle["sha256"]), progress=progress.update)
+            self.client.download_bundle(self.files.bundle_tar, size, bundle.sha256, progress=progress.update)
         finally:
             progress.finish()
-        self.log("bundle: {} bytes in {:.2f} s, sha256 verified".format(bundle["bytes"], time.monotonic() - started))
+        self.log("bundle: {} bytes in {:.2f} s, sha256 verified".format(bundle.bytes, time.monotonic() - started))
         self.relay.emit("status", state="starting", step="unpacking the bundle")
         extract_bundle(self.files.bundle_tar, self.files.bundle_dir)
-        write_spec(self.files, self.client.run_id, job)
+        write_spec(self.files, job)
 
     # -- while the worker runs -------------------------------------------------
     def _supervise(self, worker: WorkerHandle,
-                   job: Dict[str, Any]) -> Tuple[int, Optional[str], Optional[str], Optional[str]]:
+                   job: Job) -> Tuple[int, Optional[str], Optional[str], Optional[str]]:
         """Wait for the worker, applying cancel, grace, the memory limit and AGT-7: (exit code, error code,
         message, its fix)."""
-        grace = job.get("grace_seconds")
-        max_ram = (job.get("limits") or {}).get("max_ram_mb")
+        grace = job.grace_seconds
+        max_ram = job.limits.max_ram_mb
         watch = _Watch(DEFAULT_GRACE_S if grace is None else float(grace), float(max_ram) if max_ram else None)
         code = worker.poll()
         while code is None:
@@ -251,7 +248,7 @@ class Runner:
 
     # -- after the worker --------------------------------------------------------
     def _finish(self, code: int, error_code: Optional[str], message: Optional[str],
-                job: Optional[Dict[str, Any]] = None, hint: Optional[str] = None) -> int:
+                job: Optional[Job] = None, hint: Optional[str] = None) -> int:
         """Report the error (if any), send predictions and the remaining events, post the result."""
         if error_code:
             self.log(message or error_code)
@@ -278,12 +275,12 @@ class Runner:
         """How long the last calls may wait: not another full AGT-7 window once the server was lost."""
         return min(30.0, self.unreachable_s) if self.lost_server else None
 
-    def _send_predictions(self, job: Dict[str, Any], message: Optional[str]) -> Optional[str]:
+    def _send_predictions(self, job: Job, message: Optional[str]) -> Optional[str]:
         """Upload work/predictions.jsonl when the worker wrote one; a problem is added to the message."""
         path = self.files.predictions
         if not os.path.isfile(path):
             return message
-        size, limit = os.path.getsize(path), job.get("max_predictions_bytes")
+        size, limit = os.path.getsize(path), job.max_predictions_bytes
         if limit and size > int(limit):
             # Refused here, not sent: the server would answer 413 only after the first bytes.
             problem = "predictions.jsonl is {} bytes, above max_predictions_mb ({} bytes); it was not sent".format(

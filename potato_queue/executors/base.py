@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 
 from potato_queue.errors import PotatoQueueError
 from potato_queue.store.keys import RunPaths
+from potato_queue.worker.job import Job
 
 __all__ = [
     "CheckReport",
@@ -67,7 +68,7 @@ class LaunchSpec:
 
     run_id: str
     backend_name: str
-    job: dict[str, Any]
+    job: Job
     # None for a pull backend: its agent gets a run token when it claims the run.
     token: str | None
     server_url: str

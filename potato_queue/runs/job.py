@@ -7,10 +7,12 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
+from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths
+from potato_queue.worker.job import BundleRef, Job, Limits
 
-__all__ = ["build_job", "server_url_for"]
+__all__ = ["build_job", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
 
 SERVER_URL_WAIT_S = 2.5
 
@@ -44,8 +46,20 @@ def _params(config: ProjectConfig, store: RunStore, record: dict[str, Any]) -> d
     return params
 
 
-def build_job(config: ProjectConfig, store: RunStore, record: dict[str, Any], paths: RunPaths) -> dict[str, Any]:
-    """Build and pack the bundle, then describe the job (written into run.json as `job`)."""
+MIB = 1024 * 1024
+
+
+def heartbeat_interval_s(config: ProjectConfig, backend: str) -> float:
+    """A sixth of the backend's heartbeat timeout, between 1 and 10 s, so a few lost beats do no harm."""
+    return max(1.0, min(10.0, config.model_training.heartbeat_timeout_s_of(backend) / 6))
+
+
+def max_predictions_bytes(config: ProjectConfig) -> int:
+    return int(config.model_training.max_predictions_mb * MIB)
+
+
+def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths) -> Job:
+    """Build and pack the bundle, then the job (kept in run.json as `job`, served to the agent as it is)."""
     from potato_queue.bundle import build_bundle, pack_bundle
 
     mt = config.model_training
@@ -54,17 +68,10 @@ def build_job(config: ProjectConfig, store: RunStore, record: dict[str, Any], pa
     store.mark_bulky(record["run_id"], record=record)
     store.log(record["run_id"], f"bundle built: {size} bytes, sha256 {sha256[:12]}",
               *(f"warning: {text}" for text in manifest["stats"]["warnings"]))
-    return {
-        "trainer": record["trainer"],
-        "schemas": record["schemas"],
-        "params": _params(config, store, record),
-        "seed": mt.split_seed,
-        "grace_seconds": mt.grace_seconds,
-        "limits": {
-            "max_wall_s": mt.max_wall_seconds,
-            "max_ram_mb": mt.max_ram_mb,
-            "device": mt.device,
-            "num_threads": mt.num_threads,
-        },
-        "bundle": {"bytes": size, "sha256": sha256},
-    }
+    return Job(
+        run_id=record["run_id"], trainer=record["trainer"], schemas=list(record["schemas"]),
+        bundle=BundleRef(size, sha256), heartbeat_interval_s=heartbeat_interval_s(config, record["backend"]),
+        max_predictions_bytes=max_predictions_bytes(config), params=_params(config, store, record),
+        seed=mt.split_seed, grace_seconds=mt.grace_seconds,
+        limits=Limits(max_wall_s=mt.max_wall_seconds, max_ram_mb=mt.max_ram_mb, device=mt.device,
+                      num_threads=mt.num_threads))

@@ -136,7 +136,7 @@ class RunLife:
         self.store.set_live(self.run_id, step="building the bundle")
         job = build_job(self.config, self.store, self.record, self.paths)
         split_ids = bundle_split_ids(self.paths.bundle_dir)
-        self.store.update(self.run_id, self.record, job=job, bundle=bundle_summary(self.paths.bundle_dir, split_ids))
+        self.store.update(self.run_id, self.record, job=job.to_dict(), bundle=bundle_summary(self.paths.bundle_dir, split_ids))
         self.store.potato.record_splits(self.record, split_ids)
         self.store.potato.record(self.record)  # now with its split sizes and digest
         backend = self.record["backend"]

@@ -21,22 +21,22 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 from starlette.requests import ClientDisconnect
 from starlette.responses import FileResponse
 
 from potato_queue.bounds import clean, clean_flat, too_deep
 from potato_queue.config import ProjectConfig
+from potato_queue.errors import Conflict, NotFound
 from potato_queue.runs.ingest import ingest_events
+from potato_queue.runs.job import max_predictions_bytes
 from potato_queue.server.deps import config_of, runs_of, store_of
 from potato_queue.server.guard import token_problem
 from potato_queue.store import RunStore
+from potato_queue.worker.job import Job
 
 __all__ = [
     "agent_router",
-    "Limits",
-    "BundleInfo",
-    "Job",
     "EventBatch",
     "CancelReply",
     "PredictionsReply",
@@ -47,37 +47,6 @@ __all__ = [
 ]
 
 MAX_WAIT_S = 30.0
-_MB = 1024 * 1024
-
-
-class Limits(BaseModel):
-    """The worker's limits, as the executor set them when the run started."""
-
-    model_config = ConfigDict(extra="allow")
-    max_wall_s: float | None = None
-    max_ram_mb: float | None = None
-    device: str = "auto"
-    num_threads: int | None = None
-
-
-class BundleInfo(BaseModel):
-    bytes: int = Field(description="size of bundle.tar.gz")
-    sha256: str = Field(description="hex sha256 of bundle.tar.gz; the agent refuses a bundle that differs")
-
-
-class Job(BaseModel):
-    """Everything an agent needs to run the worker."""
-
-    run_id: str
-    trainer: str
-    schemas: list[str]
-    params: dict[str, Any] = Field(default_factory=dict)
-    seed: int | None = None
-    grace_seconds: float | None = Field(None, description="SIGTERM to SIGKILL on cancel; 20 when null")
-    limits: Limits = Field(default_factory=Limits)
-    bundle: BundleInfo
-    heartbeat_interval_s: float = Field(description="post an (empty) events batch at least this often")
-    max_predictions_bytes: int
 
 
 class EventBatch(BaseModel):
@@ -139,34 +108,18 @@ def authorized_run(
 AuthorizedRun = Annotated[str, Depends(authorized_run)]
 
 
-# -- small helpers ------------------------------------------------------------
-def _heartbeat_interval(config: ProjectConfig, record: dict[str, Any]) -> float:
-    """A sixth of the backend's heartbeat timeout, between 1 and 10 s, so a few lost beats do no harm."""
-    timeout = config.model_training.heartbeat_timeout_s_of(str(record.get("backend")))
-    return max(1.0, min(10.0, timeout / 6))
-
-
-def _max_predictions_bytes(config: ProjectConfig) -> int:
-    return int(config.model_training.max_predictions_mb * _MB)
-
-
 # -- routes --------------------------------------------------------------------
 def get_job(request: Request, run_id: AuthorizedRun) -> Job:
-    """The job of a started run: trainer, params, limits, the bundle's size and sha256."""
-    store, config = store_of(request), config_of(request)
+    """The job of a started run: trainer, params, limits, the bundle's size and sha256 (worker/job.py's Job,
+    as the executor built it)."""
     try:
-        record = store.read(run_id)
+        job = store_of(request).read(run_id).get("job")
     except KeyError:
-        raise HTTPException(404, f"run {run_id} has no record on the server") from None
-    job = record.get("job")
+        raise NotFound(f"run {run_id} has no record on the server") from None
     if not isinstance(job, dict):
-        raise HTTPException(409, f"run {run_id} has not been started: it has no job yet")
+        raise Conflict(f"run {run_id} has not been started: it has no job yet")
     runs_of(request).heard_from(run_id)
-    fields = {k: v for k, v in job.items() if k in Job.model_fields}
-    fields.setdefault("heartbeat_interval_s", _heartbeat_interval(config, record))
-    fields.setdefault("max_predictions_bytes", _max_predictions_bytes(config))
-    return Job(**{"trainer": record.get("trainer"), "schemas": record.get("schemas", []), **fields,
-                  "run_id": run_id})
+    return Job.from_dict(job)
 
 
 class _BundleFile(FileResponse):
@@ -226,13 +179,13 @@ def _too_large(config: ProjectConfig, size: str) -> HTTPException:
     return HTTPException(
         413,
         f"predictions.jsonl is {size}, above model_training.max_predictions_mb ({mb:g} MB = "
-        f"{_max_predictions_bytes(config)} bytes); raise max_predictions_mb in the config or predict fewer items",
+        f"{max_predictions_bytes(config)} bytes); raise max_predictions_mb in the config or predict fewer items",
     )
 
 
 async def _receive(request: Request, partial: Path, config: ProjectConfig) -> tuple[int, int]:
     """Stream the body into `partial`: (bytes, lines). The partial file is gone on any failure."""
-    limit = _max_predictions_bytes(config)
+    limit = max_predictions_bytes(config)
     total = lines = 0
     last = b"\n"
     try:
@@ -260,7 +213,7 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
     if paths.predictions.exists():
         raise HTTPException(409, f"run {run_id} already has its predictions; they are stored once")
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > _max_predictions_bytes(config):
+    if declared.isdigit() and int(declared) > max_predictions_bytes(config):
         raise _too_large(config, f"{int(declared)} bytes")
     try:
         total, lines = await _receive(request, paths.predictions_partial, config)

@@ -13,6 +13,7 @@ import os
 from typing import Any, Dict, List, Optional, Tuple
 
 from .errors import SpecError
+from .job import SPEC_VERSION, Limits
 
 __all__ = ["SchemaSpec", "Limits", "Spec", "load_spec", "parse_spec"]
 
@@ -37,21 +38,6 @@ class SchemaSpec:
     def __repr__(self) -> str:
         return "SchemaSpec(%r, kind=%r)" % (self.name, self.kind)
 
-
-class Limits:
-    """Resource limits: wall time (enforced by the parent), RAM, device, threads."""
-
-    def __init__(
-        self,
-        max_wall_s: Optional[float] = None,
-        max_ram_mb: Optional[int] = None,
-        device: str = "auto",
-        num_threads: Optional[int] = None,
-    ) -> None:
-        self.max_wall_s = max_wall_s
-        self.max_ram_mb = max_ram_mb
-        self.device = device
-        self.num_threads = num_threads
 
 
 class Spec:
@@ -140,9 +126,9 @@ def parse_spec(data: Any, base_dir: str = ".") -> Spec:
     """Check a decoded spec.json and build a :class:`Spec`."""
     if not isinstance(data, dict):
         raise SpecError("spec.json must hold a JSON object, got %s" % type(data).__name__)
-    version = data.get("v", 1)
-    if version != 1:
-        raise SpecError("spec.json is version %r; this worker reads version 1" % (version,))
+    version = data.get("v", SPEC_VERSION)
+    if version != SPEC_VERSION:
+        raise SpecError("spec.json is version %r; this worker reads version %d" % (version, SPEC_VERSION))
     schemas = data.get("schemas")
     if not isinstance(schemas, list) or not schemas:
         raise SpecError("spec.schemas must be a non-empty list")

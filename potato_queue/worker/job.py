@@ -1,0 +1,82 @@
+"""The job: what one run asks of an agent, in one typed shape from the executor to the worker.
+
+Standard library only, Python 3.8+ (the agent and the worker run on bare
+hosts). The executor builds a `Job` (runs/job.py) and keeps it in run.json;
+the server serves the same object at GET job (and documents it: FastAPI reads
+these dataclasses); the agent reads it back with `Job.from_dict` and writes the
+worker's spec.json from it with `worker_spec`, which the worker parses
+(spec.py). `Limits` is the one definition of a run's limits, for both.
+"""
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Dict, List, Optional
+
+__all__ = ["Job", "Limits", "BundleRef", "JobError", "SPEC_VERSION"]
+
+SPEC_VERSION = 1  # spec.json's `v` (Potato's worker spec)
+
+
+class JobError(ValueError):
+    """A job that is not one (a server too old or too new for this agent, or a damaged record)."""
+
+
+@dataclass
+class Limits:
+    """The worker's limits: wall time (enforced by the agent and the executor), RAM, device, threads."""
+
+    max_wall_s: Optional[float] = None
+    max_ram_mb: Optional[int] = None
+    device: str = "auto"
+    num_threads: Optional[int] = None
+
+
+@dataclass
+class BundleRef:
+    """bundle.tar.gz as the server holds it: the agent refuses a download that differs."""
+
+    bytes: int
+    sha256: str
+
+
+@dataclass
+class Job:
+    """Everything an agent needs to run the worker."""
+
+    run_id: str
+    trainer: str
+    schemas: List[str]
+    bundle: BundleRef
+    heartbeat_interval_s: float  # post an (empty) events batch at least this often
+    max_predictions_bytes: int  # PUT predictions larger than this is refused
+    params: Dict[str, Any] = field(default_factory=dict)
+    seed: Optional[int] = None
+    grace_seconds: Optional[float] = None  # SIGTERM to SIGKILL on cancel; the agent's default when None
+    limits: Limits = field(default_factory=Limits)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Job":
+        """The job as JSON gave it; JobError naming what is missing or of the wrong kind."""
+        if not isinstance(data, dict):
+            raise JobError("the job must be a JSON object, got {}".format(type(data).__name__))
+        try:
+            bundle = data["bundle"]
+            limits = data.get("limits") or {}
+            return cls(
+                run_id=str(data["run_id"]), trainer=str(data["trainer"]), schemas=[str(s) for s in data["schemas"]],
+                bundle=BundleRef(int(bundle["bytes"]), str(bundle["sha256"])),
+                heartbeat_interval_s=float(data["heartbeat_interval_s"]),
+                max_predictions_bytes=int(data["max_predictions_bytes"]),
+                params=dict(data.get("params") or {}), seed=data.get("seed"),
+                grace_seconds=None if data.get("grace_seconds") is None else float(data["grace_seconds"]),
+                limits=Limits(**{k: v for k, v in limits.items() if k in Limits.__dataclass_fields__}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise JobError("the job is malformed ({}: {})".format(type(exc).__name__, exc)) from None
+
+    def worker_spec(self, bundle_dir: str, workdir: str) -> Dict[str, Any]:
+        """spec.json's object: what the worker parses (spec.parse_spec)."""
+        return {"v": SPEC_VERSION, "run_id": self.run_id, "trainer": self.trainer, "schemas": list(self.schemas),
+                "bundle_dir": bundle_dir, "workdir": workdir, "params": dict(self.params), "seed": self.seed,
+                "limits": asdict(self.limits)}
