@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
-from tests.lifecycle_helpers import Services, build_tiny_model, started  # noqa: E402
+from tests.lifecycle_helpers import Services, build_tiny_model, run_paths, started  # noqa: E402
 
 BACKEND = "lab"
 AGENT_BACKENDS = {"backends": {BACKEND: {"type": "agent", "heartbeat_timeout_s": 60}}}
@@ -58,7 +58,7 @@ def register(svc: Services) -> str:
 
 
 def run_dir(svc: Services, run_id: str) -> Path:
-    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+    return run_paths(svc, run_id).dir
 
 
 def rss_mb(pid: int) -> float:

@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
-from tests.lifecycle_helpers import Services, started  # noqa: E402
+from tests.lifecycle_helpers import Services, run_paths, started  # noqa: E402
 from tests.lifecycle_helpers import build_tiny_model as tiny_model  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
@@ -56,7 +56,7 @@ def services(tmp: Path, executors: int = 1, **training: Any) -> Iterator[Service
 
 
 def run_dir(svc: Services, run_id: str) -> Path:
-    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+    return run_paths(svc, run_id).dir
 
 
 def events(svc: Services, run_id: str) -> list[dict[str, Any]]:

@@ -40,7 +40,7 @@ from bench_lifecycle import p95  # noqa: E402
 from potato_queue.agent.runner import extract_bundle  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.executors.remote.session import SSH_CONFIG_ENV  # noqa: E402
-from tests.lifecycle_helpers import TERMINAL, Services, build_tiny_model, run_path, started  # noqa: E402
+from tests.lifecycle_helpers import TERMINAL, Services, build_tiny_model, run_paths, started  # noqa: E402
 from tests.slurm_cluster import CPUS, SlurmCluster  # noqa: E402
 from tests.sshd import ALIAS, Sshd  # noqa: E402
 
@@ -78,7 +78,7 @@ def wait(predicate: Any, timeout_s: float = 120) -> Any:
 
 
 def events(svc: Services, run_id: str) -> list[dict[str, Any]]:
-    path = run_path(svc, run_id) / "events.jsonl"
+    path = run_paths(svc, run_id).events
     return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
 
 
@@ -155,7 +155,7 @@ def noop(tmp: Path, runs: int) -> None:
             for name in ("exit_code", "running", "events.jsonl", "stderr.log", "slurm.out"):
                 (job_dir / name).unlink(missing_ok=True)
             # The agent removed the unpacked bundle after its run; the hand run gets it back, untimed.
-            extract_bundle(str(run_path(svc, run_id) / "bundle.tar.gz"), str(job_dir / "bundle"))
+            extract_bundle(str(run_paths(svc, run_id).bundle), str(job_dir / "bundle"))
             started_s = time.perf_counter()
             slurm.run("sbatch", "--wait", "--parsable", f"--output={job_dir}/slurm.out", f"--chdir={job_dir}/work",
                       str(job_dir / "job.sh"))

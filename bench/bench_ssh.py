@@ -35,7 +35,7 @@ from potato_queue.executors.base import LaunchSpec  # noqa: E402
 from potato_queue.executors.remote.copy import ModelCopy  # noqa: E402
 from potato_queue.executors.remote.session import SSH_CONFIG_ENV, target_of  # noqa: E402
 from potato_queue.store.keys import RunPaths  # noqa: E402
-from tests.lifecycle_helpers import Services, build_tiny_model, started  # noqa: E402
+from tests.lifecycle_helpers import Services, build_tiny_model, run_paths, started  # noqa: E402
 from tests.sshd import ALIAS, Sshd  # noqa: E402
 
 BACKEND = "gpu-server"
@@ -56,7 +56,7 @@ def over_ssh(tmp: Path, **backend: Any) -> Iterator[tuple[Services, Sshd]]:
 
 
 def run_dir(svc: Services, run_id: str) -> Path:
-    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+    return run_paths(svc, run_id).dir
 
 
 # ---------------------------------------------------------------- P1: cancel over ssh

@@ -20,6 +20,9 @@ from typing import Any
 
 import yaml
 
+from potato_queue.config import ProjectConfig
+from potato_queue.store.keys import RunPaths
+from potato_queue.validate import load_checked
 from tests.conftest import ROOT
 
 ADMIN_KEY = "test-admin-key-123"
@@ -63,6 +66,7 @@ class Services:
         self.procs: list[subprocess.Popen[str]] = []
         self.url = ""
         self.ssl_context: ssl.SSLContext | None = None  # for a server on https
+        self._project_config: ProjectConfig | None = None
 
     def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None, pipe: bool = False,
                cwd: Path | None = None) -> subprocess.Popen[str]:
@@ -73,6 +77,13 @@ class Services:
                                 env={**self.env, **(env or {})}, start_new_session=True, cwd=cwd)
         self.procs.append(proc)
         return proc
+
+    @property
+    def project_config(self) -> ProjectConfig:
+        """The project's config, as the processes read it."""
+        if self._project_config is None:
+            self._project_config = load_checked(self.config)
+        return self._project_config
 
     def serve(self, host: str = "127.0.0.1", *args: str) -> str:
         proc = self._spawn("serve", str(self.config), "--host", host, "--port", "0", *args, name="server", pipe=True)
@@ -159,8 +170,9 @@ def build_tiny_model(folder: Path) -> Path:
     return folder
 
 
-def run_path(svc: Services, run_id: str) -> Path:
-    return svc.config.parent / "annotation_output" / "training" / "runs" / run_id
+def run_paths(svc: Services, run_id: str) -> RunPaths:
+    """The run's folder and its files, named as the store names them (store/keys.py's RunPaths)."""
+    return RunPaths.of(svc.project_config, run_id)
 
 
 def _stat_fields(pid: int | str) -> list[str]:

@@ -28,9 +28,10 @@ from typing import Any
 
 import pytest
 
+from potato_queue.store.keys import project_predictions_path
 from tests.agent_helpers import AGENT, BACKEND, PYTHON38, Agent, lab, nat_host, register
 from tests.conftest import ROOT
-from tests.lifecycle_helpers import TERMINAL, Services, make_project, started
+from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths, started
 from tests.netns import NatHost
 
 
@@ -57,7 +58,7 @@ def test_an_agent_behind_nat_runs_a_run_and_keeps_the_model_there(behind_nat: Se
     assert host == socket.gethostname() and folder.startswith(str(agent.workdir))
     assert any(Path(folder).iterdir()), "the model files stay on the training machine"
     assert run["held_out"]["sentiment"]["test"]["n"] > 0
-    assert (svc.config.parent / "annotation_output" / "training" / "predictions.jsonl").exists()
+    assert project_predictions_path(svc.project_config).exists()
     assert nat.refused_inbound() == 0, "something tried to connect into the machine behind NAT"
 
 
@@ -262,8 +263,7 @@ def test_predictions_over_max_predictions_mb_fail_the_run_saying_what_to_raise(
         agent.wait()
     assert run["state"] == "failed"
     assert "above max_predictions_mb" in run["error"], run["error"]
-    assert "raise model_training.max_predictions_mb" in (svc.config.parent / "annotation_output" / "training" / "runs"
-                                                        / run_id / "run.log").read_text()
+    assert "raise model_training.max_predictions_mb" in run_paths(svc, run_id).run_log.read_text()
 
 
 def test_a_bundle_download_cut_midway_resumes_and_is_verified(

@@ -36,7 +36,7 @@ from tests.lifecycle_helpers import (
     parent_of,
     pids,
     processes_of,
-    run_path,
+    run_paths,
     session_of,
     started,
     wait_running,
@@ -62,11 +62,11 @@ class LocalHarness:
             yield svc
 
     def agent_log(self, svc: Services, run_id: str) -> str:
-        return (run_path(svc, run_id) / "agent.log").read_text()
+        return run_paths(svc, run_id).agent_log.read_text()
 
     def model_folder(self, svc: Services, run: dict[str, Any]) -> Path:
         """Where the run's model files are, checked against its artifact_uri."""
-        artifacts = run_path(svc, run["run_id"]) / "artifacts"
+        artifacts = run_paths(svc, run["run_id"]).artifacts
         assert run["artifact_uri"] == str(artifacts)
         return artifacts
 
@@ -81,7 +81,7 @@ class LocalHarness:
         return f"The agent on {self.name} made no contact within {timeout_s:g} seconds of its start"
 
     def agent_pid(self, svc: Services, run_id: str) -> int:
-        return agent_pid(run_path(svc, run_id))
+        return agent_pid(run_paths(svc, run_id).dir)
 
     def worker_pid(self, svc: Services, run_id: str) -> int:
         agent = self.agent_pid(svc, run_id)
@@ -89,7 +89,7 @@ class LocalHarness:
         return worker
 
     def leftovers(self, svc: Services, run_id: str) -> list[str]:
-        return processes_of(run_id, run_path(svc, run_id))
+        return processes_of(run_id, run_paths(svc, run_id).dir)
 
     def hold_the_next_agent(self, svc: Services, executor_pid: int) -> None:
         """Freeze the executor's warm agent before it is handed a run, so it never makes contact."""
@@ -251,10 +251,10 @@ class SshHarness:
         return [alive_cmd(p) or "" for p in self._ours()] + sockets + jobs
 
     def agent_log(self, svc: Services, run_id: str) -> str:
-        return (run_path(svc, run_id) / "agent.log").read_text()
+        return run_paths(svc, run_id).agent_log.read_text()
 
     def model_folder(self, svc: Services, run: dict[str, Any]) -> Path:
-        artifacts = run_path(svc, run["run_id"]) / "artifacts"
+        artifacts = run_paths(svc, run["run_id"]).artifacts
         assert run["artifact_uri"] == str(artifacts), "the model files came back from the host"
         return artifacts
 

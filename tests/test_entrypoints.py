@@ -195,7 +195,7 @@ def test_help_names_every_option_and_cuts_no_summary_short() -> None:
 
 def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: str) -> None:
     """Also: `worker --quiet` prints no line per run (test_lifecycle's visibility test sees them without it)."""
-    from tests.lifecycle_helpers import started
+    from tests.lifecycle_helpers import run_paths, started
 
     with started(tmp_path, redis_server_url, executors=0) as svc:
         svc.executor(None, None, "--quiet")
@@ -217,7 +217,7 @@ def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: st
             proc = run_cli(*argv)
             assert proc.returncode == 1 and unknown in proc.stderr and "under model_training.backends" in proc.stderr, argv
     quiet = (tmp_path / "executor1.log").read_text()
-    assert run_id in (svc.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
+    assert run_id in run_paths(svc, run_id).run_log.read_text()
     assert "woken for run" not in quiet and f"ran {run_id}" not in quiet, quiet
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.lifecycle_helpers import TERMINAL, agent_pid, pids, run_path, session_of, started, wait_running
+from tests.lifecycle_helpers import TERMINAL, agent_pid, pids, run_paths, session_of, started, wait_running
 
 PLANTED = ("json", "socket", "tarfile", "potato_queue")
 
@@ -52,7 +52,7 @@ def test_the_agent_and_the_worker_get_an_allow_listed_environment(tmp_path: Path
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
         wait_running(svc, run_id)
-        agent = agent_pid(run_path(svc, run_id))
+        agent = agent_pid(run_paths(svc, run_id).dir)
         run_processes = [p for p in pids() if session_of(p) == agent]
         assert len(run_processes) >= 2  # the agent and its worker
         for pid in run_processes:
@@ -87,7 +87,7 @@ def test_a_run_folder_that_stops_taking_writes_ends_the_run_and_disk_catches_up(
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 40, "batch_size": 8})
         wait_running(svc, run_id)
-        folder = run_path(svc, run_id)
+        folder = run_paths(svc, run_id).dir
         subprocess.run(["chattr", "+i", str(folder)], check=True)
         try:
             run = svc.wait_for(run_id, TERMINAL, timeout_s=120)

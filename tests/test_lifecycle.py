@@ -15,7 +15,7 @@ from tests.lifecycle_helpers import (
     alive_cmd,
     make_project,
     processes_of,
-    run_path,
+    run_paths,
     session_of,
     started,
     wait_running,
@@ -37,7 +37,7 @@ def test_sklearn_run_succeeds_with_held_out_scores_and_predictions(services: Ser
     for split in ("val", "test"):
         scores = run["held_out"]["sentiment"][split]
         assert scores["n"] > 0 and 0.0 <= scores["accuracy"] <= 1.0 and 0.0 <= scores["macro_f1"] <= 1.0
-    run_dir = services.config.parent / "annotation_output" / "training" / "runs" / run_id
+    run_dir = run_paths(services, run_id).dir
     lines = [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
     assert lines and set(lines[0]) == {"instance_id", "schema_name", "payload", "confidence"}
     assert set(lines[0]["payload"]) == {"label", "confidence"}
@@ -108,7 +108,7 @@ def test_run_left_in_flight_by_a_dead_executor_fails_with_nothing_queued(service
     services.executor()  # nothing else is queued: only its background sweep can notice
     run = services.wait_for(run_id, TERMINAL, timeout_s=90)
     assert run["state"] == "failed" and run["error"].startswith("The executor supervising this run stopped")
-    assert processes_of(run_id, run_path(services, run_id)) == []
+    assert processes_of(run_id, run_paths(services, run_id).dir) == []
 
 
 def test_kill_9_of_the_executor_fails_the_run_and_the_next_proceeds(services: Services, tiny_model: Path) -> None:
@@ -126,7 +126,7 @@ def test_kill_9_of_the_executor_fails_the_run_and_the_next_proceeds(services: Se
     assert run["state"] == "failed"
     assert run["error"].startswith("The executor supervising this run stopped")
     assert services.wait_for(next_run, TERMINAL, timeout_s=90)["state"] == "succeeded"
-    assert processes_of(long_run, run_path(services, long_run)) == []
+    assert processes_of(long_run, run_paths(services, long_run).dir) == []
 
 
 def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Services) -> None:
@@ -139,7 +139,7 @@ def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Service
     runs = [services.wait_for(i, TERMINAL, timeout_s=120) for i in ids]
     assert [r["state"] for r in runs] == ["succeeded", "succeeded"]
     for run_id in ids:
-        log = (services.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
+        log = run_paths(services, run_id).run_log.read_text()
         assert log.count("bundle built") == 1, log
 
 
@@ -156,7 +156,7 @@ def test_run_longer_than_the_visibility_timeout_runs_once(services: Services, ti
     logs = "".join(p.read_text() for p in services.tmp_path.glob("executor*.log"))
     assert logs.count(f"woken for run {run_id}") >= 2, "the message was never delivered again: " + logs
     assert logs.count(f"ran {run_id}") == 1
-    run_log = (services.config.parent / "annotation_output/training/runs" / run_id / "run.log").read_text()
+    run_log = run_paths(services, run_id).run_log.read_text()
     assert run_log.count("bundle built") == 1
 
 
@@ -196,7 +196,7 @@ def test_max_ram_mb_ends_the_run_with_an_out_of_memory_message(tmp_path: Path, r
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
         assert (run["state"], run["exit_code"]) == ("failed", 5), run
         assert "out of memory" in run["error"] and "max_ram_mb" in run["error"], run["error"]
-        assert processes_of(run_id, run_path(svc, run_id)) == []
+        assert processes_of(run_id, run_paths(svc, run_id).dir) == []
 
 
 def test_missing_device_falls_back_with_a_warning_in_run_log(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
@@ -205,7 +205,7 @@ def test_missing_device_falls_back_with_a_warning_in_run_log(tmp_path: Path, red
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
                                params={"model_name": str(tiny_model), "epochs": 1})
         assert svc.wait_for(run_id, TERMINAL, timeout_s=120)["state"] == "succeeded"
-        log = (run_path(svc, run_id) / "run.log").read_text()
+        log = run_paths(svc, run_id).run_log.read_text()
         assert "Device 'cuda:1' is not available on this machine (available: cpu); using cpu instead" in log, log
 
 
@@ -286,7 +286,7 @@ def test_a_data_item_that_is_not_valid_unicode_is_named_and_the_run_goes_on(tmp_
         run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
         run = svc.wait_for(run_id, TERMINAL)
         assert run["state"] == "succeeded", (run, svc.logs())
-        log = (run_path(svc, run_id) / "run.log").read_text()
+        log = run_paths(svc, run_id).run_log.read_text()
         assert "1 item(s) hold text that is not valid Unicode" in log and bad_id in log, log
     finally:
         svc.stop()
@@ -346,19 +346,19 @@ def test_retain_runs_prunes_old_bundles_and_models_but_never_the_latest_success(
                                params={"model_name": str(tmp_path / "no-such-model")})
         assert svc.wait_for(failed, TERMINAL, timeout_s=120)["state"] == "failed"
         # Beyond retain_runs=1, and kept: it is the latest successful run.
-        assert (run_path(svc, first) / "bundle.tar.gz").exists() and (run_path(svc, first) / "artifacts").exists()
+        assert run_paths(svc, first).bundle.exists() and run_paths(svc, first).artifacts.exists()
         later = [svc.start_run(trainer="majority-baseline", schemas=["sentiment"]) for _ in range(2)]
         for run_id in later:
             assert svc.wait_for(run_id, TERMINAL)["state"] == "succeeded"
         kept, pruned = later[-1], [failed, later[0]]
         for run_id in pruned:
-            folder = run_path(svc, run_id)
+            folder = run_paths(svc, run_id).dir
             assert not (folder / "bundle.tar.gz").exists() and not (folder / "artifacts").exists()
             assert (folder / "run.json").exists() and "retain_runs keeps the newest 1" in (folder / "run.log").read_text()
-        assert (run_path(svc, kept) / "bundle.tar.gz").exists()
+        assert run_paths(svc, kept).bundle.exists()
         # `first` is no longer the latest success: it went too, after later[0] succeeded.
-        assert not (run_path(svc, first) / "bundle.tar.gz").exists()
-        assert "bundle and model files removed" in (run_path(svc, first) / "run.log").read_text()
+        assert not run_paths(svc, first).bundle.exists()
+        assert "bundle and model files removed" in run_paths(svc, first).run_log.read_text()
 
 
 def test_hf_with_no_hub_fails_at_once_saying_the_model_is_not_cached(tmp_path: Path, redis_server_url: str) -> None:
@@ -373,5 +373,5 @@ def test_hf_with_no_hub_fails_at_once_saying_the_model_is_not_cached(tmp_path: P
                                        "cache, and the hub (127.0.0.1) does not answer from here"), run["error"]
         assert "fix: download it where the hub answers (huggingface-cli download some-lab/a-model-nobody-cached)" \
             in run["error"]
-        log = (run_path(svc, run_id) / "run.log").read_text()
+        log = run_paths(svc, run_id).run_log.read_text()
         assert "the model hub (127.0.0.1) does not answer from here" in log and "Traceback" not in log, log

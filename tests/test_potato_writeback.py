@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_path
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
 from tests.potato_helpers import PotatoServer, add_potato_keys, potato_view
 
 FLOOR = 0.72  # writeback.min_confidence: sklearn-text's confidences on the small project straddle it
@@ -88,12 +88,12 @@ def flow(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> Ite
 
 
 def _bundle_ids(flow: Flow, split: str) -> list[str]:
-    path = run_path(flow.svc, flow.run_id) / "bundle" / f"{split}.jsonl"
+    path = run_paths(flow.svc, flow.run_id).bundle_dir / f"{split}.jsonl"
     return [json.loads(line)["instance_id"] for line in path.read_text().splitlines()]
 
 
 def _run_predictions(flow: Flow) -> list[dict[str, Any]]:
-    path = run_path(flow.svc, flow.run_id) / "predictions.jsonl"
+    path = run_paths(flow.svc, flow.run_id).predictions
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
@@ -142,7 +142,7 @@ def test_potato_publishes_at_its_restart_exactly_what_passes_its_four_rules(flow
                  (flow.config.parent / "annotation_output" / "training" / "predictions.jsonl").read_text().splitlines()]
     assert sorted(p["instance_id"] for p in published) == sorted(p["instance_id"] for p in expected)
     assert not {p["instance_id"] for p in published} & (guarded | low | {flow.rejected})
-    log = (run_path(flow.svc, flow.run_id) / "run.log").read_text()
+    log = run_paths(flow.svc, flow.run_id).run_log.read_text()
     assert f"published {len(expected)} of this run's {len(sent)} predictions as prelabels" in log, log
 
 
@@ -150,7 +150,7 @@ def test_potatos_runs_api_and_events_route_show_the_run(flow: Flow) -> None:
     status, run = flow.potato.api("GET", f"/admin/training/api/runs/{flow.run_id}")
     assert status == 200 and run["trainer"] == "sklearn-text" and run["metrics"]["accuracy"] is not None
     status, events = flow.potato.api("GET", f"/admin/training/api/runs/{flow.run_id}/events?limit=1000")
-    ours = [json.loads(line) for line in (run_path(flow.svc, flow.run_id) / "events.jsonl").read_text().splitlines()]
+    ours = [json.loads(line) for line in run_paths(flow.svc, flow.run_id).events.read_text().splitlines()]
     assert status == 200 and events["events"] == ours[-1000:] and any(e["event"] == "result" for e in ours)
 
 

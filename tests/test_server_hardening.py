@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.lifecycle_helpers import ADMIN_KEY, Services, run_path, started
+from tests.lifecycle_helpers import ADMIN_KEY, Services, run_paths, started
 
 ADMIN = "/admin/training/api"
 
@@ -75,7 +75,7 @@ def test_params_nested_too_deep_are_refused_and_the_listing_stays_whole(svc: Ser
                                                  "pass the trainer's settings, not data (the data comes from the project)")
     ok = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], params={"n": [1, [2, [3]]], "f": 1e400})
     assert svc.api("GET", f"/runs/{ok}")[1]["params"] == {"n": [1, [2, [3]]], "f": "inf"}
-    (run_path(svc, ok) / "run.json").write_text("{ not json")
+    run_paths(svc, ok).run_json.write_text("{ not json")
     status, runs = svc.api("GET", "/runs")
     assert status == 200 and runs[0]["run_id"] == ok and runs[0]["state"] == "broken"
     assert "run.json cannot be read" in runs[0]["error"]

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, pids, run_path, started
+from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, pids, run_paths, started
 from tests.slurm_cluster import CPUS, NODE, SlurmCluster
 from tests.sshd import ALIAS, Sshd
 
@@ -81,7 +81,7 @@ def svc_factory(tmp_path: Path, redis_server_url: str, sshd: Sshd, slurm: SlurmC
 
 
 def run_log(svc: Services, run_id: str) -> str:
-    path = run_path(svc, run_id) / "run.log"
+    path = run_paths(svc, run_id).run_log
     return path.read_text() if path.exists() else ""  # the executor may not have taken the run yet
 
 
@@ -130,7 +130,7 @@ def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(svc_factory: Any, slurm
     assert f"SLURM job {job}: RUNNING on {NODE}" in log
     assert "job sees CUDA_VISIBLE_DEVICES=0" in log, log
     assert run["metrics"], run
-    assert (run_path(svc, run_id) / "predictions.jsonl").stat().st_size > 0
+    assert run_paths(svc, run_id).predictions.stat().st_size > 0
     assert list((shared / "jobs").iterdir()) == [], "the job folder is removed after the copy back"
     assert slurm.queue() == []
     assert not called.exists(), called.read_text()
@@ -165,7 +165,7 @@ def test_a_pending_job_logs_its_queue_states_and_its_wait_is_not_run_time(svc_fa
 
 
 def agent_log(svc: Services, run_id: str) -> str:
-    return (run_path(svc, run_id) / "agent.log").read_text()
+    return run_paths(svc, run_id).agent_log.read_text()
 
 
 def test_cancel_from_the_api_ends_the_job(svc_factory: Any, slurm: SlurmCluster, tiny_model: Path) -> None:

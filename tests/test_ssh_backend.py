@@ -22,6 +22,7 @@ import pytest
 
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.remote.session import forward_target
+from potato_queue.store.keys import project_predictions_path
 from tests.agent_helpers import PYTHON38
 from tests.conftest import run_cli
 from tests.lifecycle_helpers import (
@@ -30,7 +31,7 @@ from tests.lifecycle_helpers import (
     alive_cmd,
     make_project,
     pids,
-    run_path,
+    run_paths,
     started,
     wait_running,
 )
@@ -88,7 +89,7 @@ def svc_factory(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> Iterator[A
 
 
 def run_log(svc: Services, run_id: str) -> str:
-    return (svc.config.parent / "annotation_output" / "training" / "runs" / run_id / "run.log").read_text()
+    return run_paths(svc, run_id).run_log.read_text()
 
 
 def test_a_run_over_ssh_succeeds_gets_the_gpu_and_the_code_is_copied_once(svc_factory: Any, tmp_path: Path) -> None:
@@ -120,10 +121,10 @@ def test_a_bare_python_38_with_nothing_of_ours_runs_a_run_that_potato_sees(svc_f
     row = store.load_run(cfg, run_id)
     assert (row.status, row.backend, row.host) == ("success", f"potato-queue/{BACKEND}", ALIAS)
     assert row.metrics["accuracy"] == run["held_out"]["sentiment"]["test"]["accuracy"]
-    assert len(store.load_predictions(cfg, run_id=run_id)) == len(run_path(svc, run_id).joinpath(
+    assert len(store.load_predictions(cfg, run_id=run_id)) == len(run_paths(svc, run_id).dir.joinpath(
         "predictions.jsonl").read_text().splitlines()) > 0
     assert sorted(store.training_split_ids(cfg, run_id)) == sorted(
-        json.loads(line)["instance_id"] for line in (run_path(svc, run_id) / "bundle" / "train.jsonl").read_text().splitlines())
+        json.loads(line)["instance_id"] for line in (run_paths(svc, run_id).bundle_dir / "train.jsonl").read_text().splitlines())
 
 
 def test_a_python_the_host_lacks_is_err_2(svc_factory: Any) -> None:
@@ -207,7 +208,7 @@ def test_the_model_files_come_back_and_the_job_folder_goes(svc_factory: Any, tmp
     svc = svc_factory(gpus="none")
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     run = svc.wait_for(run_id, TERMINAL, 120)
-    artifacts = svc.config.parent / "annotation_output" / "training" / "runs" / run_id / "artifacts"
+    artifacts = run_paths(svc, run_id).artifacts
     assert (run["state"], run["artifact_uri"]) == ("succeeded", str(artifacts)), run
     assert sorted(p.name for p in artifacts.iterdir()) and not (artifacts / "predictions.jsonl").exists()
     assert "copying the model back:" in run_log(svc, run_id)
@@ -233,7 +234,7 @@ def test_fetch_artifacts_false_and_keep_remote_leave_the_job_folder(svc_factory:
     run = svc.wait_for(run_id, TERMINAL, 120)
     job = tmp_path / "remote" / "jobs" / run_id
     assert run["state"] == "succeeded" and any((job / "work").iterdir())
-    artifacts = svc.config.parent / "annotation_output" / "training" / "runs" / run_id / "artifacts"
+    artifacts = run_paths(svc, run_id).artifacts
     if setting.get("fetch_artifacts") is False:
         assert run["artifact_uri"] == f"{ALIAS}:{job}/work" and not artifacts.exists()
     else:
@@ -258,7 +259,7 @@ def test_a_copy_that_sends_nothing_ends_with_err_7_and_the_predictions_count(
         assert run["error"] == (f"The copy from {ALIAS} sent nothing for 2 s (the predictions are stored; only model "
                                 "files are missing from artifacts/)")
         assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
-        assert (svc.config.parent / "annotation_output" / "training" / "predictions.jsonl").exists()
+        assert project_predictions_path(svc.project_config).exists()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and [p for p in pids() if str(python) in (alive_cmd(p) or "")]:
         time.sleep(0.1)
