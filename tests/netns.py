@@ -69,7 +69,9 @@ class NatHost:
         tag = secrets.token_hex(3)
         self.name = f"pq-{tag}"
         self.veth_host, self.veth_ns = f"pqh{tag}", f"pqa{tag}"
-        subnet = 16 + int(tag[:2], 16) % 200
+        # Disjoint ranges per pytest-xdist worker (gw0, gw1, ...): two namespaces made at once never share a /24.
+        worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw0")[2:] or 0)
+        subnet = 16 + 50 * (worker % 4) + int(tag[:2], 16) % 50
         self.host_ip, self.ip = f"10.201.{subnet}.1", f"10.201.{subnet}.2"
 
     def __enter__(self) -> NatHost:

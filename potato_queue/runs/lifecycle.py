@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import errno
 import logging
-import time
 from pathlib import Path
 from typing import Any
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
@@ -94,8 +94,8 @@ class RunLife:
     """The life of one run that dispatch has moved to `starting` (its record in hand)."""
 
     def __init__(self, config: ProjectConfig, store: RunStore, executors: Executors, record: dict[str, Any],
-                 lease: Lease, started_s: float) -> None:
-        self.config, self.store, self.executors, self.lease = config, store, executors, lease
+                 lease: Lease, started_s: float, clock: Clock = REAL_CLOCK) -> None:
+        self.config, self.store, self.executors, self.lease, self.clock = config, store, executors, lease, clock
         self.record = record
         self.run_id: str = record["run_id"]
         self.paths = store.paths(self.run_id)
@@ -158,9 +158,9 @@ class RunLife:
         return Watch(
             run_id=self.run_id, backend_name=spec.backend_name, handle=self.handle, store=self.store,
             grace_s=float(mt.grace_seconds), heartbeat_timeout_s=mt.heartbeat_timeout_s_of(spec.backend_name),
-            max_wall_s=mt.max_wall_seconds, started_s=self.started_s, launched_s=time.time(),
+            max_wall_s=mt.max_wall_seconds, started_s=self.started_s, launched_s=self.clock.now_s(),
             renew_lease=self.lease.renew, on_first_contact=self._first_contact, log=self.log, step=self.step,
-            last_output=lambda: _tail(self.paths.agent_log),
+            last_output=lambda: _tail(self.paths.agent_log), clock=self.clock,
         )
 
     def _first_contact(self) -> None:

@@ -17,10 +17,10 @@ executor's hard stop, `kill()`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.executors.base import AgentResult, Gone, RunHandle, Waiting
 from potato_queue.run import FINAL_STATES, RunState, RunView
 from potato_queue.store import RunStore
@@ -65,6 +65,7 @@ class Watch:
     contacted: bool = False
     cancel_seen_s: float | None = None
     waiting_why: str | None = None
+    clock: Clock = REAL_CLOCK  # every rule here reads it (tests hand in a ManualClock)
 
 
 def _result(view: RunView) -> AgentResult | None:
@@ -79,16 +80,16 @@ def stop_run(watch: Watch, grace_s: float, state: RunState, error: str) -> Outco
     result = None
     if grace_s > 0:
         watch.store.signal_stop(watch.run_id)
-        deadline = time.monotonic() + grace_s + CANCEL_MARGIN_S
-        while result is None and time.monotonic() < deadline and not isinstance(watch.handle.poll(), Gone):
-            watch.store.wait_result(watch.run_id, TICK_S)
+        deadline = watch.clock.now_s() + grace_s + CANCEL_MARGIN_S
+        while result is None and watch.clock.now_s() < deadline and not isinstance(watch.handle.poll(), Gone):
+            _wait(watch, TICK_S)
             result = _result(watch.store.view(watch.run_id))
     watch.handle.kill()
     return Outcome(result=result or _result(watch.store.view(watch.run_id)), state=state, error=error)
 
 
 def _gone(watch: Watch, gone: Gone) -> Outcome:
-    time.sleep(GONE_SETTLE_S)
+    watch.clock.wait(GONE_SETTLE_S)
     result = _result(watch.store.view(watch.run_id))
     if result is not None:
         return Outcome(result=result)
@@ -135,7 +136,7 @@ def _tick(watch: Watch) -> Outcome | None:
         return Outcome(state=view.state, error=None)
     if view.disk_error:
         return stop_run(watch, watch.grace_s, RunState.FAILED, f"{view.disk_error}; the run was stopped")
-    now_s = time.time()
+    now_s = watch.clock.now_s()
     if not watch.contacted and view.heartbeat_at is not None:
         watch.contacted = True
         watch.on_first_contact()
@@ -173,7 +174,12 @@ def _sleep_s(watch: Watch, tick_s: float) -> float:
     """Up to a tick, but no later than the wall limit: it is then met to the millisecond, not the tick."""
     if not watch.max_wall_s or watch.cancel_seen_s is not None:
         return tick_s
-    return max(0.001, min(tick_s, watch.started_s + watch.max_wall_s - time.time() + 0.001))
+    return max(0.001, min(tick_s, watch.started_s + watch.max_wall_s - watch.clock.now_s() + 0.001))
+
+
+def _wait(watch: Watch, seconds: float) -> None:
+    """Up to `seconds`, waking as soon as the agent's result arrives."""
+    watch.clock.wait(seconds, lambda s: watch.store.wait_result(watch.run_id, s))
 
 
 def supervise(watch: Watch, tick_s: float = TICK_S) -> Outcome:
@@ -182,4 +188,4 @@ def supervise(watch: Watch, tick_s: float = TICK_S) -> Outcome:
         outcome = _tick(watch)
         if outcome is not None:
             return outcome
-        watch.store.wait_result(watch.run_id, _sleep_s(watch, tick_s))
+        _wait(watch, _sleep_s(watch, tick_s))

@@ -305,8 +305,9 @@ class RunStore:
         # Redis 6.2 (the embedded one) truncates a timeout to whole ms: 0.001 s becomes 0, "block forever".
         self.redis.blpop([self.keys.result_signal(run_id)], timeout=max(MIN_WAIT_S, timeout_s))
 
-    def touch_heartbeat(self, run_id: str) -> None:
-        self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(time.time()))
+    def touch_heartbeat(self, run_id: str, at_s: float | None = None) -> None:
+        """The agent was heard from, now (or at `at_s`, a test's clock)."""
+        self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(time.time() if at_s is None else at_s))
 
     def log(self, run_id: str, *messages: str) -> None:
         """Lines in run.log, what the admin reads (one write for them all). A folder that cannot be
