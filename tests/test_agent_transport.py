@@ -34,6 +34,8 @@ from potato_queue.agent.transport import (
     retry,
 )
 
+pytestmark = pytest.mark.unit
+
 TOKEN = "s3cret-token-value"
 # A handler step: (handler, body read) -> None; it writes the whole answer (or none).
 Step = Callable[["Handler", bytes], None]

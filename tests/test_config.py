@@ -11,6 +11,8 @@ from potato_queue.config import DEFAULT_REDIS_URL, SBATCH_FLAGS, SlurmBackend, r
 from potato_queue.validate import load_checked, slurm_time_s
 from tests.test_validate_cli import SEED, seed_config, write_project
 
+pytestmark = pytest.mark.unit
+
 
 def test_spec_defaults(tmp_path: Path) -> None:
     cfg = seed_config()

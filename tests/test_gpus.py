@@ -7,6 +7,8 @@ import pytest
 
 from potato_queue.host.gpus import NO_KERNELS, GpuRefused, choose, describe, has_kernels, parse_gpus
 
+pytestmark = pytest.mark.unit
+
 TWO_GPUS = """\
 0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0
 1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0

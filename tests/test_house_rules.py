@@ -13,6 +13,8 @@ import pytest
 
 from tests.conftest import ROOT
 
+pytestmark = pytest.mark.unit
+
 BARE = [ROOT / "potato_queue" / "agent", ROOT / "potato_queue" / "host", ROOT / "potato_queue" / "worker"]
 # Served in agent.pyz and copied to remote hosts with agent/ and worker/ (potato_queue.code_package).
 TRAINERS = ROOT / "potato_queue" / "trainers"

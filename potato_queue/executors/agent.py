@@ -11,8 +11,6 @@ artifact_uri is the `<host>:<folder>` the agent reported.
 
 from __future__ import annotations
 
-import time
-
 from potato_queue.config import AgentBackend
 from potato_queue.executors.base import (
     AgentResult,
@@ -78,7 +76,7 @@ class AgentExecutor(Executor):
         if spec.offer is None:
             raise ValueError("an agent run needs its offer")
         timeout_s = self.backend.queue_timeout_s
-        until_s = time.time() + timeout_s if timeout_s else None
+        until_s = spec.clock.now_s() + timeout_s if timeout_s else None
         expired = no_agent_error(self.backend_name, timeout_s) if timeout_s else None
         why = waiting_why(self.backend_name)
         spec.offer.post()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.errors import PotatoQueueError
 from potato_queue.store.keys import RunPaths
 from potato_queue.worker.job import Job
@@ -78,6 +79,8 @@ class LaunchSpec:
     step: Callable[[str], None]
     # A pull backend's offer (None for the others).
     offer: Offer | None = None
+    # What a deadline the executor sets is counted on (a pull backend's queue_timeout_s); tests hand in theirs.
+    clock: Clock = REAL_CLOCK
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
@@ -94,8 +93,9 @@ class RunLife:
     """The life of one run that dispatch has moved to `starting` (its record in hand)."""
 
     def __init__(self, config: ProjectConfig, store: RunStore, executors: Executors, record: dict[str, Any],
-                 lease: Lease, started_s: float, clock: Clock = REAL_CLOCK) -> None:
-        self.config, self.store, self.executors, self.lease, self.clock = config, store, executors, lease, clock
+                 lease: Lease, started_s: float) -> None:
+        self.config, self.store, self.executors, self.lease = config, store, executors, lease
+        self.clock = store.clock  # the one every deadline of the run is counted on
         self.record = record
         self.run_id: str = record["run_id"]
         self.paths = store.paths(self.run_id)
@@ -144,7 +144,7 @@ class RunLife:
         offer = _StoreOffer(self.store, backend, self.run_id) if executor.pull else None
         return LaunchSpec(run_id=self.run_id, backend_name=backend, job=job, token=token,
                           server_url=server_url_for(self.store), paths=self.paths, log=self.log, step=self.step,
-                          offer=offer)
+                          offer=offer, clock=self.clock)
 
     def _token_ttl_s(self) -> float:
         mt = self.config.model_training

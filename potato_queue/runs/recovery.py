@@ -12,7 +12,6 @@ Nothing here imports Celery: the caller hands in `enqueue`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
 from potato_queue.run import IN_FLIGHT, RunState
@@ -28,7 +27,7 @@ EXECUTOR_STOPPED = ("The executor supervising this run stopped (killed or restar
 def _orphaned(store: RunStore, run_id: str) -> bool:
     paths = store.paths(run_id)
     newest = max((p.stat().st_mtime for p in (paths.run_log, paths.events, paths.run_json) if p.exists()), default=0)
-    return time.time() - newest > ORPHAN_QUIET_S
+    return store.clock.now_s() - newest > ORPHAN_QUIET_S
 
 
 def fail_orphans(store: RunStore, unfinished: list[tuple[str, str]]) -> bool:

@@ -11,13 +11,13 @@ lifecycle ask it, and nothing else builds a key or talks to Redis for a run.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import ProjectConfig
 from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView
 from potato_queue.store.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
@@ -48,8 +48,9 @@ MIN_WAIT_S = 0.01  # the shortest BLPOP; Redis wakes blocked clients every 100 m
 class RunStore:
     """One project's runs."""
 
-    def __init__(self, config: ProjectConfig, client: redis.Redis) -> None:
+    def __init__(self, config: ProjectConfig, client: redis.Redis, clock: Clock = REAL_CLOCK) -> None:
         self.config = config
+        self.clock = clock  # what stamps a heartbeat and a result (tests hand in a ManualClock)
         self.redis = client
         self.keys = Keys.of(config)
         self._cas = client.register_script(CAS_STATE)
@@ -273,7 +274,7 @@ class RunStore:
         """A batch of events' live fields and metrics, with the heartbeat, in one pipeline."""
         key = self.keys.run(run_id)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(key, mapping={**live, "heartbeat_at": repr(time.time())})
+        pipe.hset(key, mapping={**live, "heartbeat_at": repr(self.clock.now_s())})
         if metrics:
             # EVAL, not a registered script: redis-py checks SCRIPT EXISTS before every pipeline that
             # holds one, a round trip per batch on the hot path.
@@ -285,7 +286,7 @@ class RunStore:
         None when the run already has its result (one per run; the first one stands)."""
         extra = [x for k, v in (("artifact_uri", artifact_uri), ("agent_message", message)) if v for x in (k, v)]
         keys = [self.keys.run(run_id), self.keys.result_signal(run_id)]
-        if not self._record_result(keys=keys, args=[str(exit_code), repr(time.time()), *extra]):
+        if not self._record_result(keys=keys, args=[str(exit_code), repr(self.clock.now_s()), *extra]):
             return None
         return str(as_text(self.redis.hget(keys[0], "state")) or "unknown")
 
@@ -305,9 +306,9 @@ class RunStore:
         # Redis 6.2 (the embedded one) truncates a timeout to whole ms: 0.001 s becomes 0, "block forever".
         self.redis.blpop([self.keys.result_signal(run_id)], timeout=max(MIN_WAIT_S, timeout_s))
 
-    def touch_heartbeat(self, run_id: str, at_s: float | None = None) -> None:
-        """The agent was heard from, now (or at `at_s`, a test's clock)."""
-        self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(time.time() if at_s is None else at_s))
+    def touch_heartbeat(self, run_id: str) -> None:
+        """The agent was heard from, now."""
+        self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(self.clock.now_s()))
 
     def log(self, run_id: str, *messages: str) -> None:
         """Lines in run.log, what the admin reads (one write for them all). A folder that cannot be
