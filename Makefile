@@ -21,6 +21,7 @@ $(STAMP):
 
 lint: $(STAMP)
 	$(BIN)/ruff check potato_queue tests bench
+	$(BIN)/mypy
 
 # The tests start a private Redis themselves when none answers at
 # $$POTATO_QUEUE_REDIS_URL (default redis://127.0.0.1:6379/0).

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -150,6 +150,11 @@ class _SlurmCore(_RemoteBackend):
     def _sbatch_values_are_text(cls, value: Any) -> Any:
         return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
 
+    def sbatch_setting(self, key: str) -> str | None:
+        """One of SBATCH_FLAGS' settings (partition, gres, time, ...), None when not set."""
+        value = getattr(self, key, None)
+        return None if value is None else str(value)
+
     def job_settings(self) -> dict[str, Any]:
         """What the agent on the login node needs to submit the job: slurm.json's object (agent/launchers/sbatch.py)."""
         sbatch = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
@@ -164,7 +169,10 @@ def _make_slurm_model() -> type[_SlurmCore]:
     return create_model("SlurmBackend", __base__=_SlurmCore, **_slurm_settings())
 
 
-SlurmBackend = _make_slurm_model()
+if TYPE_CHECKING:  # the sbatch keys are made from SBATCH_FLAGS at import; read them with sbatch_setting()
+    SlurmBackend = _SlurmCore
+else:
+    SlurmBackend = _make_slurm_model()
 
 
 class AgentBackend(_Strict):

@@ -8,12 +8,13 @@ applies it in Redis, so a cancel and an executor's start can never both win.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, TypedDict
+from typing import Any, TypedDict, cast
 
 __all__ = ["RunState", "STATES", "FINAL_STATES", "IN_FLIGHT", "ALLOWED_FROM", "RunRecord", "RunView",
-           "is_final"]
+           "is_final", "merge"]
 
 
 class RunState(str, Enum):
@@ -85,6 +86,12 @@ class RunRecord(TypedDict, total=False):
     step: str | None
     progress: dict[str, Any] | None
     heartbeat_at: float
+
+
+def merge(record: RunRecord, fields: Mapping[str, Any]) -> RunRecord:
+    """`fields` into `record`, in place: the store's writes name their fields at run time."""
+    cast("dict[str, Any]", record).update(fields)
+    return record
 
 
 @dataclass(frozen=True)

@@ -152,10 +152,11 @@ def slurm_time_s(value: str) -> int | None:
     m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
     if not m:
         return None
-    days, a, b, c = (int(g) if g is not None else None for g in m.groups())
+    days, b, c = (None if g is None else int(g) for g in (m.group(1), m.group(3), m.group(4)))
+    a = int(m.group(2))
     if days is not None:  # days-hours[:minutes[:seconds]]
         return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-    if c is not None:  # hours:minutes:seconds
+    if b is not None and c is not None:  # hours:minutes:seconds
         return a * 3600 + b * 60 + c
     if b is not None:  # minutes:seconds
         return a * 60 + b
@@ -250,10 +251,15 @@ def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
                       f"(trainers: {', '.join(names)}){hint}")
 
 
+def _raw_mapping(value: Any) -> dict[str, Any]:
+    """A mapping of the raw config, or {} where the config has something else (its own error says so)."""
+    return value if isinstance(value, dict) else {}
+
+
 def _check_retrain_schedulers(data: dict[str, Any], warnings: list[Warning_]) -> None:
     """Potato 2.12's own scheduler acts on the same block whenever it has a trainer and schemas."""
-    mt = data.get("model_training") if isinstance(data.get("model_training"), dict) else {}
-    retrain = mt.get("auto_retrain") if isinstance(mt.get("auto_retrain"), dict) else {}
+    mt = _raw_mapping(data.get("model_training"))
+    retrain = _raw_mapping(mt.get("auto_retrain"))
     if retrain.get("enabled") is True and retrain.get("schemas") and retrain.get("trainer") not in (None, POTATO_SCHEDULES):
         warnings.append(Warning_(
             f"model_training.auto_retrain names both a trainer ({retrain['trainer']}) and schemas, so Potato's own "
@@ -265,10 +271,10 @@ def _check_retrain_schedulers(data: dict[str, Any], warnings: list[Warning_]) ->
 def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str], errors: list[str]) -> None:
     """Names that must point at something: backends, schemes, data files (read from the raw mapping,
     so a reference is checked even when a backend entry has errors of its own)."""
-    mt = data.get("model_training") if isinstance(data.get("model_training"), dict) else {}
-    backends = mt.get("backends") if isinstance(mt.get("backends"), dict) else {}
+    mt = _raw_mapping(data.get("model_training"))
+    backends = _raw_mapping(mt.get("backends"))
     names = [LOCAL, *(str(n) for n in backends if n != LOCAL)]
-    retrain = mt.get("auto_retrain") if isinstance(mt.get("auto_retrain"), dict) else {}
+    retrain = _raw_mapping(mt.get("auto_retrain"))
     for path, value in (("model_training.backend", mt.get("backend")), ("model_training.auto_retrain.backend", retrain.get("backend"))):
         if value is not None and value not in names:
             close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
@@ -276,7 +282,7 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
             errors.append(f"{path} is {value!r}, which names no backend (configured: {', '.join(names)}){hint}")
     _check_retrain_trainer(retrain, errors)
     schemes = [str(s.get("name")) for s in data.get("annotation_schemes") or [] if isinstance(s, dict)]
-    writeback = mt.get("writeback") if isinstance(mt.get("writeback"), dict) else {}
+    writeback = _raw_mapping(mt.get("writeback"))
     for path, listed in (("model_training.writeback.schemas", writeback.get("schemas")), ("model_training.auto_retrain.schemas", retrain.get("schemas"))):
         for schema in listed if isinstance(listed, list) else []:
             if str(schema) not in schemes:
@@ -285,9 +291,9 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
                 )
     task_dir = Path(config_path).resolve().parent / os.path.expanduser(str(data.get("task_dir") or "."))
     for index, raw in enumerate(data_file_paths(data.get("data_files") or [])):
-        path = task_dir / os.path.expanduser(raw)
-        if not path.exists():
-            errors.append(f"data_files[{index}] is {raw!r}, which does not exist (looked for {path.resolve()})")
+        data_path = task_dir / os.path.expanduser(raw)
+        if not data_path.exists():
+            errors.append(f"data_files[{index}] is {raw!r}, which does not exist (looked for {data_path.resolve()})")
 
 
 def _named_backends(entry: str, names: list[str]) -> set[str]:

@@ -274,3 +274,24 @@ def test_the_cycle_finder_finds_one() -> None:
 def test_no_private_name_is_imported_from_another_module() -> None:
     _, private = import_graph()
     assert private == [], "make these public (no leading underscore, in __all__) or keep them in their module"
+
+
+# ---------------------------------------------------------------- one name for each state
+
+RUN_STATE_TEXTS = {"queued", "starting", "collecting", "succeeded", "failed", "cancelled", "broken"}
+# Where a run state's text may be spelled: its definition, and the standard-library parts that speak other
+# protocols (a worker's status, SLURM's, Potato's) and cannot import it.
+STATE_TEXT_ALLOWED = ("run.py", "agent/", "host/", "worker/", "trainers/", "store/potato_ledger.py", "potato_hook.py")
+
+
+def test_every_run_state_is_named_through_the_enum() -> None:
+    """`queued` etc. as string literals outside run.py: compare with RunState, never with the text."""
+    found = []
+    for path in package_files():
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(STATE_TEXT_ALLOWED):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in RUN_STATE_TEXTS:
+                found.append(f"{relative}:{node.lineno} {node.value!r}")
+    assert found == [], "name these through potato_queue.run.RunState"

@@ -47,7 +47,7 @@ def parse_sinfo(text: str) -> list[dict[str, Any]]:
 
 def _partition_line(backend: SlurmBackend, facts: dict[str, Any]) -> str:
     nodes = parse_sinfo(facts.get("sinfo") or "")
-    partition = backend.partition or "the default partition"
+    partition = backend.sbatch_setting("partition") or "the default partition"
     if not nodes:
         return f"sinfo shows no node in {partition}" + (f": {facts['sinfo_error']}" if facts.get("sinfo_error") else "")
     states = sorted({node["state"] for node in nodes})
@@ -93,7 +93,7 @@ class SlurmExecutor(Executor):
     def check(self) -> CheckReport:
         asked = {"env": self.backend.env, "query": [], "packages": [],
                  "slurm": {"remote_dir": self.backend.remote_dir, "job_python": self.backend.job_python,
-                           "partition": self.backend.partition}}
+                           "partition": self.backend.sbatch_setting("partition")}}
         try:
             facts = host_facts(self.backend, self.backend_name, asked)
         except PotatoQueueError as exc:
@@ -101,7 +101,8 @@ class SlurmExecutor(Executor):
         return slurm_check_report(self.backend, facts)
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
-        header = {"packages": [], "num_threads": None, "gpus": "none", "min_free_gpu_mb": 0, "slurm": True}
+        header: dict[str, Any] = {"packages": [], "num_threads": None, "gpus": "none", "min_free_gpu_mb": 0,
+                                  "slurm": True}
         # By name, so that even a job whose id never reached us is found; its owner's only.
         env = [f"{name}={value}" for name, value in self.backend.env.items()]  # SLURM_CONF, a PATH to scancel
         stop_job = remote_shell(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + \

@@ -11,14 +11,13 @@ from the store's index of unfinished runs, not from listing run folders.
 from __future__ import annotations
 
 import time
-from typing import Any
 
 import redis
 
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
-from potato_queue.run import RunState
+from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.lifecycle import RunLife
 from potato_queue.runs.recovery import fail_orphans
 from potato_queue.store import RunStore
@@ -43,7 +42,7 @@ class Dispatcher:
     def _anything_queued(self) -> bool:
         return any(state == RunState.QUEUED for _, state in self.store.unfinished())
 
-    def _take_oldest_queued(self) -> tuple[dict[str, Any], float] | None | bool:
+    def _take_oldest_queued(self) -> tuple[RunRecord, float] | None | bool:
         """The record of the run now `starting` and when it started (epoch s); None if nothing is
         queued; False to wait (a run is in flight)."""
         unfinished = self.store.unfinished()
@@ -57,7 +56,7 @@ class Dispatcher:
                     return record, started_s
         return None
 
-    def _hold(self, run_id: str, started_s: float) -> dict[str, Any] | None:
+    def _hold(self, run_id: str, started_s: float) -> RunRecord | None:
         """The run's record once it is this executor's: `starting`, or, on a pull backend, still
         `queued` until its agent claims it (AGT-4). None when the run is no longer queued."""
         record = self.store.read(run_id)
@@ -86,7 +85,7 @@ class Dispatcher:
                     break
                 time.sleep(IN_FLIGHT_WAIT_S)
                 lease.renew()
-            if not chosen:
+            if chosen is None or isinstance(chosen, bool):
                 return None
             record, started_s = chosen
             RunLife(self.config, self.store, self.executors, record, lease, started_s).run()

@@ -9,7 +9,7 @@ project's predictions.jsonl with what passes Potato's rules (runs/gate.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +128,7 @@ def _say_refused(store: RunStore, run_id: str, refused: list[Refusal]) -> None:
 
 
 def finalize_predictions(config: ProjectConfig, store: RunStore,
-                         record: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+                         record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Score the held-out items, store every valid prediction in Potato's store, publish what passes
     Potato's rules; returns (held_out, what was published: the record's `prelabels`)."""
     run_id = record["run_id"]

@@ -32,7 +32,7 @@ def server_url_for(store: RunStore) -> str:
     return url
 
 
-def _params(config: ProjectConfig, store: RunStore, record: dict[str, Any]) -> dict[str, Any]:
+def _params(config: ProjectConfig, store: RunStore, record: RunRecord) -> dict[str, Any]:
     params = dict(record.get("params") or {})
     if record["trainer"] == "decision-calibrate":
         base = store.latest_succeeded(exclude=record["run_id"])

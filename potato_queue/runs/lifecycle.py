@@ -17,7 +17,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
 from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, ModelFilesMissing, RunHandle
-from potato_queue.run import RunState
+from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.gate import bundle_split_ids, bundle_summary
 from potato_queue.runs.job import build_job, server_url_for
@@ -92,7 +92,7 @@ class _StoreOffer:
 class RunLife:
     """The life of one run that dispatch has moved to `starting` (its record in hand)."""
 
-    def __init__(self, config: ProjectConfig, store: RunStore, executors: Executors, record: dict[str, Any],
+    def __init__(self, config: ProjectConfig, store: RunStore, executors: Executors, record: RunRecord,
                  lease: Lease, started_s: float) -> None:
         self.config, self.store, self.executors, self.lease = config, store, executors, lease
         self.clock = store.clock  # the one every deadline of the run is counted on

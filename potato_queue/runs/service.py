@@ -88,7 +88,7 @@ class RunService:
     def get(self, run_id: str) -> dict[str, Any]:
         return public_view(self.record(run_id))
 
-    def list(self, limit: int) -> list[dict[str, Any]]:
+    def listed(self, limit: int) -> list[dict[str, Any]]:
         """The newest `limit` runs, newest first (an unreadable one listed as `broken`)."""
         return [public_view(record) for record in self.store.list_runs(limit)]
 

@@ -19,7 +19,12 @@ __all__ = ["trainer_table", "choose_backend", "start_run"]
 def trainer_table() -> dict[str, dict[str, Any]]:
     from potato_queue.trainers import trainer_info, trainer_names
 
-    return {name: trainer_info(name).to_dict() for name in trainer_names()}
+    table = {}
+    for name in trainer_names():
+        info = trainer_info(name)
+        assert info is not None, name  # trainer_names() lists the registry's own
+        table[name] = info.to_dict()
+    return table
 
 
 def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], backend: str | None) -> str:
@@ -32,9 +37,9 @@ def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], back
     trainers = trainer_table()
     if trainer not in trainers:
         raise Invalid(f"Unknown trainer {trainer!r}; trainers: {', '.join(sorted(trainers))}")
-    unknown = [s for s in schemas if s not in config.schema_names()]
-    if unknown or not schemas:
-        what = f"Unknown schema {unknown[0]!r}" if unknown else "No schema given"
+    strangers = [s for s in schemas if s not in config.schema_names()]
+    if strangers or not schemas:
+        what = f"Unknown schema {strangers[0]!r}" if strangers else "No schema given"
         raise Invalid(f"{what}; schemas: {', '.join(config.schema_names())}")
     if trainers[trainer]["local_only"] and chosen != LOCAL:
         raise Invalid(
@@ -54,7 +59,8 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
         problem = f"params are {json_size(params)} bytes as JSON; at most {MAX_PARAMS_BYTES} are accepted"
     if problem is not None:
         raise Invalid(problem, fix="pass the trainer's settings, not data (the data comes from the project)")
-    return clean(params)
+    cleaned: dict[str, Any] = clean(params)
+    return cleaned
 
 
 def start_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], *, trainer: str,

@@ -133,7 +133,7 @@ def _tick(watch: Watch) -> Outcome | None:
         return Outcome(result=result)
     if view.state in FINAL_STATES:  # a run still queued (unclaimed) is cancelled by the API directly
         watch.handle.kill()
-        return Outcome(state=view.state, error=None)
+        return Outcome(state=RunState(view.state), error=None)
     if view.disk_error:
         return stop_run(watch, watch.grace_s, RunState.FAILED, f"{view.disk_error}; the run was stopped")
     now_s = watch.clock.now_s()

@@ -73,7 +73,7 @@ def post_run(body: RunRequest, request: Request) -> RunAccepted:
 def list_runs(request: Request,
               limit: Annotated[int, Query(ge=1, le=MAX_RUNS_LISTED)] = 100) -> list[dict[str, Any]]:
     """The newest runs first; a run whose record cannot be read is listed with state `broken`."""
-    return runs_of(request).list(limit)
+    return runs_of(request).listed(limit)
 
 
 def get_run(run_id: str, request: Request) -> dict[str, Any]:

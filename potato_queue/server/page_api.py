@@ -78,7 +78,7 @@ def device_probe(config: Any, redis_url: str) -> Callable[[float], str | None]:
 
 
 def _snapshot(request: Request) -> str:
-    return json.dumps(runs_of(request).list(LISTED), default=str)
+    return json.dumps(runs_of(request).listed(LISTED), default=str)
 
 
 async def _runs_events(request: Request) -> AsyncIterator[str]:

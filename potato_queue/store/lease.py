@@ -14,6 +14,8 @@ import uuid
 
 import redis
 
+from potato_queue.store.records import as_text
+
 __all__ = ["Lease", "LEASE_TTL_S", "LEASE_RENEW_S"]
 
 LEASE_TTL_S = 10.0
@@ -41,7 +43,7 @@ class Lease:
             holder = self.client.get(self.key)
             if holder is None:
                 return self.try_take()
-            if holder.decode() != self.token:
+            if as_text(holder) != self.token:
                 return False
             self.client.pexpire(self.key, int(LEASE_TTL_S * 1000))
         except redis.RedisError:

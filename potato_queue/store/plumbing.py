@@ -10,6 +10,7 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import redis
 import redis.asyncio as aioredis
@@ -91,7 +92,7 @@ def async_twin(client: redis.Redis) -> aioredis.Redis:
     wanted = ("host", "port", "path", "db", "username", "password", "socket_connect_timeout")
     kwargs = {k: v for k, v in pool.connection_kwargs.items() if k in wanted or k.startswith("ssl_")}
     if issubclass(pool.connection_class, redis.UnixDomainSocketConnection):
-        connection_class: type[aioredis.Connection] = aioredis.UnixDomainSocketConnection
+        connection_class: type[Any] = aioredis.UnixDomainSocketConnection
     elif issubclass(pool.connection_class, redis.SSLConnection):
         connection_class = aioredis.SSLConnection
     else:

@@ -18,7 +18,7 @@ import re
 import socket
 import sqlite3
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
@@ -160,7 +160,7 @@ def potato_config(config: ProjectConfig) -> dict[str, Any]:
     return out
 
 
-def potato_metrics(record: dict[str, Any]) -> dict[str, Any]:
+def potato_metrics(record: Mapping[str, Any]) -> dict[str, Any]:
     """A run's numbers as Potato's page lists them: the training metrics as `<split>_<name>`, then the
     held-out scores, `accuracy` (which the runs table shows) being the first schema's test accuracy."""
     out: dict[str, Any] = {}
@@ -182,7 +182,7 @@ def potato_metrics(record: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def _error_code(record: dict[str, Any]) -> str:
+def _error_code(record: Mapping[str, Any]) -> str:
     if record.get("state") == RunState.CANCELLED:
         return "cancelled"
     if record.get("state") != RunState.FAILED:
@@ -191,7 +191,7 @@ def _error_code(record: dict[str, Any]) -> str:
     return f"exit_{code}" if code is not None else "potato_queue"
 
 
-def potato_run_fields(record: dict[str, Any], *, split_seed: int, host: str) -> dict[str, Any]:
+def potato_run_fields(record: Mapping[str, Any], *, split_seed: int, host: str) -> dict[str, Any]:
     """A potato-queue run record as the fields of Potato's TrainingRun (text in, text out)."""
     bundle = record.get("bundle") or {}
     counts = bundle.get("n") or {}
@@ -266,7 +266,7 @@ class PotatoLedger:
                           f"({potato_database_path(self.config)}): {type(exc).__name__}: {exc}")
         return False
 
-    def record(self, record: dict[str, Any]) -> None:
+    def record(self, record: Mapping[str, Any]) -> None:
         """The run as it is now: on submit and at each change of state."""
         if record.get(OWNED_BY_POTATO) or not self.status.on:
             return
@@ -280,7 +280,7 @@ class PotatoLedger:
 
         self._write(record["run_id"], f"the run's state ({fields['status']})", write)
 
-    def record_splits(self, record: dict[str, Any], split_ids: dict[str, list[str]]) -> None:
+    def record_splits(self, record: Mapping[str, Any], split_ids: dict[str, list[str]]) -> None:
         """Which item went into which split: Potato's leak guard never prelabels a `train` item."""
         if record.get(OWNED_BY_POTATO) or not self.status.on:
             return
@@ -288,7 +288,7 @@ class PotatoLedger:
         self._write(record["run_id"], "the run's splits", lambda store: store.record_run_items(
             self._cfg, record["run_id"], splits))
 
-    def record_predictions(self, record: dict[str, Any], predictions: Iterable[dict[str, Any]]) -> bool:
+    def record_predictions(self, record: Mapping[str, Any], predictions: Iterable[dict[str, Any]]) -> bool:
         """Every valid prediction, ungated (Potato gates when it publishes); a newer run's replace an older's."""
         if record.get(OWNED_BY_POTATO) or not self.status.on:
             return False
@@ -323,7 +323,8 @@ class PotatoLedger:
 
     def leak_guard(self) -> set[str] | None:
         """Every item any recorded run fitted on."""
-        return self._read("the leak guard", lambda store: set(store.all_training_split_ids(self._cfg)))
+        found: set[str] | None = self._read("the leak guard", lambda store: set(store.all_training_split_ids(self._cfg)))
+        return found
 
     def rejected(self) -> set[tuple[str, str]]:
         """(item, schema) pairs a reviewer rejected in Potato's model review."""
@@ -337,4 +338,6 @@ class PotatoLedger:
 
     def stored_predictions(self) -> list[dict[str, Any]] | None:
         """Every prediction in Potato's store, latest per item and schema."""
-        return self._read("the stored predictions", lambda store: list(store.load_predictions(self._cfg)))
+        found: list[dict[str, Any]] | None = self._read("the stored predictions",
+                                                        lambda store: list(store.load_predictions(self._cfg)))
+        return found

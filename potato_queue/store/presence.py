@@ -28,7 +28,8 @@ class Presence:
 
     def server_url(self) -> str | None:
         """Where `potato-queue serve` said agents and executors reach it (None: no server running)."""
-        return as_text(self.redis.get(self.keys.server_url))
+        url = as_text(self.redis.get(self.keys.server_url))
+        return None if url is None else str(url)
 
     def record_executor(self, name: str, ttl_s: float) -> None:
         self.redis.set(self.keys.executor(name), repr(time.time()), ex=max(1, int(ttl_s)))

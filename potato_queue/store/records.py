@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -53,7 +54,7 @@ def as_text(value: Any) -> Any:
     return value.decode() if isinstance(value, bytes) else value
 
 
-def created_ms(record: dict[str, Any]) -> float:
+def created_ms(record: Mapping[str, Any]) -> float:
     return float(epoch_of(record["created_at"]) or 0.0) * 1000
 
 

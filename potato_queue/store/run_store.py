@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, cast
 
 import redis
 import redis.asyncio as aioredis
 
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import ProjectConfig
-from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView
+from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView, merge
 from potato_queue.store.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
 from potato_queue.store.lease import Lease
 from potato_queue.store.offers import Offers
 from potato_queue.store.pending import PendingRecords
 from potato_queue.store.plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, wait_published
-from potato_queue.store.potato_ledger import OWNED_BY_POTATO, PotatoLedger
+from potato_queue.store.potato_ledger import PotatoLedger
 from potato_queue.store.presence import Presence
 from potato_queue.store.records import (
     FOLDER_FIX,
@@ -77,7 +77,7 @@ class RunStore:
             "error": None, "metrics": {}, "held_out": {}, "exit_code": None, "artifact_uri": None,
         }
         if potato_run_id is not None:
-            record[OWNED_BY_POTATO] = potato_run_id
+            record["potato_run_id"] = potato_run_id  # OWNED_BY_POTATO
         paths = self.paths(run_id)
         try:
             paths.dir.mkdir(mode=0o700, parents=True, exist_ok=False)
@@ -88,7 +88,7 @@ class RunStore:
         self.potato.record(record)
         return record
 
-    def _seed_live(self, record: dict[str, Any]) -> bool:
+    def _seed_live(self, record: RunRecord) -> bool:
         """Redis' view of a run from its record, where Redis has none; True when it had none."""
         run_id, created = record["run_id"], created_ms(record)
         pipe = self.redis.pipeline()
@@ -101,7 +101,7 @@ class RunStore:
     def read(self, run_id: str) -> RunRecord:
         """run.json as written (KeyError when there is no such run)."""
         try:
-            return json.loads(self.paths(run_id).run_json.read_text(encoding="utf-8"))
+            return cast(RunRecord, json.loads(self.paths(run_id).run_json.read_text(encoding="utf-8")))
         except (FileNotFoundError, ValueError):
             raise KeyError(run_id) from None
 
@@ -155,22 +155,22 @@ class RunStore:
                 continue  # unreadable: not a success anyone can build on
         return None
 
-    def list_runs(self, limit: int = 100) -> list[dict[str, Any]]:
+    def list_runs(self, limit: int = 100) -> list[RunRecord]:
         """The newest `limit` runs; one whose record cannot be read is listed as `broken`, never breaks the list."""
         return [self._listed(run_id) for run_id in reversed(self.run_ids()[-limit:])]
 
-    def _listed(self, run_id: str) -> dict[str, Any]:
+    def _listed(self, run_id: str) -> RunRecord:
         try:
             return self.get(run_id)
         except (KeyError, OSError, ValueError, TypeError) as exc:
             why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else "it is missing or not JSON"
             return {"run_id": run_id, "state": RunState.BROKEN, "error": f"run.json cannot be read ({why})"}
 
-    def update(self, run_id: str, record: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    def update(self, run_id: str, record: RunRecord | None = None, **fields: Any) -> RunRecord:
         """Write fields (not the state) into run.json; pass the record held in memory to skip a read."""
         assert "state" not in fields, "use transition() for the state"
         record = self.read(run_id) if record is None else record
-        record.update(fields)
+        merge(record, fields)
         self._write_record(run_id, record)
         return record
 
@@ -181,16 +181,16 @@ class RunStore:
         if not self._compare_and_set(run_id, state):
             return None
         record = self.read(run_id) if record is None else record
-        record.update(fields, state=state)
+        merge(record, {**fields, "state": state})
         if state in FINAL_STATES:
             record["finished_at"] = record.get("finished_at") or utc_now()
             live = self.live(run_id)
-            record.update({k: live[k] for k in ("step", "progress") if k in live})
+            merge(record, {k: live[k] for k in ("step", "progress") if k in live})
         self._write_record(run_id, record)
         self.potato.record(record)
         return record
 
-    def _write_record(self, run_id: str, record: dict[str, Any]) -> None:
+    def _write_record(self, run_id: str, record: RunRecord) -> None:
         """run.json, or, when the folder cannot be written, the record held in Redis and RunFolderError."""
         try:
             write_json_atomic(self.paths(run_id).run_json, record)
@@ -210,7 +210,7 @@ class RunStore:
         if won == -1:
             self.redis.hsetnx(keys[0], "state", self.read(run_id)["state"])
             won = self._cas(keys=keys, args=args)
-        return won == 1
+        return bool(won == 1)
 
     # -- the unfinished index ----------------------------------------------
     def unfinished(self) -> list[tuple[str, str]]:
@@ -230,7 +230,7 @@ class RunStore:
                 out.append((run_id, state or RunState.QUEUED))
         return out
 
-    def mark_bulky(self, run_id: str, bulky: bool = True, record: dict[str, Any] | None = None) -> None:
+    def mark_bulky(self, run_id: str, bulky: bool = True, record: RunRecord | None = None) -> None:
         """The run's folder holds (or no longer holds) a bundle or model files: retain_runs' index."""
         if bulky:
             self.redis.zadd(self.keys.bulky, {run_id: created_ms(record or self.read(run_id))})
@@ -266,7 +266,8 @@ class RunStore:
         return out
 
     def set_live(self, run_id: str, **fields: Any) -> None:
-        mapping = {k: json.dumps(v) if k in LIVE_JSON else str(v) for k, v in fields.items() if v is not None}
+        mapping: dict[Any, Any] = {k: json.dumps(v) if k in LIVE_JSON else str(v) for k, v in fields.items()
+                                   if v is not None}
         if mapping:
             self.redis.hset(self.keys.run(run_id), mapping=mapping)
 
@@ -274,7 +275,8 @@ class RunStore:
         """A batch of events' live fields and metrics, with the heartbeat, in one pipeline."""
         key = self.keys.run(run_id)
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hset(key, mapping={**live, "heartbeat_at": repr(self.clock.now_s())})
+        mapping: dict[Any, Any] = {**live, "heartbeat_at": repr(self.clock.now_s())}
+        pipe.hset(key, mapping=mapping)
         if metrics:
             # EVAL, not a registered script: redis-py checks SCRIPT EXISTS before every pipeline that
             # holds one, a round trip per batch on the hot path.

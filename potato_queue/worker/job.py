@@ -25,7 +25,7 @@ class Limits:
     """The worker's limits: wall time (enforced by the agent and the executor), RAM, device, threads."""
 
     max_wall_s: Optional[float] = None
-    max_ram_mb: Optional[int] = None
+    max_ram_mb: Optional[float] = None
     device: str = "auto"
     num_threads: Optional[int] = None
 

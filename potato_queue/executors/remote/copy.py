@@ -101,7 +101,7 @@ class ModelCopy:
             # Big reads (tarfile's default 10 KiB ones cost a core), small writes: a large write is
             # backed by large page-cache folios, whose fresh memory costs a VM twice the kernel time.
             with tarfile.open(fileobj=_Counted(proc.stdout, self), mode="r|", bufsize=COPY_BLOCK_BYTES) as archive:
-                archive.copybufsize = WRITE_BLOCK_BYTES
+                archive.copybufsize = WRITE_BLOCK_BYTES  # type: ignore[attr-defined]  # tarfile has it, typeshed not
                 archive.extractall(artifacts, filter="data")
         except (tarfile.TarError, OSError) as exc:
             return None if self.stalled else str(exc)
