@@ -254,3 +254,11 @@ def job_as_the_executor_stores_it(store: Any, run_id: str, data: bytes, **fields
               heartbeat_interval_s=heartbeat_interval_s(store.config, record["backend"]),
               max_predictions_bytes=max_predictions_bytes(store.config), **fields)
     store.update(run_id, job=job.to_dict())
+
+
+def wait_until(condition: Any, timeout_s: float = 30, what: str = "the condition") -> None:
+    """Poll `condition()` every 50 ms until it holds (an event another process makes happen)."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not hold within {timeout_s} s"
+        time.sleep(0.05)

@@ -19,6 +19,7 @@ from tests.lifecycle_helpers import (
     session_of,
     started,
     wait_running,
+    wait_until,
 )
 
 
@@ -338,15 +339,14 @@ def test_retain_runs_prunes_old_bundles_and_models_but_never_the_latest_success(
         later = [svc.start_run(trainer="majority-baseline", schemas=["sentiment"]) for _ in range(2)]
         for run_id in later:
             assert svc.wait_for(run_id, TERMINAL)["state"] == "succeeded"
-        kept, pruned = later[-1], [failed, later[0]]
+        kept, pruned = later[-1], [failed, later[0], first]  # `first` is no longer the latest success
+        # The executor prunes in a thread of its own once a run has ended: wait for the lines it writes.
         for run_id in pruned:
-            folder = run_paths(svc, run_id).dir
-            assert not (folder / "bundle.tar.gz").exists() and not (folder / "artifacts").exists()
-            assert (folder / "run.json").exists() and "retain_runs keeps the newest 1" in (folder / "run.log").read_text()
+            wait_until(lambda run_id=run_id: "retain_runs keeps the newest 1" in run_paths(svc, run_id).run_log.read_text())
+            paths = run_paths(svc, run_id)
+            assert not paths.bundle.exists() and not paths.artifacts.exists() and paths.run_json.exists()
+            assert "bundle and model files removed" in paths.run_log.read_text()
         assert run_paths(svc, kept).bundle.exists()
-        # `first` is no longer the latest success: it went too, after later[0] succeeded.
-        assert not run_paths(svc, first).bundle.exists()
-        assert "bundle and model files removed" in run_paths(svc, first).run_log.read_text()
 
 
 def test_hf_with_no_hub_fails_at_once_saying_the_model_is_not_cached(tmp_path: Path, redis_server_url: str) -> None:

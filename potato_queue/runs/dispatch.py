@@ -20,6 +20,7 @@ from potato_queue.executors import Executors
 from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.lifecycle import RunLife
 from potato_queue.runs.recovery import fail_orphans
+from potato_queue.runs.retention import Pruner
 from potato_queue.store import RunStore
 from potato_queue.store.records import utc_of
 
@@ -36,6 +37,7 @@ class Dispatcher:
         self.config = config
         self.store = RunStore(config, client)
         self.executors = Executors(config)
+        self.pruner = Pruner(self.store, config.model_training.retain_runs)
         # The first local run gets a warm agent too, not only the ones after it.
         self.executors.get(LOCAL).warm()
 
@@ -89,9 +91,11 @@ class Dispatcher:
                 return None
             record, started_s = chosen
             RunLife(self.config, self.store, self.executors, record, lease, started_s).run()
+            self.pruner.request(record["run_id"])  # the old runs' files go while the next run starts
             return str(record["run_id"])
         finally:
             lease.release()
 
     def close(self) -> None:
+        self.pruner.wait(30)
         self.executors.close()

@@ -21,7 +21,6 @@ from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.gate import bundle_split_ids, bundle_summary
 from potato_queue.runs.job import build_job, server_url_for
-from potato_queue.runs.retention import prune_old_runs
 from potato_queue.runs.supervise import Outcome, Watch, supervise
 from potato_queue.store import RunStore
 from potato_queue.store.lease import Lease
@@ -122,15 +121,6 @@ class RunLife:
             self._fail(_said(exc))
             if self.handle is not None:
                 self.handle.kill()
-        finally:
-            # The token went with the final state (the store's compare-and-set deletes it).
-            self._prune()
-
-    def _prune(self) -> None:
-        try:
-            prune_old_runs(self.store, self.config.model_training.retain_runs)
-        except OSError as exc:  # housekeeping: never what ends a run
-            self.log(f"warning: old runs could not be pruned (retain_runs): {exc}")
 
     def _prepare(self, executor: Executor) -> LaunchSpec:
         self.store.set_live(self.run_id, step="building the bundle")

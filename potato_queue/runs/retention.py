@@ -1,4 +1,4 @@
-"""retain_runs: the bulky files of old runs are removed once a run ends.
+"""retain_runs: the bulky files of old runs are removed once a run ends, off the run's path.
 
 A run's bundle (a copy of the project's annotations) and its model files are
 the large part of its folder. The newest `model_training.retain_runs` runs
@@ -6,19 +6,24 @@ keep everything; older finished ones lose their bundle, their model files
 and the local agent's copies, and keep their record, logs, events and
 predictions. Never touched: a run not yet finished, and
 the latest successful run (whose model and predictions the project uses,
-and decision-calibrate recalibrates), however old.
+and decision-calibrate recalibrates), however old. The executor prunes in a
+thread of its own (Pruner), so the next run never waits for the deletes.
 """
 
 from __future__ import annotations
 
+import logging
 import shutil
+import threading
 from pathlib import Path
 
 from potato_queue.run import FINAL_STATES
 from potato_queue.store import RunStore
 from potato_queue.store.records import utc_now
 
-__all__ = ["prune_old_runs"]
+__all__ = ["prune_old_runs", "Pruner"]
+
+_log = logging.getLogger("potato_queue.runs")
 
 def _bulky(store: RunStore, run_id: str) -> list[Path]:
     return [p for p in store.paths(run_id).bulky if p.exists()]
@@ -55,3 +60,40 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
                           f"the newest {retain} runs")
         pruned.append(run_id)
     return pruned
+
+
+class Pruner:
+    """retain_runs in a thread of its own: `request(run_id)` after a run ends returns at once. One prune at
+    a time; a run that ends while one goes asks for one more, which follows it."""
+
+    def __init__(self, store: RunStore, retain: int) -> None:
+        self.store, self.retain = store, retain
+        self._lock = threading.Lock()
+        self._wanted: str | None = None  # the run whose end asked, for the warning's place
+        self._thread: threading.Thread | None = None
+
+    def request(self, run_id: str) -> None:
+        with self._lock:
+            self._wanted = run_id
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, name="prune", daemon=True)
+                self._thread.start()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        """Until no prune is going (an executor's shutdown, a test)."""
+        thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
+    def _loop(self) -> None:
+        while True:
+            with self._lock:
+                run_id, self._wanted = self._wanted, None
+                if run_id is None:
+                    self._thread = None
+                    return
+            try:
+                prune_old_runs(self.store, self.retain)
+            except Exception as exc:  # housekeeping: never what ends a run, nor this thread
+                _log.warning("old runs could not be pruned: %s", exc)
+                self.store.log(run_id, f"warning: old runs could not be pruned (retain_runs): {exc}")
