@@ -1,8 +1,8 @@
 """A real single-node SLURM (munged, slurmctld, slurmd) for the slurm backend's tests.
 
 Debian's slurm 22.05 and munge, configured as measured on these machines: no systemd, no
-cgroups, its own munge key and socket, its own ports, state, spool, pid and log files, all in a
-folder the harness made. Two fake GPUs: gres files that are symlinks to /dev/null (slurmd hands
+cgroups, its own munge key and socket, its own ports, state, spool, pid and log files, in a
+folder the harness made (the sockets and the spool in a short one under /tmp). Two fake GPUs: gres files that are symlinks to /dev/null (slurmd hands
 them out and sets CUDA_VISIBLE_DEVICES; nothing here can compute on them, which the tests say).
 A second partition, `urgent`, preempts jobs of `gpu` (PREEMPTED). Clients find the cluster through
 SLURM_CONF, which an ssh session does not inherit: the tests set it in the backend's `env`.
@@ -15,6 +15,7 @@ import os
 import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -38,7 +39,7 @@ def require_slurm() -> None:
         pytest.fail("the slurm backend's tests start slurmctld and slurmd: run them as root")
 
 
-def _slurm_conf(root: Path, munge_socket: Path, cgroups: bool) -> str:
+def _slurm_conf(root: Path, spool: Path, munge_socket: Path, cgroups: bool) -> str:
     # With cgroups (v1 here), memory is the kernel's to enforce: a job over its mem ends OUT_OF_MEMORY.
     # Without, OverMemoryKill samples every 30 s: DefMemPerCPU must hold a worker that imports torch, or
     # any run longer than 30 s is killed (a job of 1 CPU gets 1000 MB; four fit in RealMemory).
@@ -48,7 +49,7 @@ def _slurm_conf(root: Path, munge_socket: Path, cgroups: bool) -> str:
     return "\n".join([
         "ClusterName=pqtest", "SlurmctldHost=localhost", f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
         "SlurmUser=root", "AuthType=auth/munge", f"AuthInfo=socket={munge_socket}",
-        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={root / 'spool'}",
+        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={spool}",
         f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'slurmd.pid'}",
         f"SlurmctldLogFile={root / 'slurmctld.log'}", f"SlurmdLogFile={root / 'slurmd.log'}",
         *tracking, "AccountingStorageType=accounting_storage/none",
@@ -67,12 +68,18 @@ class SlurmCluster:
     def __init__(self, root: Path, cgroups: bool = False) -> None:
         require_slurm()
         self.root = root
-        for name in ("state", "spool", "dev", "munge"):
+        for name in ("state", "dev"):
             (root / name).mkdir(parents=True, exist_ok=True)
-        (root / "munge").chmod(0o755)  # slurmd's job steps reach the socket as the job's user
-        self.munge_socket = root / "munge" / "munge.socket"
+        # The daemons' sockets (munge's, slurmstepd's in the spool) live in a short folder of their own: a
+        # unix socket's path has at most 108 bytes, and a test's folder (pytest-xdist adds popen-gw1/) can be longer.
+        self.sockets = Path(tempfile.mkdtemp(prefix="pqslurm-"))
+        self.sockets.chmod(0o755)  # slurmd's job steps reach munge's socket as the job's user
+        self.spool, munge = self.sockets / "spool", self.sockets / "munge"
+        self.spool.mkdir()
+        munge.mkdir(mode=0o755)
+        self.munge_socket = munge / "munge.socket"
         self.conf = root / "slurm.conf"
-        self.conf.write_text(_slurm_conf(root, self.munge_socket, cgroups))
+        self.conf.write_text(_slurm_conf(root, self.spool, self.munge_socket, cgroups))
         if cgroups:
             (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n"
                                               "ConstrainDevices=no\nConstrainCores=no\n")
@@ -91,7 +98,7 @@ class SlurmCluster:
         key = self.root / "munge.key"
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
-        munge = self.root / "munge"
+        munge = self.sockets / "munge"
         self._daemon("munged", ["/usr/sbin/munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
                                 f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
                                 f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
@@ -163,3 +170,4 @@ class SlurmCluster:
         for pid in running:
             if Path(f"/proc/{pid}").exists():
                 os.kill(pid, signal.SIGKILL)
+        shutil.rmtree(self.sockets, ignore_errors=True)

@@ -31,7 +31,15 @@ import pytest
 from potato_queue.store.keys import project_predictions_path
 from tests.agent_helpers import AGENT, BACKEND, PYTHON38, Agent, lab, nat_host, register
 from tests.conftest import ROOT
-from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths, started
+from tests.lifecycle_helpers import (
+    TERMINAL,
+    Services,
+    alive_cmd,
+    make_project,
+    run_paths,
+    started,
+    wait_until,
+)
 from tests.netns import NatHost
 
 
@@ -210,11 +218,14 @@ def test_a_silent_network_cut_fails_the_run_and_the_agent_stops_its_worker(
         nat.cut()
         run = svc.wait_for(run_id, TERMINAL, 30)
         assert (run["state"], run["error"]) == ("failed", f"No word from the agent on {BACKEND} for 5 seconds")
-        agent.wait(120)  # its calls hang for their timeout (30 s) before they fail, as on a real cut
-        out = agent.output()
-        assert "no answer from the server for 3 s: SIGTERM to" in out, out
-        assert not nat.pids(), "no worker is left on the training machine"
-        nat.restore()
+        # On its side, the agent stops its worker 3 s after its last answer, once a call has failed (a call on a
+        # silently cut network hangs for its 30 s timeout before it fails).
+        wait_until(lambda: "no answer from the server for 3 s: SIGTERM to" in agent.output(), 30, "the agent's SIGTERM")
+        wait_until(lambda: not [p for p in nat.pids() if "potato_queue.worker" in (alive_cmd(p) or "")], 30,
+                   "the worker's end")
+        nat.restore()  # the hung calls get their answers: the agent ends (it lost the run, the server ended it)
+        agent.wait(120)
+        assert not nat.pids(), "nothing is left on the training machine"
 
 
 def _tls_files(folder: Path, ip: str) -> tuple[Path, Path, Path]:

@@ -282,4 +282,4 @@ def test_scan_processes_sees_this_process() -> None:
     assert (me.pgid, me.sid, me.cmdline) == (os.getpgrp(), os.getsid(0), b"")
     assert me.state in "RS" and me.rss_mb > 1
     mine = next(p for p in scan_processes(with_cmdline=True) if p.pid == os.getpid())
-    assert b"pytest" in mine.cmdline
+    assert mine.cmdline == Path(f"/proc/{os.getpid()}/cmdline").read_bytes()

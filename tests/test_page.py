@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, started
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, started, wait_until
 from tests.sshd import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -241,9 +241,14 @@ def test_the_page_says_why_auto_retrain_waits(tmp_path: Path, redis_server_url: 
         line.wait_for(state="visible", timeout=30000)
         assert line.inner_text() == "Auto-retrain: no beat has checked yet: start `potato-queue beat CONFIG` (or `up`)"
         beat = svc._spawn("beat", str(svc.config), "--every-s", "0.5", name="beat")
-        deadline = time.monotonic() + 60
-        wanted = "Auto-retrain: waiting for 340 more annotations (160 of 500 since the last auto run)"
-        while line.inner_text() != wanted:  # the page asks again every 15 s
-            assert time.monotonic() < deadline and beat.poll() is None, (line.inner_text(), svc.logs())
-            time.sleep(0.5)
+        wanted = "waiting for 340 more annotations (160 of 500 since the last auto run)"
+        # The page asks again every 15 s; once the beat's first check is in, a reload shows it at once.
+        wait_until(lambda: svc.api("GET", "/auto_retrain")[1].get("reason") == wanted or beat.poll() is not None, 60,
+                   "the beat's first check")
+        assert beat.poll() is None, svc.logs()
+        page.reload()
+        line = page.locator("#auto-retrain")
+        line.wait_for(state="visible", timeout=30000)
+        page.wait_for_function("t => document.querySelector('#auto-retrain').innerText === t", arg=f"Auto-retrain: {wanted}",
+                               timeout=30000)
         page.close()
