@@ -73,9 +73,9 @@ def test_an_agent_behind_nat_runs_a_run_and_keeps_the_model_there(behind_nat: Se
 def test_a_run_waits_queued_for_an_agent_and_fails_after_queue_timeout(tmp_path: Path, redis_server_url: str) -> None:
     with started(tmp_path, redis_server_url, **lab(queue_timeout_s=3)) as svc:
         run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
-        time.sleep(1.5)
-        _, waiting = svc.api("GET", f"/runs/{run_id}")
-        assert (waiting["state"], waiting["step"]) == ("queued", f"waiting for an agent on {BACKEND}")
+        wait_until(lambda: svc.api("GET", f"/runs/{run_id}")[1]["step"] == f"waiting for an agent on {BACKEND}", 30,
+                   "the offer")
+        assert svc.api("GET", f"/runs/{run_id}")[1]["state"] == "queued"
         run = svc.wait_for(run_id, TERMINAL, 30)
     assert run["state"] == "failed"
     assert run["error"].startswith(f"No agent on {BACKEND} asked for work within queue_timeout_s (3 s)")
@@ -86,7 +86,8 @@ def test_a_queued_agent_run_cancels_at_once_and_the_next_run_goes(tmp_path: Path
     with started(tmp_path, redis_server_url, **lab()) as svc:
         waiting = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
         after = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
-        time.sleep(1.0)
+        wait_until(lambda: svc.api("GET", f"/runs/{waiting}")[1]["step"] == f"waiting for an agent on {BACKEND}", 30,
+                   "the offer")  # the slot is the waiting run's now
         assert svc.api("GET", f"/runs/{after}")[1]["state"] == "queued", "one run at a time, whatever the backend"
         assert svc.api("POST", f"/runs/{waiting}/cancel")[0] == 200
         assert svc.wait_for(waiting, TERMINAL, 10)["state"] == "cancelled"

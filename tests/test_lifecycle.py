@@ -139,7 +139,7 @@ def test_run_longer_than_the_visibility_timeout_runs_once(services: Services, ti
     services.executor(env)
     services.executor(env)
     run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                                params={"model_name": str(tiny_model), "epochs": 30, "batch_size": 4})
+                                params={"model_name": str(tiny_model), "epochs": 15, "batch_size": 4})
     run = services.wait_for(run_id, TERMINAL, timeout_s=240)
     assert run["state"] == "succeeded", services.logs()
     logs = "".join(p.read_text() for p in services.tmp_path.glob("executor*.log"))
