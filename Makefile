@@ -30,7 +30,7 @@ lint: $(STAMP)
 WORKERS ?= 3
 
 test: lint
-	$(BIN)/pytest -n $(WORKERS)
+	$(BIN)/pytest -n $(WORKERS) --dist worksteal
 
 # The in-process tier only (pure functions, the lifecycle on a stub backend and a manual clock): seconds.
 test-fast: $(STAMP)

@@ -6,7 +6,11 @@ for it, and how to find, freeze or kill its agent and worker on the host it
 runs them on). The local backend runs against real processes: a real Redis,
 `potato-queue serve`, `potato-queue worker`, the agent and the worker.
 Freezing a process is SIGSTOP: it stands for a host whose process hangs (a
-stuck filesystem, a frozen VM); nothing is mocked.
+stuck filesystem, a frozen VM); nothing is mocked. The module's cases share one
+sshd and one SLURM cluster; each has its own server, executor and remote_dir.
+The clocks themselves (heartbeat, max_wall_seconds, a wait's deadline) are
+checked for every backend type in process, on a manual clock:
+tests/test_stub_contract.py.
 """
 
 from __future__ import annotations
@@ -51,6 +55,9 @@ Harness = Any  # LocalHarness | AgentHarness: the same methods, duck-typed
 class LocalHarness:
     """The local backend: agent and worker are processes on this machine."""
 
+    def close_shared(self) -> None:
+        """Nothing is shared between cases."""
+
     name = "local"
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
 
@@ -91,6 +98,9 @@ class LocalHarness:
 class AgentHarness:
     """The agent backend: one `potato-queue training agent` in a network namespace behind a one-way
     firewall (tests/netns.py) runs the project's runs; its worker is its child there."""
+
+    def close_shared(self) -> None:
+        """Nothing is shared between cases (each has its own namespace)."""
 
     name = BACKEND
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
@@ -172,19 +182,20 @@ class SshHarness:
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
 
     def __init__(self) -> None:
-        self.sshd: Sshd | None = None
+        self.sshd: Sshd | None = None  # one for the module's cases (close_shared)
         self.remote = Path()
         self.frozen: list[int] = []
 
     @contextmanager
     def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
         training.pop("queue_timeout_s", None)  # an ssh run waits for its connection, bounded by ssh itself
-        self.frozen, self.sshd = [], None
+        self.frozen = []
         try:
             backend = self.backend(tmp_path)
             if "heartbeat_timeout_s" in training:
                 backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
-            self.sshd = Sshd(tmp_path / "sshd")
+            if self.sshd is None:
+                self.sshd = Sshd(Path(tempfile.mkdtemp(prefix="pq-sshd-")))
             with started(tmp_path, redis_url, executors=0, backend=self.name, backends={self.name: backend},
                          **training) as svc:
                 svc.executor(env={SSH_CONFIG_ENV: str(self.sshd.config)})
@@ -192,9 +203,14 @@ class SshHarness:
         finally:
             for pid in self.frozen:
                 _continue(pid)
-            if self.sshd is not None:
-                self.sshd.close()
             self.close()
+
+    def close_shared(self) -> None:
+        """What the module's cases shared: sshd."""
+        if self.sshd is not None:
+            self.sshd.close()
+            shutil.rmtree(self.sshd.root, ignore_errors=True)
+            self.sshd = None
 
     def backend(self, tmp_path: Path) -> dict[str, Any]:
         self.remote = tmp_path / "remote"
@@ -253,19 +269,26 @@ class SlurmHarness(SshHarness):
 
     def __init__(self) -> None:
         super().__init__()
-        self.slurm: SlurmCluster | None = None
+        self.slurm: SlurmCluster | None = None  # one for the module's cases (close_shared)
 
     def backend(self, tmp_path: Path) -> dict[str, Any]:
-        self.slurm = None
         self.remote = Path(tempfile.mkdtemp(prefix="pq-contract-", dir="/srv"))
-        self.slurm = SlurmCluster(tmp_path / "slurm")
+        if self.slurm is None:
+            self.slurm = SlurmCluster(Path(tempfile.mkdtemp(prefix="pq-contract-slurm-")))
         return {"type": "slurm", "host": ALIAS, "python": sys.executable, "job_python": sys.executable,
                 "remote_dir": str(self.remote), "poll_interval_s": 1, "env": self.slurm.env}
 
     def close(self) -> None:
         if self.slurm is not None:
-            self.slurm.close()
+            self.slurm.wait_empty()  # the next case finds the node idle
         shutil.rmtree(self.remote, ignore_errors=True)
+
+    def close_shared(self) -> None:
+        if self.slurm is not None:
+            self.slurm.close()
+            shutil.rmtree(self.slurm.root, ignore_errors=True)
+            self.slurm = None
+        super().close_shared()
 
     def worker_pid(self, svc: Services, run_id: str) -> int:
         # The worker's parent is the job's shell, under slurmd: not the agent on the login node.
@@ -289,6 +312,15 @@ def _continue(pid: int) -> None:
 
 HARNESSES: dict[str, Harness] = {"local": LocalHarness(), "agent": AgentHarness(), "ssh": SshHarness(),
                                  "slurm": SlurmHarness()}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def shared_stacks() -> Iterator[None]:
+    """One sshd and one SLURM cluster for the module's cases (each case has its own server, executor and
+    remote_dir), stopped when the module is done."""
+    yield
+    for harness in HARNESSES.values():
+        harness.close_shared()
 
 
 @pytest.fixture(params=sorted(HARNESSES))

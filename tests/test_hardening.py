@@ -85,7 +85,7 @@ def test_a_run_folder_that_stops_taking_writes_ends_the_run_and_disk_catches_up(
 
     with started(tmp_path, redis_server_url, grace_seconds=2) as svc:
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": str(tiny_model), "epochs": 40, "batch_size": 8})
+                               params={"model_name": str(tiny_model), "epochs": 6, "batch_size": 8})
         wait_running(svc, run_id)
         folder = run_paths(svc, run_id).dir
         subprocess.run(["chattr", "+i", str(folder)], check=True)

@@ -131,7 +131,7 @@ def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
         browser: Any, svc: Services, tiny_model: Path, screenshots: Path) -> None:
     page = signed_in(browser, svc)
     page.evaluate("window.notReloaded = true")
-    start_from_form(page, "hf-text-classification", model_name=tiny_model, epochs=8, batch_size=4)
+    start_from_form(page, "hf-text-classification", model_name=tiny_model, epochs=4, batch_size=4)
     steps: set[str] = set()
     deadline = time.monotonic() + 120
     shot = False
