@@ -34,7 +34,7 @@ def test_a_run_quiet_past_orphan_quiet_s_with_nobody_on_the_slot_fails_saying_wh
     record = store.get(run_id)
     assert (record["state"], record["error"]) == (RunState.FAILED, EXECUTOR_STOPPED)
     assert EXECUTOR_STOPPED in store.paths(run_id).run_log.read_text()
-    assert store.unfinished() == []
+    assert store.index.unfinished() == []
 
 
 def test_a_run_whose_files_changed_lately_is_left_running(tmp_path: Path, redis_server_url: str) -> None:

@@ -168,7 +168,7 @@ def _check_at(barrier: Any, config_path: str, redis_url: str, started: Any) -> N
 
     config = load_checked(config_path)
     store = RunStore(config, redis.Redis.from_url(redis_url))
-    store.unfinished()  # connected before the start
+    store.index.unfinished()  # connected before the start
     barrier.wait()
     decision = check(config, store, enqueue=lambda run_id: None)
     if decision is not None and decision.start:

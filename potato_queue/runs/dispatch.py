@@ -42,12 +42,12 @@ class Dispatcher:
         self.executors.get(LOCAL).warm()
 
     def _anything_queued(self) -> bool:
-        return any(state == RunState.QUEUED for _, state in self.store.unfinished())
+        return any(state == RunState.QUEUED for _, state in self.store.index.unfinished())
 
     def _take_oldest_queued(self) -> tuple[RunRecord, float] | None | bool:
         """The record of the run now `starting` and when it started (epoch s); None if nothing is
         queued; False to wait (a run is in flight)."""
-        unfinished = self.store.unfinished()
+        unfinished = self.store.index.unfinished()
         if fail_orphans(self.store, unfinished):
             return False
         for run_id, state in unfinished:

@@ -10,6 +10,7 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths
+from potato_queue.store.records import created_ms
 from potato_queue.worker.job import BundleRef, Job, Limits
 
 __all__ = ["build_job", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
@@ -65,7 +66,7 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
     mt = config.model_training
     manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
     size, sha256 = pack_bundle(paths.bundle_dir, paths.bundle)
-    store.mark_bulky(record["run_id"], record=record)
+    store.index.mark_bulky(record["run_id"], created_ms(record))
     store.log(record["run_id"], f"bundle built: {size} bytes, sha256 {sha256[:12]}",
               *(f"warning: {text}" for text in manifest["stats"]["warnings"]))
     return Job(

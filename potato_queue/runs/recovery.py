@@ -48,7 +48,7 @@ def sweep_orphans(store: RunStore) -> None:
     even when nothing is queued to make an executor look; records held while their folder could not
     be written are written once it can be."""
     store.write_held_records()
-    unfinished = store.unfinished()
+    unfinished = store.index.unfinished()
     if not any(state in IN_FLIGHT for _, state in unfinished):
         return
     lease = store.slot_lease()

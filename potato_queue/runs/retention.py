@@ -35,8 +35,8 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
     Cheap at every run's end, however long the project's history: only the runs in the store's
     index of folders with bulky files are looked at.
     """
-    newest = set(store.newest_runs(retain))
-    candidates = [run_id for run_id in store.bulky_runs() if run_id not in newest]
+    newest = set(store.index.newest_runs(retain))
+    candidates = [run_id for run_id in store.index.bulky_runs() if run_id not in newest]
     if not candidates:
         return []
     keep = store.latest_succeeded()
@@ -45,7 +45,7 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
         try:
             record = store.read(run_id)
         except KeyError:
-            store.mark_bulky(run_id, False)
+            store.index.unmark_bulky(run_id)
             continue  # gone, or unreadable: not ours to judge
         if run_id == keep or record.get("state") not in FINAL_STATES:
             continue
@@ -54,7 +54,7 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
                 shutil.rmtree(path, ignore_errors=True)
             else:
                 path.unlink(missing_ok=True)
-        store.mark_bulky(run_id, False)
+        store.index.unmark_bulky(run_id)
         # A line in run.log, not a rewrite of run.json: the record stays as the run left it (and no fsync).
         store.log(run_id, f"bundle and model files removed at {utc_now()}: model_training.retain_runs keeps "
                           f"the newest {retain} runs")

@@ -108,7 +108,7 @@ def _check_locked(config: ProjectConfig, store: RunStore, enqueue: Callable[[str
     schemas = settings.schemas or target_schemas(config)
     annotations = count_annotations(config, schemas)
     baseline = read_baseline(config)
-    unfinished = store.unfinished()
+    unfinished = store.index.unfinished()
     decision = decide(settings, annotations, baseline, unfinished[0] if unfinished else None, now_s)
     if not decision.start:
         return decision

@@ -20,6 +20,7 @@ import redis.asyncio as aioredis
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import ProjectConfig
 from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView, merge
+from potato_queue.store.index import RunIndex
 from potato_queue.store.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
 from potato_queue.store.lease import Lease
 from potato_queue.store.offers import Offers
@@ -61,6 +62,7 @@ class RunStore:
         self.offers = Offers(client, self.keys)
         self.pending = PendingRecords(client, self.keys)
         self.presence = Presence(client, self.keys)
+        self.index = RunIndex(client, self.keys)  # the unfinished runs, the bulky ones, the newest
         self.potato = PotatoLedger(config, log=self.log)  # the run as Potato's own Training page sees it
 
     # -- records ---------------------------------------------------------
@@ -212,39 +214,7 @@ class RunStore:
             won = self._cas(keys=keys, args=args)
         return bool(won == 1)
 
-    # -- the unfinished index ----------------------------------------------
-    def unfinished(self) -> list[tuple[str, str]]:
-        """(run id, state) of every run not yet final, oldest first: one ZRANGE and one pipeline."""
-        ids = [as_text(r) for r in self.redis.zrange(self.keys.unfinished, 0, -1)]
-        if not ids:
-            return []
-        pipe = self.redis.pipeline(transaction=False)
-        for run_id in ids:
-            pipe.hget(self.keys.run(run_id), "state")
-        states = [as_text(s) for s in pipe.execute()]
-        out = []
-        for run_id, state in zip(ids, states, strict=True):
-            if state in FINAL_STATES:
-                self.redis.zrem(self.keys.unfinished, run_id)  # a final state written before the index existed
-            else:
-                out.append((run_id, state or RunState.QUEUED))
-        return out
-
-    def mark_bulky(self, run_id: str, bulky: bool = True, record: RunRecord | None = None) -> None:
-        """The run's folder holds (or no longer holds) a bundle or model files: retain_runs' index."""
-        if bulky:
-            self.redis.zadd(self.keys.bulky, {run_id: created_ms(record or self.read(run_id))})
-        else:
-            self.redis.zrem(self.keys.bulky, run_id)
-
-    def bulky_runs(self) -> list[str]:
-        """The runs whose folders hold a bundle or model files, oldest first."""
-        return [as_text(r) for r in self.redis.zrange(self.keys.bulky, 0, -1)]
-
-    def newest_runs(self, n: int) -> list[str]:
-        """The ids of the newest `n` runs, newest first."""
-        return [as_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, n - 1)] if n > 0 else []
-
+    # -- the indexes (store.index) -------------------------------------------
     def reseed_from_disk(self) -> list[str]:
         """After Redis was emptied: live states and the unfinished index from the run folders.
         Returns the ids of the queued runs Redis had lost (their wake-ups were lost with it)."""
@@ -254,7 +224,7 @@ class RunStore:
             if self._seed_live(record) and record["state"] == RunState.QUEUED:
                 lost.append(run_id)
             if any(p.exists() for p in self.paths(run_id).bulky):
-                self.redis.zadd(self.keys.bulky, {run_id: created_ms(record)}, nx=True)
+                self.index.mark_bulky(run_id, created_ms(record))
         return lost
 
     # -- live state --------------------------------------------------------
