@@ -84,6 +84,7 @@ class StubAgent:
     killed: int = 0
     told_to_stop_s: float | None = None
     reported: bool = False
+    token: str = ""  # a pull agent's backend token (the test registers it)
     last_beat_s: float = field(default=-1e9)
     job_started: bool = False
 
@@ -170,7 +171,6 @@ class StubAgent:
                  for row in rows for name, label in row["targets"].items()]
         paths.predictions.write_text("".join(line + "\n" for line in lines))
 
-    token = ""  # a pull agent's backend token (the test registers it)
 
 
 def in_hands_s(kind: str, script: Script) -> float:

@@ -23,7 +23,6 @@ from potato_queue.errors import Conflict, Denied, NotFound
 from potato_queue.run import FINAL_STATES, RunRecord, RunState
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
-from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.offers import DENIED
 
 __all__ = ["RunService", "Claimed", "require_backend", "public_view", "LIST_FIX", "CLAIMED_TOKEN_TTL_S"]
@@ -77,12 +76,12 @@ class RunService:
 
     def record(self, run_id: str) -> RunRecord:
         """The run's record with its live fields (NotFound when the project has no such run)."""
-        if not RUN_ID_RE.match(run_id):
-            raise NotFound(f"No run {run_id!r} in this project (run ids look like 20261129T120000-a1b2c3)",
-                           fix=LIST_FIX)
         try:
             return self.store.get(run_id)
-        except (KeyError, ValueError):
+        except ValueError:  # RunPaths refused it: not a run id at all
+            raise NotFound(f"No run {run_id!r} in this project (run ids look like 20261129T120000-a1b2c3)",
+                           fix=LIST_FIX) from None
+        except KeyError:
             raise NotFound(f"No run {run_id!r} in this project", fix=LIST_FIX) from None
 
     def get(self, run_id: str) -> dict[str, Any]:
