@@ -25,6 +25,9 @@ __all__ = [
     "DEFAULT_REDIS_URL",
     "REDIS_URL_ENV",
     "LOCAL",
+    "DEFAULT_SETUP_TIMEOUT_S",
+    "DEFAULT_QUEUE_TIMEOUT_S",
+    "DEFAULT_PENDING_TIMEOUT_S",
     "WritebackConfig",
     "AutoRetrainConfig",
     "SBATCH_FLAGS",
@@ -75,6 +78,13 @@ class AutoRetrainConfig(_Strict):
 SBATCH_FLAGS: dict[str, str] = AGENT_SBATCH_FLAGS
 
 
+# The bounds of the waits that are not run time (docs/decisions.md, "Every phase has a bound"): finite by
+# default, so that no run holds the run slot forever; an admin raises them per backend.
+DEFAULT_SETUP_TIMEOUT_S = 1800.0  # ssh setup: connect, code copy, a first venv build, the GPU pick
+DEFAULT_QUEUE_TIMEOUT_S = 86400.0  # an agent backend's run waiting for a claim
+DEFAULT_PENDING_TIMEOUT_S = 86400.0  # a SLURM job waiting in the scheduler's queue
+
+
 class LocalBackend(_Strict):
     """The `local` backend: this machine. It has no entry under `backends`; its
     settings are model_training's local-run keys (CFG-1), gathered here so that
@@ -106,6 +116,7 @@ class _RemoteBackend(_Strict):
     fetch_artifacts: bool = True
     keep_remote: bool = False
     heartbeat_timeout_s: float = Field(120, gt=0)
+    setup_timeout_s: float = Field(DEFAULT_SETUP_TIMEOUT_S, gt=0)
 
     @field_validator("env", mode="before")
     @classmethod
@@ -144,6 +155,7 @@ class _SlurmCore(_RemoteBackend):
     poll_interval_s: float = Field(DEFAULT_POLL_INTERVAL_S, gt=0)
     # SLURM requeues a job whose node failed; a run's job is not requeued unless asked (its files are half-written).
     requeue: bool = False
+    pending_timeout_s: float = Field(DEFAULT_PENDING_TIMEOUT_S, gt=0)
 
     @field_validator(*SBATCH_FLAGS, mode="before", check_fields=False)
     @classmethod
@@ -179,7 +191,9 @@ class AgentBackend(_Strict):
     type: Literal["agent"] = "agent"
     description: str | None = None
     heartbeat_timeout_s: float = Field(120, gt=0)
-    queue_timeout_s: float | None = Field(None, gt=0)
+    queue_timeout_s: float = Field(DEFAULT_QUEUE_TIMEOUT_S, gt=0)
+    # An agent that submits its worker to SLURM (--slurm) reports the job pending: bounded here too.
+    pending_timeout_s: float = Field(DEFAULT_PENDING_TIMEOUT_S, gt=0)
 
 
 Backend = Annotated[SshBackend | SlurmBackend | AgentBackend, Field(discriminator="type")]

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 from potato_queue.clock import ManualClock
 from potato_queue.executors.agent import AgentExecutor
@@ -37,12 +38,13 @@ from potato_queue.executors.base import (
     Status,
     Waiting,
 )
+from potato_queue.executors.remote.session import setup_expired
 from potato_queue.runs.ingest import ingest_events
 from potato_queue.runs.service import RunService
 from potato_queue.store import RunStore
 
 __all__ = ["Script", "StubAgent", "StubExecutor", "StubExecutors", "PullAgentExecutor", "TYPES", "PUSH_TYPES",
-           "in_hands_s"]
+           "in_hands_s", "pending_s"]
 
 TYPES = ("local", "ssh", "slurm", "agent")
 PUSH_TYPES = ("local", "ssh", "slurm")  # the executor starts the agent, and can see it go
@@ -62,6 +64,9 @@ class Script:
     stop_after_s: float | None = 1.0  # once told to stop: exit 4 after this long (None: deaf)
     exit_code: int = 0
     cancel_at_s: float | None = None  # the admin asks to cancel the run then (the API's cancel)
+    # How long the worker waits in the scheduler's queue after the contact (None: PENDING_S on slurm, else 0);
+    # an agent backend's agent may submit to SLURM too.
+    pending_s: float | None = None
 
 
 # A run the lifecycle never ends would make the manual clock run on forever: past this, the test fails.
@@ -123,7 +128,7 @@ class StubAgent:
         return CONNECT_S.get(self.kind, 0.0)
 
     def pending_s(self) -> float:
-        return PENDING_S if self.kind == "slurm" else 0.0
+        return pending_s(self.kind, self.script)
 
     def in_hands_s(self) -> float:
         """When, from the launch, the worker runs: connected, contacted, and (slurm) out of the queue."""
@@ -137,12 +142,12 @@ class StubAgent:
             assert claimed is not None and claimed.run_id == self.run_id
         else:
             runs.heard_from(self.run_id)  # GET job
-        if self.kind == "slurm":
+        if self.pending_s():
             ingest_events(self.store, self.run_id, [{"event": "status", "state": "pending",
-                                                      "step": "the job is PENDING (Priority)"}])
+                                                      "step": "SLURM job 42: PENDING (Priority)"}])
 
     def _beat(self, now_s: float, t: float) -> None:
-        if self.kind == "slurm" and not self.job_started and t >= self.in_hands_s():
+        if self.pending_s() and not self.job_started and t >= self.in_hands_s():
             self.job_started = True  # the agent says so at once, as the launcher does when squeue says RUNNING
             ingest_events(self.store, self.run_id, [{"event": "status", "state": "running", "step": "training"}])
         if now_s - self.last_beat_s < self.script.beat_every_s:
@@ -173,23 +178,33 @@ class StubAgent:
 
 
 
+def pending_s(kind: str, script: Script) -> float:
+    """How long a `kind` run's worker waits in the scheduler's queue."""
+    return script.pending_s if script.pending_s is not None else (PENDING_S if kind == "slurm" else 0.0)
+
+
 def in_hands_s(kind: str, script: Script) -> float:
-    """When, from the launch, a `kind` run's worker runs: connected, contacted, and (slurm) out of the queue."""
-    return CONNECT_S.get(kind, 0.0) + (script.contact_s or 0.0) + (PENDING_S if kind == "slurm" else 0.0)
+    """When, from the launch, a `kind` run's worker runs: connected, contacted, and out of the queue."""
+    return CONNECT_S.get(kind, 0.0) + (script.contact_s or 0.0) + pending_s(kind, script)
 
 
 class StubHandle(RunHandle):
-    """A push backend's handle: waiting while it connects, running while its agent is there, then gone."""
+    """A push backend's handle: waiting while it connects (a setup: run time, bounded by setup_timeout_s, as
+    executors/remote/session.py says), running while its agent is there, then gone."""
 
-    def __init__(self, agent: StubAgent, host: str) -> None:
-        self.agent, self.host = agent, host
+    def __init__(self, agent: StubAgent, host: str, setup_timeout_s: float | None) -> None:
+        self.agent, self.host, self.setup_timeout_s = agent, host, setup_timeout_s
         self.collected: list[AgentResult] = []
 
     def poll(self) -> Status:
         if self.agent.gone or self.agent.killed:
             return Gone("the agent process exited")
         if self.agent.since_launch(self.agent.clock.now_s()) < self.agent.connect_s():
-            return Waiting(f"connecting to {self.host}")
+            phase = f"connecting to {self.host}"
+            if self.setup_timeout_s is None:
+                return Waiting(phase, run_time=True)
+            return Waiting(phase, self.agent.launched_s + self.setup_timeout_s,
+                           setup_expired(self.host, self.agent.backend, self.setup_timeout_s, phase), run_time=True)
         return Running()
 
     def kill(self) -> None:
@@ -203,8 +218,8 @@ class StubHandle(RunHandle):
 class StubExecutor(Executor):
     """A push backend type (local, ssh, slurm) as its handle behaves, with the scripted agent behind it."""
 
-    def __init__(self, kind: str, backend_name: str, agent: StubAgent) -> None:
-        super().__init__(backend_name, None)
+    def __init__(self, kind: str, backend_name: str, agent: StubAgent, backend: Any = None) -> None:
+        super().__init__(backend_name, backend)
         self.type_name, self.agent = kind, agent  # type: ignore[misc]
         self.handles: list[StubHandle] = []
 
@@ -213,7 +228,7 @@ class StubExecutor(Executor):
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
         self.agent.launch(spec.run_id, spec.backend_name)
-        handle = StubHandle(self.agent, "gpu-box")
+        handle = StubHandle(self.agent, "gpu-box", getattr(self.backend, "setup_timeout_s", None))
         self.handles.append(handle)
         return handle
 

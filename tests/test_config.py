@@ -23,7 +23,12 @@ def test_spec_defaults(tmp_path: Path) -> None:
     assert (ssh.python, ssh.remote_dir, ssh.gpus, ssh.min_free_gpu_mb) == ("python3", "~/.cache/potato-training", "auto", 2000)
     assert (ssh.max_artifact_mb, ssh.fetch_artifacts, ssh.keep_remote, ssh.heartbeat_timeout_s) == (2048, True, False, 120)
     assert (mt.grace_seconds, mt.device, mt.max_predictions_mb) == (20, "auto", 512)
-    assert (mt.backends["ws"].heartbeat_timeout_s, mt.backends["ws"].queue_timeout_s) == (120, None)
+    # Every wait that is not run time has a finite bound by default: no run holds the slot forever.
+    assert ssh.setup_timeout_s == 1800
+    assert (mt.backends["ws"].heartbeat_timeout_s, mt.backends["ws"].queue_timeout_s) == (120, 86400)
+    assert mt.backends["ws"].pending_timeout_s == 86400
+    cluster = mt.backends["cluster"]
+    assert (cluster.setup_timeout_s, cluster.pending_timeout_s) == (1800, 86400)
     assert mt.backends["lab-workstation"].queue_timeout_s == 3600
     assert mt.splits == {"train": 0.7, "val": 0.15, "test": 0.15}
 

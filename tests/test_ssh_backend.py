@@ -266,6 +266,69 @@ def test_a_copy_that_sends_nothing_ends_with_err_7_and_the_predictions_count(
     assert [alive_cmd(p) for p in pids() if str(python) in (alive_cmd(p) or "")] == []
 
 
+def fake_python(tmp_path: Path, body: str) -> Path:
+    """A `python` for the backend: a shell script standing in for a host whose interpreter misbehaves."""
+    python = tmp_path / "bin" / "python3"
+    python.parent.mkdir(parents=True, exist_ok=True)
+    python.write_text("#!/bin/sh\n" + body)
+    python.chmod(0o755)
+    return python
+
+
+def wait_gone(marker: str, timeout_s: float = 15) -> list[str]:
+    """The command lines still naming `marker` once they had timeout_s to go."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and [p for p in pids() if marker in (alive_cmd(p) or "")]:
+        time.sleep(0.1)
+    return [cmd for cmd in (alive_cmd(p) for p in pids()) if cmd and marker in cmd]
+
+
+def test_a_setup_that_hangs_fails_at_setup_timeout_s_and_leaves_nothing_on_the_host(
+        svc_factory: Any, tmp_path: Path) -> None:
+    """An interpreter that never answers (a hung NFS mount, a python that sleeps): before this bound the run
+    held the slot past max_wall_seconds, and its process outlived the run."""
+    python = fake_python(tmp_path, "while :; do sleep 1; done\n")
+    svc = svc_factory(python=str(python), gpus="none", setup_timeout_s=3)
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 60)
+    assert run["state"] == "failed"
+    assert run["error"].startswith(f"The setup on {ALIAS} did not finish within setup_timeout_s (3 s): it was still "
+                                   f"connecting to {ALIAS}. Fix: raise setup_timeout_s of backend {BACKEND}"), run
+    assert wait_gone(str(python)) == [], "the hard stop reached the process the setup started"
+    assert list(Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")) == []
+    after = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+    assert svc.wait_for(after, TERMINAL, 120)["state"] == "succeeded", "the run behind it ran"
+
+
+# Passes the first member of a tar stream on stdin to stdout and stops, with exit 0: a sender cut off between
+# two files, which the receiving tar takes for a whole archive.
+FIRST_MEMBER_ONLY = """import sys
+head = sys.stdin.buffer.read(512)
+size = int(head[124:136].strip(b"\\0 ") or b"0", 8)
+sys.stdout.buffer.write(head + sys.stdin.buffer.read((size + 511) // 512 * 512))
+"""
+
+
+def test_a_copy_cut_short_between_files_fails_and_leaves_no_partial_model(
+        tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
+    cut = tmp_path / "first_member_only.py"
+    cut.write_text(FIRST_MEMBER_ONLY)
+    python = fake_python(tmp_path, 'case "$2" in *"model files back from an ssh host"*)\n'
+                         '  head -c 300000 /dev/urandom > "$3/work/zz-second-file.bin"\n'
+                         f'  /usr/bin/python3 "$@" | /usr/bin/python3 {cut}; exit 0;;\nesac\n'
+                         'exec /usr/bin/python3 "$@"\n')
+    sshd.write_config("root")
+    with started(tmp_path, redis_server_url, executors=0, **gpu_server(tmp_path, python=str(python), gpus="none")) as svc:
+        svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "failed", run
+        assert re.fullmatch(rf"The copy from {ALIAS} was cut short: \S+ did not arrive \(the predictions are stored; "
+                            r"only model files are missing from artifacts/\)", run["error"]), run["error"]
+        assert run["artifact_uri"] is None and not run_paths(svc, run_id).artifacts.exists(), "no partial model"
+        assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
+
+
 def check(tmp_path: Path, sshd: Sshd, *extra: str, **backend: Any) -> Any:
     config = tmp_path / "project" / "config.yaml"
     if not config.exists():

@@ -81,7 +81,7 @@ def run_stub(tmp_path: Path, redis_server_url: str) -> Iterator[Runner]:
             executor = PullAgentExecutor(name, config.model_training.backend_config(name))
             executor.agent = agent  # type: ignore[attr-defined]
         else:
-            executor = StubExecutor(kind, name, agent)
+            executor = StubExecutor(kind, name, agent, config.model_training.backend_config(name))
         record = store.create(trainer="majority-baseline", schemas=["sentiment"], backend=name)
         held = store.transition(record["run_id"], RunState.QUEUED if executor.pull else RunState.STARTING, record)
         assert held is not None
@@ -172,13 +172,14 @@ def test_silence_fails_the_run_after_heartbeat_timeout_s(run_stub: Runner, kind:
 @pytest.mark.parametrize("kind", TYPES)
 def test_max_wall_seconds_stops_a_run_whose_agent_still_beats(run_stub: Runner, kind: str) -> None:
     """A worker hung mid-training while its agent keeps beating: only the wall limit ends the run, counted
-    from the end of its wait (a claim, a connection, a pending job), then grace for the agent to report."""
+    from the moment it left its queue (a claim, a pending job; an ssh setup is run time), then grace for the
+    agent to report."""
     ran = run_stub(kind, Script(finish_s=10_000, stop_after_s=None), max_wall_seconds=100, grace_seconds=2)
     assert ran.record["state"] == RunState.FAILED, ran.log
     assert ran.record["error"] == "The run did not finish within max_wall_seconds (100 s) and was stopped"
-    # A local or ssh run's clock starts when what the executor started is there, before the agent's first
-    # call; a claim or a pending job's start is where the others' wait ends.
-    waited_s = in_hands_s(kind, Script()) - (Script().contact_s if kind in ("local", "ssh") else 0.0)  # type: ignore[operator]
+    # A local or ssh run left the queue when it started (its connection counts); a claim or a pending
+    # job's start is where the others' queue ends.
+    waited_s = 0.0 if kind in ("local", "ssh") else in_hands_s(kind, Script())
     limit_s = waited_s + 100 + 2 + CANCEL_MARGIN_S
     assert limit_s - SLACK_S <= ran.ended_s <= limit_s + SLACK_S, (ran.ended_s, limit_s)
 
@@ -205,3 +206,61 @@ def test_a_pending_slurm_job_is_waiting_not_silent_and_its_wait_is_not_run_time(
     ran = run_stub("slurm", Script(finish_s=5), **_heartbeat("slurm", 10), max_wall_seconds=15)
     assert ran.record["state"] == RunState.SUCCEEDED, ran.log
     assert ran.ended_s >= PENDING_S
+
+
+@pytest.mark.parametrize("kind", ["slurm", "agent"])
+def test_an_agent_silent_while_its_job_is_pending_fails_for_its_silence(run_stub: Runner, kind: str) -> None:
+    """The agent reports its SLURM job pending, then dies (a login node rebooted): a pending job is a queue,
+    not a pass from the heartbeat clock."""
+    script = Script(finish_s=1000, pending_s=10_000)
+    silent_s = in_hands_s(kind, Script(pending_s=0)) + 3
+    script.silent_from_s = silent_s
+    ran = run_stub(kind, script, **_heartbeat(kind, 30))
+    assert (ran.record["state"], ran.record["error"]) == (RunState.FAILED,
+                                                          f"No word from the agent on {kind} for 30 seconds"), ran.log
+    assert silent_s + 29 <= ran.ended_s <= silent_s + 30 + SLACK_S, ran.ended_s
+
+
+@pytest.mark.parametrize("kind", ["slurm", "agent"])
+def test_a_job_pending_past_pending_timeout_s_is_stopped_and_the_run_fails_naming_it(run_stub: Runner,
+                                                                                    kind: str) -> None:
+    script = Script(finish_s=1000, pending_s=10_000)
+    ran = run_stub(kind, script, backend_settings={"pending_timeout_s": 600}, grace_seconds=5)
+    assert ran.record["state"] == RunState.FAILED, ran.log
+    assert ran.record["error"] == (
+        "The SLURM job waited in the scheduler's queue for more than pending_timeout_s (600 s) (SLURM job 42: "
+        f"PENDING (Priority)); it was cancelled. Fix: raise pending_timeout_s of backend {kind}, or ask for less "
+        "(partition, gres, time) so that the scheduler can start it sooner")
+    contacted_s = in_hands_s(kind, Script(pending_s=0))
+    assert ran.agent.told_to_stop_s is not None, "the agent was asked to stop (it cancels its job)"
+    assert contacted_s + 600 <= ran.ended_s <= contacted_s + 600 + 1 + SLACK_S, ran.ended_s
+    if kind == "slurm":
+        assert ran.agent.killed >= 1, "the hard stop ran too (its scancel)"
+
+
+@pytest.mark.parametrize("kind", ["ssh", "slurm"])
+def test_a_setup_that_hangs_fails_at_setup_timeout_s_naming_its_phase(run_stub: Runner, kind: str) -> None:
+    ran = run_stub(kind, Script(), backend_settings={"setup_timeout_s": 2})
+    assert ran.record["state"] == RunState.FAILED
+    assert ran.record["error"] == (
+        "The setup on gpu-box did not finish within setup_timeout_s (2 s): it was still connecting to gpu-box. "
+        f"Fix: raise setup_timeout_s of backend {kind} (a first venv build with large packages can take many "
+        "minutes), or see agent.log in the run's folder for where it hung")
+    assert 2 <= ran.ended_s <= 2 + SLACK_S and ran.agent.killed >= 1, ran.ended_s
+
+
+def test_max_wall_seconds_counts_an_ssh_setup_and_stops_it_at_once(run_stub: Runner) -> None:
+    """The seed: max_wall_seconds stops any run; the setup is run time, and nobody is there to be asked."""
+    ran = run_stub("ssh", Script(), max_wall_seconds=3, grace_seconds=20)
+    assert ran.record["state"] == RunState.FAILED
+    assert ran.record["error"] == ("The run did not finish within max_wall_seconds (3 s) and was stopped (still "
+                                   "connecting to gpu-box)")
+    assert 3 <= ran.ended_s <= 3 + SLACK_S, "no grace is waited for: no agent was there yet"
+
+
+@pytest.mark.parametrize("kind", ["ssh", "slurm"])
+def test_cancel_during_the_setup_stops_it_at_once(run_stub: Runner, kind: str) -> None:
+    ran = run_stub(kind, Script(cancel_at_s=1), grace_seconds=20)
+    assert (ran.record["state"], ran.record["error"]) == (RunState.CANCELLED,
+                                                          "cancelled while connecting to gpu-box; the setup was stopped")
+    assert ran.ended_s <= 1 + SLACK_S and ran.agent.killed >= 1, "no grace: nothing there could be asked to stop"

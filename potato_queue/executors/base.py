@@ -94,17 +94,20 @@ class AgentResult:
 
 @dataclass(frozen=True)
 class Waiting:
-    """The run is not in an agent's hands yet (no claim; a job pending in the scheduler).
+    """The run's worker is not training yet: a queue (no claim; a job pending in the scheduler) or a setup.
 
-    The heartbeat clock does not run while waiting; `until_s` (epoch seconds,
-    None: unbounded) is the run's own deadline, and `why` says what it waits
-    for, for the step line and the failure message past the deadline.
+    `until_s` (epoch seconds, None: unbounded) is the wait's own deadline, and `why` says what it waits
+    for, for the step line and the failure message past the deadline. A queue is not run time:
+    max_wall_seconds counts from its end. A setup (`run_time`: an ssh connect, a venv build) is: the
+    run has left the queue. The heartbeat clock runs only where an agent exists to beat (`beats`).
     """
 
     why: str
     until_s: float | None = None
     # What the run fails with past until_s (default: that it was still waiting, and why).
     expired: str | None = None
+    run_time: bool = False
+    beats: bool = False
 
 
 @dataclass(frozen=True)

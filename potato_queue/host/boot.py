@@ -6,6 +6,8 @@ stdout, one JSON object a line, and reads stdin unbuffered, so that what
 follows its last message (the assignment and the run token) is left for the
 agent it becomes:
 
+  shell    -> {"event": "session", "session"}   the login shell's pid, before it execs this file: sshd
+                                                made it a session leader, so it is the sid of the run
   executor -> {"remote_dir", "code_sha256", "packages", "env", "num_threads", "gpus", "min_free_gpu_mb", "host",
                "slurm"}                         (slurm: true on a login node: no GPU choice, the agent
                                                 submits its worker with sbatch)

@@ -3,9 +3,11 @@
 Standard library only, Python 3.8+, self-contained (it runs with the host's
 Python, beside nothing else of ours). It writes an uncompressed tar of
 JOB/work (the predictions went back over HTTP already) to stdout, and JSON
-lines to stderr: first {"total": bytes}, then {"too_big": path, "bytes": n}
-for each file over LIMIT_BYTES, which stays on the host. Once the tar is
-written whole it removes JOB, unless KEEP is 1 or a file stayed behind.
+lines to stderr: first {"manifest": {path: bytes}} (what it will send: the
+executor checks that each file arrived whole), {"total": bytes}, then
+{"too_big": path, "bytes": n} for each file over LIMIT_BYTES, which stays on
+the host. Once the tar is written whole it removes JOB, unless KEEP is 1 or a
+file stayed behind; its exit status is the sender's (non-zero: a broken stream).
 """
 
 import json
@@ -61,6 +63,7 @@ def main(job: str, limit_bytes: int, keep: bool) -> int:
     work = os.path.join(job, "work")
     files = files_of(work)  # none when there is no work folder
     sent = [(name, size) for name, size in files if size <= limit_bytes]
+    say(manifest=dict(sent))
     say(total=sum(size for _, size in sent))
     for name, size in files:
         if size > limit_bytes:

@@ -8,10 +8,14 @@ revoked, and nothing of it is left running on the backend.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import redis
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
@@ -34,6 +38,7 @@ TAIL_LINES = 5
 # recorded. Without max_wall_seconds, as long as a run may be queued in Celery (processes/queue.py).
 TOKEN_TTL_UNBOUNDED_S = 30 * 24 * 3600.0
 TOKEN_TTL_MARGIN_S = 3600.0
+REDIS_RETRY_S = 1.0
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -67,6 +72,8 @@ def _said(exc: Exception) -> str:
     """An error as run.log and the run's record say it: ours with its fix, others with their type."""
     if isinstance(exc, PotatoQueueError):
         return f"{exc.message}; fix: {exc.fix}" if exc.fix else exc.message
+    if isinstance(exc, redis.RedisError):
+        return f"Redis was unreachable ({exc}); the run was stopped. Fix: check that Redis is running, then start the run again"
     if isinstance(exc, OSError) and exc.errno in _CANNOT_WRITE:
         return f"{exc.filename or 'the run folder'} cannot be written: {exc.strerror}; fix: {FOLDER_FIX}"
     return f"{type(exc).__name__}: {exc}"
@@ -114,13 +121,33 @@ class RunLife:
             executor = self.executors.get(self.record["backend"])
             spec = self._prepare(executor)
             self.handle = executor.launch(spec)
-            self._finish(supervise(self._watch(executor, spec)))
+            outcome = supervise(self._watch(executor, spec))
+            self._until_recorded(lambda: self._finish(outcome))
         except Exception as exc:  # the boundary: a run never stays in flight because of us
-            if not isinstance(exc, PotatoQueueError):
+            if not isinstance(exc, (PotatoQueueError, redis.RedisError)):
                 _log.exception("run %s failed on an unexpected error", self.run_id)  # where, for a bug report
-            self._fail(_said(exc))
+            # Kill first, then record: the hard stop never waits on Redis or the disk.
             if self.handle is not None:
                 self.handle.kill()
+            error = _said(exc)
+            self._until_recorded(lambda: self._fail(error))
+
+    def _until_recorded(self, record: Callable[[], None]) -> None:
+        """`record()`, again each REDIS_RETRY_S while Redis is unreachable: the run's end is written when it
+        answers. run.log is touched meanwhile, so that recovery does not take the run for an orphan."""
+        told = False
+        while True:
+            try:
+                record()
+                return
+            except redis.RedisError as exc:
+                if not told:
+                    told = True
+                    _log.warning("run %s: Redis is unreachable (%s); its end is recorded once Redis answers",
+                                 self.run_id, exc)
+                with contextlib.suppress(OSError):
+                    self.paths.run_log.touch()
+                self.clock.wait(REDIS_RETRY_S)
 
     def _prepare(self, executor: Executor) -> LaunchSpec:
         self.store.set_live(self.run_id, step="building the bundle")
@@ -149,6 +176,7 @@ class RunLife:
             run_id=self.run_id, backend_name=spec.backend_name, handle=self.handle, store=self.store,
             grace_s=float(mt.grace_seconds), heartbeat_timeout_s=mt.heartbeat_timeout_s_of(spec.backend_name),
             max_wall_s=mt.max_wall_seconds, started_s=self.started_s, launched_s=self.clock.now_s(),
+            pending_timeout_s=getattr(executor.backend, "pending_timeout_s", None),
             renew_lease=self.lease.renew, on_first_contact=self._first_contact, log=self.log, step=self.step,
             last_output=lambda: _tail(self.paths.agent_log), clock=self.clock,
         )

@@ -1,18 +1,22 @@
 """Watching a launched run: the clocks and the stop policy, the same on every backend.
 
-The clocks (API-4, AGT-4, AGT-7):
+The clocks (API-4, AGT-4, AGT-7), one bound for every phase, so that no run
+holds the run slot forever:
 - a run is `running` from its agent's first contact; heartbeat silence is
-  counted from the last contact, never from the launch;
-- before the first contact, an executor's handle may say *waiting* (for a
-  claim, for the scheduler): the run is then bounded by its own deadline,
-  never by the heartbeat timeout. A handle that says *running* while its
+  counted from the last contact, never from the launch, and in every phase in
+  which an agent exists, a job pending in the scheduler's queue included;
+- before the first contact, an executor's handle may say *waiting*: for a
+  claim, for the scheduler (a queue), or for its setup (an ssh connect, a
+  venv build). Each wait has its own deadline (queue_timeout_s,
+  pending_timeout_s, setup_timeout_s). A handle that says *running* while its
   agent has not made contact yet gets heartbeat_timeout_s to make it;
-- max_wall_seconds counts from the run's start (bundle and launch included),
-  or, for a run that waited, from the end of its wait.
+- max_wall_seconds counts from the run's start (bundle, launch and setup
+  included), or, for a run that waited in a queue, from the end of its wait.
 
 The stop policy, written once: ask the agent to stop (the cancel flag it
 long-polls), give it grace_seconds to stop its worker and report, then the
-executor's hard stop, `kill()`.
+executor's hard stop, `kill()`. The hard stop never waits on Redis: with
+Redis unreachable nobody can be asked, and kill() comes at once.
 """
 
 from __future__ import annotations
@@ -20,12 +24,15 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import redis
+
 from potato_queue.clock import REAL_CLOCK, Clock
-from potato_queue.executors.base import AgentResult, Gone, RunHandle, Waiting
+from potato_queue.executors.base import AgentResult, Gone, RunHandle, Status, Waiting
 from potato_queue.run import FINAL_STATES, RunState, RunView
 from potato_queue.store import RunStore
+from potato_queue.store.lease import LEASE_TTL_S
 
-__all__ = ["Outcome", "Watch", "supervise", "stop_run", "TICK_S", "CANCEL_MARGIN_S"]
+__all__ = ["Outcome", "Watch", "supervise", "stop_run", "pending_expired", "redis_lost", "TICK_S", "CANCEL_MARGIN_S"]
 
 TICK_S = 0.1
 # After asking the agent to stop, it gets grace_seconds to stop its worker and
@@ -62,9 +69,14 @@ class Watch:
     log: Callable[[str], None]
     step: Callable[[str], None]
     last_output: Callable[[], str]  # the agent's last lines, for a run whose agent vanished
+    # A SLURM job's time in the scheduler's queue, as its agent reports it (None: no bound).
+    pending_timeout_s: float | None = None
     contacted: bool = False
     cancel_seen_s: float | None = None
     waiting_why: str | None = None
+    waited_in_queue: bool = False  # the last wait was a queue's (its end starts the wall clock)
+    pending_since_s: float | None = None
+    redis_error: str | None = None  # the last look at the store failed (a Redis blip, so far)
     clock: Clock = REAL_CLOCK  # every rule here reads it (tests hand in a ManualClock)
 
 
@@ -75,17 +87,48 @@ def _result(view: RunView) -> AgentResult | None:
 
 
 def stop_run(watch: Watch, grace_s: float, state: RunState, error: str) -> Outcome:
-    """Ask the agent to stop, wait up to grace_s (+ margin) for its report, then kill()."""
-    watch.log(error)
+    """Ask the agent to stop, wait up to grace_s (+ margin) for its report, then kill(): always, Redis or not."""
+    _say(watch, error)
     result = None
-    if grace_s > 0:
-        watch.store.signal_stop(watch.run_id)
-        deadline = watch.clock.now_s() + grace_s + CANCEL_MARGIN_S
-        while result is None and watch.clock.now_s() < deadline and not isinstance(watch.handle.poll(), Gone):
-            _wait(watch, TICK_S)
+    try:
+        if grace_s > 0:
+            watch.store.signal_stop(watch.run_id)
+            deadline = watch.clock.now_s() + grace_s + CANCEL_MARGIN_S
+            while result is None and watch.clock.now_s() < deadline and not isinstance(watch.handle.poll(), Gone):
+                _wait(watch, TICK_S)
+                result = _result(watch.store.view(watch.run_id))
+    except redis.RedisError:
+        pass  # nobody can be asked: the hard stop follows at once
+    finally:
+        watch.handle.kill()
+    if result is None:
+        try:
             result = _result(watch.store.view(watch.run_id))
-    watch.handle.kill()
-    return Outcome(result=result or _result(watch.store.view(watch.run_id)), state=state, error=error)
+        except redis.RedisError:
+            pass
+    return Outcome(result=result, state=state, error=error)
+
+
+def _say(watch: Watch, line: str) -> None:
+    """A line in run.log that never stands in the way of a stop (its disk error goes through Redis)."""
+    try:
+        watch.log(line)
+    except redis.RedisError:
+        pass
+
+
+def redis_lost(error: str) -> str:
+    """Why a run stopped when Redis stayed unreachable longer than the run slot's lease."""
+    return (f"Redis was unreachable ({error}) for longer than the run slot's lease ({LEASE_TTL_S:g} s), so the run "
+            "was stopped (a run may not go on without its slot); fix: check that Redis is running and reachable "
+            "from the executor, then start the run again")
+
+
+def pending_expired(backend_name: str, limit_s: float, step: str) -> str:
+    """A SLURM job that stayed pending past pending_timeout_s."""
+    return (f"The SLURM job waited in the scheduler's queue for more than pending_timeout_s ({limit_s:g} s) "
+            f"({step}); it was cancelled. Fix: raise pending_timeout_s of backend {backend_name}, or ask for "
+            "less (partition, gres, time) so that the scheduler can start it sooner")
 
 
 def _gone(watch: Watch, gone: Gone) -> Outcome:
@@ -109,9 +152,11 @@ def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str |
         if watch.waiting_why != status.why:
             watch.waiting_why = status.why
             watch.step(status.why)
+        watch.waited_in_queue = not status.run_time
         if status.until_s is not None and now_s > status.until_s:
             return status.expired or f"The run was still waiting past its deadline: {status.why}"
-        return None
+        if not status.beats:
+            return None
     limit_s = watch.heartbeat_timeout_s
     if view.heartbeat_at is None:
         if now_s - watch.launched_s > limit_s:
@@ -122,11 +167,37 @@ def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str |
     return None
 
 
+def _pending(watch: Watch, view: RunView, status: Status, now_s: float) -> Status:
+    """The agent runs, its worker waits for the scheduler: a queue whose agent beats, bounded by pending_timeout_s."""
+    if view.pending_step is None or isinstance(status, Waiting):
+        watch.pending_since_s = None
+        return status
+    if watch.pending_since_s is None:
+        watch.pending_since_s = now_s
+    limit_s = watch.pending_timeout_s
+    until_s = None if limit_s is None else watch.pending_since_s + limit_s
+    expired = None if limit_s is None else pending_expired(watch.backend_name, limit_s, view.pending_step)
+    return Waiting(view.pending_step, until_s, expired, beats=True)
+
+
 def _tick(watch: Watch) -> Outcome | None:
     """One look at the run: an Outcome when supervision is over, else None."""
     if not watch.renew_lease():
+        if watch.redis_error is not None:
+            return stop_run(watch, 0, RunState.FAILED, redis_lost(watch.redis_error))
         return stop_run(watch, watch.grace_s, RunState.FAILED,
-                        "This executor lost the run slot (Redis unreachable or emptied); the run was stopped")
+                        "This executor lost the run slot (Redis emptied, or another executor took it); "
+                        "the run was stopped")
+    try:
+        outcome = _look(watch)
+    except redis.RedisError as exc:
+        watch.redis_error = str(exc)  # a blip: the run goes on while the slot is still ours (the lease)
+        return None
+    watch.redis_error = None
+    return outcome
+
+
+def _look(watch: Watch) -> Outcome | None:
     view = watch.store.view(watch.run_id)
     result = _result(view)
     if result is not None:
@@ -149,24 +220,31 @@ def _tick(watch: Watch) -> Outcome | None:
     status = watch.handle.poll()
     if isinstance(status, Gone):
         return _gone(watch, status)
-    if view.pending_step is not None and not isinstance(status, Waiting):
-        # The agent runs, its worker waits for the scheduler: the agent's heartbeats go on, the wall clock waits.
-        watch.waiting_why = view.pending_step  # the step line is the agent's own already
-        status = Waiting(view.pending_step)
+    if watch.cancel_seen_s is not None and isinstance(status, Waiting) and status.run_time and not watch.contacted:
+        return stop_run(watch, 0, RunState.CANCELLED, f"cancelled while {status.why}; the setup was stopped")
+    status = _pending(watch, view, status, now_s)
     if not isinstance(status, Waiting) and watch.waiting_why is not None:
-        # The wait is over (a venv built, a job started): the wall clock, and an agent's time to make
-        # its first contact, count from now; a first venv build longer than heartbeat_timeout_s is no silence.
-        watch.waiting_why, watch.started_s = None, now_s
+        # The wait is over (a claim, a job started, a setup done): an agent's time to make its first contact
+        # counts from now (a first venv build longer than heartbeat_timeout_s is no silence), and, after a
+        # queue, the wall clock too.
+        if watch.waited_in_queue:
+            watch.started_s = now_s
+        watch.waiting_why = None
         if not watch.contacted:
             watch.launched_s = now_s
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
-        return stop_run(watch, 0, RunState.FAILED, overdue)
-    if isinstance(status, Waiting):
-        return None  # the wall clock starts when an agent has the run, not while it waits for one
+        # An agent that beats is asked to stop (it cancels its pending job); a silent one is not waited for.
+        grace_s = watch.grace_s if isinstance(status, Waiting) and status.beats and status.until_s is not None \
+            and now_s > status.until_s else 0
+        return stop_run(watch, grace_s, RunState.FAILED, overdue)
+    if isinstance(status, Waiting) and not status.run_time:
+        return None  # the wall clock starts when the run leaves its queue, not while it waits in one
     if watch.max_wall_s and now_s - watch.started_s > watch.max_wall_s and watch.cancel_seen_s is None:
-        return stop_run(watch, watch.grace_s, RunState.FAILED,
-                        f"The run did not finish within max_wall_seconds ({watch.max_wall_s:g} s) and was stopped")
+        still = f" (still {status.why})" if isinstance(status, Waiting) else ""
+        grace_s = watch.grace_s if watch.contacted else 0  # nobody to ask before the agent's first call
+        return stop_run(watch, grace_s, RunState.FAILED,
+                        f"The run did not finish within max_wall_seconds ({watch.max_wall_s:g} s) and was stopped{still}")
     return None
 
 
@@ -178,8 +256,14 @@ def _sleep_s(watch: Watch, tick_s: float) -> float:
 
 
 def _wait(watch: Watch, seconds: float) -> None:
-    """Up to `seconds`, waking as soon as the agent's result arrives."""
-    watch.clock.wait(seconds, lambda s: watch.store.wait_result(watch.run_id, s))
+    """Up to `seconds`, waking as soon as the agent's result arrives (a plain wait while Redis is away)."""
+    def woken(wait_s: float) -> None:
+        try:
+            watch.store.wait_result(watch.run_id, wait_s)
+        except redis.RedisError:
+            watch.clock.wait(wait_s)
+
+    watch.clock.wait(seconds, woken)
 
 
 def supervise(watch: Watch, tick_s: float = TICK_S) -> Outcome:

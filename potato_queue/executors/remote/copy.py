@@ -4,7 +4,10 @@ The host's side is host/fetch.py (`python -c`): a tar stream of the job's work/
 folder on stdout, notes on stderr (the total, files over max_artifact_mb).
 This side pipes the stream straight into this machine's tar (Python's tarfile
 where there is none), shows progress on the step line, and ends a copy that
-sends nothing for COPY_STALL_S (ERR-7).
+sends nothing for COPY_STALL_S (ERR-7). A copy is whole only when the sender
+exited 0 and every file it announced (its manifest) arrived with its size: tar
+takes a stream that ends between two files for a whole one. Anything less
+fails the copy and removes what arrived.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ FETCH_SOURCE = Path(remote_fetch.__file__).read_text()
 COPY_STALL_S = 180.0
 COPY_BLOCK_BYTES = 1 << 20
 WRITE_BLOCK_BYTES = 32 << 10
+NOTES_WAIT_S = 10.0
 
 
 class ModelCopy:
@@ -50,6 +54,7 @@ class ModelCopy:
         self.stall_s = stall_s()
         self.kept_there = False
         self.stalled = False
+        self.manifest: dict[str, int] | None = None  # what the sender said it will send
 
     def command(self) -> list[str]:
         keep = "1" if self.backend.keep_remote else "0"
@@ -66,21 +71,47 @@ class ModelCopy:
                               stderr=subprocess.PIPE, bufsize=COPY_BLOCK_BYTES) as proc:
             assert proc.stdout is not None and proc.stderr is not None
             stderr: list[str] = []
-            threading.Thread(target=self._read_notes, args=(proc.stderr, stderr), daemon=True).start()
+            notes = threading.Thread(target=self._read_notes, args=(proc.stderr, stderr), daemon=True)
+            notes.start()
             if tar is not None:
                 failure = self._untar(tar, proc, artifacts)
             else:
                 threading.Thread(target=self._watch, args=(proc, lambda: self.received), daemon=True).start()
                 failure = self._untar_in_python(proc, artifacts)
+            notes.join(NOTES_WAIT_S)  # the manifest is read before the copy is judged
         if self.stalled:
             self._end_the_sender()
+            self._discard(artifacts)
             raise ModelFilesMissing(f"The copy from {self.backend.host} sent nothing for {self.stall_s:g} s "
                                     "(the predictions are stored; only model files are missing from artifacts/)")
         if proc.returncode == 255:
+            self._discard(artifacts)
             raise ssh_failure(self.backend.host, "".join(stderr))
-        if failure:
-            raise PotatoQueueError(f"the copy of the model files from {self.backend.host} failed: {failure}")
+        cut_short = failure or self._cut_short(proc.returncode, artifacts)
+        if cut_short:
+            self._discard(artifacts)
+            raise ModelFilesMissing(f"The copy from {self.backend.host} was cut short: {cut_short} (the predictions "
+                                    "are stored; only model files are missing from artifacts/)")
         return self.kept_there
+
+    def _cut_short(self, sender_exit: int | None, artifacts: Path) -> str | None:
+        """What is wrong with a copy that ended by itself: the sender's exit, a file missing or short."""
+        if sender_exit:
+            return f"the sender on {self.backend.host} exited with code {sender_exit}"
+        if self.manifest is None:
+            return f"the sender on {self.backend.host} did not say what it would send"
+        for name, size in sorted(self.manifest.items()):
+            path = artifacts / name
+            if not path.is_file() or path.is_symlink():
+                return f"{name} did not arrive"
+            if path.stat().st_size != size:
+                return f"{name} arrived with {path.stat().st_size} of its {size} bytes"
+        return None
+
+    @staticmethod
+    def _discard(artifacts: Path) -> None:
+        """A copy that is not whole leaves nothing: a half model file must not pass for the model."""
+        shutil.rmtree(artifacts, ignore_errors=True)
 
     def _untar(self, tar: str, proc: subprocess.Popen[bytes], artifacts: Path) -> str | None:
         """ssh's stdout straight into this machine's tar: no Python between them, which on a small
@@ -122,7 +153,11 @@ class ModelCopy:
             except ValueError:
                 rest.append(line)
                 continue
-            if "total" in note:
+            if not isinstance(note, dict):
+                rest.append(line)
+            elif "manifest" in note and isinstance(note["manifest"], dict):
+                self.manifest = {str(name): int(size) for name, size in note["manifest"].items()}
+            elif "total" in note:
                 self.total = int(note["total"])
             elif "too_big" in note:
                 self.kept_there = True

@@ -47,7 +47,7 @@ from potato_queue.host import boot as remote_boot
 from potato_queue.host import check as remote_check
 from potato_queue.store.keys import remote_socket_path
 
-__all__ = ["SSH_CONFIG_ENV", "forward_target", "target_of", "python_not_found", "host_facts", "failed_check",
+__all__ = ["SSH_CONFIG_ENV", "boot_command", "setup_expired", "forward_target", "target_of", "python_not_found", "host_facts", "failed_check",
            "start_agent", "RemoteAgentHandle", "tail"]
 
 # An ssh config file of the server's own (ssh's -F): for a deployment that keeps its hosts apart
@@ -109,6 +109,20 @@ def tail(path: Path, size: int = 4000) -> str:
         return ""
 
 
+def setup_expired(host: str, backend_name: str, limit_s: float, phase: str) -> str:
+    """Why a run whose setup on the host hung failed: the phase it hung in, and the setting to raise."""
+    return (f"The setup on {host} did not finish within setup_timeout_s ({limit_s:g} s): it was still {phase}. "
+            f"Fix: raise setup_timeout_s of backend {backend_name} (a first venv build with large packages can "
+            "take many minutes), or see agent.log in the run's folder for where it hung")
+
+
+def boot_command(python: str) -> str:
+    """The remote command line: the login shell says its pid, then becomes the bootstrap. sshd made that shell
+    a session leader, so the pid is the sid of everything the run will start, known before any slow step
+    (an interpreter that hangs, a code copy to a stuck disk): the hard stop reaches them all."""
+    return f"echo '{{\"event\": \"session\", \"session\": '$$'}}'; exec {remote_shell([python, '-c', BOOT_SOURCE])}"
+
+
 class _Session:
     """The run's ssh process and the bootstrap's conversation on its stdin and stdout."""
 
@@ -118,6 +132,8 @@ class _Session:
         self.assignment = assignment  # what the agent gets besides the run, the server and its workdir
         # The step line until the agent runs (the supervise loop shows a Waiting's why).
         self.phase = f"connecting to {backend.host}"
+        # The setup (connect, code copy, a venv build, the GPU pick) is run time, bounded by its own limit too.
+        self.setup_until_s = spec.clock.now_s() + backend.setup_timeout_s
         self.ready = threading.Event()
         self.workdir: str | None = None
         self.remote_session: int | None = None
@@ -142,7 +158,9 @@ class _Session:
 
     def _answer(self, message: dict[str, Any], host: str, stdin: IO[bytes]) -> None:
         event = message.get("event")
-        if event == "python":
+        if event == "session":
+            self.remote_session = int(message["session"])  # from the first moment: the hard stop's target
+        elif event == "python":
             self.spec.log(f"{host}: Python {message['version']} ({message['executable']})")
         elif event == "need_code":
             self.phase = f"copying Potato's code to {host}"
@@ -194,7 +212,10 @@ class RemoteAgentHandle(RunHandle):
         code = self.session.proc.poll()
         if code is None:
             # Until the agent runs, the heartbeat clock waits: a venv's pip install can take minutes.
-            return Running() if self.session.ready.is_set() else Waiting(self.session.phase)
+            return Running() if self.session.ready.is_set() else Waiting(
+                self.session.phase, self.session.setup_until_s,
+                setup_expired(self.backend.host, self.session.spec.backend_name, self.backend.setup_timeout_s,
+                              self.session.phase), run_time=True)
         return self._gone(code)
 
     def _gone(self, code: int) -> Gone:
@@ -277,7 +298,7 @@ def start_agent(spec: LaunchSpec, backend: Any, header: dict[str, Any], assignme
         raise ValueError("a run over ssh needs its run token")
     target = target_of(backend)
     socket = remote_socket_path(spec.run_id)
-    argv = ssh_argv(target, [backend.python, "-c", BOOT_SOURCE], forward=(socket, forward_target(spec.server_url)))
+    argv = ssh_argv(target, [], forward=(socket, forward_target(spec.server_url))) + [boot_command(backend.python)]
     log_fd = os.open(spec.paths.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
     try:
         proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd,
