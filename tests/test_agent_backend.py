@@ -82,6 +82,29 @@ def test_a_run_waits_queued_for_an_agent_and_fails_after_queue_timeout(tmp_path:
     assert f"potato-queue training check {BACKEND}" in run["error"]
 
 
+def test_an_agent_that_reports_its_job_pending_then_dies_fails_for_silence_and_the_run_behind_runs(
+        tmp_path: Path, redis_server_url: str) -> None:
+    """A login-node agent claims, says its SLURM job is PENDING, then its node reboots: the pending status
+    once made the run immune to every clock, and the local run behind it stayed queued for good."""
+    import httpx
+
+    prefix = "/api/training/agent/v1"
+    with started(tmp_path, redis_server_url, **lab(heartbeat_timeout_s=3)) as svc:
+        token = register(svc)
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        behind = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+        with httpx.Client(base_url=svc.url, timeout=40) as http:
+            claim = http.post(f"{prefix}/backends/{BACKEND}/claim", params={"wait_s": 20}, json={"host": "login-1"},
+                              headers={"Authorization": f"Bearer {token}"}).json()
+            assert claim["run_id"] == run_id, claim
+            pending = {"event": "status", "state": "pending", "step": "SLURM job 7: PENDING (Priority)"}
+            assert http.post(f"{prefix}/runs/{run_id}/events", json={"events": [pending]},
+                             headers={"Authorization": f"Bearer {claim['token']}"}).is_success
+        run = svc.wait_for(run_id, TERMINAL, 30)
+        assert (run["state"], run["error"]) == ("failed", f"No word from the agent on {BACKEND} for 3 seconds"), run
+        assert svc.wait_for(behind, TERMINAL, 120)["state"] == "succeeded", "the run behind it ran"
+
+
 def test_a_queued_agent_run_cancels_at_once_and_the_next_run_goes(tmp_path: Path, redis_server_url: str) -> None:
     with started(tmp_path, redis_server_url, **lab()) as svc:
         waiting = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)

@@ -187,3 +187,75 @@ def test_job_sh_outlives_sigterm_and_records_how_the_worker_stopped(tmp_path: Pa
 def child_pids(pid: int) -> list[int]:
     path = Path(f"/proc/{pid}/task/{pid}/children")
     return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+@pytest.mark.unit
+def test_a_job_monitor_that_fails_unexpectedly_still_concludes_and_cancels_the_job(tmp_path: Path) -> None:
+    """A SLURM command answering something unexpected (here: squeue raising) once ended the monitor thread
+    without concluding: the runner then waited forever, and a login-node agent outlived everything."""
+    from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
+    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+
+    lines: list[str] = []
+    cancelled: list[list[str]] = []
+
+    class Broken(SlurmLauncher):
+        def command(self, argv: list[str]) -> str | None:
+            if argv[0] == "squeue":
+                raise UnicodeDecodeError("utf-8", b"\xff", 0, 1, "invalid start byte")
+            cancelled.append(argv)
+            return ""
+
+    class Relay:
+        def emit(self, kind: str, **fields: object) -> None: ...
+        def put(self, text: str | None) -> None: ...
+
+    launcher = Broken(SlurmSettings.of({"poll_interval_s": 0.05}), lines.append, host="login-1")
+    job = SlurmJob("4242", str(tmp_path), [], launcher)
+    job.relay_output(Relay())  # type: ignore[arg-type]
+    assert job.wait(10) == EXIT_UNEXPECTED, lines
+    ended = job.ended()
+    assert ended is not None and ended.code == "monitor_failed"
+    assert ended.message.startswith("the SLURM job monitor failed (UnicodeDecodeError: ") and "4242 was cancelled" in ended.message
+    assert cancelled == [["scancel", "4242"]], "the job it lost track of is cancelled, not left holding its GPU"
+
+
+@pytest.mark.unit
+def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agent(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every wait after a stop has a bound (runner.KILL_WAIT_S, shortened here): a job whose end is never
+    seen (a scheduler that stopped answering) no longer keeps its agent running forever."""
+    from types import SimpleNamespace
+
+    from potato_queue.agent import runner as runner_module
+    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+
+    monkeypatch.setattr(runner_module, "KILL_WAIT_S", 0.3)
+    lines: list[str] = []
+
+    class Endless:
+        stop_target = "the SLURM job"
+        killed = 0
+
+        def poll(self) -> None: ...
+        def wait(self, timeout_s: float) -> None:
+            time.sleep(timeout_s)
+        def terminate(self) -> None: ...
+        def kill(self) -> None:
+            self.killed += 1
+        def cleanup(self) -> None: ...
+        def ended(self) -> None: ...
+        def rss_mb(self) -> None: ...
+        def describe(self) -> str:
+            return "SLURM job 4242"
+
+    client = SimpleNamespace(run_id="r1", silence_s=lambda: 0.0)
+    runner = runner_module.Runner(client, str(tmp_path), launcher=None, log=lines.append)  # type: ignore[arg-type]
+    runner.request_stop("cancel requested")
+    worker = Endless()
+    job = SimpleNamespace(grace_seconds=0.1, limits=SimpleNamespace(max_ram_mb=None))
+    started = time.monotonic()
+    code, _, _, _ = runner._supervise(worker, job)  # type: ignore[arg-type]
+    assert code == EXIT_UNEXPECTED and worker.killed == 1
+    assert time.monotonic() - started < 10
+    assert "SLURM job 4242 did not end 0.3 s after it was killed; the agent gives up on it" in lines, lines

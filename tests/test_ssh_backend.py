@@ -20,6 +20,7 @@ from typing import Any
 
 import pytest
 
+from potato_queue.embedded_redis import EmbeddedRedis
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.remote.session import forward_target
 from potato_queue.store.keys import project_predictions_path
@@ -327,6 +328,36 @@ def test_a_copy_cut_short_between_files_fails_and_leaves_no_partial_model(
                             r"only model files are missing from artifacts/\)", run["error"]), run["error"]
         assert run["artifact_uri"] is None and not run_paths(svc, run_id).artifacts.exists(), "no partial model"
         assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
+
+
+def test_redis_stopped_mid_run_still_stops_every_process_and_the_end_is_recorded_when_it_answers(
+        tmp_path: Path, sshd: Sshd, tiny_model: Path) -> None:
+    """Redis frozen (SIGSTOP: every call times out) while a run trains over ssh: the executor cannot keep the
+    run slot, so it stops the run, first its processes on the host, then, once Redis answers, its record.
+    Before, the failure path wrote to Redis first: the session and the worker outlived the run for minutes,
+    and the run then failed as if the executor had died."""
+    with EmbeddedRedis(tmp_path / "redis") as redis_server:
+        context, svc = over_ssh(tmp_path, redis_server.url, sshd, python=sys.executable, gpus="none")
+        try:
+            run_id = long_hf_run(svc, tiny_model)
+            wait_running(svc, run_id)
+            on_host = f"{tmp_path}/remote/code/"
+            assert [p for p in pids() if on_host in (alive_cmd(p) or "")], "the agent and worker run on the host"
+            assert redis_server.process is not None
+            os.kill(redis_server.process.pid, signal.SIGSTOP)
+            try:
+                left_on_host = wait_gone(on_host, timeout_s=60)
+                left_here = wait_gone(f"potato-queue-{run_id}-", timeout_s=10)
+            finally:
+                os.kill(redis_server.process.pid, signal.SIGCONT)
+            assert left_on_host == [] and left_here == [], (left_on_host, left_here)
+            run = svc.wait_for(run_id, TERMINAL, 60)
+            assert run["state"] == "failed"
+            assert run["error"].startswith("Redis was unreachable ("), run["error"]
+            after = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+            assert svc.wait_for(after, TERMINAL, 120)["state"] == "succeeded", "the next run runs"
+        finally:
+            context.__exit__(None, None, None)
 
 
 def check(tmp_path: Path, sshd: Sshd, *extra: str, **backend: Any) -> Any:

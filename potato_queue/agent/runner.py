@@ -36,6 +36,8 @@ MEMORY_CHECK_S = 0.25
 # SIGTERM (P1), and a tick costs a few microseconds.
 TICK_S = 0.02
 LOST_SERVER_TIMEOUT_S = 5.0
+# After SIGKILL (a SLURM job: scancel, then its KillWait), how long the worker may take to be seen ending.
+KILL_WAIT_S = 120.0
 _SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
@@ -104,6 +106,7 @@ class _Watch:
         self.max_ram_mb = max_ram_mb
         self.term_at = None  # type: Optional[float]
         self.killed = False
+        self.killed_at = None  # type: Optional[float]
         self.oom_mb = None  # type: Optional[float]
         self.next_memory_check = 0.0
 
@@ -206,7 +209,15 @@ class Runner:
         watch = _Watch(DEFAULT_GRACE_S if grace is None else float(grace), float(max_ram) if max_ram else None)
         code = worker.poll()
         while code is None:
-            self._tick(worker, watch, time.monotonic())
+            now = time.monotonic()
+            self._tick(worker, watch, now)
+            if watch.killed_at is not None and now - watch.killed_at > KILL_WAIT_S:
+                # Every wait after a stop has a bound: a worker (or a scheduler) that never says it ended
+                # must not keep this agent, and the run's slot, forever.
+                self.log("{} did not end {:g} s after it was killed; the agent gives up on it".format(
+                    worker.describe(), KILL_WAIT_S))
+                code = EXIT_UNEXPECTED
+                break
             code = worker.wait(TICK_S)
         worker.cleanup()
         self.log("worker exited: code {}".format(code))
@@ -234,14 +245,14 @@ class Runner:
                                                                   watch.grace_s))
             worker.terminate()
         elif watch.term_at is not None and not watch.killed and now - watch.term_at >= watch.grace_s:
-            watch.killed = True
+            watch.killed, watch.killed_at = True, now
             self.log("the worker is still running {:g} s after SIGTERM: SIGKILL".format(watch.grace_s))
             worker.kill()
         if watch.max_ram_mb and watch.oom_mb is None and now >= watch.next_memory_check:
             watch.next_memory_check = now + MEMORY_CHECK_S
             used = worker.rss_mb()  # None: this launcher cannot measure it, so no check
             if used is not None and used > watch.max_ram_mb:
-                watch.oom_mb = used
+                watch.oom_mb, watch.killed_at = used, now
                 self.log("the worker's processes use {:.0f} MB, above max_ram_mb {:g}: SIGKILL".format(
                     used, watch.max_ram_mb))
                 worker.kill()

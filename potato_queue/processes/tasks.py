@@ -10,7 +10,7 @@ from celery import Celery
 from potato_queue.config import ProjectConfig
 from potato_queue.processes.queue import EXECUTE_TASK, RETRAIN_TASK
 from potato_queue.store import RunStore
-from potato_queue.store.plumbing import client_for
+from potato_queue.store.plumbing import SUPERVISION_SOCKET_TIMEOUT_S, client_for
 
 __all__ = ["register_execute", "register_retrain"]
 
@@ -20,7 +20,7 @@ def register_execute(app: Celery, config: ProjectConfig, redis_url: str, *, say:
     wake-up (the process decides whether it shows: `worker --quiet` hands in one that drops it)."""
     from potato_queue.runs.dispatch import Dispatcher
 
-    dispatcher = Dispatcher(config, client_for(redis_url))
+    dispatcher = Dispatcher(config, client_for(redis_url, socket_timeout_s=SUPERVISION_SOCKET_TIMEOUT_S))
 
     @app.task(name=EXECUTE_TASK, acks_late=True)
     def execute(run_id: str) -> None:

@@ -15,7 +15,8 @@ from typing import Any
 import redis
 import redis.asyncio as aioredis
 
-__all__ = ["CAS_STATE", "CLAIM", "MERGE_METRICS", "RECORD_RESULT", "SOCKET_TIMEOUT_S", "async_twin", "client_for",
+__all__ = ["CAS_STATE", "CLAIM", "MERGE_METRICS", "RECORD_RESULT", "SOCKET_TIMEOUT_S", "SUPERVISION_SOCKET_TIMEOUT_S",
+           "async_twin", "client_for",
            "wait_published"]
 
 # redis-py 8 gives every client a 5 s socket timeout unless told otherwise: a Redis busy for 5 s (a slow
@@ -23,11 +24,16 @@ __all__ = ["CAS_STATE", "CLAIM", "MERGE_METRICS", "RECORD_RESULT", "SOCKET_TIMEO
 # busy one's; no command of ours blocks for more than a second.
 SOCKET_TIMEOUT_S = 60.0
 CONNECT_TIMEOUT_S = 10.0
+# The executor's client, which supervises a run while it holds the run slot (store/lease.py, 10 s): a call
+# that hangs longer than the lease would let the slot go while nothing is decided. A busy Redis costs a
+# supervising executor a skipped look (runs/supervise.py waits out a blip), never the run.
+SUPERVISION_SOCKET_TIMEOUT_S = 3.0
 
 
-def client_for(url: str) -> redis.Redis:
+def client_for(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> redis.Redis:
     """The Redis client every part of potato-queue uses for `url` (its timeouts set here, once)."""
-    return redis.Redis.from_url(url, socket_timeout=SOCKET_TIMEOUT_S, socket_connect_timeout=CONNECT_TIMEOUT_S)
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
+                                socket_connect_timeout=min(CONNECT_TIMEOUT_S, socket_timeout_s))
 
 # KEYS: the run's hash, the unfinished index, the run token's digest. ARGV: the
 # new state, "1" when it is final, the run id, then the states it may come

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
 from potato_queue.agent.launchers.base import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
+from potato_queue.agent.launchers.follower import Follower
 from potato_queue.agent.launchers.sbatch import (
     SLURM_ENDED_STATES,
     SQUEUE_FORMAT,
@@ -43,7 +44,6 @@ __all__ = ["SlurmLauncher", "SlurmJob", "NO_SBATCH_FIX", "no_sbatch"]
 
 KILLED = 128 + 9  # what a worker killed by SIGKILL exits with, shell-style
 FILE_CHECK_S = 0.1  # how often exit_code is looked for: the end of a job is seen this fast
-FOLLOW_S = 0.05
 COMMAND_TIMEOUT_S = 60
 # squeue answers in a row that do not list the job, with scontrol unable to say, before it counts as gone.
 MISSES_BEFORE_GONE = 3
@@ -92,40 +92,6 @@ def shared_code_root(workdir: str) -> str:
     return target
 
 
-class _Follower:
-    """Hands each line of a file that grows to `on_line`, until finish() and the file's end."""
-
-    def __init__(self, path: str, on_line: Callable[[bytes], None], split: "re.Pattern[bytes]") -> None:
-        self.path, self.on_line, self.split = path, on_line, split
-        self.finished = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="follow-" + os.path.basename(path), daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        handle, pending = None, b""
-        while True:
-            last = self.finished.is_set()  # read once more after finish: the file's last bytes
-            if handle is None and os.path.exists(self.path):
-                handle = open(self.path, "rb")
-            chunk = handle.read(1 << 20) if handle is not None else b""
-            if chunk:
-                parts = self.split.split(pending + chunk)
-                pending = parts.pop()
-                for part in parts:
-                    self.on_line(part)
-                if len(pending) > MAX_LINE:
-                    self.on_line(pending)
-                    pending = b""
-                continue
-            if last:
-                break
-            self.finished.wait(FOLLOW_S)
-        if pending:
-            self.on_line(pending)
-        if handle is not None:
-            handle.close()
-
-
 class SlurmJob(WorkerHandle):
     """One submitted job. Its exit code is the worker's (exit_code), or the scheduler's end of it."""
 
@@ -140,7 +106,7 @@ class SlurmJob(WorkerHandle):
         self._ended = None  # type: Optional[WorkerEnded]
         self._exited = threading.Event()
         self._relay = None  # type: Optional[EventRelay]
-        self._followers = []  # type: List[_Follower]
+        self._followers = []  # type: List[Follower]
         self._misses = 0
         self._last_line = ""
         self._seen_lock = threading.Lock()
@@ -162,8 +128,8 @@ class SlurmJob(WorkerHandle):
             if text.strip():
                 relay.emit("log", level="stderr", msg=text[:MAX_LINE])
 
-        self._followers = [_Follower(self._path("events.jsonl"), event, re.compile(rb"\n")),
-                           _Follower(self._path("stderr.log"), stderr, re.compile(rb"[\r\n]"))]
+        self._followers = [Follower(self._path("events.jsonl"), event, re.compile(rb"\n")),
+                           Follower(self._path("stderr.log"), stderr, re.compile(rb"[\r\n]"))]
         threading.Thread(target=self._monitor, name="squeue", daemon=True).start()
 
     def wait_relayed(self, timeout_s: float) -> bool:
@@ -215,6 +181,25 @@ class SlurmJob(WorkerHandle):
         return os.path.join(self.job_dir, name)
 
     def _monitor(self) -> None:
+        """Follows the job until it is concluded, whatever happens: a monitor that died without concluding
+        left its runner waiting forever (and the job, if it ran, holding its GPU)."""
+        try:
+            self._follow()
+        except Exception as exc:  # noqa: BLE001 - anything unexpected still ends the job and the run
+            message = "the SLURM job monitor failed ({}: {}); SLURM job {} was cancelled".format(
+                type(exc).__name__, exc, self.job_id)
+            self.log(message)
+            self.stopping = True
+            try:
+                self._scancel([])
+            except Exception:  # noqa: BLE001 - concluding matters more than this cancel's error
+                pass
+            self._ended = WorkerEnded("monitor_failed", message, "start the run again; if it happens again, "
+                                      "report it with the agent's log")
+            self._code = EXIT_UNEXPECTED
+            self._exited.set()
+
+    def _follow(self) -> None:
         next_poll = 0.0
         while not self._exited.is_set():
             self._check_running()
