@@ -164,6 +164,27 @@ def test_a_pending_job_logs_its_queue_states_and_its_wait_is_not_run_time(svc_fa
     assert log.index(f"SLURM job {job}: PENDING (Resources)") < log.index(f"SLURM job {job}: RUNNING on {NODE}")
 
 
+def test_a_job_pending_past_pending_timeout_s_is_cancelled_and_the_run_fails_naming_it(
+        svc_factory: Any, slurm: SlurmCluster) -> None:
+    """A job the scheduler never starts once held the run slot for good (the default had no bound)."""
+    blocker = block_the_node(slurm)
+    try:
+        svc = svc_factory(pending_timeout_s=4)
+        run_id = svc.start_run(**MAJORITY)
+        job = job_id_of(svc, run_id)
+        run = svc.wait_for(run_id, TERMINAL, 60)
+        assert run["state"] == "failed", (run, run_log(svc, run_id))
+        assert re.match(rf"The SLURM job waited in the scheduler's queue for more than pending_timeout_s \(4 s\) "
+                        rf"\(SLURM job {job}: PENDING \(\w+\)\); it was cancelled\. Fix: raise pending_timeout_s of "
+                        rf"backend {BACKEND}", run["error"]), run["error"]
+        deadline = time.monotonic() + 30
+        while any(line.startswith(f"{job} ") for line in slurm.queue()):
+            assert time.monotonic() < deadline, slurm.queue()
+            time.sleep(0.2)
+    finally:
+        slurm.run("scancel", blocker)
+
+
 def agent_log(svc: Services, run_id: str) -> str:
     return run_paths(svc, run_id).agent_log.read_text()
 
