@@ -96,3 +96,31 @@ def test_an_offer_wakes_the_claim_waiting_longest_and_a_register_wakes_all() -> 
         return one, [future.done() for _, future in line]
 
     assert asyncio.run(scenario()) == ([True, False, False], [True, True, True])
+
+
+def test_an_idle_claim_waits_without_redis_only_while_nothing_can_have_been_offered() -> None:
+    """ClaimWakeups' fast path (P7): a claim may skip Redis only after an empty look with the same token, no
+    offer heard since, and the token accepted within TOKEN_RECHECK_S; a register forgets the token."""
+    from potato_queue.server.claims import TOKEN_RECHECK_S, ClaimWakeups
+
+    wakeups = ClaimWakeups(store=None)  # type: ignore[arg-type]  # the pure bookkeeping only
+    assert not wakeups.nothing_offered("lab", "d1", 0.0), "nothing is known before the first look"
+    mark = wakeups.heard("lab")
+    wakeups.looked("lab", "d1", mark, empty=True, now_s=0.0)
+    assert wakeups.nothing_offered("lab", "d1", 1.0)
+    assert not wakeups.nothing_offered("lab", "d2", 1.0), "another token is asked about"
+    assert not wakeups.nothing_offered("lab", "d1", TOKEN_RECHECK_S), "the token is asked about again in time"
+    assert not wakeups.nothing_offered("other", "d1", 1.0)
+    wakeups.wake("lab")  # an offer
+    assert not wakeups.nothing_offered("lab", "d1", 1.0), "an offer heard: the next claim looks"
+    # An offer heard while a look was in flight: its empty answer may predate the offer.
+    mark = wakeups.heard("lab")
+    wakeups.wake("lab")
+    wakeups.looked("lab", "d1", mark, empty=True, now_s=2.0)
+    assert not wakeups.nothing_offered("lab", "d1", 2.5)
+    wakeups.looked("lab", "d1", wakeups.heard("lab"), empty=True, now_s=3.0)
+    assert wakeups.nothing_offered("lab", "d1", 3.5)
+    wakeups.wake("lab", everyone=True)  # a register: the old token must be refused by Redis
+    wakeups.looked("lab", "d1", wakeups.heard("lab"), empty=True, now_s=4.0)
+    wakeups.wake("lab", everyone=True)
+    assert not wakeups.nothing_offered("lab", "d1", 4.5)

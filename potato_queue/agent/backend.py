@@ -27,7 +27,8 @@ from potato_queue.agent.transport import ApiError, TlsError, Transport, Unreacha
 __all__ = ["BackendAgent", "describe_python", "CLAIM_WAIT_S", "EXIT_REFUSED"]
 
 # How long one claim waits on the server for a run (the server's MAX_WAIT_S caps it).
-CLAIM_WAIT_S = 25.0
+# 90 s: fewer reconnects of idle agents (the shipped nginx lets agent calls last 120 s).
+CLAIM_WAIT_S = 90.0
 # The agent's exit when the server refuses it (a wrong or replaced token, an unknown backend).
 EXIT_REFUSED = 3
 PACKAGES = ("torch", "transformers", "peft", "scikit-learn", "accelerate")

@@ -7,6 +7,15 @@ and wakes the claims of that backend, which then race for the run in one Lua
 step (tokens.AgentTokens.claim): exactly one gets it. The winner gets a token
 for that run alone, and the run's first contact is recorded, so the
 executor sees it as in its agent's hands.
+
+Idle agents are cheap (P7): a claim lasts up to MAX_CLAIM_WAIT_S (the agent
+asks for 90 s: fewer reconnects), and a claim made while this process knows
+nothing is offered to its backend, with a token Redis accepted moments ago,
+waits without a thread or a Redis call. It knows because it heard every offer
+since its last empty look (an offer is published after it is stored); a
+register wakes everyone and forgets the token, and the token is asked about
+again at least every TOKEN_RECHECK_S (which also keeps `training check`'s
+last_seen fresh).
 """
 
 from __future__ import annotations
@@ -27,11 +36,12 @@ from potato_queue.server.deps import config_of, runs_of
 from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
 from potato_queue.store.plumbing import async_twin
-from potato_queue.store.tokens import WAKE_EVERYONE
+from potato_queue.store.tokens import WAKE_EVERYONE, token_digest
 
 __all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S"]
 
-MAX_CLAIM_WAIT_S = 30.0
+MAX_CLAIM_WAIT_S = 100.0
+TOKEN_RECHECK_S = 10.0
 
 
 class AgentInfo(BaseModel):
@@ -75,6 +85,9 @@ class ClaimWakeups:
         self._next_id = 0
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
+        self._heard: dict[str, int] = {}  # offers heard per backend (a counter)
+        self._none_offered: set[str] = set()  # backends whose last look found nothing, no offer heard since
+        self._trusted: dict[str, tuple[str, float]] = {}  # backend -> (token digest, when Redis accepted it)
 
     async def _listen(self, twin: aioredis.Redis) -> None:
         pubsub = twin.pubsub()
@@ -93,6 +106,7 @@ class ClaimWakeups:
 
     async def _started(self) -> None:
         if self._task is None or self._task.done():
+            self._none_offered.clear()  # offers made while nobody listened were not heard
             self._ready = asyncio.Event()
             self._task = asyncio.get_running_loop().create_task(self._listen(async_twin(self.store.redis)))
         assert self._ready is not None
@@ -109,7 +123,29 @@ class ClaimWakeups:
     def leave(self, backend: str, place: int) -> None:
         self._waiting.get(backend, {}).pop(place, None)
 
+    def heard(self, backend: str) -> int:
+        """How many offers for `backend` this process has heard: the mark a look starts from."""
+        return self._heard.get(backend, 0)
+
+    def nothing_offered(self, backend: str, digest: str, now_s: float) -> bool:
+        """Whether a claim may wait without looking: nothing offered, and the token accepted moments ago."""
+        trusted = self._trusted.get(backend)
+        return backend in self._none_offered and trusted is not None and trusted[0] == digest \
+            and now_s - trusted[1] < TOKEN_RECHECK_S
+
+    def looked(self, backend: str, digest: str, heard: int, empty: bool, now_s: float) -> None:
+        """A claim asked Redis: the token was accepted; nothing offered, unless an offer was heard meanwhile."""
+        self._trusted[backend] = (digest, now_s)
+        if empty and self._heard.get(backend, 0) == heard:
+            self._none_offered.add(backend)
+        else:
+            self._none_offered.discard(backend)
+
     def wake(self, backend: str, everyone: bool = False) -> None:
+        self._heard[backend] = self._heard.get(backend, 0) + 1
+        self._none_offered.discard(backend)
+        if everyone:
+            self._trusted.pop(backend, None)  # a register: the old token must be refused at once
         line = self._waiting.get(backend, {})
         while line:
             future = line.pop(next(iter(line)))
@@ -145,13 +181,18 @@ async def claim(
     wakeups, token, info = _wakeups(request), bearer(request.headers) or "", agent.model_dump()
     loop = asyncio.get_running_loop()
     deadline = loop.time() + min(wait_s, MAX_CLAIM_WAIT_S)
+    digest = token_digest(token)
     while True:
         place, offered = await wakeups.waiter(backend)
-        try:
-            found = await run_in_threadpool(_claim_once, runs_of(request), backend, token, info)
-        except BaseException:
-            wakeups.leave(backend, place)
-            raise
+        found = None
+        if not wakeups.nothing_offered(backend, digest, loop.time()):
+            heard = wakeups.heard(backend)
+            try:
+                found = await run_in_threadpool(_claim_once, runs_of(request), backend, token, info)
+            except BaseException:
+                wakeups.leave(backend, place)
+                raise
+            wakeups.looked(backend, digest, heard, found is None, loop.time())
         if found is not None:
             wakeups.leave(backend, place)
             return found

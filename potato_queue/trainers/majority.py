@@ -4,12 +4,16 @@ No packages beyond the standard library, so it runs on any host. It is the
 floor a real model's held-out scores should beat, and the quickest way to
 check that a backend works end to end (bundle, agent, events, predictions,
 write-back) before spending GPU time. Confidence is the label's share of the
-training labels.
+training labels. `hold_s` makes the run last that long before it counts (checking
+for a stop every fifth of a second): a cheap long run, to try cancel, heartbeats,
+max_wall_seconds and a backend's behaviour when something dies, without a GPU.
 """
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from typing import ClassVar
@@ -20,6 +24,8 @@ from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunConte
 __all__ = ["MajorityBaselineTrainer", "MODEL_FILE"]
 
 MODEL_FILE = "majority.json"
+MAX_HOLD_S = 86400
+HOLD_TICK_S = 0.2
 
 
 class MajorityBaselineTrainer(Trainer):
@@ -31,12 +37,16 @@ class MajorityBaselineTrainer(Trainer):
 
     def validate(self, ctx: RunContext) -> list[str]:
         problems = super().validate(ctx)
+        hold_s = ctx.params.get("hold_s") or 0
+        if not isinstance(hold_s, (int, float)) or isinstance(hold_s, bool) or not 0 <= hold_s <= MAX_HOLD_S:
+            problems.append(f"params.hold_s must be a number of seconds from 0 to {MAX_HOLD_S}, got {hold_s!r}")
         for schema in ctx.schemas:
             if not labelled_texts(ctx.bundle, "train", schema.name)[1]:
                 problems.append(f"Schema '{schema.name}' has no labelled train item to count")
         return problems
 
     def fit(self, ctx: RunContext) -> FitResult:
+        self._hold(ctx, float(ctx.params.get("hold_s") or 0))
         for index, schema in enumerate(ctx.schemas):
             ctx.check_stop(f"before counting {schema.name}")
             _, labels = labelled_texts(ctx.bundle, "train", schema.name)
@@ -55,6 +65,16 @@ class MajorityBaselineTrainer(Trainer):
             label_order=[str(first["label"])],
             steps=len(ctx.schemas),
         )
+
+    @staticmethod
+    def _hold(ctx: RunContext, hold_s: float) -> None:
+        """Wait hold_s, as a training would: progress in the train phase, and a stop honoured at once."""
+        ends_s, total = time.monotonic() + hold_s, max(1, math.ceil(hold_s))
+        while time.monotonic() < ends_s:
+            ctx.check_stop("while holding")
+            left_s = ends_s - time.monotonic()
+            ctx.reporter.progress("train", total - math.ceil(left_s), total, eta_s=left_s)
+            time.sleep(min(HOLD_TICK_S, max(0.0, left_s)))
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
         for item in items:

@@ -96,6 +96,8 @@ TRAINERS: dict[str, TrainerInfo] = {
             name="majority-baseline",
             target="potato_queue.trainers.majority:MajorityBaselineTrainer",
             description="Predicts each schema's most frequent training label: the floor to beat, and a fast end-to-end check.",
+            # hold_s: a run that lasts that long and costs nothing, to try cancel, heartbeats and limits on a backend.
+            params=(("hold_s", 0),),
         ),
         TrainerInfo(
             name="decision-calibrate",
