@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -87,7 +89,29 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # is `e2e`; these modules' tests each take seconds of real time (servers, SLURM, chromium, training) and are
 # also `slow`. `make test-fast` runs the unit tier.
 SLOW_MODULES = frozenset({"test_contract", "test_slurm_backend", "test_ssh_backend", "test_agent_backend", "test_page",
-                          "test_lifecycle", "test_potato_live", "test_retrain"})
+                          "test_lifecycle", "test_potato_live", "test_retrain", "test_chaos"})
+
+# tests/test_chaos.py's rows, one file per case, from whichever xdist worker ran it: the table is printed at
+# the end of the session (the controller sets the folder before its workers start, so they inherit it).
+CHAOS_TABLE_ENV = "POTATO_QUEUE_CHAOS_TABLE"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not os.environ.get(CHAOS_TABLE_ENV):
+        os.environ[CHAOS_TABLE_ENV] = tempfile.mkdtemp(prefix="pq-chaos-")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter, config: pytest.Config) -> None:
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    folder = Path(os.environ.get(CHAOS_TABLE_ENV, ""))
+    rows = sorted(folder.glob("*.txt")) if folder.name else []
+    if rows:
+        terminalreporter.write_sep("-", "chaos: what was broken, and how the run ended")
+        for row in rows:
+            terminalreporter.write_line(row.read_text().rstrip())
+    if folder.name:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -100,8 +100,9 @@ def test_an_offer_wakes_the_claim_waiting_longest_and_a_register_wakes_all() -> 
 
 def test_an_idle_claim_waits_without_redis_only_while_nothing_can_have_been_offered() -> None:
     """ClaimWakeups' fast path (P7): a claim may skip Redis only after an empty look with the same token, no
-    offer heard since, and the token accepted within TOKEN_RECHECK_S; a register forgets the token."""
-    from potato_queue.server.claims import TOKEN_RECHECK_S, ClaimWakeups
+    offer heard since, and the token accepted within AGENT_TOKEN_TRUST_S; a register forgets the token."""
+    from potato_queue.server.claims import ClaimWakeups
+    from potato_queue.store.tokens import AGENT_TOKEN_TRUST_S
 
     wakeups = ClaimWakeups(store=None)  # type: ignore[arg-type]  # the pure bookkeeping only
     assert not wakeups.nothing_offered("lab", "d1", 0.0), "nothing is known before the first look"
@@ -109,7 +110,7 @@ def test_an_idle_claim_waits_without_redis_only_while_nothing_can_have_been_offe
     wakeups.looked("lab", "d1", mark, empty=True, now_s=0.0)
     assert wakeups.nothing_offered("lab", "d1", 1.0)
     assert not wakeups.nothing_offered("lab", "d2", 1.0), "another token is asked about"
-    assert not wakeups.nothing_offered("lab", "d1", TOKEN_RECHECK_S), "the token is asked about again in time"
+    assert not wakeups.nothing_offered("lab", "d1", AGENT_TOKEN_TRUST_S), "the token is asked about again in time"
     assert not wakeups.nothing_offered("other", "d1", 1.0)
     wakeups.wake("lab")  # an offer
     assert not wakeups.nothing_offered("lab", "d1", 1.0), "an offer heard: the next claim looks"

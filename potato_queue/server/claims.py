@@ -14,7 +14,7 @@ nothing is offered to its backend, with a token Redis accepted moments ago,
 waits without a thread or a Redis call. It knows because it heard every offer
 since its last empty look (an offer is published after it is stored); a
 register wakes everyone and forgets the token, and the token is asked about
-again at least every TOKEN_RECHECK_S (which also keeps `training check`'s
+again at least every AGENT_TOKEN_TRUST_S (which also keeps `training check`'s
 last_seen fresh).
 """
 
@@ -36,12 +36,11 @@ from potato_queue.server.deps import config_of, runs_of
 from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
 from potato_queue.store.plumbing import async_twin
-from potato_queue.store.tokens import WAKE_EVERYONE, token_digest
+from potato_queue.store.tokens import AGENT_TOKEN_TRUST_S, WAKE_EVERYONE, token_digest
 
 __all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S"]
 
 MAX_CLAIM_WAIT_S = 100.0
-TOKEN_RECHECK_S = 10.0
 
 
 class AgentInfo(BaseModel):
@@ -66,8 +65,8 @@ class Claim(BaseModel):
 
 
 def agent_backends(config: ProjectConfig) -> list[str]:
-    mt = config.model_training
-    return [name for name in mt.backend_names() if mt.backend_config(name).type == "agent"]
+    # `local` is never an agent backend (and building its config model costs each claim a pydantic model).
+    return [name for name, backend in config.model_training.backends.items() if backend.type == "agent"]
 
 
 class ClaimWakeups:
@@ -131,7 +130,7 @@ class ClaimWakeups:
         """Whether a claim may wait without looking: nothing offered, and the token accepted moments ago."""
         trusted = self._trusted.get(backend)
         return backend in self._none_offered and trusted is not None and trusted[0] == digest \
-            and now_s - trusted[1] < TOKEN_RECHECK_S
+            and now_s - trusted[1] < AGENT_TOKEN_TRUST_S
 
     def looked(self, backend: str, digest: str, heard: int, empty: bool, now_s: float) -> None:
         """A claim asked Redis: the token was accepted; nothing offered, unless an offer was heard meanwhile."""

@@ -20,6 +20,7 @@ import asyncio
 import json
 import os
 import secrets
+import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from typing import Any
 
@@ -35,6 +36,7 @@ from potato_queue.server.session import cookie_value, cross_site_problem, sessio
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.records import RunFolderError
+from potato_queue.store.tokens import AGENT_TOKEN_TRUST_S, token_digest
 
 __all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
 
@@ -53,6 +55,7 @@ BODY_CAPS = {
 # holds one connection and at most uvicorn's 64 KiB read buffer; past that, refusals answer at once).
 REFUSAL_DELAY_S = 0.25
 MAX_DELAYED_REFUSALS = 64
+MAX_ACCEPTED_TOKENS = 256
 UNAUTHORIZED_RUN = "a valid run token is required (Authorization: Bearer <token>)"
 
 Scope = MutableMapping[str, Any]
@@ -181,6 +184,21 @@ class Guard:
     def __init__(self, app: ASGIApp, store: RunStore, config: ProjectConfig) -> None:
         self.app, self.store, self.config = app, store, config
         self.tarpit = Tarpit()
+        # (backend, token digest) -> when Redis last accepted it (monotonic s): thousands of idle agents share
+        # their backend's token, and each claim would otherwise cost a thread and a Redis call here (P7). The
+        # claim itself still checks the token in Redis, at once after a register replaced it.
+        self._accepted: dict[tuple[str, str], float] = {}
+
+    async def _backend_problem(self, backend: str, token: str | None) -> tuple[int, str] | None:
+        key, now_s = (backend, token_digest(token or "")), time.monotonic()
+        if token and now_s - self._accepted.get(key, -AGENT_TOKEN_TRUST_S) < AGENT_TOKEN_TRUST_S:
+            return None
+        problem = await run_in_threadpool(backend_problem, self.store, backend, token)
+        if problem is None:
+            if len(self._accepted) > MAX_ACCEPTED_TOKENS:
+                self._accepted.clear()
+            self._accepted[key] = now_s
+        return problem
 
     def _late_refusals(self, send: Send) -> Send:
         """`send`, holding back a 401/403 that a route gave (the agent GETs check their own token)."""
@@ -200,8 +218,7 @@ class Guard:
             return None, BODY_CAPS["form"]  # the page's own forms check who signs in, and out
         parts = path[len(AGENT_PREFIX):].split("/")  # "", "runs", run_id, route
         if len(parts) == 4 and parts[1] == "backends":
-            problem = await run_in_threadpool(backend_problem, self.store, parts[2], bearer(headers))
-            return problem, BODY_CAPS["agent"]
+            return await self._backend_problem(parts[2], bearer(headers)), BODY_CAPS["agent"]
         if len(parts) != 4 or parts[1] != "runs":
             return None, BODY_CAPS["agent"]
         run_id, route = parts[2], parts[3]

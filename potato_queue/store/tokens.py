@@ -17,7 +17,8 @@ import redis
 from potato_queue.store.keys import Keys
 from potato_queue.store.records import as_text
 
-__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "WAKE_EVERYONE", "OTHER_RUNS_CHECKED"]
+__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "WAKE_EVERYONE", "OTHER_RUNS_CHECKED",
+           "AGENT_TOKEN_TRUST_S"]
 
 # How many of the project's latest runs a rejected token is compared against
 # to answer 403 ("another run's token") rather than 401.
@@ -74,6 +75,10 @@ class RunTokens:
 # An offered-channel message that starts with this wakes every claim waiting for the backend named after it
 # (a plain backend name wakes one).
 WAKE_EVERYONE = "*"
+# How long a server process may take an agent backend's token as valid without asking Redis again, once Redis
+# accepted it (the guard and an idle claim, P7): thousands of idle agents share one token. A register's new
+# token still refuses the old one's claims at once (the claim asks Redis after a WAKE_EVERYONE).
+AGENT_TOKEN_TRUST_S = 10.0
 
 
 class AgentTokens:
