@@ -115,7 +115,8 @@ class StubAgent:
         if not self.contacted:
             if self.script.contact_s is not None and t >= self.script.contact_s + self.connect_s():
                 self._contact()
-            return
+            if not self.contacted or self.script.finish_s != 0:
+                return  # finish_s 0: the result in the same moment as the contact (a worker started ahead)
         if self.script.silent_from_s is not None and t >= self.script.silent_from_s:
             return
         self._beat(now_s, t)

@@ -19,6 +19,7 @@ that hangs (test_ssh_backend), a copy cut short (test_ssh_backend), a disk that 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -95,6 +96,8 @@ class Stack:
                 self.start_agent()
         elif which == "executor":
             self.executor = self.svc.executor(env=self.ssh_env)
+        elif which == "agent":
+            self.start_agent()
 
     def start_server(self) -> None:
         self.svc.serve()
@@ -207,13 +210,14 @@ CASES = [
     Case(SSH, "host agent", "kill", "failed", NO_RESULT),
     Case(SSH, "sshd session", "kill", "failed", NO_RESULT),
     Case(SSH, "executor", "kill", "failed", EXECUTOR_GONE, restart="executor"),
-    Case(PULL, "pull agent", "kill", "failed", SILENT),
+    Case(PULL, "pull agent", "kill", "failed", SILENT, restart="agent"),
     Case(PULL, "pull worker", "kill", "failed", WORKER_KILLED),
 ]
 
 
-def _leftovers(stack: Stack, case: Case, run_id: str) -> list[str]:
-    """What of the run is still there, after the bounds' time to go."""
+def _leftovers(stack: Stack, case: Case, run_id: str, pull: tuple[int, int]) -> list[str]:
+    """What of the run is still there, after the bounds' time to go. `pull`: the agent backend's agent (its
+    session) and the run's worker, as they were when the run trained."""
     deadline = time.monotonic() + 15
     while True:
         left = processes_of(run_id, run_paths(stack.svc, run_id).dir if case.backend == "local" else None)
@@ -221,8 +225,11 @@ def _leftovers(stack: Stack, case: Case, run_id: str) -> list[str]:
             left += [cmd for cmd in (alive_cmd(p) for p in pids()) if cmd and f"{stack.remote}/code/" in cmd]
             left += [str(p) for p in Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")]
             left += [str(p) for p in [stack.remote / "jobs" / run_id] if p.exists()]
-        if case.backend == PULL and stack.agent is not None:
-            left += [cmd for p in pids() if session_of(p) == stack.agent.pid and p != stack.agent.pid
+        if case.backend == PULL:
+            agent, worker = pull
+            # The run's worker; and, when the agent itself died, anything of its session (an agent that
+            # lives on keeps a worker started ahead for its next run, which is not this run's).
+            left += [cmd for p in pids() if (p == worker or (session_of(p) == agent and alive_cmd(agent) is None))
                      and (cmd := alive_cmd(p))]
         if not left or time.monotonic() > deadline:
             return left
@@ -242,7 +249,7 @@ def _starts(stack: Stack, case: Case, run_id: str) -> int:
 def _table_row(case: Case, outcome: str, took_s: float) -> None:
     folder = Path(os.environ[CHAOS_TABLE_ENV])
     slug = re.sub(r"[^a-z0-9]+", "-", case.name.lower())
-    (folder / f"{slug}.txt").write_text(f"{case.name:<32} -> {outcome} in {took_s:.1f} s\n")
+    (folder / f"{slug}.txt").write_text(f"{case.name:<32} -> {outcome} (known {took_s:.1f} s after)\n")
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda case: case.name.replace(" ", "-").replace(":", ""))
@@ -254,6 +261,7 @@ def test_a_run_whose_process_breaks_ends_true_and_the_next_run_runs(stack: Stack
     wait_running(stack.svc, run_id, timeout_s=60)
     victim = VICTIMS[case.victim](stack, run_id)
     assert victim > 0
+    pull = (stack.agent.pid, _pull_worker(stack, run_id)) if case.backend == PULL and stack.agent else (0, 0)
     broke_s = time.monotonic()
     os.kill(victim, signal.SIGSTOP if case.how == "stop" else signal.SIGKILL)
     try:
@@ -264,14 +272,15 @@ def test_a_run_whose_process_breaks_ends_true_and_the_next_run_runs(stack: Stack
             _wait_final_or(stack, run_id, broke_s + case.for_s)
     finally:
         if case.how == "stop":
-            os.kill(victim, signal.SIGCONT)
+            with contextlib.suppress(ProcessLookupError):  # killed while frozen: the hard stop reached it
+                os.kill(victim, signal.SIGCONT)
     run = stack.svc.wait_for(run_id, TERMINAL, END_WITHIN_S)
     took_s = time.monotonic() - broke_s
     outcome = f"{run['state']}: {run.get('error') or ''}"[:110]
     _table_row(case, outcome, took_s)
     assert run["state"] == case.state, (run, stack.svc.logs())
     assert re.match(case.error.format(backend=backend), run["error"] or ""), run["error"]
-    assert _leftovers(stack, case, run_id) == [], "nothing of the run is left"
+    assert _leftovers(stack, case, run_id, pull) == [], "nothing of the run is left"
     assert _starts(stack, case, run_id) == 1, "the run ran once"
     after = stack.svc.start_run(backend=backend, **QUICK)
     assert stack.svc.wait_for(after, TERMINAL, END_WITHIN_S)["state"] == "succeeded", stack.svc.logs()

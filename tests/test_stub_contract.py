@@ -264,3 +264,11 @@ def test_cancel_during_the_setup_stops_it_at_once(run_stub: Runner, kind: str) -
     assert (ran.record["state"], ran.record["error"]) == (RunState.CANCELLED,
                                                           "cancelled while connecting to gpu-box; the setup was stopped")
     assert ran.ended_s <= 1 + SLACK_S and ran.agent.killed >= 1, "no grace: nothing there could be asked to stop"
+
+
+@pytest.mark.parametrize("kind", TYPES)
+def test_an_agent_that_reports_before_the_first_look_still_succeeds(run_stub: Runner, kind: str) -> None:
+    """Contact and result in one moment (an agent with its worker started ahead, a tiny run): the run once
+    stayed `queued` for good on a pull backend, its collection refused by the state machine."""
+    ran = run_stub(kind, Script(finish_s=0.0, pending_s=0.0))
+    assert ran.record["state"] == RunState.SUCCEEDED, ran.log

@@ -20,7 +20,9 @@ Standard library only, Python 3.8+.
 import argparse
 import json
 import os
+import shutil
 import signal
+import stat
 import sys
 import threading
 from typing import IO, List, Optional
@@ -164,6 +166,9 @@ def read_assignment(args: argparse.Namespace, stream: IO[str]) -> bool:
     args.run_id, args.server, args.workdir = assignment["run_id"], assignment["server"], assignment["workdir"]
     args.slurm_settings = assignment.get("slurm") or {}
     args.host = assignment.get("host")  # the name the admin gave this host (errors use it)
+    # The ssh session's forward (its socket file outlives the session: sshd never removes it).
+    args.forwarded_socket = bool(assignment.get("forwarded_socket"))
+    args.keep = bool(assignment.get("keep", args.keep))
     if assignment.get("log"):
         fd = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 1)
@@ -177,12 +182,15 @@ def read_token(stream: IO[str]) -> str:
     return stream.readline().strip()
 
 
+STDIN_CLOSED = "stdin closed: whoever started the agent is gone"
+
+
 def _watch_stdin(stream: IO[str], runner: Runner) -> None:
     """Stop the worker when stdin reaches EOF: the executor (or the ssh session) that started us is gone."""
     def watch() -> None:
         while stream.readline():
             pass  # nothing more is expected on stdin; only its end matters
-        runner.request_stop("stdin closed: whoever started the agent is gone")
+        runner.request_stop(STDIN_CLOSED)
 
     threading.Thread(target=watch, name="stdin", daemon=True).start()
 
@@ -236,7 +244,27 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.ignore_stdin_eof:
         _watch_stdin(sys.stdin, runner)
     log_line("run {}: server {}, workdir {}".format(args.run_id, args.server, runner.files.root))
-    return runner.run()
+    try:
+        return runner.run()
+    finally:
+        if getattr(args, "forwarded_socket", False):
+            _remove_socket(args.server)
+            if runner.stopped_for == STDIN_CLOSED and not args.keep:
+                # The worker was stopped because whoever started us is gone (an executor killed mid-run):
+                # nobody will collect the job folder or remove it, so it goes with us.
+                shutil.rmtree(runner.files.root, ignore_errors=True)
+
+
+def _remove_socket(server: str) -> None:
+    """The ssh forward's socket file, once the run is over: an executor that died (or whose cleanup could not
+    reach the host) would leave it in the host's /tmp. Only a socket of this account's."""
+    path = server[len("unix://"):] if server.startswith("unix://") else ""
+    try:
+        info = os.lstat(path)
+        if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():
+            os.unlink(path)
+    except OSError:
+        pass  # gone already (the executor's hard stop removes it too)
 
 
 if __name__ == "__main__":

@@ -128,6 +128,7 @@ class Runner:
         self.cancel = threading.Event()
         self.stop_reason = None  # type: Optional[str]
         self.lost_server = False
+        self.stopped_for = None  # type: Optional[str]  # the reason the worker was stopped, when it was
         self._stop_threads = threading.Event()
         self.relay = EventRelay(client, self._server_cancel, log)
 
@@ -220,6 +221,7 @@ class Runner:
                 break
             code = worker.wait(TICK_S)
         worker.cleanup()
+        self.stopped_for = self.stop_reason if watch.term_at is not None else None
         self.log("worker exited: code {}".format(code))
         ended = worker.ended()
         if watch.oom_mb is not None:

@@ -199,6 +199,11 @@ def _tick(watch: Watch) -> Outcome | None:
 
 def _look(watch: Watch) -> Outcome | None:
     view = watch.store.view(watch.run_id)
+    if not watch.contacted and view.heartbeat_at is not None:
+        # Before the result: an agent quick enough to report before the first look has still made contact,
+        # and a run must be `running` before it can be collected.
+        watch.contacted = True
+        watch.on_first_contact()
     result = _result(view)
     if result is not None:
         return Outcome(result=result)
@@ -208,9 +213,6 @@ def _look(watch: Watch) -> Outcome | None:
     if view.disk_error:
         return stop_run(watch, watch.grace_s, RunState.FAILED, f"{view.disk_error}; the run was stopped")
     now_s = watch.clock.now_s()
-    if not watch.contacted and view.heartbeat_at is not None:
-        watch.contacted = True
-        watch.on_first_contact()
     if watch.cancel_seen_s is None and view.cancel_requested:
         watch.cancel_seen_s = now_s
         watch.step("cancelling: asking the worker to stop")
