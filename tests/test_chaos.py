@@ -47,6 +47,7 @@ from tests.lifecycle_helpers import (
     run_paths,
     session_of,
     wait_running,
+    wait_until,
 )
 from tests.sshd import ALIAS, Sshd
 
@@ -54,7 +55,9 @@ HOLD = {"trainer": "majority-baseline", "schemas": ["sentiment"], "params": {"ho
 QUICK = {"trainer": "majority-baseline", "schemas": ["sentiment"]}
 HEARTBEAT_S = 3
 MAX_WALL_S = 12
-SSH, PULL = "gpu-server", "lab"
+SSH, SLOW, PULL = "gpu-server", "slow-host", "lab"
+# slow-host's interpreter takes SETUP_S to start the bootstrap: a setup long enough to break something in.
+SETUP_S = 4
 # Everything a case waits for ends well within this: the orphan rule (15 s of quiet) after a restart is the
 # longest bound.
 END_WITHIN_S = 60
@@ -115,8 +118,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory, sshd: Sshd) -> Iterator[Stac
     redis_server = EmbeddedRedis(tmp / "redis")
     url = redis_server.start()
     sshd.write_config("root")
+    slow = tmp / "slow-python"
+    slow.write_text(f'#!/bin/sh\ncase "$2" in *"The first thing an ssh run runs"*) sleep {SETUP_S};; esac\n'
+                    f'exec {sys.executable} "$@"\n')
+    slow.chmod(0o755)
     backends = {SSH: {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none",
                       "remote_dir": str(tmp / "remote"), "heartbeat_timeout_s": HEARTBEAT_S},
+                SLOW: {"type": "ssh", "host": ALIAS, "python": str(slow), "gpus": "none",
+                       "remote_dir": str(tmp / "remote"), "heartbeat_timeout_s": HEARTBEAT_S},
                 PULL: {"type": "agent", "heartbeat_timeout_s": HEARTBEAT_S}}
     svc = Services(make_project(tmp, backends=backends, heartbeat_timeout_s=HEARTBEAT_S, max_wall_seconds=MAX_WALL_S,
                                 grace_seconds=2), url, tmp)
@@ -172,6 +181,9 @@ VICTIMS: dict[str, Victim] = {
     "host agent": lambda stack, run_id: _host(stack, "potato_queue.agent"),
     "host worker": lambda stack, run_id: _host(stack, "potato_queue.worker"),
     "sshd session": lambda stack, run_id: parent_of(_host(stack, "potato_queue.agent")) or 0,
+    # During slow-host's setup: the shell sshd started, now the interpreter's wrapper, and its sshd.
+    "setup sshd session": lambda stack, run_id: parent_of(_one(
+        p for p in pids() if str(stack.tmp / "slow-python") in (alive_cmd(p) or ""))) or 0,
     "pull agent": lambda stack, run_id: stack.agent.pid,  # type: ignore[union-attr]
     "pull worker": _pull_worker,
 }
@@ -182,6 +194,7 @@ class Case:
     backend: str
     victim: str
     how: str  # "kill" (SIGKILL) or "stop" (SIGSTOP, then SIGCONT after `for_s`)
+    moment: str  # "training": the worker trains; "setup": the ssh setup on the host (slow-host)
     state: str
     error: str  # a regex the run's error must match from its start
     restart: str | None = None  # started again after the kill, as systemd would
@@ -189,7 +202,7 @@ class Case:
 
     @property
     def name(self) -> str:
-        return f"{self.backend}: {self.how} {self.victim}"
+        return f"{self.backend}: {self.how} {self.victim} ({self.moment})"
 
 
 NO_RESULT = r"The agent stopped without reporting a result"
@@ -200,18 +213,20 @@ WALL = r"The run did not finish within max_wall_seconds \(12 s\) and was stopped
 WORKER_KILLED = r"The worker exited with code -?\d+"
 
 CASES = [
-    Case("local", "local worker", "kill", "failed", WORKER_KILLED),
-    Case("local", "local worker", "stop", "failed", WALL, for_s=60),
-    Case("local", "local agent", "kill", "failed", NO_RESULT),
-    Case("local", "server", "kill", "failed", SILENT, restart="server"),
-    Case("local", "executor", "kill", "failed", EXECUTOR_GONE, restart="executor"),
-    Case("local", "redis", "stop", "failed", REDIS, for_s=15),
-    Case(SSH, "host worker", "kill", "failed", WORKER_KILLED),
-    Case(SSH, "host agent", "kill", "failed", NO_RESULT),
-    Case(SSH, "sshd session", "kill", "failed", NO_RESULT),
-    Case(SSH, "executor", "kill", "failed", EXECUTOR_GONE, restart="executor"),
-    Case(PULL, "pull agent", "kill", "failed", SILENT, restart="agent"),
-    Case(PULL, "pull worker", "kill", "failed", WORKER_KILLED),
+    Case("local", "local worker", "kill", "training", "failed", WORKER_KILLED),
+    Case("local", "local worker", "stop", "training", "failed", WALL, for_s=60),
+    Case("local", "local agent", "kill", "training", "failed", NO_RESULT),
+    Case("local", "server", "kill", "training", "failed", SILENT, restart="server"),
+    Case("local", "executor", "kill", "training", "failed", EXECUTOR_GONE, restart="executor"),
+    Case("local", "redis", "stop", "training", "failed", REDIS, for_s=15),
+    Case(SSH, "host worker", "kill", "training", "failed", WORKER_KILLED),
+    Case(SSH, "host agent", "kill", "training", "failed", NO_RESULT),
+    Case(SSH, "sshd session", "kill", "training", "failed", NO_RESULT),
+    Case(SSH, "executor", "kill", "training", "failed", EXECUTOR_GONE, restart="executor"),
+    Case(SLOW, "executor", "kill", "setup", "failed", EXECUTOR_GONE, restart="executor"),
+    Case(SLOW, "setup sshd session", "kill", "setup", "failed", r"ssh to \S+ failed"),
+    Case(PULL, "pull agent", "kill", "training", "failed", SILENT, restart="agent"),
+    Case(PULL, "pull worker", "kill", "training", "failed", WORKER_KILLED),
 ]
 
 
@@ -221,8 +236,9 @@ def _leftovers(stack: Stack, case: Case, run_id: str, pull: tuple[int, int]) -> 
     deadline = time.monotonic() + 15
     while True:
         left = processes_of(run_id, run_paths(stack.svc, run_id).dir if case.backend == "local" else None)
-        if case.backend == SSH:
-            left += [cmd for cmd in (alive_cmd(p) for p in pids()) if cmd and f"{stack.remote}/code/" in cmd]
+        if case.backend in (SSH, SLOW):
+            left += [cmd for cmd in (alive_cmd(p) for p in pids()) if cmd and (f"{stack.remote}/code/" in cmd
+                                                                              or str(stack.tmp / "slow-python") in cmd)]
             left += [str(p) for p in Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")]
             left += [str(p) for p in [stack.remote / "jobs" / run_id] if p.exists()]
         if case.backend == PULL:
@@ -256,9 +272,13 @@ def _table_row(case: Case, outcome: str, took_s: float) -> None:
 def test_a_run_whose_process_breaks_ends_true_and_the_next_run_runs(stack: Stack, case: Case) -> None:
     if case.backend == PULL and (stack.agent is None or stack.agent.poll() is not None):
         stack.start_agent()
-    backend = {"local": "local", SSH: SSH, PULL: PULL}[case.backend]
+    backend = case.backend
     run_id = stack.svc.start_run(backend=backend, **HOLD)
-    wait_running(stack.svc, run_id, timeout_s=60)
+    if case.moment == "setup":
+        wait_until(lambda: [p for p in pids() if str(stack.tmp / "slow-python") in (alive_cmd(p) or "")], 30,
+                   "the setup on the host")
+    else:
+        wait_running(stack.svc, run_id, timeout_s=60)
     victim = VICTIMS[case.victim](stack, run_id)
     assert victim > 0
     pull = (stack.agent.pid, _pull_worker(stack, run_id)) if case.backend == PULL and stack.agent else (0, 0)
@@ -281,7 +301,7 @@ def test_a_run_whose_process_breaks_ends_true_and_the_next_run_runs(stack: Stack
     assert run["state"] == case.state, (run, stack.svc.logs())
     assert re.match(case.error.format(backend=backend), run["error"] or ""), run["error"]
     assert _leftovers(stack, case, run_id, pull) == [], "nothing of the run is left"
-    assert _starts(stack, case, run_id) == 1, "the run ran once"
+    assert _starts(stack, case, run_id) == (1 if case.moment == "training" else 0), "the run ran once, or not at all"
     after = stack.svc.start_run(backend=backend, **QUICK)
     assert stack.svc.wait_for(after, TERMINAL, END_WITHIN_S)["state"] == "succeeded", stack.svc.logs()
 

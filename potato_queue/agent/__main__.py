@@ -190,7 +190,7 @@ def _watch_stdin(stream: IO[str], runner: Runner) -> None:
     def watch() -> None:
         while stream.readline():
             pass  # nothing more is expected on stdin; only its end matters
-        runner.request_stop(STDIN_CLOSED)
+        runner.starter_gone(STDIN_CLOSED)
 
     threading.Thread(target=watch, name="stdin", daemon=True).start()
 

@@ -128,6 +128,7 @@ class Runner:
         self.cancel = threading.Event()
         self.stop_reason = None  # type: Optional[str]
         self.lost_server = False
+        self.orphaned = False
         self.stopped_for = None  # type: Optional[str]  # the reason the worker was stopped, when it was
         self._stop_threads = threading.Event()
         self.relay = EventRelay(client, self._server_cancel, log)
@@ -138,6 +139,14 @@ class Runner:
         if not self.cancel.is_set():
             self.stop_reason = reason
             self.cancel.set()
+
+    def starter_gone(self, reason: str) -> None:
+        """Whoever started this agent is gone (its stdin closed): stop the worker, and make the last calls
+        (events, predictions, result) quick, as after AGT-7: an agent left with neither its session nor
+        its server must exit by itself, in seconds."""
+        self.orphaned = True
+        self.client.transport.timeout_s = min(self.client.transport.timeout_s, LOST_SERVER_TIMEOUT_S)
+        self.request_stop(reason)
 
     def run(self) -> int:
         """The whole run; the exit code is the worker's, 5 for the memory limit, 2 for a bad bundle."""
@@ -286,7 +295,7 @@ class Runner:
 
     def _patience_s(self) -> Optional[float]:
         """How long the last calls may wait: not another full AGT-7 window once the server was lost."""
-        return min(30.0, self.unreachable_s) if self.lost_server else None
+        return min(30.0, self.unreachable_s) if self.lost_server or self.orphaned else None
 
     def _send_predictions(self, job: Job, message: Optional[str]) -> Optional[str]:
         """Upload work/predictions.jsonl when the worker wrote one; a problem is added to the message."""

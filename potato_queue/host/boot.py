@@ -9,7 +9,7 @@ agent it becomes:
   shell    -> {"event": "session", "session"}   the login shell's pid, before it execs this file: sshd
                                                 made it a session leader, so it is the sid of the run
   executor -> {"remote_dir", "code_sha256", "packages", "env", "num_threads", "gpus", "min_free_gpu_mb", "host",
-               "slurm"}                         (slurm: true on a login node: no GPU choice, the agent
+               "socket", "slurm"}   (socket: the forward's file, removed when the setup ends without an agent)                         (slurm: true on a login node: no GPU choice, the agent
                                                 submits its worker with sbatch)
   boot     -> {"event": "python", "version", "executable"}
   boot     -> {"event": "need_code"}            executor -> "<bytes>\\n" and the agent.pyz bytes
@@ -29,9 +29,10 @@ import json
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
-from typing import List
+from typing import Any, Dict, List
 
 EXIT_REFUSED = 3
 
@@ -104,6 +105,25 @@ def ensure_env(root: str, packages: List[str]) -> str:
 def main() -> int:
     os.umask(0o077)
     header = json.loads(read_line())
+    try:
+        return boot(header)
+    finally:  # not reached once the agent runs (execve): it removes the socket itself
+        remove_socket(header.get("socket") or "")
+
+
+def remove_socket(path: str) -> None:
+    """The session's forwarded socket: sshd leaves the file, and an executor that died (the session's end
+    during the setup) cannot remove it. Only a socket of this account's."""
+    try:
+        info = os.lstat(path)
+        if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():
+            os.unlink(path)
+    except OSError:
+        pass
+
+
+def boot(header: Dict[str, Any]) -> int:
+    """The setup, then the agent (this process becomes it); the exit code when it cannot start."""
     os.environ.update(header["env"])  # the backend's PATH finds nvidia-smi and pip too
     if sys.version_info < (3, 8):
         send("refused", message="{} is Python {}; potato-queue needs 3.8 or newer".format(
