@@ -59,6 +59,8 @@ def build_parser() -> argparse.ArgumentParser:
                           "by default a closed stdin means whoever started the agent is gone, and the worker stops")
     # Seconds without an answer before the agent stops the worker (AGT-7); tests shorten it.
     run.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
+    # Started over ssh: the session's forwarded socket, a file sshd leaves behind; removed when the agent ends.
+    run.add_argument("--forwarded-socket", default=None, help=argparse.SUPPRESS)
     add_serve_options(commands.add_parser("serve", help="claim and run an agent backend's runs until stopped",
                                           formatter_class=_wide))
     return parser
@@ -166,8 +168,6 @@ def read_assignment(args: argparse.Namespace, stream: IO[str]) -> bool:
     args.run_id, args.server, args.workdir = assignment["run_id"], assignment["server"], assignment["workdir"]
     args.slurm_settings = assignment.get("slurm") or {}
     args.host = assignment.get("host")  # the name the admin gave this host (errors use it)
-    # The ssh session's forward (its socket file outlives the session: sshd never removes it).
-    args.forwarded_socket = bool(assignment.get("forwarded_socket"))
     args.keep = bool(assignment.get("keep", args.keep))
     if assignment.get("log"):
         fd = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
@@ -211,6 +211,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     args = parser.parse_args(argv)
     if args.command == "serve":
         return serve(args)
+    try:
+        return _run(parser, args)
+    finally:
+        if args.forwarded_socket:
+            _remove_socket(args.forwarded_socket)
+
+
+def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """`run`: one job, from its assignment (or the command line) to its reported end."""
     launcher = ProcessLauncher(args.python, worker_env())  # type: WorkerLauncher
     if args.assignment_on_stdin:
         if not args.slurm:
@@ -247,18 +256,16 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return runner.run()
     finally:
-        if getattr(args, "forwarded_socket", False):
-            _remove_socket(args.server)
+        if args.forwarded_socket:
             if runner.stopped_for == STDIN_CLOSED and not args.keep:
                 # The worker was stopped because whoever started us is gone (an executor killed mid-run):
                 # nobody will collect the job folder or remove it, so it goes with us.
                 shutil.rmtree(runner.files.root, ignore_errors=True)
 
 
-def _remove_socket(server: str) -> None:
-    """The ssh forward's socket file, once the run is over: an executor that died (or whose cleanup could not
+def _remove_socket(path: str) -> None:
+    """The ssh forward's socket file, once the agent ends: an executor that died (or whose cleanup could not
     reach the host) would leave it in the host's /tmp. Only a socket of this account's."""
-    path = server[len("unix://"):] if server.startswith("unix://") else ""
     try:
         info = os.lstat(path)
         if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():

@@ -107,7 +107,7 @@ def main() -> int:
     header = json.loads(read_line())
     try:
         return boot(header)
-    finally:  # not reached once the agent runs (execve): it removes the socket itself
+    finally:  # not reached once the agent runs (execve): it removes the socket itself (--forwarded-socket)
         remove_socket(header.get("socket") or "")
 
 
@@ -159,6 +159,8 @@ def boot(header: Dict[str, Any]) -> int:
         pass  # already a session leader (sshd made one for the command)
     send("ready", workdir=jobs, session=os.getsid(0))
     options = ["--slurm"] if slurm else ["--python", python]
+    if header.get("socket"):  # the agent removes it when it ends, whatever ends it
+        options += ["--forwarded-socket", header["socket"]]
     argv = python_argv(python, "potato_queue.agent", ["run", "--assignment-on-stdin"] + options, code_root=code)
     os.execve(python, argv, env)
     return 0  # not reached

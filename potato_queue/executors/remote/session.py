@@ -179,7 +179,7 @@ class _Session:
             self.workdir = str(message["workdir"])
             self.remote_session = int(message["session"])
             assignment = {"run_id": self.spec.run_id, "server": f"unix://{self.socket}", "workdir": self.workdir,
-                          "forwarded_socket": True, "keep": bool(self.backend.keep_remote), **self.assignment}
+                          "keep": bool(self.backend.keep_remote), **self.assignment}
             assert self.spec.token is not None
             self._send(stdin, json.dumps(assignment).encode() + b"\n" + self.spec.token.encode() + b"\n")
             self.spec.step(f"waiting for the agent on {host}")
