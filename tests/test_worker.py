@@ -544,3 +544,18 @@ def test_a_second_sigterm_after_the_exit_code_is_decided_only_notes_the_stop(dec
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     assert flag.is_set() and flag.count == 2
+
+
+def test_majority_baseline_holds_for_hold_s_in_the_train_phase_and_refuses_a_bad_one(tmp_path: Path) -> None:
+    """hold_s: a cheap long run (the chaos test's, an admin trying cancel on a new backend)."""
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    (tmp_path / "held").mkdir()
+    (tmp_path / "refused").mkdir()
+    held = run_worker(write_spec(tmp_path / "held", bundle, "majority-baseline", {"hold_s": 1.2}))
+    assert held.returncode == 0, held.stderr
+    trains = [e for e in held.of("progress") if e["phase"] == "train"]
+    assert trains and trains[0]["total"] == 2, trains
+    refused = run_worker(write_spec(tmp_path / "refused", bundle, "majority-baseline", {"hold_s": -1}))
+    assert refused.returncode == 2
+    assert "params.hold_s must be a number of seconds from 0 to 86400, got -1" in refused.only("error")["message"]
