@@ -116,6 +116,15 @@ class SlurmCluster:
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
 
+    def slurmd_pid(self) -> int:
+        return int((self.root / "slurmd.pid").read_text().strip())
+
+    def restart_slurmd(self) -> None:
+        """slurmd again after it died (as systemd would): it finds the job steps that lived on."""
+        self.pid_files.remove(self.root / "slurmd.pid")
+        (self.root / "slurmd.pid").unlink(missing_ok=True)
+        self._daemon("slurmd", ["/usr/sbin/slurmd", "-N", NODE], self.root / "slurmd.pid")
+
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A SLURM client command against this cluster, in its folder (a job's default slurm-N.out lands there)."""
         return subprocess.run(list(argv), env=dict(os.environ, **self.env), capture_output=True, text=True,

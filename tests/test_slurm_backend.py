@@ -185,6 +185,24 @@ def test_a_job_pending_past_pending_timeout_s_is_cancelled_and_the_run_fails_nam
         slurm.run("scancel", blocker)
 
 
+def test_slurmd_killed_mid_run_and_restarted_leaves_the_run_to_finish_true(svc_factory: Any,
+                                                                           slurm: SlurmCluster) -> None:
+    """Chaos on the scheduler's own daemon: slurmd SIGKILLed while the job trains, then started again (as
+    systemd does). The job's step lives on under slurmstepd; the run is not failed for it, ends succeeded
+    once, and the next run goes."""
+    svc = svc_factory()
+    run_id = svc.start_run(**MAJORITY, params={"hold_s": 6})
+    job = job_id_of(svc, run_id)
+    wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}")
+    os.kill(slurm.slurmd_pid(), signal.SIGKILL)
+    time.sleep(1)
+    slurm.restart_slurmd()
+    run = svc.wait_for(run_id, TERMINAL, 90)
+    assert run["state"] == "succeeded", (run, run_log(svc, run_id))
+    assert agent_log(svc, run_id).count("worker started") == 1, "the job ran once"
+    assert svc.wait_for(svc.start_run(**MAJORITY), TERMINAL, 90)["state"] == "succeeded"
+
+
 def agent_log(svc: Services, run_id: str) -> str:
     return run_paths(svc, run_id).agent_log.read_text()
 
