@@ -22,7 +22,6 @@ import json
 import os
 import shutil
 import signal
-import stat
 import sys
 import threading
 from typing import IO, List, Optional
@@ -34,6 +33,7 @@ from potato_queue.agent.launchers.sbatch import SettingsError, SlurmSettings
 from potato_queue.agent.launchers.slurm import SlurmLauncher
 from potato_queue.agent.runner import Runner, log_line
 from potato_queue.agent.transport import Transport
+from potato_queue.host.boot import remove_socket
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
 
 __all__ = ["build_parser", "read_token", "main", "serve_main"]
@@ -214,8 +214,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return _run(parser, args)
     finally:
-        if args.forwarded_socket:
-            _remove_socket(args.forwarded_socket)
+        if args.forwarded_socket:  # an executor that died would leave it in the host's /tmp
+            remove_socket(args.forwarded_socket)
 
 
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
@@ -256,22 +256,10 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     try:
         return runner.run()
     finally:
-        if args.forwarded_socket:
-            if runner.stopped_for == STDIN_CLOSED and not args.keep:
-                # The worker was stopped because whoever started us is gone (an executor killed mid-run):
-                # nobody will collect the job folder or remove it, so it goes with us.
-                shutil.rmtree(runner.files.root, ignore_errors=True)
-
-
-def _remove_socket(path: str) -> None:
-    """The ssh forward's socket file, once the agent ends: an executor that died (or whose cleanup could not
-    reach the host) would leave it in the host's /tmp. Only a socket of this account's."""
-    try:
-        info = os.lstat(path)
-        if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():
-            os.unlink(path)
-    except OSError:
-        pass  # gone already (the executor's hard stop removes it too)
+        if args.forwarded_socket and runner.stopped_for == STDIN_CLOSED and not args.keep:
+            # Started over ssh, and stopped because whoever started us is gone (an executor killed mid-run):
+            # nobody will collect the job folder or remove it, so it goes with us.
+            shutil.rmtree(runner.files.root, ignore_errors=True)
 
 
 if __name__ == "__main__":

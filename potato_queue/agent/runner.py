@@ -145,8 +145,12 @@ class Runner:
         (events, predictions, result) quick, as after AGT-7: an agent left with neither its session nor
         its server must exit by itself, in seconds."""
         self.orphaned = True
-        self.client.transport.timeout_s = min(self.client.transport.timeout_s, LOST_SERVER_TIMEOUT_S)
+        self._hurry_last_calls()
         self.request_stop(reason)
+
+    def _hurry_last_calls(self) -> None:
+        """The last calls (events, result) still try, but each for seconds, not a full timeout."""
+        self.client.transport.timeout_s = min(self.client.transport.timeout_s, LOST_SERVER_TIMEOUT_S)
 
     def run(self) -> int:
         """The whole run; the exit code is the worker's, 5 for the memory limit, 2 for a bad bundle."""
@@ -248,8 +252,7 @@ class Runner:
         if self.client.silence_s() > self.unreachable_s and not self.lost_server:
             self.lost_server = True  # AGT-7: the run is cancelled on this side
             self.request_stop("no answer from the server for {:g} s".format(self.unreachable_s))
-            # The last calls (events, result) still try, but each for seconds, not a full timeout.
-            self.client.transport.timeout_s = min(self.client.transport.timeout_s, LOST_SERVER_TIMEOUT_S)
+            self._hurry_last_calls()
         if self.cancel.is_set() and watch.term_at is None:
             watch.term_at = now
             self.log("{}: SIGTERM to {}; SIGKILL in {:g} s".format(self.stop_reason, worker.stop_target,

@@ -9,8 +9,9 @@ agent it becomes:
   shell    -> {"event": "session", "session"}   the login shell's pid, before it execs this file: sshd
                                                 made it a session leader, so it is the sid of the run
   executor -> {"remote_dir", "code_sha256", "packages", "env", "num_threads", "gpus", "min_free_gpu_mb", "host",
-               "socket", "slurm"}   (socket: the forward's file, removed when the setup ends without an agent)                         (slurm: true on a login node: no GPU choice, the agent
-                                                submits its worker with sbatch)
+               "socket", "slurm"}               (socket: the forward's file, removed when the setup ends
+                                                without an agent; slurm: true on a login node: no GPU
+                                                choice, the agent submits its worker with sbatch)
   boot     -> {"event": "python", "version", "executable"}
   boot     -> {"event": "need_code"}            executor -> "<bytes>\\n" and the agent.pyz bytes
   boot     -> {"event": "creating_env"}         (only when `packages` changed or is new)
@@ -112,8 +113,8 @@ def main() -> int:
 
 
 def remove_socket(path: str) -> None:
-    """The session's forwarded socket: sshd leaves the file, and an executor that died (the session's end
-    during the setup) cannot remove it. Only a socket of this account's."""
+    """The session's forwarded socket: sshd leaves the file, and an executor that died cannot remove it
+    (the bootstrap's, and the agent's once it ends). Only a socket of this account's."""
     try:
         info = os.lstat(path)
         if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():

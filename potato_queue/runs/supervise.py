@@ -153,7 +153,7 @@ def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str |
             watch.waiting_why = status.why
             watch.step(status.why)
         watch.waited_in_queue = not status.run_time
-        if status.until_s is not None and now_s > status.until_s:
+        if _past_deadline(status, now_s):
             return status.expired or f"The run was still waiting past its deadline: {status.why}"
         if not status.beats:
             return None
@@ -165,6 +165,10 @@ def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str |
     if now_s - view.heartbeat_at > limit_s:
         return f"No word from the agent on {watch.backend_name} for {limit_s:g} seconds"
     return None
+
+
+def _past_deadline(status: Waiting, now_s: float) -> bool:
+    return status.until_s is not None and now_s > status.until_s
 
 
 def _pending(watch: Watch, view: RunView, status: Status, now_s: float) -> Status:
@@ -237,8 +241,7 @@ def _look(watch: Watch) -> Outcome | None:
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
         # An agent that beats is asked to stop (it cancels its pending job); a silent one is not waited for.
-        grace_s = watch.grace_s if isinstance(status, Waiting) and status.beats and status.until_s is not None \
-            and now_s > status.until_s else 0
+        grace_s = watch.grace_s if isinstance(status, Waiting) and status.beats and _past_deadline(status, now_s) else 0
         return stop_run(watch, grace_s, RunState.FAILED, overdue)
     if isinstance(status, Waiting) and not status.run_time:
         return None  # the wall clock starts when the run leaves its queue, not while it waits in one

@@ -18,6 +18,7 @@ from potato_queue.server.page import page_router
 from potato_queue.server.page_api import device_probe, page_api_router
 from potato_queue.store import RunStore
 from potato_queue.store.plumbing import client_for, refresh_forever
+from potato_queue.store.tokens import TrustedAgentTokens
 
 __all__ = ["create_app", "ADMIN_PREFIX", "AGENT_PREFIX", "record_server_url"]
 
@@ -33,8 +34,9 @@ def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str]
     client = client_for(redis_url)
     app.state.config = config
     app.state.store = RunStore(config, client)
-    app.state.claim_wakeups = ClaimWakeups(app.state.store)  # subscribes at the first claim
-    guard(app, app.state.store, config)
+    trust = TrustedAgentTokens()  # the agent tokens Redis accepted lately: the guard's and the claims'
+    app.state.claim_wakeups = ClaimWakeups(app.state.store, trust)  # subscribes at the first claim
+    guard(app, app.state.store, config, trust)
     app.state.enqueue = enqueue
     app.state.runs = RunService(config, app.state.store, enqueue)
     app.state.redis_url = redis_url

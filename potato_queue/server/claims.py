@@ -21,6 +21,7 @@ last_seen fresh).
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
@@ -36,7 +37,7 @@ from potato_queue.server.deps import config_of, runs_of
 from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
 from potato_queue.store.plumbing import async_twin
-from potato_queue.store.tokens import AGENT_TOKEN_TRUST_S, WAKE_EVERYONE, token_digest
+from potato_queue.store.tokens import WAKE_EVERYONE, TrustedAgentTokens, token_digest
 
 __all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S"]
 
@@ -78,15 +79,15 @@ class ClaimWakeups:
     with the old one are refused at once.
     """
 
-    def __init__(self, store: RunStore) -> None:
+    def __init__(self, store: RunStore, trust: TrustedAgentTokens | None = None) -> None:
         self.store = store
+        self.trust = trust or TrustedAgentTokens()  # the guard's, in the app
         self._waiting: dict[str, dict[int, asyncio.Future[None]]] = {}
         self._next_id = 0
         self._task: asyncio.Task[None] | None = None
         self._ready: asyncio.Event | None = None
         self._heard: dict[str, int] = {}  # offers heard per backend (a counter)
         self._none_offered: set[str] = set()  # backends whose last look found nothing, no offer heard since
-        self._trusted: dict[str, tuple[str, float]] = {}  # backend -> (token digest, when Redis accepted it)
 
     async def _listen(self, twin: aioredis.Redis) -> None:
         pubsub = twin.pubsub()
@@ -128,13 +129,11 @@ class ClaimWakeups:
 
     def nothing_offered(self, backend: str, digest: str, now_s: float) -> bool:
         """Whether a claim may wait without looking: nothing offered, and the token accepted moments ago."""
-        trusted = self._trusted.get(backend)
-        return backend in self._none_offered and trusted is not None and trusted[0] == digest \
-            and now_s - trusted[1] < AGENT_TOKEN_TRUST_S
+        return backend in self._none_offered and self.trust.trusted(backend, digest, now_s)
 
     def looked(self, backend: str, digest: str, heard: int, empty: bool, now_s: float) -> None:
         """A claim asked Redis: the token was accepted; nothing offered, unless an offer was heard meanwhile."""
-        self._trusted[backend] = (digest, now_s)
+        self.trust.accept(backend, digest, now_s)
         if empty and self._heard.get(backend, 0) == heard:
             self._none_offered.add(backend)
         else:
@@ -144,7 +143,7 @@ class ClaimWakeups:
         self._heard[backend] = self._heard.get(backend, 0) + 1
         self._none_offered.discard(backend)
         if everyone:
-            self._trusted.pop(backend, None)  # a register: the old token must be refused at once
+            self.trust.forget(backend)  # a register: the old token must be refused at once
         line = self._waiting.get(backend, {})
         while line:
             future = line.pop(next(iter(line)))
@@ -184,14 +183,14 @@ async def claim(
     while True:
         place, offered = await wakeups.waiter(backend)
         found = None
-        if not wakeups.nothing_offered(backend, digest, loop.time()):
+        if not wakeups.nothing_offered(backend, digest, time.monotonic()):
             heard = wakeups.heard(backend)
             try:
                 found = await run_in_threadpool(_claim_once, runs_of(request), backend, token, info)
             except BaseException:
                 wakeups.leave(backend, place)
                 raise
-            wakeups.looked(backend, digest, heard, found is None, loop.time())
+            wakeups.looked(backend, digest, heard, found is None, time.monotonic())
         if found is not None:
             wakeups.leave(backend, place)
             return found

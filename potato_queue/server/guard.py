@@ -36,7 +36,7 @@ from potato_queue.server.session import cookie_value, cross_site_problem, sessio
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.records import RunFolderError
-from potato_queue.store.tokens import AGENT_TOKEN_TRUST_S, token_digest
+from potato_queue.store.tokens import TrustedAgentTokens, token_digest
 
 __all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
 
@@ -55,7 +55,6 @@ BODY_CAPS = {
 # holds one connection and at most uvicorn's 64 KiB read buffer; past that, refusals answer at once).
 REFUSAL_DELAY_S = 0.25
 MAX_DELAYED_REFUSALS = 64
-MAX_ACCEPTED_TOKENS = 256
 UNAUTHORIZED_RUN = "a valid run token is required (Authorization: Bearer <token>)"
 
 Scope = MutableMapping[str, Any]
@@ -181,23 +180,20 @@ class Tarpit:
 class Guard:
     """The middleware: authenticate, then cap, then the route."""
 
-    def __init__(self, app: ASGIApp, store: RunStore, config: ProjectConfig) -> None:
+    def __init__(self, app: ASGIApp, store: RunStore, config: ProjectConfig, trust: TrustedAgentTokens) -> None:
         self.app, self.store, self.config = app, store, config
         self.tarpit = Tarpit()
-        # (backend, token digest) -> when Redis last accepted it (monotonic s): thousands of idle agents share
-        # their backend's token, and each claim would otherwise cost a thread and a Redis call here (P7). The
-        # claim itself still checks the token in Redis, at once after a register replaced it.
-        self._accepted: dict[tuple[str, str], float] = {}
+        # Thousands of idle agents share their backend's token: without it, each claim would cost a thread and
+        # a Redis call here (P7).
+        self.trust = trust
 
     async def _backend_problem(self, backend: str, token: str | None) -> tuple[int, str] | None:
-        key, now_s = (backend, token_digest(token or "")), time.monotonic()
-        if token and now_s - self._accepted.get(key, -AGENT_TOKEN_TRUST_S) < AGENT_TOKEN_TRUST_S:
+        digest, now_s = token_digest(token or ""), time.monotonic()
+        if token and self.trust.trusted(backend, digest, now_s):
             return None
         problem = await run_in_threadpool(backend_problem, self.store, backend, token)
         if problem is None:
-            if len(self._accepted) > MAX_ACCEPTED_TOKENS:
-                self._accepted.clear()
-            self._accepted[key] = now_s
+            self.trust.accept(backend, digest, now_s)
         return problem
 
     def _late_refusals(self, send: Send) -> Send:
@@ -278,9 +274,9 @@ async def _refused(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=status, content={"detail": detail}, headers=headers)
 
 
-def guard(app: Any, store: RunStore, config: ProjectConfig) -> None:
+def guard(app: Any, store: RunStore, config: ProjectConfig, trust: TrustedAgentTokens | None = None) -> None:
     """Put the Guard in front of a FastAPI app, a 422 handler that cannot fail to render, and the mapping
-    of the core's refusals to HTTP statuses."""
-    app.add_middleware(Guard, store=store, config=config)
+    of the core's refusals to HTTP statuses. `trust`: the agent tokens accepted lately (the claims' too)."""
+    app.add_middleware(Guard, store=store, config=config, trust=trust or TrustedAgentTokens())
     app.add_exception_handler(RequestValidationError, _invalid_request)
     app.add_exception_handler(PotatoQueueError, _refused)

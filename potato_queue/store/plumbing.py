@@ -16,8 +16,7 @@ import redis
 import redis.asyncio as aioredis
 
 __all__ = ["CAS_STATE", "CLAIM", "MERGE_METRICS", "RECORD_RESULT", "SOCKET_TIMEOUT_S", "SUPERVISION_SOCKET_TIMEOUT_S",
-           "async_twin", "client_for",
-           "wait_published"]
+           "async_twin", "client_for", "wait_published"]
 
 # redis-py 8 gives every client a 5 s socket timeout unless told otherwise: a Redis busy for 5 s (a slow
 # fsync, a large load) would then fail a run that is training fine. Ours is a hung server's limit, not a

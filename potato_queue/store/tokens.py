@@ -18,7 +18,7 @@ from potato_queue.store.keys import Keys
 from potato_queue.store.records import as_text
 
 __all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "WAKE_EVERYONE", "OTHER_RUNS_CHECKED",
-           "AGENT_TOKEN_TRUST_S"]
+           "AGENT_TOKEN_TRUST_S", "TrustedAgentTokens"]
 
 # How many of the project's latest runs a rejected token is compared against
 # to answer 403 ("another run's token") rather than 401.
@@ -79,6 +79,29 @@ WAKE_EVERYONE = "*"
 # accepted it (the guard and an idle claim, P7): thousands of idle agents share one token. A register's new
 # token still refuses the old one's claims at once (the claim asks Redis after a WAKE_EVERYONE).
 AGENT_TOKEN_TRUST_S = 10.0
+
+
+class TrustedAgentTokens:
+    """One server process's memory of the backend tokens Redis accepted lately: the guard and the claim
+    long-poll share it, and a register (WAKE_EVERYONE) makes it forget the backend's."""
+
+    MAX_KEPT = 256
+
+    def __init__(self) -> None:
+        self._accepted: dict[tuple[str, str], float] = {}  # (backend, token digest) -> when (monotonic s)
+
+    def trusted(self, backend: str, digest: str, now_s: float) -> bool:
+        accepted_s = self._accepted.get((backend, digest))
+        return accepted_s is not None and now_s - accepted_s < AGENT_TOKEN_TRUST_S
+
+    def accept(self, backend: str, digest: str, now_s: float) -> None:
+        if len(self._accepted) > self.MAX_KEPT:
+            self._accepted.clear()
+        self._accepted[backend, digest] = now_s
+
+    def forget(self, backend: str) -> None:
+        for key in [key for key in self._accepted if key[0] == backend]:
+            del self._accepted[key]
 
 
 class AgentTokens:

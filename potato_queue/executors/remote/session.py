@@ -47,8 +47,8 @@ from potato_queue.host import boot as remote_boot
 from potato_queue.host import check as remote_check
 from potato_queue.store.keys import remote_socket_path
 
-__all__ = ["SSH_CONFIG_ENV", "boot_command", "setup_expired", "forward_target", "target_of", "python_not_found", "host_facts", "failed_check",
-           "start_agent", "RemoteAgentHandle", "tail"]
+__all__ = ["SSH_CONFIG_ENV", "boot_command", "setup_expired", "forward_target", "target_of", "python_not_found",
+           "host_facts", "failed_check", "start_agent", "RemoteAgentHandle", "tail"]
 
 # An ssh config file of the server's own (ssh's -F): for a deployment that keeps its hosts apart
 # from the account's ~/.ssh/config, and for the tests' sshd.
