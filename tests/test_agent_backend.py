@@ -21,6 +21,7 @@ import string
 import subprocess
 import sys
 import time
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
@@ -378,3 +379,75 @@ def test_an_offer_left_by_a_dead_executor_for_a_cancelled_run_is_not_handed_out(
         assert store.request_cancel(run_id) == "cancelled"
         assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None})
         assert not store.offers.is_offered(BACKEND, run_id)
+
+
+def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_errors(
+        tmp_path: Path, redis_server_url: str) -> None:
+    """After one empty look, an agent's claims with the same token wait in the ClaimDoor (P7: no FastAPI on the
+    idle path); everything a claim can meet must still come out as it does through the route."""
+    import concurrent.futures
+
+    import httpx
+
+    path = f"/api/training/agent/v1/backends/{BACKEND}/claim"
+    with started(tmp_path, redis_server_url, **lab()) as svc, httpx.Client(base_url=svc.url, timeout=60) as http, \
+            concurrent.futures.ThreadPoolExecutor(2) as pool:
+        token = register(svc)
+        auth = {"Authorization": f"Bearer {token}"}
+
+        def claim(wait_s: Any, body: Any = None) -> httpx.Response:
+            return http.post(path, params={"wait_s": wait_s}, json={"host": "lab-1"} if body is None else body,
+                             headers=auth)
+
+        assert claim(0).json() == {"run_id": None, "token": None}  # the look that lets the next ones wait
+        bad = claim(0, {"host": 5})
+        assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "host"], bad.text
+        assert claim(-1).status_code == 422 and claim("soon").status_code == 422
+        started_s = time.monotonic()
+        assert claim(1).json() == {"run_id": None, "token": None} and time.monotonic() - started_s >= 1.0
+
+        waiting = pool.submit(claim, 30)
+        time.sleep(1.0)  # in its wait
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        got = waiting.result(30).json()
+        assert got["run_id"] == run_id and got["token"], got
+        done = {"Authorization": f"Bearer {got['token']}"}
+        assert http.post(f"/api/training/agent/v1/runs/{run_id}/result", json={"exit_code": 1, "message": "door"},
+                         headers=done).is_success
+        assert svc.wait_for(run_id, TERMINAL, 30)["state"] == "failed"
+
+        assert claim(0).json() == {"run_id": None, "token": None}
+        refused = pool.submit(claim, 30)
+        time.sleep(1.0)
+        started_s = time.monotonic()
+        register(svc)  # a new token: a claim made with the old one is refused at once, not at its deadline
+        reply = refused.result(30)
+        assert reply.status_code == 401 and time.monotonic() - started_s < 15, reply.text
+
+
+def test_an_agent_that_leaves_its_idle_claim_passes_the_run_to_the_next(tmp_path: Path, redis_server_url: str) -> None:
+    """Two claims wait in the ClaimDoor; the one waiting longer hangs up. The offer wakes it first, and the run
+    goes on to the other claim instead of to nobody."""
+    import concurrent.futures
+
+    import httpx
+
+    path = f"/api/training/agent/v1/backends/{BACKEND}/claim?wait_s=30"
+    with started(tmp_path, redis_server_url, **lab()) as svc, concurrent.futures.ThreadPoolExecutor(1) as pool:
+        token = register(svc)
+        assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None})
+        body = b'{"host": "gone"}'
+        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json"
+                f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        host, port = urllib.parse.urlsplit(svc.url).hostname, urllib.parse.urlsplit(svc.url).port
+        with socket.create_connection((host, port)) as gone:
+            gone.sendall(head + body)
+            time.sleep(1.0)  # in line first
+            staying = pool.submit(lambda: httpx.post(f"{svc.url}{path}", json={"host": "staying"},
+                                                     headers={"Authorization": f"Bearer {token}"}, timeout=60))
+            time.sleep(1.0)
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        got = staying.result(30).json()
+        assert got["run_id"] == run_id, got
+        assert svc.api("POST", f"/runs/{run_id}/cancel")[0] == 200
+        assert svc.wait_for(run_id, TERMINAL, 30)["state"] == "cancelled"

@@ -125,3 +125,55 @@ def test_an_idle_claim_waits_without_redis_only_while_nothing_can_have_been_offe
     wakeups.looked("lab", "d1", wakeups.heard("lab"), empty=True, now_s=4.0)
     wakeups.wake("lab", everyone=True)
     assert not wakeups.nothing_offered("lab", "d1", 4.5)
+
+
+def test_the_claim_door_takes_only_a_well_formed_claim_and_leaves_the_rest_to_the_route() -> None:
+    from potato_queue.server.claim_door import _claimed_backend, _wait_s
+
+    def scope(path: str, method: str = "POST", query: bytes = b"") -> dict[str, object]:
+        return {"type": "http", "method": method, "path": path, "query_string": query}
+
+    prefix = "/api/training/agent/v1/backends"
+    assert _claimed_backend(scope(f"{prefix}/lab/claim")) == "lab"
+    assert _claimed_backend(scope(f"{prefix}/lab/claim", method="GET")) is None
+    assert _claimed_backend(scope(f"{prefix}//claim")) is None
+    assert _claimed_backend(scope(f"{prefix}/lab/claim/x")) is None
+    assert _claimed_backend(scope(f"{prefix}/lab/other")) is None
+    assert _wait_s(scope("", query=b"")) == 25.0, "the route's default"
+    assert _wait_s(scope("", query=b"wait_s=90")) == 90.0
+    assert _wait_s(scope("", query=b"wait_s=1e9")) == 100.0, "capped as the route caps it"
+    for bad in (b"wait_s=-1", b"wait_s=soon", b"wait_s=nan", b"wait_s=inf"):
+        assert _wait_s(scope("", query=bad)) is None, bad
+
+
+def test_the_server_collects_garbage_on_its_schedule_and_python_never_starts_a_full_pass() -> None:
+    """P7: Python's own full pass came when a run started and held the claim taking it for a second. The server's
+    schedule must still free what only a full pass can: a reference cycle that reached the old generation."""
+    import gc
+    import time
+    import weakref
+
+    from potato_queue.processes.server import collect_on_schedule
+
+    class Node:
+        me: object = None
+
+    saved = gc.get_threshold()
+    stop = collect_on_schedule(young_every_s=0.02, full_every_s=1.0)
+    try:
+        assert gc.get_threshold()[:2] == saved[:2] and gc.get_threshold()[2] >= 2**31 - 1
+        node = Node()
+        node.me = node
+        freed = weakref.ref(node)
+        gc.collect(1)  # it survives the young passes: now in the old generation
+        del node
+        time.sleep(0.1)
+        assert freed() is not None, "a young pass does not walk the old generation"
+        deadline = time.monotonic() + 5
+        while freed() is not None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert freed() is None, "the scheduled full pass freed the cycle"
+    finally:
+        stop.set()
+        gc.set_threshold(*saved)
+        gc.unfreeze()

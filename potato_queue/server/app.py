@@ -11,6 +11,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.runs.service import RunService
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
+from potato_queue.server.claim_door import ClaimDoor
 from potato_queue.server.claims import ClaimWakeups, claims_router
 from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, PAGE_PREFIX, guard
 from potato_queue.server.ops import ops_router
@@ -37,6 +38,8 @@ def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str]
     trust = TrustedAgentTokens()  # the agent tokens Redis accepted lately: the guard's and the claims'
     app.state.claim_wakeups = ClaimWakeups(app.state.store, trust)  # subscribes at the first claim
     guard(app, app.state.store, config, trust)
+    # Outermost: an idle agent's claim waits there without the app's routing (P7); added last, it comes first.
+    app.add_middleware(ClaimDoor, config=config, wakeups=app.state.claim_wakeups)
     app.state.enqueue = enqueue
     app.state.runs = RunService(config, app.state.store, enqueue)
     app.state.redis_url = redis_url

@@ -39,9 +39,13 @@ from potato_queue.store import RunStore
 from potato_queue.store.plumbing import async_twin
 from potato_queue.store.tokens import WAKE_EVERYONE, TrustedAgentTokens, token_digest
 
-__all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S"]
+__all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S",
+           "CLAIM_DEADLINE"]
 
 MAX_CLAIM_WAIT_S = 100.0
+# The scope's state key for a claim that already waited in front of the route (server/claim_door.py): the
+# event loop's time at which it ends, instead of now + wait_s.
+CLAIM_DEADLINE = "claim_deadline"
 
 
 class AgentInfo(BaseModel):
@@ -178,7 +182,7 @@ async def claim(
                                  f"{', '.join(agent_backends(config)) or 'none'})")
     wakeups, token, info = _wakeups(request), bearer(request.headers) or "", agent.model_dump()
     loop = asyncio.get_running_loop()
-    deadline = loop.time() + min(wait_s, MAX_CLAIM_WAIT_S)
+    deadline = request.scope.get("state", {}).get(CLAIM_DEADLINE) or loop.time() + min(wait_s, MAX_CLAIM_WAIT_S)
     digest = token_digest(token)
     while True:
         place, offered = await wakeups.waiter(backend)

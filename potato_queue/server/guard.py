@@ -38,7 +38,7 @@ from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.records import RunFolderError
 from potato_queue.store.tokens import TrustedAgentTokens, token_digest
 
-__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
+__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "replay", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
 
 PAGE_PREFIX = "/admin/training"
 ADMIN_PREFIX = PAGE_PREFIX + "/api"
@@ -148,7 +148,8 @@ async def _read_at_most(receive: Receive, cap: int) -> list[Message] | None:
             return messages
 
 
-def _replay(messages: list[Message], receive: Receive) -> Receive:
+def replay(messages: list[Message], receive: Receive) -> Receive:
+    """`receive`, giving `messages` (a body already read) first."""
     pending = list(messages)
 
     async def replayed() -> Message:
@@ -243,7 +244,7 @@ class Guard:
                 messages = await _read_at_most(receive, cap)
                 if messages is None:
                     return await _reply(send, 413, f"the body is more than this route takes ({cap} bytes)")
-                receive = _replay(messages, receive)
+                receive = replay(messages, receive)
         await self.app(scope, receive, send)
 
 
