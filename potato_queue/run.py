@@ -107,3 +107,4 @@ class RunView:
     state: str | None = None
     # The agent says the worker waits in a batch scheduler's queue (status `pending`): the run is waiting.
     pending_step: str | None = None
+    has_token: bool = True  # the run's token is in Redis (gone: Redis lost its data)

@@ -73,6 +73,7 @@ def at(store: RunStore, seconds: float, action: Callable[[], None]) -> None:
 def watch_of(store: RunStore, handle: RunHandle, *, heartbeat_timeout_s: float = 30,
              max_wall_s: float | None = None) -> tuple[Watch, list[float], list[str]]:
     run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+    store.tokens.issue(run_id, 3600)  # as the lifecycle does before the launch
     contacts: list[float] = []
     steps: list[str] = []
     clock = store.clock
@@ -191,3 +192,48 @@ def test_the_time_to_make_contact_counts_from_the_end_of_the_wait(store: RunStor
     assert 230 <= elapsed(store, began) <= 230 + 2 * TICK_S, "the wait's time was counted against the first contact"
     assert outcome.error == "The agent on box made no contact within 30 seconds of its start"
     assert steps[0] == "setting up box: building the venv"
+
+
+def test_a_redis_blip_is_no_silence_the_agent_is_heard_again_once_redis_answers(store: RunStore) -> None:
+    """While Redis does not answer, the agent's beats cannot be recorded: its silence counts from when the
+    executor sees again, not from the last beat before the blip."""
+    watch, _, _ = watch_of(store, ScriptedHandle(Running()), heartbeat_timeout_s=5)
+    store.touch_heartbeat(watch.run_id)
+    began, blind, real_view = store.clock.now_s(), [], store.view
+
+    def view(run_id: str):  # type: ignore[no-untyped-def]
+        if blind:
+            raise redis.ConnectionError("Error 111 connecting to redis: Connection refused")
+        return real_view(run_id)
+
+    store.view = view  # type: ignore[method-assign]
+    at(store, 1, lambda: blind.append(True))
+    at(store, 8, blind.clear)
+    at(store, 11, lambda: store.touch_heartbeat(watch.run_id))  # the agent's next beat that got through
+    outcome = supervise(watch)
+    assert (outcome.state, outcome.error) == ("failed", "No word from the agent on box for 5 seconds")
+    assert 16 <= elapsed(store, began) <= 16 + 2 * TICK_S, "silence counted from the beat at 11 s, not from 0 s"
+
+
+def test_the_run_stops_saying_redis_lost_its_data_when_the_runs_token_is_gone(store: RunStore) -> None:
+    from potato_queue.runs.supervise import redis_emptied
+
+    handle = ScriptedHandle(Running())
+    watch, _, _ = watch_of(store, handle)
+    store.touch_heartbeat(watch.run_id)
+    at(store, 3, lambda: store.redis.delete(store.keys.run_token(watch.run_id)))  # as a restart without persistence
+    outcome = supervise(watch)
+    assert (outcome.state, outcome.error) == ("failed", redis_emptied()) and handle.killed
+
+
+def test_a_slot_emptied_by_a_flush_is_taken_back_and_one_that_expired_unrenewed_is_lost(store: RunStore) -> None:
+    from potato_queue.store.lease import LEASE_RENEW_S, LEASE_TTL_S
+
+    lease = store.slot_lease()
+    assert lease.try_take()
+    store.redis.delete(lease.key)  # a flush
+    lease._renewed -= LEASE_RENEW_S  # due for its renewal
+    assert lease.renew() and not lease.lapsed
+    store.redis.delete(lease.key)  # expired while this process was stopped for longer than the lease
+    lease._renewed -= LEASE_TTL_S
+    assert not lease.renew() and lease.lapsed

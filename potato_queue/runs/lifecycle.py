@@ -177,7 +177,8 @@ class RunLife:
             grace_s=float(mt.grace_seconds), heartbeat_timeout_s=mt.heartbeat_timeout_s_of(spec.backend_name),
             max_wall_s=mt.max_wall_seconds, started_s=self.started_s, launched_s=self.clock.now_s(),
             pending_timeout_s=getattr(executor.backend, "pending_timeout_s", None),
-            renew_lease=self.lease.renew, on_first_contact=self._first_contact, log=self.log, step=self.step,
+            renew_lease=self.lease.renew, lease_lapsed=lambda: self.lease.lapsed, on_first_contact=self._first_contact,
+            log=self.log, step=self.step,
             last_output=lambda: _tail(self.paths.agent_log), clock=self.clock,
         )
 

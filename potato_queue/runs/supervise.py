@@ -32,7 +32,7 @@ from potato_queue.run import FINAL_STATES, RunState, RunView
 from potato_queue.store import RunStore
 from potato_queue.store.lease import LEASE_TTL_S
 
-__all__ = ["Outcome", "Watch", "supervise", "stop_run", "pending_expired", "redis_lost", "TICK_S", "CANCEL_MARGIN_S"]
+__all__ = ["Outcome", "Watch", "supervise", "stop_run", "pending_expired", "redis_lost", "redis_emptied", "executor_stalled", "TICK_S", "CANCEL_MARGIN_S"]
 
 TICK_S = 0.1
 # After asking the agent to stop, it gets grace_seconds to stop its worker and
@@ -77,6 +77,10 @@ class Watch:
     waited_in_queue: bool = False  # the last wait was a queue's (its end starts the wall clock)
     pending_since_s: float | None = None
     redis_error: str | None = None  # the last look at the store failed (a Redis blip, so far)
+    # When looks worked again after a blip: the agent's beats could not be recorded before, so silence counts from
+    # then (epoch s).
+    seeing_since_s: float = 0.0
+    lease_lapsed: Callable[[], bool] = lambda: False  # the slot expired unrenewed (Lease.lapsed)
     clock: Clock = REAL_CLOCK  # every rule here reads it (tests hand in a ManualClock)
 
 
@@ -124,6 +128,20 @@ def redis_lost(error: str) -> str:
             "from the executor, then start the run again")
 
 
+def executor_stalled() -> str:
+    """Why a run stopped when its executor did not renew the run slot in time, and Redis was not the cause."""
+    return (f"This executor did not renew the run slot within its lease ({LEASE_TTL_S:g} s): it was stalled (stopped, "
+            "or starved of CPU or memory), and the slot was free meanwhile, so the run was stopped; fix: check the "
+            "executor's machine (load, swap, a process left stopped), then start the run again")
+
+
+def redis_emptied() -> str:
+    """Why a run stopped when Redis lost its data mid-run: its token went too, so its agent is refused."""
+    return ("Redis lost its data during the run (restarted without persistence, or flushed), and the run's token "
+            "with it, so the run was stopped; fix: start the run again, and give Redis persistence (appendonly yes) "
+            "so that a Redis restart does not stop a run")
+
+
 def pending_expired(backend_name: str, limit_s: float, step: str) -> str:
     """A SLURM job that stayed pending past pending_timeout_s."""
     return (f"The SLURM job waited in the scheduler's queue for more than pending_timeout_s ({limit_s:g} s) "
@@ -159,10 +177,10 @@ def _overdue(watch: Watch, view: RunView, status: object, now_s: float) -> str |
             return None
     limit_s = watch.heartbeat_timeout_s
     if view.heartbeat_at is None:
-        if now_s - watch.launched_s > limit_s:
+        if now_s - max(watch.launched_s, watch.seeing_since_s) > limit_s:
             return f"The agent on {watch.backend_name} made no contact within {limit_s:g} seconds of its start"
         return None
-    if now_s - view.heartbeat_at > limit_s:
+    if now_s - max(view.heartbeat_at, watch.seeing_since_s) > limit_s:
         return f"No word from the agent on {watch.backend_name} for {limit_s:g} seconds"
     return None
 
@@ -189,20 +207,22 @@ def _tick(watch: Watch) -> Outcome | None:
     if not watch.renew_lease():
         if watch.redis_error is not None:
             return stop_run(watch, 0, RunState.FAILED, redis_lost(watch.redis_error))
+        if watch.lease_lapsed():
+            return stop_run(watch, watch.grace_s, RunState.FAILED, executor_stalled())
         return stop_run(watch, watch.grace_s, RunState.FAILED,
                         "This executor lost the run slot (Redis emptied, or another executor took it); "
                         "the run was stopped")
     try:
-        outcome = _look(watch)
+        return _look(watch)
     except redis.RedisError as exc:
         watch.redis_error = str(exc)  # a blip: the run goes on while the slot is still ours (the lease)
         return None
-    watch.redis_error = None
-    return outcome
 
 
 def _look(watch: Watch) -> Outcome | None:
     view = watch.store.view(watch.run_id)
+    if watch.redis_error is not None:
+        watch.redis_error, watch.seeing_since_s = None, watch.clock.now_s()
     if not watch.contacted and view.heartbeat_at is not None:
         # Before the result: an agent quick enough to report before the first look has still made contact,
         # and a run must be `running` before it can be collected.
@@ -216,6 +236,8 @@ def _look(watch: Watch) -> Outcome | None:
         return Outcome(state=RunState(view.state), error=None)
     if view.disk_error:
         return stop_run(watch, watch.grace_s, RunState.FAILED, f"{view.disk_error}; the run was stopped")
+    if watch.contacted and not view.has_token:  # issued before contact, revoked only with a final state
+        return stop_run(watch, 0, RunState.FAILED, redis_emptied())
     now_s = watch.clock.now_s()
     if watch.cancel_seen_s is None and view.cancel_requested:
         watch.cancel_seen_s = now_s

@@ -26,10 +26,24 @@ from pydantic import ValidationError
 from starlette.requests import Request
 
 from potato_queue.config import ProjectConfig
-from potato_queue.server.claims import (CLAIM_DEADLINE, MAX_CLAIM_WAIT_S, AgentInfo, ClaimWakeups,
-                                        agent_backends)
-from potato_queue.server.guard import (AGENT_PREFIX, BODY_CAPS, ASGIApp, Message, Receive, Scope, Send, bearer,
-                                       replay)
+from potato_queue.server.claims import (
+    CLAIM_DEADLINE,
+    MAX_CLAIM_WAIT_S,
+    AgentInfo,
+    ClaimWakeups,
+    agent_backends,
+)
+from potato_queue.server.guard import (
+    AGENT_PREFIX,
+    BODY_CAPS,
+    ASGIApp,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    bearer,
+    replay,
+)
 from potato_queue.store.tokens import token_digest
 
 __all__ = ["ClaimDoor"]

@@ -29,6 +29,7 @@ class Lease:
         self.client, self.key = client, key
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._renewed = 0.0
+        self.lapsed = False  # the last renew found the key expired: not renewed within LEASE_TTL_S
 
     def try_take(self) -> bool:
         taken = bool(self.client.set(self.key, self.token, nx=True, px=int(LEASE_TTL_S * 1000)))
@@ -42,7 +43,10 @@ class Lease:
         try:
             holder = self.client.get(self.key)
             if holder is None:
-                return self.try_take()
+                # Emptied by a flush: take it back. Expired because nobody renewed it in time (this process
+                # stalled, or Redis did not answer): the slot was free meanwhile, so it is lost.
+                self.lapsed = time.monotonic() - self._renewed >= LEASE_TTL_S
+                return not self.lapsed and self.try_take()
             if as_text(holder) != self.token:
                 return False
             self.client.pexpire(self.key, int(LEASE_TTL_S * 1000))

@@ -267,11 +267,13 @@ class RunStore:
         pipe.hmget(self.keys.run(run_id), "agent_exit_code", "artifact_uri", "agent_message", "heartbeat_at",
                    "disk_error", "state", "worker_state", "step")
         pipe.exists(self.keys.cancel(run_id))
-        (code, uri, message, beat, disk_error, state, worker_state, step), cancel = pipe.execute()
+        pipe.exists(self.keys.run_token(run_id))
+        (code, uri, message, beat, disk_error, state, worker_state, step), cancel, token = pipe.execute()
         pending = (as_text(step) or "waiting in the scheduler's queue") if as_text(worker_state) == "pending" else None
         return RunView(exit_code=None if code is None else int(code), artifact_uri=as_text(uri), message=as_text(message),
                        heartbeat_at=None if beat is None else float(beat), cancel_requested=bool(cancel),
-                       disk_error=as_text(disk_error), state=as_text(state), pending_step=pending)
+                       disk_error=as_text(disk_error), state=as_text(state), pending_step=pending,
+                       has_token=bool(token))
 
     def wait_result(self, run_id: str, timeout_s: float) -> None:
         """Sleep up to timeout_s (at least 10 ms), waking as soon as the agent's result arrives."""
