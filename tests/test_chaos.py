@@ -117,14 +117,10 @@ class Stack:
     def server_url_known(self) -> bool:
         import redis
 
-        from potato_queue.store import RunStore
-        from potato_queue.validate import load_checked
+        from potato_queue.store.keys import Keys
 
-        client = redis.Redis.from_url(self.redis.url)
-        try:
-            return RunStore(load_checked(self.svc.config), client).presence.server_url() == self.svc.url
-        finally:
-            client.close()
+        with redis.Redis.from_url(self.redis.url) as client:
+            return client.get(Keys.of(self.svc.project_config).server_url) == self.svc.url.encode()
 
     def start_server(self) -> None:
         self.svc.serve()

@@ -118,14 +118,21 @@ def test_kill_9_of_the_executor_fails_the_run_by_the_sweep_and_the_next_proceeds
     assert services.wait_for(next_run, TERMINAL, timeout_s=90)["state"] == "succeeded"
 
 
-def test_flushdb_with_runs_queued_requeues_them_from_disk_once(services: Services) -> None:
+def test_flushdb_with_runs_queued_requeues_them_from_disk_once(tmp_path: Path) -> None:
+    import tempfile
+
     import redis
 
-    ids = [services.start_run(trainer="sklearn-text", schemas=["sentiment"]) for _ in range(2)]
-    # services.redis_url is the suite's own Redis (conftest: private, or a given one that was empty).
-    redis.Redis.from_url(services.redis_url).flushdb()
-    services.executor()
-    runs = [services.wait_for(i, TERMINAL, timeout_s=120) for i in ids]
+    from potato_queue.embedded_redis import EmbeddedRedis
+
+    # A Redis of this test's own: the flush must never reach one that other tests (or anyone) share.
+    with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(folder) as own, \
+            started(tmp_path, own.url, executors=0, grace_seconds=2) as services:
+        ids = [services.start_run(trainer="sklearn-text", schemas=["sentiment"]) for _ in range(2)]
+        with redis.Redis.from_url(own.url) as client:
+            client.flushdb()
+        services.executor()
+        runs = [services.wait_for(i, TERMINAL, timeout_s=120) for i in ids]
     assert [r["state"] for r in runs] == ["succeeded", "succeeded"]
     for run_id in ids:
         log = run_paths(services, run_id).run_log.read_text()

@@ -37,12 +37,13 @@ from potato_queue.server.guard import (
     AGENT_PREFIX,
     BODY_CAPS,
     ASGIApp,
-    Message,
     Receive,
     Scope,
     Send,
     bearer,
+    read_at_most,
     replay,
+    scope_headers,
 )
 from potato_queue.store.tokens import token_digest
 
@@ -71,18 +72,6 @@ def _wait_s(scope: Scope) -> float | None:
     return min(wait_s, MAX_CLAIM_WAIT_S) if math.isfinite(wait_s) and wait_s >= 0 else None
 
 
-async def _body(receive: Receive) -> list[Message] | None:
-    """The request's body messages; None when the client left first."""
-    messages = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            return None
-        messages.append(message)
-        if not message.get("more_body"):
-            return messages
-
-
 class ClaimDoor:
     """The middleware: an idle claim waits here; everything else goes on."""
 
@@ -93,11 +82,11 @@ class ClaimDoor:
     def _digest(self, scope: Scope, backend: str) -> str | None:
         """The token's digest when this claim would only wait (a trusted token, nothing offered, a body
         under the cap); else None."""
-        headers = dict(scope.get("headers", []))
-        declared = headers.get(b"content-length", b"").decode("latin-1")
+        headers = scope_headers(scope)
+        declared = headers.get("content-length", "")
         if not declared.isdigit() or int(declared) > BODY_CAPS["agent"]:
             return None
-        token = bearer({"authorization": headers.get(b"authorization", b"").decode("latin-1")})
+        token = bearer(headers)
         digest = token_digest(token) if token else None
         return digest if digest and self.wakeups.nothing_offered(backend, digest, time.monotonic()) else None
 
@@ -107,8 +96,8 @@ class ClaimDoor:
         digest = self._digest(scope, backend) if backend is not None and wait_s is not None else None
         if backend is None or wait_s is None or digest is None:
             return await self.app(scope, receive, send)
-        messages = await _body(receive)
-        if messages is None:
+        messages = await read_at_most(receive, BODY_CAPS["agent"])  # not over it: Content-Length said so
+        if messages is None or messages[-1]["type"] != "http.request":
             return  # the agent left before its claim was read: nothing to answer
         try:
             AgentInfo.model_validate_json(b"".join(m.get("body", b"") for m in messages))

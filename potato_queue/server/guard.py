@@ -38,7 +38,7 @@ from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.records import RunFolderError
 from potato_queue.store.tokens import TrustedAgentTokens, token_digest
 
-__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "replay", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
+__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "replay", "read_at_most", "scope_headers", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
 
 PAGE_PREFIX = "/admin/training"
 ADMIN_PREFIX = PAGE_PREFIX + "/api"
@@ -112,7 +112,7 @@ def backend_problem(store: RunStore, backend: str, token: str | None) -> tuple[i
                  f"`potato-queue training register {backend} CONFIG` printed last")
 
 
-def _headers(scope: Scope) -> dict[str, str]:
+def scope_headers(scope: Scope) -> dict[str, str]:
     return {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
 
 
@@ -133,7 +133,7 @@ async def _reply(send: Send, status: int, detail: str, bearer: bool = False) -> 
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_at_most(receive: Receive, cap: int) -> list[Message] | None:
+async def read_at_most(receive: Receive, cap: int) -> list[Message] | None:
     """A body without Content-Length, read while it stays under `cap`; None once it is over."""
     messages, total = [], 0
     while True:
@@ -229,7 +229,7 @@ class Guard:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith((PAGE_PREFIX + "/", AGENT_PREFIX + "/")):
             return await self.app(scope, receive, send)
-        headers = _headers(scope)
+        headers = scope_headers(scope)
         problem, cap = await self._check(scope, headers)
         if problem is not None:
             await self.tarpit.wait()
@@ -241,7 +241,7 @@ class Guard:
             if declared.isdigit() and int(declared) > cap:
                 return await _reply(send, 413, f"the body is {int(declared)} bytes, more than this route takes ({cap})")
             if not declared.isdigit() and scope["method"] in ("POST", "PUT", "PATCH"):
-                messages = await _read_at_most(receive, cap)
+                messages = await read_at_most(receive, cap)
                 if messages is None:
                     return await _reply(send, 413, f"the body is more than this route takes ({cap} bytes)")
                 receive = replay(messages, receive)
