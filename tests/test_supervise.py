@@ -215,6 +215,19 @@ def test_a_redis_blip_is_no_silence_the_agent_is_heard_again_once_redis_answers(
     assert 16 <= elapsed(store, began) <= 16 + 2 * TICK_S, "silence counted from the beat at 11 s, not from 0 s"
 
 
+def test_a_stall_of_the_executor_itself_is_no_silence_of_the_agent(store: RunStore) -> None:
+    """The executor stopped for 15 s between two looks (SIGSTOP, a suspended VM): the agent's beats meanwhile
+    went unseen, so its silence counts from the first look after, not from the last beat seen before."""
+    watch, _, _ = watch_of(store, ScriptedHandle(Running()), heartbeat_timeout_s=5)
+    store.touch_heartbeat(watch.run_id)
+    began = store.clock.now_s()
+    at(store, 2, lambda: clock_of(store).advance(15))  # the executor did not run from 2 s to 17 s
+    at(store, 19, lambda: store.touch_heartbeat(watch.run_id))
+    outcome = supervise(watch)
+    assert (outcome.state, outcome.error) == ("failed", "No word from the agent on box for 5 seconds")
+    assert 24 <= elapsed(store, began) <= 24 + 2 * TICK_S, "silence counted from the beat at 19 s"
+
+
 def test_the_run_stops_saying_redis_lost_its_data_when_the_runs_token_is_gone(store: RunStore) -> None:
     from potato_queue.runs.supervise import redis_emptied
 

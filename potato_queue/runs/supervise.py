@@ -35,6 +35,9 @@ from potato_queue.store.lease import LEASE_TTL_S
 __all__ = ["Outcome", "Watch", "supervise", "stop_run", "pending_expired", "redis_lost", "redis_emptied", "executor_stalled", "TICK_S", "CANCEL_MARGIN_S"]
 
 TICK_S = 0.1
+# Looks come every TICK_S, or a Redis timeout (3 s) apart: a longer gap means this executor itself did not run
+# (stopped, starved), so it saw nothing of the agent meanwhile.
+LOOK_GAP_S = 5.0
 # After asking the agent to stop, it gets grace_seconds to stop its worker and
 # report; this much more covers the report's trip back before kill().
 CANCEL_MARGIN_S = 3.0
@@ -77,9 +80,10 @@ class Watch:
     waited_in_queue: bool = False  # the last wait was a queue's (its end starts the wall clock)
     pending_since_s: float | None = None
     redis_error: str | None = None  # the last look at the store failed (a Redis blip, so far)
-    # When looks worked again after a blip: the agent's beats could not be recorded before, so silence counts from
-    # then (epoch s).
+    # When the executor could see again, after a Redis blip or a stall of its own (the agent's beats could not be
+    # recorded, or read): silence counts from then (epoch s).
     seeing_since_s: float = 0.0
+    looked_s: float | None = None  # the last look that worked (epoch s)
     lease_lapsed: Callable[[], bool] = lambda: False  # the slot expired unrenewed (Lease.lapsed)
     clock: Clock = REAL_CLOCK  # every rule here reads it (tests hand in a ManualClock)
 
@@ -221,8 +225,10 @@ def _tick(watch: Watch) -> Outcome | None:
 
 def _look(watch: Watch) -> Outcome | None:
     view = watch.store.view(watch.run_id)
-    if watch.redis_error is not None:
-        watch.redis_error, watch.seeing_since_s = None, watch.clock.now_s()
+    now_s = watch.clock.now_s()
+    if watch.redis_error is not None or (watch.looked_s is not None and now_s - watch.looked_s > LOOK_GAP_S):
+        watch.seeing_since_s = now_s
+    watch.redis_error, watch.looked_s = None, now_s
     if not watch.contacted and view.heartbeat_at is not None:
         # Before the result: an agent quick enough to report before the first look has still made contact,
         # and a run must be `running` before it can be collected.
@@ -238,7 +244,6 @@ def _look(watch: Watch) -> Outcome | None:
         return stop_run(watch, watch.grace_s, RunState.FAILED, f"{view.disk_error}; the run was stopped")
     if watch.contacted and not view.has_token:  # issued before contact, revoked only with a final state
         return stop_run(watch, 0, RunState.FAILED, redis_emptied())
-    now_s = watch.clock.now_s()
     if watch.cancel_seen_s is None and view.cancel_requested:
         watch.cancel_seen_s = now_s
         watch.step("cancelling: asking the worker to stop")
