@@ -7,6 +7,7 @@ a tiny BERT built here from the fixture's own words, so nothing is downloaded.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import json
@@ -544,6 +545,32 @@ def test_a_second_sigterm_after_the_exit_code_is_decided_only_notes_the_stop(dec
         for sig, handler in saved.items():
             signal.signal(sig, handler)
     assert flag.is_set() and flag.count == 2
+
+
+def test_sigterms_until_the_worker_is_gone_leave_a_cancel_exit_4_not_143(tmp_path: Path) -> None:
+    """SLURM's hard stop resumes a stopped job with SIGCONT, then SIGTERM: the worker, already cancelling, may
+    be shutting its interpreter down when that lands, after Python has put back the default handlers (exit 143,
+    the run then said the worker was killed). Here SIGTERMs keep coming until the process is gone."""
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    spec = write_spec(tmp_path, bundle, "majority-baseline", {"hold_s": 60})
+    events = tmp_path / "events.jsonl"
+    with open(events, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], stdout=out,
+                                stderr=subprocess.DEVNULL, env=worker_env(), cwd=str(ROOT), stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while '"phase": "train"' not in events.read_text() and '"phase":"train"' not in events.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, events.read_text()
+            time.sleep(0.05)
+        while proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGTERM)
+            time.sleep(0.001)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.wait(30) == 4
 
 
 def test_majority_baseline_holds_for_hold_s_in_the_train_phase_and_refuses_a_bad_one(tmp_path: Path) -> None:

@@ -13,7 +13,7 @@ from .errors import Cancelled
 from .events import Reporter
 from .exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED
 from .run import run
-from .stop import StopFlag, install_signal_handlers, stop_when_orphaned
+from .stop import StopFlag, ignore_stop_signals, install_signal_handlers, stop_when_orphaned
 
 __all__ = ["main"]
 
@@ -77,7 +77,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         reporter.error("bad_spec", "usage: python -m potato_queue.worker --spec spec.json")
         return EXIT_BAD_SPEC
     stop_when_orphaned()
-    return run(args.spec, reporter, stop)
+    code = run(args.spec, reporter, stop)
+    ignore_stop_signals()  # decided and reported: the interpreter's shutdown must not be killed
+    return code
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from typing import Optional
 
 from .errors import Cancelled
 
-__all__ = ["StopFlag", "install_signal_handlers", "stop_when_orphaned", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
+__all__ = ["StopFlag", "install_signal_handlers", "ignore_stop_signals", "stop_when_orphaned", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
 
 ORPHAN_POLL_S = 0.5
 # After its agent is gone, the worker stops as on a cancel; this long later it exits, stopped or not.
@@ -78,6 +78,17 @@ def install_signal_handlers(flag: StopFlag) -> None:
             signal.signal(sig, handle)
         except (ValueError, OSError):
             pass  # not the main thread: cancellation falls back to SIGKILL
+
+
+def ignore_stop_signals() -> None:
+    """Once the exit code is decided and reported. The interpreter's shutdown puts back the default handlers,
+    and SLURM's scancel resumes a stopped job with SIGCONT and then SIGTERM: a SIGTERM landing during the
+    shutdown killed a decided "cancelled" (4) as 143."""
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):
+            pass  # not the main thread: nothing of ours was installed
 
 
 def stop_when_orphaned(poll_s: float = ORPHAN_POLL_S, grace_s: float = ORPHAN_GRACE_S) -> None:
