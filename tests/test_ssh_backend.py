@@ -330,6 +330,62 @@ def test_a_copy_cut_short_between_files_fails_and_leaves_no_partial_model(
         assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
 
 
+# A lying host's sender: the manifest it announces on stderr, then a tar stream of what it likes on stdout.
+LYING_SENDER = """import io, json, sys, tarfile
+kind = sys.argv[1]
+out = io.BytesIO()
+with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
+    info = tarfile.TarInfo("model.bin")
+    info.size = 4
+    tar.addfile(info, io.BytesIO(b"1234"))
+    manifest = {"model.bin": 4}
+    if kind == "links":  # besides the announced file
+        for name, type_, target in (("config.json", tarfile.SYMTYPE, "/etc/shadow"), ("rootfs", tarfile.SYMTYPE, "/"),
+                                    ("tty", tarfile.CHRTYPE, ""), ("pipe", tarfile.FIFOTYPE, "")):
+            info = tarfile.TarInfo(name)
+            info.type, info.linkname = type_, target
+            tar.addfile(info)
+    else:  # announced, but over max_artifact_mb 1: a sender that keeps no cap
+        info = tarfile.TarInfo("big.bin")
+        info.size = manifest["big.bin"] = 31_000_000
+        tar.addfile(info, io.BytesIO(bytes(info.size)))
+sys.stderr.write(json.dumps({"manifest": manifest}) + "\\n")
+sys.stderr.write(json.dumps({"total": sum(manifest.values())}) + "\\n")
+sys.stderr.flush()
+sys.stdout.buffer.write(out.getvalue())
+"""
+
+
+@pytest.mark.parametrize(("kind", "refusal"), [
+    ("links", "config.json is a symbolic link (only regular files and folders are taken)"),
+    ("oversize", "big.bin is announced with 31000000 bytes, over max_artifact_mb (1 MB): the sender should have kept "
+                 "it on the host"),
+])
+def test_a_lying_host_gets_nothing_into_artifacts(tmp_path: Path, redis_server_url: str, sshd: Sshd, kind: str,
+                                                  refusal: str) -> None:
+    """The host's sender lies: beside the model file it announced, symbolic links to the server's files, a
+    device node and a FIFO; or a 31 MB file under max_artifact_mb 1. Before, the links and nodes were created
+    in artifacts/ (the executor runs as root here), the 31 MB landed, and the run succeeded."""
+    liar = tmp_path / "lying_sender.py"
+    liar.write_text(LYING_SENDER)
+    python = fake_python(tmp_path, 'case "$2" in *"model files back from an ssh host"*)\n'
+                         f'  exec /usr/bin/python3 {liar} {kind};;\nesac\n'
+                         'exec /usr/bin/python3 "$@"\n')
+    sshd.write_config("root")
+    settings = gpu_server(tmp_path, python=str(python), gpus="none", max_artifact_mb=1)
+    with started(tmp_path, redis_server_url, executors=0, **settings) as svc:
+        svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "failed", run
+        assert run["error"] == (f"The copy from {ALIAS} was refused: {refusal} (only regular files the host announced "
+                                "land in artifacts/; the predictions are stored, the model files are not)")
+        assert f"the copy from {ALIAS} was refused: {refusal}; nothing of it was kept" in run_log(svc, run_id)
+        artifacts = run_paths(svc, run_id).artifacts
+        assert not os.path.lexists(artifacts) and run["artifact_uri"] is None, "a refused copy leaves nothing"
+        assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
+
+
 def test_redis_stopped_mid_run_still_stops_every_process_and_the_end_is_recorded_when_it_answers(
         tmp_path: Path, sshd: Sshd, tiny_model: Path) -> None:
     """Redis frozen (SIGSTOP: every call times out) while a run trains over ssh: the executor cannot keep the
