@@ -112,6 +112,8 @@ class _RemoteBackend(_Strict):
     python: str = "python3"
     num_threads: int | None = Field(None, ge=1)
     env: dict[str, str] = Field(default_factory=dict)
+    # Names that look like secrets (HF_TOKEN) pass to the trainer only when listed here (agent/isolated.py).
+    secret_env: list[str] = Field(default_factory=list)
     max_artifact_mb: float = Field(2048, gt=0)
     fetch_artifacts: bool = True
     keep_remote: bool = False
@@ -171,7 +173,8 @@ class _SlurmCore(_RemoteBackend):
         """What the agent on the login node needs to submit the job: slurm.json's object (agent/launchers/sbatch.py)."""
         sbatch = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
         return {"job_python": self.job_python, "prelude": self.prelude, "poll_interval_s": self.poll_interval_s,
-                "requeue": self.requeue, "env": self.env, "num_threads": self.num_threads,
+                "requeue": self.requeue, "env": self.env, "secret_env": self.secret_env,
+                "num_threads": self.num_threads,
                 **{key: str(value) for key, value in sbatch.items() if value is not None and value != ""}}
 
 

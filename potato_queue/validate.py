@@ -32,25 +32,19 @@ from potato_queue.config import (
 from potato_queue.errors import ConfigError
 from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
 from potato_queue.store.potato_ledger import ledger_status
+from potato_queue.validate_backends import (
+    SLURM_ONLY_REFUSED,
+    Warning_,
+    check_local_run_keys,
+    check_secret_env,
+    check_slurm_dir,
+    check_slurm_time,
+    slurm_time_s,
+)
 
 __all__ = ["Warning_", "Report", "check_data", "check_file", "load_checked", "slurm_time_s"]
 
 MIN_ACK_CHARS = 12
-LONG_JOB_S = 6 * 3600
-_TMP_DIRS = ("/tmp", "/var/tmp")
-_SLURM_ONLY_REFUSED = {
-    "packages": "not accepted on a slurm backend: a virtual environment built on the login node may not "
-    "run on the compute nodes; point job_python at an environment the compute nodes have",
-    "gpus": "not accepted on a slurm backend: the job's GPUs come from gres (e.g. gres: gpu:1)",
-}
-
-
-@dataclass(frozen=True)
-class Warning_:
-    """A warning and the backend it is about (None when it is about no backend)."""
-
-    text: str
-    backend: str | None = None
 
 
 @dataclass
@@ -115,75 +109,20 @@ def _check_backend(name: str, raw: Any, errors: list[str], warnings: list[Warnin
     valid = _model_keys(BACKEND_MODELS[kind])
     structural = False
     for key in entry:
-        if kind == "slurm" and key in _SLURM_ONLY_REFUSED:
-            errors.append(f"{path}.{key}: {_SLURM_ONLY_REFUSED[key]}")
+        if kind == "slurm" and key in SLURM_ONLY_REFUSED:
+            errors.append(f"{path}.{key}: {SLURM_ONLY_REFUSED[key]}")
         elif key not in valid:
             errors.append(f"{path}.{key}: unknown key for a {kind} backend{_suggest(str(key), valid)}")
     if kind in ("ssh", "slurm") and not entry.get("host"):
         errors.append(f"{path}.host is required for a {kind} backend (any name `ssh <host> true` accepts)")
         structural = True
     if kind == "slurm":
-        structural |= _check_slurm_dir(path, entry.get("remote_dir"), errors)
-        _check_slurm_time(name, entry.get("time"), errors, warnings)
+        structural |= check_slurm_dir(path, entry.get("remote_dir"), errors)
+        check_slurm_time(name, entry.get("time"), errors, warnings)
+    check_secret_env(name, entry, warnings)
     # Unknown keys are reported above; the rest is still type-checked so one
     # pass shows every problem. Without host/remote_dir there is nothing to check.
     return None if structural else {k: v for k, v in entry.items() if k in valid}
-
-
-def _check_slurm_dir(path: str, remote_dir: Any, errors: list[str]) -> bool:
-    """True when remote_dir is missing (nothing left to type-check)."""
-    if not remote_dir:
-        errors.append(
-            f"{path}.remote_dir is required for a slurm backend: a folder on storage the compute nodes share"
-        )
-        return True
-    norm = os.path.normpath(str(remote_dir))
-    if any(norm == d or norm.startswith(d + "/") for d in _TMP_DIRS):
-        errors.append(
-            f"{path}.remote_dir is {remote_dir}, which is local to each node; "
-            "use a folder on storage the login and compute nodes share"
-        )
-    return False
-
-
-def slurm_time_s(value: str) -> int | None:
-    """Seconds of a SLURM time limit (sbatch --time forms); None if unparsable or unlimited."""
-    text = str(value).strip()
-    m = re.fullmatch(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?", text)
-    if not m:
-        return None
-    days, b, c = (None if g is None else int(g) for g in (m.group(1), m.group(3), m.group(4)))
-    a = int(m.group(2))
-    if days is not None:  # days-hours[:minutes[:seconds]]
-        return days * 86400 + a * 3600 + (b or 0) * 60 + (c or 0)
-    if b is not None and c is not None:  # hours:minutes:seconds
-        return a * 3600 + b * 60 + c
-    if b is not None:  # minutes:seconds
-        return a * 60 + b
-    return a * 60  # minutes
-
-
-def _check_slurm_time(name: str, time: Any, errors: list[str], warnings: list[Warning_]) -> None:
-    if time is None:
-        return
-    path = f"model_training.backends.{name}.time"
-    if str(time).strip().lower() in ("infinite", "unlimited"):
-        seconds: int | None = LONG_JOB_S + 1
-    else:
-        seconds = slurm_time_s(str(time))
-    if seconds is None:
-        errors.append(
-            f"{path} is {time!r}, which sbatch does not read; "
-            'write it as "HH:MM:SS", "MM", or "D-HH:MM:SS" (quoted), e.g. "04:00:00"'
-        )
-    elif seconds > LONG_JOB_S:
-        warnings.append(
-            Warning_(
-                f"{path} is {time}. A job that holds a GPU for more than 6 hours is long on a shared "
-                "cluster; check its policy",
-                backend=name,
-            )
-        )
 
 
 def _check_sections(data: dict[str, Any], errors: list[str], warnings: list[Warning_]) -> dict[str, Any]:
@@ -203,6 +142,7 @@ def _check_sections(data: dict[str, Any], errors: list[str], warnings: list[Warn
         sub = _mapping(mt.get(name), f"model_training.{name}", errors)
         if sub is not None:
             errors.extend(_unknown_keys(sub, _model_keys(model), f"model_training.{name}", f"in {name}"))
+    check_local_run_keys(mt, warnings)
     backends = _mapping(mt.get("backends"), "model_training.backends", errors) or {}
     checked = {}
     for name, raw in backends.items():

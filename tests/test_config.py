@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import io
 from pathlib import Path
 
 import pytest
 
 from potato_queue.agent.launchers.sbatch import SlurmSettings, sbatch_argv
 from potato_queue.config import DEFAULT_REDIS_URL, SBATCH_FLAGS, SlurmBackend, redis_url
-from potato_queue.validate import load_checked, slurm_time_s
+from potato_queue.runs.job import limits_for
+from potato_queue.validate import check_file, load_checked, slurm_time_s
 from tests.test_validate_cli import SEED, seed_config, write_project
 
 pytestmark = pytest.mark.unit
@@ -92,3 +94,32 @@ def test_every_sbatch_setting_is_a_slurm_key_and_maps_to_its_flag() -> None:
 )
 def test_slurm_time_parsing(text: str, seconds: int | None) -> None:
     assert slurm_time_s(text) == seconds
+
+
+def test_local_run_keys_reach_local_runs_only(tmp_path: Path) -> None:
+    """max_ram_mb 2000 suits the annotation VM; before, it reached (and killed) a GPU host's fine-tune, and
+    device: cpu forced remote runs onto the CPU."""
+    cfg = seed_config()
+    cfg["model_training"].update(device="cpu", num_threads=2, max_ram_mb=2000)
+    cfg["model_training"]["backends"]["gpu-server"]["num_threads"] = 8
+    config = load_checked(write_project(tmp_path, cfg), stream=io.StringIO())
+    local, remote = limits_for(config, "local"), limits_for(config, "gpu-server")
+    assert (local.device, local.num_threads, local.max_ram_mb) == ("cpu", 2, 2000)
+    assert (remote.device, remote.num_threads, remote.max_ram_mb) == ("auto", 8, None)
+    assert limits_for(config, "cluster").num_threads is None and limits_for(config, "lab-workstation").device == "auto"
+    assert local.max_wall_s == remote.max_wall_s == 3600, "max_wall_seconds is every run's"
+
+
+def test_validate_warns_of_local_run_keys_under_a_remote_default_and_of_unlisted_secrets(tmp_path: Path) -> None:
+    cfg = seed_config()
+    cfg["model_training"]["max_ram_mb"] = 2000
+    cfg["model_training"]["backends"]["cluster"]["env"] = {"WANDB_API_KEY": "k", "HF_TOKEN": "t", "HF_HOME": "/h"}
+    cfg["model_training"]["backends"]["cluster"]["secret_env"] = ["HF_TOKEN"]
+    warnings = check_file(write_project(tmp_path, cfg)).warnings
+    assert warnings == [
+        "model_training.max_ram_mb applies to local runs only, and the default backend is gpu-server: it does not "
+        "reach gpu-server's runs; set mem on a slurm backend instead (ssh and agent hosts are not capped)",
+        "model_training.backends.cluster.env.WANDB_API_KEY looks like a secret, so it never reaches the trainer (nor "
+        "job.sh); if the trainer needs it, add it to secret_env: [WANDB_API_KEY]"]
+    del cfg["model_training"]["backend"]
+    assert len(check_file(write_project(tmp_path, cfg)).warnings) == 1, "local by default: max_ram_mb is meant"

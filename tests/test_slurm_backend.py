@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -458,3 +459,35 @@ def test_a_job_over_its_mem_fails_the_run_out_of_memory(tmp_path: Path, redis_se
         assert run["error"].startswith(f"SLURM job {job} ended before the worker finished: it ran out of memory"), run
         assert "raise the backend's `mem` (now 150M)" in run["error"]
         slurm.wait_empty()
+
+
+# Records the worker's environment, then runs it: the job's python as the trainer sees it.
+ENV_RECORDER = """#!/bin/sh
+case "$4" in potato_queue.worker) env > "$(dirname "$0")/worker.env";; esac
+exec {python} "$@"
+"""
+
+
+def test_a_secret_named_env_reaches_neither_job_sh_nor_the_trainer_unless_listed(
+        svc_factory: Any, shared: Path) -> None:
+    """One environment rule on every backend: a backend's env reaches the trainer, except names that look like
+    secrets, which need secret_env. Before, every env entry went in clear into job.sh on shared storage (and
+    to the trainer), and job.sh was 0700: the job folder's files are 0600 in a 0700 folder now."""
+    recorder = shared / "bin" / "python"
+    recorder.parent.mkdir()
+    recorder.write_text(ENV_RECORDER.format(python=sys.executable))
+    recorder.chmod(0o755)
+    svc = svc_factory(job_python=str(recorder), keep_remote=True, secret_env=["HF_TOKEN"],
+                      env={"PQ_PLAIN": "plain-value", "MY_API_KEY": "do-not-pass-1", "HF_TOKEN": "listed-value"})
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    assert svc.wait_for(run_id, TERMINAL, 180)["state"] == "succeeded", run_log(svc, run_id)
+    job = shared / "jobs" / run_id
+    script = (job / "job.sh").read_text()
+    assert "do-not-pass-1" not in script and "export PQ_PLAIN=plain-value" in script
+    seen = dict(line.split("=", 1) for line in (recorder.parent / "worker.env").read_text().splitlines() if "=" in line)
+    assert seen.get("PQ_PLAIN") == "plain-value" and seen.get("HF_TOKEN") == "listed-value"
+    assert "MY_API_KEY" not in seen and "do-not-pass-1" not in "".join(seen.values())
+    assert stat.S_IMODE(job.stat().st_mode) == 0o700
+    loose = {str(path.relative_to(job)): oct(stat.S_IMODE(path.stat().st_mode)) for path in job.rglob("*")
+             if path.is_file() and stat.S_IMODE(path.stat().st_mode) & 0o077}
+    assert loose == {}, "every file of the job folder is the account's alone"

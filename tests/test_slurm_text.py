@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from potato_queue.agent.isolated import allowed_env
 from potato_queue.agent.launchers.sbatch import (
     QueueState,
     SettingsError,
@@ -259,3 +260,26 @@ def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agen
     assert code == EXIT_UNEXPECTED and worker.killed == 1
     assert time.monotonic() - started < 10
     assert "SLURM job 4242 did not end 0.3 s after it was killed; the agent gives up on it" in lines, lines
+
+
+def test_job_sh_exports_a_secret_named_env_only_when_secret_env_lists_it() -> None:
+    settings = {"env": {"HF_HOME": "/shared/hf", "WANDB_API_KEY": "k-123", "HF_TOKEN": "t-456"},
+                "secret_env": ["HF_TOKEN"]}
+    script = job_script(SlurmSettings.of(settings), "r1", "/shared/jobs/r1", ["python", "-m", "w"])
+    assert "export HF_HOME=/shared/hf" in script and "export HF_TOKEN=t-456" in script
+    assert "k-123" not in script and "WANDB_API_KEY" not in script
+    assert "\numask 077" in script, "what the job writes on shared storage is the account's alone"
+
+
+def test_the_trainer_environment_rule_holds_through_every_process_that_filters_it_again() -> None:
+    """allowed_env runs in the executor, on the host before the agent, and in the agent before the worker:
+    what a backend passed must survive each, and nothing else that looks like a secret."""
+    executor = {"PATH": "/usr/bin", "POTATO_QUEUE_ADMIN_KEY": "admin", "HF_TOKEN": "from-the-executor",
+                "GITHUB_TOKEN": "gh"}
+    agent = allowed_env(executor, {"PQ_PLAIN": "p", "MY_API_KEY": "no", "HF_TOKEN": "listed"}, ["HF_TOKEN"])
+    worker = allowed_env(agent)
+    assert worker["PQ_PLAIN"] == "p" and worker["HF_TOKEN"] == "listed" and worker["PATH"] == "/usr/bin"
+    assert not {"MY_API_KEY", "POTATO_QUEUE_ADMIN_KEY", "GITHUB_TOKEN"} & worker.keys()
+    assert "HF_TOKEN" not in allowed_env(allowed_env(executor, {"PQ_PLAIN": "p"})), "unlisted: dropped"
+    from_host = allowed_env({"PATH": "/bin", "HF_TOKEN": "on-the-host"}, {}, ["HF_TOKEN"])
+    assert allowed_env(from_host)["HF_TOKEN"] == "on-the-host", "a listed secret may come from the host's own env"

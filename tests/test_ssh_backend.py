@@ -501,3 +501,25 @@ def test_a_run_as_an_ordinary_account_in_its_home(tmp_path: Path, redis_server_u
         assert oct(home.stat().st_mode & 0o777) == "0o700"
     finally:
         sshd.write_config("root")
+
+
+def test_a_backend_env_reaches_the_trainer_but_a_secret_named_one_only_when_listed(tmp_path: Path,
+                                                                                    svc_factory: Any) -> None:
+    """The same rule as on slurm: before, an env entry outside the allow-list (PQ_PLAIN) reached the agent but
+    not the trainer, and no secret could be passed on purpose."""
+    # The host's python runs the agent and (as sys.executable) the worker: a venv whose .pth line (site runs it
+    # at start) records the worker's environment.
+    venv = tmp_path / "host-venv"
+    subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
+    record = (f"open({str(tmp_path / 'worker.env')!r}, 'w').write(''.join(k + '=' + v + chr(10) for k, v in "
+              "os.environ.items())) if b'potato_queue.worker' in open('/proc/self/cmdline', 'rb').read().split(b'\\0') "
+              "else None")
+    (next(venv.glob("lib/python3*/site-packages")) / "record_worker_env.pth").write_text(f"import os; {record}\n")
+    python = venv / "bin" / "python3"
+    svc = svc_factory(python=str(python), gpus="none", secret_env=["HF_TOKEN"],
+                      env={"PQ_PLAIN": "plain-value", "MY_API_KEY": "do-not-pass-2", "HF_TOKEN": "listed-value"})
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+    assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded", run_log(svc, run_id)
+    seen = dict(line.split("=", 1) for line in (tmp_path / "worker.env").read_text().splitlines() if "=" in line)
+    assert seen.get("PQ_PLAIN") == "plain-value" and seen.get("HF_TOKEN") == "listed-value"
+    assert "MY_API_KEY" not in seen and "do-not-pass-2" not in "".join(seen.values())

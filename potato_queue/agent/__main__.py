@@ -28,6 +28,7 @@ from typing import IO, List, Optional
 
 from potato_queue.agent.backend import BackendAgent
 from potato_queue.agent.client import RunClient
+from potato_queue.agent.isolated import PASSED_NAMES_VAR
 from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.launchers.sbatch import SettingsError, SlurmSettings
 from potato_queue.agent.launchers.slurm import SlurmLauncher
@@ -96,6 +97,9 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
                        help="where runs keep their files and model files (default ~/.cache/potato-training)")
     serve.add_argument("--keep", action="store_true", help="keep each run's bundle after the run")
     serve.add_argument("--ca-file", metavar="FILE", help="verify the server's https certificate against this CA file only")
+    serve.add_argument("--pass-env", action="append", default=[], metavar="NAME",
+                       help="hand this variable of the agent's environment to the trainer although its name looks "
+                            "like a secret (HF_TOKEN); repeatable. Other such names never reach a trainer")
     serve.add_argument("--slurm-config", metavar="FILE",
                        help="submit each run's worker with sbatch, with the slurm settings in FILE (a JSON object of "
                             "the backend's keys: partition, gres, time, job_python, prelude...); --workdir must then "
@@ -123,6 +127,9 @@ def serve(args: argparse.Namespace) -> int:
         log_line("no backend token: set {} or pass --token-file (the token `potato-queue training register {} "
                  "CONFIG` printed on the server)".format(TOKEN_ENV, args.backend))
         return EXIT_BAD_SPEC
+    if args.pass_env:  # every later allowed_env (the worker's, sbatch's) hands them on
+        passed = set(filter(None, os.environ.get(PASSED_NAMES_VAR, "").split(","))) | set(args.pass_env)
+        os.environ[PASSED_NAMES_VAR] = ",".join(sorted(passed))
     workdir = os.path.expanduser(args.workdir)
     os.makedirs(workdir, mode=0o700, exist_ok=True)
     try:

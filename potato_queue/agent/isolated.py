@@ -11,18 +11,21 @@ Standard library only, Python 3.8+. Two rules:
   ARGS...`: the bootstrap removes the working directory ('' for -c) from
   sys.path before anything else is imported, puts the code's own folder
   first, and runs the module as __main__.
-- The environment is allow-listed: the executor's secrets (the Redis URL
-  with its password, the admin key, an agent's token) never reach a trainer.
-  What a backend's config names under `env` is added by its executor.
+- The environment is allow-listed, one rule on every backend
+  (allowed_env): the executor's secrets (the Redis URL with its password, the
+  admin key, an agent's token) never reach a trainer. A backend's `env`
+  reaches its agent and trainer, except names that look like secrets, which
+  pass only when the backend lists them in `secret_env`.
 """
 
 import os
 import re
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional
 
 from potato_queue.worker.device import THREAD_ENV_VARS
 
-__all__ = ["BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "ALLOWED_NAMES", "ALLOWED_PREFIXES"]
+__all__ = ["BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "passed_env", "looks_secret", "ALLOWED_NAMES",
+           "ALLOWED_PREFIXES", "PASSED_NAMES_VAR"]
 
 # The folder holding the potato_queue package.
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -44,8 +47,15 @@ ALLOWED_NAMES = frozenset({
 })
 ALLOWED_PREFIXES = ("LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "CUDNN_", "HIP_", "ROCR_", "ROCM_", "HF_",
                     "HUGGINGFACE_", "TRANSFORMERS_", "TORCH_", "PYTORCH_", "CONDA_", "SLURM_", "MPLCONFIGDIR")
-# Never passed on, whatever the prefixes say: a token or key in a variable's name marks a secret.
-_SECRET = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL", re.IGNORECASE)
+# Never passed on, whatever the prefixes say, unless a backend lists it: a token or key in a name marks a secret.
+SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL|PRIVATE_KEY", re.IGNORECASE)
+# The names a backend passed (its `env` and `secret_env`): set for the agent, so that the trainer it starts
+# gets them too, whichever process in between filters the environment again.
+PASSED_NAMES_VAR = "POTATO_QUEUE_PASSED_ENV"
+
+
+def looks_secret(name: str) -> bool:
+    return SECRET_NAME.search(name) is not None
 
 
 def python_argv(python: str, module: str, args: List[str], code_root: str = CODE_ROOT,
@@ -54,10 +64,23 @@ def python_argv(python: str, module: str, args: List[str], code_root: str = CODE
     return [python] + (["-S"] if no_site else []) + ["-c", BOOTSTRAP, code_root, module] + list(args)
 
 
-def allowed_env(environ: Optional[Mapping[str, str]] = None, extra: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
-    """The allow-listed part of `environ` (default: this process's), plus `extra` (a backend's `env`)."""
+def passed_env(extra: Optional[Mapping[str, str]], secrets: Iterable[str] = ()) -> Dict[str, str]:
+    """What of a backend's `env` passes: every name but those that look like secrets, unless listed."""
+    listed = set(secrets)
+    return {k: v for k, v in (extra or {}).items() if k in listed or not looks_secret(k)}
+
+
+def allowed_env(environ: Optional[Mapping[str, str]] = None, extra: Optional[Mapping[str, str]] = None,
+                secrets: Iterable[str] = ()) -> Dict[str, str]:
+    """The environment to hand on from `environ` (default: this process's): its allow-listed names that do
+    not look like secrets, the names passed before (PASSED_NAMES_VAR), a backend's `env` (`extra`, by
+    passed_env's rule) and the secrets it lists by name (`secrets`, from `extra` or `environ`)."""
     source = os.environ if environ is None else environ
+    extra = passed_env(extra, secrets)
+    passed = set(filter(None, source.get(PASSED_NAMES_VAR, "").split(","))) | set(extra) | set(secrets)
     env = {k: v for k, v in source.items()
-           if (k in ALLOWED_NAMES or k.startswith(ALLOWED_PREFIXES)) and not _SECRET.search(k)}
-    env.update(extra or {})
+           if k in passed or ((k in ALLOWED_NAMES or k.startswith(ALLOWED_PREFIXES)) and not looks_secret(k))}
+    env.update(extra)
+    if passed:
+        env[PASSED_NAMES_VAR] = ",".join(sorted(passed))
     return env

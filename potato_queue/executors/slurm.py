@@ -15,6 +15,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
+from potato_queue.agent.isolated import passed_env
 from potato_queue.agent.launchers.sbatch import job_name
 from potato_queue.agent.launchers.slurm import NO_SBATCH_FIX, no_sbatch
 from potato_queue.config import SlurmBackend
@@ -104,7 +105,8 @@ class SlurmExecutor(Executor):
         header: dict[str, Any] = {"packages": [], "num_threads": None, "gpus": "none", "min_free_gpu_mb": 0,
                                   "slurm": True}
         # By name, so that even a job whose id never reached us is found; its owner's only.
-        env = [f"{name}={value}" for name, value in self.backend.env.items()]  # SLURM_CONF, a PATH to scancel
+        # SLURM_CONF, a PATH to scancel; on a command line the host's other accounts read, so no secret
+        env = [f"{name}={value}" for name, value in passed_env(self.backend.env).items()]
         stop_job = remote_shell(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + \
             ' "$(id -un)" 2>/dev/null; '
         return start_agent(spec, self.backend, header, assignment={"slurm": self.backend.job_settings(),

@@ -140,7 +140,7 @@ def boot(header: Dict[str, Any]) -> int:
     from potato_queue.host.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, parse_gpus
     from potato_queue.worker.device import THREAD_ENV_VARS
 
-    env = allowed_env(os.environ, header["env"])
+    env = allowed_env(os.environ, header["env"], header.get("secret_env") or [])
     slurm = bool(header.get("slurm"))
     if not slurm:  # a login node's GPUs are not the job's: SLURM's gres gives those
         csv, archs = ("", None) if header["gpus"] == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from potato_queue.config import ProjectConfig
+from potato_queue.config import LocalBackend, ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
@@ -13,7 +13,7 @@ from potato_queue.store.keys import RunPaths
 from potato_queue.store.records import created_ms
 from potato_queue.worker.job import BundleRef, Job, Limits
 
-__all__ = ["build_job", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
+__all__ = ["build_job", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
 
 SERVER_URL_WAIT_S = 2.5
 
@@ -73,6 +73,16 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
         run_id=record["run_id"], trainer=record["trainer"], schemas=list(record["schemas"]),
         bundle=BundleRef(size, sha256), heartbeat_interval_s=heartbeat_interval_s(config, record["backend"]),
         max_predictions_bytes=max_predictions_bytes(config), params=_params(config, store, record),
-        seed=mt.split_seed, grace_seconds=mt.grace_seconds,
-        limits=Limits(max_wall_s=mt.max_wall_seconds, max_ram_mb=mt.max_ram_mb, device=mt.device,
-                      num_threads=mt.num_threads))
+        seed=mt.split_seed, grace_seconds=mt.grace_seconds, limits=limits_for(config, record["backend"]))
+
+
+def limits_for(config: ProjectConfig, backend: str) -> Limits:
+    """The local-run keys (device, num_threads, max_ram_mb) are the local backend's only: max_ram_mb 2000 suits
+    the annotation VM and would kill a GPU host's fine-tune. A remote run gets its backend's num_threads."""
+    mt = config.model_training
+    chosen = mt.backend_config(backend) if backend in mt.backend_names() else None
+    if isinstance(chosen, LocalBackend):
+        return Limits(max_wall_s=mt.max_wall_seconds, max_ram_mb=chosen.max_ram_mb, device=chosen.device,
+                      num_threads=chosen.num_threads)
+    return Limits(max_wall_s=mt.max_wall_seconds, max_ram_mb=None, device="auto",
+                  num_threads=getattr(chosen, "num_threads", None))

@@ -12,6 +12,7 @@ import re
 import shlex
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
+from potato_queue.agent.isolated import passed_env
 from potato_queue.worker.device import THREAD_ENV_VARS
 
 __all__ = [
@@ -29,7 +30,7 @@ SBATCH_FLAGS = {
     "gpus_per_node": "--gpus-per-node", "comment": "--comment",
 }
 # The other keys the job needs; the rest of a backend (host, python, remote_dir...) is the executor's.
-JOB_KEYS = ("job_python", "prelude", "poll_interval_s", "requeue", "env", "num_threads")
+JOB_KEYS = ("job_python", "prelude", "poll_interval_s", "requeue", "env", "secret_env", "num_threads")
 SQUEUE_FORMAT = "%T|%r|%N"
 # The job settings' defaults (config.py's SlurmBackend takes them from here).
 DEFAULT_JOB_PYTHON = "python3"
@@ -51,6 +52,7 @@ class SlurmSettings(NamedTuple):
     env: Dict[str, str]
     num_threads: Optional[int]
     sbatch: Dict[str, str]  # {"--partition": "gpu", ...}, in SBATCH_FLAGS' order
+    secret_env: List[str] = []  # names that look like secrets and still pass (agent/isolated.py)
 
     @classmethod
     def of(cls, data: Dict[str, Any]) -> "SlurmSettings":
@@ -70,7 +72,7 @@ class SlurmSettings(NamedTuple):
         return cls(str(data.get("job_python") or DEFAULT_JOB_PYTHON), list(prelude),
                    float(data.get("poll_interval_s") or DEFAULT_POLL_INTERVAL_S),
                    bool(data.get("requeue")), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
-                   int(threads) if threads else None, sbatch)
+                   int(threads) if threads else None, sbatch, [str(name) for name in data.get("secret_env") or []])
 
 
 def job_name(run_id: str) -> str:
@@ -97,11 +99,13 @@ def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: 
     """
     q = shlex.quote
     stderr_log, exit_code = q(job_dir + "/stderr.log"), q(job_dir + "/exit_code")
-    env = dict(settings.env)
+    # The one rule (isolated.passed_env): a name that looks like a secret is exported only when listed.
+    env = passed_env(settings.env, settings.secret_env)
     if settings.num_threads:
         env.update({name: str(settings.num_threads) for name in THREAD_ENV_VARS})
     lines = ["#!/bin/bash -l", "# potato-queue run {}: written by its agent; SLURM runs it on a compute node.".format(
         run_id)]
+    lines.append("umask 077  # the job folder is on storage other accounts share")
     lines.append("trap 'echo \"potato-queue: job.sh got SIGTERM; the worker stops\" >&2' TERM")
     lines += ["export {}={}".format(name, q(value)) for name, value in sorted(env.items())]
     running = q(job_dir + "/running")

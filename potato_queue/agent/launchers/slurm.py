@@ -328,7 +328,7 @@ class SlurmLauncher(WorkerLauncher):
     def __init__(self, settings: SlurmSettings, log: Log, host: Optional[str] = None) -> None:
         self.settings, self.log = settings, log
         self.host = host or os.uname()[1]
-        self.env = allowed_env(os.environ, settings.env)
+        self.env = allowed_env(os.environ, settings.env, settings.secret_env)
 
     def command(self, argv: List[str]) -> Optional[str]:
         """A SLURM command's stdout; None when it failed (its stderr is logged) or is not there."""
@@ -349,7 +349,7 @@ class SlurmLauncher(WorkerLauncher):
         run_id = os.path.basename(job_dir)
         worker = python_argv(self.settings.job_python, "potato_queue.worker", ["--spec", spec_path],
                              code_root=shared_code_root(os.path.dirname(job_dir)))
-        write_atomic(os.path.join(job_dir, "job.sh"), job_script(self.settings, run_id, job_dir, worker), mode=0o700,
+        write_atomic(os.path.join(job_dir, "job.sh"), job_script(self.settings, run_id, job_dir, worker), mode=0o600,
                      durable=False)
         argv = sbatch_argv(self.settings, run_id, job_dir)
         try:

@@ -307,6 +307,6 @@ def start_agent(spec: LaunchSpec, backend: Any, header: dict[str, Any], assignme
         os.close(log_fd)
     session = _Session(proc, spec, backend, socket, assignment)
     header = {"remote_dir": backend.remote_dir, "code_sha256": code_package.agent_zipapp().sha256,
-              "env": backend.env, "host": backend.host, "socket": socket, **header}
+              "env": backend.env, "secret_env": backend.secret_env, "host": backend.host, "socket": socket, **header}
     threading.Thread(target=session.converse, args=(header,), name=f"ssh-{spec.run_id}", daemon=True).start()
     return RemoteAgentHandle(session, target, stop_job)
