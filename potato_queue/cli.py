@@ -128,11 +128,14 @@ def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | 
           tls_key: str | None) -> None:
     """Run the server: Training page, admin JSON API, agent protocol."""
     from potato_queue.processes.server import serve_forever
+    from potato_queue.server.connections import HEADER_TIMEOUT_S
 
     if bool(tls_cert) != bool(tls_key):
         raise PotatoQueueError("--tls-cert and --tls-key go together", fix="give both, or neither for http")
     serve_forever(_checked(config, say_writeback=True), _redis_checked(redis_url), host=host, port=port, public_url=public_url,
-                  tls=(tls_cert, tls_key) if tls_cert and tls_key else None)
+                  tls=(tls_cert, tls_key) if tls_cert and tls_key else None,
+                  # HEADER_TIMEOUT_S's 10 s; shorter for testing only
+                  header_timeout_s=float(os.environ.get("POTATO_QUEUE_HEADER_TIMEOUT_S") or HEADER_TIMEOUT_S))
 
 
 @cli.command()

@@ -69,11 +69,11 @@ class Services:
         self._project_config: ProjectConfig | None = None
 
     def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None, pipe: bool = False,
-               cwd: Path | None = None) -> subprocess.Popen[str]:
+               cwd: Path | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
         log = open(self.tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
         # From another folder, the console script: `python -m` would put that folder on sys.path.
         command = [str(Path(sys.executable).parent / "potato-queue")] if cwd else [sys.executable, "-m", "potato_queue.cli"]
-        proc = subprocess.Popen([*command, *args], stdout=subprocess.PIPE if pipe else log, stderr=log, text=True,
+        proc = subprocess.Popen([*prefix, *command, *args], stdout=subprocess.PIPE if pipe else log, stderr=log, text=True,
                                 env={**self.env, **(env or {})}, start_new_session=True, cwd=cwd)
         self.procs.append(proc)
         return proc
@@ -85,8 +85,12 @@ class Services:
             self._project_config = load_checked(self.config)
         return self._project_config
 
-    def serve(self, host: str = "127.0.0.1", *args: str) -> str:
-        proc = self._spawn("serve", str(self.config), "--host", host, "--port", "0", *args, name="server", pipe=True)
+    def serve(self, host: str = "127.0.0.1", *args: str, open_files: int | None = None,
+              env: dict[str, str] | None = None) -> str:
+        """`potato-queue serve`; `open_files` runs it under that RLIMIT_NOFILE (soft and hard), as a unit would."""
+        prefix = ("prlimit", f"--nofile={open_files}:{open_files}", "--") if open_files else ()
+        proc = self._spawn("serve", str(self.config), "--host", host, "--port", "0", *args, name="server", pipe=True,
+                           prefix=prefix, env=env)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert " at http" in line, line + (self.tmp_path / "server.log").read_text()

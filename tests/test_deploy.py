@@ -12,7 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.lifecycle_helpers import ROOT, started
+from tests.agent_helpers import BACKEND, Agent, lab, nat_host, register
+from tests.lifecycle_helpers import ROOT, TERMINAL, Services, make_project, started
+from tests.nginx import Nginx, free_port
+from tests.sshd import ALIAS, Sshd
 
 DEPLOY = ROOT / "deploy"
 VENV_BIN = Path(sys.executable).parent
@@ -58,3 +61,32 @@ def test_celery_inspect_ping_answers_from_a_running_executor(tmp_path: Path, red
                 break
         assert done.returncode == 0, done.stdout + done.stderr
         assert re.search(r"->\s+\S+: OK\s+pong", done.stdout), done.stdout
+
+
+def test_behind_the_shipped_nginx_with_tls_agent_and_ssh_runs_succeed(tmp_path: Path, redis_server_url: str,
+                                                                     sshd: Sshd) -> None:
+    """The deployment as shipped: `serve` on 127.0.0.1 with an https --public-url (the web unit's command line),
+    deploy/nginx.conf in front with TLS. Before, the server recorded the public https URL for its executors as
+    well, so every ssh (and slurm) run failed at its forward; the agent behind NAT reaches the server through
+    nginx, the ssh host through its forward to the bound address."""
+    with nat_host() as nat:
+        upstream = free_port("127.0.0.1")
+        proxy = Nginx(tmp_path / "nginx", nat.host_ip, upstream)
+        sshd.write_config("root")
+        backends = {"gpu": {"type": "ssh", "host": ALIAS, "python": "/usr/bin/python3", "gpus": "none",
+                            "remote_dir": str(tmp_path / "remote")}, **lab()["backends"]}
+        svc = Services(make_project(tmp_path, backends=backends), redis_server_url, tmp_path)
+        try:
+            svc.serve("127.0.0.1", "--port", str(upstream), "--public-url", proxy.url)
+            assert svc.url == proxy.url
+            svc.ssl_context = proxy.ssl_context()
+            svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+            over_ssh = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="gpu")
+            assert svc.wait_for(over_ssh, TERMINAL, 120)["state"] == "succeeded", svc.logs()
+            agent = Agent(nat, svc, register(svc), "--once", "--ca-file", str(proxy.ca))
+            by_agent = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+            assert svc.wait_for(by_agent, TERMINAL, 120)["state"] == "succeeded", agent.output()
+            assert agent.wait() == 0
+        finally:
+            svc.stop()
+            proxy.close()

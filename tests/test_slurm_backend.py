@@ -25,7 +25,8 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, pids, run_paths, started
+from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, make_project, pids, run_paths, started
+from tests.nginx import Nginx, free_port
 from tests.slurm_cluster import CPUS, NODE, SlurmCluster
 from tests.sshd import ALIAS, Sshd
 
@@ -491,3 +492,22 @@ def test_a_secret_named_env_reaches_neither_job_sh_nor_the_trainer_unless_listed
     loose = {str(path.relative_to(job)): oct(stat.S_IMODE(path.stat().st_mode)) for path in job.rglob("*")
              if path.is_file() and stat.S_IMODE(path.stat().st_mode) & 0o077}
     assert loose == {}, "every file of the job folder is the account's alone"
+
+
+def test_a_server_behind_the_shipped_nginx_runs_slurm_jobs(tmp_path: Path, redis_server_url: str, sshd: Sshd,
+                                                          slurm: SlurmCluster, shared: Path) -> None:
+    """serve on 127.0.0.1 with an https --public-url behind deploy/nginx.conf (tests/nginx.py): the job's agent
+    on the login node reports through its ssh forward to the bound address, not through the public URL."""
+    upstream = free_port("127.0.0.1")
+    proxy = Nginx(tmp_path / "nginx", "127.0.0.1", upstream)
+    sshd.write_config("root")
+    svc = Services(make_project(tmp_path, **cluster_backend(slurm, shared)), redis_server_url, tmp_path)
+    try:
+        svc.serve("127.0.0.1", "--port", str(upstream), "--public-url", proxy.url)
+        svc.ssl_context = proxy.ssl_context()
+        svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        assert svc.wait_for(run_id, TERMINAL, 180)["state"] == "succeeded", run_log(svc, run_id)
+    finally:
+        svc.stop()
+        proxy.close()

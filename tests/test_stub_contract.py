@@ -73,7 +73,7 @@ def run_stub(tmp_path: Path, redis_server_url: str) -> Iterator[Runner]:
         config = load_checked(make_project(folder, backends={name: backend} if backend else {}, **training))
         clock = ManualClock()
         store = RunStore(config, redis.Redis.from_url(redis_server_url), clock=clock)
-        store.presence.record_server_url("http://127.0.0.1:9", 3600)
+        store.presence.record_server_url("http://127.0.0.1:9", "http://127.0.0.1:9", 3600)
         agent = StubAgent(script, store, clock, kind)
         executor: Executor
         if kind == "agent":

@@ -10,6 +10,12 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 from potato_queue.processes.startup import check_admin_key, check_writable
+from potato_queue.server.connections import (
+    HEADER_TIMEOUT_S,
+    ConnectionGate,
+    guarded_protocol,
+    raise_file_limit,
+)
 
 __all__ = ["serve_forever", "collect_on_schedule", "YOUNG_COLLECTION_EVERY_S", "FULL_COLLECTION_EVERY_S"]
 
@@ -44,8 +50,9 @@ def collect_on_schedule(young_every_s: float, full_every_s: float) -> threading.
 
 
 def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int, public_url: str | None,
-                  tls: tuple[str, str] | None = None) -> None:
-    """Serve until stopped; `tls` (certificate file, key file) serves https."""
+                  tls: tuple[str, str] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
+    """Serve until stopped; `tls` (certificate file, key file) serves https; a connection whose request headers
+    are not whole within header_timeout_s is cut (server/connections.py)."""
     import uvicorn
 
     from potato_queue.server.app import create_app, record_server_url
@@ -64,14 +71,19 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     sock.bind((host, port))
     sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
     bound_port = sock.getsockname()[1]
-    reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else host
-    url = public_url or f"{'https' if tls else 'http'}://{reach}:{bound_port}"
-    record_server_url(app.state.store, url)
+    reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else f"[{host}]" if ":" in host else host
+    local_url = f"{'https' if tls else 'http'}://{reach}:{bound_port}"
+    url = public_url or local_url
+    record_server_url(app.state.store, url, local_url)
     print(f"potato-queue: serving {config.annotation_task_name or config.config_path} at {url}", flush=True)
+    if url != local_url:  # behind a proxy: the executors on this machine come in by the bound address
+        print(f"potato-queue: executors on this machine (and ssh forwards) reach it at {local_url}", flush=True)
     print(f"potato-queue: {admin_state}", flush=True)
     certfile, keyfile = tls or (None, None)
+    files = raise_file_limit(lambda text: print(f"potato-queue: {text}", flush=True))
+    protocol = guarded_protocol(ConnectionGate.for_file_limit(files), header_timeout_s)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
-                                           ssl_certfile=certfile, ssl_keyfile=keyfile))
+                                           ssl_certfile=certfile, ssl_keyfile=keyfile, http=protocol))
     handle_exit = server.handle_exit
 
     def stopping(sig: int, frame: Any) -> None:

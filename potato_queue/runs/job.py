@@ -19,12 +19,12 @@ SERVER_URL_WAIT_S = 2.5
 
 
 def server_url_for(store: RunStore) -> str:
-    """The address `potato-queue serve` recorded for agents and executors."""
+    """The address `potato-queue serve` is bound to, for the executors beside it (local, ssh forwards)."""
     deadline = time.monotonic() + 2 * SERVER_URL_WAIT_S
-    url = store.presence.server_url()
+    url = store.presence.server_local_url()
     while url is None and time.monotonic() < deadline:  # the server re-records it every few seconds
         time.sleep(0.1)
-        url = store.presence.server_url()
+        url = store.presence.server_local_url()
     if url is None:
         raise PotatoQueueError(
             "No potato-queue server is running for this project, so the agent has nothing to report to",

@@ -88,7 +88,13 @@ class Keys:
 
     @property
     def server_url(self) -> str:
+        """The address agents reach the server at (its public URL, behind a proxy)."""
         return f"{self.prefix}:server_url"
+
+    @property
+    def server_local_url(self) -> str:
+        """The server's own bound address: what an executor on its machine (and an ssh forward) reaches."""
+        return f"{self.prefix}:server_local_url"
 
     def executor(self, name: str) -> str:
         """An executor process that is up (`<host>:<pid>`), refreshed every few seconds with a short expiry."""
@@ -130,6 +136,10 @@ class Keys:
         """Hash of the run's live state (state, step, progress, heartbeat_at, ...)."""
         return f"{self.prefix}:run:{run_id}"
 
+    def metrics(self, run_id: str) -> str:
+        """Hash of the run's metrics: `<split>/<name>` to its latest value, as JSON."""
+        return f"{self.prefix}:metrics:{run_id}"
+
     def cancel(self, run_id: str) -> str:
         return f"{self.prefix}:cancel:{run_id}"
 
@@ -144,6 +154,14 @@ class Keys:
     def run_token(self, run_id: str) -> str:
         """sha256 of the run's token (the token itself is never stored)."""
         return f"{self.prefix}:token:{run_id}"
+
+    def page_session(self, digest: str) -> str:
+        """A Training page session that is signed in, by its nonce's sha256: gone at sign-out or its expiry."""
+        return f"{self.prefix}:page-session:{digest}"
+
+    def sign_in_tries(self, client: str) -> str:
+        """Hash of one client's recent sign-in tries on the Training page (`tries`, and `until`: no try before)."""
+        return f"{self.prefix}:sign-in:{client}"
 
 
 def remote_socket_path(run_id: str) -> str:

@@ -23,12 +23,21 @@ class Presence:
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis, self.keys = client, keys
 
-    def record_server_url(self, url: str, ttl_s: float) -> None:
-        self.redis.set(self.keys.server_url, url, ex=max(1, int(ttl_s)))
+    def record_server_url(self, url: str, local_url: str, ttl_s: float) -> None:
+        with self.redis.pipeline(transaction=False) as pipe:
+            pipe.set(self.keys.server_url, url, ex=max(1, int(ttl_s)))
+            pipe.set(self.keys.server_local_url, local_url, ex=max(1, int(ttl_s)))
+            pipe.execute()
 
     def server_url(self) -> str | None:
-        """Where `potato-queue serve` said agents and executors reach it (None: no server running)."""
+        """Where `potato-queue serve` said agents reach it: its public URL (None: no server running)."""
         url = as_text(self.redis.get(self.keys.server_url))
+        return None if url is None else str(url)
+
+    def server_local_url(self) -> str | None:
+        """The server's bound address, for executors beside it: behind a TLS proxy the public URL is https,
+        which neither the local agent nor an ssh forward (plain http through a socket) should go through."""
+        url = as_text(self.redis.get(self.keys.server_local_url)) or self.server_url()
         return None if url is None else str(url)
 
     def record_executor(self, name: str, ttl_s: float) -> None:

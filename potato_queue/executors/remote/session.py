@@ -63,7 +63,8 @@ def forward_target(server_url: str) -> str:
     parts = urlsplit(server_url)
     if parts.scheme != "http" or parts.hostname is None:
         raise PotatoQueueError(f"a backend reached by ssh forwards the server's plain http address, not {server_url}",
-                               fix="serve plain http on an address the executor reaches (TLS stays at the proxy)")
+                               fix="serve plain http on 127.0.0.1 behind the TLS proxy (deploy/nginx.conf) and give "
+                                   "agents the proxy's address with --public-url: ssh forwards go to the bound address")
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{host}:{parts.port or 80}"
 
