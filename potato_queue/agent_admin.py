@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timezone
 from typing import Any
+from urllib.parse import urlsplit
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
@@ -35,10 +36,13 @@ def agent_backend_checked(config: ProjectConfig, backend: str) -> None:
                                fix="register a backend of type: agent")
 
 
-def register_text(backend: str, token: str, server_url: str | None) -> str:
-    """What `training register` prints: the token once, and what to run on the training machine."""
+def register_text(backend: str, token: str, server_url: str | None, agent_sha256: str) -> str:
+    """What `training register` prints: the token once, and what to run on the training machine. The download
+    checks agent.pyz's sha256 (this server's code): over plain http, or through a proxy that was tampered
+    with, a changed file must not run with the token."""
     url = server_url or "http://<this-server>:8000"
     start = f"potato-queue training agent --server {url} --backend {backend}"
+    plain = urlsplit(url).scheme == "http" and urlsplit(url).hostname not in ("127.0.0.1", "localhost", "::1")
     return "\n".join([
         f"Token for backend '{backend}' (shown once; registering again replaces it):",
         "",
@@ -51,9 +55,12 @@ def register_text(backend: str, token: str, server_url: str | None) -> str:
         "",
         "Or with nothing but Python 3.8+ and the trainer's packages there (the server serves the agent as one file):",
         "",
-        f"  curl -fsSo agent.pyz {url}{AGENT_PYZ_PATH}",
+        f"  curl -fsSo agent.pyz {url}{AGENT_PYZ_PATH} && echo '{agent_sha256}  agent.pyz' | sha256sum -c -",
         f"  POTATO_TRAINING_TOKEN={token} python3 agent.pyz --server {url} --backend {backend}",
         "",
+        f"(agent.pyz's sha256 is {agent_sha256}; on macOS check it with `shasum -a 256 -c`.)",
+        *(["(This server speaks plain http: the token and the runs' data cross the network in clear. Put it "
+           "behind TLS, deploy/nginx.conf, and give serve --public-url https://...)", ""] if plain else [""]),
         "(The token goes in the environment or a file, --token-file: never on a command line, which other "
         "accounts can read.)" if server_url else
         "(Replace <this-server> with the address the training machine reaches this server at; the token goes "

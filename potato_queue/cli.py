@@ -233,11 +233,12 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool) -> None:
 def register(backend: str, config: Path, redis_url: str) -> None:
     """Issue a token for an agent BACKEND (printed once; replaces the old one)."""
     from potato_queue.agent_admin import agent_backend_checked, register_text
+    from potato_queue.code_package import agent_zipapp
 
     cfg = _checked(config)
     agent_backend_checked(cfg, backend)
     store, _ = _store_and_queue(cfg, _redis_checked(redis_url))
-    click.echo(register_text(backend, store.agents.issue(backend), store.presence.server_url()))
+    click.echo(register_text(backend, store.agents.issue(backend), store.presence.server_url(), agent_zipapp().sha256))
 
 
 @training.command(context_settings={"ignore_unknown_options": True, "help_option_names": []},

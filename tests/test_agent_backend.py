@@ -194,10 +194,14 @@ def test_the_served_agent_runs_on_a_bare_python_38(behind_nat: Services, nat: Na
     svc = behind_nat
     assert PYTHON38.exists(), f"{PYTHON38}: pyenv's CPython 3.8 stands in for an old GPU host"
     pyz = svc.tmp_path / "agent.pyz"
-    # Fetched from inside the namespace, as the register text says (curl there, urllib here).
-    nat.exec(str(PYTHON38), "-c", f"import urllib.request; urllib.request.urlretrieve({svc.url!r} + "
-             f"'/api/training/agent/v1/agent.pyz', {str(pyz)!r})")
-    agent = Agent(nat, svc, register(svc), "--once", argv=[str(PYTHON38), str(pyz)])
+    # Fetched and checked inside the namespace with the register text's own line (curl, sha256sum).
+    text = subprocess.run([sys.executable, "-m", "potato_queue.cli", "training", "register", BACKEND, str(svc.config)],
+                          env=svc.env, capture_output=True, text=True, timeout=60).stdout
+    fetch = next(line.strip() for line in text.splitlines() if line.strip().startswith("curl "))
+    assert "sha256sum -c -" in fetch
+    assert "agent.pyz: OK" in nat.exec("sh", "-c", f"cd {svc.tmp_path} && {fetch}")
+    token = text.splitlines()[2].strip()
+    agent = Agent(nat, svc, token, "--once", argv=[str(PYTHON38), str(pyz)])
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     run = svc.wait_for(run_id, TERMINAL, 120)
     assert run["state"] == "succeeded", (run, agent.output())

@@ -16,17 +16,21 @@ pytestmark = pytest.mark.unit
 
 
 def test_register_prints_the_token_once_and_the_commands_for_the_training_machine() -> None:
-    text = register_text("lab", "TOKEN123", "https://annotate.example.org")
+    text = register_text("lab", "TOKEN123", "https://annotate.example.org", "ab" * 32)
     assert text.count("TOKEN123") == 3  # shown once, then in the two ways to start the agent
     assert "export POTATO_TRAINING_TOKEN=TOKEN123" in text
     assert "potato-queue training agent --server https://annotate.example.org --backend lab" in text
-    assert f"curl -fsSo agent.pyz https://annotate.example.org{AGENT_PYZ_PATH}" in text
+    assert (f"curl -fsSo agent.pyz https://annotate.example.org{AGENT_PYZ_PATH} && echo '{'ab' * 32}  agent.pyz' | "
+            "sha256sum -c -") in text, "the one-line install checks the file it runs"
     assert "--token TOKEN123" not in text and "--token=" not in text
+    assert "plain http" not in text
 
 
-def test_register_without_a_known_url_says_what_to_put_in() -> None:
-    text = register_text("lab", "T", None)
+def test_register_without_a_known_url_says_what_to_put_in_and_warns_of_plain_http() -> None:
+    text = register_text("lab", "T", None, "cd" * 32)
     assert "--server http://<this-server>:8000" in text and "Replace <this-server>" in text
+    assert "This server speaks plain http: the token and the runs' data cross the network in clear" in text
+    assert "plain http" not in register_text("lab", "T", "http://127.0.0.1:8000", "cd" * 32), "this machine only"
 
 
 def test_the_queue_timeout_message_names_the_fix() -> None:
