@@ -323,6 +323,9 @@ def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None,
     if os.environ.get(WARNINGS_SHOWN_ENV) != str(Path(path).resolve()):
         for text in report.warnings:
             print(f"warning: {text}", file=out)
+        # validation.acknowledge is validate's (--strict passes); a starting process still says them, marked
+        for text in report.acknowledged:
+            print(f"warning (acknowledged in validation.acknowledge): {text}", file=out)
         if say_writeback and report.config is not None:
             print(ledger_status(report.config).line(), file=out)
     assert report.config is not None

@@ -523,3 +523,15 @@ def test_a_backend_env_reaches_the_trainer_but_a_secret_named_one_only_when_list
     seen = dict(line.split("=", 1) for line in (tmp_path / "worker.env").read_text().splitlines() if "=" in line)
     assert seen.get("PQ_PLAIN") == "plain-value" and seen.get("HF_TOKEN") == "listed-value"
     assert "MY_API_KEY" not in seen and "do-not-pass-2" not in "".join(seen.values())
+
+
+def test_a_trainer_package_missing_on_the_host_names_what_to_install_there(svc_factory: Any) -> None:
+    """ERR-4 on a host that has only our zipapp: before, the fix said pip install 'potato-queue[train-sklearn]',
+    which is nothing that host needs; the host's Debian python3 has no scikit-learn (nor numpy)."""
+    svc = svc_factory(python="/usr/bin/python3", gpus="none")
+    run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    assert run["state"] == "failed"
+    assert run["error"] == ("Trainer 'sklearn-text' could not be imported: No module named 'numpy' (fix: install the "
+                            "trainer's packages into the Python that ran it on this host: /usr/bin/python3 -m pip "
+                            "install scikit-learn (or, on an ssh backend, list them under packages:))"), run["error"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import io
 import json
 import shutil
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from potato_queue.validate import load_checked
 from tests.conftest import ROOT, run_cli
 
 SEED = ROOT / "tests" / "fixtures" / "seed_project"
@@ -269,6 +271,14 @@ def test_acknowledged_warning_passes_strict(tmp_path: Path) -> None:
     assert code == 0
     assert report == {"errors": [], "warnings": [], "acknowledged": [TIME_WARNING]}
     assert f"acknowledged: {TIME_WARNING}" in run_cli("validate", path, "--strict").stdout
+
+
+def test_a_starting_process_still_says_an_acknowledged_warning_marked_as_such(tmp_path: Path) -> None:
+    """acknowledge is for validate --strict; before, the server started in silence about the 12-hour job."""
+    path = write_project(tmp_path, long_job_config(["model_training.backends.cluster.time is"]))
+    said = io.StringIO()
+    load_checked(path, stream=said)
+    assert said.getvalue() == f"warning (acknowledged in validation.acknowledge): {TIME_WARNING}\n"
 
 
 def test_ack_naming_a_backend_acknowledges_only_that_backend(tmp_path: Path) -> None:

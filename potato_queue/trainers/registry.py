@@ -9,6 +9,7 @@ missing one is exit 3 with ``install_hint``.
 from __future__ import annotations
 
 import importlib
+import sys
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -27,9 +28,30 @@ __all__ = [
 ]
 
 
-def install_hint(extra: str) -> str:
-    """The pip command that installs potato-queue's *extra*."""
-    return f"pip install 'potato-queue[{extra}]'"
+# pip's name for an import name, where they differ.
+PIP_NAMES = {"sklearn": "scikit-learn"}
+
+
+def potato_queue_installed() -> bool:
+    """Whether potato-queue is pip-installed for this Python; not, where its code came as the zipapp (a
+    training host reached by ssh, slurm or a served agent.pyz), and then its extras mean nothing there."""
+    try:
+        from importlib import metadata
+
+        metadata.distribution("potato-queue")
+    except Exception:  # PackageNotFoundError; metadata itself missing on an odd build
+        return False
+    return True
+
+
+def install_hint(extra: str, packages: tuple[str, ...] = ()) -> str:
+    """How to install what a trainer needs on this machine: potato-queue's *extra* where potato-queue is
+    installed, else the *packages* themselves into this Python (an ssh backend can list them instead)."""
+    if potato_queue_installed() or not packages:
+        return f"pip install 'potato-queue[{extra}]'"
+    names = " ".join(PIP_NAMES.get(name, name) for name in packages)
+    return (f"install the trainer's packages into the Python that ran it on this host: {sys.executable} -m pip "
+            f"install {names} (or, on an ssh backend, list them under packages:)")
 
 
 @dataclass(frozen=True)
@@ -56,7 +78,7 @@ class TrainerInfo:
     @property
     def install_hint(self) -> str:
         """``pip install 'potato-queue[<extra>]'``, or ``""``."""
-        return install_hint(self.extra) if self.extra else ""
+        return install_hint(self.extra, self.packages) if self.extra else ""
 
     def to_dict(self) -> dict[str, object]:
         """A JSON-ready description."""
