@@ -14,10 +14,20 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_PARAMS_BYTES", "depth_of", "too_deep", "clean", "clean_flat", "json_size"]
+__all__ = ["MAX_DEPTH", "MAX_PARAMS_BYTES", "MAX_METRIC_NAME_CHARS", "MAX_METRIC_TEXT_CHARS", "MAX_METRICS_PER_RUN",
+           "MAX_LIVE_TEXT_CHARS", "depth_of", "too_deep", "clean", "clean_flat", "json_size", "shortened"]
 
 MAX_DEPTH = 20
 MAX_PARAMS_BYTES = 64 * 1024
+# What a run's record keeps of its agent's events (runs/ingest.py). The record is read by every listing
+# (GET /runs, the Training page's stream, twice a second), so what a token holder puts there is bounded:
+# a metric is a number or a short text under a short `<split>/<name>`, and a run has at most so many names
+# (a trainer logs a handful per split; a name per step is a bug, and would grow the record for ever).
+MAX_METRIC_NAME_CHARS = 200
+MAX_METRIC_TEXT_CHARS = 200
+MAX_METRICS_PER_RUN = 1000
+# Step, error and progress text: one line of the runs table; longer is cut, saying how much was cut.
+MAX_LIVE_TEXT_CHARS = 1000
 _SURROGATE = re.compile("[\ud800-\udfff]")
 
 
@@ -57,13 +67,15 @@ def clean_flat(value: dict[str, Any]) -> dict[str, Any] | None:
     """`value` itself when it is one level of plain, servable scalars (what nearly every event is),
     else None (then too_deep() and clean() decide). The hot path of an events batch: no walk, no copy."""
     for key, item in value.items():
+        if not key.isascii() and _SURROGATE.search(key):
+            return None  # a key is text too: a lone surrogate there is as unservable as in a value
         if isinstance(item, str):
             if not item.isascii() and _SURROGATE.search(item):
                 return None
         elif isinstance(item, float):
             if not math.isfinite(item):
                 return None
-        elif not isinstance(item, _PLAIN) or not key.isascii():
+        elif not isinstance(item, _PLAIN):
             return None
     return value
 
@@ -80,3 +92,8 @@ def clean(value: Any) -> Any:
 def json_size(value: Any) -> int:
     """Bytes of `value` as compact JSON."""
     return len(json.dumps(value, separators=(",", ":"), default=str).encode("utf-8", "replace"))
+
+
+def shortened(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how many more there were (unchanged when within it)."""
+    return text if len(text) <= limit else f"{text[:limit]}... ({len(text) - limit} more characters)"

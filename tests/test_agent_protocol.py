@@ -96,6 +96,16 @@ if mode == "success":
     emit("result", status="success", model_version="m1", metrics={"accuracy": 0.9}, label_order=["positive", "negative"],
          notes="", predictions_file="predictions.jsonl", n_predictions=len(lines))
     sys.exit(0)
+if mode == "hostile":
+    # Between good events, lines a broken or hostile trainer writes: a key that is a lone surrogate (JSON
+    # escapes, which parse), an 8 MB metric, a log line and a step with lone surrogates.
+    emit("metric", split="val", name="accuracy", value=0.5, step=0)
+    print('{"v": 1, "event": "metric", "t": 1, "split": "val", "name": "odd", "value": 1, "\\ud800": "a key"}', flush=True)
+    emit("metric", split="val", name="huge", value="x" * (8 << 20), step=0)
+    print('{"v": 1, "event": "log", "t": 1, "level": "warning", "msg": "bad \\ud800 text"}', flush=True)
+    print('{"v": 1, "event": "status", "t": 1, "state": "running", "step": "step \\udfff"}', flush=True)
+    emit("metric", split="val", name="accuracy", value=0.9, step=1)
+    sys.exit(0)
 if mode == "hang":
     signal.signal(signal.SIGTERM, on_term)
     # A child in the worker's group that ignores SIGTERM: the agent must not leave it behind.
@@ -335,7 +345,7 @@ def test_a_run_end_to_end(transport: str, served: Served, fake_worker: Path, tmp
     live = store.live(run_id)
     assert live["agent_exit_code"] == "0"
     assert live["artifact_uri"] == f"{socket.gethostname()}:{agent.root / 'work'}"
-    assert live["metrics"] == {"val/accuracy": (n - 1) / 1000}
+    assert store.metrics(run_id) == {"val/accuracy": (n - 1) / 1000}
     assert live["progress"] == {"phase": "train", "current": 3, "total": 4, "eta_s": 1.5}
     assert live["result"]["model_version"] == "m1"
     predictions = store.paths(run_id).predictions.read_text().splitlines()
@@ -633,7 +643,7 @@ def test_events_update_the_live_state_and_run_log(served: Served) -> None:
         assert http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": more}, headers=auth(token)).status_code == 200
     live = served.store.live(run_id)
     assert live["step"] == "loading"
-    assert live["metrics"] == {"val/f1": 0.7, "test/acc": 0.9}
+    assert served.store.metrics(run_id) == {"val/f1": 0.7, "test/acc": 0.9}
     assert live["error"] == "Trainer 'x' could not be imported (fix: pip install potato-queue[train-text])"
     assert events_of(served, run_id) == batch + more
     run_log = served.store.paths(run_id).run_log.read_text()
@@ -722,7 +732,60 @@ def test_events_that_cannot_be_served_back_are_refused_or_made_servable(served: 
     stored = [json.loads(line) for line in served.store.paths(run_id).events.read_text().splitlines()]
     assert [e.get("msg") for e in stored][0] == "bad \ufffd text" and stored[1]["value"] == "inf"
     assert "bad \ufffd text" in served.store.paths(run_id).run_log.read_text()
-    assert served.store.live(run_id)["metrics"] == {"val/loss": "inf"}
+    assert served.store.metrics(run_id) == {"val/loss": "inf"}
+
+
+def test_a_key_that_is_a_lone_surrogate_is_made_servable_and_costs_no_other_event(served: Served) -> None:
+    run_id, token, _ = make_run(served, "hang")
+    raw = ('{"events": [{"v": 1, "event": "metric", "t": 1, "split": "val", "name": "f1", "value": 0.5},'
+           '{"v": 1, "event": "metric", "t": 1, "\\ud800": "a text value", "split": "val", "name": "odd", "value": 2},'
+           '{"v": 1, "event": "log", "t": 1, "level": "warning", "\\udfff": 1.5, "msg": "still here"}]}')
+    with served.http() as http:
+        reply = http.post(f"{PREFIX}/runs/{run_id}/events", content=raw,
+                          headers={**auth(token), "Content-Type": "application/json"})
+    assert reply.status_code == 200, reply.text
+    stored = events_of(served, run_id)
+    assert [e.get("\ufffd") for e in stored] == [None, "a text value", 1.5]
+    assert served.store.metrics(run_id) == {"val/f1": 0.5, "val/odd": 2}
+    assert "[warning] still here" in served.store.paths(run_id).run_log.read_text()
+
+
+def test_the_agent_relays_a_hostile_workers_good_events_and_none_is_lost(served: Served, fake_worker: Path,
+                                                                        tmp_path: Path) -> None:
+    run_id, token, _ = make_run(served, "hostile")
+    agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent")
+    agent.wait()
+    assert "the server refused" not in agent.log, agent.log
+    worker = [e for e in events_of(served, run_id) if e["event"] in ("metric", "log") and e.get("level") != "stderr"]
+    assert [(e.get("name"), e.get("value"), e.get("msg")) for e in worker] == [
+        ("accuracy", 0.5, None), ("odd", 1, None), (None, None, "bad \ufffd text"), ("accuracy", 0.9, None)]
+    assert worker[1]["\ufffd"] == "a key"
+    assert served.store.metrics(run_id) == {"val/accuracy": 0.9, "val/odd": 1}
+    run_log = served.store.paths(run_id).run_log.read_text()
+    assert "[warning] bad \ufffd text" in run_log and "step: step \ufffd" in run_log
+    assert (f"metric 'val/huge': its value is text of {8 << 20} characters; fix: report a metric as a number, or as "
+            "text of at most 200 characters") in run_log
+
+
+def test_a_run_keeps_at_most_1000_metric_names_and_their_values_still_update(served: Served) -> None:
+    from potato_queue.bounds import MAX_METRICS_PER_RUN
+
+    run_id, token, _ = make_run(served, "hang")
+    events = f"{PREFIX}/runs/{run_id}/events"
+
+    def metric(name: str, value: float) -> dict[str, Any]:
+        return {"v": 1, "event": "metric", "t": 1, "split": "train", "name": name, "value": value}
+
+    with served.http() as http:
+        first = [metric(f"m{i}", 0.0) for i in range(MAX_METRICS_PER_RUN - 1)]
+        assert http.post(events, json={"events": first}, headers=auth(token)).status_code == 200
+        last = [metric("m0", 1.0), metric("last", 2.0), metric("one-too-many", 3.0), metric("m1", 4.0)]
+        assert http.post(events, json={"events": last}, headers=auth(token)).status_code == 200
+    metrics = served.store.metrics(run_id)
+    assert len(metrics) == MAX_METRICS_PER_RUN and "train/one-too-many" not in metrics
+    assert (metrics["train/m0"], metrics["train/last"], metrics["train/m1"]) == (1.0, 2.0, 4.0)
+    assert ("metric 'train/one-too-many': the run has 1000 metric names already, the most a run keeps (their values "
+            "still update)") in served.store.paths(run_id).run_log.read_text()
 
 
 def test_an_unauthenticated_body_is_refused_before_it_is_read(served: Served) -> None:

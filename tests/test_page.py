@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, started, wait_until
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, run_paths, started, wait_until
 from tests.sshd import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -181,6 +181,22 @@ def test_cancel_run_asks_first_and_cancels(browser: Any, svc: Services, tiny_mod
     page.click("#runs tbody button")
     page.wait_for_selector("#runs tbody tr[data-state=cancelled]", timeout=60000)
     assert answers and answers[0].startswith("Cancel run ")
+
+
+def test_a_line_of_predictions_that_is_not_json_is_skipped_and_said(browser: Any, svc: Services) -> None:
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+    assert svc.wait_for(run_id, TERMINAL, 90)["state"] == "succeeded", svc.logs()
+    predictions = run_paths(svc, run_id).predictions
+    whole = predictions.read_text().splitlines()
+    # The agent's file, cut short in its middle (a full disk on the training machine, a hostile agent).
+    predictions.write_text("\n".join([*whole[:2], '{"instance_id": "cut', *whole[2:]]) + "\n")
+    page = signed_in(browser, svc)
+    page.goto(f"{svc.url}/admin/training/runs/{run_id}")
+    page.wait_for_selector("#predictions table", timeout=30000)
+    said = page.text_content("#predictions")
+    assert f"{len(whole)} predictions" in said, said
+    assert "1 line of predictions.jsonl is not a JSON prediction and not shown (download the file to see it)" in said
+    assert "reconnecting" not in page.text_content("#step")
 
 
 def post(svc: Services, path: str, cookie: str, **headers: str) -> int:

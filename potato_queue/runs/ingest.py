@@ -4,6 +4,13 @@ One batch is one append to events.jsonl, one Redis pipeline for the live
 state (step, progress, metrics, error, result, heartbeat) and one append to
 run.log for the lines an admin reads. Nothing here loops over Redis per
 event: a chatty trainer sends thousands of events a second.
+
+What the record keeps of an event is bounded (potato_queue/bounds.py), since
+every listing reads the record: step, error and progress text is cut, and a
+metric event whose name or value is out of bounds is left out (of
+events.jsonl too) and named in run.log. The batch's other events count as
+ever: the agent drops a batch the server refuses, so refusing the batch for
+one event would cost all the others.
 """
 
 from __future__ import annotations
@@ -13,25 +20,83 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
+from potato_queue.bounds import (
+    MAX_LIVE_TEXT_CHARS,
+    MAX_METRIC_NAME_CHARS,
+    MAX_METRIC_TEXT_CHARS,
+    MAX_METRICS_PER_RUN,
+    shortened,
+)
 from potato_queue.store import RunStore
 
-__all__ = ["ingest_events", "summarize", "LOGGED_LEVELS"]
+__all__ = ["ingest_events", "summarize", "metric_name", "metric_problem", "LOGGED_LEVELS"]
 
 # Log events at these levels reach run.log; debug/info stay in events.jsonl.
 LOGGED_LEVELS = frozenset({"warning", "warn", "error", "critical", "stderr", "stdout"})
+_SHOWN_CHARS = 60  # of a refused metric's name, in run.log
+_INT64 = 2**63
+_METRIC_FIX = f"fix: report a metric as a number, or as text of at most {MAX_METRIC_TEXT_CHARS} characters"
+_NUMBER_FIX = "fix: report an integer this large as a float"
+_NAME_FIX = "fix: a shorter split or name"
+_MANY_FIX = "fix: report fewer distinct names (a metric's step goes in the event's step field, not in its name)"
 
 
 def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) -> None:
     """Record a batch of events; an empty batch is only a heartbeat."""
     paths = store.paths(run_id)
-    if events:
-        text = "".join(json.dumps(e, separators=(",", ":"), ensure_ascii=False) + "\n" for e in events)
+    kept, problems = _within_bounds(events)
+    if kept:
+        text = "".join(json.dumps(e, separators=(",", ":"), ensure_ascii=False) + "\n" for e in kept)
         with open(paths.events, "a", encoding="utf-8") as fh:
             fh.write(text)
-    live, metrics, lines = summarize(events)
-    store.record_batch(run_id, live, {k: _finite(v) for k, v in metrics.items()})
+    live, metrics, lines = summarize(kept)
+    for name in store.record_batch(run_id, live, metrics):
+        problems.append(f"metric {_shown(name)}: the run has {MAX_METRICS_PER_RUN} metric names already, the most "
+                        f"a run keeps (their values still update); {_MANY_FIX}")
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        lines.append(f"warning: {len(problems)} metric event(s) of a batch were not recorded: {problems[0]}{more}")
     if lines:
         store.log(run_id, *lines)
+
+
+def metric_name(event: dict[str, Any]) -> str:
+    """The name a metric event's value is kept under: `<split>/<name>`."""
+    return f"{event.get('split')}/{event.get('name')}"
+
+
+def metric_problem(name: str, value: Any) -> str | None:
+    """Why a metric cannot be kept in the run's record (what was wrong, the value, the fix), or None."""
+    if len(name) > MAX_METRIC_NAME_CHARS:
+        return f"metric {_shown(name)}: its name is {len(name)} characters long, over the {MAX_METRIC_NAME_CHARS} " \
+               f"kept; {_NAME_FIX}"
+    if value is None or isinstance(value, (bool, float)):
+        return None
+    if isinstance(value, int):
+        return None if -_INT64 <= value < _INT64 else \
+            f"metric {_shown(name)}: its value is an integer beyond 64 bits; {_NUMBER_FIX}"
+    if isinstance(value, str):
+        return None if len(value) <= MAX_METRIC_TEXT_CHARS else \
+            f"metric {_shown(name)}: its value is text of {len(value)} characters; {_METRIC_FIX}"
+    kind = "a list" if isinstance(value, list) else "an object"
+    return f"metric {_shown(name)}: its value is {kind}; {_METRIC_FIX}"
+
+
+def _shown(name: str) -> str:
+    return f"'{shortened(name, _SHOWN_CHARS)}'"
+
+
+def _within_bounds(events: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """(the events to record, the problems of the metric events left out)."""
+    kept: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for event in events:
+        problem = metric_problem(metric_name(event), event.get("value")) if event.get("event") == "metric" else None
+        if problem is None:
+            kept.append(event)
+        else:
+            problems.append(problem)
+    return kept, problems
 
 
 def summarize(events: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[str, Any], list[str]]:
@@ -42,9 +107,9 @@ def summarize(events: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[st
     for event in events:
         kind = event.get("event")
         if kind == "metric":
-            metrics[f"{event.get('split')}/{event.get('name')}"] = event.get("value")
+            metrics[metric_name(event)] = _finite(event.get("value"))
         elif kind == "progress":
-            live["progress"] = json.dumps({k: event.get(k) for k in ("phase", "current", "total", "eta_s")})
+            live["progress"] = _progress(event)
         elif kind == "status":
             _status(event, live, lines)
         elif kind == "log":
@@ -52,17 +117,38 @@ def summarize(events: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[st
         elif kind == "error":
             _error(event, live, lines)
         elif kind == "result":
-            live["result"] = json.dumps({k: v for k, v in event.items() if k not in ("v", "event", "t")})
+            # What the record takes from it; the whole event stays in events.jsonl.
+            version = event.get("model_version")
+            live["result"] = json.dumps({"model_version": None if version is None else _text(version)})
     return live, metrics, lines
+
+
+def _text(value: Any) -> str:
+    return shortened(str(value), MAX_LIVE_TEXT_CHARS)
+
+
+def _progress(event: dict[str, Any]) -> str:
+    phase = event.get("phase")
+    numbers = {k: _number(event.get(k)) for k in ("current", "total", "eta_s")}
+    return json.dumps({"phase": None if phase is None else _text(phase), **numbers})
+
+
+def _number(value: Any) -> float | int | None:
+    # A progress bar's numbers; anything else (text, lists, integers past 64 bits, inf) is no position.
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    return value if -_INT64 <= value < _INT64 else None
 
 
 def _status(event: dict[str, Any], live: dict[str, str], lines: list[str]) -> None:
     if event.get("state"):
-        live["worker_state"] = str(event["state"])  # `pending`: queued in a scheduler (supervise waits)
+        live["worker_state"] = _text(event["state"])  # `pending`: queued in a scheduler (supervise waits)
     step = event.get("step")
     if step:
-        live["step"] = str(step)
-        lines.append(f"step: {step}")
+        live["step"] = _text(step)
+        lines.append(f"step: {live['step']}")
 
 
 def _log_line(event: dict[str, Any], lines: list[str]) -> None:
@@ -74,13 +160,13 @@ def _log_line(event: dict[str, Any], lines: list[str]) -> None:
 def _error(event: dict[str, Any], live: dict[str, str], lines: list[str]) -> None:
     message = str(event.get("message") or event.get("code") or "error")
     hint = event.get("install_hint")
-    text = f"{message} (fix: {hint})" if hint else message
+    text = _text(f"{message} (fix: {hint})" if hint else message)
     live["error"] = text
     lines.append(f"error: {text}")
 
 
 def _finite(value: Any) -> Any:
-    # Redis' cjson refuses NaN and Infinity; keep them readable as text.
+    # JSON has no NaN or Infinity; keep them readable as text.
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
     return value

@@ -203,7 +203,7 @@ class RunLife:
             artifact_uri = None
         state, error = failure_of(outcome, live, self.store.cancel_requested(self.run_id))
         if self.store.transition(self.run_id, state, self.record, exit_code=result.exit_code if result else None,
-                                 error=error, metrics=live.get("metrics") or {}, artifact_uri=artifact_uri):
+                                 error=error, metrics=self.store.metrics(self.run_id), artifact_uri=artifact_uri):
             self.log(f"{state}: {error}" if error else state)
 
     def _collect(self, result: AgentResult | None) -> str | None:
@@ -225,7 +225,7 @@ class RunLife:
         state = RunState.FAILED if error else RunState.SUCCEEDED
         model_version = (live.get("result") or {}).get("model_version")
         self.store.transition(self.run_id, state, self.record, exit_code=EXIT_OK, held_out=held_out,
-                              metrics=live.get("metrics") or {}, error=error, artifact_uri=artifact_uri,
+                              metrics=self.store.metrics(self.run_id), error=error, artifact_uri=artifact_uri,
                               model_version=model_version, prelabels=prelabels)
         self.log(f"{RunState.FAILED}: {error}" if error else RunState.SUCCEEDED)
 

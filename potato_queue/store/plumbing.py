@@ -76,18 +76,21 @@ local popped = redis.call('ZPOPMIN', KEYS[2])
 if #popped == 0 then return '' end
 return popped[1]
 """
-# Metrics are one JSON object in the live hash; merging there (not in Python)
-# keeps the read-modify-write atomic and inside the batch's single pipeline.
+# KEYS: the run's metrics hash (a field a name, its latest value as JSON). ARGV: the most names it may hold,
+# then name/value pairs. A batch touches only its own names: merging into one JSON blob re-encoded the whole
+# blob inside Redis for every batch, which stalled Redis for everyone once a run's metrics were large. A name
+# the hash holds is updated; a new one is added while there is room. Returns the new names refused.
 MERGE_METRICS = """
-local cur = redis.call('HGET', KEYS[1], 'metrics')
-local merged = {}
-if cur then
-  local ok, decoded = pcall(cjson.decode, cur)
-  if ok and type(decoded) == 'table' then merged = decoded end
+local room = tonumber(ARGV[1]) - redis.call('HLEN', KEYS[1])
+local refused = {}
+for i = 2, #ARGV, 2 do
+  if room > 0 or redis.call('HEXISTS', KEYS[1], ARGV[i]) == 1 then
+    room = room - redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1])
+  else
+    refused[#refused + 1] = ARGV[i]
+  end
 end
-for k, v in pairs(cjson.decode(ARGV[1])) do merged[k] = v end
-redis.call('HSET', KEYS[1], 'metrics', cjson.encode(merged))
-return 1
+return refused
 """
 
 

@@ -19,7 +19,7 @@ from potato_queue.worker.text import one_line
 __all__ = ["LIVE_JSON", "FOLDER_FIX", "RunFolderError", "write_json_atomic", "utc_now", "utc_of", "epoch_of",
            "log_text", "as_text", "created_ms", "folder_error"]
 
-LIVE_JSON = ("progress", "metrics", "result", "pending_record")
+LIVE_JSON = ("progress", "result", "pending_record")
 FOLDER_FIX = "make the project's output folder writable again (free space, permissions); the run's record is written then"
 
 

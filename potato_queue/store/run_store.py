@@ -17,6 +17,7 @@ from typing import Any, cast
 import redis
 import redis.asyncio as aioredis
 
+from potato_queue.bounds import MAX_METRICS_PER_RUN
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import ProjectConfig
 from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView, merge
@@ -241,17 +242,23 @@ class RunStore:
         if mapping:
             self.redis.hset(self.keys.run(run_id), mapping=mapping)
 
-    def record_batch(self, run_id: str, live: dict[str, str], metrics: dict[str, Any]) -> None:
-        """A batch of events' live fields and metrics, with the heartbeat, in one pipeline."""
-        key = self.keys.run(run_id)
+    def record_batch(self, run_id: str, live: dict[str, str], metrics: dict[str, Any]) -> list[str]:
+        """A batch of events' live fields and metrics, with the heartbeat, in one pipeline: the names of new
+        metrics refused because the run has MAX_METRICS_PER_RUN names already."""
         pipe = self.redis.pipeline(transaction=False)
         mapping: dict[Any, Any] = {**live, "heartbeat_at": repr(self.clock.now_s())}
-        pipe.hset(key, mapping=mapping)
+        pipe.hset(self.keys.run(run_id), mapping=mapping)
         if metrics:
+            pairs = [item for name, value in metrics.items() for item in (name, json.dumps(value))]
             # EVAL, not a registered script: redis-py checks SCRIPT EXISTS before every pipeline that
             # holds one, a round trip per batch on the hot path.
-            pipe.eval(MERGE_METRICS, 1, key, json.dumps(metrics))
-        pipe.execute()
+            pipe.eval(MERGE_METRICS, 1, self.keys.metrics(run_id), MAX_METRICS_PER_RUN, *pairs)
+        replies = pipe.execute()
+        return [as_text(name) for name in replies[1]] if metrics else []
+
+    def metrics(self, run_id: str) -> dict[str, Any]:
+        """The run's metrics so far: each `<split>/<name>`'s latest value (what its record keeps at the end)."""
+        return {as_text(name): json.loads(value) for name, value in self.redis.hgetall(self.keys.metrics(run_id)).items()}
 
     def record_result(self, run_id: str, exit_code: int, artifact_uri: str | None, message: str | None) -> str | None:
         """The agent's result, and a wake-up for the supervising executor: the run's state now, or

@@ -77,16 +77,39 @@ async function predictions() {
   const box = document.getElementById("predictions");
   let text;
   try { text = await api("/runs/" + RUN + "/predictions.jsonl"); } catch (err) { box.textContent = "none yet"; return; }
-  const lines = (typeof text === "string" ? text : JSON.stringify(text)).split("\n").filter(Boolean).map((l) => JSON.parse(l));
+  const {lines, broken} = parsePredictions(typeof text === "string" ? text : JSON.stringify(text));
   const counts = {};
-  for (const p of lines) { const key = p.schema_name + ": " + p.payload.label; counts[key] = (counts[key] || 0) + 1; }
+  for (const p of lines) { const key = p.schema_name + ": " + labelOf(p); counts[key] = (counts[key] || 0) + 1; }
   const table = el("table", {}, el("thead", {}, el("tr", {}, el("th", {text: "Schema: label"}), el("th", {text: "Items"}))));
   table.append(el("tbody", {}, ...Object.entries(counts).sort().map(([k, n]) => el("tr", {}, el("td", {text: k}), el("td", {text: String(n)})))));
   const sample = el("table", {class: "sample"}, el("thead", {}, el("tr", {}, el("th", {text: "Item"}), el("th", {text: "Schema"}), el("th", {text: "Label"}), el("th", {text: "Confidence"}))));
   sample.append(el("tbody", {}, ...lines.slice(0, 10).map((p) => el("tr", {}, el("td", {text: p.instance_id}), el("td", {text: p.schema_name}),
-    el("td", {text: p.payload.label}), el("td", {text: Number(p.confidence).toFixed(3)})))));
+    el("td", {text: labelOf(p)}), el("td", {text: Number(p.confidence).toFixed(3)})))));
+  const one = broken === 1;
+  const said = broken ? [el("p", {class: "problem", role: "status", text: `${broken} ${one ? "line" : "lines"} of predictions.jsonl ` +
+    `${one ? "is" : "are"} not a JSON prediction and not shown (download the file to see ${one ? "it" : "them"})`})] : [];
   box.replaceChildren(el("p", {text: lines.length + " predictions "}, el("a", {href: API + "/runs/" + RUN + "/predictions.jsonl", download: "", text: "download predictions.jsonl"})),
-    table, el("h3", {text: "A sample"}), sample);
+    ...said, table, el("h3", {text: "A sample"}), sample);
+}
+
+// The file comes from the run's agent: a line that is not a prediction (not JSON, cut short; the server's rule
+// in runs/finalize.py: an object with instance_id and schema_name) is counted and skipped, so that one bad line
+// cannot hide the others.
+function parsePredictions(text) {
+  const lines = [];
+  let broken = 0;
+  for (const line of text.split("\n")) {
+    if (!line.trim()) continue;
+    let p = null;
+    try { p = JSON.parse(line); } catch (err) { p = null; }
+    const ok = p && typeof p === "object" && ["string", "number"].includes(typeof p.instance_id) && typeof p.schema_name === "string";
+    if (ok) lines.push(p); else broken += 1;
+  }
+  return {lines, broken};
+}
+
+function labelOf(p) {
+  return p.payload && typeof p.payload === "object" ? p.payload.label : p.payload;
 }
 
 document.getElementById("cancel").addEventListener("click", async () => {
