@@ -25,7 +25,7 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["ConnectionGate", "guarded_protocol", "raise_file_limit", "HEADER_TIMEOUT_S", "BODY_IDLE_S",
+__all__ = ["ConnectionGate", "GuardedProtocol", "guarded_protocol", "raise_file_limit", "HEADER_TIMEOUT_S", "BODY_IDLE_S",
            "RESERVED_FILES", "LOW_FILE_LIMIT"]
 
 HEADER_TIMEOUT_S = 10.0
@@ -74,70 +74,77 @@ def _loopback(client: str) -> bool:
         return True  # a unix socket: this machine
 
 
+class GuardedProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the gate and the read deadlines; guarded_protocol() gives it its
+    settings (uvicorn builds one per connection with its own arguments)."""
+
+    gate: ConnectionGate
+    header_timeout_s = HEADER_TIMEOUT_S
+    body_idle_s = BODY_IDLE_S
+    admitted = False
+    client_address = ""
+    deadline: asyncio.TimerHandle | None = None
+    reading_body = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        peer = transport.get_extra_info("peername")
+        self.client_address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
+        if not self.gate.admit(self.client_address):
+            transport.abort()
+            return
+        self.admitted = True
+        super().connection_made(transport)
+        self._arm(self.header_timeout_s)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.admitted:
+            return
+        self.admitted = False
+        self.gate.release(self.client_address)
+        self._disarm()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.reading_body:
+            self._arm(self.body_idle_s)
+        super().data_received(data)
+
+    def on_message_begin(self) -> None:
+        self._arm(self.header_timeout_s)
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self.reading_body = True
+        self._arm(self.body_idle_s)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self.reading_body = False
+        self._disarm()
+        super().on_message_complete()
+
+    def _arm(self, after_s: float) -> None:
+        self._disarm()
+        self.deadline = self.loop.call_later(after_s, self._too_slow, after_s)
+
+    def _disarm(self) -> None:
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
+    def _too_slow(self, after_s: float) -> None:
+        self.deadline = None
+        if self.flow is not None and self.flow.read_paused:  # we stopped reading, not the client
+            self._arm(after_s)
+        elif self.transport is not None and not self.transport.is_closing():
+            self.transport.abort()
+
+
 def guarded_protocol(gate: ConnectionGate, header_timeout_s: float = HEADER_TIMEOUT_S,
                      body_idle_s: float = BODY_IDLE_S) -> type[asyncio.Protocol]:
-    """uvicorn's httptools protocol with the gate and the read deadlines (uvicorn.Config(http=...))."""
-
-    class GuardedProtocol(HttpToolsProtocol):
-        admitted = False
-        client_address = ""
-        deadline: asyncio.TimerHandle | None = None
-        reading_body = False
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            peer = transport.get_extra_info("peername")
-            self.client_address = str(peer[0]) if isinstance(peer, tuple) and peer else ""
-            if not gate.admit(self.client_address):
-                transport.abort()
-                return
-            self.admitted = True
-            super().connection_made(transport)
-            self._arm(header_timeout_s)
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            if not self.admitted:
-                return
-            self.admitted = False
-            gate.release(self.client_address)
-            self._disarm()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            if self.reading_body:
-                self._arm(body_idle_s)
-            super().data_received(data)
-
-        def on_message_begin(self) -> None:
-            self._arm(header_timeout_s)
-            super().on_message_begin()
-
-        def on_headers_complete(self) -> None:
-            self.reading_body = True
-            self._arm(body_idle_s)
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            self.reading_body = False
-            self._disarm()
-            super().on_message_complete()
-
-        def _arm(self, after_s: float) -> None:
-            self._disarm()
-            self.deadline = self.loop.call_later(after_s, self._too_slow, after_s)
-
-        def _disarm(self) -> None:
-            if self.deadline is not None:
-                self.deadline.cancel()
-                self.deadline = None
-
-        def _too_slow(self, after_s: float) -> None:
-            self.deadline = None
-            if self.flow is not None and self.flow.read_paused:  # we stopped reading, not the client
-                self._arm(after_s)
-            elif self.transport is not None and not self.transport.is_closing():
-                self.transport.abort()
-
-    return GuardedProtocol
+    """GuardedProtocol for one server: its gate and deadlines (uvicorn.Config(http=...))."""
+    settings = {"gate": gate, "header_timeout_s": header_timeout_s, "body_idle_s": body_idle_s}
+    return type("GuardedProtocol", (GuardedProtocol,), settings)
 
 
 def raise_file_limit(say: Callable[[str], Any]) -> int:
