@@ -183,7 +183,9 @@ class ModelCopy:
             self.total = note["total"]
         elif isinstance(note.get("too_big"), str) and isinstance(note.get("bytes"), (int, float)):
             self.kept_there = True
-            self.spec.log(f"{note['too_big'][:300]!r} ({note['bytes'] / 1e6:.0f} MB) is over max_artifact_mb "
+            name = note["too_big"][:300]
+            name = name if name.isprintable() else repr(name)  # a host's text: no forged run.log lines
+            self.spec.log(f"{name} ({note['bytes'] / 1e6:.0f} MB) is over max_artifact_mb "
                           f"({self.backend.max_artifact_mb:g} MB): it stays on {self.backend.host} in "
                           f"{self.job}/work")
 
