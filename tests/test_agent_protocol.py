@@ -417,9 +417,12 @@ def test_a_token_opens_its_own_run_only(transport: str, served: Served) -> None:
         assert http.get(job, headers={"Authorization": "Basic abc"}).status_code == 401
         wrong = http.get(job, headers=auth("not-a-token-" + token_a[:5]))
         assert wrong.status_code == 401 and token_a[:5] not in wrong.text
+        # Another run's token is refused like a wrong one: its holder cannot tell which runs it opens.
         other = http.get(job, headers=auth(token_b))
-        assert other.status_code == 403 and token_b not in other.text
-        assert http.get(f"{PREFIX}/runs/{run_b}/bundle", headers=auth(token_a)).status_code == 403
+        assert (other.status_code, other.json()) == (wrong.status_code, wrong.json()) and token_b not in other.text
+        assert http.get(f"{PREFIX}/runs/{run_b}/bundle", headers=auth(token_a)).status_code == 401
+        posted = http.post(f"{PREFIX}/runs/{run_b}/events", json={"events": []}, headers=auth(token_a))
+        assert (posted.status_code, posted.json()) == (wrong.status_code, wrong.json()), "the Guard's answer too"
         # Through the unix socket too, an admin key is worth nothing here (SSH-10).
         admin = {"X-API-Key": "admin-secret", "Authorization": "Bearer admin-secret"}
         assert http.post(f"{PREFIX}/runs/{run_a}/events", json={"events": []}, headers=admin).status_code == 401

@@ -7,14 +7,17 @@ import signal
 import time
 import urllib.error
 import urllib.request
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from potato_queue.server.ops import render_metrics
+from potato_queue.validate import load_checked
 from tests.agent_helpers import lab, register
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, started
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, started
+from tests.sshd import free_port
 
 
 def get(svc: Services, path: str, **headers: str) -> tuple[int, str]:
@@ -84,6 +87,24 @@ def test_healthz_says_when_no_executor_is_up(tmp_path: Path, redis_server_url: s
         while get(svc, "/healthz")[0] != 503:
             assert time.monotonic() < deadline
             time.sleep(0.5)
+
+
+def test_healthz_says_redis_does_not_answer_and_not_where_it_is(tmp_path: Path) -> None:
+    # /healthz answers anyone: the server's Redis URL (host, port, password) is not theirs to read.
+    from fastapi.testclient import TestClient
+
+    from potato_queue.server.app import create_app
+
+    port = free_port()  # nothing listens there
+    app = create_app(load_checked(make_project(tmp_path)), f"redis://:hunter2-secret@127.0.0.1:{port}/0",
+                     enqueue=lambda run_id: None)
+    with closing(TestClient(app)) as client:  # not `with TestClient`: ClaimDoor takes no lifespan scope
+        reply = client.get("/healthz")
+    assert reply.status_code == 503
+    body = reply.json()
+    assert (body["ok"], body["redis"], body["executors"]) == (False, "does not answer", None)
+    assert body["problem"].startswith("Redis does not answer: start it, or restart the server with one that runs")
+    assert not [leak for leak in ("hunter2", str(port), "127.0.0.1", "redis://") if leak in reply.text], reply.text
 
 
 def test_metrics_text_escapes_labels_and_ages_heartbeats() -> None:

@@ -5,17 +5,27 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import socket
 import time
 import urllib.parse
 from collections.abc import Iterator
+from contextlib import closing
 from pathlib import Path
 
+import httpx
 import pytest
 
-from tests.lifecycle_helpers import ADMIN_KEY, Services, run_paths, started
+from potato_queue.clock import ManualClock
+from potato_queue.server.headers import CONTENT_SECURITY_POLICY
+from potato_queue.server.session import COOKIE
+from potato_queue.store.sessions import SIGN_IN_FREE_TRIES
+from potato_queue.validate import load_checked
+from tests.lifecycle_helpers import ADMIN_KEY, Services, make_project, run_paths, started
 
-ADMIN = "/admin/training/api"
+PAGE = "/admin/training"
+ADMIN = PAGE + "/api"
+A_RUN = {"trainer": "majority-baseline", "schemas": ["sentiment"]}
 
 
 @pytest.fixture
@@ -140,3 +150,85 @@ def test_the_tarpit_holds_a_bounded_number_of_refusals() -> None:
         return done, held
 
     assert asyncio.run(three_held_of_five()) == (2, 3)
+
+
+# -- the Training page's sign-in, sign-out and headers (issue 21) ----------------------------------------
+def sign_in(url: str) -> tuple[dict[str, str], str]:
+    """Sign in as the page's form does: the session cookie (as a header) and the page's CSRF token."""
+    reply = httpx.post(f"{url}{PAGE}/sign-in", data={"key": ADMIN_KEY})
+    assert reply.status_code == 303, reply.text
+    session = {"Cookie": f"{COOKIE}={reply.cookies[COOKIE]}"}
+    found = re.search(r'<meta name="csrf" content="([^"]+)"', httpx.get(f"{url}{PAGE}", headers=session).text)
+    assert found is not None, "the signed-in page carries its CSRF token"
+    return session, found.group(1)
+
+
+def test_sign_out_ends_the_session_on_every_server(svc: Services) -> None:
+    # Two server processes of one project, as behind a load balancer: signed out at one, the cookie is
+    # refused by both, with its CSRF token too, and a stream it opened ends.
+    first, second = svc.url, svc.serve()
+    session, csrf = sign_in(first)
+    start = {**session, "X-CSRF-Token": csrf}
+    assert httpx.post(f"{second}{ADMIN}/runs", json=A_RUN, headers=start).status_code == 202
+    with httpx.stream("GET", f"{second}{ADMIN}/stream", headers=session, timeout=10) as stream:
+        lines = stream.iter_lines()
+        assert next(lines) == "retry: 1000"
+        assert httpx.post(f"{first}{PAGE}/sign-out", data={"csrf": csrf}, headers=session).status_code == 303
+        rest = list(lines)  # ends within a tick of the sign-out; a stream left open times out here
+    assert any(line.startswith("event: runs") for line in rest)
+    for url in (first, second):
+        listed = httpx.get(f"{url}{ADMIN}/runs", headers=session)
+        assert listed.status_code == 401 and "session has ended" in listed.json()["detail"]
+        started_run = httpx.post(f"{url}{ADMIN}/runs", json=A_RUN, headers=start)
+        assert started_run.status_code == 401 and "sign in again" in started_run.json()["detail"]
+        assert 'id="key"' in httpx.get(f"{url}{PAGE}", headers=session).text, "the sign-in form, not the runs"
+    assert len(svc.api("GET", "/runs")[1]) == 1, "only the run started before the sign-out"
+
+
+def test_wrong_keys_make_a_client_wait_longer_each_time_up_to_a_cap(tmp_path: Path, redis_server_url: str) -> None:
+    from fastapi.testclient import TestClient
+
+    from potato_queue.server.app import create_app
+
+    clock = ManualClock()
+    app = create_app(load_checked(make_project(tmp_path)), redis_server_url, enqueue=lambda run_id: None, clock=clock)
+
+    def try_key(address: str, key: str) -> httpx.Response:
+        # Not `with TestClient`: that would run the app's lifespan, which ClaimDoor does not take (it reads a
+        # path from every scope); uvicorn's lifespan="auto" hides that from the server.
+        with closing(TestClient(app, client=(address, 40000), follow_redirects=False)) as client:
+            return client.post(f"{PAGE}/sign-in", data={"key": key})
+
+    guesser = "2001:db8::1"
+    for _ in range(SIGN_IN_FREE_TRIES):
+        assert try_key(guesser, "wrong").status_code == 401
+    waits = []
+    for _ in range(8):
+        held = try_key(guesser, ADMIN_KEY)  # while it waits, not even the right key is looked at
+        assert held.status_code == 429
+        waits.append(int(held.headers["retry-after"]))
+        clock.advance(waits[-1])
+        assert try_key(guesser, "wrong").status_code == 401
+    assert waits == [1, 2, 4, 8, 16, 32, 60, 60]
+    held = try_key("2001:db8::2", ADMIN_KEY)  # the same /64: no fresh start
+    assert held.status_code == 429 and "wait 60 s, then sign in with the right key" in held.text
+    assert try_key("198.51.100.9", ADMIN_KEY).status_code == 303, "another client is not held back"
+    clock.advance(60)
+    assert try_key(guesser, ADMIN_KEY).status_code == 303
+    assert [try_key(guesser, "wrong").status_code for _ in range(2)] == [401, 401], "the right key forgave the rest"
+
+
+def test_every_reply_carries_the_security_headers(svc: Services) -> None:
+    session, _ = sign_in(svc.url)
+    run_id = svc.start_run(**A_RUN)
+    pages = [httpx.get(f"{svc.url}{PAGE}"), httpx.get(f"{svc.url}{PAGE}", headers=session),
+             httpx.get(f"{svc.url}{PAGE}/runs/{run_id}", headers=session)]
+    others = [httpx.get(f"{svc.url}{PAGE}/static/training.js"), httpx.get(f"{svc.url}{ADMIN}/runs"),
+              httpx.get(f"{svc.url}/healthz")]
+    for reply in pages + others:
+        assert reply.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, reply.url
+        assert (reply.headers["x-frame-options"], reply.headers["referrer-policy"],
+                reply.headers["x-content-type-options"]) == ("DENY", "same-origin", "nosniff"), reply.url
+    assert "script-src 'self';" in CONTENT_SECURITY_POLICY and "unsafe" not in CONTENT_SECURITY_POLICY
+    for reply in pages:  # nothing the policy would stop: every script is a file, no style or handler inline
+        assert re.findall(r"<script(?![^>]*\bsrc=)|<style|\sstyle=|\son\w+=", reply.text) == [], reply.url

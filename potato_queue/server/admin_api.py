@@ -20,7 +20,7 @@ from potato_queue.run import RunState
 from potato_queue.runs.finalize import published_predictions
 from potato_queue.runs.submit import trainer_table
 from potato_queue.server.deps import runs_of, store_of
-from potato_queue.server.guard import request_admin_problem
+from potato_queue.server.guard import admin_checked, request_admin_problem
 from potato_queue.store.keys import RUN_ID_RE
 
 __all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
@@ -52,8 +52,11 @@ class ErrorReply(BaseModel):
 def require_admin_key(request: Request, x_api_key: str | None = Header(default=None)) -> None:
     # The Guard middleware has refused a wrong key before the body was read; this documents the
     # header in the OpenAPI document, and holds should the router be mounted without the Guard.
-    # The Training page's session cookie stands for the key (server/session.py).
-    problem = request_admin_problem(request.app.state.config, request.method, request.headers)
+    # The Training page's session cookie stands for the key (server/session.py); asking Redis
+    # whether it is signed in once per request is enough.
+    if admin_checked(request.scope):
+        return
+    problem = request_admin_problem(store_of(request), request.method, request.headers)
     if problem is not None:
         raise HTTPException(*problem)
 

@@ -5,11 +5,11 @@ call carries a run token, which authorizes exactly one run; nothing here
 knows of admin keys, so a request through a forwarded unix socket gets that
 run's rights and no more (SSH-10, docs/requirements.md).
 
-401 or 403: a token that is valid for the run in the path is accepted; a
-token that is valid for another run is 403 ("this token is for another
-run"); anything else is 401. Telling the two apart costs one MGET over the
-token hashes of the project's most recent runs, and only on the failure
-path. A token is never echoed in a reply or a log.
+401 for every token that does not open the run in the path: none, a wrong
+one, an ended run's, and another run's alike (server/guard.py's
+token_problem). A token's holder so learns nothing of which runs it opens,
+and a refusal costs one Redis GET, not a search of the other runs' tokens.
+A token is never echoed in a reply or a log.
 """
 
 from __future__ import annotations
@@ -79,8 +79,7 @@ class ErrorReply(BaseModel):
 
 
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorReply, "description": "no token, or not a valid run token"},
-    403: {"model": ErrorReply, "description": "the token belongs to another run"},
+    401: {"model": ErrorReply, "description": "no token, or not this run's (wrong, another run's, or the run ended)"},
 }
 
 

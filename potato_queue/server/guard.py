@@ -4,7 +4,7 @@ FastAPI reads and parses a request's body before its dependencies run, so a
 route's own authentication comes too late: eight unauthenticated 24 MB
 POSTs held the event loop for seconds and tripled the server's memory. This
 ASGI middleware answers first: 401/403 for a request without the right
-admin key or run token, 413 for a body over its route's cap (from
+admin key, page session or run token, 413 for a body over its route's cap (from
 Content-Length, or by reading at most the cap of a chunked body), and only
 then lets the route see the request. Predictions are streamed by their
 route under their own limit (max_predictions_mb).
@@ -38,7 +38,8 @@ from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.records import RunFolderError
 from potato_queue.store.tokens import TrustedAgentTokens, token_digest
 
-__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "token_problem", "backend_problem", "bearer", "replay", "read_at_most", "scope_headers", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
+__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "request_session",
+           "admin_checked", "token_problem", "backend_problem", "bearer", "replay", "read_at_most", "scope_headers", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
 
 PAGE_PREFIX = "/admin/training"
 ADMIN_PREFIX = PAGE_PREFIX + "/api"
@@ -56,6 +57,9 @@ BODY_CAPS = {
 REFUSAL_DELAY_S = 0.25
 MAX_DELAYED_REFUSALS = 64
 UNAUTHORIZED_RUN = "a valid run token is required (Authorization: Bearer <token>)"
+SESSION_ENDED = f"the Training page's session has ended (signed out, or Redis lost it): sign in again at {PAGE_PREFIX}"
+# Set in a request's scope state once the Guard accepted its admin key or session: the route need not ask again.
+ADMIN_CHECKED = "admin_checked"
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -78,26 +82,36 @@ def admin_problem(config: ProjectConfig, given: str | None) -> tuple[int, str] |
     return None
 
 
-def request_admin_problem(config: ProjectConfig, method: str, headers: Mapping[str, str]) -> tuple[int, str] | None:
+def request_session(store: RunStore, headers: Mapping[str, str]) -> str | None:
+    """The nonce of a request's page session: its cookie signed and unexpired, and no X-API-Key beside it
+    (whether it is still signed in is Redis's to say: store.sessions.live)."""
+    if headers.get("x-api-key") is not None:
+        return None
+    return session_nonce(admin_key(store.config), cookie_value(headers), store.clock.now_s())
+
+
+def request_admin_problem(store: RunStore, method: str, headers: Mapping[str, str]) -> tuple[int, str] | None:
     """A request to the admin API: the X-API-Key header, or the Training page's session cookie with its
-    cross-site check (403); None when it may go on."""
-    if headers.get("x-api-key") is None:
-        key = admin_key(config)
-        nonce = session_nonce(key, cookie_value(headers))
-        if nonce is not None:
-            problem = cross_site_problem(key, method, headers, nonce)
-            return None if problem is None else (403, problem)
-    return admin_problem(config, headers.get("x-api-key"))
+    cross-site check (403) and still signed in (401; one Redis call); None when it may go on."""
+    nonce = request_session(store, headers)
+    if nonce is None:
+        return admin_problem(store.config, headers.get("x-api-key"))
+    problem = cross_site_problem(admin_key(store.config), method, headers, nonce)
+    if problem is not None:
+        return 403, problem
+    return None if store.sessions.live(nonce) else (401, SESSION_ENDED)
+
+
+def admin_checked(scope: Scope) -> bool:
+    """Whether the Guard accepted this request's admin key or session already."""
+    return bool(scope.get("state", {}).get(ADMIN_CHECKED))
 
 
 def token_problem(store: RunStore, run_id: str, token: str | None) -> tuple[int, str] | None:
-    """(status, why) when `token` does not open `run_id`: 403 for another run's token, else 401."""
-    if not token:
-        return 401, UNAUTHORIZED_RUN
-    if RUN_ID_RE.match(run_id) and store.tokens.verify(run_id, token):
+    """(401, why) unless `token` opens `run_id`. Another run's token is refused like a wrong one: its holder
+    learns nothing of which runs it opens, and a refusal costs no search of the other runs' tokens."""
+    if token and RUN_ID_RE.match(run_id) and store.tokens.verify(run_id, token):
         return None
-    if store.tokens.of_another_run(run_id, token):
-        return 403, f"this token is for another run, not {run_id}"
     return 401, UNAUTHORIZED_RUN
 
 
@@ -206,11 +220,20 @@ class Guard:
 
         return sent
 
+    async def _admin_problem(self, scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
+        if request_session(self.store, headers) is None:
+            problem = request_admin_problem(self.store, scope["method"], headers)  # the key alone: no Redis
+        else:
+            problem = await run_in_threadpool(request_admin_problem, self.store, scope["method"], headers)
+        if problem is None:
+            scope.setdefault("state", {})[ADMIN_CHECKED] = True
+        return problem
+
     async def _check(self, scope: Scope, headers: dict[str, str]) -> tuple[tuple[int, str] | None, int | None]:
         """(problem, body cap) of a request; a cap of None means the route streams under its own limit."""
         path = scope["path"]
         if path.startswith(ADMIN_PREFIX + "/"):
-            return request_admin_problem(self.config, scope["method"], headers), BODY_CAPS["admin"]
+            return await self._admin_problem(scope, headers), BODY_CAPS["admin"]
         if path.startswith(PAGE_PREFIX + "/"):
             return None, BODY_CAPS["form"]  # the page's own forms check who signs in, and out
         parts = path[len(AGENT_PREFIX):].split("/")  # "", "runs", run_id, route

@@ -18,6 +18,7 @@ import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from potato_queue.config import REDIS_URL_ENV
 from potato_queue.run import FINAL_STATES, STATES, RunState
 from potato_queue.server.guard import admin_problem, bearer
 from potato_queue.store.records import epoch_of
@@ -26,6 +27,10 @@ __all__ = ["ops_router", "METRICS_TOKEN_ENV", "render_metrics"]
 
 METRICS_TOKEN_ENV = "POTATO_QUEUE_METRICS_TOKEN"
 LISTED = 100000
+# /healthz answers anyone: it names the problem and where to look, never Redis's address or password (the
+# client's error text has them).
+REDIS_DOWN = ("Redis does not answer: start it, or restart the server with one that runs (--redis-url, or "
+              f"{REDIS_URL_ENV})")
 
 
 def _scrape_allowed(request: Request) -> bool:
@@ -100,8 +105,9 @@ def healthz(request: Request) -> JSONResponse:
     try:
         store.redis.ping()
         executors = len(store.presence.executors_seen())
-    except redis.RedisError as exc:
-        return JSONResponse({"ok": False, "redis": f"unreachable: {exc}", "executors": None}, status_code=503)
+    except redis.RedisError:
+        return JSONResponse({"ok": False, "redis": "does not answer", "executors": None, "problem": REDIS_DOWN},
+                            status_code=503)
     problem = None if executors else "no executor is up: start one (potato-queue worker CONFIG)"
     body = {"ok": problem is None, "redis": "ok", "executors": executors, **({"problem": problem} if problem else {})}
     return JSONResponse(body, status_code=200 if problem is None else 503)

@@ -5,29 +5,28 @@ package: no build step, no CDN, so it works on a server without internet). The
 pages carry no data of their own: their scripts ask the admin API with the
 session cookie, and follow the runs through server-sent events. A state-changing
 request from the page carries the session's CSRF token (meta tag `csrf`).
+Sign-in waits after a few wrong keys from one client (store/sessions.py's
+SignInTries); sign-out ends the session on every server process.
 """
 
 from __future__ import annotations
 
 import html
+import math
 import secrets
 from pathlib import Path
 from urllib.parse import parse_qs
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
+from starlette.concurrency import run_in_threadpool
 
-from potato_queue.server.guard import PAGE_PREFIX, admin_key
-from potato_queue.server.session import (
-    COOKIE,
-    SESSION_S,
-    cookie_value,
-    csrf_token,
-    foreign_origin,
-    new_session,
-    session_nonce,
-)
+from potato_queue.server.deps import store_of
+from potato_queue.server.guard import PAGE_PREFIX, admin_key, request_session
+from potato_queue.server.session import COOKIE, SESSION_S, client_of, csrf_token, foreign_origin, new_session
+from potato_queue.store import RunStore
 from potato_queue.store.keys import RUN_ID_RE
+from potato_queue.store.sessions import SIGN_IN_MAX_WAIT_S
 
 __all__ = ["page_router", "PAGE_PREFIX", "STATIC"]
 
@@ -56,7 +55,10 @@ def _sign_in_page(problem: str = "") -> str:
 
 
 def _nonce(request: Request) -> str | None:
-    return session_nonce(admin_key(request.app.state.config), cookie_value(request.headers))
+    """The request's session while it is signed in (one Redis call, only for a cookie signed and unexpired)."""
+    store = store_of(request)
+    nonce = request_session(store, request.headers)
+    return nonce if nonce is not None and store.sessions.live(nonce) else None
 
 
 def _header(csrf: str, title: str) -> str:
@@ -69,7 +71,7 @@ def training_page(request: Request) -> Response:
     nonce = _nonce(request)
     if nonce is None:
         return HTMLResponse(_sign_in_page())
-    csrf = csrf_token(admin_key(request.app.state.config), nonce)
+    csrf = csrf_token(admin_key(store_of(request).config), nonce)
     body = _header(csrf, "") + """
 <main>
 <section aria-labelledby="runs-on"><h2 id="runs-on">Start a run</h2>
@@ -99,7 +101,7 @@ def run_page(run_id: str, request: Request) -> Response:
         return RedirectResponse(PAGE_PREFIX, status_code=303)
     if not RUN_ID_RE.match(run_id):
         raise HTTPException(404, "no such run")
-    csrf = csrf_token(admin_key(request.app.state.config), nonce)
+    csrf = csrf_token(admin_key(store_of(request).config), nonce)
     body = _header(csrf, f" / run {run_id}") + f"""
 <main id="run" data-run="{html.escape(run_id)}">
 <section><h2>Run <span id="state"></span></h2><dl id="facts"></dl>
@@ -117,26 +119,48 @@ async def _form(request: Request) -> dict[str, str]:
     return {k: v[0] for k, v in parse_qs(body).items()}
 
 
+def _too_many_tries(wait_s: float) -> Response:
+    retry_s = math.ceil(wait_s)
+    why = (f"Too many wrong admin keys from your address: wait {retry_s} s, then sign in with the right key "
+           f"(each further wrong key doubles the wait, up to {SIGN_IN_MAX_WAIT_S:g} s).")
+    return HTMLResponse(_sign_in_page(why), status_code=429, headers={"Retry-After": str(retry_s)})
+
+
+def _signed_in(store: RunStore, client: str, nonce: str) -> None:
+    store.sign_ins.forgive(client)
+    store.sessions.open(nonce, SESSION_S)
+
+
 async def sign_in(request: Request) -> Response:
-    key = admin_key(request.app.state.config)
+    store = store_of(request)
+    key = admin_key(store.config)
     if foreign_origin(request.headers) is not None:
         return HTMLResponse(_sign_in_page("Sign-in from another site refused."), status_code=403)
     given = (await _form(request)).get("key", "")
+    client = client_of(request.client.host if request.client else None)
+    wait_s = await run_in_threadpool(store.sign_ins.take, client)  # counted before the key is compared
+    if wait_s > 0:
+        return _too_many_tries(wait_s)
     if key is None or not secrets.compare_digest(given.encode(), key.encode()):
         why = "No admin key is configured on the server." if key is None else "That is not the admin key."
         return HTMLResponse(_sign_in_page(why), status_code=401)
+    cookie, nonce = new_session(key, store.clock.now_s())
+    await run_in_threadpool(_signed_in, store, client, nonce)
     reply = RedirectResponse(PAGE_PREFIX, status_code=303)
-    reply.set_cookie(COOKIE, new_session(key), max_age=SESSION_S, path=PAGE_PREFIX, httponly=True, samesite="strict",
+    reply.set_cookie(COOKIE, cookie, max_age=SESSION_S, path=PAGE_PREFIX, httponly=True, samesite="strict",
                      secure=request.url.scheme == "https")
     return reply
 
 
 async def sign_out(request: Request) -> Response:
-    nonce = _nonce(request)
+    """Ends the session in Redis (every server process refuses its cookie from now on) and in the browser."""
+    store = store_of(request)
+    nonce = request_session(store, request.headers)
     form = await _form(request)
-    if nonce is not None and not secrets.compare_digest(form.get("csrf", ""),
-                                                        csrf_token(admin_key(request.app.state.config), nonce)):
-        raise HTTPException(403, "cross-site request refused")
+    if nonce is not None:
+        if not secrets.compare_digest(form.get("csrf", ""), csrf_token(admin_key(store.config), nonce)):
+            raise HTTPException(403, "cross-site request refused")
+        await run_in_threadpool(store.sessions.close, nonce)
     reply = RedirectResponse(PAGE_PREFIX, status_code=303)
     reply.delete_cookie(COOKIE, path=PAGE_PREFIX)
     return reply

@@ -21,6 +21,7 @@ from starlette.concurrency import run_in_threadpool
 from potato_queue.errors import NotFound
 from potato_queue.server.admin_api import ErrorReply, require_admin_key
 from potato_queue.server.deps import runs_of, store_of
+from potato_queue.server.guard import request_session
 
 __all__ = ["page_api_router", "device_probe", "STREAM_TICK_S", "CHECK_TIMEOUT_S"]
 
@@ -77,18 +78,24 @@ def device_probe(config: Any, redis_url: str) -> Callable[[float], str | None]:
     return wait
 
 
-def _snapshot(request: Request) -> str:
+def _snapshot(request: Request, session: str | None) -> str | None:
+    """The runs table as JSON; None once the page's session has been signed out."""
+    if session is not None and not store_of(request).sessions.live(session):
+        return None
     return json.dumps(runs_of(request).listed(LISTED), default=str)
 
 
 async def _runs_events(request: Request) -> AsyncIterator[str]:
     """Server-sent events: the runs table whenever it changes (and a comment now and then, to keep proxies
-    from closing an idle stream). A browser's EventSource reconnects by itself after a restart."""
+    from closing an idle stream). A browser's EventSource reconnects by itself after a restart. A stream
+    opened with the page's cookie ends at its sign-out: it outlives the request that checked the cookie."""
     last, quiet_s = "", 0.0
     yield "retry: 1000\n\n"
-    stopping = request.app.state.stopping
+    stopping, session = request.app.state.stopping, request_session(store_of(request), request.headers)
     while not stopping.is_set() and not await request.is_disconnected():
-        snapshot = await run_in_threadpool(_snapshot, request)
+        snapshot = await run_in_threadpool(_snapshot, request, session)
+        if snapshot is None:
+            return
         if snapshot != last:
             last, quiet_s = snapshot, 0.0
             yield f"event: runs\ndata: {snapshot}\n\n"

@@ -4,7 +4,8 @@ The admin signs in once with the admin key; the cookie then stands for the key
 (HttpOnly: no script reads it; SameSite=Strict: no other site's page sends it).
 It holds an expiry and a nonce, signed with HMAC-SHA256 under a secret derived
 from the admin key (each function takes it: guard.admin_key), so it survives a server restart (the page reconnects) and
-dies when the key changes. A state-changing request made with the cookie must
+dies when the key changes. Redis keeps the sessions that are signed in
+(store/sessions.py): a sign-out ends the cookie on every server process. A state-changing request made with the cookie must
 also carry the session's CSRF token (the page has it; another site cannot read
 it) and, when the browser names one, its own Origin. The JSON API's X-API-Key
 header works as before, without either.
@@ -14,12 +15,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import secrets
 import time
 from collections.abc import Mapping
 
 __all__ = ["COOKIE", "SESSION_S", "new_session", "session_nonce", "csrf_token", "cross_site_problem", "cookie_value",
-           "foreign_origin"]
+           "foreign_origin", "client_of"]
 
 COOKIE = "pq_session"
 SESSION_S = 12 * 3600
@@ -34,12 +36,13 @@ def _sign(secret: bytes, text: str) -> str:
     return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
 
 
-def new_session(key: str | None, now_s: float | None = None) -> str:
-    """A fresh cookie value: `<expiry>.<nonce>.<signature>`."""
+def new_session(key: str | None, now_s: float | None = None) -> tuple[str, str]:
+    """A fresh cookie value, `<expiry>.<nonce>.<signature>`, and its nonce."""
     secret = _secret(key)
     assert secret is not None, "no admin key: nobody can sign in"
-    body = f"{int((now_s or time.time()) + SESSION_S)}.{secrets.token_urlsafe(16)}"
-    return f"{body}.{_sign(secret, body)}"
+    nonce = secrets.token_urlsafe(16)
+    body = f"{int((now_s or time.time()) + SESSION_S)}.{nonce}"
+    return f"{body}.{_sign(secret, body)}", nonce
 
 
 def session_nonce(key: str | None, value: str | None, now_s: float | None = None) -> str | None:
@@ -87,3 +90,17 @@ def cross_site_problem(key: str | None, method: str, headers: Mapping[str, str],
     if not hmac.compare_digest(given, csrf_token(key, nonce)):
         return "cross-site request refused: the page's X-CSRF-Token is missing or wrong (reload the page)"
     return None
+
+
+def client_of(host: str | None) -> str:
+    """Whom sign-in tries are counted for: the client's IPv4 address, or its IPv6 /64 (a machine often holds
+    a whole /64, and counting its addresses one by one would give it 2^64 fresh starts)."""
+    try:
+        address = ipaddress.ip_address(host or "")
+    except ValueError:
+        return host or "unknown"  # a unix socket's client has no address
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)

@@ -40,6 +40,7 @@ from potato_queue.store.records import (
     utc_now,
     write_json_atomic,
 )
+from potato_queue.store.sessions import PageSessions, SignInTries
 from potato_queue.store.tokens import AgentTokens, RunTokens
 
 __all__ = ["RunStore"]
@@ -64,6 +65,8 @@ class RunStore:
         self.pending = PendingRecords(client, self.keys)
         self.presence = Presence(client, self.keys)
         self.index = RunIndex(client, self.keys)  # the unfinished runs, the bulky ones, the newest
+        self.sessions = PageSessions(client, self.keys)  # the Training page's, signed in
+        self.sign_ins = SignInTries(client, self.keys, clock)  # each client's sign-in tries, for the backoff
         self.potato = PotatoLedger(config, log=self.log)  # the run as Potato's own Training page sees it
 
     # -- records ---------------------------------------------------------

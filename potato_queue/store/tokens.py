@@ -17,12 +17,8 @@ import redis
 from potato_queue.store.keys import Keys
 from potato_queue.store.records import as_text
 
-__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "WAKE_EVERYONE", "OTHER_RUNS_CHECKED",
+__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "WAKE_EVERYONE",
            "AGENT_TOKEN_TRUST_S", "TrustedAgentTokens"]
-
-# How many of the project's latest runs a rejected token is compared against
-# to answer 403 ("another run's token") rather than 401.
-OTHER_RUNS_CHECKED = 256
 
 
 def new_token() -> str:
@@ -58,15 +54,6 @@ class RunTokens:
 
     def verify(self, run_id: str, token: str) -> bool:
         return token_matches(self.redis.get(self.keys.run_token(run_id)), token)
-
-    def of_another_run(self, run_id: str, token: str) -> bool:
-        """True when `token` opens one of the project's recent runs other than `run_id` (403, not 401)."""
-        ids = [as_text(r) for r in self.redis.zrevrange(self.keys.runs, 0, OTHER_RUNS_CHECKED - 1)]
-        others = [r for r in ids if r != run_id]
-        if not others:
-            return False
-        stored = self.redis.mget([self.keys.run_token(r) for r in others])
-        return any(token_matches(digest, token) for digest in stored if digest is not None)
 
     def revoke(self, run_id: str) -> None:
         self.redis.delete(self.keys.run_token(run_id))
