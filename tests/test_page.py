@@ -4,6 +4,9 @@ server, executor and agent (Redis, `potato-queue serve`, `potato-queue worker`, 
 The ssh, slurm and agent backends in the config are there for the Runs on menu (their hosts are not
 reached). Screenshots of the page with a run in flight and of a run's page are saved under the
 session's test output folder (<pytest basetemp>/screenshots/), for a person to look at.
+
+The page's Content-Security-Policy forbids eval, so wait_for_function is given functions (`() => ...`):
+Playwright evaluates a function once, but an expression again at each poll, which the policy then refuses.
 """
 
 from __future__ import annotations
@@ -118,11 +121,11 @@ def test_the_menu_lists_every_backend_with_type_and_host_and_preselects_the_defa
     assert page.eval_on_selector("#backend", "s => s.value") == "gpu-server"
     page.select_option("#backend", "local")
     page.click("#check")
-    page.wait_for_function("document.getElementById('check-report').textContent.includes('local: this machine')",
+    page.wait_for_function("() => document.getElementById('check-report').textContent.includes('local: this machine')",
                            timeout=60000)
     assert page.text_content("#check-report").startswith("ok\n")
     # The agent backend has no token yet: the page says so, with the command to issue one.
-    page.wait_for_function("document.querySelector('#agents pre').textContent.includes('no token issued yet')",
+    page.wait_for_function("() => document.querySelector('#agents pre').textContent.includes('no token issued yet')",
                            timeout=60000)
     assert "potato-queue training register lab-workstation" in page.text_content("#agents pre")
 
@@ -156,7 +159,7 @@ def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
     events = svc.api("GET", f"/runs/{row['run']}/events")[1]
     metric_events = [e for e in events if e["event"] == "metric" and isinstance(e.get("value"), int | float)]
     assert len(metric_events) > 2
-    page.wait_for_function(f"document.querySelectorAll('#chart circle.point').length === {len(metric_events)}")
+    page.wait_for_function(f"() => document.querySelectorAll('#chart circle.point').length === {len(metric_events)}")
     assert "train/loss" in page.text_content("#chart .legend")
     assert "held-out scores" in page.text_content("#log")
     prelabels = svc.api("GET", f"/runs/{row['run']}")[1]["prelabels"]
@@ -169,7 +172,7 @@ def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
 def test_cancel_run_asks_first_and_cancels(browser: Any, svc: Services, tiny_model: Path) -> None:
     page = signed_in(browser, svc)
     start_from_form(page, "hf-text-classification", model_name=tiny_model, epochs=500, batch_size=4)
-    page.wait_for_function("[...document.querySelectorAll('#runs tbody td.step')].some(t => t.textContent.includes('training'))",
+    page.wait_for_function("() => [...document.querySelectorAll('#runs tbody td.step')].some(t => t.textContent.includes('training'))",
                            timeout=120000)
     answers: list[str] = []
 
@@ -225,13 +228,13 @@ def test_a_cross_site_post_is_refused(browser: Any, svc: Services) -> None:
 
 def test_the_page_recovers_after_the_server_restarts(browser: Any, svc: Services) -> None:
     page = signed_in(browser, svc)
-    page.wait_for_function("document.getElementById('live').textContent === 'live'")
+    page.wait_for_function("() => document.getElementById('live').textContent === 'live'")
     server = svc.procs[0]
     # os.killpg, never the kill binary: Debian 12's procps-ng 4.0.2 `kill -TERM -<pgid>` signals every process
     # (kill(-1), seen under strace).
     os.killpg(server.pid, signal.SIGTERM)
     server.wait(30)
-    page.wait_for_function("document.getElementById('live').textContent === 'reconnecting'", timeout=30000)
+    page.wait_for_function("() => document.getElementById('live').textContent === 'reconnecting'", timeout=30000)
     port = svc.url.rsplit(":", 1)[1]
     svc.serve("127.0.0.1", "--port", port)
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
