@@ -143,6 +143,7 @@ def test_the_claim_door_takes_only_a_well_formed_claim_and_leaves_the_rest_to_th
     assert _claimed_backend(scope(f"{prefix}//claim")) is None
     assert _claimed_backend(scope(f"{prefix}/lab/claim/x")) is None
     assert _claimed_backend(scope(f"{prefix}/lab/other")) is None
+    assert _claimed_backend({"type": "lifespan"}) is None, "startup and shutdown pass through (no path)"
     assert _wait_s(scope("", query=b"")) == 25.0, "the route's default"
     assert _wait_s(scope("", query=b"wait_s=90")) == 90.0
     assert _wait_s(scope("", query=b"wait_s=1e9")) == 100.0, "capped as the route caps it"

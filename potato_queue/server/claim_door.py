@@ -55,8 +55,10 @@ _NOTHING = json.dumps({"run_id": None, "token": None}, separators=(",", ":")).en
 
 def _claimed_backend(scope: Scope) -> str | None:
     """The backend of a `POST .../backends/{backend}/claim`, else None."""
+    if scope["type"] != "http" or scope["method"] != "POST":  # lifespan events have no path
+        return None
     path = scope["path"]
-    if scope["type"] != "http" or scope["method"] != "POST" or not path.startswith(_CLAIM_PATH[0]):
+    if not path.startswith(_CLAIM_PATH[0]):
         return None
     backend, _, rest = path[len(_CLAIM_PATH[0]):].partition("/")
     return backend if "/" + rest == _CLAIM_PATH[1] and backend else None
