@@ -76,7 +76,11 @@ def _loopback(client: str) -> bool:
 
 class GuardedProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with the gate and the read deadlines; guarded_protocol() gives it its
-    settings (uvicorn builds one per connection with its own arguments)."""
+    settings (uvicorn builds one per connection with its own arguments).
+
+    A request that arrives whole in one read (an idle agent's claim, nearly every request) arms no timer:
+    a timer is armed only when a read ends with a request unfinished, and it checks the time the request
+    has had when it fires (P7: 10,000 idle agents)."""
 
     gate: ConnectionGate
     header_timeout_s = HEADER_TIMEOUT_S
@@ -84,7 +88,8 @@ class GuardedProtocol(HttpToolsProtocol):
     admitted = False
     client_address = ""
     deadline: asyncio.TimerHandle | None = None
-    reading_body = False
+    phase = "headers"  # of the request being read: "headers", "body", or "idle" between requests
+    phase_since_s = 0.0  # loop time the phase began (the body's: its last read)
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         peer = transport.get_extra_info("peername")
@@ -94,49 +99,53 @@ class GuardedProtocol(HttpToolsProtocol):
             return
         self.admitted = True
         super().connection_made(transport)
-        self._arm(self.header_timeout_s)
+        self.phase_since_s = self.loop.time()
+        self._watch(self.header_timeout_s)
 
     def connection_lost(self, exc: Exception | None) -> None:
         if not self.admitted:
             return
         self.admitted = False
         self.gate.release(self.client_address)
-        self._disarm()
-        super().connection_lost(exc)
-
-    def data_received(self, data: bytes) -> None:
-        if self.reading_body:
-            self._arm(self.body_idle_s)
-        super().data_received(data)
-
-    def on_message_begin(self) -> None:
-        self._arm(self.header_timeout_s)
-        super().on_message_begin()
-
-    def on_headers_complete(self) -> None:
-        self.reading_body = True
-        self._arm(self.body_idle_s)
-        super().on_headers_complete()
-
-    def on_message_complete(self) -> None:
-        self.reading_body = False
-        self._disarm()
-        super().on_message_complete()
-
-    def _arm(self, after_s: float) -> None:
-        self._disarm()
-        self.deadline = self.loop.call_later(after_s, self._too_slow, after_s)
-
-    def _disarm(self) -> None:
         if self.deadline is not None:
             self.deadline.cancel()
             self.deadline = None
+        super().connection_lost(exc)
 
-    def _too_slow(self, after_s: float) -> None:
+    def data_received(self, data: bytes) -> None:
+        if self.phase == "body":
+            self.phase_since_s = self.loop.time()
+        super().data_received(data)
+        if self.phase != "idle" and self.deadline is None:
+            self._watch(self.header_timeout_s if self.phase == "headers" else self.body_idle_s)
+
+    def on_message_begin(self) -> None:
+        self.phase, self.phase_since_s = "headers", self.loop.time()
+        super().on_message_begin()
+
+    def on_headers_complete(self) -> None:
+        self.phase, self.phase_since_s = "body", self.loop.time()
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self.phase = "idle"
+        super().on_message_complete()
+
+    def _watch(self, after_s: float) -> None:
+        self.deadline = self.loop.call_later(after_s, self._check)
+
+    def _check(self) -> None:
+        """The deadline of the phase being read: cut it when passed, else look again when it will be."""
         self.deadline = None
-        if self.flow is not None and self.flow.read_paused:  # we stopped reading, not the client
-            self._arm(after_s)
-        elif self.transport is not None and not self.transport.is_closing():
+        if self.phase == "idle" or self.transport is None or self.transport.is_closing():
+            return
+        limit_s = self.header_timeout_s if self.phase == "headers" else self.body_idle_s
+        if self.phase == "body" and self.flow is not None and self.flow.read_paused:
+            self.phase_since_s = self.loop.time()  # we stopped reading, not the client
+        left_s = self.phase_since_s + limit_s - self.loop.time()
+        if left_s > 0:
+            self._watch(left_s)
+        else:
             self.transport.abort()
 
 
