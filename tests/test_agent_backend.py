@@ -42,6 +42,7 @@ from tests.lifecycle_helpers import (
     wait_until,
 )
 from tests.netns import NatHost
+from tests.nginx import tls_files
 
 
 @pytest.fixture
@@ -257,25 +258,9 @@ def test_a_silent_network_cut_fails_the_run_and_the_agent_stops_its_worker(
         assert not nat.pids(), "nothing is left on the training machine"
 
 
-def _tls_files(folder: Path, ip: str) -> tuple[Path, Path, Path]:
-    """A CA made here, and a certificate it signed for the server's address: (ca, cert, key)."""
-    ca_key, ca, key, csr, cert = (folder / n for n in ("ca.key", "ca.pem", "server.key", "server.csr", "server.pem"))
-    ext = folder / "san.ext"
-    ext.write_text(f"subjectAltName=IP:{ip}\n")
-    for argv in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
-         "-subj", "/CN=potato-queue test CA"],
-        ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={ip}"],
-        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
-         "-extfile", ext],
-    ):
-        subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True, timeout=60)
-    return ca, cert, key
-
-
 def test_https_with_the_servers_ca_and_a_clear_error_without_it(
         tmp_path: Path, redis_server_url: str, nat: NatHost) -> None:
-    ca, cert, key = _tls_files(tmp_path, nat.host_ip)
+    ca, cert, key = tls_files(tmp_path, nat.host_ip)
     svc = Services(make_project(tmp_path, **lab()), redis_server_url, tmp_path)
     svc.serve(nat.host_ip, "--tls-cert", str(cert), "--tls-key", str(key))
     try:

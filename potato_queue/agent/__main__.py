@@ -28,7 +28,7 @@ from typing import IO, List, Optional
 
 from potato_queue.agent.backend import BackendAgent
 from potato_queue.agent.client import RunClient
-from potato_queue.agent.isolated import PASSED_NAMES_VAR
+from potato_queue.agent.isolated import PASSED_NAMES_VAR, passed_names
 from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.launchers.sbatch import SettingsError, SlurmSettings
 from potato_queue.agent.launchers.slurm import SlurmLauncher
@@ -128,8 +128,7 @@ def serve(args: argparse.Namespace) -> int:
                  "CONFIG` printed on the server)".format(TOKEN_ENV, args.backend))
         return EXIT_BAD_SPEC
     if args.pass_env:  # every later allowed_env (the worker's, sbatch's) hands them on
-        passed = set(filter(None, os.environ.get(PASSED_NAMES_VAR, "").split(","))) | set(args.pass_env)
-        os.environ[PASSED_NAMES_VAR] = ",".join(sorted(passed))
+        os.environ[PASSED_NAMES_VAR] = ",".join(sorted(passed_names(os.environ) | set(args.pass_env)))
     workdir = os.path.expanduser(args.workdir)
     os.makedirs(workdir, mode=0o700, exist_ok=True)
     try:

@@ -20,11 +20,11 @@ Standard library only, Python 3.8+. Two rules:
 
 import os
 import re
-from typing import Dict, Iterable, List, Mapping, Optional
+from typing import Dict, Iterable, List, Mapping, Optional, Set
 
 from potato_queue.worker.device import THREAD_ENV_VARS
 
-__all__ = ["BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "passed_env", "looks_secret", "ALLOWED_NAMES",
+__all__ = ["BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "passed_env", "passed_names", "looks_secret", "ALLOWED_NAMES",
            "ALLOWED_PREFIXES", "PASSED_NAMES_VAR"]
 
 # The folder holding the potato_queue package.
@@ -54,6 +54,11 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL|PRIVATE_KEY", r
 PASSED_NAMES_VAR = "POTATO_QUEUE_PASSED_ENV"
 
 
+def passed_names(environ: Mapping[str, str]) -> Set[str]:
+    """The names a backend passed before, as PASSED_NAMES_VAR carries them."""
+    return set(filter(None, environ.get(PASSED_NAMES_VAR, "").split(",")))
+
+
 def looks_secret(name: str) -> bool:
     return SECRET_NAME.search(name) is not None
 
@@ -77,7 +82,7 @@ def allowed_env(environ: Optional[Mapping[str, str]] = None, extra: Optional[Map
     passed_env's rule) and the secrets it lists by name (`secrets`, from `extra` or `environ`)."""
     source = os.environ if environ is None else environ
     extra = passed_env(extra, secrets)
-    passed = set(filter(None, source.get(PASSED_NAMES_VAR, "").split(","))) | set(extra) | set(secrets)
+    passed = passed_names(source) | set(extra) | set(secrets)
     env = {k: v for k, v in source.items()
            if k in passed or ((k in ALLOWED_NAMES or k.startswith(ALLOWED_PREFIXES)) and not looks_secret(k))}
     env.update(extra)
