@@ -29,7 +29,7 @@ from potato_queue.runs.supervise import Outcome, Watch, supervise
 from potato_queue.store import RunStore
 from potato_queue.store.lease import Lease
 from potato_queue.store.records import FOLDER_FIX, RunFolderError, utc_now
-from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM
+from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
 
 __all__ = ["RunLife", "failure_of"]
 
@@ -39,6 +39,9 @@ TAIL_LINES = 5
 TOKEN_TTL_UNBOUNDED_S = 30 * 24 * 3600.0
 TOKEN_TTL_MARGIN_S = 3600.0
 REDIS_RETRY_S = 1.0
+PREEMPTED = ("preempted: the machine was taken back before the run finished (SLURM preemption or time limit, "
+             "SIGUSR1), and the job was not requeued; fix: set requeue: true on the backend so that SLURM requeues "
+             "a preempted job and it resumes from its last checkpoint, or start the run again")
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -60,6 +63,8 @@ def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -
         return RunState.CANCELLED, None if code == EXIT_CANCELLED else message
     if code == EXIT_OOM:
         return RunState.FAILED, message or "The worker ran out of memory (exit 5); use a smaller model or batch, or raise max_ram_mb"
+    if code == EXIT_PREEMPTED:
+        return RunState.FAILED, PREEMPTED
     return RunState.FAILED, message or f"The worker exited with code {code}; see run.log"
 
 

@@ -7,10 +7,14 @@ write-back) before spending GPU time. Confidence is the label's share of the
 training labels. `hold_s` makes the run last that long before it counts (checking
 for a stop every fifth of a second): a cheap long run, to try cancel, heartbeats,
 max_wall_seconds and a backend's behaviour when something dies, without a GPU.
+Each whole second held is a step: with ``checkpoint_every_steps`` it checkpoints
+how long it has held, and a requeued or resumed run holds only the rest, which
+is how preemption and resume are tried without torch.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -24,6 +28,7 @@ from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunConte
 __all__ = ["MajorityBaselineTrainer", "MODEL_FILE"]
 
 MODEL_FILE = "majority.json"
+HELD_FILE = "held.json"  # in a checkpoint: the whole seconds held so far
 MAX_HOLD_S = 86400
 HOLD_TICK_S = 0.2
 
@@ -68,12 +73,19 @@ class MajorityBaselineTrainer(Trainer):
 
     @staticmethod
     def _hold(ctx: RunContext, hold_s: float) -> None:
-        """Wait hold_s, as a training would: progress in the train phase, and a stop honoured at once."""
-        ends_s, total = time.monotonic() + hold_s, max(1, math.ceil(hold_s))
+        """Wait hold_s, as a training would: progress in the train phase, a stop honoured at once, and a
+        checkpoint of the seconds held (resumed from: a requeued job holds only the rest)."""
+        start = ctx.resume_point() if hold_s else None
+        held_s = 0
+        if start is not None:
+            with open(os.path.join(start.path, HELD_FILE), encoding="utf-8") as fh:
+                held_s = int(json.load(fh)["held_s"])
+        ends_s, total = time.monotonic() + hold_s - held_s, max(1, math.ceil(hold_s))
         while time.monotonic() < ends_s:
-            ctx.check_stop("while holding")
             left_s = ends_s - time.monotonic()
-            ctx.reporter.progress("train", total - math.ceil(left_s), total, eta_s=left_s)
+            step = total - math.ceil(left_s)
+            ctx.checkpoint(step, lambda folder, step=step: write_json(os.path.join(folder, HELD_FILE), {"held_s": step}))
+            ctx.reporter.progress("train", step, total, eta_s=left_s)
             time.sleep(min(HOLD_TICK_S, max(0.0, left_s)))
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:

@@ -107,6 +107,18 @@ TRAINERS: dict[str, TrainerInfo] = {
             packages=("torch", "transformers"),
         ),
         TrainerInfo(
+            name="hf-llm-lora",
+            target="potato_queue.trainers.hf_llm:HFLLMLoRATrainer",
+            description="Fine-tunes a decoder LLM (Llama, Qwen, Mistral, Phi) as a classifier with LoRA; 4-bit "
+                        "base weights on a CUDA GPU; checkpoints and resumes.",
+            extra="train-llm",
+            params=(("model_name", "Qwen/Qwen2.5-0.5B"), ("epochs", 1), ("learning_rate", 2e-4), ("batch_size", 4),
+                    ("grad_accum_steps", 4), ("max_length", 256), ("lora", None), ("load_in_4bit", "auto"),
+                    ("precision", "auto"), ("gradient_checkpointing", True), ("merge", False),
+                    ("checkpoint_every_steps", 50)),
+            packages=("torch", "transformers", "peft"),
+        ),
+        TrainerInfo(
             name="sklearn-text",
             target="potato_queue.trainers.sklearn_text:SklearnTextTrainer",
             description="TF-IDF features and logistic regression; fast, CPU only.",

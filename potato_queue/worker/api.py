@@ -9,10 +9,11 @@ packages at module level: the worker imports ``required_modules(params)``
 itself, so a missing package becomes exit 3 with an install hint.
 """
 
-from typing import Any, ClassVar, Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Optional, Tuple
 
 from .bundle import Bundle
-from .errors import Cancelled
+from .checkpoint import Checkpoint, Checkpoints, default_checkpoint_dir
+from .errors import Cancelled, Preempted
 from .events import Reporter
 from .spec import SchemaSpec, Spec
 
@@ -81,11 +82,14 @@ class FitResult:
 class RunContext:
     """Everything a trainer sees of the run."""
 
-    def __init__(self, spec: Spec, bundle: Bundle, reporter: Reporter, device: str = "cpu") -> None:
+    def __init__(self, spec: Spec, bundle: Bundle, reporter: Reporter, device: str = "cpu",
+                 checkpoints: Optional[Checkpoints] = None, preempted: Callable[[], bool] = lambda: False) -> None:
         self.spec = spec
         self.bundle = bundle
         self.reporter = reporter
         self.device = device
+        self.checkpoints = checkpoints or Checkpoints(default_checkpoint_dir(spec.workdir))
+        self._preempted = preempted
 
     @property
     def workdir(self) -> str:
@@ -107,9 +111,27 @@ class RunContext:
         return self.reporter.should_stop()
 
     def check_stop(self, where: str = "") -> None:
-        """Raise :class:`Cancelled` when the run was asked to stop."""
+        """Raise :class:`Cancelled` when the run was asked to stop (:class:`Preempted` when preempted)."""
         if self.should_stop():
+            if self._preempted():
+                raise Preempted("Preempted" + (" " + where if where else ""))
             raise Cancelled("Cancelled" + (" " + where if where else ""))
+
+    def resume_point(self) -> Optional[Checkpoint]:
+        """The newest whole checkpoint of this run (a requeued job, a resumed run), said in run.log; or None."""
+        found = self.checkpoints.latest()
+        if found is not None:
+            self.reporter.log("info", "resumed at step %d from the checkpoint in %s" % (found.step, found.path))
+        return found
+
+    def checkpoint(self, step: int, write: Callable[[str], None]) -> None:
+        """Between steps: save the trainer's state (`write(folder)`) when one is due every
+        checkpoint_every_steps, or now when the run is being preempted; then honour a stop."""
+        preempting = self.should_stop() and self._preempted()
+        if self.checkpoints.due(step) or (preempting and step > 0 and step != self.checkpoints.saved_step):
+            self.checkpoints.save(step, write)
+            self.reporter.log("info", "checkpoint saved at step %d" % step)
+        self.check_stop("at step %d" % step)
 
     def metric_name(self, schema: SchemaSpec, name: str) -> str:
         """*name*, prefixed ``<schema>/`` when the run trains several schemas."""
@@ -126,6 +148,8 @@ class Trainer:
     kinds: ClassVar[Tuple[str, ...]] = ("nominal",)
     #: Whether the worker should resolve ``limits.device`` through torch.
     uses_torch: ClassVar[bool] = False
+    #: Save a checkpoint every this many steps unless params.checkpoint_every_steps says (0: only when preempted).
+    checkpoint_every_steps: ClassVar[int] = 0
 
     def required_modules(self, params: Dict[str, Any]) -> List[str]:
         """Modules this run needs, given its params."""

@@ -8,7 +8,14 @@ the worker never imports at module level) into that triple.
 
 from typing import Tuple
 
-from .exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_MISSING_DEPENDENCY, EXIT_OOM, EXIT_UNEXPECTED
+from .exit_codes import (
+    EXIT_BAD_SPEC,
+    EXIT_CANCELLED,
+    EXIT_MISSING_DEPENDENCY,
+    EXIT_OOM,
+    EXIT_PREEMPTED,
+    EXIT_UNEXPECTED,
+)
 
 __all__ = [
     "NVRTC_HINT",
@@ -19,6 +26,7 @@ __all__ = [
     "ValidationFailed",
     "MissingDependency",
     "Cancelled",
+    "Preempted",
     "TrainerError",
     "OutOfMemory",
     "Failure",
@@ -92,6 +100,13 @@ class Cancelled(WorkerError):
 
     exit_code = EXIT_CANCELLED
     code = "cancelled"
+
+
+class Preempted(Cancelled):
+    """The machine was taken back (SIGUSR1: SLURM's --signal ahead of a preemption or a time limit)."""
+
+    exit_code = EXIT_PREEMPTED
+    code = "preempted"
 
 
 class TrainerError(WorkerError):

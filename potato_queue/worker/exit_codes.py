@@ -11,6 +11,7 @@ __all__ = [
     "EXIT_MISSING_DEPENDENCY",
     "EXIT_CANCELLED",
     "EXIT_OOM",
+    "EXIT_PREEMPTED",
     "EXIT_FOR_STATE",
     "from_returncode",
 ]
@@ -23,6 +24,9 @@ EXIT_BAD_SPEC = 2
 EXIT_MISSING_DEPENDENCY = 3
 EXIT_CANCELLED = 4
 EXIT_OOM = 5
+#: Ours, beyond Potato's: the machine was taken back (SLURM preemption, SIGUSR1); the trainer saved a
+#: checkpoint first where it could, and a requeued job resumes from it.
+EXIT_PREEMPTED = 6
 
 #: What `training run --follow` exits with for a run's final state.
 EXIT_FOR_STATE = {"succeeded": EXIT_OK, "failed": EXIT_UNEXPECTED, "cancelled": EXIT_CANCELLED}

@@ -13,10 +13,11 @@ from typing import Dict, Optional
 
 from .api import FitResult, RunContext, Trainer
 from .bundle import Bundle, load_bundle
+from .checkpoint import Checkpoints, default_checkpoint_dir
 from .device import apply_thread_env, apply_torch_threads, describe_device, resolve_device
-from .errors import Cancelled, ValidationFailed, WorkerError, classify
+from .errors import Cancelled, Preempted, ValidationFailed, WorkerError, classify
 from .events import Reporter
-from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_UNEXPECTED
+from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_PREEMPTED, EXIT_UNEXPECTED
 from .loading import load_trainer
 from .memory import MemoryWatchdog
 from .predictions import PREDICTIONS_FILE, PredictionSummary, predict_items, write_predictions
@@ -52,6 +53,9 @@ def run(spec_path: str, reporter: Reporter, stop: StopFlag) -> int:
 
 
 def _fail(reporter: Reporter, stop: StopFlag, state: _State, exc: BaseException) -> int:
+    if stop.preempted or isinstance(exc, Preempted):
+        reporter.status("preempted", "stopped on %s: %s" % (stop.signal_name or "SIGUSR1", exc))
+        return EXIT_PREEMPTED
     if stop.is_set() or isinstance(exc, (Cancelled, KeyboardInterrupt)):
         why = stop.signal_name or type(exc).__name__
         reporter.status("cancelled", "stopped on %s: %s" % (why, exc) if str(exc) else "stopped on %s" % why)
@@ -88,7 +92,7 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag) -> i
     bundle = load_bundle(spec.bundle_dir)
     reporter.status("running", "loading trainer %s" % spec.trainer)
     trainer, state.install_hint = load_trainer(spec.trainer, spec.params)
-    ctx = _context(spec, bundle, reporter, trainer)
+    ctx = _context(spec, bundle, reporter, trainer, stop)
     problems = trainer.validate(ctx)
     if problems:
         raise ValidationFailed("; ".join(problems))
@@ -110,6 +114,7 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag) -> i
         predictions_file=PREDICTIONS_FILE,
         n_predictions=summary.count,
     )
+    ctx.checkpoints.remove_all()  # the run is done: nothing will resume from them
     return EXIT_OK
 
 
@@ -124,14 +129,26 @@ def _start_watchdog(spec: Spec, reporter: Reporter) -> Optional[MemoryWatchdog]:
     return MemoryWatchdog(spec.limits.max_ram_mb, exceeded).start()
 
 
-def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer) -> RunContext:
+def _checkpoint_every_steps(spec: Spec, trainer: Trainer) -> int:
+    value = spec.params.get("checkpoint_every_steps", trainer.checkpoint_every_steps)
+    if value is None:
+        return trainer.checkpoint_every_steps
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValidationFailed("params.checkpoint_every_steps must be a whole number of steps, 0 for none, "
+                               "got %r" % (value,))
+    return value
+
+
+def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, stop: StopFlag) -> RunContext:
     """Apply device and thread limits; make the workdir; build the context."""
     device = resolve_device(spec.limits.device, trainer.uses_torch, reporter.log)
     if trainer.uses_torch:
         apply_torch_threads(spec.limits.num_threads)
     reporter.log("info", "Running %s on %s" % (spec.trainer, describe_device(device)))
     os.makedirs(spec.workdir, exist_ok=True)
-    return RunContext(spec, bundle, reporter, device)
+    checkpoints = Checkpoints(spec.checkpoint_dir or default_checkpoint_dir(spec.workdir),
+                              _checkpoint_every_steps(spec, trainer))
+    return RunContext(spec, bundle, reporter, device, checkpoints, lambda: stop.preempted)
 
 
 def _report_artifacts(ctx: RunContext, result: FitResult) -> None:

@@ -2,7 +2,8 @@
 
 ``{"v": 1, "run_id", "trainer", "schemas": [{name, annotation_type, kind,
 labels, source_field}], "bundle_dir", "workdir", "params": {...}, "seed",
-"limits": {"max_wall_s", "max_ram_mb", "device", "num_threads"}}``
+"limits": {"max_wall_s", "max_ram_mb", "device", "num_threads"}}``, and ours beyond
+Potato's: an optional ``checkpoint_dir`` (default: ``checkpoints/`` beside the workdir).
 
 Relative ``bundle_dir`` and ``workdir`` are taken relative to the folder
 holding spec.json. Anything malformed raises :class:`SpecError` (exit 2).
@@ -53,6 +54,7 @@ class Spec:
         params: Dict[str, Any],
         seed: int = 0,
         limits: Optional[Limits] = None,
+        checkpoint_dir: Optional[str] = None,
     ) -> None:
         self.run_id = run_id
         self.trainer = trainer
@@ -62,6 +64,7 @@ class Spec:
         self.params = params
         self.seed = seed
         self.limits = limits or Limits()
+        self.checkpoint_dir = checkpoint_dir
 
 
 def _string(data: Dict[str, Any], key: str, where: str = "spec") -> str:
@@ -153,6 +156,7 @@ def parse_spec(data: Any, base_dir: str = ".") -> Spec:
         params=params,
         seed=seed,
         limits=_parse_limits(data.get("limits")),
+        checkpoint_dir=_resolve(_string(data, "checkpoint_dir"), base_dir) if "checkpoint_dir" in data else None,
     )
 
 

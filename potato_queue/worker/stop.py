@@ -8,6 +8,10 @@ save, and the worker exits 4. Before that (reading the bundle, importing
 torch, loading a model) there is nothing to save, and a signal raises
 :class:`Cancelled` at once rather than making the cancel wait out the grace.
 A second signal always raises at once, for a trainer stuck in one long call.
+
+SIGUSR1 is a preemption (SLURM's ``--signal`` ahead of a preemption or the job's
+time limit): the same stop, but the trainer saves a checkpoint first and the
+worker exits 6 (EXIT_PREEMPTED) rather than 4, so that a requeued job resumes.
 """
 
 import os
@@ -17,7 +21,7 @@ import time
 from types import FrameType
 from typing import Optional
 
-from .errors import Cancelled
+from .errors import Cancelled, Preempted
 
 __all__ = ["StopFlag", "install_signal_handlers", "ignore_stop_signals", "stop_when_orphaned", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
 
@@ -39,6 +43,7 @@ class StopFlag:
         # flush, a second SIGTERM (SLURM resumes a stopped job with SIGCONT and SIGTERM together) turned a
         # decided "cancelled" (4) into a traceback and exit 1.
         self.finishing = False
+        self.preempted = False  # the stop is a preemption (SIGUSR1), not a cancel
 
     def set(self, reason: str = "") -> None:
         """Request a stop."""
@@ -65,15 +70,17 @@ def install_signal_handlers(flag: StopFlag) -> None:
     def handle(signum: int, frame: Optional[FrameType]) -> None:
         flag.count += 1
         name = signal.Signals(signum).name
+        flag.preempted = flag.preempted or (signum == signal.SIGUSR1 and flag.count == 1)
         flag.set(name)
         if flag.finishing:
             return
+        stopped, verb = (Preempted, "Preempted") if flag.preempted else (Cancelled, "Cancelled")
         if not flag.armed:
-            raise Cancelled("Cancelled by %s before the trainer's loop began" % name)
+            raise stopped("%s by %s before the trainer's loop began" % (verb, name))
         if flag.count > 1:
-            raise Cancelled("Cancelled by a second %s" % name)
+            raise stopped("%s by a second %s" % (verb, name))
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         try:
             signal.signal(sig, handle)
         except (ValueError, OSError):
@@ -84,7 +91,7 @@ def ignore_stop_signals() -> None:
     """Once the exit code is decided and reported. The interpreter's shutdown puts back the default handlers,
     and SLURM's scancel resumes a stopped job with SIGCONT and then SIGTERM: a SIGTERM landing during the
     shutdown killed a decided "cancelled" (4) as 143."""
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         try:
             signal.signal(sig, signal.SIG_IGN)
         except (ValueError, OSError):

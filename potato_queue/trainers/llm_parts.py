@@ -1,0 +1,166 @@
+"""The pieces of ``hf-llm-lora`` that touch torch, transformers, peft and bitsandbytes.
+
+Loading a decoder with a classification head (4-bit base weights where CUDA
+is there), LoRA with per-family targets, the precision a device can train in,
+and a checkpoint of the adapter and the optimiser. Imported only inside the
+worker, after the trainer's packages were imported (loading.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Any
+
+from potato_queue.worker.errors import MissingDependency, ValidationFailed
+
+__all__ = ["LORA_TARGETS", "Precision", "precision_for", "refuse_4bit", "load_classifier", "apply_lora",
+           "rng_state", "save_state", "load_state", "count_truncated", "STATE_FILE", "BITSANDBYTES_HINT"]
+
+# Per model family (config.model_type): the attention projections, which QLoRA-style fine-tunes adapt by
+# default. A family not here gets peft's own default, then every linear layer.
+LORA_TARGETS: dict[str, list[str]] = {
+    **{family: ["q_proj", "k_proj", "v_proj", "o_proj"]
+       for family in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "granite")},
+    "phi3": ["qkv_proj", "o_proj"],
+    "phi": ["q_proj", "k_proj", "v_proj", "dense"],
+}
+STATE_FILE = "trainer_state.pt"
+
+
+@dataclass(frozen=True)
+class Precision:
+    """What the forward pass runs in: an autocast dtype (None: fp32) and whether fp16's loss scaling is on."""
+
+    name: str  # "bf16", "fp16", "fp32"
+    autocast_dtype: Any
+    scale_loss: bool
+
+
+def precision_for(asked: str, device: str) -> Precision:
+    """`auto`: bf16 on a GPU that has it, else fp16 on a GPU; fp32 on a CPU (autocast there is slow)."""
+    import torch
+
+    cuda = device.startswith("cuda")
+    if asked == "auto":
+        asked = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32"
+    if asked == "fp16" and not cuda:
+        raise ValidationFailed(f"params.precision fp16 needs a CUDA GPU; this run's device is {device}: "
+                               "use precision: bf16 or fp32 (or auto)")
+    dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[asked]
+    return Precision(asked, dtype, asked == "fp16")
+
+
+def refuse_4bit(device: str) -> str | None:
+    """Why 4-bit base weights cannot be used here, with the fix; None when they can."""
+    if not device.startswith("cuda"):
+        return (f"params.load_in_4bit is true, but 4-bit base weights (bitsandbytes) need a CUDA GPU and this "
+                f"run's device is {device}; fix: run on a backend with a GPU, or set params.load_in_4bit: false "
+                "(or auto) to train the base weights in full precision")
+    return None
+
+
+BITSANDBYTES_HINT = ("pip install bitsandbytes into the Python that runs the worker on the GPU host (on an ssh "
+                     "backend, add it to packages:), or set params.load_in_4bit: false")
+
+
+def _quantization() -> Any:
+    try:
+        import bitsandbytes  # noqa: F401 - transformers needs it for load_in_4bit
+    except ImportError as exc:
+        raise MissingDependency(f"4-bit base weights need bitsandbytes, which is not installed here ({exc})",
+                                install_hint=BITSANDBYTES_HINT) from exc
+    import torch
+    from transformers import BitsAndBytesConfig
+
+    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+                              bnb_4bit_compute_dtype=torch.bfloat16)
+
+
+def load_classifier(load_from: str, labels: list[str], device: str, four_bit: bool,
+                    local_only: bool) -> tuple[Any, Any]:
+    """The tokenizer and the decoder with a fresh head over `labels` (its last token's state classifies)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    local = {"local_files_only": True} if local_only else {}
+    tokenizer = AutoTokenizer.from_pretrained(load_from, **local)
+    if tokenizer.pad_token is None:  # decoders rarely have one; the head reads the last non-pad token
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    extra: dict[str, Any] = {}
+    if four_bit:
+        extra = {"quantization_config": _quantization(), "device_map": {"": device}}
+    model = AutoModelForSequenceClassification.from_pretrained(
+        load_from, num_labels=len(labels), id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)}, ignore_mismatched_sizes=True, **extra, **local)
+    model.config.pad_token_id = tokenizer.pad_token_id
+    if four_bit:
+        from peft import prepare_model_for_kbit_training
+
+        return tokenizer, prepare_model_for_kbit_training(model, use_gradient_checkpointing=True)
+    return tokenizer, model.to(device)
+
+
+def apply_lora(model: Any, lora: dict[str, Any], log: Any) -> tuple[Any, list[str] | str]:
+    """The model with LoRA adapters (the head trains whole); and the modules adapted."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    family = getattr(model.config, "model_type", "")
+    targets = lora.get("target_modules") or LORA_TARGETS.get(family)
+
+    def wrapped(chosen: Any) -> Any:
+        return get_peft_model(model, LoraConfig(task_type=TaskType.SEQ_CLS, r=int(lora["r"]), lora_alpha=int(lora["alpha"]),
+                                                lora_dropout=float(lora["dropout"]), target_modules=chosen))
+
+    try:
+        peft_model = wrapped(targets)
+    except ValueError as exc:
+        if lora.get("target_modules"):
+            raise ValidationFailed(f"params.lora.target_modules {lora['target_modules']} do not name layers of "
+                                   f"this {family or 'model'}: {exc}") from exc
+        log("info", f"no LoRA targets known for a {family or 'model'} ({exc}); adapting every linear layer")
+        targets = "all-linear"
+        peft_model = wrapped(targets)
+    chosen = sorted(peft_model.peft_config["default"].target_modules)
+    return peft_model, chosen
+
+
+def count_truncated(tokenizer: Any, texts: list[str], max_length: int) -> int:
+    """How many of `texts` are longer than max_length tokens (cut to it in training and prediction)."""
+    lengths = tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]
+    return sum(1 for ids in lengths if len(ids) > max_length)
+
+
+def rng_state() -> dict[str, Any]:
+    """The random generators' state, taken after each update: a checkpoint keeps the one of its update, so
+    that a resumed run draws the same dropout masks as a run never stopped."""
+    import torch
+
+    return {"python": random.getstate(), "torch": torch.get_rng_state()}
+
+
+def save_state(folder: str, model: Any, optimizer: Any, scheduler: Any, position: dict[str, Any],
+               rng: dict[str, Any]) -> None:
+    """The adapter (and head) weights, the optimiser and schedule, the RNGs and where the loop stood."""
+    import torch
+
+    model.save_pretrained(os.path.join(folder, "adapter"))
+    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "position": position,
+                "rng": rng}, os.path.join(folder, STATE_FILE))
+
+
+def load_state(folder: str, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Put a checkpoint back into a fresh model, optimiser and schedule; returns where the loop stood."""
+    import torch
+    from peft import set_peft_model_state_dict
+    from safetensors.torch import load_file
+
+    adapter = os.path.join(folder, "adapter")
+    weights = os.path.join(adapter, "adapter_model.safetensors")
+    set_peft_model_state_dict(model, load_file(weights, device=str(next(model.parameters()).device)))
+    state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True)
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    random.setstate(state["rng"]["python"])
+    torch.set_rng_state(state["rng"]["torch"])
+    return dict(state["position"])
