@@ -5,7 +5,23 @@ from __future__ import annotations
 
 import pytest
 
-from potato_queue.host.gpus import NO_KERNELS, GpuRefused, choose, describe, has_kernels, parse_gpus
+from potato_queue.host.gpus import (
+    NO_KERNELS,
+    GpuBusy,
+    GpuRefused,
+    GpuWait,
+    agent_gpu_problem,
+    agent_wait,
+    agent_wait_expired,
+    agent_wait_line,
+    choose,
+    describe,
+    has_kernels,
+    parse_gpus,
+    ssh_wait_expired,
+    ssh_wait_line,
+    visible_gpus,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -40,9 +56,10 @@ def test_no_gpu_on_the_host_means_cpu_under_auto_and_none_means_cpu() -> None:
     assert choose("none", parse_gpus(TWO_GPUS), 2000).visible_devices == ""
 
 
-def test_pinned_gpus_are_taken_as_asked_even_when_busy() -> None:
-    assert choose("0", parse_gpus(TWO_GPUS), 2000, TORCH_ARCHS).visible_devices == "0"
-    assert choose("0,1", parse_gpus(TWO_GPUS), 2000, TORCH_ARCHS).visible_devices == "0,1"
+def test_pinned_gpus_are_taken_as_asked_when_they_have_min_free_mb() -> None:
+    assert choose("1", parse_gpus(TWO_GPUS), 2000, TORCH_ARCHS).visible_devices == "1"
+    assert choose("0,1", parse_gpus(TWO_GPUS), 1000, TORCH_ARCHS).visible_devices == "0,1"
+    assert choose("0", parse_gpus(TWO_GPUS), 0, TORCH_ARCHS).visible_devices == "0", "0: taken however busy"
     with pytest.raises(GpuRefused, match=r"gpus: 3 asks for GPU 3, but gpu has GPUs: 0, 1"):
         choose("3", parse_gpus(TWO_GPUS), 2000, TORCH_ARCHS, host="gpu")
 
@@ -70,3 +87,84 @@ def test_a_gpu_the_hosts_torch_has_no_kernels_for_is_marked_and_skipped() -> Non
 def test_kernel_support_follows_cudas_compatibility_rules(cap: str, archs: list[str], runs: bool) -> None:
     gpu = parse_gpus(f"0, GPU, 1000, 2000, 0, {cap}\n")[0]
     assert has_kernels(gpu, archs) is runs
+
+
+def test_no_gpu_with_min_free_mb_now_is_a_wait_that_says_what_it_sees() -> None:
+    with pytest.raises(GpuBusy) as busy:
+        choose("auto", parse_gpus(TWO_GPUS), 80000, TORCH_ARCHS)
+    assert ssh_wait_line(busy.value.wait, "gpu-test") == (
+        "waiting for a GPU with 80000 MB free on gpu-test (best now: GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free)")
+    assert ssh_wait_expired(busy.value.wait, "gpu-test", "gpu-server", 30) == (
+        "No GPU on gpu-test had 80000 MB free within setup_timeout_s (30 s) (at the end: GPU 1: NVIDIA A100-SXM4-80GB, "
+        "70000 of 81920 MB free); the run did not start. Fix: free memory on a GPU of gpu-test, lower min_free_gpu_mb "
+        "of backend gpu-server, or raise its setup_timeout_s")
+
+
+def test_a_pinned_gpu_without_min_free_mb_is_waited_for() -> None:
+    with pytest.raises(GpuBusy, match=r"^gpus: 0,1 asks for GPU 0, which has 1200 of 81920 MB free, less than "
+                                      r"min_free_gpu_mb \(2000\)$") as busy:
+        choose("0,1", parse_gpus(TWO_GPUS), 2000, TORCH_ARCHS)
+    assert ssh_wait_line(busy.value.wait, "gpu-test") == (
+        "waiting for GPU 0,1 on gpu-test to have 2000 MB free (now: GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free)")
+    assert ssh_wait_expired(busy.value.wait, "gpu-test", "b", 5).startswith(
+        "GPU 0,1 on gpu-test did not have 2000 MB free within setup_timeout_s (5 s)")
+
+
+def test_what_waiting_cannot_fix_is_refused_at_once() -> None:
+    for setting in ("auto", "1"):  # no GPU there has 90000 MB at all
+        with pytest.raises(GpuRefused, match=r"^min_free_gpu_mb \(90000\) is more than any GPU on gpu has: the "
+                                             r"largest, GPU \d, has 81920 MB$") as refused:
+            choose(setting, parse_gpus(TWO_GPUS), 90000, TORCH_ARCHS, host="gpu")
+        assert not isinstance(refused.value, GpuBusy)
+    for setting, message in (("3", "asks for GPU 3"), ("auto", "no kernels")):
+        with pytest.raises(GpuRefused, match=message) as refused:
+            choose(setting, parse_gpus(TWO_GPUS), 80000, ["sm_90"])
+        assert not isinstance(refused.value, GpuBusy)
+
+
+def test_a_wait_goes_over_the_wire_and_back_unchanged() -> None:
+    wait = GpuWait(2000, parse_gpus(TWO_GPUS)[0], "0")
+    assert GpuWait.from_json(wait.to_json()) == wait
+    assert GpuWait.from_json(GpuWait(2000, None).to_json()) == GpuWait(2000, None)
+
+
+def test_an_agent_claims_only_while_a_gpu_it_may_use_has_min_free_mb() -> None:
+    gpus = parse_gpus(TWO_GPUS)
+    assert agent_wait(gpus, 2000) is None, "GPU 1 has room"
+    assert agent_wait(gpus, 0) is None and agent_wait([], 0) is None, "0: no wait, GPU or not"
+    assert agent_wait(visible_gpus(gpus, "0"), 2000) == GpuWait(2000, gpus[0]), "only GPU 0 is the agent's"
+    assert agent_wait(gpus, 80000) == GpuWait(80000, gpus[1])
+    assert agent_wait([], 2000) == GpuWait(2000, None)
+
+
+def test_cuda_visible_devices_limits_the_gpus_an_agent_looks_at() -> None:
+    gpus = parse_gpus(TWO_GPUS)
+    assert visible_gpus(gpus, None) == gpus
+    assert [gpu.index for gpu in visible_gpus(gpus, "1")] == [1]
+    assert [gpu.index for gpu in visible_gpus(gpus, " 0 ,1")] == [0, 1]
+    assert visible_gpus(gpus, "") == []
+    assert visible_gpus(gpus, "GPU-5d5e3c3a-0000") == gpus, "UUIDs cannot be matched with nvidia-smi's index"
+
+
+def test_an_agent_that_could_never_claim_does_not_start() -> None:
+    gpus = parse_gpus(TWO_GPUS)
+    assert agent_gpu_problem(False, [], 0) is None, "a CPU agent without --min-free-gpu-mb"
+    assert agent_gpu_problem(True, gpus, 2000) is None
+    assert agent_gpu_problem(False, [], 2000) == (
+        "--min-free-gpu-mb 2000 waits for a GPU, but there is no nvidia-smi on this machine's PATH; fix: start the "
+        "agent without --min-free-gpu-mb to take runs as a CPU machine, or put nvidia-smi on PATH")
+    assert "nvidia-smi shows none this agent can use" in (agent_gpu_problem(True, [], 2000) or "")
+    assert (agent_gpu_problem(True, gpus, 90000) or "").startswith(
+        "--min-free-gpu-mb 90000 is more than any GPU here has: the largest, GPU 0, has 81920 MB")
+
+
+def test_the_agent_wait_line_and_its_expiry_name_the_agent_its_best_gpu_and_the_fixes() -> None:
+    wait = GpuWait(2000, parse_gpus("0, NVIDIA RTX A5000, 1200, 24000, 90, 8.6\n")[0])
+    assert agent_wait_line("lab", "ws-1", wait) == (
+        "waiting for the agent on lab (ws-1): its GPUs have less than 2000 MB free "
+        "(best: GPU 0: NVIDIA RTX A5000, 1200 of 24000 MB free)")
+    assert agent_wait_expired("lab", "ws-1", wait, 30) == (
+        "No GPU of the agent on lab (ws-1) had 2000 MB free within queue_timeout_s (30 s) (at the end: GPU 0: NVIDIA "
+        "RTX A5000, 1200 of 24000 MB free), so it claimed no run. Fix: free memory on a GPU of ws-1, start its agent "
+        "with a lower --min-free-gpu-mb, or raise queue_timeout_s of backend lab")
+    assert agent_wait_line("lab", "ws-1", GpuWait(2000, None)).endswith("(best: nvidia-smi shows no GPU)")

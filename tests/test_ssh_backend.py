@@ -146,11 +146,13 @@ def test_an_account_without_a_key_fails_at_once_with_err_1(svc_factory: Any, ssh
     assert run["error"].startswith(f"ssh to {ALIAS} failed: Permission denied"), run["error"]
 
 
-def test_no_gpu_with_min_free_gpu_mb_free_is_err_3(svc_factory: Any, tmp_path: Path) -> None:
-    svc = svc_factory(env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)}, min_free_gpu_mb=80000)
+def test_a_min_free_gpu_mb_no_gpu_there_has_at_all_fails_at_once(svc_factory: Any, tmp_path: Path) -> None:
+    # A wait that could never end is no wait (tests/test_gpu_wait.py has the wait for a GPU with room).
+    svc = svc_factory(env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)}, min_free_gpu_mb=90000)
     run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
     assert run["state"] == "failed"
-    assert run["error"].startswith("No GPU has 80000 MB free"), run["error"]
+    assert run["error"] == (f"min_free_gpu_mb (90000) is more than any GPU on {ALIAS} has: the largest, GPU 0, "
+                            "has 81920 MB"), run["error"]
 
 
 def test_a_trainer_whose_packages_the_host_lacks_is_err_4(svc_factory: Any) -> None:
@@ -468,7 +470,7 @@ def fake_torch(folder: Path, archs: list[str]) -> str:
 
 
 def test_a_pinned_gpu_is_taken_as_asked(svc_factory: Any, tmp_path: Path) -> None:
-    svc = svc_factory(gpus="0", env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)})
+    svc = svc_factory(gpus="0", min_free_gpu_mb=1000, env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)})
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded"
     assert f"{ALIAS}: the run gets GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free, 97 % busy" in run_log(svc, run_id)

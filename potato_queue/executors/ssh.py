@@ -15,7 +15,15 @@ from potato_queue.config import SshBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
 from potato_queue.executors.remote.session import failed_check, host_facts, start_agent
-from potato_queue.host.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, describe, has_kernels, parse_gpus
+from potato_queue.host.gpus import (
+    NVIDIA_SMI_QUERY,
+    GpuBusy,
+    GpuRefused,
+    choose,
+    describe,
+    has_kernels,
+    parse_gpus,
+)
 
 __all__ = ["SshExecutor", "check_report", "TRAINING_PACKAGES"]
 
@@ -33,6 +41,10 @@ def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:
     try:
         gpu_line = choose(backend.gpus, gpus, backend.min_free_gpu_mb, archs, host).line
         lines.append(f"a run now: {gpu_line}")
+    except GpuBusy as busy:
+        ok, gpu_line = False, str(busy)
+        lines.append(f"a run now would not start: {busy} (it would wait up to setup_timeout_s, "
+                     f"{backend.setup_timeout_s:g} s, for one)")
     except GpuRefused as refused:
         ok, gpu_line = False, str(refused)
         lines.append(f"a run now would not start: {refused}")

@@ -15,6 +15,8 @@ agent it becomes:
   boot     -> {"event": "python", "version", "executable"}
   boot     -> {"event": "need_code"}            executor -> "<bytes>\\n" and the agent.pyz bytes
   boot     -> {"event": "creating_env"}         (only when `packages` changed or is new)
+  boot     -> {"event": "gpu_wait", "wait"}       (while no GPU has min_free_gpu_mb free: host/gpus.py's
+                                                GpuWait, again every GPU_REPORT_S while it changes)
   boot     -> {"event": "gpu", "line"}
   boot     -> {"event": "ready", "workdir", "session"}  then it execs the agent, whose stdin the executor
                                                 writes; `session` is the sid of everything the run starts
@@ -33,7 +35,8 @@ import shutil
 import stat
 import subprocess
 import sys
-from typing import Any, Dict, List
+import time
+from typing import Any, Dict, List, Optional
 
 EXIT_REFUSED = 3
 
@@ -123,6 +126,28 @@ def remove_socket(path: str) -> None:
         pass
 
 
+def choose_waiting(header: Dict[str, Any], python: str) -> Any:
+    """The GPU choice (host/gpus.py's Choice); while no GPU has min_free_gpu_mb free, it waits, asking
+    nvidia-smi again every GPU_POLL_S and saying what it sees (the step line). The executor bounds the
+    wait (setup_timeout_s: it ends the session); a refusal waiting cannot fix is raised at once."""
+    from potato_queue.host.check import gpu_facts, nvidia_smi
+    from potato_queue.host.gpus import GPU_POLL_S, GPU_REPORT_S, NVIDIA_SMI_QUERY, GpuBusy, choose, parse_gpus
+
+    csv, archs = ("", None) if header["gpus"] == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)
+    said: Optional[Dict[str, Any]] = None
+    said_s = 0.0
+    while True:
+        try:
+            return choose(header["gpus"], parse_gpus(csv), header["min_free_gpu_mb"], archs, header["host"])
+        except GpuBusy as busy:
+            wait = busy.wait.to_json()
+            if said is None or (wait != said and time.monotonic() - said_s >= GPU_REPORT_S):
+                send("gpu_wait", wait=wait)
+                said, said_s = wait, time.monotonic()
+        time.sleep(GPU_POLL_S)
+        csv = nvidia_smi(NVIDIA_SMI_QUERY)  # torch's arch list does not change meanwhile
+
+
 def boot(header: Dict[str, Any]) -> int:
     """The setup, then the agent (this process becomes it); the exit code when it cannot start."""
     os.environ.update(header["env"])  # the backend's PATH finds nvidia-smi and pip too
@@ -136,16 +161,14 @@ def boot(header: Dict[str, Any]) -> int:
     python = ensure_env(root, header["packages"])
     sys.path.insert(0, code)
     from potato_queue.agent.isolated import allowed_env, python_argv
-    from potato_queue.host.check import gpu_facts
-    from potato_queue.host.gpus import NVIDIA_SMI_QUERY, GpuRefused, choose, parse_gpus
+    from potato_queue.host.gpus import GpuRefused
     from potato_queue.worker.device import THREAD_ENV_VARS
 
     env = allowed_env(os.environ, header["env"], header.get("secret_env") or [])
     slurm = bool(header.get("slurm"))
     if not slurm:  # a login node's GPUs are not the job's: SLURM's gres gives those
-        csv, archs = ("", None) if header["gpus"] == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)
         try:
-            choice = choose(header["gpus"], parse_gpus(csv), header["min_free_gpu_mb"], archs, header["host"])
+            choice = choose_waiting(header, python)
         except GpuRefused as refused:
             send("refused", message=str(refused))
             return EXIT_REFUSED

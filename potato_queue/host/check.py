@@ -21,12 +21,17 @@ from importlib.util import find_spec
 from typing import Any, Dict, List, Optional, Tuple
 
 
+def nvidia_smi(query: List[str]) -> str:
+    """nvidia-smi's CSV answer to `query`; "" when there is no nvidia-smi (no GPU) or it said nothing."""
+    if shutil.which("nvidia-smi") is None:
+        return ""
+    return subprocess.run(query, stdout=subprocess.PIPE, check=False).stdout.decode(errors="replace")  # its errors: ours
+
+
 def gpu_facts(python: str, query: List[str]) -> Tuple[str, Optional[List[str]]]:
     """(nvidia-smi's CSV, the arch list of `python`'s torch or None); no nvidia-smi means no GPU.
     torch is asked in a subprocess, which sees the backend's PYTHONPATH too."""
-    if shutil.which("nvidia-smi") is None:
-        return "", None
-    csv = subprocess.run(query, stdout=subprocess.PIPE, check=False).stdout.decode(errors="replace")  # its errors: ours
+    csv = nvidia_smi(query)
     if not csv:
         return "", None
     ask = "import json, torch; print(json.dumps(torch.cuda.get_arch_list()))"

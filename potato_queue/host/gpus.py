@@ -1,22 +1,35 @@
-"""Which GPU a run gets on a host, from what nvidia-smi and the host's torch say (SSH-4, ERR-3, ERR-5).
+"""Which GPU a run gets on a host, from what nvidia-smi and the host's torch say (SSH-4, ERR-3, ERR-5),
+and the wait for one with min_free_gpu_mb free (an ssh run's setup, an agent before it claims).
 
 Standard library only, Python 3.8+: this runs on the GPU host, before
-anything of the trainer's is imported. Pure functions: the bootstrap feeds
-them nvidia-smi's CSV and torch's arch list.
+anything of the trainer's is imported. Pure functions: the bootstrap and the
+agent feed them nvidia-smi's CSV and torch's arch list; the executors turn a
+GpuWait into the step line and, past the wait's limit, the run's error.
 """
 
 import re
-from typing import List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
 
 __all__ = [
     "NVIDIA_SMI_QUERY",
     "Gpu",
     "Choice",
     "GpuRefused",
+    "GpuWait",
+    "GpuBusy",
+    "GPU_POLL_S",
+    "GPU_REPORT_S",
     "parse_gpus",
     "has_kernels",
     "describe",
     "choose",
+    "visible_gpus",
+    "agent_wait",
+    "agent_gpu_problem",
+    "ssh_wait_line",
+    "ssh_wait_expired",
+    "agent_wait_line",
+    "agent_wait_expired",
 ]
 
 NVIDIA_SMI_QUERY = [
@@ -25,6 +38,12 @@ NVIDIA_SMI_QUERY = [
     "--format=csv,noheader,nounits",
 ]
 NO_KERNELS = "(torch there has no kernels for it)"
+# How often a wait for a free GPU asks nvidia-smi again: a freed GPU is taken within seconds, and
+# nvidia-smi (tens of milliseconds) costs the host nothing at this rate.
+GPU_POLL_S = 3.0
+# How often a wait is said again (the step line, the agent's report to the server) while what it sees
+# changes: free memory moves all the time, and each new step line is a line in run.log.
+GPU_REPORT_S = 15.0
 
 
 class Gpu(NamedTuple):
@@ -45,7 +64,33 @@ class Choice(NamedTuple):
 
 
 class GpuRefused(Exception):
-    """No GPU fits the backend's gpus/min_free_gpu_mb: the run does not start."""
+    """No GPU fits the backend's gpus (or never could): the run does not start."""
+
+
+class GpuWait(NamedTuple):
+    """What a wait for GPU memory waits for: `min_free_mb` on a GPU; `best` the closest GPU now (None when
+    nvidia-smi shows none); `pinned` the backend's `gpus` when it names GPUs (all of them must have it)."""
+
+    min_free_mb: float
+    best: Optional[Gpu]
+    pinned: Optional[str] = None
+
+    def to_json(self) -> Dict[str, Any]:
+        best = None if self.best is None else self.best._asdict()
+        return {"min_free_mb": self.min_free_mb, "best": best, "pinned": self.pinned}
+
+    @classmethod
+    def from_json(cls, data: Dict[str, Any]) -> "GpuWait":
+        best = data.get("best")
+        return cls(float(data["min_free_mb"]), None if best is None else Gpu(**best), data.get("pinned"))
+
+
+class GpuBusy(GpuRefused):
+    """No GPU has min_free_gpu_mb free now, though one could: waiting may fix it (`wait` says for what)."""
+
+    def __init__(self, message: str, wait: GpuWait) -> None:
+        super().__init__(message)
+        self.wait = wait
 
 
 def _number(text: str) -> Optional[float]:
@@ -103,19 +148,38 @@ def choose(setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Opt
     if setting == "none":
         return Choice("", "cpu", "gpus: none, training on CPU")
     if setting != "auto":
-        return _pinned(setting, gpus, arch_list, host)
+        return _pinned(setting, gpus, min_free_mb, arch_list, host)
     if not gpus:
         return Choice("", "cpu", "no GPU on {}: training on CPU".format(host))
     usable = [gpu for gpu in gpus if has_kernels(gpu, arch_list)]
     if not usable:
         raise GpuRefused("This host's torch has no kernels for any of its GPUs")
-    best = max(usable, key=lambda gpu: (gpu.free_mb, -gpu.index))
+    _never_enough(usable, min_free_mb, host)
+    best = _most_free(usable)
     if best.free_mb < min_free_mb:
-        raise GpuRefused("No GPU has {:.0f} MB free".format(min_free_mb))
+        raise GpuBusy("No GPU has {:.0f} MB free".format(min_free_mb), GpuWait(min_free_mb, best))
     return Choice(str(best.index), "cuda", "the run gets " + describe(best, arch_list))
 
 
-def _pinned(setting: str, gpus: Sequence[Gpu], arch_list: Optional[Sequence[str]], host: str) -> Choice:
+def _most_free(gpus: Sequence[Gpu]) -> Gpu:
+    return max(gpus, key=lambda gpu: (gpu.free_mb, -gpu.index))
+
+
+def _never_enough(gpus: Sequence[Gpu], min_free_mb: float, host: str) -> None:
+    """A wait that could never end is refused at once: no GPU has min_free_mb of memory at all."""
+    largest = max(gpus, key=lambda gpu: gpu.total_mb)
+    if largest.total_mb < min_free_mb:
+        raise GpuRefused("min_free_gpu_mb ({:.0f}) is more than any GPU on {} has: the largest, GPU {}, has {:.0f} MB"
+                         .format(min_free_mb, host, largest.index, largest.total_mb))
+
+
+def _memory(gpu: Gpu) -> str:
+    """`GPU 0: NVIDIA A100, 1200 of 81920 MB free`: what a wait for memory looks at."""
+    return "GPU {}: {}, {:.0f} of {:.0f} MB free".format(gpu.index, gpu.name, gpu.free_mb, gpu.total_mb)
+
+
+def _pinned(setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Optional[Sequence[str]],
+            host: str) -> Choice:
     by_index = {gpu.index: gpu for gpu in gpus}
     wanted = [int(part) for part in setting.split(",")]
     missing = [index for index in wanted if index not in by_index]
@@ -127,4 +191,83 @@ def _pinned(setting: str, gpus: Sequence[Gpu], arch_list: Optional[Sequence[str]
     if unusable:
         raise GpuRefused("gpus: {} asks for GPU {}, and this host's torch has no kernels for it".format(
             setting, ",".join(str(index) for index in unusable)))
+    pinned = [by_index[index] for index in wanted]
+    _never_enough(pinned, min_free_mb, host)
+    short = [gpu for gpu in pinned if gpu.free_mb < min_free_mb]
+    if short:
+        worst = min(short, key=lambda gpu: gpu.free_mb)
+        raise GpuBusy("gpus: {} asks for GPU {}, which has {:.0f} of {:.0f} MB free, less than min_free_gpu_mb ({:.0f})"
+                      .format(setting, worst.index, worst.free_mb, worst.total_mb, min_free_mb),
+                      GpuWait(min_free_mb, worst, setting))
     return Choice(setting, "cuda", "the run gets " + "; ".join(describe(by_index[i], arch_list) for i in wanted))
+
+
+def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: Optional[str]) -> List[Gpu]:
+    """The GPUs a process started with this CUDA_VISIBLE_DEVICES can use (nvidia-smi shows all of them);
+    all of them when it is unset or names GPUs by UUID, which nvidia-smi's index cannot be matched with."""
+    if cuda_visible_devices is None:
+        return list(gpus)
+    parts = [part.strip() for part in cuda_visible_devices.split(",") if part.strip()]
+    if not all(part.isdigit() for part in parts):
+        return list(gpus)
+    wanted = {int(part) for part in parts}
+    return [gpu for gpu in gpus if gpu.index in wanted]
+
+
+def agent_wait(gpus: Sequence[Gpu], min_free_mb: float) -> Optional[GpuWait]:
+    """Whether an agent must wait before it claims: None when it may claim (no minimum, or a GPU has it)."""
+    if min_free_mb <= 0 or any(gpu.free_mb >= min_free_mb for gpu in gpus):
+        return None
+    return GpuWait(min_free_mb, _most_free(gpus) if gpus else None)
+
+
+def agent_gpu_problem(has_nvidia_smi: bool, gpus: Sequence[Gpu], min_free_mb: float) -> Optional[str]:
+    """Why an agent asked to wait for GPU memory does not start (a wait that could never end), or None."""
+    if min_free_mb <= 0:
+        return None
+    fix = "; fix: start the agent without --min-free-gpu-mb to take runs as a CPU machine"
+    if not has_nvidia_smi:
+        return "--min-free-gpu-mb {:.0f} waits for a GPU, but there is no nvidia-smi on this machine's PATH{}".format(
+            min_free_mb, fix + ", or put nvidia-smi on PATH")
+    if not gpus:
+        return "--min-free-gpu-mb {:.0f} waits for a GPU, but nvidia-smi shows none this agent can use{}".format(
+            min_free_mb, fix + ", or check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)")
+    largest = max(gpus, key=lambda gpu: gpu.total_mb)
+    if largest.total_mb < min_free_mb:
+        return ("--min-free-gpu-mb {:.0f} is more than any GPU here has: the largest, GPU {}, has {:.0f} MB; "
+                "fix: lower --min-free-gpu-mb").format(min_free_mb, largest.index, largest.total_mb)
+    return None
+
+
+def _seen(wait: GpuWait) -> str:
+    return "nvidia-smi shows no GPU" if wait.best is None else _memory(wait.best)
+
+
+def ssh_wait_line(wait: GpuWait, host: str) -> str:
+    """The step line of an ssh run whose setup waits for GPU memory."""
+    if wait.pinned:
+        return "waiting for GPU {} on {} to have {:.0f} MB free (now: {})".format(
+            wait.pinned, host, wait.min_free_mb, _seen(wait))
+    return "waiting for a GPU with {:.0f} MB free on {} (best now: {})".format(wait.min_free_mb, host, _seen(wait))
+
+
+def ssh_wait_expired(wait: GpuWait, host: str, backend_name: str, limit_s: float) -> str:
+    """Why an ssh run failed when no GPU had room within setup_timeout_s, and the three ways out."""
+    what = "GPU {} on {} did not have".format(wait.pinned, host) if wait.pinned else "No GPU on {} had".format(host)
+    return ("{} {:.0f} MB free within setup_timeout_s ({:g} s) (at the end: {}); the run did not start. "
+            "Fix: free memory on a GPU of {}, lower min_free_gpu_mb of backend {}, or raise its setup_timeout_s"
+            ).format(what, wait.min_free_mb, limit_s, _seen(wait), host, backend_name)
+
+
+def agent_wait_line(backend_name: str, host: str, wait: GpuWait) -> str:
+    """The step line of a run offered to an agent backend whose agent waits for GPU memory before it claims."""
+    return "waiting for the agent on {} ({}): its GPUs have less than {:.0f} MB free (best: {})".format(
+        backend_name, host, wait.min_free_mb, _seen(wait))
+
+
+def agent_wait_expired(backend_name: str, host: str, wait: GpuWait, limit_s: float) -> str:
+    """Why a run on an agent backend failed when its agent's GPUs had no room within queue_timeout_s."""
+    return ("No GPU of the agent on {} ({}) had {:.0f} MB free within queue_timeout_s ({:g} s) (at the end: {}), "
+            "so it claimed no run. Fix: free memory on a GPU of {}, start its agent with a lower --min-free-gpu-mb, "
+            "or raise queue_timeout_s of backend {}").format(
+        backend_name, host, wait.min_free_mb, limit_s, _seen(wait), host, backend_name)

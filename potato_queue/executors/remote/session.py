@@ -45,6 +45,7 @@ from potato_queue.executors.remote.openssh import (
 )
 from potato_queue.host import boot as remote_boot
 from potato_queue.host import check as remote_check
+from potato_queue.host.gpus import GpuWait, ssh_wait_expired, ssh_wait_line
 from potato_queue.store.keys import remote_socket_path
 
 __all__ = ["SSH_CONFIG_ENV", "boot_command", "setup_expired", "forward_target", "target_of", "python_not_found",
@@ -139,6 +140,7 @@ class _Session:
         self.workdir: str | None = None
         self.remote_session: int | None = None
         self.refusal: str | None = None
+        self.gpu_wait: GpuWait | None = None  # the setup waits for GPU memory (its expiry says so)
 
     def converse(self, header: dict[str, Any]) -> None:
         """Answers the bootstrap until the agent starts; then the rest of stdout goes to agent.log."""
@@ -172,7 +174,11 @@ class _Session:
         elif event == "creating_env":
             self.phase = f"creating the environment on {host}"
             self.spec.log(f"{self.phase}: a venv with {', '.join(self.backend.packages)}")
+        elif event == "gpu_wait":
+            self.gpu_wait = GpuWait.from_json(message["wait"])
+            self.phase = ssh_wait_line(self.gpu_wait, host)
         elif event == "gpu":
+            self.gpu_wait, self.phase = None, f"starting the agent on {host}"
             self.spec.log(f"{host}: {message['line']}")
         elif event == "refused":
             self.refusal = str(message["message"])
@@ -214,10 +220,16 @@ class RemoteAgentHandle(RunHandle):
         if code is None:
             # Until the agent runs, the heartbeat clock waits: a venv's pip install can take minutes.
             return Running() if self.session.ready.is_set() else Waiting(
-                self.session.phase, self.session.setup_until_s,
-                setup_expired(self.backend.host, self.session.spec.backend_name, self.backend.setup_timeout_s,
-                              self.session.phase), run_time=True)
+                self.session.phase, self.session.setup_until_s, self._expired(), run_time=True)
         return self._gone(code)
+
+    def _expired(self) -> str:
+        """What the run fails with when its setup outlasts setup_timeout_s: a wait for GPU memory says so."""
+        host, name, limit_s = self.backend.host, self.session.spec.backend_name, self.backend.setup_timeout_s
+        wait = self.session.gpu_wait
+        if wait is not None:
+            return ssh_wait_expired(wait, host, name, limit_s)
+        return setup_expired(host, name, limit_s, self.session.phase)
 
     def _gone(self, code: int) -> Gone:
         """What the session's end means; before the agent ran, nobody else can tell the run why."""
