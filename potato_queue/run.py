@@ -82,6 +82,7 @@ class RunRecord(TypedDict, total=False):
     bundle: dict[str, Any]  # the bundle's items per split
     model_version: str | None
     prelabels: dict[str, Any]  # what finalize published into Potato
+    hub: dict[str, Any]  # its publish to the Hugging Face Hub: state, repo_id, private, url, revision, error
     # Laid over the record from Redis while the run is not final (RunStore.get):
     step: str | None
     progress: dict[str, Any] | None

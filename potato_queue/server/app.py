@@ -19,6 +19,7 @@ from potato_queue.server.headers import SecurityHeaders
 from potato_queue.server.ops import ops_router
 from potato_queue.server.page import page_router
 from potato_queue.server.page_api import device_probe, page_api_router
+from potato_queue.server.publish_api import publish_router
 from potato_queue.store import RunStore
 from potato_queue.store.plumbing import client_for, refresh_forever
 from potato_queue.store.tokens import TrustedAgentTokens
@@ -53,6 +54,7 @@ def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str]
     app.state.local_device = device_probe(config, redis_url)
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
     app.include_router(page_api_router(), prefix=ADMIN_PREFIX)
+    app.include_router(publish_router(), prefix=ADMIN_PREFIX)
     app.include_router(page_router(), prefix=PAGE_PREFIX)
     app.include_router(ops_router())
     app.include_router(agent_router(), prefix=AGENT_PREFIX)

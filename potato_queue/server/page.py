@@ -32,7 +32,7 @@ __all__ = ["page_router", "PAGE_PREFIX", "STATIC"]
 
 STATIC = Path(__file__).parent / "static"
 _ASSETS = {"page.css": "text/css", "training.js": "text/javascript", "run.js": "text/javascript",
-           "common.js": "text/javascript"}
+           "common.js": "text/javascript", "hub.js": "text/javascript"}
 
 
 def _layout(title: str, body: str, csrf: str = "", scripts: tuple[str, ...] = ()) -> str:
@@ -106,12 +106,24 @@ def run_page(run_id: str, request: Request) -> Response:
 <main id="run" data-run="{html.escape(run_id)}">
 <section><h2>Run <span id="state"></span></h2><dl id="facts"></dl>
 <div id="step" class="step"></div><button type="button" id="cancel" hidden>Cancel run</button></section>
+<section id="hub" aria-labelledby="hub-title" hidden><h2 id="hub-title">Publish to the Hugging Face Hub</h2>
+<p id="hub-refused" class="problem" role="status" hidden></p>
+<form id="hub-form" hidden>
+ <div class="row"><label for="hub-repo">Repo id</label><input id="hub-repo" name="repo_id" required maxlength="96"
+  placeholder="namespace/name" autocomplete="off" spellcheck="false"></div>
+ <div class="row"><label for="hub-private">Private</label><input id="hub-private" name="private" type="checkbox" checked></div>
+ <div class="row"><label for="hub-token">Token</label><input id="hub-token" name="token" type="password"
+  autocomplete="off" aria-describedby="hub-token-hint"></div>
+ <p id="hub-token-hint" class="hint">A Hub write token: not stored; leave empty to use the server's HF_TOKEN.</p>
+ <button type="submit" id="hub-publish">Publish</button> <span id="hub-problem" class="problem" role="alert"></span>
+</form>
+<p id="hub-state" aria-live="polite"></p></section>
 <section aria-labelledby="chart-title"><h2 id="chart-title">Training loss and held-out scores</h2>
 <div id="chart" role="img" aria-label="metrics over steps"></div></section>
 <section aria-labelledby="pred-title"><h2 id="pred-title">Predictions</h2><div id="predictions"></div></section>
 <section aria-labelledby="log-title"><h2 id="log-title">run.log</h2><pre id="log" tabindex="0"></pre></section>
 </main>"""
-    return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js")))
+    return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js", "hub.js")))
 
 
 async def _form(request: Request) -> dict[str, str]:

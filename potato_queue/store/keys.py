@@ -155,6 +155,10 @@ class Keys:
         """sha256 of the run's token (the token itself is never stored)."""
         return f"{self.prefix}:token:{run_id}"
 
+    def publishing(self, run_id: str) -> str:
+        """Held (a Lease) while a server process uploads the run's model to the Hugging Face Hub."""
+        return f"{self.prefix}:publishing:{run_id}"
+
     def page_session(self, digest: str) -> str:
         """A Training page session that is signed in, by its nonce's sha256: gone at sign-out or its expiry."""
         return f"{self.prefix}:page-session:{digest}"
@@ -247,6 +251,11 @@ class RunPaths:
     @property
     def artifacts(self) -> Path:
         return self.dir / "artifacts"
+
+    @property
+    def hub_upload(self) -> Path:
+        """What a publish uploads, while it does: links to the model files and the generated README.md."""
+        return self.dir / "hub-upload"
 
     @property
     def agent_workdir(self) -> Path:

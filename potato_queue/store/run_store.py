@@ -308,6 +308,14 @@ class RunStore:
         caller takes its own, since a handle keeps its holder's token and renewal clock."""
         return Lease(self.redis, self.keys.slot)
 
+    def publish_lease(self, run_id: str) -> Lease:
+        """Held while a server process uploads the run's model to the Hugging Face Hub: one upload of a run
+        at a time, and one whose server died lapses within seconds (runs/publish.py)."""
+        return Lease(self.redis, self.keys.publishing(run_id))
+
+    def publishing(self, run_id: str) -> bool:
+        return bool(self.redis.exists(self.keys.publishing(run_id)))
+
     # -- cancel ------------------------------------------------------------
     def request_cancel(self, run_id: str) -> str:
         """Flag the run for cancel; a queued run ends cancelled at once. Returns the state now."""
