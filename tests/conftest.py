@@ -85,6 +85,18 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("tiny-bert"))
 
 
+@pytest.fixture(scope="session")
+def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny Llama with a tokenizer trained on the example's reviews (tests/tiny_llm.py): hf-llm-lora's model."""
+    import json
+
+    from tests.lifecycle_helpers import SMALL_PROJECT
+    from tests.tiny_llm import build_tiny_llm
+
+    texts = [row["text"] for row in json.loads((SMALL_PROJECT / "data" / "reviews.json").read_text())]
+    return build_tiny_llm(tmp_path_factory.mktemp("tiny-llama"), texts)
+
+
 # The suite's tiers: a module marks itself `unit` (in process); every other test starts real processes and
 # is `e2e`; these modules' tests each take seconds of real time (servers, SLURM, chromium, training) and are
 # also `slow`. `make test-fast` runs the unit tier.

@@ -355,6 +355,22 @@ def test_a_run_succeeds_and_collects_its_artifacts(tmp_path: Path, redis_server_
         assert harness.leftovers(svc, run_id) == []
 
 
+def test_an_llm_fine_tunes_with_lora_and_its_adapter_comes_back(tmp_path: Path, redis_server_url: str,
+                                                                 harness: LocalHarness, tiny_llm: Path) -> None:
+    """hf-llm-lora on every backend, on the CPU (4-bit and GPUs: bench/gpu_check.py on a GPU machine)."""
+    with project(tmp_path, redis_server_url, harness, grace_seconds=2) as svc:
+        run_id = svc.start_run(trainer="hf-llm-lora", schemas=["sentiment"],
+                               params={"model_name": str(tiny_llm), "epochs": 1, "batch_size": 8, "max_length": 32,
+                                       "lora": {"r": 4, "alpha": 8}})
+        run = svc.wait_for(run_id, TERMINAL)
+        assert run["state"] == "succeeded", (run, svc.logs())
+        folder = harness.model_folder(svc, run)
+        assert sorted(p.name for p in (folder / "sentiment").iterdir()) == [
+            "README.md", "adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+        assert run["held_out"]["sentiment"]["test"]["n"] > 0
+        assert harness.leftovers(svc, run_id) == []
+
+
 def test_cancel_within_grace_ends_cancelled(tmp_path: Path, redis_server_url: str, harness: LocalHarness,
                                             tiny_model: Path) -> None:
     with project(tmp_path, redis_server_url, harness, grace_seconds=5) as svc:

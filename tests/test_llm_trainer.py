@@ -1,7 +1,7 @@
 """hf-llm-lora and checkpoints, run as users' machines run the worker: `python -m potato_queue.worker`.
 
-The model is a tiny Llama (or Qwen2) built here with a tokenizer trained on the fixture's own texts
-(tests/tiny_llm.py): the real loading, LoRA, checkpoint and resume code runs on it, on the CPU. No GPU
+The model is a tiny Llama (or Qwen2) built here with a tokenizer trained on the example project's
+texts (tests/tiny_llm.py, conftest's tiny_llm): the real loading, LoRA, checkpoint and resume code runs on it, on the CPU. No GPU
 exists here: the 4-bit path is exercised by bench/gpu_check.py on a GPU machine, and here only its
 refusal on a CPU is.
 """
@@ -14,8 +14,6 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.test_worker import (
     ROOT,
@@ -30,11 +28,6 @@ from tests.test_worker import (
     write_spec,
 )
 from tests.tiny_llm import build_tiny_llm
-
-
-@pytest.fixture(scope="module")
-def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return build_tiny_llm(tmp_path_factory.mktemp("tiny-llama"), [item["text"] for item in synthetic_items()])
 
 
 def llm_params(model: Path, **extra: Any) -> dict[str, Any]:

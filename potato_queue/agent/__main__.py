@@ -104,6 +104,9 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
                        help="submit each run's worker with sbatch, with the slurm settings in FILE (a JSON object of "
                             "the backend's keys: partition, gres, time, job_python, prelude...); --workdir must then "
                             "be on storage the compute nodes share")
+    serve.add_argument("--min-free-gpu-mb", type=float, default=0.0, metavar="MB",
+                       help="claim a run only while a GPU of this machine (those CUDA_VISIBLE_DEVICES allows) has this "
+                            "much memory free; meanwhile wait, and say so on the run's step line (default 0: no wait)")
     # Seconds without an answer during a run before the agent cancels it (AGT-7: 300); for tests.
     serve.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
 
@@ -136,9 +139,13 @@ def serve(args: argparse.Namespace) -> int:
         factory = None if settings is None else (lambda: SlurmLauncher(settings, log_line))
         agent = BackendAgent(args.server, args.backend, token, workdir, python=args.python, keep=args.keep,
                              once=args.once, unreachable_s=args.unreachable_s, ca_file=args.ca_file, log=log_line,
-                             launcher_factory=factory)
+                             launcher_factory=factory, min_free_gpu_mb=args.min_free_gpu_mb)
     except (ValueError, OSError) as exc:
         log_line(str(exc))
+        return EXIT_BAD_SPEC
+    gpu_problem = agent.gpu_problem()
+    if gpu_problem is not None:
+        log_line(gpu_problem)
         return EXIT_BAD_SPEC
 
     def handler(signum: int, _frame: object) -> None:

@@ -5,16 +5,23 @@ It opens every connection itself, so it works from behind NAT or a one-way
 firewall (AGT-2). The backend token (from `potato-queue training register`)
 only claims runs; each claim answers a token for that run alone, and the run
 goes through the same Runner as on every other backend.
+
+With --min-free-gpu-mb, it claims only while a GPU of its machine (those
+CUDA_VISIBLE_DEVICES lets it use) has that much memory free: meanwhile it asks
+nvidia-smi every GPU_POLL_S and tells the server what it waits for (the
+offered run's step line says so), and claims as soon as a GPU frees.
 """
 
 import json
 import math
 import os
 import platform
+import shutil
 import socket
 import subprocess
 import sys
 import threading
+import time
 from typing import Any, Callable, Dict, Optional
 from urllib.parse import quote
 
@@ -23,12 +30,26 @@ from potato_queue.agent.launchers.base import WorkerLauncher
 from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.runner import Runner
 from potato_queue.agent.transport import ApiError, TlsError, Transport, Unreachable
+from potato_queue.host.check import nvidia_smi
+from potato_queue.host.gpus import (
+    GPU_POLL_S,
+    GPU_REPORT_S,
+    NVIDIA_SMI_QUERY,
+    GpuWait,
+    agent_gpu_problem,
+    agent_wait,
+    parse_gpus,
+    visible_gpus,
+)
 
 __all__ = ["BackendAgent", "describe_python", "CLAIM_WAIT_S", "EXIT_REFUSED"]
 
 # How long one claim waits on the server for a run (the server's MAX_WAIT_S caps it).
 # 90 s: fewer reconnects of idle agents (the shipped nginx lets agent calls last 120 s).
 CLAIM_WAIT_S = 90.0
+# With --min-free-gpu-mb: a claim waits this long at most, so that the GPU was looked at moments before a
+# run arrives (another user may take the GPU while the claim waits).
+GPU_CLAIM_WAIT_S = 10.0
 # The agent's exit when the server refuses it (a wrong or replaced token, an unknown backend).
 EXIT_REFUSED = 3
 PACKAGES = ("torch", "transformers", "peft", "scikit-learn", "accelerate")
@@ -59,8 +80,10 @@ class BackendAgent:
     def __init__(self, server: str, backend: str, token: str, workdir: str, python: str = sys.executable,
                  keep: bool = False, once: bool = False, unreachable_s: float = 300.0,
                  ca_file: Optional[str] = None, log: Callable[[str], None] = print,
-                 launcher_factory: Optional[Callable[[], WorkerLauncher]] = None) -> None:
+                 launcher_factory: Optional[Callable[[], WorkerLauncher]] = None, min_free_gpu_mb: float = 0.0) -> None:
         self.server, self.backend, self.workdir, self.python = server, backend, workdir, python
+        self.min_free_gpu_mb = min_free_gpu_mb
+        self.gpu_said_s = None  # type: Optional[float]  # when the server last heard of our wait for a GPU
         self.keep, self.once, self.unreachable_s, self.ca_file, self.log = keep, once, unreachable_s, ca_file, log
         self.transport = Transport(server, token, log=log, ca_file=ca_file)
         self.stopping = threading.Event()
@@ -88,6 +111,14 @@ class BackendAgent:
             self.backend, self.me["host"], self.server, self.workdir, self.me.get("python", "?"), self.python))
         try:
             while not self.stopping.is_set():
+                wait = self._gpu_wait()
+                if wait is not None:
+                    self._say_waiting(wait)
+                    self.stopping.wait(GPU_POLL_S)
+                    continue
+                if self.gpu_said_s is not None:
+                    self.gpu_said_s = None
+                    self.log("a GPU has {:g} MB free: asking for work".format(self.min_free_gpu_mb))
                 claim = self._claim()
                 if claim is None:
                     continue
@@ -104,14 +135,44 @@ class BackendAgent:
             self.launcher.close()
         return 0
 
+    def _gpus(self) -> Any:
+        return visible_gpus(parse_gpus(nvidia_smi(NVIDIA_SMI_QUERY)), os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+    def gpu_problem(self) -> Optional[str]:
+        """Why this agent cannot start with its --min-free-gpu-mb (a wait that could never end), or None."""
+        if self.min_free_gpu_mb <= 0:
+            return None
+        return agent_gpu_problem(shutil.which("nvidia-smi") is not None, self._gpus(), self.min_free_gpu_mb)
+
+    def _gpu_wait(self) -> Optional[GpuWait]:
+        """What this agent waits for before it may claim (no GPU with min_free_gpu_mb free), or None."""
+        return None if self.min_free_gpu_mb <= 0 else agent_wait(self._gpus(), self.min_free_gpu_mb)
+
+    def _say_waiting(self, wait: GpuWait) -> None:
+        """Tell the server (the offered run's step line) and our log, again every GPU_REPORT_S: the server
+        takes a report older than a few of those for an agent that went away."""
+        now_s = time.monotonic()
+        if self.gpu_said_s is not None and now_s - self.gpu_said_s < GPU_REPORT_S:
+            return
+        if self.gpu_said_s is None:
+            self.log("no GPU has {:g} MB free: waiting before asking for work".format(self.min_free_gpu_mb))
+        self.gpu_said_s = now_s
+        path = "backends/{}/waiting".format(quote(self.backend, safe=""))
+        try:
+            self.transport.call("POST", path, dict(self.me, gpu_wait=wait.to_json()), timeout_s=30,
+                                give_up_s=GPU_REPORT_S, what=self._asking)
+        except Unreachable:
+            pass  # said again at the next report
+
     def _claim(self) -> Optional[Dict[str, Any]]:
         """One long-poll for work: the claim ({run_id, token}), or None when none came."""
         if isinstance(self.launcher, ProcessLauncher) and self.launcher.prestarted is None:
             self.launcher.prestart()  # the next run's worker starts while we wait (cancel and start are faster)
         path = "backends/{}/claim".format(quote(self.backend, safe=""))
+        wait_s = GPU_CLAIM_WAIT_S if self.min_free_gpu_mb > 0 else CLAIM_WAIT_S
         try:
-            reply = self.transport.call("POST", path, self.me, query="?wait_s={:g}".format(CLAIM_WAIT_S),
-                                        timeout_s=CLAIM_WAIT_S + 15, give_up_s=math.inf, what=self._asking)
+            reply = self.transport.call("POST", path, self.me, query="?wait_s={:g}".format(wait_s),
+                                        timeout_s=wait_s + 15, give_up_s=math.inf, what=self._asking)
         except Unreachable:
             return None  # only when stopping: the policy retries for ever otherwise
         return reply if reply.get("run_id") else None

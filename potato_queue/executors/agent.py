@@ -6,11 +6,16 @@ stays `queued` and *waiting* until one claims it, bounded by queue_timeout_s
 when the backend sets one (AGT-4); from the claim on, the agent's heartbeats
 are what keeps the run alive, and cancel reaches it through its control
 long-poll. The model files stay on the training machine (AGT-6): the run's
-artifact_uri is the `<host>:<folder>` the agent reported.
+artifact_uri is the `<host>:<folder>` the agent reported. An agent started with
+--min-free-gpu-mb that waits for a free GPU says so (store/offers.py): the
+run's step line then names its GPUs, and so does its error past queue_timeout_s.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+from potato_queue.clock import Clock
 from potato_queue.config import AgentBackend
 from potato_queue.executors.base import (
     AgentResult,
@@ -23,8 +28,15 @@ from potato_queue.executors.base import (
     Status,
     Waiting,
 )
+from potato_queue.host.gpus import GPU_REPORT_S, GpuWait, agent_wait_expired, agent_wait_line
 
-__all__ = ["AgentExecutor", "AgentHandle", "waiting_why", "no_agent_error"]
+__all__ = ["AgentExecutor", "AgentHandle", "waiting_why", "no_agent_error", "GPU_WAIT_FRESH_S"]
+
+# An agent's report that it waits for a GPU counts this long: it says it again every GPU_REPORT_S, so an
+# older one is an agent that went away while it waited.
+GPU_WAIT_FRESH_S = 3 * GPU_REPORT_S
+# How often the handle asks the store whether an agent waits for a GPU (poll() runs ten times a second).
+GPU_LOOK_S = 1.0
 
 
 def waiting_why(backend_name: str) -> str:
@@ -41,9 +53,13 @@ def no_agent_error(backend_name: str, queue_timeout_s: float) -> str:
 class AgentHandle(RunHandle):
     """A run offered to an agent backend: waiting until claimed, then in its agent's hands."""
 
-    def __init__(self, offer: Offer, why: str, until_s: float | None, expired: str | None) -> None:
+    def __init__(self, offer: Offer, why: str, until_s: float | None, expired: str | None, backend_name: str,
+                 timeout_s: float | None, clock: Clock) -> None:
         self.offer, self.why, self.until_s, self.expired = offer, why, until_s, expired
+        self.backend_name, self.timeout_s, self.clock = backend_name, timeout_s, clock
         self.claimed = False
+        self.looked_s: float | None = None
+        self.gpu_status: Waiting | None = None  # the wait while an agent waits for a GPU, else None
 
     def poll(self) -> Status:
         if not self.claimed:
@@ -51,7 +67,22 @@ class AgentHandle(RunHandle):
         if self.claimed:
             # Gone is never known here: a machine behind NAT can only fall silent (the heartbeat says so).
             return Running()
-        return Waiting(self.why, self.until_s, self.expired)
+        return self._gpu_wait() or Waiting(self.why, self.until_s, self.expired)
+
+    def _gpu_wait(self) -> Waiting | None:
+        """The wait as an agent that waits for a free GPU describes it (looked up once a GPU_LOOK_S)."""
+        now_s = self.clock.now_s()
+        if self.looked_s is None or now_s - self.looked_s >= GPU_LOOK_S:
+            self.looked_s = now_s
+            self.gpu_status = self._gpu_status(self.offer.agent_waiting(GPU_WAIT_FRESH_S))
+        return self.gpu_status
+
+    def _gpu_status(self, said: dict[str, Any] | None) -> Waiting | None:
+        if said is None:
+            return None
+        wait, host = GpuWait.from_json(said["wait"]), str(said.get("host") or "an unnamed host")
+        expired = None if self.timeout_s is None else agent_wait_expired(self.backend_name, host, wait, self.timeout_s)
+        return Waiting(agent_wait_line(self.backend_name, host, wait), self.until_s, expired)
 
     def kill(self) -> None:
         # Nothing of ours runs where we could reach it; an agent that still has the run learns of its
@@ -81,4 +112,4 @@ class AgentExecutor(Executor):
         why = waiting_why(self.backend_name)
         spec.offer.post()
         spec.step(why)
-        return AgentHandle(spec.offer, why, until_s, expired)
+        return AgentHandle(spec.offer, why, until_s, expired, self.backend_name, timeout_s or None, spec.clock)

@@ -62,6 +62,10 @@ class Offer(Protocol):
     def withdraw(self) -> None:
         """No agent may claim it any more. Idempotent."""
 
+    def agent_waiting(self, fresh_s: float) -> dict[str, Any] | None:
+        """What an agent of the backend said, under fresh_s ago, it waits for before it claims (no GPU with
+        room): {wait, host, at}; None when none waits."""
+
 
 @dataclass(frozen=True)
 class LaunchSpec:

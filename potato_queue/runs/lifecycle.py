@@ -99,6 +99,9 @@ class _StoreOffer:
     def withdraw(self) -> None:
         self.store.offers.withdraw(self.backend, self.run_id)
 
+    def agent_waiting(self, fresh_s: float) -> dict[str, Any] | None:
+        return self.store.offers.agent_waiting(self.backend, fresh_s)
+
 
 class RunLife:
     """The life of one run that dispatch has moved to `starting` (its record in hand)."""

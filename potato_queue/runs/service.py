@@ -127,8 +127,7 @@ class RunService:
         while True:
             run_id = self.store.offers.claim(backend, token, agent)
             if run_id == DENIED:
-                raise Denied("the token for this backend was refused: it is wrong, or it was replaced by a newer register",
-                             fix=f"register again: potato-queue training register {backend} CONFIG")
+                raise _token_refused(backend)
             if run_id is None:
                 return None
             # The token first, then the state: a run that ends from now on revokes the token with its end.
@@ -140,7 +139,18 @@ class RunService:
         self.store.log(run_id, f"claimed by the agent on {agent.get('host') or 'an unnamed host'} (backend {backend})")
         return Claimed(run_id, run_token)
 
+    def agent_waits(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: dict[str, Any]) -> None:
+        """An agent of `backend` waits for a free GPU before it claims: the runs offered to the backend say so
+        on their step line. Denied when the token is not (or no longer) the backend's."""
+        if not self.store.offers.waiting(backend, token, agent, gpu_wait):
+            raise _token_refused(backend)
+
     def heard_from(self, run_id: str) -> None:
         """The run's agent called (its job, bundle, control long-poll, predictions): the heartbeat. The first
         such call is the run's first contact, which the supervising executor turns into `running`."""
         self.store.touch_heartbeat(run_id)
+
+
+def _token_refused(backend: str) -> Denied:
+    return Denied("the token for this backend was refused: it is wrong, or it was replaced by a newer register",
+                  fix=f"register again: potato-queue training register {backend} CONFIG")

@@ -39,7 +39,7 @@ from potato_queue.store import RunStore
 from potato_queue.store.plumbing import async_twin
 from potato_queue.store.tokens import WAKE_EVERYONE, TrustedAgentTokens, token_digest
 
-__all__ = ["ClaimWakeups", "AgentInfo", "Claim", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S",
+__all__ = ["ClaimWakeups", "AgentInfo", "Claim", "GpuSeen", "GpuWaitIn", "WaitingAgent", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S",
            "CLAIM_DEADLINE"]
 
 MAX_CLAIM_WAIT_S = 100.0
@@ -60,6 +60,32 @@ class AgentInfo(BaseModel):
     agent_python: str | None = Field(None, max_length=64, description="the agent's own Python version")
     pid: int | None = None
     error: str | None = Field(None, max_length=2000, description="why the worker's interpreter could not be asked")
+
+
+class GpuSeen(BaseModel):
+    """One GPU as nvidia-smi showed it (host/gpus.py's Gpu)."""
+
+    model_config = ConfigDict(extra="ignore")
+    index: int = Field(ge=0, le=4096)
+    name: str = Field(max_length=255)
+    free_mb: float = Field(ge=0, le=1e9, allow_inf_nan=False)
+    total_mb: float = Field(ge=0, le=1e9, allow_inf_nan=False)
+    utilization_pct: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    compute_cap: str | None = Field(None, max_length=16)
+
+
+class GpuWaitIn(BaseModel):
+    """What an agent waits for before it claims (host/gpus.py's GpuWait): min_free_mb on a GPU; the closest."""
+
+    model_config = ConfigDict(extra="ignore")
+    min_free_mb: float = Field(gt=0, le=1e9, allow_inf_nan=False)
+    best: GpuSeen | None = None
+
+
+class WaitingAgent(AgentInfo):
+    """An agent that waits for a free GPU (--min-free-gpu-mb) before it claims, and what it waits for."""
+
+    gpu_wait: GpuWaitIn
 
 
 class Claim(BaseModel):
@@ -208,6 +234,17 @@ async def claim(
             return Claim()
 
 
+def waiting(request: Request, backend: str, agent: WaitingAgent) -> dict[str, Any]:
+    """An agent of this backend (backend token) waits for a GPU with room before it claims: the runs offered
+    to the backend show it on their step line (said again every 15 s; older word counts for nothing)."""
+    config = config_of(request)
+    if backend not in agent_backends(config):
+        raise HTTPException(404, f"{backend!r} is not an agent backend of this project")
+    info = agent.model_dump(exclude={"gpu_wait"})
+    runs_of(request).agent_waits(backend, bearer(request.headers) or "", info, agent.gpu_wait.model_dump())
+    return {}
+
+
 def get_agent_zipapp() -> Response:
     """The agent, worker and trainers as one file: `python3 agent.pyz --server URL --backend NAME`."""
     package = agent_zipapp()
@@ -225,6 +262,11 @@ def claims_router() -> APIRouter:
                    403: {"description": "the token belongs to another backend"},
                    404: {"description": "no agent backend of that name"},
                    413: {"description": "a body over 64 KiB"}},
+    )
+    router.add_api_route(
+        "/backends/{backend}/waiting", waiting, methods=["POST"],
+        responses={401: {"description": "no token, or not this backend's (wrong, or replaced)"},
+                   404: {"description": "no agent backend of that name"}},
     )
     router.add_api_route(
         "/agent.pyz", get_agent_zipapp, methods=["GET"], response_class=Response,

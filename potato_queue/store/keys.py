@@ -116,7 +116,8 @@ class Keys:
         return f"{self.prefix}:executor:*"
 
     def agent_token(self, backend: str) -> str:
-        """Hash of an agent backend's registration: the token's sha256, created, last_seen, the agent."""
+        """Hash of an agent backend's registration: the token's sha256, created, last_seen, the agent, and
+        gpu_wait (what an agent waiting for a free GPU reported last, until an agent claims)."""
         return f"{self.prefix}:agent:{backend}"
 
     def agent_token_owner(self, digest: str) -> str:

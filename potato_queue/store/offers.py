@@ -48,6 +48,24 @@ class Offers:
     def claim(self, backend: str, token: str, agent: dict[str, Any]) -> str | None:
         """The oldest run offered to `backend` (now the caller's), None when none is, DENIED for a token
         that is not (or no longer) this backend's. Marks the backend as seen either way."""
+        return self._call(backend, token, agent, "") or None
+
+    def waiting(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: dict[str, Any]) -> bool:
+        """An agent of `backend` waits for a free GPU before it claims: it is seen, and its wait kept (with
+        its host and the time) for the offered runs' step line. False for a token that is not the backend's."""
+        wait = json.dumps({"wait": gpu_wait, "host": agent.get("host"), "at": time.time()})
+        return self._call(backend, token, agent, wait) != DENIED
+
+    def agent_waiting(self, backend: str, fresh_s: float) -> dict[str, Any] | None:
+        """The last wait an agent of `backend` reported ({wait, host, at}), when it is under fresh_s old and no
+        agent claimed since: an agent that stopped while it waited is not waited for any more."""
+        raw = self.redis.hget(self.keys.agent_token(backend), "gpu_wait")
+        if raw is None:
+            return None
+        said = json.loads(as_text(raw))
+        return said if time.time() - float(said["at"]) < fresh_s else None
+
+    def _call(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: str) -> str:
         keys = [self.keys.agent_token(backend), self.keys.offers(backend)]
-        answer = as_text(self._claim(keys=keys, args=[token_digest(token), repr(time.time()), json.dumps(agent)]))
-        return answer or None
+        return str(as_text(self._claim(keys=keys, args=[token_digest(token), repr(time.time()), json.dumps(agent),
+                                                    gpu_wait])))

@@ -74,12 +74,19 @@ redis.call('EXPIRE', KEYS[2], 3600)
 return 1
 """
 # KEYS: the agent backend's registration hash, its offers. ARGV: the token's digest, now (epoch s), the
-# agent's description (JSON). 'denied' unless the digest is the registered one, so a token replaced while
-# its claim waited claims nothing; else the oldest offered run, popped (exactly one agent gets it), or ''.
+# agent's description (JSON), and what it waits for before it claims (JSON: no GPU has room), or ''. 'denied'
+# unless the digest is the registered one, so a token replaced while its claim waited claims nothing; an agent
+# that waits is only seen (its wait kept for the offered runs' step line); else the oldest offered run, popped
+# (exactly one agent gets it), or '', and no wait is kept: an agent ready to claim takes the run.
 # The digests compared are sha256 of 32 random bytes: their compare's timing tells nothing of a token.
 CLAIM = """
 if redis.call('HGET', KEYS[1], 'digest') ~= ARGV[1] then return 'denied' end
 redis.call('HSET', KEYS[1], 'last_seen', ARGV[2], 'agent', ARGV[3])
+if ARGV[4] ~= '' then
+  redis.call('HSET', KEYS[1], 'gpu_wait', ARGV[4])
+  return ''
+end
+redis.call('HDEL', KEYS[1], 'gpu_wait')
 local popped = redis.call('ZPOPMIN', KEYS[2])
 if #popped == 0 then return '' end
 return popped[1]

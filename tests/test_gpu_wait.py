@@ -1,0 +1,178 @@
+"""Claim only with a free GPU (issue 22): an ssh run's setup and an agent wait, saying so on the run's step
+line, while no GPU has min_free_gpu_mb free; a freed GPU is taken; the wait is bounded by the run's limit.
+
+This machine has no GPU: `nvidia-smi` here is a script first on PATH that prints the CSV in a file the
+test rewrites. It stands in for the GPUs, and rewriting the file is a GPU's memory being freed. Everything
+else is real: Redis, the server, the executor, sshd, the bootstrap, the agent and the worker.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
+from tests.agent_helpers import AGENT, BACKEND, lab, register
+from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_until
+from tests.sshd import ALIAS, Sshd
+from tests.test_ssh_backend import BACKEND as SSH_BACKEND
+from tests.test_ssh_backend import over_ssh
+
+BUSY = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 1500, 81920, 90, 8.0\n"
+FREED = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0\n"
+BEST_BUSY = "GPU 1: NVIDIA A100-SXM4-80GB, 1500 of 81920 MB free"
+
+
+class FakeGpus:
+    """A folder with an `nvidia-smi` that prints what `set()` last wrote: it stands in for the GPUs."""
+
+    def __init__(self, folder: Path, csv: str) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.csv = folder / "gpus.csv"
+        self.set(csv)
+        script = folder / "nvidia-smi"
+        script.write_text(f"#!/bin/sh\ncat '{self.csv}'\n")
+        script.chmod(0o755)
+        self.path = f"{folder}:/usr/local/bin:/usr/bin:/bin"
+
+    def set(self, csv: str) -> None:
+        partial = self.csv.with_suffix(".partial")
+        partial.write_text(csv)
+        partial.replace(self.csv)  # whole: nvidia-smi never prints half a file
+
+
+def step_of(svc: Services, run_id: str) -> str:
+    status, run = svc.api("GET", f"/runs/{run_id}")
+    assert status == 200, run
+    return str(run["step"])
+
+
+@pytest.fixture
+def ssh_factory(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> Iterator[Any]:
+    contexts: list[Any] = []
+
+    def make(**backend: Any) -> Services:
+        context, svc = over_ssh(tmp_path, redis_server_url, sshd, **backend)
+        contexts.append(context)
+        return svc
+
+    yield make
+    for context in contexts:
+        context.__exit__(None, None, None)
+
+
+def test_an_ssh_run_waits_for_a_gpu_with_room_says_so_and_takes_the_one_freed(ssh_factory: Any,
+                                                                               tmp_path: Path) -> None:
+    gpus = FakeGpus(tmp_path / "bin", BUSY)
+    svc = ssh_factory(env={"PATH": gpus.path}, min_free_gpu_mb=2000, setup_timeout_s=120)
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=SSH_BACKEND)
+    waiting = f"waiting for a GPU with 2000 MB free on {ALIAS} (best now: {BEST_BUSY})"
+    wait_until(lambda: step_of(svc, run_id) == waiting, 60, "the step line saying the run waits for a GPU")
+    assert svc.api("GET", f"/runs/{run_id}")[1]["state"] == "starting", "waiting, not failed"
+    gpus.set(FREED)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    assert run["state"] == "succeeded", (run, svc.logs())
+    log = run_paths(svc, run_id).run_log.read_text()
+    assert waiting in log and f"{ALIAS}: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free" in log
+
+
+def test_an_ssh_run_that_waits_past_setup_timeout_s_fails_naming_the_limit_and_the_fixes(ssh_factory: Any,
+                                                                                         tmp_path: Path) -> None:
+    svc = ssh_factory(env={"PATH": FakeGpus(tmp_path / "bin", BUSY).path}, min_free_gpu_mb=2000, setup_timeout_s=8)
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=SSH_BACKEND)
+    run = svc.wait_for(run_id, TERMINAL, 60)
+    assert run["state"] == "failed"
+    assert run["error"] == (
+        f"No GPU on {ALIAS} had 2000 MB free within setup_timeout_s (8 s) (at the end: {BEST_BUSY}); the run did not "
+        f"start. Fix: free memory on a GPU of {ALIAS}, lower min_free_gpu_mb of backend {SSH_BACKEND}, or raise its "
+        "setup_timeout_s"), run["error"]
+
+
+class GpuAgent:
+    """`potato-queue training agent --min-free-gpu-mb MB` on this machine, its GPUs the fake ones."""
+
+    def __init__(self, svc: Services, token: str, gpus_path: str, min_free_gpu_mb: float) -> None:
+        self.out = svc.tmp_path / "agent.out"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
+        env.update(POTATO_TRAINING_TOKEN=token, PATH=gpus_path)
+        command = AGENT + ["--server", svc.url, "--backend", BACKEND, "--workdir", str(svc.tmp_path / "agent-work"),
+                           "--min-free-gpu-mb", f"{min_free_gpu_mb:g}"]
+        with open(self.out, "w") as out:
+            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=svc.tmp_path)
+
+    def output(self) -> str:
+        return self.out.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            self.proc.wait(30)
+
+
+@pytest.fixture
+def agent_backend(tmp_path: Path, redis_server_url: str, request: pytest.FixtureRequest) -> Iterator[Services]:
+    with started(tmp_path, redis_server_url, **lab(queue_timeout_s=request.param)) as svc:
+        yield svc
+
+
+def waiting_agent(svc: Services, gpus: FakeGpus) -> GpuAgent:
+    """An agent whose GPUs are all busy, once it has told the server so."""
+    agent = GpuAgent(svc, register(svc), gpus.path, 2000)
+    wait_until(lambda: "waiting before asking for work" in agent.output(), 30, "the agent waiting for a GPU")
+    return agent
+
+
+@pytest.mark.parametrize("agent_backend", [120], indirect=True)
+def test_an_agent_claims_only_once_a_gpu_has_room_and_the_run_says_why_it_waits(agent_backend: Services,
+                                                                                tmp_path: Path) -> None:
+    svc, gpus = agent_backend, FakeGpus(tmp_path / "bin", BUSY)
+    agent = waiting_agent(svc, gpus)
+    try:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        waiting = (f"waiting for the agent on {BACKEND} ({socket.gethostname()}): its GPUs have less than 2000 MB free "
+                   f"(best: {BEST_BUSY})")
+        wait_until(lambda: step_of(svc, run_id) == waiting, 30, "the step line naming the agent's GPUs")
+        assert svc.api("GET", f"/runs/{run_id}")[1]["state"] == "queued", "not claimed while no GPU has room"
+        gpus.set(FREED)
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "succeeded", (run, agent.output(), svc.logs())
+        assert f"claimed run {run_id}" in agent.output()
+    finally:
+        agent.stop()
+
+
+@pytest.mark.parametrize("agent_backend", [6], indirect=True)
+def test_a_run_whose_agent_finds_no_gpu_with_room_within_queue_timeout_s_fails_saying_so(agent_backend: Services,
+                                                                                        tmp_path: Path) -> None:
+    svc = agent_backend
+    agent = waiting_agent(svc, FakeGpus(tmp_path / "bin", BUSY))
+    try:
+        run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND),
+                           TERMINAL, 60)
+        host = socket.gethostname()
+        assert run["state"] == "failed"
+        assert run["error"] == (
+            f"No GPU of the agent on {BACKEND} ({host}) had 2000 MB free within queue_timeout_s (6 s) (at the end: "
+            f"{BEST_BUSY}), so it claimed no run. Fix: free memory on a GPU of {host}, start its agent with a lower "
+            f"--min-free-gpu-mb, or raise queue_timeout_s of backend {BACKEND}"), run["error"]
+        assert "claimed run" not in agent.output()
+    finally:
+        agent.stop()
+
+
+@pytest.mark.parametrize("agent_backend", [120], indirect=True)
+def test_an_agent_asked_to_wait_for_a_gpu_on_a_machine_without_one_does_not_start(agent_backend: Services,
+                                                                                  tmp_path: Path) -> None:
+    empty = tmp_path / "no-gpu-bin"
+    empty.mkdir()
+    agent = GpuAgent(agent_backend, register(agent_backend), f"{empty}:/usr/local/bin:/usr/bin:/bin", 2000)
+    assert agent.proc.wait(60) == EXIT_BAD_SPEC
+    assert ("--min-free-gpu-mb 2000 waits for a GPU, but there is no nvidia-smi on this machine's PATH; fix: start "
+            "the agent without --min-free-gpu-mb to take runs as a CPU machine, or put nvidia-smi on PATH"
+            ) in agent.output()
