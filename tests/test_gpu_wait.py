@@ -12,6 +12,7 @@ import os
 import socket
 import subprocess
 from collections.abc import Iterator
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
@@ -54,23 +55,21 @@ def step_of(svc: Services, run_id: str) -> str:
 
 
 @pytest.fixture
-def ssh_factory(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> Iterator[Any]:
-    contexts: list[Any] = []
+def ssh_services(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> Iterator[Any]:
+    """Makes the server and an executor whose ssh backend has the given keys; stopped after the test."""
+    with ExitStack() as stack:
+        def make(**backend: Any) -> Services:
+            context, svc = over_ssh(tmp_path, redis_server_url, sshd, **backend)
+            stack.push(context.__exit__)
+            return svc
 
-    def make(**backend: Any) -> Services:
-        context, svc = over_ssh(tmp_path, redis_server_url, sshd, **backend)
-        contexts.append(context)
-        return svc
-
-    yield make
-    for context in contexts:
-        context.__exit__(None, None, None)
+        yield make
 
 
-def test_an_ssh_run_waits_for_a_gpu_with_room_says_so_and_takes_the_one_freed(ssh_factory: Any,
+def test_an_ssh_run_waits_for_a_gpu_with_room_says_so_and_takes_the_one_freed(ssh_services: Any,
                                                                                tmp_path: Path) -> None:
     gpus = FakeGpus(tmp_path / "bin", BUSY)
-    svc = ssh_factory(env={"PATH": gpus.path}, min_free_gpu_mb=2000, setup_timeout_s=120)
+    svc = ssh_services(env={"PATH": gpus.path}, min_free_gpu_mb=2000, setup_timeout_s=120)
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=SSH_BACKEND)
     waiting = f"waiting for a GPU with 2000 MB free on {ALIAS} (best now: {BEST_BUSY})"
     wait_until(lambda: step_of(svc, run_id) == waiting, 60, "the step line saying the run waits for a GPU")
@@ -82,9 +81,9 @@ def test_an_ssh_run_waits_for_a_gpu_with_room_says_so_and_takes_the_one_freed(ss
     assert waiting in log and f"{ALIAS}: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free" in log
 
 
-def test_an_ssh_run_that_waits_past_setup_timeout_s_fails_naming_the_limit_and_the_fixes(ssh_factory: Any,
+def test_an_ssh_run_that_waits_past_setup_timeout_s_fails_naming_the_limit_and_the_fixes(ssh_services: Any,
                                                                                          tmp_path: Path) -> None:
-    svc = ssh_factory(env={"PATH": FakeGpus(tmp_path / "bin", BUSY).path}, min_free_gpu_mb=2000, setup_timeout_s=8)
+    svc = ssh_services(env={"PATH": FakeGpus(tmp_path / "bin", BUSY).path}, min_free_gpu_mb=2000, setup_timeout_s=8)
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=SSH_BACKEND)
     run = svc.wait_for(run_id, TERMINAL, 60)
     assert run["state"] == "failed"
