@@ -119,8 +119,8 @@ def _token(given: str | None) -> str:
         from huggingface_hub import get_token
     except ImportError:
         raise Conflict("This server cannot publish to the Hugging Face Hub: huggingface_hub is not installed",
-                       fix=f"install it into the server's Python ({sys.executable} -m pip install huggingface_hub), "
-                           f"then restart the server") from None
+                       fix=f"install it into the server's Python ({sys.executable} -m pip install "
+                           f"'potato-queue[publish]'), then restart the server") from None
     token = given or get_token()
     if not token:
         raise Invalid("No Hugging Face token to publish with",

@@ -47,8 +47,8 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
         except KeyError:
             store.index.unmark_bulky(run_id)
             continue  # gone, or unreadable: not ours to judge
-        if run_id == keep or record.get("state") not in FINAL_STATES:
-            continue
+        if run_id == keep or record.get("state") not in FINAL_STATES or store.publishing(run_id):
+            continue  # one being uploaded to the Hugging Face Hub is pruned at a later run's end
         for path in _bulky(store, run_id):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
