@@ -15,16 +15,14 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from potato_queue.trainers.common import slug
 from potato_queue.trainers.hub import not_cached
+from potato_queue.trainers.llm_settings import LLMSettings
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.checkpoint import Checkpoint
 from potato_queue.worker.spec import SchemaSpec
-
-if TYPE_CHECKING:  # pragma: no cover
-    from potato_queue.trainers.hf_llm import LLMSettings
 
 __all__ = ["Plan", "SchemaLoop", "probabilities", "seed_everything", "POSITION_FILE"]
 
