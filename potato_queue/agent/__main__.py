@@ -144,6 +144,9 @@ def serve(args: argparse.Namespace) -> int:
         log_line(str(exc))
         return EXIT_BAD_SPEC
     gpu_problem = agent.gpu_problem()
+    if settings is not None and args.min_free_gpu_mb > 0:  # this machine's GPUs are not the job's
+        gpu_problem = ("--min-free-gpu-mb looks at this machine's GPUs, but with --slurm-config each run's worker "
+                       "runs on a node SLURM picks; fix: leave --min-free-gpu-mb out (gres asks SLURM for the GPU)")
     if gpu_problem is not None:
         log_line(gpu_problem)
         return EXIT_BAD_SPEC

@@ -100,6 +100,12 @@ def agent_backends(config: ProjectConfig) -> list[str]:
     return [name for name, backend in config.model_training.backends.items() if backend.type == "agent"]
 
 
+def _require_agent_backend(config: ProjectConfig, backend: str) -> None:
+    if backend not in agent_backends(config):
+        raise HTTPException(404, f"{backend!r} is not an agent backend of this project (agent backends: "
+                                 f"{', '.join(agent_backends(config)) or 'none'})")
+
+
 class ClaimWakeups:
     """One pub/sub subscription per server process, and the claims waiting in it, by backend.
 
@@ -202,10 +208,7 @@ async def claim(
     = 25.0,
 ) -> Claim:
     """Long-poll for a run of this agent backend (backend token): answers as soon as one is offered."""
-    config = config_of(request)
-    if backend not in agent_backends(config):
-        raise HTTPException(404, f"{backend!r} is not an agent backend of this project (agent backends: "
-                                 f"{', '.join(agent_backends(config)) or 'none'})")
+    _require_agent_backend(config_of(request), backend)
     wakeups, token, info = _wakeups(request), bearer(request.headers) or "", agent.model_dump()
     loop = asyncio.get_running_loop()
     deadline = request.scope.get("state", {}).get(CLAIM_DEADLINE) or loop.time() + min(wait_s, MAX_CLAIM_WAIT_S)
@@ -237,9 +240,7 @@ async def claim(
 def waiting(request: Request, backend: str, agent: WaitingAgent) -> dict[str, Any]:
     """An agent of this backend (backend token) waits for a GPU with room before it claims: the runs offered
     to the backend show it on their step line (said again every 15 s; older word counts for nothing)."""
-    config = config_of(request)
-    if backend not in agent_backends(config):
-        raise HTTPException(404, f"{backend!r} is not an agent backend of this project")
+    _require_agent_backend(config_of(request), backend)
     info = agent.model_dump(exclude={"gpu_wait"})
     runs_of(request).agent_waits(backend, bearer(request.headers) or "", info, agent.gpu_wait.model_dump())
     return {}
