@@ -17,7 +17,11 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from potato_queue.agent.launchers.sbatch import DEFAULT_JOB_PYTHON, DEFAULT_POLL_INTERVAL_S
+from potato_queue.agent.launchers.sbatch import (
+    DEFAULT_JOB_PYTHON,
+    DEFAULT_POLL_INTERVAL_S,
+    DEFAULT_PREEMPT_SIGNAL_S,
+)
 from potato_queue.agent.launchers.sbatch import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
 from potato_queue.errors import ConfigUnreadable
 
@@ -157,6 +161,8 @@ class _SlurmCore(_RemoteBackend):
     poll_interval_s: float = Field(DEFAULT_POLL_INTERVAL_S, gt=0)
     # SLURM requeues a job whose node failed; a run's job is not requeued unless asked (its files are half-written).
     requeue: bool = False
+    # With requeue: the job is signalled (USR1) this long before its time limit, checkpoints and requeues itself.
+    preempt_signal_s: int = Field(DEFAULT_PREEMPT_SIGNAL_S, ge=1)
     pending_timeout_s: float = Field(DEFAULT_PENDING_TIMEOUT_S, gt=0)
 
     @field_validator(*SBATCH_FLAGS, mode="before", check_fields=False)
@@ -173,7 +179,7 @@ class _SlurmCore(_RemoteBackend):
         """What the agent on the login node needs to submit the job: slurm.json's object (agent/launchers/sbatch.py)."""
         sbatch = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
         return {"job_python": self.job_python, "prelude": self.prelude, "poll_interval_s": self.poll_interval_s,
-                "requeue": self.requeue, "env": self.env, "secret_env": self.secret_env,
+                "requeue": self.requeue, "preempt_signal_s": self.preempt_signal_s, "env": self.env, "secret_env": self.secret_env,
                 "num_threads": self.num_threads,
                 **{key: str(value) for key, value in sbatch.items() if value is not None and value != ""}}
 

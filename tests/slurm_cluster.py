@@ -4,7 +4,8 @@ Debian's slurm 22.05 and munge, configured as measured on these machines: no sys
 cgroups, its own munge key and socket, its own ports, state, spool, pid and log files, in a
 folder the harness made (the sockets and the spool in a short one under /tmp). Two fake GPUs: gres files that are symlinks to /dev/null (slurmd hands
 them out and sets CUDA_VISIBLE_DEVICES; nothing here can compute on them, which the tests say).
-A second partition, `urgent`, preempts jobs of `gpu` (PREEMPTED). Clients find the cluster through
+A second partition, `urgent`, preempts jobs of `gpu` (PREEMPTED) and of `spot`, which
+are requeued (PreemptMode=REQUEUE). Clients find the cluster through
 SLURM_CONF, which an ssh session does not inherit: the tests set it in the backend's `env`.
 close() stops the daemons by their pid files (never by name) and waits for them.
 """
@@ -59,7 +60,9 @@ def _slurm_conf(root: Path, spool: Path, munge_socket: Path, cgroups: bool) -> s
         "GresTypes=gpu", "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",
         f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=4000 Gres=gpu:2 State=UNKNOWN",
         f"PartitionName=gpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
-        f"PartitionName=urgent Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=10", ""])
+        f"PartitionName=urgent Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=10",
+        # A partition whose jobs urgent's requeue rather than cancel (SIGTERM, then back in the queue).
+        f"PartitionName=spot Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=0", ""])
 
 
 class SlurmCluster:

@@ -511,3 +511,80 @@ def test_a_server_behind_the_shipped_nginx_runs_slurm_jobs(tmp_path: Path, redis
     finally:
         svc.stop()
         proxy.close()
+
+
+# ---------------------------------------------------------------- preemption, requeue, resume
+
+REQUEUEABLE = {"partition": "spot", "requeue": True}
+HOLD_CHECKPOINTED = {"trainer": "majority-baseline", "schemas": ["sentiment"], "backend": BACKEND,
+                     "params": {"hold_s": 20, "checkpoint_every_steps": 1}}
+
+
+def wait_checkpoint(shared: Path, run_id: str, step: int, timeout_s: float = 90) -> None:
+    """Until the run's worker has saved a whole checkpoint at `step` or later (the job folder is on shared storage)."""
+    deadline = time.monotonic() + timeout_s
+    folder = shared / "jobs" / run_id / "checkpoints"
+    while not any(int(done.parent.name.split("-")[1]) >= step for done in folder.glob("step-*/DONE")):
+        assert time.monotonic() < deadline, f"no checkpoint at step {step} in {folder}"
+        time.sleep(0.1)
+
+
+def start_again_now(slurm: SlurmCluster, job: str) -> None:
+    """SLURM holds a requeued job back for a while (BeginTime, about two minutes on this one); the tests do
+    not wait it out. The requeue itself and the job's second run are SLURM's own."""
+    deadline = time.monotonic() + 60
+    while f"{job} PENDING" not in slurm.queue():
+        assert time.monotonic() < deadline, slurm.queue()
+        time.sleep(0.2)
+    slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
+
+
+def resumed_as_one_run(svc: Services, slurm: SlurmCluster, run_id: str, job: str) -> str:
+    log = wait_log(svc, run_id, f"SLURM job {job} was preempted and requeued", timeout_s=90)
+    start_again_now(slurm, job)
+    run = svc.wait_for(run_id, TERMINAL, 120)
+    log = run_log(svc, run_id)
+    assert run["state"] == "succeeded", (run, log)
+    found = re.search(r"preempted, requeued, resumed at step (\d+)", log)
+    assert found and int(found.group(1)) >= 3, log
+    assert log.count("Submitted SLURM job") == 1, "one run, one job: SLURM ran it again"
+    return log
+
+
+def test_a_job_preempted_for_a_higher_priority_one_is_requeued_and_resumes_as_one_run(
+        svc_factory: Any, slurm: SlurmCluster, shared: Path) -> None:
+    """spot's jobs are requeued when urgent needs the node (SLURM's PreemptMode=REQUEUE): SIGTERM, then back in
+    the queue. The worker takes that SIGTERM for a preemption (it is not our cancel), checkpoints and exits 6;
+    the job runs again and the worker holds only the rest."""
+    svc = svc_factory(**REQUEUEABLE)
+    run_id = svc.start_run(**HOLD_CHECKPOINTED)
+    job = job_id_of(svc, run_id)
+    wait_checkpoint(shared, run_id, 3)
+    blocker = block_the_node(slurm, partition="urgent")
+    wait_log(svc, run_id, f"SLURM job {job} was preempted and requeued", timeout_s=90)
+    slurm.run("scancel", blocker)
+    resumed_as_one_run(svc, slurm, run_id, job)
+
+
+def test_the_time_limit_signal_checkpoints_and_the_job_requeues_itself(svc_factory: Any, slurm: SlurmCluster, shared: Path) -> None:
+    """SLURM's --signal=B:USR1@preempt_signal_s, sent here by hand (scancel --batch --signal=USR1: what SLURM
+    sends that long before the time limit): job.sh passes it on, the worker checkpoints, the job requeues itself."""
+    svc = svc_factory(**REQUEUEABLE, time="60")
+    run_id = svc.start_run(**HOLD_CHECKPOINTED)
+    job = job_id_of(svc, run_id)
+    wait_checkpoint(shared, run_id, 3)
+    slurm.run("scancel", "--batch", "--signal=USR1", job)
+    resumed_as_one_run(svc, slurm, run_id, job)
+
+
+def test_cancel_of_a_requeueable_job_stays_a_cancel(svc_factory: Any, slurm: SlurmCluster, shared: Path) -> None:
+    svc = svc_factory(**REQUEUEABLE)
+    run_id = svc.start_run(**HOLD_CHECKPOINTED)
+    job = job_id_of(svc, run_id)
+    wait_checkpoint(shared, run_id, 2)
+    svc.api("POST", f"/runs/{run_id}/cancel")
+    run = svc.wait_for(run_id, TERMINAL, 90)
+    assert run["state"] == "cancelled", (run, run_log(svc, run_id))
+    assert "preempted" not in run_log(svc, run_id)
+    slurm.wait_empty()  # the job was not requeued
+    assert job not in " ".join(slurm.queue())

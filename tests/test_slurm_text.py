@@ -29,6 +29,7 @@ from potato_queue.agent.launchers.sbatch import (
     parse_job_id,
     parse_scontrol,
     parse_squeue,
+    requeue_line,
     sbatch_argv,
 )
 from potato_queue.executors.slurm import parse_sinfo
@@ -44,6 +45,16 @@ def test_sbatch_gets_the_backends_flags_in_order_and_no_requeue_unless_asked() -
                     "--chdir=/shared/jobs/r1/work", "/shared/jobs/r1/job.sh"]
     requeued = sbatch_argv(SlurmSettings.of({"requeue": True, "cpus_per_task": 8}), "r1", "/j")
     assert "--no-requeue" not in requeued and "--cpus-per-task=8" in requeued
+    # With requeue, SLURM tells the batch shell 120 s (preempt_signal_s) before the time limit.
+    assert requeued[3:5] == ["--requeue", "--signal=B:USR1@120"]
+    later = sbatch_argv(SlurmSettings.of({"requeue": True, "preempt_signal_s": 300}), "r1", "/j")
+    assert "--signal=B:USR1@300" in later
+
+
+def test_requeue_line_is_said_for_a_resumed_worker_only() -> None:
+    assert requeue_line("resumed at step 40 from the checkpoint in /j/checkpoints/step-40") == (
+        "preempted, requeued, resumed at step 40")
+    assert requeue_line("checkpoint saved at step 40") is None
 
 
 def test_settings_refuse_a_misspelled_key_and_a_prelude_that_is_not_a_list() -> None:
@@ -157,6 +168,48 @@ def test_job_sh_writes_events_stderr_and_the_exit_code(tmp_path: Path) -> None:
     assert json.loads((folder / "events.jsonl").read_text()) == {"event": "status", "state": "running"}
     assert (folder / "stderr.log").read_text() == "a line on stderr it's set 2"
     assert (folder / "exit_code").read_text() == "3\n" and (folder / "running").read_text() == "node7\n"
+
+
+USR1_CHECKPOINTS = ("import os, signal, sys, time\n"
+                    "signal.signal(signal.SIGUSR1, lambda *a: sys.exit(6))\n"
+                    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(6 if not os.path.exists("
+                    "os.environ['POTATO_QUEUE_PREEMPT_ON_TERM']) else 4))\n"
+                    "print('{\"event\": \"status\"}', flush=True)\n"
+                    "time.sleep(60)\n")
+
+
+def _started(tmp_path: Path) -> None:
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "job" / "events.jsonl").exists():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+
+
+def test_a_requeueable_job_sh_passes_usr1_to_the_worker_and_a_preempted_worker_leaves_no_exit_code(
+        tmp_path: Path) -> None:
+    """SLURM's --signal=B:USR1 reaches the shell alone: job.sh passes it on; the worker's exit 6 (preempted,
+    checkpoint saved) is not the job's end, so no exit_code, and `running` goes for the next start to write.
+    scontrol finds no cluster here: its refusal is in stderr.log, and the job still ends cleanly."""
+    job = run_job(tmp_path, USR1_CHECKPOINTS, requeue=True)
+    _started(tmp_path)
+    job.send_signal(signal.SIGUSR1)
+    assert job.wait(30) == 0
+    folder = tmp_path / "job"
+    assert not (folder / "exit_code").exists() and not (folder / "running").exists()
+    assert ("potato-queue: job.sh got SIGUSR1 (the time limit is near): the worker checkpoints, the job requeues"
+            in (folder / "stderr.log").read_text())
+
+
+def test_a_requeueable_job_sh_keeps_a_cancel_a_cancel(tmp_path: Path) -> None:
+    """The agent writes the cancel marker before its scancel: the worker's SIGTERM is then the cancel (exit 4)."""
+    job = run_job(tmp_path, USR1_CHECKPOINTS, requeue=True)
+    _started(tmp_path)
+    (tmp_path / "job" / "cancel").write_text("")
+    # SLURM's scancel --full --signal=TERM reaches every process of the job: the worker and the shell.
+    subprocess.run(["pkill", "-TERM", "-P", str(job.pid)], check=True)
+    job.send_signal(signal.SIGTERM)
+    assert job.wait(30) == 4
+    assert (tmp_path / "job" / "exit_code").read_text() == "4\n"
 
 
 def test_a_failing_prelude_line_ends_the_job_saying_which(tmp_path: Path) -> None:

@@ -446,9 +446,11 @@ def test_decision_calibrate_recalibrates_previous_predictions(tmp_path: Path) ->
 
 
 def test_registry_names_extras_and_local_only() -> None:
-    assert trainer_names() == ["decision-calibrate", "hf-text-classification", "majority-baseline", "sklearn-text"]
+    assert trainer_names() == ["decision-calibrate", "hf-llm-lora", "hf-text-classification", "majority-baseline",
+                               "sklearn-text"]
     assert LOCAL_ONLY == {"decision-calibrate"}
     assert trainer_info("hf-text-classification").install_hint == "pip install 'potato-queue[train-text]'"
+    assert trainer_info("hf-llm-lora").install_hint == "pip install 'potato-queue[train-llm]'"
     assert get_trainer("decision-calibrate").name == "decision-calibrate"
 
 

@@ -18,14 +18,16 @@ Standard library only, Python 3.8+. Two rules:
   pass only when the backend lists them in `secret_env`.
 """
 
+import hashlib
 import os
 import re
+import zipfile
 from typing import Dict, Iterable, List, Mapping, Optional, Set
 
 from potato_queue.worker.device import THREAD_ENV_VARS
 
 __all__ = ["BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "passed_env", "passed_names", "looks_secret", "ALLOWED_NAMES",
-           "ALLOWED_PREFIXES", "PASSED_NAMES_VAR"]
+           "ALLOWED_PREFIXES", "PASSED_NAMES_VAR", "shared_code_root"]
 
 # The folder holding the potato_queue package.
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -89,3 +91,27 @@ def allowed_env(environ: Optional[Mapping[str, str]] = None, extra: Optional[Map
     if passed:
         env[PASSED_NAMES_VAR] = ",".join(sorted(passed))
     return env
+
+
+def shared_code_root(workdir: str) -> str:
+    """Where the compute nodes import our code from: the agent's zipapp, or a zip of the installed package
+    in the shared workdir (an installed package lives in a folder the nodes may not have)."""
+    if os.path.isfile(CODE_ROOT):
+        return CODE_ROOT
+    names = [os.path.join("potato_queue", "__init__.py")]
+    for package in ("agent", "worker", "trainers"):
+        for folder, _dirs, files in sorted(os.walk(os.path.join(CODE_ROOT, "potato_queue", package))):
+            names += sorted(os.path.relpath(os.path.join(folder, f), CODE_ROOT) for f in files if f.endswith(".py"))
+    digest = hashlib.sha256()
+    for name in names:
+        with open(os.path.join(CODE_ROOT, name), "rb") as fh:
+            digest.update(name.encode() + b"\0" + fh.read())
+    target = os.path.join(workdir, "code", "potato-queue-{}.pyz".format(digest.hexdigest()[:16]))
+    if not os.path.exists(target):
+        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
+        partial = "{}.{}.partial".format(target, os.getpid())
+        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
+            for name in names:
+                archive.write(os.path.join(CODE_ROOT, name), name)
+        os.replace(partial, target)
+    return target

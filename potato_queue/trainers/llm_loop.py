@@ -100,7 +100,7 @@ class SchemaLoop:
 
         self.truncated = llm_parts.count_truncated(self.tokenizer, texts, self.settings.max_length)
         if self.truncated:
-            self.ctx.reporter.log("info", f"{self.truncated} of {len(texts)} train items for {self.schema.name} are "
+            self.ctx.reporter.log("warning", f"{self.truncated} of {len(texts)} train items for {self.schema.name} are "
                                           f"longer than max_length ({self.settings.max_length} tokens) and were cut to it")
         position = _position(start)
         offset = self.plan.offsets[self.schema.name]

@@ -121,7 +121,8 @@ class RunContext:
         """The newest whole checkpoint of this run (a requeued job, a resumed run), said in run.log; or None."""
         found = self.checkpoints.latest()
         if found is not None:
-            self.reporter.log("info", "resumed at step %d from the checkpoint in %s" % (found.step, found.path))
+            # A warning, so that run.log says it (info stays in events.jsonl): the run was interrupted before.
+            self.reporter.log("warning", "resumed at step %d from the checkpoint in %s" % (found.step, found.path))
         return found
 
     def checkpoint(self, step: int, write: Callable[[str], None]) -> None:

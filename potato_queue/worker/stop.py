@@ -23,8 +23,11 @@ from typing import Optional
 
 from .errors import Cancelled, Preempted
 
-__all__ = ["StopFlag", "install_signal_handlers", "ignore_stop_signals", "stop_when_orphaned", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
+__all__ = ["PREEMPT_ON_TERM_VAR", "term_is_preemption", "StopFlag", "install_signal_handlers", "ignore_stop_signals", "stop_when_orphaned", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
 
+# Set (by a requeueable SLURM job's job.sh) to the path of the agent's cancel marker: a SIGTERM is then a
+# preemption (SLURM ends the job to requeue it), unless the marker exists (the agent's own cancel).
+PREEMPT_ON_TERM_VAR = "POTATO_QUEUE_PREEMPT_ON_TERM"
 ORPHAN_POLL_S = 0.5
 # After its agent is gone, the worker stops as on a cancel; this long later it exits, stopped or not.
 ORPHAN_GRACE_S = 10.0
@@ -64,13 +67,20 @@ class StopFlag:
         return self.is_set()
 
 
+def term_is_preemption() -> bool:
+    """Whether a SIGTERM here is a preemption: in a requeueable job, and not the agent's cancel."""
+    marker = os.environ.get(PREEMPT_ON_TERM_VAR)
+    return bool(marker) and not os.path.exists(marker)
+
+
 def install_signal_handlers(flag: StopFlag) -> None:
     """Route SIGTERM and SIGINT to *flag* (main thread only; else a no-op)."""
 
     def handle(signum: int, frame: Optional[FrameType]) -> None:
         flag.count += 1
         name = signal.Signals(signum).name
-        flag.preempted = flag.preempted or (signum == signal.SIGUSR1 and flag.count == 1)
+        if flag.count == 1:
+            flag.preempted = signum == signal.SIGUSR1 or (signum == signal.SIGTERM and term_is_preemption())
         flag.set(name)
         if flag.finishing:
             return

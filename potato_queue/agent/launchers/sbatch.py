@@ -14,11 +14,13 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from potato_queue.agent.isolated import passed_env
 from potato_queue.worker.device import THREAD_ENV_VARS
+from potato_queue.worker.stop import PREEMPT_ON_TERM_VAR
 
 __all__ = [
     "SBATCH_FLAGS", "JOB_KEYS", "SlurmSettings", "SettingsError", "sbatch_argv", "job_script", "job_name",
     "parse_job_id", "QueueState", "parse_squeue", "SQUEUE_FORMAT", "parse_scontrol", "end_reason",
     "SLURM_ENDED_STATES", "describe_state", "DEFAULT_JOB_PYTHON", "DEFAULT_POLL_INTERVAL_S",
+    "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "QUEUED_STATES", "requeue_line",
 ]
 
 # Backend key -> sbatch long option (CFG-4). The config takes its slurm keys from this table.
@@ -30,11 +32,14 @@ SBATCH_FLAGS = {
     "gpus_per_node": "--gpus-per-node", "comment": "--comment",
 }
 # The other keys the job needs; the rest of a backend (host, python, remote_dir...) is the executor's.
-JOB_KEYS = ("job_python", "prelude", "poll_interval_s", "requeue", "env", "secret_env", "num_threads")
+JOB_KEYS = ("job_python", "prelude", "poll_interval_s", "requeue", "preempt_signal_s", "env", "secret_env", "num_threads")
 SQUEUE_FORMAT = "%T|%r|%N"
 # The job settings' defaults (config.py's SlurmBackend takes them from here).
 DEFAULT_JOB_PYTHON = "python3"
 DEFAULT_POLL_INTERVAL_S = 10.0
+# With requeue: how long before the job's time limit SLURM signals it (USR1) so that it checkpoints and requeues.
+DEFAULT_PREEMPT_SIGNAL_S = 120
+CANCEL_MARKER = "cancel"  # in the job folder
 # Job states after which SLURM will not run the job again (scontrol's JobState).
 SLURM_ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                                 "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
@@ -53,6 +58,7 @@ class SlurmSettings(NamedTuple):
     num_threads: Optional[int]
     sbatch: Dict[str, str]  # {"--partition": "gpu", ...}, in SBATCH_FLAGS' order
     secret_env: List[str] = []  # names that look like secrets and still pass (agent/isolated.py)
+    preempt_signal_s: int = DEFAULT_PREEMPT_SIGNAL_S
 
     @classmethod
     def of(cls, data: Dict[str, Any]) -> "SlurmSettings":
@@ -72,7 +78,8 @@ class SlurmSettings(NamedTuple):
         return cls(str(data.get("job_python") or DEFAULT_JOB_PYTHON), list(prelude),
                    float(data.get("poll_interval_s") or DEFAULT_POLL_INTERVAL_S),
                    bool(data.get("requeue")), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
-                   int(threads) if threads else None, sbatch, [str(name) for name in data.get("secret_env") or []])
+                   int(threads) if threads else None, sbatch, [str(name) for name in data.get("secret_env") or []],
+                   int(data.get("preempt_signal_s") or DEFAULT_PREEMPT_SIGNAL_S))
 
 
 def job_name(run_id: str) -> str:
@@ -83,7 +90,10 @@ def job_name(run_id: str) -> str:
 def sbatch_argv(settings: SlurmSettings, run_id: str, job_dir: str) -> List[str]:
     """`sbatch --parsable` with the backend's flags, the job's name, its output file and folder."""
     flags = ["{}={}".format(flag, value) for flag, value in settings.sbatch.items()]
-    requeue = [] if settings.requeue else ["--no-requeue"]
+    # With requeue, SLURM signals the batch shell (B:) USR1 that long before the time limit: job.sh passes it
+    # to the worker, which checkpoints, and requeues the job, which resumes from the checkpoint.
+    requeue = (["--requeue", "--signal=B:USR1@{}".format(settings.preempt_signal_s)] if settings.requeue
+               else ["--no-requeue"])
     return (["sbatch", "--parsable"] + flags + requeue +
             ["--job-name={}".format(job_name(run_id)), "--output={}/slurm.out".format(job_dir),
              "--chdir={}/work".format(job_dir), "{}/job.sh".format(job_dir)])
@@ -117,10 +127,35 @@ def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: 
     for line in settings.prelude:
         message = q("potato-queue: the prelude line failed: " + line)
         lines += ["{", line, "}} 2>> {} || {{ echo {} >> {}; finish 2; }}".format(stderr_log, message, stderr_log)]
-    lines.append(" ".join(q(part) for part in worker_argv) + " < /dev/null >> {} 2>> {}".format(
-        q(job_dir + "/events.jsonl"), stderr_log))
-    lines.append('finish "$?"')
+    worker = " ".join(q(part) for part in worker_argv) + " < /dev/null >> {} 2>> {}".format(
+        q(job_dir + "/events.jsonl"), stderr_log)
+    lines += _requeuing_worker(worker, job_dir) if settings.requeue else [worker, 'finish "$?"']
     return "\n".join(lines) + "\n"
+
+
+def _requeuing_worker(worker: str, job_dir: str) -> List[str]:
+    """The worker in the background, so that the shell can pass it USR1 (the time limit is near: SLURM's
+    --signal=B:USR1), with a SIGTERM that is not the agent's cancel being a preemption too. A worker that was
+    preempted (exit 6) has saved a checkpoint: the job is not finished, so no exit_code; after a USR1 the job
+    requeues itself (a preemption's SLURM requeues), and the worker it runs again resumes from the checkpoint."""
+    q = shlex.quote
+    said = q("potato-queue: job.sh got SIGUSR1 (the time limit is near): the worker checkpoints, the job requeues")
+    return [
+        "export {}={}".format(PREEMPT_ON_TERM_VAR, q(job_dir + "/" + CANCEL_MARKER)),
+        "usr1=0",
+        "trap {} USR1".format(q('usr1=1; echo {} >> {}; kill -USR1 "$worker" 2>/dev/null'.format(
+            said, q(job_dir + "/stderr.log")))),
+        worker + " &",
+        "worker=$!",
+        "# wait returns early for each trapped signal: wait again until the worker is gone",
+        'while :; do wait "$worker"; code=$?; kill -0 "$worker" 2>/dev/null || break; done',
+        'if [ "$code" = 6 ]; then',
+        "  rm -f {}".format(q(job_dir + "/running")),
+        '  if [ "$usr1" = 1 ]; then scontrol requeue "$SLURM_JOB_ID" 2>> {}; fi'.format(q(job_dir + "/stderr.log")),
+        "  exit 0",
+        "fi",
+        'finish "$code"',
+    ]
 
 
 def parse_job_id(stdout: str) -> str:
@@ -144,6 +179,17 @@ def parse_squeue(stdout: str) -> Optional[QueueState]:
         if len(parts) == 3 and parts[0]:
             return QueueState(parts[0].strip(), parts[1].strip(), parts[2].strip())
     return None
+
+
+# squeue's states of a job waiting to run (again, after a requeue).
+QUEUED_STATES = frozenset({"PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED"})
+
+
+def requeue_line(resumed_log: str) -> Optional[str]:
+    """run.log's line for a requeued job's worker that resumed: `preempted, requeued, resumed at step N`,
+    from the worker's own `resumed at step N from the checkpoint in ...`; None for any other line."""
+    found = re.match(r"^resumed at step (\d+) ", resumed_log)
+    return "preempted, requeued, resumed at step {}".format(found.group(1)) if found else None
 
 
 def describe_state(job_id: str, state: QueueState) -> str:

@@ -10,19 +10,20 @@ scontrol, exit_code and slurm.out decide. Cancel is `scancel --full
 --signal=TERM`, the hard stop a plain `scancel`. srun and sacct are never used.
 """
 
-import hashlib
+import json
 import os
 import re
 import subprocess
 import threading
 import time
-import zipfile
 from typing import Callable, Dict, List, Optional, Tuple
 
-from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
+from potato_queue.agent.isolated import allowed_env, python_argv, shared_code_root
 from potato_queue.agent.launchers.base import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
 from potato_queue.agent.launchers.follower import Follower
 from potato_queue.agent.launchers.sbatch import (
+    CANCEL_MARKER,
+    QUEUED_STATES,
     SLURM_ENDED_STATES,
     SQUEUE_FORMAT,
     QueueState,
@@ -34,6 +35,7 @@ from potato_queue.agent.launchers.sbatch import (
     parse_job_id,
     parse_scontrol,
     parse_squeue,
+    requeue_line,
     sbatch_argv,
 )
 from potato_queue.agent.relay import MAX_LINE, EventRelay, stdout_event
@@ -68,30 +70,6 @@ def _read(path: str, limit: int = 64000) -> str:
         return ""
 
 
-def shared_code_root(workdir: str) -> str:
-    """Where the compute nodes import our code from: the agent's zipapp, or a zip of the installed package
-    in the shared workdir (an installed package lives in a folder the nodes may not have)."""
-    if os.path.isfile(CODE_ROOT):
-        return CODE_ROOT
-    names = [os.path.join("potato_queue", "__init__.py")]
-    for package in ("agent", "worker", "trainers"):
-        for folder, _dirs, files in sorted(os.walk(os.path.join(CODE_ROOT, "potato_queue", package))):
-            names += sorted(os.path.relpath(os.path.join(folder, f), CODE_ROOT) for f in files if f.endswith(".py"))
-    digest = hashlib.sha256()
-    for name in names:
-        with open(os.path.join(CODE_ROOT, name), "rb") as fh:
-            digest.update(name.encode() + b"\0" + fh.read())
-    target = os.path.join(workdir, "code", "potato-queue-{}.pyz".format(digest.hexdigest()[:16]))
-    if not os.path.exists(target):
-        os.makedirs(os.path.dirname(target), mode=0o700, exist_ok=True)
-        partial = "{}.{}.partial".format(target, os.getpid())
-        with zipfile.ZipFile(partial, "w", zipfile.ZIP_DEFLATED) as archive:
-            for name in names:
-                archive.write(os.path.join(CODE_ROOT, name), name)
-        os.replace(partial, target)
-    return target
-
-
 class SlurmJob(WorkerHandle):
     """One submitted job. Its exit code is the worker's (exit_code), or the scheduler's end of it."""
 
@@ -110,6 +88,7 @@ class SlurmJob(WorkerHandle):
         self._misses = 0
         self._last_line = ""
         self._seen_lock = threading.Lock()
+        self.requeues = 0  # times SLURM put the job back in its queue after it ran (preempted, requeued)
 
     # -- what the runner calls ------------------------------------------------
     def started_status(self) -> Tuple[str, str]:
@@ -121,7 +100,10 @@ class SlurmJob(WorkerHandle):
         def event(raw: bytes) -> None:
             # The job's RUNNING line goes first: sent after the worker's own steps, it would hide them.
             self._check_running()
-            relay.put(stdout_event(raw))
+            line = stdout_event(raw)
+            relay.put(line)
+            if self.requeues and line and '"resumed at step' in line:
+                self._said_resumed(line)
 
         def stderr(raw: bytes) -> None:
             text = raw.decode("utf-8", "replace").rstrip()
@@ -146,7 +128,30 @@ class SlurmJob(WorkerHandle):
         self._exited.wait(timeout_s)
         return self._code
 
+    def _said_resumed(self, line: str) -> None:
+        """The worker of a requeued job resumed: run.log says so in one line (`preempted, requeued, resumed at
+        step N`), beside the worker's own."""
+        try:
+            said = requeue_line(str(json.loads(line).get("msg") or ""))
+        except (ValueError, AttributeError):
+            return
+        if said:
+            self._tell(said)
+
+    def _tell(self, text: str) -> None:
+        """A line for the agent's log and the run's (a warning: run.log shows those)."""
+        self.log(text)
+        if self._relay is not None:
+            self._relay.emit("log", level="warning", msg=text)
+
+    def _mark_cancel(self) -> None:
+        """Before our scancel: the worker of a requeueable job takes a SIGTERM without this file for a
+        preemption (a checkpoint first), and with it for the cancel it is."""
+        if self.settings.requeue:
+            write_atomic(self._path(CANCEL_MARKER), b"", mode=0o600, durable=False)
+
     def terminate(self) -> None:
+        self._mark_cancel()
         self.stopping = True
         if self.state is None or self.state.state == "PENDING":
             self._scancel([])  # a pending job gets its signal only once it runs: nothing to wait for
@@ -157,6 +162,7 @@ class SlurmJob(WorkerHandle):
         """The plain scancel: SLURM ends the job (SIGCONT and SIGTERM to all of it, SIGKILL after its KillWait)
         and frees its allocation. SLURM has no SIGKILL-at-once for a batch job: scancel --signal=KILL is this
         same cancel."""
+        self._mark_cancel()
         self.stopping = True
         if self._code is None:
             self._scancel([])
@@ -220,20 +226,25 @@ class SlurmJob(WorkerHandle):
 
     def _check_running(self) -> None:
         """The job writes `running` (its node) before it starts the worker: the start, seen within 0.1 s."""
-        if self.state is None or self.state.state == "PENDING":
+        if self.state is None or self.state.state in QUEUED_STATES:
             node = _read(self._path("running")).strip()
             if node:
                 self._seen(QueueState("RUNNING", "None", node))
 
     def _seen(self, state: QueueState) -> None:
         with self._seen_lock:  # the monitor and the events follower
+            before, queued = self.state, state.state in QUEUED_STATES
             line, self.state = describe_state(self.job_id, state), state
             if line == self._last_line:
                 return
             self._last_line = line
+            if queued and before is not None and before.state not in QUEUED_STATES:
+                self.requeues += 1
+                self._tell("SLURM job {} was preempted and requeued: its worker saved a checkpoint, and resumes "
+                           "from it when the job runs again".format(self.job_id))
             self.log(line)
             if self._relay is not None:
-                self._relay.emit("status", state="pending" if state.state == "PENDING" else "running", step=line)
+                self._relay.emit("status", state="pending" if queued else "running", step=line)
 
     def _missing(self) -> bool:
         """squeue did not list the job: True once it is known to have ended (and concluded)."""
