@@ -9,9 +9,11 @@ refusal on a CPU is.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -89,10 +91,12 @@ def test_4bit_on_a_machine_without_cuda_is_refused_with_the_fix(tmp_path: Path, 
         "weights in full precision")
 
 
-def _preempt_after(spec: Path, step: int) -> Run:
-    """Start the worker; at train progress `step`, SIGUSR1 (what SLURM's --signal sends ahead of a preemption)."""
+def run_until(spec: Path, step: int, act: Callable[[subprocess.Popen[str]], None],
+              env: dict[str, str] | None = None) -> Run:
+    """Start the worker as the agent does (leading a process group); at train progress `step`, act(worker)."""
     proc = subprocess.Popen([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=worker_env(), cwd=str(ROOT), stdin=subprocess.DEVNULL)
+                            stderr=subprocess.PIPE, text=True, env=env or worker_env(), cwd=str(ROOT),
+                            stdin=subprocess.DEVNULL, start_new_session=True)
     lines = []
     try:
         assert proc.stdout is not None
@@ -100,13 +104,18 @@ def _preempt_after(spec: Path, step: int) -> Run:
             lines.append(line)
             event = json.loads(line)
             if event["event"] == "progress" and event["phase"] == "train" and event["current"] == step:
-                proc.send_signal(signal.SIGUSR1)
+                act(proc)
                 break
-        rest, stderr = proc.communicate(timeout=120)
+        rest, stderr = proc.communicate(timeout=180)
     finally:
         if proc.poll() is None:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
     return Run(proc.returncode, "".join(lines) + rest, stderr)
+
+
+def _preempt_after(spec: Path, step: int) -> Run:
+    """At train progress `step`, SIGUSR1 (what SLURM's --signal sends ahead of a preemption)."""
+    return run_until(spec, step, lambda proc: proc.send_signal(signal.SIGUSR1))
 
 
 def test_preempted_mid_training_it_checkpoints_exits_6_and_the_rerun_resumes_to_the_same_model(

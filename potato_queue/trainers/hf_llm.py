@@ -30,7 +30,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict
 from typing import Any, ClassVar
 
-from potato_queue.trainers import llm_loop
+from potato_queue.trainers import llm_loop, parallel
 from potato_queue.trainers.common import (
     labelled_texts,
     model_version,
@@ -56,6 +56,7 @@ class HFLLMLoRATrainer(Trainer):
     kinds: ClassVar[tuple[str, ...]] = ("nominal",)
     uses_torch: ClassVar[bool] = True
     checkpoint_every_steps: ClassVar[int] = 50
+    data_parallel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.settings: LLMSettings | None = None
@@ -83,11 +84,16 @@ class HFLLMLoRATrainer(Trainer):
 
     def fit(self, ctx: RunContext) -> FitResult:
         """Fine-tune each schema's adapters; save them (or the merged model) under ``<workdir>/<schema>/``."""
+        with parallel.data_parallel(ctx):
+            return self._fit(ctx)
+
+    def _fit(self, ctx: RunContext) -> FitResult:
         settings = self.settings or read_settings(ctx)
         llm_loop.seed_everything(settings.seed)
         data = {s.name: labelled_texts(ctx.bundle, "train", s.name) for s in ctx.schemas}
         # Steps are optimiser updates: grad_accum_steps batches each, the last of an epoch maybe fewer.
-        per_schema = {name: settings.epochs * math.ceil(math.ceil(len(texts) / settings.batch_size) / settings.grad_accum_steps)
+        per_schema = {name: settings.epochs * math.ceil(math.ceil(parallel.share(len(texts), ctx) / settings.batch_size)
+                                                        / settings.grad_accum_steps)
                       for name, (texts, _) in data.items()}
         plan = llm_loop.Plan(per_schema, settings.log_every, started_s=time.monotonic())
         card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
@@ -103,7 +109,8 @@ class HFLLMLoRATrainer(Trainer):
             card["schemas"][schema.name] = {"folder": slug(schema.name), "label_order": labels, "n_train": len(texts),
                                             "lora_targets": loop.targets, "precision": loop.precision,
                                             "load_in_4bit": loop.four_bit, "truncated": loop.truncated}
-        write_json(os.path.join(ctx.workdir, CARD_FILE), card)
+        if ctx.main_rank:
+            write_json(os.path.join(ctx.workdir, CARD_FILE), card)
         lora = settings.lora
         notes = [f"base model: {settings.model_name}",
                  f"LoRA r={lora['r']} alpha={lora['alpha']} on {', '.join(card['schemas'][ctx.schemas[0].name]['lora_targets'])}"

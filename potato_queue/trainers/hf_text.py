@@ -28,6 +28,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any, ClassVar
 
+from potato_queue.trainers import parallel
 from potato_queue.trainers.common import (
     labelled_texts,
     model_version,
@@ -214,6 +215,7 @@ class HFTextClassificationTrainer(Trainer):
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers")
     kinds: ClassVar[tuple[str, ...]] = ("nominal",)
     uses_torch: ClassVar[bool] = True
+    data_parallel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.settings: HFSettings | None = None
@@ -244,10 +246,15 @@ class HFTextClassificationTrainer(Trainer):
 
     def fit(self, ctx: RunContext) -> FitResult:
         """Fine-tune each schema's model and save it under ``<workdir>/<schema>/``."""
+        with parallel.data_parallel(ctx):
+            return self._fit(ctx)
+
+    def _fit(self, ctx: RunContext) -> FitResult:
         settings = self.settings or read_settings(ctx)
         _seed_everything(settings.seed)
         data = {s.name: labelled_texts(ctx.bundle, "train", s.name) for s in ctx.schemas}
-        per_epoch = {name: math.ceil(len(texts) / float(settings.batch_size)) for name, (texts, _) in data.items()}
+        per_epoch = {name: math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
+                     for name, (texts, _) in data.items()}
         steps = _Steps(settings.epochs * sum(per_epoch.values()), settings.log_every)
         metrics: dict[str, float] = {}
         card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
@@ -256,7 +263,8 @@ class HFTextClassificationTrainer(Trainer):
             metrics.update(self._fit_schema(ctx, schema, texts, labels, steps))
             label_order = self._models[schema.name][2]
             card["schemas"][schema.name] = {"folder": slug(schema.name), "label_order": label_order, "n_train": len(texts)}
-        write_json(os.path.join(ctx.workdir, CARD_FILE), card)
+        if ctx.main_rank:
+            write_json(os.path.join(ctx.workdir, CARD_FILE), card)
         notes = [f"base model: {settings.model_name}"
                  + (f" (from {settings.packaged_folder})" if settings.packaged_folder else "")]
         if settings.lora:
@@ -290,9 +298,10 @@ class HFTextClassificationTrainer(Trainer):
         train_loss = self._train(ctx, schema, model, tokenizer, texts, [index[g] for g in gold], val, steps)
         if settings.lora:
             model = model.merge_and_unload()
-        folder = os.path.join(ctx.workdir, slug(schema.name))
-        model.save_pretrained(folder)
-        tokenizer.save_pretrained(folder)
+        if ctx.main_rank:
+            folder = os.path.join(ctx.workdir, slug(schema.name))
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
         self._models[schema.name] = (tokenizer, model, labels)
         return {ctx.metric_name(schema, "train_loss"): train_loss, ctx.metric_name(schema, "n_train"): float(len(texts))}
 
@@ -304,20 +313,21 @@ class HFTextClassificationTrainer(Trainer):
         import torch
 
         settings = self.settings or read_settings(ctx)
-        per_epoch = math.ceil(len(texts) / float(settings.batch_size))
+        per_epoch = math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
         optimizer, scheduler = _optimizer(model, settings, settings.epochs * per_epoch)
+        trained = parallel.wrap(model, ctx)
         generator = torch.Generator().manual_seed(settings.seed)
         mean_loss = float("nan")
         for _epoch in range(settings.epochs):
             model.train()
-            order = torch.randperm(len(texts), generator=generator).tolist()
+            order = parallel.shard(torch.randperm(len(texts), generator=generator).tolist(), ctx)
             losses: list[float] = []
             for start in range(0, len(order), settings.batch_size):
                 ctx.check_stop("during training")
                 chunk = order[start : start + settings.batch_size]
                 batch = _encode(tokenizer, [texts[i] for i in chunk], settings.max_length, ctx.device)
                 labels = torch.tensor([targets[i] for i in chunk], device=ctx.device)
-                loss = model(**batch, labels=labels).loss
+                loss = trained(**batch, labels=labels).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
                 optimizer.step()

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from potato_queue.trainers import parallel
 from potato_queue.trainers.common import slug
 from potato_queue.trainers.hub import not_cached
 from potato_queue.trainers.llm_settings import LLMSettings
@@ -78,7 +79,7 @@ class SchemaLoop:
         self.folder = os.path.join(ctx.workdir, slug(schema.name))
         self.precision = llm_parts.precision_for(settings.precision, ctx.device).name
         self.four_bit = settings.load_in_4bit == "true" or (settings.load_in_4bit == "auto" and ctx.device.startswith("cuda")
-                                                            and _has_bitsandbytes())
+                                                            and llm_parts.has_bitsandbytes())
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}"
                                        + (" in 4-bit" if self.four_bit else ""))
         try:
@@ -143,7 +144,7 @@ class SchemaLoop:
         from potato_queue.trainers import llm_parts
 
         s, ctx = self.settings, self.ctx
-        batches = math.ceil(len(texts) / s.batch_size)
+        batches = math.ceil(parallel.share(len(texts), ctx) / s.batch_size)
         self.updates_per_epoch = math.ceil(batches / s.grad_accum_steps)
         optimizer, scheduler = self._optimizer(s.epochs * self.updates_per_epoch)
         epoch0, update0 = 0, 0
@@ -154,10 +155,11 @@ class SchemaLoop:
         self.rng = llm_parts.rng_state()
         precision = llm_parts.precision_for(s.precision, ctx.device)
         scaler = torch.amp.GradScaler("cuda", enabled=precision.scale_loss)
+        trained = parallel.wrap(self.model, ctx)
         losses: list[float] = []
         for epoch in range(epoch0, s.epochs):
             self.model.train()
-            order = torch.randperm(len(texts), generator=torch.Generator().manual_seed(s.seed + epoch)).tolist()
+            order = parallel.shard(torch.randperm(len(texts), generator=torch.Generator().manual_seed(s.seed + epoch)).tolist(), ctx)
             losses = []
             first = update0 * s.grad_accum_steps if epoch == epoch0 else 0
             for batch_index in range(first, batches):
@@ -168,7 +170,7 @@ class SchemaLoop:
                 labels = torch.tensor([targets[i] for i in chunk], device=ctx.device)
                 with torch.autocast(ctx.device.split(":")[0], dtype=precision.autocast_dtype,
                                     enabled=precision.autocast_dtype is not None):
-                    loss = self.model(**batch, labels=labels).loss
+                    loss = trained(**batch, labels=labels).loss
                 scaler.scale(loss / s.grad_accum_steps).backward()
                 losses.append(float(loss.detach()))
                 if (batch_index + 1) % s.grad_accum_steps == 0 or batch_index + 1 == batches:
@@ -228,6 +230,8 @@ class SchemaLoop:
 
     def _save(self) -> None:
         """The adapter and head (small: what is copied back), or with merge the full merged model."""
+        if not self.ctx.main_rank:
+            return
         model = self.model
         if self.settings.merge:
             if self.four_bit:

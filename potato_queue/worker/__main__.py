@@ -10,10 +10,11 @@ import sys
 from typing import IO, List, Optional
 
 from .errors import Cancelled
-from .events import Reporter
+from .events import ErrorsOnly, Reporter
 from .exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED
+from .parallel import rank_info
 from .run import run
-from .stop import StopFlag, ignore_stop_signals, install_signal_handlers, stop_when_orphaned
+from .stop import StopFlag, ignore_stop_signals, install_signal_handlers, stop_from_parent, stop_when_orphaned
 
 __all__ = ["main"]
 
@@ -26,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--spec", help="path to the run's spec.json")
     parser.add_argument("--spec-on-stdin", action="store_true",
                         help="started ahead of time: wait for the spec's path as a line on stdin")
+    parser.add_argument("--rank", type=int, metavar="R",
+                        help="one rank of a data-parallel run, started by the run's own worker (ranks.py)")
     parser.add_argument("--describe-device", metavar="DEVICE",
                         help="print the device a run asking for DEVICE would use, in words, and exit")
     return parser
@@ -76,9 +79,22 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not args.spec:
         reporter.error("bad_spec", "usage: python -m potato_queue.worker --spec spec.json")
         return EXIT_BAD_SPEC
-    stop_when_orphaned()
-    code = run(args.spec, reporter, stop)
+    rank = None
+    if args.rank is not None:
+        rank = rank_info(os.environ)
+        stop_from_parent()  # its stops come from its parent worker, which it also outlives by no more than a grace
+        if rank.rank > 0:
+            reporter = ErrorsOnly(stream=reporter.stream, should_stop=stop.poll)
+    else:
+        stop_when_orphaned()
+    code = run(args.spec, reporter, stop, rank)
     ignore_stop_signals()  # decided and reported: the interpreter's shutdown must not be killed
+    if rank is not None:
+        # Decided, reported and written. A rank skips the interpreter's shutdown: there the DDP wrapper's
+        # gloo process group is freed, and its destructor can wait forever on a rank that already left.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     return code
 
 

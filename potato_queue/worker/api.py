@@ -15,6 +15,7 @@ from .bundle import Bundle
 from .checkpoint import Checkpoint, Checkpoints, default_checkpoint_dir
 from .errors import Cancelled, Preempted
 from .events import Reporter
+from .parallel import RankInfo
 from .spec import SchemaSpec, Spec
 
 __all__ = ["PredictItem", "Prediction", "FitResult", "RunContext", "Trainer"]
@@ -83,13 +84,25 @@ class RunContext:
     """Everything a trainer sees of the run."""
 
     def __init__(self, spec: Spec, bundle: Bundle, reporter: Reporter, device: str = "cpu",
-                 checkpoints: Optional[Checkpoints] = None, preempted: Callable[[], bool] = lambda: False) -> None:
+                 checkpoints: Optional[Checkpoints] = None, preempted: Callable[[], bool] = lambda: False,
+                 rank: Optional[RankInfo] = None) -> None:
         self.spec = spec
         self.bundle = bundle
         self.reporter = reporter
         self.device = device
         self.checkpoints = checkpoints or Checkpoints(default_checkpoint_dir(spec.workdir))
         self._preempted = preempted
+        #: This process's rank in a data-parallel run (worker/parallel.py), None when it runs alone.
+        self.rank = rank
+        #: While data-parallel ranks train (trainers/parallel.py): (stop here, preempted here) -> what all
+        #: ranks decide. Every rank must stop at the same step, or the others wait on it forever.
+        self.agree_stop = None  # type: Optional[Callable[[bool, bool], Tuple[bool, bool]]]
+        self._agreed_preempted = False
+
+    @property
+    def main_rank(self) -> bool:
+        """Whether this process reports and writes files: it runs alone, or it is rank 0."""
+        return self.rank is None or self.rank.rank == 0
 
     @property
     def workdir(self) -> str:
@@ -107,13 +120,20 @@ class RunContext:
         return self.spec.schemas
 
     def should_stop(self) -> bool:
-        """Whether the run was asked to stop."""
-        return self.reporter.should_stop()
+        """Whether the run was asked to stop (while data-parallel ranks train: whether any rank was)."""
+        stop = self.reporter.should_stop()
+        if self.agree_stop is None:
+            return stop
+        stop, self._agreed_preempted = self.agree_stop(stop, stop and self._preempted())
+        return stop
+
+    def _is_preempted(self) -> bool:
+        return self._agreed_preempted if self.agree_stop is not None else self._preempted()
 
     def check_stop(self, where: str = "") -> None:
         """Raise :class:`Cancelled` when the run was asked to stop (:class:`Preempted` when preempted)."""
         if self.should_stop():
-            if self._preempted():
+            if self._is_preempted():
                 raise Preempted("Preempted" + (" " + where if where else ""))
             raise Cancelled("Cancelled" + (" " + where if where else ""))
 
@@ -128,8 +148,9 @@ class RunContext:
     def checkpoint(self, step: int, write: Callable[[str], None]) -> None:
         """Between steps: save the trainer's state (`write(folder)`) when one is due every
         checkpoint_every_steps, or now when the run is being preempted; then honour a stop."""
-        preempting = self.should_stop() and self._preempted()
-        if self.checkpoints.due(step) or (preempting and step > 0 and step != self.checkpoints.saved_step):
+        preempting = self.should_stop() and self._is_preempted()
+        due = self.checkpoints.due(step) or (preempting and step > 0 and step != self.checkpoints.saved_step)
+        if due and self.main_rank:  # the ranks hold the same weights: rank 0 saves them
             self.checkpoints.save(step, write)
             self.reporter.log("info", "checkpoint saved at step %d" % step)
         self.check_stop("at step %d" % step)
@@ -151,6 +172,9 @@ class Trainer:
     uses_torch: ClassVar[bool] = False
     #: Save a checkpoint every this many steps unless params.checkpoint_every_steps says (0: only when preempted).
     checkpoint_every_steps: ClassVar[int] = 0
+    #: Whether the worker may run it as one rank a GPU when it has several (worker/parallel.py); the trainer
+    #: then shares out the data and exchanges gradients (trainers/parallel.py).
+    data_parallel: ClassVar[bool] = False
 
     def required_modules(self, params: Dict[str, Any]) -> List[str]:
         """Modules this run needs, given its params."""

@@ -31,6 +31,7 @@ __all__ = [
     "make_event",
     "parse_line",
     "Reporter",
+    "ErrorsOnly",
 ]
 
 PROTOCOL_VERSION = 1
@@ -87,6 +88,11 @@ class Reporter:
         self._last_phase: Optional[str] = None
         self._pending: Optional[Dict[str, Any]] = None
         self._broken = False
+
+    @property
+    def stream(self) -> IO[str]:
+        """Where the events go (a data-parallel run's rank 0 writes into it too: ranks.py)."""
+        return self._stream
 
     # -- writing ---------------------------------------------------------
 
@@ -167,3 +173,12 @@ class Reporter:
     def should_stop(self) -> bool:
         """Whether the run was asked to stop."""
         return bool(self._should_stop())
+
+
+class ErrorsOnly(Reporter):
+    """A data-parallel rank's reporter, rank 0 excepted: it says nothing but an error (which its parent
+    worker names in the run's error when that rank ends the run; ranks.py)."""
+
+    def _write(self, payload: Dict[str, Any]) -> None:
+        if payload.get("event") == "error":
+            super()._write(payload)

@@ -20,6 +20,7 @@ from .events import Reporter
 from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_PREEMPTED, EXIT_UNEXPECTED
 from .loading import load_trainer
 from .memory import MemoryWatchdog
+from .parallel import RankInfo
 from .predictions import PREDICTIONS_FILE, PredictionSummary, predict_items, write_predictions
 from .scoring import score
 from .spec import Spec, load_spec
@@ -37,11 +38,11 @@ class _State:
         self.watchdog: Optional[MemoryWatchdog] = None
 
 
-def run(spec_path: str, reporter: Reporter, stop: StopFlag) -> int:
-    """Do the run described by *spec_path*; return its exit code."""
+def run(spec_path: str, reporter: Reporter, stop: StopFlag, rank: Optional[RankInfo] = None) -> int:
+    """Do the run described by *spec_path* (as one rank of a data-parallel run: *rank*); return its exit code."""
     state = _State()
     try:
-        return _run(spec_path, reporter, state, stop)
+        return _run(spec_path, reporter, state, stop, rank)
     except (Exception, KeyboardInterrupt) as exc:  # noqa: BLE001 - the process boundary
         stop.finishing = True
         return _fail(reporter, stop, state, exc)
@@ -82,23 +83,31 @@ def _check_stop(stop: StopFlag, where: str) -> None:
         raise Cancelled("Cancelled " + where)
 
 
-def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag) -> int:
+def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank: Optional[RankInfo]) -> int:
     reporter.status("running", "reading the spec")
     spec = load_spec(spec_path)
     state.trainer_name = spec.trainer
+    if rank is None:
+        world = _world(spec)
+        if world > 1:
+            return _data_parallel(spec_path, spec, world, reporter)
+    else:  # one rank of several: its own GPU and its share of the threads
+        spec.limits.device, spec.limits.num_threads = rank.device, rank.threads or spec.limits.num_threads
     apply_thread_env(spec.limits.num_threads)
     state.watchdog = _start_watchdog(spec, reporter)
     reporter.status("running", "loading the bundle")
     bundle = load_bundle(spec.bundle_dir)
     reporter.status("running", "loading trainer %s" % spec.trainer)
     trainer, state.install_hint = load_trainer(spec.trainer, spec.params)
-    ctx = _context(spec, bundle, reporter, trainer, stop)
+    ctx = _context(spec, bundle, reporter, trainer, stop, rank)
     problems = trainer.validate(ctx)
     if problems:
         raise ValidationFailed("; ".join(problems))
     _check_stop(stop, "before fitting")
     reporter.status("running", "fitting")
     result = trainer.fit(ctx)
+    if not ctx.main_rank:
+        return EXIT_OK  # rank 0 has the same model: it predicts and reports
     _check_stop(stop, "after fitting")
     _report_artifacts(ctx, result)
     reporter.status("evaluating", "predicting val, test and unlabeled items")
@@ -139,7 +148,35 @@ def _checkpoint_every_steps(spec: Spec, trainer: Trainer) -> int:
     return value
 
 
-def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, stop: StopFlag) -> RunContext:
+def _world(spec: Spec) -> int:
+    """How many data-parallel ranks the run gets (1: in this process)."""
+    from .parallel import world_for
+
+    try:
+        from potato_queue.trainers.registry import get_trainer_class
+
+        data_parallel = get_trainer_class(spec.trainer).data_parallel
+    except (KeyError, ImportError):
+        return 1  # load_trainer says why, in this process
+    return world_for(spec.limits.device, data_parallel, os.environ)
+
+
+def _data_parallel(spec_path: str, spec: Spec, world: int, reporter: Reporter) -> int:
+    """Run the spec as `world` rank processes (ranks.py); their exit code."""
+    from potato_queue.agent.isolated import python_argv
+
+    from .parallel import cpu_ranks, describe_parallel, free_port, rank_launches, threads_per_rank
+    from .ranks import run_ranks
+
+    threads = threads_per_rank(spec.limits.num_threads, world, os.cpu_count())
+    launches = rank_launches(python_argv(sys.executable, "potato_queue.worker", []), os.path.abspath(spec_path),
+                             world, cpu_ranks(os.environ) < 2, free_port(), threads)
+    reporter.log("info", describe_parallel(launches, os.environ))
+    return run_ranks(launches, reporter)
+
+
+def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, stop: StopFlag,
+             rank: Optional[RankInfo]) -> RunContext:
     """Apply device and thread limits; make the workdir; build the context."""
     device = resolve_device(spec.limits.device, trainer.uses_torch, reporter.log)
     if trainer.uses_torch:
@@ -148,7 +185,7 @@ def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, s
     os.makedirs(spec.workdir, exist_ok=True)
     checkpoints = Checkpoints(spec.checkpoint_dir or default_checkpoint_dir(spec.workdir),
                               _checkpoint_every_steps(spec, trainer))
-    return RunContext(spec, bundle, reporter, device, checkpoints, lambda: stop.preempted)
+    return RunContext(spec, bundle, reporter, device, checkpoints, lambda: stop.preempted, rank)
 
 
 def _report_artifacts(ctx: RunContext, result: FitResult) -> None:

@@ -15,7 +15,9 @@ worker exits 6 (EXIT_PREEMPTED) rather than 4, so that a requeued job resumes.
 """
 
 import os
+import queue
 import signal
+import sys
 import threading
 import time
 from types import FrameType
@@ -23,7 +25,8 @@ from typing import Optional
 
 from .errors import Cancelled, Preempted
 
-__all__ = ["PREEMPT_ON_TERM_VAR", "term_is_preemption", "StopFlag", "install_signal_handlers", "ignore_stop_signals", "stop_when_orphaned", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
+__all__ = ["PREEMPT_ON_TERM_VAR", "term_is_preemption", "StopFlag", "install_signal_handlers", "ignore_stop_signals",
+           "stop_when_orphaned", "stop_from_parent", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
 
 # Set (by a requeueable SLURM job's job.sh) to the path of the agent's cancel marker: a SIGTERM is then a
 # preemption (SLURM ends the job to requeue it), unless the marker exists (the agent's own cancel).
@@ -126,3 +129,36 @@ def stop_when_orphaned(poll_s: float = ORPHAN_POLL_S, grace_s: float = ORPHAN_GR
         os._exit(128 + signal.SIGTERM)
 
     threading.Thread(target=watch, name="orphan-watch", daemon=True).start()
+
+
+def stop_from_parent(grace_s: float = ORPHAN_GRACE_S) -> None:
+    """A data-parallel rank's stops: its parent worker's, one line a signal on the rank's stdin (ranks.py).
+
+    The rank shares the worker's process group, so a cancel sent to the group (the agent's, SLURM's)
+    reaches it too; taken as well, it would count twice and cut short what the first one lets the trainer
+    save. So the rank ignores the stop signals themselves and takes each once, from its parent: a reader
+    thread rings the main thread (SIGUSR2), whose handler does what install_signal_handlers' would have
+    done with that signal. End of stdin is the parent gone: the rank stops as on a cancel and exits after
+    grace_s if still running. Call after install_signal_handlers, in the main thread.
+    """
+    handle = signal.getsignal(signal.SIGTERM)
+    names = queue.Queue()  # type: queue.Queue[str]
+
+    def ring(signum: int, frame: Optional[FrameType]) -> None:
+        while not names.empty():
+            if callable(handle):
+                handle(signal.Signals[names.get_nowait()], frame)
+
+    def read() -> None:
+        for line in sys.stdin:
+            names.put(line.strip() if line.strip() in ("SIGTERM", "SIGINT", "SIGUSR1") else "SIGTERM")
+            os.kill(os.getpid(), signal.SIGUSR2)
+        names.put("SIGTERM")  # orphaned: the parent worker is gone
+        os.kill(os.getpid(), signal.SIGUSR2)
+        time.sleep(grace_s)
+        os._exit(128 + signal.SIGTERM)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_IGN)
+    signal.signal(signal.SIGUSR2, ring)
+    threading.Thread(target=read, name="parent-stops", daemon=True).start()

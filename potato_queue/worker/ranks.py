@@ -1,0 +1,134 @@
+"""The parent worker of a data-parallel run: start the ranks, pass them its stops, end with rank 0's code.
+
+Standard library only, Python 3.8+. The ranks are this worker's children, in
+its process group (the agent's SIGKILL of the group, its memory sum and its
+clean-up reach them) and with their own stdin: a pipe on which the parent
+writes each stop signal it gets (stop.stop_from_parent says why not the
+signal itself). Rank 0 writes its events straight into the worker's event
+stream; the others write nothing there (their events go to a pipe of which
+the parent keeps only an error). A rank that fails while no stop was asked
+ends the run: the others are killed at once (they would wait on it in their
+next gradient exchange), and the error names the rank and its exit code.
+"""
+
+import os
+import signal
+import subprocess
+from types import FrameType
+from typing import List, Optional
+
+from .events import Reporter, parse_line
+from .exit_codes import EXIT_OK, EXIT_OOM, EXIT_UNEXPECTED
+from .parallel import RankLaunch
+
+__all__ = ["RankProcesses", "run_ranks"]
+
+_STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+
+
+def _exit_code(status: int) -> int:
+    """A wait status as a shell would say it (os.waitstatus_to_exitcode is 3.9+)."""
+    return 128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+class RankProcesses:
+    """The running ranks: started, told of stops, reaped as they end."""
+
+    def __init__(self, launches: List[RankLaunch], events: Optional[int]) -> None:
+        self.launches = launches
+        self.codes = {}  # type: Dict[int, int]
+        self.killed = set()  # type: set
+        self.stopped = False
+        self.procs = []  # type: List[subprocess.Popen]
+        for launch in launches:
+            # Rank 0 writes into the worker's own event stream; the others into a pipe read once they end.
+            out = events if launch.rank == 0 else subprocess.PIPE
+            self.procs.append(subprocess.Popen(launch.argv, env=dict(os.environ, **launch.env), stdin=subprocess.PIPE,
+                                               stdout=out, close_fds=True))
+
+    def forward(self, signum: int, frame: Optional[FrameType]) -> None:
+        """A stop signal for the worker: each live rank gets it once, as a line on its stdin."""
+        self.stopped = True
+        for rank, proc in enumerate(self.procs):
+            if rank in self.codes or proc.stdin is None:
+                continue
+            try:
+                proc.stdin.write((signal.Signals(signum).name + "\n").encode("ascii"))
+                proc.stdin.flush()
+            except (OSError, ValueError):
+                pass  # it ended meanwhile; the wait sees it
+
+    def wait_all(self) -> Optional[int]:
+        """Reap every rank; the rank that failed first while no stop was asked (the rest then killed), or None."""
+        by_pid = {proc.pid: rank for rank, proc in enumerate(self.procs)}
+        failed = None
+        while len(self.codes) < len(self.procs):
+            pid, status = os.wait()
+            if pid not in by_pid:
+                continue
+            rank = by_pid[pid]
+            self.codes[rank] = _exit_code(status)
+            self.procs[rank].returncode = status  # reaped here: Popen must not wait for it again
+            if failed is None and self.codes[rank] != EXIT_OK and not self.stopped:
+                failed = rank
+                self._kill_others()
+        for proc in self.procs:
+            if proc.stdin is not None:
+                proc.stdin.close()
+        return failed
+
+    def _kill_others(self) -> None:
+        for rank, proc in enumerate(self.procs):
+            if rank not in self.codes:
+                self.killed.add(rank)
+                try:
+                    proc.kill()
+                except OSError:
+                    pass
+
+    def last_error(self, rank: int) -> Optional[dict]:
+        """The error event rank `rank` wrote (ranks but 0 write nothing else), or None."""
+        stream = self.procs[rank].stdout
+        if stream is None:
+            return None
+        found = None
+        for line in stream.read().decode("utf-8", "replace").splitlines():
+            event = parse_line(line)
+            if event is not None and event["event"] == "error":
+                found = event
+        stream.close()
+        return found
+
+
+def _stopped_words(ranks: List[int]) -> str:
+    if not ranks:
+        return "no other rank was running"
+    return "rank %d was stopped" % ranks[0] if len(ranks) == 1 else "ranks %s were stopped" % ", ".join(map(str, ranks))
+
+
+def run_ranks(launches: List[RankLaunch], reporter: Reporter) -> int:
+    """Start the ranks, pass on stops, wait for all; the run's exit code (rank 0's, or the failed rank's)."""
+    reporter.flush()
+    try:
+        events = reporter.stream.fileno()  # type: Optional[int]
+    except (AttributeError, OSError, ValueError):
+        events = None  # not a file (a test's in-memory stream): rank 0 writes to the worker's own stdout
+    ranks = RankProcesses(launches, events)
+    previous = {sig: signal.signal(sig, ranks.forward) for sig in _STOPS}
+    try:
+        failed = ranks.wait_all()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    if failed is None or (failed == 0 and ranks.codes[0] in range(1, 7)):
+        return ranks.codes[0]  # rank 0 said how it ended (result, error, cancelled, preempted)
+    code = ranks.codes[failed]
+    said = ranks.last_error(failed) if failed else None
+    why = ": %s" % said["message"] if said else ""
+    stopped = sorted(ranks.killed)
+    reporter.error("out_of_memory" if code == EXIT_OOM else (said or {}).get("code") or "fit_failed",
+                   "rank %d of %d (%s) exited with code %d%s; %s" % (
+                       failed, len(launches), launches[failed].device, code, why,
+                       _stopped_words(stopped)),
+                   (said or {}).get("install_hint", ""))
+    return code if code in range(1, 6) else EXIT_UNEXPECTED
