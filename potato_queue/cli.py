@@ -200,7 +200,9 @@ def training() -> None:
 @CONFIG
 @REDIS
 @click.option("--json", "as_json", is_flag=True)
-def check(backend: str, config: Path, redis_url: str, as_json: bool) -> None:
+@click.option("--llm", metavar="MODEL", help="Also whether hf-llm-lora can fine-tune MODEL there (GPU memory, bitsandbytes).")
+@click.option("--load-in-4bit", type=click.Choice(["auto", "true", "false"]), default="auto", show_default=True)
+def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | None, load_in_4bit: str) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
     from potato_queue.runs.service import require_backend
 
@@ -216,7 +218,9 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool) -> None:
         store, _ = _store_and_queue(cfg, _redis_checked(redis_url))
         report = agent_check(store, backend, str(config))
     else:
-        report = build_executor(cfg, backend).check()
+        from potato_queue.host.llm_fit import ModelAsk
+
+        report = build_executor(cfg, backend).check(ModelAsk(llm, load_in_4bit) if llm else None)
     from potato_queue.store.potato_ledger import ledger_status
 
     writeback = ledger_status(cfg)

@@ -448,6 +448,24 @@ def test_check_exits_1_when_a_run_could_not_start(tmp_path: Path, sshd: Sshd) ->
     assert missing.returncode == 1 and f"/opt/no-such/python3 was not found on {ALIAS}" in missing.stdout
 
 
+def test_check_llm_says_whether_the_model_fits_the_gpu_a_run_may_get(tmp_path: Path, sshd: Sshd) -> None:
+    """`training check --llm MODEL`: the model's config.json where the host has it (here a folder), its need
+    against the GPUs' free memory (the fake nvidia-smi's), and bitsandbytes, which Debian's python3 lacks."""
+    model = tmp_path / "llama-70b"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 28672,
+        "vocab_size": 128256, "num_attention_heads": 64, "num_key_value_heads": 8, "tie_word_embeddings": False}))
+    path = fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)
+    full = check(tmp_path, sshd, "--llm", str(model), "--load-in-4bit", "false", env={"PATH": path})
+    assert full.returncode == 1, full.stdout
+    assert f"hf-llm-lora: {model} (70.55 B parameters) in bf16: about " in full.stdout
+    assert "needed, more than the 70000 MB free on GPU 1; fix: set load_in_4bit: true, or free memory" in full.stdout
+    four_bit = check(tmp_path, sshd, "--llm", str(model), "--load-in-4bit", "true", env={"PATH": path})
+    assert four_bit.returncode == 1 and "hf-llm-lora: load_in_4bit needs bitsandbytes, which this host's Python " \
+        "lacks: pip install bitsandbytes there (on an ssh backend, add it to packages:)" in four_bit.stdout
+
+
 def test_packages_build_the_venv_once_and_the_hosts_own_packages_stay_visible(svc_factory: Any, tmp_path: Path) -> None:
     svc = svc_factory(gpus="none", packages=["iniconfig"])  # from PyPI; Debian's python3 lacks it
     first = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.errors import PotatoQueueError
+from potato_queue.host.llm_fit import ModelAsk
 from potato_queue.store.keys import RunPaths
 from potato_queue.worker.job import Job
 
@@ -169,8 +170,9 @@ class Executor(ABC):
         self.backend = backend
 
     @abstractmethod
-    def check(self) -> CheckReport:
-        """Could a run start on this backend now? (`training check`, the Check button)"""
+    def check(self, llm: ModelAsk | None = None) -> CheckReport:
+        """Could a run start on this backend now? (`training check`, the Check button). `llm`: and could
+        hf-llm-lora fine-tune that model there (CUDA, bitsandbytes, memory: host/llm_fit.py)."""
 
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> RunHandle:

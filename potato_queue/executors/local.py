@@ -28,6 +28,7 @@ from potato_queue.executors.base import (
     Running,
     Status,
 )
+from potato_queue.host.llm_fit import ModelAsk, fit_lines
 
 __all__ = ["LocalExecutor", "LocalHandle", "run_pids", "describe_device"]
 
@@ -142,9 +143,20 @@ class LocalExecutor(Executor):
         super().__init__(backend_name, backend)
         self._spares = _SpareAgent()
 
-    def check(self) -> CheckReport:
+    def check(self, llm: ModelAsk | None = None) -> CheckReport:
         device = describe_device(self.backend.device)
-        return CheckReport(ok=True, lines=[f"local: this machine, {device}"], data={"device": device})
+        report = CheckReport(ok=True, lines=[f"local: this machine, {device}"], data={"device": device})
+        if llm is None:
+            return report
+        from importlib.util import find_spec
+
+        from potato_queue.host.check import find_model_config, nvidia_smi
+        from potato_queue.host.gpus import NVIDIA_SMI_QUERY, parse_gpus
+
+        gpus = [] if self.backend.device == "cpu" else parse_gpus(nvidia_smi(NVIDIA_SMI_QUERY))
+        fits, lines = fit_lines(llm, find_model_config(llm.model_name), [(gpu.index, gpu.free_mb) for gpu in gpus],
+                                find_spec("bitsandbytes") is not None)
+        return CheckReport(ok=fits, lines=[*report.lines, *lines], data={**report.data, "llm": {"fits": fits, "lines": lines}})
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
         if spec.token is None:

@@ -23,6 +23,7 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
 from potato_queue.executors.remote.openssh import remote_shell
 from potato_queue.executors.remote.session import failed_check, host_facts, start_agent
+from potato_queue.host.llm_fit import ModelAsk, need_mb, parameter_count
 
 __all__ = ["SlurmExecutor", "slurm_check_report", "parse_sinfo", "NODE_LOCAL"]
 
@@ -87,19 +88,38 @@ def slurm_check_report(backend: SlurmBackend, facts: dict[str, Any]) -> CheckRep
     return CheckReport(ok=not problems, lines=lines, data=data)
 
 
+def compute_node_fit(llm: ModelAsk, config: dict[str, Any] | None) -> str:
+    """The login node cannot see a job's GPU: the need, where the model's config is on shared storage; the
+    trainer compares it with its GPU on the node before it loads the weights."""
+    parameters = None if config is None else parameter_count(config)
+    if parameters is None:
+        return (f"hf-llm-lora: {llm.model_name}'s size is unknown here; the trainer checks its fit on the compute "
+                "node's GPU before it loads the weights")
+    four_bit = llm.load_in_4bit != "false"
+    return (f"hf-llm-lora: {llm.model_name} ({parameters / 1e9:.2f} B parameters) needs about "
+            f"{need_mb(parameters, four_bit):.0f} MB of the job's GPU in {'4-bit' if four_bit else 'bf16'} (ask for "
+            "it with gres or mem_per_gpu); the trainer checks it on the node before it loads the weights")
+
+
 class SlurmExecutor(Executor):
     type_name = "slurm"
     backend: SlurmBackend
 
-    def check(self) -> CheckReport:
-        asked = {"env": self.backend.env, "query": [], "packages": [],
-                 "slurm": {"remote_dir": self.backend.remote_dir, "job_python": self.backend.job_python,
-                           "partition": self.backend.sbatch_setting("partition")}}
+    def check(self, llm: ModelAsk | None = None) -> CheckReport:
+        asked: dict[str, Any] = {"env": self.backend.env, "query": [], "packages": [],
+                                 "slurm": {"remote_dir": self.backend.remote_dir, "job_python": self.backend.job_python,
+                                           "partition": self.backend.sbatch_setting("partition")}}
+        if llm is not None:
+            asked["model"] = llm.model_name
         try:
             facts = host_facts(self.backend, self.backend_name, asked)
         except PotatoQueueError as exc:
             return failed_check(exc)
-        return slurm_check_report(self.backend, facts)
+        report = slurm_check_report(self.backend, facts)
+        if llm is None:
+            return report
+        return CheckReport(ok=report.ok, lines=[*report.lines, compute_node_fit(llm, facts.get("model_config"))],
+                           data=report.data)
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
         header: dict[str, Any] = {"packages": [], "num_threads": None, "gpus": "none", "min_free_gpu_mb": 0,

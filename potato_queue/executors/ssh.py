@@ -24,8 +24,9 @@ from potato_queue.host.gpus import (
     has_kernels,
     parse_gpus,
 )
+from potato_queue.host.llm_fit import ModelAsk, fit_lines
 
-__all__ = ["SshExecutor", "check_report", "TRAINING_PACKAGES"]
+__all__ = ["SshExecutor", "check_report", "with_llm_fit", "TRAINING_PACKAGES"]
 
 # What `training check` looks for in the host's interpreter (the trainers' import names).
 TRAINING_PACKAGES = ["torch", "transformers", "peft", "sklearn"]
@@ -59,18 +60,35 @@ def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:
     return CheckReport(ok=ok, lines=lines, data=data)
 
 
+def with_llm_fit(report: CheckReport, llm: ModelAsk, facts: dict[str, Any], setting: str) -> CheckReport:
+    """The report with hf-llm-lora's fit on the GPUs a run may get (`gpus`: auto, none, or pinned ones)."""
+    gpus = [gpu for gpu in parse_gpus(facts.get("nvidia_smi") or "") if has_kernels(gpu, facts.get("arch_list"))]
+    if setting == "none":
+        gpus = []
+    elif setting != "auto":
+        gpus = [gpu for gpu in gpus if str(gpu.index) in setting.split(",")]
+    fits, lines = fit_lines(llm, facts.get("model_config"), [(gpu.index, gpu.free_mb) for gpu in gpus],
+                            bool(facts["packages"].get("bitsandbytes")))
+    data = {**report.data, "llm": {"fits": fits, "lines": lines}}
+    return CheckReport(ok=report.ok and fits, lines=[*report.lines, *lines], data=data)
+
+
 class SshExecutor(Executor):
     type_name = "ssh"
     backend: SshBackend
 
-    def check(self) -> CheckReport:
-        """SSH-6: the host's Python, each GPU, the GPU a run would get, training packages it lacks."""
-        asked = {"env": self.backend.env, "query": NVIDIA_SMI_QUERY, "packages": TRAINING_PACKAGES}
+    def check(self, llm: ModelAsk | None = None) -> CheckReport:
+        """SSH-6: the host's Python, each GPU, the GPU a run would get, training packages it lacks; with
+        `llm`, whether hf-llm-lora fits that model on the GPUs a run may get."""
+        asked: dict[str, Any] = {"env": self.backend.env, "query": NVIDIA_SMI_QUERY, "packages": TRAINING_PACKAGES}
+        if llm is not None:
+            asked.update(model=llm.model_name, packages=[*TRAINING_PACKAGES, "bitsandbytes"])
         try:
             facts = host_facts(self.backend, self.backend_name, asked)
         except PotatoQueueError as exc:
             return failed_check(exc)
-        return check_report(self.backend, facts)
+        report = check_report(self.backend, facts)
+        return report if llm is None else with_llm_fit(report, llm, facts, self.backend.gpus)
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
         header = {"packages": self.backend.packages, "num_threads": self.backend.num_threads, "gpus": self.backend.gpus,

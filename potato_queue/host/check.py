@@ -39,6 +39,29 @@ def gpu_facts(python: str, query: List[str]) -> Tuple[str, Optional[List[str]]]:
     return csv, json.loads(torch.stdout.decode()) if torch.returncode == 0 else None
 
 
+def find_model_config(model_name: str, hf_home: Optional[str] = None) -> Optional[Dict[str, Any]]:
+    """The model's config.json on this machine: a local folder, or the newest snapshot in the Hugging Face
+    cache; None when neither has it (nothing is downloaded)."""
+    candidates = [os.path.join(os.path.expanduser(model_name), "config.json")]
+    if "/" in model_name and not model_name.startswith((".", "/", "~")):
+        home = hf_home or os.environ.get("HF_HOME") or os.path.join(os.path.expanduser("~"), ".cache", "huggingface")
+        snapshots = os.path.join(home, "hub", "models--" + model_name.replace("/", "--"), "snapshots")
+        try:
+            names = sorted(os.listdir(snapshots), key=lambda n: os.path.getmtime(os.path.join(snapshots, n)))
+        except OSError:
+            names = []
+        candidates += [os.path.join(snapshots, name, "config.json") for name in reversed(names)]
+    for path in candidates:
+        try:
+            with open(path, encoding="utf-8") as fh:
+                found = json.load(fh)
+        except (OSError, ValueError):
+            continue
+        if isinstance(found, dict):
+            return found
+    return None
+
+
 SINFO_FIELDS = "NodeList:|,Partition:|,StateLong:|,Gres:|,GresUsed:|"
 
 
@@ -66,6 +89,8 @@ def main() -> int:
     else:
         csv, facts["arch_list"] = gpu_facts(sys.executable, asked["query"])
         facts["nvidia_smi"] = csv or None
+    if asked.get("model"):  # training check --llm: the model's config.json, where this host has it
+        facts["model_config"] = find_model_config(asked["model"])
     print(json.dumps(facts))
     return 0
 

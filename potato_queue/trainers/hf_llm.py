@@ -65,7 +65,7 @@ class HFLLMLoRATrainer(Trainer):
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Nominal schemas with train data, sane params, a model that exists, 4-bit only where it can run."""
-        from potato_queue.trainers.llm_parts import refuse_4bit
+        from potato_queue.trainers.llm_parts import gpu_room_problem, refuse_4bit
 
         self.settings = settings = read_settings(ctx)
         problems = super().validate(ctx) or validate_nominal(ctx, min_train=2)
@@ -80,6 +80,10 @@ class HFLLMLoRATrainer(Trainer):
             if not settings.local_model:
                 ctx.reporter.log("warning", f"the model hub ({hub_host()}) does not answer from here: "
                                             f"{settings.model_name} must be in this machine's Hugging Face cache")
+        if not problems and ctx.device.startswith("cuda"):
+            room = gpu_room_problem(settings.load_from, settings.model_name, settings.load_in_4bit, ctx.device,
+                                    self.offline)
+            problems += [room] if room else []
         return problems
 
     def fit(self, ctx: RunContext) -> FitResult:

@@ -270,8 +270,3 @@ def seed_everything(seed: int) -> None:
     random.seed(seed)
     torch.manual_seed(seed)
 
-
-def _has_bitsandbytes() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("bitsandbytes") is not None

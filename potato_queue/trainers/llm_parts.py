@@ -16,7 +16,7 @@ from typing import Any
 from potato_queue.worker.errors import MissingDependency, ValidationFailed
 
 __all__ = ["LORA_TARGETS", "Precision", "precision_for", "refuse_4bit", "load_classifier", "apply_lora",
-           "rng_state", "save_state", "load_state", "count_truncated", "STATE_FILE", "BITSANDBYTES_HINT"]
+           "rng_state", "save_state", "load_state", "count_truncated", "has_bitsandbytes", "gpu_room_problem", "STATE_FILE", "BITSANDBYTES_HINT"]
 
 # Per model family (config.model_type): the attention projections, which QLoRA-style fine-tunes adapt by
 # default. A family not here gets peft's own default, then every linear layer.
@@ -123,6 +123,31 @@ def apply_lora(model: Any, lora: dict[str, Any], log: Any) -> tuple[Any, list[st
         peft_model = wrapped(targets)
     chosen = sorted(peft_model.peft_config["default"].target_modules)
     return peft_model, chosen
+
+
+def has_bitsandbytes() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("bitsandbytes") is not None
+
+
+def gpu_room_problem(load_from: str, model_name: str, load_in_4bit: str, device: str, local_only: bool) -> str | None:
+    """Why the model does not fit this GPU's free memory (host/llm_fit.py's estimate from its config.json),
+    before minutes go into loading it; None when it fits, or when its config says too little to tell."""
+    import torch
+    from transformers import AutoConfig
+
+    from potato_queue.host.llm_fit import ModelAsk, fit_lines
+
+    try:
+        config = AutoConfig.from_pretrained(load_from, local_files_only=local_only).to_dict()
+    except (OSError, ValueError):
+        return None  # loading the model says why, with its own fix
+    gpu = torch.device(device)
+    free_bytes, _total = torch.cuda.mem_get_info(gpu)
+    fits, lines = fit_lines(ModelAsk(model_name, load_in_4bit), config, [(gpu.index or 0, free_bytes / 2**20)],
+                            has_bitsandbytes())
+    return None if fits else lines[-1]
 
 
 def count_truncated(tokenizer: Any, texts: list[str], max_length: int) -> int:
