@@ -68,7 +68,7 @@ class RunRecord(TypedDict, total=False):
     trainer: str
     schemas: list[str]
     params: dict[str, Any]
-    trigger: str  # api, cli, page, retrain, potato
+    trigger: str  # api, cli, page, retrain, potato, retry
     created_at: str  # utc_of's text
     started_at: str | None
     finished_at: str | None
@@ -82,6 +82,8 @@ class RunRecord(TypedDict, total=False):
     bundle: dict[str, Any]  # the bundle's items per split
     model_version: str | None
     prelabels: dict[str, Any]  # what finalize published into Potato
+    resume_of: str  # a retry: the failed or cancelled run it retries, resuming from that run's checkpoints
+    retried_by: str  # a run that was retried: its retry
     hub: dict[str, Any]  # its publish to the Hugging Face Hub: state, repo_id, private, url, revision, error
     # Laid over the record from Redis while the run is not final (RunStore.get):
     step: str | None

@@ -185,6 +185,8 @@ def read_assignment(args: argparse.Namespace, stream: IO[str]) -> bool:
     args.slurm_settings = assignment.get("slurm") or {}
     args.host = assignment.get("host")  # the name the admin gave this host (errors use it)
     args.keep = bool(assignment.get("keep", args.keep))
+    # A local run's agent works in its run's folder: the executor names a folder the runs share for checkpoints.
+    args.checkpoints = assignment.get("checkpoints")
     if assignment.get("log"):
         fd = os.open(assignment["log"], os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         os.dup2(fd, 1)
@@ -260,7 +262,8 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return EXIT_BAD_SPEC
     try:
         client = RunClient(Transport(args.server, token, log=log_line), args.run_id)
-        runner = Runner(client, args.workdir, launcher, keep=args.keep, unreachable_s=args.unreachable_s)
+        runner = Runner(client, args.workdir, launcher, keep=args.keep, unreachable_s=args.unreachable_s,
+                        checkpoints=getattr(args, "checkpoints", None))
     except ValueError as exc:
         log_line(str(exc))
         launcher.close()

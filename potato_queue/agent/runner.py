@@ -18,6 +18,7 @@ import threading
 import time
 from typing import Callable, Optional, Tuple
 
+from potato_queue.agent.checkpoints import checkpoint_dir_for, checkpoint_root, prune_stale, resume_note
 from potato_queue.agent.client import BundleDownloadError, RunClient
 from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerLauncher
 from potato_queue.agent.progress import Progress
@@ -92,9 +93,9 @@ def extract_bundle(tar_path: str, dest: str) -> None:
                 shutil.copyfileobj(source, out, 1024 * 1024)
 
 
-def write_spec(files: RunFiles, job: Job) -> None:
+def write_spec(files: RunFiles, job: Job, checkpoint_dir: Optional[str] = None) -> None:
     """spec.json as the worker reads it (docs/protocol.md)."""
-    spec = job.worker_spec(files.bundle_dir, files.work)
+    spec = job.worker_spec(files.bundle_dir, files.work, checkpoint_dir)
     write_atomic(files.spec, json.dumps(spec, indent=2, sort_keys=True), mode=0o600, durable=False)
 
 
@@ -118,10 +119,14 @@ class Runner:
     """
 
     def __init__(self, client: RunClient, base_dir: str, launcher: WorkerLauncher, keep: bool = False,
-                 unreachable_s: float = 300.0, log: Callable[[str], None] = log_line) -> None:
+                 unreachable_s: float = 300.0, log: Callable[[str], None] = log_line,
+                 checkpoints: Optional[str] = None) -> None:
         self.client = client
         self.launcher = launcher
         self.files = RunFiles(base_dir, client.run_id)
+        # Outside the job folder, so that a retry finds a failed run's checkpoints (agent/checkpoints.py).
+        self.checkpoint_root = checkpoints or checkpoint_root(base_dir)
+        self.checkpoint_dir = None  # type: Optional[str]
         self.keep = keep
         self.unreachable_s = unreachable_s
         self.log = log
@@ -211,7 +216,13 @@ class Runner:
         self.log("bundle: {} bytes in {:.2f} s, sha256 verified".format(bundle.bytes, time.monotonic() - started))
         self.relay.emit("status", state="starting", step="unpacking the bundle")
         extract_bundle(self.files.bundle_tar, self.files.bundle_dir)
-        write_spec(self.files, job)
+        self.checkpoint_dir = checkpoint_dir_for(self.checkpoint_root, job)
+        prune_stale(self.checkpoint_root, keep=self.checkpoint_dir)
+        note = resume_note(job, self.checkpoint_dir)
+        if note is not None:
+            self.log(note)
+            self.relay.emit("status", state="starting", step=note)  # run.log keeps the step lines
+        write_spec(self.files, job, self.checkpoint_dir)
 
     # -- while the worker runs -------------------------------------------------
     def _supervise(self, worker: WorkerHandle,
@@ -331,6 +342,14 @@ class Runner:
 
     def _clean_up(self) -> None:
         self.launcher.close()  # a worker prepared ahead for a run that ended before it was needed
+        if self.checkpoint_dir is not None:
+            # Only what is empty: a run that saved nothing (or succeeded: the worker removed its checkpoints)
+            # leaves nothing behind; a checkpoint to resume from stays.
+            for folder in (self.checkpoint_dir, self.checkpoint_root):
+                try:
+                    os.rmdir(folder)
+                except OSError:
+                    pass
         if self.keep:
             return
         shutil.rmtree(self.files.bundle_dir, ignore_errors=True)

@@ -165,7 +165,7 @@ class LocalExecutor(Executor):
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         proc = self._spares.take()
         assignment = {"run_id": spec.run_id, "server": spec.server_url, "workdir": str(workdir),
-                      "log": str(spec.paths.agent_log)}
+                      "log": str(spec.paths.agent_log), "checkpoints": str(spec.paths.local_checkpoints)}
         assert proc.stdin is not None
         # The token travels on stdin only; the pipe stays open so the agent
         # sees EOF (and stops its worker) if this executor dies.

@@ -62,18 +62,25 @@ def max_predictions_bytes(config: ProjectConfig) -> int:
 def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths) -> Job:
     """Build and pack the bundle, then the job (kept in run.json as `job`, served to the agent as it is)."""
     from potato_queue.bundle import build_bundle, pack_bundle
+    from potato_queue.runs.retry import checkpoint_owner, reuse_bundle
 
     mt = config.model_training
-    manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
+    retried = record.get("resume_of")
+    if retried is None:
+        manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
+    else:  # a retry trains on the data the run it retries had
+        manifest = reuse_bundle(config, store, record, paths)
     size, sha256 = pack_bundle(paths.bundle_dir, paths.bundle)
     store.index.mark_bulky(record["run_id"], created_ms(record))
-    store.log(record["run_id"], f"bundle built: {size} bytes, sha256 {sha256[:12]}",
+    said = "built" if retried is None else f"of run {retried} reused"
+    store.log(record["run_id"], f"bundle {said}: {size} bytes, sha256 {sha256[:12]}",
               *(f"warning: {text}" for text in manifest["stats"]["warnings"]))
     return Job(
         run_id=record["run_id"], trainer=record["trainer"], schemas=list(record["schemas"]),
         bundle=BundleRef(size, sha256), heartbeat_interval_s=heartbeat_interval_s(config, record["backend"]),
         max_predictions_bytes=max_predictions_bytes(config), params=_params(config, store, record),
-        seed=mt.split_seed, grace_seconds=mt.grace_seconds, limits=limits_for(config, record["backend"]))
+        seed=mt.split_seed, grace_seconds=mt.grace_seconds, limits=limits_for(config, record["backend"]),
+        resume_of=checkpoint_owner(store, record))
 
 
 def limits_for(config: ProjectConfig, backend: str) -> Limits:

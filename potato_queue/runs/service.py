@@ -74,6 +74,15 @@ class RunService:
         return start_run(self.config, self.store, self.enqueue, trainer=trainer, schemas=schemas, backend=backend,
                          params=params, trigger=trigger, potato_run_id=potato_run_id)
 
+    def retry(self, run_id: str) -> RunRecord:
+        """Queue a new run that resumes the failed or cancelled `run_id` from its checkpoints, on its data
+        (runs/retry.py); Conflict saying why not."""
+        from potato_queue.runs.retry import retry_run
+
+        if self.enqueue is None:
+            raise RuntimeError("this RunService was made without enqueue: it cannot submit")
+        return retry_run(self.config, self.store, self.enqueue, self.record(run_id))
+
     def record(self, run_id: str) -> RunRecord:
         """The run's record with its live fields (NotFound when the project has no such run)."""
         try:

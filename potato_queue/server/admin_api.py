@@ -88,6 +88,13 @@ def cancel_run(run_id: str, request: Request) -> dict[str, Any]:
     return {"run_id": run_id, "state": runs_of(request).cancel(run_id)}
 
 
+def retry_run(run_id: str, request: Request) -> RunAccepted:
+    """Queue a new run that resumes a failed or cancelled run from its checkpoints, on the same data; 409 when
+    the run is not failed or cancelled, was retried already, or its bundle is gone."""
+    record = runs_of(request).retry(run_id)
+    return RunAccepted(run_id=record["run_id"], state=RunState.QUEUED)
+
+
 def run_events(run_id: str, request: Request, after: Annotated[int, Query(ge=0)] = 0) -> list[dict[str, Any]]:
     """The run's events from the `after`-th on."""
     return runs_of(request).events(run_id, after)
@@ -160,6 +167,9 @@ def admin_router() -> APIRouter:
     add("/runs/{run_id}", get_run, methods=["GET"], responses=_UNKNOWN_RUN)
     add("/runs/{run_id}/cancel", cancel_run, methods=["POST"], responses={
         **_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "the run had already finished"}})
+    add("/runs/{run_id}/retry", retry_run, methods=["POST"], status_code=202, response_model=RunAccepted, responses={
+        **_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "the run is not failed or cancelled, was "
+                                                                  "retried already, or its bundle was removed"}})
     add("/runs/{run_id}/events", run_events, methods=["GET"], responses=_UNKNOWN_RUN)
     add("/runs/{run_id}/log", run_log, methods=["GET"], response_class=PlainTextResponse, responses=_UNKNOWN_RUN)
     add("/trainers", trainers, methods=["GET"])

@@ -105,7 +105,9 @@ def run_page(run_id: str, request: Request) -> Response:
     body = _header(csrf, f" / run {run_id}") + f"""
 <main id="run" data-run="{html.escape(run_id)}">
 <section><h2>Run <span id="state"></span></h2><dl id="facts"></dl>
-<div id="step" class="step"></div><button type="button" id="cancel" hidden>Cancel run</button></section>
+<div id="step" class="step"></div><button type="button" id="cancel" hidden>Cancel run</button>
+<button type="button" id="retry" hidden>Retry from its checkpoint</button>
+<span id="retry-problem" class="problem" role="alert"></span></section>
 <section id="hub" aria-labelledby="hub-title" hidden><h2 id="hub-title">Publish to the Hugging Face Hub</h2>
 <p id="hub-refused" class="problem" role="status" hidden></p>
 <form id="hub-form" hidden>

@@ -264,6 +264,12 @@ class RunPaths:
         return self.dir / "agent"
 
     @property
+    def local_checkpoints(self) -> Path:
+        """Where a local run's agent keeps checkpoints (`<run_id>/` each): beside the run folders, not in one,
+        so that a retry (another run folder) finds them; the agent prunes old ones (agent/checkpoints.py)."""
+        return self.dir.parent.parent / "checkpoints"
+
+    @property
     def bulky(self) -> tuple[Path, ...]:
         """The large part of a run's folder, which retain_runs removes: bundle, model files, the agent's copies."""
         return (self.bundle, self.bundle_dir, self.artifacts, self.agent_workdir)

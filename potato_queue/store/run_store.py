@@ -74,7 +74,7 @@ class RunStore:
         return RunPaths.of(self.config, run_id)
 
     def create(self, *, trainer: str, schemas: list[str], backend: str, params: dict[str, Any] | None = None,
-               trigger: str = "api", potato_run_id: str | None = None) -> RunRecord:
+               trigger: str = "api", potato_run_id: str | None = None, resume_of: str | None = None) -> RunRecord:
         run_id = new_run_id()
         record: RunRecord = {
             "run_id": run_id, "state": RunState.QUEUED, "backend": backend, "trainer": trainer,
@@ -84,6 +84,8 @@ class RunStore:
         }
         if potato_run_id is not None:
             record["potato_run_id"] = potato_run_id  # OWNED_BY_POTATO
+        if resume_of is not None:
+            record["resume_of"] = resume_of  # a retry (runs/retry.py)
         paths = self.paths(run_id)
         try:
             paths.dir.mkdir(mode=0o700, parents=True, exist_ok=False)

@@ -8,12 +8,15 @@ worker's spec.json from it with `worker_spec`, which the worker parses
 (spec.py). `Limits` is the one definition of a run's limits, for both.
 """
 
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 __all__ = ["Job", "Limits", "BundleRef", "JobError", "SPEC_VERSION"]
 
 SPEC_VERSION = 1  # spec.json's `v` (Potato's worker spec)
+# resume_of names a folder on the training machine: a run id's characters, never a path.
+_RUN_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class JobError(ValueError):
@@ -52,6 +55,8 @@ class Job:
     seed: Optional[int] = None
     grace_seconds: Optional[float] = None  # SIGTERM to SIGKILL on cancel; the agent's default when None
     limits: Limits = field(default_factory=Limits)
+    # A retry: the run whose checkpoints (on the training machine) this one resumes from; None: its own.
+    resume_of: Optional[str] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -64,6 +69,9 @@ class Job:
         try:
             bundle = data["bundle"]
             limits = data.get("limits") or {}
+            resume_of = data.get("resume_of")
+            if resume_of is not None and not _RUN_ID.match(str(resume_of)):
+                raise ValueError("resume_of is not a run id: {!r}".format(resume_of))
             return cls(
                 run_id=str(data["run_id"]), trainer=str(data["trainer"]), schemas=[str(s) for s in data["schemas"]],
                 bundle=BundleRef(int(bundle["bytes"]), str(bundle["sha256"])),
@@ -71,12 +79,16 @@ class Job:
                 max_predictions_bytes=int(data["max_predictions_bytes"]),
                 params=dict(data.get("params") or {}), seed=data.get("seed"),
                 grace_seconds=None if data.get("grace_seconds") is None else float(data["grace_seconds"]),
-                limits=Limits(**{k: v for k, v in limits.items() if k in Limits.__dataclass_fields__}))
+                limits=Limits(**{k: v for k, v in limits.items() if k in Limits.__dataclass_fields__}),
+                resume_of=None if resume_of is None else str(resume_of))
         except (KeyError, TypeError, ValueError) as exc:
             raise JobError("the job is malformed ({}: {})".format(type(exc).__name__, exc)) from None
 
-    def worker_spec(self, bundle_dir: str, workdir: str) -> Dict[str, Any]:
+    def worker_spec(self, bundle_dir: str, workdir: str, checkpoint_dir: Optional[str] = None) -> Dict[str, Any]:
         """spec.json's object: what the worker parses (spec.parse_spec)."""
-        return {"v": SPEC_VERSION, "run_id": self.run_id, "trainer": self.trainer, "schemas": list(self.schemas),
+        spec = {"v": SPEC_VERSION, "run_id": self.run_id, "trainer": self.trainer, "schemas": list(self.schemas),
                 "bundle_dir": bundle_dir, "workdir": workdir, "params": dict(self.params), "seed": self.seed,
                 "limits": asdict(self.limits)}
+        if checkpoint_dir is not None:
+            spec["checkpoint_dir"] = checkpoint_dir
+        return spec

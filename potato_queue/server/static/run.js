@@ -20,12 +20,17 @@ async function refresh() {
     ["Model (artifact_uri)", run.artifact_uri], ["Held-out", heldOut(run)],
     ["Prelabels", run.prelabels && run.prelabels.said], ["Error", run.error]];
   facts.replaceChildren(...rows.filter(([, v]) => v).flatMap(([k, v]) => [el("dt", {text: k}), el("dd", {text: String(v)})]));
+  // A retry and the run it resumes link to each other.
+  for (const [k, id] of [["Resumes run", run.resume_of], ["Retried as run", run.retried_by]]) {
+    if (id) facts.append(el("dt", {text: k}), el("dd", {}, el("a", {href: "/admin/training/runs/" + id, text: id})));
+  }
   finished = ["succeeded", "failed", "cancelled", "broken"].includes(run.state);
   const step = document.getElementById("step");
   step.replaceChildren(el("span", {text: finished ? "" : run.step || ""}));
   const bar = progressBar(run.progress);
   if (bar && !finished) step.append(bar);
   document.getElementById("cancel").hidden = finished;
+  document.getElementById("retry").hidden = !["failed", "cancelled"].includes(run.state) || Boolean(run.retried_by);
   return run;
 }
 
@@ -115,6 +120,16 @@ function labelOf(p) {
 document.getElementById("cancel").addEventListener("click", async () => {
   if (!window.confirm("Cancel run " + RUN + "?")) return;
   await api("/runs/" + RUN + "/cancel", {method: "POST"});
+});
+
+document.getElementById("retry").addEventListener("click", async () => {
+  if (!window.confirm("Retry run " + RUN + " as a new run that resumes from its last checkpoint, on the same data?")) return;
+  const problem = document.getElementById("retry-problem");
+  problem.textContent = "";
+  try {
+    const retry = await api("/runs/" + RUN + "/retry", {method: "POST"});
+    window.location.href = "/admin/training/runs/" + retry.run_id;
+  } catch (err) { problem.textContent = err.message; }
 });
 
 async function tick() {

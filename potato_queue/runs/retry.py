@@ -1,0 +1,90 @@
+"""A retry: a failed or cancelled run started again as a new run that resumes from its checkpoints.
+
+The retry trains on the same data (the old run's bundle, copied into the new
+run's folder when the executor prepares it, runs/job.py) with the same trainer,
+schemas, params and backend. Its job's `resume_of` names the run whose
+checkpoint folder on the training machine it uses (agent/checkpoints.py): the
+first run of a chain of retries, since each retry saves into that same folder.
+A run is retried once; a retry that fails too is retried in its turn.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Callable
+from typing import Any
+
+from potato_queue.config import ProjectConfig
+from potato_queue.errors import Conflict
+from potato_queue.run import RunRecord, RunState
+from potato_queue.runs.submit import start_run
+from potato_queue.store import RunStore
+from potato_queue.store.keys import RunPaths
+
+__all__ = ["retry_run", "reuse_bundle", "checkpoint_owner", "RETRIED_STATES"]
+
+RETRIED_STATES = (RunState.FAILED, RunState.CANCELLED)
+_NEW_RUN_FIX = "start a new run instead: it trains on the annotations as they are now, from the beginning"
+
+
+def _bundle_gone(config: ProjectConfig, run_id: str) -> Conflict:
+    keep = config.model_training.retain_runs
+    return Conflict(f"Run {run_id} cannot be retried: its bundle was removed (model_training.retain_runs keeps "
+                    f"the bundles of the newest {keep} runs), so the retry could not train on the same data",
+                    fix=f"{_NEW_RUN_FIX}; raise model_training.retain_runs to keep more runs' bundles")
+
+
+def _refusal(config: ProjectConfig, store: RunStore, old: RunRecord) -> Conflict | None:
+    run_id, state = old["run_id"], old["state"]
+    if state not in RETRIED_STATES:
+        fix = _NEW_RUN_FIX if state == RunState.SUCCEEDED else "wait for it to end (or cancel it), then retry it"
+        return Conflict(f"Run {run_id} is {state}: only a failed or cancelled run can be retried", fix=fix)
+    if old.get("retried_by"):
+        return Conflict(f"Run {run_id} was retried already, as run {old['retried_by']}",
+                        fix=f"retry run {old['retried_by']} if it did not succeed either")
+    if old.get("job") is None:
+        return Conflict(f"Run {run_id} ended before its bundle was built: there is nothing to resume",
+                        fix=_NEW_RUN_FIX)
+    if not (store.paths(run_id).bundle_dir / "manifest.json").is_file():
+        return _bundle_gone(config, run_id)
+    return None
+
+
+def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], old: RunRecord) -> RunRecord:
+    """Queue the retry of `old` (Conflict saying why not); the old run's record names it (`retried_by`)."""
+    refused = _refusal(config, store, old)
+    if refused is not None:
+        raise refused
+    record = start_run(config, store, enqueue, trainer=old["trainer"], schemas=list(old["schemas"]),
+                       backend=old["backend"], params=dict(old.get("params") or {}), trigger="retry",
+                       resume_of=old["run_id"])
+    store.update(old["run_id"], retried_by=record["run_id"])
+    store.log(old["run_id"], f"retried as run {record['run_id']}, which resumes from this run's checkpoints")
+    return record
+
+
+def reuse_bundle(config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths) -> dict[str, Any]:
+    """The retried run's bundle, copied into the retry's folder: its manifest. A bundle removed since the retry
+    was queued (retain_runs) fails the retry with the refusal's words."""
+    old = store.paths(record["resume_of"])
+    try:
+        shutil.rmtree(paths.bundle_dir, ignore_errors=True)
+        shutil.copytree(old.bundle_dir, paths.bundle_dir, symlinks=True)  # media links stay links, as built
+        manifest: dict[str, Any] = json.loads((paths.bundle_dir / "manifest.json").read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise _bundle_gone(config, record["resume_of"]) from None
+    return manifest
+
+
+def checkpoint_owner(store: RunStore, record: RunRecord) -> str | None:
+    """The run whose checkpoint folder a retry resumes from: the first of its chain of retries (None: not a
+    retry). Each retry saves into that same folder, so a retry of a retry finds the newest checkpoint there."""
+    retried = record.get("resume_of")
+    if retried is None:
+        return None
+    try:
+        earlier = (store.read(retried).get("job") or {}).get("resume_of")
+    except KeyError:
+        earlier = None
+    return str(earlier or retried)

@@ -1,0 +1,211 @@
+"""A retry (issue 22, part 3): a run whose worker was killed is retried from the API and resumes from its
+checkpoint on the training machine instead of starting over, on the same data; every part real (Redis, the
+server, the executor, the agent and the worker; sshd for the ssh backend).
+
+The trainer is majority-baseline holding 20 s and saving a checkpoint each second (each second held is a
+step); the worker is killed (SIGKILL) once a whole checkpoint is on disk (its DONE file), found as an
+operator would find it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from potato_queue.worker.checkpoint import Checkpoints
+from tests.agent_helpers import AGENT, lab, register
+from tests.lifecycle_helpers import (
+    TERMINAL,
+    Services,
+    agent_pid,
+    alive_cmd,
+    pids,
+    run_paths,
+    session_of,
+    started,
+    wait_until,
+)
+from tests.sshd import ALIAS, Sshd
+
+HOLD = {"trainer": "majority-baseline", "schemas": ["sentiment"], "params": {"hold_s": 20, "checkpoint_every_steps": 1}}
+SSH, PULL = "gpu-server", "lab"
+
+
+def _worker(candidates: Callable[[str], bool]) -> int:
+    found = [p for p in pids() if "potato_queue.worker" in (alive_cmd(p) or "") and candidates(str(p))]
+    assert len(found) == 1, [alive_cmd(p) for p in found]
+    return found[0]
+
+
+def _run_log(svc: Services, run_id: str) -> str:
+    return run_paths(svc, run_id).run_log.read_text()
+
+
+def kill_then_retry(svc: Services, backend: str, folder_of: Callable[[str], Path],
+                    worker_of: Callable[[str], int]) -> None:
+    """The whole story, as a user lives it: a run whose worker dies, its retry, the retry resuming."""
+    old = svc.start_run(**HOLD, backend=backend)
+    folder = folder_of(old)
+    wait_until(lambda: Checkpoints(str(folder)).latest() is not None, 60, "a whole checkpoint of the run")
+    saved = Checkpoints(str(folder)).latest()
+    assert saved is not None
+    os.kill(worker_of(old), signal.SIGKILL)
+    failed = svc.wait_for(old, TERMINAL, 60)
+    assert failed["state"] == "failed", failed
+    assert Checkpoints(str(folder)).latest() is not None, "the failed run's checkpoint outlived its job folder"
+
+    status, reply = svc.api("POST", f"/runs/{old}/retry")
+    assert (status, reply["state"]) == (202, "queued"), reply
+    retry = reply["run_id"]
+    status, again = svc.api("POST", f"/runs/{old}/retry")
+    assert (status, again["detail"]) == (409, f"Run {old} was retried already, as run {retry}; fix: retry run "
+                                              f"{retry} if it did not succeed either")
+    run = svc.wait_for(retry, TERMINAL, 120)
+    assert run["state"] == "succeeded", (run, svc.logs())
+    assert (run["trigger"], run["resume_of"], run["ran_on"]) == ("retry", old, backend)
+    assert run["held_out"], run
+    assert svc.api("GET", f"/runs/{old}")[1]["retried_by"] == retry
+    log = _run_log(svc, retry)
+    said = re.search(rf"resuming run {old} from its checkpoint at step (\d+)", log)
+    assert said and int(said.group(1)) >= saved.step, log
+    resumed = re.search(r"resumed at step (\d+) from the checkpoint in ", log)
+    assert resumed and resumed.group(1) == said.group(1), log
+    assert f"bundle of run {old} reused" in log
+    assert not folder.exists(), "the success removed the checkpoints it resumed from"
+    status, refused = svc.api("POST", f"/runs/{retry}/retry")
+    assert (status, refused["detail"].split("; fix:")[0]) == (
+        409, f"Run {retry} is succeeded: only a failed or cancelled run can be retried")
+
+
+def test_a_local_run_whose_worker_was_killed_resumes_when_retried_and_the_refusals_say_why(
+        tmp_path: Path, redis_server_url: str) -> None:
+    with started(tmp_path, redis_server_url) as svc:
+        def folder_of(run_id: str) -> Path:
+            return run_paths(svc, run_id).local_checkpoints / run_id
+
+        def worker_of(run_id: str) -> int:
+            agent = agent_pid(run_paths(svc, run_id).dir)
+            return _worker(lambda p: session_of(p) == agent)
+
+        kill_then_retry(svc, "local", folder_of, worker_of)
+
+        # A run cancelled while queued never had a bundle; one cancelled later whose bundle retain_runs removed
+        # cannot train on the same data: both are refused, saying so.
+        first = svc.start_run(**HOLD, backend="local")
+        queued = svc.start_run(**HOLD, backend="local")
+        assert svc.api("POST", f"/runs/{queued}/cancel")[0] == 200
+        svc.wait_for(first, {"running"}, 60)
+        assert svc.api("POST", f"/runs/{first}/retry")[1]["detail"].startswith(
+            f"Run {first} is running: only a failed or cancelled run can be retried; fix: wait for it to end")
+        assert svc.api("POST", f"/runs/{first}/cancel")[0] == 200
+        assert svc.wait_for(first, TERMINAL, 60)["state"] == "cancelled"
+        status, reply = svc.api("POST", f"/runs/{queued}/retry")
+        assert (status, reply["detail"].split("; fix:")[0]) == (
+            409, f"Run {queued} ended before its bundle was built: there is nothing to resume")
+        run_paths(svc, first).bundle.unlink()  # as retain_runs does
+        shutil.rmtree(run_paths(svc, first).bundle_dir)
+        status, reply = svc.api("POST", f"/runs/{first}/retry")
+        assert (status, reply["detail"]) == (409, (
+            f"Run {first} cannot be retried: its bundle was removed (model_training.retain_runs keeps the bundles "
+            "of the newest 5 runs), so the retry could not train on the same data; fix: start a new run instead: "
+            "it trains on the annotations as they are now, from the beginning; raise model_training.retain_runs "
+            "to keep more runs' bundles"))
+        assert svc.api("POST", "/runs/20200101T000000-abcdef/retry")[0] == 404
+
+
+def test_an_ssh_run_whose_worker_was_killed_resumes_when_retried(
+        tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
+    sshd.write_config("root")
+    remote = tmp_path / "remote"
+    backend = {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none", "remote_dir": str(remote)}
+    with started(tmp_path, redis_server_url, executors=0, backends={SSH: backend}) as svc:
+        svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+        kill_then_retry(svc, SSH, lambda run_id: remote / "jobs" / "checkpoints" / run_id,
+                        lambda run_id: _worker(lambda p: f"{remote}/code/" in (alive_cmd(int(p)) or "")))
+        assert sorted(p.name for p in (remote / "jobs").iterdir()) == [], "nothing left on the host"
+
+
+@pytest.fixture
+def pull_agent(tmp_path: Path) -> Iterator[Callable[[Services], subprocess.Popen[bytes]]]:
+    agents: list[subprocess.Popen[bytes]] = []
+
+    def start(svc: Services) -> subprocess.Popen[bytes]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
+        env["POTATO_TRAINING_TOKEN"] = register(svc, PULL)
+        with open(tmp_path / "agent.out", "ab") as out:
+            agents.append(subprocess.Popen([*AGENT, "--server", svc.url, "--backend", PULL, "--workdir",
+                                            str(tmp_path / "agent-work")], stdout=out, stderr=subprocess.STDOUT,
+                                           env=env, cwd=tmp_path, start_new_session=True))
+        return agents[-1]
+
+    yield start
+    for agent in agents:
+        if agent.poll() is None:
+            os.killpg(agent.pid, signal.SIGKILL)
+            agent.wait()
+
+
+def test_an_agent_run_whose_worker_was_killed_resumes_when_retried(
+        tmp_path: Path, redis_server_url: str, pull_agent: Any) -> None:
+    with started(tmp_path, redis_server_url, **lab()) as svc:
+        agent = pull_agent(svc)
+        kill_then_retry(svc, PULL, lambda run_id: tmp_path / "agent-work" / "checkpoints" / run_id,
+                        lambda run_id: _worker(lambda p: session_of(p) == agent.pid))
+
+
+# -- the training machine's side, without a run ----------------------------------------------------------------
+
+
+def _job(**fields: Any) -> Any:
+    from potato_queue.worker.job import Job
+
+    return Job.from_dict({"run_id": "20260101T000000-aaaaaa", "trainer": "majority-baseline", "schemas": ["s"],
+                          "bundle": {"bytes": 1, "sha256": "0"}, "heartbeat_interval_s": 1,
+                          "max_predictions_bytes": 1, **fields})
+
+
+def test_a_retry_names_where_it_resumes_or_that_this_machine_has_nothing(tmp_path: Path) -> None:
+    import socket
+
+    from potato_queue.agent.checkpoints import checkpoint_dir_for, resume_note
+
+    root = tmp_path / "checkpoints"
+    job = _job(resume_of="20250101T000000-bbbbbb")
+    folder = checkpoint_dir_for(str(root), job)
+    assert folder == str(root / "20250101T000000-bbbbbb")
+    assert (os.stat(root).st_mode & 0o777, os.stat(folder).st_mode & 0o777) == (0o700, 0o700)
+    assert resume_note(job, folder) == (f"no checkpoint of run 20250101T000000-bbbbbb on this machine "
+                                        f"({socket.gethostname()}): starting from the beginning")
+    Checkpoints(folder).save(7, lambda path: None)
+    assert resume_note(job, folder) == "resuming run 20250101T000000-bbbbbb from its checkpoint at step 7"
+    assert resume_note(_job(), checkpoint_dir_for(str(root), _job())) is None, "not a retry: nothing to say"
+
+
+def test_a_resume_of_that_is_a_path_is_not_a_job() -> None:
+    from potato_queue.worker.job import JobError
+
+    with pytest.raises(JobError, match="resume_of is not a run id: '../../etc'"):
+        _job(resume_of="../../etc")
+
+
+def test_the_agent_removes_checkpoint_folders_untouched_for_a_week(tmp_path: Path) -> None:
+    import time
+
+    from potato_queue.agent.checkpoints import MAX_AGE_S, prune_stale
+
+    for name in ("old", "fresh", "mine"):
+        (tmp_path / name / "step-1").mkdir(parents=True)
+    week_ago = time.time() - MAX_AGE_S - 60
+    for name in ("old", "mine"):
+        os.utime(tmp_path / name, (week_ago, week_ago))
+    prune_stale(str(tmp_path), keep=str(tmp_path / "mine"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "mine"]
