@@ -186,6 +186,40 @@ def test_cancel_run_asks_first_and_cancels(browser: Any, svc: Services, tiny_mod
     assert answers and answers[0].startswith("Cancel run ")
 
 
+def test_retry_from_its_checkpoint_asks_first_and_the_two_runs_link_to_each_other(browser: Any, svc: Services) -> None:
+    from potato_queue.worker.checkpoint import Checkpoints
+
+    params = {"hold_s": 20, "checkpoint_every_steps": 1}
+    old = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local", params=params)
+    folder = run_paths(svc, old).local_checkpoints / old
+    wait_until(lambda: Checkpoints(str(folder)).latest() is not None, 60, "a whole checkpoint of the run")
+    assert svc.api("POST", f"/runs/{old}/cancel")[0] == 200
+    assert svc.wait_for(old, TERMINAL, 60)["state"] == "cancelled"
+    page = signed_in(browser, svc)
+    page.goto(f"{svc.url}/admin/training/runs/{old}")
+    page.wait_for_selector("#retry:not([hidden])", timeout=30000)
+    answers: list[str] = []
+
+    def answer(dialog: Any) -> None:
+        answers.append(dialog.message)
+        dialog.accept()
+
+    page.on("dialog", answer)
+    page.click("#retry")
+    page.wait_for_selector("#facts a", timeout=30000)  # the retry's page, linking to the run it resumes
+    assert answers == [f"Retry run {old} as a new run that resumes from its last checkpoint, on the same data?"]
+    retry = page.get_attribute("#run", "data-run")
+    assert retry != old and page.get_attribute("#facts a", "href") == f"/admin/training/runs/{old}"
+    assert "Resumes run" in page.text_content("#facts")
+    assert svc.wait_for(retry, TERMINAL, 90)["state"] == "succeeded", svc.logs()
+    page.wait_for_function("() => document.getElementById('state').textContent === 'succeeded'", timeout=30000)
+    assert page.is_hidden("#retry"), "a succeeded run has nothing to retry"
+    page.goto(f"{svc.url}/admin/training/runs/{old}")
+    page.wait_for_selector("#facts a", timeout=30000)
+    assert page.get_attribute("#facts a", "href") == f"/admin/training/runs/{retry}"
+    assert "Retried as run" in page.text_content("#facts") and page.is_hidden("#retry")
+
+
 def test_a_line_of_predictions_that_is_not_json_is_skipped_and_said(browser: Any, svc: Services) -> None:
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
     assert svc.wait_for(run_id, TERMINAL, 90)["state"] == "succeeded", svc.logs()
