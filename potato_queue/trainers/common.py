@@ -21,6 +21,7 @@ __all__ = [
     "write_json",
     "model_version",
     "param",
+    "seed_everything",
 ]
 
 
@@ -100,3 +101,14 @@ def param(ctx: RunContext, name: str, default: Any, kind: type) -> Any:
         return kind(value)
     except (TypeError, ValueError) as exc:
         raise ValidationFailed(f"params.{name} must be {kind.__name__}, got {value!r}") from exc
+
+
+def seed_everything(seed: int) -> None:
+    """A torch trainer's first weights (a new head, LoRA's A matrices), each shuffle and every dropout mask
+    from the run's seed: a rerun, or a run resumed from a checkpoint, is the same run."""
+    import random
+
+    import torch
+
+    random.seed(seed)
+    torch.manual_seed(seed)

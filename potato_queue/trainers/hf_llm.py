@@ -35,11 +35,12 @@ from potato_queue.trainers.common import (
     labelled_texts,
     model_version,
     schema_labels,
+    seed_everything,
     slug,
     validate_nominal,
     write_json,
 )
-from potato_queue.trainers.hub import go_offline, hub_answers, hub_host
+from potato_queue.trainers.hub import offline_for
 from potato_queue.trainers.llm_settings import LLMSettings, read_settings
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 
@@ -74,12 +75,7 @@ class HFLLMLoRATrainer(Trainer):
         refusal = refuse_4bit(ctx.device) if settings.load_in_4bit == "true" else None
         if refusal:
             problems.append(refusal)
-        self.offline = settings.local_model or not hub_answers()
-        if self.offline:
-            go_offline()
-            if not settings.local_model:
-                ctx.reporter.log("warning", f"the model hub ({hub_host()}) does not answer from here: "
-                                            f"{settings.model_name} must be in this machine's Hugging Face cache")
+        self.offline = offline_for(settings.model_name, settings.local_model, ctx.reporter.log)
         if not problems and ctx.device.startswith("cuda"):
             room = gpu_room_problem(settings.load_from, settings.model_name, settings.load_in_4bit, ctx.device,
                                     self.offline)
@@ -93,7 +89,7 @@ class HFLLMLoRATrainer(Trainer):
 
     def _fit(self, ctx: RunContext) -> FitResult:
         settings = self.settings or read_settings(ctx)
-        llm_loop.seed_everything(settings.seed)
+        seed_everything(settings.seed)
         data = {s.name: labelled_texts(ctx.bundle, "train", s.name) for s in ctx.schemas}
         # Steps are optimiser updates: grad_accum_steps batches each, the last of an epoch maybe fewer.
         per_schema = {name: settings.epochs * math.ceil(math.ceil(parallel.share(len(texts), ctx) / settings.batch_size)

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import math
 import os
-import random
 import time
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
@@ -34,11 +33,12 @@ from potato_queue.trainers.common import (
     model_version,
     param,
     schema_labels,
+    seed_everything,
     slug,
     validate_nominal,
     write_json,
 )
-from potato_queue.trainers.hub import go_offline, hub_answers, hub_host, not_cached, packaged_model
+from potato_queue.trainers.hub import not_cached, offline_for, packaged_model
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import ValidationFailed
@@ -135,13 +135,6 @@ class _Steps:
         ctx.reporter.progress("train", self.done, self.total, eta)
 
 
-def _seed_everything(seed: int) -> None:
-    import torch
-
-    random.seed(seed)
-    torch.manual_seed(seed)
-
-
 def _load_base(settings: HFSettings, labels: list[str], device: str, offline: bool) -> tuple[Any, Any]:
     """Tokenizer and a fresh classification head for *labels* (from the cache only, when offline)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -236,12 +229,7 @@ class HFTextClassificationTrainer(Trainer):
         name = self.settings.model_name
         if name.startswith((".", "/", "~")) and not self.settings.local_model:
             problems.append(f"params.model_name {name} is not a folder on this machine")
-        self.offline = self.settings.local_model or not hub_answers()
-        if self.offline:
-            go_offline()
-            if not self.settings.local_model:
-                ctx.reporter.log("warning", f"the model hub ({hub_host()}) does not answer from here: "
-                                            f"{name} must be in this machine's Hugging Face cache")
+        self.offline = offline_for(name, self.settings.local_model, ctx.reporter.log)
         return problems
 
     def fit(self, ctx: RunContext) -> FitResult:
@@ -251,7 +239,7 @@ class HFTextClassificationTrainer(Trainer):
 
     def _fit(self, ctx: RunContext) -> FitResult:
         settings = self.settings or read_settings(ctx)
-        _seed_everything(settings.seed)
+        seed_everything(settings.seed)
         data = {s.name: labelled_texts(ctx.bundle, "train", s.name) for s in ctx.schemas}
         per_epoch = {name: math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
                      for name, (texts, _) in data.items()}

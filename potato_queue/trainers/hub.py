@@ -8,11 +8,12 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
+from collections.abc import Callable
 from urllib.parse import urlsplit
 
 from potato_queue.worker.errors import TrainerError
 
-__all__ = ["hub_answers", "hub_host", "go_offline", "not_cached", "packaged_model", "HUB_PROBE_TIMEOUT_S",
+__all__ = ["hub_answers", "hub_host", "go_offline", "not_cached", "packaged_model", "offline_for", "HUB_PROBE_TIMEOUT_S",
            "PACKAGED_MODELS"]
 
 HUB_PROBE_TIMEOUT_S = 3.0
@@ -78,3 +79,15 @@ def not_cached(model_name: str, exc: Exception) -> TrainerError:
 
 def hub_host() -> str:
     return _hub_address()[0]
+
+
+def offline_for(model_name: str, local_model: bool, warn: Callable[[str, str], None]) -> bool:
+    """Whether a run loads its model without the hub (a folder here, or no hub answers), going offline then;
+    a hub model the hub cannot serve must be in the cache, which `warn` (the reporter's log) says."""
+    offline = local_model or not hub_answers()
+    if offline:
+        go_offline()
+        if not local_model:
+            warn("warning", f"the model hub ({hub_host()}) does not answer from here: {model_name} must be in this "
+                            "machine's Hugging Face cache")
+    return offline

@@ -25,7 +25,7 @@ from potato_queue.worker.api import RunContext
 from potato_queue.worker.checkpoint import Checkpoint
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["Plan", "SchemaLoop", "probabilities", "seed_everything", "POSITION_FILE"]
+__all__ = ["Plan", "SchemaLoop", "probabilities", "POSITION_FILE"]
 
 POSITION_FILE = "position.json"  # in a checkpoint: where the loop stood, readable without torch
 
@@ -259,14 +259,3 @@ def probabilities(ctx: RunContext, settings: LLMSettings, tokenizer: Any, model:
             logits = model(**_encode(tokenizer, texts[begin: begin + size], settings.max_length, ctx.device)).logits
         yield list(range(begin, min(begin + size, len(texts)))), torch.softmax(logits.float(), dim=-1).cpu()
     model.train()
-
-
-def seed_everything(seed: int) -> None:
-    """The head's and the adapters' first weights, and every dropout mask after, from the run's seed."""
-    import random
-
-    import torch
-
-    random.seed(seed)
-    torch.manual_seed(seed)
-
