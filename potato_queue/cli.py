@@ -376,13 +376,15 @@ def _store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[Any, Any]:
 UMASK = 0o077
 
 
-def _add_potato_group() -> None:
+def _add_command_modules() -> None:
     from potato_queue.cli_potato import potato
+    from potato_queue.cli_retry import retry_command
 
     cli.add_command(potato)
+    training.add_command(retry_command(CONFIG, REDIS, lambda config, url: _runs(_checked(config), _redis_checked(url))))
 
 
-_add_potato_group()
+_add_command_modules()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -23,6 +23,7 @@ import pytest
 
 from potato_queue.worker.checkpoint import Checkpoints
 from tests.agent_helpers import AGENT, lab, register
+from tests.conftest import run_cli
 from tests.lifecycle_helpers import (
     TERMINAL,
     Services,
@@ -120,6 +121,10 @@ def test_a_local_run_whose_worker_was_killed_resumes_when_retried_and_the_refusa
             "it trains on the annotations as they are now, from the beginning; raise model_training.retain_runs "
             "to keep more runs' bundles"))
         assert svc.api("POST", "/runs/20200101T000000-abcdef/retry")[0] == 404
+        out = run_cli("training", "retry", first, svc.config, env=svc.env)
+        assert (out.returncode, out.stdout) == (1, ""), out
+        assert out.stderr.startswith(f"error: Run {first} cannot be retried: its bundle was removed "), out.stderr
+        assert "\n  fix: start a new run instead" in out.stderr
 
 
 def test_an_ssh_run_whose_worker_was_killed_resumes_when_retried(
