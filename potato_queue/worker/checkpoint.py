@@ -3,9 +3,10 @@
 Standard library only, Python 3.8+. A trainer that runs long enough to be
 preempted saves its state every ``checkpoint_every_steps`` steps (and at once
 when the run is preempted, stop.py's SIGUSR1), and on start resumes from the
-newest whole checkpoint. The folder sits beside the worker's workdir, in the
-job folder, so it outlives the worker: a SLURM job requeued after a
-preemption runs the same spec again and finds it.
+newest whole checkpoint. The folder outlives the worker: a SLURM job
+requeued after a preemption runs the same spec again and finds it. The agent
+names it in spec.json (outside the job folder, so that a retry of a failed run
+finds it too: agent/checkpoints.py); without that, it sits beside the workdir.
 
 Layout: ``<checkpoint_dir>/step-<N>/`` holds what the trainer wrote, then
 ``DONE`` (written last, after the files are flushed): a folder without it is
@@ -31,7 +32,7 @@ class Checkpoint(NamedTuple):
 
 
 def default_checkpoint_dir(workdir: str) -> str:
-    """Beside the workdir, in the job folder: it outlives one worker (a requeued job runs the spec again)."""
+    """Beside the workdir, for a spec that names no checkpoint_dir: it outlives one worker (a requeued job)."""
     return os.path.join(os.path.dirname(os.path.abspath(workdir)), CHECKPOINT_DIR_NAME)
 
 
