@@ -521,9 +521,10 @@ HOLD_CHECKPOINTED = {"trainer": "majority-baseline", "schemas": ["sentiment"], "
 
 
 def wait_checkpoint(shared: Path, run_id: str, step: int, timeout_s: float = 90) -> None:
-    """Until the run's worker has saved a whole checkpoint at `step` or later (the job folder is on shared storage)."""
+    """Until the run's worker has saved a whole checkpoint at `step` or later (its folder, beside the job
+    folders, is on shared storage)."""
     deadline = time.monotonic() + timeout_s
-    folder = shared / "jobs" / run_id / "checkpoints"
+    folder = shared / "jobs" / "checkpoints" / run_id
     while not any(int(done.parent.name.split("-")[1]) >= step for done in folder.glob("step-*/DONE")):
         assert time.monotonic() < deadline, f"no checkpoint at step {step} in {folder}"
         time.sleep(0.1)
@@ -588,3 +589,20 @@ def test_cancel_of_a_requeueable_job_stays_a_cancel(svc_factory: Any, slurm: Slu
     assert "preempted" not in run_log(svc, run_id)
     slurm.wait_empty()  # the job was not requeued
     assert job not in " ".join(slurm.queue())
+
+
+def test_a_slurm_run_whose_worker_was_killed_resumes_when_retried(svc_factory: Any, shared: Path) -> None:
+    """Not requeueable: the killed worker fails the run, and its retry (a new job) resumes from the checkpoint
+    on the shared storage."""
+    from tests.test_retry import kill_then_retry
+
+    svc = svc_factory()
+
+    def worker_of(run_id: str) -> int:
+        found = [p for p in pids() if "potato_queue.worker" in (alive_cmd(p) or "")
+                 and f"/jobs/{run_id}/spec.json" in (alive_cmd(p) or "")]
+        assert len(found) == 1, [alive_cmd(p) for p in found]
+        return found[0]
+
+    kill_then_retry(svc, BACKEND, lambda run_id: shared / "jobs" / "checkpoints" / run_id, worker_of)
+    assert list((shared / "jobs").iterdir()) == [], "nothing left on the shared storage"

@@ -36,7 +36,12 @@ def checkpoint_dir_for(root: str, job: Job) -> str:
     """The run's checkpoint folder (made, 0700): a retry's is the run's it resumes (Job.from_dict checked
     that resume_of is a run id, not a path)."""
     folder = os.path.join(root, job.resume_of or job.run_id)
-    os.makedirs(folder, mode=0o700, exist_ok=True)
+    for _ in range(3):
+        try:
+            os.makedirs(folder, mode=0o700, exist_ok=True)
+            break
+        except FileNotFoundError:
+            continue  # another run's end removed the root while it was empty (the runs share it): again
     os.chmod(root, 0o700)  # os.makedirs gives the mode to the leaf only; checkpoints hold the training data
     return folder
 

@@ -23,6 +23,7 @@ from typing import IO, Any
 from urllib.parse import urlsplit
 
 from potato_queue import code_package
+from potato_queue.agent.checkpoints import CHECKPOINTS_FOLDER
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import (
     AgentResult,
@@ -278,7 +279,17 @@ class RemoteAgentHandle(RunHandle):
         remove = remote_shell(["rm", "-rf", "--", *doomed])
         sid = self.session.remote_session
         kill = "" if sid is None else f"pkill -KILL -s {sid} 2>/dev/null; "
-        return f"{self.stop_job}{kill}{remove}"
+        return f"{self.stop_job}{kill}{self._empty_checkpoints()}{remove}"
+
+    def _empty_checkpoints(self) -> str:
+        """The run's checkpoint folder and theirs, when empty (an agent killed before it removed them); one
+        with a checkpoint stays for a retry (agent/checkpoints.py)."""
+        workdir = self.session.workdir
+        if workdir is None:
+            return ""
+        root = f"{workdir}/{CHECKPOINTS_FOLDER}"
+        folder = f"{root}/{self.session.spec.job.resume_of or self.session.spec.run_id}"
+        return remote_shell(["rmdir", "--", folder, root]) + " 2>/dev/null; "  # rm's status stays the command's
 
     def _clean_up(self, keep_job: bool) -> None:
         if self.cleaned:
