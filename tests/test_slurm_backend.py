@@ -386,7 +386,8 @@ def test_check_reports_the_commands_the_pythons_and_the_partition(tmp_path: Path
     data = json.loads(check(tmp_path / "json", sshd, slurm, shared).stdout)
     assert data["ok"] is True and data["nodes"] == [
         {"node": NODE, "partition": "gpu", "state": "idle", "gpus": 2, "free_gpus": 2},
-        {"node": NODE, "partition": "urgent", "state": "idle", "gpus": 2, "free_gpus": 2}]
+        {"node": NODE, "partition": "urgent", "state": "idle", "gpus": 2, "free_gpus": 2},
+        {"node": NODE, "partition": "spot", "state": "idle", "gpus": 2, "free_gpus": 2}]
 
 
 def test_check_fails_without_sbatch_and_for_a_remote_dir_that_is_really_in_tmp(tmp_path: Path, sshd: Sshd,
