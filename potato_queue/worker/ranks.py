@@ -64,7 +64,7 @@ class RankProcesses:
         failed = None
         while len(self.codes) < len(self.procs):
             pid, status = os.wait()
-            if pid not in by_pid:
+            if pid not in by_pid or by_pid[pid] in self.codes:  # one _kill_others found ended (reaped by poll)
                 continue
             rank = by_pid[pid]
             self.codes[rank] = _exit_code(status)
@@ -79,12 +79,25 @@ class RankProcesses:
 
     def _kill_others(self) -> None:
         for rank, proc in enumerate(self.procs):
-            if rank not in self.codes:
-                self.killed.add(rank)
-                try:
-                    proc.kill()
-                except OSError:
-                    pass
+            if rank in self.codes:
+                continue
+            if proc.poll() is not None:  # it had ended by itself already: not ours to name as stopped
+                self.codes[rank] = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+                continue
+            self.killed.add(rank)
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+    def first_cause(self, failed: Optional[int]) -> Optional[int]:
+        """The rank whose end ended the run: a rank besides 0 that failed by itself (rank 0, when a peer dies,
+        fails too, with the gradient exchange's error: the symptom, not the cause), else `failed`."""
+        if failed != 0:
+            return failed
+        peers = [rank for rank, code in sorted(self.codes.items())
+                 if rank != 0 and code != EXIT_OK and rank not in self.killed]
+        return peers[0] if peers else failed
 
     def last_error(self, rank: int) -> Optional[dict]:
         """The error event rank `rank` wrote (ranks but 0 write nothing else), or None."""
@@ -100,10 +113,15 @@ class RankProcesses:
         return found
 
 
-def _stopped_words(ranks: List[int]) -> str:
-    if not ranks:
-        return "no other rank was running"
-    return "rank %d was stopped" % ranks[0] if len(ranks) == 1 else "ranks %s were stopped" % ", ".join(map(str, ranks))
+def _others_words(stopped: List[int], ended: List[int]) -> str:
+    """What became of the other ranks: stopped by the parent, or ended by themselves (a peer's death breaks
+    the gradient exchange, so a rank may fail with it before the parent stops it)."""
+    def ranks(found: List[int]) -> str:
+        return "rank %d" % found[0] if len(found) == 1 else "ranks %s" % ", ".join(map(str, found))
+
+    words = (["%s %s stopped" % (ranks(stopped), "was" if len(stopped) == 1 else "were")] if stopped else []) + \
+        (["%s ended with it" % ranks(ended)] if ended else [])
+    return " and ".join(words) or "no other rank was running"
 
 
 def run_ranks(launches: List[RankLaunch], reporter: Reporter) -> int:
@@ -116,7 +134,7 @@ def run_ranks(launches: List[RankLaunch], reporter: Reporter) -> int:
     ranks = RankProcesses(launches, events)
     previous = {sig: signal.signal(sig, ranks.forward) for sig in _STOPS}
     try:
-        failed = ranks.wait_all()
+        failed = ranks.first_cause(ranks.wait_all())
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
@@ -126,9 +144,10 @@ def run_ranks(launches: List[RankLaunch], reporter: Reporter) -> int:
     said = ranks.last_error(failed) if failed else None
     why = ": %s" % said["message"] if said else ""
     stopped = sorted(ranks.killed)
+    ended = sorted(rank for rank in ranks.codes if rank != failed and rank not in ranks.killed)
     reporter.error("out_of_memory" if code == EXIT_OOM else (said or {}).get("code") or "fit_failed",
                    "rank %d of %d (%s) exited with code %d%s; %s" % (
                        failed, len(launches), launches[failed].device, code, why,
-                       _stopped_words(stopped)),
+                       _others_words(stopped, ended)),
                    (said or {}).get("install_hint", ""))
     return code if code in range(1, 6) else EXIT_UNEXPECTED
