@@ -142,6 +142,12 @@ def test_an_agent_claims_only_once_a_gpu_has_room_and_the_run_says_why_it_waits(
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "succeeded", (run, agent.output(), svc.logs())
         assert f"claimed run {run_id}" in agent.output()
+        # The GPU that had room is the run's (GPU 0 is still busy): its index, in nvidia-smi's numbering.
+        paths = run_paths(svc, run_id)
+        assert "step: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy" in \
+            paths.run_log.read_text()
+        assert "Running majority-baseline on cpu (CUDA_VISIBLE_DEVICES=1, CUDA_DEVICE_ORDER=PCI_BUS_ID)" in \
+            paths.events.read_text()
     finally:
         agent.stop()
 

@@ -11,6 +11,7 @@ from potato_queue.host.gpus import (
     GpuRefused,
     GpuWait,
     agent_gpu_problem,
+    agent_pick,
     agent_wait,
     agent_wait_expired,
     agent_wait_line,
@@ -168,3 +169,12 @@ def test_the_agent_wait_line_and_its_expiry_name_the_agent_its_best_gpu_and_the_
         "RTX A5000, 1200 of 24000 MB free), so it claimed no run. Fix: free memory on a GPU of ws-1, start its agent "
         "with a lower --min-free-gpu-mb, or raise queue_timeout_s of backend lab")
     assert agent_wait_line("lab", "ws-1", GpuWait(2000, None)).endswith("(best: nvidia-smi shows no GPU)")
+
+
+def test_a_claiming_agent_gives_its_run_the_gpu_with_most_room_and_without_a_minimum_none() -> None:
+    gpus = parse_gpus("0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0\n")
+    choice = agent_pick(gpus, 2000)
+    assert choice is not None and choice.visible_devices == "1"
+    assert choice.line == "the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy"
+    assert agent_pick(gpus, 0) is None, "no --min-free-gpu-mb: the agent's own CUDA_VISIBLE_DEVICES holds"
+

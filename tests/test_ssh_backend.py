@@ -101,6 +101,8 @@ def test_a_run_over_ssh_succeeds_gets_the_gpu_and_the_code_is_copied_once(svc_fa
     log = run_log(svc, first)
     assert f"{ALIAS}: Python 3.11" in log and "(/usr/bin/python3)" in log, "run.log names the host's Python"
     assert f"{ALIAS}: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free" in log
+    # The worker sees the GPU by the index nvidia-smi gave it (CUDA numbers fastest first unless told).
+    assert "(CUDA_VISIBLE_DEVICES=1, CUDA_DEVICE_ORDER=PCI_BUS_ID)" in run_paths(svc, first).events.read_text()
     assert f"copying Potato's code to {ALIAS}" in log and f"waiting for the agent on {ALIAS}" in log
     second = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     assert svc.wait_for(second, TERMINAL, 120)["state"] == "succeeded"

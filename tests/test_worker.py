@@ -349,8 +349,10 @@ def test_unknown_trainer_exits_2(tmp_path: Path) -> None:
         ("{not json", "not valid JSON"),
         (json.dumps({"v": 1, "trainer": "sklearn-text"}), "spec.schemas"),
         (json.dumps({"v": 2, "run_id": "x"}), "version 2"),
+        (json.dumps({"v": 1, "run_id": "x", "trainer": "majority-baseline", "schemas": ["s"], "bundle_dir": "b",
+                     "workdir": "w", "gpus": "1; rm -rf ~"}), 'spec.gpus must be GPU indexes like "1" or "0,1"'),
     ],
-    ids=["not-json", "missing-fields", "wrong-version"],
+    ids=["not-json", "missing-fields", "wrong-version", "bad-gpus"],
 )
 def test_bad_spec_exits_2(tmp_path: Path, content: str, needle: str) -> None:
     spec = tmp_path / "spec.json"

@@ -37,6 +37,7 @@ from potato_queue.host.gpus import (
     NVIDIA_SMI_QUERY,
     GpuWait,
     agent_gpu_problem,
+    agent_pick,
     agent_wait,
     parse_gpus,
     visible_gpus,
@@ -182,8 +183,9 @@ class BackendAgent:
         self.log("claimed run {}".format(run_id))
         client = RunClient(Transport(self.server, token, log=self.log, ca_file=self.ca_file), run_id)
         launcher, self.launcher = self.launcher, self.new_launcher()
+        gpu = agent_pick(self._gpus(), self.min_free_gpu_mb)  # the GPU with room that let us claim
         self.runner = Runner(client, self.workdir, launcher, keep=self.keep, unreachable_s=self.unreachable_s,
-                             log=self.log)
+                             log=self.log, gpu=gpu)
         if self.stopping.is_set():
             self.runner.request_stop("the agent is stopping")
         try:

@@ -24,6 +24,7 @@ from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerL
 from potato_queue.agent.progress import Progress
 from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
 from potato_queue.agent.transport import ApiError, Unreachable
+from potato_queue.host.gpus import Choice
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.job import Job, JobError
@@ -93,9 +94,9 @@ def extract_bundle(tar_path: str, dest: str) -> None:
                 shutil.copyfileobj(source, out, 1024 * 1024)
 
 
-def write_spec(files: RunFiles, job: Job, checkpoint_dir: Optional[str] = None) -> None:
+def write_spec(files: RunFiles, job: Job, checkpoint_dir: Optional[str] = None, gpus: Optional[str] = None) -> None:
     """spec.json as the worker reads it (docs/protocol.md)."""
-    spec = job.worker_spec(files.bundle_dir, files.work, checkpoint_dir)
+    spec = job.worker_spec(files.bundle_dir, files.work, checkpoint_dir, gpus)
     write_atomic(files.spec, json.dumps(spec, indent=2, sort_keys=True), mode=0o600, durable=False)
 
 
@@ -120,13 +121,14 @@ class Runner:
 
     def __init__(self, client: RunClient, base_dir: str, launcher: WorkerLauncher, keep: bool = False,
                  unreachable_s: float = 300.0, log: Callable[[str], None] = log_line,
-                 checkpoints: Optional[str] = None) -> None:
+                 checkpoints: Optional[str] = None, gpu: Optional[Choice] = None) -> None:
         self.client = client
         self.launcher = launcher
         self.files = RunFiles(base_dir, client.run_id)
         # Outside the job folder, so that a retry finds a failed run's checkpoints (agent/checkpoints.py).
         self.checkpoint_root = checkpoints or checkpoint_root(base_dir)
         self.checkpoint_dir = None  # type: Optional[str]
+        self.gpu = gpu  # the GPU an agent with --min-free-gpu-mb gives this run (host/gpus.py agent_pick)
         self.keep = keep
         self.unreachable_s = unreachable_s
         self.log = log
@@ -222,7 +224,10 @@ class Runner:
         if note is not None:
             self.log(note)
             self.relay.emit("status", state="starting", step=note)  # run.log keeps the step lines
-        write_spec(self.files, job, self.checkpoint_dir)
+        if self.gpu is not None:
+            self.log(self.gpu.line)
+            self.relay.emit("status", state="starting", step=self.gpu.line)
+        write_spec(self.files, job, self.checkpoint_dir, self.gpu.visible_devices if self.gpu else None)
 
     # -- while the worker runs -------------------------------------------------
     def _supervise(self, worker: WorkerHandle,

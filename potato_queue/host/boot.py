@@ -173,7 +173,9 @@ def boot(header: Dict[str, Any]) -> int:
             send("refused", message=str(refused))
             return EXIT_REFUSED
         send("gpu", line=choice.line)
-        env["CUDA_VISIBLE_DEVICES"] = choice.visible_devices
+        # nvidia-smi numbers GPUs in PCI bus order, CUDA fastest first unless told: the GPU chosen by its index
+        # must be the one the worker gets.
+        env.update(CUDA_VISIBLE_DEVICES=choice.visible_devices, CUDA_DEVICE_ORDER="PCI_BUS_ID")
         if header.get("num_threads"):
             env.update({name: str(header["num_threads"]) for name in THREAD_ENV_VARS})
     jobs = folder(os.path.join(root, "jobs"))

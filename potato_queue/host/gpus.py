@@ -20,6 +20,7 @@ __all__ = [
     "GPU_POLL_S",
     "GPU_REPORT_S",
     "parse_gpus",
+    "agent_pick",
     "has_kernels",
     "describe",
     "choose",
@@ -219,6 +220,15 @@ def agent_wait(gpus: Sequence[Gpu], min_free_mb: float) -> Optional[GpuWait]:
     if min_free_mb <= 0 or any(gpu.free_mb >= min_free_mb for gpu in gpus):
         return None
     return GpuWait(min_free_mb, _most_free(gpus) if gpus else None)
+
+
+def agent_pick(gpus: Sequence[Gpu], min_free_mb: float) -> Optional[Choice]:
+    """The GPU a run an agent just claimed gets: the one with most memory free (min_free_mb of it, when the
+    GPU has not filled up since the claim); None without a minimum (the agent's CUDA_VISIBLE_DEVICES holds)."""
+    if min_free_mb <= 0 or not gpus:
+        return None
+    best = _most_free(gpus)
+    return Choice(str(best.index), "cuda", "the run gets " + describe(best))
 
 
 def agent_gpu_problem(has_nvidia_smi: bool, gpus: Sequence[Gpu], min_free_mb: float) -> Optional[str]:

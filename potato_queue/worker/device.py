@@ -12,6 +12,8 @@ from typing import Any, Callable, List, Optional
 __all__ = [
     "THREAD_ENV_VARS",
     "apply_thread_env",
+    "apply_gpus",
+    "gpu_env_note",
     "apply_torch_threads",
     "available_devices",
     "resolve_device",
@@ -28,6 +30,21 @@ THREAD_ENV_VARS = (
 )
 
 LogFn = Callable[[str, str], None]
+
+
+def apply_gpus(gpus: Optional[str]) -> None:
+    """The GPUs the agent gave the run (spec.gpus, nvidia-smi's indexes): what torch will see, set before it
+    is imported. nvidia-smi numbers them in PCI bus order, CUDA fastest first unless told."""
+    if gpus is not None:
+        os.environ.update(CUDA_VISIBLE_DEVICES=gpus, CUDA_DEVICE_ORDER="PCI_BUS_ID")
+
+
+def gpu_env_note() -> str:
+    """` (CUDA_VISIBLE_DEVICES=1, CUDA_DEVICE_ORDER=PCI_BUS_ID)` when they are set, for the worker's first
+    line: which GPU a run got is the first question when it is the wrong one."""
+    names = ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER")
+    said = ["%s=%s" % (name, os.environ[name]) for name in names if name in os.environ]
+    return " (%s)" % ", ".join(said) if said else ""
 
 
 def apply_thread_env(num_threads: Optional[int]) -> None:

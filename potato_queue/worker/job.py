@@ -84,11 +84,14 @@ class Job:
         except (KeyError, TypeError, ValueError) as exc:
             raise JobError("the job is malformed ({}: {})".format(type(exc).__name__, exc)) from None
 
-    def worker_spec(self, bundle_dir: str, workdir: str, checkpoint_dir: Optional[str] = None) -> Dict[str, Any]:
+    def worker_spec(self, bundle_dir: str, workdir: str, checkpoint_dir: Optional[str] = None,
+                    gpus: Optional[str] = None) -> Dict[str, Any]:
         """spec.json's object: what the worker parses (spec.parse_spec)."""
         spec = {"v": SPEC_VERSION, "run_id": self.run_id, "trainer": self.trainer, "schemas": list(self.schemas),
                 "bundle_dir": bundle_dir, "workdir": workdir, "params": dict(self.params), "seed": self.seed,
                 "limits": asdict(self.limits)}
         if checkpoint_dir is not None:
             spec["checkpoint_dir"] = checkpoint_dir
+        if gpus is not None:
+            spec["gpus"] = gpus
         return spec

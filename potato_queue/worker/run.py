@@ -14,7 +14,14 @@ from typing import Dict, Optional
 from .api import FitResult, RunContext, Trainer
 from .bundle import Bundle, load_bundle
 from .checkpoint import Checkpoints, default_checkpoint_dir
-from .device import apply_thread_env, apply_torch_threads, describe_device, resolve_device
+from .device import (
+    apply_gpus,
+    apply_thread_env,
+    apply_torch_threads,
+    describe_device,
+    gpu_env_note,
+    resolve_device,
+)
 from .errors import Cancelled, Preempted, ValidationFailed, WorkerError, classify
 from .events import Reporter
 from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_PREEMPTED, EXIT_UNEXPECTED
@@ -94,6 +101,7 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     else:  # one rank of several: its own GPU and its share of the threads
         spec.limits.device, spec.limits.num_threads = rank.device, rank.threads or spec.limits.num_threads
     apply_thread_env(spec.limits.num_threads)
+    apply_gpus(spec.gpus)
     state.watchdog = _start_watchdog(spec, reporter)
     reporter.status("running", "loading the bundle")
     bundle = load_bundle(spec.bundle_dir)
@@ -181,7 +189,7 @@ def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, s
     device = resolve_device(spec.limits.device, trainer.uses_torch, reporter.log)
     if trainer.uses_torch:
         apply_torch_threads(spec.limits.num_threads)
-    reporter.log("info", "Running %s on %s" % (spec.trainer, describe_device(device)))
+    reporter.log("info", "Running %s on %s%s" % (spec.trainer, describe_device(device), gpu_env_note()))
     os.makedirs(spec.workdir, exist_ok=True)
     checkpoints = Checkpoints(spec.checkpoint_dir or default_checkpoint_dir(spec.workdir),
                               _checkpoint_every_steps(spec, trainer))

@@ -55,6 +55,7 @@ class Spec:
         seed: int = 0,
         limits: Optional[Limits] = None,
         checkpoint_dir: Optional[str] = None,
+        gpus: Optional[str] = None,
     ) -> None:
         self.run_id = run_id
         self.trainer = trainer
@@ -65,6 +66,7 @@ class Spec:
         self.seed = seed
         self.limits = limits or Limits()
         self.checkpoint_dir = checkpoint_dir
+        self.gpus = gpus  # the GPUs (nvidia-smi's indexes) the agent gave this run, or None: the environment's
 
 
 def _string(data: Dict[str, Any], key: str, where: str = "spec") -> str:
@@ -120,6 +122,14 @@ def _parse_limits(raw: Any) -> Limits:
     )
 
 
+def _gpus(value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not all(part.strip().isdigit() for part in value.split(",")):
+        raise SpecError("spec.gpus must be GPU indexes like \"1\" or \"0,1\", got %r" % (value,))
+    return value
+
+
 def _resolve(path: str, base_dir: str) -> str:
     path = os.path.expanduser(path)
     return path if os.path.isabs(path) else os.path.normpath(os.path.join(base_dir, path))
@@ -157,6 +167,7 @@ def parse_spec(data: Any, base_dir: str = ".") -> Spec:
         seed=seed,
         limits=_parse_limits(data.get("limits")),
         checkpoint_dir=_resolve(_string(data, "checkpoint_dir"), base_dir) if "checkpoint_dir" in data else None,
+        gpus=_gpus(data.get("gpus")),
     )
 
 
