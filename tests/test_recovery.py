@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 
@@ -52,4 +53,17 @@ def test_a_quiet_run_whose_executor_holds_the_slot_is_left_running(tmp_path: Pat
         sweep_orphans(store)
     finally:
         holder.release()
+    assert store.get(run_id)["state"] == RunState.RUNNING
+
+
+def test_a_quiet_run_whose_executor_touched_supervised_lately_is_left_running(tmp_path: Path,
+                                                                             redis_server_url: str) -> None:
+    """After a Redis outage longer than the lease, the slot is free and run.log has been quiet, but the
+    executor deciding the run's end lives: it touches `supervised` on disk every second, Redis or not."""
+    store, run_id = running_run(tmp_path, redis_server_url, ORPHAN_QUIET_S + 60)
+    supervised = store.paths(run_id).supervised
+    supervised.touch()
+    lately = store.clock.now_s() - 2
+    os.utime(supervised, (lately, lately))
+    sweep_orphans(store)
     assert store.get(run_id)["state"] == RunState.RUNNING

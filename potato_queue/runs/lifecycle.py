@@ -115,6 +115,7 @@ class RunLife:
         self.paths = store.paths(self.run_id)
         self.started_s = started_s  # the started_at dispatch wrote, as epoch seconds (max_wall counts from it)
         self.handle: RunHandle | None = None
+        self._touched_s = 0.0  # when `supervised` was last touched (epoch s)
 
     def log(self, message: str) -> None:
         self.store.log(self.run_id, message)
@@ -187,8 +188,20 @@ class RunLife:
             pending_timeout_s=getattr(executor.backend, "pending_timeout_s", None),
             renew_lease=self.lease.renew, lease_lapsed=lambda: self.lease.lapsed, on_first_contact=self._first_contact,
             log=self.log, step=self.step,
-            last_output=lambda: _tail(self.paths.agent_log), clock=self.clock,
+            last_output=lambda: _tail(self.paths.agent_log), clock=self.clock, alive=self._alive,
         )
+
+    def _alive(self) -> None:
+        """The run's `supervised` file, touched at most once a second: on disk, so that it says this executor
+        lives while Redis does not answer (runs/recovery.py)."""
+        now_s = self.clock.now_s()
+        if now_s - self._touched_s < 1.0:
+            return
+        self._touched_s = now_s
+        try:
+            self.paths.supervised.touch(mode=0o600)
+        except OSError:
+            pass  # a folder that takes no writes is the store's to report (records.py)
 
     def _first_contact(self) -> None:
         # A pull backend's run was queued until its agent claimed it: it starts now.

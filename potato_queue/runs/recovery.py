@@ -3,6 +3,9 @@
 - An in-flight run whose files have not changed for ORPHAN_QUIET_S while
   nobody holds the run slot has lost its executor (killed, machine
   restarted): it ends `failed`, saying so, and the next queued run proceeds.
+  A live executor touches the run's `supervised` file every second, Redis or
+  not: after a Redis outage longer than the lease, the sweep must not take
+  the executor deciding the run's end for a dead one.
 - After Redis was emptied (flushed, restarted without persistence), the run
   folders are the truth: live states and the unfinished index are seeded
   from them, and an executor is woken for every queued run.
@@ -26,7 +29,8 @@ EXECUTOR_STOPPED = ("The executor supervising this run stopped (killed or restar
 
 def _orphaned(store: RunStore, run_id: str) -> bool:
     paths = store.paths(run_id)
-    newest = max((p.stat().st_mtime for p in (paths.run_log, paths.events, paths.run_json) if p.exists()), default=0)
+    files = (paths.run_log, paths.events, paths.run_json, paths.supervised)
+    newest = max((p.stat().st_mtime for p in files if p.exists()), default=0)
     return store.clock.now_s() - newest > ORPHAN_QUIET_S
 
 

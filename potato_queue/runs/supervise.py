@@ -85,6 +85,7 @@ class Watch:
     seeing_since_s: float = 0.0
     looked_s: float | None = None  # the last look that worked (epoch s)
     lease_lapsed: Callable[[], bool] = lambda: False  # the slot expired unrenewed (Lease.lapsed)
+    alive: Callable[[], None] = lambda: None  # each tick: this executor lives (RunPaths.supervised, on disk)
     clock: Clock = REAL_CLOCK  # every rule here reads it (tests hand in a ManualClock)
 
 
@@ -206,16 +207,22 @@ def _pending(watch: Watch, view: RunView, status: Status, now_s: float) -> Statu
     return Waiting(view.pending_step, until_s, expired, beats=True)
 
 
+def _slot_lost(watch: Watch) -> Outcome:
+    """The run slot was not renewed in time: Redis did not answer, this executor stalled, or another took it."""
+    if watch.redis_error is not None:
+        return stop_run(watch, 0, RunState.FAILED, redis_lost(watch.redis_error))
+    if watch.lease_lapsed():
+        return stop_run(watch, watch.grace_s, RunState.FAILED, executor_stalled())
+    return stop_run(watch, watch.grace_s, RunState.FAILED,
+                    "This executor lost the run slot (Redis emptied, or another executor took it); "
+                    "the run was stopped")
+
+
 def _tick(watch: Watch) -> Outcome | None:
     """One look at the run: an Outcome when supervision is over, else None."""
+    watch.alive()
     if not watch.renew_lease():
-        if watch.redis_error is not None:
-            return stop_run(watch, 0, RunState.FAILED, redis_lost(watch.redis_error))
-        if watch.lease_lapsed():
-            return stop_run(watch, watch.grace_s, RunState.FAILED, executor_stalled())
-        return stop_run(watch, watch.grace_s, RunState.FAILED,
-                        "This executor lost the run slot (Redis emptied, or another executor took it); "
-                        "the run was stopped")
+        return _slot_lost(watch)
     try:
         return _look(watch)
     except redis.RedisError as exc:
@@ -225,6 +232,11 @@ def _tick(watch: Watch) -> Outcome | None:
 
 def _look(watch: Watch) -> Outcome | None:
     view = watch.store.view(watch.run_id)
+    if not watch.renew_lease():
+        # Stalled between the renew and this view (the agent's result, or a clock, may have come meanwhile):
+        # the slot was free, so the stall decides, as it would have a moment earlier. Mostly a no-op: the
+        # lease is renewed once a second.
+        return _slot_lost(watch)
     now_s = watch.clock.now_s()
     if watch.redis_error is not None or (watch.looked_s is not None and now_s - watch.looked_s > LOOK_GAP_S):
         watch.seeing_since_s = now_s

@@ -229,6 +229,12 @@ class RunPaths:
         return self.dir / "agent.log"
 
     @property
+    def supervised(self) -> Path:
+        """Touched by the executor while it supervises the run, Redis or not: the orphan sweep's sign that
+        the run's executor lives (a Redis outage silences every other file of the run)."""
+        return self.dir / "supervised"
+
+    @property
     def events(self) -> Path:
         return self.dir / "events.jsonl"
 
