@@ -179,8 +179,11 @@ USR1_CHECKPOINTS = ("import os, signal, sys, time\n"
 
 
 def _started(tmp_path: Path) -> None:
+    """Until the worker's first line: it has its signal handlers then (the file exists a moment earlier, from
+    job.sh's redirection, before Python has started)."""
+    events = tmp_path / "job" / "events.jsonl"
     deadline = time.monotonic() + 30
-    while not (tmp_path / "job" / "events.jsonl").exists():
+    while not (events.exists() and events.read_text().endswith("\n")):
         assert time.monotonic() < deadline
         time.sleep(0.05)
 
