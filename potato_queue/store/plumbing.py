@@ -33,14 +33,12 @@ SUPERVISION_SOCKET_TIMEOUT_S = 3.0
 
 def client_for(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> redis.Redis:
     """The Redis client every part of potato-queue uses for `url` (its timeouts set here, once)."""
-    if socket_timeout_s > SUPERVISION_SOCKET_TIMEOUT_S:
-        return redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
-                                    socket_connect_timeout=min(CONNECT_TIMEOUT_S, socket_timeout_s))
     # redis-py 8 retries a timed-out call 10 times with backoff: against a frozen Redis one call of the
     # supervising executor would take a minute, far past the lease it must decide within. It tries once;
     # the next look is the retry.
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout_s, socket_connect_timeout=socket_timeout_s,
-                                retry=Retry(NoBackoff(), 0))
+    once = {"retry": Retry(NoBackoff(), 0)} if socket_timeout_s <= SUPERVISION_SOCKET_TIMEOUT_S else {}
+    return redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
+                                socket_connect_timeout=min(CONNECT_TIMEOUT_S, socket_timeout_s), **once)
 
 # KEYS: the run's hash, the unfinished index, the run token's digest. ARGV: the
 # new state, "1" when it is final, the run id, then the states it may come

@@ -107,7 +107,7 @@ class HFLLMLoRATrainer(Trainer):
             metrics.update(loop.run(texts, gold, start))
             self._models[schema.name] = (loop.tokenizer, loop.model, labels)
             card["schemas"][schema.name] = {"folder": slug(schema.name), "label_order": labels, "n_train": len(texts),
-                                            "lora_targets": loop.targets, "precision": loop.precision,
+                                            "lora_targets": loop.targets, "precision": loop.precision.name,
                                             "load_in_4bit": loop.four_bit, "truncated": loop.truncated}
         if ctx.main_rank:
             write_json(os.path.join(ctx.workdir, CARD_FILE), card)
@@ -121,11 +121,15 @@ class HFLLMLoRATrainer(Trainer):
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
         """Softmax over each schema's labels; the top label and its probability."""
+        from potato_queue.trainers.llm_parts import precision_for
+
         settings = self.settings or read_settings(ctx)
+        precision = precision_for(settings.precision, ctx.device)
         items = list(items)
         for schema in ctx.schemas:
             tokenizer, model, labels = self._models[schema.name]
-            for chunk, rows in llm_loop.probabilities(ctx, settings, tokenizer, model, [i.text for i in items]):
+            for chunk, rows in llm_loop.probabilities(ctx, settings, precision, tokenizer, model,
+                                                      [i.text for i in items]):
                 for item, row in zip([items[i] for i in chunk], rows):  # noqa: B905 - runs on 3.8/3.9
                     best = int(row.argmax())
                     yield Prediction(item.instance_id, schema.name, labels[best], float(row[best]))

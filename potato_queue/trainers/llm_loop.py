@@ -20,6 +20,7 @@ from typing import Any
 from potato_queue.trainers import parallel
 from potato_queue.trainers.common import slug
 from potato_queue.trainers.hub import not_cached
+from potato_queue.trainers.llm_parts import Precision
 from potato_queue.trainers.llm_settings import LLMSettings
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.checkpoint import Checkpoint
@@ -77,7 +78,7 @@ class SchemaLoop:
 
         self.ctx, self.settings, self.schema, self.labels, self.plan = ctx, settings, schema, labels, plan
         self.folder = os.path.join(ctx.workdir, slug(schema.name))
-        self.precision = llm_parts.precision_for(settings.precision, ctx.device).name
+        self.precision = llm_parts.precision_for(settings.precision, ctx.device)
         self.four_bit = settings.load_in_4bit == "true" or (settings.load_in_4bit == "auto" and ctx.device.startswith("cuda")
                                                             and llm_parts.has_bitsandbytes())
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}"
@@ -116,11 +117,9 @@ class SchemaLoop:
 
     def _finished_before(self) -> dict[str, float]:
         """A schema trained whole before the run was preempted: its saved adapter is loaded back."""
-        from peft import set_peft_model_state_dict
-        from safetensors.torch import load_file
+        from potato_queue.trainers import llm_parts
 
-        weights = load_file(os.path.join(self.folder, "adapter_model.safetensors"), device=self.ctx.device)
-        set_peft_model_state_dict(self.model, weights)
+        llm_parts.load_adapter(self.model, self.folder)
         self.plan.done += self.plan.per_schema[self.schema.name]
         self.plan.resumed_at = self.plan.done
         return {}
@@ -153,8 +152,7 @@ class SchemaLoop:
             epoch0, update0 = position["epoch"], position["update"]
             self.plan.done = self.plan.resumed_at = position["step"]
         self.rng = llm_parts.rng_state()
-        precision = llm_parts.precision_for(s.precision, ctx.device)
-        scaler = torch.amp.GradScaler("cuda", enabled=precision.scale_loss)
+        scaler = torch.amp.GradScaler("cuda", enabled=self.precision.scale_loss)
         trained = parallel.wrap(self.model, ctx)
         losses: list[float] = []
         for epoch in range(epoch0, s.epochs):
@@ -168,8 +166,7 @@ class SchemaLoop:
                 chunk = order[batch_index * s.batch_size: (batch_index + 1) * s.batch_size]
                 batch = _encode(self.tokenizer, [texts[i] for i in chunk], s.max_length, ctx.device)
                 labels = torch.tensor([targets[i] for i in chunk], device=ctx.device)
-                with torch.autocast(ctx.device.split(":")[0], dtype=precision.autocast_dtype,
-                                    enabled=precision.autocast_dtype is not None):
+                with self.precision.autocast(ctx.device):
                     loss = trained(**batch, labels=labels).loss
                 scaler.scale(loss / s.grad_accum_steps).backward()
                 losses.append(float(loss.detach()))
@@ -221,7 +218,8 @@ class SchemaLoop:
         if not val:
             return
         total_loss, correct = 0.0, 0
-        for chunk, rows in probabilities(self.ctx, self.settings, self.tokenizer, self.model, [t for t, _ in val]):
+        for chunk, rows in probabilities(self.ctx, self.settings, self.precision, self.tokenizer, self.model,
+                                         [t for t, _ in val]):
             for i, row in zip(chunk, rows):  # noqa: B905
                 total_loss -= math.log(max(float(row[val[i][1]]), 1e-12))
                 correct += int(int(row.argmax()) == val[i][1])
@@ -242,20 +240,16 @@ class SchemaLoop:
         self.tokenizer.save_pretrained(self.folder)
 
 
-def probabilities(ctx: RunContext, settings: LLMSettings, tokenizer: Any, model: Any,
+def probabilities(ctx: RunContext, settings: LLMSettings, precision: Precision, tokenizer: Any, model: Any,
                   texts: list[str]) -> Iterator[tuple[list[int], Any]]:
     """Softmax rows for `texts`, a batch at a time: (the batch's indexes, its rows on the CPU)."""
     import torch
 
-    from potato_queue.trainers import llm_parts
-
-    precision = llm_parts.precision_for(settings.precision, ctx.device)
     model.eval()
     size = settings.batch_size * 2
     for begin in range(0, len(texts), size):
         ctx.check_stop("while predicting")
-        with torch.no_grad(), torch.autocast(ctx.device.split(":")[0], dtype=precision.autocast_dtype,
-                                             enabled=precision.autocast_dtype is not None):
+        with torch.no_grad(), precision.autocast(ctx.device):
             logits = model(**_encode(tokenizer, texts[begin: begin + size], settings.max_length, ctx.device)).logits
         yield list(range(begin, min(begin + size, len(texts)))), torch.softmax(logits.float(), dim=-1).cpu()
     model.train()

@@ -16,7 +16,7 @@ from typing import Any
 from potato_queue.worker.errors import MissingDependency, ValidationFailed
 
 __all__ = ["LORA_TARGETS", "Precision", "precision_for", "refuse_4bit", "load_classifier", "apply_lora",
-           "rng_state", "save_state", "load_state", "count_truncated", "has_bitsandbytes", "gpu_room_problem", "STATE_FILE", "BITSANDBYTES_HINT"]
+           "rng_state", "save_state", "load_state", "load_adapter", "count_truncated", "has_bitsandbytes", "gpu_room_problem", "STATE_FILE", "BITSANDBYTES_HINT"]
 
 # Per model family (config.model_type): the attention projections, which QLoRA-style fine-tunes adapt by
 # default. A family not here gets peft's own default, then every linear layer.
@@ -36,6 +36,12 @@ class Precision:
     name: str  # "bf16", "fp16", "fp32"
     autocast_dtype: Any
     scale_loss: bool
+
+    def autocast(self, device: str) -> Any:
+        """The forward pass's context: autocast to this precision's dtype, or nothing for fp32."""
+        import torch
+
+        return torch.autocast(device.split(":")[0], dtype=self.autocast_dtype, enabled=self.autocast_dtype is not None)
 
 
 def precision_for(asked: str, device: str) -> Precision:
@@ -174,15 +180,20 @@ def save_state(folder: str, model: Any, optimizer: Any, scheduler: Any, position
                 "rng": rng}, os.path.join(folder, STATE_FILE))
 
 
-def load_state(folder: str, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """Put a checkpoint back into a fresh model, optimiser and schedule; returns where the loop stood."""
-    import torch
+def load_adapter(model: Any, folder: str) -> None:
+    """The adapter (and head) weights peft saved in `folder` put back into `model`, on its device."""
     from peft import set_peft_model_state_dict
     from safetensors.torch import load_file
 
-    adapter = os.path.join(folder, "adapter")
-    weights = os.path.join(adapter, "adapter_model.safetensors")
+    weights = os.path.join(folder, "adapter_model.safetensors")
     set_peft_model_state_dict(model, load_file(weights, device=str(next(model.parameters()).device)))
+
+
+def load_state(folder: str, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
+    """Put a checkpoint back into a fresh model, optimiser and schedule; returns where the loop stood."""
+    import torch
+
+    load_adapter(model, os.path.join(folder, "adapter"))
     state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True)
     optimizer.load_state_dict(state["optimizer"])
     scheduler.load_state_dict(state["scheduler"])
