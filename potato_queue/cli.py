@@ -19,13 +19,8 @@ from potato_queue.errors import NotBuiltYet, PotatoQueueError
 __all__ = ["main", "cli"]
 
 CONFIG = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-REDIS = click.option(
-    "--redis-url",
-    envvar=REDIS_URL_ENV,
-    default=DEFAULT_REDIS_URL,
-    show_default=True,
-    help=f"Redis for the queue and live state (env {REDIS_URL_ENV}).",
-)
+REDIS = click.option("--redis-url", envvar=REDIS_URL_ENV, default=DEFAULT_REDIS_URL, show_default=True,
+                     help=f"Redis for the queue and live state (env {REDIS_URL_ENV}).")
 
 
 class _Group(click.Group):
@@ -49,10 +44,8 @@ def _redis_checked(url: str) -> str:
     from potato_queue.embedded_redis import ping
 
     if not ping(url, timeout_s=2.0):
-        raise PotatoQueueError(
-            f"Redis at {url} does not answer",
-            fix=f"start Redis there, or pass --redis-url (or set {REDIS_URL_ENV}) to one that runs",
-        )
+        raise PotatoQueueError(f"Redis at {url} does not answer",
+                               fix=f"start Redis there, or pass --redis-url (or set {REDIS_URL_ENV}) to one that runs")
     return url
 
 
@@ -128,14 +121,15 @@ def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | 
           tls_key: str | None) -> None:
     """Run the server: Training page, admin JSON API, agent protocol."""
     from potato_queue.processes.server import serve_forever
-    from potato_queue.server.connections import HEADER_TIMEOUT_S
+    from potato_queue.server.connections import BODY_IDLE_S, HEADER_TIMEOUT_S
 
     if bool(tls_cert) != bool(tls_key):
         raise PotatoQueueError("--tls-cert and --tls-key go together", fix="give both, or neither for http")
     serve_forever(_checked(config, say_writeback=True), _redis_checked(redis_url), host=host, port=port, public_url=public_url,
                   tls=(tls_cert, tls_key) if tls_cert and tls_key else None,
-                  # HEADER_TIMEOUT_S's 10 s; shorter for testing only
-                  header_timeout_s=float(os.environ.get("POTATO_QUEUE_HEADER_TIMEOUT_S") or HEADER_TIMEOUT_S))
+                  # HEADER_TIMEOUT_S's 10 s and BODY_IDLE_S's 60 s; shorter for testing only
+                  header_timeout_s=float(os.environ.get("POTATO_QUEUE_HEADER_TIMEOUT_S") or HEADER_TIMEOUT_S),
+                  body_idle_s=float(os.environ.get("POTATO_QUEUE_BODY_IDLE_S") or BODY_IDLE_S))
 
 
 @cli.command()
@@ -266,13 +260,15 @@ def agent(args: tuple[str, ...]) -> None:
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="A trainer parameter, e.g. --param epochs=3 (repeat; JSON values like 3, 0.1, true are typed).")
 @click.option("--follow", is_flag=True, help="Watch it to the end, print the held-out scores; exit 0/1/4.")
+@click.option("--learning-curve", is_flag=True, help="Also fit on 25/50/75 % of the train items (params.learning_curve).")
 def run(config: Path, redis_url: str, trainer: str, schemas: tuple[str, ...], backend: str | None,
-        params: tuple[str, ...], follow: bool) -> None:
+        params: tuple[str, ...], follow: bool, learning_curve: bool) -> None:
     """Queue a training run (--follow: watch it to the end and print the held-out scores)."""
     from potato_queue import follow as following
 
     runs = _runs(_checked(config), _redis_checked(redis_url))
-    record = runs.submit(trainer=trainer, schemas=list(schemas), backend=backend, params=_params(params), trigger="cli")
+    record = runs.submit(trainer=trainer, schemas=list(schemas), backend=backend, trigger="cli",
+                         params={**_params(params), **({"learning_curve": True} if learning_curve else {})})
     click.echo(f"queued run {record['run_id']} ({trainer} on {record['backend']})")
     if follow:
         raise click.exceptions.Exit(following.follow(runs.store, record["run_id"]))
@@ -377,11 +373,16 @@ UMASK = 0o077
 
 
 def _add_command_modules() -> None:
+    from potato_queue.cli_insight import insight_commands
     from potato_queue.cli_potato import potato
     from potato_queue.cli_retry import retry_command
 
+    def runs_for(config: Path, url: str) -> Any:
+        return _runs(_checked(config), _redis_checked(url))
+
     cli.add_command(potato)
-    training.add_command(retry_command(CONFIG, REDIS, lambda config, url: _runs(_checked(config), _redis_checked(url))))
+    for command in (retry_command(CONFIG, REDIS, runs_for), *insight_commands(CONFIG, REDIS, runs_for)):
+        training.add_command(command)
 
 
 _add_command_modules()

@@ -28,8 +28,11 @@ def runs_table(records: list[dict[str, Any]]) -> str:
 
 
 def print_log(paths: RunPaths, *, follow: bool, poll_s: float = 0.5) -> None:
+    """run.log; with follow, until the run ends. The state is read before the log: run.log has a run's
+    last line before run.json has its end (RunStore.transition), so the last read holds it."""
     offset = 0
     while True:
+        ended = follow and json.loads(paths.run_json.read_text())["state"] in FINAL_STATES
         if paths.run_log.exists():
             with open(paths.run_log, "rb") as fh:
                 fh.seek(offset)
@@ -37,9 +40,7 @@ def print_log(paths: RunPaths, *, follow: bool, poll_s: float = 0.5) -> None:
             offset += len(chunk)
             sys.stdout.write(chunk.decode("utf-8", errors="replace"))
             sys.stdout.flush()
-        if not follow:
-            return
-        if json.loads(paths.run_json.read_text())["state"] in FINAL_STATES:
+        if not follow or ended:
             return
         time.sleep(poll_s)
 

@@ -139,3 +139,43 @@ class PotatoServer:
         opener.open(urllib.request.Request(self.url + "/auth", data=form, method="POST"), timeout=30).read()
         with opener.open(self.url + "/annotate", timeout=30) as resp:
             return resp.read().decode()
+
+
+class PotatoAnnotator:
+    """One annotator signed in to a running Potato by name alone: the item it serves, and labelling it."""
+
+    ITEM = re.compile(r'id="instance_id" name="instance_id" type="hidden" value="([^"]+)"')
+
+    def __init__(self, url: str, name: str) -> None:
+        self.url = url
+        self.opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
+        form = f"action=login&email={name}".encode()
+        self.opener.open(urllib.request.Request(url + "/auth", data=form, method="POST"), timeout=30).read()
+
+    def served(self) -> str | None:
+        """The item of the annotation page Potato serves now."""
+        with self.opener.open(self.url + "/annotate", timeout=30) as resp:
+            found = self.ITEM.search(resp.read().decode())
+        return found.group(1) if found else None
+
+    def _post(self, path: str, body: dict[str, Any]) -> int:
+        req = urllib.request.Request(self.url + path, data=json.dumps(body).encode(), method="POST")
+        req.add_header("Content-Type", "application/json")
+        req.add_header("Origin", self.url)
+        with self.opener.open(req, timeout=30) as resp:
+            resp.read()
+            return int(resp.status)
+
+    def label_and_go_on(self, instance_id: str, annotations: dict[str, str]) -> None:
+        assert self._post("/updateinstance", {"instance_id": instance_id, "annotations": annotations}) == 200
+        self._post("/annotate", {"action": "next_instance"})
+
+    def first_items(self, n: int, annotations: dict[str, str]) -> list[str]:
+        """The first `n` items Potato serves, each labelled before the next."""
+        seen = []
+        for _ in range(n):
+            item = self.served()
+            assert item is not None
+            seen.append(item)
+            self.label_and_go_on(item, annotations)
+        return seen

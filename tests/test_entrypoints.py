@@ -205,6 +205,12 @@ def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: st
         run_id = proc.stdout.split("queued run ", 1)[1].split()[0]
         assert svc.api("GET", f"/runs/{run_id}")[1]["params"] == {"epochs": 3, "note": "a b", "lr": 0.5}
         assert "predictions: " in proc.stdout and "annotation_output/training/predictions.jsonl" in proc.stdout
+        # `training logs -f` from a run's start prints its log to the run's last line, then returns.
+        followed = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        log = run_cli("training", "logs", followed, svc.config, "-f", timeout_s=120)
+        assert log.returncode == 0, log.stdout + log.stderr
+        assert log.stdout.splitlines()[-1].endswith(" succeeded"), log.stdout
+        assert run_paths(svc, followed).run_log.read_text().startswith(log.stdout)
         bad = run_cli("training", "run", svc.config, "--trainer", "majority-baseline", "--schema", "sentiment",
                       "--param", "epochs")
         assert bad.returncode == 1 and "--param 'epochs' is not KEY=VALUE" in bad.stderr

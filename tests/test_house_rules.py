@@ -93,7 +93,8 @@ def test_the_served_code_is_the_bare_packages_and_is_the_same_each_time() -> Non
 
 PACKAGE = ROOT / "potato_queue"
 HEAVY = ("celery", "kombu", "fastapi", "starlette", "uvicorn", "torch", "transformers", "peft", "sklearn")
-CORE = ["config.py", "validate.py", "run.py", "store", "bounds.py", "bundle", "runs/finalize.py", "runs/gate.py"]
+CORE = ["config.py", "validate.py", "run.py", "store", "bounds.py", "bundle", "runs/finalize.py", "runs/gate.py",
+        "insight"]
 NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.processes", "potato_queue.agent",
                     "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")
 # Pure text and data the config shares with the agent, which must also work alone on a login node with its

@@ -40,7 +40,7 @@ def test_sklearn_run_succeeds_with_held_out_scores_and_predictions(services: Ser
         assert scores["n"] > 0 and 0.0 <= scores["accuracy"] <= 1.0 and 0.0 <= scores["macro_f1"] <= 1.0
     run_dir = run_paths(services, run_id).dir
     lines = [json.loads(line) for line in (run_dir / "predictions.jsonl").read_text().splitlines()]
-    assert lines and set(lines[0]) == {"instance_id", "schema_name", "payload", "confidence"}
+    assert lines and set(lines[0]) == {"instance_id", "schema_name", "payload", "confidence", "scores"}
     assert set(lines[0]["payload"]) == {"label", "confidence"}
     status, published = services.api("GET", "/predictions")
     assert status == 200 and published
@@ -149,7 +149,12 @@ def test_run_longer_than_the_visibility_timeout_runs_once(services: Services, ti
                                 params={"model_name": str(tiny_model), "epochs": 15, "batch_size": 4})
     run = services.wait_for(run_id, TERMINAL, timeout_s=240)
     assert run["state"] == "succeeded", services.logs()
-    logs = "".join(p.read_text() for p in services.tmp_path.glob("executor*.log"))
+    def executor_logs() -> str:
+        return "".join(p.read_text() for p in services.tmp_path.glob("executor*.log"))
+
+    # An executor prints "ran" after the run's end is recorded (and Celery acks after that).
+    wait_until(lambda: f"ran {run_id}" in executor_logs(), 30, "the executor's 'ran' line")
+    logs = executor_logs()
     assert logs.count(f"woken for run {run_id}") >= 2, "the message was never delivered again: " + logs
     assert logs.count(f"ran {run_id}") == 1
     run_log = run_paths(services, run_id).run_log.read_text()

@@ -305,3 +305,51 @@ def test_the_page_says_why_auto_retrain_waits(tmp_path: Path, redis_server_url: 
         page.wait_for_function("t => document.querySelector('#auto-retrain').innerText === t", arg=f"Auto-retrain: {wanted}",
                                timeout=30000)
         page.close()
+
+
+def test_a_runs_page_shows_the_curve_reliability_what_to_label_next_and_a_comparison(
+        browser: Any, svc: Services, screenshots: Path) -> None:
+    page = signed_in(browser, svc)
+    page.select_option("#backend", "local")
+    page.select_option("#trainer", "sklearn-text")
+    page.check("#learning-curve")
+    page.click("#start-run")
+    wait_until(lambda: runs_rows(page) and runs_rows(page)[0]["state"] in TERMINAL, 120, "the curve run to end")
+    curve_run = runs_rows(page)[0]["run"]
+    assert runs_rows(page)[0]["state"] == "succeeded" and svc.api("GET", f"/runs/{curve_run}")[1]["params"] == \
+        {"learning_curve": True}, "the box asks for the curve"
+    baseline = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+    assert svc.wait_for(baseline, TERMINAL)["state"] == "succeeded"
+    page.goto(f"{svc.url}/admin/training/runs/{curve_run}")
+    # Will more labels help: a point per fit and split, and the gain in words
+    page.wait_for_selector("#curve:not([hidden])", timeout=60000)
+    curve = svc.api("GET", f"/runs/{curve_run}/curve")[1]["schemas"]["sentiment"]
+    splits = [s for s in ("test", "val") if all(f"{s}_macro_f1" in p for p in curve["points"])]
+    assert page.locator("#curve-chart circle.point").count() == 4 * len(splits) >= 4
+    assert curve["said"][1:] in page.text_content("#curve-said")
+    # Good enough to prelabel with: a point per filled bin; the threshold follows the typed precision
+    page.wait_for_selector("#quality:not([hidden])")
+    quality = svc.api("GET", f"/runs/{curve_run}/quality?target_precision=0.5")[1]["schemas"]["sentiment"]
+    assert page.locator("#reliability circle.point").count() == sum(1 for b in quality["reliability"]["bins"] if b["n"])
+    page.fill("#target-precision", "0.5")
+    page.dispatch_event("#target-precision", "change")
+    threshold = quality["threshold"]
+    page.wait_for_function("() => document.getElementById('threshold').textContent.includes('target 0.5')")
+    said = page.text_content("#threshold")
+    assert f"min_confidence {threshold['min_confidence']} keeps precision at " in said
+    assert f"it would prelabel {threshold['kept']} of the {threshold['of']} held-out items" in said
+    # What to label next, and the order handed to Potato (this project lacks Potato's priority keys: said)
+    found = svc.api("GET", f"/runs/{curve_run}/next?limit=20")[1]
+    assert page.locator("#next-items tbody tr").count() == len(found["items"]) > 0
+    assert page.text_content("#next-items tbody tr td:nth-child(2)") == found["items"][0]["instance_id"]
+    page.click("#to-potato")
+    page.wait_for_function("() => document.getElementById('to-potato-said').textContent.includes('restart Potato')")
+    assert "assignment_strategy: priority" in page.text_content("#to-potato-said")
+    # Compared with the baseline: the API's verdict and every disagreement listed
+    page.select_option("#compare-with", baseline)
+    page.wait_for_selector("#compared table.disagreements")
+    compared = svc.api("GET", f"/runs/{curve_run}/compare/{baseline}")[1]["schemas"]["sentiment"]
+    assert compared["said"] in page.text_content("#compared")
+    assert page.locator("#compared table.disagreements tbody tr").count() == len(compared["disagreements"])
+    assert page.locator("#compared table.confusion").count() == 2
+    page.screenshot(path=str(screenshots / "run-page-insight.png"), full_page=True)

@@ -5,10 +5,13 @@ the run once; cancelling in Potato cancels the run here."""
 
 from __future__ import annotations
 
+import fcntl
+import json
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,20 +19,39 @@ import pytest
 
 from potato_queue.potato_hook import pth_path
 from tests.conftest import run_cli
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, wait_running
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, wait_running, wait_until
 from tests.potato_helpers import PotatoServer, add_potato_keys, potato_view
 
 
+@contextmanager
+def _trainer_users(shared: Path) -> Iterator[dict[str, int]]:
+    """How many pytest-xdist workers use the installed trainer now, and whether it was there before the
+    first (this session's workers share `shared`): read and written under one lock."""
+    with open(shared / "potato-trainer.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        counts = shared / "potato-trainer.json"
+        users = json.loads(counts.read_text()) if counts.exists() else {"n": 0, "there_before": 0}
+        yield users
+        counts.write_text(json.dumps(users))
+
+
 @pytest.fixture(scope="module")
-def trainer_installed() -> Iterator[None]:
-    """The documented install step, undone after when it was not there before."""
-    there_before = pth_path().exists()
-    proc = run_cli("potato", "install-trainer")
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "potato-queue-remote is one of Potato's trainers" in proc.stdout
+def trainer_installed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The documented install step, undone after when it was not there before. The install is the venv's:
+    with this module's tests split over xdist workers, the last worker to finish removes it."""
+    shared = tmp_path_factory.getbasetemp().parent
+    with _trainer_users(shared) as users:
+        if users["n"] == 0:
+            users["there_before"] = int(pth_path().exists())
+        proc = run_cli("potato", "install-trainer")
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "potato-queue-remote is one of Potato's trainers" in proc.stdout
+        users["n"] += 1
     yield
-    if not there_before:
-        assert run_cli("potato", "remove-trainer").returncode == 0
+    with _trainer_users(shared) as users:
+        users["n"] -= 1
+        if users["n"] == 0 and not users["there_before"]:
+            assert run_cli("potato", "remove-trainer").returncode == 0
 
 
 @dataclass
@@ -101,9 +123,15 @@ def test_a_run_started_on_potatos_page_runs_here_and_its_prelabels_are_published
     assert run["metrics"]["accuracy"] == ours["held_out"]["sentiment"]["test"]["accuracy"]
     cfg = potato_view(live.config)
     assert store.load_run(cfg, ours["run_id"]) is None, "Potato records its run; potato-queue does not record it again"
-    published = live.potato.api("GET", "/admin/model-review")[1]["n_prelabelled"]
-    stored = store.load_predictions(cfg, run_id=started["run_id"])
-    assert published > 0 and published == len({p["instance_id"] for p in stored}), "published without a restart"
+    # Potato records its run's success before its manager ingests the predictions (manager.py,
+    # _record_completion then _after_success): the publish follows the success by a moment.
+    def published() -> int:
+        return live.potato.api("GET", "/admin/model-review")[1]["n_prelabelled"]
+
+    def stored_items() -> int:
+        return len({p["instance_id"] for p in store.load_predictions(cfg, run_id=started["run_id"])})
+
+    wait_until(lambda: 0 < published() == stored_items(), 30, "published without a restart (every item Potato stored)")
 
 
 def test_cancelling_in_potato_cancels_the_run_here(live: Live, tiny_model: Path) -> None:

@@ -278,6 +278,33 @@ def test_a_job_monitor_that_fails_unexpectedly_still_concludes_and_cancels_the_j
 
 
 @pytest.mark.unit
+def test_a_job_gone_without_its_exit_code_says_in_run_log_what_scontrol_knew(tmp_path: Path) -> None:
+    """job.sh ended without writing exit_code, and SLURM names no reason of its own: the run's log (a warning
+    the relay carries) is the one place that says how the job ended. Scripted squeue and scontrol answers."""
+    from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
+    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+
+    said: list[str] = []
+
+    class Gone(SlurmLauncher):
+        def command(self, argv: list[str]) -> str | None:
+            if argv[0] == "scontrol":
+                return "JobId=4242 JobName=pq-x UserId=u(1) JobState=COMPLETED Reason=None Dependency=(null) ExitCode=0:0\n"
+            return ""  # squeue no longer lists it
+
+    class Relay:
+        def emit(self, kind: str, **fields: object) -> None:
+            said.append(str(fields.get("msg", "")))
+        def put(self, text: str | None) -> None: ...
+
+    job = SlurmJob("4242", str(tmp_path), [], Gone(SlurmSettings.of({"poll_interval_s": 0.05}), lambda _: None))
+    job.relay_output(Relay())  # type: ignore[arg-type]
+    assert job.wait(10) == EXIT_UNEXPECTED
+    assert ("SLURM job 4242 left the queue without writing exit_code (scontrol: JobState=COMPLETED Reason=None "
+            "ExitCode=0:0)") in said
+
+
+@pytest.mark.unit
 def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agent(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Every wait after a stop has a bound (runner.KILL_WAIT_S, shortened here): a job whose end is never

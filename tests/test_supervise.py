@@ -167,6 +167,32 @@ def test_the_wall_clock_asks_the_agent_to_stop_then_kills(store: RunStore) -> No
     assert 300 + 2 + CANCEL_MARGIN_S <= elapsed(store, began) <= 300 + 2 + CANCEL_MARGIN_S + 2 * TICK_S
 
 
+def test_a_batch_jobs_hard_stop_is_waited_for_before_the_executor_kills(store: RunStore) -> None:
+    """A SLURM job's agent stops a worker deaf to SIGTERM with scancel: grace, then SLURM's KillWait and a poll
+    of the queue, before it can report. The executor waits that long (the handle's hard_stop_s) for the report,
+    so the run keeps the worker's own end; only past it does the executor kill and say the agent was late."""
+    handle = ScriptedHandle(Running())
+    handle.hard_stop_s = 32.0
+    watch, _, _ = watch_of(store, handle, heartbeat_timeout_s=1000)
+    store.touch_heartbeat(watch.run_id)
+    store.signal_stop(watch.run_id)
+    at(store, 2 + 30, lambda: store.record_result(watch.run_id, 4, None, "cancelled"))
+    outcome = supervise(watch)
+    assert outcome.result == AgentResult(4, None, "cancelled") and handle.killed == 0
+
+    late = ScriptedHandle(Running())
+    late.hard_stop_s = 32.0
+    watch, _, _ = watch_of(store, late, heartbeat_timeout_s=1000)
+    store.touch_heartbeat(watch.run_id)
+    store.signal_stop(watch.run_id)
+    began = store.clock.now_s()
+    outcome = supervise(watch)
+    assert (outcome.state, outcome.error) == ("cancelled", "cancelled; the agent did not report within 2 s, so it "
+                                                           "was stopped")
+    assert late.killed == 1
+    assert 2 + 32 + CANCEL_MARGIN_S <= elapsed(store, began) <= 2 + 32 + CANCEL_MARGIN_S + 2 * TICK_S
+
+
 def test_a_run_waiting_past_its_wall_deadline_keeps_being_watched(tmp_path: Path, redis_server_url: str) -> None:
     """While a job waits in a scheduler its wall clock does not run, and supervise sleeps its shortest wait:
     Redis 6.2 (the embedded one) took a 1 ms BLPOP for "block forever", and nothing was checked again.

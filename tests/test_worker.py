@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import io
 import json
+import math
 import os
 import signal
 import subprocess
@@ -177,10 +178,14 @@ def assert_predictions(work: Path, bundle: Path, run: Run) -> list[dict[str, Any
     assert sorted(p["instance_id"] for p in lines) == sorted(wanted)
     assert not {p["instance_id"] for p in lines} & split_ids(bundle, "train")
     for p in lines:
-        assert list(p) == ["instance_id", "schema_name", "payload", "confidence"]
+        assert list(p) == ["instance_id", "schema_name", "payload", "confidence", "scores"]
         assert p["schema_name"] == SCHEMA and set(p["payload"]) == {"label", "confidence"}
         assert p["payload"]["label"] in LABELS and p["payload"]["confidence"] == p["confidence"]
         assert 0.5 <= p["confidence"] <= 1.0  # the top class of two
+        # every label's probability, the top one the confidence (rounded to 4 digits)
+        assert set(p["scores"]) == set(LABELS) and abs(sum(p["scores"].values()) - 1) < 1e-3
+        assert max(p["scores"], key=p["scores"].get) == p["payload"]["label"]
+        assert abs(p["scores"][p["payload"]["label"]] - p["confidence"]) < 1e-4
     result = run.only("result")
     assert result["predictions_file"] == "predictions.jsonl" and result["n_predictions"] == len(lines)
     return lines
@@ -590,3 +595,81 @@ def test_majority_baseline_holds_for_hold_s_in_the_train_phase_and_refuses_a_bad
     refused = run_worker(write_spec(tmp_path / "refused", bundle, "majority-baseline", {"hold_s": -1}))
     assert refused.returncode == 2
     assert "params.hold_s must be a number of seconds from 0 to 86400, got -1" in refused.only("error")["message"]
+
+
+def test_a_learning_curve_fits_on_nested_shares_of_the_train_items_and_scores_each(tmp_path: Path) -> None:
+    """params.learning_curve: three partial fits before the run's own; the same held-out items scored for
+    each; the scratch folders gone; the run's model and predictions those of the 100 % fit."""
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle, synthetic_items(80))
+    run = run_worker(write_spec(tmp_path, bundle, "sklearn-text", {"learning_curve": True}))
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert_well_formed(run)
+    points = {m["name"]: m["value"] for m in run.of("metric") if m["split"] == "curve"}
+    n_train = len(split_ids(bundle, "train"))
+    shares = [points[f"{pct}/{SCHEMA}/n_train"] for pct in (25, 50, 75, 100)]
+    assert shares == [math.ceil(n_train * pct / 100) for pct in (25, 50, 75, 100)], shares
+    for pct in (25, 50, 75, 100):
+        assert 0 <= points[f"{pct}/{SCHEMA}/val_macro_f1"] <= 1 and points[f"{pct}/{SCHEMA}/seconds"] >= 0
+    result = run.only("result")
+    assert points[f"100/{SCHEMA}/test_macro_f1"] == result["metrics"]["test_macro_f1"], "100 % is the run's own fit"
+    steps = [e["step"] for e in run.of("status")]
+    assert any("learning curve: fitting on 25 % of the train items" in s for s in steps), steps
+    assert sorted(p.name for p in (tmp_path / "work").iterdir() if p.name.startswith(".curve")) == []
+    assert_predictions(tmp_path / "work", bundle, run)
+
+
+@pytest.mark.unit
+def test_curve_shares_are_nested_seeded_and_read_back_from_a_runs_metrics() -> None:
+    from potato_queue.worker.curve import curve_metric_name, curve_train_ids, read_curve
+
+    ids = [f"i{n:03d}" for n in range(10)]
+    quarter, half = curve_train_ids(ids, 25, 7), curve_train_ids(ids, 50, 7)
+    assert len(quarter) == 3 and len(half) == 5 and half[:3] == quarter
+    assert curve_train_ids(list(reversed(ids)), 50, 7) == half, "the bundle's order does not matter"
+    assert curve_train_ids(ids, 50, 8) != half
+    metrics = {"val/accuracy": 0.5, "curve/" + curve_metric_name(50, "s", "val_macro_f1"): 0.6,
+               "curve/" + curve_metric_name(25, "s", "val_macro_f1"): 0.4, "curve/x/s/val": 1}
+    assert read_curve(metrics) == {"s": [{"percent": 25, "val_macro_f1": 0.4}, {"percent": 50, "val_macro_f1": 0.6}]}
+
+
+def test_a_learning_curve_that_is_not_a_bool_is_refused_with_exit_2(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    run = run_worker(write_spec(tmp_path, bundle, "majority-baseline", {"learning_curve": "yes"}))
+    assert run.returncode == 2 and "params.learning_curve must be true or false, got 'yes'" in run.only("error")["message"]
+
+
+def test_a_learning_curve_share_the_trainer_cannot_fit_is_left_out_and_the_run_goes_on(tmp_path: Path) -> None:
+    """Nearly every train item positive: a quarter of them is one class, which sklearn-text cannot fit. The
+    point is said and left out; the other points and the run's own fit are there."""
+    items = synthetic_items(80)
+    for n, item in enumerate(items):
+        if item["label"] == "negative" and n > 8:
+            item["label"] = "positive"
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle, items)
+    run = run_worker(write_spec(tmp_path, bundle, "sklearn-text", {"learning_curve": True}))
+    assert run.returncode == 0, run.stderr[-3000:]
+    warned = [e["msg"] for e in run.of("log") if e["level"] == "warning" and e["msg"].startswith("learning curve:")]
+    points = {m["name"].split("/")[0] for m in run.of("metric") if m["split"] == "curve"}
+    assert warned and "100" in points and len(points) == 4 - len(warned), (warned, points)
+
+
+def test_a_learning_curve_on_several_data_parallel_ranks_is_refused_with_the_fix(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    spec = write_spec(tmp_path, bundle, "hf-text-classification", {"model_name": "unused", "learning_curve": True})
+    proc = subprocess.run([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], capture_output=True,
+                          text=True, timeout=120, env={**worker_env(), "POTATO_QUEUE_CPU_RANKS": "2"}, cwd=str(ROOT))
+    errors = [json.loads(line) for line in proc.stdout.splitlines() if '"error"' in line]
+    assert proc.returncode == 2 and "would train data-parallel on 2 GPUs: give it one GPU" in errors[-1]["message"]
+
+
+def test_a_learning_curve_for_a_trainer_that_learns_nothing_from_train_is_refused(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    run = run_worker(write_spec(tmp_path, bundle, "decision-calibrate", {"learning_curve": True}))
+    assert run.returncode == 2
+    assert run.only("error")["message"] == ("decision-calibrate learns nothing from the train items, so it has no "
+                                            "learning curve: leave learning_curve out")

@@ -144,6 +144,11 @@ class ModelFilesMissing(PotatoQueueError):
 class RunHandle(ABC):
     """One launched run on a backend."""
 
+    # How long the agent's own hard stop may take past grace before it can report: 0 where it is SIGKILL; a
+    # batch job's is the scheduler's (scancel, KillWait, the end seen by a poll). The executor waits this much
+    # longer for the report before its kill().
+    hard_stop_s: float = 0.0
+
     @abstractmethod
     def poll(self) -> Status:
         """Waiting, Running or Gone: cheap, called about ten times a second."""

@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 
 from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
 from potato_queue.agent.launchers.process import scan_processes
@@ -33,6 +34,7 @@ from potato_queue.host.llm_fit import ModelAsk, fit_lines
 __all__ = ["LocalExecutor", "LocalHandle", "run_pids", "describe_device"]
 
 DESCRIBE_TIMEOUT_S = 60.0
+KILLED_WAIT_S = 5.0  # a SIGKILLed process is gone within ms, unless stuck in the kernel (D state)
 
 
 def describe_device(requested: str = "auto") -> str:
@@ -58,11 +60,16 @@ def run_pids(sid: int, marker: str) -> list[int]:
 
 
 def _kill_run(sid: int, marker: str) -> None:
+    """SIGKILL the run's processes, and return once they are gone (at most KILLED_WAIT_S): a run whose
+    end is recorded has no process left, even on a machine too loaded to reap them at once."""
     for pid in set(run_pids(sid, marker)) | {sid}:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+    deadline_s = time.monotonic() + KILLED_WAIT_S
+    while run_pids(sid, marker) and time.monotonic() < deadline_s:
+        time.sleep(0.02)
 
 
 class _SpareAgent:

@@ -16,7 +16,7 @@ import re
 from typing import Any
 
 from potato_queue.agent.isolated import passed_env
-from potato_queue.agent.launchers.sbatch import job_name
+from potato_queue.agent.launchers.sbatch import hard_stop_s, job_name
 from potato_queue.agent.launchers.slurm import NO_SBATCH_FIX, no_sbatch
 from potato_queue.config import SlurmBackend
 from potato_queue.errors import PotatoQueueError
@@ -131,4 +131,4 @@ class SlurmExecutor(Executor):
             ' "$(id -un)" 2>/dev/null; '
         return start_agent(spec, self.backend, header, assignment={"slurm": self.backend.job_settings(),
                                                                     "host": self.backend.host},
-                           stop_job=stop_job)
+                           stop_job=stop_job, hard_stop_s=hard_stop_s(self.backend.poll_interval_s))

@@ -11,6 +11,7 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.processes.startup import check_admin_key, check_writable
 from potato_queue.server.connections import (
+    BODY_IDLE_S,
     HEADER_TIMEOUT_S,
     ConnectionGate,
     guarded_protocol,
@@ -50,9 +51,10 @@ def collect_on_schedule(young_every_s: float, full_every_s: float) -> threading.
 
 
 def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int, public_url: str | None,
-                  tls: tuple[str, str] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
+                  tls: tuple[str, str] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
+                  body_idle_s: float = BODY_IDLE_S) -> None:
     """Serve until stopped; `tls` (certificate file, key file) serves https; a connection whose request headers
-    are not whole within header_timeout_s is cut (server/connections.py)."""
+    are not whole within header_timeout_s, or whose body stalls body_idle_s, is cut (server/connections.py)."""
     import uvicorn
 
     from potato_queue.server.app import create_app, record_server_url
@@ -81,7 +83,7 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     print(f"potato-queue: {admin_state}", flush=True)
     certfile, keyfile = tls or (None, None)
     files = raise_file_limit(lambda text: print(f"potato-queue: {text}", flush=True))
-    protocol = guarded_protocol(ConnectionGate.for_file_limit(files), header_timeout_s)
+    protocol = guarded_protocol(ConnectionGate.for_file_limit(files), header_timeout_s, body_idle_s)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
                                            ssl_certfile=certfile, ssl_keyfile=keyfile, http=protocol))
     handle_exit = server.handle_exit

@@ -21,7 +21,7 @@ from potato_queue.store.keys import project_predictions_path
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.scoring import score
 
-__all__ = ["finalize_predictions", "read_jsonl", "read_predictions", "published_predictions"]
+__all__ = ["finalize_predictions", "read_jsonl", "read_predictions", "published_predictions", "label_of"]
 
 HELD_OUT_SPLITS = ("val", "test")
 # A line of the project's predictions.jsonl: Potato's prediction line and the run it came from.
@@ -51,7 +51,8 @@ def read_predictions(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     return good, bad
 
 
-def _label(prediction: dict[str, Any]) -> Any:
+def label_of(prediction: Mapping[str, Any]) -> Any:
+    """A prediction's label: its payload's, or the payload itself."""
     payload = prediction.get("payload")
     return payload.get("label") if isinstance(payload, dict) else payload
 
@@ -63,7 +64,7 @@ def _split_ids(bundle_dir: Path, split: str) -> dict[str, dict[str, Any]]:
 def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, Any]]) -> dict[str, Any]:
     by_schema: dict[str, dict[str, Any]] = {}
     for p in preds:
-        by_schema.setdefault(str(p.get("schema_name")), {})[str(p.get("instance_id"))] = _label(p)
+        by_schema.setdefault(str(p.get("schema_name")), {})[str(p.get("instance_id"))] = label_of(p)
     result: dict[str, Any] = {}
     for schema in schemas:
         result[schema] = {}

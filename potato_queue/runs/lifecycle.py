@@ -73,6 +73,11 @@ _log = logging.getLogger("potato_queue.runs")
 _CANNOT_WRITE = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
+def _end_line(state: RunState, error: str | None) -> str:
+    """A run's last line in run.log: its final state, and why where it failed or was cut short."""
+    return f"{state.value}: {error}" if error else state.value
+
+
 def _said(exc: Exception) -> str:
     """An error as run.log and the run's record say it: ours with its fix, others with their type."""
     if isinstance(exc, PotatoQueueError):
@@ -223,9 +228,9 @@ class RunLife:
             self.log(f"the model files could not be collected: {_said(exc)}")
             artifact_uri = None
         state, error = failure_of(outcome, live, self.store.cancel_requested(self.run_id))
-        if self.store.transition(self.run_id, state, self.record, exit_code=result.exit_code if result else None,
-                                 error=error, metrics=self.store.metrics(self.run_id), artifact_uri=artifact_uri):
-            self.log(f"{state}: {error}" if error else state)
+        self.store.transition(self.run_id, state, self.record, exit_code=result.exit_code if result else None,
+                              error=error, metrics=self.store.metrics(self.run_id), artifact_uri=artifact_uri,
+                              said=_end_line(state, error))
 
     def _collect(self, result: AgentResult | None) -> str | None:
         assert self.handle is not None
@@ -247,12 +252,12 @@ class RunLife:
         model_version = (live.get("result") or {}).get("model_version")
         self.store.transition(self.run_id, state, self.record, exit_code=EXIT_OK, held_out=held_out,
                               metrics=self.store.metrics(self.run_id), error=error, artifact_uri=artifact_uri,
-                              model_version=model_version, prelabels=prelabels)
-        self.log(f"{RunState.FAILED}: {error}" if error else RunState.SUCCEEDED)
+                              model_version=model_version, prelabels=prelabels,
+                              said=_end_line(state, error))
 
     def _fail(self, error: str) -> None:
         try:
-            if self.store.transition(self.run_id, RunState.FAILED, self.record, error=error):
-                self.log(f"failed: {error}")
+            self.store.transition(self.run_id, RunState.FAILED, self.record, error=error,
+                                  said=_end_line(RunState.FAILED, error))
         except RunFolderError:
             pass  # failed in Redis, the record held there until the folder takes writes again

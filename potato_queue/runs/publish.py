@@ -174,8 +174,8 @@ def _upload(store: RunStore, record: RunRecord, request: Publish, token: str, ar
     finally:
         done.set()
     try:
+        store.log(run_id, line)  # before run.json: whoever sees the publish's end there finds its line
         store.update(run_id, hub=hub)
-        store.log(run_id, line)
     finally:
         lease.release()
 

@@ -42,8 +42,8 @@ def fail_orphans(store: RunStore, unfinished: list[tuple[str, str]]) -> bool:
             continue
         if not _orphaned(store, run_id):
             live = True
-        elif store.transition(run_id, RunState.FAILED, error=EXECUTOR_STOPPED):
-            store.log(run_id, EXECUTOR_STOPPED)
+        else:
+            store.transition(run_id, RunState.FAILED, error=EXECUTOR_STOPPED, said=EXECUTOR_STOPPED)
     return live
 
 

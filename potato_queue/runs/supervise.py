@@ -39,7 +39,8 @@ TICK_S = 0.1
 # (stopped, starved), so it saw nothing of the agent meanwhile.
 LOOK_GAP_S = 5.0
 # After asking the agent to stop, it gets grace_seconds to stop its worker and
-# report; this much more covers the report's trip back before kill().
+# report (and its handle's hard_stop_s, for the agent's own hard stop); this much
+# more covers the report's trip back before kill().
 CANCEL_MARGIN_S = 3.0
 # The result may be in flight while what the executor started exits.
 GONE_SETTLE_S = 0.5
@@ -95,6 +96,11 @@ def _result(view: RunView) -> AgentResult | None:
     return AgentResult(view.exit_code, view.artifact_uri, view.message)
 
 
+def _report_within_s(watch: Watch, grace_s: float) -> float:
+    """How long after the ask to stop the agent's report may come: grace, the agent's hard stop, the trip."""
+    return grace_s + watch.handle.hard_stop_s + CANCEL_MARGIN_S
+
+
 def stop_run(watch: Watch, grace_s: float, state: RunState, error: str) -> Outcome:
     """Ask the agent to stop, wait up to grace_s (+ margin) for its report, then kill(): always, Redis or not."""
     _say(watch, error)
@@ -102,7 +108,7 @@ def stop_run(watch: Watch, grace_s: float, state: RunState, error: str) -> Outco
     try:
         if grace_s > 0:
             watch.store.signal_stop(watch.run_id)
-            deadline = watch.clock.now_s() + grace_s + CANCEL_MARGIN_S
+            deadline = watch.clock.now_s() + _report_within_s(watch, grace_s)
             while result is None and watch.clock.now_s() < deadline and not isinstance(watch.handle.poll(), Gone):
                 _wait(watch, TICK_S)
                 result = _result(watch.store.view(watch.run_id))
@@ -259,7 +265,7 @@ def _look(watch: Watch) -> Outcome | None:
     if watch.cancel_seen_s is None and view.cancel_requested:
         watch.cancel_seen_s = now_s
         watch.step("cancelling: asking the worker to stop")
-    if watch.cancel_seen_s is not None and now_s - watch.cancel_seen_s > watch.grace_s + CANCEL_MARGIN_S:
+    if watch.cancel_seen_s is not None and now_s - watch.cancel_seen_s > _report_within_s(watch, watch.grace_s):
         return stop_run(watch, 0, RunState.CANCELLED,
                         f"cancelled; the agent did not report within {watch.grace_s:g} s, so it was stopped")
     status = watch.handle.poll()

@@ -16,6 +16,7 @@ from potato_queue.server.claim_door import ClaimDoor
 from potato_queue.server.claims import ClaimWakeups, claims_router
 from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, PAGE_PREFIX, guard
 from potato_queue.server.headers import SecurityHeaders
+from potato_queue.server.insight_api import insight_router
 from potato_queue.server.ops import ops_router
 from potato_queue.server.page import page_router
 from potato_queue.server.page_api import device_probe, page_api_router
@@ -55,6 +56,7 @@ def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str]
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
     app.include_router(page_api_router(), prefix=ADMIN_PREFIX)
     app.include_router(publish_router(), prefix=ADMIN_PREFIX)
+    app.include_router(insight_router(), prefix=ADMIN_PREFIX)
     app.include_router(page_router(), prefix=PAGE_PREFIX)
     app.include_router(ops_router())
     app.include_router(agent_router(), prefix=AGENT_PREFIX)

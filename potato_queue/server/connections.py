@@ -116,8 +116,15 @@ class GuardedProtocol(HttpToolsProtocol):
         if self.phase == "body":
             self.phase_since_s = self.loop.time()
         super().data_received(data)
-        if self.phase != "idle" and self.deadline is None:
-            self._watch(self.header_timeout_s if self.phase == "headers" else self.body_idle_s)
+        if self.phase == "idle":
+            return
+        due_s = self.phase_since_s + (self.header_timeout_s if self.phase == "headers" else self.body_idle_s)
+        if self.deadline is not None and self.deadline.when() > due_s:
+            # the headers' timer, armed for later than a body shorter-lived than them may stall
+            self.deadline.cancel()
+            self.deadline = None
+        if self.deadline is None:
+            self._watch(max(0.0, due_s - self.loop.time()))
 
     def on_message_begin(self) -> None:
         self.phase, self.phase_since_s = "headers", self.loop.time()

@@ -32,7 +32,7 @@ __all__ = ["page_router", "PAGE_PREFIX", "STATIC"]
 
 STATIC = Path(__file__).parent / "static"
 _ASSETS = {"page.css": "text/css", "training.js": "text/javascript", "run.js": "text/javascript",
-           "common.js": "text/javascript", "hub.js": "text/javascript"}
+           "common.js": "text/javascript", "hub.js": "text/javascript", "insight.js": "text/javascript"}
 
 
 def _layout(title: str, body: str, csrf: str = "", scripts: tuple[str, ...] = ()) -> str:
@@ -83,6 +83,8 @@ def training_page(request: Request) -> Response:
  <p id="trainer-hint" class="hint"></p>
  <fieldset id="schemas"><legend>Schemas</legend></fieldset>
  <fieldset id="params"><legend>Params</legend></fieldset>
+ <div class="row"><input id="learning-curve" type="checkbox"><label for="learning-curve">Learning curve</label>
+  <span class="hint">also fit on 25, 50 and 75 % of the train items: will more labels help?</span></div>
  <button type="submit" id="start-run">Start run</button> <span id="start-problem" class="problem" role="alert"></span>
 </form></section>
 <section aria-labelledby="runs-title"><h2 id="runs-title">Runs <span id="live" class="hint">connecting</span></h2>
@@ -122,10 +124,23 @@ def run_page(run_id: str, request: Request) -> Response:
 <p id="hub-state" aria-live="polite"></p></section>
 <section aria-labelledby="chart-title"><h2 id="chart-title">Training loss and held-out scores</h2>
 <div id="chart" role="img" aria-label="metrics over steps"></div></section>
+<section id="quality" aria-labelledby="quality-title" hidden><h2 id="quality-title">Good enough to prelabel with?</h2>
+<div class="row"><label for="target-precision">Target precision</label>
+ <input id="target-precision" type="number" min="0.05" max="1" step="0.01" value="0.9"></div>
+<p id="threshold" aria-live="polite"></p><div id="per-label" class="scroll"></div>
+<div id="reliability" role="img" aria-label="reliability diagram: accuracy against confidence"></div></section>
+<section id="curve" aria-labelledby="curve-title" hidden><h2 id="curve-title">Will more labels help?</h2>
+<p id="curve-said"></p><div id="curve-chart" role="img" aria-label="learning curve: macro-F1 against train items"></div></section>
+<section id="next" aria-labelledby="next-title" hidden><h2 id="next-title">What to label next</h2>
+<p id="next-said" class="hint"></p><div id="next-items" class="scroll"></div>
+<button type="button" id="to-potato">Send this order to Potato</button> <span id="to-potato-said" role="status"></span></section>
+<section id="compare" aria-labelledby="compare-title" hidden><h2 id="compare-title">Compare with another run</h2>
+<div class="row"><label for="compare-with">Run</label><select id="compare-with"></select></div>
+<div id="compared" aria-live="polite"></div></section>
 <section aria-labelledby="pred-title"><h2 id="pred-title">Predictions</h2><div id="predictions"></div></section>
 <section aria-labelledby="log-title"><h2 id="log-title">run.log</h2><pre id="log" tabindex="0"></pre></section>
 </main>"""
-    return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js", "hub.js")))
+    return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js", "hub.js", "insight.js")))
 
 
 async def _form(request: Request) -> dict[str, str]:

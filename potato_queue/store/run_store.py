@@ -182,10 +182,11 @@ class RunStore:
         self._write_record(run_id, record)
         return record
 
-    def transition(self, run_id: str, state: RunState, record: RunRecord | None = None,
-                   **fields: Any) -> RunRecord | None:
+    def transition(self, run_id: str, state: RunState, record: RunRecord | None = None, *,
+                   said: str | None = None, **fields: Any) -> RunRecord | None:
         """Move to `state` if the current state allows it and write run.json: the record written,
-        or None when the state did not allow it. With `record` (held in memory) run.json is not read."""
+        or None when the state did not allow it. With `record` (held in memory) run.json is not read.
+        `said` is the line run.log gets for the move, only when it happens."""
         if not self._compare_and_set(run_id, state):
             return None
         record = self.read(run_id) if record is None else record
@@ -194,8 +195,12 @@ class RunStore:
             record["finished_at"] = record.get("finished_at") or utc_now()
             live = self.live(run_id)
             merge(record, {k: live[k] for k in ("step", "progress") if k in live})
-        self._write_record(run_id, record)
+        # run.json last: whoever reads the new state there (the API, `training logs -f`) finds
+        # run.log's line and Potato's row of it already written.
+        if said is not None:
+            self.log(run_id, said)
         self.potato.record(record)
+        self._write_record(run_id, record)
         return record
 
     def _write_record(self, run_id: str, record: RunRecord) -> None:
@@ -325,8 +330,8 @@ class RunStore:
         if record["state"] in FINAL_STATES:
             return record["state"]
         self.signal_stop(run_id)
-        if record["state"] == RunState.QUEUED and self.transition(run_id, RunState.CANCELLED):
-            self.log(run_id, "cancelled while queued; it will not start")
+        if record["state"] == RunState.QUEUED and self.transition(
+                run_id, RunState.CANCELLED, said="cancelled while queued; it will not start"):
             return RunState.CANCELLED
         self.log(run_id, "cancel requested")
         return self.get(run_id)["state"]

@@ -60,6 +60,7 @@ class DecisionCalibrateTrainer(Trainer):
     name: ClassVar[str] = "decision-calibrate"
     requires: ClassVar[tuple[str, ...]] = ()
     kinds: ClassVar[tuple[str, ...]] = ("nominal",)
+    learns_from_train: ClassVar[bool] = False  # fitted on val: a learning curve would be flat
 
     def __init__(self) -> None:
         self._base: dict[tuple[str, str], tuple[Any, float | None]] = {}

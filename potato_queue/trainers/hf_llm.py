@@ -131,5 +131,4 @@ class HFLLMLoRATrainer(Trainer):
             for chunk, rows in llm_loop.probabilities(ctx, settings, precision, tokenizer, model,
                                                       [i.text for i in items]):
                 for item, row in zip([items[i] for i in chunk], rows):  # noqa: B905 - runs on 3.8/3.9
-                    best = int(row.argmax())
-                    yield Prediction(item.instance_id, schema.name, labels[best], float(row[best]))
+                    yield Prediction.top(item.instance_id, schema.name, labels, row.tolist())

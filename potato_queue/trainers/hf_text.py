@@ -375,5 +375,4 @@ class HFTextClassificationTrainer(Trainer):
                     logits = model(**_encode(tokenizer, [i.text for i in chunk], settings.max_length, ctx.device)).logits
                 probabilities = torch.softmax(logits.float(), dim=-1).cpu()
                 for item, row in zip(chunk, probabilities):  # noqa: B905 - runs on 3.8/3.9
-                    best = int(row.argmax())
-                    yield Prediction(item.instance_id, schema.name, labels[best], float(row[best]))
+                    yield Prediction.top(item.instance_id, schema.name, labels, row.tolist())

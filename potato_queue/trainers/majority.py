@@ -23,7 +23,7 @@ from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from potato_queue.trainers.common import labelled_texts, model_version, write_json
-from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
+from potato_queue.worker.api import SCORE_DIGITS, FitResult, Prediction, PredictItem, RunContext, Trainer
 
 __all__ = ["MajorityBaselineTrainer", "MODEL_FILE"]
 
@@ -58,7 +58,8 @@ class MajorityBaselineTrainer(Trainer):
             # Ties go to the label that sorts first, so the baseline is reproducible.
             counts = Counter(labels)
             label, count = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-            self._model[schema.name] = {"label": label, "confidence": count / len(labels), "n_train": len(labels)}
+            self._model[schema.name] = {"label": label, "confidence": count / len(labels), "n_train": len(labels),
+                                        "shares": {str(k): n / len(labels) for k, n in sorted(counts.items())}}
             ctx.reporter.progress("fit", index + 1, len(ctx.schemas))
         write_json(os.path.join(ctx.workdir, MODEL_FILE), self._model)
         first = self._model[ctx.schemas[0].name]
@@ -92,4 +93,7 @@ class MajorityBaselineTrainer(Trainer):
         for item in items:
             for schema in ctx.schemas:
                 guess = self._model[schema.name]
-                yield Prediction(item.instance_id, schema.name, guess["label"], float(guess["confidence"]))  # type: ignore[arg-type]
+                shares: dict[str, float] = guess["shares"]  # type: ignore[assignment]
+                # every item gets the train labels' shares as its scores: the baseline knows no more
+                yield Prediction(item.instance_id, schema.name, guess["label"], float(guess["confidence"]),  # type: ignore[arg-type]
+                                 {k: round(v, SCORE_DIGITS) for k, v in shares.items()})

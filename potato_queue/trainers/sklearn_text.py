@@ -129,5 +129,4 @@ class SklearnTextTrainer(Trainer):
                 chunk = items[start : start + PREDICT_BATCH]
                 probabilities = pipeline.predict_proba([item.text for item in chunk])
                 for item, row in zip(chunk, probabilities):  # noqa: B905 - runs on 3.8/3.9
-                    best = int(row.argmax())
-                    yield Prediction(item.instance_id, schema.name, classes[best], float(row[best]))
+                    yield Prediction.top(item.instance_id, schema.name, classes, row)

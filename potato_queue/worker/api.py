@@ -18,7 +18,10 @@ from .events import Reporter
 from .parallel import RankInfo
 from .spec import SchemaSpec, Spec
 
-__all__ = ["PredictItem", "Prediction", "FitResult", "RunContext", "Trainer"]
+__all__ = ["PredictItem", "Prediction", "FitResult", "RunContext", "Trainer", "SCORE_DIGITS", "SCORES_KEPT"]
+
+SCORE_DIGITS = 4  # a prediction's per-label scores, rounded: enough to rank by, small on the wire
+SCORES_KEPT = 20  # the most probable labels' scores a prediction carries (a schema of 500 labels stays small)
 
 
 class PredictItem:
@@ -39,25 +42,40 @@ class PredictItem:
 
 
 class Prediction:
-    """One predicted label for one item and schema."""
+    """One predicted label for one item and schema; *scores*: every label's probability, when the trainer
+    has them (the server ranks what to label next by their margin, insight/next_items.py)."""
 
-    __slots__ = ("instance_id", "schema_name", "label", "confidence")
+    __slots__ = ("instance_id", "schema_name", "label", "confidence", "scores")
 
-    def __init__(self, instance_id: str, schema_name: str, label: Any, confidence: Optional[float]) -> None:
+    def __init__(self, instance_id: str, schema_name: str, label: Any, confidence: Optional[float],
+                 scores: Optional[Dict[str, float]] = None) -> None:
         self.instance_id = instance_id
         self.schema_name = schema_name
         self.label = label
         self.confidence = confidence
+        self.scores = scores
+
+    @classmethod
+    def top(cls, instance_id: str, schema_name: str, labels: List[str], probabilities: Any) -> "Prediction":
+        """The most probable of *labels* (one probability each, in order), with the highest SCORES_KEPT scores."""
+        values = [float(p) for p in probabilities]
+        best = max(range(len(values)), key=values.__getitem__)
+        ranked = sorted(range(len(values)), key=values.__getitem__, reverse=True)[:SCORES_KEPT]
+        scores = {str(labels[i]): round(values[i], SCORE_DIGITS) for i in ranked}
+        return cls(instance_id, schema_name, labels[best], values[best], scores)
 
     def to_record(self) -> Dict[str, Any]:
-        """The predictions.jsonl line (Potato's shape)."""
+        """The predictions.jsonl line (Potato's shape, and `scores` when there are)."""
         confidence = None if self.confidence is None else float(self.confidence)
-        return {
+        record = {
             "instance_id": self.instance_id,
             "schema_name": self.schema_name,
             "payload": {"label": self.label, "confidence": confidence},
             "confidence": confidence,
-        }
+        }  # type: Dict[str, Any]
+        if self.scores is not None:
+            record["scores"] = self.scores
+        return record
 
 
 class FitResult:
@@ -175,6 +193,8 @@ class Trainer:
     #: Whether the worker may run it as one rank a GPU when it has several (worker/parallel.py); the trainer
     #: then shares out the data and exchanges gradients (trainers/parallel.py).
     data_parallel: ClassVar[bool] = False
+    #: Whether it learns from the train items (a learning curve means something for it; worker/curve.py).
+    learns_from_train: ClassVar[bool] = True
 
     def required_modules(self, params: Dict[str, Any]) -> List[str]:
         """Modules this run needs, given its params."""

@@ -6,14 +6,17 @@
 4 cancelled, 5 out of memory.
 """
 
+import copy
 import os
 import sys
+import time
 import traceback
 from typing import Dict, Optional
 
 from .api import FitResult, RunContext, Trainer
 from .bundle import Bundle, load_bundle
 from .checkpoint import Checkpoints, default_checkpoint_dir
+from .curve import fit_curve, quiet, report_full_point, scratch_checkpoints, wants_curve
 from .device import (
     apply_gpus,
     apply_thread_env,
@@ -96,6 +99,10 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     state.trainer_name = spec.trainer
     if rank is None:
         world = _world(spec)
+        if world > 1 and wants_curve(spec.params):
+            raise ValidationFailed("a learning curve's fits run in one process, and this run would train "
+                                   "data-parallel on %d GPUs: give it one GPU (ssh gpus: \"0\", a SLURM job's "
+                                   "gres gpu:1) or leave learning_curve out" % world)
         if world > 1:
             return _data_parallel(spec_path, spec, world, reporter)
     else:  # one rank of several: its own GPU and its share of the threads
@@ -107,11 +114,16 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     bundle = load_bundle(spec.bundle_dir)
     reporter.status("running", "loading trainer %s" % spec.trainer)
     trainer, state.install_hint = load_trainer(spec.trainer, spec.params)
+    curve = _curve_asked(spec, trainer)
     ctx = _context(spec, bundle, reporter, trainer, stop, rank)
     problems = trainer.validate(ctx)
     if problems:
         raise ValidationFailed("; ".join(problems))
     _check_stop(stop, "before fitting")
+    if curve:
+        fit_curve(ctx, lambda: load_trainer(spec.trainer, spec.params)[0],
+                  lambda part, workdir: _partial_context(ctx, part, workdir, stop))
+    fit_started_s = time.monotonic()
     reporter.status("running", "fitting")
     result = trainer.fit(ctx)
     if not ctx.main_rank:
@@ -123,6 +135,8 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     reporter.artifact(PREDICTIONS_FILE, os.path.getsize(summary.path))
     metrics = dict(result.metrics)
     metrics.update(_score(ctx, summary, result.steps))
+    if curve:
+        report_full_point(ctx, bundle.split_size("train"), metrics, time.monotonic() - fit_started_s)
     reporter.result(
         model_version=result.model_version,
         metrics=metrics,
@@ -194,6 +208,23 @@ def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, s
     checkpoints = Checkpoints(spec.checkpoint_dir or default_checkpoint_dir(spec.workdir),
                               _checkpoint_every_steps(spec, trainer))
     return RunContext(spec, bundle, reporter, device, checkpoints, lambda: stop.preempted, rank)
+
+
+def _curve_asked(spec: Spec, trainer: Trainer) -> bool:
+    asked = wants_curve(spec.params)
+    if asked and not trainer.learns_from_train:
+        raise ValidationFailed("%s learns nothing from the train items, so it has no learning curve: leave "
+                               "learning_curve out" % spec.trainer)
+    return asked
+
+
+def _partial_context(ctx: RunContext, part: Bundle, workdir: str, stop: StopFlag) -> RunContext:
+    """A learning curve's partial fit: the run's device and stops, its own bundle, folder and reporter."""
+    spec = copy.copy(ctx.spec)
+    spec.workdir = workdir
+    os.makedirs(workdir, exist_ok=True)
+    return RunContext(spec, part, quiet(ctx.reporter), ctx.device, scratch_checkpoints(workdir),
+                      lambda: stop.preempted, ctx.rank)
 
 
 def _report_artifacts(ctx: RunContext, result: FitResult) -> None:

@@ -20,7 +20,7 @@ __all__ = [
     "SBATCH_FLAGS", "JOB_KEYS", "SlurmSettings", "SettingsError", "sbatch_argv", "job_script", "job_name",
     "parse_job_id", "QueueState", "parse_squeue", "SQUEUE_FORMAT", "parse_scontrol", "end_reason",
     "SLURM_ENDED_STATES", "describe_state", "DEFAULT_JOB_PYTHON", "DEFAULT_POLL_INTERVAL_S",
-    "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "QUEUED_STATES", "requeue_line",
+    "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "QUEUED_STATES", "requeue_line", "hard_stop_s",
 ]
 
 # Backend key -> sbatch long option (CFG-4). The config takes its slurm keys from this table.
@@ -40,6 +40,8 @@ DEFAULT_POLL_INTERVAL_S = 10.0
 # With requeue: how long before the job's time limit SLURM signals it (USR1) so that it checkpoints and requeues.
 DEFAULT_PREEMPT_SIGNAL_S = 120
 CANCEL_MARKER = "cancel"  # in the job folder
+# SLURM's default KillWait: a job's SIGKILL comes this long after the SIGTERM of its cancel (a site may set more).
+DEFAULT_KILL_WAIT_S = 30.0
 # Job states after which SLURM will not run the job again (scontrol's JobState).
 SLURM_ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
                                 "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
@@ -80,6 +82,13 @@ class SlurmSettings(NamedTuple):
                    bool(data.get("requeue")), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
                    int(threads) if threads else None, sbatch, [str(name) for name in data.get("secret_env") or []],
                    int(data.get("preempt_signal_s") or DEFAULT_PREEMPT_SIGNAL_S))
+
+
+def hard_stop_s(poll_interval_s: float) -> float:
+    """How long a job's hard stop (a plain scancel) may take until its agent sees it end: SLURM's KillWait
+    for a worker deaf to SIGTERM, and the polls that see the job go (each squeue may be slow on a busy
+    login node)."""
+    return DEFAULT_KILL_WAIT_S + 2 * poll_interval_s
 
 
 def job_name(run_id: str) -> str:

@@ -281,7 +281,11 @@ class SlurmJob(WorkerHandle):
             # job.sh went with the worker (our hard stop), or the job was cancelled before it ran.
             code = KILLED if self.state is not None and self.state.state != "PENDING" else EXIT_CANCELLED
         elif code is None:
-            self.log("SLURM job {} left the queue without writing exit_code".format(self.job_id))
+            # run.log says it with what scontrol knew: nothing else tells how job.sh ended
+            known = fields or {}
+            said = " ".join("{}={}".format(key, known[key]) for key in ("JobState", "Reason", "ExitCode") if known.get(key))
+            self._tell("SLURM job {} left the queue without writing exit_code ({})".format(
+                self.job_id, "scontrol: " + said if said else "scontrol no longer knows the job"))
             code = EXIT_UNEXPECTED
         self._code = code
         self._exited.set()

@@ -211,8 +211,9 @@ def _message(raw: bytes) -> dict[str, Any] | None:
 class RemoteAgentHandle(RunHandle):
     """The run's session; `stop_job` is shell run first by the hard stop (a job's scancel), or ""."""
 
-    def __init__(self, session: _Session, target: SshTarget, stop_job: str = "") -> None:
+    def __init__(self, session: _Session, target: SshTarget, stop_job: str = "", hard_stop_s: float = 0.0) -> None:
         self.session, self.target, self.stop_job = session, target, stop_job
+        self.hard_stop_s = hard_stop_s
         self.backend = session.backend
         self.cleaned = False
 
@@ -316,8 +317,9 @@ class RemoteAgentHandle(RunHandle):
 
 
 def start_agent(spec: LaunchSpec, backend: Any, header: dict[str, Any], assignment: dict[str, Any],
-                stop_job: str = "") -> RemoteAgentHandle:
-    """The run's ssh session, with the bootstrap's conversation going on in a thread of its own."""
+                stop_job: str = "", hard_stop_s: float = 0.0) -> RemoteAgentHandle:
+    """The run's ssh session, with the bootstrap's conversation going on in a thread of its own; `stop_job` and
+    `hard_stop_s`: a batch job's (RemoteAgentHandle)."""
     if spec.token is None:
         raise ValueError("a run over ssh needs its run token")
     target = target_of(backend)
@@ -333,4 +335,4 @@ def start_agent(spec: LaunchSpec, backend: Any, header: dict[str, Any], assignme
     header = {"remote_dir": backend.remote_dir, "code_sha256": code_package.agent_zipapp().sha256,
               "env": backend.env, "secret_env": backend.secret_env, "host": backend.host, "socket": socket, **header}
     threading.Thread(target=session.converse, args=(header,), name=f"ssh-{spec.run_id}", daemon=True).start()
-    return RemoteAgentHandle(session, target, stop_job)
+    return RemoteAgentHandle(session, target, stop_job, hard_stop_s)

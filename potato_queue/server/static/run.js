@@ -47,7 +47,8 @@ async function tailLog() {
 async function readEvents() {
   const events = await api("/runs/" + RUN + "/events?after=" + eventsSeen);
   eventsSeen += events.length;
-  const fresh = events.filter((e) => e.event === "metric" && typeof e.value === "number");
+  // A learning curve's points have their own chart (insight.js), not steps of this one.
+  const fresh = events.filter((e) => e.event === "metric" && typeof e.value === "number" && e.split !== "curve");
   if (fresh.length) { metrics.push(...fresh); drawChart(); }
 }
 

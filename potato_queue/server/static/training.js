@@ -53,7 +53,8 @@ async function startRun(event) {
   const schemas = [...document.querySelectorAll('input[name="schema"]:checked')].map((x) => x.value);
   try {
     await api("/runs", {method: "POST", body: JSON.stringify({trainer: document.getElementById("trainer").value,
-      schemas, backend: document.getElementById("backend").value, params: params()})});
+      schemas, backend: document.getElementById("backend").value,
+      params: Object.assign(params(), document.getElementById("learning-curve").checked ? {learning_curve: true} : {})})});
   } catch (err) { problem.textContent = err.message; }
 }
 

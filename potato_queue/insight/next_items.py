@@ -1,0 +1,103 @@
+"""What to label next: the unlabelled items ranked by the run's uncertainty, near-copies held back.
+
+Uncertainty is read from the run's own predictions: the margin between the two most probable labels
+(1 - (p1 - p2)) when the prediction has every label's score, else 1 - confidence; for several schemas,
+the mean over them. Diversity: the items are taken most uncertain first, and one whose TF-IDF cosine to
+an item already taken is at least NEAR_DUPLICATE_COSINE waits until the end (in its order), so the top
+of the list is never ten near-copies of one review. TF-IDF, not the model's embeddings: it needs no
+model on the server and no new file from the training machine, and says the same for every trainer.
+Ties go by instance id, so the ranking of a run is the same every time it is asked.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["NEAR_DUPLICATE_COSINE", "DIVERSITY_WINDOW", "MEASURES", "uncertainty", "mean_uncertainty", "tfidf_vectors", "cosine", "Ranked",
+           "rank_next"]
+
+NEAR_DUPLICATE_COSINE = 0.6
+DIVERSITY_WINDOW = 1000  # the most uncertain items checked for near-copies: 500,000 cosines at most
+MEASURES = ("margin", "entropy")
+_WORD = re.compile(r"\w+", re.UNICODE)
+Vector = dict[str, float]
+
+
+def _scores(prediction: Mapping[str, Any]) -> list[float]:
+    scores = prediction.get("scores")
+    if not isinstance(scores, dict):
+        return []
+    return sorted((float(v) for v in scores.values() if isinstance(v, (int, float)) and not isinstance(v, bool)),
+                  reverse=True)
+
+
+def uncertainty(prediction: Mapping[str, Any], measure: str = "margin") -> float:
+    """How unsure the run was of one prediction, from 0 (sure) to 1: margin or normalised entropy of its
+    scores; 1 - confidence without them; 1 with neither."""
+    values = _scores(prediction)
+    if len(values) >= 2:
+        if measure == "entropy":
+            total = sum(values) or 1.0
+            entropy = -sum(p / total * math.log(p / total) for p in values if p > 0)
+            return round(entropy / math.log(len(values)), 4)
+        return round(1.0 - (values[0] - values[1]), 4)
+    confidence = prediction.get("confidence")
+    if isinstance(confidence, (int, float)) and not isinstance(confidence, bool):
+        return round(1.0 - float(confidence), 4)
+    return 1.0
+
+
+def tfidf_vectors(texts: Mapping[str, str]) -> dict[str, Vector]:
+    """Unit-length TF-IDF vectors (lower-cased words, smoothed idf) of each text."""
+    counts = {key: Counter(_WORD.findall(text.lower())) for key, text in texts.items()}
+    documents = Counter(word for words in counts.values() for word in words)
+    n = len(texts)
+    vectors = {}
+    for key, words in counts.items():
+        weights = {w: c * (math.log((1 + n) / (1 + documents[w])) + 1) for w, c in words.items()}
+        norm = math.sqrt(sum(v * v for v in weights.values())) or 1.0
+        vectors[key] = {w: v / norm for w, v in weights.items()}
+    return vectors
+
+
+def cosine(a: Vector, b: Vector) -> float:
+    if len(a) > len(b):
+        a, b = b, a
+    return sum(v * b.get(w, 0.0) for w, v in a.items())
+
+
+@dataclass(frozen=True)
+class Ranked:
+    instance_id: str
+    uncertainty: float
+    near_copy_of: str | None  # the item above it that it nearly repeats (it was held back), or None
+
+
+def rank_next(uncertain: Mapping[str, float], vectors: Mapping[str, Vector],
+              near_duplicate: float = NEAR_DUPLICATE_COSINE, window: int = DIVERSITY_WINDOW) -> list[Ranked]:
+    """Every item of `uncertain` ({id: uncertainty}), most uncertain first, near-copies of an item taken
+    before held back to the end. Only the `window` most uncertain are checked for near-copies (the check
+    is quadratic; nobody labels past the window before the next run), the rest follow in their order."""
+    order = sorted(uncertain, key=lambda i: (-uncertain[i], i))
+    taken: list[Ranked] = []
+    held: list[Ranked] = []
+    for iid in order[:window]:
+        vector = vectors.get(iid, {})
+        copy_of = next((t.instance_id for t in taken if cosine(vector, vectors.get(t.instance_id, {})) >= near_duplicate),
+                       None)
+        (held if copy_of else taken).append(Ranked(iid, uncertain[iid], copy_of))
+    return taken + held + [Ranked(iid, uncertain[iid], None) for iid in order[window:]]
+
+
+def mean_uncertainty(predictions: Sequence[Mapping[str, Any]], measure: str) -> dict[str, float]:
+    """{instance id: its predictions' mean uncertainty over the schemas}."""
+    found: dict[str, list[float]] = {}
+    for p in predictions:
+        found.setdefault(str(p["instance_id"]), []).append(uncertainty(p, measure))
+    return {iid: round(sum(values) / len(values), 4) for iid, values in found.items()}
+

@@ -1,0 +1,109 @@
+"""One run, looked into: is it good enough to prelabel with, will more labels help, what to label next.
+
+Each answer reads the run's predictions and bundle (run_data.py) and, for what to label next, the
+project's annotations now (an item labelled since the run is no longer asked for).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+from potato_queue.bundle.read import read_annotations
+from potato_queue.config import ProjectConfig
+from potato_queue.errors import Conflict, Invalid
+from potato_queue.insight.measures import min_confidence_for, per_label, reliability
+from potato_queue.insight.next_items import MEASURES, mean_uncertainty, rank_next, tfidf_vectors
+from potato_queue.insight.run_data import RunData, scored, shown
+from potato_queue.runs.finalize import label_of
+from potato_queue.worker.curve import CURVE_PARAM, read_curve
+
+__all__ = ["quality", "learning_curve", "curve_said", "next_items", "DEFAULT_TARGET_PRECISION", "TEXT_CHARS"]
+
+DEFAULT_TARGET_PRECISION = 0.9
+TEXT_CHARS = 200  # of an item's text in a listing
+
+
+def quality(data: RunData, target_precision: float = DEFAULT_TARGET_PRECISION) -> dict[str, Any]:
+    """Per schema: per-label precision and recall, the reliability diagram, and the min_confidence that keeps
+    precision at `target_precision` on the held-out items (shown, never applied)."""
+    if not 0 < target_precision <= 1:
+        raise Invalid(f"target_precision must be above 0 and at most 1, got {target_precision}",
+                      fix="give a precision such as 0.9")
+    out = {}
+    for schema in data.schemas:
+        items = scored(data, schema)
+        out[schema] = {"n": len(items), "per_label": per_label(items), "reliability": reliability(items),
+                       "threshold": min_confidence_for(items, target_precision)}
+    return {"run_id": data.run_id, "target_precision": target_precision, "schemas": out}
+
+
+def _fit_log(points: list[tuple[float, float]]) -> tuple[float, float] | None:
+    """Least squares of score = a + b * ln(items): (a, b), or None under two distinct sizes."""
+    xs = [math.log(n) for n, _ in points]
+    if len(set(xs)) < 2:
+        return None
+    mx, my = sum(xs) / len(xs), sum(y for _, y in points) / len(points)
+    b = sum((x - mx) * (y - my) for x, (_, y) in zip(xs, points, strict=True)) / sum((x - mx) ** 2 for x in xs)
+    return my - b * mx, b
+
+
+def curve_said(points: list[dict[str, Any]], split: str) -> str:
+    """The curve's gain in words: what the last quarter added, and what another would add on its trend."""
+    have = [(float(p["n_train"]), float(p[f"{split}_macro_f1"])) for p in points
+            if isinstance(p.get(f"{split}_macro_f1"), (int, float)) and isinstance(p.get("n_train"), (int, float))]
+    if len(have) < 2:
+        return "not enough points to say"
+    (n0, f0), (n1, f1) = have[-2], have[-1]
+    said = (f"the last {round((n1 - n0) / n1 * 100)} % of the train items ({int(n1 - n0)}) "
+            f"{'added' if f1 >= f0 else 'took away'} {abs(f1 - f0):.2f} {split} macro-F1 ({f0:.2f} to {f1:.2f})")
+    fit = _fit_log(have)
+    if fit is not None:
+        more = n1 * 1.25
+        gain = (fit[0] + fit[1] * math.log(more)) - (fit[0] + fit[1] * math.log(n1))
+        said += (f"; on the curve's trend (macro-F1 against the log of the items), another {int(more - n1)} "
+                 f"labelled items would add about {gain:.2f}")
+    return said
+
+
+def learning_curve(record: Mapping[str, Any]) -> dict[str, Any]:
+    """The run's learning curve (a run with params.learning_curve), per schema, and the gain in words."""
+    curve = read_curve(record.get("metrics") or {})
+    if not curve:
+        asked = bool((record.get("params") or {}).get(CURVE_PARAM))
+        raise Conflict(f"run {record['run_id']} has no learning curve"
+                       + (" yet" if asked else f" (it was not started with params.{CURVE_PARAM}: true)"),
+                       fix="start a run with a learning curve: `potato-queue training run CONFIG --learning-curve`, "
+                           "or tick 'learning curve' on the Training page")
+    out = {}
+    for schema, points in curve.items():
+        split = "test" if any("test_macro_f1" in p for p in points) else "val"
+        out[schema] = {"points": points, "split": split, "said": curve_said(points, split)}
+    return {"run_id": record["run_id"], "schemas": out}
+
+
+def next_items(config: ProjectConfig, data: RunData, limit: int | None = 20, measure: str = "margin") -> dict[str, Any]:
+    """The unlabelled items the run predicted, not labelled since, ranked (next_items.py): the first `limit`
+    (None: every one, the order handed to Potato)."""
+    if measure not in MEASURES:
+        raise Invalid(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}", fix="use margin or entropy")
+    labelled = {iid for (_user, iid) in read_annotations(config).index}
+    open_ids = {iid for iid, split in data.split_of.items() if split == "unlabeled" and iid not in labelled}
+    predictions = [p for (iid, _schema), p in data.predictions.items() if iid in open_ids]
+    if not predictions:
+        why = ("every unlabelled item it predicted has been labelled since" if data.split_of and
+               any(s == "unlabeled" for s in data.split_of.values()) else
+               "it predicted no unlabelled item (model_training.writeback.include_unlabeled is off)")
+        return {"run_id": data.run_id, "measure": measure, "total": 0, "items": [], "said": f"nothing to rank: {why}"}
+    uncertain = mean_uncertainty(predictions, measure)
+    ranked = rank_next(uncertain, tfidf_vectors({iid: data.texts.get(iid, "") for iid in uncertain}))
+    held = sum(1 for r in ranked if r.near_copy_of)
+    items = [{"rank": n, "instance_id": r.instance_id, "uncertainty": r.uncertainty, "near_copy_of": r.near_copy_of,
+              "text": data.texts.get(r.instance_id, "")[:TEXT_CHARS],
+              "predicted": {s: shown(label_of(data.predictions[(r.instance_id, s)]))
+                            for s in data.schemas if (r.instance_id, s) in data.predictions}}
+             for n, r in enumerate(ranked[:limit], 1)]
+    said = (f"{len(ranked)} unlabelled items, the run's least sure first ({measure}); "
+            f"{held} near-copies of an item above them held back to the end")
+    return {"run_id": data.run_id, "measure": measure, "total": len(ranked), "items": items, "said": said}

@@ -1,0 +1,93 @@
+"""What the insight reads of a run: its predictions as they came back, and its own bundle's splits, gold
+labels and texts. Nothing of the training machine: every backend's run is read the same way.
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from potato_queue.errors import Conflict
+from potato_queue.insight.measures import Scored
+from potato_queue.run import RunState
+from potato_queue.runs.finalize import HELD_OUT_SPLITS, label_of, read_predictions
+from potato_queue.runs.gate import read_jsonl
+from potato_queue.store import RunStore
+from potato_queue.worker.scoring import gold_label
+
+__all__ = ["RunData", "load_run", "shown", "scored", "potato_item_path"]
+
+
+def shown(label: Any) -> str | None:
+    """A label as the insight shows and compares it: its text, JSON for a list or object; None for none."""
+    label = gold_label(label)
+    if label is None:
+        return None
+    return label if isinstance(label, str) else json.dumps(label, sort_keys=True, ensure_ascii=False)
+
+
+def potato_item_path(instance_id: str) -> str:
+    """Potato 2.12's route for everything it holds on one item (JSON; Potato's admin key in X-API-Key): it
+    has no page for a single item, so this is the item's link into Potato."""
+    return "/admin/item_state/" + urllib.parse.quote(instance_id, safe="")
+
+
+@dataclass
+class RunData:
+    record: Mapping[str, Any]
+    predictions: dict[tuple[str, str], dict[str, Any]]  # (instance id, schema): the prediction
+    split_of: dict[str, str] = field(default_factory=dict)  # instance id: val, test or unlabeled
+    gold: dict[str, dict[str, str]] = field(default_factory=dict)  # schema: {held-out id: gold label}
+    texts: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def run_id(self) -> str:
+        return str(self.record["run_id"])
+
+    @property
+    def schemas(self) -> list[str]:
+        return [str(s) for s in self.record.get("schemas") or []]
+
+
+def load_run(store: RunStore, record: Mapping[str, Any]) -> RunData:
+    """The run's predictions and bundle; Conflict (with what to do) when the run has none to read."""
+    run_id = record["run_id"]
+    if record.get("state") != RunState.SUCCEEDED:
+        raise Conflict(f"run {run_id} is {record.get('state')}: only a succeeded run has predictions to look into",
+                       fix="wait for it to succeed, or pick a run that did")
+    paths = store.paths(run_id)
+    good, _bad = read_predictions(paths.predictions)
+    if not good:
+        raise Conflict(f"run {run_id} has no predictions on this server ({paths.predictions} is missing or empty)",
+                       fix="pick a later run; a run's predictions come back when it succeeds")
+    if not (paths.bundle_dir / "manifest.json").exists():
+        raise Conflict(f"run {run_id}'s bundle was removed (model_training.retain_runs keeps only the newest runs'), "
+                       "so its held-out labels are gone", fix="pick a newer run, or raise retain_runs")
+    data = RunData(record, {(str(p["instance_id"]), str(p["schema_name"])): p for p in good})
+    for split in (*HELD_OUT_SPLITS, "unlabeled"):
+        for row in read_jsonl(paths.bundle_dir / f"{split}.jsonl"):
+            if not isinstance(row, dict):
+                continue
+            iid = str(row.get("instance_id"))
+            data.split_of[iid], data.texts[iid] = split, str(row.get("text") or "")
+            for schema, target in (row.get("targets") or {}).items() if split != "unlabeled" else ():
+                gold = shown(target)
+                if gold is not None:
+                    data.gold.setdefault(str(schema), {})[iid] = gold
+    return data
+
+
+def scored(data: RunData, schema: str, only: set[str] | None = None) -> list[Scored]:
+    """The run's held-out items of `schema` with a gold label (those in `only`, when given), by id."""
+    out = []
+    for iid, gold in sorted(data.gold.get(schema, {}).items()):
+        if only is not None and iid not in only:
+            continue
+        p = data.predictions.get((iid, schema))
+        confidence = p.get("confidence") if p else None
+        out.append(Scored(iid, gold, shown(label_of(p)) if p else None,
+                          float(confidence) if isinstance(confidence, (int, float)) else None))
+    return out

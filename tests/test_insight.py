@@ -1,0 +1,158 @@
+"""The model as the annotation team's tool, on the README's example project (examples/reviews: 440 reviews, 80
+unlabelled), through the real queue (Redis, server, executor, worker): what to label next and Potato 2.12.1
+serving it, a learning curve, the quality report, two runs compared (the API and the CLI)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+import pytest
+
+from potato_queue.insight.next_items import NEAR_DUPLICATE_COSINE, cosine, tfidf_vectors
+from potato_queue.insight.potato_order import POTATO_ORDER_KEYS, PRIORITY_FIELD
+from tests.conftest import ROOT, run_cli
+from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths
+from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
+
+EXAMPLE = ROOT / "examples" / "reviews"
+
+
+@dataclass
+class Project:
+    svc: Services
+    config: Path
+    curve_run: str  # sklearn-text with a learning curve
+    baseline_run: str  # majority-baseline
+
+    def api(self, path: str, method: str = "GET") -> tuple[int, Any]:
+        return self.svc.api(method, path)
+
+    def cli(self, *args: str) -> Any:
+        return run_cli("training", *args, env={"POTATO_QUEUE_REDIS_URL": self.svc.redis_url}, timeout_s=120)
+
+
+@pytest.fixture(scope="module")
+def project(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> Iterator[Project]:
+    tmp = tmp_path_factory.mktemp("insight")
+    config = make_project(tmp, source=EXAMPLE)
+    add_potato_keys(config, **POTATO_ORDER_KEYS)
+    svc = Services(config, redis_server_url, tmp)
+    try:
+        svc.serve()
+        svc.executor()
+        curve = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], params={"learning_curve": True})
+        baseline = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        for run_id in (curve, baseline):
+            assert svc.wait_for(run_id, TERMINAL, timeout_s=180)["state"] == "succeeded", svc.logs()
+        yield Project(svc, config, curve, baseline)
+    finally:
+        svc.stop()
+
+
+def test_what_to_label_next_is_the_unsure_first_never_near_copies_and_the_same_every_time(project: Project) -> None:
+    status, found = project.api(f"/runs/{project.curve_run}/next?limit=80")
+    assert status == 200, found
+    assert found["total"] == 80 and len(found["items"]) == 80, "every unlabelled item of the example, ranked"
+    assert project.api(f"/runs/{project.curve_run}/next?limit=80")[1] == found, "the same ranking every time"
+    items = found["items"]
+    # the top is uncertain: the first ten are all above the median uncertainty of the unlabelled items
+    middle = median(i["uncertainty"] for i in items)
+    assert all(i["uncertainty"] >= middle for i in items[:10]), [i["uncertainty"] for i in items[:10]]
+    taken = [i for i in items if i["near_copy_of"] is None]
+    assert [i["uncertainty"] for i in taken] == sorted((i["uncertainty"] for i in taken), reverse=True)
+    # the run's own texts, from its bundle: no two of the top ten are near-copies by the ranking's measure
+    texts = {json.loads(line)["instance_id"]: json.loads(line)["text"]
+             for line in (run_paths(project.svc, project.curve_run).bundle_dir / "unlabeled.jsonl").read_text().splitlines()}
+    vectors = tfidf_vectors({i["instance_id"]: texts[i["instance_id"]] for i in items})
+    top = [i["instance_id"] for i in items[:10]]
+    assert all(cosine(vectors[a], vectors[b]) < NEAR_DUPLICATE_COSINE for a, b in combinations(top, 2))
+    predicted = [json.loads(line) for line in run_paths(project.svc, project.curve_run).predictions.read_text().splitlines()]
+    margins = {p["instance_id"]: 1 - (sorted(p["scores"].values())[-1] - sorted(p["scores"].values())[-2])
+               for p in predicted}
+    assert all(abs(margins[i["instance_id"]] - i["uncertainty"]) < 1e-3 for i in items), "the run's own margins"
+
+
+def test_a_fresh_annotator_in_potato_gets_the_top_of_the_list_first(project: Project, tmp_path: Path) -> None:
+    done = project.cli("next", project.curve_run, str(project.config), "--to-potato", "--limit", "5")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "restart Potato: it reads the order when it loads its items" in done.stdout
+    assert "warning" not in done.stdout, "the project has Potato's priority keys"
+    top = [i["instance_id"] for i in project.api(f"/runs/{project.curve_run}/next?limit=5")[1]["items"]]
+    assert top[0] in done.stdout and top[4] in done.stdout
+    data = json.loads((project.config.parent / "data" / "reviews.json").read_text())
+    assert max(data, key=lambda item: item.get(PRIORITY_FIELD, 0))["id"] == top[0]
+    potato = PotatoServer(project.config, tmp_path, "unused")
+    try:
+        potato.start()
+        served = PotatoAnnotator(potato.url, "fresh").first_items(5, {"sentiment:::positive": "true"})
+    finally:
+        potato.stop()
+    assert served == top, (served, top)
+
+
+def test_the_learning_curve_has_four_nested_fits_and_says_the_gain(project: Project) -> None:
+    status, found = project.api(f"/runs/{project.curve_run}/curve")
+    assert status == 200, found
+    curve = found["schemas"]["sentiment"]
+    points = curve["points"]
+    assert [p["percent"] for p in points] == [25, 50, 75, 100]
+    assert [p["n_train"] for p in points] == sorted(p["n_train"] for p in points) and points[0]["n_train"] > 0
+    run = project.api(f"/runs/{project.curve_run}")[1]
+    assert points[-1]["test_macro_f1"] == run["held_out"]["sentiment"]["test"]["macro_f1"], "100 % is the run's model"
+    assert curve["said"].startswith("the last 25 % of the train items (")
+    assert "macro-F1" in curve["said"] and "labelled items would add about" in curve["said"]
+    status, refused = project.api(f"/runs/{project.baseline_run}/curve")
+    assert status == 409 and "has no learning curve (it was not started with params.learning_curve: true)" \
+        in refused["detail"], refused
+
+
+def test_the_quality_report_and_the_min_confidence_for_a_precision(project: Project) -> None:
+    status, found = project.api(f"/runs/{project.curve_run}/quality?target_precision=0.8")
+    assert status == 200, found
+    report = found["schemas"]["sentiment"]
+    n_held_out = sum(project.api(f"/runs/{project.curve_run}")[1]["held_out"]["sentiment"][s]["n"] for s in ("val", "test"))
+    assert report["n"] == n_held_out == sum(b["n"] for b in report["reliability"]["bins"])
+    assert {r["label"] for r in report["per_label"]} >= {"positive", "negative"}
+    threshold = report["threshold"]
+    if threshold["min_confidence"] is not None:
+        assert threshold["precision"] >= 0.8 and 0 < threshold["kept"] <= threshold["of"] == n_held_out
+    looser = project.api(f"/runs/{project.curve_run}/quality?target_precision=0.5")[1]["schemas"]["sentiment"]["threshold"]
+    assert looser["kept"] >= threshold.get("kept", 0), "a lower target keeps at least as many"
+    assert project.api(f"/runs/{project.curve_run}/quality?target_precision=1.5")[0] == 422
+
+
+def _right(svc: Services, run_id: str, gold: dict[str, str]) -> dict[str, bool]:
+    lines = [json.loads(line) for line in run_paths(svc, run_id).predictions.read_text().splitlines()]
+    return {p["instance_id"]: p["payload"]["label"] == gold[p["instance_id"]] for p in lines if p["instance_id"] in gold}
+
+
+def test_two_runs_side_by_side_in_the_api_and_the_cli(project: Project) -> None:
+    a, b = project.baseline_run, project.curve_run
+    status, found = project.api(f"/runs/{a}/compare/{b}")
+    assert status == 200, found
+    s = found["schemas"]["sentiment"]
+    gold = {json.loads(line)["instance_id"]: json.loads(line)["targets"]["sentiment"]
+            for split in ("val", "test")
+            for line in (run_paths(project.svc, b).bundle_dir / f"{split}.jsonl").read_text().splitlines()}
+    right_a, right_b = _right(project.svc, a, gold), _right(project.svc, b, gold)
+    assert s["n"] == len(gold)
+    assert s["mcnemar"]["only_a"] == sum(right_a[i] and not right_b[i] for i in gold)
+    assert s["mcnemar"]["only_b"] == sum(right_b[i] and not right_a[i] for i in gold)
+    assert s["disagree"] == len(s["disagreements"]) > 0
+    assert any(d["annotators"] for d in s["disagreements"]), "the annotators' labels beside the items"
+    assert sum(map(sum, s["b"]["confusion"]["counts"])) == s["n"]
+    table = project.cli("compare", a, b, str(project.config))
+    assert table.returncode == 0, table.stderr
+    assert f"A: run {a} (majority-baseline)   B: run {b} (sklearn-text)" in table.stdout
+    assert "McNemar (" in table.stdout and s["said"] in table.stdout
+    assert s["disagreements"][0]["instance_id"] in table.stdout
+    as_json = project.cli("compare", a, b, str(project.config), "--json")
+    assert json.loads(as_json.stdout) == found
+    same = project.cli("compare", a, a, str(project.config))
+    assert same.returncode == 1 and f"both runs are {a}" in same.stderr and "pick two different runs" in same.stderr
