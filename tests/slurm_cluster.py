@@ -13,6 +13,7 @@ close() stops the daemons by their pid files (never by name) and waits for them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -147,6 +148,13 @@ class SlurmCluster:
     def queue(self) -> list[str]:
         """`<id> <state>` of every job SLURM still lists."""
         return self.run("squeue", "-h", "-o", "%i %T").stdout.split("\n")[:-1]
+
+    def job_lines(self, job: str) -> str:
+        """What slurmctld and slurmd logged about one job (for a failure's message)."""
+        pattern = re.compile(rf"(JobId|job_id|job|JOB)[= ]{job}\b")
+        return "".join(f"{name}:\n" + "".join(line for line in (self.root / name).read_text(errors="replace")
+                                              .splitlines(keepends=True) if pattern.search(line))
+                       for name in ("slurmctld.log", "slurmd.log"))
 
     def wait_empty(self, timeout_s: float = 30) -> None:
         """No job left in the queue (each test leaves the node idle for the next)."""

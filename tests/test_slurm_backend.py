@@ -535,7 +535,8 @@ def start_again_now(slurm: SlurmCluster, job: str, run_id: str) -> None:
     """SLURM holds a requeued job back for a while (BeginTime, about two minutes on this one); the tests do
     not wait it out. The requeue itself and the job's second run are SLURM's own. The two minutes also let
     the first run's end be done with: so the second starts only once no process of the first is left (its
-    batch script, in this cluster's spool, and its worker), as it would after the two minutes."""
+    batch script, in this cluster's spool, and its worker) and its credential is older than the clock's
+    second, as after the two minutes."""
     deadline = time.monotonic() + 60
     while f"{job} PENDING" not in slurm.queue():
         assert time.monotonic() < deadline, slurm.queue()
@@ -545,6 +546,12 @@ def start_again_now(slurm: SlurmCluster, job: str, run_id: str) -> None:
                    if cmd and (script in cmd or (spec in cmd and "potato_queue.worker" in cmd))]:
         assert time.monotonic() < deadline, f"the first run of SLURM job {job} did not end: {left}"
         time.sleep(0.2)
+    # slurmd refuses a job whose credential is not newer, to the second, than the revocation of its first run's
+    # ("Killing non-startable batch job: Job credential revoked"), which SLURM did before the requeue we saw:
+    # the start waits for the next second on the clock (SLURM's own hold is for this).
+    first_run_ended_s = int(time.time())
+    while int(time.time()) <= first_run_ended_s:
+        time.sleep(0.05)
     slurm.run("scontrol", "update", f"jobid={job}", "StartTime=now")
 
 
@@ -566,7 +573,7 @@ def resumed_as_one_run(svc: Services, slurm: SlurmCluster, run_id: str, job: str
     # the whole of run.log (the worker's stderr is in it), the job folder's own stderr and the agent's log (what
     # it read of squeue, scontrol and exit_code), not a cut repr
     assert run["state"] == "succeeded", (f"{run['state']}: {run.get('error')}\n{log}\n{_job_stderr(svc, run_id)}\n"
-                                         f"agent.log:\n{agent_log(svc, run_id)}")
+                                         f"agent.log:\n{agent_log(svc, run_id)}\n{slurm.job_lines(job)}")
     found = re.search(r"preempted, requeued, resumed at step (\d+)", log)
     assert found and int(found.group(1)) >= 3, log
     # run.log may say the submission as a step and as a line (that depends on timing): count the jobs

@@ -139,6 +139,22 @@ def test_the_scheduler_did_not_end_a_job_that_completed_failed_on_its_own_or_tha
     assert end_reason("7", scontrol("cancelled"), slurm_out("cancelled"), SETTINGS, stopped_by_us=True) is None
 
 
+def test_a_requeued_job_ended_before_it_ran_again_is_not_blamed_on_its_earlier_runs_end() -> None:
+    """Real output: a spot job preempted (requeued), then started within the second of its requeue, which
+    slurmd refuses ("Killing non-startable batch job: Job credential revoked"). slurm.out's PREEMPTION line
+    is the first run's: it is not why the job ended."""
+    fields, out = scontrol("not_run_again"), slurm_out("not_run_again")
+    assert fields["JobState"] == "FAILED" and "DUE TO PREEMPTION" in out
+    reason = end_reason("1", fields, out, SETTINGS, stopped_by_us=False, waiting_again=True)
+    assert reason is not None and reason[:2] == (
+        "slurm_not_run_again", "SLURM job 1 ended before the worker finished: it was requeued, then ended before "
+        "it ran again (JobState=FAILED, Reason=NonZeroExitCode, ExitCode=1:0)"), reason
+    assert "retry the run: it resumes from its checkpoint" in reason[2]
+    # a scheduler's reason of its own still wins (say, scancel from outside while it waited)
+    cancelled = end_reason("7", scontrol("cancelled"), out, SETTINGS, stopped_by_us=False, waiting_again=True)
+    assert cancelled is not None and cancelled[0] == "slurm_cancelled"
+
+
 def test_sinfo_nodes_with_their_free_gpus() -> None:
     text = "node1|gpu*|mixed|gpu:2|gpu:1(IDX:0)|\nnode2|gpu*|idle|gpu:a100:4(S:0-1)|gpu:a100:0(IDX:N/A)|\n"
     assert parse_sinfo(text) == [
@@ -302,6 +318,37 @@ def test_a_job_gone_without_its_exit_code_says_in_run_log_what_scontrol_knew(tmp
     assert job.wait(10) == EXIT_UNEXPECTED
     assert ("SLURM job 4242 left the queue without writing exit_code (scontrol: JobState=COMPLETED Reason=None "
             "ExitCode=0:0)") in said
+
+
+@pytest.mark.unit
+def test_a_job_that_ends_while_waiting_to_run_again_says_so(tmp_path: Path) -> None:
+    """The agent follows a requeueable job through its preemption (RUNNING, then PENDING again) until SLURM
+    ends it before it ran again. Scripted squeue answers; scontrol's and slurm.out's are the real ones."""
+    from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
+    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+
+    queue = ["RUNNING|None|node1", "PENDING|BeginTime|", ""]
+    (tmp_path / "slurm.out").write_text(slurm_out("not_run_again"))
+
+    class Requeued(SlurmLauncher):
+        def command(self, argv: list[str]) -> str | None:
+            if argv[0] == "scontrol":
+                return (DATA / "scontrol_not_run_again.txt").read_text()
+            return queue.pop(0) + "\n" if len(queue) > 1 else queue[0]
+
+    class Relay:
+        def emit(self, kind: str, **fields: object) -> None: ...
+        def put(self, text: str | None) -> None: ...
+
+    lines: list[str] = []
+    job = SlurmJob("1", str(tmp_path), [], Requeued(SlurmSettings.of({"poll_interval_s": 0.05, "requeue": True}),
+                                                    lines.append))
+    job.relay_output(Relay())  # type: ignore[arg-type]
+    assert job.wait(10) == EXIT_UNEXPECTED, lines
+    ended = job.ended()
+    assert ended is not None and ended.code == "slurm_not_run_again", (ended, lines)
+    assert "it was requeued, then ended before it ran again (JobState=FAILED" in ended.message
+    assert "squeue no longer lists SLURM job 1; scontrol says FAILED (Reason=NonZeroExitCode)" in lines
 
 
 @pytest.mark.unit

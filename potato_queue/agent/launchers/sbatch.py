@@ -252,17 +252,26 @@ def _state_from_slurm_out(slurm_out: str) -> Tuple[Optional[str], str]:
 
 
 def end_reason(job_id: str, job: Dict[str, str], slurm_out: str, settings: SlurmSettings,
-               stopped_by_us: bool) -> Optional[Tuple[str, str, str]]:
+               stopped_by_us: bool, waiting_again: bool = False) -> Optional[Tuple[str, str, str]]:
     """Why the scheduler ended the job, from scontrol's fields or slurm.out, as (error code, ERR-9's message,
     the fix); None when it did not.
 
     A job we cancelled, one that completed, or one whose worker failed on its own (FAILED) is not
-    the scheduler's doing: the worker's own error says what happened.
+    the scheduler's doing: the worker's own error says what happened. A job *waiting_again* (requeued,
+    and not started since) ran no worker to fail: slurm.out holds only its earlier runs' lines.
     """
     state, node = job.get("JobState", ""), job.get("NodeList") or job.get("BatchHost") or ""
+    if waiting_again:
+        return _reason(job_id, state, node, settings, stopped_by_us) if state in _REASONS else _not_run_again(
+            job_id, job)
     if state not in _REASONS:
         from_out, out_node = _state_from_slurm_out(slurm_out)
         state, node = from_out or state, node or out_node
+    return _reason(job_id, state, node, settings, stopped_by_us)
+
+
+def _reason(job_id: str, state: str, node: str, settings: SlurmSettings,
+            stopped_by_us: bool) -> Optional[Tuple[str, str, str]]:
     if state not in _REASONS or (state == "CANCELLED" and stopped_by_us):
         return None
     what, fix = _REASONS[state]
@@ -273,3 +282,16 @@ def end_reason(job_id: str, job: Dict[str, str], slurm_out: str, settings: Slurm
                else ""}
     message = "SLURM job {} ended before the worker finished: {}".format(job_id, what.format(**details))
     return "slurm_" + state.lower(), message, fix.format(**details)
+
+
+def _not_run_again(job_id: str, job: Dict[str, str]) -> Optional[Tuple[str, str, str]]:
+    """A requeued job that SLURM ended before it ran again (say, `Killing non-startable batch job`, when it
+    was started within the second of its requeue): scontrol's fields are all there is to say."""
+    if job.get("JobState") == "COMPLETED":
+        return None
+    known = ", ".join("{}={}".format(key, job[key]) for key in ("JobState", "Reason", "ExitCode") if job.get(key))
+    return ("slurm_not_run_again",
+            "SLURM job {} ended before the worker finished: it was requeued, then ended before it ran again "
+            "({})".format(job_id, known or "scontrol no longer knows the job"),
+            "retry the run: it resumes from its checkpoint; if this recurs, ask the cluster's admins why SLURM "
+            "could not start the job again (slurmctld's log names it)")

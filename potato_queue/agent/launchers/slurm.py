@@ -211,6 +211,7 @@ class SlurmJob(WorkerHandle):
             self._check_running()
             code = self._exit_code()
             if code is not None:
+                self.log("SLURM job {}'s job.sh wrote exit_code {}".format(self.job_id, code))
                 self._conclude(code)
                 return
             if time.monotonic() >= next_poll:
@@ -256,6 +257,8 @@ class SlurmJob(WorkerHandle):
         fields = self._scontrol()
         state = fields.get("JobState", "")
         if state in SLURM_ENDED_STATES:
+            self.log("squeue no longer lists SLURM job {}; scontrol says {} (Reason={})".format(
+                self.job_id, state, fields.get("Reason", "")))
             self._conclude(self._exit_code(wait_s=2.0), fields)
             return True
         if state:
@@ -272,7 +275,8 @@ class SlurmJob(WorkerHandle):
         """The job has ended (or its worker has): decide the exit code and whether the scheduler ended it."""
         if code != 0 and not self.stopping:
             fields = fields if fields is not None else self._final_fields()
-            reason = end_reason(self.job_id, fields, _read(self._path("slurm.out")), self.settings, self.stopping)
+            reason = end_reason(self.job_id, fields, _read(self._path("slurm.out")), self.settings, self.stopping,
+                                waiting_again=self._waiting_again())
             self._ended = WorkerEnded(*reason) if reason else self._no_worker(code)
         if self._ended is not None:
             code = EXIT_OOM if self._ended.code == "slurm_out_of_memory" else (
@@ -289,6 +293,11 @@ class SlurmJob(WorkerHandle):
             code = EXIT_UNEXPECTED
         self._code = code
         self._exited.set()
+
+    def _waiting_again(self) -> bool:
+        """Requeued, and not started since: job.sh writes `running` at each start and removes it when the
+        worker was preempted."""
+        return bool(self.requeues and self.state is not None and self.state.state in QUEUED_STATES)
 
     def _no_worker(self, code: Optional[int]) -> Optional[WorkerEnded]:
         """job.sh could not start job_python (exit 127 and not one event)."""
