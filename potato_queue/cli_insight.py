@@ -12,7 +12,7 @@ from typing import Any
 
 import click
 
-__all__ = ["insight_commands", "compare_table", "next_table", "quality_table", "threshold_said"]
+__all__ = ["insight_commands", "comparison_table", "next_table", "quality_table", "threshold_said"]
 
 Decorator = Callable[[Any], Any]
 SHOWN_DISAGREEMENTS = 10
@@ -23,12 +23,12 @@ def _f(value: Any) -> str:
 
 
 def _table(rows: list[list[Any]]) -> str:
-    cells = [[_f(c) for c in row] for row in rows]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(cells[0]))]
-    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in cells)
+    from potato_queue.follow import aligned  # the CLI's other tables' columns; imported late, as cli.py does
+
+    return aligned([[_f(c) for c in row] for row in rows])
 
 
-def compare_table(found: dict[str, Any]) -> str:
+def comparison_table(found: dict[str, Any]) -> str:
     """The comparison as text: scores, per label, McNemar, the first disagreements."""
     a, b = found["a"], found["b"]
     out = [f"A: run {a} ({found['trainers']['a']})   B: run {b} ({found['trainers']['b']})"]
@@ -85,7 +85,7 @@ def insight_commands(config_argument: Decorator, redis_option: Decorator,
 
         runs = runs_for(config, redis_url)
         found = compare_runs(runs.config, _load(runs, run_a), _load(runs, run_b))
-        click.echo(json.dumps(found, ensure_ascii=False) if as_json else compare_table(found))
+        click.echo(json.dumps(found, ensure_ascii=False) if as_json else comparison_table(found))
 
     @click.command("next")
     @click.argument("run_id")

@@ -13,18 +13,23 @@ from potato_queue.store.keys import RunPaths, project_predictions_path
 from potato_queue.store.records import epoch_of
 from potato_queue.worker.exit_codes import EXIT_FOR_STATE
 
-__all__ = ["runs_table", "print_log", "follow", "held_out_table", "compare_table", "progress_line"]
+__all__ = ["runs_table", "aligned", "print_log", "follow", "held_out_table", "compare_table", "progress_line"]
 
+
+
+def aligned(rows: list[list[str]]) -> str:
+    """Rows of text as columns two spaces apart, each as wide as its widest cell."""
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
 def runs_table(records: list[dict[str, Any]]) -> str:
     if not records:
         return "no runs yet"
-    rows = [("RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "TRIGGER", "CREATED")]
-    rows += [(r["run_id"], r["state"], r.get("backend") or "", r["trainer"], ",".join(r["schemas"]),
-              r.get("trigger") or "", r["created_at"]) for r in records]
-    widths = [max(len(str(row[i])) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join("  ".join(str(c).ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
+    rows = [["RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "TRIGGER", "CREATED"]]
+    rows += [[r["run_id"], r["state"], r.get("backend") or "", r["trainer"], ",".join(r["schemas"]),
+              r.get("trigger") or "", r["created_at"]] for r in records]
+    return aligned([[str(c) for c in row] for row in rows])
 
 
 def print_log(paths: RunPaths, *, follow: bool, poll_s: float = 0.5) -> None:

@@ -134,11 +134,7 @@ class PotatoServer:
 
     def first_page_of(self, annotator: str) -> str:
         """The annotation page a new annotator is served first (signed in by name alone)."""
-        opener = urllib.request.build_opener(urllib.request.HTTPCookieProcessor(http.cookiejar.CookieJar()))
-        form = f"action=login&email={annotator}".encode()
-        opener.open(urllib.request.Request(self.url + "/auth", data=form, method="POST"), timeout=30).read()
-        with opener.open(self.url + "/annotate", timeout=30) as resp:
-            return resp.read().decode()
+        return PotatoAnnotator(self.url, annotator).page()
 
 
 class PotatoAnnotator:
@@ -152,10 +148,14 @@ class PotatoAnnotator:
         form = f"action=login&email={name}".encode()
         self.opener.open(urllib.request.Request(url + "/auth", data=form, method="POST"), timeout=30).read()
 
+    def page(self) -> str:
+        """The annotation page Potato serves now."""
+        with self.opener.open(self.url + "/annotate", timeout=30) as resp:
+            return resp.read().decode()
+
     def served(self) -> str | None:
         """The item of the annotation page Potato serves now."""
-        with self.opener.open(self.url + "/annotate", timeout=30) as resp:
-            found = self.ITEM.search(resp.read().decode())
+        found = self.ITEM.search(self.page())
         return found.group(1) if found else None
 
     def _post(self, path: str, body: dict[str, Any]) -> int:

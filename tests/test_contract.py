@@ -60,7 +60,6 @@ class LocalHarness:
 
     name = "local"
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
-    deaf_grace_s = 2  # grace_seconds of the case whose worker ignores SIGTERM
 
     @contextmanager
     def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
@@ -105,7 +104,6 @@ class AgentHarness:
 
     name = BACKEND
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
-    deaf_grace_s = 2  # grace_seconds of the case whose worker ignores SIGTERM
 
     def __init__(self) -> None:
         self.nat: NatHost | None = None
@@ -182,7 +180,6 @@ class SshHarness:
 
     name = "gpu-server"
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
-    deaf_grace_s = 2  # grace_seconds of the case whose worker ignores SIGTERM
 
     def __init__(self) -> None:
         self.sshd: Sshd | None = None  # one for the module's cases (close_shared)
@@ -400,7 +397,7 @@ def test_cancel_within_grace_ends_cancelled(tmp_path: Path, redis_server_url: st
 
 def test_a_worker_deaf_to_sigterm_is_killed_after_grace_and_the_run_is_cancelled(
         tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path) -> None:
-    grace_s = harness.deaf_grace_s
+    grace_s = 2
     with project(tmp_path, redis_server_url, harness, grace_seconds=grace_s) as svc:
         run_id = long_run(svc, tiny_model)
         wait_running(svc, run_id)

@@ -59,10 +59,10 @@ class Prediction:
     def top(cls, instance_id: str, schema_name: str, labels: List[str], probabilities: Any) -> "Prediction":
         """The most probable of *labels* (one probability each, in order), with the highest SCORES_KEPT scores."""
         values = [float(p) for p in probabilities]
-        best = max(range(len(values)), key=values.__getitem__)
+        # a stable sort: of equal probabilities the first label wins, as max() would pick it
         ranked = sorted(range(len(values)), key=values.__getitem__, reverse=True)[:SCORES_KEPT]
         scores = {str(labels[i]): round(values[i], SCORE_DIGITS) for i in ranked}
-        return cls(instance_id, schema_name, labels[best], values[best], scores)
+        return cls(instance_id, schema_name, labels[ranked[0]], values[ranked[0]], scores)
 
     def to_record(self) -> Dict[str, Any]:
         """The predictions.jsonl line (Potato's shape, and `scores` when there are)."""

@@ -97,9 +97,10 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     reporter.status("running", "reading the spec")
     spec = load_spec(spec_path)
     state.trainer_name = spec.trainer
+    curve = wants_curve(spec.params)
     if rank is None:
         world = _world(spec)
-        if world > 1 and wants_curve(spec.params):
+        if world > 1 and curve:
             raise ValidationFailed("a learning curve's fits run in one process, and this run would train "
                                    "data-parallel on %d GPUs: give it one GPU (ssh gpus: \"0\", a SLURM job's "
                                    "gres gpu:1) or leave learning_curve out" % world)
@@ -114,7 +115,9 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     bundle = load_bundle(spec.bundle_dir)
     reporter.status("running", "loading trainer %s" % spec.trainer)
     trainer, state.install_hint = load_trainer(spec.trainer, spec.params)
-    curve = _curve_asked(spec, trainer)
+    if curve and not trainer.learns_from_train:
+        raise ValidationFailed("%s learns nothing from the train items, so it has no learning curve: leave "
+                               "learning_curve out" % spec.trainer)
     ctx = _context(spec, bundle, reporter, trainer, stop, rank)
     problems = trainer.validate(ctx)
     if problems:
@@ -208,14 +211,6 @@ def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, s
     checkpoints = Checkpoints(spec.checkpoint_dir or default_checkpoint_dir(spec.workdir),
                               _checkpoint_every_steps(spec, trainer))
     return RunContext(spec, bundle, reporter, device, checkpoints, lambda: stop.preempted, rank)
-
-
-def _curve_asked(spec: Spec, trainer: Trainer) -> bool:
-    asked = wants_curve(spec.params)
-    if asked and not trainer.learns_from_train:
-        raise ValidationFailed("%s learns nothing from the train items, so it has no learning curve: leave "
-                               "learning_curve out" % spec.trainer)
-    return asked
 
 
 def _partial_context(ctx: RunContext, part: Bundle, workdir: str, stop: StopFlag) -> RunContext:

@@ -20,7 +20,7 @@ __all__ = [
     "SBATCH_FLAGS", "JOB_KEYS", "SlurmSettings", "SettingsError", "sbatch_argv", "job_script", "job_name",
     "parse_job_id", "QueueState", "parse_squeue", "SQUEUE_FORMAT", "parse_scontrol", "end_reason",
     "SLURM_ENDED_STATES", "describe_state", "DEFAULT_JOB_PYTHON", "DEFAULT_POLL_INTERVAL_S",
-    "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "QUEUED_STATES", "requeue_line", "hard_stop_s",
+    "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "QUEUED_STATES", "requeue_line", "hard_stop_s", "end_fields",
 ]
 
 # Backend key -> sbatch long option (CFG-4). The config takes its slurm keys from this table.
@@ -241,6 +241,11 @@ _REASONS = {
 _SLURM_OUT_STATES = {"TIME LIMIT": "TIMEOUT", "NODE FAILURE": "NODE_FAIL", "PREEMPTION": "PREEMPTED"}
 
 
+def end_fields(job: Dict[str, str]) -> List[str]:
+    """scontrol's fields that say how a job ended, as `Name=value`, those it has."""
+    return ["{}={}".format(key, job[key]) for key in ("JobState", "Reason", "ExitCode") if job.get(key)]
+
+
 def _state_from_slurm_out(slurm_out: str) -> Tuple[Optional[str], str]:
     """The end state slurmstepd wrote into slurm.out, and the node, where scontrol cannot tell (a purged job)."""
     if _OOM.search(slurm_out):
@@ -289,7 +294,7 @@ def _not_run_again(job_id: str, job: Dict[str, str]) -> Optional[Tuple[str, str,
     was started within the second of its requeue): scontrol's fields are all there is to say."""
     if job.get("JobState") == "COMPLETED":
         return None
-    known = ", ".join("{}={}".format(key, job[key]) for key in ("JobState", "Reason", "ExitCode") if job.get(key))
+    known = ", ".join(end_fields(job))
     return ("slurm_not_run_again",
             "SLURM job {} ended before the worker finished: it was requeued, then ended before it ran again "
             "({})".format(job_id, known or "scontrol no longer knows the job"),

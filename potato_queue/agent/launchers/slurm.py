@@ -29,6 +29,7 @@ from potato_queue.agent.launchers.sbatch import (
     QueueState,
     SlurmSettings,
     describe_state,
+    end_fields,
     end_reason,
     job_name,
     job_script,
@@ -286,8 +287,7 @@ class SlurmJob(WorkerHandle):
             code = KILLED if self.state is not None and self.state.state != "PENDING" else EXIT_CANCELLED
         elif code is None:
             # run.log says it with what scontrol knew: nothing else tells how job.sh ended
-            known = fields or {}
-            said = " ".join("{}={}".format(key, known[key]) for key in ("JobState", "Reason", "ExitCode") if known.get(key))
+            said = " ".join(end_fields(fields or {}))
             self._tell("SLURM job {} left the queue without writing exit_code ({})".format(
                 self.job_id, "scontrol: " + said if said else "scontrol no longer knows the job"))
             code = EXIT_UNEXPECTED
