@@ -5,9 +5,13 @@ its built-in ones when it is imported, and every run's worker is a fresh `python
 potato.training.worker` that imports the registry again. A trainer registered in the server alone
 fails in the worker with `unknown_trainer`. So registration rides on the interpreter itself: a
 one-line .pth file in the site-packages of Potato's environment (written by `potato-queue potato
-install-trainer`) loads this file at every start (by its path, without importing the potato_queue
-package), which waits at no cost for the registry's import and then registers `potato-queue-remote`
-by module path, the way Potato registers its own.
+install-trainer`).
+
+That line runs at every start of that Python, so it does nothing but put a finder (a class of a few
+lines, standard library only) in front of `sys.meta_path`: no import, no file read. Only when a
+program imports Potato's registry does the finder look for potato-queue, load this file by its path
+(without importing the potato_queue package) and register `potato-queue-remote` by module path, the
+way Potato registers its own. With potato-queue uninstalled the finder finds nothing and steps aside.
 
 Standard library only, and nothing here may break an interpreter: every failure is swallowed.
 """
@@ -18,25 +22,45 @@ import importlib.abc
 import importlib.machinery
 import importlib.util
 import os
-import sys
 import sysconfig
 from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["TRAINER_NAME", "PTH_NAME", "PTH_LINE", "install", "register", "pth_path", "write_pth", "remove_pth"]
+__all__ = ["TRAINER_NAME", "PTH_NAME", "PTH_LINE", "registry_spec", "register", "pth_path", "write_pth",
+           "remove_pth"]
 
 TRAINER_NAME = "potato-queue-remote"
 REGISTRY = "potato.training.registry"
 PTH_NAME = "potato_queue_remote.pth"
-# Loads this file by its path under a private name, without importing the potato_queue package: an
-# interpreter that later runs potato-queue's code from elsewhere (the code an ssh run copies to a host)
-# must find `potato_queue` unimported. With potato-queue uninstalled the line does nothing.
-PTH_LINE = ("import importlib.util as _u, os as _o; _s = _u.find_spec('potato_queue'); "
-            "_p = _s is not None and _s.submodule_search_locations and "
-            "_o.path.join(list(_s.submodule_search_locations)[0], 'potato_hook.py'); "
-            "_h = _p and _o.path.isfile(_p) and _u.spec_from_file_location('_potato_queue_hook', _p); "
-            "_m = _h and _u.module_from_spec(_h); _m and (_h.loader.exec_module(_m) or _m.install())\n")
+# What the .pth line runs. Kept free of imports at start (measured in bench/bench_potato_hook.py): the
+# finder answers for Potato's registry once, then removes itself; every other import passes it at the
+# cost of a string compare. It loads this file under a private name, so an interpreter that later runs
+# potato-queue's code from elsewhere (the code an ssh run copies to a host) finds `potato_queue` unimported.
+_FINDER = f"""
+class PotatoQueueRemoteHook:
+    @classmethod
+    def find_spec(cls, name, path=None, target=None):
+        if name != {REGISTRY!r}:
+            return None
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not cls]
+        try:
+            from importlib.util import find_spec, spec_from_file_location, module_from_spec
+            import os
+            package = find_spec('potato_queue')
+            where = package and package.submodule_search_locations
+            hook = where and os.path.join(list(where)[0], 'potato_hook.py')
+            if not hook or not os.path.isfile(hook):
+                return None
+            spec = spec_from_file_location('_potato_queue_hook', hook)
+            module = module_from_spec(spec)
+            spec.loader.exec_module(module)
+            return module.registry_spec(name)
+        except Exception:
+            return None
+sys.meta_path.insert(0, PotatoQueueRemoteHook)
+"""
+PTH_LINE = f"import sys; exec({_FINDER!r}, {{'sys': sys, '__name__': 'potato_queue_remote_pth'}})\n"
 
 
 def register(registry: ModuleType) -> None:
@@ -70,30 +94,13 @@ class _RegisteringLoader(importlib.abc.Loader):
         return getattr(self._inner, name)
 
 
-class _RegistryFinder(importlib.abc.MetaPathFinder):
-    """Answers for one module, once; every other import passes by at the cost of a string compare."""
-
-    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> importlib.machinery.ModuleSpec | None:
-        if fullname != REGISTRY:
-            return None
-        _remove_finder()
-        spec = importlib.util.find_spec(fullname)
-        if spec is not None and spec.loader is not None:
-            spec.loader = _RegisteringLoader(spec.loader)
-        return spec
-
-
-def _remove_finder() -> None:
-    sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _RegistryFinder)]
-
-
-def install() -> None:
-    """Register now if Potato's registry is loaded, else when it is."""
-    loaded = sys.modules.get(REGISTRY)
-    if loaded is not None:
-        register(loaded)
-    elif not any(isinstance(f, _RegistryFinder) for f in sys.meta_path):
-        sys.meta_path.insert(0, _RegistryFinder())
+def registry_spec(fullname: str) -> importlib.machinery.ModuleSpec | None:
+    """Potato's registry's own spec, its loader wrapped to register the trainer once the registry is loaded
+    (called by the .pth's finder, which has stepped aside, so this finds the real module)."""
+    spec = importlib.util.find_spec(fullname)
+    if spec is not None and spec.loader is not None:
+        spec.loader = _RegisteringLoader(spec.loader)
+    return spec
 
 
 def pth_path(site_dir: str | None = None) -> Path:

@@ -340,25 +340,67 @@ def test_bad_predictions_are_refused_and_named_and_never_reach_potato(tmp_path: 
 def test_retain_runs_prunes_old_bundles_and_models_but_never_the_latest_success(tmp_path: Path,
                                                                                 redis_server_url: str) -> None:
     with started(tmp_path, redis_server_url, retain_runs=1, grace_seconds=2) as svc:
+        def fail() -> str:  # its model folder does not exist
+            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
+                                   params={"model_name": str(tmp_path / "no-such-model")})
+            assert svc.wait_for(run_id, TERMINAL, timeout_s=120)["state"] == "failed"
+            return run_id
+
         first = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
         assert svc.wait_for(first, TERMINAL)["state"] == "succeeded"
-        # A failed run (its model folder does not exist), newer than the success.
-        failed = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": str(tmp_path / "no-such-model")})
-        assert svc.wait_for(failed, TERMINAL, timeout_s=120)["state"] == "failed"
-        # Beyond retain_runs=1, and kept: it is the latest successful run.
+        failed = fail()  # newer than the success, and not counted against it
         assert run_paths(svc, first).bundle.exists() and run_paths(svc, first).artifacts.exists()
         later = [svc.start_run(trainer="majority-baseline", schemas=["sentiment"]) for _ in range(2)]
         for run_id in later:
             assert svc.wait_for(run_id, TERMINAL)["state"] == "succeeded"
-        kept, pruned = later[-1], [failed, later[0], first]  # `first` is no longer the latest success
+        failed_again = fail()
+        # The newest success and the newest failure keep theirs (a retry trains on its bundle); `first` is no
+        # longer the latest success.
+        kept, pruned = [later[-1], failed_again], [failed, later[0], first]
         # The executor prunes in a thread of its own once a run has ended: wait for the lines it writes.
         for run_id in pruned:
-            wait_until(lambda run_id=run_id: "retain_runs keeps the newest 1" in run_paths(svc, run_id).run_log.read_text())
+            wait_until(lambda run_id=run_id: "retain_runs keeps those of the newest 1 succeeded runs and the newest "
+                                             "1 others" in run_paths(svc, run_id).run_log.read_text())
             paths = run_paths(svc, run_id)
             assert not paths.bundle.exists() and not paths.artifacts.exists() and paths.run_json.exists()
             assert "bundle and model files removed" in paths.run_log.read_text()
-        assert run_paths(svc, kept).bundle.exists()
+        assert all(run_paths(svc, run_id).bundle.exists() for run_id in kept)
+
+
+def test_cancelled_runs_never_push_out_the_files_of_succeeded_ones(tmp_path: Path, redis_server_url: str) -> None:
+    """Forty cancelled retries after two successes, retain_runs=2: both successes keep their model files,
+    and of the cancelled runs only the newest two keep their bundles."""
+    import redis
+
+    from potato_queue.run import RunState
+    from potato_queue.runs.retention import prune_old_runs
+    from potato_queue.store import RunStore
+    from potato_queue.store.records import created_ms
+    from potato_queue.validate import load_checked
+
+    store = RunStore(load_checked(make_project(tmp_path, retain_runs=2)), redis.Redis.from_url(redis_server_url))
+
+    def ended(state: RunState) -> str:
+        run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+        paths = store.paths(run_id)
+        paths.bundle.write_bytes(b"bundle")
+        store.index.mark_bulky(run_id, created_ms(store.read(run_id)))
+        if state == RunState.SUCCEEDED:
+            paths.artifacts.mkdir()
+            (paths.artifacts / "model.bin").write_bytes(b"model")
+            for step in (RunState.RUNNING, RunState.COLLECTING):
+                assert store.transition(run_id, step) is not None
+        assert store.transition(run_id, state) is not None
+        return run_id
+
+    succeeded = [ended(RunState.SUCCEEDED) for _ in range(2)]
+    made = [ended(RunState.CANCELLED) for _ in range(40)]
+    cancelled = [r for r in store.index.bulky_runs() if r in made]  # by age, as retain_runs sees them
+    pruned = prune_old_runs(store, 2)
+    assert pruned == cancelled[:-2]
+    assert all((store.paths(r).artifacts / "model.bin").exists() for r in succeeded)
+    assert [r for r in cancelled if store.paths(r).bundle.exists()] == cancelled[-2:]
+    assert prune_old_runs(store, 2) == []
 
 
 def test_hf_with_no_hub_fails_at_once_saying_the_model_is_not_cached(tmp_path: Path, redis_server_url: str) -> None:

@@ -214,3 +214,46 @@ def test_the_agent_removes_checkpoint_folders_untouched_for_a_week(tmp_path: Pat
         os.utime(tmp_path / name, (week_ago, week_ago))
     prune_stale(str(tmp_path), keep=str(tmp_path / "mine"))
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fresh", "mine"]
+
+
+def test_two_retries_of_one_run_asked_at_once_queue_one_run(tmp_path: Path, redis_server_url: str) -> None:
+    """Twenty failed runs, each retried twice at the same instant through the server: one 202 each, the other
+    409 naming the run that won, and the old run's record links to that one."""
+    import threading
+
+    import redis
+
+    from potato_queue.run import RunState
+    from potato_queue.store import RunStore
+
+    with started(tmp_path, redis_server_url, executors=0) as svc:
+        store = RunStore(svc.project_config, redis.Redis.from_url(redis_server_url))
+
+        def failed_run() -> str:
+            run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+            store.paths(run_id).bundle_dir.mkdir()
+            (store.paths(run_id).bundle_dir / "manifest.json").write_text("{}")
+            store.update(run_id, job={"run_id": run_id})
+            assert store.transition(run_id, RunState.FAILED, error="its worker was killed") is not None
+            return run_id
+
+        for old in [failed_run() for _ in range(20)]:
+            replies: list[tuple[int, Any]] = []
+            together = threading.Barrier(2)
+
+            def retry(old: str = old) -> None:
+                together.wait()
+                replies.append(svc.api("POST", f"/runs/{old}/retry"))
+
+            threads = [threading.Thread(target=retry) for _ in range(2)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(30)
+            (won, queued), (lost, refused) = sorted(replies, key=lambda reply: reply[0])
+            assert (won, lost) == (202, 409), replies
+            assert refused["detail"] == (f"Run {old} was retried already, as run {queued['run_id']}; fix: retry run "
+                                         f"{queued['run_id']} if it did not succeed either")
+            assert store.read(old)["retried_by"] == queued["run_id"]
+        retries = [r for r in svc.api("GET", "/runs?limit=100")[1] if r.get("resume_of")]
+        assert len(retries) == 20, retries

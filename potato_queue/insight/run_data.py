@@ -64,7 +64,7 @@ def load_run(store: RunStore, record: Mapping[str, Any]) -> RunData:
         raise Conflict(f"run {run_id} has no predictions on this server ({paths.predictions} is missing or empty)",
                        fix="pick a later run; a run's predictions come back when it succeeds")
     if not (paths.bundle_dir / "manifest.json").exists():
-        raise Conflict(f"run {run_id}'s bundle was removed (model_training.retain_runs keeps only the newest runs'), "
+        raise Conflict(f"run {run_id}'s bundle was removed (model_training.retain_runs keeps only the newest succeeded runs'), "
                        "so its held-out labels are gone", fix="pick a newer run, or raise retain_runs")
     data = RunData(record, {(str(p["instance_id"]), str(p["schema_name"])): p for p in good})
     for split in (*HELD_OUT_SPLITS, "unlabeled"):

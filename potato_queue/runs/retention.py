@@ -1,10 +1,13 @@
 """retain_runs: the bulky files of old runs are removed once a run ends, off the run's path.
 
 A run's bundle (a copy of the project's annotations) and its model files are
-the large part of its folder. The newest `model_training.retain_runs` runs
-keep everything; older finished ones lose their bundle, their model files
-and the local agent's copies, and keep their record, logs, events and
-predictions. Never touched: a run not yet finished, and
+the large part of its folder. The newest `model_training.retain_runs`
+succeeded runs keep everything, and so do the newest `retain_runs` runs that
+failed or were cancelled (a retry trains on the bundle): each kind is counted
+apart, so many cancelled runs never evict a succeeded run's model. Older
+finished ones lose their bundle, their model files and the local agent's
+copies, and keep their record, logs, events and predictions. Never touched:
+a run not yet finished, and
 the latest successful run (whose model and predictions the project uses,
 and decision-calibrate recalibrates), however old. The executor prunes in a
 thread of its own (Pruner), so the next run never waits for the deletes.
@@ -17,7 +20,7 @@ import shutil
 import threading
 from pathlib import Path
 
-from potato_queue.run import FINAL_STATES
+from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store import RunStore
 from potato_queue.store.records import utc_now
 
@@ -29,26 +32,38 @@ def _bulky(store: RunStore, run_id: str) -> list[Path]:
     return [p for p in store.paths(run_id).bulky if p.exists()]
 
 
+def _to_prune(store: RunStore, retain: int) -> list[str]:
+    """The finished runs with bulky files beyond what retain_runs keeps, oldest first.
+
+    Succeeded runs and the others (failed, cancelled: kept for a retry) are counted apart, so forty
+    cancelled retries do not push out the model files of the runs the project uses."""
+    kept: dict[bool, int] = {True: 0, False: 0}
+    latest = store.latest_succeeded()
+    out = []
+    for run_id in reversed(store.index.bulky_runs()):  # newest first
+        try:
+            state = store.read(run_id).get("state")
+        except KeyError:
+            store.index.unmark_bulky(run_id)
+            continue  # gone, or unreadable: not ours to judge
+        if state not in FINAL_STATES or run_id == latest or store.publishing(run_id):
+            continue  # one being uploaded to the Hugging Face Hub is pruned at a later run's end
+        succeeded = state == RunState.SUCCEEDED
+        kept[succeeded] += 1
+        if kept[succeeded] > retain:
+            out.append(run_id)
+    return out[::-1]
+
+
 def prune_old_runs(store: RunStore, retain: int) -> list[str]:
-    """Remove the bundles and model files of finished runs beyond the newest `retain`; the ids pruned.
+    """Remove the bundles and model files of finished runs beyond the newest `retain` succeeded ones and the
+    newest `retain` others; the ids pruned.
 
     Cheap at every run's end, however long the project's history: only the runs in the store's
     index of folders with bulky files are looked at.
     """
-    newest = set(store.index.newest_runs(retain))
-    candidates = [run_id for run_id in store.index.bulky_runs() if run_id not in newest]
-    if not candidates:
-        return []
-    keep = store.latest_succeeded()
-    pruned = []
-    for run_id in candidates:
-        try:
-            record = store.read(run_id)
-        except KeyError:
-            store.index.unmark_bulky(run_id)
-            continue  # gone, or unreadable: not ours to judge
-        if run_id == keep or record.get("state") not in FINAL_STATES or store.publishing(run_id):
-            continue  # one being uploaded to the Hugging Face Hub is pruned at a later run's end
+    pruned = _to_prune(store, retain)
+    for run_id in pruned:
         for path in _bulky(store, run_id):
             if path.is_dir():
                 shutil.rmtree(path, ignore_errors=True)
@@ -57,8 +72,7 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
         store.index.unmark_bulky(run_id)
         # A line in run.log, not a rewrite of run.json: the record stays as the run left it (and no fsync).
         store.log(run_id, f"bundle and model files removed at {utc_now()}: model_training.retain_runs keeps "
-                          f"the newest {retain} runs")
-        pruned.append(run_id)
+                          f"those of the newest {retain} succeeded runs and the newest {retain} others")
     return pruned
 
 

@@ -5,7 +5,8 @@ run's folder when the executor prepares it, runs/job.py) with the same trainer,
 schemas, params and backend. Its job's `resume_of` names the run whose
 checkpoint folder on the training machine it uses (agent/checkpoints.py): the
 first run of a chain of retries, since each retry saves into that same folder.
-A run is retried once; a retry that fails too is retried in its turn.
+A run is retried once (one claim in Redis, however many ask at once); a retry that fails too is
+retried in its turn.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from potato_queue.errors import Conflict
 from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
-from potato_queue.store.keys import RunPaths
+from potato_queue.store.keys import RunPaths, new_run_id
 
 __all__ = ["retry_run", "reuse_bundle", "checkpoint_owner", "RETRIED_STATES"]
 
@@ -31,8 +32,13 @@ _NEW_RUN_FIX = "start a new run instead: it trains on the annotations as they ar
 def _bundle_gone(config: ProjectConfig, run_id: str) -> Conflict:
     keep = config.model_training.retain_runs
     return Conflict(f"Run {run_id} cannot be retried: its bundle was removed (model_training.retain_runs keeps "
-                    f"the bundles of the newest {keep} runs), so the retry could not train on the same data",
+                    f"the bundles of the newest {keep} failed or cancelled runs), so the retry could not train on the same data",
                     fix=f"{_NEW_RUN_FIX}; raise model_training.retain_runs to keep more runs' bundles")
+
+
+def _retried_already(run_id: str, retry_id: str) -> Conflict:
+    return Conflict(f"Run {run_id} was retried already, as run {retry_id}",
+                    fix=f"retry run {retry_id} if it did not succeed either")
 
 
 def _refusal(config: ProjectConfig, store: RunStore, old: RunRecord) -> Conflict | None:
@@ -41,8 +47,7 @@ def _refusal(config: ProjectConfig, store: RunStore, old: RunRecord) -> Conflict
         fix = _NEW_RUN_FIX if state == RunState.SUCCEEDED else "wait for it to end (or cancel it), then retry it"
         return Conflict(f"Run {run_id} is {state}: only a failed or cancelled run can be retried", fix=fix)
     if old.get("retried_by"):
-        return Conflict(f"Run {run_id} was retried already, as run {old['retried_by']}",
-                        fix=f"retry run {old['retried_by']} if it did not succeed either")
+        return _retried_already(run_id, old["retried_by"])
     if old.get("job") is None:
         return Conflict(f"Run {run_id} ended before its bundle was built: there is nothing to resume",
                         fix=_NEW_RUN_FIX)
@@ -56,9 +61,19 @@ def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], N
     refused = _refusal(config, store, old)
     if refused is not None:
         raise refused
-    record = start_run(config, store, enqueue, trainer=old["trainer"], schemas=list(old["schemas"]),
-                       backend=old["backend"], params=dict(old.get("params") or {}), trigger="retry",
-                       resume_of=old["run_id"])
+    # run.json's retried_by is the lasting word, but two retries asked at once both read it unset: the claim
+    # in Redis decides which of them is the retry before either writes anything.
+    retry_id = new_run_id()
+    winner = store.claim_retry(old["run_id"], retry_id)
+    if winner is not None:
+        raise _retried_already(old["run_id"], winner)
+    try:
+        record = start_run(config, store, enqueue, trainer=old["trainer"], schemas=list(old["schemas"]),
+                           backend=old["backend"], params=dict(old.get("params") or {}), trigger="retry",
+                           resume_of=old["run_id"], run_id=retry_id)
+    except BaseException:
+        store.release_retry(old["run_id"], retry_id)
+        raise
     store.update(old["run_id"], retried_by=record["run_id"])
     store.log(old["run_id"], f"retried as run {record['run_id']}, which resumes from this run's checkpoints")
     return record

@@ -65,15 +65,17 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
 
 def start_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], *, trainer: str,
               schemas: list[str], backend: str | None = None, params: dict[str, Any] | None = None,
-              trigger: str = "api", potato_run_id: str | None = None, resume_of: str | None = None) -> RunRecord:
+              trigger: str = "api", potato_run_id: str | None = None, resume_of: str | None = None,
+              run_id: str | None = None) -> RunRecord:
     """Check the request, write the queued run, wake an executor (`potato_run_id`: the Potato run it trains
-    for, which Potato records itself; `resume_of`: the run a retry resumes, runs/retry.py)."""
+    for, which Potato records itself; `resume_of`: the run a retry resumes, runs/retry.py, under the
+    `run_id` its claim chose)."""
     if not config.model_training.enabled:
         raise Conflict(f"Training is off for this project: model_training.enabled is false in {config.config_path}",
                        fix="set model_training.enabled: true there, then restart potato-queue's server and executors")
     chosen = choose_backend(config, trainer, schemas, backend)
     params = check_params(params or {})
     record = store.create(trainer=trainer, schemas=schemas, backend=chosen, params=params, trigger=trigger,
-                          potato_run_id=potato_run_id, resume_of=resume_of)
+                          potato_run_id=potato_run_id, resume_of=resume_of, run_id=run_id)
     enqueue(record["run_id"])
     return record

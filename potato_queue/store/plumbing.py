@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["CAS_STATE", "CLAIM", "MERGE_METRICS", "RECORD_RESULT", "SOCKET_TIMEOUT_S", "SUPERVISION_SOCKET_TIMEOUT_S",
+__all__ = ["CAS_STATE", "CLAIM", "CLAIM_FIELD", "MERGE_METRICS", "RECORD_RESULT", "RELEASE_FIELD", "SOCKET_TIMEOUT_S", "SUPERVISION_SOCKET_TIMEOUT_S",
            "async_twin", "client_for", "wait_published"]
 
 # redis-py 8 gives every client a 5 s socket timeout unless told otherwise: a Redis busy for 5 s (a slow
@@ -70,6 +70,17 @@ for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('RPUSH', KEYS[2], '1')
 redis.call('EXPIRE', KEYS[2], 3600)
 return 1
+"""
+# KEYS: a hash. ARGV: a field, the value to claim it with. Nothing when the claim is ours, else the value
+# of whoever claimed it first: the check and the write in one step (one retry of a run, however many ask).
+CLAIM_FIELD = """
+if redis.call('HSETNX', KEYS[1], ARGV[1], ARGV[2]) == 1 then return false end
+return redis.call('HGET', KEYS[1], ARGV[1])
+"""
+# KEYS: a hash. ARGV: a field, the value it was claimed with: the claim given back, if still that one's.
+RELEASE_FIELD = """
+if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
+return 0
 """
 # KEYS: the agent backend's registration hash, its offers. ARGV: the token's digest, now (epoch s), the
 # agent's description (JSON), and what it waits for before it claims (JSON: no GPU has room), or ''. 'denied'

@@ -26,7 +26,14 @@ from potato_queue.store.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_
 from potato_queue.store.lease import Lease
 from potato_queue.store.offers import Offers
 from potato_queue.store.pending import PendingRecords
-from potato_queue.store.plumbing import CAS_STATE, MERGE_METRICS, RECORD_RESULT, wait_published
+from potato_queue.store.plumbing import (
+    CAS_STATE,
+    CLAIM_FIELD,
+    MERGE_METRICS,
+    RECORD_RESULT,
+    RELEASE_FIELD,
+    wait_published,
+)
 from potato_queue.store.potato_ledger import PotatoLedger
 from potato_queue.store.presence import Presence
 from potato_queue.store.records import (
@@ -58,6 +65,8 @@ class RunStore:
         self.keys = Keys.of(config)
         self._cas = client.register_script(CAS_STATE)
         self._record_result = client.register_script(RECORD_RESULT)
+        self._claim_field = client.register_script(CLAIM_FIELD)
+        self._release_field = client.register_script(RELEASE_FIELD)
         self._created: dict[str, str] = {}
         self.tokens = RunTokens(client, self.keys)
         self.agents = AgentTokens(client, self.keys)
@@ -74,8 +83,10 @@ class RunStore:
         return RunPaths.of(self.config, run_id)
 
     def create(self, *, trainer: str, schemas: list[str], backend: str, params: dict[str, Any] | None = None,
-               trigger: str = "api", potato_run_id: str | None = None, resume_of: str | None = None) -> RunRecord:
-        run_id = new_run_id()
+               trigger: str = "api", potato_run_id: str | None = None, resume_of: str | None = None,
+               run_id: str | None = None) -> RunRecord:
+        """A queued run's record (`run_id`: one chosen before, as a retry's claim names it; else a new one)."""
+        run_id = run_id or new_run_id()
         record: RunRecord = {
             "run_id": run_id, "state": RunState.QUEUED, "backend": backend, "trainer": trainer,
             "schemas": list(schemas), "params": dict(params or {}), "trigger": trigger,
@@ -251,6 +262,16 @@ class RunStore:
                                    if v is not None}
         if mapping:
             self.redis.hset(self.keys.run(run_id), mapping=mapping)
+
+    def claim_retry(self, run_id: str, retry_id: str) -> str | None:
+        """Make `retry_id` the one retry of run `run_id`, in one Redis step: None when it is, else the id of
+        the retry that claimed it first (two retries asked at once: one wins)."""
+        winner = self._claim_field(keys=[self.keys.run(run_id)], args=["retried_by", retry_id])
+        return None if winner is None else as_text(winner)
+
+    def release_retry(self, run_id: str, retry_id: str) -> None:
+        """The claim given back: the retry could not be queued."""
+        self._release_field(keys=[self.keys.run(run_id)], args=["retried_by", retry_id])
 
     def record_batch(self, run_id: str, live: dict[str, str], metrics: dict[str, Any]) -> list[str]:
         """A batch of events' live fields and metrics, with the heartbeat, in one pipeline: the names of new

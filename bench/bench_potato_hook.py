@@ -1,0 +1,100 @@
+"""What the potato-queue-remote hook costs every Python start in Potato's environment.
+
+`potato-queue potato install-trainer` writes one line (potato_queue_remote.pth) into the site-packages
+of the Python that runs it; every start of that Python runs the line. Side by side, interleaved, in one
+run: `python -c pass` with the line installed, and without it (the alternative: no hook at all). Then a
+stale line, as `pip uninstall potato-queue` leaves it: the same line in the site folder of an interpreter
+that cannot find potato_queue (`python -S`, then `site.addsitedir` of a folder holding the line), against
+an empty folder. Finally what Potato pays once a start, when it imports its registry: with the line
+(potato-queue found and registered), against without.
+
+Prints the median and the spread of each, the difference in ms and the ratio. The installed line is put
+back as it was found.
+
+    .venv/bin/python bench/bench_potato_hook.py [--starts 50]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from potato_queue.potato_hook import PTH_LINE, PTH_NAME, pth_path, remove_pth, write_pth  # noqa: E402
+
+PYTHON = sys.executable
+
+
+def _start_ms(args: list[str]) -> float:
+    started = time.perf_counter()
+    subprocess.run([PYTHON, *args], check=True, cwd="/", stdin=subprocess.DEVNULL)
+    return (time.perf_counter() - started) * 1000
+
+
+def _side_by_side(starts: int, with_line: Callable[[], float], without: Callable[[], float]) -> tuple[list[float], list[float]]:
+    """Interleaved, so a change in the machine's load falls on both sides alike."""
+    a, b = [], []
+    for _ in range(starts):
+        a.append(with_line())
+        b.append(without())
+    return a, b
+
+
+def _row(what: str, a: list[float], b: list[float]) -> None:
+    ma, mb = statistics.median(a), statistics.median(b)
+    qa, qb = statistics.quantiles(a, n=4), statistics.quantiles(b, n=4)
+    print(f"{what:<44} {ma:8.2f} ms ({qa[0]:.1f}-{qa[2]:.1f})  {mb:8.2f} ms ({qb[0]:.1f}-{qb[2]:.1f})  "
+          f"{ma - mb:+7.2f} ms  {ma / mb:5.3f}x")
+
+
+def _installed(starts: int, args: list[str]) -> tuple[list[float], list[float]]:
+    def with_line() -> float:
+        write_pth()
+        return _start_ms(args)
+
+    def without() -> float:
+        remove_pth()
+        return _start_ms(args)
+
+    return _side_by_side(starts, with_line, without)
+
+
+def _stale(starts: int) -> tuple[list[float], list[float]]:
+    """The line in a site folder of an interpreter that cannot find potato_queue (-S: no site-packages)."""
+    with tempfile.TemporaryDirectory() as stale, tempfile.TemporaryDirectory() as empty:
+        (Path(stale) / PTH_NAME).write_text(PTH_LINE)
+        probe = "import site; site.addsitedir({!r})"
+        return _side_by_side(starts, lambda: _start_ms(["-S", "-c", probe.format(stale)]),
+                             lambda: _start_ms(["-S", "-c", probe.format(empty)]))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--starts", type=int, default=50)
+    starts = parser.parse_args().starts
+    was_there = pth_path().exists()
+    try:
+        _start_ms(["-c", "pass"])  # the page cache warm for both sides
+        print(f"{starts} starts each, interleaved; median (quartiles)\n")
+        print(f"{'':<44} {'with the line':>24}  {'without':>24}  {'diff':>10}  ratio")
+        _row("python -c pass (installed)", *_installed(starts, ["-c", "pass"]))
+        _row("python -c pass (stale: potato-queue gone)", *_stale(starts))
+        registry = ["-c", "import potato.training.registry"]
+        _row("Potato imports its registry (once a start)", *_installed(max(10, starts // 5), registry))
+    finally:
+        if was_there:
+            write_pth()
+        else:
+            remove_pth()
+
+
+if __name__ == "__main__":
+    main()
