@@ -143,7 +143,7 @@ class SshBackend(_RemoteBackend):
     @classmethod
     def _gpus_form(cls, value: Any) -> Any:
         text = str(value).replace(" ", "") if isinstance(value, (int, str)) else value
-        if not isinstance(text, str) or not _GPUS.match(text):
+        if not isinstance(text, str) or not _GPUS.fullmatch(text):
             raise ValueError(f'must be auto, none, a GPU index like "1" or a list like "0,1" (got {value!r})')
         return text
 

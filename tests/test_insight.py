@@ -5,6 +5,7 @@ serving it, a learning curve, the quality report, two runs compared (the API and
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import combinations
@@ -156,3 +157,44 @@ def test_two_runs_side_by_side_in_the_api_and_the_cli(project: Project) -> None:
     assert json.loads(as_json.stdout) == found
     same = project.cli("compare", a, a, str(project.config))
     assert same.returncode == 1 and f"both runs are {a}" in same.stderr and "pick two different runs" in same.stderr
+
+
+def test_a_server_killed_while_it_writes_the_order_leaves_no_file_in_the_project(tmp_path: Path,
+                                                                                 redis_server_url: str) -> None:
+    """The writer is killed by a signal in the middle of writing the new data file (RLIMIT_FSIZE's SIGXFSZ,
+    at its default action: a kill at a known point, as a SIGKILL would come at an unknown one): the project's
+    data folder is as it was, the temp file lies in potato-queue's own staging folder, and the next server
+    start removes it."""
+    import signal
+    import subprocess
+    import sys
+
+    from potato_queue.bundle.read import read_items
+    from potato_queue.store.keys import staging_dir
+    from potato_queue.validate import load_checked
+
+    config_path = make_project(tmp_path)
+    add_potato_keys(config_path, **POTATO_ORDER_KEYS)
+    config = load_checked(config_path)
+    data_dir = config.data_paths()[0].parent
+    before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
+    assert sum(len(b) for b in before.values()) > 4096
+    writer = ("import resource, signal, sys\n"
+              "from potato_queue.insight.potato_order import hand_to_potato\n"
+              "from potato_queue.validate import load_checked\n"
+              "config = load_checked(sys.argv[1])\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+              "hand_to_potato(config, sys.argv[2:])\n")
+    killed = subprocess.run([sys.executable, "-c", writer, str(config_path), *sorted(read_items(config))],
+                            capture_output=True, text=True, cwd=ROOT, timeout=60,
+                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    assert killed.returncode == -signal.SIGXFSZ, killed.stderr
+    assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before, "nothing new or changed among the data"
+    assert len(list(staging_dir(config).iterdir())) == 1, "the killed writer's temp file, in potato-queue's folder"
+    svc = Services(config_path, redis_server_url, tmp_path)
+    try:
+        svc.serve()
+        assert list(staging_dir(config).iterdir()) == []
+    finally:
+        svc.stop()

@@ -17,7 +17,7 @@ from potato_queue.insight.measures import (
     reliability,
 )
 from potato_queue.insight.next_items import cosine, rank_next, tfidf_vectors, uncertainty
-from potato_queue.insight.potato_order import PRIORITY_FIELD, order_problem, write_order
+from potato_queue.insight.potato_order import POTATO_ORDER_KEYS, PRIORITY_FIELD, hand_to_potato, order_problem, write_order
 from potato_queue.insight.report import curve_said
 
 pytestmark = pytest.mark.unit
@@ -153,3 +153,39 @@ def test_a_linked_data_file_is_written_where_it_points_and_an_unreadable_one_is_
     target.write_bytes(b"\xff\xfe not text")
     with pytest.raises(Conflict, match="cannot be read"):
         write_order(config, ["a"])
+
+
+def test_an_order_potatos_config_would_not_serve_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    from potato_queue.config import build_config
+    from potato_queue.errors import Conflict
+
+    items = tmp_path / "items.jsonl"
+    items.write_text('{"id": "a"}\n{"id": "b"}\n')
+    config = build_config({"data_files": [items.name], "item_properties": {"id_key": "id"}}, tmp_path / "config.yaml")
+    with pytest.raises(Conflict) as refused:
+        hand_to_potato(config, ["b", "a"])
+    assert str(refused.value).startswith("The order was not written into the data files: Potato serves this order "
+                                         "only with these keys in ")
+    assert "now assignment_strategy is not priority; triage is not enabled" in str(refused.value)
+    assert refused.value.fix == "add those keys to Potato's config, then send the order again"
+    assert items.read_text() == '{"id": "a"}\n{"id": "b"}\n'
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["items.jsonl"], "no temp file, no staging folder"
+    ready = build_config({**config.model_dump(), **POTATO_ORDER_KEYS, "data_files": [items.name]}, tmp_path / "config.yaml")
+    assert hand_to_potato(ready, ["b", "a"])["items"] == 2
+    assert [p.name for p in items.parent.iterdir() if p.name.startswith(".")] == [], "the temp file was staged elsewhere"
+
+
+def test_an_id_with_a_newline_after_it_is_no_run_id_gpu_list_or_model_name() -> None:
+    """A regular expression's `$` matches before a last newline: each check takes the whole text."""
+    from potato_queue.errors import Invalid
+    from potato_queue.runs.model_card import base_model
+    from potato_queue.runs.publish import check_repo_id
+    from potato_queue.store.keys import RUN_ID_RE
+
+    assert RUN_ID_RE.fullmatch("20261204T174537-02b502")
+    assert not RUN_ID_RE.fullmatch("20261204T174537-02b502\n")
+    with pytest.raises(Invalid):
+        check_repo_id("my-lab/reviews\n")
+    check_repo_id("my-lab/reviews")
+    assert base_model({"model_name": "bert-base-uncased"})[0] == "bert-base-uncased"
+    assert base_model({"model_name": "bert-base-uncased\n"})[0] is None

@@ -417,3 +417,48 @@ def test_hf_with_no_hub_fails_at_once_saying_the_model_is_not_cached(tmp_path: P
             in run["error"]
         log = run_paths(svc, run_id).run_log.read_text()
         assert "the model hub (127.0.0.1) does not answer from here" in log and "Traceback" not in log, log
+
+
+def test_a_server_stopped_during_a_run_and_two_agent_claims_stops_at_once_and_quietly(
+        tmp_path: Path, redis_server_url: str) -> None:
+    """The local run's agent waits in its control long-poll, two agents of an agent backend wait for a run
+    (the first in the claim route, the second at the door in front of it): SIGTERM answers them all (the
+    claims with "no run") and the server exits 0 with no ERROR and no traceback in its output."""
+    import signal
+    import threading
+    import urllib.request
+
+    import redis
+
+    from potato_queue.store.keys import Keys
+    from tests.agent_helpers import BACKEND, lab, register
+
+    with started(tmp_path, redis_server_url, grace_seconds=2, **lab()) as svc:
+        token = register(svc)
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local",
+                               params={"hold_s": 60})
+        wait_running(svc, run_id)
+        registered = Keys.of(svc.project_config).agent_token(BACKEND)
+        client = redis.Redis.from_url(redis_server_url)
+        answers: list[tuple[int, Any]] = []
+
+        def claim(pid: int) -> None:
+            req = urllib.request.Request(f"{svc.url}/api/training/agent/v1/backends/{BACKEND}/claim?wait_s=90",
+                                         data=json.dumps({"pid": pid}).encode(), method="POST",
+                                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as resp:
+                answers.append((resp.status, json.loads(resp.read())))
+
+        claims = [threading.Thread(target=claim, args=(pid,)) for pid in (1, 2)]
+        claims[0].start()
+        wait_until(lambda: json.loads(client.hget(registered, "agent") or b"{}").get("pid") == 1, 30,
+                   "the first claim looked")
+        claims[1].start()
+        server = svc.procs[0]
+        server.send_signal(signal.SIGTERM)
+        assert server.wait(15) in (0, -signal.SIGTERM)  # uvicorn raises the signal again once it has stopped
+        for thread in claims:
+            thread.join(15)
+        assert answers == [(200, {"run_id": None, "token": None})] * 2, answers
+        said = (svc.tmp_path / "server.log").read_text()
+        assert "ERROR" not in said and "Traceback" not in said, said

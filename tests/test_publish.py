@@ -134,6 +134,10 @@ def test_a_repo_id_the_hub_refuses_is_a_400_that_names_it(svc: tuple[Services, s
         "'no-namespace' is not a Hugging Face Hub repo id; fix: write it as namespace/name (your user or "
         "organization, then the model's name), in letters, digits, - _ and . (not -- nor .., not first or last), "
         "at most 96 characters: e.g. my-lab/reviews-sentiment"))
+    # A newline after a good id (a regular expression's `$` matches before one) is no id either.
+    for bad in ("my-lab/reviews\n", "my-lab/reviews\nx", "\nmy-lab/reviews"):
+        status, reply = services.api("POST", f"/runs/{run_id}/publish", {"repo_id": bad})
+        assert (status, reply["detail"].split(";")[0]) == (400, f"{bad!r} is not a Hugging Face Hub repo id")
 
 
 def ssh_run_that_kept_its_files_there(services: Services, redis_url: str) -> tuple[str, str]:

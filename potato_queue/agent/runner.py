@@ -59,7 +59,7 @@ class RunFiles:
     """The paths of one run under the agent's --workdir."""
 
     def __init__(self, base_dir: str, run_id: str) -> None:
-        if not _SAFE_ID.match(run_id):
+        if not _SAFE_ID.fullmatch(run_id):
             raise ValueError("not a run id: {!r}".format(run_id))
         self.root = os.path.join(os.path.abspath(base_dir), run_id)
         self.bundle_tar = os.path.join(self.root, "bundle.tar.gz")

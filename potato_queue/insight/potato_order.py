@@ -5,12 +5,15 @@ items with the highest `triage_priority` first, and computes that once per item,
 files, from the field its `triage.signal_field` names in the item's record. So the order goes into the
 data files: each ranked item gets PRIORITY_FIELD (the list's length down to 1: the top item highest),
 every other item loses it, nothing else of the file changes (a JSON-lines file keeps every line it does
-not change byte for byte), and the file is replaced in one rename with its own mode. Potato reads it at
-its next start.
+not change byte for byte), and the file is replaced in one rename with its own mode; its temp file lies in
+potato-queue's staging folder (never among the files Potato reads), and one a killed server left there is
+removed at the next start or write. Nothing is written when Potato's config would not serve the order.
+Potato reads it at its next start.
 """
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -21,9 +24,10 @@ from typing import Any
 from potato_queue.bundle.read import read_items
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
-from potato_queue.worker.files import write_atomic
+from potato_queue.store.keys import staging_dir
+from potato_queue.worker.files import STAGED_RE, write_atomic
 
-__all__ = ["PRIORITY_FIELD", "POTATO_ORDER_KEYS", "order_problem", "write_order", "hand_to_potato"]
+__all__ = ["PRIORITY_FIELD", "POTATO_ORDER_KEYS", "order_problem", "write_order", "hand_to_potato", "clear_staging"]
 
 PRIORITY_FIELD = "potato_queue_priority"
 # The keys of Potato's config that make it serve items by PRIORITY_FIELD, highest first.
@@ -112,9 +116,46 @@ def _new_text(path: Path, priority: dict[str, int], id_key: str) -> tuple[str, i
     return _rewrite_lines(text, priority, id_key)
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # another account's process
+    return True
+
+
+def clear_staging(config: ProjectConfig) -> list[str]:
+    """Remove the temp files of writers that died mid-write (a server killed while it wrote the order):
+    at every server start and before every write. The names removed."""
+    folder = staging_dir(config)
+    removed = []
+    for path in folder.iterdir() if folder.is_dir() else ():
+        found = STAGED_RE.match(path.name)
+        if found and not _alive(int(found.group(1))):
+            path.unlink(missing_ok=True)
+            removed.append(path.name)
+    return removed
+
+
+def _replace(config: ProjectConfig, real: Path, new: str) -> None:
+    """The data file replaced in one rename; its temp file in potato-queue's staging folder, not beside it."""
+    data, mode = new.encode("utf-8"), os.stat(real).st_mode & 0o777
+    staging = staging_dir(config)
+    staging.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        write_atomic(real, data, mode=mode, staging=staging)
+    except OSError as exc:
+        if exc.errno != errno.EXDEV:
+            raise
+        write_atomic(real, data, mode=mode)  # a data file on another filesystem: its temp file beside it
+
+
 def write_order(config: ProjectConfig, ranked_ids: Sequence[str]) -> dict[str, Any]:
     """Write the ranking into the project's data files (every file's new text made before any is replaced;
-    a linked file is written where it points): {"files": changed files, "items": changed items}."""
+    a linked file is written where it points; one whose text would not change is not written):
+    {"files": changed files, "items": changed items}."""
     priority = {iid: len(ranked_ids) - n for n, iid in enumerate(ranked_ids)}
     id_key = config.item_properties.id_key
     changes = []
@@ -123,9 +164,10 @@ def write_order(config: ProjectConfig, ranked_ids: Sequence[str]) -> dict[str, A
         new, changed = _new_text(real, priority, id_key)
         if changed:
             changes.append((real, new, changed))
+    clear_staging(config)
     for real, new, _changed in changes:
         try:
-            write_atomic(real, new.encode("utf-8"), mode=os.stat(real).st_mode & 0o777)
+            _replace(config, real, new)
         except OSError as exc:
             raise Conflict(f"data file {real} cannot be written ({exc}); the order is written only in part",
                            fix="make the data files writable by the account potato-queue runs as, then send it again") from None
@@ -134,9 +176,13 @@ def write_order(config: ProjectConfig, ranked_ids: Sequence[str]) -> dict[str, A
 
 
 def hand_to_potato(config: ProjectConfig, ranked_ids: Sequence[str]) -> dict[str, Any]:
-    """write_order, and what to tell the admin: what changed, the restart, and the config keys when missing."""
-    written = write_order(config, ranked_ids)
+    """write_order, and what to tell the admin: what changed and the restart; Conflict, with nothing
+    written, when Potato's config would not serve the order (the keys it lacks)."""
     problem = order_problem(config)
+    if problem is not None:
+        raise Conflict(f"The order was not written into the data files: {problem}",
+                       fix="add those keys to Potato's config, then send the order again")
+    written = write_order(config, ranked_ids)
     if ranked_ids and not written["items"] and not _has_field(config, ranked_ids[0]):
         problem = ("no data file holds the ranked items as JSON records (Potato's priority reads a field of the "
                    "item's JSON record; a CSV or TSV data file cannot carry it)")

@@ -61,6 +61,9 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
 
     check_writable(config)
     admin_state = check_admin_key(config, host)
+    from potato_queue.insight.potato_order import clear_staging
+
+    clear_staging(config)  # what a server killed while it wrote the order left behind
 
     from potato_queue.processes.queue import enqueue, make_celery
 
@@ -90,6 +93,7 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
 
     def stopping(sig: int, frame: Any) -> None:
         app.state.stopping.set()  # the Training page's event streams end, so the shutdown need not wait on them
+        app.state.claim_wakeups.stop()  # and so do the agents' long-polls (their control polls see `stopping`)
         handle_exit(sig, frame)
 
     server.handle_exit = stopping  # type: ignore[method-assign]

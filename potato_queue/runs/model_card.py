@@ -52,7 +52,7 @@ def base_model(settings: Mapping[str, Any]) -> tuple[str | None, str | None]:
     name = settings.get("model_name")
     if not isinstance(name, str) or not name:
         return None, None
-    if _BASE_MODEL.match(name) and not Path(name).expanduser().exists():
+    if _BASE_MODEL.fullmatch(name) and not Path(name).expanduser().exists():
         return name, name
     return None, f"a local folder ({PurePath(name).name})"
 

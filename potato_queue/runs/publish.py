@@ -55,7 +55,7 @@ class Publish:
 
 def check_repo_id(repo_id: str) -> None:
     """Invalid unless `repo_id` is a Hub model repo id: namespace/name (huggingface_hub's rules)."""
-    if (len(repo_id) <= MAX_REPO_ID and _REPO_ID.match(repo_id) and "--" not in repo_id and ".." not in repo_id
+    if (len(repo_id) <= MAX_REPO_ID and _REPO_ID.fullmatch(repo_id) and "--" not in repo_id and ".." not in repo_id
             and not repo_id.endswith(".git")):
         return
     raise Invalid(f"{repo_id!r} is not a Hugging Face Hub repo id",

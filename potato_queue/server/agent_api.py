@@ -168,9 +168,13 @@ async def get_control(
     wait_s: Annotated[float, Query(ge=0, description=f"how long to wait for a cancel; at most {MAX_WAIT_S:g}")] = 25.0,
 ) -> CancelReply:
     """Long-poll: answers at once when a cancel is requested, else after wait_s."""
-    store = store_of(request)
+    store, stopping = store_of(request), request.app.state.stopping
+
+    async def nobody_to_answer() -> bool:  # the agent hung up, or the server is stopping: it asks again
+        return stopping.is_set() or await request.is_disconnected()
+
     await run_in_threadpool(runs_of(request).heard_from, run_id)
-    return CancelReply(cancel=await store.wait_stop_due(run_id, min(wait_s, MAX_WAIT_S), request.is_disconnected))
+    return CancelReply(cancel=await store.wait_stop_due(run_id, min(wait_s, MAX_WAIT_S), nobody_to_answer))
 
 
 def _too_large(config: ProjectConfig, size: str) -> HTTPException:

@@ -115,12 +115,20 @@ class ClaimDoor:
         deadline = loop.time() + wait_s
         scope.setdefault("state", {})[CLAIM_DEADLINE] = deadline
         place, offered = await self.wakeups.waiter(backend)
+        if self.wakeups.stopping:
+            self.wakeups.leave(backend, place)
+            await _nothing(send)
+            return False
         if not self.wakeups.nothing_offered(backend, digest, time.monotonic()):
             self.wakeups.leave(backend, place)  # an offer came while the place was taken: the route looks
             return True
         try:
             await asyncio.wait_for(offered, max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
+            self.wakeups.leave(backend, place)
+            await _nothing(send)
+            return False
+        if self.wakeups.stopping:
             self.wakeups.leave(backend, place)
             await _nothing(send)
             return False

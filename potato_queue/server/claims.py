@@ -124,6 +124,8 @@ class ClaimWakeups:
         self._ready: asyncio.Event | None = None
         self._heard: dict[str, int] = {}  # offers heard per backend (a counter)
         self._none_offered: set[str] = set()  # backends whose last look found nothing, no offer heard since
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self.stopping = False  # the server is stopping: every claim answers "nothing" now
 
     async def _listen(self, twin: aioredis.Redis) -> None:
         pubsub = twin.pubsub()
@@ -141,6 +143,7 @@ class ClaimWakeups:
             await twin.aclose()
 
     async def _started(self) -> None:
+        self._loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._none_offered.clear()  # offers made while nobody listened were not heard
             self._ready = asyncio.Event()
@@ -155,6 +158,19 @@ class ClaimWakeups:
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._waiting.setdefault(backend, {})[self._next_id] = future
         return self._next_id, future
+
+    def stop(self) -> None:
+        """The server is stopping (from its signal handler): every waiting claim answers "nothing" now, so the
+        shutdown does not wait out (and then cancel, with an ERROR) the agents' long-polls."""
+        self.stopping = True
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._wake_all)
+
+    def _wake_all(self) -> None:
+        for line in self._waiting.values():
+            for future in line.values():
+                if not future.done():
+                    future.set_result(None)
 
     def leave(self, backend: str, place: int) -> None:
         self._waiting.get(backend, {}).pop(place, None)
@@ -224,12 +240,15 @@ async def claim(
                 wakeups.leave(backend, place)
                 raise
             wakeups.looked(backend, digest, heard, found is None, time.monotonic())
-        if found is not None:
+        if found is not None or wakeups.stopping:
             wakeups.leave(backend, place)
-            return found
+            return found or Claim()
         try:
             await asyncio.wait_for(offered, max(0.0, deadline - loop.time()))
         except asyncio.TimeoutError:
+            wakeups.leave(backend, place)
+            return Claim()
+        if wakeups.stopping:
             wakeups.leave(backend, place)
             return Claim()
         if await request.is_disconnected():

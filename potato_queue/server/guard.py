@@ -110,7 +110,7 @@ def admin_checked(scope: Scope) -> bool:
 def token_problem(store: RunStore, run_id: str, token: str | None) -> tuple[int, str] | None:
     """(401, why) unless `token` opens `run_id`. Another run's token is refused like a wrong one: its holder
     learns nothing of which runs it opens, and a refusal costs no search of the other runs' tokens."""
-    if token and RUN_ID_RE.match(run_id) and store.tokens.verify(run_id, token):
+    if token and RUN_ID_RE.fullmatch(run_id) and store.tokens.verify(run_id, token):
         return None
     return 401, UNAUTHORIZED_RUN
 

@@ -101,7 +101,7 @@ def run_page(run_id: str, request: Request) -> Response:
     nonce = _nonce(request)
     if nonce is None:
         return RedirectResponse(PAGE_PREFIX, status_code=303)
-    if not RUN_ID_RE.match(run_id):
+    if not RUN_ID_RE.fullmatch(run_id):
         raise HTTPException(404, "no such run")
     csrf = csrf_token(admin_key(store_of(request).config), nonce)
     body = _header(csrf, f" / run {run_id}") + f"""

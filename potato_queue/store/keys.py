@@ -18,7 +18,7 @@ from pathlib import Path
 from potato_queue.config import ProjectConfig
 
 __all__ = ["RUN_ID_RE", "new_run_id", "project_id", "Keys", "RunPaths", "runs_dir", "project_predictions_path",
-           "remote_socket_path", "retrain_state_path", "potato_task_dir", "potato_database_path"]
+           "remote_socket_path", "retrain_state_path", "staging_dir", "potato_task_dir", "potato_database_path"]
 
 RUN_ID_RE = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
 
@@ -180,6 +180,12 @@ def runs_dir(config: ProjectConfig) -> Path:
     return config.output_path / "training" / "runs"
 
 
+def staging_dir(config: ProjectConfig) -> Path:
+    """potato-queue's temp files for what it writes into the project's own folders (the data files): on
+    the project's filesystem, so one rename lands them, and never beside the files Potato reads."""
+    return config.output_path / "training" / "staging"
+
+
 def retrain_state_path(config: ProjectConfig) -> Path:
     """Auto-retrain's baseline (annotations counted at the last auto run): on disk, so restarts keep it."""
     return config.output_path / "training" / "auto_retrain.json"
@@ -212,7 +218,7 @@ class RunPaths:
 
     @classmethod
     def of(cls, config: ProjectConfig, run_id: str) -> RunPaths:
-        if not RUN_ID_RE.match(run_id):
+        if not RUN_ID_RE.fullmatch(run_id):
             raise ValueError(f"not a run id: {run_id!r}")
         return cls(runs_dir(config) / run_id)
 

@@ -152,7 +152,7 @@ class RunStore:
         folder = runs_dir(self.config)
         if not folder.is_dir():
             return []
-        ids = [p.name for p in folder.iterdir() if RUN_ID_RE.match(p.name) and (p / "run.json").exists()]
+        ids = [p.name for p in folder.iterdir() if RUN_ID_RE.fullmatch(p.name) and (p / "run.json").exists()]
         return sorted(ids, key=self._created_at)
 
     def _created_at(self, run_id: str) -> str:

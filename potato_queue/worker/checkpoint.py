@@ -58,7 +58,7 @@ class Checkpoints:
             return []
         found = []
         for name in names:
-            match = _STEP_FOLDER.match(name)
+            match = _STEP_FOLDER.fullmatch(name)
             path = os.path.join(self.folder, name)
             if match and os.path.isfile(os.path.join(path, DONE_FILE)):
                 found.append(Checkpoint(int(match.group(1)), path))
@@ -89,7 +89,7 @@ class Checkpoints:
             fh.flush()
             os.fsync(fh.fileno())
         for name in os.listdir(self.folder):  # older ones, whole or cut short
-            if _STEP_FOLDER.match(name) and os.path.join(self.folder, name) != path:
+            if _STEP_FOLDER.fullmatch(name) and os.path.join(self.folder, name) != path:
                 shutil.rmtree(os.path.join(self.folder, name), ignore_errors=True)
         self.saved_step = step
         return Checkpoint(step, path)

@@ -70,7 +70,7 @@ class Job:
             bundle = data["bundle"]
             limits = data.get("limits") or {}
             resume_of = data.get("resume_of")
-            if resume_of is not None and not _RUN_ID.match(str(resume_of)):
+            if resume_of is not None and not _RUN_ID.fullmatch(str(resume_of)):
                 raise ValueError("resume_of is not a run id: {!r}".format(resume_of))
             return cls(
                 run_id=str(data["run_id"]), trainer=str(data["trainer"]), schemas=[str(s) for s in data["schemas"]],

@@ -170,7 +170,7 @@ def _requeuing_worker(worker: str, job_dir: str) -> List[str]:
 def parse_job_id(stdout: str) -> str:
     """The id from `sbatch --parsable`'s `<id>` or `<id>;<cluster>`; ValueError for anything else."""
     text = stdout.strip().splitlines()[-1].split(";")[0].strip() if stdout.strip() else ""
-    if not re.match(r"^\d+(_\d+)?$", text):
+    if not re.fullmatch(r"\d+(_\d+)?", text):
         raise ValueError("sbatch printed {!r}, not a job id".format(stdout.strip()[:200]))
     return text
 
