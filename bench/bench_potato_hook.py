@@ -5,8 +5,9 @@ of the Python that runs it; every start of that Python runs the line. Side by si
 run: `python -c pass` with the line installed, and without it (the alternative: no hook at all). Then a
 stale line, as `pip uninstall potato-queue` leaves it: the same line in the site folder of an interpreter
 that cannot find potato_queue (`python -S`, then `site.addsitedir` of a folder holding the line), against
-an empty folder. Finally what Potato pays once a start, when it imports its registry: with the line
-(potato-queue found and registered), against without.
+an empty folder. Then what Potato pays once a start, when it imports its registry: with the line
+(potato-queue found and registered), against without. Last, the line alone, run in this process as
+site.py runs it: a start's cost without a start's noise (a start's spread is milliseconds).
 
 Prints the median and the spread of each, the difference in ms and the ratio. The installed line is put
 back as it was found.
@@ -76,6 +77,15 @@ def _stale(starts: int) -> tuple[list[float], list[float]]:
                              lambda: _start_ms(["-S", "-c", probe.format(empty)]))
 
 
+def _line_itself_us(runs: int = 2000) -> float:
+    """The line as site.py runs it, in this process: the cost a start pays, without a start's noise."""
+    started = time.perf_counter()
+    for _ in range(runs):
+        exec(PTH_LINE, {"__name__": "site"})  # noqa: S102 - what site.py does with the line
+        del sys.meta_path[0]
+    return (time.perf_counter() - started) / runs * 1e6
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--starts", type=int, default=50)
@@ -89,6 +99,7 @@ def main() -> None:
         _row("python -c pass (stale: potato-queue gone)", *_stale(starts))
         registry = ["-c", "import potato.training.registry"]
         _row("Potato imports its registry (once a start)", *_installed(max(10, starts // 5), registry))
+        print(f"\nthe line itself, as site.py runs it (in-process, 2000 runs): {_line_itself_us():.1f} us a start")
     finally:
         if was_there:
             write_pth()

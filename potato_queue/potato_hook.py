@@ -33,6 +33,23 @@ __all__ = ["TRAINER_NAME", "PTH_NAME", "PTH_LINE", "registry_spec", "register", 
 TRAINER_NAME = "potato-queue-remote"
 REGISTRY = "potato.training.registry"
 PTH_NAME = "potato_queue_remote.pth"
+# What the finder runs once Potato imports its registry: compiled only then (at start it is a string
+# constant, which costs nothing to compile).
+_LOADER = """
+try:
+    from importlib.util import find_spec, spec_from_file_location, module_from_spec
+    import os
+    package = find_spec('potato_queue')
+    where = package and package.submodule_search_locations
+    hook = where and os.path.join(list(where)[0], 'potato_hook.py')
+    if hook and os.path.isfile(hook):
+        found = spec_from_file_location('_potato_queue_hook', hook)
+        module = module_from_spec(found)
+        found.loader.exec_module(module)
+        spec = module.registry_spec(name)
+except Exception:
+    pass
+"""
 # What the .pth line runs. Kept free of imports at start (measured in bench/bench_potato_hook.py): the
 # finder answers for Potato's registry once, then removes itself; every other import passes it at the
 # cost of a string compare. It loads this file under a private name, so an interpreter that later runs
@@ -44,20 +61,9 @@ class PotatoQueueRemoteHook:
         if name != {REGISTRY!r}:
             return None
         sys.meta_path[:] = [f for f in sys.meta_path if f is not cls]
-        try:
-            from importlib.util import find_spec, spec_from_file_location, module_from_spec
-            import os
-            package = find_spec('potato_queue')
-            where = package and package.submodule_search_locations
-            hook = where and os.path.join(list(where)[0], 'potato_hook.py')
-            if not hook or not os.path.isfile(hook):
-                return None
-            spec = spec_from_file_location('_potato_queue_hook', hook)
-            module = module_from_spec(spec)
-            spec.loader.exec_module(module)
-            return module.registry_spec(name)
-        except Exception:
-            return None
+        scope = {{'name': name}}
+        exec({_LOADER!r}, scope)
+        return scope.get('spec')
 sys.meta_path.insert(0, PotatoQueueRemoteHook)
 """
 PTH_LINE = f"import sys; exec({_FINDER!r}, {{'sys': sys, '__name__': 'potato_queue_remote_pth'}})\n"

@@ -12,6 +12,7 @@ import subprocess
 import sys
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -67,6 +68,7 @@ class Services:
         self.url = ""
         self.ssl_context: ssl.SSLContext | None = None  # for a server on https
         self._project_config: ProjectConfig | None = None
+        self.server: subprocess.Popen[str] | None = None
 
     def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None, pipe: bool = False,
                cwd: Path | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
@@ -86,16 +88,28 @@ class Services:
         return self._project_config
 
     def serve(self, host: str = "127.0.0.1", *args: str, open_files: int | None = None,
-              env: dict[str, str] | None = None) -> str:
+              env: dict[str, str] | None = None, port: int = 0) -> str:
         """`potato-queue serve`; `open_files` runs it under that RLIMIT_NOFILE (soft and hard), as a unit would."""
         prefix = ("prlimit", f"--nofile={open_files}:{open_files}", "--") if open_files else ()
-        proc = self._spawn("serve", str(self.config), "--host", host, "--port", "0", *args, name="server", pipe=True,
-                           prefix=prefix, env=env)
+        proc = self._spawn("serve", str(self.config), "--host", host, "--port", str(port), *args, name="server",
+                           pipe=True, prefix=prefix, env=env)
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert " at http" in line, line + (self.tmp_path / "server.log").read_text()
         self.url = line.rsplit(" at ", 1)[1].strip()
+        self.server = proc
         return self.url
+
+    def stop_server(self) -> None:
+        """The server alone stopped (SIGTERM, as systemd stops it); `serve_again` starts it on the same port."""
+        assert self.server is not None
+        self.server.terminate()
+        self.server.wait(30)
+
+    def serve_again(self) -> str:
+        port = urllib.parse.urlsplit(self.url).port
+        assert port is not None
+        return self.serve(port=port)
 
     def executor(self, env: dict[str, str] | None = None, cwd: Path | None = None, *args: str) -> subprocess.Popen[str]:
         return self._spawn("worker", str(self.config), *args, name=f"executor{len(self.procs)}", env=env, cwd=cwd)

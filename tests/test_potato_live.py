@@ -6,9 +6,11 @@ the run once; cancelling in Potato cancels the run here."""
 from __future__ import annotations
 
 import fcntl
+import http.server
 import json
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -19,7 +21,16 @@ import pytest
 
 from potato_queue.potato_hook import pth_path
 from tests.conftest import run_cli
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, wait_running, wait_until
+from tests.lifecycle_helpers import (
+    ADMIN_KEY,
+    TERMINAL,
+    Services,
+    make_project,
+    processes_of,
+    run_paths,
+    wait_running,
+    wait_until,
+)
 from tests.potato_helpers import PotatoServer, add_potato_keys, potato_view
 
 
@@ -95,6 +106,16 @@ def test_the_hook_leaves_potato_queue_unimported_until_potato_asks(trainer_insta
     assert proc.returncode == 0 and proc.stdout.strip() == "[]", proc.stdout + proc.stderr
 
 
+def test_a_hook_whose_potato_queue_is_gone_steps_aside(trainer_installed: None) -> None:
+    """As after `pip uninstall potato-queue` without `remove-trainer`: the line finds no potato_queue when
+    Potato imports its registry (hidden here by a None in sys.modules, which find_spec takes for "absent"),
+    and Potato starts as if it were not there."""
+    probe = ("import sys; sys.modules['potato_queue'] = None; import potato.training.registry as r; "
+             "print('potato-queue-remote' in r.trainer_names(), [f for f in sys.meta_path if 'PotatoQueue' in repr(f)])")
+    proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", timeout=60)
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "False []", ""), proc
+
+
 def _queue_run_for(live: Live, potato_run_id: str, timeout_s: float = 60) -> dict:
     """The run potato-queue queued for Potato's run (Potato builds its bundle first, then starts its worker)."""
     deadline = time.monotonic() + timeout_s
@@ -146,3 +167,95 @@ def test_cancelling_in_potato_cancels_the_run_here(live: Live, tiny_model: Path)
     assert status == 200 and reply["cancelled"], reply
     assert live.potato.wait_run(started["run_id"], {"success", "error", "cancelled"}, 60)["status"] == "cancelled"
     assert live.svc.wait_for(ours["run_id"], TERMINAL, 60)["state"] == "cancelled"
+
+
+class _Listener:
+    """An http listener of someone else's, on loopback: it records every request it gets, with its headers."""
+
+    def __init__(self) -> None:
+        self.got: list[tuple[str, str, dict[str, str]]] = []
+        got = self.got
+
+        class Record(http.server.BaseHTTPRequestHandler):
+            def _record(self) -> None:
+                got.append((self.command, self.path, dict(self.headers)))
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(b'{"run_id": "20260101T000000-aaaaaa", "state": "succeeded"}')
+
+            do_GET = do_POST = _record
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_run_whose_params_name_another_server_sends_the_key_nowhere(live: Live) -> None:
+    """Anyone who may start a run in Potato writes its params; potato-queue's admin key is the admin's."""
+    listener = _Listener()
+    try:
+        status, started = live.potato.api("POST", "/admin/training/api/runs", {
+            "trainer": "potato-queue-remote", "schemas": ["sentiment"],
+            "params": {"trainer": "sklearn-text", "backend": "local", "server": listener.url}})
+        assert status == 200 and started["started"], started
+        run = live.potato.wait_run(started["run_id"], {"success", "error", "cancelled"})
+    finally:
+        listener.close()
+    assert listener.got == [], "the listener got nothing, the key least of all"
+    assert run["status"] == "error", run
+    said = json.dumps(run)
+    assert (f"params.server '{listener.url}' is not this Potato's potato-queue server ({live.svc.url}, from "
+            "$POTATO_QUEUE_URL): a run's params cannot choose where potato-queue's admin key is sent") in said, said
+    assert [r for r in live.svc.api("GET", "/runs")[1] if r.get("potato_run_id") == started["run_id"]] == []
+
+
+def test_potato_queue_restarted_during_a_potato_run_the_prelabels_still_arrive(live: Live) -> None:
+    """potato-queue's server stopped while Potato follows its run: Potato's step line says so, the run's
+    training ends meanwhile, and once the server is back Potato takes the result and publishes the
+    predictions, as if nothing happened."""
+    from potato.training import store
+
+    status, started = live.potato.api("POST", "/admin/training/api/runs", {
+        "trainer": "potato-queue-remote", "schemas": ["sentiment"],
+        "params": {"trainer": "majority-baseline", "backend": "local", "params": {"hold_s": 3}}})
+    assert status == 200 and started["started"], started
+    ours = _queue_run_for(live, started["run_id"])
+    wait_running(live.svc, ours["run_id"], 120)
+    run_dir = run_paths(live.svc, ours["run_id"]).dir
+    live.svc.stop_server()
+    try:
+        def step() -> str:
+            return str(live.potato.api("GET", "/admin/training/api/status")[1].get("step") or "")
+
+        wait_until(lambda: "cannot be reached for" in step(), 30, "Potato's step line saying so")
+        said = step()
+        assert said.startswith(f"potato-queue's server at {live.svc.url} cannot be reached for "), said
+        assert said.endswith(f"run {ours['run_id']} goes on there, asking again"), said
+        # The training ends while the server is down: the worker is gone, its agent holds the result.
+        wait_until(lambda: not [p for p in processes_of(ours["run_id"], run_dir) if "potato_queue.worker" in p],
+                   60, "the run's worker finished")
+        assert live.potato.api("GET", f"/admin/training/api/runs/{started['run_id']}")[1]["status"] == "running"
+    finally:
+        live.svc.serve_again()
+    run = live.potato.wait_run(started["run_id"], {"success", "error", "cancelled"})
+    assert run["status"] == "success", (run, live.potato.log()[-3000:], live.svc.logs())
+    assert live.svc.wait_for(ours["run_id"], TERMINAL, 30)["state"] == "succeeded"
+    cfg = potato_view(live.config)
+
+    def stored_items() -> int:
+        return len({p["instance_id"] for p in store.load_predictions(cfg, run_id=started["run_id"])})
+
+    def published() -> int:
+        return int(live.potato.api("GET", "/admin/model-review")[1]["n_prelabelled"])
+
+    wait_until(lambda: 0 < published() == stored_items(), 30, "published without a restart (every item Potato stored)")
+    events = json.dumps(live.potato.api("GET", f"/admin/training/api/runs/{started['run_id']}/events")[1])
+    assert "answers again, after" in events, events
