@@ -17,7 +17,13 @@ from potato_queue.insight.measures import (
     reliability,
 )
 from potato_queue.insight.next_items import cosine, rank_next, tfidf_vectors, uncertainty
-from potato_queue.insight.potato_order import POTATO_ORDER_KEYS, PRIORITY_FIELD, hand_to_potato, order_problem, write_order
+from potato_queue.insight.potato_order import (
+    POTATO_ORDER_KEYS,
+    PRIORITY_FIELD,
+    hand_to_potato,
+    order_problem,
+    write_order,
+)
 from potato_queue.insight.report import curve_said
 
 pytestmark = pytest.mark.unit

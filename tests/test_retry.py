@@ -237,11 +237,11 @@ def test_two_retries_of_one_run_asked_at_once_queue_one_run(tmp_path: Path, redi
             assert store.transition(run_id, RunState.FAILED, error="its worker was killed") is not None
             return run_id
 
-        for old in [failed_run() for _ in range(20)]:
+        def retried_twice_at_once(old: str) -> list[tuple[int, Any]]:
             replies: list[tuple[int, Any]] = []
             together = threading.Barrier(2)
 
-            def retry(old: str = old) -> None:
+            def retry() -> None:
                 together.wait()
                 replies.append(svc.api("POST", f"/runs/{old}/retry"))
 
@@ -250,6 +250,10 @@ def test_two_retries_of_one_run_asked_at_once_queue_one_run(tmp_path: Path, redi
                 thread.start()
             for thread in threads:
                 thread.join(30)
+            return replies
+
+        for old in [failed_run() for _ in range(20)]:
+            replies = retried_twice_at_once(old)
             (won, queued), (lost, refused) = sorted(replies, key=lambda reply: reply[0])
             assert (won, lost) == (202, 409), replies
             assert refused["detail"] == (f"Run {old} was retried already, as run {queued['run_id']}; fix: retry run "
