@@ -161,6 +161,7 @@ def _serve(config: ProjectConfig, redis_url: str, socket_dir: str) -> Served:
     app.state.store = store
     app.state.config = config
     app.state.runs = RunService(config, store)
+    app.state.stopping = threading.Event()  # set by the server's signal handler; the control long-poll reads it
     app.include_router(agent_router(), prefix=PREFIX)
     guard(app, store, config)  # as create_app has it
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY

@@ -117,7 +117,7 @@ def test_a_local_run_whose_worker_was_killed_resumes_when_retried_and_the_refusa
         status, reply = svc.api("POST", f"/runs/{first}/retry")
         assert (status, reply["detail"]) == (409, (
             f"Run {first} cannot be retried: its bundle was removed (model_training.retain_runs keeps the bundles "
-            "of the newest 5 runs), so the retry could not train on the same data; fix: start a new run instead: "
+            "of the newest 5 failed or cancelled runs), so the retry could not train on the same data; fix: start a new run instead: "
             "it trains on the annotations as they are now, from the beginning; raise model_training.retain_runs "
             "to keep more runs' bundles"))
         assert svc.api("POST", "/runs/20200101T000000-abcdef/retry")[0] == 404

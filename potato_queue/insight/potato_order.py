@@ -132,7 +132,7 @@ def clear_staging(config: ProjectConfig) -> list[str]:
     folder = staging_dir(config)
     removed = []
     for path in folder.iterdir() if folder.is_dir() else ():
-        found = STAGED_RE.match(path.name)
+        found = STAGED_RE.fullmatch(path.name)
         if found and not _alive(int(found.group(1))):
             path.unlink(missing_ok=True)
             removed.append(path.name)

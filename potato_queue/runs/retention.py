@@ -46,11 +46,11 @@ def _to_prune(store: RunStore, retain: int) -> list[str]:
         except KeyError:
             store.index.unmark_bulky(run_id)
             continue  # gone, or unreadable: not ours to judge
-        if state not in FINAL_STATES or run_id == latest or store.publishing(run_id):
+        if state not in FINAL_STATES or store.publishing(run_id):
             continue  # one being uploaded to the Hugging Face Hub is pruned at a later run's end
         succeeded = state == RunState.SUCCEEDED
-        kept[succeeded] += 1
-        if kept[succeeded] > retain:
+        kept[succeeded] += 1  # the latest success counts among the newest too, though it is never pruned
+        if kept[succeeded] > retain and run_id != latest:
             out.append(run_id)
     return out[::-1]
 
