@@ -52,7 +52,8 @@ except Exception:
 """
 # What the .pth line runs. Kept free of imports at start (measured in bench/bench_potato_hook.py): the
 # finder (one, however often site.py runs the line) answers for Potato's registry once, then removes
-# itself; every other import passes it at the cost of a string compare. It loads this file under a private name, so an interpreter that later runs
+# itself (a new list, not the one the import system is walking, so the finder after it is still asked);
+# every other import passes it at the cost of a string compare. It loads this file under a private name, so an interpreter that later runs
 # potato-queue's code from elsewhere (the code an ssh run copies to a host) finds `potato_queue` unimported.
 _FINDER = f"""
 class PotatoQueueRemoteHook:
@@ -60,7 +61,7 @@ class PotatoQueueRemoteHook:
     def find_spec(cls, name, path=None, target=None):
         if name != {REGISTRY!r}:
             return None
-        sys.meta_path[:] = [f for f in sys.meta_path if getattr(f, '__name__', '') != cls.__name__]
+        sys.meta_path = [f for f in sys.meta_path if getattr(f, '__name__', '') != cls.__name__]
         scope = {{'name': name}}
         exec({_LOADER!r}, scope)
         return scope.get('spec')

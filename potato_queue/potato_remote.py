@@ -39,7 +39,7 @@ from potato_queue.potato_hook import TRAINER_NAME
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store.potato_ledger import potato_metrics
 
-__all__ = ["RemoteTrainer", "QueueClient", "Unreachable", "server_for", "REMOTE_PREDICTIONS", "DEFAULT_SERVER",
+__all__ = ["RemoteTrainer", "QueueClient", "Follower", "Unreachable", "server_for", "REMOTE_PREDICTIONS", "DEFAULT_SERVER",
            "URL_ENV", "PLAIN_HTTP_ENV"]
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
@@ -105,7 +105,16 @@ class _NoRedirect(urllib.request.HTTPRedirectHandler):
         return None
 
 
-_OPENER = urllib.request.build_opener(_NoRedirect)
+def _opener(server: str) -> urllib.request.OpenerDirector:
+    """No redirects; a proxy only for https to another machine, where the proxy tunnels the encrypted
+    request (CONNECT) and never sees the key. An http_proxy in Potato's environment would read the key in
+    plain text, and would stand between Potato and a loopback server too (urllib does not exempt loopback)."""
+    scheme, host, _port, _path = _origin(server)
+    https_proxy = urllib.request.getproxies().get("https")
+    proxies = {"https": https_proxy} if https_proxy and scheme == "https" and not _loopback(host) else {}
+    return urllib.request.build_opener(urllib.request.ProxyHandler(proxies), _NoRedirect)
+
+
 # A proxy in front of the server that lost it answers one of these.
 _DOWN_STATUSES = (502, 503, 504)
 
@@ -115,6 +124,7 @@ class QueueClient:
 
     def __init__(self, server: str, key: str) -> None:
         self.server, self._key = server.rstrip("/"), key
+        self._opener = _opener(self.server)
 
     @classmethod
     def from_env(cls, server: str | None, env: Mapping[str, str] | None = None) -> QueueClient:
@@ -131,7 +141,7 @@ class QueueClient:
         req.add_header("X-API-Key", self._key)
         req.add_header("Content-Type", "application/json")
         try:
-            with _OPENER.open(req, timeout=60) as resp:
+            with self._opener.open(req, timeout=60) as resp:
                 return bytes(resp.read())
         except urllib.error.HTTPError as err:
             detail = err.read().decode(errors="replace")[:500]
@@ -165,13 +175,13 @@ class _Relay:
                                  int(progress["total"]), progress.get("eta_s"))
 
 
-class _Follower:
+class Follower:
     """One potato-queue run followed to its end from Potato's worker, across outages of potato-queue's server.
 
     The run goes on while the server is down (a restart, an upgrade): the follower says so on Potato's step
     line, with for how long, and asks again until the server answers, then takes the run's end as if
-    nothing happened. It gives up only past the Potato run's own wall limit; without one, when Potato
-    stops the run."""
+    nothing happened. It gives up past the Potato run's own wall limit, or at once when Potato stops the
+    run meanwhile (the cancel cannot reach potato-queue: the error says to cancel it there)."""
 
     def __init__(self, client: QueueClient, run_id: str, report: ProgressReporter, max_wall_s: float | None) -> None:
         self.client, self.run_id, self.report = client, run_id, report
@@ -192,8 +202,13 @@ class _Follower:
 
     def _look(self) -> dict[str, Any]:
         if self.report.should_stop() and not self.cancelled:
-            self.client.json("POST", f"/runs/{self.run_id}/cancel")
-            self.report.log("info", f"cancelled potato-queue run {self.run_id}")
+            try:
+                self.client.json("POST", f"/runs/{self.run_id}/cancel")
+                self.report.log("info", f"cancelled potato-queue run {self.run_id}")
+            except Unreachable:
+                raise
+            except TrainerError as exc:  # a 409: the run ended meanwhile; its end is read below
+                self.report.log("info", f"potato-queue run {self.run_id} was not cancelled: {exc}")
             self.cancelled = True
         return dict(self.client.json("GET", f"/runs/{self.run_id}"))
 
@@ -217,6 +232,10 @@ class _Follower:
             self.down_since_s = now_s
             self.report.log("warning", f"{exc}; potato-queue run {self.run_id} goes on there, asking again")
         down_s = now_s - self.down_since_s
+        if self.report.should_stop() and not self.cancelled:
+            raise TrainerError(f"Potato stopped this run while {exc}: potato-queue run {self.run_id} may still be "
+                               f"running there; cancel it once the server is back (potato-queue training cancel "
+                               f"{self.run_id} CONFIG)") from None
         if self.max_wall_s and now_s - self.started_s > self.max_wall_s:
             raise TrainerError(f"{exc}, for {down_s:.0f} s, and this run's wall limit ({self.max_wall_s:g} s) has "
                                f"passed: Potato stops following potato-queue run {self.run_id}, which may still be "
@@ -257,7 +276,7 @@ class RemoteTrainer(Trainer):
         queued = client.json("POST", "/runs", body)["run_id"]
         report.log("info", f"queued potato-queue run {queued} ({p['trainer']} on {p.get('backend') or 'its default backend'}) "
                            f"at {client.server}")
-        follower = _Follower(client, queued, report, spec.limits.max_wall_s)
+        follower = Follower(client, queued, report, spec.limits.max_wall_s)
         run = follower.follow()
         if run["state"] != RunState.SUCCEEDED:
             raise TrainerError(f"potato-queue run {queued} {run['state']}: {run.get('error') or 'see its run.log'}")

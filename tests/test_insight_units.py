@@ -164,6 +164,7 @@ def test_a_linked_data_file_is_written_where_it_points_and_an_unreadable_one_is_
 def test_an_order_potatos_config_would_not_serve_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
     from potato_queue.config import build_config
     from potato_queue.errors import Conflict
+    from potato_queue.store.keys import staging_dir
 
     items = tmp_path / "items.jsonl"
     items.write_text('{"id": "a"}\n{"id": "b"}\n')
@@ -178,7 +179,8 @@ def test_an_order_potatos_config_would_not_serve_is_refused_and_nothing_is_writt
     assert sorted(p.name for p in tmp_path.iterdir()) == ["items.jsonl"], "no temp file, no staging folder"
     ready = build_config({**config.model_dump(), **POTATO_ORDER_KEYS, "data_files": [items.name]}, tmp_path / "config.yaml")
     assert hand_to_potato(ready, ["b", "a"])["items"] == 2
-    assert [p.name for p in items.parent.iterdir() if p.name.startswith(".")] == [], "the temp file was staged elsewhere"
+    assert staging_dir(ready).is_dir(), "the temp file was staged in potato-queue's folder"
+    assert [p.name for p in items.parent.iterdir() if p.name.startswith(".")] == []
 
 
 def test_an_id_with_a_newline_after_it_is_no_run_id_gpu_list_or_model_name() -> None:

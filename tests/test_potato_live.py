@@ -110,10 +110,19 @@ def test_a_hook_whose_potato_queue_is_gone_steps_aside(trainer_installed: None) 
     """As after `pip uninstall potato-queue` without `remove-trainer`: the line finds no potato_queue when
     Potato imports its registry (hidden here by a None in sys.modules, which find_spec takes for "absent"),
     and Potato starts as if it were not there."""
-    probe = ("import sys; sys.modules['potato_queue'] = None; import potato.training.registry as r; "
-             "print('potato-queue-remote' in r.trainer_names(), [f for f in sys.meta_path if 'PotatoQueue' in repr(f)])")
+    probe = ("import sys\n"
+             "asked = []\n"
+             "class Spy:\n"
+             "    @staticmethod\n"
+             "    def find_spec(name, path=None, target=None):\n"
+             "        asked.append(name)\n"
+             "sys.meta_path.insert(1, Spy)  # the finder after the hook is still asked for the registry\n"
+             "sys.modules['potato_queue'] = None\n"
+             "import potato.training.registry as r\n"
+             "print('potato-queue-remote' in r.trainer_names(), 'potato.training.registry' in asked,\n"
+             "      [f for f in sys.meta_path if 'PotatoQueue' in repr(f)])\n")
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", timeout=60)
-    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "False []", ""), proc
+    assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "False True []", ""), proc
 
 
 def _queue_run_for(live: Live, potato_run_id: str, timeout_s: float = 60) -> dict:

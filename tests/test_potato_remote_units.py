@@ -1,17 +1,19 @@
 """potato-queue-remote's side of the key (potato_queue/potato_remote.py): where the admin key may be sent is
 the admin's choice ($POTATO_QUEUE_URL in Potato's environment), never a run param's, and a redirect does not
-carry it elsewhere. Pure functions, and one real redirect on loopback."""
+carry it elsewhere, nor a proxy read it; the follower when Potato stops a run. Pure functions, and real
+listeners on loopback."""
 
 from __future__ import annotations
 
 import http.server
 import threading
+import urllib.request
 from collections.abc import Iterator
 
 import pytest
-from potato.training.base import TrainerError
+from potato.training.base import ProgressReporter, TrainerError
 
-from potato_queue.potato_remote import DEFAULT_SERVER, QueueClient, server_for
+from potato_queue.potato_remote import DEFAULT_SERVER, Follower, QueueClient, server_for
 
 pytestmark = pytest.mark.unit
 
@@ -101,3 +103,93 @@ def test_a_redirect_does_not_carry_the_key_elsewhere(redirecting: tuple[str, lis
     with pytest.raises(TrainerError, match=f"potato-queue at {url} refused GET /runs/x: 307"):
         client.call("GET", "/runs/x")
     assert got == []
+
+
+class _Recorder:
+    """A loopback http server answering every request with `status` and `body`, recording the paths."""
+
+    def __init__(self, answers: dict[tuple[str, str], tuple[int, bytes]] | None = None) -> None:
+        self.got: list[tuple[str, str]] = []
+        got, answers = self.got, answers or {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                got.append((self.command, self.path))
+                status, body = answers.get((self.command, self.path), (200, b"{}"))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_an_http_proxy_in_potatos_environment_never_sees_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    """urllib sends even loopback requests through $http_proxy, in plain text; the client does not."""
+    proxy, server = _Recorder(), _Recorder()
+    try:
+        for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
+            monkeypatch.setenv(name, proxy.url)
+        monkeypatch.delenv("no_proxy", raising=False)
+        monkeypatch.delenv("NO_PROXY", raising=False)
+        QueueClient.from_env(None, {**KEY, "POTATO_QUEUE_URL": server.url}).call("GET", "/runs")
+    finally:
+        proxy.close()
+        server.close()
+    assert (proxy.got, server.got) == ([], [("GET", "/admin/training/api/runs")])
+    # https to another machine keeps its https proxy: it tunnels the encrypted request and sees no header.
+    monkeypatch.setenv("https_proxy", "http://proxy.lab.example:3128")
+    handlers = QueueClient("https://queue.lab.example", "k")._opener.handlers
+    assert [h.proxies for h in handlers if isinstance(h, urllib.request.ProxyHandler)] == [
+        {"https": "http://proxy.lab.example:3128"}]
+
+
+class _Stopped(ProgressReporter):
+    """Potato's reporter once the user pressed Cancel in Potato."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def status(self, state: str, step: str = "") -> None:
+        self.lines.append(step)
+
+    def log(self, level: str, msg: str) -> None:
+        self.lines.append(msg)
+
+    def should_stop(self) -> bool:
+        return True
+
+
+def test_a_run_potato_stops_while_potato_queue_is_down_ends_at_once_saying_what_to_cancel() -> None:
+    gone = _Recorder()
+    gone.close()  # nothing listens there now
+    client = QueueClient.from_env(None, {**KEY, "POTATO_QUEUE_URL": gone.url})
+    with pytest.raises(TrainerError) as stopped:
+        Follower(client, "20260101T000000-aaaaaa", _Stopped(), None).follow()
+    said = str(stopped.value)
+    assert said.startswith(f"Potato stopped this run while potato-queue's server at {gone.url} cannot be reached"), said
+    assert said.endswith("potato-queue run 20260101T000000-aaaaaa may still be running there; cancel it once the "
+                         "server is back (potato-queue training cancel 20260101T000000-aaaaaa CONFIG)"), said
+
+
+def test_a_cancel_that_meets_the_runs_own_end_takes_that_end() -> None:
+    """The run ended between Potato's Cancel and ours: potato-queue answers 409, and the run's end counts."""
+    run = "/admin/training/api/runs/20260101T000000-aaaaaa"
+    server = _Recorder({("POST", f"{run}/cancel"): (409, b'{"detail": "Run ... is succeeded"}'),
+                        ("GET", run): (200, b'{"state": "succeeded"}')})
+    try:
+        client = QueueClient.from_env(None, {**KEY, "POTATO_QUEUE_URL": server.url})
+        assert Follower(client, "20260101T000000-aaaaaa", _Stopped(), None).follow() == {"state": "succeeded"}
+    finally:
+        server.close()

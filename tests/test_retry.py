@@ -261,3 +261,33 @@ def test_two_retries_of_one_run_asked_at_once_queue_one_run(tmp_path: Path, redi
             assert store.read(old)["retried_by"] == queued["run_id"]
         retries = [r for r in svc.api("GET", "/runs?limit=100")[1] if r.get("resume_of")]
         assert len(retries) == 20, retries
+
+
+def test_a_retry_written_but_not_queued_stays_the_retry(tmp_path: Path, redis_server_url: str) -> None:
+    """Its run exists (an executor may take it), so its claim is not given back: a second retry names it."""
+    import redis
+
+    from potato_queue.errors import Conflict
+    from potato_queue.run import RunState
+    from potato_queue.runs.retry import retry_run
+    from potato_queue.store import RunStore
+    from potato_queue.validate import load_checked
+    from tests.lifecycle_helpers import make_project
+
+    config = load_checked(make_project(tmp_path))
+    store = RunStore(config, redis.Redis.from_url(redis_server_url))
+    old = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+    store.paths(old).bundle_dir.mkdir()
+    (store.paths(old).bundle_dir / "manifest.json").write_text("{}")
+    store.update(old, job={"run_id": old})
+    assert store.transition(old, RunState.FAILED, error="its worker was killed") is not None
+
+    def broken_queue(run_id: str) -> None:
+        raise ConnectionError("the broker went away")
+
+    with pytest.raises(ConnectionError):
+        retry_run(config, store, broken_queue, store.read(old))
+    written = [r for r in store.run_ids() if r != old]
+    assert len(written) == 1
+    with pytest.raises(Conflict, match=f"Run {old} was retried already, as run {written[0]}"):
+        retry_run(config, store, lambda run_id: None, store.read(old))

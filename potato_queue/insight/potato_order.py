@@ -131,11 +131,14 @@ def clear_staging(config: ProjectConfig) -> list[str]:
     at every server start and before every write. The names removed."""
     folder = staging_dir(config)
     removed = []
-    for path in folder.iterdir() if folder.is_dir() else ():
-        found = STAGED_RE.fullmatch(path.name)
-        if found and not _alive(int(found.group(1))):
-            path.unlink(missing_ok=True)
-            removed.append(path.name)
+    try:
+        for path in folder.iterdir() if folder.is_dir() else ():
+            found = STAGED_RE.fullmatch(path.name)
+            if found and not _alive(int(found.group(1))):
+                path.unlink(missing_ok=True)
+                removed.append(path.name)
+    except OSError:
+        pass  # housekeeping: a folder this account cannot read is not a reason to refuse a start or a write
     return removed
 
 

@@ -72,7 +72,10 @@ def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], N
                            backend=old["backend"], params=dict(old.get("params") or {}), trigger="retry",
                            resume_of=old["run_id"], run_id=retry_id)
     except BaseException:
-        store.release_retry(old["run_id"], retry_id)
+        # Written but not queued (or not recorded in Potato): the run exists and an executor may take it, so it
+        # stays the retry; only a retry that was never written gives its claim back.
+        if not store.paths(retry_id).run_json.exists():
+            store.release_retry(old["run_id"], retry_id)
         raise
     store.update(old["run_id"], retried_by=record["run_id"])
     store.log(old["run_id"], f"retried as run {record['run_id']}, which resumes from this run's checkpoints")

@@ -49,7 +49,7 @@ def run_next(run_id: str, request: Request, limit: Annotated[int, Query(ge=1, le
 
 def run_next_to_potato(run_id: str, request: Request) -> dict[str, Any]:
     """Write the whole order into the project's data files, where Potato's priority assignment reads it at
-    its next start; `problem` names the Potato config keys still missing."""
+    its next start; 409, with nothing written, when Potato's config lacks the keys that make it serve it."""
     config = request.app.state.config
     found = next_items(config, _data(request, run_id), None)
     return hand_to_potato(config, [i["instance_id"] for i in found["items"]])
