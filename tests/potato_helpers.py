@@ -4,6 +4,7 @@ test's project, and its training store read through its own functions."""
 from __future__ import annotations
 
 import http.cookiejar
+import http.server
 import json
 import os
 import re
@@ -11,6 +12,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -179,3 +181,33 @@ class PotatoAnnotator:
             seen.append(item)
             self.label_and_go_on(item, annotations)
         return seen
+
+
+class Recorder:
+    """A loopback http server answering every request with `status` and `body`, recording the paths."""
+
+    def __init__(self, answers: dict[tuple[str, str], tuple[int, bytes]] | None = None) -> None:
+        self.got: list[tuple[str, str]] = []
+        got, answers = self.got, answers or {}
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _answer(self) -> None:
+                got.append((self.command, self.path))
+                status, body = answers.get((self.command, self.path), (200, b"{}"))
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.end_headers()
+                self.wfile.write(body)
+
+            do_GET = do_POST = _answer
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

@@ -6,11 +6,9 @@ the run once; cancelling in Potato cancels the run here."""
 from __future__ import annotations
 
 import fcntl
-import http.server
 import json
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -31,7 +29,7 @@ from tests.lifecycle_helpers import (
     wait_running,
     wait_until,
 )
-from tests.potato_helpers import PotatoServer, add_potato_keys, potato_view
+from tests.potato_helpers import PotatoServer, Recorder, add_potato_keys, potato_view
 
 
 @contextmanager
@@ -178,38 +176,9 @@ def test_cancelling_in_potato_cancels_the_run_here(live: Live, tiny_model: Path)
     assert live.svc.wait_for(ours["run_id"], TERMINAL, 60)["state"] == "cancelled"
 
 
-class _Listener:
-    """An http listener of someone else's, on loopback: it records every request it gets, with its headers."""
-
-    def __init__(self) -> None:
-        self.got: list[tuple[str, str, dict[str, str]]] = []
-        got = self.got
-
-        class Record(http.server.BaseHTTPRequestHandler):
-            def _record(self) -> None:
-                got.append((self.command, self.path, dict(self.headers)))
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(b'{"run_id": "20260101T000000-aaaaaa", "state": "succeeded"}')
-
-            do_GET = do_POST = _record
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Record)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_a_run_whose_params_name_another_server_sends_the_key_nowhere(live: Live) -> None:
     """Anyone who may start a run in Potato writes its params; potato-queue's admin key is the admin's."""
-    listener = _Listener()
+    listener = Recorder()  # someone else's listener: it records every request it gets
     try:
         status, started = live.potato.api("POST", "/admin/training/api/runs", {
             "trainer": "potato-queue-remote", "schemas": ["sentiment"],

@@ -14,6 +14,7 @@ import pytest
 from potato.training.base import ProgressReporter, TrainerError
 
 from potato_queue.potato_remote import DEFAULT_SERVER, Follower, QueueClient, server_for
+from tests.potato_helpers import Recorder
 
 pytestmark = pytest.mark.unit
 
@@ -105,39 +106,9 @@ def test_a_redirect_does_not_carry_the_key_elsewhere(redirecting: tuple[str, lis
     assert got == []
 
 
-class _Recorder:
-    """A loopback http server answering every request with `status` and `body`, recording the paths."""
-
-    def __init__(self, answers: dict[tuple[str, str], tuple[int, bytes]] | None = None) -> None:
-        self.got: list[tuple[str, str]] = []
-        got, answers = self.got, answers or {}
-
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def _answer(self) -> None:
-                got.append((self.command, self.path))
-                status, body = answers.get((self.command, self.path), (200, b"{}"))
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.end_headers()
-                self.wfile.write(body)
-
-            do_GET = do_POST = _answer
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-
 def test_an_http_proxy_in_potatos_environment_never_sees_the_key(monkeypatch: pytest.MonkeyPatch) -> None:
     """urllib sends even loopback requests through $http_proxy, in plain text; the client does not."""
-    proxy, server = _Recorder(), _Recorder()
+    proxy, server = Recorder(), Recorder()
     try:
         for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY"):
             monkeypatch.setenv(name, proxy.url)
@@ -172,7 +143,7 @@ class _Stopped(ProgressReporter):
 
 
 def test_a_run_potato_stops_while_potato_queue_is_down_ends_at_once_saying_what_to_cancel() -> None:
-    gone = _Recorder()
+    gone = Recorder()
     gone.close()  # nothing listens there now
     client = QueueClient.from_env(None, {**KEY, "POTATO_QUEUE_URL": gone.url})
     with pytest.raises(TrainerError) as stopped:
@@ -186,7 +157,7 @@ def test_a_run_potato_stops_while_potato_queue_is_down_ends_at_once_saying_what_
 def test_a_cancel_that_meets_the_runs_own_end_takes_that_end() -> None:
     """The run ended between Potato's Cancel and ours: potato-queue answers 409, and the run's end counts."""
     run = "/admin/training/api/runs/20260101T000000-aaaaaa"
-    server = _Recorder({("POST", f"{run}/cancel"): (409, b'{"detail": "Run ... is succeeded"}'),
+    server = Recorder({("POST", f"{run}/cancel"): (409, b'{"detail": "Run ... is succeeded"}'),
                         ("GET", run): (200, b'{"state": "succeeded"}')})
     try:
         client = QueueClient.from_env(None, {**KEY, "POTATO_QUEUE_URL": server.url})
