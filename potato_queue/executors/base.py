@@ -138,7 +138,11 @@ Status = Waiting | Running | Gone
 
 class ModelFilesMissing(PotatoQueueError):
     """collect() could not bring the model files back (a stalled copy): the predictions are stored,
-    and the run fails saying only the model files are missing."""
+    and the run fails saying only the model files are missing, and where they are (`artifact_uri`)."""
+
+    def __init__(self, message: str, artifact_uri: str | None = None) -> None:
+        super().__init__(message)
+        self.artifact_uri = artifact_uri
 
 
 class RunHandle(ABC):

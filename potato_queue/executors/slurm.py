@@ -13,6 +13,7 @@ really is, job_python and sinfo's view of the partition.
 from __future__ import annotations
 
 import re
+import shlex
 from typing import Any
 
 from potato_queue.agent.isolated import passed_env
@@ -21,8 +22,7 @@ from potato_queue.agent.launchers.slurm import NO_SBATCH_FIX, no_sbatch
 from potato_queue.config import SlurmBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
-from potato_queue.executors.remote.openssh import remote_shell
-from potato_queue.executors.remote.session import failed_check, host_facts, start_agent
+from potato_queue.executors.remote.session import failed_check, host_facts, session_lines, start_agent
 from potato_queue.host.llm_fit import ModelAsk, need_mb, parameter_count
 
 __all__ = ["SlurmExecutor", "slurm_check_report", "parse_sinfo", "NODE_LOCAL"]
@@ -61,7 +61,7 @@ def _partition_line(backend: SlurmBackend, facts: dict[str, Any]) -> str:
 def slurm_check_report(backend: SlurmBackend, facts: dict[str, Any]) -> CheckReport:
     """SLURM-5: sbatch, squeue and scancel on PATH, remote_dir not node-local, the Pythons, the partition."""
     host, slurm = backend.host, facts["slurm"]
-    lines = [f"{host}: Python {facts['python']} ({facts['executable']}) runs the agent"]
+    lines = [f"{host}: Python {facts['python']} ({facts['executable']}) runs the agent", *session_lines(host, facts)]
     problems: list[str] = []
     tools = slurm["tools"]
     if not tools.get("sbatch"):
@@ -84,7 +84,8 @@ def slurm_check_report(backend: SlurmBackend, facts: dict[str, Any]) -> CheckRep
     lines += [f"problem: {problem}" for problem in problems]
     data = {"host": host, "python": facts["python"], "executable": facts["executable"], "tools": tools,
             "remote_dir": real, "job_python": backend.job_python, "job_python_on_login_node": slurm["job_python"],
-            "nodes": parse_sinfo(slurm.get("sinfo") or ""), "problems": problems}
+            "nodes": parse_sinfo(slurm.get("sinfo") or ""), "problems": problems,
+            "transport": facts["transport"], "banner": facts.get("banner")}
     return CheckReport(ok=not problems, lines=lines, data=data)
 
 
@@ -127,8 +128,8 @@ class SlurmExecutor(Executor):
         # By name, so that even a job whose id never reached us is found; its owner's only.
         # SLURM_CONF, a PATH to scancel; on a command line the host's other accounts read, so no secret
         env = [f"{name}={value}" for name, value in passed_env(self.backend.env).items()]
-        stop_job = remote_shell(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + \
-            ' "$(id -un)" 2>/dev/null; '
+        stop_job = shlex.join(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + \
+            ' "$(id -un)" 2>/dev/null'
         return start_agent(spec, self.backend, header, assignment={"slurm": self.backend.job_settings(),
                                                                     "host": self.backend.host},
                            stop_job=stop_job, hard_stop_s=hard_stop_s(self.backend.poll_interval_s))

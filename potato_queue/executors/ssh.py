@@ -14,7 +14,7 @@ from typing import Any
 from potato_queue.config import SshBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
-from potato_queue.executors.remote.session import failed_check, host_facts, start_agent
+from potato_queue.executors.remote.session import failed_check, host_facts, session_lines, start_agent
 from potato_queue.host.gpus import (
     NVIDIA_SMI_QUERY,
     GpuBusy,
@@ -36,7 +36,7 @@ def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:
     """The check's report from what host/check.py saw, deciding the GPU as a run would."""
     host = backend.host
     gpus, archs = parse_gpus(facts.get("nvidia_smi") or ""), facts.get("arch_list")
-    lines = [f"{host}: Python {facts['python']} ({facts['executable']})"]
+    lines = [f"{host}: Python {facts['python']} ({facts['executable']})", *session_lines(host, facts)]
     lines += [f"  {describe(gpu, archs)}" for gpu in gpus] or [f"  no GPU (no nvidia-smi on {host}'s PATH)"]
     ok, gpu_line = True, ""
     try:
@@ -56,7 +56,7 @@ def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:
         lines.append(f"training packages missing from {facts['executable']}: {', '.join(missing)}{venv}")
     data = {"host": host, "python": facts["python"], "executable": facts["executable"],
             "gpus": [gpu._asdict() | {"usable": has_kernels(gpu, archs)} for gpu in gpus], "gpu": gpu_line,
-            "missing_packages": missing}
+            "missing_packages": missing, "transport": facts["transport"], "banner": facts.get("banner")}
     return CheckReport(ok=ok, lines=lines, data=data)
 
 

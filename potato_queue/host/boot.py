@@ -1,4 +1,4 @@
-"""The first thing an ssh run runs on the GPU host: `python -c <this file's source>`.
+"""The first thing an ssh run runs on the GPU host, through executors/remote/stage.py's first stage.
 
 Standard library only, Python 3.8+, and self-contained: nothing of ours is on
 the host yet. It speaks with the executor over the ssh session's stdin and
@@ -6,12 +6,15 @@ stdout, one JSON object a line, and reads stdin unbuffered, so that what
 follows its last message (the assignment and the run token) is left for the
 agent it becomes:
 
-  shell    -> {"event": "session", "session"}   the login shell's pid, before it execs this file: sshd
-                                                made it a session leader, so it is the sid of the run
+  boot     -> {"event": "session", "session"}   the sid of everything the run starts, said first (a session
+                                                of its own when the login shell did not exec it)
   executor -> {"remote_dir", "code_sha256", "packages", "env", "num_threads", "gpus", "min_free_gpu_mb", "host",
-               "socket", "slurm"}               (socket: the forward's file, removed when the setup ends
+               "socket", "slurm", "transport"}  (socket: the forward's file, removed when the setup ends
                                                 without an agent; slurm: true on a login node: no GPU
-                                                choice, the agent submits its worker with sbatch)
+                                                choice, the agent submits its worker with sbatch;
+                                                transport "session": sshd refuses forwards, so this
+                                                process listens on the socket itself and carries the
+                                                agent's connections over stdin/stdout: host/channel.py)
   boot     -> {"event": "python", "version", "executable"}
   boot     -> {"event": "need_code"}            executor -> "<bytes>\\n" and the agent.pyz bytes
   boot     -> {"event": "creating_env"}         (only when `packages` changed or is new)
@@ -19,7 +22,8 @@ agent it becomes:
                                                 GpuWait, again every GPU_REPORT_S while it changes)
   boot     -> {"event": "gpu", "line"}
   boot     -> {"event": "ready", "workdir", "session"}  then it execs the agent, whose stdin the executor
-                                                writes; `session` is the sid of everything the run starts
+                                                writes (transport "session": it starts the agent, hands
+                                                it the two lines that follow, then relays frames)
   boot     -> {"event": "refused", "message"}   and exits 3 (a Python too old, no GPU that fits)
 
 The host's layout, all under remote_dir (mode 0700): code/<sha256>.pyz (the
@@ -108,6 +112,11 @@ def ensure_env(root: str, packages: List[str]) -> str:
 
 def main() -> int:
     os.umask(0o077)
+    try:
+        os.setsid()  # a session of our own: the executor's hard stop is `pkill -KILL -s` of it
+    except OSError:
+        pass  # already a session leader (the login shell exec'd us)
+    send("session", session=os.getsid(0))  # before any slow step: the hard stop can reach all we start
     header = json.loads(read_line())
     try:
         return boot(header)
@@ -179,17 +188,34 @@ def boot(header: Dict[str, Any]) -> int:
         if header.get("num_threads"):
             env.update({name: str(header["num_threads"]) for name in THREAD_ENV_VARS})
     jobs = folder(os.path.join(root, "jobs"))
-    try:
-        os.setsid()  # a session of our own: the executor's hard stop is `pkill -KILL -s` of it
-    except OSError:
-        pass  # already a session leader (sshd made one for the command)
-    send("ready", workdir=jobs, session=os.getsid(0))
     options = ["--slurm"] if slurm else ["--python", python]
+    if header.get("transport") == "session":
+        return relay_agent(header["socket"], jobs, python_argv(python, "potato_queue.agent", [
+            "run", "--assignment-on-stdin"] + options, code_root=code), env)
+    send("ready", workdir=jobs, session=os.getsid(0))
     if header.get("socket"):  # the agent removes it when it ends, whatever ends it
         options += ["--forwarded-socket", header["socket"]]
     argv = python_argv(python, "potato_queue.agent", ["run", "--assignment-on-stdin"] + options, code_root=code)
     os.execve(python, argv, env)
     return 0  # not reached
+
+
+def relay_agent(path: str, jobs: str, argv: List[str], env: Dict[str, str]) -> int:
+    """sshd refuses forwards: this process listens on the run's socket and carries the agent's connections
+    over the session (host/channel.py); the agent's exit code is the session's."""
+    from potato_queue.host.channel import HostRelay
+
+    relay = HostRelay(path)
+    try:
+        send("ready", workdir=jobs, session=os.getsid(0))
+        handed = (read_line() + read_line()).encode()  # the assignment and the run token, for the agent alone
+        agent = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+        assert agent.stdin is not None
+        agent.stdin.write(handed)
+        agent.stdin.flush()
+        return relay.serve(agent)
+    finally:
+        relay.close()
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ Standard library only, Python 3.8+, self-contained (nothing of ours is needed
 on the host). From stdin, one JSON line: the backend's `env` (its PATH finds
 nvidia-smi; a command line is anyone's to read), the nvidia-smi query and the
 packages to look for (and, for a login node, `slurm`: remote_dir, job_python,
-partition). Out: the interpreter, which packages import, and nvidia-smi's
+partition; `socket`: the forward a run would ask for, whose file it removes). Out: the interpreter, which packages import, and nvidia-smi's
 answer with the arch list of the host's torch, or, on a login node, SLURM's
 commands on PATH and sinfo's nodes. The server decides from these
 with potato_queue.host.gpus, as a run would; a run's bootstrap asks the same
@@ -15,6 +15,7 @@ import json
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import sys
 from importlib.util import find_spec
@@ -79,8 +80,19 @@ def slurm_facts(asked: Dict[str, Any]) -> Dict[str, Any]:
     return facts
 
 
+def remove_socket(path: str) -> None:
+    """The forward the check asked for, as a run does: sshd leaves its file. Only a socket of this account's."""
+    try:
+        info = os.lstat(path)
+        if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():
+            os.unlink(path)
+    except OSError:
+        pass
+
+
 def main() -> int:
     asked = json.loads(sys.stdin.readline())
+    remove_socket(asked.get("socket") or "")
     os.environ.update(asked["env"])
     facts = {"python": platform.python_version(), "executable": sys.executable,
              "packages": {name: find_spec(name) is not None for name in asked["packages"]}}  # type: Dict[str, Any]

@@ -1,13 +1,15 @@
-"""The copy of a run's model files back from an ssh host: `python -c <this source> JOB LIMIT_BYTES KEEP`.
+"""The copy of a run's model files back from an ssh host, run through executors/remote/stage.py's first stage.
 
 Standard library only, Python 3.8+, self-contained (it runs with the host's
-Python, beside nothing else of ours). It writes an uncompressed tar of
-JOB/work (the predictions went back over HTTP already) to stdout, and JSON
-lines to stderr: first {"manifest": {path: bytes}} (what it will send: the
-executor checks that each file arrived whole), {"total": bytes}, then
-{"too_big": path, "bytes": n} for each file over LIMIT_BYTES, which stays on
-the host. Once the tar is written whole it removes JOB, unless KEEP is 1 or a
-file stayed behind; its exit status is the sender's (non-zero: a broken stream).
+Python, beside nothing else of ours). From stdin, one JSON line: {"job",
+"limit_bytes"}. It writes an uncompressed tar of JOB/work (the predictions
+went back over HTTP already) to stdout, and JSON lines to stderr: first
+{"manifest": {path: bytes}} (what it will send: the executor checks that each
+file arrived whole), {"total": bytes}, then {"too_big": path, "bytes": n} for
+each file over limit_bytes, which stays on the host. It removes nothing: the
+job folder goes only once the executor has every file whole (a copy refused
+or cut short leaves the host's files where they are). Its exit status is the
+sender's (non-zero: a broken stream).
 """
 
 import json
@@ -59,7 +61,7 @@ def send_with_tarfile(work: str, names: List[str]) -> None:
     out.flush()
 
 
-def main(job: str, limit_bytes: int, keep: bool) -> int:
+def main(job: str, limit_bytes: int) -> int:
     work = os.path.join(job, "work")
     files = files_of(work)  # none when there is no work folder
     sent = [(name, size) for name, size in files if size <= limit_bytes]
@@ -70,15 +72,11 @@ def main(job: str, limit_bytes: int, keep: bool) -> int:
             say(too_big=name, bytes=size)
     names = [name for name, _ in sent]
     if names and shutil.which("tar"):
-        status = send_with_tar(job, work, names)
-        if status != 0:
-            return status  # the executor sees a broken stream; the job folder stays
-    else:
-        send_with_tarfile(work, names)
-    if not keep and len(sent) == len(files):
-        shutil.rmtree(job, ignore_errors=True)
+        return send_with_tar(job, work, names)  # non-zero: the executor sees a broken stream
+    send_with_tarfile(work, names)
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1], int(sys.argv[2]), sys.argv[3] == "1"))
+    asked = json.loads(sys.stdin.readline())
+    sys.exit(main(asked["job"], int(asked["limit_bytes"])))

@@ -246,7 +246,7 @@ class RunLife:
         try:
             artifact_uri = self._collect(result)
         except ModelFilesMissing as exc:  # the predictions arrived: they still count
-            artifact_uri, error = None, exc.message
+            artifact_uri, error = exc.artifact_uri, exc.message
         held_out, prelabels = finalize_predictions(self.config, self.store, self.record)
         state = RunState.FAILED if error else RunState.SUCCEEDED
         model_version = (live.get("result") or {}).get("model_version")

@@ -1,13 +1,16 @@
 """The model files back from a host over ssh, shared by the ssh and slurm backends (not an executor).
 
-The host's side is host/fetch.py (`python -c`): a tar stream of the job's work/
-folder on stdout, notes on stderr (the total, files over max_artifact_mb).
-This side waits for the manifest, then extracts the stream by untar.py's
-rules (regular files the host announced, with their sizes, nothing else),
-shows progress on the step line, and ends a copy that sends nothing for
-COPY_STALL_S (ERR-7). A copy is whole only when the sender exited 0 and every
-file it announced arrived with its size. Anything less, and anything refused,
-fails the copy and removes what arrived.
+The host's side is host/fetch.py (through stage.py's first stage): after the
+stage's marker (what the login printed before it is skipped), a tar stream of
+the job's work/ folder on stdout, notes on stderr (the total, files over
+max_artifact_mb). This side waits for the manifest, then extracts the stream
+by untar.py's rules (regular files the host announced, with their sizes,
+nothing else), shows progress on the step line, and ends a copy that sends
+nothing for COPY_STALL_S (ERR-7). A copy is whole only when the sender exited
+0 and every file it announced arrived with its size. Anything less, and
+anything refused, fails the copy and removes what arrived here; the host's
+files stay (the handle removes the job folder only after a whole copy), and
+the error and the run's artifact_uri say where they are.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import contextlib
 import fcntl
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import threading
@@ -27,7 +31,14 @@ from typing import IO, Any
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import LaunchSpec, ModelFilesMissing
 from potato_queue.executors.remote import untar
-from potato_queue.executors.remote.openssh import SshTarget, run_ssh, ssh_argv, ssh_failure
+from potato_queue.executors.remote.openssh import SshTarget, run_script, ssh_argv, ssh_failure
+from potato_queue.executors.remote.stage import (
+    NoMarker,
+    new_marker,
+    read_past_marker,
+    stage_argv,
+    stage_input,
+)
 from potato_queue.host import fetch as remote_fetch
 
 __all__ = ["ModelCopy", "FETCH_SOURCE", "COPY_STALL_S", "stall_s"]
@@ -45,10 +56,10 @@ class ModelCopy:
     over max_artifact_mb named in run.log and left there, and a copy that sends nothing for
     COPY_STALL_S ended (ERR-7)."""
 
-    def __init__(self, target: SshTarget, backend: Any, spec: LaunchSpec, job: str, cleanup: str) -> None:
-        """`job` is the job folder on the host; `cleanup` a shell command run there once the stream is
-        sent (or the copy stalled): what else the run left."""
-        self.target, self.backend, self.spec, self.job, self.cleanup = target, backend, spec, job, cleanup
+    def __init__(self, target: SshTarget, backend: Any, spec: LaunchSpec, job: str) -> None:
+        """`job` is the job folder on the host."""
+        self.target, self.backend, self.spec, self.job = target, backend, spec, job
+        self.marker = new_marker()
         self.total = 0
         self.received = 0
         self.last_byte_s = time.monotonic()
@@ -59,19 +70,22 @@ class ModelCopy:
         self.noted = threading.Event()  # the manifest arrived, or the sender's stderr ended
         self.limit_bytes = int(self.backend.max_artifact_mb * 1_000_000)
 
-    def command(self) -> list[str]:
-        keep = "1" if self.backend.keep_remote else "0"
-        script = f'"$0" -c "$1" "$2" "$3" "$4"; status=$?; {self.cleanup}; exit $status'
-        return ["sh", "-c", script, self.backend.python, FETCH_SOURCE, self.job, str(self.limit_bytes), keep]
+    def where(self) -> str:
+        """Where the model files stay when the copy is not whole: the run's artifact_uri then."""
+        return f"{self.backend.host}:{self.job}/work"
 
     def run(self) -> bool:
         """Copies; True when some model files stayed on the host. ModelFilesMissing after a stall, a
-        copy cut short, or one refused (untar.py's rules)."""
+        copy cut short, or one refused (untar.py's rules), with the host's folder as its artifact_uri."""
         artifacts = self.spec.paths.artifacts
         artifacts.mkdir(mode=0o700, exist_ok=True)
-        with subprocess.Popen(ssh_argv(self.target, self.command()), stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, bufsize=0) as proc:
-            assert proc.stdout is not None and proc.stderr is not None
+        asked = json.dumps({"job": self.job, "limit_bytes": self.limit_bytes}).encode() + b"\n"
+        with subprocess.Popen(ssh_argv(self.target, stage_argv(self.backend.python, self.marker)),
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0) as proc:
+            assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+            with contextlib.suppress(OSError):
+                proc.stdin.write(stage_input(FETCH_SOURCE) + asked)
+            proc.stdin.close()
             stderr: list[str] = []
             notes = threading.Thread(target=self._read_notes, args=(proc.stderr, stderr), daemon=True)
             notes.start()
@@ -87,6 +101,10 @@ class ModelCopy:
     def _receive(self, proc: subprocess.Popen[bytes], artifacts: Path) -> tuple[str | None, str | None]:
         """(why the copy was refused, why it failed): the manifest first, then the stream by its rules."""
         assert proc.stdout is not None
+        try:
+            read_past_marker(proc.stdout.fileno(), self.marker)  # what the login printed is not the stream
+        except NoMarker:
+            return None, None  # _cut_short says so
         while not self.noted.wait(1.0):
             if self.stalled:
                 return None, None
@@ -111,24 +129,30 @@ class ModelCopy:
         if self.stalled:
             self._end_the_sender()
             self._discard(artifacts)
-            raise ModelFilesMissing(f"The copy from {host} sent nothing for {self.stall_s:g} s "
-                                    "(the predictions are stored; only model files are missing from artifacts/)")
+            self._missing(f"The copy from {host} sent nothing for {self.stall_s:g} s")
         if refused is not None:
             self._end_the_sender()
             self._discard(artifacts)
-            self.spec.log(f"the copy from {host} was refused: {refused}; nothing of it was kept")
-            raise ModelFilesMissing(f"The copy from {host} was refused: {refused} (only regular files the host "
-                                    "announced land in artifacts/; the predictions are stored, the model files "
-                                    "are not)")
+            self.spec.log(f"the copy from {host} was refused: {refused}; nothing of it was kept here")
+            self._missing(f"The copy from {host} was refused: {refused} (only regular files the host announced "
+                          "land in artifacts/)")
         if sender_exit == 255:
             self._discard(artifacts)
-            raise ssh_failure(host, stderr)
+            failure_there = ssh_failure(host, stderr)
+            self._missing(f"The copy from {host} failed: {failure_there.message}")
         # the sender's exit, or the file that did not come, explains an early end better than the stream does
         cut_short = self._cut_short(sender_exit, artifacts) or failure
         if cut_short:
             self._discard(artifacts)
-            raise ModelFilesMissing(f"The copy from {host} was cut short: {cut_short} (the predictions "
-                                    "are stored; only model files are missing from artifacts/)")
+            self._missing(f"The copy from {host} was cut short: {cut_short}")
+
+    def _missing(self, what: str) -> None:
+        """The run's end when the copy is not whole: the predictions count, the model files stay on the host."""
+        host, work = self.backend.host, f"{self.job}/work"
+        there = (f"the model files stay on {host} in {work}: fetch them with `ssh {host} tar -C {work} -cf - . | "
+                 f"tar -xf - -C {self.spec.paths.artifacts}`")
+        self.spec.log(f"{what}; {there}")
+        raise ModelFilesMissing(f"{what} (the predictions are stored; {there})", artifact_uri=self.where())
 
     def _cut_short(self, sender_exit: int | None, artifacts: Path) -> str | None:
         """What is wrong with a copy that ended by itself: the sender's exit, a file missing or short."""
@@ -150,11 +174,11 @@ class ModelCopy:
         shutil.rmtree(artifacts, ignore_errors=True)
 
     def _end_the_sender(self) -> None:
-        """A stalled sender (stopped, stuck on a dead disk) outlives its ssh: end it by its job folder."""
+        """A stalled sender (stopped, stuck on a dead disk) outlives its ssh: end it by the stage's marker in
+        its argv, and its tar by the folder in tar's."""
+        script = f"pkill -KILL -f -- {self.marker}\npkill -KILL -f -- {shlex.quote(self.job + '/work')}\n"
         with contextlib.suppress(PotatoQueueError):
-            run_ssh(self.target, ["pkill", "-KILL", "-f", "--", self.job], timeout_s=30)
-        with contextlib.suppress(PotatoQueueError):
-            run_ssh(self.target, ["sh", "-c", self.cleanup], timeout_s=30)
+            run_script(self.target, script, timeout_s=30)
 
     def _read_notes(self, stream: IO[bytes], rest: list[str]) -> None:
         """The sender's JSON lines (a line is bounded: a host's stderr is not trusted); other text is kept,

@@ -12,7 +12,7 @@ ours, 0700, never in /tmp.
 
 from __future__ import annotations
 
-import shlex
+import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -24,7 +24,11 @@ __all__ = [
     "ALWAYS_OPTIONS",
     "SshTarget",
     "SshFailed",
+    "RemoteFailed",
     "remote_shell",
+    "missing_program",
+    "run_script",
+    "cancel_forward_argv",
     "ssh_argv",
     "control_argv",
     "ssh_failure",
@@ -90,9 +94,51 @@ class SshFailed(PotatoQueueError):
     """ssh itself failed (exit 255): the host refused us, could not be reached, or refused a forward."""
 
 
+class RemoteFailed(PotatoQueueError):
+    """The remote command ran and failed: its exit code and what it printed."""
+
+    def __init__(self, message: str, exit_code: int, stdout: str, stderr: str) -> None:
+        super().__init__(message)
+        self.exit_code, self.stdout, self.stderr = exit_code, stdout, stderr
+
+
+# A word every login shell reads as itself: bare, or in single quotes. sshd hands the command to the account's
+# shell, which may be csh (no newline in quotes, `!` expanded in them) or fish (`\\` and `\'` are escapes in them).
+_BARE_WORD = re.compile(r"[A-Za-z0-9_@%+=:,./-]+")
+_QUOTABLE_WORD = re.compile(r"[^'!$`\\\n\r]*")
+
+
 def remote_shell(argv: Sequence[str]) -> str:
-    """One command line for the remote login shell, each word quoted (sshd hands it to `sh -c`)."""
-    return " ".join(shlex.quote(word) for word in argv)
+    """One command line that sh, bash, dash, zsh, ksh, csh, tcsh and fish all run as these words; ValueError
+    for a word no quoting carries through all of them (such text goes on stdin: run_script, stage.py)."""
+    words = []
+    for word in argv:
+        if _BARE_WORD.fullmatch(word):
+            words.append(word)
+        elif _QUOTABLE_WORD.fullmatch(word):
+            words.append(f"'{word}'")
+        else:
+            raise ValueError(f"{word!r} cannot pass through every login shell (a newline, a quote, !, $, ` or \\)")
+    return " ".join(words)
+
+
+_SHELL_SAYS = re.compile(r"^(?:E: )?(sh|dash|bash|zsh|ksh|mksh|tcsh|csh|fish)\b")
+
+
+def missing_program(stderr: str, program: str) -> bool:
+    """Whether a login shell said `program` does not exist (each says it its own way; tcsh exits 1, not 127)."""
+    said = ("not found", "No such file", "no such file", "Unknown command", "Command not found")
+    return any(program in line and any(words in line for words in said) for line in stderr.splitlines())
+
+
+def shell_failure(host: str, stderr: str) -> str:
+    """The fix for a command the account's login shell failed on before our program ran."""
+    shells = [found.group(1) for line in stderr.splitlines() if (found := _SHELL_SAYS.match(line.strip()))]
+    shell = f"({shells[0]}, from its message) " if shells else ""
+    return (f"the account's login shell on {host} {shell}failed before potato-queue's command ran; its commands run "
+            "the same in sh, bash, dash, zsh, ksh, csh, tcsh and fish, so look at that shell's start-up files "
+            "(~/.bashrc, ~/.zshenv, ~/.cshrc, ~/.config/fish/config.fish) for a command that fails without a terminal, "
+            f"and `getent passwd $USER` on {host} for the shell itself (not /sbin/nologin)")
 
 
 def ssh_argv(target: SshTarget, command: Sequence[str], forward: tuple[str, str] | None = None,
@@ -116,6 +162,26 @@ def control_argv(target: SshTarget, operation: str) -> list[str]:
     return ["ssh", *target.options(), "-O", operation, "--", target.host]
 
 
+def cancel_forward_argv(target: SshTarget, forward: tuple[str, str]) -> list[str]:
+    """`ssh -O cancel -R ...`: a forward a run asked through a master the admin opened (a second-factor login)
+    stays in that master's sshd until the master exits, unless cancelled."""
+    remote_socket, local = forward
+    return ["ssh", *target.options(), "-O", "cancel", "-R", f"{remote_socket}:{local}", "--", target.host]
+
+
+# A login that needs more than the key (a one-time code) cannot be typed in by a queue: a master the admin opens by
+# hand carries the runs for ControlPersist (docs/backends/ssh.md has the config).
+SECOND_FACTOR_FIX = ("log in once by hand through a ControlMaster that stays open (`ssh -o ControlMaster=yes -o "
+                     "ControlPersist=8h -o ControlPath=~/.ssh/cm-%C -fN {host}` as the server's account, typing the "
+                     "code), with the same ControlPath for {host} in ~/.ssh/config: potato-queue's ssh then goes "
+                     "through that master")
+# Every sshd setting that refuses a run's forward (AllowTcpForwarding no also refuses unix-socket forwards).
+FORWARD_SETTINGS = "AllowTcpForwarding, AllowStreamLocalForwarding, DisableForwarding"
+FORWARD_FIX = ("{host}'s sshd_config refuses forwarding (one of AllowTcpForwarding no, AllowStreamLocalForwarding no, "
+               "DisableForwarding yes, or a Match block or authorized_keys restrict/no-port-forwarding for this account); "
+               "runs carry the agent's protocol over the ssh session itself instead, or ask its admin to allow "
+               "AllowStreamLocalForwarding for this account")
+
 _CAUSES: tuple[tuple[str, str, str], ...] = (
     ("Permission denied", "Permission denied",
      "potato-queue logs in without a prompt (BatchMode): put this account's public key in {host}'s "
@@ -133,12 +199,21 @@ _CAUSES: tuple[tuple[str, str, str], ...] = (
     ("No route to host", "No route to host",
      "check that {host} is up and reachable from this server (a VPN, a firewall)"),
     ("forwarding failed", "the host refused to forward the run's socket",
-     "allow it in {host}'s sshd_config (AllowStreamLocalForwarding yes) or ask its admin"),
+     FORWARD_FIX),
 )
+
+
+# "Permission denied (methods)": the methods still wanted. Without publickey among them, the key was not the
+# problem: the host wants a password or a code too.
+_DENIED_METHODS = re.compile(r"Permission denied \(([a-z,-]+)\)")
 
 
 def ssh_failure(host: str, stderr: str) -> SshFailed:
     """The error for an ssh that exited 255, from what it printed (ERR-1 and its neighbours)."""
+    denied = _DENIED_METHODS.search(stderr)
+    if denied and "publickey" not in denied.group(1).split(","):
+        return SshFailed(f"ssh to {host} failed: the host asks for {denied.group(1)} besides the key (a second factor), "
+                         "which a queue cannot type", fix=SECOND_FACTOR_FIX.format(host=host))
     for needle, what, fix in _CAUSES:
         if needle.lower() in stderr.lower():
             return SshFailed(f"ssh to {host} failed: {what}", fix=fix.format(host=host))
@@ -147,10 +222,16 @@ def ssh_failure(host: str, stderr: str) -> SshFailed:
     return SshFailed(f"ssh to {host} failed: {last}", fix=f"check that `ssh {host} true` works for this account")
 
 
-def run_ssh(target: SshTarget, command: Sequence[str], stdin: bytes = b"", timeout_s: float = 60) -> str:
+def run_script(target: SshTarget, script: str, timeout_s: float = 60) -> str:
+    """A POSIX sh script run on the target whatever the account's login shell: `sh -s` with the script on stdin."""
+    return run_ssh(target, ["sh", "-s"], stdin=script.encode(), timeout_s=timeout_s)
+
+
+def run_ssh(target: SshTarget, command: Sequence[str], stdin: bytes = b"", timeout_s: float = 60,
+            forward: tuple[str, str] | None = None) -> str:
     """Run `command` on the target and return its stdout; SshFailed when ssh itself failed,
-    PotatoQueueError when the command did. `stdin` is where secrets go (never argv)."""
-    argv = ssh_argv(target, command)
+    RemoteFailed when the command did. `stdin` is where secrets go (never argv)."""
+    argv = ssh_argv(target, command, forward=forward)
     try:
         done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
@@ -161,5 +242,7 @@ def run_ssh(target: SshTarget, command: Sequence[str], stdin: bytes = b"", timeo
         raise ssh_failure(target.host, stderr)
     if done.returncode != 0:
         tail = stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
-        raise PotatoQueueError(f"{remote_shell(command)} failed on {target.host}: {tail[0]}")
+        shown = " ".join(word if len(word) < 80 else word[:40] + "..." for word in command)
+        raise RemoteFailed(f"{shown} failed on {target.host}: {tail[0]}", done.returncode,
+                           done.stdout.decode(errors="replace"), stderr)
     return done.stdout.decode(errors="replace")
