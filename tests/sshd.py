@@ -2,8 +2,11 @@
 
 Its own host key, port, authorized keys and pid file, all in a folder the test
 made; an ssh config file with an alias (`gpu-test`) for the client side. An
-ordinary account made with useradd is removed again if the harness made it.
-Nothing is left running: close() stops sshd and waits for it.
+ordinary account made with useradd, with the login shell the test asks for, is
+removed again if the harness made it. `match_blocks` make the hosts users
+really have, for one account each: sshd settings that refuse forwarding, a
+password after the key (a second factor). Nothing is left running: close()
+stops sshd and waits for it.
 """
 
 from __future__ import annotations
@@ -38,9 +41,11 @@ def require_sshd() -> None:
 
 
 class Sshd:
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, match_blocks: dict[str, list[str]] | None = None) -> None:
+        """`match_blocks`: sshd_config lines for one account each (`Match User NAME`)."""
         require_sshd()
         self.root = root
+        self.match_blocks = match_blocks or {}
         root.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
         self.made_users: list[str] = []
@@ -72,7 +77,8 @@ class Sshd:
             f"PidFile {self.root / 'sshd.pid'}", f"AuthorizedKeysFile {self.keys}/%u", "StrictModes no",
             "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
             "UsePAM no", "StreamLocalBindUnlink yes", "AllowStreamLocalForwarding yes", "LogLevel ERROR",
-            "Subsystem sftp internal-sftp", ""]))  # scp speaks sftp now
+            "Subsystem sftp internal-sftp",  # scp speaks sftp now
+            *[line for user, lines in self.match_blocks.items() for line in [f"Match User {user}", *lines]], ""]))
         Path("/run/sshd").mkdir(exist_ok=True)
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf.resolve())], stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
@@ -95,15 +101,30 @@ class Sshd:
         os.chown(path, entry.pw_uid, entry.pw_gid)
         path.chmod(0o600)
 
-    def add_user(self, name: str) -> str:
-        """An ordinary account (made with useradd, unlocked for key logins under UsePAM no)."""
+    def add_user(self, name: str, shell: str = "/bin/sh", password: str | None = None) -> str:
+        """An ordinary account with `shell` as its login shell (made with useradd, unlocked for key logins
+        under UsePAM no; `password` for a login that asks for one after the key)."""
         try:
             pwd.getpwnam(name)
         except KeyError:
-            subprocess.run(["useradd", "--create-home", "--shell", "/bin/sh", name], check=True)
+            subprocess.run(["useradd", "--create-home", "--shell", shell, name], check=True)
             self.made_users.append(name)
-        subprocess.run(["usermod", "-p", "*", name], check=True)
+        subprocess.run(["usermod", "-s", shell, "-p", "*", name], check=True)
+        if password is not None:
+            subprocess.run(["chpasswd"], input=f"{name}:{password}".encode(), check=True)
         return name
+
+    def aliases(self, name: str, hosts: dict[str, dict[str, str]]) -> Path:
+        """A client config file `name` with one alias per entry of `hosts` (alias: {"User": ..., more ssh
+        options}), all this sshd: one server of the tests' reaches several accounts, each its own host."""
+        config = self.root / name
+        blocks = []
+        for alias, options in hosts.items():
+            blocks += [f"Host {alias}", "  HostName 127.0.0.1", f"  Port {self.port}", f"  IdentityFile {self.key}",
+                       "  IdentitiesOnly yes", f"  UserKnownHostsFile {self.known_hosts}",
+                       "  StrictHostKeyChecking accept-new", *[f"  {key} {value}" for key, value in options.items()]]
+        config.write_text("\n".join(blocks + [""]))
+        return config
 
     def write_config(self, user: str, key: Path | None = None) -> Path:
         """The client's config: `gpu-test` is this sshd, as `user` with `key` (the client key by default)."""

@@ -20,6 +20,7 @@ import pytest
 
 from potato_queue.agent.isolated import allowed_env
 from potato_queue.agent.launchers.sbatch import (
+    SBATCH_FLAGS,
     QueueState,
     SettingsError,
     SlurmSettings,
@@ -31,6 +32,14 @@ from potato_queue.agent.launchers.sbatch import (
     parse_squeue,
     requeue_line,
     sbatch_argv,
+)
+from potato_queue.agent.launchers.slurm_flags import (
+    OLDEST_SLURM,
+    SLURM_FLAGS,
+    SlurmTooOld,
+    flags_of,
+    unknown_flag,
+    version_of,
 )
 from potato_queue.executors.slurm import parse_sinfo
 
@@ -413,3 +422,166 @@ def test_the_trainer_environment_rule_holds_through_every_process_that_filters_i
     assert "HF_TOKEN" not in allowed_env(allowed_env(executor, {"PQ_PLAIN": "p"})), "unlisted: dropped"
     from_host = allowed_env({"PATH": "/bin", "HF_TOKEN": "on-the-host"}, {}, ["HF_TOKEN"])
     assert allowed_env(from_host)["HF_TOKEN"] == "on-the-host", "a listed secret may come from the host's own env"
+
+
+# -- the SLURM versions potato-queue needs (slurm_flags.py) ----------------------------------------------------
+# What getopt prints for a flag the command does not know: glibc's texts (posix/getopt.c: "%s: unrecognized
+# option '%s%s'", "%s: invalid option -- '%c'"), then SLURM's own line (src/sbatch/opt.c in 20.11).
+SBATCH_UNKNOWN_LONG = "sbatch: unrecognized option '--mem-per-gpu=8G'\nTry \"sbatch --help\" for more information\n"
+SQUEUE_UNKNOWN_SHORT = "squeue: invalid option -- 'h'\nTry \"squeue --help\" for more information\n"
+
+
+def newer_than_oldest(table: dict[str, str]) -> list[str]:
+    """The table's rows that a cluster with the oldest SLURM potato-queue supports would not know."""
+    return sorted(key for key, since in table.items() if version_of(since) > version_of(OLDEST_SLURM))
+
+
+def not_in_slurm_20_11(used: set[str]) -> list[str]:
+    """The flags of `used` the table does not list, or lists as newer than OLDEST_SLURM."""
+    return sorted(used - SLURM_FLAGS.keys()) + newer_than_oldest({key: SLURM_FLAGS[key] for key in used
+                                                                   if key in SLURM_FLAGS})
+
+
+@pytest.mark.unit
+def test_the_flag_table_holds_only_what_slurm_20_11_has_and_would_catch_a_newer_flag() -> None:
+    assert OLDEST_SLURM == "20.11"
+    assert newer_than_oldest(SLURM_FLAGS) == []
+    assert version_of("<= 1.3") == (1, 3) and version_of("19.05") == (19, 5)
+    assert newer_than_oldest({**SLURM_FLAGS, "sbatch --gpus-per-task-x": "21.08"}) == ["sbatch --gpus-per-task-x"]
+    assert not_in_slurm_20_11({"sbatch --parsable", "sbatch --not-in-table"}) == ["sbatch --not-in-table"]
+    with pytest.raises(ValueError, match="not a SLURM version"):
+        version_of("someday")
+
+
+@pytest.mark.unit
+def test_every_flag_sbatch_is_given_is_in_slurm_20_11() -> None:
+    """Every backend sbatch setting at once, requeue or not: the flags come from the command lines built."""
+    every = SlurmSettings.of({**{key: "1" for key in SBATCH_FLAGS}, "requeue": True})
+    argvs = [sbatch_argv(every, "r1", "/j"), sbatch_argv(SlurmSettings.of({}), "r1", "/j")]
+    used = {flag for argv in argvs for flag in flags_of(argv)}
+    assert {"sbatch --parsable", "sbatch --mem-per-gpu", "sbatch --no-requeue", "sbatch --chdir"} <= used
+    assert "--signal=B:USR1@120" in argvs[0] and "scontrol requeue" in job_script(every, "r1", "/j", ["w"])
+    assert not_in_slurm_20_11(used | {"sbatch --signal=B:", "scontrol requeue"}) == []
+
+
+@pytest.mark.unit
+def test_every_flag_squeue_scontrol_and_scancel_are_given_is_in_slurm_20_11(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commands a job's agent runs, recorded: the polls, the stops, and the cancel of a job whose id
+    sbatch did not print."""
+    from potato_queue.agent.launchers import slurm as slurm_module
+    from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
+
+    ran: list[list[str]] = []
+
+    def fake_run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, "not a job id\n" if argv[0] == "sbatch" else "", "")
+
+    monkeypatch.setattr(slurm_module.subprocess, "run", fake_run)
+    monkeypatch.setattr(slurm_module, "shared_code_root", lambda _: "/code")
+    launcher = SlurmLauncher(SlurmSettings.of({}), lambda _: None, host="login-1")
+    job = SlurmJob("4242", str(tmp_path), [], launcher)
+    job._squeue()
+    job._scontrol()
+    job.state = QueueState("RUNNING", "None", "node1")
+    job.terminate()
+    job.kill()
+    (tmp_path / "r1").mkdir()
+    with pytest.raises(slurm_module.LaunchError, match="not a job id"):
+        launcher.start(str(tmp_path / "r1" / "spec.json"), str(tmp_path / "r1" / "work"))
+    used = {flag for argv in ran for flag in flags_of(argv)}
+    assert {"squeue -o", "scontrol -o", "scancel --full", "scancel --signal", "scancel --name"} <= used
+    assert not_in_slurm_20_11(used | {"scontrol show job"}) == []
+
+
+@pytest.mark.unit
+def test_every_flag_and_field_sinfo_is_given_by_training_check_is_in_slurm_20_11(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from potato_queue.host import check
+
+    ran: list[list[str]] = []
+
+    def fake_run(argv: list[str], **_: object) -> subprocess.CompletedProcess[bytes]:
+        ran.append(argv)
+        return subprocess.CompletedProcess(argv, 0, b"", b"")
+
+    monkeypatch.setattr(check.shutil, "which", lambda name: "/usr/bin/" + name)
+    monkeypatch.setattr(check.subprocess, "run", fake_run)
+    check.slurm_facts({"remote_dir": str(tmp_path), "job_python": "python3", "partition": "gpu"})
+    [argv] = ran
+    fields = argv[argv.index("-O") + 1].split(",")
+    used = set(flags_of(argv)) | {"sinfo -O " + field.split(":")[0] for field in fields}
+    used |= {"sinfo -O type:suffix" for field in fields if ":" in field}
+    assert {"sinfo -O", "sinfo -O GresUsed", "sinfo -O type:suffix"} <= used
+    assert not_in_slurm_20_11(used) == []
+
+
+@pytest.mark.unit
+def test_a_flag_slurm_does_not_know_is_named_with_the_release_that_brought_it_and_the_fix() -> None:
+    problem = unknown_flag("sbatch", SBATCH_UNKNOWN_LONG)
+    assert problem is not None and problem.flag == "--mem-per-gpu"
+    assert problem.message == (
+        "sbatch on this cluster does not know the flag --mem-per-gpu (sbatch: unrecognized option "
+        "'--mem-per-gpu=8G'): SLURM 19.05 brought it; potato-queue needs SLURM 20.11 or newer")
+    assert problem.fix.startswith("remove mem_per_gpu from the backend's settings (potato-queue passes it as "
+                                  "sbatch --mem-per-gpu), or ask the cluster's admins to upgrade SLURM to 20.11")
+    short = unknown_flag("squeue", SQUEUE_UNKNOWN_SHORT)
+    assert short is not None and short.flag == "-h" and "SLURM has had it since 1.3 or earlier" in short.message
+    assert short.fix == "ask the cluster's admins to upgrade SLURM to 20.11 or newer (`squeue --version` says which this is)"
+    full = unknown_flag("scancel", "scancel: unrecognized option `--full'\n")  # glibc before 2.26 quoted so
+    assert full is not None and "SLURM 16.05 brought it" in full.message
+    assert unknown_flag("sbatch", "sbatch: error: Batch job submission failed: Invalid partition name specified\n") is None
+
+
+@pytest.mark.unit
+def test_sbatch_refusing_a_flag_fails_the_run_saying_so_and_other_refusals_stay_refusals(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from potato_queue.agent.launchers import slurm as slurm_module
+    from potato_queue.agent.launchers.slurm import SlurmLauncher
+
+    stderr = SBATCH_UNKNOWN_LONG
+    monkeypatch.setattr(slurm_module.subprocess, "run",
+                        lambda argv, **_: subprocess.CompletedProcess(argv, 1, "", stderr))
+    monkeypatch.setattr(slurm_module, "shared_code_root", lambda _: "/code")
+    (tmp_path / "r1").mkdir()
+    launcher = SlurmLauncher(SlurmSettings.of({"mem_per_gpu": "8G"}), lambda _: None, host="login-1")
+    with pytest.raises(SlurmTooOld) as too_old:
+        launcher.start(str(tmp_path / "r1" / "spec.json"), str(tmp_path / "r1" / "work"))
+    assert too_old.value.error_code == "slurm_too_old" and "SLURM 19.05 brought it" in str(too_old.value)
+    assert (too_old.value.install_hint or "").startswith("remove mem_per_gpu from the backend's settings")
+    stderr = "sbatch: error: Batch job submission failed: Invalid partition name specified\n"
+    with pytest.raises(slurm_module.LaunchError) as refused:
+        launcher.start(str(tmp_path / "r1" / "spec.json"), str(tmp_path / "r1" / "work"))
+    assert refused.value.error_code == "sbatch_refused"
+
+
+@pytest.mark.unit
+def test_squeue_refusing_a_flag_ends_the_job_saying_so_not_as_a_job_that_vanished(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from potato_queue.agent.launchers import slurm as slurm_module
+    from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
+    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+
+    ran: list[list[str]] = []
+
+    def fake_run(argv: list[str], **_: object) -> subprocess.CompletedProcess[str]:
+        ran.append(argv)
+        failed = argv[0] == "squeue"
+        return subprocess.CompletedProcess(argv, 1 if failed else 0, "", SQUEUE_UNKNOWN_SHORT if failed else "")
+
+    class Relay:
+        def emit(self, kind: str, **fields: object) -> None: ...
+        def put(self, text: str | None) -> None: ...
+
+    monkeypatch.setattr(slurm_module.subprocess, "run", fake_run)
+    lines: list[str] = []
+    job = SlurmJob("4242", str(tmp_path), [], SlurmLauncher(SlurmSettings.of({"poll_interval_s": 0.05}),
+                                                             lines.append, host="login-1"))
+    job.relay_output(Relay())  # type: ignore[arg-type]
+    assert job.wait(10) == EXIT_UNEXPECTED, lines
+    ended = job.ended()
+    assert ended is not None and ended.code == "slurm_too_old", (ended, lines)
+    assert ended.message.startswith("squeue on this cluster does not know the flag -h (squeue: invalid option -- 'h')")
+    assert ["scancel", "4242"] in ran, "the job it cannot follow is cancelled, not left holding its GPU"
+    assert [argv[0] for argv in ran].count("squeue") == 1, "one answer says it all: no retries"

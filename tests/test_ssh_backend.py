@@ -250,25 +250,37 @@ def test_fetch_artifacts_false_and_keep_remote_leave_the_job_folder(svc_factory:
 def test_a_copy_that_sends_nothing_ends_with_err_7_and_the_predictions_count(
         tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
     # The host's python stops itself (SIGSTOP) when it is asked to send the model files: a stalled sender.
-    python = tmp_path / "bin" / "python3"
-    python.parent.mkdir(parents=True)
-    python.write_text('#!/bin/sh\ncase "$2" in *"model files back from an ssh host"*) kill -STOP $$;; esac\n'
-                      'exec /usr/bin/python3 "$@"\n')
-    python.chmod(0o755)
+    python = on_copy(tmp_path, "kill -STOP $$")
     sshd.write_config("root")
     with started(tmp_path, redis_server_url, executors=0, **gpu_server(tmp_path, python=str(python), gpus="none")) as svc:
         svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config), "POTATO_QUEUE_COPY_STALL_S": "2"})
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "failed"
-        assert run["error"] == (f"The copy from {ALIAS} sent nothing for 2 s (the predictions are stored; only model "
-                                "files are missing from artifacts/)")
+        assert run["error"] == f"The copy from {ALIAS} sent nothing for 2 s; {left_there(svc, tmp_path, run_id)}"
+        assert run["artifact_uri"] == f"{ALIAS}:{tmp_path}/remote/jobs/{run_id}/work"
+        assert any((tmp_path / "remote" / "jobs" / run_id / "work").iterdir()), "the model files stay on the host"
         assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
         assert project_predictions_path(svc.project_config).exists()
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline and [p for p in pids() if str(python) in (alive_cmd(p) or "")]:
         time.sleep(0.1)
     assert [alive_cmd(p) for p in pids() if str(python) in (alive_cmd(p) or "")] == []
+
+
+def left_there(svc: Services, tmp_path: Path, run_id: str) -> str:
+    """What a copy that is not whole says of the model files: where they stay, and the command that fetches them."""
+    work = f"{tmp_path}/remote/jobs/{run_id}/work"
+    return (f"the predictions are stored, and the model files stay on {ALIAS} in {work}: fetch them with "
+            f"`ssh {ALIAS} tar -C {work} -cf - . | tar -xf - -C {run_paths(svc, run_id).artifacts}`")
+
+
+def on_copy(tmp_path: Path, body: str) -> Path:
+    """A `python` whose second start (the first is the run's bootstrap, which then runs the agent with the real
+    python) is the copy of the model files back, where it runs `body` (sh) first."""
+    count = tmp_path / "python-starts"
+    return fake_python(tmp_path, f'n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n'
+                                 f'if [ $n -eq 2 ]; then\n{body}\nfi\nexec /usr/bin/python3 "$@"\n')
 
 
 def fake_python(tmp_path: Path, body: str) -> Path:
@@ -308,6 +320,7 @@ def test_a_setup_that_hangs_fails_at_setup_timeout_s_and_leaves_nothing_on_the_h
 # Passes the first member of a tar stream on stdin to stdout and stops, with exit 0: a sender cut off between
 # two files, which the receiving tar takes for a whole archive.
 FIRST_MEMBER_ONLY = """import sys
+sys.stdout.buffer.write(sys.stdin.buffer.readline())  # the stage's marker line
 head = sys.stdin.buffer.read(512)
 size = int(head[124:136].strip(b"\\0 ") or b"0", 8)
 sys.stdout.buffer.write(head + sys.stdin.buffer.read((size + 511) // 512 * 512))
@@ -318,25 +331,27 @@ def test_a_copy_cut_short_between_files_fails_and_leaves_no_partial_model(
         tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
     cut = tmp_path / "first_member_only.py"
     cut.write_text(FIRST_MEMBER_ONLY)
-    python = fake_python(tmp_path, 'case "$2" in *"model files back from an ssh host"*)\n'
-                         '  head -c 300000 /dev/urandom > "$3/work/zz-second-file.bin"\n'
-                         f'  /usr/bin/python3 "$@" | /usr/bin/python3 {cut}; exit 0;;\nesac\n'
-                         'exec /usr/bin/python3 "$@"\n')
+    python = on_copy(tmp_path, f'  for work in {tmp_path}/remote/jobs/*/work; do head -c 300000 /dev/urandom > '
+                               '"$work/zz-second-file.bin"; done\n'
+                               f'  /usr/bin/python3 "$@" | /usr/bin/python3 {cut}; exit 0')
     sshd.write_config("root")
     with started(tmp_path, redis_server_url, executors=0, **gpu_server(tmp_path, python=str(python), gpus="none")) as svc:
         svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "failed", run
-        assert re.fullmatch(rf"The copy from {ALIAS} was cut short: \S+ did not arrive \(the predictions are stored; "
-                            r"only model files are missing from artifacts/\)", run["error"]), run["error"]
-        assert run["artifact_uri"] is None and not run_paths(svc, run_id).artifacts.exists(), "no partial model"
+        assert re.fullmatch(rf"The copy from {ALIAS} was cut short: \S+ did not arrive; "
+                            + re.escape(left_there(svc, tmp_path, run_id)), run["error"]), run["error"]
+        assert not run_paths(svc, run_id).artifacts.exists(), "no partial model"
+        work = tmp_path / "remote" / "jobs" / run_id / "work"
+        assert run["artifact_uri"] == f"{ALIAS}:{work}" and (work / "zz-second-file.bin").is_file(), "the host keeps all"
         assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
 
 
 # A lying host's sender: the manifest it announces on stderr, then a tar stream of what it likes on stdout.
 LYING_SENDER = """import io, json, sys, tarfile
 kind = sys.argv[1]
+sys.stdout.buffer.write(sys.argv[2].encode() + b"\\n")
 out = io.BytesIO()
 with tarfile.open(fileobj=out, mode="w", format=tarfile.GNU_FORMAT) as tar:
     info = tarfile.TarInfo("model.bin")
@@ -372,9 +387,7 @@ def test_a_lying_host_gets_nothing_into_artifacts(tmp_path: Path, redis_server_u
     in artifacts/ (the executor runs as root here), the 31 MB landed, and the run succeeded."""
     liar = tmp_path / "lying_sender.py"
     liar.write_text(LYING_SENDER)
-    python = fake_python(tmp_path, 'case "$2" in *"model files back from an ssh host"*)\n'
-                         f'  exec /usr/bin/python3 {liar} {kind};;\nesac\n'
-                         'exec /usr/bin/python3 "$@"\n')
+    python = on_copy(tmp_path, f'  exec /usr/bin/python3 {liar} {kind} "$3"')  # $3: the stage's marker
     sshd.write_config("root")
     settings = gpu_server(tmp_path, python=str(python), gpus="none", max_artifact_mb=1)
     with started(tmp_path, redis_server_url, executors=0, **settings) as svc:
@@ -382,11 +395,11 @@ def test_a_lying_host_gets_nothing_into_artifacts(tmp_path: Path, redis_server_u
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "failed", run
-        assert run["error"] == (f"The copy from {ALIAS} was refused: {refusal} (only regular files the host announced "
-                                "land in artifacts/; the predictions are stored, the model files are not)")
-        assert f"the copy from {ALIAS} was refused: {refusal}; nothing of it was kept" in run_log(svc, run_id)
+        assert run["error"] == f"The copy from {ALIAS} was refused: {refusal}; {left_there(svc, tmp_path, run_id)}"
+        assert f"the copy from {ALIAS} was refused: {refusal}; nothing of it was kept here" in run_log(svc, run_id)
         artifacts = run_paths(svc, run_id).artifacts
-        assert not os.path.lexists(artifacts) and run["artifact_uri"] is None, "a refused copy leaves nothing"
+        assert not os.path.lexists(artifacts), "a refused copy leaves nothing here"
+        assert run["artifact_uri"] == f"{ALIAS}:{tmp_path}/remote/jobs/{run_id}/work", "and says where the files are"
         assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
 
 

@@ -161,8 +161,8 @@ class LocalExecutor(Executor):
         from potato_queue.host.gpus import NVIDIA_SMI_QUERY, parse_gpus
 
         gpus = [] if self.backend.device == "cpu" else parse_gpus(nvidia_smi(NVIDIA_SMI_QUERY))
-        fits, lines = fit_lines(llm, find_model_config(llm.model_name), [(gpu.index, gpu.free_mb) for gpu in gpus],
-                                find_spec("bitsandbytes") is not None)
+        known = [(gpu.index, gpu.free_mb) for gpu in gpus if gpu.free_mb is not None]  # not a MIG GPU's [N/A]
+        fits, lines = fit_lines(llm, find_model_config(llm.model_name), known, find_spec("bitsandbytes") is not None)
         return CheckReport(ok=fits, lines=[*report.lines, *lines], data={**report.data, "llm": {"fits": fits, "lines": lines}})
 
     def launch(self, spec: LaunchSpec) -> RunHandle:

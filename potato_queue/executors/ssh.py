@@ -67,8 +67,9 @@ def with_llm_fit(report: CheckReport, llm: ModelAsk, facts: dict[str, Any], sett
         gpus = []
     elif setting != "auto":
         gpus = [gpu for gpu in gpus if str(gpu.index) in setting.split(",")]
-    fits, lines = fit_lines(llm, facts.get("model_config"), [(gpu.index, gpu.free_mb) for gpu in gpus],
-                            bool(facts["packages"].get("bitsandbytes")))
+    # A GPU whose free memory nvidia-smi does not tell (MIG on) cannot be held against the model's need.
+    known = [(gpu.index, gpu.free_mb) for gpu in gpus if gpu.free_mb is not None]
+    fits, lines = fit_lines(llm, facts.get("model_config"), known, bool(facts["packages"].get("bitsandbytes")))
     data = {**report.data, "llm": {"fits": fits, "lines": lines}}
     return CheckReport(ok=report.ok and fits, lines=[*report.lines, *lines], data=data)
 

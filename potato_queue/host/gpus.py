@@ -35,7 +35,8 @@ __all__ = [
 
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",
-    "--query-gpu=index,name,memory.free,memory.total,utilization.gpu,compute_cap",
+    # mig.mode.current (driver R450+) is older than compute_cap (R510+): it costs no driver this query ran on.
+    "--query-gpu=index,name,memory.free,memory.total,utilization.gpu,compute_cap,mig.mode.current",
     "--format=csv,noheader,nounits",
 ]
 NO_KERNELS = "(torch there has no kernels for it)"
@@ -48,12 +49,17 @@ GPU_REPORT_S = 15.0
 
 
 class Gpu(NamedTuple):
+    """One GPU as nvidia-smi shows it. A number it cannot tell is None: nvidia-smi printed `[N/A]` or
+    `[Not Supported]` (a GPU with MIG on, unified memory, an older GPU)."""
+
     index: int
     name: str
-    free_mb: float
-    total_mb: float
+    free_mb: Optional[float]
+    total_mb: Optional[float]
     utilization_pct: Optional[float]
-    compute_cap: Optional[str]  # "8.6"; None when nvidia-smi is too old to say
+    compute_cap: Optional[str]  # "8.6"; None when nvidia-smi does not say
+    mig: bool = False  # MIG mode on: the memory is its MIG instances', and a run gets one instance's share
+    free_text: str = ""  # what nvidia-smi printed for memory.free when it was no number: "[N/A]"
 
 
 class Choice(NamedTuple):
@@ -102,19 +108,29 @@ def _number(text: str) -> Optional[float]:
 
 
 def parse_gpus(csv_text: str) -> List[Gpu]:
-    """nvidia-smi's answer to NVIDIA_SMI_QUERY; lines it cannot read are left out."""
+    """nvidia-smi's answer to NVIDIA_SMI_QUERY, one GPU a line; the fields after memory.total may be missing
+    (an older query). Lines that are no GPU's (a blank line, `No devices were found`) are left out."""
     gpus = []
     for line in csv_text.splitlines():
         fields = [field.strip() for field in line.split(",")]
         if len(fields) < 4 or not fields[0].isdigit():
             continue
-        free, total = _number(fields[2]), _number(fields[3])
-        if free is None or total is None:
-            continue
-        utilization = _number(fields[4]) if len(fields) > 4 else None
-        cap = fields[5] if len(fields) > 5 and re.match(r"^\d+\.\d+$", fields[5]) else None
-        gpus.append(Gpu(int(fields[0]), fields[1], free, total, utilization, cap))
+        fields += [""] * (7 - len(fields))
+        free = _number(fields[2])
+        cap = fields[5] if re.match(r"^\d+\.\d+$", fields[5]) else None
+        gpus.append(Gpu(int(fields[0]), fields[1], free, _number(fields[3]), _number(fields[4]), cap,
+                        fields[6].lower() == "enabled", "" if free is not None else fields[2] or "[N/A]"))
     return gpus
+
+
+def _counted(gpu: Gpu) -> bool:
+    """Whether a GPU's free memory can be held against min_free_gpu_mb: nvidia-smi gave a number, and not
+    for a GPU with MIG on, whose memory is split among its MIG instances."""
+    return gpu.free_mb is not None and not gpu.mig
+
+
+def _free(gpu: Gpu) -> float:
+    return gpu.free_mb if gpu.free_mb is not None else 0.0
 
 
 def has_kernels(gpu: Gpu, arch_list: Optional[Sequence[str]]) -> bool:
@@ -139,7 +155,7 @@ def has_kernels(gpu: Gpu, arch_list: Optional[Sequence[str]]) -> bool:
 def describe(gpu: Gpu, arch_list: Optional[Sequence[str]] = None) -> str:
     """`GPU 1: NVIDIA A100, 70000 of 81920 MB free, 3 % busy`, marked when torch cannot use it."""
     busy = "" if gpu.utilization_pct is None else ", {:g} % busy".format(gpu.utilization_pct)
-    text = "GPU {}: {}, {:.0f} of {:.0f} MB free{}".format(gpu.index, gpu.name, gpu.free_mb, gpu.total_mb, busy)
+    text = _memory(gpu) + busy
     return text if has_kernels(gpu, arch_list) else text + " " + NO_KERNELS
 
 
@@ -155,28 +171,55 @@ def choose(setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Opt
     usable = [gpu for gpu in gpus if has_kernels(gpu, arch_list)]
     if not usable:
         raise GpuRefused("This host's torch has no kernels for any of its GPUs")
-    _never_enough(usable, min_free_mb, host)
-    best = _most_free(usable)
-    if best.free_mb < min_free_mb:
-        raise GpuBusy("No GPU has {:.0f} MB free".format(min_free_mb), GpuWait(min_free_mb, best))
+    counted = [gpu for gpu in usable if _counted(gpu)] if min_free_mb > 0 else usable
+    if not counted:  # waiting would not make nvidia-smi tell
+        raise GpuRefused(_uncounted(usable, min_free_mb, host))
+    _never_enough(counted, min_free_mb, host)
+    best = _most_free(counted)
+    if min_free_mb > 0 and _free(best) < min_free_mb:
+        skipped = [gpu for gpu in usable if not _counted(gpu)]
+        raise GpuBusy("No GPU has {:.0f} MB free{}".format(min_free_mb, "".join(
+            " (GPU {} not counted: {})".format(gpu.index, _free_words(gpu)) for gpu in skipped)),
+            GpuWait(min_free_mb, best))
     return Choice(str(best.index), "cuda", "the run gets " + describe(best, arch_list))
 
 
+def _uncounted(gpus: Sequence[Gpu], min_free_mb: float, host: str) -> str:
+    """Why auto cannot hold any GPU to min_free_gpu_mb, and the ways to run anyway."""
+    mig = " (a GPU with MIG on has its memory split among its MIG instances)" if any(g.mig for g in gpus) else ""
+    return ("min_free_gpu_mb ({:.0f}) cannot be checked on {}: nvidia-smi reports no free memory for its GPUs{} "
+            "({}). Fix: pin a GPU with the backend's gpus, like gpus: \"{}\" (a pinned GPU whose free memory is "
+            "unknown is taken unchecked), or set min_free_gpu_mb: 0").format(
+        min_free_mb, host, mig, "; ".join(_memory(gpu) for gpu in gpus), gpus[0].index)
+
+
 def _most_free(gpus: Sequence[Gpu]) -> Gpu:
-    return max(gpus, key=lambda gpu: (gpu.free_mb, -gpu.index))
+    """The GPU with the most free memory, those whose free memory is unknown last."""
+    return max(gpus, key=lambda gpu: (_counted(gpu), _free(gpu), -gpu.index))
 
 
 def _never_enough(gpus: Sequence[Gpu], min_free_mb: float, host: str) -> None:
     """A wait that could never end is refused at once: no GPU has min_free_mb of memory at all."""
-    largest = max(gpus, key=lambda gpu: gpu.total_mb)
-    if largest.total_mb < min_free_mb:
+    sized = [gpu for gpu in gpus if gpu.total_mb is not None]
+    largest = max(sized, key=lambda gpu: gpu.total_mb or 0.0) if sized else None
+    if largest is not None and (largest.total_mb or 0.0) < min_free_mb:
         raise GpuRefused("min_free_gpu_mb ({:.0f}) is more than any GPU on {} has: the largest, GPU {}, has {:.0f} MB"
                          .format(min_free_mb, host, largest.index, largest.total_mb))
 
 
 def _memory(gpu: Gpu) -> str:
     """`GPU 0: NVIDIA A100, 1200 of 81920 MB free`: what a wait for memory looks at."""
-    return "GPU {}: {}, {:.0f} of {:.0f} MB free".format(gpu.index, gpu.name, gpu.free_mb, gpu.total_mb)
+    return "GPU {}: {}, {}".format(gpu.index, gpu.name, _free_words(gpu))
+
+
+def _free_words(gpu: Gpu) -> str:
+    """`1200 of 81920 MB free`, or that nvidia-smi does not say and why."""
+    if gpu.free_mb is None:
+        return "free memory not reported, as MIG is on" if gpu.mig else "free memory unknown ({})".format(gpu.free_text)
+    mig = ", MIG is on: its MIG instances' together" if gpu.mig else ""
+    if gpu.total_mb is None:
+        return "{:.0f} MB free{}".format(gpu.free_mb, mig)
+    return "{:.0f} of {:.0f} MB free{}".format(gpu.free_mb, gpu.total_mb, mig)
 
 
 def _pinned(setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Optional[Sequence[str]],
@@ -192,15 +235,18 @@ def _pinned(setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Op
     if unusable:
         raise GpuRefused("gpus: {} asks for GPU {}, and this host's torch has no kernels for it".format(
             setting, ",".join(str(index) for index in unusable)))
-    pinned = [by_index[index] for index in wanted]
-    _never_enough(pinned, min_free_mb, host)
-    short = [gpu for gpu in pinned if gpu.free_mb < min_free_mb]
+    # A pinned GPU whose free memory nvidia-smi does not tell (MIG on) is taken unchecked: pinning is how to ask.
+    counted = [by_index[index] for index in wanted if _counted(by_index[index])]
+    _never_enough(counted, min_free_mb, host)
+    short = [gpu for gpu in counted if _free(gpu) < min_free_mb]
     if short:
-        worst = min(short, key=lambda gpu: gpu.free_mb)
-        raise GpuBusy("gpus: {} asks for GPU {}, which has {:.0f} of {:.0f} MB free, less than min_free_gpu_mb ({:.0f})"
-                      .format(setting, worst.index, worst.free_mb, worst.total_mb, min_free_mb),
-                      GpuWait(min_free_mb, worst, setting))
-    return Choice(setting, "cuda", "the run gets " + "; ".join(describe(by_index[i], arch_list) for i in wanted))
+        worst = min(short, key=_free)
+        raise GpuBusy("gpus: {} asks for GPU {}, which has {}, less than min_free_gpu_mb ({:.0f})".format(
+            setting, worst.index, _free_words(worst), min_free_mb), GpuWait(min_free_mb, worst, setting))
+    unchecked = [index for index in wanted if not _counted(by_index[index])] if min_free_mb > 0 else []
+    note = " (min_free_gpu_mb not checked on GPU {}: its free memory is unknown)".format(
+        ",".join(str(index) for index in unchecked)) if unchecked else ""
+    return Choice(setting, "cuda", "the run gets " + "; ".join(describe(by_index[i], arch_list) for i in wanted) + note)
 
 
 def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: Optional[str]) -> List[Gpu]:
@@ -217,17 +263,19 @@ def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: Optional[str]) -> Li
 
 def agent_wait(gpus: Sequence[Gpu], min_free_mb: float) -> Optional[GpuWait]:
     """Whether an agent must wait before it claims: None when it may claim (no minimum, or a GPU has it)."""
-    if min_free_mb <= 0 or any(gpu.free_mb >= min_free_mb for gpu in gpus):
+    counted = [gpu for gpu in gpus if _counted(gpu)]
+    if min_free_mb <= 0 or any(_free(gpu) >= min_free_mb for gpu in counted):
         return None
-    return GpuWait(min_free_mb, _most_free(gpus) if gpus else None)
+    return GpuWait(min_free_mb, _most_free(counted) if counted else None)
 
 
 def agent_pick(gpus: Sequence[Gpu], min_free_mb: float) -> Optional[Choice]:
     """The GPU a run an agent just claimed gets: the one with most memory free (min_free_mb of it, when the
     GPU has not filled up since the claim); None without a minimum (the agent's CUDA_VISIBLE_DEVICES holds)."""
-    if min_free_mb <= 0 or not gpus:
+    counted = [gpu for gpu in gpus if _counted(gpu)]
+    if min_free_mb <= 0 or not counted:
         return None
-    best = _most_free(gpus)
+    best = _most_free(counted)
     return Choice(str(best.index), "cuda", "the run gets " + describe(best))
 
 
@@ -242,8 +290,15 @@ def agent_gpu_problem(has_nvidia_smi: bool, gpus: Sequence[Gpu], min_free_mb: fl
     if not gpus:
         return "--min-free-gpu-mb {:.0f} waits for a GPU, but nvidia-smi shows none this agent can use{}".format(
             min_free_mb, fix + ", or check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)")
-    largest = max(gpus, key=lambda gpu: gpu.total_mb)
-    if largest.total_mb < min_free_mb:
+    counted = [gpu for gpu in gpus if _counted(gpu)]
+    if not counted:  # the agent would never claim
+        mig = ("; to give its runs one MIG instance, start it with CUDA_VISIBLE_DEVICES=MIG-<uuid> (nvidia-smi -L "
+               "lists them)") if any(gpu.mig for gpu in gpus) else ""
+        return ("--min-free-gpu-mb {:.0f} waits for free GPU memory, but nvidia-smi reports none here ({}); fix: "
+                "start the agent without --min-free-gpu-mb: its runs then get the GPUs CUDA_VISIBLE_DEVICES gives it, "
+                "unchecked{}").format(min_free_mb, "; ".join(_memory(gpu) for gpu in gpus), mig)
+    largest = max(counted, key=lambda gpu: gpu.total_mb or 0.0)
+    if largest.total_mb is not None and largest.total_mb < min_free_mb:
         return ("--min-free-gpu-mb {:.0f} is more than any GPU here has: the largest, GPU {}, has {:.0f} MB; "
                 "fix: lower --min-free-gpu-mb").format(min_free_mb, largest.index, largest.total_mb)
     return None

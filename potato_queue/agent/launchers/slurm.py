@@ -39,6 +39,7 @@ from potato_queue.agent.launchers.sbatch import (
     requeue_line,
     sbatch_argv,
 )
+from potato_queue.agent.launchers.slurm_flags import SlurmTooOld, refuse_unknown_flag
 from potato_queue.agent.relay import MAX_LINE, EventRelay, stdout_event
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
 from potato_queue.worker.files import write_atomic
@@ -176,7 +177,11 @@ class SlurmJob(WorkerHandle):
 
     def cleanup(self) -> None:
         """A job still queued or running after its worker's end (a stuck shell, a lost exit) is cancelled."""
-        state = self._squeue()
+        try:
+            state = self._squeue()
+        except SlurmTooOld:  # squeue cannot say: a cancel of a job that has ended changes nothing
+            state = None
+            self._scancel([])
         if state is not None and state.state in ("PENDING", "RUNNING", "SUSPENDED", "REQUEUED"):
             self._scancel([])
 
@@ -192,19 +197,21 @@ class SlurmJob(WorkerHandle):
         left its runner waiting forever (and the job, if it ran, holding its GPU)."""
         try:
             self._follow()
+            return
+        except SlurmTooOld as exc:  # squeue or scontrol refused a flag: no later poll can follow the job
+            ended = WorkerEnded(exc.error_code, str(exc), exc.install_hint or "")
         except Exception as exc:  # noqa: BLE001 - anything unexpected still ends the job and the run
-            message = "the SLURM job monitor failed ({}: {}); SLURM job {} was cancelled".format(
-                type(exc).__name__, exc, self.job_id)
-            self.log(message)
-            self.stopping = True
-            try:
-                self._scancel([])
-            except Exception:  # noqa: BLE001 - concluding matters more than this cancel's error
-                pass
-            self._ended = WorkerEnded("monitor_failed", message, "start the run again; if it happens again, "
-                                      "report it with the agent's log")
-            self._code = EXIT_UNEXPECTED
-            self._exited.set()
+            ended = WorkerEnded("monitor_failed", "the SLURM job monitor failed ({}: {}); SLURM job {} was cancelled"
+                                .format(type(exc).__name__, exc, self.job_id),
+                                "start the run again; if it happens again, report it with the agent's log")
+        self.log(ended.message)
+        self.stopping = True
+        try:
+            self._scancel([])
+        except Exception:  # noqa: BLE001 - concluding matters more than this cancel's error
+            pass
+        self._ended, self._code = ended, EXIT_UNEXPECTED
+        self._exited.set()
 
     def _follow(self) -> None:
         next_poll = 0.0
@@ -343,7 +350,12 @@ class SlurmJob(WorkerHandle):
     def _scancel(self, options: List[str]) -> None:
         argv = ["scancel"] + options + [self.job_id]
         self.log(" ".join(argv))
-        self.launcher.command(argv)
+        try:
+            self.launcher.command(argv)
+        except SlurmTooOld as exc:
+            self._tell(str(exc))
+            if options:  # the plain scancel still ends the job, only without its checkpoint first
+                self._scancel([])
 
 
 class SlurmLauncher(WorkerLauncher):
@@ -363,6 +375,7 @@ class SlurmLauncher(WorkerLauncher):
             self.log("{} could not run: {}".format(argv[0], exc))
             return None
         if done.returncode != 0:
+            refuse_unknown_flag(argv[0], done.stderr)  # every later call would fail the same way
             if "Invalid job id" not in done.stderr:
                 self.log("{} failed ({}): {}".format(" ".join(argv), done.returncode, done.stderr.strip()[:500]))
             return None
@@ -384,6 +397,7 @@ class SlurmLauncher(WorkerLauncher):
         except (OSError, subprocess.SubprocessError) as exc:
             raise LaunchError("sbatch_failed", "sbatch could not run: {}".format(exc)) from exc
         if done.returncode != 0:
+            refuse_unknown_flag("sbatch", done.stderr)
             raise LaunchError("sbatch_refused", "sbatch refused the job: {}".format(
                 done.stderr.strip() or done.stdout.strip()), "check the backend's sbatch settings ({}) against the "
                 "cluster's partitions (sinfo) and limits".format(" ".join(argv[2:-4]) or "none set"))
@@ -391,6 +405,7 @@ class SlurmLauncher(WorkerLauncher):
             job_id = parse_job_id(done.stdout)
         except ValueError as exc:
             self.command(["scancel", "--name", job_name(run_id), "--user", str(os.getuid())])  # if it was queued
+            refuse_unknown_flag("sbatch", done.stderr)
             raise LaunchError("sbatch_failed", str(exc)) from exc
         flags = argv[2:-4]
         self.log("Submitted SLURM job {}: {}".format(job_id, " ".join(argv)))

@@ -133,9 +133,9 @@ class ModelCopy:
         if refused is not None:
             self._end_the_sender()
             self._discard(artifacts)
-            self.spec.log(f"the copy from {host} was refused: {refused}; nothing of it was kept here")
-            self._missing(f"The copy from {host} was refused: {refused} (only regular files the host announced "
-                          "land in artifacts/)")
+            self.spec.log(f"the copy from {host} was refused: {refused}; nothing of it was kept here (only regular "
+                          "files the host announced land in artifacts/)")
+            self._missing(f"The copy from {host} was refused: {refused}")
         if sender_exit == 255:
             self._discard(artifacts)
             failure_there = ssh_failure(host, stderr)
@@ -151,8 +151,9 @@ class ModelCopy:
         host, work = self.backend.host, f"{self.job}/work"
         there = (f"the model files stay on {host} in {work}: fetch them with `ssh {host} tar -C {work} -cf - . | "
                  f"tar -xf - -C {self.spec.paths.artifacts}`")
-        self.spec.log(f"{what}; {there}")
-        raise ModelFilesMissing(f"{what} (the predictions are stored; {there})", artifact_uri=self.where())
+        message = f"{what}; the predictions are stored, and {there}"
+        self.spec.log(message)
+        raise ModelFilesMissing(message, artifact_uri=self.where())
 
     def _cut_short(self, sender_exit: int | None, artifacts: Path) -> str | None:
         """What is wrong with a copy that ended by itself: the sender's exit, a file missing or short."""
