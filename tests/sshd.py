@@ -26,6 +26,13 @@ SSHD = "/usr/sbin/sshd"
 ALIAS = "gpu-test"
 
 
+def account(name: str) -> str:
+    """The machine's account for `name` in this pytest worker: two workers making, using and removing one
+    account at once would pull it from under each other (gw1's pqssh is pqssh-gw1)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER")
+    return f"{name}-{worker}" if worker else name
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -103,7 +110,9 @@ class Sshd:
 
     def add_user(self, name: str, shell: str = "/bin/sh", password: str | None = None) -> str:
         """An ordinary account with `shell` as its login shell (made with useradd, unlocked for key logins
-        under UsePAM no; `password` for a login that asks for one after the key)."""
+        under UsePAM no; `password` for a login that asks for one after the key). Its name is
+        account(name): the machine's accounts are shared by the suite's workers."""
+        name = account(name)
         try:
             pwd.getpwnam(name)
         except KeyError:

@@ -7,6 +7,7 @@ import pytest
 
 from potato_queue.host.gpus import (
     NO_KERNELS,
+    NVIDIA_SMI_QUERY,
     GpuBusy,
     GpuRefused,
     GpuWait,
@@ -36,7 +37,7 @@ TORCH_ARCHS = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 def test_nvidia_smi_csv_is_read_and_bad_lines_left_out() -> None:
     gpus = parse_gpus(TWO_GPUS + "2, Tesla K80, [N/A], 11441, [N/A], 3.7\nNo devices were found\n")
     assert [(g.index, g.free_mb, g.utilization_pct, g.compute_cap) for g in gpus] == [
-        (0, 1200.0, 97.0, "8.0"), (1, 70000.0, 3.0, "8.0")]
+        (0, 1200.0, 97.0, "8.0"), (1, 70000.0, 3.0, "8.0"), (2, None, None, "3.7")], "a GPU nvidia-smi cannot size stays"
     assert parse_gpus("") == []
 
 
@@ -178,3 +179,95 @@ def test_a_claiming_agent_gives_its_run_the_gpu_with_most_room_and_without_a_min
     assert choice.line == "the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy"
     assert agent_pick(gpus, 0) is None, "no --min-free-gpu-mb: the agent's own CUDA_VISIBLE_DEVICES holds"
 
+
+
+# -- GPUs as real machines print them ------------------------------------------------------------------------------
+# Stand-ins for hardware this machine does not have, in the format NVIDIA documents: the fields are
+# `nvidia-smi --help-query-gpu`'s (mig.mode.current: "Enabled" or "Disabled"), and nvidia-smi(1) says unsupported
+# data "is indicated by a "N/A""; in CSV that is `[N/A]`, or `[Not Supported]` from older drivers (both seen for one
+# field, github.com/enkore/i3pystatus/pull/776). The rows copy machines people posted: an A100 with MIG on, whose
+# GPU row has N/A for its memory and GPU-Util (github.com/NVIDIA/DCGM/issues/152, driver 535.104.05), beside one
+# with MIG off; a DGX Spark (GB10), whose unified memory nvidia-smi does not size (`[N/A], [N/A]`,
+# github.com/mostlygeek/llama-swap/issues/782); a GeForce, whose mig.mode.current is `[N/A]`
+# (github.com/Syllo/nvtop/pull/470). Trailing spaces and a blank line as a shell capture may leave them.
+MIG_HOST = """\
+0, NVIDIA A100-SXM4-80GB, [N/A], [N/A], [N/A], 8.0, Enabled
+1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0, Disabled  \r
+
+"""
+MIG_ONLY = "0, NVIDIA A100-SXM4-80GB, [N/A], [N/A], [N/A], 8.0, Enabled\n"
+GB10 = "0, NVIDIA GB10, [N/A], [N/A], 0, 12.1, [N/A]\n"
+OLD_DRIVER = "0, Quadro K620, [Not Supported], [Not Supported], [Not Supported], [N/A], [N/A]\n"
+
+
+def test_nvidia_smi_rows_with_n_a_not_supported_mig_and_missing_fields_are_all_read() -> None:
+    assert NVIDIA_SMI_QUERY[1].endswith(",compute_cap,mig.mode.current")
+    mig, plain = parse_gpus(MIG_HOST)
+    assert (mig.free_mb, mig.total_mb, mig.utilization_pct, mig.compute_cap, mig.mig) == (None, None, None, "8.0", True)
+    assert (plain.free_mb, plain.total_mb, plain.utilization_pct, plain.mig) == (70000.0, 81920.0, 3.0, False)
+    [spark] = parse_gpus(GB10)
+    assert (spark.free_mb, spark.total_mb, spark.utilization_pct, spark.compute_cap, spark.mig) == (
+        None, None, 0.0, "12.1", False)
+    [old] = parse_gpus(OLD_DRIVER)
+    assert (old.free_mb, old.utilization_pct, old.compute_cap, old.free_text) == (None, None, None, "[Not Supported]")
+    # An older query's rows: no MIG mode, or no compute capability either.
+    assert parse_gpus("0, Tesla T4, 15000, 15360, 0, 7.5\n")[0][2:] == (15000.0, 15360.0, 0.0, "7.5", False, "")
+    assert parse_gpus("0, Tesla T4, 15000, 15360, 0\n")[0].compute_cap is None
+
+
+def test_a_gpu_whose_free_memory_is_unknown_is_described_as_such_and_mig_named_as_the_reason() -> None:
+    assert describe(parse_gpus(GB10)[0]) == "GPU 0: NVIDIA GB10, free memory unknown ([N/A]), 0 % busy"
+    assert describe(parse_gpus(OLD_DRIVER)[0]) == "GPU 0: Quadro K620, free memory unknown ([Not Supported])"
+    assert describe(parse_gpus(MIG_ONLY)[0]) == "GPU 0: NVIDIA A100-SXM4-80GB, free memory not reported, as MIG is on"
+    # Some drivers do report a MIG GPU's memory (github.com/utkuozdemir/nvidia_gpu_exporter/issues/203): all its
+    # instances' together, none of which a run gets whole.
+    reported = parse_gpus("0, NVIDIA A800-SXM4-80GB, 45383, 81920, [N/A], 8.0, Enabled\n")[0]
+    assert describe(reported) == "GPU 0: NVIDIA A800-SXM4-80GB, 45383 of 81920 MB free, MIG is on: its MIG instances' together"
+
+
+def test_auto_with_a_minimum_takes_only_a_gpu_whose_free_memory_it_can_check() -> None:
+    assert choose("auto", parse_gpus(MIG_HOST), 2000, TORCH_ARCHS).visible_devices == "1"
+    with pytest.raises(GpuRefused) as refused:  # waiting would not make nvidia-smi tell: refused at once
+        choose("auto", parse_gpus(MIG_ONLY), 2000, TORCH_ARCHS, host="gpu")
+    assert not isinstance(refused.value, GpuBusy)
+    assert str(refused.value) == (
+        "min_free_gpu_mb (2000) cannot be checked on gpu: nvidia-smi reports no free memory for its GPUs (a GPU with "
+        "MIG on has its memory split among its MIG instances) (GPU 0: NVIDIA A100-SXM4-80GB, free memory not "
+        "reported, as MIG is on). Fix: pin a GPU with the backend's gpus, like gpus: \"0\" (a pinned GPU whose free "
+        "memory is unknown is taken unchecked), or set min_free_gpu_mb: 0")
+    with pytest.raises(GpuRefused, match=r"free memory unknown \(\[N/A\]\)\)\. Fix: pin a GPU"):
+        choose("auto", parse_gpus(GB10), 2000, ["sm_120"])
+    assert choose("auto", parse_gpus(MIG_ONLY), 0, TORCH_ARCHS).line == (
+        "the run gets GPU 0: NVIDIA A100-SXM4-80GB, free memory not reported, as MIG is on"), "no minimum: no check"
+    with pytest.raises(GpuBusy, match=r"^No GPU has 80000 MB free \(GPU 0 not counted: free memory not reported, "
+                                      r"as MIG is on\)$") as busy:
+        choose("auto", parse_gpus(MIG_HOST), 80000, TORCH_ARCHS)
+    assert busy.value.wait.best == parse_gpus(MIG_HOST)[1], "the wait watches the GPU it can size"
+
+
+def test_a_pinned_gpu_whose_free_memory_is_unknown_is_taken_saying_the_minimum_was_not_checked() -> None:
+    choice = choose("0", parse_gpus(MIG_HOST), 2000, TORCH_ARCHS)
+    assert (choice.visible_devices, choice.device) == ("0", "cuda")
+    assert choice.line == ("the run gets GPU 0: NVIDIA A100-SXM4-80GB, free memory not reported, as MIG is on "
+                           "(min_free_gpu_mb not checked on GPU 0: its free memory is unknown)")
+    assert choose("0", parse_gpus(MIG_HOST), 0, TORCH_ARCHS).line.endswith("as MIG is on")
+    with pytest.raises(GpuBusy, match=r"^gpus: 0,1 asks for GPU 1, which has 70000 of 81920 MB free, less than"):
+        choose("0,1", parse_gpus(MIG_HOST), 75000, TORCH_ARCHS)
+
+
+def test_an_agent_counts_only_gpus_it_can_size_and_one_with_none_does_not_start_with_a_minimum() -> None:
+    from potato_queue.server.claims import GpuWaitIn
+
+    gpus = parse_gpus(MIG_HOST)
+    assert agent_wait(gpus, 2000) is None and agent_pick(gpus, 2000) == choose("1", gpus, 0)
+    wait = agent_wait(gpus, 80000)
+    assert wait == GpuWait(80000, gpus[1])
+    assert GpuWaitIn.model_validate(wait.to_json()).best is not None, "the server takes the agent's report"
+    assert agent_wait(parse_gpus(MIG_ONLY), 2000) == GpuWait(2000, None)
+    assert agent_gpu_problem(True, parse_gpus(MIG_ONLY), 2000) == (
+        "--min-free-gpu-mb 2000 waits for free GPU memory, but nvidia-smi reports none here (GPU 0: NVIDIA "
+        "A100-SXM4-80GB, free memory not reported, as MIG is on); fix: start the agent without --min-free-gpu-mb: its "
+        "runs then get the GPUs CUDA_VISIBLE_DEVICES gives it, unchecked; to give its runs one MIG instance, start it "
+        "with CUDA_VISIBLE_DEVICES=MIG-<uuid> (nvidia-smi -L lists them)")
+    assert "MIG-<uuid>" not in (agent_gpu_problem(True, parse_gpus(GB10), 2000) or "MIG-<uuid>")
+    assert agent_gpu_problem(True, gpus, 2000) is None and agent_gpu_problem(True, parse_gpus(MIG_ONLY), 0) is None

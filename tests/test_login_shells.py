@@ -11,7 +11,9 @@ per account. No GPU is asked for (`gpus: none`).
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -21,7 +23,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_running
-from tests.sshd import Sshd
+from tests.sshd import Sshd, account
 
 SHELLS = {"sh": "/bin/sh", "dash": "/usr/bin/dash", "bash": "/bin/bash", "zsh": "/usr/bin/zsh", "ksh": "/usr/bin/ksh",
           "tcsh": "/usr/bin/tcsh", "csh": "/usr/bin/csh", "fish": "/usr/bin/fish"}
@@ -36,17 +38,17 @@ SECOND_FACTOR_USER, CODE = "pq2fa", "code-424242"
 
 
 def shell_user(shell: str) -> str:
-    return f"pqsh-{shell}"
+    return account(f"pqsh-{shell}")
 
 
 @pytest.fixture(scope="module")
 def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
-    blocks = {user: [setting] for user, setting in NO_FORWARDS.items()}
-    blocks[SECOND_FACTOR_USER] = ["PasswordAuthentication yes", "AuthenticationMethods publickey,password"]
+    blocks = {account(user): [setting] for user, setting in NO_FORWARDS.items()}
+    blocks[account(SECOND_FACTOR_USER)] = ["PasswordAuthentication yes", "AuthenticationMethods publickey,password"]
     sshd = Sshd(tmp_path_factory.mktemp("hosts"), match_blocks=blocks)
     try:
         for shell, path in SHELLS.items():
-            user = sshd.add_user(shell_user(shell), shell=path)
+            user = sshd.add_user(f"pqsh-{shell}", shell=path)
             sshd.authorize(user, sshd.key)
             if shell in CHATTY:
                 name, text = CHATTY[shell]
@@ -68,18 +70,21 @@ def alias(user: str) -> str:
 @pytest.fixture(scope="module")
 def svc(hosts: Sshd, tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> Iterator[Services]:
     tmp = tmp_path_factory.mktemp("shells")
-    users = [shell_user(shell) for shell in SHELLS] + list(NO_FORWARDS) + [SECOND_FACTOR_USER]
-    control = tmp / "cm"
-    control.mkdir(mode=0o700)
+    users = [shell_user(shell) for shell in SHELLS] + [account(user) for user in [*NO_FORWARDS, SECOND_FACTOR_USER]]
+    # A short folder: ssh's master socket is ControlPath plus 17 characters, within a unix socket's 108.
+    control = Path(tempfile.mkdtemp(prefix="pq-cm-"))
     config = hosts.aliases("ssh_config.shells", {
-        alias(user): {"User": user, **({"ControlPath": f"{control}/%C"} if user == SECOND_FACTOR_USER else {})}
+        alias(user): {"User": user, **({"ControlPath": f"{control}/%C"} if user == account(SECOND_FACTOR_USER) else {})}
         for user in users})
     backends = {user: {"type": "ssh", "host": alias(user), "python": "/usr/bin/python3", "gpus": "none"}
                 for user in users}
-    with started(tmp, redis_server_url, executors=0, backends=backends) as services:
-        services.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(config)})
-        services.ssh_config = config  # type: ignore[attr-defined]
-        yield services
+    try:
+        with started(tmp, redis_server_url, executors=0, backends=backends) as services:
+            services.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(config)})
+            services.ssh_config = config  # type: ignore[attr-defined]
+            yield services
+    finally:
+        shutil.rmtree(control, ignore_errors=True)
 
 
 def check(svc: Services, backend: str, *extra: str) -> subprocess.CompletedProcess[str]:
@@ -138,6 +143,7 @@ def test_every_login_shell_checks_runs_brings_the_model_back_and_cancels(svc: Se
 @pytest.mark.parametrize("user", list(NO_FORWARDS))
 def test_an_sshd_that_refuses_forwarding_still_runs_over_the_session_and_check_says_so(svc: Services,
                                                                                        user: str) -> None:
+    user = account(user)
     done = check(svc, user)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"transport: over the ssh session itself ({alias(user)}'s sshd refuses forwarding: one of AllowTcpForwarding, "\
@@ -152,17 +158,20 @@ def test_an_sshd_that_refuses_forwarding_still_runs_over_the_session_and_check_s
 
 def test_a_second_factor_login_fails_with_the_master_fix_and_runs_through_a_master_opened_by_hand(
         svc: Services, tmp_path: Path) -> None:
-    user, config = SECOND_FACTOR_USER, str(svc.ssh_config)  # type: ignore[attr-defined]
+    user, config = account(SECOND_FACTOR_USER), str(svc.ssh_config)  # type: ignore[attr-defined]
     refused = check(svc, user)
     assert refused.returncode == 1
     assert f"ssh to {alias(user)} failed: the host asks for password besides the key (a second factor)" in refused.stdout
     assert "ControlMaster" in refused.stdout and "ControlPersist" in refused.stdout, refused.stdout
-    # The person: opens a master once and types the code (sshpass), as docs/backends/ssh.md shows.
-    opened = subprocess.run(["sshpass", "-p", CODE, "ssh", "-F", config, "-o", "ControlMaster=yes", "-o",
-                             "ControlPersist=120", "-fN", alias(user)], capture_output=True, text=True, timeout=30)
-    assert opened.returncode == 0, opened.stderr
-    master = subprocess.run(["ssh", "-F", config, "-O", "check", alias(user)], capture_output=True, text=True)
-    assert master.returncode == 0, master.stderr
+    # The person, in a terminal of their own: opens a master and types the code (sshpass), as docs/backends/ssh.md
+    # shows; it stays open while they work.
+    person = subprocess.Popen(["sshpass", "-p", CODE, "ssh", "-F", config, "-o", "ControlMaster=yes", "-N", alias(user)],
+                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                              start_new_session=True)
+    deadline = time.monotonic() + 20
+    while subprocess.run(["ssh", "-F", config, "-O", "check", alias(user)], capture_output=True).returncode != 0:
+        assert person.poll() is None and time.monotonic() < deadline, person.stderr.read() if person.stderr else ""
+        time.sleep(0.1)
     try:
         through = check(svc, user)
         assert through.returncode == 0, through.stdout
@@ -173,6 +182,7 @@ def test_a_second_factor_login_fails_with_the_master_fix_and_runs_through_a_mast
         assert_nothing_left_but_the_master(user, run_id)
     finally:
         subprocess.run(["ssh", "-F", config, "-O", "exit", alias(user)], capture_output=True, timeout=30)
+        person.wait(timeout=30)
 
 
 def assert_nothing_left_but_the_master(user: str, run_id: str) -> None:

@@ -17,11 +17,13 @@ from potato_queue.executors.remote.openssh import (
     SshFailed,
     SshTarget,
     control_argv,
+    missing_program,
     remote_shell,
     run_ssh,
     ssh_argv,
     ssh_failure,
 )
+from potato_queue.executors.remote.stage import banner_note, new_marker, split_banner, stage_argv, stage_input
 from tests.sshd import ALIAS, Sshd
 
 
@@ -44,13 +46,51 @@ def test_user_port_and_identity_become_l_p_and_i() -> None:
     assert head == ["ssh", "-F", "/etc/pq/ssh", "-l", "ana", "-p", "2222", "-i", "~/.ssh/lab"]
 
 
-def test_the_remote_command_is_one_quoted_word_for_the_remote_shell() -> None:
-    argv = ssh_argv(SshTarget("gpu"), ["python3", "-c", "print('a b'); import sys", "$HOME;rm -rf /"])
-    assert argv[-1] == remote_shell(["python3", "-c", "print('a b'); import sys", "$HOME;rm -rf /"])
-    # What the remote `sh -c` makes of it: the same words back.
-    words = subprocess.run(["sh", "-c", f"printf '%s\\n' {argv[-1].split(' ', 1)[1]}"],
-                           capture_output=True, text=True, check=True).stdout.splitlines()
-    assert words == ["-c", "print('a b'); import sys", "$HOME;rm -rf /"]
+LOGIN_SHELLS = ["sh", "dash", "bash", "zsh", "ksh", "mksh", "tcsh", "csh", "fish"]
+
+
+@pytest.mark.parametrize("shell", LOGIN_SHELLS)
+def test_the_remote_command_is_the_same_words_in_every_login_shell(shell: str) -> None:
+    """sshd runs the command as `<login shell> -c <command>`; each real shell here must give back our words."""
+    words = ["python3", "-c", 'import a; print("x y") or (lambda: {1: [2]})()', "potato-queue-0123456789abcdef",
+             "/home/ana/gpu run/python", "a;b|c&d>e<f*g?h~i#j", "--"]
+    argv = ssh_argv(SshTarget("gpu"), words)
+    assert argv[-1] == remote_shell(words)
+    printed = subprocess.run([shell, "-c", f"printf '%s\\n' {argv[-1]}"], capture_output=True, text=True, check=True)
+    assert printed.stdout.splitlines() == words
+
+
+@pytest.mark.parametrize("word", ["it's", "a\nb", "echo !!", "$HOME", "`id`", "a\\b"])
+def test_a_word_no_quoting_carries_through_every_shell_is_refused_not_mangled(word: str) -> None:
+    with pytest.raises(ValueError, match="cannot pass through every login shell"):
+        remote_shell(["echo", word])
+
+
+@pytest.mark.parametrize("shell", LOGIN_SHELLS)
+def test_the_first_stage_runs_the_program_from_stdin_after_its_marker_in_every_shell(shell: str) -> None:
+    marker = new_marker()
+    program = 'import os, sys\nprint("pid", os.getpid() > 0, sys.stdin.readline().strip())\n'
+    command = remote_shell(stage_argv("/usr/bin/python3", marker))
+    done = subprocess.run([shell, "-c", f"echo Welcome to gpu01; {command}"],
+                          input=stage_input(program) + b"the rest of stdin\n", capture_output=True, check=True)
+    assert split_banner(done.stdout.decode(), marker) == ("Welcome to gpu01\n", "pid True the rest of stdin\n")
+
+
+def test_a_banner_is_said_once_with_how_to_silence_it() -> None:
+    note = banner_note("gpu01", "\nWelcome to gpu01\nmodule: loaded cuda/12\n")
+    assert note is not None and note.startswith(
+        "gpu01's shell start-up prints \"Welcome to gpu01\" (and 1 more line(s)) for non-interactive commands")
+    assert "~/.bashrc" in note and "~/.cshrc" in note and "status is-interactive" in note
+    assert banner_note("gpu01", "\n  \n") is None
+    assert "\x1b" not in (banner_note("gpu01", "\x1b[31mred\n") or ""), "a host's text forges no terminal codes"
+
+
+def test_a_missing_interpreter_is_recognised_in_every_shells_words() -> None:
+    said = {"sh": "sh: 1: /opt/py: not found", "bash": "bash: line 1: /opt/py: No such file or directory",
+            "zsh": "zsh:1: no such file or directory: /opt/py", "tcsh": "/opt/py: Command not found.",
+            "fish": "fish: Unknown command: /opt/py", "mksh": "E: mksh: /opt/py: inaccessible or not found"}
+    assert all(missing_program(text, "/opt/py") for text in said.values())
+    assert not missing_program("Traceback ...\nModuleNotFoundError: No module named 'x' not found", "/opt/py")
 
 
 def test_a_reverse_forward_of_a_unix_socket_and_multiplexing() -> None:
@@ -72,6 +112,15 @@ def test_ssh_failures_say_what_and_the_fix() -> None:
         "ssh to gpu failed: the host name does not resolve")
     assert ssh_failure("gpu", "Error: remote port forwarding failed for listen path /tmp/x").message == (
         "ssh to gpu failed: the host refused to forward the run's socket")
+    forwards = ssh_failure("gpu", "Error: remote port forwarding failed for listen path /tmp/x")
+    assert all(setting in (forwards.fix or "") for setting in (
+        "AllowTcpForwarding no", "AllowStreamLocalForwarding no", "DisableForwarding yes")), forwards.fix
+    second = ssh_failure("gpu", "ana@gpu: Permission denied (keyboard-interactive).\r\n")
+    assert second.message == ("ssh to gpu failed: the host asks for keyboard-interactive besides the key (a second "
+                              "factor), which a queue cannot type")
+    assert "ControlMaster=yes" in (second.fix or "") and "ControlPersist" in (second.fix or "")
+    assert ssh_failure("gpu", "ana@gpu: Permission denied (publickey,password).").message == (
+        "ssh to gpu failed: Permission denied"), "the key itself was refused: ERR-1"
     assert ssh_failure("gpu", "kex_exchange_identification: read: Connection reset by peer\n").message == (
         "ssh to gpu failed: kex_exchange_identification: read: Connection reset by peer")
 
@@ -86,7 +135,7 @@ def test_an_ordinary_account_logs_in_with_its_key(sshd: Sshd) -> None:
     user = sshd.add_user("pqssh")
     sshd.authorize(user, sshd.key)
     target = SshTarget(ALIAS, user=user, config_file=str(sshd.config))
-    assert run_ssh(target, ["id", "-un"]) == "pqssh\n"
+    assert run_ssh(target, ["id", "-un"]) == f"{user}\n"
 
 
 def test_an_account_with_no_key_fails_at_once_with_err_1(sshd: Sshd) -> None:
@@ -154,7 +203,7 @@ def test_the_reverse_forwarded_socket_is_0600_and_only_for_the_login_account(ssh
         assert run_ssh(target, fetch) == "hello"
         other = sshd.add_user("pqother")
         sshd.authorize(other, sshd.key)
-        assert run_ssh(SshTarget(ALIAS, user=other, config_file=str(sshd.config)), ["id", "-un"]) == "pqother\n"
+        assert run_ssh(SshTarget(ALIAS, user=other, config_file=str(sshd.config)), ["id", "-un"]) == f"{other}\n"
         with pytest.raises(PotatoQueueError) as refused:  # logged in, but the socket is not theirs
             run_ssh(SshTarget(ALIAS, user=other, config_file=str(sshd.config)), fetch)
         assert not isinstance(refused.value, SshFailed) and "Couldn't connect" in refused.value.message

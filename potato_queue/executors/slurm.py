@@ -17,8 +17,7 @@ import shlex
 from typing import Any
 
 from potato_queue.agent.isolated import passed_env
-from potato_queue.agent.launchers.sbatch import hard_stop_s, job_name
-from potato_queue.agent.launchers.slurm import NO_SBATCH_FIX, no_sbatch
+from potato_queue.agent.launchers.sbatch import NO_SBATCH_FIX, hard_stop_s, job_name, no_sbatch
 from potato_queue.config import SlurmBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle

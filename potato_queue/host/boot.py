@@ -6,8 +6,6 @@ stdout, one JSON object a line, and reads stdin unbuffered, so that what
 follows its last message (the assignment and the run token) is left for the
 agent it becomes:
 
-  boot     -> {"event": "session", "session"}   the sid of everything the run starts, said first (a session
-                                                of its own when the login shell did not exec it)
   executor -> {"remote_dir", "code_sha256", "packages", "env", "num_threads", "gpus", "min_free_gpu_mb", "host",
                "socket", "slurm", "transport"}  (socket: the forward's file, removed when the setup ends
                                                 without an agent; slurm: true on a login node: no GPU
@@ -15,6 +13,8 @@ agent it becomes:
                                                 transport "session": sshd refuses forwards, so this
                                                 process listens on the socket itself and carries the
                                                 agent's connections over stdin/stdout: host/channel.py)
+  boot     -> {"event": "session", "session"}   the sid of everything the run starts, before any slow
+                                                step (a session of its own unless the shell exec'd it)
   boot     -> {"event": "python", "version", "executable"}
   boot     -> {"event": "need_code"}            executor -> "<bytes>\\n" and the agent.pyz bytes
   boot     -> {"event": "creating_env"}         (only when `packages` changed or is new)
@@ -116,9 +116,11 @@ def main() -> int:
         os.setsid()  # a session of our own: the executor's hard stop is `pkill -KILL -s` of it
     except OSError:
         pass  # already a session leader (the login shell exec'd us)
-    send("session", session=os.getsid(0))  # before any slow step: the hard stop can reach all we start
+    # The header first: the executor sent it with the program, so it is here even when the executor died
+    # since; what follows may fail (its session gone) and must still remove the socket the header names.
     header = json.loads(read_line())
     try:
+        send("session", session=os.getsid(0))  # before any slow step: the hard stop can reach all we start
         return boot(header)
     finally:  # not reached once the agent runs (execve): it removes the socket itself (--forwarded-socket)
         remove_socket(header.get("socket") or "")

@@ -35,7 +35,8 @@ __all__ = [
 
 NVIDIA_SMI_QUERY = [
     "nvidia-smi",
-    # mig.mode.current (driver R450+) is older than compute_cap (R510+): it costs no driver this query ran on.
+    # mig.mode.current came with MIG (driver R450); compute_cap is newer (R470's nvidia-smi refuses it as "not a
+    # valid field to query"), so asking for MIG mode costs no driver this query worked on before.
     "--query-gpu=index,name,memory.free,memory.total,utilization.gpu,compute_cap,mig.mode.current",
     "--format=csv,noheader,nounits",
 ]

@@ -8,7 +8,7 @@ from typing import Callable
 
 from potato_queue.agent.relay import MAX_LINE
 
-__all__ = ["Follower", "FOLLOW_S"]
+__all__ = ["Follower", "FOLLOW_S", "read_end"]
 
 FOLLOW_S = 0.05
 
@@ -45,3 +45,13 @@ class Follower:
             self.on_line(pending)
         if handle is not None:
             handle.close()
+
+
+def read_end(path: str, limit: int = 64000) -> str:
+    """The last `limit` bytes of a file the job writes, as text; "" when it is not there (yet)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(max(0, os.path.getsize(path) - limit))
+            return fh.read().decode("utf-8", "replace")
+    except OSError:
+        return ""

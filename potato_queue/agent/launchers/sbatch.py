@@ -21,6 +21,7 @@ __all__ = [
     "parse_job_id", "QueueState", "parse_squeue", "SQUEUE_FORMAT", "parse_scontrol", "end_reason",
     "SLURM_ENDED_STATES", "describe_state", "DEFAULT_JOB_PYTHON", "DEFAULT_POLL_INTERVAL_S",
     "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "QUEUED_STATES", "requeue_line", "hard_stop_s", "end_fields",
+    "no_sbatch", "NO_SBATCH_FIX",
 ]
 
 # Backend key -> sbatch long option (CFG-4). The config takes its slurm keys from this table.
@@ -31,6 +32,8 @@ SBATCH_FLAGS = {
     "reservation": "--reservation", "exclude": "--exclude", "nodelist": "--nodelist",
     "gpus_per_node": "--gpus-per-node", "comment": "--comment",
 }
+NO_SBATCH_FIX = ("potato-queue must reach the cluster's login node, and find sbatch on its PATH: when PATH is set only "
+                 "by a login shell, set PATH in the backend's env")
 # The other keys the job needs; the rest of a backend (host, python, remote_dir...) is the executor's.
 JOB_KEYS = ("job_python", "prelude", "poll_interval_s", "requeue", "preempt_signal_s", "env", "secret_env", "num_threads")
 SQUEUE_FORMAT = "%T|%r|%N"
@@ -82,6 +85,11 @@ class SlurmSettings(NamedTuple):
                    bool(data.get("requeue")), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
                    int(threads) if threads else None, sbatch, [str(name) for name in data.get("secret_env") or []],
                    int(data.get("preempt_signal_s") or DEFAULT_PREEMPT_SIGNAL_S))
+
+
+def no_sbatch(host: str) -> str:
+    """ERR-8."""
+    return "{} has no sbatch on PATH, so it cannot submit jobs".format(host)
 
 
 def hard_stop_s(poll_interval_s: float) -> float:

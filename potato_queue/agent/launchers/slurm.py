@@ -20,9 +20,10 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from potato_queue.agent.isolated import allowed_env, python_argv, shared_code_root
 from potato_queue.agent.launchers.base import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
-from potato_queue.agent.launchers.follower import Follower
+from potato_queue.agent.launchers.follower import Follower, read_end
 from potato_queue.agent.launchers.sbatch import (
     CANCEL_MARKER,
+    NO_SBATCH_FIX,
     QUEUED_STATES,
     SLURM_ENDED_STATES,
     SQUEUE_FORMAT,
@@ -33,6 +34,7 @@ from potato_queue.agent.launchers.sbatch import (
     end_reason,
     job_name,
     job_script,
+    no_sbatch,
     parse_job_id,
     parse_scontrol,
     parse_squeue,
@@ -44,7 +46,7 @@ from potato_queue.agent.relay import MAX_LINE, EventRelay, stdout_event
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
 from potato_queue.worker.files import write_atomic
 
-__all__ = ["SlurmLauncher", "SlurmJob", "NO_SBATCH_FIX", "no_sbatch"]
+__all__ = ["SlurmLauncher", "SlurmJob"]
 
 KILLED = 128 + 9  # what a worker killed by SIGKILL exits with, shell-style
 FILE_CHECK_S = 0.1  # how often exit_code is looked for: the end of a job is seen this fast
@@ -53,23 +55,7 @@ COMMAND_TIMEOUT_S = 60
 MISSES_BEFORE_GONE = 3
 # After a worker failed, how long SLURM may take to record why the job ended (its KillWait and more).
 END_STATE_WAIT_S = 20.0
-NO_SBATCH_FIX = ("potato-queue must reach the cluster's login node, and find sbatch on its PATH: when PATH is set only "
-                 "by a login shell, set PATH in the backend's env")
 Log = Callable[[str], None]
-
-
-def no_sbatch(host: str) -> str:
-    """ERR-8."""
-    return "{} has no sbatch on PATH, so it cannot submit jobs".format(host)
-
-
-def _read(path: str, limit: int = 64000) -> str:
-    try:
-        with open(path, "rb") as fh:
-            fh.seek(max(0, os.path.getsize(path) - limit))
-            return fh.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
 
 
 class SlurmJob(WorkerHandle):
@@ -236,7 +222,7 @@ class SlurmJob(WorkerHandle):
     def _check_running(self) -> None:
         """The job writes `running` (its node) before it starts the worker: the start, seen within 0.1 s."""
         if self.state is None or self.state.state in QUEUED_STATES:
-            node = _read(self._path("running")).strip()
+            node = read_end(self._path("running")).strip()
             if node:
                 self._seen(QueueState("RUNNING", "None", node))
 
@@ -283,7 +269,7 @@ class SlurmJob(WorkerHandle):
         """The job has ended (or its worker has): decide the exit code and whether the scheduler ended it."""
         if code != 0 and not self.stopping:
             fields = fields if fields is not None else self._final_fields()
-            reason = end_reason(self.job_id, fields, _read(self._path("slurm.out")), self.settings, self.stopping,
+            reason = end_reason(self.job_id, fields, read_end(self._path("slurm.out")), self.settings, self.stopping,
                                 waiting_again=self._waiting_again())
             self._ended = WorkerEnded(*reason) if reason else self._no_worker(code)
         if self._ended is not None:
@@ -321,7 +307,7 @@ class SlurmJob(WorkerHandle):
         deadline = time.monotonic() + END_STATE_WAIT_S
         fields = self._scontrol()
         while fields.get("JobState") not in SLURM_ENDED_STATES and fields and time.monotonic() < deadline:
-            if re.search(r"DUE TO|oom-kill|memory limit", _read(self._path("slurm.out"))):
+            if re.search(r"DUE TO|oom-kill|memory limit", read_end(self._path("slurm.out"))):
                 break  # slurmstepd has said why already
             time.sleep(0.25)
             fields = self._scontrol()
