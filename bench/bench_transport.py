@@ -96,6 +96,7 @@ finally:
 def serve(bundle_mb: int) -> http.server.ThreadingHTTPServer:
     class Handler(http.server.BaseHTTPRequestHandler):
         protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True  # as uvicorn, the real server, sets TCP_NODELAY
 
         def do_GET(self) -> None:  # noqa: N802 (http.server's name)
             self.send_response(200)

@@ -120,6 +120,16 @@ class SlurmCluster:
         while not pid_file.exists() and time.monotonic() < deadline:
             time.sleep(0.02)
 
+    def conf_for_accounts(self) -> str:
+        """slurm.conf where every account can read it, as a login node's /etc/slurm: the daemons' own copy
+        is in the test's folder, which only root can enter. Clients need nothing else of the cluster's."""
+        public = self.sockets / "etc"
+        public.mkdir(mode=0o755, exist_ok=True)
+        copy = public / "slurm.conf"
+        shutil.copy(self.conf, copy)
+        copy.chmod(0o644)
+        return str(copy)
+
     def slurmd_pid(self) -> int:
         return int((self.root / "slurmd.pid").read_text().strip())
 

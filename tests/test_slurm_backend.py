@@ -390,6 +390,38 @@ def test_check_reports_the_commands_the_pythons_and_the_partition(tmp_path: Path
         {"node": NODE, "partition": "spot", "state": "idle", "gpus": 2, "free_gpus": 2}]
 
 
+@pytest.mark.parametrize("shell", ["tcsh", "fish"])
+def test_a_login_node_account_whose_shell_is_tcsh_or_fish_checks_and_runs_a_job(
+        shell: str, tmp_path: Path, redis_server_url: str, sshd: Sshd, slurm: SlurmCluster, shared: Path) -> None:
+    """Many HPC sites still give tcsh; the check, the bootstrap, sbatch and the copy back go through it."""
+    user = sshd.add_user(f"pqslurm-{shell}", shell=f"/usr/bin/{shell}")
+    sshd.authorize(user, sshd.key)
+    shutil.chown(shared, user, user)  # remote_dir is the account's, as on a cluster's shared storage
+    config = sshd.aliases(f"ssh_config.{shell}", {f"login-{shell}": {"User": user}})
+    backend = {"type": "slurm", "host": f"login-{shell}", "python": "/usr/bin/python3", "job_python": "/usr/bin/python3",
+               "remote_dir": str(shared), "poll_interval_s": 1, "heartbeat_timeout_s": 60,
+               "env": {"SLURM_CONF": slurm.conf_for_accounts()}}
+    env = {"POTATO_QUEUE_SSH_CONFIG": str(config)}
+    try:
+        checked = run_cli("training", "check", BACKEND, make_project(tmp_path / "check", backends={BACKEND: backend}),
+                          env=env, timeout_s=120)
+        assert checked.returncode == 0, checked.stdout + checked.stderr
+        assert "sbatch: /usr/bin/sbatch" in checked.stdout, checked.stdout
+        # No partition set: the default one (sinfo's `*`), its node counted once though three partitions list it.
+        assert "partition gpu (the default): 1 node(s), idle; 2 of 2 GPUs free" in checked.stdout, checked.stdout
+        with started(tmp_path / "run", redis_server_url, executors=0, backends={BACKEND: backend}) as svc:
+            svc.executor(env=env)
+            run_id = svc.start_run(**MAJORITY)
+            run = svc.wait_for(run_id, TERMINAL, 120)
+            assert run["state"] == "succeeded", (run, run_log(svc, run_id), svc.logs())
+            assert f"Submitted SLURM job {job_id_of(svc, run_id)}" in run_log(svc, run_id)
+            assert run_paths(svc, run_id).predictions.stat().st_size > 0
+        assert list((shared / "jobs").iterdir()) == [], "the job folder is removed after the copy back"
+    finally:
+        slurm.run("scancel", f"--user={user}", check=False)
+        slurm.wait_empty()
+
+
 def test_check_fails_without_sbatch_and_for_a_remote_dir_that_is_really_in_tmp(tmp_path: Path, sshd: Sshd,
                                                                                 slurm: SlurmCluster, shared: Path) -> None:
     proc = check(tmp_path / "a", sshd, slurm, shared, env={"PATH": str(tmp_path / "empty")})

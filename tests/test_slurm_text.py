@@ -41,7 +41,7 @@ from potato_queue.agent.launchers.slurm_flags import (
     unknown_flag,
     version_of,
 )
-from potato_queue.executors.slurm import parse_sinfo
+from potato_queue.executors.slurm import default_partition, parse_sinfo
 
 DATA = Path(__file__).parent / "data" / "slurm"
 SETTINGS = SlurmSettings.of({"partition": "gpu", "gres": "gpu:1", "time": "00:10:00", "mem": "4G"})
@@ -169,6 +169,9 @@ def test_sinfo_nodes_with_their_free_gpus() -> None:
     assert parse_sinfo(text) == [
         {"node": "node1", "partition": "gpu", "state": "mixed", "gpus": 2, "free_gpus": 1},
         {"node": "node2", "partition": "gpu", "state": "idle", "gpus": 4, "free_gpus": 4}]
+    assert default_partition(text) == "gpu"
+    assert default_partition("node1|urgent|idle|gpu:2|gpu:0|\nnode1|main*|idle|gpu:2|gpu:0|\n") == "main"
+    assert default_partition("node1|urgent|idle|gpu:2|gpu:0|\n") is None, "a cluster with no default partition"
 
 
 # ---------------------------------------------------------------- job.sh, run by bash

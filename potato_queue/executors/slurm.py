@@ -24,7 +24,7 @@ from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHa
 from potato_queue.executors.remote.session import failed_check, host_facts, session_lines, start_agent
 from potato_queue.host.llm_fit import ModelAsk, need_mb, parameter_count
 
-__all__ = ["SlurmExecutor", "slurm_check_report", "parse_sinfo", "NODE_LOCAL"]
+__all__ = ["SlurmExecutor", "slurm_check_report", "parse_sinfo", "default_partition", "NODE_LOCAL"]
 
 NODE_LOCAL = ("/tmp", "/var/tmp")
 _GPU_COUNT = re.compile(r"gpu(?::[^:,(]+)?:(\d+)")
@@ -46,9 +46,22 @@ def parse_sinfo(text: str) -> list[dict[str, Any]]:
     return nodes
 
 
+def default_partition(text: str) -> str | None:
+    """The partition sinfo marks with `*`: where a job without --partition goes."""
+    for line in text.splitlines():
+        parts = [part.strip() for part in line.split("|")]
+        if len(parts) >= 2 and parts[1].endswith("*"):
+            return parts[1].rstrip("*")
+    return None
+
+
 def _partition_line(backend: SlurmBackend, facts: dict[str, Any]) -> str:
     nodes = parse_sinfo(facts.get("sinfo") or "")
-    partition = backend.sbatch_setting("partition") or "the default partition"
+    partition = backend.sbatch_setting("partition")
+    if not partition:  # sinfo listed every partition's nodes: a node in three partitions is still one node
+        partition = default_partition(facts.get("sinfo") or "")
+        nodes = [node for node in nodes if node["partition"] == partition] if partition else nodes
+        partition = f"{partition} (the default)" if partition else "the default partition"
     if not nodes:
         return f"sinfo shows no node in {partition}" + (f": {facts['sinfo_error']}" if facts.get("sinfo_error") else "")
     states = sorted({node["state"] for node in nodes})

@@ -52,4 +52,7 @@ def _connect(mux: Mux, conn_id: int, address: tuple[str, int]) -> None:
         mux.send(conn_id, CLOSE)  # the agent sees its connection end, as with a server that is down
         return
     sock.settimeout(None)
+    # A request arrives in frames as the agent wrote it: without this, Nagle holds the second small write until
+    # the server's delayed ACK (40 ms a request), as ssh's own forwards avoid by setting it too.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     mux.add(conn_id, sock)
