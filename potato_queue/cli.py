@@ -167,7 +167,7 @@ def beat(config: Path, redis_url: str, every_s: float, verbose: bool) -> None:
 @click.option("--run", "trainers", multiple=True,
               help="Queue a run with this trainer, follow it, then stop; repeated, the runs go in order and their "
                    "held-out scores are compared.")
-@click.option("--schema", "schemas", multiple=True, help="Schema(s) for --run (default: every scheme).")
+@click.option("--schema", "schemas", multiple=True, help="Schema(s) for --run (default: each trainer's: the schemes of the kinds it trains).")
 @click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
               help="A param for the --run trainers that have it (epochs=8 goes to hf-text-classification only).")
 @click.option("--port", default=8000, show_default=True, type=int, help="The server's port (0: any free one).")
@@ -180,7 +180,7 @@ def up(config: Path, redis_url: str, trainers: tuple[str, ...], schemas: tuple[s
 
     cfg = _checked(config, say_writeback=True)
     by_trainer = params_by_trainer(list(trainers), _params(params))
-    raise click.exceptions.Exit(start_all(cfg, redis_url, trainers=by_trainer, schemas=list(schemas) or cfg.schema_names(),
+    raise click.exceptions.Exit(start_all(cfg, redis_url, trainers=by_trainer, schemas=list(schemas),
                                           port=port, verbose=verbose))
 
 

@@ -191,6 +191,25 @@ def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
                       f"(trainers: {', '.join(names)}){hint}")
 
 
+def _check_retrain_kinds(data: dict[str, Any], retrain: dict[str, Any], errors: list[str]) -> None:
+    """auto_retrain.schemas of a kind its trainer does not train: every auto run would be refused."""
+    from potato_queue.bundle import schema_kind
+    from potato_queue.trainers import trainer_info, trainers_for_kind
+
+    info = trainer_info(str(retrain.get("trainer")))
+    listed = retrain.get("schemas")
+    if info is None or not isinstance(listed, list):
+        return
+    by_name = {str(s.get("name")): s for s in data.get("annotation_schemes") or [] if isinstance(s, dict)}
+    for name in (str(schema) for schema in listed if str(schema) in by_name):
+        kind = schema_kind(by_name[name])
+        if kind not in info.kinds:
+            takers = trainers_for_kind(kind)
+            errors.append(f"model_training.auto_retrain.schemas names {name!r}, which is {kind}, and its trainer "
+                          f"{info.name} trains only {'/'.join(info.kinds)} schemes: every auto run would be refused; "
+                          + (f"train it with {' or '.join(takers)}" if takers else f"leave {name} out"))
+
+
 def _raw_mapping(value: Any) -> dict[str, Any]:
     """A mapping of the raw config, or {} where the config has something else (its own error says so)."""
     return value if isinstance(value, dict) else {}
@@ -221,6 +240,7 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
             hint = f"; did you mean '{close[0]}'?" if close else ""
             errors.append(f"{path} is {value!r}, which names no backend (configured: {', '.join(names)}){hint}")
     _check_retrain_trainer(retrain, errors)
+    _check_retrain_kinds(data, retrain, errors)
     schemes = [str(s.get("name")) for s in data.get("annotation_schemes") or [] if isinstance(s, dict)]
     writeback = _raw_mapping(mt.get("writeback"))
     for path, listed in (("model_training.writeback.schemas", writeback.get("schemas")), ("model_training.auto_retrain.schemas", retrain.get("schemas"))):

@@ -23,7 +23,16 @@ from typing import Any
 
 import pytest
 
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, run_paths, started, wait_until
+from tests.conftest import ROOT
+from tests.lifecycle_helpers import (
+    ADMIN_KEY,
+    TERMINAL,
+    Services,
+    make_project,
+    run_paths,
+    started,
+    wait_until,
+)
 from tests.sshd import free_port
 
 CHROMIUM = "/usr/bin/chromium"
@@ -284,6 +293,25 @@ def test_the_page_is_readable_at_a_phones_width(browser: Any, svc: Services) -> 
     page.keyboard.press("Tab")
     assert page.evaluate("document.activeElement.tagName") in ("BUTTON", "SELECT", "A", "INPUT")
 
+
+
+def test_the_form_offers_a_trainer_only_the_schemes_of_the_kinds_it_trains(tmp_path: Path, redis_server_url: str,
+                                                                            browser: Any) -> None:
+    """A radio, a multiselect, a likert, a slider, a span and a textbox scheme (tests/fixtures/two_annotators)."""
+    svc = Services(make_project(tmp_path, source=ROOT / "tests" / "fixtures" / "two_annotators"), redis_server_url,
+                   tmp_path)
+    svc.serve()
+    try:
+        page = signed_in(browser, svc)
+        page.select_option("#trainer", "sklearn-text")
+        offered = page.eval_on_selector_all("#schemas label", """labels => labels.map(l => [l.querySelector("input").value,
+            l.querySelector("input").disabled, l.querySelector("input").checked, l.querySelector(".schema-why").textContent])""")
+        assert offered[0] == ["sentiment", False, True, ""]
+        assert ["topics", True, False, " (multilabel, multiselect: sklearn-text trains nominal schemes)"] in offered
+        assert ["notes", True, False, " (text, textbox: sklearn-text trains nominal schemes)"] in offered
+        page.close()
+    finally:
+        svc.stop()
 
 
 def test_the_page_says_why_auto_retrain_waits(tmp_path: Path, redis_server_url: str, browser: Any) -> None:

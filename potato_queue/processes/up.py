@@ -114,9 +114,11 @@ def _up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict
 
 def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str],
                  page: str) -> int:
-    """Queue a run per trainer (they run one at a time, in this order), follow each, compare them."""
+    """Queue a run per trainer (they run one at a time, in this order), follow each, compare them. No `schemas`:
+    each trainer gets the schemes of the kinds it trains."""
     from potato_queue.follow import compare_table, follow
     from potato_queue.processes.queue import enqueue, make_celery
+    from potato_queue.runs.kinds import trainable_schemas
     from potato_queue.runs.submit import start_run
     from potato_queue.store import RunStore
     from potato_queue.store.keys import project_predictions_path
@@ -125,7 +127,8 @@ def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str
     print(f"potato-queue: the Training page, while this runs: {page} (admin key: admin_api_key in "
           f"{config.config_path})", flush=True)
     records = [start_run(config, store, lambda run_id: enqueue(app, config, run_id), trainer=trainer,
-                         schemas=schemas, params=params, trigger="cli") for trainer, params in trainers]
+                         schemas=schemas or trainable_schemas(config, trainer), params=params, trigger="cli")
+               for trainer, params in trainers]
     worst = 0
     for record in records:
         print(f"\n== {record['trainer']} (run {record['run_id']})", flush=True)

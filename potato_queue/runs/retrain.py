@@ -17,10 +17,11 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from potato_queue.bundle import count_annotations, target_schemas
+from potato_queue.bundle import count_annotations
 from potato_queue.config import AutoRetrainConfig, ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
+from potato_queue.runs.kinds import trainable_schemas
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
 from potato_queue.store.keys import retrain_state_path
@@ -105,7 +106,7 @@ def _check_locked(config: ProjectConfig, store: RunStore, enqueue: Callable[[str
     settings = config.model_training.auto_retrain
     if not settings.enabled:
         return decide(settings, 0, Baseline(), None, now_s)
-    schemas = settings.schemas or target_schemas(config)
+    schemas = settings.schemas or trainable_schemas(config, str(settings.trainer))
     annotations = count_annotations(config, schemas)
     baseline = read_baseline(config)
     unfinished = store.index.unfinished()

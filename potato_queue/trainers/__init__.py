@@ -15,6 +15,7 @@ from potato_queue.trainers.registry import (
     install_hint,
     trainer_info,
     trainer_names,
+    trainers_for_kind,
 )
 
 __all__ = [
@@ -26,4 +27,5 @@ __all__ = [
     "install_hint",
     "trainer_info",
     "trainer_names",
+    "trainers_for_kind",
 ]

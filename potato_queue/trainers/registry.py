@@ -22,6 +22,7 @@ __all__ = [
     "LOCAL_ONLY",
     "trainer_names",
     "trainer_info",
+    "trainers_for_kind",
     "get_trainer_class",
     "get_trainer",
     "install_hint",
@@ -154,6 +155,11 @@ def trainer_names() -> list[str]:
 def trainer_info(name: str) -> TrainerInfo | None:
     """The registry entry for *name*, or None."""
     return TRAINERS.get(name)
+
+
+def trainers_for_kind(kind: str) -> list[str]:
+    """The trainers that declare schema kind *kind*, sorted."""
+    return [name for name in trainer_names() if kind in TRAINERS[name].kinds]
 
 
 def get_trainer_class(name: str) -> type[Trainer]:

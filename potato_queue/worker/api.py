@@ -203,7 +203,8 @@ class Trainer:
     def validate(self, ctx: RunContext) -> List[str]:
         """Reasons the run cannot proceed; empty means go."""
         return [
-            "Schema '%s' is %s; %s fits %s schemas" % (s.name, s.kind, self.name, "/".join(self.kinds))
+            "Schema '%s' is %s; %s fits %s schemas" % (s.name, s.kind or "of a kind the bundle does not name", self.name,
+                                                        "/".join(self.kinds))
             for s in ctx.schemas
             if s.kind not in self.kinds
         ]

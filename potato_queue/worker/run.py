@@ -33,7 +33,7 @@ from .memory import MemoryWatchdog
 from .parallel import RankInfo
 from .predictions import PREDICTIONS_FILE, PredictionSummary, predict_items, write_predictions
 from .scoring import score
-from .spec import Spec, load_spec
+from .spec import Spec, load_spec, with_bundle_schemas
 from .stop import StopFlag
 
 __all__ = ["run"]
@@ -113,6 +113,7 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     state.watchdog = _start_watchdog(spec, reporter)
     reporter.status("running", "loading the bundle")
     bundle = load_bundle(spec.bundle_dir)
+    spec.schemas = with_bundle_schemas(spec.schemas, bundle.manifest.get("schemas"))
     reporter.status("running", "loading trainer %s" % spec.trainer)
     trainer, state.install_hint = load_trainer(spec.trainer, spec.params)
     if curve and not trainer.learns_from_train:

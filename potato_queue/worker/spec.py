@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .errors import SpecError
 from .job import SPEC_VERSION, Limits
 
-__all__ = ["SchemaSpec", "Limits", "Spec", "load_spec", "parse_spec"]
+__all__ = ["SchemaSpec", "Limits", "Spec", "load_spec", "parse_spec", "with_bundle_schemas"]
 
 
 class SchemaSpec:
@@ -99,11 +99,20 @@ def _parse_schema(index: int, raw: Any) -> SchemaSpec:
     source_field = raw.get("source_field")
     return SchemaSpec(
         name=_string(raw, "name", where),
-        kind=str(raw.get("kind") or "nominal"),
+        kind=str(raw.get("kind") or ""),  # "": the bundle says (with_bundle_schemas)
         annotation_type=str(raw.get("annotation_type") or ""),
         labels=tuple(str(label.get("name") if isinstance(label, dict) else label) for label in labels),
         source_field=None if source_field is None else str(source_field),
     )
+
+
+def with_bundle_schemas(schemas: List[SchemaSpec], described: Any) -> List[SchemaSpec]:
+    """The spec's schemes as the bundle's manifest describes them (kind, annotation type, labels), where the
+    spec only names them, as the server's job does. A scheme the bundle does not describe keeps no kind,
+    which no trainer declares: it is refused, never taken for nominal."""
+    by_name = {str(s.get("name")): s for s in described or [] if isinstance(s, dict)}
+    return [_parse_schema(index, by_name[schema.name]) if not schema.kind and schema.name in by_name else schema
+            for index, schema in enumerate(schemas)]
 
 
 def _parse_limits(raw: Any) -> Limits:

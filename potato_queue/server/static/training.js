@@ -13,15 +13,32 @@ async function loadForm() {
   const box = document.getElementById("schemas");
   for (const s of schemas) {
     const id = "schema-" + s.name;
-    box.append(el("label", {for: id}, el("input", {type: "checkbox", id, name: "schema", value: s.name, checked: ""}), " " + s.name));
+    box.append(el("label", {for: id, "data-kind": s.kind, "data-type": s.annotation_type || ""},
+                  el("input", {type: "checkbox", id, name: "schema", value: s.name, checked: ""}), " " + s.name,
+                  el("small", {class: "schema-why"})));
   }
   select.addEventListener("change", showTrainer);
   showTrainer();
   agents(backends);
 }
 
+// A trainer runs only on the kinds it declares: the others' boxes are off, and say why (the server refuses them too).
+function offerSchemes(name, info) {
+  const kinds = info.kinds || [];
+  for (const label of document.querySelectorAll("#schemas label[data-kind]")) {
+    const input = label.querySelector("input"), takes = kinds.includes(label.dataset.kind);
+    if (input.disabled === takes) input.checked = takes;
+    input.disabled = !takes;
+    label.querySelector(".schema-why").textContent = takes ? "" :
+      " (" + label.dataset.kind + (label.dataset.type ? ", " + label.dataset.type : "") + ": " + name + " trains " +
+      (kinds.join("/") || "no") + " schemes)";
+  }
+}
+
 function showTrainer() {
-  const info = trainers[document.getElementById("trainer").value] || {};
+  const name = document.getElementById("trainer").value;
+  const info = trainers[name] || {};
+  offerSchemes(name, info);
   const hint = document.getElementById("trainer-hint");
   const missing = info.missing_here || [];
   hint.textContent = (info.description || "") + (missing.length ? " Not installed on this server (" + missing.join(", ") +
