@@ -34,17 +34,20 @@ def project(tmp_path: Path) -> Path:
 @pytest.mark.unit
 def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Path) -> None:
     config = load_checked(project)
-    assert trainable_schemas(config, "sklearn-text") == ["sentiment"], "the multiselect, likert, slider, span are not"
+    assert trainable_schemas(config, "majority-baseline") == ["sentiment"], "the multiselect, likert, slider, span not"
+    assert trainable_schemas(config, "sklearn-text") == ["sentiment", "topics"]
     with pytest.raises(Conflict) as refused:
-        refuse_foreign_kinds(config, "sklearn-text", ["sentiment", "topics"])
-    assert refused.value.message == "Scheme 'topics' is multilabel (multiselect), and sklearn-text trains only nominal schemes"
-    takers = trainers_for_kind("multilabel")
-    expected_fix = (f"train topics with {' or '.join(takers)}" if takers
-                    else "no trainer takes multilabel schemes yet: leave topics out of the run")
-    assert refused.value.fix == expected_fix + "; sklearn-text takes sentiment here"
-    with pytest.raises(Conflict, match=r"^Scheme 'quality' is ordinal \(likert\), and majority-baseline trains"):
-        refuse_foreign_kinds(config, "majority-baseline", ["quality"])
-    refuse_foreign_kinds(config, "hf-text-classification", ["sentiment"])  # a kind it declares: no refusal
+        refuse_foreign_kinds(config, "majority-baseline", ["sentiment", "topics"])
+    assert refused.value.message == ("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains only "
+                                     "nominal schemes")
+    assert trainers_for_kind("multilabel") == ["sklearn-text"]
+    assert refused.value.fix == "train topics with sklearn-text; majority-baseline takes sentiment here"
+    with pytest.raises(Conflict) as refused:
+        refuse_foreign_kinds(config, "sklearn-text", ["quality"])
+    assert refused.value.message == "Scheme 'quality' is ordinal (likert), and sklearn-text trains only nominal/multilabel schemes"
+    assert refused.value.fix == ("no trainer takes ordinal schemes yet: leave quality out of the run; sklearn-text takes "
+                                 "sentiment, topics here")
+    refuse_foreign_kinds(config, "sklearn-text", ["sentiment", "topics"])  # kinds it declares: no refusal
 
 
 @pytest.fixture
@@ -58,9 +61,9 @@ def server(project: Path, tmp_path: Path, redis_server_url: str) -> Iterator[Ser
 
 
 def test_the_api_and_the_command_line_refuse_before_queueing(server: Services, project: Path) -> None:
-    status, reply = server.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment", "topics"]})
+    status, reply = server.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment", "highlight"]})
     assert status == 409, reply
-    assert reply["detail"].startswith("Scheme 'topics' is multilabel (multiselect), and sklearn-text trains only nominal")
+    assert reply["detail"].startswith("Scheme 'highlight' is span (span), and sklearn-text trains only nominal/multilabel")
     assert server.api("GET", "/runs")[1] == [], "nothing was queued"
     done = run_cli("training", "run", project, "--trainer", "majority-baseline", "--schema", "intensity",
                    env={"POTATO_QUEUE_REDIS_URL": server.redis_url})
@@ -80,6 +83,6 @@ def test_the_worker_takes_a_named_schemes_kind_from_the_bundle_and_refuses_a_for
     assert named.returncode == 0, named.stderr
     manifest["schemas"][0].update(annotation_type="multiselect", kind="multilabel")
     (bundle / "manifest.json").write_text(json.dumps(manifest))
-    refused = run_worker(write_spec(tmp_path / "multilabel", bundle, "sklearn-text", schemas=[SCHEMA]))
+    refused = run_worker(write_spec(tmp_path / "multilabel", bundle, "majority-baseline", schemas=[SCHEMA]))
     assert refused.returncode == 2, refused.stderr
-    assert "Schema 'sentiment' is multilabel; sklearn-text fits nominal schemas" in refused.only("error")["message"]
+    assert "Schema 'sentiment' is multilabel; majority-baseline fits nominal schemas" in refused.only("error")["message"]

@@ -182,13 +182,13 @@ def test_auto_retrain_schemas_its_trainer_does_not_train_are_an_error(tmp_path: 
     cfg = seed_config()
     cfg["annotation_schemes"].append({"annotation_type": "multiselect", "name": "topics", "labels": ["plot", "music"],
                                       "description": "Topics"})
-    cfg["model_training"]["auto_retrain"] = {"enabled": True, "trainer": "sklearn-text",
+    cfg["model_training"]["auto_retrain"] = {"enabled": True, "trainer": "majority-baseline",
                                              "schemas": [cfg["annotation_schemes"][0]["name"], "topics"]}
     code, report = validate(write_project(tmp_path, cfg))
     assert code == 1
     assert [e for e in report["errors"] if "auto_retrain.schemas" in e] == [
-        "model_training.auto_retrain.schemas names 'topics', which is multilabel, and its trainer sklearn-text trains "
-        "only nominal schemes: every auto run would be refused; leave topics out"]
+        "model_training.auto_retrain.schemas names 'topics', which is multilabel, and its trainer majority-baseline "
+        "trains only nominal schemes: every auto run would be refused; train it with sklearn-text"]
 
 
 def test_backend_local_is_always_there(tmp_path: Path) -> None:

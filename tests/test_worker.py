@@ -61,15 +61,19 @@ def _jsonl(rows: list[dict[str, Any]]) -> bytes:
     return "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows).encode("utf-8")
 
 
-def write_bundle(folder: Path, items: list[dict[str, Any]] | None = None) -> dict[str, Any]:
-    """Write a bundle v1 into *folder*: split files, labels.json, manifest.json. Returns the manifest."""
+NOMINAL = {"name": SCHEMA, "annotation_type": "radio", "kind": "nominal", "labels": LABELS, "source_field": None}
+
+
+def write_bundle(folder: Path, items: list[dict[str, Any]] | None = None, scheme: dict[str, Any] = NOMINAL) -> dict[str, Any]:
+    """Write a bundle v1 into *folder*: split files, labels.json, manifest.json, for one `scheme` (its answer
+    is each item's "label"). Returns the manifest."""
     items = sorted(items or synthetic_items(), key=lambda item: str(item["id"]))
     splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": [], "unlabeled": []}
     for item in items:
         if item["label"] is None:
             splits["unlabeled"].append({"instance_id": item["id"], "text": item["text"]})
         else:
-            row = {"instance_id": item["id"], "text": item["text"], "targets": {SCHEMA: item["label"]}}
+            row = {"instance_id": item["id"], "text": item["text"], "targets": {scheme["name"]: item["label"]}}
             splits[_split_of(item["id"])].append(row)
     folder.mkdir(parents=True, exist_ok=True)
     (folder / "media").mkdir(exist_ok=True)
@@ -82,10 +86,10 @@ def write_bundle(folder: Path, items: list[dict[str, Any]] | None = None) -> dic
         digest.update(data)
         entries[name] = {"path": f"{name}.jsonl", "format": "jsonl", "n": len(rows)}
     entries["unlabeled"]["predict_only"] = True
-    labels = {SCHEMA: LABELS}
+    labels = {scheme["name"]: scheme["labels"]}
     manifest = {
         "v": 1,
-        "schemas": [{"name": SCHEMA, "annotation_type": "radio", "kind": "nominal", "labels": LABELS, "source_field": None}],
+        "schemas": [scheme],
         "splits": entries,
         "labels": labels,
         "media_dir": "media",
@@ -459,6 +463,10 @@ def test_registry_names_extras_and_local_only() -> None:
     assert trainer_info("hf-text-classification").install_hint == "pip install 'potato-queue[train-text]'"
     assert trainer_info("hf-llm-lora").install_hint == "pip install 'potato-queue[train-llm]'"
     assert get_trainer("decision-calibrate").name == "decision-calibrate"
+    # The server refuses a run by the registry's kinds, the worker by the class's: one answer from both.
+    assert {name: get_trainer(name).kinds for name in trainer_names()} == {
+        name: trainer_info(name).kinds for name in trainer_names()}
+    assert trainer_info("sklearn-text").kinds == ("nominal", "multilabel")
 
 
 def test_progress_is_throttled_but_the_last_position_is_never_dropped() -> None:

@@ -17,7 +17,7 @@ from potato_queue.errors import Invalid
 from potato_queue.insight.measures import Scored, confusion, mcnemar, per_label
 from potato_queue.insight.report import TEXT_CHARS
 from potato_queue.insight.run_data import RunData, potato_item_path, shown
-from potato_queue.runs.finalize import label_of
+from potato_queue.runs.gate import label_of
 from potato_queue.worker.scoring import score
 
 __all__ = ["compare_runs", "SIGNIFICANT_P", "MAX_DISAGREEMENTS"]

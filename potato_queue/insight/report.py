@@ -16,7 +16,7 @@ from potato_queue.errors import Conflict, Invalid
 from potato_queue.insight.measures import min_confidence_for, per_label, reliability
 from potato_queue.insight.next_items import MEASURES, mean_uncertainty, rank_next, tfidf_vectors
 from potato_queue.insight.run_data import RunData, scored, shown
-from potato_queue.runs.finalize import label_of
+from potato_queue.runs.gate import label_of
 from potato_queue.worker.curve import CURVE_PARAM, read_curve
 
 __all__ = ["quality", "learning_curve", "curve_said", "next_items", "DEFAULT_TARGET_PRECISION", "TEXT_CHARS"]

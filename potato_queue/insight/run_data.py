@@ -13,8 +13,8 @@ from typing import Any
 from potato_queue.errors import Conflict
 from potato_queue.insight.measures import Scored
 from potato_queue.run import RunState
-from potato_queue.runs.finalize import HELD_OUT_SPLITS, label_of, read_predictions
-from potato_queue.runs.gate import read_jsonl
+from potato_queue.runs.finalize import HELD_OUT_SPLITS, read_predictions
+from potato_queue.runs.gate import label_of, read_jsonl
 from potato_queue.store import RunStore
 from potato_queue.worker.scoring import gold_label
 

@@ -15,13 +15,22 @@ from typing import Any
 
 from potato_queue.bounds import clean, too_deep
 from potato_queue.config import ProjectConfig
-from potato_queue.runs.gate import PublishRules, Refusal, bundle_split_ids, publishable, read_jsonl, refusals
+from potato_queue.runs.gate import (
+    PublishRules,
+    Refusal,
+    bundle_split_ids,
+    label_of,
+    publishable,
+    read_jsonl,
+    refusals,
+    schema_kinds,
+)
 from potato_queue.store import RunStore
 from potato_queue.store.keys import project_predictions_path
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.scoring import score
 
-__all__ = ["finalize_predictions", "read_jsonl", "read_predictions", "published_predictions", "label_of"]
+__all__ = ["finalize_predictions", "read_jsonl", "read_predictions", "published_predictions"]
 
 HELD_OUT_SPLITS = ("val", "test")
 # A line of the project's predictions.jsonl: Potato's prediction line and the run it came from.
@@ -51,12 +60,6 @@ def read_predictions(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     return good, bad
 
 
-def label_of(prediction: Mapping[str, Any]) -> Any:
-    """A prediction's label: its payload's, or the payload itself."""
-    payload = prediction.get("payload")
-    return payload.get("label") if isinstance(payload, dict) else payload
-
-
 def _split_ids(bundle_dir: Path, split: str) -> dict[str, dict[str, Any]]:
     return {str(row["instance_id"]): row.get("targets") or {} for row in read_jsonl(bundle_dir / f"{split}.jsonl")}
 
@@ -65,14 +68,16 @@ def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, An
     by_schema: dict[str, dict[str, Any]] = {}
     for p in preds:
         by_schema.setdefault(str(p.get("schema_name")), {})[str(p.get("instance_id"))] = label_of(p)
+    kinds = schema_kinds(bundle_dir)
     result: dict[str, Any] = {}
     for schema in schemas:
         result[schema] = {}
         for split in HELD_OUT_SPLITS:
             rows = _split_ids(bundle_dir, split)
             targets = {i: t[schema] for i, t in rows.items() if schema in t}
-            result[schema][split] = score(targets, by_schema.get(schema, {}))
+            result[schema][split] = score(targets, by_schema.get(schema, {}), kinds.get(schema, "nominal"))
     return result
+
 
 
 def _train_ids_on_disk(store: RunStore, run_id: str) -> set[str]:

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from potato_queue.config import ProjectConfig
 
-__all__ = ["BUNDLE_SPLITS", "read_jsonl", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals", "publishable"]
+__all__ = ["BUNDLE_SPLITS", "read_jsonl", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals", "publishable", "schema_kinds", "label_of"]
 
 BUNDLE_SPLITS = ("train", "val", "test", "unlabeled")
 # Kinds whose labels come from a closed vocabulary, so a foreign label can be told.
@@ -40,6 +40,15 @@ def read_jsonl(path: Path) -> Iterator[Any]:
                     continue
 
 
+def label_of(prediction: Mapping[str, Any]) -> Any:
+    """A prediction's label: its payload's; a multiselect's payload (a list of {label, confidence}) gives
+    the list of labels; a bare payload is the label itself."""
+    payload = prediction.get("payload")
+    if isinstance(payload, list) and all(isinstance(x, dict) for x in payload):
+        return [x.get("label") for x in payload]
+    return payload.get("label") if isinstance(payload, dict) else payload
+
+
 def bundle_split_ids(bundle_dir: Path) -> dict[str, list[str]]:
     """Each split's item ids, in the bundle's order (an absent split file is an empty split)."""
     return {split: [str(row.get("instance_id")) for row in read_jsonl(bundle_dir / f"{split}.jsonl")
@@ -52,6 +61,12 @@ def _manifest(bundle_dir: Path) -> dict[str, Any]:
     except (OSError, ValueError):
         return {}
     return manifest if isinstance(manifest, dict) else {}
+
+
+def schema_kinds(bundle_dir: Path) -> dict[str, str]:
+    """Each scheme's kind as the run's bundle recorded it (how its predictions are scored)."""
+    return {str(s.get("name")): str(s.get("kind") or "nominal") for s in _manifest(bundle_dir).get("schemas") or []
+            if isinstance(s, dict)}
 
 
 def bundle_summary(bundle_dir: Path, split_ids: dict[str, list[str]]) -> dict[str, Any]:
@@ -103,12 +118,14 @@ def _label_problem(label: Any, kind: str, labels: set[str]) -> str | None:
 
 def _problem(p: dict[str, Any], items: set[str], schemas: dict[str, tuple[str, set[str]]]) -> str | None:
     payload = p.get("payload")
-    label = payload.get("label") if isinstance(payload, dict) else payload
+    label = label_of(p)
     if str(p["instance_id"]) not in items:
         return "the item is not in the run's bundle"
     if p["schema_name"] not in schemas:
         return f"the run did not train schema {p['schema_name']!r} (it trained {', '.join(sorted(schemas))})"
-    confidences = [p.get("confidence")] + ([payload.get("confidence")] if isinstance(payload, dict) else [])
+    confidences = [p.get("confidence")] + ([payload.get("confidence")] if isinstance(payload, dict) else
+                                           [x.get("confidence") for x in payload if isinstance(x, dict)]
+                                           if isinstance(payload, list) else [])
     bad = next((c for c in confidences if _bad_confidence(c)), None)
     if bad is not None:
         return f"confidence {bad!r} is not a number in [0, 1]"
@@ -134,14 +151,15 @@ def refusals(config: ProjectConfig, bundle_dir: Path, predictions: list[dict[str
 
 @dataclass
 class PublishRules:
-    """Potato's four rules with their inputs; `skipped` counts what each kept off."""
+    """Potato's four rules with their inputs, and an empty set of labels kept off; `skipped` counts what each kept off."""
 
     train_ids: set[str]
     schemas: set[str]
     rejected: set[tuple[str, str]]
     min_confidence: float
     skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("train split", "schema not enabled", "rejected by a reviewer", "below min_confidence"), 0))
+        ("train split", "schema not enabled", "rejected by a reviewer", "below min_confidence", "no label in the set"),
+        0))
 
     def why_not(self, p: dict[str, Any]) -> str | None:
         item, schema, confidence = str(p.get("instance_id")), str(p.get("schema_name")), p.get("confidence")
@@ -153,6 +171,8 @@ class PublishRules:
             return "rejected by a reviewer"
         if confidence is not None and float(confidence) < self.min_confidence:
             return "below min_confidence"
+        if p.get("payload") == []:  # a multiselect predicted with no label: nothing for Potato to pre-fill
+            return "no label in the set"
         return None
 
 

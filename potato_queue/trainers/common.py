@@ -52,10 +52,10 @@ def schema_labels(ctx: RunContext, schema: SchemaSpec) -> list[str]:
     return ctx.bundle.labels(schema.name) or list(schema.labels)
 
 
-def validate_nominal(ctx: RunContext, min_train: int = 2) -> list[str]:
-    """Problems that stop a nominal classifier from training on this bundle."""
+def validate_nominal(ctx: RunContext, min_train: int = 2, schemas: list[SchemaSpec] | None = None) -> list[str]:
+    """Problems that stop a nominal classifier from training on this bundle (`schemas`: these, not all)."""
     problems: list[str] = []
-    for schema in ctx.schemas:
+    for schema in ctx.schemas if schemas is None else schemas:
         if len(schema_labels(ctx, schema)) < 2:
             problems.append(f"Schema '{schema.name}' has fewer than two labels in the bundle")
             continue

@@ -122,8 +122,9 @@ TRAINERS: dict[str, TrainerInfo] = {
         TrainerInfo(
             name="sklearn-text",
             target="potato_queue.trainers.sklearn_text:SklearnTextTrainer",
-            description="TF-IDF features and logistic regression; fast, CPU only.",
+            description="TF-IDF features and logistic regression (one per label for a multiselect); fast, CPU only.",
             extra="train-sklearn",
+            kinds=("nominal", "multilabel"),
             params=(("C", 1.0), ("max_features", 50000), ("ngram_max", 2), ("max_iter", 1000)),
             packages=("sklearn",),
         ),

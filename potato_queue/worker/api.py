@@ -65,12 +65,19 @@ class Prediction:
         return cls(instance_id, schema_name, labels[ranked[0]], values[ranked[0]], scores)
 
     def to_record(self) -> Dict[str, Any]:
-        """The predictions.jsonl line (Potato's shape, and `scores` when there are)."""
+        """The predictions.jsonl line (Potato's shape, and `scores` when there are). A set of labels (a
+        multiselect's) is the payload Potato pre-fills a multiselect from: a list of {label, confidence},
+        each label's own probability as its confidence."""
         confidence = None if self.confidence is None else float(self.confidence)
+        if isinstance(self.label, list):
+            scores = self.scores or {}
+            payload = [{"label": label, "confidence": scores.get(label, confidence)} for label in self.label]  # type: Any
+        else:
+            payload = {"label": self.label, "confidence": confidence}
         record = {
             "instance_id": self.instance_id,
             "schema_name": self.schema_name,
-            "payload": {"label": self.label, "confidence": confidence},
+            "payload": payload,
             "confidence": confidence,
         }  # type: Dict[str, Any]
         if self.scores is not None:

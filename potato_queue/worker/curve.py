@@ -124,7 +124,7 @@ def _scores(ctx: RunContext, trainer: Trainer, items: List[PredictItem]) -> Dict
         for split in HELD_OUT:
             targets = {i.instance_id: gold_label(i.targets.get(schema.name)) for i in items if i.split == split}
             got = score({k: v for k, v in targets.items() if v is not None},
-                        {i: predicted.get((i, schema.name)) for i in targets})
+                        {i: predicted.get((i, schema.name)) for i in targets}, schema.kind)
             if got["n"]:
                 out[schema.name]["%s_macro_f1" % split] = got["macro_f1"]
                 out[schema.name]["%s_accuracy" % split] = got["accuracy"]

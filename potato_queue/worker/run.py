@@ -243,10 +243,13 @@ def _score(ctx: RunContext, summary: PredictionSummary, step: int) -> Dict[str, 
     metrics: Dict[str, float] = {}
     for schema in ctx.schemas:
         for split in ("val", "test"):
-            scores = score(summary.targets.get((split, schema.name), {}), summary.predicted.get((split, schema.name), {}))
+            scores = score(summary.targets.get((split, schema.name), {}), summary.predicted.get((split, schema.name), {}),
+                           schema.kind)
             if not scores["n"]:
                 continue
-            for name in ("accuracy", "macro_f1"):
+            for name in ("accuracy", "macro_f1", "micro_f1"):
+                if name not in scores:
+                    continue  # micro-F1: multilabel only
                 ctx.reporter.metric(split, ctx.metric_name(schema, name), scores[name], step)
                 metrics[ctx.metric_name(schema, "%s_%s" % (split, name))] = scores[name]
             metrics[ctx.metric_name(schema, "%s_n" % split)] = scores["n"]

@@ -5,18 +5,23 @@ events), and the server scores the same splits from the predictions that
 came back (the run's held_out), with this same code: the same predictions
 give the same numbers, whatever the trainer or the backend (TRN-3).
 
-Labels are compared as canonical JSON, so a multilabel target (a list) is
-one label, and a one-element list is its element. An item without a gold
-label is not scored; an item with a gold label but no prediction counts as
-wrong.
+Nominal labels are compared as canonical JSON. A multilabel scheme (kind
+`multilabel`: a multiselect) is scored as sets of labels: `accuracy` is the
+subset accuracy (the whole set right), `macro_f1` the mean of each label's
+F1, `micro_f1` the F1 over every label decision pooled, and `per_label_f1`
+each label's own; so the tables that show accuracy and macro-F1 read the
+same for every kind. An item without a gold label is not scored; an item
+with a gold label but no prediction counts as wrong (an empty set, for
+multilabel).
 """
 
 import json
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
-__all__ = ["accuracy", "macro_f1", "gold_label", "label_key", "score", "DIGITS"]
+__all__ = ["accuracy", "macro_f1", "gold_label", "label_key", "label_set", "score", "DIGITS", "MULTILABEL"]
 
 DIGITS = 4
+MULTILABEL = "multilabel"
 Pair = Tuple[Optional[str], Optional[str]]
 
 
@@ -61,11 +66,40 @@ def macro_f1(gold: List[Any], predicted: List[Any]) -> float:
     return _macro_f1(_keyed(gold, predicted))
 
 
-def score(targets: Dict[str, Any], predicted: Dict[str, Any]) -> Dict[str, Any]:
-    """``{"accuracy", "macro_f1", "n"}`` of one split of one schema (None scores when nothing to score).
+def label_set(label: Any) -> FrozenSet[str]:
+    """A multilabel answer or prediction as a set (a lone label is a set of one; nothing is the empty set)."""
+    if label is None or label == "":
+        return frozenset()
+    return frozenset(str(x) for x in label) if isinstance(label, list) else frozenset([str(label)])
+
+
+def _f1(tp: int, fp: int, fn: int) -> float:
+    return 2.0 * tp / (2 * tp + fp + fn) if tp else 0.0
+
+
+def _multilabel_score(pairs: List[Tuple[FrozenSet[str], FrozenSet[str]]]) -> Dict[str, Any]:
+    labels = sorted(set().union(*(gold | predicted for gold, predicted in pairs)))
+    per_label, pooled = {}, [0, 0, 0]  # type: Dict[str, float], List[int]
+    for label in labels:
+        counts = [sum(1 for g, p in pairs if (label in g, label in p) == want)
+                  for want in ((True, True), (False, True), (True, False))]
+        per_label[label] = _f1(*counts)
+        pooled = [pooled[i] + counts[i] for i in range(3)]
+    return {"accuracy": round(sum(1 for g, p in pairs if g == p) / float(len(pairs)), DIGITS),
+            "macro_f1": round(sum(per_label.values()) / len(per_label), DIGITS) if per_label else 0.0,
+            "micro_f1": round(_f1(*pooled), DIGITS),
+            "per_label_f1": {label: round(f1, DIGITS) for label, f1 in per_label.items()}, "n": len(pairs)}
+
+
+def score(targets: Dict[str, Any], predicted: Dict[str, Any], kind: str = "nominal") -> Dict[str, Any]:
+    """``{"accuracy", "macro_f1", "n"}`` of one split of one schema (None scores when nothing to score); for a
+    multilabel scheme also ``micro_f1`` and ``per_label_f1``.
 
     *targets* maps item id to its gold label, *predicted* item id to the predicted label.
     """
+    if kind == MULTILABEL:
+        sets = [(label_set(t), label_set(predicted.get(item))) for item, t in targets.items() if label_set(t)]
+        return _multilabel_score(sets) if sets else {"accuracy": None, "macro_f1": None, "n": 0}
     pairs = [(label_key(t), label_key(predicted.get(item))) for item, t in targets.items() if gold_label(t) is not None]
     if not pairs:
         return {"accuracy": None, "macro_f1": None, "n": 0}

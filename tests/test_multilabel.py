@@ -1,0 +1,171 @@
+"""Multi-label schemes (a multiselect): thresholds, set scores, and sklearn-text trained on one, for real.
+
+The scores are checked against sums done by hand; the trainer runs as users' machines run it (the worker
+in a fresh process, on a bundle written in Potato's layout) and through the queue (a real server, Redis,
+executor and agent on the local backend, on a project made here with a multiselect scheme).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from potato_queue.trainers.multilabel import choose_thresholds, set_prediction
+from potato_queue.worker.scoring import score
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths, started
+from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
+from tests.test_worker import run_worker, split_ids, write_bundle, write_spec
+
+TOPICS = ["acting", "music", "plot"]
+WORDS = {"acting": ["cast", "performance", "actor"], "music": ["score", "soundtrack", "song"],
+         "plot": ["story", "twist", "ending"]}
+MULTISELECT = {"name": "topics", "annotation_type": "multiselect", "kind": "multilabel", "labels": TOPICS,
+               "source_field": None}
+
+
+@pytest.mark.unit
+def test_set_scores_match_the_sums_by_hand() -> None:
+    gold = {"a": ["x", "y"], "b": ["y"], "c": ["z"], "d": []}
+    predicted = {"a": ["y", "x"], "b": ["x"], "c": None}
+    # x: tp 1 (a), fp 1 (b) -> 2/3; y: tp 1, fn 1 (b) -> 2/3; z: fn 1 -> 0. Pooled: tp 2, fp 1, fn 2 -> 4/7.
+    assert score(gold, predicted, "multilabel") == {
+        "accuracy": 0.3333, "macro_f1": 0.4444, "micro_f1": 0.5714,
+        "per_label_f1": {"x": 0.6667, "y": 0.6667, "z": 0.0}, "n": 3}, "d (no answer) is not scored"
+    assert score({"a": ["x"]}, {"a": "x"}, "multilabel")["accuracy"] == 1.0, "a lone label is a set of one"
+    assert score({}, {}, "multilabel") == {"accuracy": None, "macro_f1": None, "n": 0}
+
+
+@pytest.mark.unit
+def test_each_labels_threshold_is_its_best_f1_on_val_and_the_confidence_the_least_sure_decision() -> None:
+    rows = [[0.9, 0.30], [0.6, 0.20], [0.4, 0.25], [0.1, 0.05]]
+    gold = [["a", "b"], ["a"], ["b"], []]
+    # a: 0.5 and 0.6 both keep its two positives and no negative (F1 1.0): the nearer to 0.5 wins; b's
+    # positives sit at 0.30 and 0.25, under 0.5: 0.25 takes both, and no negative.
+    assert choose_thresholds(["a", "b"], rows, gold) == {"a": 0.5, "b": 0.25}
+    assert choose_thresholds(["a"], [[0.2], [0.7]], [[], []]) == {"a": 0.5}, "no positive in val: 0.5"
+    prediction = set_prediction("i1", "topics", ["a", "b"], [0.7, 0.1], {"a": 0.6, "b": 0.25})
+    assert (prediction.label, prediction.scores) == (["a"], {"a": 0.7, "b": 0.1})
+    assert prediction.confidence == pytest.approx(0.7), "a chosen at 0.7, b left out at 0.9 sure: 0.7"
+
+
+def topic_items(n: int = 150) -> list[dict[str, Any]]:
+    """Reviews whose topics are named by their words: one or two topics each; every sixth unlabelled."""
+    items = []
+    for i in range(n):
+        chosen = [TOPICS[i % 3]] + ([TOPICS[(i + 1) % 3]] if i % 2 else [])
+        words = [WORDS[t][(i // 3) % 3] for t in chosen]
+        text = f"the {words[0]} was {['fine', 'great', 'odd'][i % 3]}" + (f" and the {words[1]} too" if len(words) > 1 else "")
+        items.append({"id": f"m{i:03d}", "text": text, "label": None if i % 6 == 5 else chosen})
+    return items
+
+
+def test_sklearn_text_trains_a_multiselect_one_classifier_per_label(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle, topic_items(), scheme=MULTISELECT)
+    (tmp_path / "run").mkdir()
+    run = run_worker(write_spec(tmp_path / "run", bundle, "sklearn-text", schemas=["topics"]))
+    assert run.returncode == 0, run.stderr[-3000:]
+    metrics = run.only("result")["metrics"]
+    assert metrics["test_accuracy"] >= 0.8 and metrics["test_micro_f1"] >= 0.9, metrics
+    lines = [json.loads(line) for line in (tmp_path / "run" / "work" / "predictions.jsonl").read_text().splitlines()]
+    assert {p["instance_id"] for p in lines} == split_ids(bundle, "val") | split_ids(bundle, "test") | split_ids(
+        bundle, "unlabeled")
+    for p in lines:
+        # Potato pre-fills a multiselect from a list of {label, confidence}: each label's own probability.
+        chosen = [x["label"] for x in p["payload"]]
+        assert set(chosen) <= set(TOPICS) and all(x["confidence"] == p["scores"][x["label"]] for x in p["payload"]), p
+        assert set(p["scores"]) == set(TOPICS), "every label's probability"
+        least_sure = min(s if label in chosen else 1 - s for label, s in p["scores"].items())
+        assert abs(p["confidence"] - least_sure) < 1e-3, p  # the scores are rounded to 4 digits
+    card = json.loads((tmp_path / "run" / "work" / "model_card.json").read_text())
+    assert card["schemas"]["topics"]["kind"] == "multilabel" and set(card["schemas"]["topics"]["thresholds"]) == set(TOPICS)
+
+
+def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path: Path, redis_server_url: str) -> None:
+    with started(tmp_path, redis_server_url, executors=1) as svc:
+        config = yaml.safe_load(svc.config.read_text())
+        config["annotation_schemes"].append({"annotation_type": "multiselect", "name": "topics",
+                                             "labels": ["acting", "plot", "visuals"],
+                                             "description": "What the review talks about"})
+        svc.config.write_text(yaml.safe_dump(config, sort_keys=False))
+        _annotate_topics(svc.config.parent)
+        svc.stop()
+        svc.procs.clear()
+        svc.serve()
+        svc.executor()
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment", "topics"])
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())
+        topics = run["held_out"]["topics"]["test"]
+        assert set(topics) == {"accuracy", "macro_f1", "micro_f1", "per_label_f1", "n"} and topics["n"] > 0, topics
+        assert set(run["held_out"]["sentiment"]["test"]) == {"accuracy", "macro_f1", "n"}, "a nominal scheme as before"
+        for route in ("quality", "next"):  # the insight pages read a run of sets without failing
+            status, body = svc.api("GET", f"/runs/{run_id}/{route}")
+            assert status == 200, (route, body)
+        status, refused = svc.api("POST", "/runs", {"trainer": "majority-baseline", "schemas": ["topics"]})
+        assert status == 409, refused
+        assert refused["detail"].startswith("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains")
+        assert "train topics with sklearn-text; majority-baseline takes sentiment here" in refused["detail"], refused
+
+
+# What each review of the small project talks about, by its subject ("The cast was ...").
+SUBJECT_TOPICS = {"cast": ["acting"], "dialogue": ["acting", "plot"], "story": ["plot"], "script": ["plot"],
+                  "ending": ["plot"], "pacing": ["plot", "visuals"], "camera work": ["visuals"],
+                  "direction": ["acting", "visuals"], "film": ["plot", "visuals"], "soundtrack": ["visuals"]}
+
+
+def _annotate_topics(project: Path) -> None:
+    """Adds a topics answer, as Potato stores a multiselect's, to every item the annotators labelled."""
+    items = {str(row["id"]): str(row["text"]) for row in _items(project)}
+    for state_path in project.glob("annotation_output/*/user_state.json"):
+        state = json.loads(state_path.read_text())
+        for instance_id, labels in state["instance_id_to_label_to_value"].items():
+            subject = next(s for s in SUBJECT_TOPICS if items[instance_id].startswith(f"The {s} "))
+            labels.extend([[{"schema": "topics", "name": t}, t] for t in SUBJECT_TOPICS[subject]])
+        state_path.write_text(json.dumps(state))
+
+
+def _items(project: Path) -> list[dict[str, Any]]:
+    config = yaml.safe_load((project / "config.yaml").read_text())
+    rows: list[dict[str, Any]] = []
+    for path in config["data_files"]:
+        text = (project / path).read_text()
+        rows += json.loads(text) if text.lstrip().startswith("[") else [json.loads(x) for x in text.splitlines() if x]
+    return rows
+
+
+def test_potato_pre_checks_a_multiselect_from_the_runs_set_of_labels(tmp_path: Path, redis_server_url: str) -> None:
+    """Potato 2.12.1 itself (its server, model-review serving): the labels of the set come pre-checked."""
+    config = make_project(tmp_path, grace_seconds=2, writeback={"schemas": ["topics"], "include_unlabeled": True,
+                                                                  "min_confidence": 0.0})
+    add_potato_keys(config)
+    data = yaml.safe_load(config.read_text())
+    data["annotation_schemes"].append({"annotation_type": "multiselect", "name": "topics",
+                                       "labels": ["acting", "plot", "visuals"], "description": "Topics"})
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    _annotate_topics(config.parent)
+    potato, svc = PotatoServer(config, tmp_path, ADMIN_KEY), Services(config, redis_server_url, tmp_path)
+    try:
+        svc.serve()
+        svc.executor()
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["topics"])
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "succeeded", (run, svc.logs())
+        potato.start()  # it publishes the run's prelabels as it starts
+        page = potato.first_page_of("erin")
+        served = PotatoAnnotator.ITEM.search(page)
+        assert served, page[-3000:]
+        lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
+        predicted = next(p for p in lines if p["instance_id"] == served.group(1))
+        labels = [x["label"] for x in predicted["payload"]]
+        assert labels, "an empty set is never published"
+        checked = re.findall(r'<input checked="True"[^>]*value="([^"]+)"', page)
+        assert sorted(checked) == sorted(labels), (checked, labels)
+    finally:
+        svc.stop()
+        potato.stop()
