@@ -40,8 +40,8 @@ def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Pa
         refuse_foreign_kinds(config, "majority-baseline", ["sentiment", "topics"])
     assert refused.value.message == ("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains only "
                                      "nominal schemes")
-    assert trainers_for_kind("multilabel") == ["sklearn-text"]
-    assert refused.value.fix == "train topics with sklearn-text; majority-baseline takes sentiment here"
+    assert trainers_for_kind("multilabel") == ["hf-text-classification", "sklearn-text"]
+    assert refused.value.fix == "train topics with hf-text-classification or sklearn-text; majority-baseline takes sentiment here"
     with pytest.raises(Conflict) as refused:
         refuse_foreign_kinds(config, "sklearn-text", ["quality"])
     assert refused.value.message == "Scheme 'quality' is ordinal (likert), and sklearn-text trains only nominal/multilabel schemes"

@@ -88,12 +88,7 @@ def test_sklearn_text_trains_a_multiselect_one_classifier_per_label(tmp_path: Pa
 
 def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path: Path, redis_server_url: str) -> None:
     with started(tmp_path, redis_server_url, executors=1) as svc:
-        config = yaml.safe_load(svc.config.read_text())
-        config["annotation_schemes"].append({"annotation_type": "multiselect", "name": "topics",
-                                             "labels": ["acting", "plot", "visuals"],
-                                             "description": "What the review talks about"})
-        svc.config.write_text(yaml.safe_dump(config, sort_keys=False))
-        _annotate_topics(svc.config.parent)
+        _add_topics(svc.config)
         svc.stop()
         svc.procs.clear()
         svc.serve()
@@ -110,7 +105,39 @@ def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path
         status, refused = svc.api("POST", "/runs", {"trainer": "majority-baseline", "schemas": ["topics"]})
         assert status == 409, refused
         assert refused["detail"].startswith("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains")
-        assert "train topics with sklearn-text; majority-baseline takes sentiment here" in refused["detail"], refused
+        assert "train topics with hf-text-classification or sklearn-text; majority-baseline takes sentiment here" in refused["detail"], refused
+
+
+def test_hf_text_classification_fine_tunes_one_sigmoid_a_label_through_the_queue(
+        tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    """A real fine-tune (a tiny BERT built here, on the CPU) of the small project's multiselect."""
+    with started(tmp_path, redis_server_url, executors=0) as svc:
+        _add_topics(svc.config)
+        svc.stop()  # the server reads the config at its start
+        svc.procs.clear()
+        svc.serve()
+        svc.executor()
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["topics"], params={
+            "model_name": str(tiny_model), "epochs": 12, "batch_size": 8, "max_length": 16, "learning_rate": 5e-3})
+        run = svc.wait_for(run_id, TERMINAL, 240)
+        assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())
+        test = run["held_out"]["topics"]["test"]
+        assert test["micro_f1"] >= 0.8 and test["n"] > 0, test
+        saved = run_paths(svc, run_id).artifacts / "topics"
+        assert json.loads((saved / "config.json").read_text())["problem_type"] == "multi_label_classification"
+        thresholds = json.loads((saved / "thresholds.json").read_text())
+        assert set(thresholds) == {"acting", "plot", "visuals"} and all(0 < v <= 1 for v in thresholds.values())
+        lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
+        assert all(isinstance(p["payload"], list) and set(p["scores"]) == set(thresholds) for p in lines)
+
+
+def _add_topics(config: Path) -> None:
+    """The small project gets a multiselect, answered for every item its annotators labelled."""
+    data = yaml.safe_load(config.read_text())
+    data["annotation_schemes"].append({"annotation_type": "multiselect", "name": "topics",
+                                       "labels": ["acting", "plot", "visuals"], "description": "Topics"})
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    _annotate_topics(config.parent)
 
 
 # What each review of the small project talks about, by its subject ("The cast was ...").
@@ -144,11 +171,7 @@ def test_potato_pre_checks_a_multiselect_from_the_runs_set_of_labels(tmp_path: P
     config = make_project(tmp_path, grace_seconds=2, writeback={"schemas": ["topics"], "include_unlabeled": True,
                                                                   "min_confidence": 0.0})
     add_potato_keys(config)
-    data = yaml.safe_load(config.read_text())
-    data["annotation_schemes"].append({"annotation_type": "multiselect", "name": "topics",
-                                       "labels": ["acting", "plot", "visuals"], "description": "Topics"})
-    config.write_text(yaml.safe_dump(data, sort_keys=False))
-    _annotate_topics(config.parent)
+    _add_topics(config)
     potato, svc = PotatoServer(config, tmp_path, ADMIN_KEY), Services(config, redis_server_url, tmp_path)
     try:
         svc.serve()

@@ -101,8 +101,10 @@ TRAINERS: dict[str, TrainerInfo] = {
         TrainerInfo(
             name="hf-text-classification",
             target="potato_queue.trainers.hf_text:HFTextClassificationTrainer",
-            description="Fine-tunes a transformers sequence classifier (optionally LoRA via peft).",
+            description="Fine-tunes a transformers sequence classifier (one sigmoid a label for a multiselect; "
+                        "optionally LoRA via peft).",
             extra="train-text",
+            kinds=("nominal", "multilabel"),
             params=(("model_name", "sentence-transformers/all-MiniLM-L6-v2"), ("epochs", 3), ("learning_rate", 5e-5),
                     ("batch_size", 16), ("max_length", 256), ("lora", None)),
             packages=("torch", "transformers"),

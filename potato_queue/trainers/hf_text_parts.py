@@ -1,0 +1,178 @@
+"""hf-text-classification's parts: its checked settings, and the torch pieces of its loop (the model and its
+head, LoRA, batches, the optimizer, the step counter), apart from the trainer that runs them (hf_text.py).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from potato_queue.trainers.common import param
+from potato_queue.trainers.hub import packaged_model
+from potato_queue.trainers.registry import TRAINERS
+from potato_queue.worker.api import RunContext
+from potato_queue.worker.errors import ValidationFailed
+from potato_queue.worker.spec import SchemaSpec
+
+__all__ = ["HFSettings", "read_settings", "Steps", "load_base", "apply_lora", "encode", "optimizer_for", "MULTI_LABEL"]
+
+INFO = TRAINERS["hf-text-classification"]  # its params' defaults
+# transformers' name for a head of one sigmoid per label, trained with BCE: a multiselect's.
+MULTI_LABEL = "multi_label_classification"
+DEFAULT_MODEL = str(INFO.default("model_name"))
+LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}
+
+
+@dataclass
+class HFSettings:
+    """The run's parameters, checked."""
+
+    model_name: str
+    epochs: int
+    learning_rate: float
+    batch_size: int
+    max_length: int
+    lora: dict[str, Any] | None
+    seed: int
+    weight_decay: float
+    warmup_ratio: float
+    log_every: int
+    packaged_folder: str | None = None  # the model's folder inside a pip package (hub.PACKAGED_MODELS)
+
+    @property
+    def local_model(self) -> bool:
+        """Whether the model is a folder on this machine (``model_name`` itself, or a package's)."""
+        return self.packaged_folder is not None or os.path.isdir(os.path.expanduser(self.model_name))
+
+    @property
+    def load_from(self) -> str:
+        """What from_pretrained is given: a folder when the model is on this machine, else the hub name."""
+        if self.packaged_folder is not None:
+            return self.packaged_folder
+        return os.path.expanduser(self.model_name) if self.local_model else self.model_name
+
+
+def _lora_settings(value: Any) -> dict[str, Any] | None:
+    if value in (None, False, "false", "False", 0):
+        return None
+    if value is True or value in ("true", "True", 1):
+        return dict(LORA_DEFAULTS)
+    if not isinstance(value, dict):
+        raise ValidationFailed(f"params.lora must be true/false or an object, got {value!r}")
+    unknown = sorted(set(value) - set(LORA_DEFAULTS))
+    if unknown:
+        raise ValidationFailed("params.lora has unknown keys: " + ", ".join(unknown))
+    return {**LORA_DEFAULTS, **value}
+
+
+def read_settings(ctx: RunContext) -> HFSettings:
+    """The run's :class:`HFSettings` (:class:`ValidationFailed` on a bad value)."""
+    lora = _lora_settings(ctx.params.get("lora"))
+    settings = HFSettings(
+        model_name=param(ctx, "model_name", DEFAULT_MODEL, str),
+        epochs=param(ctx, "epochs", INFO.default("epochs"), int),
+        learning_rate=param(ctx, "learning_rate", 2e-4 if lora else INFO.default("learning_rate"), float),
+        batch_size=param(ctx, "batch_size", INFO.default("batch_size"), int),
+        max_length=param(ctx, "max_length", INFO.default("max_length"), int),
+        lora=lora,
+        seed=param(ctx, "seed", ctx.spec.seed, int),
+        weight_decay=param(ctx, "weight_decay", 0.01, float),
+        warmup_ratio=param(ctx, "warmup_ratio", 0.06, float),
+        log_every=param(ctx, "log_every", 0, int),
+    )
+    settings.packaged_folder = packaged_model(settings.model_name)
+    if settings.epochs < 1 or settings.batch_size < 1 or settings.max_length < 2:
+        raise ValidationFailed("params need epochs >= 1, batch_size >= 1 and max_length >= 2")
+    if not 0 < settings.learning_rate < 1 or not 0 <= settings.warmup_ratio < 1:
+        raise ValidationFailed("params need 0 < learning_rate < 1 and 0 <= warmup_ratio < 1")
+    return settings
+
+
+class Steps:
+    """Global step counter across schemas: progress, loss metrics, ETA."""
+
+    def __init__(self, total: int, log_every: int) -> None:
+        self.total = total
+        self.done = 0
+        self.log_every = log_every or max(1, math.ceil(total / 1000.0))
+        self.started = time.monotonic()
+
+    def advance(self, ctx: RunContext, schema: SchemaSpec, loss: float) -> None:
+        self.done += 1
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / self.done * (self.total - self.done)
+        if self.done % self.log_every == 0 or self.done == self.total:
+            ctx.reporter.metric("train", ctx.metric_name(schema, "loss"), loss, self.done)
+        ctx.reporter.progress("train", self.done, self.total, eta)
+
+
+def load_base(settings: HFSettings, labels: list[str], device: str, offline: bool,
+              multi_label: bool = False) -> tuple[Any, Any]:
+    """Tokenizer and a fresh classification head for *labels* (from the cache only, when offline); a
+    multiselect's head has one sigmoid per label (MULTI_LABEL)."""
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    name = settings.load_from
+    # Explicit: transformers may have been imported (and read HF_HUB_OFFLINE) before go_offline().
+    local = {"local_files_only": True} if settings.local_model or offline else {}
+    tokenizer = AutoTokenizer.from_pretrained(name, **local)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
+    model = AutoModelForSequenceClassification.from_pretrained(
+        name,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        ignore_mismatched_sizes=True,
+        **({"problem_type": MULTI_LABEL} if multi_label else {}),
+        **local,
+    )
+    if model.config.pad_token_id is None:
+        model.config.pad_token_id = tokenizer.pad_token_id
+    return tokenizer, model.to(device)
+
+
+def apply_lora(ctx: RunContext, model: Any, lora: dict[str, Any]) -> Any:
+    """Wrap *model* with LoRA adapters (peft); only adapters and the head train."""
+    from peft import LoraConfig, TaskType, get_peft_model
+
+    def config(targets: Any) -> Any:
+        return LoraConfig(
+            task_type=TaskType.SEQ_CLS,
+            r=int(lora["r"]),
+            lora_alpha=int(lora["alpha"]),
+            lora_dropout=float(lora["dropout"]),
+            target_modules=targets,
+        )
+
+    try:
+        return get_peft_model(model, config(lora["target_modules"]))
+    except ValueError as exc:
+        if lora["target_modules"] is not None:
+            raise
+        ctx.reporter.log("info", f"peft has no default LoRA targets for this model ({exc}); using all-linear")
+        return get_peft_model(model, config("all-linear"))
+
+
+def encode(tokenizer: Any, texts: list[str], max_length: int, device: str) -> Any:
+    batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
+    return batch.to(device)
+
+
+def optimizer_for(model: Any, settings: HFSettings, total_steps: int) -> tuple[Any, Any]:
+    """AdamW over trainable parameters, with linear warmup then linear decay."""
+    import torch
+
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay)
+    warmup = int(total_steps * settings.warmup_ratio)
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / float(warmup + 1)
+        return max(0.0, (total_steps - step) / float(max(1, total_steps - warmup)))
+
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
