@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,8 @@ from potato_queue.trainers.multilabel import choose_thresholds, set_prediction
 from potato_queue.worker.scoring import score
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths, started
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
+from tests.sshd import Sshd
+from tests.test_ssh_backend import BACKEND, over_ssh
 from tests.test_worker import run_worker, split_ids, write_bundle, write_spec
 
 TOPICS = ["acting", "music", "plot"]
@@ -51,6 +54,14 @@ def test_each_labels_threshold_is_its_best_f1_on_val_and_the_confidence_the_leas
     prediction = set_prediction("i1", "topics", ["a", "b"], [0.7, 0.1], {"a": 0.6, "b": 0.25})
     assert (prediction.label, prediction.scores) == (["a"], {"a": 0.7, "b": 0.1})
     assert prediction.confidence == pytest.approx(0.7), "a chosen at 0.7, b left out at 0.9 sure: 0.7"
+
+
+@pytest.mark.unit
+def test_the_insight_pages_take_a_set_in_any_order_for_the_same_answer() -> None:
+    from potato_queue.insight.run_data import shown
+
+    assert shown(["plot", "acting"]) == shown(["acting", "plot"]) == '["acting", "plot"]'
+    assert shown(["plot"]) == "plot" and shown([]) is None
 
 
 def topic_items(n: int = 150) -> list[dict[str, Any]]:
@@ -129,6 +140,25 @@ def test_hf_text_classification_fine_tunes_one_sigmoid_a_label_through_the_queue
         assert set(thresholds) == {"acting", "plot", "visuals"} and all(0 < v <= 1 for v in thresholds.values())
         lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
         assert all(isinstance(p["payload"], list) and set(p["scores"]) == set(thresholds) for p in lines)
+
+
+def test_a_multiselect_trains_on_the_ssh_backend_too(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
+    """A remote backend (a real sshd on 127.0.0.1): the sets and their scores cross the agent's protocol."""
+    context, svc = over_ssh(tmp_path, redis_server_url, sshd, python=sys.executable)  # a Python with sklearn
+    try:
+        _add_topics(svc.config)
+        svc.stop()
+        svc.procs.clear()
+        svc.serve()
+        svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+        run_id = svc.start_run(trainer="sklearn-text", schemas=["topics"], backend=BACKEND)
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "succeeded" and run["ran_on"] == BACKEND, (run, svc.logs())
+        assert set(run["held_out"]["topics"]["test"]) == {"accuracy", "macro_f1", "micro_f1", "per_label_f1", "n"}
+        lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
+        assert lines and all(isinstance(p["payload"], list) for p in lines)
+    finally:
+        context.__exit__(None, None, None)
 
 
 def _add_topics(config: Path) -> None:

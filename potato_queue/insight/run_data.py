@@ -22,10 +22,13 @@ __all__ = ["RunData", "load_run", "shown", "scored", "potato_item_path"]
 
 
 def shown(label: Any) -> str | None:
-    """A label as the insight shows and compares it: its text, JSON for a list or object; None for none."""
+    """A label as the insight shows and compares it: its text, JSON for a list or object; None for none. A
+    multiselect's set is sorted: the annotators' order and the model's are the same answer."""
     label = gold_label(label)
     if label is None:
         return None
+    if isinstance(label, list) and all(isinstance(x, str) for x in label):
+        label = sorted(label)
     return label if isinstance(label, str) else json.dumps(label, sort_keys=True, ensure_ascii=False)
 
 
