@@ -64,6 +64,19 @@ def test_the_insight_pages_take_a_set_in_any_order_for_the_same_answer() -> None
     assert shown(["plot"]) == "plot" and shown([]) is None
 
 
+@pytest.mark.unit
+def test_what_to_label_next_reads_a_sets_labels_each_as_its_own_yes_or_no() -> None:
+    from potato_queue.insight.next_items import uncertainty
+
+    unsure = {"payload": [{"label": "a", "confidence": 0.5}], "scores": {"a": 0.5, "b": 0.5}, "confidence": 0.5}
+    sure = {"payload": [{"label": "a", "confidence": 0.9}], "scores": {"a": 0.9, "b": 0.1}, "confidence": 0.9}
+    assert uncertainty(unsure) == uncertainty(unsure, "entropy") == 1.0
+    # margin: each label 1 - |2p - 1| = 0.2; entropy: H(0.9) = 0.469 bits for each.
+    assert (uncertainty(sure), uncertainty(sure, "entropy")) == (0.2, 0.469)
+    # A nominal prediction with the same scores reads them as one distribution: its top two's margin.
+    assert uncertainty({"payload": {"label": "a"}, "scores": {"a": 0.9, "b": 0.1}}) == 0.2
+
+
 def topic_items(n: int = 150) -> list[dict[str, Any]]:
     """Reviews whose topics are named by their words: one or two topics each; every sixth unlabelled."""
     items = []

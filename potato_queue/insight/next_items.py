@@ -2,7 +2,9 @@
 
 Uncertainty is read from the run's own predictions: the margin between the two most probable labels
 (1 - (p1 - p2)) when the prediction has every label's score, else 1 - confidence; for several schemas,
-the mean over them. Diversity: the items are taken most uncertain first, and one whose TF-IDF cosine to
+the mean over them. A multiselect's prediction (its payload a list: one probability a label, each its
+own yes-or-no) is as unsure as its labels on average: the margin of a label is between its yes and its
+no (1 - |2p - 1|), its entropy the binary one (in bits, so 1 at p = 0.5). Diversity: the items are taken most uncertain first, and one whose TF-IDF cosine to
 an item already taken is at least NEAR_DUPLICATE_COSINE waits until the end (in its order), so the top
 of the list is never ten near-copies of one review. TF-IDF, not the model's embeddings: it needs no
 model on the server and no new file from the training machine, and says the same for every trainer.
@@ -36,10 +38,19 @@ def _scores(prediction: Mapping[str, Any]) -> list[float]:
                   reverse=True)
 
 
+def _label_uncertainty(p: float, measure: str) -> float:
+    """One label's yes-or-no, from 0 (sure) to 1 (p = 0.5)."""
+    if measure == "entropy":
+        return -sum(q * math.log2(q) for q in (p, 1.0 - p) if q > 0)
+    return 1.0 - abs(2.0 * p - 1.0)
+
+
 def uncertainty(prediction: Mapping[str, Any], measure: str = "margin") -> float:
     """How unsure the run was of one prediction, from 0 (sure) to 1: margin or normalised entropy of its
-    scores; 1 - confidence without them; 1 with neither."""
+    scores; 1 - confidence without them; 1 with neither. A multiselect's: its labels' mean."""
     values = _scores(prediction)
+    if values and isinstance(prediction.get("payload"), list):
+        return round(sum(_label_uncertainty(min(1.0, max(0.0, p)), measure) for p in values) / len(values), 4)
     if len(values) >= 2:
         if measure == "entropy":
             total = sum(values) or 1.0
