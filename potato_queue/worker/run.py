@@ -247,9 +247,9 @@ def _score(ctx: RunContext, summary: PredictionSummary, step: int) -> Dict[str, 
                            schema.kind)
             if not scores["n"]:
                 continue
-            for name in ("accuracy", "macro_f1", "micro_f1"):
-                if name not in scores:
-                    continue  # micro-F1: multilabel only
+            for name in ("accuracy", "macro_f1", "micro_f1", "mae", "spearman", "qwk"):
+                if scores.get(name) is None:
+                    continue  # each kind has its own (micro-F1: multilabel; MAE, Spearman: a scale; QWK: ordinal)
                 ctx.reporter.metric(split, ctx.metric_name(schema, name), scores[name], step)
                 metrics[ctx.metric_name(schema, "%s_%s" % (split, name))] = scores[name]
             metrics[ctx.metric_name(schema, "%s_n" % split)] = scores["n"]

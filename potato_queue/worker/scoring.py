@@ -12,16 +12,22 @@ F1, `micro_f1` the F1 over every label decision pooled, and `per_label_f1`
 each label's own; so the tables that show accuracy and macro-F1 read the
 same for every kind. An item without a gold label is not scored; an item
 with a gold label but no prediction counts as wrong (an empty set, for
-multilabel).
+multilabel). An ordinal or continuous scheme (a likert, a slider) is scored
+by distance too: scale_scores.py.
 """
 
 import json
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
-__all__ = ["accuracy", "macro_f1", "gold_label", "label_key", "label_set", "score", "DIGITS", "MULTILABEL"]
+from .scale_scores import as_number, scale_score
+
+__all__ = ["accuracy", "macro_f1", "gold_label", "label_key", "label_set", "score", "DIGITS", "MULTILABEL", "ORDINAL", "SCALE_KINDS"]
 
 DIGITS = 4
 MULTILABEL = "multilabel"
+ORDINAL = "ordinal"
+# Answers on a scale, scored by how far off they are (scale_scores.py).
+SCALE_KINDS = (ORDINAL, "continuous")
 Pair = Tuple[Optional[str], Optional[str]]
 
 
@@ -100,6 +106,11 @@ def score(targets: Dict[str, Any], predicted: Dict[str, Any], kind: str = "nomin
     if kind == MULTILABEL:
         sets = [(label_set(t), label_set(predicted.get(item))) for item, t in targets.items() if label_set(t)]
         return _multilabel_score(sets) if sets else {"accuracy": None, "macro_f1": None, "n": 0}
+    if kind in SCALE_KINDS:
+        numbers = [(as_number(t), as_number(predicted.get(item))) for item, t in targets.items()]
+        answered = [(g, p) for g, p in numbers if g is not None]
+        return (scale_score(answered, kind == ORDINAL, _macro_f1) if answered  # type: ignore[arg-type]
+                else {"accuracy": None, "macro_f1": None, "n": 0})
     pairs = [(label_key(t), label_key(predicted.get(item))) for item, t in targets.items() if gold_label(t) is not None]
     if not pairs:
         return {"accuracy": None, "macro_f1": None, "n": 0}
