@@ -89,8 +89,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="bench-kinds-") as folder:
         tmp = Path(folder)
         write_bundle(tmp / "bundle", reviews(args.items, args.seed), scheme=SCHEME)
-        gold = {json.loads(line)["instance_id"]: json.loads(line)["targets"]["topics"]
-                for line in (tmp / "bundle" / "test.jsonl").read_text().splitlines()}
+        rows = [json.loads(line) for line in (tmp / "bundle" / "test.jsonl").read_text().splitlines()]
+        gold = {row["instance_id"]: row["targets"]["topics"] for row in rows}
         ours, ours_s = train("potato_queue.worker", tmp / "ours", tmp / "bundle", ["topics"])
         potato, potato_s = train("potato.training.worker", tmp / "potato", tmp / "bundle", [SCHEME])
     rows = [("potato-queue sklearn-text", score(gold, ours, MULTILABEL), ours_s),

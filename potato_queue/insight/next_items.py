@@ -4,8 +4,8 @@ Uncertainty is read from the run's own predictions: the margin between the two m
 (1 - (p1 - p2)) when the prediction has every label's score, else 1 - confidence; for several schemas,
 the mean over them. A multiselect's prediction (its payload a list: one probability a label, each its
 own yes-or-no) is as unsure as its labels on average: the margin of a label is between its yes and its
-no (1 - |2p - 1|), its entropy the binary one (in bits, so 1 at p = 0.5). Diversity: the items are taken most uncertain first, and one whose TF-IDF cosine to
-an item already taken is at least NEAR_DUPLICATE_COSINE waits until the end (in its order), so the top
+no (1 - |2p - 1|), its entropy the binary one (in bits, so 1 at p = 0.5). Diversity: the items are taken
+most uncertain first, and one whose TF-IDF cosine to an item already taken is at least NEAR_DUPLICATE_COSINE waits until the end (in its order), so the top
 of the list is never ten near-copies of one review. TF-IDF, not the model's embeddings: it needs no
 model on the server and no new file from the training machine, and says the same for every trainer.
 Ties go by instance id, so the ranking of a run is the same every time it is asked.

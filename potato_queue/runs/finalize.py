@@ -69,15 +69,14 @@ def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, An
     for p in preds:
         by_schema.setdefault(str(p.get("schema_name")), {})[str(p.get("instance_id"))] = label_of(p)
     kinds = schema_kinds(bundle_dir)
+    rows = {split: _split_ids(bundle_dir, split) for split in HELD_OUT_SPLITS}  # each split read once
     result: dict[str, Any] = {}
     for schema in schemas:
         result[schema] = {}
         for split in HELD_OUT_SPLITS:
-            rows = _split_ids(bundle_dir, split)
-            targets = {i: t[schema] for i, t in rows.items() if schema in t}
+            targets = {i: t[schema] for i, t in rows[split].items() if schema in t}
             result[schema][split] = score(targets, by_schema.get(schema, {}), kinds.get(schema, "nominal"))
     return result
-
 
 
 def _train_ids_on_disk(store: RunStore, run_id: str) -> set[str]:

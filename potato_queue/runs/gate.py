@@ -123,9 +123,8 @@ def _problem(p: dict[str, Any], items: set[str], schemas: dict[str, tuple[str, s
         return "the item is not in the run's bundle"
     if p["schema_name"] not in schemas:
         return f"the run did not train schema {p['schema_name']!r} (it trained {', '.join(sorted(schemas))})"
-    confidences = [p.get("confidence")] + ([payload.get("confidence")] if isinstance(payload, dict) else
-                                           [x.get("confidence") for x in payload if isinstance(x, dict)]
-                                           if isinstance(payload, list) else [])
+    entries = [payload] if isinstance(payload, dict) else payload if isinstance(payload, list) else []
+    confidences = [p.get("confidence")] + [x.get("confidence") for x in entries if isinstance(x, dict)]
     bad = next((c for c in confidences if _bad_confidence(c)), None)
     if bad is not None:
         return f"confidence {bad!r} is not a number in [0, 1]"
@@ -151,7 +150,8 @@ def refusals(config: ProjectConfig, bundle_dir: Path, predictions: list[dict[str
 
 @dataclass
 class PublishRules:
-    """Potato's four rules with their inputs, and an empty set of labels kept off; `skipped` counts what each kept off."""
+    """Potato's four rules with their inputs, and an empty set of labels kept off; `skipped` counts what
+    each kept off."""
 
     train_ids: set[str]
     schemas: set[str]

@@ -37,7 +37,6 @@ from potato_queue.trainers.common import (
     schema_labels,
     seed_everything,
     slug,
-    validate_nominal,
     write_json,
 )
 from potato_queue.trainers.hf_text_parts import (
@@ -56,7 +55,7 @@ from potato_queue.trainers.multilabel import (
     choose_thresholds,
     labelled_sets,
     set_prediction,
-    validate_multilabel,
+    validate_by_kind,
 )
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.scoring import MULTILABEL
@@ -94,9 +93,7 @@ class HFTextClassificationTrainer(Trainer):
     def validate(self, ctx: RunContext) -> list[str]:
         """Nominal schemas with enough train data, sane params, a model that exists."""
         self.settings = read_settings(ctx)
-        problems = super().validate(ctx) or validate_nominal(
-            ctx, min_train=2, schemas=[s for s in ctx.schemas if s.kind != MULTILABEL]) + [
-            problem for s in ctx.schemas if s.kind == MULTILABEL for problem in validate_multilabel(ctx, s)]
+        problems = super().validate(ctx) or validate_by_kind(ctx, min_train=2)
         name = self.settings.model_name
         if name.startswith((".", "/", "~")) and not self.settings.local_model:
             problems.append(f"params.model_name {name} is not a folder on this machine")
@@ -277,12 +274,12 @@ class HFTextClassificationTrainer(Trainer):
         settings = self.settings or read_settings(ctx)
         tokenizer, model, _ = self._model_for(ctx, schema)
         model.eval()
+        multi = model.config.problem_type == MULTI_LABEL
         rows: list[list[float]] = []
         for start in range(0, len(texts), settings.batch_size * 2):
             with torch.no_grad():
                 logits = model(**encode(tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length,
                                         ctx.device)).logits.float()
-            multi = model.config.problem_type == MULTI_LABEL
             rows += (torch.sigmoid(logits) if multi else torch.softmax(logits, dim=-1)).cpu().tolist()
         return rows
 

@@ -14,12 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from potato_queue.trainers.common import schema_labels
+from potato_queue.trainers.common import schema_labels, validate_nominal
 from potato_queue.worker.api import Prediction, RunContext
 from potato_queue.worker.bundle import Bundle
+from potato_queue.worker.scoring import MULTILABEL
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["DEFAULT_THRESHOLD", "labelled_sets", "choose_thresholds", "set_prediction", "validate_multilabel"]
+__all__ = ["DEFAULT_THRESHOLD", "labelled_sets", "choose_thresholds", "set_prediction", "validate_multilabel",
+           "validate_by_kind"]
 
 DEFAULT_THRESHOLD = 0.5
 SCORE_DIGITS = 4
@@ -79,3 +81,10 @@ def validate_multilabel(ctx: RunContext, schema: SchemaSpec, min_train: int = 2)
     if len(sets) < min_train:
         return [f"Schema '{schema.name}' has {len(sets)} labelled train item(s); at least {min_train} are needed"]
     return []
+
+
+def validate_by_kind(ctx: RunContext, min_train: int = 2) -> list[str]:
+    """What stops a classifier of nominal and multilabel schemes: each scheme checked as its kind is."""
+    nominal = [s for s in ctx.schemas if s.kind != MULTILABEL]
+    return validate_nominal(ctx, min_train=min_train, schemas=nominal) + [
+        problem for s in ctx.schemas if s.kind == MULTILABEL for problem in validate_multilabel(ctx, s, min_train)]

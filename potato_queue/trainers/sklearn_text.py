@@ -21,14 +21,13 @@ from potato_queue.trainers.common import (
     labelled_texts,
     model_version,
     param,
-    validate_nominal,
     write_json,
 )
 from potato_queue.trainers.multilabel import (
     choose_thresholds,
     labelled_sets,
     set_prediction,
-    validate_multilabel,
+    validate_by_kind,
 )
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
@@ -73,12 +72,7 @@ class SklearnTextTrainer(Trainer):
     def validate(self, ctx: RunContext) -> list[str]:
         """Nominal and multilabel schemas with two or more labels and train items, and sane params."""
         self._settings = self._read_settings(ctx)
-        problems = super().validate(ctx)
-        if problems:
-            return problems
-        nominal = [s for s in ctx.schemas if s.kind != MULTILABEL]
-        return validate_nominal(ctx, min_train=2, schemas=nominal) + [
-            problem for s in ctx.schemas if s.kind == MULTILABEL for problem in validate_multilabel(ctx, s)]
+        return super().validate(ctx) or validate_by_kind(ctx, min_train=2)
 
     def _pipeline(self, ctx: RunContext) -> Any:
         from sklearn.feature_extraction.text import TfidfVectorizer
@@ -203,5 +197,4 @@ class MultiLabelModel:
         return [[column[i] for column in columns] for i in range(len(texts))]
 
     def predict_sets(self, texts: list[str]) -> list[list[str]]:
-        return [[label for label, p in zip(self.labels, row) if p >= self.thresholds.get(label, 0.5)]  # noqa: B905
-                for row in self.probabilities(texts)]
+        return [set_prediction("", "", self.labels, row, self.thresholds).label for row in self.probabilities(texts)]
