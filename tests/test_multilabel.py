@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +20,10 @@ import yaml
 
 from potato_queue.trainers.multilabel import choose_thresholds, set_prediction
 from potato_queue.worker.scoring import score
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths, started
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd
-from tests.test_ssh_backend import BACKEND, over_ssh
+from tests.test_ssh_backend import BACKEND, gpu_server
 from tests.test_worker import run_worker, split_ids, write_bundle, write_spec
 
 TOPICS = ["acting", "music", "plot"]
@@ -111,12 +113,7 @@ def test_sklearn_text_trains_a_multiselect_one_classifier_per_label(tmp_path: Pa
 
 
 def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path: Path, redis_server_url: str) -> None:
-    with started(tmp_path, redis_server_url, executors=1) as svc:
-        _add_topics(svc.config)
-        svc.stop()
-        svc.procs.clear()
-        svc.serve()
-        svc.executor()
+    with topics_stack(tmp_path, redis_server_url) as svc:
         run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment", "topics"])
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())
@@ -135,12 +132,7 @@ def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path
 def test_hf_text_classification_fine_tunes_one_sigmoid_a_label_through_the_queue(
         tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
     """A real fine-tune (a tiny BERT built here, on the CPU) of the small project's multiselect."""
-    with started(tmp_path, redis_server_url, executors=0) as svc:
-        _add_topics(svc.config)
-        svc.stop()  # the server reads the config at its start
-        svc.procs.clear()
-        svc.serve()
-        svc.executor()
+    with topics_stack(tmp_path, redis_server_url) as svc:
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["topics"], params={
             "model_name": str(tiny_model), "epochs": 12, "batch_size": 8, "max_length": 16, "learning_rate": 5e-3})
         run = svc.wait_for(run_id, TERMINAL, 240)
@@ -157,21 +149,30 @@ def test_hf_text_classification_fine_tunes_one_sigmoid_a_label_through_the_queue
 
 def test_a_multiselect_trains_on_the_ssh_backend_too(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
     """A remote backend (a real sshd on 127.0.0.1): the sets and their scores cross the agent's protocol."""
-    context, svc = over_ssh(tmp_path, redis_server_url, sshd, python=sys.executable)  # a Python with sklearn
-    try:
-        _add_topics(svc.config)
-        svc.stop()
-        svc.procs.clear()
-        svc.serve()
-        svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
+    sshd.write_config("root")
+    with topics_stack(tmp_path, redis_server_url, {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
+                      **gpu_server(tmp_path, python=sys.executable)) as svc:  # a Python with sklearn
         run_id = svc.start_run(trainer="sklearn-text", schemas=["topics"], backend=BACKEND)
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "succeeded" and run["ran_on"] == BACKEND, (run, svc.logs())
         assert set(run["held_out"]["topics"]["test"]) == {"accuracy", "macro_f1", "micro_f1", "per_label_f1", "n"}
         lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
         assert lines and all(isinstance(p["payload"], list) for p in lines)
+
+
+@contextmanager
+def topics_stack(tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None,
+                 **training: Any) -> Iterator[Services]:
+    """The small project with a multiselect (`training`: model_training overrides), its server and an executor."""
+    config = make_project(tmp_path, **training)
+    _add_topics(config)
+    svc = Services(config, redis_url, tmp_path)
+    svc.serve()
+    try:
+        svc.executor(env=executor_env)
+        yield svc
     finally:
-        context.__exit__(None, None, None)
+        svc.stop()
 
 
 def _add_topics(config: Path) -> None:
