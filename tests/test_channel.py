@@ -1,6 +1,6 @@
 """The agent's HTTP carried over a session's stdin/stdout (host/channel.py, executors/remote/carried.py).
 
-Real parts: an HTTP server on loopback, http.client over a unix socket, and a pair of OS pipes standing for
+Real parts: an HTTP server on loopback, the agent's own HTTP connection over a unix socket, and a pair of OS pipes standing for
 the ssh session's two directions. The host's half is HostRelay's own Mux, driven by threads here; the whole
 HostRelay runs on a real host in tests/test_login_shells.py (the sshd that refuses forwarding).
 """
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from potato_queue.agent.transport import UnixHTTPConnection
 from potato_queue.executors.remote.carried import carry
 from potato_queue.host.channel import HEADER, LOG, OPEN, Mux, read_frame
 
@@ -36,16 +37,6 @@ class _Echo(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: object) -> None:
         pass
-
-
-class _UnixHTTP(http.client.HTTPConnection):
-    def __init__(self, path: str) -> None:
-        super().__init__("localhost", timeout=10)
-        self.path = path
-
-    def connect(self) -> None:
-        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.sock.connect(self.path)
 
 
 @pytest.fixture
@@ -91,7 +82,7 @@ def test_connections_and_the_agents_stdout_cross_the_session_both_ways(server: s
         big = os.urandom(3 << 20)  # bigger than a frame: split and joined again, in order
         replies = []
         for body in (b"abc", big, b"xyz"):
-            client = _UnixHTTP(path)
+            client = UnixHTTPConnection(path, timeout=10)  # the agent's own connection
             client.request("POST", "/", body=body, headers={"Content-Length": str(len(body))})
             replies.append(client.getresponse().read())
             client.close()
