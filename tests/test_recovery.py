@@ -13,6 +13,7 @@ from potato_queue.clock import ManualClock
 from potato_queue.run import RunState
 from potato_queue.runs.recovery import EXECUTOR_STOPPED, ORPHAN_QUIET_S, sweep_orphans
 from potato_queue.store import RunStore
+from potato_queue.store.lease import LEASE_TTL_S
 from potato_queue.validate import load_checked
 from tests.lifecycle_helpers import make_project
 
@@ -67,3 +68,20 @@ def test_a_quiet_run_whose_executor_touched_supervised_lately_is_left_running(tm
     os.utime(supervised, (lately, lately))
     sweep_orphans(store)
     assert store.get(run_id)["state"] == RunState.RUNNING
+
+
+def test_a_slot_lapsed_while_its_holder_stalled_says_so_even_when_another_took_it_since(
+        tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stalled executor wakes after the lease: whether the slot still lies empty or its own sweep (another
+    Lease of the same process) took it first, the loss is the stall's, and the run's error says that."""
+    store, _ = running_run(tmp_path, redis_server_url, 0)
+    holder, sweep = store.slot_lease(), store.slot_lease()
+    assert holder.try_take()
+    try:
+        woke_s = time.monotonic() + LEASE_TTL_S + 1  # the stall, without waiting it out
+        monkeypatch.setattr(time, "monotonic", lambda: woke_s)
+        store.redis.delete(store.keys.slot)  # its key expired meanwhile
+        assert sweep.try_take()
+        assert holder.renew() is False and holder.lapsed is True
+    finally:
+        sweep.release()

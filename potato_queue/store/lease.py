@@ -42,11 +42,12 @@ class Lease:
             return True
         try:
             holder = self.client.get(self.key)
+            # Not renewed within LEASE_TTL_S (this process stalled, or Redis did not answer): the slot was free
+            # meanwhile, so it is lost, whether it still lies empty or another taker (the executor's own sweep,
+            # woken in the same instant) holds it now.
+            self.lapsed = time.monotonic() - self._renewed >= LEASE_TTL_S
             if holder is None:
-                # Emptied by a flush: take it back. Expired because nobody renewed it in time (this process
-                # stalled, or Redis did not answer): the slot was free meanwhile, so it is lost.
-                self.lapsed = time.monotonic() - self._renewed >= LEASE_TTL_S
-                return not self.lapsed and self.try_take()
+                return not self.lapsed and self.try_take()  # emptied by a flush while ours: taken back
             if as_text(holder) != self.token:
                 return False
             self.client.pexpire(self.key, int(LEASE_TTL_S * 1000))
