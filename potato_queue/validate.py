@@ -227,6 +227,19 @@ def _check_retrain_schedulers(data: dict[str, Any], warnings: list[Warning_]) ->
             f"idle), or set auto_retrain.trainer: {POTATO_SCHEDULES} so that Potato schedules and potato-queue runs"))
 
 
+def _check_unshown_writeback(data: dict[str, Any], warnings: list[Warning_]) -> None:
+    """writeback.schemas naming a scheme Potato pre-fills nothing from: its predictions are stored only."""
+    from potato_queue.runs.gate import potato_cannot_show
+
+    listed = _raw_mapping(_raw_mapping(data.get("model_training")).get("writeback")).get("schemas")
+    by_name = {str(s.get("name")): s for s in data.get("annotation_schemes") or [] if isinstance(s, dict)}
+    for name in (str(x) for x in listed if str(x) in by_name) if isinstance(listed, list) else ():
+        why = potato_cannot_show(by_name[name])
+        if why:
+            warnings.append(Warning_(f"model_training.writeback.schemas names {name!r}, and {why}: its predictions "
+                                     f"are stored (Potato's store, the run's predictions) but never published"))
+
+
 def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str], errors: list[str]) -> None:
     """Names that must point at something: backends, schemes, data files (read from the raw mapping,
     so a reference is checked even when a backend entry has errors of its own)."""
@@ -313,6 +326,7 @@ def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Rep
     clean = _check_sections(data, report.errors, found)
     _check_admin_key(data.get("admin_api_key"), found)
     _check_retrain_schedulers(data, found)
+    _check_unshown_writeback(data, found)
     _check_references(data, config_path, report.errors)
     backends = list(clean.get("model_training", {}).get("backends", {}))
     _acknowledge((validation or {}).get("acknowledge"), found, backends, report)

@@ -35,7 +35,7 @@ def project(tmp_path: Path) -> Path:
 def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Path) -> None:
     config = load_checked(project)
     assert trainable_schemas(config, "majority-baseline") == ["sentiment"], "the multiselect, likert, slider, span not"
-    assert trainable_schemas(config, "sklearn-text") == ["sentiment", "topics"]
+    assert trainable_schemas(config, "sklearn-text") == ["sentiment", "topics", "quality", "intensity"]
     with pytest.raises(Conflict) as refused:
         refuse_foreign_kinds(config, "majority-baseline", ["sentiment", "topics"])
     assert refused.value.message == ("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains only "
@@ -43,11 +43,12 @@ def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Pa
     assert trainers_for_kind("multilabel") == ["hf-text-classification", "sklearn-text"]
     assert refused.value.fix == "train topics with hf-text-classification or sklearn-text; majority-baseline takes sentiment here"
     with pytest.raises(Conflict) as refused:
-        refuse_foreign_kinds(config, "sklearn-text", ["quality"])
-    assert refused.value.message == "Scheme 'quality' is ordinal (likert), and sklearn-text trains only nominal/multilabel schemes"
-    assert refused.value.fix == ("no trainer takes ordinal schemes yet: leave quality out of the run; sklearn-text takes "
-                                 "sentiment, topics here")
-    refuse_foreign_kinds(config, "sklearn-text", ["sentiment", "topics"])  # kinds it declares: no refusal
+        refuse_foreign_kinds(config, "sklearn-text", ["highlight"])
+    assert refused.value.message == ("Scheme 'highlight' is span (span), and sklearn-text trains only "
+                                     "nominal/multilabel/ordinal/continuous schemes")
+    assert refused.value.fix == ("no trainer takes span schemes yet: leave highlight out of the run; sklearn-text takes "
+                                 "sentiment, topics, quality, intensity here")
+    refuse_foreign_kinds(config, "sklearn-text", ["sentiment", "topics", "quality"])  # kinds it declares: no refusal
 
 
 @pytest.fixture
@@ -63,7 +64,8 @@ def server(project: Path, tmp_path: Path, redis_server_url: str) -> Iterator[Ser
 def test_the_api_and_the_command_line_refuse_before_queueing(server: Services, project: Path) -> None:
     status, reply = server.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment", "highlight"]})
     assert status == 409, reply
-    assert reply["detail"].startswith("Scheme 'highlight' is span (span), and sklearn-text trains only nominal/multilabel")
+    assert reply["detail"].startswith("Scheme 'highlight' is span (span), and sklearn-text trains only "
+                                      "nominal/multilabel/ordinal/continuous schemes")
     assert server.api("GET", "/runs")[1] == [], "nothing was queued"
     done = run_cli("training", "run", project, "--trainer", "majority-baseline", "--schema", "intensity",
                    env={"POTATO_QUEUE_REDIS_URL": server.redis_url})

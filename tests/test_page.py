@@ -306,12 +306,16 @@ def test_the_form_offers_a_trainer_only_the_schemes_of_the_kinds_it_trains(tmp_p
         page.select_option("#trainer", "sklearn-text")
         offered = page.eval_on_selector_all("#schemas label", """labels => labels.map(l => [l.querySelector("input").value,
             l.querySelector("input").disabled, l.querySelector("input").checked, l.querySelector(".schema-why").textContent])""")
-        assert offered[:2] == [["sentiment", False, True, ""], ["topics", False, True, ""]]
-        assert ["quality", True, False, " (ordinal, likert: sklearn-text trains nominal/multilabel schemes)"] in offered
-        assert ["notes", True, False, " (text, textbox: sklearn-text trains nominal/multilabel schemes)"] in offered
+        assert offered[:4] == [["sentiment", False, True, ""], ["topics", False, True, ""], ["quality", False, True, ""],
+                               ["intensity", False, True, ""]]
+        assert ["highlight", True, False, " (span, span: sklearn-text trains nominal/multilabel/ordinal/continuous "
+                                          "schemes)"] in offered
+        assert ["notes", True, False, " (text, textbox: sklearn-text trains nominal/multilabel/ordinal/continuous "
+                                      "schemes)"] in offered
         page.select_option("#trainer", "majority-baseline")  # a trainer that does not take the multiselect
         page.wait_for_function("() => document.querySelector('#schema-topics').disabled")
         assert not page.is_checked("#schema-topics") and page.is_checked("#schema-sentiment")
+        assert page.is_disabled("#schema-quality") and not page.is_checked("#schema-quality")
         page.close()
     finally:
         svc.stop()

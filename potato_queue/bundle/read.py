@@ -21,7 +21,8 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # The public names, then what the other stages of the bundle use.
-__all__ = ["TARGET_KINDS", "Answers", "Row", "count_annotations", "schema_kind", "target_schemas", "unencodable_items",
+__all__ = ["TARGET_KINDS", "Answers", "Row", "count_annotations", "schema_kind", "scheme_scale", "target_schemas",
+           "unencodable_items",
            "Annotations", "read_annotations", "read_items", "schema_names"]
 
 # Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
@@ -57,6 +58,31 @@ def schema_kind(scheme: Mapping[str, Any]) -> str:
         mode = str(scheme.get("mode") or "binary").strip().lower()
         return {"scale": "continuous", "multi_dimension": "matrix"}.get(mode, "nominal")
     return kind
+
+
+def _number(scheme: Mapping[str, Any], *keys: str) -> float | None:
+    for key in keys:
+        value = scheme.get(key)
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def scheme_scale(scheme: Mapping[str, Any]) -> dict[str, Any] | None:
+    """A scale scheme's scale as Potato draws it (None for any other kind): an ordinal scheme's points in
+    order (a labelled likert's label names, the values it stores; else 1..size), a continuous one's bounds
+    and step (a slider's min_value/max_value, a number field's min/max)."""
+    kind = schema_kind(scheme)
+    if kind == "ordinal":
+        labels = [str(x.get("name") if isinstance(x, Mapping) else x) for x in scheme.get("labels") or []]
+        size = _number(scheme, "size", "scale_points")
+        points: list[Any] = labels or ([i for i in range(1, int(size) + 1)] if size else [])
+        return {"points": points} if points else None
+    if kind == "continuous":
+        bounds = {"min": _number(scheme, "min_value", "min"), "max": _number(scheme, "max_value", "max"),
+                  "step": _number(scheme, "step")}
+        return {k: v for k, v in bounds.items() if v is not None}
+    return None
 
 
 def target_schemas(config: ProjectConfig) -> list[str]:

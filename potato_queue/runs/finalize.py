@@ -20,6 +20,7 @@ from potato_queue.runs.gate import (
     Refusal,
     bundle_split_ids,
     label_of,
+    potato_cannot_show,
     publishable,
     read_jsonl,
     refusals,
@@ -27,6 +28,7 @@ from potato_queue.runs.gate import (
 )
 from potato_queue.store import RunStore
 from potato_queue.store.keys import project_predictions_path
+from potato_queue.worker.bundle import read_scales
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.scoring import score
 
@@ -70,12 +72,14 @@ def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, An
         by_schema.setdefault(str(p.get("schema_name")), {})[str(p.get("instance_id"))] = label_of(p)
     kinds = schema_kinds(bundle_dir)
     rows = {split: _split_ids(bundle_dir, split) for split in HELD_OUT_SPLITS}  # each split read once
+    scales = read_scales(str(bundle_dir))  # a labelled likert is scored by its points' order
     result: dict[str, Any] = {}
     for schema in schemas:
         result[schema] = {}
         for split in HELD_OUT_SPLITS:
             targets = {i: t[schema] for i, t in rows[split].items() if schema in t}
-            result[schema][split] = score(targets, by_schema.get(schema, {}), kinds.get(schema, "nominal"))
+            result[schema][split] = score(targets, by_schema.get(schema, {}), kinds.get(schema, "nominal"),
+                                          scales.get(schema, {}).get("points"))
     return result
 
 
@@ -102,8 +106,10 @@ def _candidates(config: ProjectConfig, store: RunStore, run_id: str, valid: list
 def _rules(config: ProjectConfig, store: RunStore, run_id: str) -> PublishRules:
     wb = config.model_training.writeback
     guard = store.potato.leak_guard()
+    unshown = {str(s.get("name")): why for s in config.annotation_schemes if (why := potato_cannot_show(s))}
     return PublishRules(train_ids=guard if guard is not None else _train_ids_on_disk(store, run_id),
-                        schemas=set(wb.schemas), rejected=store.potato.rejected(), min_confidence=wb.min_confidence)
+                        schemas=set(wb.schemas), rejected=store.potato.rejected(), min_confidence=wb.min_confidence,
+                        unshown=unshown)
 
 
 def published_predictions(config: ProjectConfig) -> list[dict[str, Any]]:
@@ -119,11 +125,13 @@ def _publish(config: ProjectConfig, store: RunStore, run_id: str, valid: list[di
     write_atomic(project_predictions_path(config), lines)
     ours = sum(1 for p in published if p.get("run_id") == run_id)
     kept = ", ".join(f"{n} {why}" for why, n in rules.skipped.items() if n)
+    unshown = sorted({str(p["schema_name"]) for p in valid} & set(rules.unshown) & rules.schemas)
     said = (f"published {ours} of this run's {len(valid)} predictions as prelabels "
             f"({len(published)} in the project's predictions.jsonl{'; kept off: ' + kept if kept else ''})"
-            + (f"; {refused} refused" if refused else ""))
+            + (f"; {refused} refused" if refused else "")
+            + "".join(f"; {name}'s predictions are stored, not published: {rules.unshown[name]}" for name in unshown))
     return {"published": ours, "predictions": len(valid), "refused": refused, "kept_off": dict(rules.skipped),
-            "said": said}
+            "said": said, **({"not_shown": {name: rules.unshown[name] for name in unshown}} if unshown else {})}
 
 
 def _say_refused(store: RunStore, run_id: str, refused: list[Refusal]) -> None:

@@ -19,11 +19,30 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 
-__all__ = ["BUNDLE_SPLITS", "read_jsonl", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals", "publishable", "schema_kinds", "label_of"]
+__all__ = ["BUNDLE_SPLITS", "read_jsonl", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals",
+           "publishable", "schema_kinds", "label_of", "potato_cannot_show", "UNSHOWN"]
 
 BUNDLE_SPLITS = ("train", "val", "test", "unlabeled")
 # Kinds whose labels come from a closed vocabulary, so a foreign label can be told.
 _VOCABULARY_KINDS = ("nominal", "multilabel")
+
+
+# What Potato 2.12.1 pre-fills nothing from, whatever the payload (docs/potato-prelabels.md): its prefill
+# writes a numeric likert's and a number field's value under the key `slider`, which neither has, and has
+# no branch for a select.
+_UNSHOWN_TYPES = {"number": "a number field", "select": "a select (a dropdown)"}
+UNSHOWN = "Potato cannot pre-fill the scheme"
+
+
+def potato_cannot_show(scheme: Mapping[str, Any]) -> str | None:
+    """Why Potato 2.12.1 cannot pre-fill *scheme* from any prediction (None: it can)."""
+    atype = str(scheme.get("annotation_type") or "").strip().lower()
+    if atype == "likert" and not scheme.get("labels"):
+        return ("Potato 2.12.1 pre-fills no likert without labels (its points have no names to match); give the "
+                "likert labels: to have its predictions pre-filled")
+    if atype in _UNSHOWN_TYPES:
+        return f"Potato 2.12.1 pre-fills no {_UNSHOWN_TYPES[atype]}"
+    return None
 
 
 def read_jsonl(path: Path) -> Iterator[Any]:
@@ -157,9 +176,11 @@ class PublishRules:
     schemas: set[str]
     rejected: set[tuple[str, str]]
     min_confidence: float
+    #: {scheme: why}: the schemes Potato pre-fills nothing from (their predictions are stored, not published).
+    unshown: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("train split", "schema not enabled", "rejected by a reviewer", "below min_confidence", "no label in the set"),
-        0))
+        ("train split", "schema not enabled", UNSHOWN, "rejected by a reviewer", "below min_confidence",
+         "no label in the set"), 0))
 
     def why_not(self, p: dict[str, Any]) -> str | None:
         item, schema, confidence = str(p.get("instance_id")), str(p.get("schema_name")), p.get("confidence")
@@ -167,6 +188,8 @@ class PublishRules:
             return "train split"
         if schema not in self.schemas:
             return "schema not enabled"
+        if schema in self.unshown:
+            return UNSHOWN
         if (item, schema) in self.rejected:
             return "rejected by a reviewer"
         if confidence is not None and float(confidence) < self.min_confidence:

@@ -23,7 +23,6 @@ Each schema's model and tokenizer are saved with ``save_pretrained`` into
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Iterable, Iterator
@@ -31,16 +30,9 @@ from dataclasses import asdict
 from typing import Any, ClassVar
 
 from potato_queue.trainers import parallel
-from potato_queue.trainers.common import (
-    labelled_texts,
-    model_version,
-    schema_labels,
-    seed_everything,
-    slug,
-    write_json,
-)
+from potato_queue.trainers.common import model_version, seed_everything, slug, write_json
+from potato_queue.trainers.hf_heads import Head, head_for, saved_head
 from potato_queue.trainers.hf_text_parts import (
-    MULTI_LABEL,
     HFSettings,
     Steps,
     apply_lora,
@@ -50,38 +42,30 @@ from potato_queue.trainers.hf_text_parts import (
     read_settings,
 )
 from potato_queue.trainers.hub import not_cached, offline_for
-from potato_queue.trainers.multilabel import (
-    DEFAULT_THRESHOLD,
-    choose_thresholds,
-    labelled_sets,
-    set_prediction,
-    validate_by_kind,
-)
+from potato_queue.trainers.multilabel import validate_by_kind
+from potato_queue.trainers.scales import validate_scales
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
-from potato_queue.worker.scoring import MULTILABEL
+from potato_queue.worker.scoring import MULTILABEL, ORDINAL, score
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["HFTextClassificationTrainer", "CARD_FILE", "THRESHOLDS_FILE"]
+__all__ = ["HFTextClassificationTrainer", "CARD_FILE"]
 
 CARD_FILE = "model_card.json"
-THRESHOLDS_FILE = "thresholds.json"  # a multiselect's per-label thresholds, beside its model
 
 
 class HFTextClassificationTrainer(Trainer):
-    """Fine-tunes one transformers classifier per nominal schema, or per multiselect (one sigmoid a label)."""
+    """Fine-tunes one transformers model per scheme, its head by the scheme's kind (hf_heads.py)."""
 
     name: ClassVar[str] = "hf-text-classification"
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers")
-    kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL)
+    kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL, ORDINAL, "continuous")
     uses_torch: ClassVar[bool] = True
     data_parallel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.settings: HFSettings | None = None
-        #: ``{schema: (tokenizer, model, labels)}`` kept after fit for predict.
-        self._models: dict[str, tuple[Any, Any, list[str]]] = {}
-        #: A multiselect's per-label thresholds (trainers/multilabel.py), chosen on val.
-        self._thresholds: dict[str, dict[str, float]] = {}
+        #: ``{schema: (tokenizer, model, head)}`` kept after fit for predict.
+        self._models: dict[str, tuple[Any, Any, Head]] = {}
         # Nothing is asked of the hub: the model is a local folder, or the hub does not answer.
         self.offline = False
 
@@ -91,9 +75,9 @@ class HFTextClassificationTrainer(Trainer):
         return list(self.requires) + (["peft"] if lora not in (None, False, "false", "False", 0) else [])
 
     def validate(self, ctx: RunContext) -> list[str]:
-        """Nominal schemas with enough train data, sane params, a model that exists."""
+        """Schemes of its kinds with enough train data, sane params, a model that exists."""
         self.settings = read_settings(ctx)
-        problems = super().validate(ctx) or validate_by_kind(ctx, min_train=2)
+        problems = super().validate(ctx) or validate_by_kind(ctx, min_train=2) + validate_scales(ctx, min_train=2)
         name = self.settings.model_name
         if name.startswith((".", "/", "~")) and not self.settings.local_model:
             problems.append(f"params.model_name {name} is not a folder on this machine")
@@ -108,22 +92,19 @@ class HFTextClassificationTrainer(Trainer):
     def _fit(self, ctx: RunContext) -> FitResult:
         settings = self.settings or read_settings(ctx)
         seed_everything(settings.seed)
-        data: dict[str, tuple[list[str], list[Any]]] = {
-            s.name: (labelled_sets if s.kind == MULTILABEL else labelled_texts)(ctx.bundle, "train", s.name)
-            for s in ctx.schemas}
+        heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
+        data = {name: head.read(ctx.bundle, "train", name) for name, head in heads.items()}
         per_epoch = {name: math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
                      for name, (texts, _) in data.items()}
         steps = Steps(settings.epochs * sum(per_epoch.values()), settings.log_every)
         metrics: dict[str, float] = {}
         card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
         for schema in ctx.schemas:
-            texts, labels = data[schema.name]
-            metrics.update(self._fit_schema(ctx, schema, texts, labels, steps))
-            label_order = self._models[schema.name][2]
+            head = heads[schema.name]
+            texts, answers = data[schema.name]
+            metrics.update(self._fit_schema(ctx, schema, head, texts, answers, steps))
             card["schemas"][schema.name] = {"folder": slug(schema.name), "kind": schema.kind or "nominal",
-                                            "label_order": label_order, "n_train": len(texts),
-                                            **({"thresholds": self._thresholds[schema.name]}
-                                               if schema.name in self._thresholds else {})}
+                                            "label_order": head.outputs, "n_train": len(texts), **head.card()}
         if ctx.main_rank:
             write_json(os.path.join(ctx.workdir, CARD_FILE), card)
         notes = [f"base model: {settings.model_name}"
@@ -134,71 +115,60 @@ class HFTextClassificationTrainer(Trainer):
             model_version=model_version(self.name, ctx.spec.run_id),
             artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas],
             metrics=metrics,
-            label_order=self._models[ctx.schemas[0].name][2],
+            label_order=heads[ctx.schemas[0].name].outputs,
             notes=notes,
             steps=steps.done,
         )
 
-    def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, texts: list[str], gold: list[Any],
+    def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, head: Head, texts: list[str], answers: list[Any],
                     steps: Steps) -> dict[str, float]:
-        """One schema's model; `gold`: a label per text, or a multiselect's list of labels."""
+        """One scheme's model, its head by the scheme's kind; answers the head has no output for are left out."""
         settings = self.settings or read_settings(ctx)
-        multi = schema.kind == MULTILABEL
-        seen = {x for g in gold for x in (g if multi else [g])}
-        labels = schema_labels(ctx, schema)
-        labels = labels + sorted(seen - set(labels))
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
         try:
-            tokenizer, model = load_base(settings, labels, ctx.device, self.offline, multi_label=multi)
+            tokenizer, model = load_base(settings, head.outputs, ctx.device, self.offline, head.problem_type)
         except OSError as exc:
             if self.offline and not settings.local_model:
                 raise not_cached(settings.model_name, exc) from exc
             raise
         if settings.lora:
             model = apply_lora(ctx, model, settings.lora)
-        val_texts, val_gold = (labelled_sets if multi else labelled_texts)(ctx.bundle, "val", schema.name)
-        val = [(text, target) for text, g in zip(val_texts, val_gold)  # noqa: B905 - runs on 3.8/3.9
-               if (target := _target(g, labels, multi)) is not None]
-        ctx.reporter.status("running", f"training {schema.name} on {len(texts)} items")
-        train_loss = self._train(ctx, schema, model, tokenizer, texts, [_target(g, labels, multi) for g in gold], val,
-                                 steps)
+        val_texts, val_answers = head.read(ctx.bundle, "val", schema.name)
+        val = [(t, a) for t, a in zip(val_texts, val_answers) if head.target(a) is not None]  # noqa: B905
+        train = [(t, y) for t, a in zip(texts, answers) if (y := head.target(a)) is not None]  # noqa: B905
+        ctx.reporter.status("running", f"training {schema.name} on {len(train)} items")
+        train_loss = self._train(ctx, schema, head, model, tokenizer, train, val, steps)
         if settings.lora:
             model = model.merge_and_unload()
-        self._models[schema.name] = (tokenizer, model, labels)
-        if multi:
-            self._thresholds[schema.name] = choose_thresholds(
-                labels, self._probabilities(ctx, schema, val_texts), val_gold) if val_texts else {}
+        self._models[schema.name] = (tokenizer, model, head)
+        head.tune(self._outputs(ctx, schema, [t for t, _ in val]), [a for _, a in val])
         if ctx.main_rank:
             folder = os.path.join(ctx.workdir, slug(schema.name))
             model.save_pretrained(folder)
             tokenizer.save_pretrained(folder)
-            if multi:
-                write_json(os.path.join(folder, THRESHOLDS_FILE), self._thresholds[schema.name])
-        return {ctx.metric_name(schema, "train_loss"): train_loss, ctx.metric_name(schema, "n_train"): float(len(texts))}
+            head.save(folder)
+        return {ctx.metric_name(schema, "train_loss"): train_loss, ctx.metric_name(schema, "n_train"): float(len(train))}
 
-    def _train(
-        self, ctx: RunContext, schema: SchemaSpec, model: Any, tokenizer: Any,
-        texts: list[str], targets: list[Any], val: list[tuple[str, Any]], steps: Steps,
-    ) -> float:
-        """The epochs of the torch loop; returns the last epoch's mean loss."""
+    def _train(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, tokenizer: Any,
+               train: list[tuple[str, Any]], val: list[tuple[str, Any]], steps: Steps) -> float:
+        """The epochs of the torch loop over (text, target) pairs; returns the last epoch's mean loss."""
         import torch
 
         settings = self.settings or read_settings(ctx)
-        per_epoch = math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
+        per_epoch = math.ceil(parallel.share(len(train), ctx) / float(settings.batch_size))
         optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
         trained = parallel.wrap(model, ctx)
         generator = torch.Generator().manual_seed(settings.seed)
         mean_loss = float("nan")
         for _epoch in range(settings.epochs):
             model.train()
-            order = parallel.shard(torch.randperm(len(texts), generator=generator).tolist(), ctx)
+            order = parallel.shard(torch.randperm(len(train), generator=generator).tolist(), ctx)
             losses: list[float] = []
             for start in range(0, len(order), settings.batch_size):
                 ctx.check_stop("during training")
-                chunk = order[start : start + settings.batch_size]
-                batch = encode(tokenizer, [texts[i] for i in chunk], settings.max_length, ctx.device)
-                labels = torch.tensor([targets[i] for i in chunk], device=ctx.device)
-                loss = trained(**batch, labels=labels).loss
+                chunk = [train[i] for i in order[start : start + settings.batch_size]]
+                batch = encode(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
+                loss = trained(**batch, labels=torch.tensor([y for _, y in chunk], device=ctx.device)).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
                 optimizer.step()
@@ -207,35 +177,34 @@ class HFTextClassificationTrainer(Trainer):
                 losses.append(float(loss.detach()))
                 steps.advance(ctx, schema, losses[-1])
             mean_loss = sum(losses) / len(losses)
-            self._evaluate(ctx, schema, model, tokenizer, val, steps.done)
+            self._evaluate(ctx, schema, head, model, tokenizer, val, steps.done)
         return mean_loss
 
-    def _evaluate(self, ctx: RunContext, schema: SchemaSpec, model: Any, tokenizer: Any, val: list[tuple[str, Any]],
-                  step: int) -> None:
-        """Held-out val loss and accuracy as metric events (a multiselect's: the whole set right at 0.5)."""
+    def _evaluate(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, tokenizer: Any,
+                  val: list[tuple[str, Any]], step: int) -> None:
+        """Held-out val loss, and the val score of the kind (accuracy; a slider's: MAE), as metric events."""
         if not val:
             return
         import torch
 
         settings = self.settings or read_settings(ctx)
         model.eval()
-        total_loss, correct = 0.0, 0
+        total_loss, rows = 0.0, []
         with torch.no_grad():
             for start in range(0, len(val), settings.batch_size):
                 ctx.check_stop("during evaluation")
                 chunk = val[start : start + settings.batch_size]
                 batch = encode(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
-                labels = torch.tensor([y for _, y in chunk], device=ctx.device)
-                out = model(**batch, labels=labels)
+                out = model(**batch, labels=torch.tensor([head.target(a) for _, a in chunk], device=ctx.device))
                 total_loss += float(out.loss) * len(chunk)
-                if labels.dtype.is_floating_point:  # one sigmoid a label
-                    correct += int(((torch.sigmoid(out.logits) >= DEFAULT_THRESHOLD) == (labels >= 0.5)).all(-1).sum())
-                else:
-                    correct += int((out.logits.argmax(dim=-1) == labels).sum())
+                rows += head.activate(out.logits.float())
+        predicted = {i: head.prediction("", schema.name, row).label for i, row in enumerate(rows)}
+        scores = score({i: a for i, (_, a) in enumerate(val)}, predicted, head.kind, head.points)
         ctx.reporter.metric("val", ctx.metric_name(schema, "loss"), total_loss / len(val), step)
-        ctx.reporter.metric("val", ctx.metric_name(schema, "accuracy"), correct / float(len(val)), step)
+        measure = "mae" if scores.get("accuracy") is None else "accuracy"
+        ctx.reporter.metric("val", ctx.metric_name(schema, measure), float(scores[measure] or 0.0), step)
 
-    def _model_for(self, ctx: RunContext, schema: SchemaSpec) -> tuple[Any, Any, list[str]]:
+    def _model_for(self, ctx: RunContext, schema: SchemaSpec) -> tuple[Any, Any, Head]:
         """The fitted model of *schema*: in memory after fit, else from the workdir."""
         if schema.name not in self._models:
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -243,50 +212,34 @@ class HFTextClassificationTrainer(Trainer):
             folder = os.path.join(ctx.workdir, slug(schema.name))
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
             model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
-            labels = [model.config.id2label[i] for i in range(model.config.num_labels)]
-            self._models[schema.name] = (tokenizer, model, labels)
-            if model.config.problem_type == MULTI_LABEL and os.path.isfile(os.path.join(folder, THRESHOLDS_FILE)):
-                with open(os.path.join(folder, THRESHOLDS_FILE), encoding="utf-8") as fh:
-                    self._thresholds[schema.name] = json.load(fh)
+            self._models[schema.name] = (tokenizer, model, saved_head(folder, model.config))
         return self._models[schema.name]
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
-        """Softmax over each schema's labels: the top label and its probability; a multiselect's sigmoids:
-        the labels over their thresholds."""
+        """Each scheme's prediction as its head reads the outputs: the top label, a multiselect's labels over
+        their thresholds, a likert's median point, a slider's value."""
         settings = self.settings or read_settings(ctx)
         items = list(items)
         for schema in ctx.schemas:
-            _, model, labels = self._model_for(ctx, schema)
+            _, _, head = self._model_for(ctx, schema)
             for start in range(0, len(items), settings.batch_size * 2):
                 chunk = items[start : start + settings.batch_size * 2]
-                rows = self._probabilities(ctx, schema, [i.text for i in chunk])
+                rows = self._outputs(ctx, schema, [i.text for i in chunk])
                 for item, row in zip(chunk, rows):  # noqa: B905 - runs on 3.8/3.9
-                    if model.config.problem_type == MULTI_LABEL:
-                        yield set_prediction(item.instance_id, schema.name, labels, row,
-                                             self._thresholds.get(schema.name, {}))
-                    else:
-                        yield Prediction.top(item.instance_id, schema.name, labels, row)
+                    yield head.prediction(item.instance_id, schema.name, row)
 
-    def _probabilities(self, ctx: RunContext, schema: SchemaSpec, texts: list[str]) -> list[list[float]]:
-        """Each text's probability for each label: softmax, or one sigmoid a label for a multiselect."""
+    def _outputs(self, ctx: RunContext, schema: SchemaSpec, texts: list[str]) -> list[list[float]]:
+        """Each text's outputs as the scheme's head reads them (probabilities, or a slider's number)."""
         import torch
 
         settings = self.settings or read_settings(ctx)
-        tokenizer, model, _ = self._model_for(ctx, schema)
+        tokenizer, model, head = self._model_for(ctx, schema)
         model.eval()
-        multi = model.config.problem_type == MULTI_LABEL
         rows: list[list[float]] = []
         for start in range(0, len(texts), settings.batch_size * 2):
             with torch.no_grad():
                 logits = model(**encode(tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length,
                                         ctx.device)).logits.float()
-            rows += (torch.sigmoid(logits) if multi else torch.softmax(logits, dim=-1)).cpu().tolist()
+            rows += head.activate(logits)
         return rows
 
-
-def _target(gold: Any, labels: list[str], multi: bool) -> Any:
-    """What the loss compares with: a label's index, or a multiselect's 0/1 per label (None: a label the
-    model has no output for)."""
-    if multi:
-        return [1.0 if label in gold else 0.0 for label in labels]
-    return labels.index(gold) if gold in labels else None

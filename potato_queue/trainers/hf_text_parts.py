@@ -17,11 +17,9 @@ from potato_queue.worker.api import RunContext
 from potato_queue.worker.errors import ValidationFailed
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["HFSettings", "read_settings", "Steps", "load_base", "apply_lora", "encode", "optimizer_for", "MULTI_LABEL"]
+__all__ = ["HFSettings", "read_settings", "Steps", "load_base", "apply_lora", "encode", "optimizer_for"]
 
 INFO = TRAINERS["hf-text-classification"]  # its params' defaults
-# transformers' name for a head of one sigmoid per label, trained with BCE: a multiselect's.
-MULTI_LABEL = "multi_label_classification"
 DEFAULT_MODEL = str(INFO.default("model_name"))
 LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}
 
@@ -110,9 +108,9 @@ class Steps:
 
 
 def load_base(settings: HFSettings, labels: list[str], device: str, offline: bool,
-              multi_label: bool = False) -> tuple[Any, Any]:
-    """Tokenizer and a fresh classification head for *labels* (from the cache only, when offline); a
-    multiselect's head has one sigmoid per label (MULTI_LABEL)."""
+              problem_type: str | None = None) -> tuple[Any, Any]:
+    """Tokenizer and a fresh head of one output per name in *labels* (from the cache only, when offline);
+    *problem_type*: transformers' loss for it, when not a softmax (hf_heads.py)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     name = settings.load_from
@@ -127,7 +125,7 @@ def load_base(settings: HFSettings, labels: list[str], device: str, offline: boo
         id2label=dict(enumerate(labels)),
         label2id={label: i for i, label in enumerate(labels)},
         ignore_mismatched_sizes=True,
-        **({"problem_type": MULTI_LABEL} if multi_label else {}),
+        **({"problem_type": problem_type} if problem_type else {}),
         **local,
     )
     if model.config.pad_token_id is None:

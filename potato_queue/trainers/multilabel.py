@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from potato_queue.trainers.common import schema_labels, validate_nominal
 from potato_queue.worker.api import Prediction, RunContext
 from potato_queue.worker.bundle import Bundle
-from potato_queue.worker.scoring import MULTILABEL
+from potato_queue.worker.scoring import MULTILABEL, SCALE_KINDS
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["DEFAULT_THRESHOLD", "labelled_sets", "choose_thresholds", "set_prediction", "validate_multilabel",
@@ -84,7 +84,8 @@ def validate_multilabel(ctx: RunContext, schema: SchemaSpec, min_train: int = 2)
 
 
 def validate_by_kind(ctx: RunContext, min_train: int = 2) -> list[str]:
-    """What stops a classifier of nominal and multilabel schemes: each scheme checked as its kind is."""
-    nominal = [s for s in ctx.schemas if s.kind != MULTILABEL]
+    """What stops a classifier of nominal and multilabel schemes: each scheme checked as its kind is (a
+    scale's checks are trainers/scales.py's)."""
+    nominal = [s for s in ctx.schemas if s.kind != MULTILABEL and s.kind not in SCALE_KINDS]
     return validate_nominal(ctx, min_train=min_train, schemas=nominal) + [
         problem for s in ctx.schemas if s.kind == MULTILABEL for problem in validate_multilabel(ctx, s, min_train)]

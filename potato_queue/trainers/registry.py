@@ -101,10 +101,10 @@ TRAINERS: dict[str, TrainerInfo] = {
         TrainerInfo(
             name="hf-text-classification",
             target="potato_queue.trainers.hf_text:HFTextClassificationTrainer",
-            description="Fine-tunes a transformers sequence classifier (one sigmoid a label for a multiselect; "
-                        "optionally LoRA via peft).",
+            description="Fine-tunes a transformers sequence classifier (one sigmoid a label for a multiselect, one "
+                        "per step of a likert, a regression for a slider; optionally LoRA via peft).",
             extra="train-text",
-            kinds=("nominal", "multilabel"),
+            kinds=("nominal", "multilabel", "ordinal", "continuous"),
             params=(("model_name", "sentence-transformers/all-MiniLM-L6-v2"), ("epochs", 3), ("learning_rate", 5e-5),
                     ("batch_size", 16), ("max_length", 256), ("lora", None)),
             packages=("torch", "transformers"),
@@ -124,9 +124,10 @@ TRAINERS: dict[str, TrainerInfo] = {
         TrainerInfo(
             name="sklearn-text",
             target="potato_queue.trainers.sklearn_text:SklearnTextTrainer",
-            description="TF-IDF features and logistic regression (one per label for a multiselect); fast, CPU only.",
+            description="TF-IDF features and logistic regression (one per label for a multiselect, one per step of "
+                        "a likert; a ridge regression for a slider); fast, CPU only.",
             extra="train-sklearn",
-            kinds=("nominal", "multilabel"),
+            kinds=("nominal", "multilabel", "ordinal", "continuous"),
             params=(("C", 1.0), ("max_features", 50000), ("ngram_max", 2), ("max_iter", 1000)),
             packages=("sklearn",),
         ),

@@ -7,7 +7,10 @@ Writes ``model.pkl`` (``{schema: fitted model}``, pickled) and
 confidence the top class's probability. A multilabel scheme's (a
 multiselect) is a MultiLabelModel: one logistic regression per label on the
 same TF-IDF features, each label's threshold chosen on val
-(trainers/multilabel.py).
+(trainers/multilabel.py). An ordinal scheme's (a likert) is a ScaleModel
+over the same MultiLabelModel, one logistic regression per "above point k"
+(trainers/scales.py); a continuous scheme's (a slider) a ScaleModel over a
+ridge regression (``alpha`` = 1 / C) on the TF-IDF features.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ from potato_queue.trainers.multilabel import (
     validate_by_kind,
 )
 from potato_queue.trainers.registry import TRAINERS
+from potato_queue.trainers.scales import OrdinalScale, Scale, labelled_values, scale_for, validate_scales
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import TrainerError, ValidationFailed
-from potato_queue.worker.scoring import MULTILABEL, accuracy, score
+from potato_queue.worker.scoring import MULTILABEL, ORDINAL, SCALE_KINDS, accuracy, score
 
 __all__ = ["SklearnTextTrainer", "MODEL_FILE", "CARD_FILE"]
 
@@ -48,7 +52,7 @@ class SklearnTextTrainer(Trainer):
 
     name: ClassVar[str] = "sklearn-text"
     requires: ClassVar[tuple[str, ...]] = ("numpy", "sklearn")
-    kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL)
+    kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL, ORDINAL, "continuous")
 
     def __init__(self) -> None:
         self._models: dict[str, Any] = {}
@@ -70,9 +74,10 @@ class SklearnTextTrainer(Trainer):
         return settings
 
     def validate(self, ctx: RunContext) -> list[str]:
-        """Nominal and multilabel schemas with two or more labels and train items, and sane params."""
+        """Nominal and multilabel schemas with two or more labels and train items, scales with two answers
+        or more on them, and sane params."""
         self._settings = self._read_settings(ctx)
-        return super().validate(ctx) or validate_by_kind(ctx, min_train=2)
+        return super().validate(ctx) or validate_by_kind(ctx, min_train=2) + validate_scales(ctx, min_train=2)
 
     def _pipeline(self, ctx: RunContext) -> Any:
         from sklearn.feature_extraction.text import TfidfVectorizer
@@ -94,12 +99,15 @@ class SklearnTextTrainer(Trainer):
         for index, schema in enumerate(ctx.schemas):
             ctx.check_stop(f"before fitting {schema.name}")
             if schema.kind == MULTILABEL:
-                n_train, train_accuracy, entry = self._fit_multilabel(ctx, schema.name)
+                n_train, train_score, entry = self._fit_multilabel(ctx, schema.name)
+            elif schema.kind in SCALE_KINDS:
+                n_train, train_score, entry = self._fit_scale(ctx, schema)
             else:
-                n_train, train_accuracy, entry = self._fit_nominal(ctx, schema.name)
-            ctx.reporter.metric("train", ctx.metric_name(schema, "accuracy"), train_accuracy, index + 1)
+                n_train, train_score, entry = self._fit_nominal(ctx, schema.name)
+            measure = "mae" if schema.kind == "continuous" else "accuracy"  # a slider's answers are never exact
+            ctx.reporter.metric("train", ctx.metric_name(schema, measure), train_score, index + 1)
             ctx.reporter.progress("fit", index + 1, len(ctx.schemas))
-            metrics[ctx.metric_name(schema, "train_accuracy")] = train_accuracy
+            metrics[ctx.metric_name(schema, f"train_{measure}")] = train_score
             metrics[ctx.metric_name(schema, "n_train")] = float(n_train)
             card["schemas"][schema.name] = {"kind": schema.kind or "nominal", "n_train": n_train, **entry}
         with open(os.path.join(ctx.workdir, MODEL_FILE), "wb") as fh:
@@ -137,6 +145,22 @@ class SklearnTextTrainer(Trainer):
         return len(texts), float(train["accuracy"]), {"label_order": model.labels, "thresholds": model.thresholds,
                                                       "constant_labels": sorted(model.constant)}
 
+    def _fit_scale(self, ctx: RunContext, schema: Any) -> tuple[int, float, dict[str, Any]]:
+        """An ordinal scheme's "above point k" classifiers, or a continuous one's ridge regression; the train
+        score is the exact accuracy (ordinal) or the MAE (continuous) on train."""
+        scale = scale_for(ctx, schema)
+        texts, answers = labelled_values(ctx.bundle, "train", schema.name)
+        ctx.reporter.status("running", f"fitting {schema.name}'s scale on {len(texts)} items")
+        model = ScaleModel(scale, self._pipeline(ctx), self._settings)
+        texts = model.fit(texts, answers)
+        self._models[schema.name] = model
+        predicted = [p.label for p in model.predictions(["" for _ in texts], "", texts)]
+        gold = [answers[i] for i in model.kept]
+        train = score(dict(enumerate(gold)), dict(enumerate(predicted)), scale.kind, getattr(scale, "points", None))
+        measure = "accuracy" if isinstance(scale, OrdinalScale) else "mae"
+        return len(texts), float(train[measure] or 0.0), {"label_order": [str(p) for p in getattr(scale, "points", [])],
+                                                          "scale": scale.to_dict()}
+
     def _classes(self, schema: str) -> list[str]:
         return [str(c) for c in self._models[schema].classes_]
 
@@ -157,6 +181,10 @@ class SklearnTextTrainer(Trainer):
             model = models[schema.name]
             for start in range(0, len(items), PREDICT_BATCH):
                 chunk = items[start : start + PREDICT_BATCH]
+                if isinstance(model, ScaleModel):
+                    yield from model.predictions([item.instance_id for item in chunk], schema.name,
+                                                 [item.text for item in chunk])
+                    continue
                 if isinstance(model, MultiLabelModel):
                     rows = model.probabilities([item.text for item in chunk])
                     for item, row in zip(chunk, rows):  # noqa: B905 - runs on 3.8/3.9
@@ -198,3 +226,43 @@ class MultiLabelModel:
 
     def predict_sets(self, texts: list[str]) -> list[list[str]]:
         return [set_prediction("", "", self.labels, row, self.thresholds).label for row in self.probabilities(texts)]
+
+
+class ScaleModel:
+    """A scale's model: an ordinal scheme's "above point k" logistic regressions (a MultiLabelModel over the
+    K-1 yes/no answers), or a continuous one's ridge regression on standardised answers; both on TF-IDF
+    features. Pickled into model.pkl."""
+
+    def __init__(self, scale: Scale, pipeline: Any, settings: dict[str, Any]) -> None:
+        from sklearn.linear_model import Ridge
+
+        self.scale = scale
+        vectorizer, classifier = pipeline.steps[0][1], pipeline.steps[1][1]
+        if isinstance(scale, OrdinalScale):
+            self.model: Any = MultiLabelModel(scale.outputs, vectorizer, classifier)
+        else:
+            self.vectorizer, self.model = vectorizer, Ridge(alpha=1.0 / float(settings.get("C") or 1.0))
+        self.kept: list[int] = []
+
+    def fit(self, texts: list[str], answers: list[Any]) -> list[str]:
+        """Fit on the answers that are on the scale; returns their texts (`kept`: their positions)."""
+        if isinstance(self.scale, OrdinalScale):
+            targets = [self.scale.target(a) for a in answers]
+            self.kept = [i for i, t in enumerate(targets) if t is not None]
+            kept = [texts[i] for i in self.kept]
+            outputs = self.scale.outputs
+            self.model.fit(kept, [[outputs[k] for k, yes in enumerate(targets[i] or []) if yes] for i in self.kept])
+            return kept
+        values = [self.scale.standard(a) for a in answers]
+        self.kept = [i for i, v in enumerate(values) if v is not None]
+        kept = [texts[i] for i in self.kept]
+        self.model.fit(self.vectorizer.fit_transform(kept), [values[i] for i in self.kept])
+        return kept
+
+    def predictions(self, ids: list[str], schema: str, texts: list[str]) -> Iterator[Prediction]:
+        if isinstance(self.scale, OrdinalScale):
+            for item, above in zip(ids, self.model.probabilities(texts)):  # noqa: B905 - runs on 3.8/3.9
+                yield self.scale.prediction(item, schema, above)
+            return
+        for item, value in zip(ids, self.model.predict(self.vectorizer.transform(texts))):  # noqa: B905
+            yield self.scale.prediction(item, schema, float(value))

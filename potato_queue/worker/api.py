@@ -43,17 +43,19 @@ class PredictItem:
 
 class Prediction:
     """One predicted label for one item and schema; *scores*: every label's probability, when the trainer
-    has them (the server ranks what to label next by their margin, insight/next_items.py)."""
+    has them (the server ranks what to label next by their margin, insight/next_items.py); *bare*: the
+    payload is the label itself, the one form Potato pre-fills a slider from."""
 
-    __slots__ = ("instance_id", "schema_name", "label", "confidence", "scores")
+    __slots__ = ("instance_id", "schema_name", "label", "confidence", "scores", "bare")
 
     def __init__(self, instance_id: str, schema_name: str, label: Any, confidence: Optional[float],
-                 scores: Optional[Dict[str, float]] = None) -> None:
+                 scores: Optional[Dict[str, float]] = None, bare: bool = False) -> None:
         self.instance_id = instance_id
         self.schema_name = schema_name
         self.label = label
         self.confidence = confidence
         self.scores = scores
+        self.bare = bare
 
     @classmethod
     def top(cls, instance_id: str, schema_name: str, labels: List[str], probabilities: Any) -> "Prediction":
@@ -67,11 +69,13 @@ class Prediction:
     def to_record(self) -> Dict[str, Any]:
         """The predictions.jsonl line (Potato's shape, and `scores` when there are). A set of labels (a
         multiselect's) is the payload Potato pre-fills a multiselect from: a list of {label, confidence},
-        each label's own probability as its confidence."""
+        each label's own probability as its confidence; a bare one (a slider's number) is the label alone."""
         confidence = None if self.confidence is None else float(self.confidence)
-        if isinstance(self.label, list):
+        if self.bare:
+            payload = self.label  # type: Any
+        elif isinstance(self.label, list):
             scores = self.scores or {}
-            payload = [{"label": label, "confidence": scores.get(label, confidence)} for label in self.label]  # type: Any
+            payload = [{"label": label, "confidence": scores.get(label, confidence)} for label in self.label]
         else:
             payload = {"label": self.label, "confidence": confidence}
         record = {

@@ -4,6 +4,14 @@ A bundle folder holds ``train.jsonl``, ``val.jsonl``, ``test.jsonl``
 (always, possibly empty), ``unlabeled.jsonl`` (optional, ``predict_only``),
 ``manifest.json``, ``labels.json`` and ``media/``. Rows are
 ``{"instance_id", "text", "targets": {schema: target}, "media"?}``.
+
+Ours beyond Potato's: ``scales.json``, each scale scheme's scale as the
+project's config draws it (an ordinal scheme's ``points`` in order, numbers
+or a labelled likert's label names; a continuous scheme's ``min``, ``max``,
+``step`` where the config gives them). Potato's manifest names no scale, and
+a labelled likert's answers are label names whose order nothing else says.
+A bundle Potato built has none: the trainers then take the scale from the
+answers (bundle/write.py writes it; trainers/scales.py reads it).
 """
 
 import json
@@ -12,12 +20,13 @@ from typing import Any, Dict, Iterator, List, Optional
 
 from .errors import BundleError
 
-__all__ = ["SPLITS", "PREDICT_SPLITS", "Bundle", "load_bundle"]
+__all__ = ["SPLITS", "PREDICT_SPLITS", "SCALES_FILE", "Bundle", "load_bundle", "read_scales"]
 
 #: The splits a bundle may have, in Potato's order.
 SPLITS = ("train", "val", "test", "unlabeled")
 #: The splits predictions are written for. Never train.
 PREDICT_SPLITS = ("val", "test", "unlabeled")
+SCALES_FILE = "scales.json"
 
 
 class Bundle:
@@ -27,6 +36,7 @@ class Bundle:
         self.root = root
         self.manifest = manifest
         self._labels = labels
+        self._scales = read_scales(root)
 
     @property
     def splits(self) -> Dict[str, Dict[str, Any]]:
@@ -88,6 +98,10 @@ class Bundle:
         """The label vocabulary of *schema* (sorted observed labels), possibly empty."""
         return list(self._labels.get(schema) or [])
 
+    def scale(self, schema: str) -> Dict[str, Any]:
+        """*schema*'s scale from scales.json (``{}`` when the bundle gives none)."""
+        return dict(self._scales.get(schema) or {})
+
     def resolve_media(self, reference: str) -> str:
         """A media reference as a path (URLs and absolute paths unchanged)."""
         if reference.startswith(("http://", "https://")) or os.path.isabs(reference):
@@ -103,6 +117,17 @@ def _read_json(path: str, what: str) -> Any:
         raise BundleError("Could not read the bundle's %s: %s" % (what, exc)) from exc
     except ValueError as exc:
         raise BundleError("The bundle's %s is not valid JSON: %s" % (what, exc)) from exc
+
+
+def read_scales(root: str) -> Dict[str, Dict[str, Any]]:
+    """The bundle's scales.json (``{}`` when it has none: a bundle Potato built)."""
+    path = os.path.join(root, SCALES_FILE)
+    if not os.path.isfile(path):
+        return {}
+    scales = _read_json(path, SCALES_FILE)
+    if not isinstance(scales, dict) or not all(isinstance(v, dict) for v in scales.values()):
+        raise BundleError("The bundle's %s must be an object {schema: {scale}}" % SCALES_FILE)
+    return {str(k): v for k, v in scales.items()}
 
 
 def _default_splits(root: str) -> Dict[str, Dict[str, Any]]:

@@ -244,7 +244,7 @@ def _score(ctx: RunContext, summary: PredictionSummary, step: int) -> Dict[str, 
     for schema in ctx.schemas:
         for split in ("val", "test"):
             scores = score(summary.targets.get((split, schema.name), {}), summary.predicted.get((split, schema.name), {}),
-                           schema.kind)
+                           schema.kind, ctx.bundle.scale(schema.name).get("points"))
             if not scores["n"]:
                 continue
             for name in ("accuracy", "macro_f1", "micro_f1", "mae", "spearman", "qwk"):

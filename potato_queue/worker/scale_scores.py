@@ -10,6 +10,9 @@ numbers, and how far off a prediction is matters as much as whether it is exact:
   quadratic-weighted kappa over the integer points between the lowest and the highest value seen
   (1 agrees perfectly, 0 is chance; an error of two points costs four times one of one point).
 
+A labelled scale (a likert whose points are named: "Disagree" .. "Agree") is scored on its points'
+positions, 1 for the first: `scale_number`.
+
 An item with an answer but no prediction counts as wrong for accuracy and is left out of the
 distances, which say how far the predictions that came back were; `n_predicted` says how many.
 """
@@ -17,7 +20,7 @@ distances, which say how far the predictions that came back were; `n_predicted` 
 import math
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-__all__ = ["as_number", "mae", "spearman", "quadratic_weighted_kappa", "scale_score"]
+__all__ = ["as_number", "labelled", "scale_number", "mae", "spearman", "quadratic_weighted_kappa", "scale_score"]
 
 Pair = Tuple[float, Optional[float]]
 
@@ -31,6 +34,22 @@ def as_number(value: Any) -> Optional[float]:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
+
+
+def labelled(points: Optional[Sequence[Any]]) -> bool:
+    """Whether a scale's points are names rather than numbers (a likert with labels)."""
+    return bool(points) and any(as_number(p) is None for p in points or ())
+
+
+def scale_number(value: Any, points: Optional[Sequence[Any]] = None) -> Optional[float]:
+    """An answer or a prediction as a number on its scale: a labelled scale's point by its position (1 for
+    the first; None for a name not on it), any other scale's as the number it is."""
+    if isinstance(value, list) and len(value) == 1:
+        value = value[0]
+    if labelled(points):
+        names = [str(p) for p in points or ()]
+        return float(names.index(str(value)) + 1) if str(value) in names else None
+    return as_number(value)
 
 
 def mae(gold: Sequence[float], predicted: Sequence[float]) -> float:

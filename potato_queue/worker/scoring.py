@@ -19,7 +19,7 @@ by distance too: scale_scores.py.
 import json
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
-from .scale_scores import as_number, scale_score
+from .scale_scores import scale_number, scale_score
 
 __all__ = ["accuracy", "macro_f1", "gold_label", "label_key", "label_set", "score", "DIGITS", "MULTILABEL", "ORDINAL", "SCALE_KINDS"]
 
@@ -97,17 +97,19 @@ def _multilabel_score(pairs: List[Tuple[FrozenSet[str], FrozenSet[str]]]) -> Dic
             "per_label_f1": {label: round(f1, DIGITS) for label, f1 in per_label.items()}, "n": len(pairs)}
 
 
-def score(targets: Dict[str, Any], predicted: Dict[str, Any], kind: str = "nominal") -> Dict[str, Any]:
+def score(targets: Dict[str, Any], predicted: Dict[str, Any], kind: str = "nominal",
+          points: Optional[List[Any]] = None) -> Dict[str, Any]:
     """``{"accuracy", "macro_f1", "n"}`` of one split of one schema (None scores when nothing to score); for a
-    multilabel scheme also ``micro_f1`` and ``per_label_f1``.
+    multilabel scheme also ``micro_f1`` and ``per_label_f1``; for a scale the distances (scale_scores.py).
 
-    *targets* maps item id to its gold label, *predicted* item id to the predicted label.
+    *targets* maps item id to its gold label, *predicted* item id to the predicted label; *points*: an
+    ordinal scale's points in order (the bundle's scales.json), which a labelled likert needs.
     """
     if kind == MULTILABEL:
         sets = [(label_set(t), label_set(predicted.get(item))) for item, t in targets.items() if label_set(t)]
         return _multilabel_score(sets) if sets else {"accuracy": None, "macro_f1": None, "n": 0}
     if kind in SCALE_KINDS:
-        numbers = [(as_number(t), as_number(predicted.get(item))) for item, t in targets.items()]
+        numbers = [(scale_number(t, points), scale_number(predicted.get(item), points)) for item, t in targets.items()]
         answered = [(g, p) for g, p in numbers if g is not None]
         return (scale_score(answered, kind == ORDINAL, _macro_f1) if answered  # type: ignore[arg-type]
                 else {"accuracy": None, "macro_f1": None, "n": 0})
