@@ -116,6 +116,11 @@ def test_the_curve_says_what_the_last_quarter_added_and_what_the_trend_promises(
     assert said.startswith("the last 25 % of the train items (50) added 0.04 test macro-F1 (0.66 to 0.70)")
     assert "another 50 labelled items would add about 0.03" in said
     assert curve_said(points[:1], "test") == "not enough points to say"
+    # A slider has no classes: its curve is read by MAE, which falls as the model gets better.
+    slider = [{"percent": p, "n_train": n, "test_mae": m} for p, n, m in [(50, 100, 9.0), (100, 200, 7.5)]]
+    said = curve_said(slider, "test")
+    assert said.startswith("the last 50 % of the train items (100) lowered the test MAE by 1.50 (9.00 to 7.50)")
+    assert "another 50 labelled items would lower it by about 0.48" in said, said
 
 
 def test_the_order_goes_into_the_data_files_and_nothing_else_changes(tmp_path: Path) -> None:

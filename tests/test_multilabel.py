@@ -123,6 +123,12 @@ def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path
         for route in ("quality", "next"):  # the insight pages read a run of sets without failing
             status, body = svc.api("GET", f"/runs/{run_id}/{route}")
             assert status == 200, (route, body)
+        again = svc.start_run(trainer="sklearn-text", schemas=["topics"], params={"C": 0.5})
+        assert svc.wait_for(again, TERMINAL, 120)["state"] == "succeeded"
+        status, compared = svc.api("GET", f"/runs/{run_id}/compare/{again}")
+        assert status == 200, compared
+        # Scored as sets: macro-F1 over the three topics, not over their combinations; micro-F1 beside it.
+        assert set(compared["schemas"]["topics"]["a"]["per_label_f1"]) == {"acting", "plot", "visuals"}, compared
         status, refused = svc.api("POST", "/runs", {"trainer": "majority-baseline", "schemas": ["topics"]})
         assert status == 409, refused
         assert refused["detail"].startswith("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains")

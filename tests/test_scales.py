@@ -28,6 +28,7 @@ from potato_queue.worker.scoring import score
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd
+from tests.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
 from tests.test_ssh_backend import BACKEND, gpu_server
 
 VERDICTS = ["Hated it", "Disliked it", "Mixed", "Liked it", "Loved it"]
@@ -99,7 +100,8 @@ def test_the_bundle_carries_each_scales_answers_and_points(tmp_path: Path) -> No
     assert row["targets"]["score"] == 20.0 * row["targets"]["stars"] - 10
 
 
-def test_sklearn_text_trains_the_three_scales_through_the_queue(tmp_path: Path, redis_server_url: str) -> None:
+def test_sklearn_text_trains_the_three_scales_through_the_queue(tmp_path: Path, redis_server_url: str,
+                                                                 browser: Any) -> None:  # noqa: F811 - the fixture
     writeback = {"schemas": ["stars", "verdict", "score"], "include_unlabeled": True, "min_confidence": 0.0}
     with scales_stack(tmp_path, redis_server_url, writeback=writeback) as svc:
         run_id = svc.start_run(trainer="sklearn-text", schemas=["stars", "verdict", "score"])
@@ -125,6 +127,26 @@ def test_sklearn_text_trains_the_three_scales_through_the_queue(tmp_path: Path, 
         for route in ("quality", "next"):  # the insight pages read a run of scales without failing
             status, body = svc.api("GET", f"/runs/{run_id}/{route}")
             assert status == 200, (route, body)
+        page = signed_in(browser, svc)  # the run's page names each kind's measures
+        page.goto(f"{svc.url}/admin/training/runs/{run_id}")
+        page.wait_for_selector("#predictions table", timeout=30000)
+        shown = page.text_content("body") or ""
+        assert re.search(r"stars: \d\.\d{3} / \d\.\d{3}, MAE \d\.\d{3}, QWK", shown), shown[:3000]
+        assert re.search(r"score: MAE \d+\.\d{3}, Spearman", shown), shown[:3000]
+        page.close()
+        weaker = svc.start_run(trainer="sklearn-text", schemas=["stars", "score"],
+                               params={"C": 0.01, "learning_curve": True})
+        assert svc.wait_for(weaker, TERMINAL, 120)["state"] == "succeeded"
+        status, curve = svc.api("GET", f"/runs/{weaker}/curve")
+        assert status == 200, curve
+        assert [p["percent"] for p in curve["schemas"]["score"]["points"]] == [25, 50, 75, 100]
+        assert "test MAE by" in curve["schemas"]["score"]["said"], "a slider's curve is read by its MAE"
+        assert "test macro-F1" in curve["schemas"]["stars"]["said"]
+        status, compared = svc.api("GET", f"/runs/{run_id}/compare/{weaker}")
+        assert status == 200, compared
+        stars = compared["schemas"]["stars"]
+        assert stars["n"] > 0 and {"mae", "spearman", "qwk"} <= set(stars["a"]), stars["a"]
+        assert stars["a"]["accuracy"] > 0.5, "a likert's answer 4.0 and its predicted point 4 agree"
 
 
 def test_hf_text_classification_fine_tunes_a_likert_and_a_slider(tmp_path: Path, redis_server_url: str,
@@ -232,3 +254,18 @@ def _add_scales(config: Path) -> None:
                        [{"schema": "verdict", "name": VERDICTS[stars - 1]}, VERDICTS[stars - 1]],
                        [{"schema": "score", "name": "slider"}, str(20 * stars - 10)]]
         state_path.write_text(json.dumps(state))
+
+
+@pytest.mark.unit
+def test_what_to_label_next_reads_a_likerts_spread_not_its_margin() -> None:
+    from potato_queue.insight.next_items import uncertainty
+
+    def likert(point: int, scores: dict[str, float]) -> dict[str, Any]:
+        return {"payload": {"label": point}, "scores": {str(k): scores.get(str(k), 0.0) for k in range(1, 6)}}
+
+    assert uncertainty(likert(3, {"3": 1.0}), kind="ordinal") == 0.0
+    # Half a point off on average, over half the scale (2 points): 0.25; split between both ends: 1.
+    near, far = likert(3, {"3": 0.5, "4": 0.5}), likert(1, {"1": 0.5, "5": 0.5})
+    assert (uncertainty(near, kind="ordinal"), uncertainty(far, kind="ordinal")) == (0.25, 1.0)
+    # Read as labels with no order, both are the same coin toss between two answers.
+    assert uncertainty(near) == uncertainty(far) == 1.0

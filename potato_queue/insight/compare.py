@@ -3,7 +3,8 @@
 The items compared are those in both runs' val or test splits with a prediction from each, scored
 against the newer run's gold label (the annotators may have labelled more since the older run). Per
 label, the confusion matrices, McNemar's test of the difference, and the items where the two runs
-disagree, with each annotator's label beside them.
+disagree, with each annotator's label beside them. The scores are the kind's (worker/scoring.py): a
+multiselect's macro-F1 over its labels, not over their combinations; a likert's and a slider's MAE too.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import Invalid
 from potato_queue.insight.measures import Scored, confusion, mcnemar, per_label
 from potato_queue.insight.report import TEXT_CHARS
-from potato_queue.insight.run_data import RunData, potato_item_path, shown
+from potato_queue.insight.run_data import RunData, as_scored, potato_item_path, shown
 from potato_queue.runs.gate import label_of
 from potato_queue.worker.scoring import score
 
@@ -65,8 +66,10 @@ def _schema(config: ProjectConfig, a: RunData, b: RunData, schema: str, newer: R
            if (iid, schema) in a.predictions and (iid, schema) in b.predictions}
     gold = {iid: newer.gold[schema][iid] for iid in ids}
     items_a, items_b = _scored(a, schema, gold), _scored(b, schema, gold)
-    scores_a = score(gold, {i.instance_id: i.predicted for i in items_a})
-    scores_b = score(gold, {i.instance_id: i.predicted for i in items_b})
+    kind, points = newer.kinds.get(schema, "nominal"), newer.scales.get(schema, {}).get("points")
+    scores_a, scores_b = (score({i: as_scored(g, kind) for i, g in gold.items()},
+                                {i.instance_id: as_scored(i.predicted, kind) for i in items}, kind, points)
+                          for items in (items_a, items_b))
     test = mcnemar([i.right for i in items_a], [i.right for i in items_b])
     differ = [(x, y) for x, y in zip(items_a, items_b, strict=True) if x.predicted != y.predicted]
     labels = _annotators(config, {x.instance_id for x, _ in differ[:MAX_DISAGREEMENTS]})

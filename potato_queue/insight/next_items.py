@@ -4,7 +4,11 @@ Uncertainty is read from the run's own predictions: the margin between the two m
 (1 - (p1 - p2)) when the prediction has every label's score, else 1 - confidence; for several schemas,
 the mean over them. A multiselect's prediction (its payload a list: one probability a label, each its
 own yes-or-no) is as unsure as its labels on average: the margin of a label is between its yes and its
-no (1 - |2p - 1|), its entropy the binary one (in bits, so 1 at p = 0.5). Diversity: the items are taken
+no (1 - |2p - 1|), its entropy the binary one (in bits, so 1 at p = 0.5). A likert's (kind ordinal: its
+scores every point's probability, in the scale's order) is as unsure as its spread: the expected distance
+of the answer from the predicted point, over half the scale's length (0 when sure, 1 when split between
+both ends); a prediction two points off matters more than one a point off, which a margin cannot tell.
+A slider's carries no probability, so it is 1 for every item and ranks nothing. Diversity: the items are taken
 most uncertain first, and one whose TF-IDF cosine to an item already taken is at least NEAR_DUPLICATE_COSINE waits until the end (in its order), so the top
 of the list is never ten near-copies of one review. TF-IDF, not the model's embeddings: it needs no
 model on the server and no new file from the training machine, and says the same for every trainer.
@@ -45,9 +49,28 @@ def _label_uncertainty(p: float, measure: str) -> float:
     return 1.0 - abs(2.0 * p - 1.0)
 
 
-def uncertainty(prediction: Mapping[str, Any], measure: str = "margin") -> float:
+def _spread(prediction: Mapping[str, Any]) -> float | None:
+    """A likert prediction's expected distance from its point over half the scale (None: not one)."""
+    scores = prediction.get("scores")
+    payload = prediction.get("payload")
+    if not isinstance(scores, dict) or len(scores) < 2 or not isinstance(payload, dict):
+        return None
+    points = list(scores)
+    at = points.index(str(payload.get("label"))) if str(payload.get("label")) in points else None
+    if at is None:
+        return None
+    total = sum(float(v) for v in scores.values()) or 1.0
+    expected = sum(float(v) / total * abs(k - at) for k, v in enumerate(scores.values()))
+    return round(min(1.0, expected / ((len(points) - 1) / 2.0)), 4)
+
+
+def uncertainty(prediction: Mapping[str, Any], measure: str = "margin", kind: str = "nominal") -> float:
     """How unsure the run was of one prediction, from 0 (sure) to 1: margin or normalised entropy of its
-    scores; 1 - confidence without them; 1 with neither. A multiselect's: its labels' mean."""
+    scores; 1 - confidence without them; 1 with neither. A multiselect's: its labels' mean; a likert's
+    (kind ordinal) margin: its spread."""
+    spread = _spread(prediction) if kind == "ordinal" and measure == "margin" else None
+    if spread is not None:
+        return spread
     values = _scores(prediction)
     if values and isinstance(prediction.get("payload"), list):
         return round(sum(_label_uncertainty(min(1.0, max(0.0, p)), measure) for p in values) / len(values), 4)
@@ -105,10 +128,12 @@ def rank_next(uncertain: Mapping[str, float], vectors: Mapping[str, Vector],
     return taken + held + [Ranked(iid, uncertain[iid], None) for iid in order[window:]]
 
 
-def mean_uncertainty(predictions: Sequence[Mapping[str, Any]], measure: str) -> dict[str, float]:
-    """{instance id: its predictions' mean uncertainty over the schemas}."""
+def mean_uncertainty(predictions: Sequence[Mapping[str, Any]], measure: str,
+                     kinds: Mapping[str, str] | None = None) -> dict[str, float]:
+    """{instance id: its predictions' mean uncertainty over the schemas}; *kinds*: {schema: kind}."""
     found: dict[str, list[float]] = {}
     for p in predictions:
-        found.setdefault(str(p["instance_id"]), []).append(uncertainty(p, measure))
+        kind = (kinds or {}).get(str(p.get("schema_name")), "nominal")
+        found.setdefault(str(p["instance_id"]), []).append(uncertainty(p, measure, kind))
     return {iid: round(sum(values) / len(values), 4) for iid, values in found.items()}
 

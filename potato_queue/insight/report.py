@@ -49,21 +49,34 @@ def _fit_log(points: list[tuple[float, float]]) -> tuple[float, float] | None:
     return my - b * mx, b
 
 
+def curve_measure(points: list[dict[str, Any]], split: str) -> str:
+    """What a curve is read by: macro-F1, or the MAE of a scale that has no classes (a slider)."""
+    return "macro_f1" if any(f"{split}_macro_f1" in p for p in points) else "mae"
+
+
 def curve_said(points: list[dict[str, Any]], split: str) -> str:
-    """The curve's gain in words: what the last quarter added, and what another would add on its trend."""
-    have = [(float(p["n_train"]), float(p[f"{split}_macro_f1"])) for p in points
-            if isinstance(p.get(f"{split}_macro_f1"), (int, float)) and isinstance(p.get("n_train"), (int, float))]
+    """The curve's gain in words: what the last quarter added, and what another would add on its trend
+    (macro-F1; a slider's MAE, which falls as the model gets better)."""
+    measure = curve_measure(points, split)
+    have = [(float(p["n_train"]), float(p[f"{split}_{measure}"])) for p in points
+            if isinstance(p.get(f"{split}_{measure}"), (int, float)) and isinstance(p.get("n_train"), (int, float))]
     if len(have) < 2:
         return "not enough points to say"
     (n0, f0), (n1, f1) = have[-2], have[-1]
-    said = (f"the last {round((n1 - n0) / n1 * 100)} % of the train items ({int(n1 - n0)}) "
-            f"{'added' if f1 >= f0 else 'took away'} {abs(f1 - f0):.2f} {split} macro-F1 ({f0:.2f} to {f1:.2f})")
+    quarter = f"the last {round((n1 - n0) / n1 * 100)} % of the train items ({int(n1 - n0)})"
+    if measure == "macro_f1":
+        said = f"{quarter} {'added' if f1 >= f0 else 'took away'} {abs(f1 - f0):.2f} {split} macro-F1 ({f0:.2f} to {f1:.2f})"
+    else:
+        said = f"{quarter} {'lowered' if f1 <= f0 else 'raised'} the {split} MAE by {abs(f1 - f0):.2f} ({f0:.2f} to {f1:.2f})"
     fit = _fit_log(have)
     if fit is not None:
         more = n1 * 1.25
         gain = (fit[0] + fit[1] * math.log(more)) - (fit[0] + fit[1] * math.log(n1))
-        said += (f"; on the curve's trend (macro-F1 against the log of the items), another {int(more - n1)} "
-                 f"labelled items would add about {gain:.2f}")
+        name = "macro-F1" if measure == "macro_f1" else "MAE"
+        change = (f"add about {gain:.2f}" if measure == "macro_f1"
+                  else f"{'lower' if gain <= 0 else 'raise'} it by about {abs(gain):.2f}")
+        said += (f"; on the curve's trend ({name} against the log of the items), another {int(more - n1)} "
+                 f"labelled items would {change}")
     return said
 
 
@@ -78,7 +91,7 @@ def learning_curve(record: Mapping[str, Any]) -> dict[str, Any]:
                            "or tick 'learning curve' on the Training page")
     out = {}
     for schema, points in curve.items():
-        split = "test" if any("test_macro_f1" in p for p in points) else "val"
+        split = "test" if any("test_macro_f1" in p or "test_mae" in p for p in points) else "val"
         out[schema] = {"points": points, "split": split, "said": curve_said(points, split)}
     return {"run_id": record["run_id"], "schemas": out}
 
@@ -96,7 +109,7 @@ def next_items(config: ProjectConfig, data: RunData, limit: int | None = 20, mea
                any(s == "unlabeled" for s in data.split_of.values()) else
                "it predicted no unlabelled item (model_training.writeback.include_unlabeled is off)")
         return {"run_id": data.run_id, "measure": measure, "total": 0, "items": [], "said": f"nothing to rank: {why}"}
-    uncertain = mean_uncertainty(predictions, measure)
+    uncertain = mean_uncertainty(predictions, measure, data.kinds)
     ranked = rank_next(uncertain, tfidf_vectors({iid: data.texts.get(iid, "") for iid in uncertain}))
     held = sum(1 for r in ranked if r.near_copy_of)
     items = [{"rank": n, "instance_id": r.instance_id, "uncertainty": r.uncertainty, "near_copy_of": r.near_copy_of,

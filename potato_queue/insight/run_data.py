@@ -14,11 +14,12 @@ from potato_queue.errors import Conflict
 from potato_queue.insight.measures import Scored
 from potato_queue.run import RunState
 from potato_queue.runs.finalize import HELD_OUT_SPLITS, read_predictions
-from potato_queue.runs.gate import label_of, read_jsonl
+from potato_queue.runs.gate import label_of, read_jsonl, schema_kinds
 from potato_queue.store import RunStore
-from potato_queue.worker.scoring import gold_label
+from potato_queue.worker.bundle import read_scales
+from potato_queue.worker.scoring import MULTILABEL, gold_label
 
-__all__ = ["RunData", "load_run", "shown", "scored", "potato_item_path"]
+__all__ = ["RunData", "load_run", "shown", "as_scored", "scored", "potato_item_path"]
 
 
 def shown(label: Any) -> str | None:
@@ -27,9 +28,18 @@ def shown(label: Any) -> str | None:
     label = gold_label(label)
     if label is None:
         return None
+    if isinstance(label, float) and label.is_integer():
+        label = int(label)  # a likert's answer 4.0 and its predicted point 4 are the same answer
     if isinstance(label, list) and all(isinstance(x, str) for x in label):
         label = sorted(label)
     return label if isinstance(label, str) else json.dumps(label, sort_keys=True, ensure_ascii=False)
+
+
+def as_scored(label: str | None, kind: str) -> Any:
+    """A label as shown, back in the form worker/scoring.py scores by *kind* (a multiselect's set a list)."""
+    if kind == MULTILABEL and label is not None and label.startswith("["):
+        return json.loads(label)
+    return label
 
 
 def potato_item_path(instance_id: str) -> str:
@@ -45,6 +55,8 @@ class RunData:
     split_of: dict[str, str] = field(default_factory=dict)  # instance id: val, test or unlabeled
     gold: dict[str, dict[str, str]] = field(default_factory=dict)  # schema: {held-out id: gold label}
     texts: dict[str, str] = field(default_factory=dict)
+    kinds: dict[str, str] = field(default_factory=dict)  # schema: its kind, as the run's bundle recorded it
+    scales: dict[str, dict[str, Any]] = field(default_factory=dict)  # schema: its scale (the bundle's scales.json)
 
     @property
     def run_id(self) -> str:
@@ -69,7 +81,8 @@ def load_run(store: RunStore, record: Mapping[str, Any]) -> RunData:
     if not (paths.bundle_dir / "manifest.json").exists():
         raise Conflict(f"run {run_id}'s bundle was removed (model_training.retain_runs keeps only the newest succeeded runs'), "
                        "so its held-out labels are gone", fix="pick a newer run, or raise retain_runs")
-    data = RunData(record, {(str(p["instance_id"]), str(p["schema_name"])): p for p in good})
+    data = RunData(record, {(str(p["instance_id"]), str(p["schema_name"])): p for p in good},
+                   kinds=schema_kinds(paths.bundle_dir), scales=read_scales(str(paths.bundle_dir)))
     for split in (*HELD_OUT_SPLITS, "unlabeled"):
         for row in read_jsonl(paths.bundle_dir / f"{split}.jsonl"):
             if not isinstance(row, dict):

@@ -34,6 +34,8 @@ CURVE_PARAM = "learning_curve"
 CURVE_PERCENTS = (25, 50, 75, 100)
 CURVE_SPLIT = "curve"  # the metric events' split
 HELD_OUT = ("val", "test")
+# A curve point's scores: macro-F1 and accuracy (a classifier's; a likert's too), MAE (a scale's; a slider's only).
+CURVE_MEASURES = ("macro_f1", "accuracy", "mae")
 
 
 def wants_curve(params: Dict[str, Any]) -> bool:
@@ -116,7 +118,8 @@ def _held_out_items(bundle: Bundle) -> List[PredictItem]:
 
 
 def _scores(ctx: RunContext, trainer: Trainer, items: List[PredictItem]) -> Dict[str, Dict[str, float]]:
-    """{schema: {"<split>_macro_f1"|"<split>_accuracy": score}} of a fit on the held-out items."""
+    """{schema: {"<split>_<measure>": score}} of a fit on the held-out items (CURVE_MEASURES: those the
+    scheme's kind has)."""
     predicted = {(p.instance_id, p.schema_name): p.label for p in trainer.predict(ctx, items)}
     out: Dict[str, Dict[str, float]] = {}
     for schema in ctx.schemas:
@@ -124,10 +127,11 @@ def _scores(ctx: RunContext, trainer: Trainer, items: List[PredictItem]) -> Dict
         for split in HELD_OUT:
             targets = {i.instance_id: gold_label(i.targets.get(schema.name)) for i in items if i.split == split}
             got = score({k: v for k, v in targets.items() if v is not None},
-                        {i: predicted.get((i, schema.name)) for i in targets}, schema.kind)
-            if got["n"]:
-                out[schema.name]["%s_macro_f1" % split] = got["macro_f1"]
-                out[schema.name]["%s_accuracy" % split] = got["accuracy"]
+                        {i: predicted.get((i, schema.name)) for i in targets}, schema.kind,
+                        ctx.bundle.scale(schema.name).get("points"))
+            for measure in CURVE_MEASURES if got["n"] else ():
+                if got.get(measure) is not None:
+                    out[schema.name]["%s_%s" % (split, measure)] = got[measure]
     return out
 
 
@@ -191,7 +195,7 @@ def report_full_point(ctx: RunContext, n_train: int, metrics: Dict[str, float], 
     for schema in ctx.schemas:
         scores[schema.name] = {}
         for split in HELD_OUT:
-            for measure in ("macro_f1", "accuracy"):
+            for measure in CURVE_MEASURES:
                 value = metrics.get(ctx.metric_name(schema, "%s_%s" % (split, measure)))
                 if value is not None:
                     scores[schema.name]["%s_%s" % (split, measure)] = value

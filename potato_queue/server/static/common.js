@@ -38,11 +38,20 @@ function progressBar(progress) {
   return bar;
 }
 
+// Each kind's own measures: accuracy / macro-F1 (a classifier's, a likert's), micro-F1 (a multiselect's),
+// MAE and QWK (a likert's), MAE and Spearman (a slider's, which has no accuracy).
+const SCALE_MEASURES = [["micro_f1", "micro-F1"], ["mae", "MAE"], ["qwk", "QWK"], ["spearman", "Spearman"]];
+
 function heldOut(run) {
   const parts = [];
   for (const [schema, splits] of Object.entries(run.held_out || {})) {
     const s = splits.test || splits.val;
-    if (s) parts.push(schema + ": " + Number(s.accuracy).toFixed(3) + " / " + Number(s.macro_f1).toFixed(3));
+    if (!s) continue;
+    const shown = typeof s.accuracy === "number" ? [Number(s.accuracy).toFixed(3) + " / " + Number(s.macro_f1).toFixed(3)] : [];
+    for (const [key, name] of SCALE_MEASURES) {
+      if (typeof s[key] === "number" && (key !== "spearman" || typeof s.accuracy !== "number")) shown.push(name + " " + s[key].toFixed(3));
+    }
+    parts.push(schema + ": " + shown.join(", "));
   }
   return parts.join("; ");
 }

@@ -76,9 +76,12 @@
     try { found = await api(base + "/curve"); } catch (err) { return; } // a run without a curve: the section stays hidden
     const said = [], charts = [];
     for (const [schema, c] of Object.entries(found.schemas)) {
-      const series = ["test", "val"].map((split) => ({name: split + " macro-F1 (" + schema + ")",
-        points: c.points.filter((p) => typeof p[split + "_macro_f1"] === "number")
-          .map((p) => [p.n_train, p[split + "_macro_f1"], `${p.percent} % (${p.n_train} items): ${split} macro-F1 ${fmt(p[split + "_macro_f1"])}`])}))
+      // macro-F1; a slider's curve (it has no classes) is its MAE
+      const [key, name] = c.points.some((p) => typeof p.test_macro_f1 === "number" || typeof p.val_macro_f1 === "number")
+        ? ["macro_f1", "macro-F1"] : ["mae", "MAE"];
+      const series = ["test", "val"].map((split) => ({name: `${split} ${name} (${schema})`,
+        points: c.points.filter((p) => typeof p[split + "_" + key] === "number")
+          .map((p) => [p.n_train, p[split + "_" + key], `${p.percent} % (${p.n_train} items): ${split} ${name} ${fmt(p[split + "_" + key])}`])}))
         .filter((s) => s.points.length);
       said.push(el("span", {text: schema + ": " + c.said + ". "}));
       if (series.length) charts.push(chart(series, {xLabel: "train items", cls: "curve"}));
@@ -122,7 +125,8 @@
       const b = Object.fromEntries(s.b.per_label.map((r) => [r.label, r]));
       const labels = [...new Set([...Object.keys(a), ...Object.keys(b)])].sort();
       parts.push(el("h3", {text: `${schema}: ${s.n} held-out items both scored`}), el("p", {class: "said", text: s.said}),
-        table(["", "This run (A)", "Run " + found.b + " (B)"], [["accuracy", s.a.accuracy, s.b.accuracy], ["macro-F1", s.a.macro_f1, s.b.macro_f1]]),
+        table(["", "This run (A)", "Run " + found.b + " (B)"], [["accuracy", "accuracy"], ["macro_f1", "macro-F1"], ["micro_f1", "micro-F1"],
+          ["mae", "MAE"], ["spearman", "Spearman"], ["qwk", "QWK"]].filter(([k]) => k in s.a).map(([k, name]) => [name, s.a[k], s.b[k]])),
         table(["Label", "Precision A", "Recall A", "F1 A", "Precision B", "Recall B", "F1 B", "Items"],
           labels.map((l) => [l, ...[a[l] || {}, b[l] || {}].flatMap((r) => [r.precision, r.recall, r.f1]), String((a[l] || b[l]).support)])),
         el("p", {text: `McNemar (${s.mcnemar.method}): A right where B is wrong ${s.mcnemar.only_a}, B right where A is wrong ${s.mcnemar.only_b}, p = ${s.mcnemar.p_value}`}),

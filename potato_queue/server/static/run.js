@@ -90,7 +90,7 @@ async function predictions() {
   table.append(el("tbody", {}, ...Object.entries(counts).sort().map(([k, n]) => el("tr", {}, el("td", {text: k}), el("td", {text: String(n)})))));
   const sample = el("table", {class: "sample"}, el("thead", {}, el("tr", {}, el("th", {text: "Item"}), el("th", {text: "Schema"}), el("th", {text: "Label"}), el("th", {text: "Confidence"}))));
   sample.append(el("tbody", {}, ...lines.slice(0, 10).map((p) => el("tr", {}, el("td", {text: p.instance_id}), el("td", {text: p.schema_name}),
-    el("td", {text: labelOf(p)}), el("td", {text: Number(p.confidence).toFixed(3)})))));
+    el("td", {text: labelOf(p)}), el("td", {text: typeof p.confidence === "number" ? p.confidence.toFixed(3) : "-"})))));
   const one = broken === 1;
   const said = broken ? [el("p", {class: "problem", role: "status", text: `${broken} ${one ? "line" : "lines"} of predictions.jsonl ` +
     `${one ? "is" : "are"} not a JSON prediction and not shown (download the file to see ${one ? "it" : "them"})`})] : [];
@@ -114,7 +114,9 @@ function parsePredictions(text) {
   return {lines, broken};
 }
 
+// A multiselect's payload is a list of {label, confidence}; a slider's the bare number.
 function labelOf(p) {
+  if (Array.isArray(p.payload)) return p.payload.map((x) => x.label).join(", ") || "(no label)";
   return p.payload && typeof p.payload === "object" ? p.payload.label : p.payload;
 }
 
