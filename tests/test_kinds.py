@@ -46,8 +46,11 @@ def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Pa
         refuse_foreign_kinds(config, "sklearn-text", ["highlight"])
     assert refused.value.message == ("Scheme 'highlight' is span (span), and sklearn-text trains only "
                                      "nominal/multilabel/ordinal/continuous schemes")
-    assert refused.value.fix == ("no trainer takes span schemes yet: leave highlight out of the run; sklearn-text takes "
-                                 "sentiment, topics, quality, intensity here")
+    assert refused.value.fix == ("train highlight with hf-token-classification; sklearn-text takes sentiment, topics, "
+                                 "quality, intensity here")
+    with pytest.raises(Conflict) as refused:
+        refuse_foreign_kinds(config, "sklearn-text", ["notes"])
+    assert refused.value.fix.startswith("no trainer takes text schemes yet: leave notes out of the run")
     refuse_foreign_kinds(config, "sklearn-text", ["sentiment", "topics", "quality"])  # kinds it declares: no refusal
 
 

@@ -165,10 +165,12 @@ def test_default_or_retrain_backend_naming_no_backend(tmp_path: Path, key: str) 
 
 @pytest.mark.parametrize(("retrain", "wanted"), [
     ({"enabled": True}, "model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
-                        "(trainers: decision-calibrate, hf-llm-lora, hf-text-classification, majority-baseline, sklearn-text, "
+                        "(trainers: decision-calibrate, hf-llm-lora, hf-text-classification, hf-token-classification, "
+                        "majority-baseline, sklearn-text, "
                         "potato-queue-remote)"),
     ({"enabled": True, "trainer": "sklearn-txt"}, "model_training.auto_retrain.trainer is 'sklearn-txt', which is no "
-     "trainer (trainers: decision-calibrate, hf-llm-lora, hf-text-classification, majority-baseline, sklearn-text, "
+     "trainer (trainers: decision-calibrate, hf-llm-lora, hf-text-classification, hf-token-classification, "
+     "majority-baseline, sklearn-text, "
      "potato-queue-remote); did you mean 'sklearn-text'?"),
 ])
 def test_an_enabled_auto_retrain_needs_a_real_trainer(tmp_path: Path, retrain: dict[str, object], wanted: str) -> None:

@@ -17,7 +17,7 @@ from potato_queue.runs.finalize import HELD_OUT_SPLITS, read_predictions
 from potato_queue.runs.gate import label_of, read_jsonl, schema_kinds
 from potato_queue.store import RunStore
 from potato_queue.worker.bundle import read_scales
-from potato_queue.worker.scoring import MULTILABEL, gold_label
+from potato_queue.worker.scoring import MULTILABEL, SPAN, gold_label
 
 __all__ = ["RunData", "load_run", "shown", "as_scored", "scored", "potato_item_path"]
 
@@ -36,8 +36,9 @@ def shown(label: Any) -> str | None:
 
 
 def as_scored(label: str | None, kind: str) -> Any:
-    """A label as shown, back in the form worker/scoring.py scores by *kind* (a multiselect's set a list)."""
-    if kind == MULTILABEL and label is not None and label.startswith("["):
+    """A label as shown, back in the form worker/scoring.py scores by *kind* (a multiselect's set a list, a
+    span scheme's spans a list of them)."""
+    if kind in (MULTILABEL, SPAN) and label is not None and label[:1] in ("[", "{"):  # one span: an object
         return json.loads(label)
     return label
 

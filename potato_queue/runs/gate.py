@@ -61,9 +61,12 @@ def read_jsonl(path: Path) -> Iterator[Any]:
 
 def label_of(prediction: Mapping[str, Any]) -> Any:
     """A prediction's label: its payload's; a multiselect's payload (a list of {label, confidence}) gives
-    the list of labels; a bare payload is the label itself."""
+    the list of labels; a span scheme's (a list of {start, end, label, ...}) is its spans; a bare payload
+    is the label itself."""
     payload = prediction.get("payload")
     if isinstance(payload, list) and all(isinstance(x, dict) for x in payload):
+        if payload and all("start" in x and "end" in x for x in payload):
+            return payload
         return [x.get("label") for x in payload]
     return payload.get("label") if isinstance(payload, dict) else payload
 

@@ -108,10 +108,15 @@ class Steps:
 
 
 def load_base(settings: HFSettings, labels: list[str], device: str, offline: bool,
-              problem_type: str | None = None) -> tuple[Any, Any]:
+              problem_type: str | None = None, per_token: bool = False) -> tuple[Any, Any]:
     """Tokenizer and a fresh head of one output per name in *labels* (from the cache only, when offline);
-    *problem_type*: transformers' loss for it, when not a softmax (hf_heads.py)."""
-    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+    *problem_type*: transformers' loss for it, when not a softmax (hf_heads.py); *per_token*: a tagger's
+    head, one output set per token (hf_tokens.py)."""
+    from transformers import (
+        AutoModelForSequenceClassification,
+        AutoModelForTokenClassification,
+        AutoTokenizer,
+    )
 
     name = settings.load_from
     # Explicit: transformers may have been imported (and read HF_HUB_OFFLINE) before go_offline().
@@ -119,7 +124,7 @@ def load_base(settings: HFSettings, labels: list[str], device: str, offline: boo
     tokenizer = AutoTokenizer.from_pretrained(name, **local)
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token or tokenizer.unk_token
-    model = AutoModelForSequenceClassification.from_pretrained(
+    model = (AutoModelForTokenClassification if per_token else AutoModelForSequenceClassification).from_pretrained(
         name,
         num_labels=len(labels),
         id2label=dict(enumerate(labels)),
@@ -133,13 +138,13 @@ def load_base(settings: HFSettings, labels: list[str], device: str, offline: boo
     return tokenizer, model.to(device)
 
 
-def apply_lora(ctx: RunContext, model: Any, lora: dict[str, Any]) -> Any:
-    """Wrap *model* with LoRA adapters (peft); only adapters and the head train."""
+def apply_lora(ctx: RunContext, model: Any, lora: dict[str, Any], per_token: bool = False) -> Any:
+    """Wrap *model* with LoRA adapters (peft); only adapters and the head train (a tagger's: *per_token*)."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     def config(targets: Any) -> Any:
         return LoraConfig(
-            task_type=TaskType.SEQ_CLS,
+            task_type=TaskType.TOKEN_CLS if per_token else TaskType.SEQ_CLS,
             r=int(lora["r"]),
             lora_alpha=int(lora["alpha"]),
             lora_dropout=float(lora["dropout"]),

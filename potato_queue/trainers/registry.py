@@ -110,6 +110,17 @@ TRAINERS: dict[str, TrainerInfo] = {
             packages=("torch", "transformers"),
         ),
         TrainerInfo(
+            name="hf-token-classification",
+            target="potato_queue.trainers.hf_tokens:HFTokenClassificationTrainer",
+            description="Fine-tunes a transformers token classifier on a span scheme (BIO tags from Potato's "
+                        "character offsets, spans back; optionally LoRA via peft).",
+            extra="train-text",
+            kinds=("span",),
+            params=(("model_name", "sentence-transformers/all-MiniLM-L6-v2"), ("epochs", 3), ("learning_rate", 5e-5),
+                    ("batch_size", 16), ("max_length", 256), ("lora", None)),
+            packages=("torch", "transformers"),
+        ),
+        TrainerInfo(
             name="hf-llm-lora",
             target="potato_queue.trainers.hf_llm:HFLLMLoRATrainer",
             description="Fine-tunes a decoder LLM (Llama, Qwen, Mistral, Phi) as a classifier with LoRA; 4-bit "

@@ -13,21 +13,24 @@ each label's own; so the tables that show accuracy and macro-F1 read the
 same for every kind. An item without a gold label is not scored; an item
 with a gold label but no prediction counts as wrong (an empty set, for
 multilabel). An ordinal or continuous scheme (a likert, a slider) is scored
-by distance too: scale_scores.py.
+by distance too: scale_scores.py; a span scheme entity by entity: span_scores.py.
 """
 
 import json
 from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 
 from .scale_scores import scale_number, scale_score
+from .span_scores import as_spans, span_score
 
-__all__ = ["accuracy", "macro_f1", "gold_label", "label_key", "label_set", "score", "DIGITS", "MULTILABEL", "ORDINAL", "SCALE_KINDS"]
+__all__ = ["accuracy", "macro_f1", "gold_label", "label_key", "label_set", "score", "DIGITS", "MULTILABEL", "ORDINAL",
+           "SCALE_KINDS", "SPAN"]
 
 DIGITS = 4
 MULTILABEL = "multilabel"
 ORDINAL = "ordinal"
 # Answers on a scale, scored by how far off they are (scale_scores.py).
 SCALE_KINDS = (ORDINAL, "continuous")
+SPAN = "span"
 Pair = Tuple[Optional[str], Optional[str]]
 
 
@@ -108,6 +111,10 @@ def score(targets: Dict[str, Any], predicted: Dict[str, Any], kind: str = "nomin
     if kind == MULTILABEL:
         sets = [(label_set(t), label_set(predicted.get(item))) for item, t in targets.items() if label_set(t)]
         return _multilabel_score(sets) if sets else {"accuracy": None, "macro_f1": None, "n": 0}
+    if kind == SPAN:
+        spans = [(as_spans(t), as_spans(predicted[item]) if item in predicted else None) for item, t in targets.items()]
+        answered = [(g, p) for g, p in spans if g]
+        return span_score(answered) if answered else {"accuracy": None, "macro_f1": None, "n": 0}
     if kind in SCALE_KINDS:
         numbers = [(scale_number(t, points), scale_number(predicted.get(item), points)) for item, t in targets.items()]
         answered = [(g, p) for g, p in numbers if g is not None]

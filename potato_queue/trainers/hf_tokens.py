@@ -1,0 +1,239 @@
+"""``hf-token-classification``: fine-tune a transformers token classifier on a span scheme.
+
+The same torch loop as hf-text-classification (AdamW, linear warmup/decay, clipping; LoRA through peft,
+data-parallel over several GPUs) over ``AutoModelForTokenClassification``, one model per span scheme.
+Potato's character offsets become BIO tags on the tokens and the tagger's tags become character spans
+again (trainers/spans.py), so the tokenizer must give offsets (a "fast" tokenizer, as every common model
+has). Its params are hf-text-classification's (model_name, epochs, learning_rate, batch_size, max_length,
+lora, seed, weight_decay, warmup_ratio, log_every). Each scheme's model and tokenizer are saved into
+``<workdir>/<schema>/``, its tags in the model's config; ``model_card.json`` describes the run.
+
+A prediction is the list of spans Potato draws a span prelabel from, ``[{start, end, label, confidence},
+...]``; the line's confidence is the least sure token decision of the text.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from typing import Any, ClassVar
+
+from potato_queue.trainers import parallel
+from potato_queue.trainers.common import model_version, seed_everything, slug, write_json
+from potato_queue.trainers.hf_text_parts import (
+    HFSettings,
+    Steps,
+    apply_lora,
+    load_base,
+    optimizer_for,
+    read_settings,
+)
+from potato_queue.trainers.hub import not_cached, offline_for
+from potato_queue.trainers.spans import bio_tags, drop_overlaps, labelled_spans, spans_from_tags, tag_names
+from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
+from potato_queue.worker.errors import TrainerError
+from potato_queue.worker.scoring import SPAN, score
+from potato_queue.worker.span_scores import Span
+from potato_queue.worker.spec import SchemaSpec
+
+__all__ = ["HFTokenClassificationTrainer", "CARD_FILE"]
+
+CARD_FILE = "model_card.json"
+IGNORED = -100  # the loss leaves these tokens out (the tokenizer's own, and padding)
+EXAMPLES_SAID = 3
+
+
+class HFTokenClassificationTrainer(Trainer):
+    """Fine-tunes one transformers token classifier (BIO tags) per span scheme."""
+
+    name: ClassVar[str] = "hf-token-classification"
+    requires: ClassVar[tuple[str, ...]] = ("torch", "transformers")
+    kinds: ClassVar[tuple[str, ...]] = (SPAN,)
+    uses_torch: ClassVar[bool] = True
+    data_parallel: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.settings: HFSettings | None = None
+        self._models: dict[str, tuple[Any, Any, list[str]]] = {}  # schema: (tokenizer, model, tag names)
+        self.offline = False
+
+    def required_modules(self, params: dict[str, Any]) -> list[str]:
+        lora = params.get("lora")
+        return list(self.requires) + (["peft"] if lora not in (None, False, "false", "False", 0) else [])
+
+    def validate(self, ctx: RunContext) -> list[str]:
+        """Span schemes with two or more train items that have spans, sane params, a model that exists."""
+        self.settings = read_settings(ctx)
+        problems = super().validate(ctx)
+        for schema in ctx.schemas if not problems else []:
+            texts, _, _ = labelled_spans(ctx.bundle, "train", schema.name)
+            if len(texts) < 2:
+                problems.append(f"Schema '{schema.name}' has {len(texts)} train item(s) with a span; at least 2 "
+                                f"are needed")
+        name = self.settings.model_name
+        if name.startswith((".", "/", "~")) and not self.settings.local_model:
+            problems.append(f"params.model_name {name} is not a folder on this machine")
+        self.offline = offline_for(name, self.settings.local_model, ctx.reporter.log)
+        return problems
+
+    def fit(self, ctx: RunContext) -> FitResult:
+        with parallel.data_parallel(ctx):
+            return self._fit(ctx)
+
+    def _fit(self, ctx: RunContext) -> FitResult:
+        settings = self.settings or read_settings(ctx)
+        seed_everything(settings.seed)
+        data = {s.name: self._train_spans(ctx, s) for s in ctx.schemas}
+        steps = Steps(settings.epochs * sum(math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
+                                            for texts, _ in data.values()), settings.log_every)
+        metrics: dict[str, float] = {}
+        card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
+        for schema in ctx.schemas:
+            texts, spans = data[schema.name]
+            metrics.update(self._fit_schema(ctx, schema, texts, spans, steps))
+            card["schemas"][schema.name] = {"folder": slug(schema.name), "kind": SPAN, "n_train": len(texts),
+                                            "tags": self._models[schema.name][2]}
+        if ctx.main_rank:
+            write_json(os.path.join(ctx.workdir, CARD_FILE), card)
+        return FitResult(model_version=model_version(self.name, ctx.spec.run_id),
+                         artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas], metrics=metrics,
+                         label_order=self._models[ctx.schemas[0].name][2],
+                         notes=[f"base model: {settings.model_name}"], steps=steps.done)
+
+    def _train_spans(self, ctx: RunContext, schema: SchemaSpec) -> tuple[list[str], list[list[Span]]]:
+        """The train texts and their spans, overlapping ones left out and said in run.log."""
+        texts, spans, ids = labelled_spans(ctx.bundle, "train", schema.name)
+        kept, dropped = [], []
+        for iid, found in zip(ids, spans):  # noqa: B905 - runs on 3.8/3.9
+            keep, left = drop_overlaps(found)
+            kept.append(keep)
+            dropped += [(iid, span, clash) for span, clash in left]
+        if dropped:
+            said = "; ".join(f"{iid}: {s[2]} {s[0]}-{s[1]} overlaps {c[2]} {c[0]}-{c[1]}"
+                             for iid, s, c in dropped[:EXAMPLES_SAID])
+            ctx.reporter.log("warning", f"{len(dropped)} train span(s) of {schema.name} overlap an earlier span and "
+                                        f"were left out (a token takes one tag), e.g. {said}")
+        return texts, kept
+
+    def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, texts: list[str], spans: list[list[Span]],
+                    steps: Steps) -> dict[str, float]:
+        settings = self.settings or read_settings(ctx)
+        names = tag_names(sorted({s[2] for found in spans for s in found}))
+        ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
+        try:
+            tokenizer, model = load_base(settings, names, ctx.device, self.offline, per_token=True)
+        except OSError as exc:
+            if self.offline and not settings.local_model:
+                raise not_cached(settings.model_name, exc) from exc
+            raise
+        if not getattr(tokenizer, "is_fast", False):
+            raise TrainerError(f"{settings.model_name}'s tokenizer gives no character offsets (it is not a fast "
+                               f"tokenizer), so spans cannot become token tags; choose a model with a fast tokenizer")
+        if settings.lora:
+            model = apply_lora(ctx, model, settings.lora, per_token=True)
+        val_texts, val_spans, _ = labelled_spans(ctx.bundle, "val", schema.name)
+        ctx.reporter.status("running", f"training {schema.name} on {len(texts)} items")
+        loss = self._train(ctx, schema, model, tokenizer, names, list(zip(texts, spans)),  # noqa: B905
+                           list(zip(val_texts, val_spans)), steps)  # noqa: B905
+        if settings.lora:
+            model = model.merge_and_unload()
+        self._models[schema.name] = (tokenizer, model, names)
+        if ctx.main_rank:
+            folder = os.path.join(ctx.workdir, slug(schema.name))
+            model.save_pretrained(folder)
+            tokenizer.save_pretrained(folder)
+        return {ctx.metric_name(schema, "train_loss"): loss, ctx.metric_name(schema, "n_train"): float(len(texts))}
+
+    @staticmethod
+    def _batch(tokenizer: Any, texts: list[str], max_length: int, device: str) -> tuple[Any, list[list[tuple[int, int]]]]:
+        """A batch for the model, and each token's (start, end) characters ((0, 0): not of the text)."""
+        batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True,
+                          return_offsets_mapping=True, return_tensors="pt")
+        offsets = [[(int(a), int(b)) for a, b in row] for row in batch.pop("offset_mapping").tolist()]
+        return batch.to(device), offsets
+
+    def _targets(self, names: list[str], offsets: list[list[tuple[int, int]]], spans: list[list[Span]],
+                 device: str) -> Any:
+        import torch
+
+        index = {name: i for i, name in enumerate(names)}
+        return torch.tensor([[IGNORED if tag is None else index[tag] for tag in bio_tags(row, found)]
+                             for row, found in zip(offsets, spans)], device=device)  # noqa: B905
+
+    def _train(self, ctx: RunContext, schema: SchemaSpec, model: Any, tokenizer: Any, names: list[str],
+               train: list[tuple[str, list[Span]]], val: list[tuple[str, list[Span]]], steps: Steps) -> float:
+        import torch
+
+        settings = self.settings or read_settings(ctx)
+        per_epoch = math.ceil(parallel.share(len(train), ctx) / float(settings.batch_size))
+        optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
+        trained = parallel.wrap(model, ctx)
+        generator = torch.Generator().manual_seed(settings.seed)
+        mean_loss = float("nan")
+        for _epoch in range(settings.epochs):
+            model.train()
+            order = parallel.shard(torch.randperm(len(train), generator=generator).tolist(), ctx)
+            losses: list[float] = []
+            for start in range(0, len(order), settings.batch_size):
+                ctx.check_stop("during training")
+                chunk = [train[i] for i in order[start : start + settings.batch_size]]
+                batch, offsets = self._batch(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
+                loss = trained(**batch, labels=self._targets(names, offsets, [s for _, s in chunk], ctx.device)).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                losses.append(float(loss.detach()))
+                steps.advance(ctx, schema, losses[-1])
+            mean_loss = sum(losses) / len(losses)
+            self._evaluate(ctx, schema, model, tokenizer, names, val, steps.done)
+        return mean_loss
+
+    def _evaluate(self, ctx: RunContext, schema: SchemaSpec, model: Any, tokenizer: Any, names: list[str],
+                  val: list[tuple[str, list[Span]]], step: int) -> None:
+        """The val split's entity F1 (exact match) as a metric event."""
+        if not val:
+            return
+        found = self._spans(ctx, model, tokenizer, names, [t for t, _ in val])
+        gold = {i: [{"start": s[0], "end": s[1], "label": s[2]} for s in spans] for i, (_, spans) in enumerate(val)}
+        scores = score(gold, {i: spans for i, (spans, _) in enumerate(found)}, SPAN)
+        ctx.reporter.metric("val", ctx.metric_name(schema, "f1"), float(scores.get("f1") or 0.0), step)
+
+    def _spans(self, ctx: RunContext, model: Any, tokenizer: Any, names: list[str], texts: list[str]
+               ) -> list[tuple[list[dict[str, Any]], float | None]]:
+        """Each text's predicted spans and its least sure token decision."""
+        import torch
+
+        settings = self.settings or read_settings(ctx)
+        model.eval()
+        out: list[tuple[list[dict[str, Any]], float | None]] = []
+        for start in range(0, len(texts), settings.batch_size * 2):
+            batch, offsets = self._batch(tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length,
+                                         ctx.device)
+            with torch.no_grad():
+                rows = torch.softmax(model(**batch).logits.float(), dim=-1).cpu().tolist()
+            out += [spans_from_tags(o, r, names) for o, r in zip(offsets, rows)]  # noqa: B905
+        return out
+
+    def _model_for(self, ctx: RunContext, schema: SchemaSpec) -> tuple[Any, Any, list[str]]:
+        if schema.name not in self._models:
+            from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+            folder = os.path.join(ctx.workdir, slug(schema.name))
+            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
+            model = AutoModelForTokenClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
+            self._models[schema.name] = (tokenizer, model, [model.config.id2label[i]
+                                                             for i in range(model.config.num_labels)])
+        return self._models[schema.name]
+
+    def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
+        """Each item's spans, as the bare list Potato draws span prelabels from."""
+        items = list(items)
+        for schema in ctx.schemas:
+            tokenizer, model, names = self._model_for(ctx, schema)
+            found = self._spans(ctx, model, tokenizer, names, [item.text for item in items])
+            for item, (spans, least) in zip(items, found):  # noqa: B905 - runs on 3.8/3.9
+                yield Prediction(item.instance_id, schema.name, spans, least, bare=True)
