@@ -191,25 +191,6 @@ def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
                       f"(trainers: {', '.join(names)}){hint}")
 
 
-def _check_retrain_kinds(data: dict[str, Any], retrain: dict[str, Any], errors: list[str]) -> None:
-    """auto_retrain.schemas of a kind its trainer does not train: every auto run would be refused."""
-    from potato_queue.bundle import schema_kind
-    from potato_queue.trainers import trainer_info, trainers_for_kind
-
-    info = trainer_info(str(retrain.get("trainer")))
-    listed = retrain.get("schemas")
-    if info is None or not isinstance(listed, list):
-        return
-    by_name = {str(s.get("name")): s for s in data.get("annotation_schemes") or [] if isinstance(s, dict)}
-    for name in (str(schema) for schema in listed if str(schema) in by_name):
-        kind = schema_kind(by_name[name])
-        if kind not in info.kinds:
-            takers = trainers_for_kind(kind)
-            errors.append(f"model_training.auto_retrain.schemas names {name!r}, which is {kind}, and its trainer "
-                          f"{info.name} trains only {'/'.join(info.kinds)} schemes: every auto run would be refused; "
-                          + (f"train it with {' or '.join(takers)}" if takers else f"leave {name} out"))
-
-
 def _raw_mapping(value: Any) -> dict[str, Any]:
     """A mapping of the raw config, or {} where the config has something else (its own error says so)."""
     return value if isinstance(value, dict) else {}
@@ -253,7 +234,6 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
             hint = f"; did you mean '{close[0]}'?" if close else ""
             errors.append(f"{path} is {value!r}, which names no backend (configured: {', '.join(names)}){hint}")
     _check_retrain_trainer(retrain, errors)
-    _check_retrain_kinds(data, retrain, errors)
     schemes = [str(s.get("name")) for s in data.get("annotation_schemes") or [] if isinstance(s, dict)]
     writeback = _raw_mapping(mt.get("writeback"))
     for path, listed in (("model_training.writeback.schemas", writeback.get("schemas")), ("model_training.auto_retrain.schemas", retrain.get("schemas"))):
@@ -336,8 +316,35 @@ def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Rep
         report.errors.extend(_type_errors(exc))
         return report
     if not report.errors:
+        _check_retrain_fit(cfg, report.errors)
+    if not report.errors:
         report.config = cfg
     return report
+
+
+def _check_retrain_fit(config: ProjectConfig, errors: list[str]) -> None:
+    """An auto_retrain trainer that cannot train what it is given: auto_retrain.schemas of a kind it does not
+    declare, or items of a modality it does not (a text trainer on images); every auto run would be refused."""
+    from potato_queue.bundle import project_modality, schema_kind
+    from potato_queue.trainers import trainer_info, trainers_for_modality
+
+    retrain = config.model_training.auto_retrain
+    info = trainer_info(str(retrain.trainer)) if retrain.enabled and retrain.trainer else None
+    if info is None:
+        return
+    modality = project_modality(config, list(retrain.schemas) or None)
+    by_name = {str(s.get("name")): s for s in config.annotation_schemes}
+    for name in (n for n in retrain.schemas if n in by_name):
+        kind = schema_kind(by_name[name])
+        if kind not in info.kinds:
+            takers = trainers_for_modality(kind, modality)
+            errors.append(f"model_training.auto_retrain.schemas names {name!r}, which is {kind}, and its trainer "
+                          f"{info.name} trains only {'/'.join(info.kinds)} schemes: every auto run would be refused; "
+                          + (f"train it with {' or '.join(takers)}" if takers else f"leave {name} out"))
+    if modality not in info.modalities:
+        errors.append(f"model_training.auto_retrain.trainer is {info.name}, which trains on "
+                      f"{'/'.join(info.modalities)} items, and this project's items are of the {modality} "
+                      f"modality: every auto run would be refused; pick a trainer that takes {modality} items")
 
 
 def check_file(path: str | os.PathLike[str]) -> Report:

@@ -17,7 +17,7 @@ import pytest
 
 from potato_queue.errors import Conflict
 from potato_queue.runs.kinds import refuse_foreign_kinds, trainable_schemas
-from potato_queue.trainers import trainers_for_kind
+from potato_queue.trainers import trainers_for_kind, trainers_for_modality
 from potato_queue.validate import load_checked
 from tests.conftest import ROOT, run_cli
 from tests.lifecycle_helpers import Services, make_project
@@ -40,7 +40,8 @@ def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Pa
         refuse_foreign_kinds(config, "majority-baseline", ["sentiment", "topics"])
     assert refused.value.message == ("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains only "
                                      "nominal schemes")
-    assert trainers_for_kind("multilabel") == ["hf-text-classification", "sklearn-text"]
+    assert trainers_for_modality("multilabel", "text") == ["hf-text-classification", "sklearn-text"]
+    assert trainers_for_kind("multilabel") == ["hf-image-classification", "hf-text-classification", "sklearn-text"]
     assert refused.value.fix == "train topics with hf-text-classification or sklearn-text; majority-baseline takes sentiment here"
     with pytest.raises(Conflict) as refused:
         refuse_foreign_kinds(config, "sklearn-text", ["highlight"])

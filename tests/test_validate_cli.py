@@ -165,11 +165,13 @@ def test_default_or_retrain_backend_naming_no_backend(tmp_path: Path, key: str) 
 
 @pytest.mark.parametrize(("retrain", "wanted"), [
     ({"enabled": True}, "model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
-                        "(trainers: decision-calibrate, hf-llm-lora, hf-text-classification, hf-token-classification, "
+                        "(trainers: decision-calibrate, hf-image-classification, hf-llm-lora, hf-text-classification, "
+                        "hf-token-classification, "
                         "majority-baseline, sklearn-text, "
                         "potato-queue-remote)"),
     ({"enabled": True, "trainer": "sklearn-txt"}, "model_training.auto_retrain.trainer is 'sklearn-txt', which is no "
-     "trainer (trainers: decision-calibrate, hf-llm-lora, hf-text-classification, hf-token-classification, "
+     "trainer (trainers: decision-calibrate, hf-image-classification, hf-llm-lora, hf-text-classification, "
+     "hf-token-classification, "
      "majority-baseline, sklearn-text, "
      "potato-queue-remote); did you mean 'sklearn-text'?"),
 ])

@@ -457,15 +457,15 @@ def test_decision_calibrate_recalibrates_previous_predictions(tmp_path: Path) ->
 
 
 def test_registry_names_extras_and_local_only() -> None:
-    assert trainer_names() == ["decision-calibrate", "hf-llm-lora", "hf-text-classification", "hf-token-classification",
-                               "majority-baseline", "sklearn-text"]
+    assert trainer_names() == ["decision-calibrate", "hf-image-classification", "hf-llm-lora", "hf-text-classification",
+                               "hf-token-classification", "majority-baseline", "sklearn-text"]
     assert LOCAL_ONLY == {"decision-calibrate"}
     assert trainer_info("hf-text-classification").install_hint == "pip install 'potato-queue[train-text]'"
     assert trainer_info("hf-llm-lora").install_hint == "pip install 'potato-queue[train-llm]'"
     assert get_trainer("decision-calibrate").name == "decision-calibrate"
     # The server refuses a run by the registry's kinds, the worker by the class's: one answer from both.
-    assert {name: get_trainer(name).kinds for name in trainer_names()} == {
-        name: trainer_info(name).kinds for name in trainer_names()}
+    assert {name: (get_trainer(name).kinds, get_trainer(name).modalities) for name in trainer_names()} == {
+        name: (trainer_info(name).kinds, trainer_info(name).modalities) for name in trainer_names()}
     assert trainer_info("sklearn-text").kinds == ("nominal", "multilabel", "ordinal", "continuous")
     assert trainer_info("hf-token-classification").kinds == ("span",)
 

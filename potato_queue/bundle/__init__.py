@@ -34,6 +34,7 @@ from potato_queue.bundle.write import (
     DEFAULT_SPLITS,
     BundleBuild,
     bundle_rows,
+    items_modality,
     pack_bundle,
     prepare_out_dir,
     split_of,
@@ -41,8 +42,10 @@ from potato_queue.bundle.write import (
     write_splits,
 )
 from potato_queue.config import ProjectConfig
+from potato_queue.errors import PotatoQueueError
 
 __all__ = ["BUNDLE_VERSION", "TARGET_KINDS", "schema_kind", "target_schemas", "split_of", "build_bundle", "pack_bundle",
+           "project_modality",
            "count_annotations"]
 
 
@@ -78,3 +81,15 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
     rows, unlabeled = bundle_rows(build, items, references, targets, training.writeback.include_unlabeled)
     splits = write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
     return write_manifest(build, training, names, by_name, kinds, labels, splits, rows)
+
+
+def project_modality(config: ProjectConfig, schemas: Sequence[str] | None = None) -> str:
+    """What a run of `schemas` trains on (text, image, ...), from the config and its items, before any bundle
+    is built: what a trainer's modalities are checked against."""
+    by_name = {str(s.get("name")): s for s in config.annotation_schemes}
+    chosen = [by_name[n] for n in (schemas if schemas is not None else target_schemas(config)) if n in by_name]
+    try:
+        items = read_items(config)
+    except PotatoQueueError:
+        return "text"  # a missing data file: the bundle's build says so, with its fix
+    return items_modality(chosen, items, config.item_properties.text_key)

@@ -26,7 +26,7 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.worker.bundle import SCALES_FILE
 
 # The public names, then what build_bundle uses.
-__all__ = ["BUNDLE_VERSION", "DEFAULT_SPLITS", "pack_bundle", "split_of",
+__all__ = ["BUNDLE_VERSION", "DEFAULT_SPLITS", "pack_bundle", "split_of", "item_media", "items_modality",
            "BundleBuild", "prepare_out_dir", "bundle_rows", "write_manifest", "write_splits"]
 
 BUNDLE_VERSION = 1
@@ -95,7 +95,7 @@ def _row(build: BundleBuild, iid: str, item: Row, targets: Answers | None) -> Ro
     row: Row = {"instance_id": iid, "text": str(item.get(build.text_key, "") or "")}
     if targets is not None:
         row["targets"] = targets
-    reference = next((str(item[k]) for k in (build.source_field, *_MEDIA_KEYS) if k and item.get(k)), None)
+    reference = item_media(item, build.source_field)
     if reference:
         linked = _link_media(build, reference)
         row["media" if linked else "media_missing"] = linked or reference
@@ -146,6 +146,19 @@ def _digest(paths: Sequence[Path]) -> str:
         hasher.update(path.name.encode())
         hasher.update(path.read_bytes())
     return hasher.hexdigest()
+
+
+def item_media(item: Row, source_field: str | None) -> str | None:
+    """The media an item names (its scheme's source_field, else the first of Potato's media keys), if any."""
+    return next((str(item[k]) for k in (source_field, *_MEDIA_KEYS) if k and item.get(k)), None)
+
+
+def items_modality(schemes: Sequence[Mapping[str, Any]], items: Mapping[str, Row], text_key: str) -> str:
+    """The modality a bundle of these schemes would have, from the items alone (nothing linked): Potato's rule
+    over every item, where a bundle reads its labelled rows."""
+    source = schemes[0].get("source_field") if schemes else None
+    rows = [{"text": str(item.get(text_key, "") or ""), "media": item_media(item, source)} for item in items.values()]
+    return _modality(schemes, rows)
 
 
 def _modality(schemes: Sequence[Mapping[str, Any]], rows: Sequence[Row]) -> str:

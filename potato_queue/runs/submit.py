@@ -10,7 +10,7 @@ from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import Conflict, Invalid
 from potato_queue.executors import unavailable_reason
 from potato_queue.run import RunRecord
-from potato_queue.runs.kinds import refuse_foreign_kinds
+from potato_queue.runs.kinds import refuse_foreign_kinds, refuse_foreign_modality
 from potato_queue.store import RunStore
 
 __all__ = ["trainer_table", "choose_backend", "start_run"]
@@ -43,6 +43,7 @@ def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], back
         what = f"Unknown schema {strangers[0]!r}" if strangers else "No schema given"
         raise Invalid(f"{what}; schemas: {', '.join(config.schema_names())}")
     refuse_foreign_kinds(config, trainer, schemas)
+    refuse_foreign_modality(config, trainer, schemas)
     if trainers[trainer]["local_only"] and chosen != LOCAL:
         raise Invalid(
             f"{trainer} runs only on the local backend (it reads the previous run's files on this server); "

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from potato_queue.bundle import schema_kind
+from potato_queue.bundle import project_modality, schema_kind
 from potato_queue.config import LOCAL
 from potato_queue.run import RunState
 from potato_queue.runs.finalize import published_predictions
@@ -115,8 +115,11 @@ def trainers() -> dict[str, dict[str, Any]]:
 
 
 def schemas(request: Request) -> list[dict[str, Any]]:
-    """The config's schemes as written, each with Potato's kind of it (what a trainer must declare to take it)."""
-    return [{**scheme, "kind": schema_kind(scheme)} for scheme in request.app.state.config.annotation_schemes]
+    """The config's schemes as written, each with Potato's kind of it and the modality of its items (what a
+    trainer must declare to take it)."""
+    config = request.app.state.config
+    modality = project_modality(config)  # the items once, for every scheme
+    return [{**scheme, "kind": schema_kind(scheme), "modality": modality} for scheme in config.annotation_schemes]
 
 
 def _label(name: str, kind: str, host: str | None, device: str | None) -> str:

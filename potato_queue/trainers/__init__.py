@@ -1,4 +1,4 @@
-"""Trainers: hf-text-classification, sklearn-text, decision-calibrate.
+"""Trainers: the registry (registry.py) and each trainer's module.
 
 Importing this package is cheap (standard library only); each trainer
 imports its heavy packages inside its own functions.
@@ -16,6 +16,7 @@ from potato_queue.trainers.registry import (
     trainer_info,
     trainer_names,
     trainers_for_kind,
+    trainers_for_modality,
 )
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "trainer_info",
     "trainer_names",
     "trainers_for_kind",
+    "trainers_for_modality",
 ]

@@ -60,6 +60,7 @@ class DecisionCalibrateTrainer(Trainer):
     name: ClassVar[str] = "decision-calibrate"
     requires: ClassVar[tuple[str, ...]] = ()
     kinds: ClassVar[tuple[str, ...]] = ("nominal",)
+    modalities: ClassVar[tuple[str, ...]] = ("text", "image")  # it never reads the items
     learns_from_train: ClassVar[bool] = False  # fitted on val: a learning curve would be flat
 
     def __init__(self) -> None:

@@ -12,7 +12,7 @@ from typing import Any
 
 from potato_queue.trainers.common import param
 from potato_queue.trainers.hub import packaged_model
-from potato_queue.trainers.registry import TRAINERS
+from potato_queue.trainers.registry import TRAINERS, TrainerInfo
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.errors import ValidationFailed
 from potato_queue.worker.spec import SchemaSpec
@@ -20,7 +20,6 @@ from potato_queue.worker.spec import SchemaSpec
 __all__ = ["HFSettings", "read_settings", "Steps", "load_base", "apply_lora", "encode", "optimizer_for"]
 
 INFO = TRAINERS["hf-text-classification"]  # its params' defaults
-DEFAULT_MODEL = str(INFO.default("model_name"))
 LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}
 
 
@@ -66,11 +65,12 @@ def _lora_settings(value: Any) -> dict[str, Any] | None:
     return {**LORA_DEFAULTS, **value}
 
 
-def read_settings(ctx: RunContext) -> HFSettings:
-    """The run's :class:`HFSettings` (:class:`ValidationFailed` on a bad value)."""
+def read_settings(ctx: RunContext, info: TrainerInfo = INFO) -> HFSettings:
+    """The run's :class:`HFSettings` (:class:`ValidationFailed` on a bad value); *info*: the trainer whose
+    defaults apply (hf-text-classification's, which its token and image siblings share but the model)."""
     lora = _lora_settings(ctx.params.get("lora"))
     settings = HFSettings(
-        model_name=param(ctx, "model_name", DEFAULT_MODEL, str),
+        model_name=param(ctx, "model_name", str(info.default("model_name")), str),
         epochs=param(ctx, "epochs", INFO.default("epochs"), int),
         learning_rate=param(ctx, "learning_rate", 2e-4 if lora else INFO.default("learning_rate"), float),
         batch_size=param(ctx, "batch_size", INFO.default("batch_size"), int),
@@ -138,17 +138,20 @@ def load_base(settings: HFSettings, labels: list[str], device: str, offline: boo
     return tokenizer, model.to(device)
 
 
-def apply_lora(ctx: RunContext, model: Any, lora: dict[str, Any], per_token: bool = False) -> Any:
-    """Wrap *model* with LoRA adapters (peft); only adapters and the head train (a tagger's: *per_token*)."""
+def apply_lora(ctx: RunContext, model: Any, lora: dict[str, Any], task: str | None = "SEQ_CLS") -> Any:
+    """Wrap *model* with LoRA adapters (peft); only adapters and the head train. *task*: peft's TaskType name
+    (SEQ_CLS, TOKEN_CLS), or None for a model peft has no task for (an image classifier), whose head
+    (`classifier`) is then trained in full beside the adapters."""
     from peft import LoraConfig, TaskType, get_peft_model
 
     def config(targets: Any) -> Any:
         return LoraConfig(
-            task_type=TaskType.TOKEN_CLS if per_token else TaskType.SEQ_CLS,
+            task_type=TaskType[task] if task else None,
             r=int(lora["r"]),
             lora_alpha=int(lora["alpha"]),
             lora_dropout=float(lora["dropout"]),
             target_modules=targets,
+            modules_to_save=None if task else ["classifier"],
         )
 
     try:

@@ -31,6 +31,7 @@ from potato_queue.trainers.hf_text_parts import (
     read_settings,
 )
 from potato_queue.trainers.hub import not_cached, offline_for
+from potato_queue.trainers.registry import TRAINERS
 from potato_queue.trainers.spans import bio_tags, drop_overlaps, labelled_spans, spans_from_tags, tag_names
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import TrainerError
@@ -41,6 +42,7 @@ from potato_queue.worker.spec import SchemaSpec
 __all__ = ["HFTokenClassificationTrainer", "CARD_FILE"]
 
 CARD_FILE = "model_card.json"
+INFO = TRAINERS["hf-token-classification"]  # its params' defaults
 IGNORED = -100  # the loss leaves these tokens out (the tokenizer's own, and padding)
 EXAMPLES_SAID = 3
 
@@ -65,7 +67,7 @@ class HFTokenClassificationTrainer(Trainer):
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Span schemes with two or more train items that have spans, sane params, a model that exists."""
-        self.settings = read_settings(ctx)
+        self.settings = read_settings(ctx, INFO)
         problems = super().validate(ctx)
         for schema in ctx.schemas if not problems else []:
             texts, _, _ = labelled_spans(ctx.bundle, "train", schema.name)
@@ -83,7 +85,7 @@ class HFTokenClassificationTrainer(Trainer):
             return self._fit(ctx)
 
     def _fit(self, ctx: RunContext) -> FitResult:
-        settings = self.settings or read_settings(ctx)
+        settings = self.settings or read_settings(ctx, INFO)
         seed_everything(settings.seed)
         data = {s.name: self._train_spans(ctx, s) for s in ctx.schemas}
         steps = Steps(settings.epochs * sum(math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
@@ -119,7 +121,7 @@ class HFTokenClassificationTrainer(Trainer):
 
     def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, texts: list[str], spans: list[list[Span]],
                     steps: Steps) -> dict[str, float]:
-        settings = self.settings or read_settings(ctx)
+        settings = self.settings or read_settings(ctx, INFO)
         names = tag_names(sorted({s[2] for found in spans for s in found}))
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
         try:
@@ -132,7 +134,7 @@ class HFTokenClassificationTrainer(Trainer):
             raise TrainerError(f"{settings.model_name}'s tokenizer gives no character offsets (it is not a fast "
                                f"tokenizer), so spans cannot become token tags; choose a model with a fast tokenizer")
         if settings.lora:
-            model = apply_lora(ctx, model, settings.lora, per_token=True)
+            model = apply_lora(ctx, model, settings.lora, task="TOKEN_CLS")
         val_texts, val_spans, _ = labelled_spans(ctx.bundle, "val", schema.name)
         ctx.reporter.status("running", f"training {schema.name} on {len(texts)} items")
         loss = self._train(ctx, schema, model, tokenizer, names, list(zip(texts, spans)),  # noqa: B905
@@ -166,7 +168,7 @@ class HFTokenClassificationTrainer(Trainer):
                train: list[tuple[str, list[Span]]], val: list[tuple[str, list[Span]]], steps: Steps) -> float:
         import torch
 
-        settings = self.settings or read_settings(ctx)
+        settings = self.settings or read_settings(ctx, INFO)
         per_epoch = math.ceil(parallel.share(len(train), ctx) / float(settings.batch_size))
         optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
         trained = parallel.wrap(model, ctx)
@@ -207,7 +209,7 @@ class HFTokenClassificationTrainer(Trainer):
         """Each text's predicted spans and its least sure token decision."""
         import torch
 
-        settings = self.settings or read_settings(ctx)
+        settings = self.settings or read_settings(ctx, INFO)
         model.eval()
         out: list[tuple[list[dict[str, Any]], float | None]] = []
         for start in range(0, len(texts), settings.batch_size * 2):

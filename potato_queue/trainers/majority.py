@@ -36,6 +36,7 @@ HOLD_TICK_S = 0.2
 class MajorityBaselineTrainer(Trainer):
     name: ClassVar[str] = "majority-baseline"
     kinds: ClassVar[tuple[str, ...]] = ("nominal",)
+    modalities: ClassVar[tuple[str, ...]] = ("text", "image")  # it never reads the items
 
     def __init__(self) -> None:
         self._model: dict[str, dict[str, object]] = {}

@@ -13,6 +13,7 @@ Pure Python over lists of floats: the trainers hand in their probabilities.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from potato_queue.trainers.common import schema_labels, validate_nominal
 from potato_queue.worker.api import Prediction, RunContext
@@ -20,11 +21,17 @@ from potato_queue.worker.bundle import Bundle
 from potato_queue.worker.scoring import MULTILABEL, SCALE_KINDS
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["DEFAULT_THRESHOLD", "labelled_sets", "choose_thresholds", "set_prediction", "validate_multilabel",
+__all__ = ["DEFAULT_THRESHOLD", "chosen_labels", "labelled_sets", "choose_thresholds", "set_prediction", "validate_multilabel",
            "validate_by_kind"]
 
 DEFAULT_THRESHOLD = 0.5
 SCORE_DIGITS = 4
+
+
+def chosen_labels(row: dict[str, Any], schema: str) -> list[str]:
+    """A bundle row's set of labels for *schema* (a lone label is a set of one; none is empty)."""
+    target = (row.get("targets") or {}).get(schema)
+    return [str(x) for x in target] if isinstance(target, list) else [] if target in (None, "") else [str(target)]
 
 
 def labelled_sets(bundle: Bundle, split: str, schema: str) -> tuple[list[str], list[list[str]]]:
@@ -32,8 +39,7 @@ def labelled_sets(bundle: Bundle, split: str, schema: str) -> tuple[list[str], l
     texts: list[str] = []
     sets: list[list[str]] = []
     for row in bundle.read_split(split):
-        target = (row.get("targets") or {}).get(schema)
-        chosen = [str(x) for x in target] if isinstance(target, list) else [] if target in (None, "") else [str(target)]
+        chosen = chosen_labels(row, schema)
         if chosen:
             texts.append(str(row.get("text") or ""))
             sets.append(chosen)

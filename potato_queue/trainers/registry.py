@@ -23,6 +23,7 @@ __all__ = [
     "trainer_names",
     "trainer_info",
     "trainers_for_kind",
+    "trainers_for_modality",
     "get_trainer_class",
     "get_trainer",
     "install_hint",
@@ -30,7 +31,7 @@ __all__ = [
 
 
 # pip's name for an import name, where they differ.
-PIP_NAMES = {"sklearn": "scikit-learn"}
+PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow"}
 
 
 def potato_queue_installed() -> bool:
@@ -66,6 +67,8 @@ class TrainerInfo:
     #: The pip extra holding the trainer's packages (``""``: none needed).
     extra: str = ""
     kinds: tuple[str, ...] = ("nominal",)
+    #: What its items must be (a bundle's modality: text, image, ...).
+    modalities: tuple[str, ...] = ("text",)
     local_only: bool = False
     #: The params a run may set and their defaults (the trainer reads its defaults from here; the page shows them).
     params: tuple[tuple[str, object], ...] = ()
@@ -89,6 +92,7 @@ class TrainerInfo:
             "extra": self.extra,
             "install_hint": self.install_hint,
             "kinds": list(self.kinds),
+            "modalities": list(self.modalities),
             "local_only": self.local_only,
             "params": dict(self.params),
             "packages": list(self.packages),
@@ -121,6 +125,18 @@ TRAINERS: dict[str, TrainerInfo] = {
             packages=("torch", "transformers"),
         ),
         TrainerInfo(
+            name="hf-image-classification",
+            target="potato_queue.trainers.hf_image:HFImageClassificationTrainer",
+            description="Fine-tunes a transformers image classifier (ViT, ConvNeXt, ...) on the items' images "
+                        "(one sigmoid a label for a multiselect; optionally LoRA via peft).",
+            extra="train-image",
+            kinds=("nominal", "multilabel"),
+            modalities=("image",),
+            params=(("model_name", "google/vit-base-patch16-224-in21k"), ("epochs", 3), ("learning_rate", 5e-5),
+                    ("batch_size", 16), ("lora", None)),
+            packages=("torch", "transformers", "PIL"),
+        ),
+        TrainerInfo(
             name="hf-llm-lora",
             target="potato_queue.trainers.hf_llm:HFLLMLoRATrainer",
             description="Fine-tunes a decoder LLM (Llama, Qwen, Mistral, Phi) as a classifier with LoRA; 4-bit "
@@ -148,12 +164,14 @@ TRAINERS: dict[str, TrainerInfo] = {
             description="Predicts each schema's most frequent training label: the floor to beat, and a fast end-to-end check.",
             # hold_s: a run that lasts that long and costs nothing, to try cancel, heartbeats and limits on a backend.
             params=(("hold_s", 0),),
+            modalities=("text", "image"),  # it never reads the items
         ),
         TrainerInfo(
             name="decision-calibrate",
             target="potato_queue.trainers.decision_calibrate:DecisionCalibrateTrainer",
             description="No retraining: temperature-scales the latest run's confidences on the val split.",
             local_only=True,
+            modalities=("text", "image"),
         ),
     )
 }
@@ -175,6 +193,13 @@ def trainer_info(name: str) -> TrainerInfo | None:
 def trainers_for_kind(kind: str) -> list[str]:
     """The trainers that declare schema kind *kind*, sorted."""
     return [name for name in trainer_names() if kind in TRAINERS[name].kinds]
+
+
+def trainers_for_modality(kind: str, modality: str) -> list[str]:
+    """The trainers that train schema kind *kind* on items of *modality*, sorted (what a refusal suggests: not
+    decision-calibrate, local only, which recalibrates a run rather than trains one)."""
+    return [name for name in trainers_for_kind(kind) if modality in TRAINERS[name].modalities
+            and not TRAINERS[name].local_only]
 
 
 def get_trainer_class(name: str) -> type[Trainer]:

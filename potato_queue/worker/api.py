@@ -197,6 +197,8 @@ class Trainer:
     requires: ClassVar[Tuple[str, ...]] = ()
     #: Schema kinds this trainer fits.
     kinds: ClassVar[Tuple[str, ...]] = ("nominal",)
+    #: What the items must be (the bundle's modality).
+    modalities: ClassVar[Tuple[str, ...]] = ("text",)
     #: Whether the worker should resolve ``limits.device`` through torch.
     uses_torch: ClassVar[bool] = False
     #: Save a checkpoint every this many steps unless params.checkpoint_every_steps says (0: only when preempted).
@@ -213,7 +215,10 @@ class Trainer:
 
     def validate(self, ctx: RunContext) -> List[str]:
         """Reasons the run cannot proceed; empty means go."""
-        return [
+        foreign = ([] if ctx.bundle.modality in self.modalities else
+                   ["The bundle's items are of the %s modality; %s trains on %s items" % (
+                       ctx.bundle.modality, self.name, "/".join(self.modalities))])
+        return foreign + [
             "Schema '%s' is %s; %s fits %s schemas" % (s.name, s.kind or "of a kind the bundle does not name", self.name,
                                                         "/".join(self.kinds))
             for s in ctx.schemas

@@ -13,7 +13,7 @@ async function loadForm() {
   const box = document.getElementById("schemas");
   for (const s of schemas) {
     const id = "schema-" + s.name;
-    box.append(el("label", {for: id, "data-kind": s.kind, "data-type": s.annotation_type || ""},
+    box.append(el("label", {for: id, "data-kind": s.kind, "data-type": s.annotation_type || "", "data-modality": s.modality || "text"},
                   el("input", {type: "checkbox", id, name: "schema", value: s.name, checked: ""}), " " + s.name,
                   el("small", {class: "schema-why"})));
   }
@@ -24,14 +24,16 @@ async function loadForm() {
 
 // A trainer runs only on the kinds it declares: the others' boxes are off, and say why (the server refuses them too).
 function offerSchemes(name, info) {
-  const kinds = info.kinds || [];
+  const kinds = info.kinds || [], modalities = info.modalities || ["text"];
   for (const label of document.querySelectorAll("#schemas label[data-kind]")) {
-    const input = label.querySelector("input"), takes = kinds.includes(label.dataset.kind);
+    const input = label.querySelector("input"), kindOk = kinds.includes(label.dataset.kind);
+    const takes = kindOk && modalities.includes(label.dataset.modality);
     if (input.disabled === takes) input.checked = takes;
     input.disabled = !takes;
-    label.querySelector(".schema-why").textContent = takes ? "" :
+    label.querySelector(".schema-why").textContent = takes ? "" : !kindOk ?
       " (" + label.dataset.kind + (label.dataset.type ? ", " + label.dataset.type : "") + ": " + name + " trains " +
-      (kinds.join("/") || "no") + " schemes)";
+      (kinds.join("/") || "no") + " schemes)" :
+      " (" + label.dataset.modality + " items: " + name + " trains on " + modalities.join("/") + " items)";
   }
 }
 

@@ -1,0 +1,274 @@
+"""``hf-image-classification``: fine-tune a transformers image classifier on a project whose items are images.
+
+The items' images are the bundle's ``media/`` (each row's ``media``; a URL is fetched from the training
+machine); ``AutoImageProcessor`` and ``AutoModelForImageClassification`` (ViT, ConvNeXt, BEiT, Swin, ...),
+one model per radio scheme (softmax) or multiselect (one sigmoid a label, thresholds on val: hf_heads.py),
+the same torch loop as hf-text-classification (AdamW, warmup/decay, clipping; LoRA through peft with the
+head trained in full; data-parallel over several GPUs). Params: ``model_name`` (default
+``google/vit-base-patch16-224-in21k``; a local folder is never looked up on the hub), ``epochs`` (3),
+``learning_rate`` (5e-5, or 2e-4 with LoRA), ``batch_size`` (16), ``lora``, ``seed``, ``weight_decay``,
+``warmup_ratio``, ``log_every``. Each scheme's model and image processor are saved into
+``<workdir>/<schema>/``.
+
+An image this machine cannot read (a missing file, a URL it cannot reach, a file that is not an image)
+is left out of training and gets no prediction, and run.log names the item and why: a run never fails
+for a few bad files. It fails, saying so, when no train image of a scheme can be read.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import urllib.request
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict
+from typing import Any, ClassVar
+
+from potato_queue.trainers import parallel
+from potato_queue.trainers.common import model_version, nominal_target, seed_everything, slug, write_json
+from potato_queue.trainers.hf_heads import Head, head_for, saved_head
+from potato_queue.trainers.hf_text_parts import HFSettings, Steps, apply_lora, optimizer_for, read_settings
+from potato_queue.trainers.hub import not_cached, offline_for
+from potato_queue.trainers.multilabel import chosen_labels, validate_by_kind
+from potato_queue.trainers.registry import TRAINERS
+from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
+from potato_queue.worker.bundle import Bundle
+from potato_queue.worker.errors import TrainerError
+from potato_queue.worker.scoring import MULTILABEL, score
+from potato_queue.worker.spec import SchemaSpec
+
+__all__ = ["HFImageClassificationTrainer", "CARD_FILE", "read_image"]
+
+CARD_FILE = "model_card.json"
+INFO = TRAINERS["hf-image-classification"]  # its params' defaults
+FETCH_TIMEOUT_S = 20.0
+NAMED_IN_LOG = 50  # unreadable images named one by one in run.log, the rest counted
+
+
+def read_image(bundle: Bundle, row: dict[str, Any]) -> tuple[Any, str | None]:
+    """A row's image as an RGB PIL image, or None and why this machine cannot read it."""
+    from PIL import Image, UnidentifiedImageError
+
+    reference = row.get("media")
+    if not reference:
+        missing = row.get("media_missing")
+        return None, f"its file {missing} was missing when the bundle was built" if missing else "it names no image"
+    where = bundle.resolve_media(str(reference))
+    try:
+        if where.startswith(("http://", "https://")):
+            with urllib.request.urlopen(where, timeout=FETCH_TIMEOUT_S) as reply:  # noqa: S310 - http(s) only
+                data: Any = io.BytesIO(reply.read())
+        else:
+            data = where
+        with Image.open(data) as image:
+            return image.convert("RGB"), None
+    except (OSError, UnidentifiedImageError, ValueError) as exc:
+        return None, f"{where} cannot be read here ({type(exc).__name__}: {exc})"
+
+
+class HFImageClassificationTrainer(Trainer):
+    """Fine-tunes one transformers image classifier per radio scheme or multiselect over image items."""
+
+    name: ClassVar[str] = "hf-image-classification"
+    requires: ClassVar[tuple[str, ...]] = ("torch", "transformers", "PIL")
+    kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL)
+    modalities: ClassVar[tuple[str, ...]] = ("image",)
+    uses_torch: ClassVar[bool] = True
+    data_parallel: ClassVar[bool] = True
+
+    def __init__(self) -> None:
+        self.settings: HFSettings | None = None
+        self._models: dict[str, tuple[Any, Any, Head]] = {}  # schema: (image processor, model, head)
+        self.offline = False
+
+    def required_modules(self, params: dict[str, Any]) -> list[str]:
+        lora = params.get("lora")
+        return list(self.requires) + (["peft"] if lora not in (None, False, "false", "False", 0) else [])
+
+    def validate(self, ctx: RunContext) -> list[str]:
+        """Image items, radio or multiselect schemes with two labels and train items, a model that exists."""
+        self.settings = read_settings(ctx, INFO)
+        problems = super().validate(ctx) or validate_by_kind(ctx, min_train=2)
+        name = self.settings.model_name
+        if name.startswith((".", "/", "~")) and not self.settings.local_model:
+            problems.append(f"params.model_name {name} is not a folder on this machine")
+        self.offline = offline_for(name, self.settings.local_model, ctx.reporter.log)
+        return problems
+
+    def fit(self, ctx: RunContext) -> FitResult:
+        with parallel.data_parallel(ctx):
+            return self._fit(ctx)
+
+    def _fit(self, ctx: RunContext) -> FitResult:
+        settings = self.settings or read_settings(ctx, INFO)
+        seed_everything(settings.seed)
+        heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
+        data = {s.name: self._readable(ctx, s, "train", heads[s.name]) for s in ctx.schemas}
+        steps = Steps(settings.epochs * sum(math.ceil(parallel.share(len(rows), ctx) / float(settings.batch_size))
+                                            for rows in data.values()), settings.log_every)
+        metrics: dict[str, float] = {}
+        card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
+        for schema in ctx.schemas:
+            head, train = heads[schema.name], data[schema.name]
+            metrics.update(self._fit_schema(ctx, schema, head, train, steps))
+            card["schemas"][schema.name] = {"folder": slug(schema.name), "kind": schema.kind or "nominal",
+                                            "label_order": head.outputs, "n_train": len(train), **head.card()}
+        if ctx.main_rank:
+            write_json(os.path.join(ctx.workdir, CARD_FILE), card)
+        return FitResult(model_version=model_version(self.name, ctx.spec.run_id),
+                         artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas], metrics=metrics,
+                         label_order=heads[ctx.schemas[0].name].outputs,
+                         notes=[f"base model: {settings.model_name}"], steps=steps.done)
+
+    def _readable(self, ctx: RunContext, schema: SchemaSpec, split: str, head: Head) -> list[tuple[Any, Any, Any]]:
+        """(image, target, answer) of *split*'s answered rows whose image this machine reads; the others named in
+        run.log."""
+        out, unreadable = [], []
+        for row in ctx.bundle.read_split(split):
+            answer = chosen_labels(row, schema.name) if schema.kind == MULTILABEL else nominal_target(row, schema.name)
+            target = head.target(answer) if answer else None
+            if target is None:
+                continue
+            image, why = read_image(ctx.bundle, row)
+            if image is None:
+                unreadable.append(f"{row['instance_id']} ({why})")
+            else:
+                out.append((image, target, answer))
+        _say_unreadable(ctx, f"{split} item(s) of {schema.name}", unreadable, "left out of training")
+        if split == "train" and not out:
+            raise TrainerError(f"No train image of {schema.name} could be read on this machine; run.log names each "
+                               f"item and why (check that the bundle's media/ came with it, or that its URLs answer)")
+        return out
+
+    def _load(self, ctx: RunContext, head: Head) -> tuple[Any, Any]:
+        from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+        settings = self.settings or read_settings(ctx, INFO)
+        local = {"local_files_only": True} if settings.local_model or self.offline else {}
+        try:
+            processor = AutoImageProcessor.from_pretrained(settings.load_from, **local)
+            model = AutoModelForImageClassification.from_pretrained(
+                settings.load_from, num_labels=len(head.outputs), id2label=dict(enumerate(head.outputs)),
+                label2id={label: i for i, label in enumerate(head.outputs)}, ignore_mismatched_sizes=True,
+                **({"problem_type": head.problem_type} if head.problem_type else {}), **local)
+        except OSError as exc:
+            if self.offline and not settings.local_model:
+                raise not_cached(settings.model_name, exc) from exc
+            raise
+        return processor, model.to(ctx.device)
+
+    def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, head: Head, train: list[tuple[Any, Any, Any]],
+                    steps: Steps) -> dict[str, float]:
+        settings = self.settings or read_settings(ctx, INFO)
+        ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
+        processor, model = self._load(ctx, head)
+        if settings.lora:
+            model = apply_lora(ctx, model, settings.lora, task=None)
+        val = self._readable(ctx, schema, "val", head)
+        ctx.reporter.status("running", f"training {schema.name} on {len(train)} images")
+        loss = self._train(ctx, schema, head, model, processor, train, val, steps)
+        if settings.lora:
+            model = model.merge_and_unload()
+        self._models[schema.name] = (processor, model, head)
+        head.tune(self._outputs(ctx, schema, [image for image, _, _ in val]), [answer for _, _, answer in val])
+        if ctx.main_rank:
+            folder = os.path.join(ctx.workdir, slug(schema.name))
+            model.save_pretrained(folder)
+            processor.save_pretrained(folder)
+            head.save(folder)
+        return {ctx.metric_name(schema, "train_loss"): loss, ctx.metric_name(schema, "n_train"): float(len(train))}
+
+    def _pixels(self, processor: Any, images: list[Any], device: str) -> Any:
+        return processor(images=images, return_tensors="pt")["pixel_values"].to(device)
+
+    def _train(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, processor: Any,
+               train: list[tuple[Any, Any, Any]], val: list[tuple[Any, Any, Any]], steps: Steps) -> float:
+        import torch
+
+        settings = self.settings or read_settings(ctx, INFO)
+        per_epoch = math.ceil(parallel.share(len(train), ctx) / float(settings.batch_size))
+        optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
+        trained = parallel.wrap(model, ctx)
+        generator = torch.Generator().manual_seed(settings.seed)
+        mean_loss = float("nan")
+        for _epoch in range(settings.epochs):
+            model.train()
+            order = parallel.shard(torch.randperm(len(train), generator=generator).tolist(), ctx)
+            losses: list[float] = []
+            for start in range(0, len(order), settings.batch_size):
+                ctx.check_stop("during training")
+                chunk = [train[i] for i in order[start : start + settings.batch_size]]
+                pixels = self._pixels(processor, [image for image, _, _ in chunk], ctx.device)
+                loss = trained(pixel_values=pixels, labels=torch.tensor([y for _, y, _ in chunk], device=ctx.device)).loss
+                loss.backward()
+                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
+                optimizer.step()
+                scheduler.step()
+                optimizer.zero_grad()
+                losses.append(float(loss.detach()))
+                steps.advance(ctx, schema, losses[-1])
+            mean_loss = sum(losses) / len(losses)
+            self._evaluate(ctx, schema, head, model, processor, val, steps.done)
+        return mean_loss
+
+    def _evaluate(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, processor: Any,
+                  val: list[tuple[Any, Any, Any]], step: int) -> None:
+        """The val split's accuracy (a multiselect's: the whole set right at 0.5) as a metric event."""
+        if not val:
+            return
+        self._models[schema.name] = (processor, model, head)
+        rows = self._outputs(ctx, schema, [image for image, _, _ in val])
+        predicted = {i: head.prediction("", schema.name, row).label for i, row in enumerate(rows)}
+        scores = score({i: answer for i, (_, _, answer) in enumerate(val)}, predicted, head.kind)
+        ctx.reporter.metric("val", ctx.metric_name(schema, "accuracy"), float(scores["accuracy"] or 0.0), step)
+
+    def _outputs(self, ctx: RunContext, schema: SchemaSpec, images: list[Any]) -> list[list[float]]:
+        import torch
+
+        settings = self.settings or read_settings(ctx, INFO)
+        processor, model, head = self._model_for(ctx, schema)
+        model.eval()
+        rows: list[list[float]] = []
+        for start in range(0, len(images), settings.batch_size * 2):
+            with torch.no_grad():
+                logits = model(pixel_values=self._pixels(processor, images[start : start + settings.batch_size * 2],
+                                                         ctx.device)).logits.float()
+            rows += head.activate(logits)
+        return rows
+
+    def _model_for(self, ctx: RunContext, schema: SchemaSpec) -> tuple[Any, Any, Head]:
+        if schema.name not in self._models:
+            from transformers import AutoImageProcessor, AutoModelForImageClassification
+
+            folder = os.path.join(ctx.workdir, slug(schema.name))
+            processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
+            model = AutoModelForImageClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
+            self._models[schema.name] = (processor, model, saved_head(folder, model.config))
+        return self._models[schema.name]
+
+    def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
+        """Each readable item's prediction by its scheme's head; an unreadable image gets none (named in run.log)."""
+        settings = self.settings or read_settings(ctx, INFO)
+        readable, unreadable = [], []
+        for item in items:
+            image, why = read_image(ctx.bundle, item.row)
+            if image is None:
+                unreadable.append(f"{item.instance_id} ({why})")
+            else:
+                readable.append((item, image))
+        _say_unreadable(ctx, "item(s) to predict", unreadable, "given no prediction")
+        for schema in ctx.schemas:
+            _, _, head = self._model_for(ctx, schema)
+            for start in range(0, len(readable), settings.batch_size * 2):
+                chunk = readable[start : start + settings.batch_size * 2]
+                rows = self._outputs(ctx, schema, [image for _, image in chunk])
+                for (item, _), row in zip(chunk, rows):  # noqa: B905 - runs on 3.8/3.9
+                    yield head.prediction(item.instance_id, schema.name, row)
+
+
+def _say_unreadable(ctx: RunContext, what: str, unreadable: list[str], fate: str) -> None:
+    if unreadable:
+        more = len(unreadable) - NAMED_IN_LOG
+        ctx.reporter.log("warning", f"{len(unreadable)} {what} have an image this machine cannot read, {fate}: "
+                                    + "; ".join(unreadable[:NAMED_IN_LOG]) + (f"; and {more} more" if more > 0 else ""))

@@ -1,0 +1,171 @@
+"""Images: a project whose items are pictures (circles and squares, drawn here), trained by
+hf-image-classification for real.
+
+A tiny ViT is built from a config (no download) and fine-tuned on the CPU through the queue (a real
+server, Redis, executor and agent on the local backend, and the ssh backend against a real sshd, where
+the pictures travel inside the bundle); a radio scheme (the shape) and a multiselect (the colours).
+Two labelled items have an image no machine can read, a file gone and a URL that does not answer: the
+run names both in run.log and goes on. A text trainer is refused before the run is queued.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths
+from tests.sshd import Sshd
+from tests.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
+from tests.test_ssh_backend import BACKEND, gpu_server
+
+SIZE = 32
+COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220)}
+SCHEMES = [{"annotation_type": "radio", "name": "shape", "description": "Which shape?", "labels": ["circle", "square"]},
+           {"annotation_type": "multiselect", "name": "colours", "description": "Which colours?",
+            "labels": ["red", "blue"]}]
+GONE, UNREACHABLE = "p900", "p901"  # labelled items whose image cannot be read
+
+
+@pytest.fixture(scope="module")
+def tiny_vit(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 2-layer, 32-wide ViT over 32x32 pictures in 8x8 patches, with its image processor: built here."""
+    from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
+
+    folder = tmp_path_factory.mktemp("tiny-vit")
+    config = ViTConfig(image_size=SIZE, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                       intermediate_size=64, num_labels=2)
+    ViTForImageClassification(config).save_pretrained(folder)
+    ViTImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
+    return folder
+
+
+def test_hf_image_classification_learns_shapes_and_colours_and_names_the_images_it_cannot_read(
+        tmp_path: Path, redis_server_url: str, tiny_vit: Path) -> None:
+    with images_stack(tmp_path, redis_server_url) as svc:
+        status, refused = svc.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["shape"]})
+        assert status == 409, refused
+        assert refused["detail"].startswith("The items of shape are of the image modality (Potato's rule: most items "
+                                            "name a file of that kind), and sklearn-text trains on text items"), refused
+        assert "train them with hf-image-classification or majority-baseline" in refused["detail"], refused
+        run_id = svc.start_run(trainer="hf-image-classification", schemas=["shape", "colours"], params={
+            "model_name": str(tiny_vit), "epochs": 20, "batch_size": 16, "learning_rate": 3e-3})
+        run = svc.wait_for(run_id, TERMINAL, 300)
+        log = run_paths(svc, run_id).run_log.read_text()
+        assert run["state"] == "succeeded", (run, log)
+        held = run["held_out"]
+        assert held["shape"]["test"]["accuracy"] >= 0.8 and held["colours"]["test"]["micro_f1"] >= 0.8, held
+        assert f"{GONE} (its file images/{GONE}.png was missing when the bundle was built)" in log, log
+        assert f"{UNREACHABLE} (http://127.0.0.1:9/{UNREACHABLE}.png cannot be read here" in log, log
+        lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
+        assert not {GONE, UNREACHABLE} & {p["instance_id"] for p in lines}, "no prediction without an image"
+        shapes = [p for p in lines if p["schema_name"] == "shape"]
+        assert shapes and all(p["payload"]["label"] in ("circle", "square") for p in shapes)
+        assert all(isinstance(p["payload"], list) for p in lines if p["schema_name"] == "colours")
+        saved = run_paths(svc, run_id).artifacts
+        assert (saved / "shape" / "preprocessor_config.json").is_file() and (saved / "colours" / "thresholds.json").is_file()
+
+
+def test_an_image_project_trains_on_the_ssh_backend_with_its_pictures_in_the_bundle(
+        tmp_path: Path, redis_server_url: str, sshd: Sshd, tiny_vit: Path) -> None:
+    sshd.write_config("root")
+    with images_stack(tmp_path, redis_server_url, {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
+                      **gpu_server(tmp_path, python=sys.executable)) as svc:
+        run_id = svc.start_run(trainer="hf-image-classification", schemas=["shape"], backend=BACKEND, params={
+            "model_name": str(tiny_vit), "epochs": 3, "batch_size": 16, "learning_rate": 3e-3})
+        run = svc.wait_for(run_id, TERMINAL, 300)
+        assert run["state"] == "succeeded" and run["ran_on"] == BACKEND, (run, svc.logs())
+        assert run["held_out"]["shape"]["test"]["n"] > 0
+        assert (run_paths(svc, run_id).artifacts / "shape" / "config.json").is_file(), "the model came back"
+
+
+@contextmanager
+def images_stack(tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None,
+                 **training: Any) -> Iterator[Services]:
+    config = make_project(tmp_path, **training)
+    make_image_project(config)
+    svc = Services(config, redis_url, tmp_path)
+    svc.serve()
+    try:
+        svc.executor(env=executor_env)
+        yield svc
+    finally:
+        svc.stop()
+
+
+def draw(path: Path, shape: str, colour: str, second: str | None, rng: random.Random) -> None:
+    """A white picture with one filled circle or square, and maybe a small dot of a second colour in a corner."""
+    from PIL import Image, ImageDraw
+
+    image = Image.new("RGB", (SIZE, SIZE), "white")
+    pen = ImageDraw.Draw(image)
+    half = rng.randint(10, 12)  # near the middle: a square's corners fill the patches a circle leaves white
+    x, y = SIZE // 2 + rng.randint(-1, 1), SIZE // 2 + rng.randint(-1, 1)
+    box = (x - half, y - half, x + half, y + half)
+    (pen.ellipse if shape == "circle" else pen.rectangle)(box, fill=COLOURS[colour])
+    if second:
+        pen.rectangle((0, 0, 4, 4), fill=COLOURS[second])
+    image.save(path)
+
+
+def make_image_project(config: Path, n: int = 140, seed: int = 0) -> None:
+    """The project becomes pictures: `n` drawn items (every seventh unlabelled), one answer each, as Potato stores a
+    radio's and a multiselect's; and the two labelled items whose image cannot be read."""
+    project, rng = config.parent, random.Random(seed)
+    (project / "images").mkdir()
+    items, answers = [], {}
+    for i in range(n):
+        iid, shape, colour = f"p{i:03d}", rng.choice(["circle", "square"]), rng.choice(list(COLOURS))
+        second = next(c for c in COLOURS if c != colour) if i % 3 == 0 else None
+        draw(project / "images" / f"{iid}.png", shape, colour, second, rng)
+        items.append({"id": iid, "image": f"images/{iid}.png"})
+        if i % 7 != 6:
+            answers[iid] = [[{"schema": "shape", "name": shape}, shape]] + [
+                [{"schema": "colours", "name": c}, c] for c in sorted({colour, second} - {None})]
+    items += [{"id": GONE, "image": f"images/{GONE}.png"}, {"id": UNREACHABLE, "image": f"http://127.0.0.1:9/{UNREACHABLE}.png"}]
+    for iid in (GONE, UNREACHABLE):
+        answers[iid] = [[{"schema": "shape", "name": "circle"}, "circle"], [{"schema": "colours", "name": "red"}, "red"]]
+    (project / "data" / "pictures.json").write_text(json.dumps(items))
+    data = yaml.safe_load(config.read_text())
+    data.update(data_files=["data/pictures.json"], annotation_schemes=SCHEMES,
+                item_properties={"id_key": "id", "text_key": "image"})
+    data["model_training"]["writeback"]["schemas"] = ["shape"]
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    for folder in (project / "annotation_output").iterdir():
+        folder.joinpath("user_state.json").write_text(json.dumps({
+            "user_id": folder.name, "instance_id_to_label_to_value": answers, "instance_id_to_span_to_value": {}}))
+
+
+def test_validate_and_the_page_offer_a_text_trainer_nothing_of_an_image_project(
+        tmp_path: Path, redis_server_url: str, browser: Any) -> None:  # noqa: F811 - the fixture
+    from potato_queue.validate import check_file
+
+    config = make_project(tmp_path, auto_retrain={"enabled": True, "trainer": "sklearn-text"})
+    make_image_project(config, n=20)
+    assert ("model_training.auto_retrain.trainer is sklearn-text, which trains on text items, and this project's items "
+            "are of the image modality: every auto run would be refused; pick a trainer that takes image items"
+            ) in check_file(config).errors
+    data = yaml.safe_load(config.read_text())
+    data["model_training"]["auto_retrain"]["trainer"] = "hf-image-classification"
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    assert check_file(config).errors == []
+    svc = Services(config, redis_server_url, tmp_path)
+    svc.serve()
+    try:
+        page = signed_in(browser, svc)
+        page.select_option("#trainer", "sklearn-text")
+        why = page.text_content("label[for='schema-shape'] .schema-why")
+        assert why == " (image items: sklearn-text trains on text items)" and page.is_disabled("#schema-shape")
+        page.select_option("#trainer", "hf-image-classification")
+        page.wait_for_function("() => !document.querySelector('#schema-shape').disabled")
+        assert page.is_checked("#schema-shape") and page.is_checked("#schema-colours")
+        page.close()
+    finally:
+        svc.stop()
