@@ -40,9 +40,10 @@ def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Pa
         refuse_foreign_kinds(config, "majority-baseline", ["sentiment", "topics"])
     assert refused.value.message == ("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains only "
                                      "nominal schemes")
-    assert trainers_for_modality("multilabel", "text") == ["hf-text-classification", "sklearn-text"]
-    assert trainers_for_kind("multilabel") == ["hf-image-classification", "hf-text-classification", "sklearn-text"]
-    assert refused.value.fix == "train topics with hf-text-classification or sklearn-text; majority-baseline takes sentiment here"
+    assert trainers_for_modality("multilabel", "text") == ["hf-llm-lora", "hf-text-classification", "sklearn-text"]
+    assert trainers_for_kind("multilabel") == ["hf-image-classification", "hf-llm-lora", "hf-text-classification",
+                                                "sklearn-text"]
+    assert refused.value.fix == "train topics with hf-llm-lora or hf-text-classification or sklearn-text; majority-baseline takes sentiment here"
     with pytest.raises(Conflict) as refused:
         refuse_foreign_kinds(config, "sklearn-text", ["highlight"])
     assert refused.value.message == ("Scheme 'highlight' is span (span), and sklearn-text trains only "

@@ -132,7 +132,7 @@ def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path
         status, refused = svc.api("POST", "/runs", {"trainer": "majority-baseline", "schemas": ["topics"]})
         assert status == 409, refused
         assert refused["detail"].startswith("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains")
-        assert "train topics with hf-text-classification or sklearn-text; majority-baseline takes sentiment here" in refused["detail"], refused
+        assert "train topics with hf-llm-lora or hf-text-classification or sklearn-text; majority-baseline takes sentiment here" in refused["detail"], refused
 
 
 def test_hf_text_classification_fine_tunes_one_sigmoid_a_label_through_the_queue(
@@ -151,6 +151,23 @@ def test_hf_text_classification_fine_tunes_one_sigmoid_a_label_through_the_queue
         assert set(thresholds) == {"acting", "plot", "visuals"} and all(0 < v <= 1 for v in thresholds.values())
         lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
         assert all(isinstance(p["payload"], list) and set(p["scores"]) == set(thresholds) for p in lines)
+
+
+def test_hf_llm_lora_fine_tunes_a_decoder_with_one_sigmoid_a_label(tmp_path: Path, redis_server_url: str,
+                                                                     tiny_llm: Path) -> None:
+    """A tiny Llama built here (on the CPU), LoRA on its attention: its head is a multiselect's sigmoids."""
+    with topics_stack(tmp_path, redis_server_url) as svc:
+        run_id = svc.start_run(trainer="hf-llm-lora", schemas=["topics"], params={
+            "model_name": str(tiny_llm), "epochs": 6, "batch_size": 8, "grad_accum_steps": 1, "max_length": 12,
+            "learning_rate": 1e-2, "lora": {"r": 8, "alpha": 16}})
+        run = svc.wait_for(run_id, TERMINAL, 300)
+        assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())
+        test = run["held_out"]["topics"]["test"]
+        assert test["micro_f1"] >= 0.7 and set(test["per_label_f1"]) == {"acting", "plot", "visuals"}, test
+        saved = run_paths(svc, run_id).artifacts / "topics"
+        assert set(json.loads((saved / "thresholds.json").read_text())) == {"acting", "plot", "visuals"}
+        lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
+        assert all(isinstance(p["payload"], list) and len(p["scores"]) == 3 for p in lines)
 
 
 def test_a_multiselect_trains_on_the_ssh_backend_too(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:

@@ -192,7 +192,7 @@ def test_auto_retrain_schemas_its_trainer_does_not_train_are_an_error(tmp_path: 
     assert code == 1
     assert [e for e in report["errors"] if "auto_retrain.schemas" in e] == [
         "model_training.auto_retrain.schemas names 'topics', which is multilabel, and its trainer majority-baseline "
-        "trains only nominal schemes: every auto run would be refused; train it with hf-text-classification or sklearn-text"]
+        "trains only nominal schemes: every auto run would be refused; train it with hf-llm-lora or hf-text-classification or sklearn-text"]
 
 
 def test_backend_local_is_always_there(tmp_path: Path) -> None:

@@ -1,7 +1,8 @@
-"""``hf-llm-lora``: fine-tune a decoder LLM (Llama, Qwen, Mistral, Phi ...) with LoRA for nominal schemas.
+"""``hf-llm-lora``: fine-tune a decoder LLM (Llama, Qwen, Mistral, Phi ...) with LoRA for radio schemes and multiselects.
 
 The decoder gets a classification head over the schema's labels (transformers'
-``AutoModelForSequenceClassification``: the last token's state is classified),
+``AutoModelForSequenceClassification``: the last token's state is classified;
+a multiselect's is one sigmoid a label with thresholds chosen on val, hf_heads.py),
 LoRA adapters through peft (per-family targets, llm_parts.LORA_TARGETS), and,
 where CUDA is there, 4-bit nf4 base weights with double quantisation and bf16
 compute through bitsandbytes (QLoRA). A plain torch loop: AdamW over the
@@ -31,18 +32,13 @@ from dataclasses import asdict
 from typing import Any, ClassVar
 
 from potato_queue.trainers import llm_loop, parallel
-from potato_queue.trainers.common import (
-    labelled_texts,
-    model_version,
-    schema_labels,
-    seed_everything,
-    slug,
-    validate_nominal,
-    write_json,
-)
+from potato_queue.trainers.common import model_version, seed_everything, slug, write_json
+from potato_queue.trainers.hf_heads import Head, head_for
 from potato_queue.trainers.hub import offline_for
 from potato_queue.trainers.llm_settings import LLMSettings, read_settings
+from potato_queue.trainers.multilabel import validate_by_kind
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
+from potato_queue.worker.scoring import MULTILABEL
 
 __all__ = ["HFLLMLoRATrainer", "CARD_FILE"]
 
@@ -50,26 +46,27 @@ CARD_FILE = "model_card.json"
 
 
 class HFLLMLoRATrainer(Trainer):
-    """One LoRA-adapted decoder classifier per nominal schema."""
+    """One LoRA-adapted decoder classifier per radio scheme or multiselect."""
 
     name: ClassVar[str] = "hf-llm-lora"
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers", "peft")
-    kinds: ClassVar[tuple[str, ...]] = ("nominal",)
+    kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL)
     uses_torch: ClassVar[bool] = True
     checkpoint_every_steps: ClassVar[int] = 50
     data_parallel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.settings: LLMSettings | None = None
-        self._models: dict[str, tuple[Any, Any, list[str]]] = {}
+        self._models: dict[str, tuple[Any, Any, Head]] = {}
         self.offline = False
 
     def validate(self, ctx: RunContext) -> list[str]:
-        """Nominal schemas with train data, sane params, a model that exists, 4-bit only where it can run."""
+        """Radio schemes and multiselects with train data, sane params, a model that exists, 4-bit only where it
+        can run."""
         from potato_queue.trainers.llm_parts import gpu_room_problem, refuse_4bit
 
         self.settings = settings = read_settings(ctx)
-        problems = super().validate(ctx) or validate_nominal(ctx, min_train=2)
+        problems = super().validate(ctx) or validate_by_kind(ctx, min_train=2)
         if settings.model_name.startswith((".", "/", "~")) and not settings.local_model:
             problems.append(f"params.model_name {settings.model_name} is not a folder on this machine")
         refusal = refuse_4bit(ctx.device) if settings.load_in_4bit == "true" else None
@@ -90,7 +87,8 @@ class HFLLMLoRATrainer(Trainer):
     def _fit(self, ctx: RunContext) -> FitResult:
         settings = self.settings or read_settings(ctx)
         seed_everything(settings.seed)
-        data = {s.name: labelled_texts(ctx.bundle, "train", s.name) for s in ctx.schemas}
+        heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
+        data = {s.name: heads[s.name].read(ctx.bundle, "train", s.name) for s in ctx.schemas}
         # Steps are optimiser updates: grad_accum_steps batches each, the last of an epoch maybe fewer.
         per_schema = {name: settings.epochs * math.ceil(math.ceil(parallel.share(len(texts), ctx) / settings.batch_size)
                                                         / settings.grad_accum_steps)
@@ -101,12 +99,11 @@ class HFLLMLoRATrainer(Trainer):
         start = ctx.resume_point()
         for schema in ctx.schemas:
             texts, gold = data[schema.name]
-            labels = schema_labels(ctx, schema)
-            labels = labels + sorted(set(gold) - set(labels))
-            loop = llm_loop.SchemaLoop(ctx, settings, schema, labels, plan, self.offline)
+            loop = llm_loop.SchemaLoop(ctx, settings, schema, heads[schema.name], plan, self.offline)
             metrics.update(loop.run(texts, gold, start))
-            self._models[schema.name] = (loop.tokenizer, loop.model, labels)
-            card["schemas"][schema.name] = {"folder": slug(schema.name), "label_order": labels, "n_train": len(texts),
+            self._models[schema.name] = (loop.tokenizer, loop.model, loop.head)
+            card["schemas"][schema.name] = {"folder": slug(schema.name), "kind": schema.kind or "nominal",
+                                            "label_order": loop.head.outputs, "n_train": len(texts), **loop.head.card(),
                                             "lora_targets": loop.targets, "precision": loop.precision.name,
                                             "load_in_4bit": loop.four_bit, "truncated": loop.truncated}
         if ctx.main_rank:
@@ -117,18 +114,19 @@ class HFLLMLoRATrainer(Trainer):
                  + ("; merged into the saved model" if settings.merge else "; the adapter is the saved model")]
         return FitResult(model_version=model_version(self.name, ctx.spec.run_id),
                          artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas], metrics=metrics,
-                         label_order=self._models[ctx.schemas[0].name][2], notes=notes, steps=plan.done)
+                         label_order=self._models[ctx.schemas[0].name][2].outputs, notes=notes, steps=plan.done)
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
-        """Softmax over each schema's labels; the top label and its probability."""
+        """Each scheme's prediction as its head reads the outputs: the top label and its probability, or a
+        multiselect's labels over their thresholds."""
         from potato_queue.trainers.llm_parts import precision_for
 
         settings = self.settings or read_settings(ctx)
         precision = precision_for(settings.precision, ctx.device)
         items = list(items)
         for schema in ctx.schemas:
-            tokenizer, model, labels = self._models[schema.name]
+            tokenizer, model, head = self._models[schema.name]
             for chunk, rows in llm_loop.probabilities(ctx, settings, precision, tokenizer, model,
-                                                      [i.text for i in items]):
+                                                      [i.text for i in items], head):
                 for item, row in zip([items[i] for i in chunk], rows):  # noqa: B905 - runs on 3.8/3.9
-                    yield Prediction.top(item.instance_id, schema.name, labels, row.tolist())
+                    yield head.prediction(item.instance_id, schema.name, row)

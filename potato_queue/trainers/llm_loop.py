@@ -19,11 +19,13 @@ from typing import Any
 
 from potato_queue.trainers import parallel
 from potato_queue.trainers.common import slug
+from potato_queue.trainers.hf_heads import Head, saved_head
 from potato_queue.trainers.hub import not_cached
 from potato_queue.trainers.llm_parts import Precision
 from potato_queue.trainers.llm_settings import LLMSettings
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.checkpoint import Checkpoint
+from potato_queue.worker.scoring import score
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["Plan", "SchemaLoop", "probabilities", "POSITION_FILE"]
@@ -72,11 +74,11 @@ def _encode(tokenizer: Any, texts: list[str], max_length: int, device: str) -> A
 class SchemaLoop:
     """Load, adapt, train (resuming where a checkpoint says), evaluate and save one schema's model."""
 
-    def __init__(self, ctx: RunContext, settings: LLMSettings, schema: SchemaSpec, labels: list[str], plan: Plan,
+    def __init__(self, ctx: RunContext, settings: LLMSettings, schema: SchemaSpec, head: Head, plan: Plan,
                  offline: bool) -> None:
         from potato_queue.trainers import llm_parts
 
-        self.ctx, self.settings, self.schema, self.labels, self.plan = ctx, settings, schema, labels, plan
+        self.ctx, self.settings, self.schema, self.head, self.plan = ctx, settings, schema, head, plan
         self.folder = os.path.join(ctx.workdir, slug(schema.name))
         self.precision = llm_parts.precision_for(settings.precision, ctx.device)
         self.four_bit = settings.load_in_4bit == "true" or (settings.load_in_4bit == "auto" and ctx.device.startswith("cuda")
@@ -84,8 +86,8 @@ class SchemaLoop:
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}"
                                        + (" in 4-bit" if self.four_bit else ""))
         try:
-            self.tokenizer, base = llm_parts.load_classifier(settings.load_from, labels, ctx.device, self.four_bit,
-                                                             offline or settings.local_model)
+            self.tokenizer, base = llm_parts.load_classifier(settings.load_from, head.outputs, ctx.device, self.four_bit,
+                                                             offline or settings.local_model, head.problem_type)
         except OSError as exc:
             if offline and not settings.local_model:
                 raise not_cached(settings.model_name, exc) from exc
@@ -96,8 +98,9 @@ class SchemaLoop:
         self.model, self.targets = llm_parts.apply_lora(base, settings.lora, ctx.reporter.log)
         self.truncated = 0
 
-    def run(self, texts: list[str], gold: list[str], start: Checkpoint | None) -> dict[str, float]:
-        """Train from the start or from `start`; returns this schema's train metrics."""
+    def run(self, texts: list[str], gold: list[Any], start: Checkpoint | None) -> dict[str, float]:
+        """Train from the start or from `start` (`gold`: each text's answer, a label or a multiselect's set);
+        returns this schema's train metrics."""
         from potato_queue.trainers import llm_parts
 
         self.truncated = llm_parts.count_truncated(self.tokenizer, texts, self.settings.max_length)
@@ -108,9 +111,10 @@ class SchemaLoop:
         offset = self.plan.offsets[self.schema.name]
         if position is not None and position["step"] >= offset + self.plan.per_schema[self.schema.name]:
             return self._finished_before()
-        index = {label: i for i, label in enumerate(self.labels)}
-        loss = self._train(texts, [index[g] for g in gold], position if position and position["schema"] == self.schema.name else None,
-                           start)
+        loss = self._train(texts, [self.head.target(g) for g in gold],
+                           position if position and position["schema"] == self.schema.name else None, start)
+        val_texts, val_answers = self._val()
+        self.head.tune(self._rows(val_texts), val_answers)
         self._save()
         return {self.ctx.metric_name(self.schema, "train_loss"): loss,
                 self.ctx.metric_name(self.schema, "n_train"): float(len(texts))}
@@ -120,6 +124,7 @@ class SchemaLoop:
         from potato_queue.trainers import llm_parts
 
         llm_parts.load_adapter(self.model, self.folder)
+        self.head = saved_head(self.folder, self.model.config)  # a multiselect's thresholds, chosen then
         self.plan.done += self.plan.per_schema[self.schema.name]
         self.plan.resumed_at = self.plan.done
         return {}
@@ -136,7 +141,7 @@ class SchemaLoop:
 
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
-    def _train(self, texts: list[str], targets: list[int], position: dict[str, Any] | None,
+    def _train(self, texts: list[str], targets: list[Any], position: dict[str, Any] | None,
                start: Checkpoint | None) -> float:
         import torch
 
@@ -208,23 +213,37 @@ class SchemaLoop:
 
         return write
 
-    def _evaluate(self) -> None:
-        """Held-out val loss and accuracy as metric events, after each epoch."""
-        from potato_queue.trainers.common import labelled_texts
+    def _val(self) -> tuple[list[str], list[Any]]:
+        """The val texts and answers the head has outputs for."""
+        texts, answers = self.head.read(self.ctx.bundle, "val", self.schema.name)
+        kept = [(t, a) for t, a in zip(texts, answers) if self.head.target(a) is not None]  # noqa: B905
+        return [t for t, _ in kept], [a for _, a in kept]
 
-        texts, gold = labelled_texts(self.ctx.bundle, "val", self.schema.name)
-        index = {label: i for i, label in enumerate(self.labels)}
-        val = [(t, index[g]) for t, g in zip(texts, gold) if g in index]  # noqa: B905 - runs on 3.8/3.9
-        if not val:
+    def _rows(self, texts: list[str]) -> list[list[float]]:
+        rows: list[list[float]] = []
+        for _chunk, found in probabilities(self.ctx, self.settings, self.precision, self.tokenizer, self.model, texts,
+                                           self.head):
+            rows += found
+        return rows
+
+    def _evaluate(self) -> None:
+        """Held-out val loss (cross-entropy; a multiselect's mean binary one) and accuracy (a multiselect's: the
+        whole set right) as metric events, after each epoch."""
+        texts, answers = self._val()
+        if not texts:
             return
-        total_loss, correct = 0.0, 0
-        for chunk, rows in probabilities(self.ctx, self.settings, self.precision, self.tokenizer, self.model,
-                                         [t for t, _ in val]):
-            for i, row in zip(chunk, rows):  # noqa: B905
-                total_loss -= math.log(max(float(row[val[i][1]]), 1e-12))
-                correct += int(int(row.argmax()) == val[i][1])
-        self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "loss"), total_loss / len(val), self.plan.done)
-        self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "accuracy"), correct / len(val), self.plan.done)
+        rows = self._rows(texts)
+        total_loss = 0.0
+        for row, answer in zip(rows, answers):  # noqa: B905 - runs on 3.8/3.9
+            target = self.head.target(answer)
+            if isinstance(target, list):
+                total_loss -= sum(math.log(max(p if y else 1.0 - p, 1e-12)) for p, y in zip(row, target)) / len(row)  # noqa: B905
+            else:
+                total_loss -= math.log(max(float(row[target]), 1e-12))
+        predicted = {i: self.head.prediction("", self.schema.name, row).label for i, row in enumerate(rows)}
+        correct = score(dict(enumerate(answers)), predicted, self.head.kind)["accuracy"] or 0.0
+        self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "loss"), total_loss / len(texts), self.plan.done)
+        self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "accuracy"), correct, self.plan.done)
 
     def _save(self) -> None:
         """The adapter and head (small: what is copied back), or with merge the full merged model."""
@@ -238,11 +257,13 @@ class SchemaLoop:
             model = model.merge_and_unload()
         model.save_pretrained(self.folder)
         self.tokenizer.save_pretrained(self.folder)
+        self.head.save(self.folder)
 
 
 def probabilities(ctx: RunContext, settings: LLMSettings, precision: Precision, tokenizer: Any, model: Any,
-                  texts: list[str]) -> Iterator[tuple[list[int], Any]]:
-    """Softmax rows for `texts`, a batch at a time: (the batch's indexes, its rows on the CPU)."""
+                  texts: list[str], head: Head) -> Iterator[tuple[list[int], list[list[float]]]]:
+    """The head's rows for `texts` (softmax; a multiselect's sigmoids), a batch at a time: (the batch's indexes,
+    its rows)."""
     import torch
 
     model.eval()
@@ -251,5 +272,5 @@ def probabilities(ctx: RunContext, settings: LLMSettings, precision: Precision, 
         ctx.check_stop("while predicting")
         with torch.no_grad(), precision.autocast(ctx.device):
             logits = model(**_encode(tokenizer, texts[begin: begin + size], settings.max_length, ctx.device)).logits
-        yield list(range(begin, min(begin + size, len(texts)))), torch.softmax(logits.float(), dim=-1).cpu()
+        yield list(range(begin, min(begin + size, len(texts)))), head.activate(logits.float())
     model.train()

@@ -85,8 +85,9 @@ def _quantization() -> Any:
 
 
 def load_classifier(load_from: str, labels: list[str], device: str, four_bit: bool,
-                    local_only: bool) -> tuple[Any, Any]:
-    """The tokenizer and the decoder with a fresh head over `labels` (its last token's state classifies)."""
+                    local_only: bool, problem_type: str | None = None) -> tuple[Any, Any]:
+    """The tokenizer and the decoder with a fresh head over `labels` (its last token's state classifies);
+    *problem_type*: transformers' loss when not a softmax (a multiselect's sigmoids: hf_heads.py)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
     local = {"local_files_only": True} if local_only else {}
@@ -98,7 +99,8 @@ def load_classifier(load_from: str, labels: list[str], device: str, four_bit: bo
         extra = {"quantization_config": _quantization(), "device_map": {"": device}}
     model = AutoModelForSequenceClassification.from_pretrained(
         load_from, num_labels=len(labels), id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)}, ignore_mismatched_sizes=True, **extra, **local)
+        label2id={label: i for i, label in enumerate(labels)}, ignore_mismatched_sizes=True,
+        **({"problem_type": problem_type} if problem_type else {}), **extra, **local)
     model.config.pad_token_id = tokenizer.pad_token_id
     if four_bit:
         from peft import prepare_model_for_kbit_training

@@ -139,9 +139,10 @@ TRAINERS: dict[str, TrainerInfo] = {
         TrainerInfo(
             name="hf-llm-lora",
             target="potato_queue.trainers.hf_llm:HFLLMLoRATrainer",
-            description="Fine-tunes a decoder LLM (Llama, Qwen, Mistral, Phi) as a classifier with LoRA; 4-bit "
-                        "base weights on a CUDA GPU; checkpoints and resumes.",
+            description="Fine-tunes a decoder LLM (Llama, Qwen, Mistral, Phi) as a classifier with LoRA (one sigmoid "
+                        "a label for a multiselect); 4-bit base weights on a CUDA GPU; checkpoints and resumes.",
             extra="train-llm",
+            kinds=("nominal", "multilabel"),
             params=(("model_name", "Qwen/Qwen2.5-0.5B"), ("epochs", 1), ("learning_rate", 2e-4), ("batch_size", 4),
                     ("grad_accum_steps", 4), ("max_length", 256), ("lora", None), ("load_in_4bit", "auto"),
                     ("precision", "auto"), ("gradient_checkpointing", True), ("merge", False),
