@@ -158,7 +158,7 @@ def test_hf_llm_lora_fine_tunes_a_decoder_with_one_sigmoid_a_label(tmp_path: Pat
     """A tiny Llama built here (on the CPU), LoRA on its attention: its head is a multiselect's sigmoids."""
     with topics_stack(tmp_path, redis_server_url) as svc:
         run_id = svc.start_run(trainer="hf-llm-lora", schemas=["topics"], params={
-            "model_name": str(tiny_llm), "epochs": 6, "batch_size": 8, "grad_accum_steps": 1, "max_length": 12,
+            "model_name": str(tiny_llm), "epochs": 10, "batch_size": 8, "grad_accum_steps": 1, "max_length": 12,
             "learning_rate": 1e-2, "lora": {"r": 8, "alpha": 16}})
         run = svc.wait_for(run_id, TERMINAL, 300)
         assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())

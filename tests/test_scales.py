@@ -66,6 +66,8 @@ def test_a_continuous_scale_puts_a_prediction_back_on_its_units_bounds_and_step(
     scale = ContinuousScale(0, 100, 5, mean=50.0, spread=20.0)
     assert scale.standard("70") == 1.0 and scale.standard("n/a") is None
     assert [scale.value(z) for z in (0.61, -9.0, 9.0)] == [60, 0, 100], "62.2 snaps to 60; clipped at both ends"
+    # Without a min in the config the bounds are the answers' (3 to 98), and the step's grid still starts at 0.
+    assert [ContinuousScale(3, 98, 5, mean=50.0, spread=20.0).value(z) for z in (0.0, -9.0, 9.0)] == [50, 5, 95]
     prediction = scale.prediction("i", "score", 0.61)
     # Potato pre-fills a slider from a bare number only: a {label, confidence} dict would set its midpoint.
     assert prediction.to_record() == {"instance_id": "i", "schema_name": "score", "payload": 60, "confidence": None}
@@ -155,7 +157,7 @@ def test_hf_text_classification_fine_tunes_a_likert_and_a_slider(tmp_path: Path,
     a regression for the slider; both beat answering every item with the train answers' middle."""
     with scales_stack(tmp_path, redis_server_url) as svc:
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["stars", "score"], params={
-            "model_name": str(tiny_model), "epochs": 12, "batch_size": 8, "max_length": 16, "learning_rate": 5e-3})
+            "model_name": str(tiny_model), "epochs": 25, "batch_size": 8, "max_length": 16, "learning_rate": 5e-3})
         run = svc.wait_for(run_id, TERMINAL, 240)
         assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())
         saved = run_paths(svc, run_id).artifacts

@@ -94,6 +94,9 @@ def test_hf_token_classification_tags_spans_through_the_queue(tmp_path: Path, re
         assert marked and all(set(s) == {"start", "end", "label", "confidence"} for _, s in marked)
         # The spans land on the text's own words: a subject after "The ", a judgement word before ".".
         assert all(texts[iid][s["start"]:s["end"]].replace(" ", "").isalpha() for iid, s in marked), marked[:5]
+        for route in ("quality", "next"):  # the insight pages read a run of spans without failing
+            status, body = svc.api("GET", f"/runs/{run_id}/{route}")
+            assert status == 200, (route, body)
 
 
 def test_a_span_scheme_trains_on_the_ssh_backend_too(tmp_path: Path, redis_server_url: str, sshd: Sshd,

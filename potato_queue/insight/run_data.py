@@ -18,6 +18,7 @@ from potato_queue.runs.gate import label_of, read_jsonl, schema_kinds
 from potato_queue.store import RunStore
 from potato_queue.worker.bundle import read_scales
 from potato_queue.worker.scoring import MULTILABEL, SPAN, gold_label
+from potato_queue.worker.span_scores import as_spans
 
 __all__ = ["RunData", "load_run", "shown", "as_scored", "scored", "potato_item_path"]
 
@@ -32,14 +33,26 @@ def shown(label: Any) -> str | None:
         label = int(label)  # a likert's answer 4.0 and its predicted point 4 are the same answer
     if isinstance(label, list) and all(isinstance(x, str) for x in label):
         label = sorted(label)
+    spans = _spans(label)
+    if spans is not None:  # a span scheme's: [start, end, label] each, in order (a confidence, a title are not)
+        label = [list(span) for span in spans]
     return label if isinstance(label, str) else json.dumps(label, sort_keys=True, ensure_ascii=False)
+
+
+def _spans(label: Any) -> list[tuple[int, int, str]] | None:
+    """A span or a list of spans ({start, end, label or name, ...}) as compared; None for anything else."""
+    entries = [label] if isinstance(label, dict) else label
+    if not isinstance(entries, list) or not entries or not all(isinstance(x, dict) and "start" in x for x in entries):
+        return None
+    return as_spans(entries)
 
 
 def as_scored(label: str | None, kind: str) -> Any:
     """A label as shown, back in the form worker/scoring.py scores by *kind* (a multiselect's set a list, a
     span scheme's spans a list of them)."""
-    if kind in (MULTILABEL, SPAN) and label is not None and label[:1] in ("[", "{"):  # one span: an object
-        return json.loads(label)
+    if kind in (MULTILABEL, SPAN) and label is not None and label.startswith("["):
+        found = json.loads(label)
+        return [{"start": s, "end": e, "label": name} for s, e, name in found] if kind == SPAN else found
     return label
 
 

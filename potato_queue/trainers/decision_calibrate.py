@@ -16,6 +16,7 @@ from typing import Any, ClassVar
 
 from potato_queue.trainers import temperature
 from potato_queue.trainers.common import model_version, nominal_target, schema_labels, write_json
+from potato_queue.trainers.registry import EVERY_MODALITY
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.bundle import PREDICT_SPLITS
 from potato_queue.worker.errors import ValidationFailed
@@ -60,7 +61,7 @@ class DecisionCalibrateTrainer(Trainer):
     name: ClassVar[str] = "decision-calibrate"
     requires: ClassVar[tuple[str, ...]] = ()
     kinds: ClassVar[tuple[str, ...]] = ("nominal",)
-    modalities: ClassVar[tuple[str, ...]] = ("text", "image")  # it never reads the items
+    modalities: ClassVar[tuple[str, ...]] = EVERY_MODALITY  # it never reads the items
     learns_from_train: ClassVar[bool] = False  # fitted on val: a learning curve would be flat
 
     def __init__(self) -> None:

@@ -41,6 +41,7 @@ class Head:
 
     kind = "nominal"
     problem_type: str | None = None
+    tunes = False  # whether val settles something after training (tune): a multiselect's thresholds
 
     def __init__(self, labels: Sequence[str]) -> None:
         self.labels = list(labels)
@@ -88,6 +89,7 @@ class MultiLabelHead(Head):
 
     kind = MULTILABEL
     problem_type = MULTI_LABEL
+    tunes = True
 
     def __init__(self, labels: Sequence[str], thresholds: dict[str, float] | None = None) -> None:
         super().__init__(labels)

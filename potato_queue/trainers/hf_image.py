@@ -17,6 +17,7 @@ for a few bad files. It fails, saying so, when no train image of a scheme can be
 
 from __future__ import annotations
 
+import http.client
 import io
 import math
 import os
@@ -63,7 +64,7 @@ def read_image(bundle: Bundle, row: dict[str, Any]) -> tuple[Any, str | None]:
             data = where
         with Image.open(data) as image:
             return image.convert("RGB"), None
-    except (OSError, UnidentifiedImageError, ValueError) as exc:
+    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError, http.client.HTTPException) as exc:
         return None, f"{where} cannot be read here ({type(exc).__name__}: {exc})"
 
 
@@ -122,8 +123,8 @@ class HFImageClassificationTrainer(Trainer):
                          notes=[f"base model: {settings.model_name}"], steps=steps.done)
 
     def _readable(self, ctx: RunContext, schema: SchemaSpec, split: str, head: Head) -> list[tuple[Any, Any, Any]]:
-        """(image, target, answer) of *split*'s answered rows whose image this machine reads; the others named in
-        run.log."""
+        """(row, target, answer) of *split*'s answered rows whose image this machine reads (decoded then, and again
+        a batch at a time: a corpus is not held in memory); the others named in run.log."""
         out, unreadable = [], []
         for row in ctx.bundle.read_split(split):
             answer = chosen_labels(row, schema.name) if schema.kind == MULTILABEL else nominal_target(row, schema.name)
@@ -134,8 +135,10 @@ class HFImageClassificationTrainer(Trainer):
             if image is None:
                 unreadable.append(f"{row['instance_id']} ({why})")
             else:
-                out.append((image, target, answer))
-        _say_unreadable(ctx, f"{split} item(s) of {schema.name}", unreadable, "left out of training")
+                out.append((row, target, answer))
+        _say_unreadable(ctx, f"{split} item(s) of {schema.name}", unreadable,
+                        "left out of training" if split == "train" else "given no prediction (held-out scores count "
+                        "them wrong)")
         if split == "train" and not out:
             raise TrainerError(f"No train image of {schema.name} could be read on this machine; run.log names each "
                                f"item and why (check that the bundle's media/ came with it, or that its URLs answer)")
@@ -171,7 +174,8 @@ class HFImageClassificationTrainer(Trainer):
         if settings.lora:
             model = model.merge_and_unload()
         self._models[schema.name] = (processor, model, head)
-        head.tune(self._outputs(ctx, schema, [image for image, _, _ in val]), [answer for _, _, answer in val])
+        if head.tunes:
+            head.tune(self._outputs(ctx, schema, [row for row, _, _ in val]), [answer for _, _, answer in val])
         if ctx.main_rank:
             folder = os.path.join(ctx.workdir, slug(schema.name))
             model.save_pretrained(folder)
@@ -179,8 +183,17 @@ class HFImageClassificationTrainer(Trainer):
             head.save(folder)
         return {ctx.metric_name(schema, "train_loss"): loss, ctx.metric_name(schema, "n_train"): float(len(train))}
 
-    def _pixels(self, processor: Any, images: list[Any], device: str) -> Any:
-        return processor(images=images, return_tensors="pt")["pixel_values"].to(device)
+    @staticmethod
+    def _pixels(ctx: RunContext, processor: Any, rows: list[dict[str, Any]]) -> Any:
+        """The rows' images, decoded now, as the model's input."""
+        images = []
+        for row in rows:
+            image, why = read_image(ctx.bundle, row)
+            if image is None:
+                raise TrainerError(f"the image of {row['instance_id']} could be read when the run started and no "
+                                   f"longer can ({why}); keep the bundle's media in place while a run trains")
+            images.append(image)
+        return processor(images=images, return_tensors="pt")["pixel_values"].to(ctx.device)
 
     def _train(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, processor: Any,
                train: list[tuple[Any, Any, Any]], val: list[tuple[Any, Any, Any]], steps: Steps) -> float:
@@ -199,7 +212,7 @@ class HFImageClassificationTrainer(Trainer):
             for start in range(0, len(order), settings.batch_size):
                 ctx.check_stop("during training")
                 chunk = [train[i] for i in order[start : start + settings.batch_size]]
-                pixels = self._pixels(processor, [image for image, _, _ in chunk], ctx.device)
+                pixels = self._pixels(ctx, processor, [row for row, _, _ in chunk])
                 loss = trained(pixel_values=pixels, labels=torch.tensor([y for _, y, _ in chunk], device=ctx.device)).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
@@ -218,12 +231,13 @@ class HFImageClassificationTrainer(Trainer):
         if not val:
             return
         self._models[schema.name] = (processor, model, head)
-        rows = self._outputs(ctx, schema, [image for image, _, _ in val])
+        rows = self._outputs(ctx, schema, [row for row, _, _ in val])
         predicted = {i: head.prediction("", schema.name, row).label for i, row in enumerate(rows)}
         scores = score({i: answer for i, (_, _, answer) in enumerate(val)}, predicted, head.kind)
         ctx.reporter.metric("val", ctx.metric_name(schema, "accuracy"), float(scores["accuracy"] or 0.0), step)
 
-    def _outputs(self, ctx: RunContext, schema: SchemaSpec, images: list[Any]) -> list[list[float]]:
+    def _outputs(self, ctx: RunContext, schema: SchemaSpec, images: list[dict[str, Any]]) -> list[list[float]]:
+        """The head's outputs for bundle rows, their images decoded a batch at a time."""
         import torch
 
         settings = self.settings or read_settings(ctx, INFO)
@@ -232,8 +246,8 @@ class HFImageClassificationTrainer(Trainer):
         rows: list[list[float]] = []
         for start in range(0, len(images), settings.batch_size * 2):
             with torch.no_grad():
-                logits = model(pixel_values=self._pixels(processor, images[start : start + settings.batch_size * 2],
-                                                         ctx.device)).logits.float()
+                logits = model(pixel_values=self._pixels(ctx, processor, images[start : start + settings.batch_size * 2])
+                               ).logits.float()
             rows += head.activate(logits)
         return rows
 
@@ -256,14 +270,14 @@ class HFImageClassificationTrainer(Trainer):
             if image is None:
                 unreadable.append(f"{item.instance_id} ({why})")
             else:
-                readable.append((item, image))
+                readable.append(item)
         _say_unreadable(ctx, "item(s) to predict", unreadable, "given no prediction")
         for schema in ctx.schemas:
             _, _, head = self._model_for(ctx, schema)
             for start in range(0, len(readable), settings.batch_size * 2):
                 chunk = readable[start : start + settings.batch_size * 2]
-                rows = self._outputs(ctx, schema, [image for _, image in chunk])
-                for (item, _), row in zip(chunk, rows):  # noqa: B905 - runs on 3.8/3.9
+                rows = self._outputs(ctx, schema, [item.row for item in chunk])
+                for item, row in zip(chunk, rows):  # noqa: B905 - runs on 3.8/3.9
                     yield head.prediction(item.instance_id, schema.name, row)
 
 

@@ -93,7 +93,7 @@ class HFTextClassificationTrainer(Trainer):
         settings = self.settings or read_settings(ctx)
         seed_everything(settings.seed)
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
-        data = {name: head.read(ctx.bundle, "train", name) for name, head in heads.items()}
+        data = {name: _answered(head, *head.read(ctx.bundle, "train", name)) for name, head in heads.items()}
         per_epoch = {name: math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
                      for name, (texts, _) in data.items()}
         steps = Steps(settings.epochs * sum(per_epoch.values()), settings.log_every)
@@ -141,7 +141,8 @@ class HFTextClassificationTrainer(Trainer):
         if settings.lora:
             model = model.merge_and_unload()
         self._models[schema.name] = (tokenizer, model, head)
-        head.tune(self._outputs(ctx, schema, [t for t, _ in val]), [a for _, a in val])
+        if head.tunes:
+            head.tune(self._outputs(ctx, schema, [t for t, _ in val]), [a for _, a in val])
         if ctx.main_rank:
             folder = os.path.join(ctx.workdir, slug(schema.name))
             model.save_pretrained(folder)
@@ -243,3 +244,8 @@ class HFTextClassificationTrainer(Trainer):
             rows += head.activate(logits)
         return rows
 
+
+def _answered(head: Head, texts: list[str], answers: list[Any]) -> tuple[list[str], list[Any]]:
+    """The texts whose answer the head has an output for (a likert's off-scale answers are not), and those answers."""
+    kept = [(t, a) for t, a in zip(texts, answers) if head.target(a) is not None]  # noqa: B905 - runs on 3.8/3.9
+    return [t for t, _ in kept], [a for _, a in kept]

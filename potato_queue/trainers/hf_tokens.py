@@ -70,6 +70,11 @@ class HFTokenClassificationTrainer(Trainer):
         self.settings = read_settings(ctx, INFO)
         problems = super().validate(ctx)
         for schema in ctx.schemas if not problems else []:
+            if schema.annotation_type not in ("span", ""):
+                problems.append(f"Schema '{schema.name}' is {schema.annotation_type}, a span kind whose answers carry "
+                                f"more than labelled offsets; {self.name} trains plain span schemes "
+                                f"(annotation_type: span)")
+                continue
             texts, _, _ = labelled_spans(ctx.bundle, "train", schema.name)
             if len(texts) < 2:
                 problems.append(f"Schema '{schema.name}' has {len(texts)} train item(s) with a span; at least 2 "
@@ -135,6 +140,11 @@ class HFTokenClassificationTrainer(Trainer):
                                f"tokenizer), so spans cannot become token tags; choose a model with a fast tokenizer")
         if settings.lora:
             model = apply_lora(ctx, model, settings.lora, task="TOKEN_CLS")
+        cut = sum(1 for text in texts if len(tokenizer(text)["input_ids"]) > settings.max_length)
+        if cut:
+            ctx.reporter.log("warning", f"{cut} of {len(texts)} train items of {schema.name} are longer than max_length "
+                                        f"({settings.max_length} tokens): spans past it are neither learned nor "
+                                        f"predicted; raise params.max_length")
         val_texts, val_spans, _ = labelled_spans(ctx.bundle, "val", schema.name)
         ctx.reporter.status("running", f"training {schema.name} on {len(texts)} items")
         loss = self._train(ctx, schema, model, tokenizer, names, list(zip(texts, spans)),  # noqa: B905

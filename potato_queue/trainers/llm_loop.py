@@ -113,8 +113,9 @@ class SchemaLoop:
             return self._finished_before()
         loss = self._train(texts, [self.head.target(g) for g in gold],
                            position if position and position["schema"] == self.schema.name else None, start)
-        val_texts, val_answers = self._val()
-        self.head.tune(self._rows(val_texts), val_answers)
+        if self.head.tunes:
+            val_texts, val_answers = self._val()
+            self.head.tune(self._rows(val_texts), val_answers)
         self._save()
         return {self.ctx.metric_name(self.schema, "train_loss"): loss,
                 self.ctx.metric_name(self.schema, "n_train"): float(len(texts))}

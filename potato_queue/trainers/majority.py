@@ -23,6 +23,7 @@ from collections.abc import Iterable, Iterator
 from typing import ClassVar
 
 from potato_queue.trainers.common import labelled_texts, model_version, write_json
+from potato_queue.trainers.registry import EVERY_MODALITY
 from potato_queue.worker.api import SCORE_DIGITS, FitResult, Prediction, PredictItem, RunContext, Trainer
 
 __all__ = ["MajorityBaselineTrainer", "MODEL_FILE"]
@@ -36,7 +37,7 @@ HOLD_TICK_S = 0.2
 class MajorityBaselineTrainer(Trainer):
     name: ClassVar[str] = "majority-baseline"
     kinds: ClassVar[tuple[str, ...]] = ("nominal",)
-    modalities: ClassVar[tuple[str, ...]] = ("text", "image")  # it never reads the items
+    modalities: ClassVar[tuple[str, ...]] = EVERY_MODALITY  # it never reads the items
 
     def __init__(self) -> None:
         self._model: dict[str, dict[str, object]] = {}

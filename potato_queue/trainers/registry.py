@@ -19,6 +19,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "TrainerInfo",
     "TRAINERS",
+    "EVERY_MODALITY",
     "LOCAL_ONLY",
     "trainer_names",
     "trainer_info",
@@ -29,6 +30,9 @@ __all__ = [
     "install_hint",
 ]
 
+
+#: Every modality a bundle can have (Potato's rule, bundle/write.py): what a trainer that never reads an item takes.
+EVERY_MODALITY = ("text", "image", "audio", "video", "point_cloud")
 
 # pip's name for an import name, where they differ.
 PIP_NAMES = {"sklearn": "scikit-learn", "PIL": "pillow"}
@@ -165,14 +169,14 @@ TRAINERS: dict[str, TrainerInfo] = {
             description="Predicts each schema's most frequent training label: the floor to beat, and a fast end-to-end check.",
             # hold_s: a run that lasts that long and costs nothing, to try cancel, heartbeats and limits on a backend.
             params=(("hold_s", 0),),
-            modalities=("text", "image"),  # it never reads the items
+            modalities=EVERY_MODALITY,  # it never reads the items
         ),
         TrainerInfo(
             name="decision-calibrate",
             target="potato_queue.trainers.decision_calibrate:DecisionCalibrateTrainer",
             description="No retraining: temperature-scales the latest run's confidences on the val split.",
             local_only=True,
-            modalities=("text", "image"),
+            modalities=EVERY_MODALITY,
         ),
     )
 }

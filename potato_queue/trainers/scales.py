@@ -116,8 +116,10 @@ class ContinuousScale:
 
     kind = "continuous"
 
-    def __init__(self, low: float, high: float, step: float | None, mean: float, spread: float) -> None:
+    def __init__(self, low: float, high: float, step: float | None, mean: float, spread: float,
+                 anchor: float = 0.0) -> None:
         self.low, self.high, self.step, self.mean, self.spread = low, high, step, mean, spread or 1.0
+        self.anchor = anchor  # where the step's grid starts: the config's min, else 0 (a step of 5: 0, 5, 10, ...)
 
     def standard(self, answer: Any) -> float | None:
         """*answer* standardised (None when it is not a number)."""
@@ -128,7 +130,11 @@ class ContinuousScale:
         """A standardised output on the scale's units: clipped to its bounds, snapped to its step."""
         number = min(self.high, max(self.low, self.mean + self.spread * float(standardised)))
         if self.step:
-            number = min(self.high, self.low + round((number - self.low) / self.step) * self.step)
+            number = self.anchor + round((number - self.anchor) / self.step) * self.step
+            while number > self.high:
+                number -= self.step
+            while number < self.low:
+                number += self.step
         return _plain(number)
 
     def prediction(self, instance_id: str, schema: str, standardised: float) -> Prediction:
@@ -137,7 +143,7 @@ class ContinuousScale:
 
     def to_dict(self) -> dict[str, Any]:
         return {"kind": self.kind, "min": self.low, "max": self.high, "step": self.step, "mean": self.mean,
-                "spread": self.spread}
+                "spread": self.spread, "anchor": self.anchor}
 
 
 Scale = Union[OrdinalScale, ContinuousScale]  # noqa: UP007 - a runtime alias, and the trainers run on 3.8
@@ -148,7 +154,7 @@ def scale_from_dict(data: dict[str, Any]) -> Scale:
     if data.get("kind") == ORDINAL:
         return OrdinalScale(data["points"])
     return ContinuousScale(float(data["min"]), float(data["max"]), data.get("step"), float(data["mean"]),
-                           float(data["spread"]))
+                           float(data["spread"]), float(data.get("anchor") or 0.0))
 
 
 def scale_for(ctx: RunContext, schema: SchemaSpec) -> Scale:
@@ -162,7 +168,8 @@ def scale_for(ctx: RunContext, schema: SchemaSpec) -> Scale:
     spread = math.sqrt(sum((n - mean) ** 2 for n in numbers) / len(numbers)) if numbers else 1.0
     low, high = drawn.get("min"), drawn.get("max")
     return ContinuousScale(float(min(numbers, default=0.0) if low is None else low),
-                           float(max(numbers, default=0.0) if high is None else high), drawn.get("step"), mean, spread)
+                           float(max(numbers, default=0.0) if high is None else high), drawn.get("step"), mean, spread,
+                           float(low or 0.0))
 
 
 def validate_scale(ctx: RunContext, schema: SchemaSpec, min_train: int = 2) -> list[str]:
