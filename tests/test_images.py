@@ -79,11 +79,14 @@ def test_an_image_project_trains_on_the_ssh_backend_with_its_pictures_in_the_bun
     with images_stack(tmp_path, redis_server_url, {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
                       **gpu_server(tmp_path, python=sys.executable)) as svc:
         run_id = svc.start_run(trainer="hf-image-classification", schemas=["shape"], backend=BACKEND, params={
-            "model_name": str(tiny_vit), "epochs": 3, "batch_size": 16, "learning_rate": 3e-3})
+            "model_name": str(tiny_vit), "epochs": 3, "batch_size": 16, "learning_rate": 3e-3,
+            "lora": {"r": 4, "alpha": 8}})  # LoRA on the ViT's attention, its head trained in full
         run = svc.wait_for(run_id, TERMINAL, 300)
         assert run["state"] == "succeeded" and run["ran_on"] == BACKEND, (run, svc.logs())
         assert run["held_out"]["shape"]["test"]["n"] > 0
         assert (run_paths(svc, run_id).artifacts / "shape" / "config.json").is_file(), "the model came back"
+        saved = run_paths(svc, run_id).artifacts / "shape"
+        assert not (saved / "adapter_config.json").exists(), "the adapter is merged into a plain model"
 
 
 @contextmanager

@@ -99,6 +99,34 @@ def test_hf_token_classification_tags_spans_through_the_queue(tmp_path: Path, re
             assert status == 200, (route, body)
 
 
+def test_two_ranks_with_lora_tag_spans(tmp_path: Path, tiny_model: Path) -> None:
+    """Data-parallel (two CPU ranks, gloo: the path two GPUs take) and LoRA, run as a host runs the worker."""
+    from tests.test_data_parallel import ranks_env, run_to_end
+    from tests.test_worker import BAD, GOOD, split_ids, synthetic_items, write_bundle, write_spec
+
+    items = []
+    for item in synthetic_items():
+        word = next(w for w in item["text"].split() if w in GOOD or w in BAD)
+        start = item["text"].index(word)
+        spans = [{"start": start, "end": start + len(word), "name": "praise" if word in GOOD else "complaint"}]
+        items.append({**item, "label": None if item["label"] is None else spans})
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle, items, scheme={"name": "sentiment", "annotation_type": "span", "kind": "span", "labels": [],
+                                        "source_field": None})
+    params = {"model_name": str(tiny_model), "epochs": 2, "batch_size": 4, "learning_rate": 1e-3, "max_length": 16,
+              "lora": {"r": 4, "alpha": 8, "target_modules": ["query", "value"]}}
+    run = run_to_end(write_spec(tmp_path, bundle, "hf-token-classification", params, schemas=["sentiment"]),
+                     ranks_env())
+    assert run.returncode == 0, run.stderr[-3000:]
+    lines = [json.loads(x) for x in (tmp_path / "work" / "predictions.jsonl").read_text().splitlines()]
+    assert sorted(p["instance_id"] for p in lines) == sorted(
+        split_ids(bundle, "val") | split_ids(bundle, "test") | split_ids(bundle, "unlabeled")), "rank 0 alone wrote them"
+    assert all(isinstance(p["payload"], list) for p in lines)
+    train = [e for e in run.of("progress") if e["phase"] == "train"]
+    assert train[-1]["current"] == train[-1]["total"] == 8, train[-1]  # 13 items a rank, batches of 4, 2 epochs
+    assert (tmp_path / "work" / "sentiment" / "config.json").is_file(), "rank 0 saved the merged model"
+
+
 def test_a_span_scheme_trains_on_the_ssh_backend_too(tmp_path: Path, redis_server_url: str, sshd: Sshd,
                                                      tiny_model: Path) -> None:
     sshd.write_config("root")
