@@ -28,7 +28,7 @@ from potato_queue.runs.job import build_job, server_url_for
 from potato_queue.runs.supervise import Outcome, Watch, supervise
 from potato_queue.store import RunStore
 from potato_queue.store.lease import Lease
-from potato_queue.store.records import FOLDER_FIX, RunFolderError, utc_now
+from potato_queue.store.records import FOLDER_FIX, RunFolderError, RunMovedOn, utc_now
 from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
 
 __all__ = ["RunLife", "failure_of"]
@@ -133,10 +133,18 @@ class RunLife:
     def run(self) -> None:
         try:
             executor = self.executors.get(self.record["backend"])
-            spec = self._prepare(executor)
-            self.handle = executor.launch(spec)
+            # The slot is renewed in every phase: supervision renews it itself; the build, the splits and
+            # the end (copy back, predictions into Potato's store) take as long as the project is large.
+            with self.lease.kept(alive=self._alive):
+                spec = self._prepare(executor)
+                self.handle = executor.launch(spec)
             outcome = supervise(self._watch(executor, spec))
-            self._until_recorded(lambda: self._finish(outcome))
+            with self.lease.kept(alive=self._alive):
+                self._until_recorded(lambda: self._finish(outcome))
+        except RunMovedOn as exc:  # ended by another meanwhile (a sweep, a cancel), who recorded why
+            if self.handle is not None:
+                self.handle.kill()
+            self.log(exc.message)
         except Exception as exc:  # the boundary: a run never stays in flight because of us
             if not isinstance(exc, (PotatoQueueError, redis.RedisError)):
                 _log.exception("run %s failed on an unexpected error", self.run_id)  # where, for a bug report
@@ -167,9 +175,10 @@ class RunLife:
         self.store.set_live(self.run_id, step="building the bundle")
         job = build_job(self.config, self.store, self.record, self.paths)
         split_ids = bundle_split_ids(self.paths.bundle_dir)
-        self.store.update(self.run_id, self.record, job=job.to_dict(), bundle=bundle_summary(self.paths.bundle_dir, split_ids))
         self.store.potato.record_splits(self.record, split_ids)
-        self.store.potato.record(self.record)  # now with its split sizes and digest
+        # Potato's row now with its split sizes and digest; refused (RunMovedOn) if the run ended meanwhile.
+        self.store.update(self.run_id, self.record, potato_row=True, job=job.to_dict(),
+                          bundle=bundle_summary(self.paths.bundle_dir, split_ids))
         backend = self.record["backend"]
         token = None if executor.pull else self.store.tokens.issue(self.run_id, self._token_ttl_s())
         offer = _StoreOffer(self.store, backend, self.run_id) if executor.pull else None

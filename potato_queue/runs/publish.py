@@ -28,7 +28,7 @@ from potato_queue.errors import Conflict, Invalid
 from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.model_card import HUB_NAME, model_card, trainer_card
 from potato_queue.store import RunStore
-from potato_queue.store.lease import LEASE_RENEW_S, Lease
+from potato_queue.store.lease import Lease
 from potato_queue.store.records import utc_now
 from potato_queue.worker.text import one_line
 
@@ -153,26 +153,19 @@ def start_publish(store: RunStore, record: RunRecord, request: Publish) -> dict[
     return publish_status(store, record)
 
 
-def _renew(lease: Lease, done: threading.Event) -> None:
-    while not done.wait(LEASE_RENEW_S):
-        lease.renew()
-
-
 def _upload(store: RunStore, record: RunRecord, request: Publish, token: str, artifacts: Path, lease: Lease) -> None:
     """The thread: upload, then the outcome into the record and run.log, then the lease let go."""
-    run_id, done = record["run_id"], threading.Event()
-    threading.Thread(target=_renew, args=(lease, done), daemon=True, name=f"publish-lease-{run_id}").start()
+    run_id = record["run_id"]
     hub: dict[str, Any] = {"repo_id": request.repo_id, "private": request.private, "finished_at": utc_now()}
     try:
-        url, revision = _push(store, record, request, token, artifacts)
+        with lease.kept():
+            url, revision = _push(store, record, request, token, artifacts)
         hub.update(state=PUBLISHED, url=url, revision=revision, finished_at=utc_now())
         line = f"published to {url} (revision {revision})"
     except Exception as exc:  # noqa: BLE001 - whatever the upload met ends the publish, said; never the server
         error = _scrubbed(f"{type(exc).__name__}: {exc}", token)
         hub.update(state=FAILED, error=error, finished_at=utc_now())
         line = f"publishing to the Hugging Face Hub failed: {error}"
-    finally:
-        done.set()
     try:
         store.log(run_id, line)  # before run.json: whoever sees the publish's end there finds its line
         store.update(run_id, hub=hub)

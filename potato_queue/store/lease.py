@@ -1,16 +1,21 @@
 """The run slot: one run at a time per project, across any number of executors (API-1).
 
-A Redis key holding the holder's token (SET NX PX), renewed while a run is
-supervised. An executor that dies loses it within LEASE_TTL_S; the next one
-takes over.
+A Redis key holding the holder's token (SET NX PX), renewed in every phase of
+a run: by supervision's loop, and from a thread (`kept`) while a phase that
+takes as long as the project is large runs (the bundle's build, the splits,
+the predictions into Potato's store). An executor that dies or stalls loses
+it within LEASE_TTL_S; the next one takes over.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
+import threading
 import time
 import uuid
+from collections.abc import Callable, Iterator
 
 import redis
 
@@ -25,36 +30,58 @@ LEASE_RENEW_S = 1.0
 class Lease:
     """The run slot: a Redis key holding our token, renewed at most once a second."""
 
-    def __init__(self, client: redis.Redis, key: str) -> None:
+    def __init__(self, client: redis.Redis, key: str, *, ttl_s: float = LEASE_TTL_S,
+                 renew_s: float = LEASE_RENEW_S) -> None:
         self.client, self.key = client, key
+        self.ttl_s, self.renew_s = ttl_s, renew_s
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._renewed = 0.0
         self.lapsed = False  # the last renew found the key expired: not renewed within LEASE_TTL_S
 
     def try_take(self) -> bool:
-        taken = bool(self.client.set(self.key, self.token, nx=True, px=int(LEASE_TTL_S * 1000)))
+        taken = bool(self.client.set(self.key, self.token, nx=True, px=int(self.ttl_s * 1000)))
         self._renewed = time.monotonic() if taken else 0.0
         return taken
 
     def renew(self) -> bool:
         """False once someone else holds the slot; a slot emptied by a Redis flush is taken back."""
-        if time.monotonic() - self._renewed < LEASE_RENEW_S:
+        if time.monotonic() - self._renewed < self.renew_s:
             return True
         try:
             holder = self.client.get(self.key)
             # Not renewed within LEASE_TTL_S (this process stalled, or Redis did not answer): the slot was free
             # meanwhile, so it is lost, whether it still lies empty or another taker (the executor's own sweep,
             # woken in the same instant) holds it now.
-            self.lapsed = time.monotonic() - self._renewed >= LEASE_TTL_S
+            self.lapsed = time.monotonic() - self._renewed >= self.ttl_s
             if holder is None:
                 return not self.lapsed and self.try_take()  # emptied by a flush while ours: taken back
             if as_text(holder) != self.token:
                 return False
-            self.client.pexpire(self.key, int(LEASE_TTL_S * 1000))
+            self.client.pexpire(self.key, int(self.ttl_s * 1000))
         except redis.RedisError:
-            return time.monotonic() - self._renewed < LEASE_TTL_S
+            return time.monotonic() - self._renewed < self.ttl_s
         self._renewed = time.monotonic()
         return True
+
+    @contextlib.contextmanager
+    def kept(self, alive: Callable[[], None] = lambda: None) -> Iterator[None]:
+        """Renewed from a thread each renew_s while the block runs, `alive()` called with each renewal: a
+        phase that takes as long as the project is large is not a stall. A stall of the whole process
+        stops the thread too, so it still loses the slot."""
+        done = threading.Event()
+
+        def keep() -> None:
+            while not done.wait(self.renew_s):
+                self.renew()
+                alive()
+
+        thread = threading.Thread(target=keep, daemon=True, name=f"lease-{self.key}")
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def release(self) -> None:
         try:

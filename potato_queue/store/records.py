@@ -6,9 +6,12 @@ store (run_store.py) keeps records with these helpers.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
+import os
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -16,7 +19,7 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.worker.files import write_atomic
 from potato_queue.worker.text import one_line
 
-__all__ = ["LIVE_JSON", "FOLDER_FIX", "RunFolderError", "write_json_atomic", "utc_now", "utc_of", "epoch_of",
+__all__ = ["LIVE_JSON", "FOLDER_FIX", "RunFolderError", "RunMovedOn", "record_lock", "write_json_atomic", "utc_now", "utc_of", "epoch_of",
            "log_text", "as_text", "created_ms", "folder_error"]
 
 LIVE_JSON = ("progress", "result", "pending_record")
@@ -64,3 +67,26 @@ class RunFolderError(PotatoQueueError):
 
 def folder_error(folder: Any, exc: OSError) -> str:
     return f"The run's folder {folder} cannot be written: {exc.strerror or exc}"
+
+
+class RunMovedOn(PotatoQueueError):
+    """A step of a run found its record moved on meanwhile (a sweep or a cancel ended it): nothing was written."""
+
+
+@contextlib.contextmanager
+def record_lock(folder: Any) -> Iterator[None]:
+    """Held while a run's record is checked against its state and written: a slow step of the run and a
+    sweep that ends it, in two threads or two processes, then write run.json (and Potato's row) one after
+    the other, never the older over the newer. A folder that cannot be opened is written without it (the
+    write then says why)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        fd = -1
+    try:
+        if fd >= 0:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        if fd >= 0:
+            os.close(fd)  # the lock goes with it

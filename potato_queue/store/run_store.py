@@ -40,10 +40,12 @@ from potato_queue.store.records import (
     FOLDER_FIX,
     LIVE_JSON,
     RunFolderError,
+    RunMovedOn,
     as_text,
     created_ms,
     folder_error,
     log_text,
+    record_lock,
     utc_now,
     write_json_atomic,
 )
@@ -185,34 +187,52 @@ class RunStore:
             why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else "it is missing or not JSON"
             return {"run_id": run_id, "state": RunState.BROKEN, "error": f"run.json cannot be read ({why})"}
 
-    def update(self, run_id: str, record: RunRecord | None = None, **fields: Any) -> RunRecord:
-        """Write fields (not the state) into run.json; pass the record held in memory to skip a read."""
+    def update(self, run_id: str, record: RunRecord | None = None, *, potato_row: bool = False,
+               **fields: Any) -> RunRecord:
+        """Write fields (not the state) into run.json, and into Potato's row with `potato_row`; pass the
+        record held in memory to skip a read. RunMovedOn, with nothing written, when that record's state is
+        no longer the run's (a sweep or a cancel ended it meanwhile): a slower step never writes it back."""
         assert "state" not in fields, "use transition() for the state"
-        record = self.read(run_id) if record is None else record
-        merge(record, fields)
-        self._write_record(run_id, record)
+        with record_lock(self.paths(run_id).dir):
+            if record is None:
+                record = self.read(run_id)
+            elif self._state_now(run_id) not in (None, record["state"]):
+                raise RunMovedOn(f"Run {run_id} is {self._state_now(run_id)} now, no longer {record['state']}: "
+                                 f"this executor's step was not recorded")
+            merge(record, fields)
+            if potato_row:
+                self.potato.record(record)
+            self._write_record(run_id, record)
         return record
 
     def transition(self, run_id: str, state: RunState, record: RunRecord | None = None, *,
                    said: str | None = None, **fields: Any) -> RunRecord | None:
         """Move to `state` if the current state allows it and write run.json: the record written,
-        or None when the state did not allow it. With `record` (held in memory) run.json is not read.
-        `said` is the line run.log gets for the move, only when it happens."""
+        or None when the state did not allow it, or moved on before this move was written. With `record`
+        (held in memory) run.json is not read. `said` is the line run.log gets for the move, only when
+        it happens."""
         if not self._compare_and_set(run_id, state):
             return None
-        record = self.read(run_id) if record is None else record
-        merge(record, {**fields, "state": state})
-        if state in FINAL_STATES:
-            record["finished_at"] = record.get("finished_at") or utc_now()
-            live = self.live(run_id)
-            merge(record, {k: live[k] for k in ("step", "progress") if k in live})
-        # run.json last: whoever reads the new state there (the API, `training logs -f`) finds
-        # run.log's line and Potato's row of it already written.
-        if said is not None:
-            self.log(run_id, said)
-        self.potato.record(record)
-        self._write_record(run_id, record)
+        with record_lock(self.paths(run_id).dir):
+            if self._state_now(run_id) not in (None, state):
+                return None  # moved on by another (a sweep, a cancel), who writes its own record
+            record = self.read(run_id) if record is None else record
+            merge(record, {**fields, "state": state})
+            if state in FINAL_STATES:
+                record["finished_at"] = record.get("finished_at") or utc_now()
+                live = self.live(run_id)
+                merge(record, {k: live[k] for k in ("step", "progress") if k in live})
+            # run.json last: whoever reads the new state there (the API, `training logs -f`) finds
+            # run.log's line and Potato's row of it already written.
+            if said is not None:
+                self.log(run_id, said)
+            self.potato.record(record)
+            self._write_record(run_id, record)
         return record
+
+    def _state_now(self, run_id: str) -> str | None:
+        """The run's state in Redis (None when Redis holds none: emptied, and seeded again from disk)."""
+        return cast("str | None", as_text(self.redis.hget(self.keys.run(run_id), "state")))
 
     def _write_record(self, run_id: str, record: RunRecord) -> None:
         """run.json, or, when the folder cannot be written, the record held in Redis and RunFolderError."""
