@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from potato_queue.bundle.aggregate import all_targets, no_labels_error, resolve_references
+from potato_queue.bundle.aggregate import all_targets, answered_items, no_labels_error, resolve_references
 from potato_queue.bundle.read import (
     TARGET_KINDS,
     count_annotations,
@@ -59,7 +59,7 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
     names, training = schema_names(config, schemas), config.model_training
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
     items, found = read_items(config), read_annotations(config)
-    references = resolve_references(found, sorted(items), training.aggregation)
+    references = resolve_references(found, sorted(items), training.aggregation, set(names))
     kinds = {name: schema_kind(by_name[name]) for name in names}
     targets, labels = all_targets(references, kinds)
     if not targets:  # Potato refuses when nobody answered; nothing to train on is refused too
@@ -72,13 +72,14 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
         task_dir=os.path.normpath(os.path.join(config.config_path.parent, os.path.expanduser(config.task_dir))),
         media_directory=str((config.model_extra or {}).get("media_directory") or "media"),
         source_field=by_name[names[0]].get("source_field"))  # Potato reads the first scheme's only
-    build.stats.update(n_items=len(items), n_annotated=len(references))
+    answered = answered_items(found, items)
+    build.stats.update(n_items=len(items), n_annotated=len(answered))
     bad = unencodable_items(items)
     if bad:
         build.stats["warnings"].append(
             f"{len(bad)} item(s) hold text that is not valid Unicode (a lone surrogate such as \\ud800), "
             f"replaced with U+FFFD: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; fix the data file")
-    rows, unlabeled = bundle_rows(build, items, references, targets, training.writeback.include_unlabeled)
+    rows, unlabeled = bundle_rows(build, items, answered, targets, training.writeback.include_unlabeled)
     splits = write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
     return write_manifest(build, training, names, by_name, kinds, labels, splits, rows)
 

@@ -11,115 +11,156 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import Any
+
+import numpy as np
 
 from potato_queue.bundle.read import Annotations, Answers
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # What the other stages of the bundle use; the rest is this stage's own.
-__all__ = ["all_targets", "no_labels_error", "resolve_references"]
+__all__ = ["all_targets", "answered_items", "dawid_skene", "no_labels_error", "resolve_references"]
 
 _UNSET = (None, "", False, 0, "false")  # Potato's "not selected"; the string "0" is a selection
 
 
-def _canonical(value_map: Any) -> tuple[str, Any]:
-    """The exact-match key of one answer, and the answer as a map."""
-    value_map = value_map if isinstance(value_map, dict) else {"_value": value_map}
-    return json.dumps(value_map, sort_keys=True, ensure_ascii=False), value_map
+class _Canonical:
+    """The exact-match key of one answer (Potato's sorted JSON of it, which orders the classes), and the answer
+    as a map; the key worked out once per distinct flat answer, since a scheme has few (a radio's labels)."""
+
+    def __init__(self) -> None:
+        self._keys: dict[tuple[Any, ...], str] = {}
+
+    def __call__(self, value_map: Any) -> tuple[str, Any]:
+        value_map = value_map if isinstance(value_map, dict) else {"_value": value_map}
+        try:
+            flat = tuple(value_map.items())
+            key = self._keys.get(flat)
+        except TypeError:  # a list or a map inside (spans, shapes): not hashable, not cached
+            return json.dumps(value_map, sort_keys=True, ensure_ascii=False), value_map
+        if key is None:
+            key = self._keys[flat] = json.dumps(value_map, sort_keys=True, ensure_ascii=False)
+        return key, value_map
 
 
-def _majority(found: Annotations, ids: Sequence[str]) -> dict[str, Answers]:
+def _majority(found: Annotations, ids: Sequence[str], schemas: Collection[str]) -> dict[str, Answers]:
     """Per item and scheme, the most frequent exact answer; a tie goes to the first annotator's."""
     references: dict[str, Answers] = {}
+    canonical = _Canonical()
     for iid in ids:
         votes: dict[str, list[tuple[str, Any]]] = {}
         for user in found.users:
             for schema, value_map in found.index.get((user, iid), {}).items():
-                votes.setdefault(schema, []).append(_canonical(value_map))
+                if schema in schemas:
+                    votes.setdefault(schema, []).append(canonical(value_map))
         for schema, pairs in votes.items():
             winner = Counter(key for key, _ in pairs).most_common(1)[0][0]
             references.setdefault(iid, {})[schema] = next(value for key, value in pairs if key == winner)
     return references
 
 
-def _ds_confusions(posteriors: dict[str, list[float]], observed: dict[str, list[tuple[str, int]]],
-                   workers: list[str], k: int) -> dict[str, list[list[float]]]:
-    """M-step: each worker's P(says l | truly j); uniform for a class they never met."""
-    num = {w: [[0.0] * k for _ in range(k)] for w in workers}
-    den = {w: [0.0] * k for w in workers}
-    for item, seen in observed.items():
-        for worker, said in seen:
-            for j in range(k):
-                num[worker][j][said] += posteriors[item][j]
-                den[worker][j] += posteriors[item][j]
-    return {w: [[num[w][j][s] / den[w][j] for s in range(k)] if den[w][j] > 0 else [1.0 / k] * k for j in range(k)]
-            for w in workers}
-
-
-def _dawid_skene(observations: list[tuple[str, str, str]], max_iter: int = 100, tol: float = 1e-6) -> dict[str, str]:
-    """{item: label} by Potato's Dawid-Skene EM, the same float operations in the same order."""
-    workers = sorted({w for w, _, _ in observations})
+def _ds_arrays(observations: list[tuple[str, str, str]]) -> tuple[list[str], list[str], Any, Any, Any, Any]:
+    """The items and classes in sorted order, and the observations as arrays in Potato's order (by item,
+    then as given): item, worker and class indexes, and each one's rank among its item's."""
+    workers = {w: n for n, w in enumerate(sorted({w for w, _, _ in observations}))}
     classes = sorted({label for _, _, label in observations})
-    k = len(classes)
-    observed: dict[str, list[tuple[str, int]]] = {item: [] for item in sorted({i for _, i, _ in observations})}
-    for worker, item, label in observations:
-        observed[item].append((worker, classes.index(label)))
+    items = sorted({i for _, i, _ in observations})
+    item_of, class_of = {i: n for n, i in enumerate(items)}, {c: n for n, c in enumerate(classes)}
+    item = np.fromiter((item_of[i] for _, i, _ in observations), dtype=np.int64, count=len(observations))
+    order = np.argsort(item, kind="stable")
+    item = item[order]
+    worker = np.fromiter((workers[w] for w, _, _ in observations), dtype=np.int64, count=len(observations))[order]
+    said = np.fromiter((class_of[c] for _, _, c in observations), dtype=np.int64, count=len(observations))[order]
+    rank = np.arange(len(item)) - np.searchsorted(item, item, side="left")
+    return items, classes, item, worker, said, rank
+
+
+def _sequential_sum(columns: Any) -> Any:
+    """Row sums added left to right, as Python's loop adds them (numpy's sum may pair them otherwise)."""
+    total = columns[:, 0].copy()
+    for j in range(1, columns.shape[1]):
+        total += columns[:, j]
+    return total
+
+
+def dawid_skene(observations: list[tuple[str, str, str]], max_iter: int = 100, tol: float = 1e-6) -> dict[str, str]:
+    """{item: label} by Potato's Dawid-Skene EM (potato.server_utils.consensus.dawid_skene), vectorised: the
+    same float operations in the same order (bincount and cumsum add in input order; each item's votes are
+    multiplied in in turn), so the same labels to the last item, at numpy's speed."""
+    items, classes, item, worker, said, rank = _ds_arrays(observations)
+    k, n_workers = len(classes), int(worker.max()) + 1
     if k == 1:
-        return dict.fromkeys(observed, classes[0])
-    posteriors = {item: [float(sum(1 for _, s in seen if s == j)) for j in range(k)] for item, seen in observed.items()}
-    posteriors = {item: [c / sum(counts) for c in counts] for item, counts in posteriors.items()}
+        return dict.fromkeys(items, classes[0])
+    posteriors = np.zeros((len(items), k))
+    np.add.at(posteriors, (item, said), 1.0)
+    posteriors /= _sequential_sum(posteriors)[:, None]
     previous = None
     for _ in range(max_iter):
-        prior = [0.0] * k
-        for item in observed:
-            for j in range(k):
-                prior[j] += posteriors[item][j]
-        prior = [p / (sum(prior) or 1.0) for p in prior]
-        confusion = _ds_confusions(posteriors, observed, workers, k)
-        likelihood = 0.0
-        for item, seen in observed.items():
-            scores = list(prior)
-            for worker, said in seen:
-                for j in range(k):
-                    scores[j] *= confusion[worker][j][said]
-            mass = sum(scores)
-            posteriors[item] = [x / mass for x in scores] if mass > 0 else [1.0 / k] * k
-            likelihood += math.log(mass) if mass > 0 else 0.0
+        prior = np.cumsum(posteriors, axis=0)[-1]
+        prior = prior / (float(np.cumsum(prior)[-1]) or 1.0)
+        # M-step: each worker's P(says l | truly j); uniform for a class they never met.
+        num = np.stack([np.bincount(worker * k + said, weights=posteriors[item, j], minlength=n_workers * k)
+                        .reshape(n_workers, k) for j in range(k)], axis=1)
+        den = np.stack([np.bincount(worker, weights=posteriors[item, j], minlength=n_workers) for j in range(k)], axis=1)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            confusion = np.where(den[:, :, None] > 0, num / den[:, :, None], 1.0 / k)
+        # E-step
+        scores = np.tile(prior, (len(items), 1))
+        for r in range(int(rank.max()) + 1):
+            at = rank == r
+            scores[item[at]] *= confusion[worker[at], :, said[at]]
+        mass = _sequential_sum(scores)
+        alive = mass > 0
+        with np.errstate(divide="ignore", invalid="ignore"):
+            posteriors = np.where(alive[:, None], scores / mass[:, None], 1.0 / k)
+        logs = np.fromiter(map(math.log, mass[alive].tolist()), dtype=np.float64, count=int(alive.sum()))
+        likelihood = float(np.cumsum(logs)[-1]) if len(logs) else 0.0
         if previous is not None and abs(likelihood - previous) < tol:
             break
         previous = likelihood
-    # max() keeps the first of equal posteriors: a tie goes to the first class in sorted order.
-    return {item: classes[max(range(k), key=lambda j: p[j])] for item, p in posteriors.items()}
+    # argmax keeps the first of equal posteriors: a tie goes to the first class in sorted order.
+    best = np.argmax(posteriors, axis=1).tolist()
+    return {iid: classes[b] for iid, b in zip(items, best, strict=True)}
 
 
-def _consensus(found: Annotations, ids: Sequence[str]) -> dict[str, Answers]:
+def _consensus(found: Annotations, ids: Sequence[str], schemas: Collection[str]) -> dict[str, Answers]:
     """Dawid-Skene per scheme, each distinct exact answer a class."""
     observations: dict[str, list[tuple[str, str, str]]] = {}
     answer_of: dict[str, dict[str, Any]] = {}
+    canonical = _Canonical()
     for user in found.users:
         for iid in ids:
             for schema, value_map in found.index.get((user, iid), {}).items():
-                key, answer = _canonical(value_map)
+                if schema not in schemas:
+                    continue  # Dawid-Skene is per scheme: the others' answers change nothing here
+                key, answer = canonical(value_map)
                 observations.setdefault(schema, []).append((user, iid, key))
                 # The last annotator's map stands for its class: it orders a multilabel list.
                 answer_of.setdefault(schema, {})[key] = answer
     references: dict[str, Answers] = {}
     for schema, seen in observations.items():
-        for iid, key in _dawid_skene(seen).items():
+        for iid, key in dawid_skene(seen).items():
             references.setdefault(iid, {})[schema] = answer_of[schema][key]
     return references
 
 
-def resolve_references(found: Annotations, ids: Sequence[str], aggregation: str) -> dict[str, Answers]:
-    """One agreed answer per item: consensus needs two annotators, else (or on failure) majority."""
+def resolve_references(found: Annotations, ids: Sequence[str], aggregation: str,
+                       schemas: Collection[str]) -> dict[str, Answers]:
+    """One agreed answer per item and scheme of `schemas` (the run's: Potato resolves every scheme, and each
+    scheme's answer is the same either way): consensus needs two annotators, else (or on failure) majority."""
     if aggregation == "consensus" and len(found.users) > 1:
         try:
-            return _consensus(found, ids)
+            return _consensus(found, ids, schemas)
         except (ArithmeticError, ValueError, TypeError):
             pass  # Potato falls back to majority the same way
-    return _majority(found, ids)
+    return _majority(found, ids, schemas)
+
+
+def answered_items(found: Annotations, ids: Collection[str]) -> set[str]:
+    """The items of `ids` someone answered, in any scheme: Potato's n_annotated, counted over every scheme."""
+    return {iid for _, iid in found.index if iid in ids}
 
 
 def _chosen(value_map: Any) -> list[str]:

@@ -198,8 +198,11 @@ def _user_records(state: Mapping[str, Any], image_schemas: set[str]) -> Iterator
     """(instance id, answers) for every instance one user state mentions."""
     labels = state.get("instance_id_to_label_to_value") or {}
     spans = state.get("instance_id_to_span_to_value") or {}
-    for iid in {**dict.fromkeys(labels), **dict.fromkeys(spans)}:
+    for iid in {**dict.fromkeys(labels), **dict.fromkeys(spans)} if spans else labels:
         maps = _label_maps(labels.get(iid, {}))
+        if not (spans or image_schemas):  # most projects: label maps alone (a large one's time is here)
+            yield str(iid), maps
+            continue
         answers = dict(maps)  # spans, then image shapes, replace a label map of the same scheme
         answers.update({s: {"_spans": found} for s, found in _span_lists(spans.get(iid, [])).items()})
         answers.update({s: {"_objects": found} for s, found in _image_objects(maps, image_schemas).items()})

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import tarfile
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -102,7 +102,7 @@ def _row(build: BundleBuild, iid: str, item: Row, targets: Answers | None) -> Ro
     return row
 
 
-def bundle_rows(build: BundleBuild, items: dict[str, Row], references: dict[str, Answers], targets: dict[str, Answers],
+def bundle_rows(build: BundleBuild, items: dict[str, Row], answered: Collection[str], targets: dict[str, Answers],
           include_unlabeled: bool) -> tuple[list[Row], list[Row]]:
     """Labelled and unlabeled rows in sorted id order (media is linked in that order too)."""
     rows, unlabeled = [], []
@@ -110,7 +110,7 @@ def bundle_rows(build: BundleBuild, items: dict[str, Row], references: dict[str,
         if iid in targets:
             rows.append(_row(build, iid, items[iid], targets[iid]))
             continue
-        build.stats["n_skipped_no_label"] += iid in references  # answered, but nothing usable here
+        build.stats["n_skipped_no_label"] += iid in answered  # answered, but nothing usable here
         if include_unlabeled:
             unlabeled.append(_row(build, iid, items[iid], None))
     return rows, unlabeled

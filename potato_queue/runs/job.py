@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
+import shutil
 import time
+from pathlib import Path
 from typing import Any
 
 from potato_queue.config import LocalBackend, ProjectConfig
@@ -11,9 +15,10 @@ from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths
 from potato_queue.store.records import created_ms
+from potato_queue.worker.files import write_atomic
 from potato_queue.worker.job import BundleRef, Job, Limits
 
-__all__ = ["build_job", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
+__all__ = ["build_job", "copy_bundle", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
 
 SERVER_URL_WAIT_S = 2.5
 
@@ -61,18 +66,16 @@ def max_predictions_bytes(config: ProjectConfig) -> int:
 
 def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths) -> Job:
     """Build and pack the bundle, then the job (kept in run.json as `job`, served to the agent as it is)."""
-    from potato_queue.bundle import build_bundle, pack_bundle
     from potato_queue.runs.retry import checkpoint_owner, reuse_bundle
 
     mt = config.model_training
     retried = record.get("resume_of")
-    if retried is None:
-        manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
-    else:  # a retry trains on the data the run it retries had
-        manifest = reuse_bundle(config, store, record, paths)
-    size, sha256 = pack_bundle(paths.bundle_dir, paths.bundle)
-    store.index.mark_bulky(record["run_id"], created_ms(record))
-    said = "built" if retried is None else f"of run {retried} reused"
+    store.index.mark_bulky(record["run_id"], created_ms(record))  # before any file: retain_runs finds them all
+    if retried is not None:  # a retry trains on the data the run it retries had
+        manifest, said = reuse_bundle(config, store, record, paths), f"of run {retried} reused"
+        size, sha256 = paths.bundle.stat().st_size, _sha256_of(paths.bundle)
+    else:
+        manifest, said, (size, sha256) = _built_or_cached(config, store, record, paths)
     store.log(record["run_id"], f"bundle {said}: {size} bytes, sha256 {sha256[:12]}",
               *(f"warning: {text}" for text in manifest["stats"]["warnings"]))
     return Job(
@@ -81,6 +84,57 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
         max_predictions_bytes=max_predictions_bytes(config), params=_params(config, store, record),
         seed=mt.split_seed, grace_seconds=mt.grace_seconds, limits=limits_for(config, record["backend"]),
         resume_of=checkpoint_owner(store, record))
+
+
+def _built_or_cached(config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths
+                     ) -> tuple[dict[str, Any], str, tuple[int, str]]:
+    """The bundle of an earlier run built from the same inputs (bundle/inputs.py), copied; else built and
+    packed. (manifest, what run.log says of it, (tar bytes, sha256))."""
+    from potato_queue.bundle import build_bundle, pack_bundle
+    from potato_queue.bundle.inputs import inputs_digest
+
+    digest = inputs_digest(config, record["schemas"])
+    for earlier in reversed(store.index.bulky_runs()):
+        source = store.paths(earlier)
+        if earlier == record["run_id"] or not _holds_bundle_of(source, digest):
+            continue
+        try:  # the earlier run's files may be pruned (retain_runs) while they are copied: then build
+            manifest = copy_bundle(source, paths)
+            packed = paths.bundle.stat().st_size, _sha256_of(paths.bundle)
+        except (OSError, ValueError):
+            continue
+        write_atomic(paths.bundle_inputs, digest)
+        return manifest, (f"of run {earlier} reused (its data files, annotations, config and split seed are "
+                          f"unchanged: inputs sha256 {digest[:12]})"), packed
+    manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
+    packed = pack_bundle(paths.bundle_dir, paths.bundle)
+    write_atomic(paths.bundle_inputs, digest)
+    return manifest, "built", packed
+
+
+def _holds_bundle_of(paths: RunPaths, digest: str) -> bool:
+    try:
+        return paths.bundle_inputs.read_text(encoding="utf-8") == digest and paths.bundle.is_file()
+    except OSError:
+        return False
+
+
+def _sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def copy_bundle(source: RunPaths, dest: RunPaths) -> dict[str, Any]:
+    """Another run's bundle folder and tar.gz copied into this run's (media links stay links, as built): the
+    manifest. OSError when a file is gone."""
+    shutil.rmtree(dest.bundle_dir, ignore_errors=True)
+    shutil.copytree(source.bundle_dir, dest.bundle_dir, symlinks=True)
+    shutil.copyfile(source.bundle, dest.bundle)
+    manifest: dict[str, Any] = json.loads((dest.bundle_dir / "manifest.json").read_text(encoding="utf-8"))
+    return manifest
 
 
 def limits_for(config: ProjectConfig, backend: str) -> Limits:

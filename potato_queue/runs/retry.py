@@ -11,14 +11,13 @@ retried in its turn.
 
 from __future__ import annotations
 
-import json
-import shutil
 from collections.abc import Callable
 from typing import Any
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.run import RunRecord, RunState
+from potato_queue.runs.job import copy_bundle
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths, new_run_id
@@ -85,14 +84,10 @@ def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], N
 def reuse_bundle(config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths) -> dict[str, Any]:
     """The retried run's bundle, copied into the retry's folder: its manifest. A bundle removed since the retry
     was queued (retain_runs) fails the retry with the refusal's words."""
-    old = store.paths(record["resume_of"])
     try:
-        shutil.rmtree(paths.bundle_dir, ignore_errors=True)
-        shutil.copytree(old.bundle_dir, paths.bundle_dir, symlinks=True)  # media links stay links, as built
-        manifest: dict[str, Any] = json.loads((paths.bundle_dir / "manifest.json").read_text(encoding="utf-8"))
+        return copy_bundle(store.paths(record["resume_of"]), paths)
     except FileNotFoundError:
         raise _bundle_gone(config, record["resume_of"]) from None
-    return manifest
 
 
 def checkpoint_owner(store: RunStore, record: RunRecord) -> str | None:

@@ -249,6 +249,12 @@ class RunPaths:
         return self.dir / "bundle.tar.gz"
 
     @property
+    def bundle_inputs(self) -> Path:
+        """The digest of what the run's bundle was built from (bundle/inputs.py): a later run on the same
+        inputs copies this run's bundle instead of building it again."""
+        return self.dir / "bundle.inputs"
+
+    @property
     def bundle_dir(self) -> Path:
         """The unpacked bundle the server scores against (val/test targets)."""
         return self.dir / "bundle"
@@ -284,4 +290,4 @@ class RunPaths:
     @property
     def bulky(self) -> tuple[Path, ...]:
         """The large part of a run's folder, which retain_runs removes: bundle, model files, the agent's copies."""
-        return (self.bundle, self.bundle_dir, self.artifacts, self.agent_workdir)
+        return (self.bundle_inputs, self.bundle, self.bundle_dir, self.artifacts, self.agent_workdir)

@@ -1,0 +1,74 @@
+"""What a bundle is made from, as one digest: a run on unchanged data reuses the bundle an earlier run built.
+
+The digest covers everything build_bundle reads: the bytes of every data file and every annotator's
+user_state.json, the names and sizes and times of the files under the media folder (a bundle links them by
+path, and one added or removed changes it), the parts of the config the build reads (schemes, item
+properties, folders, aggregation, splits and their seed, include_unlabeled), the schemes the run trains,
+and the builder's own format. Any change of one misses; nothing else does (a new max_wall_seconds, say).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from potato_queue.bundle.write import BUNDLE_VERSION
+from potato_queue.config import ProjectConfig
+
+__all__ = ["BUILDER_FORMAT", "inputs_digest"]
+
+# Raised whenever the builder writes other bytes for the same inputs: bundles cached before are not reused.
+BUILDER_FORMAT = 1
+_CHUNK_BYTES = 1 << 20
+
+
+def _config_part(config: ProjectConfig, schemas: Sequence[str] | None) -> bytes:
+    mt = config.model_training
+    part = {
+        "builder": [BUNDLE_VERSION, BUILDER_FORMAT], "schemas": list(schemas) if schemas is not None else None,
+        "annotation_schemes": config.annotation_schemes, "item_properties": config.item_properties.model_dump(),
+        "task_dir": str(config.task_path), "data_files": [str(p) for p in config.data_paths()],
+        "output": str(config.output_path), "extra": config.model_extra or {},
+        "aggregation": mt.aggregation, "splits": mt.splits, "split_seed": mt.split_seed,
+        "include_unlabeled": mt.writeback.include_unlabeled,
+    }
+    return json.dumps(part, sort_keys=True, default=str).encode()
+
+
+def _add_file(update: Callable[[bytes], object], path: Path) -> None:
+    update(f"\0file {path}\0".encode())
+    try:
+        with path.open("rb") as fh:
+            while chunk := fh.read(_CHUNK_BYTES):
+                update(chunk)
+    except OSError as exc:  # a missing data file: the build itself says so, with its fix
+        update(f"\0unreadable {type(exc).__name__}\0".encode())
+
+
+def _add_media(update: Callable[[bytes], object], folder: Path) -> None:
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            path = os.path.join(root, name)
+            try:
+                stat = os.stat(path)
+            except OSError:
+                continue
+            update(f"\0media {path} {stat.st_size} {stat.st_mtime_ns}".encode())
+
+
+def inputs_digest(config: ProjectConfig, schemas: Sequence[str] | None) -> str:
+    """sha256 of what build_bundle(config, _, schemas) reads."""
+    digest = hashlib.sha256(_config_part(config, schemas))
+    for path in config.data_paths():
+        _add_file(digest.update, path)
+    out = config.output_path
+    for entry in sorted(os.listdir(out)) if out.is_dir() else []:
+        if (out / entry / "user_state.json").is_file():
+            _add_file(digest.update, out / entry / "user_state.json")
+    media = str((config.model_extra or {}).get("media_directory") or "media")
+    _add_media(digest.update, config.task_path / media)
+    return digest.hexdigest()
