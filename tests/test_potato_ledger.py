@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import yaml
 from potato_queue.store import potato_ledger
 from potato_queue.store.keys import new_run_id, potato_database_path
 from potato_queue.store.potato_ledger import PotatoLedger, ledger_status, potato_config, potato_metrics
-from potato_queue.store.records import utc_now
+from potato_queue.store.records import utc_now, utc_of
 from potato_queue.validate import load_checked
 from tests.conftest import run_cli
 from tests.lifecycle_helpers import make_project
@@ -126,3 +127,33 @@ def test_the_config_potato_reads_names_the_project_and_its_task_dir_as_potato_re
     config_path.write_text(yaml.safe_dump(data))
     cfg = potato_config(load_checked(config_path))
     assert cfg["task_dir"] == str(config_path.parent) and cfg["annotation_task_name"] == "Review Sentiment"
+
+
+def test_old_runs_whose_predictions_are_not_live_leave_potatos_store_with_their_items(tmp_path: Path) -> None:
+    """Potato's run-items table grows by a run's whole item list each run (20 MB a run at 100,000 items):
+    after a success, Potato's own prune keeps the newest retain_runs runs and every run still cited by a
+    live prediction, and drops the rest with their items; one run's splits are written whole."""
+    from potato.training import store
+
+    config = load_checked(make_project(tmp_path))
+    cfg = potato_config(config)
+    ledger = PotatoLedger(config, log=lambda run_id, line: None)
+    ids = [f"i{n:04d}" for n in range(3000)]
+    runs = []
+    for n in range(5):
+        record = _record(state="succeeded", created_at=utc_of(time.time() - 60 * (5 - n)), finished_at=utc_now())
+        ledger.record(record)
+        ledger.record_splits(record, {"train": ids[:2000], "val": ids[2000:2500], "test": ids[2500:]})
+        # the first run predicted an item no later run predicts again: its prediction stays live
+        predicted = ["only-first"] if n == 0 else ids[:10]
+        assert ledger.record_predictions(record, [{"instance_id": i, "schema_name": "sentiment",
+                                                   "payload": "positive", "confidence": 0.9} for i in predicted])
+        runs.append(record["run_id"])
+    assert len(store.run_item_splits(cfg, runs[-1])) == 3000
+    pruned = ledger.prune({"run_id": runs[-1]}, retain=2)
+    assert set(pruned) == set(runs[1:3]) and len(pruned) == 2, "the newest two kept, the first for its live prediction"
+    for run_id in runs:
+        kept = run_id not in pruned
+        assert (store.load_run(cfg, run_id) is not None) == kept
+        assert len(store.run_item_splits(cfg, run_id)) == (3000 if kept else 0)
+    assert store.all_training_split_ids(cfg) == set(ids[:2000])

@@ -158,6 +158,11 @@ def finalize_predictions(config: ProjectConfig, store: RunStore,
         return {}, None
     held_out = _held_out(paths.bundle_dir, record["schemas"], valid)
     store.potato.record_predictions(record, valid)
+    pruned = store.potato.prune(record, config.model_training.retain_runs)
+    if pruned:
+        store.log(run_id, f"Potato's store: {len(pruned)} older run(s) pruned with their run items "
+                          f"({', '.join(pruned)}): Potato keeps the newest {config.model_training.retain_runs} "
+                          f"(model_training.retain_runs) and every run whose predictions are still live")
     prelabels = _publish(config, store, run_id, valid, len(refused))
     store.log(run_id, f"held-out scores: {json.dumps(held_out)}; {prelabels['said']}")
     return held_out, prelabels

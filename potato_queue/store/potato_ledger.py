@@ -285,8 +285,37 @@ class PotatoLedger:
         if record.get(OWNED_BY_POTATO) or not self.status.on:
             return
         splits = {name: split_ids.get(name, []) for name in RECORDED_SPLITS}
-        self._write(record["run_id"], "the run's splits", lambda store: store.record_run_items(
-            self._cfg, record["run_id"], splits))
+        self._write(record["run_id"], "the run's splits", self._in_one_transaction(
+            lambda store: store.record_run_items(self._cfg, record["run_id"], splits)))
+
+    def _in_one_transaction(self, write: Callable[[Any], Any]) -> Callable[[Any], None]:
+        """`write` (many rows through one of Potato's functions, which commits at its end) in one transaction:
+        Potato's connection commits each statement by itself, so 100,000 rows are 100,000 commits otherwise
+        (bench/bench_scale.py measures it). All or nothing, and still short."""
+        def in_one(store: Any) -> None:
+            from potato.persistence import get_db
+
+            conn = get_db(self._cfg["task_dir"])
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                write(store)
+            finally:
+                if conn.in_transaction:
+                    conn.rollback()
+
+        return in_one
+
+    def prune(self, record: Mapping[str, Any], retain: int) -> list[str]:
+        """After a run succeeded, Potato's own pruning (potato.training.store.prune_runs, as Potato's manager
+        runs it): the finished runs beyond the newest `retain` whose predictions are no longer live (a newer
+        run's replaced them, or they were retracted) leave Potato's store with their run items, which would
+        otherwise grow by a run's whole item list every run. The ids pruned."""
+        if record.get(OWNED_BY_POTATO) or not self.status.on:
+            return []
+        pruned: list[str] = []
+        self._write(record["run_id"], "the pruning of old runs", lambda store: pruned.extend(
+            store.prune_runs(self._cfg, retain)))
+        return pruned
 
     def record_predictions(self, record: Mapping[str, Any], predictions: Iterable[dict[str, Any]]) -> bool:
         """Every valid prediction, ungated (Potato gates when it publishes); a newer run's replace an older's."""
@@ -295,20 +324,8 @@ class PotatoLedger:
         rows = [(str(p["instance_id"]), str(p["schema_name"]), p.get("payload"), p.get("confidence"))
                 for p in predictions]
 
-        def write(store: Any) -> None:
-            # Potato's connection commits each statement by itself: one transaction for the run's rows is
-            # ~20x faster, still short, and all or nothing (Potato's function commits it).
-            from potato.persistence import get_db
-
-            conn = get_db(self._cfg["task_dir"])
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                store.record_predictions(self._cfg, record["run_id"], rows)
-            finally:
-                if conn.in_transaction:
-                    conn.rollback()
-
-        return self._write(record["run_id"], f"{len(rows)} predictions", write)
+        return self._write(record["run_id"], f"{len(rows)} predictions", self._in_one_transaction(
+            lambda store: store.record_predictions(self._cfg, record["run_id"], rows)))
 
     def _read(self, what: str, read: Callable[[Any], Any]) -> Any:
         """A read of Potato's store; None when write-back is off or the read failed (the caller then
