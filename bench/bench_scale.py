@@ -7,7 +7,7 @@ the items in two radio schemes, a few percent careless), one per size. Each phas
 own, so its peak memory (ru_maxrss) is its own:
 
   parse         the alternative every build must beat: read the data file and every user_state.json and
-                json-parse them, nothing else
+                json-parse them, nothing else (the cycle collector paused, as the build pauses it)
   build         potato-queue's bundle, cold (bundle/: read, Dawid-Skene for the run's scheme, rows, splits)
   potato-build  Potato 2.12.1's own build_bundle on the same project (potato.training.dataset)
   reuse         what a run on unchanged data pays instead of a build: the inputs' digest (bundle/inputs.py)
@@ -28,6 +28,7 @@ at the largest size (goal: under 1 s) and the server's memory after it against i
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import math
 import os
@@ -93,6 +94,7 @@ model_training:
 # ---------------------------------------------------------------- the phases, each in a process of its own
 
 def phase_parse(config_path: Path) -> dict[str, Any]:
+    gc.disable()  # the fastest plain read (the build pauses the cycle collector too)
     folder = config_path.parent
     with (folder / "data" / "items.jsonl").open(encoding="utf-8") as fh:
         items = [json.loads(line) for line in fh]

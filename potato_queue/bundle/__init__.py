@@ -13,8 +13,10 @@ downloads.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -56,7 +58,26 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
     unreadable user_state.json, an unknown scheme, nothing labelled, or an
     out_dir that holds something other than a bundle.
     """
-    names, training = schema_names(config, schemas), config.model_training
+    with _no_cycle_collection():
+        return _build(config, Path(out_dir), schema_names(config, schemas))
+
+
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """The build makes millions of small dicts and lists and no reference cycles: Python's cycle collector,
+    woken by every 700 of them, walks all the live ones each time (two thirds of a 100,000-item project's
+    parse time). Paused for the build, as it was before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, Any]:
+    training = config.model_training
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
     items, found = read_items(config), read_annotations(config)
     references = resolve_references(found, sorted(items), training.aggregation, set(names))
@@ -64,7 +85,6 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
     targets, labels = all_targets(references, kinds)
     if not targets:  # Potato refuses when nobody answered; nothing to train on is refused too
         raise no_labels_error(config, len(items), found, names)
-    out_dir = Path(out_dir)
     prepare_out_dir(out_dir)
     build = BundleBuild(
         out_dir=out_dir, text_key=config.item_properties.text_key,

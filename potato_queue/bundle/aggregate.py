@@ -125,20 +125,30 @@ def dawid_skene(observations: list[tuple[str, str, str]], max_iter: int = 100, t
     return {iid: classes[b] for iid, b in zip(items, best, strict=True)}
 
 
+def _by_user_then_item(found: Annotations, ids: Sequence[str]) -> list[tuple[str, str]]:
+    """The (user, item) pairs answered, in Potato's order (users as first seen, items as in `ids`, sorted):
+    each user's own answers sorted, not every user against every item."""
+    wanted = set(ids)
+    mine: dict[str, list[str]] = {user: [] for user in found.users}
+    for user, iid in found.index:
+        if iid in wanted and user in mine:
+            mine[user].append(iid)
+    return [(user, iid) for user in found.users for iid in sorted(mine[user])]
+
+
 def _consensus(found: Annotations, ids: Sequence[str], schemas: Collection[str]) -> dict[str, Answers]:
     """Dawid-Skene per scheme, each distinct exact answer a class."""
     observations: dict[str, list[tuple[str, str, str]]] = {}
     answer_of: dict[str, dict[str, Any]] = {}
     canonical = _Canonical()
-    for user in found.users:
-        for iid in ids:
-            for schema, value_map in found.index.get((user, iid), {}).items():
-                if schema not in schemas:
-                    continue  # Dawid-Skene is per scheme: the others' answers change nothing here
-                key, answer = canonical(value_map)
-                observations.setdefault(schema, []).append((user, iid, key))
-                # The last annotator's map stands for its class: it orders a multilabel list.
-                answer_of.setdefault(schema, {})[key] = answer
+    for user, iid in _by_user_then_item(found, ids):
+        for schema, value_map in found.index[(user, iid)].items():
+            if schema not in schemas:
+                continue  # Dawid-Skene is per scheme: the others' answers change nothing here
+            key, answer = canonical(value_map)
+            observations.setdefault(schema, []).append((user, iid, key))
+            # The last annotator's map stands for its class: it orders a multilabel list.
+            answer_of.setdefault(schema, {})[key] = answer
     references: dict[str, Answers] = {}
     for schema, seen in observations.items():
         for iid, key in dawid_skene(seen).items():
