@@ -69,6 +69,12 @@ def _load(runs: Any, run_id: str) -> Any:
     return load_run(runs.store, runs.record(run_id))
 
 
+def _inputs(runs: Any, run_id: str) -> Any:
+    from potato_queue.insight.inputs import read_inputs
+
+    return read_inputs(runs.store, runs.record(run_id))
+
+
 def insight_commands(config_argument: Decorator, redis_option: Decorator,
                      runs_for: Callable[[Path, str], Any]) -> list[click.Command]:
     """The commands, for cli.py's `training` group; `runs_for(config, redis_url)` is the project's RunService."""
@@ -102,8 +108,7 @@ def insight_commands(config_argument: Decorator, redis_option: Decorator,
         from potato_queue.insight.report import next_items
 
         runs = runs_for(config, redis_url)
-        data = _load(runs, run_id)
-        found = next_items(runs.config, data, None if to_potato else limit, measure)
+        found = next_items(runs.config, _inputs(runs, run_id), None if to_potato else limit, measure)
         if to_potato:
             found = {**found, "potato": hand_to_potato(runs.config, [i["instance_id"] for i in found["items"]])}
             found["items"] = found["items"][:limit]
@@ -122,7 +127,7 @@ def insight_commands(config_argument: Decorator, redis_option: Decorator,
         from potato_queue.insight.report import quality as quality_of
 
         runs = runs_for(config, redis_url)
-        found = quality_of(_load(runs, run_id), target_precision)
+        found = quality_of(_inputs(runs, run_id), target_precision)
         click.echo(json.dumps(found, ensure_ascii=False) if as_json else quality_table(found))
 
     return [compare, next_, quality]

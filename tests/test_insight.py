@@ -198,3 +198,37 @@ def test_a_server_killed_while_it_writes_the_order_leaves_no_file_in_the_project
         assert list(staging_dir(config).iterdir()) == []
     finally:
         svc.stop()
+
+
+def test_the_insight_a_run_kept_at_finalize_says_what_its_files_say_and_follows_new_labels(project: Project) -> None:
+    """insight.json is what the run page reads instead of 15 MB of predictions and the whole bundle at 100,000
+    items: quality and what to label next answer the same from it as from the run's files read again, and an
+    item labelled since the run leaves the list once its annotator's file changes."""
+    kept = run_paths(project.svc, project.curve_run).insight_inputs
+    assert kept.is_file(), "written at the run's finalize"
+    from_kept = [project.api(f"/runs/{project.curve_run}/{path}")[1] for path in ("quality", "next?limit=80")]
+    moved = kept.with_name("insight.json.aside")
+    kept.rename(moved)
+    try:
+        from_files = [project.api(f"/runs/{project.curve_run}/{path}")[1] for path in ("quality", "next?limit=80")]
+    finally:
+        moved.rename(kept)
+    assert from_kept == from_files
+    first = from_kept[1]["items"][0]["instance_id"]
+    status, top20 = project.api(f"/runs/{project.curve_run}/next?limit=20")
+    assert status == 200 and top20["items"] == from_kept[1]["items"][:20], "the first 20 of the whole order"
+    state = project.config.parent / "annotation_output" / "late-annotator" / "user_state.json"
+    state.parent.mkdir()
+    state.write_text(json.dumps({"user_id": "late-annotator", "instance_id_to_label_to_value": {
+        first: [[{"schema": "sentiment", "name": "positive"}, "positive"]]}}))
+    try:
+        status, after = project.api(f"/runs/{project.curve_run}/next?limit=80")
+    finally:
+        state.unlink()
+        state.parent.rmdir()
+    assert status == 200 and after["total"] == from_kept[1]["total"] - 1 and first not in [i["instance_id"] for i in after["items"]]
+    status, summary = project.api(f"/runs/{project.curve_run}/predictions/summary")
+    lines = run_paths(project.svc, project.curve_run).predictions.read_text().splitlines()
+    assert status == 200 and summary["total"] == len(lines) and summary["broken"] == 0
+    assert sum(summary["counts"].values()) == len(lines) and len(summary["sample"]) == 10
+    assert summary["sample"][0] == json.loads(lines[0])

@@ -4,6 +4,7 @@ what-to-label-next ranking, the curve's words, the order written into a data fil
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,14 @@ from potato_queue.insight.measures import (
     per_label,
     reliability,
 )
-from potato_queue.insight.next_items import cosine, rank_next, tfidf_vectors, uncertainty
+from potato_queue.insight.next_items import (
+    LazyVectors,
+    cosine,
+    document_frequencies,
+    rank_next,
+    tfidf_vectors,
+    uncertainty,
+)
 from potato_queue.insight.potato_order import (
     POTATO_ORDER_KEYS,
     PRIORITY_FIELD,
@@ -202,3 +210,17 @@ def test_an_id_with_a_newline_after_it_is_no_run_id_gpu_list_or_model_name() -> 
     check_repo_id("my-lab/reviews")
     assert base_model({"model_name": "bert-base-uncased"})[0] == "bert-base-uncased"
     assert base_model({"model_name": "bert-base-uncased\n"})[0] is None
+
+
+def test_the_first_n_of_what_to_label_next_are_the_first_n_of_the_whole_order() -> None:
+    """With a limit the ranking stops once it has them (the first 20 of 100,000 items look at a few dozen
+    texts); they are the whole order's first, near-copies held back alike."""
+    rng = random.Random(5)
+    words = ["plot", "cast", "score", "ending", "pace", "music", "camera", "dialogue", "twist", "villain"]
+    texts = {f"t{n:03d}": " ".join(rng.sample(words, 3)) for n in range(300)}
+    uncertain = {key: round(rng.random(), 2) for key in texts}
+    whole = rank_next(uncertain, tfidf_vectors(texts))
+    assert any(r.near_copy_of for r in whole[:60]), "the case has near-copies near the top"
+    documents = document_frequencies(texts.values())
+    for limit in (1, 5, 20, 60, 299, 300, 400):
+        assert rank_next(uncertain, LazyVectors(texts, documents, len(texts)), limit=limit) == whole[:limit], limit

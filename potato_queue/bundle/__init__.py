@@ -13,10 +13,8 @@ downloads.
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +22,7 @@ from potato_queue.bundle.aggregate import all_targets, answered_items, no_labels
 from potato_queue.bundle.read import (
     TARGET_KINDS,
     count_annotations,
+    no_cycle_collection,
     read_annotations,
     read_items,
     schema_kind,
@@ -58,22 +57,8 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
     unreadable user_state.json, an unknown scheme, nothing labelled, or an
     out_dir that holds something other than a bundle.
     """
-    with _no_cycle_collection():
+    with no_cycle_collection():
         return _build(config, Path(out_dir), schema_names(config, schemas))
-
-
-@contextlib.contextmanager
-def _no_cycle_collection() -> Iterator[None]:
-    """The build makes millions of small dicts and lists and no reference cycles: Python's cycle collector,
-    woken by every 700 of them, walks all the live ones each time (two thirds of a 100,000-item project's
-    parse time). Paused for the build, as it was before."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
 
 
 def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, Any]:

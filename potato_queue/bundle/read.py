@@ -9,6 +9,8 @@ shapes alike, as Potato's `training/dataset.py` reads them.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import os
 from collections.abc import Iterator, Mapping, Sequence
@@ -23,7 +25,7 @@ from potato_queue.errors import PotatoQueueError
 # The public names, then what the other stages of the bundle use.
 __all__ = ["TARGET_KINDS", "Answers", "Row", "count_annotations", "schema_kind", "scheme_scale", "target_schemas",
            "unencodable_items",
-           "Annotations", "read_annotations", "read_items", "schema_names"]
+           "Annotations", "answered_ids", "no_cycle_collection", "read_annotations", "read_items", "schema_names"]
 
 # Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
 _KIND_OF_TYPE = {atype: kind for kind, types in {
@@ -222,6 +224,27 @@ def count_annotations(config: ProjectConfig, schemas: Sequence[str]) -> int:
     """How many (annotator, item) answers name one of `schemas`: auto-retrain's measure of new work."""
     wanted = set(schemas)
     return sum(1 for answers in read_annotations(config).index.values() if wanted & set(answers))
+
+
+@contextlib.contextmanager
+def no_cycle_collection() -> Iterator[None]:
+    """Reading a project makes millions of small dicts and lists and no reference cycles: Python's cycle
+    collector, woken by every 700 of them, walks all the live ones each time (two thirds of a 100,000-item
+    project's parse time). Paused while it reads, as it was before."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def answered_ids(config: ProjectConfig) -> set[str]:
+    """The items someone has answered (read_annotations' items, without its answers): what the insight
+    leaves out of "what to label next"."""
+    with no_cycle_collection():
+        return {iid for (_user, iid) in read_annotations(config).index}
 
 
 def read_annotations(config: ProjectConfig) -> Annotations:

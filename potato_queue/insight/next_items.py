@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NEAR_DUPLICATE_COSINE", "DIVERSITY_WINDOW", "MEASURES", "uncertainty", "mean_uncertainty", "tfidf_vectors", "cosine", "Ranked",
-           "rank_next"]
+__all__ = ["NEAR_DUPLICATE_COSINE", "DIVERSITY_WINDOW", "MEASURES", "uncertainty", "mean_uncertainty", "tfidf_vectors",
+           "document_frequencies", "tfidf_vector", "LazyVectors", "cosine", "Ranked", "rank_next"]
 
 NEAR_DUPLICATE_COSINE = 0.6
 DIVERSITY_WINDOW = 1000  # the most uncertain items checked for near-copies: 500,000 cosines at most
@@ -86,17 +86,46 @@ def uncertainty(prediction: Mapping[str, Any], measure: str = "margin", kind: st
     return 1.0
 
 
+def _words(text: str) -> Counter[str]:
+    return Counter(_WORD.findall(text.lower()))
+
+
+def document_frequencies(texts: Iterable[str]) -> Counter[str]:
+    """In how many of the texts each word is: the idf's counts, worked out once (a run's finalize keeps them)."""
+    return Counter(word for text in texts for word in _words(text))
+
+
+def tfidf_vector(text: str, documents: Mapping[str, int], n: int) -> Vector:
+    """One text's unit-length TF-IDF vector (lower-cased words, smoothed idf over `n` documents)."""
+    weights = {w: c * (math.log((1 + n) / (1 + documents.get(w, 0))) + 1) for w, c in _words(text).items()}
+    norm = math.sqrt(sum(v * v for v in weights.values())) or 1.0
+    return {w: v / norm for w, v in weights.items()}
+
+
 def tfidf_vectors(texts: Mapping[str, str]) -> dict[str, Vector]:
-    """Unit-length TF-IDF vectors (lower-cased words, smoothed idf) of each text."""
-    counts = {key: Counter(_WORD.findall(text.lower())) for key, text in texts.items()}
-    documents = Counter(word for words in counts.values() for word in words)
-    n = len(texts)
-    vectors = {}
-    for key, words in counts.items():
-        weights = {w: c * (math.log((1 + n) / (1 + documents[w])) + 1) for w, c in words.items()}
-        norm = math.sqrt(sum(v * v for v in weights.values())) or 1.0
-        vectors[key] = {w: v / norm for w, v in weights.items()}
-    return vectors
+    """Unit-length TF-IDF vectors of each text, over these texts."""
+    documents = document_frequencies(texts.values())
+    return {key: tfidf_vector(text, documents, len(texts)) for key, text in texts.items()}
+
+
+class LazyVectors(Mapping[str, Vector]):
+    """TF-IDF vectors worked out when asked for, with frequencies counted before: "what to label next" for the
+    first 20 items of 100,000 looks at a few dozen texts, not all of them."""
+
+    def __init__(self, texts: Mapping[str, str], documents: Mapping[str, int], n: int) -> None:
+        self.texts, self.documents, self.n = texts, documents, n
+        self._made: dict[str, Vector] = {}
+
+    def __getitem__(self, key: str) -> Vector:
+        if key not in self._made:
+            self._made[key] = tfidf_vector(self.texts[key], self.documents, self.n)
+        return self._made[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.texts)
+
+    def __len__(self) -> int:
+        return len(self.texts)
 
 
 def cosine(a: Vector, b: Vector) -> float:
@@ -113,10 +142,12 @@ class Ranked:
 
 
 def rank_next(uncertain: Mapping[str, float], vectors: Mapping[str, Vector],
-              near_duplicate: float = NEAR_DUPLICATE_COSINE, window: int = DIVERSITY_WINDOW) -> list[Ranked]:
+              near_duplicate: float = NEAR_DUPLICATE_COSINE, window: int = DIVERSITY_WINDOW,
+              limit: int | None = None) -> list[Ranked]:
     """Every item of `uncertain` ({id: uncertainty}), most uncertain first, near-copies of an item taken
-    before held back to the end. Only the `window` most uncertain are checked for near-copies (the check
-    is quadratic; nobody labels past the window before the next run), the rest follow in their order."""
+    before held back to the end; with `limit`, the first `limit` of that order only. Only the `window` most
+    uncertain are checked for near-copies (a bounded number of cosines, however many items: nobody labels
+    past the window before the next run), the rest follow in their order."""
     order = sorted(uncertain, key=lambda i: (-uncertain[i], i))
     taken: list[Ranked] = []
     held: list[Ranked] = []
@@ -125,7 +156,10 @@ def rank_next(uncertain: Mapping[str, float], vectors: Mapping[str, Vector],
         copy_of = next((t.instance_id for t in taken if cosine(vector, vectors.get(t.instance_id, {})) >= near_duplicate),
                        None)
         (held if copy_of else taken).append(Ranked(iid, uncertain[iid], copy_of))
-    return taken + held + [Ranked(iid, uncertain[iid], None) for iid in order[window:]]
+        if limit is not None and len(taken) >= limit:
+            return taken[:limit]  # what follows cannot come before these
+    ranked = taken + held + [Ranked(iid, uncertain[iid], None) for iid in order[window:]]
+    return ranked if limit is None else ranked[:limit]
 
 
 def mean_uncertainty(predictions: Sequence[Mapping[str, Any]], measure: str,

@@ -10,13 +10,11 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from potato_queue.bundle.read import read_annotations
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Invalid
+from potato_queue.insight.inputs import RunInputs, labelled_now
 from potato_queue.insight.measures import min_confidence_for, per_label, reliability
-from potato_queue.insight.next_items import MEASURES, mean_uncertainty, rank_next, tfidf_vectors
-from potato_queue.insight.run_data import RunData, scored, shown
-from potato_queue.runs.gate import label_of
+from potato_queue.insight.next_items import MEASURES, LazyVectors, rank_next
 from potato_queue.worker.curve import CURVE_PARAM, read_curve
 
 __all__ = ["quality", "learning_curve", "curve_said", "next_items", "DEFAULT_TARGET_PRECISION", "TEXT_CHARS"]
@@ -25,7 +23,7 @@ DEFAULT_TARGET_PRECISION = 0.9
 TEXT_CHARS = 200  # of an item's text in a listing
 
 
-def quality(data: RunData, target_precision: float = DEFAULT_TARGET_PRECISION) -> dict[str, Any]:
+def quality(data: RunInputs, target_precision: float = DEFAULT_TARGET_PRECISION) -> dict[str, Any]:
     """Per schema: per-label precision and recall, the reliability diagram, and the min_confidence that keeps
     precision at `target_precision` on the held-out items (shown, never applied)."""
     if not 0 < target_precision <= 1:
@@ -33,7 +31,7 @@ def quality(data: RunData, target_precision: float = DEFAULT_TARGET_PRECISION) -
                       fix="give a precision such as 0.9")
     out = {}
     for schema in data.schemas:
-        items = scored(data, schema)
+        items = data.held_out.get(schema, [])
         out[schema] = {"n": len(items), "per_label": per_label(items), "reliability": reliability(items),
                        "threshold": min_confidence_for(items, target_precision)}
     return {"run_id": data.run_id, "target_precision": target_precision, "schemas": out}
@@ -96,27 +94,24 @@ def learning_curve(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"run_id": record["run_id"], "schemas": out}
 
 
-def next_items(config: ProjectConfig, data: RunData, limit: int | None = 20, measure: str = "margin") -> dict[str, Any]:
+def next_items(config: ProjectConfig, data: RunInputs, limit: int | None = 20, measure: str = "margin") -> dict[str, Any]:
     """The unlabelled items the run predicted, not labelled since, ranked (next_items.py): the first `limit`
-    (None: every one, the order handed to Potato)."""
+    (None: every one, the order handed to Potato). Near-linear: the uncertainties and word counts were worked
+    out at the run's finalize, and only the texts the ranking reaches are made vectors."""
     if measure not in MEASURES:
         raise Invalid(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}", fix="use margin or entropy")
-    labelled = {iid for (_user, iid) in read_annotations(config).index}
-    open_ids = {iid for iid, split in data.split_of.items() if split == "unlabeled" and iid not in labelled}
-    predictions = [p for (iid, _schema), p in data.predictions.items() if iid in open_ids]
-    if not predictions:
-        why = ("every unlabelled item it predicted has been labelled since" if data.split_of and
-               any(s == "unlabeled" for s in data.split_of.values()) else
+    labelled = labelled_now(config)
+    open_items = {c.instance_id: c for c in data.candidates if c.instance_id not in labelled}
+    if not open_items:
+        why = ("every unlabelled item it predicted has been labelled since" if data.candidates else
                "it predicted no unlabelled item (model_training.writeback.include_unlabeled is off)")
         return {"run_id": data.run_id, "measure": measure, "total": 0, "items": [], "said": f"nothing to rank: {why}"}
-    uncertain = mean_uncertainty(predictions, measure, data.kinds)
-    ranked = rank_next(uncertain, tfidf_vectors({iid: data.texts.get(iid, "") for iid in uncertain}))
+    uncertain = {iid: c.uncertainty[measure] for iid, c in open_items.items()}
+    ranked = rank_next(uncertain, LazyVectors(data.texts, data.documents, len(data.texts)), limit=limit)
     held = sum(1 for r in ranked if r.near_copy_of)
     items = [{"rank": n, "instance_id": r.instance_id, "uncertainty": r.uncertainty, "near_copy_of": r.near_copy_of,
-              "text": data.texts.get(r.instance_id, "")[:TEXT_CHARS],
-              "predicted": {s: shown(label_of(data.predictions[(r.instance_id, s)]))
-                            for s in data.schemas if (r.instance_id, s) in data.predictions}}
-             for n, r in enumerate(ranked[:limit], 1)]
-    said = (f"{len(ranked)} unlabelled items, the run's least sure first ({measure}); "
-            f"{held} near-copies of an item above them held back to the end")
-    return {"run_id": data.run_id, "measure": measure, "total": len(ranked), "items": items, "said": said}
+              "text": data.texts.get(r.instance_id, "")[:TEXT_CHARS], "predicted": open_items[r.instance_id].predicted}
+             for n, r in enumerate(ranked, 1)]
+    said = (f"{len(uncertain)} unlabelled items, the run's least sure first ({measure}); "
+            f"near-copies of an item above them held back to the end{f' ({held} in this list)' if limit else f' ({held})'}")
+    return {"run_id": data.run_id, "measure": measure, "total": len(uncertain), "items": items, "said": said}

@@ -20,7 +20,7 @@ from potato_queue.worker.bundle import read_scales
 from potato_queue.worker.scoring import MULTILABEL, SPAN, gold_label
 from potato_queue.worker.span_scores import as_spans
 
-__all__ = ["RunData", "load_run", "shown", "as_scored", "scored", "potato_item_path"]
+__all__ = ["RunData", "load_run", "run_data", "refuse_unsucceeded", "shown", "as_scored", "scored", "potato_item_path"]
 
 
 def shown(label: Any) -> str | None:
@@ -81,12 +81,23 @@ class RunData:
         return [str(s) for s in self.record.get("schemas") or []]
 
 
+def refuse_unsucceeded(record: Mapping[str, Any]) -> None:
+    """Conflict (with what to do) for a run that has not succeeded: only a succeeded one is looked into."""
+    if record.get("state") != RunState.SUCCEEDED:
+        raise Conflict(f"run {record['run_id']} is {record.get('state')}: only a succeeded run has predictions to "
+                       f"look into", fix="wait for it to succeed, or pick a run that did")
+
+
 def load_run(store: RunStore, record: Mapping[str, Any]) -> RunData:
     """The run's predictions and bundle; Conflict (with what to do) when the run has none to read."""
+    refuse_unsucceeded(record)
+    return run_data(store, record)
+
+
+def run_data(store: RunStore, record: Mapping[str, Any]) -> RunData:
+    """The run's predictions and bundle, whatever its state (its finalize reads them before it succeeds);
+    Conflict when its files are gone."""
     run_id = record["run_id"]
-    if record.get("state") != RunState.SUCCEEDED:
-        raise Conflict(f"run {run_id} is {record.get('state')}: only a succeeded run has predictions to look into",
-                       fix="wait for it to succeed, or pick a run that did")
     paths = store.paths(run_id)
     good, _bad = read_predictions(paths.predictions)
     if not good:

@@ -10,7 +10,9 @@ from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Query, Request
 
+from potato_queue.errors import NotFound
 from potato_queue.insight.compare import compare_runs
+from potato_queue.insight.inputs import RunInputs, predictions_summary_of, read_inputs
 from potato_queue.insight.potato_order import hand_to_potato
 from potato_queue.insight.report import DEFAULT_TARGET_PRECISION, learning_curve, next_items, quality
 from potato_queue.insight.run_data import RunData, load_run
@@ -27,11 +29,26 @@ def _data(request: Request, run_id: str) -> RunData:
     return load_run(runs.store, runs.record(run_id))
 
 
+def _inputs(request: Request, run_id: str) -> RunInputs:
+    runs = runs_of(request)
+    return read_inputs(runs.store, runs.record(run_id))
+
+
+def run_predictions_summary(run_id: str, request: Request) -> dict[str, Any]:
+    """What the run page shows of the run's predictions: how many, the lines that are not one, each schema's
+    label counts and a sample (the whole file is GET /runs/{run_id}/predictions.jsonl)."""
+    runs = runs_of(request)
+    runs.record(run_id)  # NotFound for no such run
+    if not runs.store.paths(run_id).predictions.exists():
+        raise NotFound(f"run {run_id} has no predictions")
+    return predictions_summary_of(runs.store, run_id)
+
+
 def run_quality(run_id: str, request: Request, target_precision: Annotated[float, Query(gt=0, le=1)]
                 = DEFAULT_TARGET_PRECISION) -> dict[str, Any]:
     """Per-label precision and recall, the reliability diagram's bins, and the min_confidence that keeps the
     held-out precision at target_precision (shown, never applied)."""
-    return quality(_data(request, run_id), target_precision)
+    return quality(_inputs(request, run_id), target_precision)
 
 
 def run_curve(run_id: str, request: Request) -> dict[str, Any]:
@@ -44,14 +61,14 @@ def run_next(run_id: str, request: Request, limit: Annotated[int, Query(ge=1, le
              measure: Literal["margin", "entropy"] = "margin") -> dict[str, Any]:
     """What to label next: the run's unlabelled items (not labelled since), least sure first, near-copies
     of an item above them held back."""
-    return next_items(request.app.state.config, _data(request, run_id), limit, measure)
+    return next_items(request.app.state.config, _inputs(request, run_id), limit, measure)
 
 
 def run_next_to_potato(run_id: str, request: Request) -> dict[str, Any]:
     """Write the whole order into the project's data files, where Potato's priority assignment reads it at
     its next start; 409, with nothing written, when Potato's config lacks the keys that make it serve it."""
     config = request.app.state.config
-    found = next_items(config, _data(request, run_id), None)
+    found = next_items(config, _inputs(request, run_id), None)
     return hand_to_potato(config, [i["instance_id"] for i in found["items"]])
 
 
@@ -73,6 +90,7 @@ def insight_router() -> APIRouter:
     add("/runs/{run_id}/curve", run_curve, methods=["GET"])
     add("/runs/{run_id}/next", run_next, methods=["GET"])
     add("/runs/{run_id}/next/potato", run_next_to_potato, methods=["POST"])
+    add("/runs/{run_id}/predictions/summary", run_predictions_summary, methods=["GET"])
     add("/runs/{run_id}/compare/{other_id}", runs_compared, methods=["GET"], responses={
         400: {"model": ErrorReply, "description": "the same run twice, no schema or held-out item in common"}})
     return router

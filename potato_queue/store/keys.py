@@ -264,6 +264,11 @@ class RunPaths:
         return self.dir / "predictions.jsonl"
 
     @property
+    def insight_inputs(self) -> Path:
+        """What the insight pages read of a succeeded run, worked out once at its finalize (insight/inputs.py)."""
+        return self.dir / "insight.json"
+
+    @property
     def predictions_partial(self) -> Path:
         return self.dir / "predictions.jsonl.part"
 
