@@ -216,7 +216,7 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-PAGE_PATHS = ["/runs/{run}", "/runs/{run}/log?offset=0", "/runs/{run}/events?after=0", "/runs/{run}/predictions.jsonl",
+PAGE_PATHS = ["/runs/{run}", "/runs/{run}/log?offset=0", "/runs/{run}/events?after=0", "/runs/{run}/predictions/summary",
               "/runs/{run}/quality?target_precision=0.9", "/runs/{run}/curve", "/runs/{run}/next?limit=20",
               "/runs?limit=200"]
 
@@ -235,7 +235,8 @@ def page_first_paint(config_path: Path, run_id: str) -> tuple[float, float, floa
             base = line.rsplit(" at ", 1)[1].strip() + "/admin/training/api"
             time.sleep(1.0)  # settled: the first garbage collection, the imports done
             idle = _rss_mb(server.pid)
-            timings = {}
+            timings: dict[str, float] = {}
+            rss: dict[str, float] = {}
             for path in PAGE_PATHS:
                 url = base + path.format(run=run_id)
                 request = urllib.request.Request(url, headers={"X-API-Key": ADMIN_KEY})
@@ -247,6 +248,8 @@ def page_first_paint(config_path: Path, run_id: str) -> tuple[float, float, floa
                     if not (exc.code == 409 and "/curve" in path):  # no learning curve: the page hides it
                         raise
                 timings[path.split("?")[0].replace("{run}", "R")] = time.perf_counter() - started
+                rss[path.split("?")[0].replace("{run}", "R")] = _rss_mb(server.pid)
+            print("  server MB after each request: " + ", ".join(f"{p} {mb:.0f}" for p, mb in rss.items()))
             return sum(timings.values()), idle, _rss_mb(server.pid), timings
         finally:
             server.terminate()

@@ -241,10 +241,20 @@ def no_cycle_collection() -> Iterator[None]:
 
 
 def answered_ids(config: ProjectConfig) -> set[str]:
-    """The items someone has answered (read_annotations' items, without its answers): what the insight
-    leaves out of "what to label next"."""
+    """The items someone has answered: read_annotations' items without their answers (a file at a time, only
+    the ids kept), what the insight leaves out of "what to label next"."""
+    out = config.output_path
+    blobs = []
     with no_cycle_collection():
-        return {iid for (_user, iid) in read_annotations(config).index}
+        for entry in sorted(os.listdir(out)) if out.is_dir() else []:
+            if (out / entry / "user_state.json").is_file():
+                state = _read_state(out / entry / "user_state.json")
+                # One string per file, so that nothing of the parsed file outlives it: the long-running server
+                # gives its memory back (ids kept one by one would pin the parse's memory pages).
+                blobs.append("\n".join(str(iid) for key in ("instance_id_to_label_to_value", "instance_id_to_span_to_value")
+                                        for iid, raw in (state.get(key) or {}).items() if raw))
+                del state
+    return {iid for blob in blobs for iid in blob.split("\n") if iid}
 
 
 def read_annotations(config: ProjectConfig) -> Annotations:

@@ -30,7 +30,7 @@ from potato_queue.runs.gate import label_of
 from potato_queue.store import RunStore
 from potato_queue.worker.files import write_atomic
 
-__all__ = ["INPUTS_VERSION", "SAMPLE_LINES", "Candidate", "RunInputs", "write_inputs", "read_inputs",
+__all__ = ["INPUTS_VERSION", "SAMPLE_LINES", "PARTS", "Candidate", "RunInputs", "write_inputs", "read_inputs",
            "predictions_summary", "predictions_summary_of", "labelled_now"]
 
 INPUTS_VERSION = 1
@@ -95,24 +95,37 @@ def _inputs_of(data: RunData, summary: dict[str, Any]) -> RunInputs:
                      dict(document_frequencies(texts.values())), summary)
 
 
+# insight.json is three JSON lines, each read only by what needs it: the run and its predictions' summary, then
+# what to label next's inputs, then the held-out items the quality report reads.
+PARTS = ("next", "held_out")
+
+
 def write_inputs(store: RunStore, record: Mapping[str, Any]) -> None:
     """insight.json of a run whose predictions and bundle are in its folder (its finalize)."""
     paths = store.paths(record["run_id"])
     inputs = _inputs_of(run_data(store, record), predictions_summary(paths.predictions))
-    doc = {"v": INPUTS_VERSION, "run_id": inputs.run_id, "schemas": inputs.schemas,
-           "held_out": {s: [[i.instance_id, i.gold, i.predicted, i.confidence] for i in items]
-                        for s, items in inputs.held_out.items()},
-           "candidates": [[c.instance_id, c.uncertainty, c.predicted] for c in inputs.candidates],
-           "texts": inputs.texts, "documents": inputs.documents, "summary": inputs.summary}
-    write_atomic(paths.insight_inputs, json.dumps(doc, ensure_ascii=False, separators=(",", ":")), durable=False)
+    lines = [
+        {"v": INPUTS_VERSION, "run_id": inputs.run_id, "schemas": inputs.schemas, "summary": inputs.summary},
+        {"candidates": [[c.instance_id, c.uncertainty, c.predicted] for c in inputs.candidates],
+         "texts": inputs.texts, "documents": inputs.documents},
+        {"held_out": {s: [[i.instance_id, i.gold, i.predicted, i.confidence] for i in items]
+                      for s, items in inputs.held_out.items()}}]
+    write_atomic(paths.insight_inputs, "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
+                                               for line in lines), durable=False)
 
 
-def _kept(store: RunStore, run_id: str) -> dict[str, Any] | None:
+def _kept(store: RunStore, run_id: str, parts: tuple[str, ...] = ()) -> dict[str, Any] | None:
+    """insight.json's first line and the lines of `parts`, as one map; None when there is none of this version."""
     try:
-        doc = json.loads(store.paths(run_id).insight_inputs.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+        lines = store.paths(run_id).insight_inputs.read_text(encoding="utf-8").split("\n")
+        doc = json.loads(lines[0])
+        if not isinstance(doc, dict) or doc.get("v") != INPUTS_VERSION:
+            return None
+        for part in parts:
+            doc.update(json.loads(lines[1 + PARTS.index(part)]))
+    except (OSError, ValueError, IndexError, TypeError):
         return None
-    return doc if isinstance(doc, dict) and doc.get("v") == INPUTS_VERSION else None
+    return doc
 
 
 def predictions_summary_of(store: RunStore, run_id: str) -> dict[str, Any]:
@@ -125,16 +138,17 @@ def predictions_summary_of(store: RunStore, run_id: str) -> dict[str, Any]:
     return predictions_summary(path)
 
 
-def read_inputs(store: RunStore, record: Mapping[str, Any]) -> RunInputs:
-    """The run's insight inputs: its insight.json, else (a run finalized before it existed) its files read now.
-    Conflict, as load_run, for a run that has none to read."""
-    doc = _kept(store, record["run_id"])
+def read_inputs(store: RunStore, record: Mapping[str, Any], parts: tuple[str, ...] = PARTS) -> RunInputs:
+    """The run's insight inputs (the `parts` asked for; the others left empty): its insight.json, else (a run
+    finalized before it existed) its files read now. Conflict, as load_run, for a run that has none to read."""
+    doc = _kept(store, record["run_id"], parts)
     if doc is None:
         return _inputs_of(load_run(store, record), predictions_summary(store.paths(record["run_id"]).predictions))
     refuse_unsucceeded(record)
     return RunInputs(
-        doc["run_id"], doc["schemas"], {s: [Scored(*row) for row in rows] for s, rows in doc["held_out"].items()},
-        [Candidate(iid, u, p) for iid, u, p in doc["candidates"]], doc["texts"], doc["documents"], doc["summary"])
+        doc["run_id"], doc["schemas"], {s: [Scored(*row) for row in rows] for s, rows in doc.get("held_out", {}).items()},
+        [Candidate(iid, u, p) for iid, u, p in doc.get("candidates", [])], doc.get("texts", {}),
+        doc.get("documents", {}), doc["summary"])
 
 
 # The last reading per project: {output folder: (its annotators' files' names, sizes and times, the items)}.

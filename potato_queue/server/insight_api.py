@@ -29,9 +29,9 @@ def _data(request: Request, run_id: str) -> RunData:
     return load_run(runs.store, runs.record(run_id))
 
 
-def _inputs(request: Request, run_id: str) -> RunInputs:
+def _inputs(request: Request, run_id: str, part: str) -> RunInputs:
     runs = runs_of(request)
-    return read_inputs(runs.store, runs.record(run_id))
+    return read_inputs(runs.store, runs.record(run_id), (part,))
 
 
 def run_predictions_summary(run_id: str, request: Request) -> dict[str, Any]:
@@ -48,7 +48,7 @@ def run_quality(run_id: str, request: Request, target_precision: Annotated[float
                 = DEFAULT_TARGET_PRECISION) -> dict[str, Any]:
     """Per-label precision and recall, the reliability diagram's bins, and the min_confidence that keeps the
     held-out precision at target_precision (shown, never applied)."""
-    return quality(_inputs(request, run_id), target_precision)
+    return quality(_inputs(request, run_id, "held_out"), target_precision)
 
 
 def run_curve(run_id: str, request: Request) -> dict[str, Any]:
@@ -61,14 +61,14 @@ def run_next(run_id: str, request: Request, limit: Annotated[int, Query(ge=1, le
              measure: Literal["margin", "entropy"] = "margin") -> dict[str, Any]:
     """What to label next: the run's unlabelled items (not labelled since), least sure first, near-copies
     of an item above them held back."""
-    return next_items(request.app.state.config, _inputs(request, run_id), limit, measure)
+    return next_items(request.app.state.config, _inputs(request, run_id, "next"), limit, measure)
 
 
 def run_next_to_potato(run_id: str, request: Request) -> dict[str, Any]:
     """Write the whole order into the project's data files, where Potato's priority assignment reads it at
     its next start; 409, with nothing written, when Potato's config lacks the keys that make it serve it."""
     config = request.app.state.config
-    found = next_items(config, _inputs(request, run_id), None)
+    found = next_items(config, _inputs(request, run_id, "next"), None)
     return hand_to_potato(config, [i["instance_id"] for i in found["items"]])
 
 
