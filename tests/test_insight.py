@@ -227,6 +227,15 @@ def test_the_insight_a_run_kept_at_finalize_says_what_its_files_say_and_follows_
         state.unlink()
         state.parent.rmdir()
     assert status == 200 and after["total"] == from_kept[1]["total"] - 1 and first not in [i["instance_id"] for i in after["items"]]
+    # the annotators' files as the run's bundle saw them: nothing labelled since, nothing read
+    from potato_queue.bundle.inputs import annotation_files
+    from potato_queue.insight.inputs import labelled_now
+    from potato_queue.validate import load_checked
+
+    config = load_checked(project.config)
+    assert labelled_now(config, annotation_files(config)) == frozenset()
+    read = labelled_now(config, [["files-that-changed", 1, 1]])
+    assert len(read) >= 360 and read == labelled_now(config), "the example's labelled items, read"
     status, summary = project.api(f"/runs/{project.curve_run}/predictions/summary")
     lines = run_paths(project.svc, project.curve_run).predictions.read_text().splitlines()
     assert status == 200 and summary["total"] == len(lines) and summary["broken"] == 0

@@ -14,11 +14,13 @@ import json
 import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 from potato_queue.bundle.write import BUNDLE_VERSION
 from potato_queue.config import ProjectConfig
+from potato_queue.worker.files import write_atomic
 
-__all__ = ["BUILDER_FORMAT", "inputs_digest"]
+__all__ = ["BUILDER_FORMAT", "inputs_digest", "annotation_files", "write_inputs_file", "read_inputs_file"]
 
 # Raised whenever the builder writes other bytes for the same inputs: bundles cached before are not reused.
 BUILDER_FORMAT = 1
@@ -72,3 +74,30 @@ def inputs_digest(config: ProjectConfig, schemas: Sequence[str] | None) -> str:
     media = str((config.model_extra or {}).get("media_directory") or "media")
     _add_media(digest.update, config.task_path / media)
     return digest.hexdigest()
+
+
+def annotation_files(config: ProjectConfig) -> list[list[Any]]:
+    """[name, size, mtime_ns] of each annotator's user_state.json: whether anything was labelled since (the
+    insight's "what to label next" reads the files again only when this changed)."""
+    out = config.output_path
+    files: list[list[Any]] = []
+    for entry in sorted(os.listdir(out)) if out.is_dir() else []:
+        try:
+            stat = os.stat(out / entry / "user_state.json")
+        except OSError:
+            continue
+        files.append([entry, stat.st_size, stat.st_mtime_ns])
+    return files
+
+
+def write_inputs_file(path: Path, digest: str, annotations: list[list[Any]]) -> None:
+    """A run's bundle.inputs: the digest its bundle was built from, and its annotators' files as they were."""
+    write_atomic(path, json.dumps({"digest": digest, "annotations": annotations}))
+
+
+def read_inputs_file(path: Path) -> dict[str, Any] | None:
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None

@@ -12,10 +12,11 @@ from typing import Any
 
 from potato_queue.worker.scoring import DIGITS
 
-__all__ = ["Scored", "per_label", "confusion", "mcnemar", "reliability", "min_confidence_for", "RELIABILITY_BINS",
+__all__ = ["Scored", "DEFAULT_TARGET_PRECISION", "schema_quality", "per_label", "confusion", "mcnemar", "reliability", "min_confidence_for", "RELIABILITY_BINS",
            "EXACT_BELOW"]
 
 RELIABILITY_BINS = 10
+DEFAULT_TARGET_PRECISION = 0.9
 # McNemar: below this many discordant items, the exact binomial test (the chi-squared approximation is poor).
 EXACT_BELOW = 25
 
@@ -145,3 +146,10 @@ def min_confidence_for(items: Sequence[Scored], target_precision: float) -> dict
     if found is None:
         answer["best"] = best
     return answer
+
+
+def schema_quality(items: Sequence[Scored], target_precision: float) -> dict[str, Any]:
+    """One schema's quality report: per-label precision and recall, the reliability diagram, the
+    min_confidence that keeps precision at `target_precision` on these held-out items."""
+    return {"n": len(items), "per_label": per_label(items), "reliability": reliability(items),
+            "threshold": min_confidence_for(items, target_precision)}

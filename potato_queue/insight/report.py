@@ -13,13 +13,12 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Invalid
 from potato_queue.insight.inputs import RunInputs, labelled_now
-from potato_queue.insight.measures import min_confidence_for, per_label, reliability
+from potato_queue.insight.measures import DEFAULT_TARGET_PRECISION, schema_quality
 from potato_queue.insight.next_items import MEASURES, LazyVectors, rank_next
 from potato_queue.worker.curve import CURVE_PARAM, read_curve
 
 __all__ = ["quality", "learning_curve", "curve_said", "next_items", "DEFAULT_TARGET_PRECISION", "TEXT_CHARS"]
 
-DEFAULT_TARGET_PRECISION = 0.9
 TEXT_CHARS = 200  # of an item's text in a listing
 
 
@@ -29,11 +28,10 @@ def quality(data: RunInputs, target_precision: float = DEFAULT_TARGET_PRECISION)
     if not 0 < target_precision <= 1:
         raise Invalid(f"target_precision must be above 0 and at most 1, got {target_precision}",
                       fix="give a precision such as 0.9")
-    out = {}
-    for schema in data.schemas:
-        items = data.held_out.get(schema, [])
-        out[schema] = {"n": len(items), "per_label": per_label(items), "reliability": reliability(items),
-                       "threshold": min_confidence_for(items, target_precision)}
+    if target_precision == DEFAULT_TARGET_PRECISION and data.quality is not None:
+        out = data.quality  # worked out at the run's finalize
+    else:
+        out = {schema: schema_quality(data.held_out.get(schema, []), target_precision) for schema in data.schemas}
     return {"run_id": data.run_id, "target_precision": target_precision, "schemas": out}
 
 
@@ -100,7 +98,7 @@ def next_items(config: ProjectConfig, data: RunInputs, limit: int | None = 20, m
     out at the run's finalize, and only the texts the ranking reaches are made vectors."""
     if measure not in MEASURES:
         raise Invalid(f"measure must be one of {', '.join(MEASURES)}, got {measure!r}", fix="use margin or entropy")
-    labelled = labelled_now(config)
+    labelled = labelled_now(config, data.annotations)
     open_items = {c.instance_id: c for c in data.candidates if c.instance_id not in labelled}
     if not open_items:
         why = ("every unlabelled item it predicted has been labelled since" if data.candidates else

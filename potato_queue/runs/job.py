@@ -15,7 +15,6 @@ from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths
 from potato_queue.store.records import created_ms
-from potato_queue.worker.files import write_atomic
 from potato_queue.worker.job import BundleRef, Job, Limits
 
 __all__ = ["build_job", "copy_bundle", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
@@ -91,8 +90,9 @@ def _built_or_cached(config: ProjectConfig, store: RunStore, record: RunRecord, 
     """The bundle of an earlier run built from the same inputs (bundle/inputs.py), copied; else built and
     packed. (manifest, what run.log says of it, (tar bytes, sha256))."""
     from potato_queue.bundle import build_bundle, pack_bundle
-    from potato_queue.bundle.inputs import inputs_digest
+    from potato_queue.bundle.inputs import annotation_files, inputs_digest, write_inputs_file
 
+    annotations = annotation_files(config)  # before the digest: a file changed after it is read again later
     digest = inputs_digest(config, record["schemas"])
     for earlier in reversed(store.index.bulky_runs()):
         source = store.paths(earlier)
@@ -103,20 +103,19 @@ def _built_or_cached(config: ProjectConfig, store: RunStore, record: RunRecord, 
             packed = paths.bundle.stat().st_size, _sha256_of(paths.bundle)
         except (OSError, ValueError):
             continue
-        write_atomic(paths.bundle_inputs, digest)
+        write_inputs_file(paths.bundle_inputs, digest, annotations)
         return manifest, (f"of run {earlier} reused (its data files, annotations, config and split seed are "
                           f"unchanged: inputs sha256 {digest[:12]})"), packed
     manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
     packed = pack_bundle(paths.bundle_dir, paths.bundle)
-    write_atomic(paths.bundle_inputs, digest)
+    write_inputs_file(paths.bundle_inputs, digest, annotations)
     return manifest, "built", packed
 
 
 def _holds_bundle_of(paths: RunPaths, digest: str) -> bool:
-    try:
-        return paths.bundle_inputs.read_text(encoding="utf-8") == digest and paths.bundle.is_file()
-    except OSError:
-        return False
+    from potato_queue.bundle.inputs import read_inputs_file
+
+    return (read_inputs_file(paths.bundle_inputs) or {}).get("digest") == digest and paths.bundle.is_file()
 
 
 def _sha256_of(path: Path) -> str:

@@ -48,7 +48,8 @@ def run_quality(run_id: str, request: Request, target_precision: Annotated[float
                 = DEFAULT_TARGET_PRECISION) -> dict[str, Any]:
     """Per-label precision and recall, the reliability diagram's bins, and the min_confidence that keeps the
     held-out precision at target_precision (shown, never applied)."""
-    return quality(_inputs(request, run_id, "held_out"), target_precision)
+    part = "quality" if target_precision == DEFAULT_TARGET_PRECISION else "held_out"
+    return quality(_inputs(request, run_id, part), target_precision)
 
 
 def run_curve(run_id: str, request: Request) -> dict[str, Any]:
