@@ -121,16 +121,21 @@ def write_inputs(store: RunStore, record: Mapping[str, Any]) -> None:
 
 def _kept(store: RunStore, run_id: str, parts: tuple[str, ...] = ()) -> dict[str, Any] | None:
     """insight.json's first line and the lines of `parts`, as one map; None when there is none of this version."""
+    wanted = {1 + PARTS.index(part) for part in parts}
     try:
-        lines = store.paths(run_id).insight_inputs.read_text(encoding="utf-8").split("\n")
-        doc = json.loads(lines[0])
-        if not isinstance(doc, dict) or doc.get("v") != INPUTS_VERSION:
-            return None
-        for part in parts:
-            doc.update(json.loads(lines[1 + PARTS.index(part)]))
-    except (OSError, ValueError, IndexError, TypeError):
+        with store.paths(run_id).insight_inputs.open(encoding="utf-8") as fh:
+            doc = json.loads(fh.readline())
+            if not isinstance(doc, dict) or doc.get("v") != INPUTS_VERSION:
+                return None
+            for number, line in enumerate(fh, 1):  # a line not asked for is read past, one at a time
+                if number in wanted:
+                    doc.update(json.loads(line))
+                    wanted.discard(number)
+                if not wanted:
+                    break
+    except (OSError, ValueError, TypeError):
         return None
-    return doc
+    return None if wanted else doc
 
 
 def predictions_summary_of(store: RunStore, run_id: str) -> dict[str, Any]:
