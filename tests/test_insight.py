@@ -238,6 +238,6 @@ def test_the_insight_a_run_kept_at_finalize_says_what_its_files_say_and_follows_
     assert len(read) >= 360 and read == labelled_now(config), "the example's labelled items, read"
     status, summary = project.api(f"/runs/{project.curve_run}/predictions/summary")
     lines = run_paths(project.svc, project.curve_run).predictions.read_text().splitlines()
-    assert status == 200 and summary["total"] == len(lines) and summary["broken"] == 0
+    assert status == 200 and summary["total"] == len(lines) and summary["not_predictions"] == 0
     assert sum(summary["counts"].values()) == len(lines) and len(summary["sample"]) == 10
     assert summary["sample"][0] == json.loads(lines[0])

@@ -75,7 +75,7 @@ def predictions_summary(path: Path) -> dict[str, Any]:
     for p in good:
         key = f"{p['schema_name']}: {_label_shown(p.get('payload'))}"
         counts[key] = counts.get(key, 0) + 1
-    return {"total": len(good), "broken": len(bad), "counts": dict(sorted(counts.items())), "sample": good[:SAMPLE_LINES],
+    return {"total": len(good), "not_predictions": len(bad), "counts": dict(sorted(counts.items())), "sample": good[:SAMPLE_LINES],
             "file": _file_signature(path)}
 
 

@@ -165,17 +165,5 @@ def finalize_predictions(config: ProjectConfig, store: RunStore,
                           f"(model_training.retain_runs) and every run whose predictions are still live")
     prelabels = _publish(config, store, run_id, valid, len(refused))
     store.log(run_id, f"held-out scores: {json.dumps(held_out)}; {prelabels['said']}")
-    _keep_insight_inputs(store, record)
     return held_out, prelabels
 
-
-def _keep_insight_inputs(store: RunStore, record: Mapping[str, Any]) -> None:
-    """insight.json, so that the run's page reads it instead of its whole predictions and bundle; a run
-    without it is still looked into, at that cost (insight/inputs.py)."""
-    from potato_queue.insight.inputs import write_inputs
-
-    try:
-        write_inputs(store, record)
-    except Exception as exc:  # noqa: BLE001 - the run's result stands; its insight is only slower to read
-        store.log(record["run_id"], f"warning: the insight pages' inputs could not be kept ({type(exc).__name__}: "
-                                    f"{exc}); they are worked out from the run's files on each look")

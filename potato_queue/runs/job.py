@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import hashlib
-import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -17,7 +15,7 @@ from potato_queue.store.keys import RunPaths
 from potato_queue.store.records import created_ms
 from potato_queue.worker.job import BundleRef, Job, Limits
 
-__all__ = ["build_job", "copy_bundle", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
+__all__ = ["build_job", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
 
 SERVER_URL_WAIT_S = 2.5
 
@@ -91,6 +89,7 @@ def _built_or_cached(config: ProjectConfig, store: RunStore, record: RunRecord, 
     packed. (manifest, what run.log says of it, (tar bytes, sha256))."""
     from potato_queue.bundle import build_bundle, pack_bundle
     from potato_queue.bundle.inputs import annotation_files, inputs_digest, write_inputs_file
+    from potato_queue.runs.retry import copy_bundle
 
     annotations = annotation_files(config)  # before the digest: a file changed after it is read again later
     digest = inputs_digest(config, record["schemas"])
@@ -124,16 +123,6 @@ def _sha256_of(path: Path) -> str:
         while chunk := fh.read(1 << 20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def copy_bundle(source: RunPaths, dest: RunPaths) -> dict[str, Any]:
-    """Another run's bundle folder and tar.gz copied into this run's (media links stay links, as built): the
-    manifest. OSError when a file is gone."""
-    shutil.rmtree(dest.bundle_dir, ignore_errors=True)
-    shutil.copytree(source.bundle_dir, dest.bundle_dir, symlinks=True)
-    shutil.copyfile(source.bundle, dest.bundle)
-    manifest: dict[str, Any] = json.loads((dest.bundle_dir / "manifest.json").read_text(encoding="utf-8"))
-    return manifest
 
 
 def limits_for(config: ProjectConfig, backend: str) -> Limits:

@@ -21,6 +21,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import Executors
 from potato_queue.executors.base import AgentResult, Executor, LaunchSpec, ModelFilesMissing, RunHandle
+from potato_queue.insight.inputs import write_inputs
 from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.gate import bundle_split_ids, bundle_summary
@@ -257,12 +258,22 @@ class RunLife:
         except ModelFilesMissing as exc:  # the predictions arrived: they still count
             artifact_uri, error = exc.artifact_uri, exc.message
         held_out, prelabels = finalize_predictions(self.config, self.store, self.record)
+        self._keep_insight_inputs()
         state = RunState.FAILED if error else RunState.SUCCEEDED
         model_version = (live.get("result") or {}).get("model_version")
         self.store.transition(self.run_id, state, self.record, exit_code=EXIT_OK, held_out=held_out,
                               metrics=self.store.metrics(self.run_id), error=error, artifact_uri=artifact_uri,
                               model_version=model_version, prelabels=prelabels,
                               said=_end_line(state, error))
+
+    def _keep_insight_inputs(self) -> None:
+        """insight.json, so that the run's page reads it instead of its whole predictions and bundle; a run
+        without it is still looked into, at that cost (insight/inputs.py)."""
+        try:
+            write_inputs(self.store, self.record)
+        except Exception as exc:  # noqa: BLE001 - the run's result stands; its insight is only slower to read
+            self.log(f"warning: the insight pages' inputs could not be kept ({type(exc).__name__}: {exc}); "
+                     f"they are worked out from the run's files on each look")
 
     def _fail(self, error: str) -> None:
         try:

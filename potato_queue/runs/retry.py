@@ -11,18 +11,19 @@ retried in its turn.
 
 from __future__ import annotations
 
+import json
+import shutil
 from collections.abc import Callable
 from typing import Any
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.run import RunRecord, RunState
-from potato_queue.runs.job import copy_bundle
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths, new_run_id
 
-__all__ = ["retry_run", "reuse_bundle", "checkpoint_owner", "RETRIED_STATES"]
+__all__ = ["retry_run", "reuse_bundle", "copy_bundle", "checkpoint_owner", "RETRIED_STATES"]
 
 RETRIED_STATES = (RunState.FAILED, RunState.CANCELLED)
 _NEW_RUN_FIX = "start a new run instead: it trains on the annotations as they are now, from the beginning"
@@ -88,6 +89,16 @@ def reuse_bundle(config: ProjectConfig, store: RunStore, record: RunRecord, path
         return copy_bundle(store.paths(record["resume_of"]), paths)
     except FileNotFoundError:
         raise _bundle_gone(config, record["resume_of"]) from None
+
+
+def copy_bundle(source: RunPaths, dest: RunPaths) -> dict[str, Any]:
+    """Another run's bundle folder and tar.gz copied into this run's (media links stay links, as built): the
+    manifest. OSError when a file is gone."""
+    shutil.rmtree(dest.bundle_dir, ignore_errors=True)
+    shutil.copytree(source.bundle_dir, dest.bundle_dir, symlinks=True)
+    shutil.copyfile(source.bundle, dest.bundle)
+    manifest: dict[str, Any] = json.loads((dest.bundle_dir / "manifest.json").read_text(encoding="utf-8"))
+    return manifest
 
 
 def checkpoint_owner(store: RunStore, record: RunRecord) -> str | None:

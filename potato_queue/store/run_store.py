@@ -145,12 +145,8 @@ class RunStore:
         return record
 
     def run_ids(self) -> list[str]:
-        """Every run on disk, oldest first (the admin's list; executors use unfinished()).
-
-        Ids carry only whole seconds and a random tail, so runs created in the
-        same second are ordered by run.json's created_at (milliseconds),
-        cached since it never changes.
-        """
+        """Every run on disk, oldest first (the admin's list; executors use unfinished()). Ids carry whole
+        seconds and a random tail: within a second, by run.json's created_at (ms; cached, it never changes)."""
         folder = runs_dir(self.config)
         if not folder.is_dir():
             return []
@@ -187,11 +183,9 @@ class RunStore:
             why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else "it is missing or not JSON"
             return {"run_id": run_id, "state": RunState.BROKEN, "error": f"run.json cannot be read ({why})"}
 
-    def update(self, run_id: str, record: RunRecord | None = None, *, potato_row: bool = False,
-               **fields: Any) -> RunRecord:
-        """Write fields (not the state) into run.json, and into Potato's row with `potato_row`; pass the
-        record held in memory to skip a read. RunMovedOn, with nothing written, when that record's state is
-        no longer the run's (a sweep or a cancel ended it meanwhile): a slower step never writes it back."""
+    def update(self, run_id: str, record: RunRecord | None = None, *, potato_row: bool = False, **fields: Any) -> RunRecord:
+        """Write fields (not the state) into run.json (and Potato's row: `potato_row`); `record`: the one held
+        in memory, refused (RunMovedOn, nothing written) once a sweep or a cancel moved the run on."""
         assert "state" not in fields, "use transition() for the state"
         with record_lock(self.paths(run_id).dir):
             if record is None:
@@ -207,10 +201,9 @@ class RunStore:
 
     def transition(self, run_id: str, state: RunState, record: RunRecord | None = None, *,
                    said: str | None = None, **fields: Any) -> RunRecord | None:
-        """Move to `state` if the current state allows it and write run.json: the record written,
-        or None when the state did not allow it, or moved on before this move was written. With `record`
-        (held in memory) run.json is not read. `said` is the line run.log gets for the move, only when
-        it happens."""
+        """Move to `state` if the current state allows it and write run.json: the record written, or None
+        (not allowed, or moved on before it was written). `record`: held in memory, run.json not read.
+        `said`: run.log's line for the move, only when it happens."""
         if not self._compare_and_set(run_id, state):
             return None
         with record_lock(self.paths(run_id).dir):
@@ -231,7 +224,7 @@ class RunStore:
         return record
 
     def _state_now(self, run_id: str) -> str | None:
-        """The run's state in Redis (None when Redis holds none: emptied, and seeded again from disk)."""
+        """The run's state in Redis (None: Redis holds none)."""
         return cast("str | None", as_text(self.redis.hget(self.keys.run(run_id), "state")))
 
     def _write_record(self, run_id: str, record: RunRecord) -> None:

@@ -92,7 +92,7 @@ async function predictions() {
   const sample = el("table", {class: "sample"}, el("thead", {}, el("tr", {}, el("th", {text: "Item"}), el("th", {text: "Schema"}), el("th", {text: "Label"}), el("th", {text: "Confidence"}))));
   sample.append(el("tbody", {}, ...found.sample.map((p) => el("tr", {}, el("td", {text: String(p.instance_id)}), el("td", {text: p.schema_name}),
     el("td", {text: labelOf(p)}), el("td", {text: typeof p.confidence === "number" ? p.confidence.toFixed(3) : "-"})))));
-  const broken = found.broken, one = broken === 1;
+  const broken = found.not_predictions, one = broken === 1;
   const said = broken ? [el("p", {class: "problem", role: "status", text: `${broken} ${one ? "line" : "lines"} of predictions.jsonl ` +
     `${one ? "is" : "are"} not a JSON prediction and not shown (download the file to see ${one ? "it" : "them"})`})] : [];
   box.replaceChildren(el("p", {text: found.total + " predictions "}, el("a", {href: API + "/runs/" + RUN + "/predictions.jsonl", download: "", text: "download predictions.jsonl"})),
