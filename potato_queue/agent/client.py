@@ -16,7 +16,6 @@ from urllib.parse import quote
 
 from potato_queue.agent.transport import (
     API_PREFIX,
-    CHUNK_BYTES,
     DEFAULT_GIVE_UP_S,
     DEFAULT_TIMEOUT_S,
     RETRY_STATUSES,
@@ -31,6 +30,7 @@ from potato_queue.agent.transport import (
     problem_of,
     retry,
 )
+from potato_queue.worker.files import file_sha256
 
 MAX_MESSAGE_CHARS = 4000
 
@@ -308,11 +308,3 @@ def AgentClient(server: str, run_id: str, token: str, timeout_s: float = DEFAULT
     """A RunClient over a transport of its own (the shape callers of the old AgentClient expect)."""
     return RunClient(Transport(server, token, timeout_s, give_up_s, log), run_id)
 
-
-def file_sha256(path: str) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for block in iter(lambda: fh.read(CHUNK_BYTES), b""):
-            digest.update(block)
-    return digest.hexdigest()

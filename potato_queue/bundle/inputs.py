@@ -16,15 +16,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from potato_queue.bundle.read import annotator_files
 from potato_queue.bundle.write import BUNDLE_VERSION
 from potato_queue.config import ProjectConfig
-from potato_queue.worker.files import write_atomic
+from potato_queue.worker.files import file_sha256, write_atomic
 
 __all__ = ["BUILDER_FORMAT", "inputs_digest", "annotation_files", "write_inputs_file", "read_inputs_file"]
 
 # Raised whenever the builder writes other bytes for the same inputs: bundles cached before are not reused.
 BUILDER_FORMAT = 1
-_CHUNK_BYTES = 1 << 20
 
 
 def _config_part(config: ProjectConfig, schemas: Sequence[str] | None) -> bytes:
@@ -41,13 +41,10 @@ def _config_part(config: ProjectConfig, schemas: Sequence[str] | None) -> bytes:
 
 
 def _add_file(update: Callable[[bytes], object], path: Path) -> None:
-    update(f"\0file {path}\0".encode())
     try:
-        with path.open("rb") as fh:
-            while chunk := fh.read(_CHUNK_BYTES):
-                update(chunk)
+        update(f"\0file {path} {file_sha256(path)}".encode())
     except OSError as exc:  # a missing data file: the build itself says so, with its fix
-        update(f"\0unreadable {type(exc).__name__}\0".encode())
+        update(f"\0file {path} unreadable {type(exc).__name__}".encode())
 
 
 def _add_media(update: Callable[[bytes], object], folder: Path) -> None:
@@ -67,10 +64,8 @@ def inputs_digest(config: ProjectConfig, schemas: Sequence[str] | None) -> str:
     digest = hashlib.sha256(_config_part(config, schemas))
     for path in config.data_paths():
         _add_file(digest.update, path)
-    out = config.output_path
-    for entry in sorted(os.listdir(out)) if out.is_dir() else []:
-        if (out / entry / "user_state.json").is_file():
-            _add_file(digest.update, out / entry / "user_state.json")
+    for _, path in annotator_files(config):
+        _add_file(digest.update, path)
     media = str((config.model_extra or {}).get("media_directory") or "media")
     _add_media(digest.update, config.task_path / media)
     return digest.hexdigest()
@@ -79,13 +74,12 @@ def inputs_digest(config: ProjectConfig, schemas: Sequence[str] | None) -> str:
 def annotation_files(config: ProjectConfig) -> list[list[Any]]:
     """[name, size, mtime_ns] of each annotator's user_state.json: whether anything was labelled since (the
     insight's "what to label next" reads the files again only when this changed)."""
-    out = config.output_path
     files: list[list[Any]] = []
-    for entry in sorted(os.listdir(out)) if out.is_dir() else []:
+    for entry, path in annotator_files(config):
         try:
-            stat = os.stat(out / entry / "user_state.json")
+            stat = path.stat()
         except OSError:
-            continue
+            continue  # removed since it was listed
         files.append([entry, stat.st_size, stat.st_mtime_ns])
     return files
 

@@ -25,7 +25,7 @@ from potato_queue.errors import PotatoQueueError
 # The public names, then what the other stages of the bundle use.
 __all__ = ["TARGET_KINDS", "Answers", "Row", "count_annotations", "schema_kind", "scheme_scale", "target_schemas",
            "unencodable_items",
-           "Annotations", "answered_ids", "no_cycle_collection", "read_annotations", "read_items", "schema_names"]
+           "Annotations", "annotator_files", "answered_ids", "no_cycle_collection", "read_annotations", "read_items", "schema_names"]
 
 # Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
 _KIND_OF_TYPE = {atype: kind for kind, types in {
@@ -243,30 +243,32 @@ def no_cycle_collection() -> Iterator[None]:
 def answered_ids(config: ProjectConfig) -> set[str]:
     """The items someone has answered: read_annotations' items without their answers (a file at a time, only
     the ids kept), what the insight leaves out of "what to label next"."""
-    out = config.output_path
     blobs = []
     with no_cycle_collection():
-        for entry in sorted(os.listdir(out)) if out.is_dir() else []:
-            if (out / entry / "user_state.json").is_file():
-                state = _read_state(out / entry / "user_state.json")
-                # One string per file, so that nothing of the parsed file outlives it: the long-running server
-                # gives its memory back (ids kept one by one would pin the parse's memory pages).
-                blobs.append("\n".join(str(iid) for key in ("instance_id_to_label_to_value", "instance_id_to_span_to_value")
-                                        for iid, raw in (state.get(key) or {}).items() if raw))
-                del state
+        for _, path in annotator_files(config):
+            state = _read_state(path)
+            # One string per file, so that nothing of the parsed file outlives it: the long-running server
+            # gives its memory back (ids kept one by one would pin the parse's memory pages).
+            blobs.append("\n".join(str(iid) for key in ("instance_id_to_label_to_value", "instance_id_to_span_to_value")
+                                    for iid, raw in (state.get(key) or {}).items() if raw))
+            del state
     return {iid for blob in blobs for iid in blob.split("\n") if iid}
+
+
+def annotator_files(config: ProjectConfig) -> list[tuple[str, Path]]:
+    """Each annotator's (folder name, user_state.json), the folders in sorted order (it decides ties); a folder
+    without one (training/) is no annotator."""
+    out = config.output_path
+    return [(entry, out / entry / "user_state.json") for entry in (sorted(os.listdir(out)) if out.is_dir() else [])
+            if (out / entry / "user_state.json").is_file()]
 
 
 def read_annotations(config: ProjectConfig) -> Annotations:
     found = Annotations()
-    out = config.output_path
     image_schemas = {str(s.get("name")) for s in config.annotation_schemes
                      if s.get("annotation_type") == "image_annotation"}
-    # Folders in sorted order (it decides ties); one without a user_state.json (training/) is no annotator.
-    for entry in sorted(os.listdir(out)) if out.is_dir() else []:
-        if not (out / entry / "user_state.json").is_file():
-            continue
-        state = _read_state(out / entry / "user_state.json")
+    for entry, path in annotator_files(config):
+        state = _read_state(path)
         user = str(state.get("user_id", entry))
         for iid, answers in _user_records(state, image_schemas):
             found.n_records += 1

@@ -24,7 +24,7 @@ from potato_queue.bundle.read import answered_ids
 from potato_queue.config import ProjectConfig
 from potato_queue.insight.measures import DEFAULT_TARGET_PRECISION, Scored, schema_quality
 from potato_queue.insight.next_items import MEASURES, document_frequencies, mean_uncertainty
-from potato_queue.insight.run_data import RunData, load_run, refuse_unsucceeded, run_data, scored, shown
+from potato_queue.insight.run_data import RunData, refuse_unsucceeded, run_data, scored, shown
 from potato_queue.runs.finalize import read_predictions
 from potato_queue.runs.gate import label_of
 from potato_queue.store import RunStore
@@ -70,7 +70,10 @@ def _label_shown(payload: Any) -> str:
 def predictions_summary(path: Path) -> dict[str, Any]:
     """The run page's view of predictions.jsonl: how many, how many lines are not a prediction, the count of
     each schema's label, and the first SAMPLE_LINES (the file itself is a download)."""
-    good, bad = read_predictions(path)
+    return _summary(*read_predictions(path), path)
+
+
+def _summary(good: list[dict[str, Any]], bad: list[int], path: Path) -> dict[str, Any]:
     counts: dict[str, int] = {}
     for p in good:
         key = f"{p['schema_name']}: {_label_shown(p.get('payload'))}"
@@ -97,6 +100,13 @@ def _inputs_of(data: RunData, summary: dict[str, Any]) -> RunInputs:
                      dict(document_frequencies(texts.values())), summary)
 
 
+def _from_files(store: RunStore, record: Mapping[str, Any]) -> RunInputs:
+    """The inputs worked out from the run's predictions (read once) and bundle."""
+    path = store.paths(record["run_id"]).predictions
+    good, bad = read_predictions(path)
+    return _inputs_of(run_data(store, record, good), _summary(good, bad, path))
+
+
 # insight.json is four JSON lines, each read only by what needs it: the run and its predictions' summary, then
 # what to label next's inputs, the held-out items the quality report reads, and that report at the page's
 # precision.
@@ -106,7 +116,7 @@ PARTS = ("next", "held_out", "quality")
 def write_inputs(store: RunStore, record: Mapping[str, Any]) -> None:
     """insight.json of a run whose predictions and bundle are in its folder (its finalize)."""
     paths = store.paths(record["run_id"])
-    inputs = _inputs_of(run_data(store, record), predictions_summary(paths.predictions))
+    inputs = _from_files(store, record)
     lines = [
         {"v": INPUTS_VERSION, "run_id": inputs.run_id, "schemas": inputs.schemas, "summary": inputs.summary,
          "annotations": (read_inputs_file(paths.bundle_inputs) or {}).get("annotations")},
@@ -151,10 +161,10 @@ def predictions_summary_of(store: RunStore, run_id: str) -> dict[str, Any]:
 def read_inputs(store: RunStore, record: Mapping[str, Any], parts: tuple[str, ...] = PARTS) -> RunInputs:
     """The run's insight inputs (the `parts` asked for; the others left empty): its insight.json, else (a run
     finalized before it existed) its files read now. Conflict, as load_run, for a run that has none to read."""
+    refuse_unsucceeded(record)
     doc = _kept(store, record["run_id"], parts)
     if doc is None:
-        return _inputs_of(load_run(store, record), predictions_summary(store.paths(record["run_id"]).predictions))
-    refuse_unsucceeded(record)
+        return _from_files(store, record)
     return RunInputs(
         doc["run_id"], doc["schemas"], {s: [Scored(*row) for row in rows] for s, rows in doc.get("held_out", {}).items()},
         [Candidate(iid, u, p) for iid, u, p in doc.get("candidates", [])], doc.get("texts", {}),

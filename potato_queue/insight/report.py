@@ -111,5 +111,5 @@ def next_items(config: ProjectConfig, data: RunInputs, limit: int | None = 20, m
               "text": data.texts.get(r.instance_id, "")[:TEXT_CHARS], "predicted": open_items[r.instance_id].predicted}
              for n, r in enumerate(ranked, 1)]
     said = (f"{len(uncertain)} unlabelled items, the run's least sure first ({measure}); "
-            f"near-copies of an item above them held back to the end{f' ({held} in this list)' if limit else f' ({held})'}")
+            f"near-copies of an item above them held back to the end ({held}{' in this list' if limit else ''})")
     return {"run_id": data.run_id, "measure": measure, "total": len(uncertain), "items": items, "said": said}

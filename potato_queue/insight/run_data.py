@@ -94,12 +94,12 @@ def load_run(store: RunStore, record: Mapping[str, Any]) -> RunData:
     return run_data(store, record)
 
 
-def run_data(store: RunStore, record: Mapping[str, Any]) -> RunData:
-    """The run's predictions and bundle, whatever its state (its finalize reads them before it succeeds);
-    Conflict when its files are gone."""
+def run_data(store: RunStore, record: Mapping[str, Any], good: list[dict[str, Any]] | None = None) -> RunData:
+    """The run's predictions (`good`: read_predictions' already in hand) and bundle, whatever its state (its
+    end reads them before it succeeds); Conflict when its files are gone."""
     run_id = record["run_id"]
     paths = store.paths(run_id)
-    good, _bad = read_predictions(paths.predictions)
+    good = read_predictions(paths.predictions)[0] if good is None else good
     if not good:
         raise Conflict(f"run {run_id} has no predictions on this server ({paths.predictions} is missing or empty)",
                        fix="pick a later run; a run's predictions come back when it succeeds")

@@ -166,4 +166,3 @@ def finalize_predictions(config: ProjectConfig, store: RunStore,
     prelabels = _publish(config, store, run_id, valid, len(refused))
     store.log(run_id, f"held-out scores: {json.dumps(held_out)}; {prelabels['said']}")
     return held_out, prelabels
-

@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import hashlib
 import time
-from pathlib import Path
 from typing import Any
 
 from potato_queue.config import LocalBackend, ProjectConfig
@@ -13,6 +11,7 @@ from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths
 from potato_queue.store.records import created_ms
+from potato_queue.worker.files import file_sha256
 from potato_queue.worker.job import BundleRef, Job, Limits
 
 __all__ = ["build_job", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
@@ -70,7 +69,7 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
     store.index.mark_bulky(record["run_id"], created_ms(record))  # before any file: retain_runs finds them all
     if retried is not None:  # a retry trains on the data the run it retries had
         manifest, said = reuse_bundle(config, store, record, paths), f"of run {retried} reused"
-        size, sha256 = paths.bundle.stat().st_size, _sha256_of(paths.bundle)
+        size, sha256 = paths.bundle.stat().st_size, file_sha256(paths.bundle)
     else:
         manifest, said, (size, sha256) = _built_or_cached(config, store, record, paths)
     store.log(record["run_id"], f"bundle {said}: {size} bytes, sha256 {sha256[:12]}",
@@ -99,7 +98,7 @@ def _built_or_cached(config: ProjectConfig, store: RunStore, record: RunRecord, 
             continue
         try:  # the earlier run's files may be pruned (retain_runs) while they are copied: then build
             manifest = copy_bundle(source, paths)
-            packed = paths.bundle.stat().st_size, _sha256_of(paths.bundle)
+            packed = paths.bundle.stat().st_size, file_sha256(paths.bundle)
         except (OSError, ValueError):
             continue
         write_inputs_file(paths.bundle_inputs, digest, annotations)
@@ -115,14 +114,6 @@ def _holds_bundle_of(paths: RunPaths, digest: str) -> bool:
     from potato_queue.bundle.inputs import read_inputs_file
 
     return (read_inputs_file(paths.bundle_inputs) or {}).get("digest") == digest and paths.bundle.is_file()
-
-
-def _sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def limits_for(config: ProjectConfig, backend: str) -> Limits:

@@ -6,12 +6,13 @@ temp file is removed when anything fails. New files are 0600: hosts are
 shared with accounts we do not trust.
 """
 
+import hashlib
 import os
 import re
 import tempfile
 from typing import Iterable, Optional, Union
 
-__all__ = ["write_atomic", "STAGED_RE"]
+__all__ = ["write_atomic", "file_sha256", "STAGED_RE"]
 
 # A temp file in a staging folder: .<target's name>.<pid of its writer>.<mkstemp's tail>
 STAGED_RE = re.compile(r"^\..*\.(\d+)\.[^.]+$")
@@ -55,3 +56,12 @@ def write_atomic(path: "Union[str, os.PathLike[str]]", data: Data, mode: int = 0
         except OSError:
             pass
         raise
+
+
+def file_sha256(path: "Union[str, os.PathLike[str]]") -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1024 * 1024), b""):
+            digest.update(block)
+    return digest.hexdigest()
