@@ -4,6 +4,7 @@ its inputs (a real run store on a real Redis; the job builder an executor runs).
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 from pathlib import Path
@@ -13,8 +14,9 @@ import pytest
 import redis
 import yaml
 
-from potato_queue.bundle.aggregate import dawid_skene
+from potato_queue.bundle.dawid_skene import dawid_skene
 from potato_queue.bundle.inputs import inputs_digest
+from potato_queue.errors import PotatoQueueError
 from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.job import build_job
 from potato_queue.store import RunStore
@@ -152,3 +154,120 @@ def test_a_run_on_unchanged_data_reuses_the_last_bundle_and_says_so(tmp_path: Pa
         shutil.rmtree(path) if path.is_dir() else path.unlink()
     _, fourth_log = _job_of_new_run(RunStore(load_checked(config_path), store.redis))
     assert "bundle built" in fourth_log
+
+
+# ---------------------------------------------------------------- a large project, read on two cores
+
+def _awkward_project(folder: Path, seed: int = 5, n_items: int = 1500) -> Path:
+    """Annotators as users have them: six folders (two under one user id, one with no user_state.json's user_id),
+    a radio scheme and a multiselect whose answers list the same labels in different orders, answers to items
+    not in the data file, empty answers, and an answer in Potato's older dict encoding."""
+    rng = random.Random(seed)
+    (folder / "data").mkdir(parents=True)
+    with (folder / "data" / "items.jsonl").open("w") as fh:
+        for n in range(n_items):
+            fh.write(json.dumps({"id": f"i{n:05d}", "text": f"item {n} é {rng.random():.3f}"}) + "\n")
+    users = ["ann", "bob", "cat", "dan", "ann", "eve"]
+    for folder_n, user in enumerate(users):
+        labels: dict[str, Any] = {}
+        for n in range(n_items + 40):  # the last 40 are in no data file
+            if rng.random() < 0.45:
+                tags = rng.sample(["x", "y", "z"], rng.randint(1, 3))
+                said = rng.choice(["pos", "neg", "neu"])
+                # ann's second folder answers some items in tags alone: its record replaces the first's whole
+                answer = [] if folder_n == 4 and rng.random() < 0.3 else [[{"schema": "sentiment", "name": said}, said]]
+                labels[f"i{n:05d}"] = answer + [[{"schema": "tags", "name": t}, "true"] for t in tags]
+        labels["i00003"], labels["i00004"] = [], {"sentiment": {"pos": "pos"}}
+        state: dict[str, Any] = {"instance_id_to_label_to_value": labels}
+        if folder_n != 5:
+            state["user_id"] = user
+        (folder / "annotation_output" / f"u{folder_n}").mkdir(parents=True)
+        (folder / "annotation_output" / f"u{folder_n}" / "user_state.json").write_text(json.dumps(state))
+    (folder / "config.yaml").write_text(yaml.safe_dump({
+        "annotation_task_name": "awkward", "task_dir": ".", "data_files": ["data/items.jsonl"],
+        "item_properties": {"id_key": "id", "text_key": "text"}, "output_annotation_dir": "annotation_output",
+        "annotation_schemes": [
+            {"annotation_type": "radio", "name": "sentiment", "description": "s", "labels": ["pos", "neg", "neu"]},
+            {"annotation_type": "multiselect", "name": "tags", "description": "t", "labels": ["x", "y", "z"]}],
+        "model_training": {"enabled": True, "writeback": {"schemas": ["sentiment"], "include_unlabeled": True}}}))
+    return folder / "config.yaml"
+
+
+def _bundle_files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in (".jsonl", ".json")
+            and p.name != "manifest.json"}
+
+
+@pytest.mark.parametrize("schemas", [["sentiment"], ["tags"], ["sentiment", "tags"]])
+def test_a_project_read_on_two_cores_gives_potatos_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          schemas: list[str]) -> None:
+    """The annotators' files read by a forked child (forced here for a small project) and in this process give
+    the bundle Potato 2.12.1's own build_bundle writes, byte for byte."""
+    from potato.export.cli import build_export_context
+    from potato.training.dataset import build_bundle as potatos_build
+
+    from potato_queue.bundle import annotations, build_bundle
+
+    config_path = _awkward_project(tmp_path / "project")
+    potatos_build(build_export_context(str(config_path)), str(tmp_path / "potato"), schemas, include_unlabeled=True)
+    built = {}
+    for way, from_bytes in (("inline", 10**15), ("forked", 0)):
+        monkeypatch.setattr(annotations, "PARALLEL_FROM_BYTES", from_bytes)
+        manifest = build_bundle(load_checked(config_path), tmp_path / way, schemas)
+        built[way] = _bundle_files(tmp_path / way)
+        potatos = json.loads((tmp_path / "potato" / "manifest.json").read_text())
+        assert manifest["digest"] == potatos["digest"] and manifest["stats"] == potatos["stats"], way
+    assert built["forked"] == built["inline"] == _bundle_files(tmp_path / "potato")
+
+
+def _children() -> set[int]:
+    me = str(os.getpid())
+    found = set()
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            fields = dict(line.split(":\t", 1) for line in status.read_text().splitlines() if ":\t" in line)
+        except OSError:
+            continue
+        if fields.get("PPid", "").strip() == me:
+            found.add(int(status.parent.name))
+    return found
+
+
+def test_an_unreadable_annotator_file_read_on_the_second_core_is_the_same_clear_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from potato_queue.bundle import annotations, build_bundle
+
+    config_path = _awkward_project(tmp_path / "project", n_items=200)
+    (config_path.parent / "annotation_output" / "u0" / "user_state.json").write_text('{"instance_id_to_label')
+    before = _children()
+    said = {}
+    for way, from_bytes in (("inline", 10**15), ("forked", 0)):
+        monkeypatch.setattr(annotations, "PARALLEL_FROM_BYTES", from_bytes)
+        with pytest.raises(PotatoQueueError) as caught:
+            build_bundle(load_checked(config_path), tmp_path / way, ["sentiment"])
+        said[way] = caught.value.format()
+    assert said["forked"] == said["inline"]
+    assert "u0/user_state.json cannot be read as JSON" in said["forked"] and "fix: restore it" in said["forked"]
+    assert _children() == before, "no reading process left behind"
+
+
+def test_the_fast_stopping_rule_stops_where_potatos_exact_one_stops() -> None:
+    """numpy's log decides whether EM has converged only where it cannot tip the answer: log-likelihood changes
+    set right at the tolerance, where numpy's and math's logs could disagree, get the exact answer."""
+    import numpy as np
+
+    from potato_queue.bundle.dawid_skene import _converged, _Likelihood
+
+    rng = np.random.default_rng(7)
+    decided_fast = 0
+    for trial in range(300):
+        before = rng.uniform(1e-4, 1.0, size=int(rng.integers(1, 5000)))
+        after = before * (1 + rng.normal(0, 1e-9, size=len(before)))
+        now, previous = _Likelihood(after), _Likelihood(before)
+        exact_change = abs(now.exact - previous.exact)
+        # a tolerance at the exact change, a hair either side of it, or far from it
+        tol = exact_change * float(rng.choice([1.0, 1 + 1e-15, 1 - 1e-15, 1 + 1e-9, 0.5, 2.0]))
+        fresh_now, fresh_previous = _Likelihood(after), _Likelihood(before)
+        assert _converged(fresh_now, fresh_previous, tol) == (exact_change < tol), trial
+        decided_fast += fresh_now._exact is None
+    assert 0 < decided_fast < 300, "both ways of deciding were taken"

@@ -4,7 +4,8 @@ A bundle is the folder a trainer reads on its own: train/val/test.jsonl (and
 unlabeled.jsonl for write-back), labels.json, media/ and manifest.json.
 Potato 2.12.1's worker and ours read the same bundles and the manifest's
 digest hashes the split files' bytes, so this reproduces Potato's
-`training/dataset.py` exactly: which items and answers are read (read.py),
+`training/dataset.py` exactly: which items and answers are read (read.py;
+annotations.py, the annotators' half, on a second core for a large project),
 how annotators are merged (aggregate.py: Dawid-Skene, else exact-match
 majority), the rows' bytes and order and the seeded-hash splits (write.py;
 docs/protocol.md). `pack_bundle` makes the tar.gz an agent
@@ -19,17 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from potato_queue.bundle.aggregate import all_targets, answered_items, no_labels_error, resolve_references
-from potato_queue.bundle.read import (
-    TARGET_KINDS,
-    count_annotations,
-    no_cycle_collection,
-    read_annotations,
-    read_items,
-    schema_kind,
-    schema_names,
-    target_schemas,
-    unencodable_items,
-)
+from potato_queue.bundle.annotations import count_annotations, no_cycle_collection, read_annotations
+from potato_queue.bundle.read import TARGET_KINDS, read_items, schema_kind, schema_names, target_schemas
 from potato_queue.bundle.write import (
     BUNDLE_VERSION,
     DEFAULT_SPLITS,
@@ -64,8 +56,10 @@ def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | 
 def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, Any]:
     training = config.model_training
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
-    items, found = read_items(config), read_annotations(config)
-    references = resolve_references(found, sorted(items), training.aggregation, set(names))
+    bad: list[str] = []
+    found, items = read_annotations(config, names, while_reading=lambda: read_items(config, cleaned=bad))
+    ids = sorted(items)
+    references = resolve_references(found, ids, training.aggregation, set(names))
     kinds = {name: schema_kind(by_name[name]) for name in names}
     targets, labels = all_targets(references, kinds)
     if not targets:  # Potato refuses when nobody answered; nothing to train on is refused too
@@ -79,12 +73,11 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
         source_field=by_name[names[0]].get("source_field"))  # Potato reads the first scheme's only
     answered = answered_items(found, items)
     build.stats.update(n_items=len(items), n_annotated=len(answered))
-    bad = unencodable_items(items)
     if bad:
         build.stats["warnings"].append(
             f"{len(bad)} item(s) hold text that is not valid Unicode (a lone surrogate such as \\ud800), "
             f"replaced with U+FFFD: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; fix the data file")
-    rows, unlabeled = bundle_rows(build, items, answered, targets, training.writeback.include_unlabeled)
+    rows, unlabeled = bundle_rows(build, items, ids, answered, targets, training.writeback.include_unlabeled)
     splits = write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
     return write_manifest(build, training, names, by_name, kinds, labels, splits, rows)
 

@@ -9,168 +9,127 @@ training target of each agreed answer by schema kind, and the labels seen.
 from __future__ import annotations
 
 import json
-import math
 from collections import Counter
 from collections.abc import Collection, Sequence
+from itertools import chain, repeat
 from typing import Any
 
 import numpy as np
 
-from potato_queue.bundle.read import Annotations, Answers
+from potato_queue.bundle.annotations import Annotations
+from potato_queue.bundle.dawid_skene import dawid_skene_arrays
+from potato_queue.bundle.read import Answers
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # What the other stages of the bundle use; the rest is this stage's own.
-__all__ = ["all_targets", "answered_items", "dawid_skene", "no_labels_error", "resolve_references"]
+__all__ = ["all_targets", "answered_items", "no_labels_error", "resolve_references"]
 
 _UNSET = (None, "", False, 0, "false")  # Potato's "not selected"; the string "0" is a selection
 
 
 class _Canonical:
     """The exact-match key of one answer (Potato's sorted JSON of it, which orders the classes), and the answer
-    as a map; the key worked out once per distinct flat answer, since a scheme has few (a radio's labels)."""
+    as a map; worked out once per answer object (read_annotations shares equal flat answers, so a radio scheme
+    has a handful). `ambiguous`: keys reached from maps written in different orders (a multilabel's), whose
+    representative answer Potato's order of the votes decides."""
 
     def __init__(self) -> None:
-        self._keys: dict[tuple[Any, ...], str] = {}
+        self._by_object: dict[int, tuple[Any, str, Any]] = {}
+        self._first: dict[str, str] = {}
+        self.ambiguous: set[str] = set()
 
     def __call__(self, value_map: Any) -> tuple[str, Any]:
-        value_map = value_map if isinstance(value_map, dict) else {"_value": value_map}
-        try:
-            flat = tuple(value_map.items())
-            key = self._keys.get(flat)
-        except TypeError:  # a list or a map inside (spans, shapes): not hashable, not cached
-            return json.dumps(value_map, sort_keys=True, ensure_ascii=False), value_map
-        if key is None:
-            key = self._keys[flat] = json.dumps(value_map, sort_keys=True, ensure_ascii=False)
-        return key, value_map
+        known = self._by_object.get(id(value_map))
+        if known is not None:
+            return known[1], known[2]
+        answer = value_map if isinstance(value_map, dict) else {"_value": value_map}
+        key = json.dumps(answer, sort_keys=True, ensure_ascii=False)
+        self._by_object[id(value_map)] = (value_map, key, answer)  # the object kept, so its id stays its own
+        written = json.dumps(answer, ensure_ascii=False)
+        if self._first.setdefault(key, written) != written:
+            self.ambiguous.add(key)
+        return key, answer
 
 
-def _majority(found: Annotations, ids: Sequence[str], schemas: Collection[str]) -> dict[str, Answers]:
+def _votes(found: Annotations, schema: str, wanted: Collection[str],
+           canonical: _Canonical) -> list[tuple[str, list[tuple[str, str, Any]]]]:
+    """Per user in first-seen order, the (item, key, answer) of each vote on `schema` for an item of `wanted`."""
+    return [(user, [(iid, *canonical(value_map)) for iid, value_map in answers.items() if iid in wanted])
+            for user, answers in found.of(schema)]
+
+
+def _majority(found: Annotations, wanted: Collection[str], schemas: Collection[str]) -> dict[str, Answers]:
     """Per item and scheme, the most frequent exact answer; a tie goes to the first annotator's."""
     references: dict[str, Answers] = {}
-    canonical = _Canonical()
-    for iid in ids:
-        votes: dict[str, list[tuple[str, Any]]] = {}
-        for user in found.users:
-            for schema, value_map in found.index.get((user, iid), {}).items():
-                if schema in schemas:
-                    votes.setdefault(schema, []).append(canonical(value_map))
-        for schema, pairs in votes.items():
+    for schema in schemas:
+        by_item: dict[str, list[tuple[str, Any]]] = {}
+        for _, votes in _votes(found, schema, wanted, _Canonical()):
+            for iid, key, answer in votes:
+                by_item.setdefault(iid, []).append((key, answer))
+        for iid, pairs in by_item.items():
             winner = Counter(key for key, _ in pairs).most_common(1)[0][0]
-            references.setdefault(iid, {})[schema] = next(value for key, value in pairs if key == winner)
+            references.setdefault(iid, {})[schema] = next(answer for key, answer in pairs if key == winner)
     return references
-
-
-def _ds_arrays(observations: list[tuple[str, str, str]]) -> tuple[list[str], list[str], Any, Any, Any, Any]:
-    """The items and classes in sorted order, and the observations as arrays in Potato's order (by item,
-    then as given): item, worker and class indexes, and each one's rank among its item's."""
-    workers = {w: n for n, w in enumerate(sorted({w for w, _, _ in observations}))}
-    classes = sorted({label for _, _, label in observations})
-    items = sorted({i for _, i, _ in observations})
-    item_of, class_of = {i: n for n, i in enumerate(items)}, {c: n for n, c in enumerate(classes)}
-    item = np.fromiter((item_of[i] for _, i, _ in observations), dtype=np.int64, count=len(observations))
-    order = np.argsort(item, kind="stable")
-    item = item[order]
-    worker = np.fromiter((workers[w] for w, _, _ in observations), dtype=np.int64, count=len(observations))[order]
-    said = np.fromiter((class_of[c] for _, _, c in observations), dtype=np.int64, count=len(observations))[order]
-    rank = np.arange(len(item)) - np.searchsorted(item, item, side="left")
-    return items, classes, item, worker, said, rank
-
-
-def _sequential_sum(columns: Any) -> Any:
-    """Row sums added left to right, as Python's loop adds them (numpy's sum may pair them otherwise)."""
-    total = columns[:, 0].copy()
-    for j in range(1, columns.shape[1]):
-        total += columns[:, j]
-    return total
-
-
-def dawid_skene(observations: list[tuple[str, str, str]], max_iter: int = 100, tol: float = 1e-6) -> dict[str, str]:
-    """{item: label} by Potato's Dawid-Skene EM (potato.server_utils.consensus.dawid_skene), vectorised: the
-    same float operations in the same order (bincount and cumsum add in input order; each item's votes are
-    multiplied in in turn), so the same labels to the last item, at numpy's speed."""
-    items, classes, item, worker, said, rank = _ds_arrays(observations)
-    k, n_workers = len(classes), int(worker.max()) + 1
-    if k == 1:
-        return dict.fromkeys(items, classes[0])
-    posteriors = np.zeros((len(items), k))
-    np.add.at(posteriors, (item, said), 1.0)
-    posteriors /= _sequential_sum(posteriors)[:, None]
-    previous = None
-    for _ in range(max_iter):
-        prior = np.cumsum(posteriors, axis=0)[-1]
-        prior = prior / (float(np.cumsum(prior)[-1]) or 1.0)
-        # M-step: each worker's P(says l | truly j); uniform for a class they never met.
-        num = np.stack([np.bincount(worker * k + said, weights=posteriors[item, j], minlength=n_workers * k)
-                        .reshape(n_workers, k) for j in range(k)], axis=1)
-        den = np.stack([np.bincount(worker, weights=posteriors[item, j], minlength=n_workers) for j in range(k)], axis=1)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            confusion = np.where(den[:, :, None] > 0, num / den[:, :, None], 1.0 / k)
-        # E-step
-        scores = np.tile(prior, (len(items), 1))
-        for r in range(int(rank.max()) + 1):
-            at = rank == r
-            scores[item[at]] *= confusion[worker[at], :, said[at]]
-        mass = _sequential_sum(scores)
-        alive = mass > 0
-        with np.errstate(divide="ignore", invalid="ignore"):
-            posteriors = np.where(alive[:, None], scores / mass[:, None], 1.0 / k)
-        logs = np.fromiter(map(math.log, mass[alive].tolist()), dtype=np.float64, count=int(alive.sum()))
-        likelihood = float(np.cumsum(logs)[-1]) if len(logs) else 0.0
-        if previous is not None and abs(likelihood - previous) < tol:
-            break
-        previous = likelihood
-    # argmax keeps the first of equal posteriors: a tie goes to the first class in sorted order.
-    best = np.argmax(posteriors, axis=1).tolist()
-    return {iid: classes[b] for iid, b in zip(items, best, strict=True)}
-
-
-def _by_user_then_item(found: Annotations, ids: Sequence[str]) -> list[tuple[str, str]]:
-    """The (user, item) pairs answered, in Potato's order (users as first seen, items as in `ids`, sorted):
-    each user's own answers sorted, not every user against every item."""
-    wanted = set(ids)
-    mine: dict[str, list[str]] = {user: [] for user in found.users}
-    for user, iid in found.index:
-        if iid in wanted and user in mine:
-            mine[user].append(iid)
-    return [(user, iid) for user in found.users for iid in sorted(mine[user])]
 
 
 def _consensus(found: Annotations, ids: Sequence[str], schemas: Collection[str]) -> dict[str, Answers]:
-    """Dawid-Skene per scheme, each distinct exact answer a class."""
-    observations: dict[str, list[tuple[str, str, str]]] = {}
-    answer_of: dict[str, dict[str, Any]] = {}
-    canonical = _Canonical()
-    for user, iid in _by_user_then_item(found, ids):
-        for schema, value_map in found.index[(user, iid)].items():
-            if schema not in schemas:
-                continue  # Dawid-Skene is per scheme: the others' answers change nothing here
-            key, answer = canonical(value_map)
-            observations.setdefault(schema, []).append((user, iid, key))
-            # The last annotator's map stands for its class: it orders a multilabel list.
-            answer_of.setdefault(schema, {})[key] = answer
+    """Dawid-Skene per scheme (the others' answers change nothing there), each distinct exact answer a class."""
+    position = {iid: n for n, iid in enumerate(ids)}
     references: dict[str, Answers] = {}
-    for schema, seen in observations.items():
-        for iid, key in dawid_skene(seen).items():
-            references.setdefault(iid, {})[schema] = answer_of[schema][key]
+    for schema in schemas:
+        blocks = [(n, answers) for n, (_, answers) in enumerate(found.of(schema)) if answers]
+        values = [value for _, answers in blocks for value in answers.values()]
+        pos = np.fromiter(chain.from_iterable(map(position.get, answers, repeat(-1)) for _, answers in blocks),
+                          dtype=np.int64, count=len(values))
+        keep = pos >= 0  # votes on items of the data files only
+        if not keep.any():
+            continue
+        worker = np.concatenate([np.full(len(answers), n, dtype=np.int64) for n, answers in blocks])[keep]
+        # Each distinct answer object keyed once (read_annotations shares equal ones), not each vote.
+        kept = np.flatnonzero(keep)
+        _, first, of_vote = np.unique(np.fromiter(map(id, values), dtype=np.uint64, count=len(values))[kept],
+                                      return_index=True, return_inverse=True)
+        canonical = _Canonical()
+        keyed = [canonical(values[at]) for at in kept[first].tolist()]
+        classes = sorted({key for key, _ in keyed})
+        class_of = {key: n for n, key in enumerate(classes)}
+        said = np.array([class_of[key] for key, _ in keyed], dtype=np.int64)[of_vote.reshape(-1)]
+        answer_of = _representatives(keyed, canonical, class_of, pos[keep], worker, said, of_vote.reshape(-1))
+        for iid, key in dawid_skene_arrays(ids, pos[keep], worker, said, classes).items():
+            references.setdefault(iid, {})[schema] = answer_of[key]
     return references
+
+
+def _representatives(keyed: list[tuple[str, Any]], canonical: _Canonical, class_of: dict[str, int], pos: Any,
+                     worker: Any, said: Any, of_vote: Any) -> dict[str, Any]:
+    """The answer that stands for each class: any of its answers, all written alike; where a class's answers
+    are written in different orders (a multilabel's), the last vote's in Potato's order (users as first seen,
+    then items sorted): it orders the list."""
+    answer_of = dict(keyed)
+    for key in canonical.ambiguous:
+        at = np.flatnonzero(said == class_of[key])
+        last = at[np.lexsort((pos[at], worker[at]))[-1]]
+        answer_of[key] = keyed[int(of_vote[last])][1]
+    return answer_of
 
 
 def resolve_references(found: Annotations, ids: Sequence[str], aggregation: str,
                        schemas: Collection[str]) -> dict[str, Answers]:
-    """One agreed answer per item and scheme of `schemas` (the run's: Potato resolves every scheme, and each
-    scheme's answer is the same either way): consensus needs two annotators, else (or on failure) majority."""
+    """One agreed answer per item of `ids` (sorted) and scheme of `schemas` (the run's: Potato resolves every
+    scheme, and each scheme's answer is the same either way): consensus needs two annotators, else (or on
+    failure) majority."""
     if aggregation == "consensus" and len(found.users) > 1:
         try:
             return _consensus(found, ids, schemas)
         except (ArithmeticError, ValueError, TypeError):
             pass  # Potato falls back to majority the same way
-    return _majority(found, ids, schemas)
+    return _majority(found, set(ids), schemas)
 
 
 def answered_items(found: Annotations, ids: Collection[str]) -> set[str]:
     """The items of `ids` someone answered, in any scheme: Potato's n_annotated, counted over every scheme."""
-    return {iid for _, iid in found.index if iid in ids}
+    return {iid for iid in found.answered if iid in ids}
 
 
 def _chosen(value_map: Any) -> list[str]:
@@ -207,14 +166,23 @@ def all_targets(references: dict[str, Answers], kinds: dict[str, str]
     """{item: targets} of the items with a usable answer, and the sorted labels seen per scheme."""
     targets: dict[str, Answers] = {}
     seen: dict[str, set[str]] = {name: set() for name in kinds}
+    # Agreed answers are shared objects (read_annotations shares equal ones): each one's target worked out once.
+    known: dict[tuple[str, int], tuple[Any, Any]] = {}
     for iid, resolved in references.items():
         for name, kind in kinds.items():
-            target = _target(kind, resolved[name]) if name in resolved else None
+            if name not in resolved:
+                continue
+            answer = resolved[name]
+            memo = known.get((name, id(answer)))
+            if memo is None:
+                memo = known[(name, id(answer))] = (answer, _target(kind, answer))  # the answer kept: its id stays
+                target = memo[1]
+                if kind in ("multilabel", "nominal") and target not in (None, [], ""):  # only these have a vocabulary
+                    seen[name].update(map(str, target) if kind == "multilabel" else [str(target)])
+            target = memo[1]
             if target is None or target == [] or target == "":
                 continue
-            targets.setdefault(iid, {})[name] = target
-            if kind in ("multilabel", "nominal"):  # only these have a vocabulary
-                seen[name].update(map(str, target) if kind == "multilabel" else [str(target)])
+            targets.setdefault(iid, {})[name] = list(target) if type(target) is list else target
     return targets, {name: sorted(labels) for name, labels in seen.items()}
 
 

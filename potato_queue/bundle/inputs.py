@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from potato_queue.bundle.read import annotator_files
+from potato_queue.bundle.annotations import annotator_files
 from potato_queue.bundle.write import BUNDLE_VERSION
 from potato_queue.config import ProjectConfig
 from potato_queue.worker.files import file_sha256, write_atomic

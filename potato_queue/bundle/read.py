@@ -1,21 +1,17 @@
-"""Stage 1 of a bundle build: reading the project's items and annotations.
+"""Stage 1 of a bundle build, the items' half: the project's schemes and items (annotations.py reads the rest).
 
 Which schemes give a target (schema_kind, target_schemas, by Potato's kinds),
-the items of the data files (JSON array, object or lines, Potato's positional
-ids), and every annotator's answers from <output_annotation_dir>/<user>/
-user_state.json in both of Potato's encodings, label maps, spans and image
-shapes alike, as Potato's `training/dataset.py` reads them.
+a scale scheme's points or bounds, and the items of the data files (JSON
+array, object or lines, Potato's positional ids), as Potato's
+`training/dataset.py` reads them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import json
-import os
+import math
+import re
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from potato_queue.bounds import clean
@@ -23,9 +19,8 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # The public names, then what the other stages of the bundle use.
-__all__ = ["TARGET_KINDS", "Answers", "Row", "count_annotations", "schema_kind", "scheme_scale", "target_schemas",
-           "unencodable_items",
-           "Annotations", "annotator_files", "answered_ids", "no_cycle_collection", "read_annotations", "read_items", "schema_names"]
+__all__ = ["TARGET_KINDS", "Answers", "Row", "schema_kind", "scheme_scale", "target_schemas",
+           "read_items", "schema_names"]
 
 # Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
 _KIND_OF_TYPE = {atype: kind for kind, types in {
@@ -103,10 +98,28 @@ def schema_names(config: ProjectConfig, schemas: Sequence[str] | None) -> list[s
     return names
 
 
-def _items_of_text(content: str, id_key: str) -> Iterator[tuple[str, Row]]:
+class _Decoder(json.JSONDecoder):
+    """json's own decoder that notes a non-finite number (NaN, Infinity, or a number too large for a float):
+    what, with a lone surrogate's escape, makes an item unwritable as strict JSON or UTF-8."""
+
+    def __init__(self) -> None:
+        self.unclean = False
+        super().__init__(parse_float=self._float, parse_constant=self._constant)
+
+    def _float(self, text: str) -> float:
+        value = float(text)
+        self.unclean = self.unclean or not math.isfinite(value)
+        return value
+
+    def _constant(self, text: str) -> float:
+        self.unclean = True
+        return float(text)
+
+
+def _items_of_text(content: str, id_key: str, decoder: json.JSONDecoder) -> Iterator[tuple[str, Row]]:
     """(id, item) of one data file (JSON array, object or lines); no id gives Potato's positional one."""
     try:
-        payload = json.loads(content)
+        payload = decoder.decode(content)
     except json.JSONDecodeError:
         payload = None
     if isinstance(payload, (list, dict)):
@@ -116,26 +129,34 @@ def _items_of_text(content: str, id_key: str) -> Iterator[tuple[str, Row]]:
         return
     for number, line in enumerate(content.splitlines(), 1):
         try:
-            item = json.loads(line) if line.strip() else None
+            item = decoder.decode(line) if line.strip() else None
         except json.JSONDecodeError:
             continue  # Potato skips lines that are not JSON (CSV rows, stray text)
         if isinstance(item, dict):
             yield str(item.get(id_key, f"item_{number}")), item
 
 
-def read_items(config: ProjectConfig) -> dict[str, Row]:
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def read_items(config: ProjectConfig, cleaned: list[str] | None = None) -> dict[str, Row]:
+    """{id: item} of every data file. With `cleaned`, items made writable as UTF-8 and strict JSON (a lone
+    surrogate, `\\ud800` in a JSON data file, replaced with U+FFFD; a non-finite number as text), their ids
+    added to it: only a file that holds one is walked item by item."""
     items: dict[str, Row] = {}
     for path in config.data_paths():
         if not path.is_file():
             raise PotatoQueueError(f"data file {path} does not exist, so the bundle would miss its items",
                                    fix=f"restore the file or correct data_files in {config.config_path}")
-        items.update(_items_of_text(path.read_text(encoding="utf-8"), config.item_properties.id_key))
+        content, decoder = path.read_text(encoding="utf-8"), _Decoder()
+        found = dict(_items_of_text(content, config.item_properties.id_key, decoder))
+        if cleaned is not None and (decoder.unclean or _SURROGATE_ESCAPE.search(content)):
+            cleaned.extend(_clean_items(found))
+        items.update(found)
     return items
 
 
-def unencodable_items(items: dict[str, Row]) -> list[str]:
-    """Make every item writable as UTF-8 (a lone surrogate, `\\ud800` in a JSON data file, cannot be):
-    the ids of the items that held one, now replaced with U+FFFD."""
+def _clean_items(items: dict[str, Row]) -> list[str]:
     bad = []
     for iid, row in items.items():
         fixed = clean(row)
@@ -143,137 +164,3 @@ def unencodable_items(items: dict[str, Row]) -> list[str]:
             items[iid] = fixed
             bad.append(iid)
     return bad
-
-
-@dataclass
-class Annotations:
-    """{(user, instance): answers}, and the annotators in first-seen order."""
-
-    index: dict[tuple[str, str], Answers] = field(default_factory=dict)
-    users: list[str] = field(default_factory=list)
-    n_records: int = 0
-
-
-def _label_maps(raw: Any) -> Answers:
-    """Both encodings as {schema: {label: value}}: [[{schema, name}, value], ...] or the older dict."""
-    if isinstance(raw, dict):
-        return raw
-    maps: Answers = {}
-    for entry in raw if isinstance(raw, list) else []:
-        if isinstance(entry, (list, tuple)) and len(entry) == 2:
-            label, value = entry
-            if isinstance(label, dict):
-                maps.setdefault(label.get("schema", ""), {})[label.get("name", "")] = value
-            else:
-                maps.setdefault(str(label), {})[""] = value
-    return maps
-
-
-def _span_lists(raw: Any) -> dict[str, list[Any]]:
-    """{schema: [span, ...]} from the list encoding ([span, value] pairs) or the older dict."""
-    spans: dict[str, list[Any]] = {}
-    for entry in raw if isinstance(raw, list) else []:
-        span = entry[0] if isinstance(entry, (list, tuple)) and len(entry) == 2 else entry
-        if isinstance(span, dict):
-            spans.setdefault(span.get("schema", ""), []).append(span)
-    for schema, found in (raw if isinstance(raw, dict) else {}).items():
-        if isinstance(found, (list, dict)):
-            spans[schema] = found if isinstance(found, list) else list(found.values())
-    return spans
-
-
-def _image_objects(maps: Answers, image_schemas: set[str]) -> dict[str, list[Any]]:
-    """An image_annotation scheme keeps its shapes as a list (or its JSON text) in a label value."""
-    found: dict[str, list[Any]] = {}
-    for schema in image_schemas & set(maps):
-        for value in maps[schema].values() if isinstance(maps[schema], dict) else []:
-            try:
-                value = json.loads(value) if isinstance(value, str) else value
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, list):
-                found[schema] = value
-    return found
-
-
-def _user_records(state: Mapping[str, Any], image_schemas: set[str]) -> Iterator[tuple[str, Answers]]:
-    """(instance id, answers) for every instance one user state mentions."""
-    labels = state.get("instance_id_to_label_to_value") or {}
-    spans = state.get("instance_id_to_span_to_value") or {}
-    for iid in {**dict.fromkeys(labels), **dict.fromkeys(spans)} if spans else labels:
-        maps = _label_maps(labels.get(iid, {}))
-        if not (spans or image_schemas):  # most projects: label maps alone (a large one's time is here)
-            yield str(iid), maps
-            continue
-        answers = dict(maps)  # spans, then image shapes, replace a label map of the same scheme
-        answers.update({s: {"_spans": found} for s, found in _span_lists(spans.get(iid, [])).items()})
-        answers.update({s: {"_objects": found} for s, found in _image_objects(maps, image_schemas).items()})
-        yield str(iid), answers
-
-
-def _read_state(path: Path) -> Mapping[str, Any]:
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PotatoQueueError(f"{path} cannot be read as JSON ({exc})",
-                               fix="restore it from a backup, or move that annotator's folder aside") from None
-    return state if isinstance(state, dict) else {}
-
-
-def count_annotations(config: ProjectConfig, schemas: Sequence[str]) -> int:
-    """How many (annotator, item) answers name one of `schemas`: auto-retrain's measure of new work."""
-    wanted = set(schemas)
-    return sum(1 for answers in read_annotations(config).index.values() if wanted & set(answers))
-
-
-@contextlib.contextmanager
-def no_cycle_collection() -> Iterator[None]:
-    """Reading a project makes millions of small dicts and lists and no reference cycles: Python's cycle
-    collector, woken by every 700 of them, walks all the live ones each time (two thirds of a 100,000-item
-    project's parse time). Paused while it reads, as it was before."""
-    enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if enabled:
-            gc.enable()
-
-
-def answered_ids(config: ProjectConfig) -> set[str]:
-    """The items someone has answered: read_annotations' items without their answers (a file at a time, only
-    the ids kept), what the insight leaves out of "what to label next"."""
-    blobs = []
-    with no_cycle_collection():
-        for _, path in annotator_files(config):
-            state = _read_state(path)
-            # One string per file, so that nothing of the parsed file outlives it: the long-running server
-            # gives its memory back (ids kept one by one would pin the parse's memory pages).
-            blobs.append("\n".join(str(iid) for key in ("instance_id_to_label_to_value", "instance_id_to_span_to_value")
-                                    for iid, raw in (state.get(key) or {}).items() if raw))
-            del state
-    return {iid for blob in blobs for iid in blob.split("\n") if iid}
-
-
-def annotator_files(config: ProjectConfig) -> list[tuple[str, Path]]:
-    """Each annotator's (folder name, user_state.json), the folders in sorted order (it decides ties); a folder
-    without one (training/) is no annotator."""
-    out = config.output_path
-    return [(entry, out / entry / "user_state.json") for entry in (sorted(os.listdir(out)) if out.is_dir() else [])
-            if (out / entry / "user_state.json").is_file()]
-
-
-def read_annotations(config: ProjectConfig) -> Annotations:
-    found = Annotations()
-    image_schemas = {str(s.get("name")) for s in config.annotation_schemes
-                     if s.get("annotation_type") == "image_annotation"}
-    for entry, path in annotator_files(config):
-        state = _read_state(path)
-        user = str(state.get("user_id", entry))
-        for iid, answers in _user_records(state, image_schemas):
-            found.n_records += 1
-            if user and iid and user not in found.users:
-                found.users.append(user)  # counted even when every answer is empty, as Potato does
-            if user and iid and answers:
-                found.index[(user, iid)] = answers
-    return found

@@ -15,7 +15,7 @@ import json
 import os
 import shutil
 import tarfile
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,8 @@ BUNDLE_VERSION = 1
 DEFAULT_SPLITS = {"train": 0.7, "val": 0.15, "test": 0.15}
 _MEDIA_KEYS = ("image_url", "image", "image_path", "file_name", "audio_url", "audio", "audio_path",
                "video_url", "video", "video_path", "url", "path")
+_MEDIA_KEY_SET = frozenset(_MEDIA_KEYS)
+_encode_text = json.encoder.encode_basestring  # json's own (C) string encoder, non-ASCII kept as json.dumps keeps it
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _MODALITY_BY_TYPE = {
     "image_annotation": "image", "region_caption": "image", "grounding_eval": "image", "audio_annotation": "audio",
@@ -43,14 +45,57 @@ _MODALITY_BY_TYPE = {
 
 def split_of(instance_id: str, splits: Mapping[str, float], seed: int) -> str:
     """An item's split: a seeded hash on cumulative bands, so held-out items stay held out."""
+    return _splitter(splits, seed)(instance_id)
+
+
+def _splitter(splits: Mapping[str, float], seed: int) -> Callable[[str], str]:
+    """split_of for one set of splits: the bands worked out once."""
     total = sum(splits.values()) or 1.0
-    position = int(hashlib.sha256(f"{seed}:{instance_id}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    bound = 0.0
+    bands, bound = [], 0.0
     for name in splits:
         bound += splits[name] / total  # accumulated as Potato does, so an edge case lands alike
-        if position <= bound:
-            return name
-    return list(splits)[-1]
+        bands.append((bound, name))
+    last, prefix = list(splits)[-1], f"{seed}:"
+
+    def split(instance_id: str) -> str:
+        # The first 8 hex digits of the sha256, as a number.
+        position = int.from_bytes(hashlib.sha256((prefix + instance_id).encode()).digest()[:4], "big") / 0xFFFFFFFF
+        return next((name for bound, name in bands if position <= bound), last)
+
+    return split
+
+
+class _RowEncoder:
+    """json.dumps(row, ensure_ascii=False) for the rows _row makes, the same bytes without its per-call set-up
+    (a bundle writes a row per item): keys in _row's order, strings by json's own C encoder, a row's targets
+    encoded once per distinct set of them."""
+
+    def __init__(self) -> None:
+        self._targets: dict[tuple[Any, ...], str] = {}
+
+    def __call__(self, row: Row) -> str:
+        tail = _ROW_TAILS.get(tuple(row))
+        if tail is None:
+            return json.dumps(row, ensure_ascii=False)  # not a row _row made: json's own way
+        line = '{"instance_id": ' + _encode_text(row["instance_id"]) + ', "text": ' + _encode_text(row["text"])
+        for key in tail:
+            line += f', "{key}": ' + (self._encoded_targets(row[key]) if key == "targets" else _encode_text(row[key]))
+        return line + "}"
+
+    def _encoded_targets(self, targets: Any) -> str:
+        try:
+            flat = tuple(targets.items())
+            return self._targets[flat]
+        except (AttributeError, TypeError, KeyError):
+            text = json.dumps(targets, ensure_ascii=False)
+        if type(targets) is dict and all(type(v) is str for v in targets.values()):  # 1 == True: text values only
+            self._targets[flat] = text
+        return text
+
+
+# The keys of the rows _row makes, in its order: what follows instance_id and text.
+_ROW_TAILS = {("instance_id", "text", *tail): tuple(tail) for tail in
+              [(), ("targets",), ("media",), ("media_missing",), ("targets", "media"), ("targets", "media_missing")]}
 
 
 @dataclass
@@ -102,11 +147,12 @@ def _row(build: BundleBuild, iid: str, item: Row, targets: Answers | None) -> Ro
     return row
 
 
-def bundle_rows(build: BundleBuild, items: dict[str, Row], answered: Collection[str], targets: dict[str, Answers],
-          include_unlabeled: bool) -> tuple[list[Row], list[Row]]:
-    """Labelled and unlabeled rows in sorted id order (media is linked in that order too)."""
+def bundle_rows(build: BundleBuild, items: dict[str, Row], ids: Sequence[str], answered: Collection[str],
+                targets: dict[str, Answers], include_unlabeled: bool) -> tuple[list[Row], list[Row]]:
+    """Labelled and unlabeled rows in the order of `ids`, the items' ids sorted (media is linked in that order
+    too)."""
     rows, unlabeled = [], []
-    for iid in sorted(items):
+    for iid in ids:
         if iid in targets:
             rows.append(_row(build, iid, items[iid], targets[iid]))
             continue
@@ -120,15 +166,16 @@ def write_splits(build: BundleBuild, splits: Mapping[str, float], seed: int, row
                   unlabeled: list[Row]) -> dict[str, Row]:
     """Every split file (even empty) and unlabeled.jsonl when it has rows: their manifest entries."""
     by_split: dict[str, list[Row]] = {name: [] for name in splits}
+    split, encoded = _splitter(splits, seed), _RowEncoder()
     for row in rows:
-        by_split[split_of(row["instance_id"], splits, seed)].append(row)
+        by_split[split(row["instance_id"])].append(row)
     if unlabeled:
         by_split["unlabeled"] = unlabeled
     entries: dict[str, Row] = {}
     for name, split_rows in by_split.items():
         # Potato's bytes: default separators, non-ASCII text as is, "\n" after every row.
         with (build.out_dir / f"{name}.jsonl").open("w", encoding="utf-8", newline="\n") as fh:
-            fh.writelines(json.dumps(row, ensure_ascii=False) + "\n" for row in split_rows)
+            fh.writelines(encoded(row) + "\n" for row in split_rows)
         entries[name] = {"path": f"{name}.jsonl", "format": "jsonl", "n": len(split_rows)}
     if unlabeled:  # predicted on, never trained or scored on, and no split in the stats
         entries["unlabeled"]["predict_only"] = True
@@ -150,6 +197,8 @@ def _digest(paths: Sequence[Path]) -> str:
 
 def item_media(item: Row, source_field: str | None) -> str | None:
     """The media an item names (its scheme's source_field, else the first of Potato's media keys), if any."""
+    if not (source_field and item.get(source_field)) and _MEDIA_KEY_SET.isdisjoint(item):
+        return None  # most items: text alone
     return next((str(item[k]) for k in (source_field, *_MEDIA_KEYS) if k and item.get(k)), None)
 
 
@@ -169,6 +218,8 @@ def _modality(schemes: Sequence[Mapping[str, Any]], rows: Sequence[Row]) -> str:
 
     def names_image(row: Row) -> bool:
         ref = str(row.get("media") or row.get("media_missing") or "")
+        if not ref:
+            return False
         text = str(row.get("text") or "").strip()
         # A remote image on an item that shows text does not make the corpus images.
         remote_only = not ref.startswith(("http://", "https://")) or not text or text == ref

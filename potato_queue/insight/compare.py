@@ -12,7 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from potato_queue.bundle.aggregate import all_targets
-from potato_queue.bundle.read import read_annotations, schema_kind
+from potato_queue.bundle.annotations import read_annotations
+from potato_queue.bundle.read import schema_kind
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Invalid
 from potato_queue.insight.measures import Scored, confusion, mcnemar, per_label
@@ -31,14 +32,17 @@ def _annotators(config: ProjectConfig, ids: set[str]) -> dict[str, dict[str, dic
     """{instance id: {schema: {annotator: label}}} for `ids`, from the project's annotations now."""
     kinds = {str(s.get("name")): schema_kind(s) for s in config.annotation_schemes}
     out: dict[str, dict[str, dict[str, str]]] = {}
-    for (user, iid), answers in read_annotations(config).index.items():
-        if iid not in ids:
-            continue
-        targets, _ = all_targets({iid: answers}, {k: v for k, v in kinds.items() if k in answers})
-        for schema, target in targets.get(iid, {}).items():
-            label = shown(target)
-            if label is not None:
-                out.setdefault(iid, {}).setdefault(schema, {})[user] = label
+    found, _ = read_annotations(config)
+    for user in found.users:
+        for schema, answers in found.by_user[user].items():
+            if schema not in kinds:
+                continue  # an answer to a scheme the config no longer has
+            kind = {schema: kinds[schema]}
+            for iid, value_map in answers.items():
+                if iid in ids:
+                    label = shown(all_targets({iid: {schema: value_map}}, kind)[0].get(iid, {}).get(schema))
+                    if label is not None:
+                        out.setdefault(iid, {}).setdefault(schema, {})[user] = label
     return out
 
 

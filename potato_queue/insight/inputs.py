@@ -19,8 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from potato_queue.bundle.annotations import answered_ids
 from potato_queue.bundle.inputs import annotation_files, read_inputs_file
-from potato_queue.bundle.read import answered_ids
 from potato_queue.config import ProjectConfig
 from potato_queue.insight.measures import DEFAULT_TARGET_PRECISION, Scored, schema_quality
 from potato_queue.insight.next_items import MEASURES, document_frequencies, mean_uncertainty
