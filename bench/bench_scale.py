@@ -8,9 +8,12 @@ own, so its peak memory (ru_maxrss) is its own:
 
   parse         the alternative every build must beat: read the data file and every user_state.json and
                 json-parse them, nothing else (the cycle collector paused, as the build pauses it)
-  build         potato-queue's bundle, cold (bundle/: read, Dawid-Skene for the run's scheme, rows, splits)
+  build         potato-queue's bundle, cold (bundle/: read, on a second core for the annotators' half,
+                Dawid-Skene for the run's scheme, rows, splits)
   potato-build  Potato 2.12.1's own build_bundle on the same project (potato.training.dataset)
   reuse         what a run on unchanged data pays instead of a build: the inputs' digest (bundle/inputs.py)
+The three time the call itself, as a run waits for it (the executor has its modules loaded and the config
+read); the peak memory is the whole process's.
   splits        the run's split ids into Potato's store: ours (one transaction) against Potato's
                 record_run_items called as Potato's manager calls it
   run           `potato-queue up CONFIG --run sklearn-text` end to end (a private Redis, the server, an
@@ -106,27 +109,34 @@ def phase_build(config_path: Path) -> dict[str, Any]:
     from potato_queue.bundle import build_bundle
     from potato_queue.validate import load_checked
 
-    out = Path(tempfile.mkdtemp(prefix="pq-bundle-"))
-    manifest = build_bundle(load_checked(config_path), out, ["sentiment"])
+    out, config = Path(tempfile.mkdtemp(prefix="pq-bundle-")), load_checked(config_path)
+    started = time.perf_counter()
+    manifest = build_bundle(config, out, ["sentiment"])
+    seconds = time.perf_counter() - started
     shutil.rmtree(out)
-    return {"train": manifest["splits"]["train"]["n"]}
+    return {"train": manifest["splits"]["train"]["n"], "seconds_inner": seconds}
 
 
 def phase_potato_build(config_path: Path) -> dict[str, Any]:
     from potato.export.cli import build_export_context
     from potato.training.dataset import build_bundle
 
-    out = tempfile.mkdtemp(prefix="potato-bundle-")
-    _, stats, _ = build_bundle(build_export_context(str(config_path)), out, ["sentiment"], include_unlabeled=True)
+    out, context = tempfile.mkdtemp(prefix="potato-bundle-"), build_export_context(str(config_path))
+    started = time.perf_counter()
+    _, stats, _ = build_bundle(context, out, ["sentiment"], include_unlabeled=True)
+    seconds = time.perf_counter() - started
     shutil.rmtree(out)
-    return {"annotated": stats.n_annotated}
+    return {"annotated": stats.n_annotated, "seconds_inner": seconds}
 
 
 def phase_reuse(config_path: Path) -> dict[str, Any]:
     from potato_queue.bundle.inputs import inputs_digest
     from potato_queue.validate import load_checked
 
-    return {"digest": inputs_digest(load_checked(config_path), ["sentiment"])[:12]}
+    config = load_checked(config_path)
+    started = time.perf_counter()
+    digest = inputs_digest(config, ["sentiment"])
+    return {"digest": digest[:12], "seconds_inner": time.perf_counter() - started}
 
 
 def _split_ids(config_path: Path) -> dict[str, list[str]]:
