@@ -90,12 +90,13 @@ def _consensus(found: Annotations, ids: Sequence[str], schemas: Collection[str])
         kept = np.flatnonzero(keep)
         _, first, of_vote = np.unique(np.fromiter(map(id, values), dtype=np.uint64, count=len(values))[kept],
                                       return_index=True, return_inverse=True)
+        of_vote = of_vote.reshape(-1)
         canonical = _Canonical()
         keyed = [canonical(values[at]) for at in kept[first].tolist()]
         classes = sorted({key for key, _ in keyed})
         class_of = {key: n for n, key in enumerate(classes)}
-        said = np.array([class_of[key] for key, _ in keyed], dtype=np.int64)[of_vote.reshape(-1)]
-        answer_of = _representatives(keyed, canonical, class_of, pos[keep], worker, said, of_vote.reshape(-1))
+        said = np.array([class_of[key] for key, _ in keyed], dtype=np.int64)[of_vote]
+        answer_of = _representatives(keyed, canonical, class_of, pos[keep], worker, said, of_vote)
         for iid, key in dawid_skene_arrays(ids, pos[keep], worker, said, classes).items():
             references.setdefault(iid, {})[schema] = answer_of[key]
     return references
@@ -176,9 +177,8 @@ def all_targets(references: dict[str, Answers], kinds: dict[str, str]
             memo = known.get((name, id(answer)))
             if memo is None:
                 memo = known[(name, id(answer))] = (answer, _target(kind, answer))  # the answer kept: its id stays
-                target = memo[1]
-                if kind in ("multilabel", "nominal") and target not in (None, [], ""):  # only these have a vocabulary
-                    seen[name].update(map(str, target) if kind == "multilabel" else [str(target)])
+                if kind in ("multilabel", "nominal") and memo[1] not in (None, [], ""):  # only these have a vocabulary
+                    seen[name].update(map(str, memo[1]) if kind == "multilabel" else [str(memo[1])])
             target = memo[1]
             if target is None or target == [] or target == "":
                 continue

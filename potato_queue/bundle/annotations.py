@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from potato_queue.bundle.read import Answers
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 __all__ = ["Annotations", "PARALLEL_FROM_BYTES", "annotator_files", "answered_ids", "count_annotations",
            "no_cycle_collection", "read_annotations"]
-
-Answers = dict[str, Any]  # {schema: value_map}
 
 #: Below this many bytes of annotators' files a fork costs more than the second core saves.
 PARALLEL_FROM_BYTES = 8_000_000

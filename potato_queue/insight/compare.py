@@ -37,12 +37,12 @@ def _annotators(config: ProjectConfig, ids: set[str]) -> dict[str, dict[str, dic
         for schema, answers in found.by_user[user].items():
             if schema not in kinds:
                 continue  # an answer to a scheme the config no longer has
-            kind = {schema: kinds[schema]}
-            for iid, value_map in answers.items():
-                if iid in ids:
-                    label = shown(all_targets({iid: {schema: value_map}}, kind)[0].get(iid, {}).get(schema))
-                    if label is not None:
-                        out.setdefault(iid, {}).setdefault(schema, {})[user] = label
+            targets, _ = all_targets({iid: {schema: value_map} for iid, value_map in answers.items() if iid in ids},
+                                     {schema: kinds[schema]})
+            for iid, target in targets.items():
+                label = shown(target[schema])
+                if label is not None:
+                    out.setdefault(iid, {}).setdefault(schema, {})[user] = label
     return out
 
 
