@@ -58,8 +58,8 @@ class Mux:
                 if not data:
                     break
                 self.send(conn_id, DATA, data)
-        except OSError:
-            pass
+        except (OSError, ValueError):
+            pass  # the socket, or the session (its stream closed: ValueError), is gone
         try:
             self.send(conn_id, CLOSE)
         except (OSError, ValueError):
