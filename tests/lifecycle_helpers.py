@@ -168,6 +168,7 @@ TERMINAL = {"succeeded", "failed", "cancelled"}
 
 def build_tiny_model(folder: Path) -> Path:
     """A 2-layer, 32-wide BERT with a word-level vocabulary of the example's reviews, built here (no download)."""
+    import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
@@ -184,6 +185,8 @@ def build_tiny_model(folder: Path) -> Path:
                             sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
     config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
                         intermediate_size=64, max_position_embeddings=64, num_labels=2)
+    # Seeded: the same starting weights every session, so a fine-tune's scores do not depend on a random draw.
+    torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(folder)
     return folder
 
