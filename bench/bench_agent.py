@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import hashlib
 import json
 import os
@@ -37,6 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import Services, build_tiny_model, run_paths, started  # noqa: E402
 
@@ -232,16 +234,19 @@ def _report_failed(url: str, claim: dict[str, Any]) -> None:
     urllib.request.urlopen(req, timeout=30).read()
 
 
-async def _idle_agents(svc: Services, token: str, agents: int, runs: int, wait_s: float) -> dict[str, float]:
+async def _idle_agents(svc: Services, token: str, agents: int, runs: int, wait_s: float,
+                       window_s: float | None) -> dict[str, float]:
+    """The server's idle CPU and memory under `agents` claiming, then the claim latency of `runs` runs. The
+    idle window is a whole poll (every agent's reconnect in it) unless `window_s` sets it (--quick)."""
     parts = urllib.parse.urlsplit(svc.url)
     stop, claims = asyncio.Event(), asyncio.Queue()
     # Spread over one poll's length, as agents started at different times are: the reconnects are steady.
     tasks = [asyncio.create_task(_long_poll(parts.hostname, parts.port, token, stop, claims, i * wait_s / agents,
                                             wait_s)) for i in range(agents)]
     server = svc.procs[0].pid
-    await asyncio.sleep(wait_s + 5)  # all connected, each reconnecting once a poll
+    await asyncio.sleep(wait_s + 5 if window_s is None else window_s)  # all connected, each reconnecting once a poll
     cpu_before, idle_started = cpu_s(server), time.monotonic()
-    await asyncio.sleep(max(30.0, wait_s))  # a whole poll: every agent's reconnect is in the window
+    await asyncio.sleep(max(30.0, wait_s) if window_s is None else window_s)
     idle_cpu = (cpu_s(server) - cpu_before) / (time.monotonic() - idle_started)
     idle_rss = rss_mb(server)
     latencies = []
@@ -261,9 +266,10 @@ async def _idle_agents(svc: Services, token: str, agents: int, runs: int, wait_s
             "median_s": statistics.median(latencies)}
 
 
-def p7(tmp: Path, agents: int) -> None:
+def p7(tmp: Path, agents: int, window_s: float | None = None, runs: int = 20) -> None:
     """The agent's own claim (CLAIM_WAIT_S) at `agents` and ten times as many; side by side at the larger
-    count, a plain 25-second poll loop (what the agent did before, and what most pollers do)."""
+    count, a plain 25-second poll loop (what the agent did before, and what most pollers do). `window_s`
+    and `runs` shorten it (--quick)."""
     from potato_queue.agent.backend import CLAIM_WAIT_S
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -276,20 +282,23 @@ def p7(tmp: Path, agents: int) -> None:
         with services(tmp / f"p7-{count}-{wait_s:g}") as svc:
             token = register(svc)
             base_rss = rss_mb(svc.procs[0].pid)
-            row = asyncio.run(_idle_agents(svc, token, count, runs=20, wait_s=wait_s))
+            row = asyncio.run(_idle_agents(svc, token, count, runs=runs, wait_s=wait_s, window_s=window_s))
         cpu[count, wait_s] = row["cpu"]
         print(f"P7: {count} idle agents, {wait_s:g} s claims, one server: RSS {row['rss_mb']:.0f} MB ({base_rss:.0f} MB "
               f"with none; goal < 500 MB at 10,000), idle CPU {row['cpu']:.1%} of a core (goal < 10 %), claim "
               f"latency from POST /runs: median {row['median_s'] * 1000:.0f} ms, p99 {row['p99_s'] * 1000:.0f} ms "
-              f"over 20 runs (goal < 200 ms)", flush=True)
+              f"over {runs} runs (goal < 200 ms)", flush=True)
     ours, plain = cpu.get((10 * agents, CLAIM_WAIT_S)), cpu.get((10 * agents, 25.0))
-    if ours and plain:
+    if ours is not None and plain is not None:  # 0.0 is a figure too (a short --quick window)
+        ratio = f"{ours / plain:.2f}" if plain else "n/a (the polls took no CPU that could be measured)"
         print(f"P7: idle CPU at {10 * agents} agents, the agent's {CLAIM_WAIT_S:g} s claims vs 25 s polls: ratio "
-              f"{ours / plain:.2f}", flush=True)
+              f"{ratio}", flush=True)
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 
-BENCHES = {"p1": (p1, 20), "p4": (p4, 1024), "p7": (p7, 1000)}
+# name: (bench, its size: runs, MB or agents, the size of --quick)
+BENCHES = {"p1": (p1, 20, 1), "p4": (p4, 1024, 4), "p7": (p7, 1000, 20)}
+QUICK = {"p7": functools.partial(p7, window_s=1.0, runs=3)}  # what --quick runs instead
 
 
 def main() -> None:
@@ -298,11 +307,12 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--mb", type=int, default=None)
     parser.add_argument("--agents", type=int, default=None)
-    args = parser.parse_args()
+    args = quick_args(parser)
     for name in BENCHES if args.which == "all" else [args.which]:
-        bench, default = BENCHES[name]
+        bench, default, quick = BENCHES[name]
+        bench = QUICK.get(name, bench) if args.quick else bench
         with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-            bench(Path(tmp), args.runs or args.mb or args.agents or default)
+            bench(Path(tmp), args.runs or args.mb or args.agents or (quick if args.quick else default))
 
 
 if __name__ == "__main__":

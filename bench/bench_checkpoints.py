@@ -1,6 +1,6 @@
 """Checkpoints: what they cost a run, and what they save one that is preempted, against the alternatives.
 
-    .venv/bin/python bench/bench_checkpoints.py [--epochs 30] [--every 5]
+    .venv/bin/python bench/bench_checkpoints.py [--epochs 30] [--every 5] [--items 400] [--quick]
 
 Both sides are the real worker (`python -m potato_queue.worker`) running hf-llm-lora on the CPU, on a
 small Llama built here (4 layers, 128 wide) and a synthetic project of 400 items:
@@ -27,6 +27,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.quick import quick_args  # noqa: E402
 from tests.test_worker import synthetic_items, worker_env, write_bundle, write_spec  # noqa: E402
 from tests.tiny_llm import build_tiny_llm  # noqa: E402
 
@@ -65,10 +66,11 @@ def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--every", type=int, default=5)
-    args = parser.parse_args()
+    parser.add_argument("--items", type=int, default=400)
+    args = quick_args(parser, epochs=2, every=1, items=64)
     with tempfile.TemporaryDirectory(prefix="pq-bench-ckpt-") as folder:
         tmp = Path(folder)
-        items = synthetic_items(400)
+        items = synthetic_items(args.items)
         model = build_tiny_llm(tmp / "model", [i["text"] for i in items], **SHAPE)
         bundle = tmp / "bundle"
         write_bundle(bundle, items)

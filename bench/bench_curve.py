@@ -29,6 +29,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.bundle import build_bundle  # noqa: E402
 from potato_queue.validate import load_checked  # noqa: E402
 from potato_queue.worker.curve import CURVE_PERCENTS, curve_train_ids  # noqa: E402
@@ -65,7 +66,7 @@ def cut_bundle(bundle: Path, out: Path, keep: set[str]) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trainer", default="sklearn-text", choices=["sklearn-text", "hf-text-classification"])
-    args = parser.parse_args()
+    args = quick_args(parser)  # the sizes are the example project's already
     with tempfile.TemporaryDirectory() as folder:
         tmp = Path(folder)
         bundle = tmp / "bundle"

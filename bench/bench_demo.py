@@ -5,6 +5,7 @@
                                                          examples/reviews): through the queue vs the worker
                                                          started by hand on the same bundle
     .venv/bin/python bench/bench_demo.py all
+    .venv/bin/python bench/bench_demo.py all --quick     P9 with one epoch of a tiny BERT; no first command
 
 first-command clones this checkout's HEAD into a temporary folder and runs the
 README's command there as a new user would (pip's cache warm, as on a second
@@ -26,8 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.bench_lifecycle import epoch, first_bundle, hand_worker, report  # noqa: E402
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
-from tests.lifecycle_helpers import TERMINAL, Services, make_project  # noqa: E402
+from tests.lifecycle_helpers import TERMINAL, Services, build_tiny_model, make_project  # noqa: E402
 
 # The Makefile's demo params for hf-text-classification (keep them in step).
 DEMO_PARAMS = {"epochs": 8, "batch_size": 8, "learning_rate": 1e-4}
@@ -53,8 +55,10 @@ def first_command(tmp: Path) -> None:
           f"{venv_s + demo_s:.0f} s; the fine-tune itself {hf.group(1) if hf else '?'} s", flush=True)
 
 
-def p9(tmp: Path) -> None:
-    params = {"model_name": "sentence-transformers/all-MiniLM-L6-v2", **DEMO_PARAMS}
+def p9(tmp: Path, quick: bool = False) -> None:
+    """The demo's fine-tune; --quick: one epoch of a tiny BERT built here (the path, not the figure)."""
+    model = str(build_tiny_model(tmp / "model")) if quick else "sentence-transformers/all-MiniLM-L6-v2"
+    params = {"model_name": model, **DEMO_PARAMS, **({"epochs": 1, "max_length": 64} if quick else {})}
     with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(Path(folder)) as redis:
         svc = Services(make_project(tmp / "queue", source=ROOT / "examples" / "reviews"), redis.url, tmp / "queue")
         try:
@@ -73,18 +77,20 @@ def p9(tmp: Path) -> None:
     proc.communicate()
     assert proc.returncode == 0, proc.returncode
     report("P9", queue_s, time.monotonic() - t0, "s",
-           f"the demo's fine-tune (all-MiniLM-L6-v2, {DEMO_PARAMS['epochs']} epochs, 244 items, CPU)", "ratio <= 1.05")
+           f"the demo's fine-tune ({'a tiny BERT' if quick else 'all-MiniLM-L6-v2'}, {params['epochs']} epochs, 244 items, CPU)", "ratio <= 1.05")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("which", choices=["first-command", "p9", "all"])
-    which = parser.parse_args().which
+    args = quick_args(parser)
     with tempfile.TemporaryDirectory(prefix="pq-bench-demo-") as folder:
         tmp = Path(folder)
-        if which in ("p9", "all"):
-            p9(tmp / "p9")
-        if which in ("first-command", "all"):
+        if args.which in ("p9", "all"):
+            p9(tmp / "p9", quick=args.quick)
+        if args.which in ("first-command", "all") and args.quick:
+            print("first command: not run with --quick (a fresh venv and the whole demo take minutes)")
+        elif args.which in ("first-command", "all"):
             first_command(tmp / "first")
 
 

@@ -7,7 +7,7 @@ run`, token on stdin) talking to the real agent routes (uvicorn, in this
 process) and a real Redis. Both rates and their ratio are printed; the target
 is >= 10,000 events/s relayed.
 
-    .venv/bin/python bench/bench_events.py [--events 200000] [--unix]
+    .venv/bin/python bench/bench_events.py [--events 200000] [--unix] [--quick]
 """
 
 from __future__ import annotations
@@ -29,16 +29,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-import redis  # noqa: E402
 import uvicorn  # noqa: E402
-from fastapi import FastAPI  # noqa: E402
 
-from potato_queue.config import build_config, redis_url  # noqa: E402
-from potato_queue.runs.service import RunService  # noqa: E402
-from potato_queue.server.agent_api import agent_router  # noqa: E402
-from potato_queue.server.guard import guard  # noqa: E402
+from bench.quick import quick_args  # noqa: E402
+from potato_queue.config import ProjectConfig, build_config, redis_url  # noqa: E402
+from potato_queue.runs.job import heartbeat_interval_s, max_predictions_bytes  # noqa: E402
+from potato_queue.server.app import create_app  # noqa: E402
 from potato_queue.store import RunStore  # noqa: E402
 from potato_queue.store.keys import Keys  # noqa: E402
+from potato_queue.worker.job import BundleRef, Job, Limits  # noqa: E402
 
 __all__ = ["main"]
 
@@ -69,12 +68,9 @@ def _tiny_bundle() -> bytes:
     return out.getvalue()
 
 
-def _serve(store: RunStore, config: object, unix_path: str) -> tuple[uvicorn.Server, str]:
-    app = FastAPI()
-    app.state.store, app.state.config = store, config
-    app.state.runs = RunService(config, store)  # type: ignore[arg-type]
-    app.include_router(agent_router(), prefix="/api/training/agent/v1")
-    guard(app, store, config)  # as create_app has it
+def _serve(config: ProjectConfig, unix_path: str) -> tuple[uvicorn.Server, RunStore, str]:
+    """The real app (create_app), as `potato-queue serve` makes it: a copy of its wiring went stale unseen."""
+    app = create_app(config, redis_url(), enqueue=lambda run_id: None)
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY
     tcp.bind(("127.0.0.1", 0))
     unix = socket.socket(socket.AF_UNIX)
@@ -83,16 +79,18 @@ def _serve(store: RunStore, config: object, unix_path: str) -> tuple[uvicorn.Ser
     threading.Thread(target=server.run, kwargs={"sockets": [tcp, unix]}, daemon=True).start()
     while not server.started:
         time.sleep(0.01)
-    return server, f"http://127.0.0.1:{tcp.getsockname()[1]}"
+    return server, app.state.store, f"http://127.0.0.1:{tcp.getsockname()[1]}"
 
 
-def _new_run(store: RunStore, n: int) -> tuple[str, str]:
+def _new_run(store: RunStore, config: ProjectConfig, n: int) -> tuple[str, str]:
     run_id = store.create(trainer="flood", schemas=["s"], backend="local", params={"n": n})["run_id"]
     data = _tiny_bundle()
     store.paths(run_id).bundle.write_bytes(data)
-    store.update(run_id, job={"trainer": "flood", "schemas": ["s"], "params": {"n": n}, "seed": 0,
-                              "grace_seconds": 5, "limits": {"device": "cpu"},
-                              "bundle": {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}})
+    # The job's one shape (worker/job.py), as runs/job.py builds it: a hand-written dict went stale unseen.
+    job = Job(run_id=run_id, trainer="flood", schemas=["s"], params={"n": n}, seed=0, grace_seconds=5,
+              bundle=BundleRef(len(data), hashlib.sha256(data).hexdigest()), limits=Limits(device="cpu"),
+              heartbeat_interval_s=heartbeat_interval_s(config, "local"), max_predictions_bytes=max_predictions_bytes(config))
+    store.update(run_id, job=job.to_dict())
     store.transition(run_id, "starting")
     store.transition(run_id, "running")
     return run_id, store.tokens.issue(run_id, ttl_s=3600)
@@ -110,9 +108,9 @@ def by_hand(worker: Path, n: int, tmp: Path) -> float:
     return n / (times["ended"] - times["started"])
 
 
-def relayed(store: RunStore, url: str, worker: Path, n: int, tmp: Path) -> float:
+def relayed(store: RunStore, config: ProjectConfig, url: str, worker: Path, n: int, tmp: Path) -> float:
     """Events/s from the worker's first event to the agent's exit (every event stored by then)."""
-    run_id, token = _new_run(store, n)
+    run_id, token = _new_run(store, config, n)
     log = tmp / "agent.log"
     with open(log, "wb") as err:
         agent = subprocess.Popen(
@@ -138,21 +136,21 @@ def relayed(store: RunStore, url: str, worker: Path, n: int, tmp: Path) -> float
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--events", type=int, default=None, help="200,000 unless --quick (2,000)")
     parser.add_argument("--unix", action="store_true", help="the agent talks through the unix socket")
-    args = parser.parse_args(argv)
+    args = quick_args(parser, argv)
+    args.events = args.events or (2_000 if args.quick else 200_000)
     with tempfile.TemporaryDirectory(prefix="pq-bench-") as folder:
         tmp = Path(folder)
         config = build_config({"annotation_task_name": "bench", "task_dir": str(tmp / "project")},
                               tmp / "project" / "config.yaml")
-        store = RunStore(config, redis.Redis.from_url(redis_url()))
         worker = tmp / "flood-python"
         worker.write_text(FLOOD_WORKER.replace("{python}", sys.executable))
         worker.chmod(0o755)
-        server, url = _serve(store, config, str(tmp / "agent.sock"))
+        server, store, url = _serve(config, str(tmp / "agent.sock"))
         try:
             alone = by_hand(worker, args.events, tmp)
-            through = relayed(store, f"unix://{tmp / 'agent.sock'}" if args.unix else url, worker, args.events, tmp)
+            through = relayed(store, config, f"unix://{tmp / 'agent.sock'}" if args.unix else url, worker, args.events, tmp)
         finally:
             server.should_exit = server.force_exit = True
             keys = list(store.redis.scan_iter(match=f"{Keys.of(config).prefix}:*"))

@@ -31,6 +31,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import ADMIN_KEY, started  # noqa: E402
 from tests.netns import NatHost  # noqa: E402
@@ -169,7 +170,7 @@ def main() -> None:
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--mb", type=int, default=24)
     parser.add_argument("--where", choices=("netns", "loopback"), default="netns")
-    args = parser.parse_args()
+    args = quick_args(parser, polls=50, clients=2, mb=2)
     with tempfile.TemporaryDirectory() as folder:
         if args.where == "netns":
             with NatHost() as nat:

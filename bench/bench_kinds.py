@@ -34,6 +34,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.worker.scoring import MULTILABEL, ORDINAL, score  # noqa: E402
 from tests.test_worker import write_bundle  # noqa: E402
 
@@ -171,7 +172,7 @@ def main() -> None:
     parser.add_argument("--ordinal-items", type=int, default=3000)
     parser.add_argument("--ordinal-seeds", type=int, default=3)
     parser.add_argument("--fine-tune", action="store_true", help=f"also {FINE_TUNER} (MiniLM; minutes on a CPU)")
-    args = parser.parse_args()
+    args = quick_args(parser, items=200, ordinal_items=300, ordinal_seeds=1)
     with tempfile.TemporaryDirectory(prefix="bench-kinds-") as folder:
         multilabel(args, Path(folder))
         ordinal(args, Path(folder))

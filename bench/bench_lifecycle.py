@@ -36,6 +36,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import Services, run_paths, started  # noqa: E402
 from tests.lifecycle_helpers import build_tiny_model as tiny_model  # noqa: E402
@@ -270,8 +271,9 @@ def p10(tmp: Path, _: int) -> None:
     report("P10", wall_error, hand_error, "s", "wall limit: SIGTERM at the worker after the limit", "<= 1 s")
 
 
-BENCHES: dict[str, tuple[Callable[[Path, int], None], int]] = {
-    "p1": (p1, 20), "p2": (p2, 10), "p3": (p3, 200), "p9": (p9, 30), "p10": (p10, 0),
+# name: (bench, its size: runs or epochs, the size of --quick)
+BENCHES: dict[str, tuple[Callable[[Path, int], None], int, int]] = {
+    "p1": (p1, 20, 1), "p2": (p2, 10, 1), "p3": (p3, 200, 5), "p9": (p9, 30, 1), "p10": (p10, 0, 0),
 }
 
 
@@ -280,11 +282,11 @@ def main() -> None:
     parser.add_argument("which", choices=[*BENCHES, "all"])
     parser.add_argument("--runs", type=int, default=None, help="runs (p1, p2, p3) or epochs (p9)")
     parser.add_argument("--epochs", type=int, default=None)
-    args = parser.parse_args()
+    args = quick_args(parser)
     for name in BENCHES if args.which == "all" else [args.which]:
-        bench, default = BENCHES[name]
+        bench, default, quick = BENCHES[name]
         with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-            bench(Path(tmp), args.epochs or args.runs or default)
+            bench(Path(tmp), args.epochs or args.runs or (quick if args.quick else default))
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ sys.path.insert(0, str(ROOT))
 import redis  # noqa: E402
 import yaml  # noqa: E402
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.runs.finalize import finalize_predictions  # noqa: E402
 from potato_queue.store import RunStore  # noqa: E402
@@ -116,7 +117,7 @@ def ours(folder: Path, n: int, client: redis.Redis) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--items", type=int, default=20000)
-    args = parser.parse_args()
+    args = quick_args(parser, items=500)
     tmp = Path(tempfile.mkdtemp(prefix="bench-potato-"))
     server = EmbeddedRedis(tmp / "redis")
     try:

@@ -12,7 +12,7 @@ site.py runs it: a start's cost without a start's noise (a start's spread is mil
 Prints the median and the spread of each, the difference in ms and the ratio. The installed line is put
 back as it was found.
 
-    .venv/bin/python bench/bench_potato_hook.py [--starts 50]
+    .venv/bin/python bench/bench_potato_hook.py [--starts 50] [--quick: a site folder of its own, 3 starts]
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.potato_hook import PTH_LINE, PTH_NAME, pth_path, remove_pth, write_pth  # noqa: E402
 
 PYTHON = sys.executable
@@ -56,13 +57,19 @@ def _row(what: str, a: list[float], b: list[float]) -> None:
           f"{ma - mb:+7.2f} ms  {ma / mb:5.3f}x")
 
 
-def _installed(starts: int, args: list[str]) -> tuple[list[float], list[float]]:
+def _installed(starts: int, args: list[str], site_dir: str | None) -> tuple[list[float], list[float]]:
+    """The line in this Python's site-packages, or (`site_dir`, --quick) in a folder of the bench's own that
+    the start adds after site-packages: the suite runs the quick mode beside tests that read the real one."""
+    if site_dir is not None:
+        packages = str(pth_path().parent)  # this Python's site-packages (under -S, sysconfig names the base's)
+        args = ["-S", "-c", f"import site; site.addsitedir({packages!r}); site.addsitedir({site_dir!r}); {args[-1]}"]
+
     def with_line() -> float:
-        write_pth()
+        write_pth(site_dir)
         return _start_ms(args)
 
     def without() -> float:
-        remove_pth()
+        remove_pth(site_dir)
         return _start_ms(args)
 
     return _side_by_side(starts, with_line, without)
@@ -89,22 +96,28 @@ def _line_itself_us(runs: int = 2000) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--starts", type=int, default=50)
-    starts = parser.parse_args().starts
-    was_there = pth_path().exists()
-    try:
-        _start_ms(["-c", "pass"])  # the page cache warm for both sides
-        print(f"{starts} starts each, interleaved; median (quartiles)\n")
-        print(f"{'':<44} {'with the line':>24}  {'without':>24}  {'diff':>10}  ratio")
-        _row("python -c pass (installed)", *_installed(starts, ["-c", "pass"]))
-        _row("python -c pass (stale: potato-queue gone)", *_stale(starts))
-        registry = ["-c", "import potato.training.registry"]
-        _row("Potato imports its registry (once a start)", *_installed(max(10, starts // 5), registry))
-        print(f"\nthe line itself, as site.py runs it (in-process, 2000 runs): {_line_itself_us():.1f} us a start")
-    finally:
-        if was_there:
-            write_pth()
-        else:
-            remove_pth()
+    args = quick_args(parser, starts=3)
+    with tempfile.TemporaryDirectory() as private:
+        site_dir = private if args.quick else None  # --quick never touches this Python's own site-packages
+        was_there = pth_path(site_dir).exists()
+        try:
+            _measure(args.starts, site_dir)
+        finally:
+            if was_there:
+                write_pth(site_dir)
+            else:
+                remove_pth(site_dir)
+
+
+def _measure(starts: int, site_dir: str | None) -> None:
+    _start_ms(["-c", "pass"])  # the page cache warm for both sides
+    print(f"{starts} starts each, interleaved; median (quartiles)\n")
+    print(f"{'':<44} {'with the line':>24}  {'without':>24}  {'diff':>10}  ratio")
+    _row("python -c pass (installed)", *_installed(starts, ["-c", "pass"], site_dir))
+    _row("python -c pass (stale: potato-queue gone)", *_stale(starts))
+    registry = ["-c", "import potato.training.registry"]
+    _row("Potato imports its registry (once a start)", *_installed(max(10, starts // 5), registry, site_dir))
+    print(f"\nthe line itself, as site.py runs it (in-process, 2000 runs): {_line_itself_us():.1f} us a start")
 
 
 if __name__ == "__main__":

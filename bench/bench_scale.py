@@ -1,6 +1,6 @@
 """A project of any size: each phase's time and peak memory at 10k, 100k (and 1,000,000) items, and how it grows.
 
-    .venv/bin/python bench/bench_scale.py [--sizes 10000,100000] [--skip-run] [--keep DIR]
+    .venv/bin/python bench/bench_scale.py [--sizes 10000,100000] [--skip-run] [--keep DIR] [--quick]
 
 Generated Potato projects (review-like items in a JSON-lines data file, 5 annotators each answering half
 the items in two radio schemes, a few percent careless), one per size. Each phase runs in a process of its
@@ -49,6 +49,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench.quick import quick_args  # noqa: E402
 
 ADMIN_KEY = "bench-admin-key-123"
 ANNOTATORS = 5
@@ -271,7 +273,7 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--skip-run", action="store_true", help="the bundle and store phases only")
     parser.add_argument("--keep", type=Path, help="make the projects here and keep them")
-    args = parser.parse_args()
+    args = quick_args(parser, sizes="1000,5000")
     sizes = [int(s) for s in args.sizes.split(",")]
     root = args.keep or Path(tempfile.mkdtemp(prefix="pq-scale-"))
     results: dict[int, dict[str, tuple[float, float]]] = {}

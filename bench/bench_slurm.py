@@ -37,6 +37,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lifecycle import p95  # noqa: E402
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.agent.runner import extract_bundle  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.executors.remote.session import SSH_CONFIG_ENV  # noqa: E402
@@ -171,11 +172,11 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("which", choices=["start", "cancel", "noop", "all"])
     parser.add_argument("--runs", type=int)
-    args = parser.parse_args()
+    args = quick_args(parser)
     for name, bench, default in (("start", start, 5), ("cancel", cancel, 10), ("noop", noop, 5)):
         if args.which in (name, "all"):
             with tempfile.TemporaryDirectory(prefix=f"bench-slurm-{name}-") as tmp:
-                bench(Path(tmp), args.runs or default)
+                bench(Path(tmp), args.runs or (1 if args.quick else default))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.executors.base import LaunchSpec  # noqa: E402
 from potato_queue.executors.remote.copy import ModelCopy  # noqa: E402
@@ -93,7 +94,7 @@ def _copy_back(svc: Services, sshd: Sshd, job: Path, dest: Path) -> None:
     spec = LaunchSpec(run_id=job.name, backend_name=BACKEND, job={}, token=None, server_url=svc.url,
                       paths=RunPaths(dest), log=lambda _line: None, step=lambda _line: None)
     dest.mkdir()
-    ModelCopy(target_of(backend), backend, spec, str(job), "true").run()
+    ModelCopy(target_of(backend), backend, spec, str(job)).run()
 
 
 def p5(tmp: Path, mb: int) -> None:
@@ -149,11 +150,11 @@ def main() -> None:
     parser.add_argument("which", choices=["p1", "p5", "p6", "all"])
     parser.add_argument("--runs", type=int)
     parser.add_argument("--mb", type=int)
-    args = parser.parse_args()
-    for name, bench, default in (("p1", p1, 20), ("p5", p5, 1024), ("p6", p6, 5)):
+    args = quick_args(parser)
+    for name, bench, default, quick in (("p1", p1, 20, 1), ("p5", p5, 1024, 4), ("p6", p6, 5, 1)):
         if args.which in (name, "all"):
             with tempfile.TemporaryDirectory(prefix=f"bench-ssh-{name}-") as tmp:
-                bench(Path(tmp), (args.mb if name == "p5" else args.runs) or default)
+                bench(Path(tmp), (args.mb if name == "p5" else args.runs) or (quick if args.quick else default))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.executors.remote.carried import carry  # noqa: E402
 from tests.sshd import ALIAS, Sshd  # noqa: E402
 
@@ -154,7 +155,7 @@ def main() -> None:
     parser.add_argument("--events", type=int, default=500)
     parser.add_argument("--upload-mb", type=int, default=64)
     parser.add_argument("--rounds", type=int, default=3)
-    args = parser.parse_args()
+    args = quick_args(parser, bundle_mb=4, events=50, upload_mb=4, rounds=1)
     with tempfile.TemporaryDirectory(prefix="bench-transport-") as folder:
         tmp = Path(folder)
         (tmp / "client.py").write_text(CLIENT)

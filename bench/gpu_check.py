@@ -1,6 +1,7 @@
 """The GPU check: what the trainers do on a machine with an accelerator, in one run of under ten minutes.
 
     python3 bench/gpu_check.py [--budget-s 540] [--items 2000]
+    python3 bench/gpu_check.py --quick     a rehearsal of every step, tiny shapes, on the CPU when there is no GPU
 
 Nothing can be downloaded on such a machine, so the models are built here with random weights in the
 shapes of real ones (the speed and the memory are a real model's; the scores mean nothing):
@@ -34,12 +35,18 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from bench.quick import quick_args  # noqa: E402
 from potato_queue.host.llm_fit import need_mb, parameter_count  # noqa: E402
 from tests.test_worker import synthetic_items, write_bundle  # noqa: E402
 from tests.tiny_llm import build_tiny_llm  # noqa: E402
 
+MINILM = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}
 QWEN_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
             "num_key_value_heads": 2, "max_position_embeddings": 2048, "tie_word_embeddings": True}
+# --quick: the same steps on shapes that train in seconds on a CPU (the figures then mean nothing).
+TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
+TINY_QWEN = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "max_position_embeddings": 256, "tie_word_embeddings": True}
 ROWS: list[str] = []
 
 
@@ -104,8 +111,8 @@ def steps(events: list[dict[str, Any]]) -> int:
     return int(train[-1]["total"]) if train else 0
 
 
-def bert(folder: Path, texts: list[str]) -> Path:
-    """An all-MiniLM-L6-v2-shaped BERT with a word-level vocabulary of `texts`."""
+def bert(folder: Path, texts: list[str], shape: dict[str, int]) -> Path:
+    """A BERT of `shape` (MINILM: all-MiniLM-L6-v2's) with a word-level vocabulary of `texts`."""
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
@@ -117,13 +124,11 @@ def bert(folder: Path, texts: list[str]) -> Path:
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
     PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
                             sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
-    BertForSequenceClassification(BertConfig(vocab_size=len(vocab), hidden_size=384, num_hidden_layers=6,
-                                             num_attention_heads=12, intermediate_size=1536,
-                                             num_labels=2)).save_pretrained(folder)
+    BertForSequenceClassification(BertConfig(vocab_size=len(vocab), num_labels=2, **shape)).save_pretrained(folder)
     return folder
 
 
-def check_llm(tmp: Path, bundle: Path, model: Path, gpus: str, budget_s: float) -> float:
+def check_llm(tmp: Path, bundle: Path, model: Path, gpus: str, budget_s: float, shape: str) -> float:
     import importlib.util
 
     four_bit = importlib.util.find_spec("bitsandbytes") is not None
@@ -136,7 +141,7 @@ def check_llm(tmp: Path, bundle: Path, model: Path, gpus: str, budget_s: float) 
     config = json.loads((model / "config.json").read_text())
     estimate = need_mb(parameter_count(config) or 0, four_bit)
     updates = steps(events)
-    say(f"hf-llm-lora, {'4-bit' if four_bit else 'bf16'}, Qwen2.5-0.5B-shaped, GPUs {gpus}: exit {code}, "
+    say(f"hf-llm-lora, {'4-bit' if four_bit else 'bf16'}, {shape}, GPUs {gpus}: exit {code}, "
         f"{wall_s:.1f} s, {updates} updates ({updates / wall_s:.2f}/s), peak GPU memory {peak_mb:.0f} MB "
         f"(llm_fit estimate {estimate:.0f} MB)")
     return wall_s
@@ -176,36 +181,39 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=540, help="the whole check's time, at most")
     parser.add_argument("--items", type=int, default=2000, help="items in the synthetic project")
-    args = parser.parse_args()
+    args = quick_args(parser, budget_s=300, items=60)
     import torch
 
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() and not args.quick:
         print("gpu_check: torch sees no CUDA GPU here; nothing to check", flush=True)
         return 2
     started_s, count = time.monotonic(), torch.cuda.device_count()
-    say(f"machine: {count} x {torch.cuda.get_device_name(0)}, torch {torch.__version__}")
+    say(f"machine: {count} x {torch.cuda.get_device_name(0) if count else 'no GPU (a --quick rehearsal on the CPU)'}, "
+        f"torch {torch.__version__}")
+    bert_shape, qwen_shape = (TINY_BERT, TINY_QWEN) if args.quick else (MINILM, QWEN_05B)
+    bert_name, qwen_name = ("tiny", "tiny") if args.quick else ("MiniLM-shaped", "Qwen2.5-0.5B-shaped")
     with tempfile.TemporaryDirectory(prefix="pq-gpu-check-") as folder:
         tmp = Path(folder)
         items = synthetic_items(args.items)
         bundle = tmp / "bundle"
         write_bundle(bundle, items)
         texts = [item["text"] for item in items]
-        minilm = bert(tmp / "minilm", texts)
+        minilm = bert(tmp / "minilm", texts, bert_shape)
         code, wall_s, events, peak_mb = worker(tmp, "hf-text", bundle, "hf-text-classification",
                                                {"model_name": str(minilm), "epochs": 2, "batch_size": 32,
                                                 "max_length": 64}, "0", args.budget_s / 4)
-        say(f"hf-text-classification, MiniLM-shaped, 1 GPU: exit {code}, {wall_s:.1f} s, {steps(events)} steps "
+        say(f"hf-text-classification, {bert_name}, 1 GPU: exit {code}, {wall_s:.1f} s, {steps(events)} steps "
             f"({steps(events) / wall_s:.1f}/s), peak GPU memory {peak_mb:.0f} MB")
-        qwen = build_tiny_llm(tmp / "qwen", texts, family="qwen2", vocab_size=2000, **QWEN_05B)
-        one_s = check_llm(tmp, bundle, qwen, "0", args.budget_s / 4)
+        qwen = build_tiny_llm(tmp / "qwen", texts, family="qwen2", vocab_size=2000, **qwen_shape)
+        one_s = check_llm(tmp, bundle, qwen, "0", args.budget_s / 4, qwen_name)
         if count >= 2:
-            two_s = check_llm(tmp, bundle, qwen, "0,1", args.budget_s / 4)
+            two_s = check_llm(tmp, bundle, qwen, "0,1", args.budget_s / 4, qwen_name)
             say(f"data-parallel on 2 GPUs: {one_s / two_s:.2f}x the speed of one")
         else:
             say("data-parallel: one GPU here, so the two-GPU run was not made")
         left_s = args.budget_s - (time.monotonic() - started_s)
         if left_s > 120:
-            p9(tmp, minilm, epochs=2)
+            p9(tmp, minilm, epochs=1 if args.quick else 2)
         else:
             say(f"P9: not run: {left_s:.0f} s of the budget left")
     print("\n=== GPU check ===\n" + "\n".join(ROWS), flush=True)

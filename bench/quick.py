@@ -1,0 +1,26 @@
+"""--quick, the same in every benchmark: small sizes that run in seconds.
+
+The suite runs each benchmark so (tests/test_benchmarks.py) to see that it still reaches its figure; the
+figures themselves are measured full size.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["quick_args"]
+
+QUICK_HELP = "small sizes, all of it in seconds: the suite runs it to see the benchmark still reaches its figure"
+
+
+def quick_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = None, **sizes: Any) -> argparse.Namespace:
+    """The parsed arguments with --quick added; under --quick, each of `sizes` the user left at its default
+    takes the quick value given here."""
+    parser.add_argument("--quick", action="store_true", help=QUICK_HELP)
+    args = parser.parse_args(argv)
+    for name, size in sizes.items() if args.quick else ():
+        if getattr(args, name) == parser.get_default(name):
+            setattr(args, name, size)
+    return args
