@@ -38,6 +38,7 @@ from potato.training.base import (
 from potato_queue.potato_hook import TRAINER_NAME
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store.potato_ledger import potato_metrics
+from potato_queue.worker.files import read_jsonl
 
 __all__ = ["RemoteTrainer", "QueueClient", "Follower", "Unreachable", "server_for", "REMOTE_PREDICTIONS", "DEFAULT_SERVER",
            "URL_ENV", "PLAIN_HTTP_ENV"]
@@ -292,11 +293,8 @@ class RemoteTrainer(Trainer):
     def predict(self, spec: TrainingSpec, artifact_dir: str, items: Iterable[PredictItem],
                 report: ProgressReporter) -> Iterator[PredictionRecord]:
         by_item: dict[str, list[dict[str, Any]]] = {}
-        with open(os.path.join(artifact_dir, REMOTE_PREDICTIONS), encoding="utf-8") as fh:
-            for line in fh:
-                if line.strip():
-                    row = json.loads(line)
-                    by_item.setdefault(str(row["instance_id"]), []).append(row)
+        for _, row in read_jsonl(os.path.join(artifact_dir, REMOTE_PREDICTIONS)):
+            by_item.setdefault(str(row["instance_id"]), []).append(row)
         for item in items:
             for row in by_item.get(str(item.instance_id), []):
                 yield PredictionRecord(instance_id=str(item.instance_id), schema_name=row["schema_name"],

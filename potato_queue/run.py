@@ -13,8 +13,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypedDict, cast
 
-__all__ = ["RunState", "STATES", "FINAL_STATES", "IN_FLIGHT", "ALLOWED_FROM", "RunRecord", "RunView",
-           "is_final", "merge"]
+__all__ = ["RunState", "STATES", "FINAL_STATES", "IN_FLIGHT", "ALLOWED_FROM", "RunRecord", "RunView", "merge"]
 
 
 class RunState(str, Enum):
@@ -52,11 +51,6 @@ ALLOWED_FROM: dict[RunState, tuple[RunState, ...]] = {
     # A pull backend's dispatch keeps it queued (the claim starts it): a no-op move that still checks.
     RunState.QUEUED: (RunState.QUEUED,),
 }
-
-
-def is_final(state: object) -> bool:
-    """True for succeeded, failed and cancelled, whether given as RunState or as stored text."""
-    return state in FINAL_STATES
 
 
 class RunRecord(TypedDict, total=False):

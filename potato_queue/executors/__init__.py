@@ -18,9 +18,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from potato_queue.config import ProjectConfig
     from potato_queue.executors.base import Executor
 
-__all__ = ["BACKEND_TYPES", "RUNNABLE", "NotRunnable", "unavailable_reason", "build_executor", "Executors"]
+__all__ = ["RUNNABLE", "NotRunnable", "unavailable_reason", "build_executor", "Executors"]
 
-BACKEND_TYPES = ("local", "ssh", "slurm", "agent")
 # Backend type -> "module:Class" of the types this version runs.
 RUNNABLE: dict[str, str] = {
     "local": "potato_queue.executors.local:LocalExecutor",

@@ -14,9 +14,10 @@ from potato_queue.errors import Conflict
 from potato_queue.insight.measures import Scored
 from potato_queue.run import RunState
 from potato_queue.runs.finalize import HELD_OUT_SPLITS, read_predictions
-from potato_queue.runs.gate import label_of, read_jsonl, schema_kinds
+from potato_queue.runs.gate import label_of, schema_kinds
 from potato_queue.store import RunStore
 from potato_queue.worker.bundle import read_scales
+from potato_queue.worker.files import read_jsonl
 from potato_queue.worker.scoring import MULTILABEL, SPAN, gold_label
 from potato_queue.worker.span_scores import as_spans
 
@@ -109,7 +110,7 @@ def run_data(store: RunStore, record: Mapping[str, Any], good: list[dict[str, An
     data = RunData(record, {(str(p["instance_id"]), str(p["schema_name"])): p for p in good},
                    kinds=schema_kinds(paths.bundle_dir), scales=read_scales(str(paths.bundle_dir)))
     for split in (*HELD_OUT_SPLITS, "unlabeled"):
-        for row in read_jsonl(paths.bundle_dir / f"{split}.jsonl"):
+        for _, row in read_jsonl(paths.bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True):
             if not isinstance(row, dict):
                 continue
             iid = str(row.get("instance_id"))

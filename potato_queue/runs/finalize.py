@@ -22,17 +22,16 @@ from potato_queue.runs.gate import (
     label_of,
     potato_cannot_show,
     publishable,
-    read_jsonl,
     refusals,
     schema_kinds,
 )
 from potato_queue.store import RunStore
 from potato_queue.store.keys import project_predictions_path
 from potato_queue.worker.bundle import read_scales
-from potato_queue.worker.files import write_atomic
+from potato_queue.worker.files import read_jsonl, write_atomic
 from potato_queue.worker.scoring import score
 
-__all__ = ["finalize_predictions", "read_jsonl", "read_predictions", "published_predictions"]
+__all__ = ["finalize_predictions", "read_predictions", "published_predictions"]
 
 HELD_OUT_SPLITS = ("val", "test")
 # A line of the project's predictions.jsonl: Potato's prediction line and the run it came from.
@@ -44,26 +43,18 @@ def read_predictions(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     lines that are not one (not JSON, not an object, no instance_id or schema_name)."""
     good: list[dict[str, Any]] = []
     bad: list[int] = []
-    if not path.exists():
-        return good, bad
-    with open(path, encoding="utf-8", errors="replace") as fh:
-        for number, line in enumerate(fh, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError:
-                row = None
-            if isinstance(row, dict) and isinstance(row.get("instance_id"), (str, int)) \
-                    and isinstance(row.get("schema_name"), str) and too_deep(row, "a prediction") is None:
-                good.append(clean(row))
-            else:
-                bad.append(number)
+    for number, row in read_jsonl(path, not_json="none", missing_ok=True, errors="replace"):
+        if isinstance(row, dict) and isinstance(row.get("instance_id"), (str, int)) \
+                and isinstance(row.get("schema_name"), str) and too_deep(row, "a prediction") is None:
+            good.append(clean(row))
+        else:
+            bad.append(number)
     return good, bad
 
 
 def _split_ids(bundle_dir: Path, split: str) -> dict[str, dict[str, Any]]:
-    return {str(row["instance_id"]): row.get("targets") or {} for row in read_jsonl(bundle_dir / f"{split}.jsonl")}
+    return {str(row["instance_id"]): row.get("targets") or {}
+            for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True)}
 
 
 def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, Any]]) -> dict[str, Any]:

@@ -12,14 +12,15 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from potato_queue.config import ProjectConfig
+from potato_queue.worker.files import read_jsonl
 
-__all__ = ["BUNDLE_SPLITS", "read_jsonl", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals",
+__all__ = ["BUNDLE_SPLITS", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals",
            "publishable", "schema_kinds", "label_of", "potato_cannot_show", "UNSHOWN"]
 
 BUNDLE_SPLITS = ("train", "val", "test", "unlabeled")
@@ -45,20 +46,6 @@ def potato_cannot_show(scheme: Mapping[str, Any]) -> str | None:
     return None
 
 
-def read_jsonl(path: Path) -> Iterator[Any]:
-    """The JSON values of a JSON Lines file, skipping lines that are not JSON (nothing when it is absent)."""
-    if not path.exists():
-        return
-    with open(path, encoding="utf-8") as fh:
-        for line in fh:
-            line = line.strip()
-            if line:
-                try:
-                    yield json.loads(line)
-                except ValueError:
-                    continue
-
-
 def label_of(prediction: Mapping[str, Any]) -> Any:
     """A prediction's label: its payload's; a multiselect's payload (a list of {label, confidence}) gives
     the list of labels; a span scheme's (a list of {start, end, label, ...}) is its spans; a bare payload
@@ -73,7 +60,8 @@ def label_of(prediction: Mapping[str, Any]) -> Any:
 
 def bundle_split_ids(bundle_dir: Path) -> dict[str, list[str]]:
     """Each split's item ids, in the bundle's order (an absent split file is an empty split)."""
-    return {split: [str(row.get("instance_id")) for row in read_jsonl(bundle_dir / f"{split}.jsonl")
+    return {split: [str(row.get("instance_id"))
+                    for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True)
                     if isinstance(row, dict)] for split in BUNDLE_SPLITS}
 
 

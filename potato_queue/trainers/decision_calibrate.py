@@ -9,7 +9,6 @@ predicted; labels never change. Writes ``calibration.json``.
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
@@ -20,6 +19,7 @@ from potato_queue.trainers.registry import EVERY_MODALITY
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.bundle import PREDICT_SPLITS
 from potato_queue.worker.errors import ValidationFailed
+from potato_queue.worker.files import JsonLineError, read_jsonl
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["DecisionCalibrateTrainer", "read_base_predictions", "CALIBRATION_FILE"]
@@ -27,9 +27,8 @@ __all__ = ["DecisionCalibrateTrainer", "read_base_predictions", "CALIBRATION_FIL
 CALIBRATION_FILE = "calibration.json"
 
 
-def _parse_line(path: str, number: int, line: str) -> tuple[tuple[str, str], tuple[Any, float | None]]:
+def _parse_record(path: str, number: int, record: Any) -> tuple[tuple[str, str], tuple[Any, float | None]]:
     try:
-        record = json.loads(line)
         payload = record.get("payload") or {}
         label = payload.get("label") if isinstance(payload, dict) else None
         confidence = record.get("confidence")
@@ -45,13 +44,13 @@ def read_base_predictions(path: str) -> dict[tuple[str, str], tuple[Any, float |
     """``{(schema, instance_id): (label, confidence)}`` from a predictions.jsonl."""
     found: dict[tuple[str, str], tuple[Any, float | None]] = {}
     try:
-        with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if line.strip():
-                    key, value = _parse_line(path, number, line)
-                    found[key] = value
+        for number, record in read_jsonl(path):
+            key, value = _parse_record(path, number, record)
+            found[key] = value
     except OSError as exc:
         raise ValidationFailed(f"Could not read params.base_predictions {path}: {exc}") from exc
+    except JsonLineError as exc:
+        raise ValidationFailed(f"{path} line {exc.line} is not a prediction line: {exc.reason}") from exc
     return found
 
 

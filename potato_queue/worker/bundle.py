@@ -19,6 +19,7 @@ import os
 from typing import Any, Dict, Iterator, List, Optional
 
 from .errors import BundleError
+from .files import JsonLineError, read_jsonl
 
 __all__ = ["SPLITS", "PREDICT_SPLITS", "SCALES_FILE", "Bundle", "load_bundle", "read_scales"]
 
@@ -82,17 +83,13 @@ class Bundle:
         path = self.split_path(split)
         if path is None:
             return
-        with open(path, encoding="utf-8") as fh:
-            for number, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as exc:
-                    raise BundleError("%s line %d is not JSON: %s" % (path, number, exc)) from exc
+        try:
+            for number, row in read_jsonl(path):
                 if not isinstance(row, dict) or "instance_id" not in row:
                     raise BundleError("%s line %d is not a bundle row (no instance_id)" % (path, number))
                 yield row
+        except JsonLineError as exc:
+            raise BundleError("%s line %d is not JSON: %s" % (path, exc.line, exc.reason)) from exc
 
     def labels(self, schema: str) -> List[str]:
         """The label vocabulary of *schema* (sorted observed labels), possibly empty."""

@@ -3,16 +3,19 @@
 Standard library only (the agent uses it on bare hosts). The one atomic-write
 helper of potato-queue: a temp file beside the target, fsync, rename; the
 temp file is removed when anything fails. New files are 0600: hosts are
-shared with accounts we do not trust.
+shared with accounts we do not trust. And the one reader of JSON Lines files
+(read_jsonl).
 """
 
 import hashlib
+import json
 import os
 import re
 import tempfile
-from typing import Iterable, Optional, Union
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Literal, Optional, Tuple, Union
 
-__all__ = ["write_atomic", "file_sha256", "STAGED_RE"]
+__all__ = ["write_atomic", "file_sha256", "STAGED_RE", "read_jsonl", "JsonLineError"]
 
 # A temp file in a staging folder: .<target's name>.<pid of its writer>.<mkstemp's tail>
 STAGED_RE = re.compile(r"^\..*\.(\d+)\.[^.]+$")
@@ -65,3 +68,45 @@ def file_sha256(path: "Union[str, os.PathLike[str]]") -> str:
         for block in iter(lambda: fh.read(1024 * 1024), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+class JsonLineError(ValueError):
+    """A line of a JSON Lines file that is not JSON: its file, its number (from 1) and json's reason."""
+
+    def __init__(self, path: "Union[str, os.PathLike[str]]", line: int, reason: str) -> None:
+        super().__init__("%s line %d is not JSON: %s" % (path, line, reason))
+        self.path = path
+        self.line = line
+        self.reason = reason
+
+
+def read_jsonl(path: "Union[str, os.PathLike[str]]", *, not_json: Literal["raise", "skip", "none"] = "raise",
+               missing_ok: bool = False, errors: str = "strict") -> Iterator[Tuple[int, Any]]:
+    """Each non-blank line of a JSON Lines file (UTF-8) as (its line number from 1, its JSON value).
+
+    The one reader of potato-queue's JSON Lines files (bundle splits, predictions, events), so that what a
+    line, a blank line and a bad line are is decided in one place; each caller says only what a bad line
+    means to it. A line of whitespace only is passed over. A line that is not JSON: not_json="raise"
+    raises JsonLineError (a ValueError naming the file and the line), "skip" passes over it, "none" gives
+    it as None (for a caller that counts bad lines, to which a JSON null is bad too). Values are not
+    checked: a line may hold any JSON value, and what one that is not an object means is the caller's to
+    say. missing_ok: an absent file gives no lines instead of FileNotFoundError. errors: open()'s handling
+    of bytes that are not UTF-8 ("strict" raises UnicodeDecodeError, "replace" reads them as U+FFFD).
+    """
+    if not_json not in ("raise", "skip", "none"):
+        raise ValueError("not_json must be 'raise', 'skip' or 'none', not %r" % (not_json,))
+    if missing_ok and not Path(path).exists():
+        return
+    with open(path, encoding="utf-8", errors=errors) as fh:
+        for number, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            try:
+                value = json.loads(line)
+            except ValueError as exc:
+                if not_json == "raise":
+                    raise JsonLineError(path, number, str(exc)) from exc
+                if not_json == "skip":
+                    continue
+                value = None
+            yield number, value

@@ -12,15 +12,7 @@ from typing import Any, Dict, Tuple
 from .api import Trainer
 from .errors import MissingDependency, UnknownTrainer
 
-__all__ = ["load_trainer", "install_hint_for"]
-
-
-def install_hint_for(name: str) -> str:
-    """The registry's install hint for trainer *name* (``""`` when unknown)."""
-    from potato_queue.trainers import registry
-
-    info = registry.trainer_info(name)
-    return info.install_hint if info is not None else ""
+__all__ = ["load_trainer"]
 
 
 def load_trainer(name: str, params: Dict[str, Any]) -> Tuple[Trainer, str]:
