@@ -37,7 +37,7 @@ from potato_queue.agent.transport import Transport
 from potato_queue.host.boot import remove_socket
 from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
 
-__all__ = ["build_parser", "read_token", "main", "serve_main"]
+__all__ = ["build_parser", "read_token", "main", "serve_main", "exit_now"]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -281,5 +281,17 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
             shutil.rmtree(runner.files.root, ignore_errors=True)
 
 
+def exit_now(code: int) -> None:
+    """Leave once main has returned: the result is posted and the files are cleaned. The daemon threads
+    (stdin's watcher, the heartbeat) may still block in a read, and the interpreter's teardown then waits
+    30 ms or more on them, which a queued run's end waits for too (P3); nothing is left for it to do."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now(main())

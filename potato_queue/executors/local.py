@@ -35,6 +35,8 @@ __all__ = ["LocalExecutor", "LocalHandle", "run_pids", "describe_device"]
 
 DESCRIBE_TIMEOUT_S = 60.0
 KILLED_WAIT_S = 5.0  # a SIGKILLed process is gone within ms, unless stuck in the kernel (D state)
+KILLED_POLL_S = 0.002  # how often that is looked at: a killed process goes in about a millisecond
+REPORTED_EXIT_S = 0.5  # an agent that reported its result leaves by itself this soon
 
 
 def describe_device(requested: str = "auto") -> str:
@@ -59,17 +61,21 @@ def run_pids(sid: int, marker: str) -> list[int]:
             if p.pid != me and p.state != "Z" and (p.sid == sid or needle in p.cmdline)]
 
 
-def _kill_run(sid: int, marker: str) -> None:
+def _kill_run(sid: int, marker: str, leader_reaped: bool) -> None:
     """SIGKILL the run's processes, and return once they are gone (at most KILLED_WAIT_S): a run whose
-    end is recorded has no process left, even on a machine too loaded to reap them at once."""
-    for pid in set(run_pids(sid, marker)) | {sid}:
+    end is recorded has no process left, even on a machine too loaded to reap them at once. The session's
+    leader (the agent, our child) is signalled by its pid only while it is not reaped: a reaped pid may be
+    another process's already."""
+    alive = run_pids(sid, marker)
+    for pid in set(alive) | (set() if leader_reaped else {sid}):
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
     deadline_s = time.monotonic() + KILLED_WAIT_S
-    while run_pids(sid, marker) and time.monotonic() < deadline_s:
-        time.sleep(0.02)
+    while alive and time.monotonic() < deadline_s:  # none found: none to wait for (the usual end)
+        time.sleep(KILLED_POLL_S)
+        alive = run_pids(sid, marker)
 
 
 class _SpareAgent:
@@ -118,7 +124,7 @@ class LocalHandle(RunHandle):
         return Running() if code is None else Gone(f"the agent (pid {self.proc.pid}) exited with code {code}")
 
     def kill(self) -> None:
-        _kill_run(self.proc.pid, str(self.spec.paths.dir))
+        _kill_run(self.proc.pid, str(self.spec.paths.dir), leader_reaped=self.proc.poll() is not None)
         if self.proc.stdin is not None and not self.proc.stdin.closed:
             try:
                 self.proc.stdin.close()
@@ -131,6 +137,10 @@ class LocalHandle(RunHandle):
             self.proc.wait()
 
     def collect(self, result: AgentResult) -> str | None:
+        try:  # an agent that reported is on its way out: let it go by itself rather than kill it mid-exit
+            self.proc.wait(timeout=REPORTED_EXIT_S)
+        except subprocess.TimeoutExpired:
+            pass
         self.kill()  # anything the agent left behind
         paths = self.spec.paths
         work = paths.agent_workdir / self.spec.run_id / "work"
