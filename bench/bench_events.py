@@ -37,7 +37,7 @@ from potato_queue.runs.job import heartbeat_interval_s, max_predictions_bytes  #
 from potato_queue.server.app import create_app  # noqa: E402
 from potato_queue.store import RunStore  # noqa: E402
 from potato_queue.store.keys import Keys  # noqa: E402
-from potato_queue.worker.job import BundleRef, Job, Limits  # noqa: E402
+from potato_queue.wire.job import BundleRef, Job, Limits  # noqa: E402
 
 __all__ = ["main"]
 
@@ -86,7 +86,7 @@ def _new_run(store: RunStore, config: ProjectConfig, n: int) -> tuple[str, str]:
     run_id = store.create(trainer="flood", schemas=["s"], backend="local", params={"n": n})["run_id"]
     data = _tiny_bundle()
     store.paths(run_id).bundle.write_bytes(data)
-    # The job's one shape (worker/job.py), as runs/job.py builds it: a hand-written dict went stale unseen.
+    # The job's one shape (wire/job.py), as runs/job.py builds it: a hand-written dict went stale unseen.
     job = Job(run_id=run_id, trainer="flood", schemas=["s"], params={"n": n}, seed=0, grace_seconds=5,
               bundle=BundleRef(len(data), hashlib.sha256(data).hexdigest()), limits=Limits(device="cpu"),
               heartbeat_interval_s=heartbeat_interval_s(config, "local"), max_predictions_bytes=max_predictions_bytes(config))

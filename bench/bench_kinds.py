@@ -5,7 +5,7 @@ same split.
 
 One bundle in Potato's layout (a multiselect of four topics over generated reviews whose words hint at
 their topics, with shared and noise words so that no label is free), trained by each side's own worker
-process on the same train split and scored on the same test split with one scorer (worker/scoring.py,
+process on the same train split and scored on the same test split with one scorer (wire/scoring.py,
 as sets). Potato's trainer joins a set into one class ("music|plot") and predicts one of the
 combinations it saw; its answer is split back into a set to be scored, which is the most generous
 reading of it (published as it is, Potato pre-checks nothing from "music|plot": docs/potato-prelabels.md).
@@ -35,7 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.quick import quick_args  # noqa: E402
-from potato_queue.worker.scoring import MULTILABEL, ORDINAL, score  # noqa: E402
+from potato_queue.wire.scoring import MULTILABEL, ORDINAL, score  # noqa: E402
 from tests.test_worker import write_bundle  # noqa: E402
 
 TOPICS = ["acting", "music", "plot", "visuals"]

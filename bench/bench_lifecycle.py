@@ -1,6 +1,6 @@
 """P1, P2, P3, P9, P10: a run's life through the queue, against the same worker started by hand.
 
-Everything is real: Redis, `potato-queue serve`, `potato-queue worker`
+Everything is real: Redis, `potato-queue serve`, `potato-queue executor`
 (executors), the agent and the worker. The alternative in each comparison
 is what an admin would do without potato-queue: start
 `python -m potato_queue.worker --spec spec.json` by hand on the same bundle,

@@ -17,11 +17,12 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from potato_queue.wire.isolated import BARE_PACKAGES
+
 __all__ = ["CodePackage", "agent_zipapp", "PACKAGED", "ZIPAPP_MAIN"]
 
 ROOT = Path(__file__).resolve().parent
-# The sub-packages that run on a training machine (standard library only at module level).
-PACKAGED = ("agent", "host", "worker", "trainers")
+PACKAGED = BARE_PACKAGES
 # The zipapp's entry: `python3 agent.pyz ARGS` is `python -m potato_queue.agent serve ARGS`.
 ZIPAPP_MAIN = """\
 import sys

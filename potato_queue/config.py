@@ -17,13 +17,13 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from potato_queue.agent.launchers.sbatch import (
+from potato_queue.errors import ConfigUnreadable
+from potato_queue.wire.sbatch import (
     DEFAULT_JOB_PYTHON,
     DEFAULT_POLL_INTERVAL_S,
     DEFAULT_PREEMPT_SIGNAL_S,
 )
-from potato_queue.agent.launchers.sbatch import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
-from potato_queue.errors import ConfigUnreadable
+from potato_queue.wire.sbatch import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
 
 __all__ = [
     "DEFAULT_REDIS_URL",
@@ -116,7 +116,7 @@ class _RemoteBackend(_Strict):
     python: str = "python3"
     num_threads: int | None = Field(None, ge=1)
     env: dict[str, str] = Field(default_factory=dict)
-    # Names that look like secrets (HF_TOKEN) pass to the trainer only when listed here (agent/isolated.py).
+    # Names that look like secrets (HF_TOKEN) pass to the trainer only when listed here (wire/isolated.py).
     secret_env: list[str] = Field(default_factory=list)
     max_artifact_mb: float = Field(2048, gt=0)
     fetch_artifacts: bool = True
@@ -176,7 +176,7 @@ class _SlurmCore(_RemoteBackend):
         return None if value is None else str(value)
 
     def job_settings(self) -> dict[str, Any]:
-        """What the agent on the login node needs to submit the job: slurm.json's object (agent/launchers/sbatch.py)."""
+        """What the agent on the login node needs to submit the job: slurm.json's object (wire/sbatch.py)."""
         sbatch = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
         return {"job_python": self.job_python, "prelude": self.prelude, "poll_interval_s": self.poll_interval_s,
                 "requeue": self.requeue, "preempt_signal_s": self.preempt_signal_s, "env": self.env, "secret_env": self.secret_env,

@@ -38,7 +38,7 @@ from potato.training.base import (
 from potato_queue.potato_hook import TRAINER_NAME
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store.potato_ledger import potato_metrics
-from potato_queue.worker.files import read_jsonl
+from potato_queue.wire.files import read_jsonl
 
 __all__ = ["RemoteTrainer", "QueueClient", "Follower", "Unreachable", "server_for", "REMOTE_PREDICTIONS", "DEFAULT_SERVER",
            "URL_ENV", "PLAIN_HTTP_ENV"]

@@ -8,8 +8,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from potato_queue.agent.isolated import looks_secret
 from potato_queue.config import LOCAL
+from potato_queue.wire.isolated import looks_secret
 
 __all__ = ["Warning_", "SLURM_ONLY_REFUSED", "check_slurm_dir", "slurm_time_s", "check_slurm_time",
            "check_secret_env", "check_local_run_keys", "LOCAL_RUN_KEYS"]

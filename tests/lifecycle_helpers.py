@@ -59,7 +59,7 @@ def started(tmp_path: Path, redis_url: str, executors: int = 1, host: str = "127
 
 
 class Services:
-    """`potato-queue serve` and any number of `potato-queue worker` processes, torn down hard."""
+    """`potato-queue serve` and any number of `potato-queue executor` processes, torn down hard."""
 
     def __init__(self, config: Path, redis_url: str, tmp_path: Path) -> None:
         self.config, self.redis_url, self.tmp_path = config, redis_url, tmp_path
@@ -112,7 +112,7 @@ class Services:
         return self.serve(port=port)
 
     def executor(self, env: dict[str, str] | None = None, cwd: Path | None = None, *args: str) -> subprocess.Popen[str]:
-        return self._spawn("worker", str(self.config), *args, name=f"executor{len(self.procs)}", env=env, cwd=cwd)
+        return self._spawn("executor", str(self.config), *args, name=f"executor{len(self.procs)}", env=env, cwd=cwd)
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -262,11 +262,11 @@ def wait_running(services: Services, run_id: str, timeout_s: float = 60) -> dict
 
 def job_as_the_executor_stores_it(store: Any, run_id: str, data: bytes, **fields: Any) -> None:
     """`data` as the run's bundle.tar.gz and its Job in run.json, as RunLife leaves them before the launch
-    (worker/job.py's one shape): for tests that drive the agent protocol by hand."""
+    (wire/job.py's one shape): for tests that drive the agent protocol by hand."""
     import hashlib
 
     from potato_queue.runs.job import heartbeat_interval_s, max_predictions_bytes
-    from potato_queue.worker.job import BundleRef, Job
+    from potato_queue.wire.job import BundleRef, Job
 
     record = store.read(run_id)
     store.paths(run_id).bundle.write_bytes(data)

@@ -9,7 +9,7 @@ import pytest
 
 from potato_queue.agent.progress import MIN_LOGGED_BYTES, Progress
 from potato_queue.agent.transport import _proxy_for, open_connection
-from potato_queue.agent_admin import AGENT_PYZ_PATH, register_text
+from potato_queue.cli.agents import AGENT_PYZ_PATH, register_text
 from potato_queue.executors.agent import no_agent_error
 
 pytestmark = pytest.mark.unit

@@ -40,7 +40,7 @@ from potato_queue.server.agent_api import agent_router
 from potato_queue.server.guard import guard
 from potato_queue.store import RunStore
 from potato_queue.store.keys import Keys
-from potato_queue.worker.job import BundleRef, Limits
+from potato_queue.wire.job import BundleRef, Limits
 from tests.conftest import ROOT
 from tests.lifecycle_helpers import job_as_the_executor_stores_it
 
@@ -325,7 +325,7 @@ def test_a_run_end_to_end(transport: str, served: Served, fake_worker: Path, tmp
     assert agent.wait() == 0, agent.log
 
     started = agent.marker("started")
-    # Started through the bootstrap that keeps the working directory off sys.path (agent/isolated.py).
+    # Started through the bootstrap that keeps the working directory off sys.path (wire/isolated.py).
     assert started["argv"][1] == "-c" and started["argv"][3:6] == [str(ROOT), "potato_queue.worker", "--spec"]
     assert started["bundle"] == ["labels.json", "manifest.json", "media", "test.jsonl", "train.jsonl", "val.jsonl"]
     spec = started["spec"]

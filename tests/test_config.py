@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.agent.launchers.sbatch import SlurmSettings, sbatch_argv
 from potato_queue.config import DEFAULT_REDIS_URL, SBATCH_FLAGS, SlurmBackend, redis_url
 from potato_queue.runs.job import limits_for
 from potato_queue.validate import check_file, load_checked, slurm_time_s
+from potato_queue.wire.sbatch import SlurmSettings, sbatch_argv
 from tests.test_validate_cli import SEED, seed_config, write_project
 
 pytestmark = pytest.mark.unit

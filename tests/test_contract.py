@@ -4,7 +4,7 @@ In the manner of huey's one storage suite run against every storage: each
 backend joins by adding a harness to HARNESSES (how to configure a project
 for it, and how to find, freeze or kill its agent and worker on the host it
 runs them on). The local backend runs against real processes: a real Redis,
-`potato-queue serve`, `potato-queue worker`, the agent and the worker.
+`potato-queue serve`, `potato-queue executor`, the agent and the worker.
 Freezing a process is SIGSTOP: it stands for a host whose process hangs (a
 stuck filesystem, a frozen VM); nothing is mocked. The module's cases share one
 sshd and one SLURM cluster; each has its own server, executor and remote_dir.

@@ -126,7 +126,7 @@ def test_a_read_only_project_is_refused_at_start(tmp_path: Path, redis_server_ur
     path = write_project(tmp_path, seed_config())
     # A file where the output folder should be: nothing can be written there, even by root.
     (tmp_path / "annotation_output").write_text("not a folder")
-    for command in (["serve", str(path), "--port", "0"], ["worker", str(path)]):
+    for command in (["serve", str(path), "--port", "0"], ["executor", str(path)], ["worker", str(path)]):
         proc = run_cli(*command)
         assert proc.returncode == 1, proc.stderr
         assert "runs cannot be written in" in proc.stderr and "annotation_output/training/runs" in proc.stderr

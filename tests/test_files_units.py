@@ -1,4 +1,4 @@
-"""worker/files.py: the one JSON Lines reader every side uses (bundle splits, predictions, events)."""
+"""wire/files.py: the one JSON Lines reader every side uses (bundle splits, predictions, events)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.worker.files import JsonLineError, read_jsonl
+from potato_queue.wire.files import JsonLineError, read_jsonl
 
 pytestmark = pytest.mark.unit
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
+from potato_queue.wire.exit_codes import EXIT_BAD_SPEC
 from tests.agent_helpers import AGENT, BACKEND, lab, register
 from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_until
 from tests.sshd import ALIAS, Sshd

@@ -1,6 +1,6 @@
 """A GPU host shared with accounts we do not trust, through the real local backend (issue 7).
 
-Everything is real: Redis, `potato-queue serve`, `potato-queue worker`, the
+Everything is real: Redis, `potato-queue serve`, `potato-queue executor`, the
 agent and the worker; the planted modules are files an attacker with write
 access to /tmp could leave there.
 """

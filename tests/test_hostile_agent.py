@@ -2,7 +2,7 @@
 
 The record is what every listing reads (GET /runs, the Training page's stream twice a second), so a
 hostile or broken agent must not be able to make it large. Real server and executor (`potato-queue serve`,
-`potato-queue worker`), a real Redis; the test plays the agent of an agent backend over HTTP, as an agent
+`potato-queue executor`), a real Redis; the test plays the agent of an agent backend over HTTP, as an agent
 with a claimed run's token could.
 """
 

@@ -1,4 +1,4 @@
-"""agent/ and worker/ are copied to bare hosts: standard library only, Python 3.8+."""
+"""wire/, agent/, host/ and worker/ are copied to bare hosts: standard library only, Python 3.8+."""
 
 from __future__ import annotations
 
@@ -15,8 +15,9 @@ from tests.conftest import ROOT
 
 pytestmark = pytest.mark.unit
 
-BARE = [ROOT / "potato_queue" / "agent", ROOT / "potato_queue" / "host", ROOT / "potato_queue" / "worker"]
-# Served in agent.pyz and copied to remote hosts with agent/ and worker/ (potato_queue.code_package).
+WIRE = ROOT / "potato_queue" / "wire"
+BARE = [WIRE, ROOT / "potato_queue" / "agent", ROOT / "potato_queue" / "host", ROOT / "potato_queue" / "worker"]
+# Served in agent.pyz and copied to remote hosts with the bare packages (potato_queue.code_package).
 TRAINERS = ROOT / "potato_queue" / "trainers"
 STDLIB = set(sys.stdlib_module_names) | {"__future__"}
 
@@ -45,9 +46,41 @@ def test_stdlib_only_at_module_level(path: Path) -> None:
     foreign = [
         m for m in module_level_imports(path)
         if m.split(".")[0] not in STDLIB
-        and not m.startswith(("potato_queue.agent", "potato_queue.host", "potato_queue.worker", "potato_queue.trainers"))
+        and not m.startswith(("potato_queue.wire", "potato_queue.agent", "potato_queue.host", "potato_queue.worker",
+                              "potato_queue.trainers"))
     ]
     assert foreign == [], f"{path} imports {foreign} at module level; agent/ and worker/ run on bare hosts"
+
+
+@pytest.mark.parametrize("path", sorted(WIRE.rglob("*.py")), ids=lambda p: p.name)
+def test_wire_is_the_ground_floor(path: Path) -> None:
+    """Every side imports wire/; it imports nothing of potato-queue but itself (at any depth), so that what
+    the agent, the host scripts and the worker share never ties them to one another."""
+    ours = [m for m in all_imports(path, "potato_queue.wire") if m.startswith("potato_queue")]
+    assert [m for m in ours if not m.startswith("potato_queue.wire")] == [], f"{path.name} imports {ours}"
+
+
+def test_the_ssh_first_stage_imports_nothing_of_ours_at_module_level() -> None:
+    """host/boot.py runs on a host where none of our code is yet (it fetches it): only the standard library
+    at its top; ours is imported inside boot(), once the code is there."""
+    ours = [m for m in module_level_imports(ROOT / "potato_queue" / "host" / "boot.py") if m.startswith("potato_queue")]
+    assert ours == [], f"host/boot.py imports {ours} before the code is on the host"
+
+
+# What each bare package may import of the others (beyond wire/): the agent starts the worker and runs the
+# host scripts' GPU choice; the worker and the host scripts import neither it nor each other.
+BARE_MAY_IMPORT = {"agent": ("potato_queue.host", "potato_queue.worker"), "host": (), "worker": ("potato_queue.trainers",)}
+
+
+@pytest.mark.parametrize("package", sorted(BARE_MAY_IMPORT))
+def test_the_bare_packages_import_one_way(package: str) -> None:
+    others = tuple(f"potato_queue.{name}" for name in BARE_MAY_IMPORT if name != package)
+    bad = sorted({f"{path.relative_to(ROOT / 'potato_queue').as_posix()}: {m}"
+                  for path in (ROOT / "potato_queue" / package).rglob("*.py")
+                  for m in all_imports(path, ".".join(("potato_queue", package, *path.relative_to(
+                      ROOT / "potato_queue" / package).parent.parts)))
+                  if m.startswith(others) and not m.startswith(BARE_MAY_IMPORT[package])})
+    assert bad == [], f"{package}/ imports what imports it back or a sibling: {bad}"
 
 
 def test_scanner_catches_a_foreign_import(tmp_path: Path) -> None:
@@ -97,9 +130,6 @@ CORE = ["config.py", "validate.py", "run.py", "store", "bounds.py", "bundle", "r
         "insight"]
 NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.processes", "potato_queue.agent",
                     "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")
-# Pure text and data the config shares with the agent, which must also work alone on a login node with its
-# slurm.json (the sbatch table): read from the agent's side, never copied.
-SHARED_WITH_THE_AGENT = ("potato_queue.agent.launchers.sbatch",)
 
 
 def all_imports(path: Path, package: str | None = None) -> list[str]:
@@ -145,7 +175,7 @@ def test_an_executor_imports_no_celery_fastapi_torch_nor_another_executor(path: 
 
 @pytest.mark.parametrize("path", _files(*CORE), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_the_core_imports_no_executor_server_tasks_or_agent(path: Path) -> None:
-    bad = [m for m in all_imports(path) if (m.startswith(NOT_FOR_THE_CORE) and m not in SHARED_WITH_THE_AGENT)
+    bad = [m for m in all_imports(path) if m.startswith(NOT_FOR_THE_CORE)
            or m.split(".")[0] in HEAVY]
     assert bad == [], f"{path.relative_to(PACKAGE)} imports {bad}"
 
@@ -176,6 +206,17 @@ def package_files() -> list[Path]:
 def test_no_module_is_over_400_lines() -> None:
     long = {str(p.relative_to(ROOT)): n for p in package_files() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
     assert long == {}, f"split these by what they do: {long}"
+
+
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def test_the_top_level_holds_the_cores_vocabulary_only() -> None:
+    """A newcomer reads the package's top level first: the core's words (run, config, errors, clock, ...), with
+    the command line in cli/, the shared ground floor in wire/, and each other part in its own room."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, f"{len(top)} top-level modules: {top}; give the newest a room"
+    assert not [name for name in top if name.startswith("cli")], "the command line lives in cli/"
 
 
 def test_no_function_is_over_60_lines() -> None:
@@ -282,7 +323,7 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 RUN_STATE_TEXTS = {"queued", "starting", "collecting", "succeeded", "failed", "cancelled", "broken"}
 # Where a run state's text may be spelled: its definition, and the standard-library parts that speak other
 # protocols (a worker's status, SLURM's, Potato's) and cannot import it.
-STATE_TEXT_ALLOWED = ("run.py", "agent/", "host/", "worker/", "trainers/", "store/potato_ledger.py", "potato_hook.py")
+STATE_TEXT_ALLOWED = ("run.py", "wire/", "agent/", "host/", "worker/", "trainers/", "store/potato_ledger.py", "potato_hook.py")
 
 
 def test_every_run_state_is_named_through_the_enum() -> None:

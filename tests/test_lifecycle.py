@@ -256,7 +256,7 @@ def test_a_run_for_a_backend_the_executors_config_lacks_fails_at_once_saying_why
     assert run["state"] == "failed"
     assert run["error"].startswith(f"This executor runs {services.config.resolve()} as it was when the executor "
                                    "started, and that has no backend 'gpu-two' (configured: local)"), run["error"]
-    assert "restart them (potato-queue worker CONFIG)" in run["error"]
+    assert "restart them (potato-queue executor CONFIG)" in run["error"]
     next_run = services.start_run(trainer="sklearn-text", schemas=["sentiment"])  # the queue goes on
     assert services.wait_for(next_run, TERMINAL)["state"] == "succeeded"
 

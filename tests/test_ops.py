@@ -75,7 +75,7 @@ def test_a_scrape_token_opens_metrics_and_nothing_else(tmp_path: Path, redis_ser
 def test_healthz_says_when_no_executor_is_up(tmp_path: Path, redis_server_url: str) -> None:
     with started(tmp_path, redis_server_url, executors=0) as svc:
         status, body = get(svc, "/healthz")
-        assert status == 503 and '"executors":0' in body and "start one (potato-queue worker CONFIG)" in body
+        assert status == 503 and '"executors":0' in body and "start one (potato-queue executor CONFIG)" in body
         executor = svc.executor()
         deadline = time.monotonic() + 60
         while get(svc, "/healthz")[0] != 200:

@@ -1,5 +1,5 @@
 """The Training page in a real browser: Debian's headless chromium driven by Playwright, against a real
-server, executor and agent (Redis, `potato-queue serve`, `potato-queue worker`, the local backend).
+server, executor and agent (Redis, `potato-queue serve`, `potato-queue executor`, the local backend).
 
 The ssh, slurm and agent backends in the config are there for the Runs on menu (their hosts are not
 reached). Screenshots of the page with a run in flight and of a run's page are saved under the

@@ -171,7 +171,7 @@ def test_an_agent_run_whose_worker_was_killed_resumes_when_retried(
 
 
 def _job(**fields: Any) -> Any:
-    from potato_queue.worker.job import Job
+    from potato_queue.wire.job import Job
 
     return Job.from_dict({"run_id": "20260101T000000-aaaaaa", "trainer": "majority-baseline", "schemas": ["s"],
                           "bundle": {"bytes": 1, "sha256": "0"}, "heartbeat_interval_s": 1,
@@ -196,7 +196,7 @@ def test_a_retry_names_where_it_resumes_or_that_this_machine_has_nothing(tmp_pat
 
 
 def test_a_resume_of_that_is_a_path_is_not_a_job() -> None:
-    from potato_queue.worker.job import JobError
+    from potato_queue.wire.job import JobError
 
     with pytest.raises(JobError, match="resume_of is not a run id: '../../etc'"):
         _job(resume_of="../../etc")

@@ -1,11 +1,11 @@
-"""Held-out scores of a scale (a likert, a slider), against sums done by hand (worker/scale_scores.py)."""
+"""Held-out scores of a scale (a likert, a slider), against sums done by hand (wire/scale_scores.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from potato_queue.worker.scale_scores import as_number, quadratic_weighted_kappa, spearman
-from potato_queue.worker.scoring import score
+from potato_queue.wire.scale_scores import as_number, quadratic_weighted_kappa, spearman
+from potato_queue.wire.scoring import score
 
 pytestmark = pytest.mark.unit
 

@@ -24,7 +24,7 @@ from potato_queue.bundle.read import scheme_scale
 from potato_queue.runs.gate import potato_cannot_show
 from potato_queue.trainers.scales import ContinuousScale, OrdinalScale
 from potato_queue.validate import load_checked
-from potato_queue.worker.scoring import score
+from potato_queue.wire.scoring import score
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd

@@ -1,4 +1,4 @@
-"""The slurm backend's pure functions (agent/launchers/sbatch.py, executors/slurm.py), on real command output.
+"""The slurm backend's pure functions (wire/sbatch.py, executors/slurm.py), on real command output.
 
 tests/data/slurm/ holds what Debian's slurm 22.05 printed on the single-node test cluster
 (tests/slurm_cluster.py) for each way a job ends: squeue's lines, `scontrol show job -o` and the
@@ -18,8 +18,17 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.agent.isolated import allowed_env
-from potato_queue.agent.launchers.sbatch import (
+from potato_queue.agent.launchers.slurm_flags import (
+    OLDEST_SLURM,
+    SLURM_FLAGS,
+    SlurmTooOld,
+    flags_of,
+    unknown_flag,
+    version_of,
+)
+from potato_queue.executors.slurm import default_partition, parse_sinfo
+from potato_queue.wire.isolated import allowed_env
+from potato_queue.wire.sbatch import (
     SBATCH_FLAGS,
     QueueState,
     SettingsError,
@@ -33,15 +42,6 @@ from potato_queue.agent.launchers.sbatch import (
     requeue_line,
     sbatch_argv,
 )
-from potato_queue.agent.launchers.slurm_flags import (
-    OLDEST_SLURM,
-    SLURM_FLAGS,
-    SlurmTooOld,
-    flags_of,
-    unknown_flag,
-    version_of,
-)
-from potato_queue.executors.slurm import default_partition, parse_sinfo
 
 DATA = Path(__file__).parent / "data" / "slurm"
 SETTINGS = SlurmSettings.of({"partition": "gpu", "gres": "gpu:1", "time": "00:10:00", "mem": "4G"})
@@ -281,7 +281,7 @@ def test_a_job_monitor_that_fails_unexpectedly_still_concludes_and_cancels_the_j
     """A SLURM command answering something unexpected (here: squeue raising) once ended the monitor thread
     without concluding: the runner then waited forever, and a login-node agent outlived everything."""
     from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
-    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+    from potato_queue.wire.exit_codes import EXIT_UNEXPECTED
 
     lines: list[str] = []
     cancelled: list[list[str]] = []
@@ -312,7 +312,7 @@ def test_a_job_gone_without_its_exit_code_says_in_run_log_what_scontrol_knew(tmp
     """job.sh ended without writing exit_code, and SLURM names no reason of its own: the run's log (a warning
     the relay carries) is the one place that says how the job ended. Scripted squeue and scontrol answers."""
     from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
-    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+    from potato_queue.wire.exit_codes import EXIT_UNEXPECTED
 
     said: list[str] = []
 
@@ -339,7 +339,7 @@ def test_a_job_that_ends_while_waiting_to_run_again_says_so(tmp_path: Path) -> N
     """The agent follows a requeueable job through its preemption (RUNNING, then PENDING again) until SLURM
     ends it before it ran again. Scripted squeue answers; scontrol's and slurm.out's are the real ones."""
     from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
-    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+    from potato_queue.wire.exit_codes import EXIT_UNEXPECTED
 
     queue = ["RUNNING|None|node1", "PENDING|BeginTime|", ""]
     (tmp_path / "slurm.out").write_text(slurm_out("not_run_again"))
@@ -373,7 +373,7 @@ def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agen
     from types import SimpleNamespace
 
     from potato_queue.agent import runner as runner_module
-    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+    from potato_queue.wire.exit_codes import EXIT_UNEXPECTED
 
     monkeypatch.setattr(runner_module, "KILL_WAIT_S", 0.3)
     lines: list[str] = []
@@ -566,7 +566,7 @@ def test_squeue_refusing_a_flag_ends_the_job_saying_so_not_as_a_job_that_vanishe
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from potato_queue.agent.launchers import slurm as slurm_module
     from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
-    from potato_queue.worker.exit_codes import EXIT_UNEXPECTED
+    from potato_queue.wire.exit_codes import EXIT_UNEXPECTED
 
     ran: list[list[str]] = []
 

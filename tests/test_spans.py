@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from potato_queue.trainers.spans import bio_tags, drop_overlaps, spans_from_tags, tag_names
-from potato_queue.worker.scoring import score
+from potato_queue.wire.scoring import score
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd

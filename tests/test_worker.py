@@ -23,9 +23,9 @@ from typing import Any
 import pytest
 
 from potato_queue.trainers import LOCAL_ONLY, get_trainer, registry, trainer_info, trainer_names
+from potato_queue.wire.events import EVENT_TYPES, Reporter
 from potato_queue.worker.api import FitResult, RunContext, Trainer
 from potato_queue.worker.errors import NVRTC_HINT
-from potato_queue.worker.events import EVENT_TYPES, Reporter
 from potato_queue.worker.run import run as run_in_process
 from potato_queue.worker.stop import StopFlag
 

@@ -28,14 +28,14 @@ from typing import IO, List, Optional
 
 from potato_queue.agent.backend import BackendAgent
 from potato_queue.agent.client import RunClient
-from potato_queue.agent.isolated import PASSED_NAMES_VAR, passed_names
 from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
-from potato_queue.agent.launchers.sbatch import SettingsError, SlurmSettings
 from potato_queue.agent.launchers.slurm import SlurmLauncher
 from potato_queue.agent.runner import Runner, log_line
 from potato_queue.agent.transport import Transport
 from potato_queue.host.boot import remove_socket
-from potato_queue.worker.exit_codes import EXIT_BAD_SPEC
+from potato_queue.wire.exit_codes import EXIT_BAD_SPEC
+from potato_queue.wire.isolated import PASSED_NAMES_VAR, passed_names
+from potato_queue.wire.sbatch import SettingsError, SlurmSettings
 
 __all__ = ["build_parser", "read_token", "main", "serve_main", "exit_now"]
 

@@ -30,7 +30,7 @@ from potato_queue.agent.transport import (
     problem_of,
     retry,
 )
-from potato_queue.worker.files import file_sha256
+from potato_queue.wire.files import file_sha256
 
 MAX_MESSAGE_CHARS = 4000
 

@@ -18,7 +18,7 @@ from typing import IO, Any, Callable, Iterator, List, Optional
 
 from potato_queue.agent.client import RunClient
 from potato_queue.agent.transport import ApiError, Backoff, Unreachable
-from potato_queue.worker.events import PROTOCOL_VERSION
+from potato_queue.wire.events import PROTOCOL_VERSION
 
 __all__ = [
     "make_event",

@@ -25,10 +25,10 @@ from potato_queue.agent.progress import Progress
 from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
 from potato_queue.agent.transport import ApiError, Unreachable
 from potato_queue.host.gpus import Choice
-from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
-from potato_queue.worker.files import write_atomic
-from potato_queue.worker.job import Job, JobError
-from potato_queue.worker.text import one_line
+from potato_queue.wire.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
+from potato_queue.wire.files import write_atomic
+from potato_queue.wire.job import Job, JobError
+from potato_queue.wire.text import one_line
 
 __all__ = ["Runner", "RunFiles", "extract_bundle", "write_spec", "log_line", "DEFAULT_GRACE_S"]
 

@@ -19,7 +19,7 @@ from typing import Any
 from potato_queue.bundle.annotations import annotator_files
 from potato_queue.bundle.write import BUNDLE_VERSION
 from potato_queue.config import ProjectConfig
-from potato_queue.worker.files import file_sha256, write_atomic
+from potato_queue.wire.files import file_sha256, write_atomic
 
 __all__ = ["BUILDER_FORMAT", "inputs_digest", "annotation_files", "write_inputs_file", "read_inputs_file"]
 

@@ -40,7 +40,7 @@ def _backend(config: ProjectConfig, backend_name: str) -> Any:
         raise NotRunnable(
             f"This executor runs {config.config_path} as it was when the executor started, and that has no "
             f"backend {backend_name!r} (configured: {', '.join(config.model_training.backend_names())})",
-            fix="the config was changed after the executors started: restart them (potato-queue worker CONFIG)",
+            fix="the config was changed after the executors started: restart them (potato-queue executor CONFIG)",
         ) from None
 
 

@@ -25,7 +25,7 @@ from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.errors import PotatoQueueError
 from potato_queue.host.llm_fit import ModelAsk
 from potato_queue.store.keys import RunPaths
-from potato_queue.worker.job import Job
+from potato_queue.wire.job import Job
 
 __all__ = [
     "CheckReport",

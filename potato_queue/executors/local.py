@@ -16,7 +16,6 @@ import subprocess
 import sys
 import time
 
-from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
 from potato_queue.agent.launchers.process import scan_processes
 from potato_queue.config import LocalBackend
 from potato_queue.executors.base import (
@@ -30,6 +29,7 @@ from potato_queue.executors.base import (
     Status,
 )
 from potato_queue.host.llm_fit import ModelAsk, fit_lines
+from potato_queue.wire.isolated import CODE_ROOT, allowed_env, python_argv
 
 __all__ = ["LocalExecutor", "LocalHandle", "run_pids", "describe_device"]
 

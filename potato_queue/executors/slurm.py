@@ -16,13 +16,13 @@ import re
 import shlex
 from typing import Any
 
-from potato_queue.agent.isolated import passed_env
-from potato_queue.agent.launchers.sbatch import NO_SBATCH_FIX, hard_stop_s, job_name, no_sbatch
 from potato_queue.config import SlurmBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
 from potato_queue.executors.remote.session import failed_check, host_facts, session_lines, start_agent
 from potato_queue.host.llm_fit import ModelAsk, need_mb, parameter_count
+from potato_queue.wire.isolated import passed_env
+from potato_queue.wire.sbatch import NO_SBATCH_FIX, hard_stop_s, job_name, no_sbatch
 
 __all__ = ["SlurmExecutor", "slurm_check_report", "parse_sinfo", "default_partition", "NODE_LOCAL"]
 

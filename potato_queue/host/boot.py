@@ -171,9 +171,9 @@ def boot(header: Dict[str, Any]) -> int:
     code = ensure_code(root, header["code_sha256"])
     python = ensure_env(root, header["packages"])
     sys.path.insert(0, code)
-    from potato_queue.agent.isolated import allowed_env, python_argv
+    # Imported only now: until ensure_code, nothing of ours is on this host (the module docstring).
     from potato_queue.host.gpus import GpuRefused
-    from potato_queue.worker.device import THREAD_ENV_VARS
+    from potato_queue.wire.isolated import THREAD_ENV_VARS, allowed_env, python_argv
 
     env = allowed_env(os.environ, header["env"], header.get("secret_env") or [])
     slurm = bool(header.get("slurm"))

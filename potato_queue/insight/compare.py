@@ -3,7 +3,7 @@
 The items compared are those in both runs' val or test splits with a prediction from each, scored
 against the newer run's gold label (the annotators may have labelled more since the older run). Per
 label, the confusion matrices, McNemar's test of the difference, and the items where the two runs
-disagree, with each annotator's label beside them. The scores are the kind's (worker/scoring.py): a
+disagree, with each annotator's label beside them. The scores are the kind's (wire/scoring.py): a
 multiselect's macro-F1 over its labels, not over their combinations; a likert's and a slider's MAE too.
 """
 
@@ -20,7 +20,7 @@ from potato_queue.insight.measures import Scored, confusion, mcnemar, per_label
 from potato_queue.insight.report import TEXT_CHARS
 from potato_queue.insight.run_data import RunData, as_scored, potato_item_path, shown
 from potato_queue.runs.gate import label_of
-from potato_queue.worker.scoring import score
+from potato_queue.wire.scoring import score
 
 __all__ = ["compare_runs", "SIGNIFICANT_P", "MAX_DISAGREEMENTS"]
 

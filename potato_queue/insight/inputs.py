@@ -28,7 +28,7 @@ from potato_queue.insight.run_data import RunData, refuse_unsucceeded, run_data,
 from potato_queue.runs.finalize import read_predictions
 from potato_queue.runs.gate import label_of
 from potato_queue.store import RunStore
-from potato_queue.worker.files import write_atomic
+from potato_queue.wire.files import write_atomic
 
 __all__ = ["INPUTS_VERSION", "SAMPLE_LINES", "PARTS", "Candidate", "RunInputs", "write_inputs", "read_inputs",
            "predictions_summary", "predictions_summary_of", "labelled_now"]

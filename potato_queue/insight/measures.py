@@ -1,5 +1,5 @@
 """Measures of held-out predictions: per label, the confusion matrix, McNemar, reliability, a confidence
-threshold for a precision. Pure functions over `Scored` items; labels are compared as worker/scoring.py
+threshold for a precision. Pure functions over `Scored` items; labels are compared as wire/scoring.py
 compares them (label_key), and shown as their text.
 """
 
@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from potato_queue.worker.scoring import DIGITS
+from potato_queue.wire.scoring import DIGITS
 
 __all__ = ["Scored", "DEFAULT_TARGET_PRECISION", "schema_quality", "per_label", "confusion", "mcnemar", "reliability", "min_confidence_for", "RELIABILITY_BINS",
            "EXACT_BELOW"]

@@ -25,7 +25,7 @@ from potato_queue.bundle.read import read_items
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.store.keys import staging_dir
-from potato_queue.worker.files import STAGED_RE, write_atomic
+from potato_queue.wire.files import STAGED_RE, write_atomic
 
 __all__ = ["PRIORITY_FIELD", "POTATO_ORDER_KEYS", "order_problem", "write_order", "hand_to_potato", "clear_staging"]
 

@@ -16,10 +16,10 @@ from potato_queue.run import RunState
 from potato_queue.runs.finalize import HELD_OUT_SPLITS, read_predictions
 from potato_queue.runs.gate import label_of, schema_kinds
 from potato_queue.store import RunStore
+from potato_queue.wire.files import read_jsonl
+from potato_queue.wire.scoring import MULTILABEL, SPAN, gold_label
+from potato_queue.wire.span_scores import as_spans
 from potato_queue.worker.bundle import read_scales
-from potato_queue.worker.files import read_jsonl
-from potato_queue.worker.scoring import MULTILABEL, SPAN, gold_label
-from potato_queue.worker.span_scores import as_spans
 
 __all__ = ["RunData", "load_run", "run_data", "refuse_unsucceeded", "shown", "as_scored", "scored", "potato_item_path"]
 
@@ -49,7 +49,7 @@ def _spans(label: Any) -> list[tuple[int, int, str]] | None:
 
 
 def as_scored(label: str | None, kind: str) -> Any:
-    """A label as shown, back in the form worker/scoring.py scores by *kind* (a multiselect's set a list, a
+    """A label as shown, back in the form wire/scoring.py scores by *kind* (a multiselect's set a list, a
     span scheme's spans a list of them)."""
     if kind in (MULTILABEL, SPAN) and label is not None and label.startswith("["):
         found = json.loads(label)

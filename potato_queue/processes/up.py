@@ -100,7 +100,7 @@ def _up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict
         print(where, flush=True)  # where it serves
         # The rest of what it prints, passed on (and the pipe never fills).
         threading.Thread(target=_pass_on, args=(server.stdout,), daemon=True).start()
-        executor = _spawn(["worker", cfg_path, "--verbose" if verbose else "--quiet"], env)
+        executor = _spawn(["executor", cfg_path, "--verbose" if verbose else "--quiet"], env)
         stack.callback(_stop, executor)
         if not trainers:
             if config.model_training.auto_retrain.enabled and config.model_training.auto_retrain.trainer != TRAINER_NAME:
@@ -116,7 +116,7 @@ def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str
                  page: str) -> int:
     """Queue a run per trainer (they run one at a time, in this order), follow each, compare them. No `schemas`:
     each trainer gets the schemes of the kinds it trains."""
-    from potato_queue.follow import compare_table, follow
+    from potato_queue.cli.output import compare_table, follow
     from potato_queue.processes.queue import enqueue, make_celery
     from potato_queue.runs.kinds import trainable_schemas
     from potato_queue.runs.submit import start_run

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from potato_queue.config import ProjectConfig
-from potato_queue.worker.files import read_jsonl
+from potato_queue.wire.files import read_jsonl
 
 __all__ = ["BUNDLE_SPLITS", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals",
            "publishable", "schema_kinds", "label_of", "potato_cannot_show", "UNSHOWN"]

@@ -11,8 +11,8 @@ from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths
 from potato_queue.store.records import created_ms
-from potato_queue.worker.files import file_sha256
-from potato_queue.worker.job import BundleRef, Job, Limits
+from potato_queue.wire.files import file_sha256
+from potato_queue.wire.job import BundleRef, Job, Limits
 
 __all__ = ["build_job", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
 

@@ -30,7 +30,7 @@ from potato_queue.runs.supervise import Outcome, Watch, supervise
 from potato_queue.store import RunStore
 from potato_queue.store.lease import Lease
 from potato_queue.store.records import FOLDER_FIX, RunFolderError, RunMovedOn, utc_now
-from potato_queue.worker.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
+from potato_queue.wire.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED
 
 __all__ = ["RunLife", "failure_of"]
 

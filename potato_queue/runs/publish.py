@@ -30,7 +30,7 @@ from potato_queue.runs.model_card import HUB_NAME, model_card, trainer_card
 from potato_queue.store import RunStore
 from potato_queue.store.lease import Lease
 from potato_queue.store.records import utc_now
-from potato_queue.worker.text import one_line
+from potato_queue.wire.text import one_line
 
 __all__ = ["Publish", "PUBLISHING", "PUBLISHED", "FAILED", "MAX_REPO_ID", "SERVER_STOPPED", "check_repo_id",
            "model_files", "publish_status", "start_publish"]

@@ -120,7 +120,7 @@ class RunService:
 
     def events(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
         """The run's events from the `after`-th on."""
-        from potato_queue.worker.files import read_jsonl
+        from potato_queue.wire.files import read_jsonl
 
         self.record(run_id)
         return [event for _, event in read_jsonl(self.store.paths(run_id).events, not_json="skip",

@@ -33,7 +33,7 @@ from potato_queue.runs.job import max_predictions_bytes
 from potato_queue.server.deps import config_of, runs_of, store_of
 from potato_queue.server.guard import token_problem
 from potato_queue.store import RunStore
-from potato_queue.worker.job import Job
+from potato_queue.wire.job import Job
 
 __all__ = [
     "agent_router",
@@ -109,7 +109,7 @@ AuthorizedRun = Annotated[str, Depends(authorized_run)]
 
 # -- routes --------------------------------------------------------------------
 def get_job(request: Request, run_id: AuthorizedRun) -> Job:
-    """The job of a started run: trainer, params, limits, the bundle's size and sha256 (worker/job.py's Job,
+    """The job of a started run: trainer, params, limits, the bundle's size and sha256 (wire/job.py's Job,
     as the executor built it)."""
     try:
         job = store_of(request).read(run_id).get("job")

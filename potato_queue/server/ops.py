@@ -108,7 +108,7 @@ def healthz(request: Request) -> JSONResponse:
     except redis.RedisError:
         return JSONResponse({"ok": False, "redis": "does not answer", "executors": None, "problem": REDIS_DOWN},
                             status_code=503)
-    problem = None if executors else "no executor is up: start one (potato-queue worker CONFIG)"
+    problem = None if executors else "no executor is up: start one (potato-queue executor CONFIG)"
     body = {"ok": problem is None, "redis": "ok", "executors": executors, **({"problem": problem} if problem else {})}
     return JSONResponse(body, status_code=200 if problem is None else 503)
 

@@ -16,8 +16,8 @@ from datetime import datetime, timezone
 from typing import Any
 
 from potato_queue.errors import PotatoQueueError
-from potato_queue.worker.files import write_atomic
-from potato_queue.worker.text import one_line
+from potato_queue.wire.files import write_atomic
+from potato_queue.wire.text import one_line
 
 __all__ = ["LIVE_JSON", "FOLDER_FIX", "RunFolderError", "RunMovedOn", "record_lock", "write_json_atomic", "utc_now", "utc_of", "epoch_of",
            "log_text", "as_text", "created_ms", "folder_error"]

@@ -16,10 +16,10 @@ from typing import Any, ClassVar
 from potato_queue.trainers import temperature
 from potato_queue.trainers.common import model_version, nominal_target, schema_labels, write_json
 from potato_queue.trainers.registry import EVERY_MODALITY
+from potato_queue.wire.files import JsonLineError, read_jsonl
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.bundle import PREDICT_SPLITS
 from potato_queue.worker.errors import ValidationFailed
-from potato_queue.worker.files import JsonLineError, read_jsonl
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["DecisionCalibrateTrainer", "read_base_predictions", "CALIBRATION_FILE"]

@@ -22,9 +22,9 @@ from typing import Any
 from potato_queue.trainers.common import labelled_texts, schema_labels, write_json
 from potato_queue.trainers.multilabel import choose_thresholds, labelled_sets, set_prediction
 from potato_queue.trainers.scales import OrdinalScale, Scale, labelled_values, scale_for, scale_from_dict
+from potato_queue.wire.scoring import MULTILABEL, SCALE_KINDS
 from potato_queue.worker.api import Prediction, RunContext
 from potato_queue.worker.bundle import Bundle
-from potato_queue.worker.scoring import MULTILABEL, SCALE_KINDS
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["Head", "head_for", "saved_head", "MULTI_LABEL", "REGRESSION", "THRESHOLDS_FILE", "SCALE_FILE"]

@@ -33,10 +33,10 @@ from potato_queue.trainers.hf_text_parts import HFSettings, Steps, apply_lora, o
 from potato_queue.trainers.hub import not_cached, offline_for
 from potato_queue.trainers.multilabel import chosen_labels, validate_by_kind
 from potato_queue.trainers.registry import TRAINERS
+from potato_queue.wire.scoring import MULTILABEL, score
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.bundle import Bundle
 from potato_queue.worker.errors import TrainerError
-from potato_queue.worker.scoring import MULTILABEL, score
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["HFImageClassificationTrainer", "CARD_FILE", "read_image"]

@@ -37,8 +37,8 @@ from potato_queue.trainers.hf_heads import Head, head_for
 from potato_queue.trainers.hub import offline_for
 from potato_queue.trainers.llm_settings import LLMSettings, read_settings
 from potato_queue.trainers.multilabel import validate_by_kind
+from potato_queue.wire.scoring import MULTILABEL
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
-from potato_queue.worker.scoring import MULTILABEL
 
 __all__ = ["HFLLMLoRATrainer", "CARD_FILE"]
 

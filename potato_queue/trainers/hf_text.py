@@ -44,8 +44,8 @@ from potato_queue.trainers.hf_text_parts import (
 from potato_queue.trainers.hub import not_cached, offline_for
 from potato_queue.trainers.multilabel import validate_by_kind
 from potato_queue.trainers.scales import validate_scales
+from potato_queue.wire.scoring import MULTILABEL, ORDINAL, score
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
-from potato_queue.worker.scoring import MULTILABEL, ORDINAL, score
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["HFTextClassificationTrainer", "CARD_FILE"]

@@ -33,10 +33,10 @@ from potato_queue.trainers.hf_text_parts import (
 from potato_queue.trainers.hub import not_cached, offline_for
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.trainers.spans import bio_tags, drop_overlaps, labelled_spans, spans_from_tags, tag_names
+from potato_queue.wire.scoring import SPAN, score
+from potato_queue.wire.span_scores import Span
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import TrainerError
-from potato_queue.worker.scoring import SPAN, score
-from potato_queue.worker.span_scores import Span
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["HFTokenClassificationTrainer", "CARD_FILE"]

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from potato_queue.trainers.common import schema_labels, validate_nominal
+from potato_queue.wire.scoring import MULTILABEL, SCALE_KINDS
 from potato_queue.worker.api import Prediction, RunContext
 from potato_queue.worker.bundle import Bundle
-from potato_queue.worker.scoring import MULTILABEL, SCALE_KINDS
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["DEFAULT_THRESHOLD", "chosen_labels", "labelled_sets", "choose_thresholds", "set_prediction", "validate_multilabel",

@@ -25,10 +25,10 @@ import math
 from collections.abc import Sequence
 from typing import Any, Union
 
+from potato_queue.wire.scale_scores import as_number, labelled
+from potato_queue.wire.scoring import ORDINAL, SCALE_KINDS
 from potato_queue.worker.api import Prediction, RunContext
 from potato_queue.worker.bundle import Bundle
-from potato_queue.worker.scale_scores import as_number, labelled
-from potato_queue.worker.scoring import ORDINAL, SCALE_KINDS
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["labelled_values", "OrdinalScale", "ContinuousScale", "Scale", "scale_for", "scale_from_dict",

@@ -34,9 +34,9 @@ from potato_queue.trainers.multilabel import (
 )
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.trainers.scales import OrdinalScale, Scale, labelled_values, scale_for, validate_scales
+from potato_queue.wire.scoring import MULTILABEL, ORDINAL, SCALE_KINDS, accuracy, score
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import TrainerError, ValidationFailed
-from potato_queue.worker.scoring import MULTILABEL, ORDINAL, SCALE_KINDS, accuracy, score
 
 __all__ = ["SklearnTextTrainer", "MODEL_FILE", "CARD_FILE"]
 

@@ -17,8 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from potato_queue.wire.span_scores import Span, as_spans
 from potato_queue.worker.bundle import Bundle
-from potato_queue.worker.span_scores import Span, as_spans
 
 __all__ = ["OUTSIDE", "labelled_spans", "drop_overlaps", "tag_names", "bio_tags", "spans_from_tags"]
 

@@ -9,9 +9,10 @@ import os
 import sys
 from typing import IO, List, Optional
 
+from potato_queue.wire.events import ErrorsOnly, Reporter
+from potato_queue.wire.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED
+
 from .errors import Cancelled
-from .events import ErrorsOnly, Reporter
-from .exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED
 from .parallel import rank_info
 from .run import run
 from .stop import StopFlag, ignore_stop_signals, install_signal_handlers, stop_from_parent, stop_when_orphaned

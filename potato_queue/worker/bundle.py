@@ -18,8 +18,9 @@ import json
 import os
 from typing import Any, Dict, Iterator, List, Optional
 
+from potato_queue.wire.files import JsonLineError, read_jsonl
+
 from .errors import BundleError
-from .files import JsonLineError, read_jsonl
 
 __all__ = ["SPLITS", "PREDICT_SPLITS", "SCALES_FILE", "Bundle", "load_bundle", "read_scales"]
 

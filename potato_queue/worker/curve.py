@@ -21,11 +21,12 @@ import shutil
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
+from potato_queue.wire.scoring import gold_label, score
+
 from .api import PredictItem, RunContext, Trainer
 from .bundle import Bundle
 from .checkpoint import Checkpoints
 from .errors import TrainerError, ValidationFailed
-from .scoring import gold_label, score
 
 __all__ = ["CURVE_PARAM", "CURVE_PERCENTS", "CURVE_SPLIT", "wants_curve", "curve_train_ids", "curve_metric_name",
            "read_curve", "fit_curve", "report_full_point", "quiet", "scratch_checkpoints"]

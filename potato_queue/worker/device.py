@@ -9,8 +9,9 @@ only for trainers that use it, and only inside these functions.
 import os
 from typing import Any, Callable, List, Optional
 
+from potato_queue.wire.isolated import THREAD_ENV_VARS
+
 __all__ = [
-    "THREAD_ENV_VARS",
     "apply_thread_env",
     "apply_gpus",
     "gpu_env_note",
@@ -20,14 +21,6 @@ __all__ = [
     "describe_device",
 ]
 
-THREAD_ENV_VARS = (
-    "OMP_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "RAYON_RS_NUM_CPUS",  # Hugging Face tokenizers
-)
 
 LogFn = Callable[[str, str], None]
 

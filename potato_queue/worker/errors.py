@@ -8,7 +8,7 @@ the worker never imports at module level) into that triple.
 
 from typing import Tuple
 
-from .exit_codes import (
+from potato_queue.wire.exit_codes import (
     EXIT_BAD_SPEC,
     EXIT_CANCELLED,
     EXIT_MISSING_DEPENDENCY,

@@ -11,7 +11,7 @@ import sys
 import threading
 from typing import Callable, Optional
 
-from .exit_codes import EXIT_OOM
+from potato_queue.wire.exit_codes import EXIT_OOM
 
 __all__ = ["rss_mb", "MemoryWatchdog"]
 

@@ -18,7 +18,7 @@ ranks over gloo, so that the real data-parallel path runs where no GPU is.
 import socket
 from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 
-from .device import THREAD_ENV_VARS
+from potato_queue.wire.isolated import THREAD_ENV_VARS
 
 __all__ = ["CPU_RANKS_VAR", "DEVICE_VAR", "RankInfo", "RankLaunch", "cpu_ranks", "visible_gpus", "world_for", "rank_launches",
            "rank_info", "free_port", "describe_parallel", "threads_per_rank"]

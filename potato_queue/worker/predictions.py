@@ -9,10 +9,11 @@ import json
 import os
 from typing import Any, Dict, Iterable, List, Set, Tuple
 
+from potato_queue.wire.scoring import gold_label
+
 from .api import Prediction, PredictItem, RunContext, Trainer
 from .bundle import PREDICT_SPLITS, Bundle
 from .errors import TrainerError
-from .scoring import gold_label
 
 __all__ = ["PREDICTIONS_FILE", "PredictionSummary", "predict_items", "write_predictions"]
 

@@ -17,8 +17,9 @@ import subprocess
 from types import FrameType
 from typing import List, Optional
 
-from .events import Reporter, parse_line
-from .exit_codes import EXIT_OK, EXIT_OOM, EXIT_UNEXPECTED
+from potato_queue.wire.events import Reporter, parse_line
+from potato_queue.wire.exit_codes import EXIT_OK, EXIT_OOM, EXIT_UNEXPECTED
+
 from .parallel import RankLaunch
 
 __all__ = ["RankProcesses", "run_ranks"]

@@ -13,6 +13,11 @@ import time
 import traceback
 from typing import Dict, Optional
 
+from potato_queue.wire.events import Reporter
+from potato_queue.wire.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_PREEMPTED, EXIT_UNEXPECTED
+from potato_queue.wire.isolated import python_argv
+from potato_queue.wire.scoring import score
+
 from .api import FitResult, RunContext, Trainer
 from .bundle import Bundle, load_bundle
 from .checkpoint import Checkpoints, default_checkpoint_dir
@@ -26,13 +31,10 @@ from .device import (
     resolve_device,
 )
 from .errors import Cancelled, Preempted, ValidationFailed, WorkerError, classify
-from .events import Reporter
-from .exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_PREEMPTED, EXIT_UNEXPECTED
 from .loading import load_trainer
 from .memory import MemoryWatchdog
 from .parallel import RankInfo
 from .predictions import PREDICTIONS_FILE, PredictionSummary, predict_items, write_predictions
-from .scoring import score
 from .spec import Spec, load_spec, with_bundle_schemas
 from .stop import StopFlag
 
@@ -189,7 +191,6 @@ def _world(spec: Spec) -> int:
 
 def _data_parallel(spec_path: str, spec: Spec, world: int, reporter: Reporter) -> int:
     """Run the spec as `world` rank processes (ranks.py); their exit code."""
-    from potato_queue.agent.isolated import python_argv
 
     from .parallel import cpu_ranks, describe_parallel, free_port, rank_launches, threads_per_rank
     from .ranks import run_ranks

@@ -13,8 +13,9 @@ import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from potato_queue.wire.job import SPEC_VERSION, Limits
+
 from .errors import SpecError
-from .job import SPEC_VERSION, Limits
 
 __all__ = ["SchemaSpec", "Limits", "Spec", "load_spec", "parse_spec", "with_bundle_schemas"]
 

@@ -23,14 +23,13 @@ import time
 from types import FrameType
 from typing import Optional
 
+from potato_queue.wire.sbatch import PREEMPT_ON_TERM_VAR
+
 from .errors import Cancelled, Preempted
 
-__all__ = ["PREEMPT_ON_TERM_VAR", "term_is_preemption", "StopFlag", "install_signal_handlers", "ignore_stop_signals",
+__all__ = ["term_is_preemption", "StopFlag", "install_signal_handlers", "ignore_stop_signals",
            "stop_when_orphaned", "stop_from_parent", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
 
-# Set (by a requeueable SLURM job's job.sh) to the path of the agent's cancel marker: a SIGTERM is then a
-# preemption (SLURM ends the job to requeue it), unless the marker exists (the agent's own cancel).
-PREEMPT_ON_TERM_VAR = "POTATO_QUEUE_PREEMPT_ON_TERM"
 ORPHAN_POLL_S = 0.5
 # After its agent is gone, the worker stops as on a cancel; this long later it exits, stopped or not.
 ORPHAN_GRACE_S = 10.0

@@ -44,7 +44,7 @@ class LaunchError(Exception):
 class WorkerHandle:
     """One started worker, as the runner sees it.
 
-    Exit codes are shell-style (potato_queue.worker.exit_codes.from_returncode):
+    Exit codes are shell-style (potato_queue.wire.exit_codes.from_returncode):
     the worker's own code, or 128 + N for a death by signal N.
     """
 

@@ -16,10 +16,10 @@ import threading
 import time
 from typing import Any, Dict, List, NamedTuple, Optional
 
-from potato_queue.agent.isolated import CODE_ROOT, allowed_env, python_argv
 from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerLauncher
 from potato_queue.agent.relay import EventRelay, read_stderr, read_stdout
-from potato_queue.worker.exit_codes import from_returncode
+from potato_queue.wire.exit_codes import from_returncode
+from potato_queue.wire.isolated import CODE_ROOT, allowed_env, python_argv
 
 __all__ = [
     "ProcEntry",

@@ -18,10 +18,14 @@ import threading
 import time
 from typing import Callable, Dict, List, Optional, Tuple
 
-from potato_queue.agent.isolated import allowed_env, python_argv, shared_code_root
 from potato_queue.agent.launchers.base import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
 from potato_queue.agent.launchers.follower import Follower, read_end
-from potato_queue.agent.launchers.sbatch import (
+from potato_queue.agent.launchers.slurm_flags import SlurmTooOld, refuse_unknown_flag
+from potato_queue.agent.relay import MAX_LINE, EventRelay, stdout_event
+from potato_queue.wire.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
+from potato_queue.wire.files import write_atomic
+from potato_queue.wire.isolated import allowed_env, python_argv, shared_code_root
+from potato_queue.wire.sbatch import (
     CANCEL_MARKER,
     NO_SBATCH_FIX,
     QUEUED_STATES,
@@ -41,10 +45,6 @@ from potato_queue.agent.launchers.sbatch import (
     requeue_line,
     sbatch_argv,
 )
-from potato_queue.agent.launchers.slurm_flags import SlurmTooOld, refuse_unknown_flag
-from potato_queue.agent.relay import MAX_LINE, EventRelay, stdout_event
-from potato_queue.worker.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
-from potato_queue.worker.files import write_atomic
 
 __all__ = ["SlurmLauncher", "SlurmJob"]
 

@@ -16,7 +16,7 @@ import re
 from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 from potato_queue.agent.launchers.base import LaunchError
-from potato_queue.agent.launchers.sbatch import SBATCH_FLAGS
+from potato_queue.wire.sbatch import SBATCH_FLAGS
 
 __all__ = ["OLDEST_SLURM", "SLURM_FLAGS", "FlagProblem", "SlurmTooOld", "version_of", "flags_of", "unknown_flag",
            "refuse_unknown_flag"]
@@ -24,7 +24,7 @@ __all__ = ["OLDEST_SLURM", "SLURM_FLAGS", "FlagProblem", "SlurmTooOld", "version
 OLDEST_SLURM = "20.11"
 # "<command> <flag>" as the code writes it -> the SLURM release that brought it.
 SLURM_FLAGS = {
-    # sbatch_argv (launchers/sbatch.py); the backend's sbatch settings are SBATCH_FLAGS' flags.
+    # sbatch_argv (wire/sbatch.py); the backend's sbatch settings are SBATCH_FLAGS' flags.
     "sbatch --parsable": "14.03",  # NEWS 14.03.0: "Added sbatch '--parsable' option"
     "sbatch --partition": "<= 1.3",
     "sbatch --gres": "2.2",

@@ -12,15 +12,13 @@ import re
 import shlex
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
-from potato_queue.agent.isolated import passed_env
-from potato_queue.worker.device import THREAD_ENV_VARS
-from potato_queue.worker.stop import PREEMPT_ON_TERM_VAR
+from potato_queue.wire.isolated import THREAD_ENV_VARS, passed_env
 
 __all__ = [
     "SBATCH_FLAGS", "JOB_KEYS", "SlurmSettings", "SettingsError", "sbatch_argv", "job_script", "job_name",
     "parse_job_id", "QueueState", "parse_squeue", "SQUEUE_FORMAT", "parse_scontrol", "end_reason",
     "SLURM_ENDED_STATES", "describe_state", "DEFAULT_JOB_PYTHON", "DEFAULT_POLL_INTERVAL_S",
-    "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "QUEUED_STATES", "requeue_line", "hard_stop_s", "end_fields",
+    "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "PREEMPT_ON_TERM_VAR", "QUEUED_STATES", "requeue_line", "hard_stop_s", "end_fields",
     "no_sbatch", "NO_SBATCH_FIX",
 ]
 
@@ -43,6 +41,9 @@ DEFAULT_POLL_INTERVAL_S = 10.0
 # With requeue: how long before the job's time limit SLURM signals it (USR1) so that it checkpoints and requeues.
 DEFAULT_PREEMPT_SIGNAL_S = 120
 CANCEL_MARKER = "cancel"  # in the job folder
+# Set (by a requeueable SLURM job's job.sh) to the path of the agent's cancel marker: a SIGTERM is then a
+# preemption (SLURM ends the job to requeue it), unless the marker exists (the agent's own cancel).
+PREEMPT_ON_TERM_VAR = "POTATO_QUEUE_PREEMPT_ON_TERM"
 # SLURM's default KillWait: a job's SIGKILL comes this long after the SIGTERM of its cancel (a site may set more).
 DEFAULT_KILL_WAIT_S = 30.0
 # Job states after which SLURM will not run the job again (scontrol's JobState).
@@ -62,7 +63,7 @@ class SlurmSettings(NamedTuple):
     env: Dict[str, str]
     num_threads: Optional[int]
     sbatch: Dict[str, str]  # {"--partition": "gpu", ...}, in SBATCH_FLAGS' order
-    secret_env: List[str] = []  # names that look like secrets and still pass (agent/isolated.py)
+    secret_env: List[str] = []  # names that look like secrets and still pass (wire/isolated.py)
     preempt_signal_s: int = DEFAULT_PREEMPT_SIGNAL_S
 
     @classmethod

@@ -1,19 +1,22 @@
-"""What the CLI prints about runs: the table, the log, and --follow's progress and scores."""
+"""What the CLI prints: validate's report, the runs table, a run's log, and --follow's progress and scores."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from pathlib import Path
 from typing import Any
+
+import click
 
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths, project_predictions_path
 from potato_queue.store.records import epoch_of
-from potato_queue.worker.exit_codes import EXIT_FOR_STATE
+from potato_queue.wire.exit_codes import EXIT_FOR_STATE
 
-__all__ = ["runs_table", "aligned", "print_log", "follow", "held_out_table", "compare_table", "progress_line"]
+__all__ = ["print_report", "runs_table", "aligned", "print_log", "follow", "held_out_table", "compare_table", "progress_line"]
 
 
 
@@ -117,3 +120,22 @@ def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25, summary: bool 
         if record.get("artifact_uri"):
             print(f"model files: {record['artifact_uri']}")
     return EXIT_FOR_STATE.get(record["state"], 1)
+
+
+def print_report(config: Path, report: Any, strict: bool) -> None:
+    for text in report.errors:
+        click.echo(f"error: {text}")
+    for text in report.warnings:
+        click.echo(f"warning: {text}")
+    for text in report.acknowledged:
+        click.echo(f"acknowledged: {text}")
+    counts = f"{len(report.errors)} error(s), {len(report.warnings)} warning(s), {len(report.acknowledged)} acknowledged"
+    if report.errors:
+        click.echo(f"{config}: invalid ({counts})")
+    elif strict and report.warnings:
+        click.echo(
+            f"{config}: fails --strict ({counts}); fix each warning or acknowledge it "
+            "under validation.acknowledge"
+        )
+    else:
+        click.echo(f"{config}: valid ({counts})")

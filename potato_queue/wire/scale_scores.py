@@ -1,6 +1,6 @@
 """Held-out scores of a scale: an ordinal scheme (a likert) and a continuous one (a slider, a number).
 
-Standard library only, Python 3.8+ (worker/scoring.py dispatches here by kind). A scale's answers are
+Standard library only, Python 3.8+ (wire/scoring.py dispatches here by kind). A scale's answers are
 numbers, and how far off a prediction is matters as much as whether it is exact:
 
 - `mae`: the mean absolute error, on the scale's own units;
@@ -104,7 +104,7 @@ def _round(value: Optional[float]) -> Optional[float]:
 
 def scale_score(pairs: List[Pair], ordinal: bool, macro_f1: Any) -> Dict[str, Any]:
     """The scores of one split (`pairs`: each answered item's answer and prediction, None when none came
-    back); `macro_f1`: worker/scoring.py's, over (gold, predicted) class keys."""
+    back); `macro_f1`: wire/scoring.py's, over (gold, predicted) class keys."""
     came = [(g, p) for g, p in pairs if p is not None]
     gold, predicted = [g for g, _ in came], [p for _, p in came]
     out = {"n": len(pairs), "n_predicted": len(came), "mae": _round(mae(gold, predicted)) if came else None,

@@ -1,6 +1,6 @@
 """Held-out scores of a span scheme (kind `span`: named entities, highlighted evidence), entity by entity.
 
-Standard library only, Python 3.8+ (worker/scoring.py dispatches here by kind). An item's answer and its
+Standard library only, Python 3.8+ (wire/scoring.py dispatches here by kind). An item's answer and its
 prediction are lists of spans, each ``{"start", "end", "label"}`` (Potato's own spans name their label
 ``name``; both are read) over the item's text, ``end`` exclusive. A predicted span is right:
 

@@ -24,10 +24,23 @@ import re
 import zipfile
 from typing import Dict, Iterable, List, Mapping, Optional, Set
 
-from potato_queue.worker.device import THREAD_ENV_VARS
-
-__all__ = ["BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "passed_env", "passed_names", "looks_secret", "ALLOWED_NAMES",
+__all__ = ["THREAD_ENV_VARS", "BARE_PACKAGES", "BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "passed_env", "passed_names", "looks_secret", "ALLOWED_NAMES",
            "ALLOWED_PREFIXES", "PASSED_NAMES_VAR", "shared_code_root"]
+
+# The thread pools' sizes (the worker sets them from limits.num_threads; an agent's and a batch job's
+# environment passes them): one list for every side.
+THREAD_ENV_VARS = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "RAYON_RS_NUM_CPUS",  # Hugging Face tokenizers
+)
+
+# The sub-packages that run on a training machine (standard library only at module level): what the ssh
+# backend copies and the agent backend serves (code_package.py), and what a SLURM job imports.
+BARE_PACKAGES = ("wire", "agent", "host", "worker", "trainers")
 
 # The folder holding the potato_queue package.
 CODE_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -99,7 +112,7 @@ def shared_code_root(workdir: str) -> str:
     if os.path.isfile(CODE_ROOT):
         return CODE_ROOT
     names = [os.path.join("potato_queue", "__init__.py")]
-    for package in ("agent", "worker", "trainers"):
+    for package in BARE_PACKAGES:
         for folder, _dirs, files in sorted(os.walk(os.path.join(CODE_ROOT, "potato_queue", package))):
             names += sorted(os.path.relpath(os.path.join(folder, f), CODE_ROOT) for f in files if f.endswith(".py"))
     digest = hashlib.sha256()

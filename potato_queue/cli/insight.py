@@ -1,20 +1,21 @@
-"""`potato-queue training compare | next | quality`: what a run says beyond its scores, as text
-tables (or `--json`, the API's own answer). Built like cli_retry.py: cli.py hands in its config argument,
-its Redis option and how it gets the project's RunService.
-"""
+"""`potato-queue training compare | next | quality`: what a run says beyond its scores, as text tables (or
+`--json`, the API's own answer)."""
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-__all__ = ["insight_commands", "comparison_table", "next_table", "quality_table", "threshold_said"]
+from potato_queue.cli.options import CONFIG, REDIS, runs_for
 
-Decorator = Callable[[Any], Any]
+if TYPE_CHECKING:
+    from potato_queue.runs.service import RunService
+
+__all__ = ["compare", "next_", "quality", "comparison_table", "next_table", "quality_table", "threshold_said"]
+
 SHOWN_DISAGREEMENTS = 10
 
 
@@ -23,7 +24,7 @@ def _f(value: Any) -> str:
 
 
 def _table(rows: list[list[Any]]) -> str:
-    from potato_queue.follow import aligned  # the CLI's other tables' columns; imported late, as cli.py does
+    from potato_queue.cli.output import aligned  # the CLI's other tables' columns
 
     return aligned([[_f(c) for c in row] for row in rows])
 
@@ -63,74 +64,70 @@ def next_table(found: dict[str, Any]) -> str:
     return found["said"] + ("\n" + _table(rows) if found["items"] else "")
 
 
-def _load(runs: Any, run_id: str) -> Any:
+def _load(runs: RunService, run_id: str) -> Any:
     from potato_queue.insight.run_data import load_run
 
     return load_run(runs.store, runs.record(run_id))
 
 
-def _inputs(runs: Any, run_id: str) -> Any:
+def _inputs(runs: RunService, run_id: str) -> Any:
     from potato_queue.insight.inputs import read_inputs
 
     return read_inputs(runs.store, runs.record(run_id))
 
 
-def insight_commands(config_argument: Decorator, redis_option: Decorator,
-                     runs_for: Callable[[Path, str], Any]) -> list[click.Command]:
-    """The commands, for cli.py's `training` group; `runs_for(config, redis_url)` is the project's RunService."""
+@click.command("compare")
+@click.argument("run_a")
+@click.argument("run_b")
+@CONFIG
+@REDIS
+@click.option("--json", "as_json", is_flag=True, help="The API's answer (GET /runs/RUN_A/compare/RUN_B).")
+def compare(run_a: str, run_b: str, config: Path, redis_url: str, as_json: bool) -> None:
+    """Two runs side by side on the held-out items both scored: per label, McNemar, where they disagree."""
+    from potato_queue.insight.compare import compare_runs
 
-    @click.command("compare")
-    @click.argument("run_a")
-    @click.argument("run_b")
-    @config_argument
-    @redis_option
-    @click.option("--json", "as_json", is_flag=True, help="The API's answer (GET /runs/RUN_A/compare/RUN_B).")
-    def compare(run_a: str, run_b: str, config: Path, redis_url: str, as_json: bool) -> None:
-        """Two runs side by side on the held-out items both scored: per label, McNemar, where they disagree."""
-        from potato_queue.insight.compare import compare_runs
+    runs = runs_for(config, redis_url)
+    found = compare_runs(runs.config, _load(runs, run_a), _load(runs, run_b))
+    click.echo(json.dumps(found, ensure_ascii=False) if as_json else comparison_table(found))
 
-        runs = runs_for(config, redis_url)
-        found = compare_runs(runs.config, _load(runs, run_a), _load(runs, run_b))
-        click.echo(json.dumps(found, ensure_ascii=False) if as_json else comparison_table(found))
 
-    @click.command("next")
-    @click.argument("run_id")
-    @config_argument
-    @redis_option
-    @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10000))
-    @click.option("--measure", type=click.Choice(["margin", "entropy"]), default="margin", show_default=True)
-    @click.option("--to-potato", is_flag=True, help="Write the whole order into the data files for Potato's "
-                                                    "priority assignment (read at Potato's next start).")
-    @click.option("--json", "as_json", is_flag=True)
-    def next_(run_id: str, config: Path, redis_url: str, limit: int, measure: str, to_potato: bool, as_json: bool) -> None:
-        """What to label next: RUN_ID's unlabelled items, least sure first, near-copies held back."""
-        from potato_queue.insight.potato_order import hand_to_potato
-        from potato_queue.insight.report import next_items
+@click.command("next")
+@click.argument("run_id")
+@CONFIG
+@REDIS
+@click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10000))
+@click.option("--measure", type=click.Choice(["margin", "entropy"]), default="margin", show_default=True)
+@click.option("--to-potato", is_flag=True, help="Write the whole order into the data files for Potato's "
+                                                "priority assignment (read at Potato's next start).")
+@click.option("--json", "as_json", is_flag=True)
+def next_(run_id: str, config: Path, redis_url: str, limit: int, measure: str, to_potato: bool, as_json: bool) -> None:
+    """What to label next: RUN_ID's unlabelled items, least sure first, near-copies held back."""
+    from potato_queue.insight.potato_order import hand_to_potato
+    from potato_queue.insight.report import next_items
 
-        runs = runs_for(config, redis_url)
-        found = next_items(runs.config, _inputs(runs, run_id), None if to_potato else limit, measure)
-        if to_potato:
-            found = {**found, "potato": hand_to_potato(runs.config, [i["instance_id"] for i in found["items"]])}
-            found["items"] = found["items"][:limit]
-        click.echo(json.dumps(found, ensure_ascii=False) if as_json else next_table(found))
-        if to_potato and not as_json:
-            click.echo(found["potato"]["said"])
+    runs = runs_for(config, redis_url)
+    found = next_items(runs.config, _inputs(runs, run_id), None if to_potato else limit, measure)
+    if to_potato:
+        found = {**found, "potato": hand_to_potato(runs.config, [i["instance_id"] for i in found["items"]])}
+        found["items"] = found["items"][:limit]
+    click.echo(json.dumps(found, ensure_ascii=False) if as_json else next_table(found))
+    if to_potato and not as_json:
+        click.echo(found["potato"]["said"])
 
-    @click.command("quality")
-    @click.argument("run_id")
-    @config_argument
-    @redis_option
-    @click.option("--target-precision", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True))
-    @click.option("--json", "as_json", is_flag=True)
-    def quality(run_id: str, config: Path, redis_url: str, target_precision: float, as_json: bool) -> None:
-        """Is RUN_ID good enough to prelabel with: per label, calibration, the min_confidence for a precision."""
-        from potato_queue.insight.report import quality as quality_of
 
-        runs = runs_for(config, redis_url)
-        found = quality_of(_inputs(runs, run_id), target_precision)
-        click.echo(json.dumps(found, ensure_ascii=False) if as_json else quality_table(found))
+@click.command("quality")
+@click.argument("run_id")
+@CONFIG
+@REDIS
+@click.option("--target-precision", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True))
+@click.option("--json", "as_json", is_flag=True)
+def quality(run_id: str, config: Path, redis_url: str, target_precision: float, as_json: bool) -> None:
+    """Is RUN_ID good enough to prelabel with: per label, calibration, the min_confidence for a precision."""
+    from potato_queue.insight.report import quality as quality_of
 
-    return [compare, next_, quality]
+    runs = runs_for(config, redis_url)
+    found = quality_of(_inputs(runs, run_id), target_precision)
+    click.echo(json.dumps(found, ensure_ascii=False) if as_json else quality_table(found))
 
 
 def quality_table(found: dict[str, Any]) -> str:

@@ -1,0 +1,96 @@
+"""What every command shares: the config argument, the Redis option, how errors print, and the project's
+RunService as the server has it (the same rules for a command as for the API)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from potato_queue.config import DEFAULT_REDIS_URL, REDIS_URL_ENV, ProjectConfig
+from potato_queue.errors import NotBuiltYet, PotatoQueueError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from potato_queue.runs.service import RunService
+    from potato_queue.store import RunStore
+
+__all__ = ["CONFIG", "REDIS", "HELP_SETTINGS", "UMASK", "Group", "checked", "redis_checked", "params_of",
+           "runs_for", "store_and_queue", "not_built"]
+
+CONFIG = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
+REDIS = click.option("--redis-url", envvar=REDIS_URL_ENV, default=DEFAULT_REDIS_URL, show_default=True,
+                     help=f"Redis for the queue and live state (env {REDIS_URL_ENV}).")
+# Wide enough that a command's one-line summary is never cut short in --help.
+HELP_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 110, "terminal_width": 110}
+# What potato-queue writes (run folders, bundles, logs, predictions, models) holds annotation data:
+# readable by this account only, in every process it starts (they inherit the umask).
+UMASK = 0o077
+
+
+class Group(click.Group):
+    """Prints a PotatoQueueError (message and fix) and exits with its code."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except PotatoQueueError as exc:
+            click.echo(exc.format(), err=True)
+            ctx.exit(exc.exit_code)
+
+
+def checked(config: Path, *, say_writeback: bool = False) -> ProjectConfig:
+    from potato_queue.validate import load_checked
+
+    return load_checked(config, say_writeback=say_writeback)
+
+
+def redis_checked(url: str) -> str:
+    from potato_queue.embedded_redis import ping
+
+    if not ping(url, timeout_s=2.0):
+        raise PotatoQueueError(f"Redis at {url} does not answer",
+                               fix=f"start Redis there, or pass --redis-url (or set {REDIS_URL_ENV}) to one that runs")
+    return url
+
+
+def not_built(command: str, issue: str) -> NotBuiltYet:
+    return NotBuiltYet(
+        f"`potato-queue {command}` is not built yet; it arrives with {issue}",
+        fix="validate the config meanwhile: potato-queue validate CONFIG --strict",
+    )
+
+
+def params_of(pairs: tuple[str, ...]) -> dict[str, Any]:
+    """--param KEY=VALUE pairs: a value that reads as JSON (3, 0.1, true, "x", [1]) is that, else the text."""
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip():
+            raise PotatoQueueError(f"--param {pair!r} is not KEY=VALUE", fix="write it like --param epochs=3")
+        try:
+            out[key.strip()] = json.loads(value)
+        except ValueError:
+            out[key.strip()] = value
+    return out
+
+
+def runs_for(config: Path, redis_url: str) -> RunService:
+    """The project's RunService for CONFIG and --redis-url, both checked first."""
+    from potato_queue.runs.service import RunService
+
+    cfg = checked(config)
+    return RunService(cfg, *store_and_queue(cfg, redis_checked(redis_url)))
+
+
+def store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[RunStore, Callable[[str], None]]:
+    """The project's store, and how a run queued here wakes an executor (Celery's message)."""
+    from potato_queue.processes.queue import enqueue, make_celery
+    from potato_queue.store import RunStore
+    from potato_queue.store.plumbing import client_for
+
+    app = make_celery(cfg, redis_url)
+    return RunStore(cfg, client_for(redis_url)), lambda run_id: enqueue(app, cfg, run_id)

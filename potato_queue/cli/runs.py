@@ -1,0 +1,124 @@
+"""`potato-queue training run | runs | cancel | retry | logs | bundle`: a project's runs from the command line,
+through the same RunService as the API."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from potato_queue.cli.options import (
+    CONFIG,
+    REDIS,
+    checked,
+    params_of,
+    redis_checked,
+    runs_for,
+    store_and_queue,
+)
+from potato_queue.errors import PotatoQueueError
+
+__all__ = ["run", "runs", "cancel", "retry", "logs", "bundle"]
+
+
+@click.command()
+@CONFIG
+@REDIS
+@click.option("--trainer", required=True, help="e.g. sklearn-text, hf-text-classification, majority-baseline.")
+@click.option("--schema", "schemas", multiple=True, required=True, help="A scheme to train on (repeat for several).")
+@click.option("--backend", default=None, help="Where it runs (default: model_training.backend, else local).")
+@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
+              help="A trainer parameter, e.g. --param epochs=3 (repeat; JSON values like 3, 0.1, true are typed).")
+@click.option("--follow", is_flag=True, help="Watch it to the end, print the held-out scores; exit 0/1/4.")
+@click.option("--learning-curve", is_flag=True, help="Also fit on 25/50/75 % of the train items (params.learning_curve).")
+def run(config: Path, redis_url: str, trainer: str, schemas: tuple[str, ...], backend: str | None,
+        params: tuple[str, ...], follow: bool, learning_curve: bool) -> None:
+    """Queue a training run (--follow: watch it to the end and print the held-out scores)."""
+    from potato_queue.cli.output import follow as following
+
+    service = runs_for(config, redis_url)
+    record = service.submit(trainer=trainer, schemas=list(schemas), backend=backend, trigger="cli",
+                            params={**params_of(params), **({"learning_curve": True} if learning_curve else {})})
+    click.echo(f"queued run {record['run_id']} ({trainer} on {record['backend']})")
+    if follow:
+        raise click.exceptions.Exit(following(service.store, record["run_id"]))
+
+
+@click.command()
+@CONFIG
+@REDIS
+def runs(config: Path, redis_url: str) -> None:
+    """List the project's runs."""
+    from potato_queue.cli.output import runs_table
+    from potato_queue.runs.retrain import last_check
+
+    cfg = checked(config)
+    store, _ = store_and_queue(cfg, redis_checked(redis_url))
+    click.echo(runs_table(store.list_runs()))
+    if cfg.model_training.auto_retrain.enabled:
+        click.echo(f"auto-retrain: {last_check(cfg, store)['reason']}")
+
+
+@click.command()
+@click.argument("run_id")
+@CONFIG
+@REDIS
+def cancel(run_id: str, config: Path, redis_url: str) -> None:
+    """Cancel a queued or running run."""
+    from potato_queue.run import RunState
+
+    state = runs_for(config, redis_url).cancel(run_id)
+    click.echo(f"{run_id}: {state}" + ("" if state == RunState.CANCELLED else " (cancel requested; the worker is being stopped)"))
+
+
+@click.command()
+@click.argument("run_id")
+@CONFIG
+@REDIS
+@click.option("--follow", is_flag=True, help="Watch the retry to the end, print the held-out scores; exit 0/1/4.")
+def retry(run_id: str, config: Path, redis_url: str, follow: bool) -> None:
+    """Retry a failed or cancelled run: a new run on the same data that resumes from its last checkpoint."""
+    from potato_queue.cli.output import follow as following
+
+    service = runs_for(config, redis_url)
+    record = service.retry(run_id)
+    click.echo(f"queued run {record['run_id']}, the retry of run {run_id} ({record['trainer']} on "
+               f"{record['backend']}): it resumes from run {run_id}'s checkpoint where the machine has one")
+    if follow:
+        raise click.exceptions.Exit(following(service.store, record["run_id"]))
+
+
+@click.command()
+@click.argument("run_id")
+@CONFIG
+@click.option("-f", "--follow", is_flag=True)
+def logs(run_id: str, config: Path, follow: bool) -> None:
+    """Print a run's log (-f: keep printing until the run ends)."""
+    from potato_queue.cli.output import print_log
+    from potato_queue.store.keys import RunPaths
+
+    cfg = checked(config)
+    try:
+        paths = RunPaths.of(cfg, run_id)
+    except ValueError:
+        raise PotatoQueueError(f"{run_id!r} is not a run id (they look like 20261129T120000-a1b2c3)") from None
+    if not paths.run_json.exists():
+        raise PotatoQueueError(f"no run {run_id!r} in this project", fix="list them with: potato-queue training runs CONFIG")
+    print_log(paths, follow=follow)
+
+
+@click.command()
+@CONFIG
+@click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
+@click.option("--schema", "schemas", multiple=True, help="A scheme to train on (repeat; default: every scheme with a target).")
+def bundle(config: Path, out: Path, schemas: tuple[str, ...]) -> None:
+    """Write the bundle a run would get, to inspect it."""
+    from potato_queue.bundle import build_bundle
+
+    manifest = build_bundle(checked(config), out, list(schemas) or None)
+    sizes = ", ".join(f"{name} {entry['n']}" for name, entry in manifest["splits"].items())
+    click.echo(f"bundle: {sizes} ({', '.join(s['name'] for s in manifest['schemas'])})")
+    for text in manifest["stats"]["warnings"]:
+        click.echo(f"warning: {text}")
+    click.echo(f"digest: {manifest['digest']}")
+    click.echo(f"written to {out.resolve()}")
