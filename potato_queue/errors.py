@@ -15,6 +15,8 @@ __all__ = [
     "Conflict",
     "Invalid",
     "Denied",
+    "Forbidden",
+    "TooLarge",
 ]
 
 
@@ -86,3 +88,11 @@ class Invalid(PotatoQueueError):
 
 class Denied(PotatoQueueError):
     """The credentials do not open this: a token that is not, or no longer, the backend's (401)."""
+
+
+class Forbidden(PotatoQueueError):
+    """Known credentials, but not for this: another backend's token, a cross-site form (403)."""
+
+
+class TooLarge(PotatoQueueError):
+    """A body over its limit: predictions over max_predictions_mb (413)."""

@@ -208,6 +208,22 @@ def test_no_module_is_over_400_lines() -> None:
     assert long == {}, f"split these by what they do: {long}"
 
 
+def test_the_routes_raise_the_cores_errors_never_an_http_exception() -> None:
+    """One table maps the core's errors to HTTP statuses (server/guard.py STATUS_OF_ERROR); a route that raised
+    its own HTTPException would choose a status beside it, with a body of another shape."""
+    found = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in sorted((PACKAGE / "server").rglob("*.py"))
+             for node in ast.walk(ast.parse(path.read_text()))
+             if (isinstance(node, ast.Name) and node.id == "HTTPException")
+             or (isinstance(node, ast.alias) and node.name.endswith("HTTPException"))
+             or (isinstance(node, ast.Attribute) and node.attr == "HTTPException")]
+    assert found == [], f"raise a potato_queue.errors error instead (its status is in guard.py): {found}"
+
+
+def test_one_error_reply_shape() -> None:
+    defined = [str(p.relative_to(PACKAGE)) for p in package_files() if "class ErrorReply(" in p.read_text()]
+    assert defined == ["server/deps.py"], defined
+
+
 MAX_TOP_LEVEL_MODULES = 12
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Header, Query, Request
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
@@ -20,8 +20,8 @@ from potato_queue.config import LOCAL
 from potato_queue.run import RunState
 from potato_queue.runs.finalize import published_predictions
 from potato_queue.runs.submit import trainer_table
-from potato_queue.server.deps import runs_of, store_of
-from potato_queue.server.guard import admin_checked, request_admin_problem
+from potato_queue.server.deps import ErrorReply, runs_of, store_of
+from potato_queue.server.guard import admin_checked, refusal, request_admin_problem
 from potato_queue.store.keys import RUN_ID_RE
 
 __all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
@@ -46,10 +46,6 @@ class RunAccepted(BaseModel):
     state: str
 
 
-class ErrorReply(BaseModel):
-    detail: str
-
-
 def require_admin_key(request: Request, x_api_key: str | None = Header(default=None)) -> None:
     # The Guard middleware has refused a wrong key before the body was read; this documents the
     # header in the OpenAPI document, and holds should the router be mounted without the Guard.
@@ -59,7 +55,7 @@ def require_admin_key(request: Request, x_api_key: str | None = Header(default=N
         return
     problem = request_admin_problem(store_of(request), request.method, request.headers)
     if problem is not None:
-        raise HTTPException(*problem)
+        raise refusal(problem)
 
 
 

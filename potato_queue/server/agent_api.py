@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, HTTPException, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field
@@ -27,12 +27,13 @@ from starlette.responses import FileResponse
 
 from potato_queue.bounds import clean, clean_flat, too_deep
 from potato_queue.config import ProjectConfig
-from potato_queue.errors import Conflict, NotFound
+from potato_queue.errors import Conflict, Invalid, NotFound, TooLarge
 from potato_queue.runs.ingest import ingest_events
 from potato_queue.runs.job import max_predictions_bytes
-from potato_queue.server.deps import config_of, runs_of, store_of
-from potato_queue.server.guard import token_problem
+from potato_queue.server.deps import ErrorReply, config_of, runs_of, store_of
+from potato_queue.server.guard import refusal, token_problem
 from potato_queue.store import RunStore
+from potato_queue.store.records import RunFolderError
 from potato_queue.wire.job import Job
 
 __all__ = [
@@ -74,10 +75,6 @@ class ResultReply(BaseModel):
     state: str = Field(description="the run's state now")
 
 
-class ErrorReply(BaseModel):
-    detail: str
-
-
 _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": ErrorReply, "description": "no token, or not this run's (wrong, another run's, or the run ended)"},
 }
@@ -100,7 +97,7 @@ def authorized_run(
     token = credentials.credentials.strip() if credentials else None
     problem = token_problem(store_of(request), run_id, token or None)
     if problem is not None:
-        raise HTTPException(*problem, headers={"WWW-Authenticate": "Bearer"} if problem[0] == 401 else None)
+        raise refusal(problem)  # a 401 carries WWW-Authenticate: Bearer (guard.py's handler)
     return run_id
 
 
@@ -131,7 +128,7 @@ def get_bundle(request: Request, run_id: AuthorizedRun) -> FileResponse:
     store = store_of(request)
     path = store.paths(run_id).bundle
     if not path.is_file():
-        raise HTTPException(404, f"run {run_id} has no bundle on the server")
+        raise NotFound(f"run {run_id} has no bundle on the server")
     runs_of(request).heard_from(run_id)
     return _BundleFile(path, media_type="application/gzip", filename="bundle.tar.gz")
 
@@ -151,15 +148,15 @@ def _checked_event(index: int, event: dict[str, Any]) -> dict[str, Any]:
     """An event that is not one flat level of plain values: bounded in depth, made servable."""
     problem = too_deep(event, f"event {index} of the batch")
     if problem is not None:
-        raise HTTPException(400, problem)
+        raise Invalid(problem)
     return clean(event)
 
 
-def _cannot_write(store: RunStore, run_id: str, exc: OSError) -> HTTPException:
+def _cannot_write(store: RunStore, run_id: str, exc: OSError) -> RunFolderError:
     """507: the run's folder takes no writes; the executor ends the run with the same error."""
     error = f"the server cannot write run {run_id}'s folder: {exc.strerror or exc}"
     store.pending.note(run_id, error)
-    return HTTPException(507, error)
+    return RunFolderError(error)
 
 
 async def get_control(
@@ -177,10 +174,9 @@ async def get_control(
     return CancelReply(cancel=await store.wait_stop_due(run_id, min(wait_s, MAX_WAIT_S), nobody_to_answer))
 
 
-def _too_large(config: ProjectConfig, size: str) -> HTTPException:
+def _too_large(config: ProjectConfig, size: str) -> TooLarge:
     mb = config.model_training.max_predictions_mb
-    return HTTPException(
-        413,
+    return TooLarge(
         f"predictions.jsonl is {size}, above model_training.max_predictions_mb ({mb:g} MB = "
         f"{max_predictions_bytes(config)} bytes); raise max_predictions_mb in the config or predict fewer items",
     )
@@ -214,7 +210,7 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
     await run_in_threadpool(runs_of(request).heard_from, run_id)
     paths = store.paths(run_id)
     if paths.predictions.exists():
-        raise HTTPException(409, f"run {run_id} already has its predictions; they are stored once")
+        raise Conflict(f"run {run_id} already has its predictions; they are stored once")
     declared = request.headers.get("content-length", "")
     if declared.isdigit() and int(declared) > max_predictions_bytes(config):
         raise _too_large(config, f"{int(declared)} bytes")
@@ -222,7 +218,7 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
         total, lines = await _receive(request, paths.predictions_partial, config)
         os.replace(paths.predictions_partial, paths.predictions)
     except ClientDisconnect:
-        raise HTTPException(400, "the upload was cut off; send predictions.jsonl again") from None
+        raise Invalid("the upload was cut off; send predictions.jsonl again") from None
     except OSError as exc:
         raise await run_in_threadpool(_cannot_write, store, run_id, exc) from None
     await run_in_threadpool(store.log, run_id, f"predictions received: {lines} lines, {total} bytes")
@@ -234,7 +230,7 @@ def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> Re
     store = store_of(request)
     state = store.record_result(run_id, result.exit_code, clean(result.artifact_uri), clean(result.message))
     if state is None:
-        raise HTTPException(409, f"run {run_id} already has its result; a run has one")
+        raise Conflict(f"run {run_id} already has its result; a run has one")
     text = f"agent finished: exit code {result.exit_code}"
     if result.artifact_uri:
         text += f"; model files at {result.artifact_uri}"

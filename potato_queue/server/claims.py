@@ -25,13 +25,14 @@ import time
 from typing import Annotated, Any
 
 import redis.asyncio as aioredis
-from fastapi import APIRouter, HTTPException, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from potato_queue.code_package import agent_zipapp
 from potato_queue.config import ProjectConfig
+from potato_queue.errors import NotFound
 from potato_queue.runs.service import RunService
 from potato_queue.server.deps import config_of, runs_of
 from potato_queue.server.guard import bearer
@@ -102,8 +103,8 @@ def agent_backends(config: ProjectConfig) -> list[str]:
 
 def _require_agent_backend(config: ProjectConfig, backend: str) -> None:
     if backend not in agent_backends(config):
-        raise HTTPException(404, f"{backend!r} is not an agent backend of this project (agent backends: "
-                                 f"{', '.join(agent_backends(config)) or 'none'})")
+        raise NotFound(f"{backend!r} is not an agent backend of this project (agent backends: "
+                       f"{', '.join(agent_backends(config)) or 'none'})")
 
 
 class ClaimWakeups:

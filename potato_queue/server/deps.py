@@ -4,12 +4,19 @@
 from __future__ import annotations
 
 from fastapi import Request
+from pydantic import BaseModel
 
 from potato_queue.config import ProjectConfig
 from potato_queue.runs.service import RunService
 from potato_queue.store import RunStore
 
-__all__ = ["store_of", "config_of", "runs_of"]
+__all__ = ["store_of", "config_of", "runs_of", "ErrorReply"]
+
+
+class ErrorReply(BaseModel):
+    """Every refusal's body: what was wrong and, after "; fix: ", what to do (server/guard.py's table)."""
+
+    detail: str
 
 
 def store_of(request: Request) -> RunStore:

@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 
 from potato_queue.bounds import clean
 from potato_queue.config import ProjectConfig
-from potato_queue.errors import Conflict, Denied, Invalid, NotFound, PotatoQueueError
+from potato_queue.errors import Conflict, Denied, Forbidden, Invalid, NotFound, PotatoQueueError, TooLarge
 from potato_queue.server.session import cookie_value, cross_site_problem, session_nonce
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RUN_ID_RE
@@ -39,7 +39,8 @@ from potato_queue.store.records import RunFolderError
 from potato_queue.store.tokens import TrustedAgentTokens, token_digest
 
 __all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "request_session",
-           "admin_checked", "token_problem", "backend_problem", "bearer", "replay", "read_at_most", "scope_headers", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS"]
+           "admin_checked", "token_problem", "backend_problem", "bearer", "replay", "read_at_most", "scope_headers", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS",
+           "refusal", "http_status_of", "STATUS_OF_ERROR"]
 
 PAGE_PREFIX = "/admin/training"
 ADMIN_PREFIX = PAGE_PREFIX + "/api"
@@ -280,13 +281,22 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     return JSONResponse(status_code=422, content={"detail": clean(detail)})
 
 
-# The core's refusals as HTTP: the one place a status is chosen for them.
+# The core's refusals as HTTP: the one place a status is chosen for them (the routes raise these, never an
+# HTTPException; tests/test_house_rules.py holds it).
 STATUS_OF_ERROR: tuple[tuple[type[PotatoQueueError], int], ...] = (
-    (NotFound, 404), (Conflict, 409), (Invalid, 400), (Denied, 401), (RunFolderError, 507))
+    (NotFound, 404), (Conflict, 409), (Invalid, 400), (Denied, 401), (Forbidden, 403), (TooLarge, 413),
+    (RunFolderError, 507))
 
 
 def http_status_of(exc: PotatoQueueError) -> int:
     return next((status for kind, status in STATUS_OF_ERROR if isinstance(exc, kind)), 400)
+
+
+def refusal(problem: tuple[int, str]) -> PotatoQueueError:
+    """A (status, message) the Guard answers with itself, as the core's error a route raises for it."""
+    status, message = problem
+    kind = next((kind for kind, known in STATUS_OF_ERROR if known == status), Invalid)
+    return kind(message)
 
 
 async def _refused(request: Request, exc: Exception) -> JSONResponse:

@@ -16,8 +16,8 @@ from potato_queue.insight.inputs import RunInputs, predictions_summary_of, read_
 from potato_queue.insight.potato_order import hand_to_potato
 from potato_queue.insight.report import DEFAULT_TARGET_PRECISION, learning_curve, next_items, quality
 from potato_queue.insight.run_data import RunData, load_run
-from potato_queue.server.admin_api import ErrorReply, require_admin_key
-from potato_queue.server.deps import runs_of
+from potato_queue.server.admin_api import require_admin_key
+from potato_queue.server.deps import ErrorReply, runs_of
 
 __all__ = ["insight_router", "MAX_NEXT"]
 

@@ -17,10 +17,11 @@ import secrets
 from pathlib import Path
 from urllib.parse import parse_qs
 
-from fastapi import APIRouter, HTTPException, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 from starlette.concurrency import run_in_threadpool
 
+from potato_queue.errors import Forbidden, NotFound
 from potato_queue.server.deps import store_of
 from potato_queue.server.guard import PAGE_PREFIX, admin_key, request_session
 from potato_queue.server.session import COOKIE, SESSION_S, client_of, csrf_token, foreign_origin, new_session
@@ -102,7 +103,7 @@ def run_page(run_id: str, request: Request) -> Response:
     if nonce is None:
         return RedirectResponse(PAGE_PREFIX, status_code=303)
     if not RUN_ID_RE.fullmatch(run_id):
-        raise HTTPException(404, "no such run")
+        raise NotFound("no such run")
     csrf = csrf_token(admin_key(store_of(request).config), nonce)
     body = _header(csrf, f" / run {run_id}") + f"""
 <main id="run" data-run="{html.escape(run_id)}">
@@ -188,7 +189,7 @@ async def sign_out(request: Request) -> Response:
     form = await _form(request)
     if nonce is not None:
         if not secrets.compare_digest(form.get("csrf", ""), csrf_token(admin_key(store.config), nonce)):
-            raise HTTPException(403, "cross-site request refused")
+            raise Forbidden("cross-site request refused")
         await run_in_threadpool(store.sessions.close, nonce)
     reply = RedirectResponse(PAGE_PREFIX, status_code=303)
     reply.delete_cookie(COOKIE, path=PAGE_PREFIX)
@@ -197,7 +198,7 @@ async def sign_out(request: Request) -> Response:
 
 def static(name: str) -> FileResponse:
     if name not in _ASSETS:
-        raise HTTPException(404, "no such file")
+        raise NotFound("no such file")
     return FileResponse(STATIC / name, media_type=_ASSETS[name], headers={"Cache-Control": "no-cache"})
 
 

@@ -19,8 +19,8 @@ from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from potato_queue.errors import NotFound
-from potato_queue.server.admin_api import ErrorReply, require_admin_key
-from potato_queue.server.deps import runs_of, store_of
+from potato_queue.server.admin_api import require_admin_key
+from potato_queue.server.deps import ErrorReply, runs_of, store_of
 from potato_queue.server.guard import request_session
 
 __all__ = ["page_api_router", "device_probe", "STREAM_TICK_S", "CHECK_TIMEOUT_S"]

@@ -12,8 +12,8 @@ from fastapi import APIRouter, Depends, Request
 from pydantic import BaseModel, Field, SecretStr
 
 from potato_queue.runs.publish import MAX_REPO_ID, Publish, publish_status, start_publish
-from potato_queue.server.admin_api import ErrorReply, require_admin_key
-from potato_queue.server.deps import runs_of, store_of
+from potato_queue.server.admin_api import require_admin_key
+from potato_queue.server.deps import ErrorReply, runs_of, store_of
 
 __all__ = ["publish_router", "PublishRequest"]
 
