@@ -10,7 +10,6 @@ __all__ = [
     "PotatoQueueError",
     "ConfigError",
     "ConfigUnreadable",
-    "NotBuiltYet",
     "NotFound",
     "Conflict",
     "Invalid",
@@ -61,12 +60,6 @@ class ConfigUnreadable(PotatoQueueError):
     """The file is missing, unreadable, or not YAML (exit 2, like a usage error)."""
 
     exit_code = 2
-
-
-class NotBuiltYet(PotatoQueueError):
-    """A command of the tree that a later piece of work fills in."""
-
-    exit_code = 3
 
 
 # What a request to the runs asked for cannot be done. The core raises these; each edge says them its own

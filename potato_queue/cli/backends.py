@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from potato_queue.cli.options import CONFIG, REDIS, checked, not_built, redis_checked, store_and_queue
+from potato_queue.cli.options import CONFIG, REDIS, checked, redis_checked, store_and_queue
 
 __all__ = ["check", "register", "agent"]
 
@@ -21,14 +21,12 @@ __all__ = ["check", "register", "agent"]
 @click.option("--load-in-4bit", type=click.Choice(["auto", "true", "false"]), default="auto", show_default=True)
 def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | None, load_in_4bit: str) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
-    from potato_queue.executors import build_executor, unavailable_reason
+    from potato_queue.executors import build_executor
     from potato_queue.runs.service import require_backend
     from potato_queue.store.potato_ledger import ledger_status
 
     cfg = checked(config)
     require_backend(cfg, backend)
-    if unavailable_reason(cfg, backend) is not None:
-        raise not_built(f"training check {backend}", f"the {cfg.model_training.backends[backend].type} backend's work")
     if cfg.model_training.backend_config(backend).type == "agent":
         from potato_queue.cli.agents import agent_check
 

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from potato_queue.config import DEFAULT_REDIS_URL, REDIS_URL_ENV, ProjectConfig
-from potato_queue.errors import NotBuiltYet, PotatoQueueError
+from potato_queue.errors import PotatoQueueError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from potato_queue.store import RunStore
 
 __all__ = ["CONFIG", "REDIS", "HELP_SETTINGS", "UMASK", "Group", "checked", "redis_checked", "params_of",
-           "runs_for", "store_and_queue", "not_built"]
+           "runs_for", "store_and_queue"]
 
 CONFIG = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
 REDIS = click.option("--redis-url", envvar=REDIS_URL_ENV, default=DEFAULT_REDIS_URL, show_default=True,
@@ -55,13 +55,6 @@ def redis_checked(url: str) -> str:
         raise PotatoQueueError(f"Redis at {url} does not answer",
                                fix=f"start Redis there, or pass --redis-url (or set {REDIS_URL_ENV}) to one that runs")
     return url
-
-
-def not_built(command: str, issue: str) -> NotBuiltYet:
-    return NotBuiltYet(
-        f"`potato-queue {command}` is not built yet; it arrives with {issue}",
-        fix="validate the config meanwhile: potato-queue validate CONFIG --strict",
-    )
 
 
 def params_of(pairs: tuple[str, ...]) -> dict[str, Any]:

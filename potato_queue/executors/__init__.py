@@ -18,9 +18,9 @@ if TYPE_CHECKING:  # pragma: no cover
     from potato_queue.config import ProjectConfig
     from potato_queue.executors.base import Executor
 
-__all__ = ["RUNNABLE", "NotRunnable", "unavailable_reason", "build_executor", "Executors"]
+__all__ = ["RUNNABLE", "NotRunnable", "build_executor", "Executors"]
 
-# Backend type -> "module:Class" of the types this version runs.
+# Backend type -> "module:Class": every type the config takes (config.py's backend models) runs.
 RUNNABLE: dict[str, str] = {
     "local": "potato_queue.executors.local:LocalExecutor",
     "ssh": "potato_queue.executors.ssh:SshExecutor",
@@ -30,7 +30,7 @@ RUNNABLE: dict[str, str] = {
 
 
 class NotRunnable(PotatoQueueError):
-    """A configured backend whose type this version of potato-queue does not run."""
+    """A backend this executor's config does not have (the config changed after it started)."""
 
 
 def _backend(config: ProjectConfig, backend_name: str) -> Any:
@@ -44,26 +44,9 @@ def _backend(config: ProjectConfig, backend_name: str) -> Any:
         ) from None
 
 
-def unavailable_reason(config: ProjectConfig, backend_name: str) -> str | None:
-    """Why runs cannot go to this (configured) backend, or None when they can."""
-    return _not_runnable(config, backend_name, _backend(config, backend_name).type)
-
-
-def _not_runnable(config: ProjectConfig, backend_name: str, kind: str) -> str | None:
-    if kind in RUNNABLE:
-        return None
-    runnable = [n for n in config.model_training.backend_names()
-                if config.model_training.backend_config(n).type in RUNNABLE]
-    return (f"Backend {backend_name!r} is of type {kind}, which this version of potato-queue cannot run yet; "
-            f"runs can go to: {', '.join(runnable)}")
-
-
 def build_executor(config: ProjectConfig, backend_name: str) -> Executor:
     """A new executor for the named backend, built with its config model."""
     backend = _backend(config, backend_name)
-    reason = _not_runnable(config, backend_name, backend.type)
-    if reason is not None:
-        raise NotRunnable(reason, fix="start the run on another backend, or upgrade potato-queue")
     module, _, cls = RUNNABLE[backend.type].partition(":")
     return getattr(importlib.import_module(module), cls)(backend_name, backend)
 

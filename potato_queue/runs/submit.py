@@ -8,7 +8,6 @@ from typing import Any
 from potato_queue.bounds import MAX_PARAMS_BYTES, clean, json_size, too_deep
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import Conflict, Invalid
-from potato_queue.executors import unavailable_reason
 from potato_queue.run import RunRecord
 from potato_queue.runs.kinds import refuse_foreign_kinds, refuse_foreign_modality
 from potato_queue.store import RunStore
@@ -48,10 +47,6 @@ def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], back
         raise Invalid(
             f"{trainer} runs only on the local backend (it reads the previous run's files on this server); "
             f"start it with backend 'local', not {chosen!r}")
-    not_runnable = unavailable_reason(config, chosen)
-    if not_runnable is not None:
-        # Refused now, not queued to fail later with "the executor stopped".
-        raise Invalid(not_runnable, fix="start the run on another backend, or upgrade potato-queue")
     return chosen
 
 
