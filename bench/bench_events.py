@@ -136,10 +136,9 @@ def relayed(store: RunStore, config: ProjectConfig, url: str, worker: Path, n: i
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--events", type=int, default=None, help="200,000 unless --quick (2,000)")
+    parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--unix", action="store_true", help="the agent talks through the unix socket")
-    args = quick_args(parser, argv)
-    args.events = args.events or (2_000 if args.quick else 200_000)
+    args = quick_args(parser, argv, events=2_000)
     with tempfile.TemporaryDirectory(prefix="pq-bench-") as folder:
         tmp = Path(folder)
         config = build_config({"annotation_task_name": "bench", "task_dir": str(tmp / "project")},

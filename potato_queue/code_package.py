@@ -19,10 +19,9 @@ from pathlib import Path
 
 from potato_queue.wire.isolated import BARE_PACKAGES
 
-__all__ = ["CodePackage", "agent_zipapp", "PACKAGED", "ZIPAPP_MAIN"]
+__all__ = ["CodePackage", "agent_zipapp", "ZIPAPP_MAIN"]
 
 ROOT = Path(__file__).resolve().parent
-PACKAGED = BARE_PACKAGES
 # The zipapp's entry: `python3 agent.pyz ARGS` is `python -m potato_queue.agent serve ARGS`.
 ZIPAPP_MAIN = """\
 import sys
@@ -41,7 +40,7 @@ class CodePackage:
 
 def _files() -> list[tuple[str, bytes]]:
     files = [("potato_queue/__init__.py", (ROOT / "__init__.py").read_bytes())]
-    for name in PACKAGED:
+    for name in BARE_PACKAGES:
         for path in sorted((ROOT / name).rglob("*.py")):
             files.append((path.relative_to(ROOT.parent).as_posix(), path.read_bytes()))
     return files + [("__main__.py", ZIPAPP_MAIN.encode())]

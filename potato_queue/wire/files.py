@@ -12,7 +12,6 @@ import json
 import os
 import re
 import tempfile
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Literal, Optional, Tuple, Union
 
 __all__ = ["write_atomic", "file_sha256", "STAGED_RE", "read_jsonl", "JsonLineError"]
@@ -95,9 +94,13 @@ def read_jsonl(path: "Union[str, os.PathLike[str]]", *, not_json: Literal["raise
     """
     if not_json not in ("raise", "skip", "none"):
         raise ValueError("not_json must be 'raise', 'skip' or 'none', not %r" % (not_json,))
-    if missing_ok and not Path(path).exists():
-        return
-    with open(path, encoding="utf-8", errors=errors) as fh:
+    try:
+        fh = open(path, encoding="utf-8", errors=errors)
+    except FileNotFoundError:
+        if missing_ok:
+            return
+        raise
+    with fh:
         for number, line in enumerate(fh, 1):
             if not line.strip():
                 continue
