@@ -39,7 +39,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
 from bench.quick import quick_args  # noqa: E402
-from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
+from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import Services, build_tiny_model, run_paths, started  # noqa: E402
 
 BACKEND = "lab"

@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.bench_lifecycle import epoch, first_bundle, hand_worker, report  # noqa: E402
 from bench.quick import quick_args  # noqa: E402
-from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
+from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import TERMINAL, Services, build_tiny_model, make_project  # noqa: E402
 
 # The Makefile's demo params for hf-text-classification (keep them in step).

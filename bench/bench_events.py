@@ -32,9 +32,10 @@ sys.path.insert(0, str(ROOT))
 import uvicorn  # noqa: E402
 
 from bench.quick import quick_args  # noqa: E402
-from potato_queue.config import ProjectConfig, build_config, redis_url  # noqa: E402
+from potato_queue.config import ProjectConfig, build_config  # noqa: E402
 from potato_queue.runs.job import heartbeat_interval_s, max_predictions_bytes  # noqa: E402
 from potato_queue.server.app import create_app  # noqa: E402
+from potato_queue.settings import Settings  # noqa: E402
 from potato_queue.store import RunStore  # noqa: E402
 from potato_queue.store.keys import Keys  # noqa: E402
 from potato_queue.wire.job import BundleRef, Job, Limits  # noqa: E402
@@ -70,7 +71,7 @@ def _tiny_bundle() -> bytes:
 
 def _serve(config: ProjectConfig, unix_path: str) -> tuple[uvicorn.Server, RunStore, str]:
     """The real app (create_app), as `potato-queue serve` makes it: a copy of its wiring went stale unseen."""
-    app = create_app(config, redis_url(), enqueue=lambda run_id: None)
+    app = create_app(config, Settings.from_env(os.environ).redis_url, enqueue=lambda run_id: None)
     tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY
     tcp.bind(("127.0.0.1", 0))
     unix = socket.socket(socket.AF_UNIX)

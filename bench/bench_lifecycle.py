@@ -37,7 +37,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.quick import quick_args  # noqa: E402
-from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
+from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import Services, run_paths, started  # noqa: E402
 from tests.lifecycle_helpers import build_tiny_model as tiny_model  # noqa: E402
 

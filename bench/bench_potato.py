@@ -30,7 +30,7 @@ import redis  # noqa: E402
 import yaml  # noqa: E402
 
 from bench.quick import quick_args  # noqa: E402
-from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
+from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.runs.finalize import finalize_predictions  # noqa: E402
 from potato_queue.store import RunStore  # noqa: E402
 from potato_queue.store.potato_ledger import potato_config  # noqa: E402

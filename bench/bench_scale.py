@@ -235,7 +235,7 @@ PAGE_PATHS = ["/runs/{run}", "/runs/{run}/log?offset=0", "/runs/{run}/events?aft
 
 def page_first_paint(config_path: Path, run_id: str) -> tuple[float, float, float, dict[str, float]]:
     """(server seconds for the page's first requests, RSS idle MB, RSS after MB, seconds per request)."""
-    from potato_queue.embedded_redis import EmbeddedRedis
+    from potato_queue.processes.embedded_redis import EmbeddedRedis
 
     with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(folder) as own:
         env = {**_private_redis_env(), "POTATO_QUEUE_REDIS_URL": own.url}

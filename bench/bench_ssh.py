@@ -31,10 +31,11 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
 from bench.quick import quick_args  # noqa: E402
-from potato_queue.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.executors.base import LaunchSpec  # noqa: E402
 from potato_queue.executors.remote.copy import ModelCopy  # noqa: E402
-from potato_queue.executors.remote.session import SSH_CONFIG_ENV, target_of  # noqa: E402
+from potato_queue.executors.remote.session import target_of  # noqa: E402
+from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
+from potato_queue.settings import SSH_CONFIG_ENV, Settings  # noqa: E402
 from potato_queue.store.keys import RunPaths  # noqa: E402
 from tests.lifecycle_helpers import Services, build_tiny_model, run_paths, started  # noqa: E402
 from tests.sshd import ALIAS, Sshd  # noqa: E402
@@ -90,11 +91,10 @@ def _copy_back(svc: Services, sshd: Sshd, job: Path, dest: Path) -> None:
 
     backend = SshBackend(host=ALIAS, python=sys.executable, remote_dir=str(job.parent.parent), keep_remote=True,
                          max_artifact_mb=1e9)
-    os.environ[SSH_CONFIG_ENV] = str(sshd.config)
     spec = LaunchSpec(run_id=job.name, backend_name=BACKEND, job={}, token=None, server_url=svc.url,
                       paths=RunPaths(dest), log=lambda _line: None, step=lambda _line: None)
     dest.mkdir()
-    ModelCopy(target_of(backend), backend, spec, str(job)).run()
+    ModelCopy(target_of(backend, Settings(ssh_config_file=str(sshd.config))), backend, spec, str(job)).run()
 
 
 def p5(tmp: Path, mb: int) -> None:

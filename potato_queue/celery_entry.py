@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import os
 
-from potato_queue.config import redis_url
 from potato_queue.processes.queue import make_celery
+from potato_queue.settings import Settings
 from potato_queue.validate import load_checked
 
 __all__ = ["app"]
@@ -19,4 +19,5 @@ __all__ = ["app"]
 if "POTATO_CONFIG" not in os.environ:
     raise SystemExit("potato_queue.celery_entry: set POTATO_CONFIG to the project's config.yaml "
                      "(the app's queue is the project's)")
-app = make_celery(load_checked(os.environ["POTATO_CONFIG"]), redis_url())
+_settings = Settings.from_env(os.environ)
+app = make_celery(load_checked(os.environ["POTATO_CONFIG"], settings=_settings), _settings.redis_url)

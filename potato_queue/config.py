@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
 from potato_queue.errors import ConfigUnreadable
+from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.wire.sbatch import (
     DEFAULT_JOB_PYTHON,
     DEFAULT_POLL_INTERVAL_S,
@@ -26,8 +27,6 @@ from potato_queue.wire.sbatch import (
 from potato_queue.wire.sbatch import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
 
 __all__ = [
-    "DEFAULT_REDIS_URL",
-    "REDIS_URL_ENV",
     "LOCAL",
     "DEFAULT_SETUP_TIMEOUT_S",
     "DEFAULT_QUEUE_TIMEOUT_S",
@@ -46,11 +45,8 @@ __all__ = [
     "ProjectConfig",
     "read_yaml",
     "build_config",
-    "redis_url",
 ]
 
-DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
-REDIS_URL_ENV = "POTATO_QUEUE_REDIS_URL"
 LOCAL = "local"
 
 
@@ -277,6 +273,18 @@ class ProjectConfig(BaseModel):
 
     # Resolved by build_config, not read from the file.
     config_path: Path = Path("config.yaml")
+    # The process's settings (its environment, read at its edge): not the file's, so not a field.
+    _settings: Settings = PrivateAttr(default=DEFAULT_SETTINGS)
+
+    @property
+    def settings(self) -> Settings:
+        return self._settings
+
+    def with_settings(self, settings: Settings) -> ProjectConfig:
+        """This config as a process with `settings` sees it."""
+        copy = self.model_copy()
+        copy._settings = settings
+        return copy
 
     @property
     def task_path(self) -> Path:
@@ -376,7 +384,3 @@ def build_config(data: dict[str, Any], config_path: str | os.PathLike[str]) -> P
     known = {k: v for k, v in data.items() if k != "validation"}
     return ProjectConfig.model_validate({**known, "config_path": Path(config_path).resolve()})
 
-
-def redis_url(option: str | None = None) -> str:
-    """--redis-url, then $POTATO_QUEUE_REDIS_URL, then the local default."""
-    return option or os.environ.get(REDIS_URL_ENV) or DEFAULT_REDIS_URL

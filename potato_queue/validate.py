@@ -31,6 +31,7 @@ from potato_queue.config import (
 )
 from potato_queue.errors import ConfigError
 from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
+from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.store.potato_ledger import ledger_status
 from potato_queue.validate_backends import (
     SLURM_ONLY_REFUSED,
@@ -278,7 +279,6 @@ def _acknowledge(raw: Any, found: list[Warning_], backends: list[str], report: R
         (report.acknowledged if i in matched else report.warnings).append(w.text)
 
 
-WARNINGS_SHOWN_ENV = "POTATO_QUEUE_WARNINGS_SHOWN"
 # The tutorial's example key: anyone who read it knows it.
 PLACEHOLDER_KEYS = frozenset({"change-me", "changeme", "change_me", "secret", "admin"})
 MIN_ADMIN_KEY_CHARS = 12
@@ -352,16 +352,17 @@ def check_file(path: str | os.PathLike[str]) -> Report:
     return check_data(read_yaml(path), path)
 
 
-def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None,
-                 say_writeback: bool = False) -> ProjectConfig:
+def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None, say_writeback: bool = False,
+                 settings: Settings = DEFAULT_SETTINGS) -> ProjectConfig:
     """What every entry point calls: refuse to start on errors, print warnings (VAL-2); a long-running
-    process (`say_writeback`) also says once whether runs reach Potato's own store."""
+    process (`say_writeback`) also says once whether runs reach Potato's own store. The config carries
+    `settings`, the process's, read from its environment at its edge."""
     report = check_file(path)
     if report.errors:
         raise ConfigError(str(path), report.errors)
     out = stream if stream is not None else sys.stderr
     # `up` prints them once and starts its server and executor with this set, so they do not repeat them.
-    if os.environ.get(WARNINGS_SHOWN_ENV) != str(Path(path).resolve()):
+    if settings.warnings_shown_for != str(Path(path).resolve()):
         for text in report.warnings:
             print(f"warning: {text}", file=out)
         # validation.acknowledge is validate's (--strict passes); a starting process still says them, marked
@@ -370,4 +371,4 @@ def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None,
         if say_writeback and report.config is not None:
             print(ledger_status(report.config).line(), file=out)
     assert report.config is not None
-    return report.config
+    return report.config.with_settings(settings)

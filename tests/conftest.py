@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.config import REDIS_URL_ENV
-from potato_queue.embedded_redis import EmbeddedRedis
+from potato_queue.processes.embedded_redis import EmbeddedRedis
+from potato_queue.settings import REDIS_URL_ENV
 from tests.sshd import Sshd
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -34,7 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.embedded_redis import EmbeddedRedis
+from potato_queue.processes.embedded_redis import EmbeddedRedis
 from tests.agent_helpers import AGENT, register
 from tests.conftest import CHAOS_TABLE_ENV
 from tests.lifecycle_helpers import (

@@ -7,8 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.config import DEFAULT_REDIS_URL, SBATCH_FLAGS, SlurmBackend, redis_url
+from potato_queue.config import SBATCH_FLAGS, SlurmBackend
+from potato_queue.errors import PotatoQueueError
 from potato_queue.runs.job import limits_for
+from potato_queue.settings import DEFAULT_REDIS_URL, Settings
 from potato_queue.validate import check_file, load_checked, slurm_time_s
 from potato_queue.wire.sbatch import SlurmSettings, sbatch_argv
 from tests.test_validate_cli import SEED, seed_config, write_project
@@ -68,12 +70,31 @@ def test_gpus_forms(tmp_path: Path) -> None:
     assert load_checked(write_project(tmp_path, cfg)).model_training.backends["gpu-server"].gpus == "0,1"
 
 
-def test_redis_url_precedence(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("POTATO_QUEUE_REDIS_URL", raising=False)
-    assert redis_url() == DEFAULT_REDIS_URL == "redis://127.0.0.1:6379/0"
-    monkeypatch.setenv("POTATO_QUEUE_REDIS_URL", "redis://10.0.0.5:6380/2")
-    assert redis_url() == "redis://10.0.0.5:6380/2"
-    assert redis_url("unix:///run/r.sock") == "unix:///run/r.sock"
+def test_settings_come_from_the_environment_handed_in() -> None:
+    """The one read of the environment (cli/ hands in os.environ): unset and empty keep the defaults."""
+    assert Settings.from_env({}) == Settings()
+    assert Settings.from_env({"POTATO_QUEUE_REDIS_URL": ""}).redis_url == DEFAULT_REDIS_URL == "redis://127.0.0.1:6379/0"
+    settings = Settings.from_env({"POTATO_QUEUE_REDIS_URL": "redis://10.0.0.5:6380/2", "POTATO_ADMIN_API_KEY": "k" * 16,
+                                  "POTATO_QUEUE_COPY_STALL_S": "2", "POTATO_QUEUE_SSH_CONFIG": "/etc/pq/ssh_config"})
+    assert (settings.redis_url, settings.admin_api_key, settings.copy_stall_s, settings.ssh_config_file) == (
+        "redis://10.0.0.5:6380/2", "k" * 16, 2.0, "/etc/pq/ssh_config")
+
+
+@pytest.mark.parametrize("raw", ["soon", "0", "-5"])
+def test_a_timing_that_is_not_seconds_is_refused_with_its_name(raw: str) -> None:
+    with pytest.raises(PotatoQueueError) as caught:
+        Settings.from_env({"POTATO_QUEUE_VISIBILITY_TIMEOUT_S": raw})
+    assert caught.value.message == f"POTATO_QUEUE_VISIBILITY_TIMEOUT_S={raw!r} is not a number of seconds above 0"
+    assert caught.value.exit_code == 2 and "unset it for the default" in (caught.value.fix or "")
+
+
+def test_the_loaded_config_carries_the_settings_it_was_given(tmp_path: Path) -> None:
+    cfg = seed_config()
+    path = write_project(tmp_path, cfg)
+    assert load_checked(path, stream=io.StringIO()).settings == Settings()
+    given = Settings(metrics_token="scrape")
+    loaded = load_checked(path, stream=io.StringIO(), settings=given)
+    assert loaded.settings is given and "settings" not in loaded.model_dump()
 
 
 def test_every_sbatch_setting_is_a_slurm_key_and_maps_to_its_flag() -> None:

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-from potato_queue.executors.remote.session import SSH_CONFIG_ENV
+from potato_queue.settings import SSH_CONFIG_ENV
 from tests.agent_helpers import BACKEND, Agent, nat_host, register
 from tests.lifecycle_helpers import (
     TERMINAL,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import redis
 
-from potato_queue.embedded_redis import EmbeddedRedis, ping
+from potato_queue.processes.embedded_redis import EmbeddedRedis, ping
 
 
 def test_starts_on_a_private_socket_and_stops_cleanly(tmp_path: Path) -> None:

@@ -353,3 +353,134 @@ def test_every_run_state_is_named_through_the_enum() -> None:
             if isinstance(node, ast.Constant) and node.value in RUN_STATE_TEXTS:
                 found.append(f"{relative}:{node.lineno} {node.value!r}")
     assert found == [], "name these through potato_queue.run.RunState"
+
+
+# ---------------------------------------------------------------- the store owns Redis; the clock owns time
+
+# Where a Redis client may be made or used directly: the store, and the process edges that make the client
+# for a URL they were handed (processes/, cli/) or ping a URL before anything is built (embedded_redis.py).
+REDIS_ALLOWED = ("store/", "processes/", "cli/")
+REDIS_ALLOWED_FILES = ("embedded_redis.py",)
+# What of a Redis client is the store's alone, whoever holds the object: its client, a client made from a
+# URL, a subscription.
+REDIS_ONLY_IN_STORE = {"redis", "from_url", "pubsub", "StrictRedis"}
+
+
+def redis_uses(path: Path) -> list[str]:
+    """Each place a file reaches Redis itself: `x.redis` (the store's client), a client made or subscribed
+    to, or anything of the redis package but its error types (caught) and the Redis type (annotated)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
+               for alias in node.names if alias.name.split(".")[0] == "redis"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in REDIS_ONLY_IN_STORE:
+            found.append(f"{node.lineno} .{node.attr}")
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
+                and not node.attr.endswith(("Error", "Exception")) and node.attr != "Redis":
+            found.append(f"{node.lineno} {node.value.id}.{node.attr}")
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Redis":
+            found.append(f"{node.lineno} a Redis client made")
+        elif isinstance(node, ast.Import):
+            found += [f"{node.lineno} import {a.name}" for a in node.names if a.name.startswith("redis.")]
+        elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "redis":
+            found += [f"{node.lineno} from {node.module} import {a.name}" for a in node.names
+                      if not a.name.endswith(("Error", "Exception"))]
+    return found
+
+
+def outside_the_store() -> list[Path]:
+    return [p for p in package_files() if not p.relative_to(PACKAGE).as_posix().startswith(REDIS_ALLOWED)
+            and p.name not in REDIS_ALLOWED_FILES]
+
+
+def test_the_store_owns_every_redis_call() -> None:
+    """A route, a run's life or an executor asks the store (a named part: store.retrain, store.offers,
+    store.presence, ...), so that every key, script and subscription of ours is in one place."""
+    found = [f"{path.relative_to(PACKAGE)}:{use}" for path in outside_the_store() for use in redis_uses(path)]
+    assert found == [], f"give these a store method: {found}"
+
+
+def test_the_redis_scanner_catches_a_direct_call(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import redis\nimport redis.asyncio as aioredis\nfrom redis.client import PubSub\n"
+                     "from redis import RedisError\n"
+                     "def f(store, client: redis.Redis):\n"
+                     "    store.redis.ping()\n    client.pubsub()\n    aioredis.Redis.from_url('x')\n"
+                     "    redis.Redis(host='h')\n    try:\n        pass\n    except redis.RedisError:\n        pass\n")
+    uses = [use.split(" ", 1)[1] for use in redis_uses(probe)]
+    assert sorted(uses) == sorted(["import redis.asyncio", "from redis.client import PubSub", ".redis", ".pubsub",
+                                   ".from_url", "a Redis client made"]), uses
+
+
+# The clock is read through a Clock (store.clock, potato_queue.clock): tests hand the store a ManualClock. The
+# command line and the bare packages (which run without the store) read time themselves.
+TIME_ALLOWED = ("clock.py", "cli/", "agent/", "host/", "worker/", "wire/", "trainers/")
+
+
+def time_time_reads(path: Path) -> list[int]:
+    """The lines that read the wall clock themselves: time.time() (under any name for the module) or
+    `from time import time`."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names if alias.name == "time"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr == "time" and isinstance(node.value, ast.Name) \
+                and node.value.id in names:
+            found.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "time" and any(a.name == "time" for a in node.names):
+            found.append(node.lineno)
+    return found
+
+
+def test_every_clock_read_goes_through_a_clock() -> None:
+    found = [f"{path.relative_to(PACKAGE)}:{line}" for path in package_files()
+             if not path.relative_to(PACKAGE).as_posix().startswith(TIME_ALLOWED)
+             for line in time_time_reads(path)]
+    assert found == [], f"read store.clock.now_s() (a potato_queue.clock.Clock) instead: {found}"
+
+
+def test_the_clock_scanner_catches_a_wall_clock_read(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import time\nimport time as t\nfrom time import time as now\n"
+                     "a = time.time()\nb = t.time()\nc = time.monotonic()\nd = now()\n")
+    assert time_time_reads(probe) == [3, 4, 5]
+
+
+# Only a process's edge reads the environment (settings.py's Settings.from_env, called there); below it the
+# settings are handed down. The edges: the command line; Celery's own entry point; Potato's side, which runs
+# in Potato's process; and what runs on a host or in the worker (their environment is the allow-listed one).
+ENVIRONMENT_ALLOWED = ("cli/", "celery_entry.py", "potato_remote.py", "settings.py", "agent/", "host/", "worker/",
+                       "wire/", "trainers/")
+
+
+def environment_reads(path: Path) -> list[int]:
+    """The lines that read the process's environment: os.environ, os.environb, os.getenv (under any name for
+    the module), or those names imported from os."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
+             for alias in node.names if alias.name == "os"}
+    reads = {"environ", "environb", "getenv", "getenvb"}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and node.attr in reads and isinstance(node.value, ast.Name) \
+                and node.value.id in names:
+            found.append(node.lineno)
+        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(a.name in reads for a in node.names):
+            found.append(node.lineno)
+    return found
+
+
+def test_only_a_process_edge_reads_the_environment() -> None:
+    found = [f"{path.relative_to(PACKAGE)}:{line}" for path in package_files()
+             if not path.relative_to(PACKAGE).as_posix().startswith(ENVIRONMENT_ALLOWED)
+             for line in environment_reads(path)]
+    assert found == [], f"add a field to settings.Settings and hand it down (config.settings) instead: {found}"
+
+
+def test_the_environment_scanner_catches_every_way_in(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("import os\nimport os as o\nfrom os import getenv\n"
+                     "a = os.environ.get('X')\nb = o.getenv('Y')\nc = os.path.join('a')\nd = dict(os.environ)\n")
+    assert sorted(environment_reads(probe)) == [3, 4, 5, 7]

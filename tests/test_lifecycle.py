@@ -124,7 +124,7 @@ def test_flushdb_with_runs_queued_requeues_them_from_disk_once(tmp_path: Path) -
 
     import redis
 
-    from potato_queue.embedded_redis import EmbeddedRedis
+    from potato_queue.processes.embedded_redis import EmbeddedRedis
 
     # A Redis of this test's own: the flush must never reach one that other tests (or anyone) share.
     with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(folder) as own, \

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from potato_queue.host.check import find_model_config
-from potato_queue.host.llm_fit import ModelAsk, fit_lines, need_mb, parameter_count
+from potato_queue.host.llm_fit import ModelAsk, fit_lines, fit_of_facts, need_mb, parameter_count
 
 pytestmark = pytest.mark.unit
 
@@ -69,6 +69,22 @@ def test_4bit_needs_a_gpu_and_bitsandbytes_and_auto_says_what_it_falls_back_to()
     fits, lines = fit_lines(ask._replace(load_in_4bit="auto"), CONFIGS["qwen2"], [(0, 20000.0)], False)
     assert fits and lines[0] == "hf-llm-lora: no bitsandbytes here, so the base weights load in bf16, not 4-bit"
     assert "in bf16" in lines[1]
+
+
+def test_the_fit_is_judged_from_what_a_backends_check_reported() -> None:
+    """runs/check.py's call: the executor reports facts (JSON, as they cross ssh), the fit is judged here."""
+    ask = ModelAsk("mistralai/Mistral-7B-v0.1", "true")
+    facts = {"model_config": CONFIGS["mistral"], "gpus": [[0, 1200.0], [1, 70000.0]], "bitsandbytes": True}
+    assert fit_of_facts(ask, facts) == fit_lines(ask, CONFIGS["mistral"], [(0, 1200.0), (1, 70000.0)], True)
+    assert fit_of_facts(ask, {**facts, "gpus": [[0, 1200.0]]})[0] is False
+    # A SLURM login node: the job's GPU is the scheduler's choice, so the need is said, not judged.
+    fits, lines = fit_of_facts(ask, {"model_config": CONFIGS["mistral"], "gpus": None})
+    assert fits and lines[0].startswith("hf-llm-lora: mistralai/Mistral-7B-v0.1 (7.24 B parameters) needs about ")
+    assert lines[0].endswith("of the job's GPU in 4-bit (ask for it with gres or mem_per_gpu); the trainer checks it "
+                             "on the node before it loads the weights")
+    assert fit_of_facts(ask, {"model_config": None, "gpus": None}) == (True, [
+        "hf-llm-lora: mistralai/Mistral-7B-v0.1's size is unknown here; the trainer checks its fit on the compute "
+        "node's GPU before it loads the weights"])
 
 
 def test_the_config_is_found_in_a_folder_or_the_hugging_face_cache_and_never_fetched(tmp_path: Path) -> None:

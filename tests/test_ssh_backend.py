@@ -20,9 +20,9 @@ from typing import Any
 
 import pytest
 
-from potato_queue.embedded_redis import EmbeddedRedis
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.remote.session import forward_target
+from potato_queue.processes.embedded_redis import EmbeddedRedis
 from potato_queue.store.keys import project_predictions_path
 from tests.agent_helpers import PYTHON38
 from tests.conftest import run_cli

@@ -1,27 +1,18 @@
-"""The server side of an agent backend for its admin: `training register` and `training check`.
+"""The server side of an agent backend for its admin: `training register` (its check is runs/check.py's).
 
 The token is printed once, with the commands to run on the training machine
 (the tutorial's text, with potato-queue's names); Redis keeps only its hash.
-Check reads the registration: when it was made, when an agent last asked for
-work, and what that agent said of itself.
 """
 
 from __future__ import annotations
 
-import time
-from datetime import datetime, timezone
-from typing import Any
 from urllib.parse import urlsplit
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
-from potato_queue.executors.base import CheckReport
-from potato_queue.store import RunStore
 
-__all__ = ["agent_backend_checked", "register_text", "agent_check", "RECENT_S", "AGENT_PYZ_PATH"]
+__all__ = ["agent_backend_checked", "register_text", "AGENT_PYZ_PATH"]
 
-# An agent long-polls every ~25 s: one not seen for this long is not polling now.
-RECENT_S = 90.0
 AGENT_PYZ_PATH = "/api/training/agent/v1/agent.pyz"
 
 
@@ -66,33 +57,3 @@ def register_text(backend: str, token: str, server_url: str | None, agent_sha256
         "(Replace <this-server> with the address the training machine reaches this server at; the token goes "
         "in the environment or a file, --token-file, never on a command line.)",
     ])
-
-
-def _when(epoch_s: float | None) -> str:
-    if epoch_s is None:
-        return "never"
-    moment = datetime.fromtimestamp(epoch_s, timezone.utc).isoformat(timespec="seconds").replace("+00:00", "Z")
-    return f"{moment} ({time.time() - epoch_s:.0f} s ago)"
-
-
-def agent_check(store: RunStore, backend: str, config_path: str) -> CheckReport:
-    """AGT-3: the registration; ok only when an agent asked for work within RECENT_S."""
-    registration = store.agents.registration(backend)
-    if registration is None:
-        command = f"potato-queue training register {backend} {config_path}"
-        return CheckReport(ok=False, lines=[f"{backend}: no token issued yet", f"  issue one with: {command}"],
-                           data={"backend": backend, "registered": False, "register_command": command})
-    agent: dict[str, Any] = registration["agent"] or {}
-    last_seen = registration["last_seen"]
-    recent = last_seen is not None and time.time() - last_seen < RECENT_S
-    lines = [f"{backend}: token issued {_when(registration['created_at'])}", f"  last_seen: {_when(last_seen)}"]
-    if agent:
-        packages = ", ".join(f"{k} {v}" for k, v in sorted((agent.get("packages") or {}).items())) or "none found"
-        lines.append(f"  agent: {agent.get('host')}, Python {agent.get('python')} ({agent.get('executable')}); "
-                     f"trainer packages: {packages}")
-    if not recent:
-        lines.append("  no agent is polling now: start one on the training machine "
-                     f"(potato-queue training agent --server URL --backend {backend})")
-    data = {"backend": backend, "registered": True, "created_at": registration["created_at"],
-            "last_seen": last_seen, "agent": agent or None, "polling": recent}
-    return CheckReport(ok=recent, lines=lines, data=data)

@@ -21,21 +21,14 @@ __all__ = ["check", "register", "agent"]
 @click.option("--load-in-4bit", type=click.Choice(["auto", "true", "false"]), default="auto", show_default=True)
 def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | None, load_in_4bit: str) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
-    from potato_queue.executors import build_executor
-    from potato_queue.runs.service import require_backend
+    from potato_queue.host.llm_fit import ModelAsk
+    from potato_queue.runs.service import RunService
     from potato_queue.store.potato_ledger import ledger_status
 
     cfg = checked(config)
-    require_backend(cfg, backend)
-    if cfg.model_training.backend_config(backend).type == "agent":
-        from potato_queue.cli.agents import agent_check
-
-        store, _ = store_and_queue(cfg, redis_checked(redis_url))
-        report = agent_check(store, backend, str(config))
-    else:
-        from potato_queue.host.llm_fit import ModelAsk
-
-        report = build_executor(cfg, backend).check(ModelAsk(llm, load_in_4bit) if llm else None)
+    # Not pinged first: only an agent backend's check reads Redis (its registration), and it says so when none answers.
+    service = RunService(cfg, *store_and_queue(cfg, redis_url))
+    report = service.check(backend, ModelAsk(llm, load_in_4bit) if llm else None)
     writeback = ledger_status(cfg)
     data, lines = {"ok": report.ok, **report.data, "potato_writeback": vars(writeback)}, [*report.lines, writeback.line()]
     click.echo(json.dumps(data) if as_json else "\n".join(lines))

@@ -4,13 +4,15 @@ RunService as the server has it (the same rules for a command as for the API).""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
 
-from potato_queue.config import DEFAULT_REDIS_URL, REDIS_URL_ENV, ProjectConfig
+from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
+from potato_queue.settings import DEFAULT_REDIS_URL, REDIS_URL_ENV, Settings
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -18,7 +20,7 @@ if TYPE_CHECKING:
     from potato_queue.runs.service import RunService
     from potato_queue.store import RunStore
 
-__all__ = ["CONFIG", "REDIS", "HELP_SETTINGS", "UMASK", "Group", "checked", "redis_checked", "params_of",
+__all__ = ["CONFIG", "REDIS", "HELP_SETTINGS", "UMASK", "Group", "settings", "checked", "redis_checked", "params_of",
            "runs_for", "store_and_queue"]
 
 CONFIG = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
@@ -42,14 +44,20 @@ class Group(click.Group):
             ctx.exit(exc.exit_code)
 
 
+def settings() -> Settings:
+    """This process's settings: the one read of its environment (every process starts in cli/)."""
+    return Settings.from_env(os.environ)
+
+
 def checked(config: Path, *, say_writeback: bool = False) -> ProjectConfig:
+    """The checked project config, carrying this process's settings."""
     from potato_queue.validate import load_checked
 
-    return load_checked(config, say_writeback=say_writeback)
+    return load_checked(config, say_writeback=say_writeback, settings=settings())
 
 
 def redis_checked(url: str) -> str:
-    from potato_queue.embedded_redis import ping
+    from potato_queue.processes.embedded_redis import ping
 
     if not ping(url, timeout_s=2.0):
         raise PotatoQueueError(f"Redis at {url} does not answer",

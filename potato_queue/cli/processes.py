@@ -11,10 +11,7 @@ import click
 from potato_queue.cli.options import CONFIG, REDIS, checked, params_of, redis_checked
 from potato_queue.errors import PotatoQueueError
 
-__all__ = ["serve", "executor", "worker", "beat", "up", "VISIBILITY_ENV"]
-
-# The broker's visibility timeout for `executor` (see there).
-VISIBILITY_ENV = "POTATO_QUEUE_VISIBILITY_TIMEOUT_S"
+__all__ = ["serve", "executor", "worker", "beat", "up"]
 
 
 @click.command()
@@ -33,11 +30,11 @@ def serve(config: Path, redis_url: str, host: str, port: int, public_url: str | 
 
     if bool(tls_cert) != bool(tls_key):
         raise PotatoQueueError("--tls-cert and --tls-key go together", fix="give both, or neither for http")
-    serve_forever(checked(config, say_writeback=True), redis_checked(redis_url), host=host, port=port,
+    cfg = checked(config, say_writeback=True)
+    serve_forever(cfg, redis_checked(redis_url), host=host, port=port,
                   public_url=public_url, tls=(tls_cert, tls_key) if tls_cert and tls_key else None,
-                  # HEADER_TIMEOUT_S's 10 s and BODY_IDLE_S's 60 s; shorter for testing only
-                  header_timeout_s=float(os.environ.get("POTATO_QUEUE_HEADER_TIMEOUT_S") or HEADER_TIMEOUT_S),
-                  body_idle_s=float(os.environ.get("POTATO_QUEUE_BODY_IDLE_S") or BODY_IDLE_S))
+                  header_timeout_s=cfg.settings.header_timeout_s or HEADER_TIMEOUT_S,
+                  body_idle_s=cfg.settings.body_idle_s or BODY_IDLE_S)
 
 
 @click.command()
@@ -49,11 +46,9 @@ def executor(config: Path, redis_url: str, verbose: bool, quiet: bool) -> None:
     """Run an executor: a Celery worker that runs one training run at a time."""
     from potato_queue.processes.executor import run_executor
 
-    # Read here, at the process's edge: tests shorten the broker's visibility timeout to prove a long run is
-    # not executed twice when its message is delivered again.
-    timeout = os.environ.get(VISIBILITY_ENV)
-    run_executor(checked(config, say_writeback=True), redis_checked(redis_url),
-                 verbosity=2 if verbose else 0 if quiet else 1, visibility_timeout_s=float(timeout) if timeout else None)
+    cfg = checked(config, say_writeback=True)
+    run_executor(cfg, redis_checked(redis_url), verbosity=2 if verbose else 0 if quiet else 1,
+                 visibility_timeout_s=cfg.settings.visibility_timeout_s)
 
 
 # The command's name before 0.2 (it starts what the code and the docs call an executor): kept, so that
@@ -96,5 +91,5 @@ def up(config: Path, redis_url: str, trainers: tuple[str, ...], schemas: tuple[s
 
     cfg = checked(config, say_writeback=True)
     by_trainer = params_by_trainer(list(trainers), params_of(params))
-    raise click.exceptions.Exit(start_all(cfg, redis_url, trainers=by_trainer, schemas=list(schemas),
+    raise click.exceptions.Exit(start_all(cfg, redis_url, environ=os.environ, trainers=by_trainer, schemas=list(schemas),
                                           port=port, verbose=verbose))

@@ -48,7 +48,7 @@ def build_executor(config: ProjectConfig, backend_name: str) -> Executor:
     """A new executor for the named backend, built with its config model."""
     backend = _backend(config, backend_name)
     module, _, cls = RUNNABLE[backend.type].partition(":")
-    return getattr(importlib.import_module(module), cls)(backend_name, backend)
+    return getattr(importlib.import_module(module), cls)(backend_name, backend, config.settings)
 
 
 class Executors:

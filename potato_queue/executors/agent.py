@@ -29,7 +29,6 @@ from potato_queue.executors.base import (
     Waiting,
 )
 from potato_queue.host.gpus import GPU_REPORT_S, GpuWait, agent_wait_expired, agent_wait_line
-from potato_queue.host.llm_fit import ModelAsk
 
 __all__ = ["AgentExecutor", "AgentHandle", "waiting_why", "no_agent_error", "GPU_WAIT_FRESH_S"]
 
@@ -100,9 +99,9 @@ class AgentExecutor(Executor):
     pull = True
     backend: AgentBackend
 
-    def check(self, llm: ModelAsk | None = None) -> CheckReport:
-        # The registration lives in the server's store; `training check` reads it there. The agent's machine
-        # is not asked anything: hf-llm-lora checks its fit there before it loads the weights.
+    def check(self, model: str | None = None) -> CheckReport:
+        # A pull backend: its registration lives in the server's store, and runs/check.py reads it there. The
+        # agent's machine is not asked anything: hf-llm-lora checks its fit there before it loads the weights.
         return CheckReport(ok=True, lines=[f"{self.backend_name}: an agent backend (runs wait for its agent)"])
 
     def launch(self, spec: LaunchSpec) -> RunHandle:

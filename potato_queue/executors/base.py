@@ -23,7 +23,7 @@ from typing import Any, ClassVar, Protocol
 
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.errors import PotatoQueueError
-from potato_queue.host.llm_fit import ModelAsk
+from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.store.keys import RunPaths
 from potato_queue.wire.job import Job
 
@@ -174,14 +174,18 @@ class Executor(ABC):
     # every other backend is handed a token in its LaunchSpec.
     pull: ClassVar[bool] = False
 
-    def __init__(self, backend_name: str, backend: Any) -> None:
+    def __init__(self, backend_name: str, backend: Any, settings: Settings = DEFAULT_SETTINGS) -> None:
+        """`settings`: the process's (an ssh config file of the server's own, the copy's stall limit)."""
         self.backend_name = backend_name
         self.backend = backend
+        self.settings = settings
 
     @abstractmethod
-    def check(self, llm: ModelAsk | None = None) -> CheckReport:
-        """Could a run start on this backend now? (`training check`, the Check button). `llm`: and could
-        hf-llm-lora fine-tune that model there (CUDA, bitsandbytes, memory: host/llm_fit.py)."""
+    def check(self, model: str | None = None) -> CheckReport:
+        """Could a run start on this backend now? (runs/check.py: `training check`, the Check button). With a
+        Hugging Face `model`, the report's data also holds `llm_facts` for the check's fit of it: the model's
+        config.json as the machine has it, the GPUs a run may get as [index, free MB] pairs (None where a
+        scheduler picks them) and whether bitsandbytes imports there."""
 
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> RunHandle:

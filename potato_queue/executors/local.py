@@ -28,7 +28,7 @@ from potato_queue.executors.base import (
     Running,
     Status,
 )
-from potato_queue.host.llm_fit import ModelAsk, fit_lines
+from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.wire.isolated import CODE_ROOT, allowed_env, python_argv
 
 __all__ = ["LocalExecutor", "LocalHandle", "run_pids", "describe_device"]
@@ -156,14 +156,14 @@ class LocalExecutor(Executor):
     type_name = "local"
     backend: LocalBackend
 
-    def __init__(self, backend_name: str, backend: LocalBackend) -> None:
-        super().__init__(backend_name, backend)
+    def __init__(self, backend_name: str, backend: LocalBackend, settings: Settings = DEFAULT_SETTINGS) -> None:
+        super().__init__(backend_name, backend, settings)
         self._spares = _SpareAgent()
 
-    def check(self, llm: ModelAsk | None = None) -> CheckReport:
+    def check(self, model: str | None = None) -> CheckReport:
         device = describe_device(self.backend.device)
         report = CheckReport(ok=True, lines=[f"local: this machine, {device}"], data={"device": device})
-        if llm is None:
+        if model is None:
             return report
         from importlib.util import find_spec
 
@@ -171,9 +171,9 @@ class LocalExecutor(Executor):
         from potato_queue.host.gpus import NVIDIA_SMI_QUERY, parse_gpus
 
         gpus = [] if self.backend.device == "cpu" else parse_gpus(nvidia_smi(NVIDIA_SMI_QUERY))
-        known = [(gpu.index, gpu.free_mb) for gpu in gpus if gpu.free_mb is not None]  # not a MIG GPU's [N/A]
-        fits, lines = fit_lines(llm, find_model_config(llm.model_name), known, find_spec("bitsandbytes") is not None)
-        return CheckReport(ok=fits, lines=[*report.lines, *lines], data={**report.data, "llm": {"fits": fits, "lines": lines}})
+        report.data["llm_facts"] = {"model_config": find_model_config(model), "bitsandbytes": find_spec("bitsandbytes") is not None,
+                                    "gpus": [[gpu.index, gpu.free_mb] for gpu in gpus if gpu.free_mb is not None]}  # not MIG's [N/A]
+        return report
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
         if spec.token is None:

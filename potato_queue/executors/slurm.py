@@ -19,8 +19,8 @@ from typing import Any
 from potato_queue.config import SlurmBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
+from potato_queue.executors.remote.bootstrap import boot_header
 from potato_queue.executors.remote.session import failed_check, host_facts, session_lines, start_agent
-from potato_queue.host.llm_fit import ModelAsk, need_mb, parameter_count
 from potato_queue.wire.isolated import passed_env
 from potato_queue.wire.sbatch import NO_SBATCH_FIX, hard_stop_s, job_name, no_sbatch
 
@@ -101,47 +101,32 @@ def slurm_check_report(backend: SlurmBackend, facts: dict[str, Any]) -> CheckRep
     return CheckReport(ok=not problems, lines=lines, data=data)
 
 
-def compute_node_fit(llm: ModelAsk, config: dict[str, Any] | None) -> str:
-    """The login node cannot see a job's GPU: the need, where the model's config is on shared storage; the
-    trainer compares it with its GPU on the node before it loads the weights."""
-    parameters = None if config is None else parameter_count(config)
-    if parameters is None:
-        return (f"hf-llm-lora: {llm.model_name}'s size is unknown here; the trainer checks its fit on the compute "
-                "node's GPU before it loads the weights")
-    four_bit = llm.load_in_4bit != "false"
-    return (f"hf-llm-lora: {llm.model_name} ({parameters / 1e9:.2f} B parameters) needs about "
-            f"{need_mb(parameters, four_bit):.0f} MB of the job's GPU in {'4-bit' if four_bit else 'bf16'} (ask for "
-            "it with gres or mem_per_gpu); the trainer checks it on the node before it loads the weights")
-
-
 class SlurmExecutor(Executor):
     type_name = "slurm"
     backend: SlurmBackend
 
-    def check(self, llm: ModelAsk | None = None) -> CheckReport:
+    def check(self, model: str | None = None) -> CheckReport:
         asked: dict[str, Any] = {"env": self.backend.env, "query": [], "packages": [],
                                  "slurm": {"remote_dir": self.backend.remote_dir, "job_python": self.backend.job_python,
                                            "partition": self.backend.sbatch_setting("partition")}}
-        if llm is not None:
-            asked["model"] = llm.model_name
+        if model is not None:
+            asked["model"] = model
         try:
-            facts = host_facts(self.backend, self.backend_name, asked)
+            facts = host_facts(self.backend, self.backend_name, asked, self.settings)
         except PotatoQueueError as exc:
             return failed_check(exc)
         report = slurm_check_report(self.backend, facts)
-        if llm is None:
-            return report
-        return CheckReport(ok=report.ok, lines=[*report.lines, compute_node_fit(llm, facts.get("model_config"))],
-                           data=report.data)
+        if model is not None:  # the job's GPU is SLURM's choice, not to be seen from the login node
+            report.data["llm_facts"] = {"model_config": facts.get("model_config"), "gpus": None}
+        return report
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
-        header: dict[str, Any] = {"packages": [], "num_threads": None, "gpus": "none", "min_free_gpu_mb": 0,
-                                  "slurm": True}
+        header = boot_header(self.backend, packages=[], num_threads=None, gpus="none", min_free_gpu_mb=0, slurm=True)
         # By name, so that even a job whose id never reached us is found; its owner's only.
         # SLURM_CONF, a PATH to scancel; on a command line the host's other accounts read, so no secret
         env = [f"{name}={value}" for name, value in passed_env(self.backend.env).items()]
         stop_job = shlex.join(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + \
             ' "$(id -un)" 2>/dev/null'
-        return start_agent(spec, self.backend, header, assignment={"slurm": self.backend.job_settings(),
+        return start_agent(spec, self.backend, self.settings, header, assignment={"slurm": self.backend.job_settings(),
                                                                     "host": self.backend.host},
                            stop_job=stop_job, hard_stop_s=hard_stop_s(self.backend.poll_interval_s))

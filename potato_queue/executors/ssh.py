@@ -14,6 +14,7 @@ from typing import Any
 from potato_queue.config import SshBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
+from potato_queue.executors.remote.bootstrap import boot_header
 from potato_queue.executors.remote.session import failed_check, host_facts, session_lines, start_agent
 from potato_queue.host.gpus import (
     NVIDIA_SMI_QUERY,
@@ -24,9 +25,8 @@ from potato_queue.host.gpus import (
     has_kernels,
     parse_gpus,
 )
-from potato_queue.host.llm_fit import ModelAsk, fit_lines
 
-__all__ = ["SshExecutor", "check_report", "with_llm_fit", "TRAINING_PACKAGES"]
+__all__ = ["SshExecutor", "check_report", "llm_facts", "TRAINING_PACKAGES"]
 
 # What `training check` looks for in the host's interpreter (the trainers' import names).
 TRAINING_PACKAGES = ["torch", "transformers", "peft", "sklearn"]
@@ -60,38 +60,39 @@ def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:
     return CheckReport(ok=ok, lines=lines, data=data)
 
 
-def with_llm_fit(report: CheckReport, llm: ModelAsk, facts: dict[str, Any], setting: str) -> CheckReport:
-    """The report with hf-llm-lora's fit on the GPUs a run may get (`gpus`: auto, none, or pinned ones)."""
+def llm_facts(facts: dict[str, Any], setting: str) -> dict[str, Any]:
+    """What the check's LLM fit needs of the host (Executor.check): the GPUs a run may get (`gpus`: auto, none,
+    or pinned ones), those whose kernels run the host's torch only."""
     gpus = [gpu for gpu in parse_gpus(facts.get("nvidia_smi") or "") if has_kernels(gpu, facts.get("arch_list"))]
     if setting == "none":
         gpus = []
     elif setting != "auto":
         gpus = [gpu for gpu in gpus if str(gpu.index) in setting.split(",")]
     # A GPU whose free memory nvidia-smi does not tell (MIG on) cannot be held against the model's need.
-    known = [(gpu.index, gpu.free_mb) for gpu in gpus if gpu.free_mb is not None]
-    fits, lines = fit_lines(llm, facts.get("model_config"), known, bool(facts["packages"].get("bitsandbytes")))
-    data = {**report.data, "llm": {"fits": fits, "lines": lines}}
-    return CheckReport(ok=report.ok and fits, lines=[*report.lines, *lines], data=data)
+    known = [[gpu.index, gpu.free_mb] for gpu in gpus if gpu.free_mb is not None]
+    return {"model_config": facts.get("model_config"), "gpus": known,
+            "bitsandbytes": bool(facts["packages"].get("bitsandbytes"))}
 
 
 class SshExecutor(Executor):
     type_name = "ssh"
     backend: SshBackend
 
-    def check(self, llm: ModelAsk | None = None) -> CheckReport:
-        """SSH-6: the host's Python, each GPU, the GPU a run would get, training packages it lacks; with
-        `llm`, whether hf-llm-lora fits that model on the GPUs a run may get."""
+    def check(self, model: str | None = None) -> CheckReport:
+        """SSH-6: the host's Python, each GPU, the GPU a run would get, training packages it lacks."""
         asked: dict[str, Any] = {"env": self.backend.env, "query": NVIDIA_SMI_QUERY, "packages": TRAINING_PACKAGES}
-        if llm is not None:
-            asked.update(model=llm.model_name, packages=[*TRAINING_PACKAGES, "bitsandbytes"])
+        if model is not None:
+            asked.update(model=model, packages=[*TRAINING_PACKAGES, "bitsandbytes"])
         try:
-            facts = host_facts(self.backend, self.backend_name, asked)
+            facts = host_facts(self.backend, self.backend_name, asked, self.settings)
         except PotatoQueueError as exc:
             return failed_check(exc)
         report = check_report(self.backend, facts)
-        return report if llm is None else with_llm_fit(report, llm, facts, self.backend.gpus)
+        if model is not None:
+            report.data["llm_facts"] = llm_facts(facts, self.backend.gpus)
+        return report
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
-        header = {"packages": self.backend.packages, "num_threads": self.backend.num_threads, "gpus": self.backend.gpus,
-                  "min_free_gpu_mb": self.backend.min_free_gpu_mb}
-        return start_agent(spec, self.backend, header, assignment={})
+        header = boot_header(self.backend, packages=self.backend.packages, num_threads=self.backend.num_threads,
+                             gpus=self.backend.gpus, min_free_gpu_mb=self.backend.min_free_gpu_mb)
+        return start_agent(spec, self.backend, self.settings, header, assignment={})

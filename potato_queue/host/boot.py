@@ -40,9 +40,37 @@ import stat
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, NamedTuple, Optional
 
 EXIT_REFUSED = 3
+# The header's transport: the agent reaches the server through the session's forward, or (sshd refuses
+# forwards) through this process over the session itself.
+FORWARD, SESSION = "forward", "session"
+
+
+class BootHeader(NamedTuple):
+    """The executor's first line (the module docstring): one type for the side that writes it and this one."""
+
+    remote_dir: str
+    code_sha256: str
+    host: str
+    env: Dict[str, str]
+    secret_env: List[str]
+    packages: List[str]
+    num_threads: Optional[int]
+    gpus: str  # auto, none, or the GPU indices allowed ("0,1")
+    min_free_gpu_mb: float
+    slurm: bool = False
+    socket: str = ""
+    transport: str = FORWARD
+
+    def to_line(self) -> bytes:
+        return (json.dumps(self._asdict()) + "\n").encode()
+
+    @classmethod
+    def from_line(cls, line: str) -> "BootHeader":
+        data = json.loads(line)
+        return cls(**{name: data[name] for name in cls._fields if name in data})
 
 
 def send(event: str, **fields: object) -> None:
@@ -118,12 +146,12 @@ def main() -> int:
         pass  # already a session leader (the login shell exec'd us)
     # The header first: the executor sent it with the program, so it is here even when the executor died
     # since; what follows may fail (its session gone) and must still remove the socket the header names.
-    header = json.loads(read_line())
+    header = BootHeader.from_line(read_line())
     try:
         send("session", session=os.getsid(0))  # before any slow step: the hard stop can reach all we start
         return boot(header)
     finally:  # not reached once the agent runs (execve): it removes the socket itself (--forwarded-socket)
-        remove_socket(header.get("socket") or "")
+        remove_socket(header.socket)
 
 
 def remove_socket(path: str) -> None:
@@ -137,19 +165,19 @@ def remove_socket(path: str) -> None:
         pass
 
 
-def choose_waiting(header: Dict[str, Any], python: str) -> Any:
+def choose_waiting(header: BootHeader, python: str) -> Any:
     """The GPU choice (host/gpus.py's Choice); while no GPU has min_free_gpu_mb free, it waits, asking
     nvidia-smi again every GPU_POLL_S and saying what it sees (the step line). The executor bounds the
     wait (setup_timeout_s: it ends the session); a refusal waiting cannot fix is raised at once."""
     from potato_queue.host.check import gpu_facts, nvidia_smi
     from potato_queue.host.gpus import GPU_POLL_S, GPU_REPORT_S, NVIDIA_SMI_QUERY, GpuBusy, choose, parse_gpus
 
-    csv, archs = ("", None) if header["gpus"] == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)
+    csv, archs = ("", None) if header.gpus == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)
     said: Optional[Dict[str, Any]] = None
     said_s = 0.0
     while True:
         try:
-            return choose(header["gpus"], parse_gpus(csv), header["min_free_gpu_mb"], archs, header["host"])
+            return choose(header.gpus, parse_gpus(csv), header.min_free_gpu_mb, archs, header.host)
         except GpuBusy as busy:
             wait = busy.wait.to_json()
             if said is None or (wait != said and time.monotonic() - said_s >= GPU_REPORT_S):
@@ -159,24 +187,24 @@ def choose_waiting(header: Dict[str, Any], python: str) -> Any:
         csv = nvidia_smi(NVIDIA_SMI_QUERY)  # torch's arch list does not change meanwhile
 
 
-def boot(header: Dict[str, Any]) -> int:
+def boot(header: BootHeader) -> int:
     """The setup, then the agent (this process becomes it); the exit code when it cannot start."""
-    os.environ.update(header["env"])  # the backend's PATH finds nvidia-smi and pip too
+    os.environ.update(header.env)  # the backend's PATH finds nvidia-smi and pip too
     if sys.version_info < (3, 8):
         send("refused", message="{} is Python {}; potato-queue needs 3.8 or newer".format(
             sys.executable, platform.python_version()))
         return EXIT_REFUSED
     send("python", version=platform.python_version(), executable=sys.executable)
-    root = folder(os.path.expanduser(header["remote_dir"]))
-    code = ensure_code(root, header["code_sha256"])
-    python = ensure_env(root, header["packages"])
+    root = folder(os.path.expanduser(header.remote_dir))
+    code = ensure_code(root, header.code_sha256)
+    python = ensure_env(root, header.packages)
     sys.path.insert(0, code)
     # Imported only now: until ensure_code, nothing of ours is on this host (the module docstring).
     from potato_queue.host.gpus import GpuRefused
     from potato_queue.wire.isolated import THREAD_ENV_VARS, allowed_env, python_argv
 
-    env = allowed_env(os.environ, header["env"], header.get("secret_env") or [])
-    slurm = bool(header.get("slurm"))
+    env = allowed_env(os.environ, header.env, header.secret_env)
+    slurm = header.slurm
     if not slurm:  # a login node's GPUs are not the job's: SLURM's gres gives those
         try:
             choice = choose_waiting(header, python)
@@ -187,16 +215,16 @@ def boot(header: Dict[str, Any]) -> int:
         # nvidia-smi numbers GPUs in PCI bus order, CUDA fastest first unless told: the GPU chosen by its index
         # must be the one the worker gets.
         env.update(CUDA_VISIBLE_DEVICES=choice.visible_devices, CUDA_DEVICE_ORDER="PCI_BUS_ID")
-        if header.get("num_threads"):
-            env.update({name: str(header["num_threads"]) for name in THREAD_ENV_VARS})
+        if header.num_threads:
+            env.update({name: str(header.num_threads) for name in THREAD_ENV_VARS})
     jobs = folder(os.path.join(root, "jobs"))
     options = ["--slurm"] if slurm else ["--python", python]
-    if header.get("transport") == "session":
-        return relay_agent(header["socket"], jobs, python_argv(python, "potato_queue.agent", [
+    if header.transport == SESSION:
+        return relay_agent(header.socket, jobs, python_argv(python, "potato_queue.agent", [
             "run", "--assignment-on-stdin"] + options, code_root=code), env)
     send("ready", workdir=jobs, session=os.getsid(0))
-    if header.get("socket"):  # the agent removes it when it ends, whatever ends it
-        options += ["--forwarded-socket", header["socket"]]
+    if header.socket:  # the agent removes it when it ends, whatever ends it
+        options += ["--forwarded-socket", header.socket]
     argv = python_argv(python, "potato_queue.agent", ["run", "--assignment-on-stdin"] + options, code_root=code)
     os.execve(python, argv, env)
     return 0  # not reached

@@ -12,7 +12,7 @@ CUDA's own context.
 
 from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-__all__ = ["ModelAsk", "parameter_count", "need_mb", "fit_lines", "CONTEXT_MB"]
+__all__ = ["ModelAsk", "parameter_count", "need_mb", "fit_lines", "compute_node_line", "fit_of_facts", "CONTEXT_MB"]
 
 MIB = 1024 * 1024
 CONTEXT_MB = 1500  # CUDA's context, cuBLAS workspaces and the allocator's slack
@@ -79,3 +79,25 @@ def fit_lines(ask: ModelAsk, config: Optional[Dict[str, Any]], gpus_free_mb: Seq
         return False, lines + ["hf-llm-lora: {} needed, more than the {:.0f} MB free on GPU {}; fix: {}, or free "
                                "memory on the GPU".format(what, free_mb, index, fix)]
     return True, lines + ["hf-llm-lora: {} needed; GPU {} has {:.0f} MB free".format(what, index, free_mb)]
+
+
+def compute_node_line(ask: ModelAsk, config: Optional[Dict[str, Any]]) -> str:
+    """A SLURM login node cannot see a job's GPU: the need, where the model's config is on shared storage; the
+    trainer compares it with its GPU on the node before it loads the weights."""
+    parameters = None if config is None else parameter_count(config)
+    if parameters is None:
+        return ("hf-llm-lora: {}'s size is unknown here; the trainer checks its fit on the compute node's GPU "
+                "before it loads the weights".format(ask.model_name))
+    four_bit = ask.load_in_4bit != "false"
+    return ("hf-llm-lora: {} ({:.2f} B parameters) needs about {:.0f} MB of the job's GPU in {} (ask for it with "
+            "gres or mem_per_gpu); the trainer checks it on the node before it loads the weights".format(
+                ask.model_name, parameters / 1e9, need_mb(parameters, four_bit), "4-bit" if four_bit else "bf16"))
+
+
+def fit_of_facts(ask: ModelAsk, facts: Dict[str, Any]) -> Tuple[bool, List[str]]:
+    """fit_lines of what a backend's check saw (its `llm_facts`: the model's config, the GPUs a run may get
+    as [index, free MB] pairs, None where a scheduler picks them, and whether bitsandbytes imports)."""
+    if facts.get("gpus") is None:
+        return True, [compute_node_line(ask, facts.get("model_config"))]
+    gpus = [(int(index), float(free_mb)) for index, free_mb in facts["gpus"]]
+    return fit_lines(ask, facts.get("model_config"), gpus, bool(facts.get("bitsandbytes")))

@@ -16,17 +16,18 @@ import subprocess
 import sys
 import tempfile
 import threading
+from collections.abc import Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import IO, Any
 
-from potato_queue.config import REDIS_URL_ENV, ProjectConfig
-from potato_queue.embedded_redis import EmbeddedRedis, ping
+from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.potato_hook import TRAINER_NAME
+from potato_queue.processes.embedded_redis import EmbeddedRedis, ping
+from potato_queue.settings import REDIS_URL_ENV, WARNINGS_SHOWN_ENV
 from potato_queue.store.keys import potato_database_path
 from potato_queue.store.plumbing import client_for
-from potato_queue.validate import WARNINGS_SHOWN_ENV
 
 __all__ = ["up"]
 
@@ -69,8 +70,9 @@ def params_by_trainer(trainers: list[str], params: dict[str, Any]) -> list[tuple
     return [(name, {k: v for k, v in params.items() if k in declared[name]}) for name in trainers]
 
 
-def up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str], port: int,
-       verbose: bool = False) -> int:
+def up(config: ProjectConfig, redis_url: str, *, environ: Mapping[str, str], trainers: list[tuple[str, dict[str, Any]]],
+       schemas: list[str], port: int, verbose: bool = False) -> int:
+    """`environ`: the environment the server, the executor and beat start in (ours, from cli/)."""
     # SIGTERM and SIGHUP would end this process at once, leaving the server, the executor and Redis
     # running under PID 1: as SystemExit they unwind the stack below, which stops every child. Ctrl-C
     # takes the same path, set here: a process started in the background by a shell (`cmd &`) inherits
@@ -78,20 +80,20 @@ def up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict[
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _exit_on)
     try:
-        return _up(config, redis_url, trainers=trainers, schemas=schemas, port=port, verbose=verbose)
+        return _up(config, redis_url, environ, trainers=trainers, schemas=schemas, port=port, verbose=verbose)
     except KeyboardInterrupt:
         return 130
 
 
-def _up(config: ProjectConfig, redis_url: str, *, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str], port: int,
-        verbose: bool) -> int:
+def _up(config: ProjectConfig, redis_url: str, environ: Mapping[str, str], *, trainers: list[tuple[str, dict[str, Any]]],
+        schemas: list[str], port: int, verbose: bool) -> int:
     with ExitStack() as stack:
         if not ping(redis_url):
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="potato-queue-redis-"))
             redis = stack.enter_context(EmbeddedRedis(Path(folder)))
             redis_url = redis.url
             print(f"potato-queue: no Redis answered, so one runs privately at {redis_url}", flush=True)
-        env = {**os.environ, REDIS_URL_ENV: redis_url, WARNINGS_SHOWN_ENV: str(config.config_path.resolve())}
+        env = {**environ, REDIS_URL_ENV: redis_url, WARNINGS_SHOWN_ENV: str(config.config_path.resolve())}
         cfg_path = str(config.config_path)
         server = _spawn(["serve", cfg_path, "--port", str(port)], env, stdout=subprocess.PIPE)
         stack.callback(_stop, server)

@@ -52,7 +52,7 @@ class Dispatcher:
             return False
         for run_id, state in unfinished:
             if state == RunState.QUEUED:
-                started_s = time.time()
+                started_s = self.store.clock.now_s()
                 record = self._hold(run_id, started_s)
                 if record is not None:
                     return record, started_s

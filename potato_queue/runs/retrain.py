@@ -12,7 +12,6 @@ outcome is kept in Redis for `training runs`, the API and the page.
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -25,8 +24,7 @@ from potato_queue.runs.kinds import trainable_schemas
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
 from potato_queue.store.keys import retrain_state_path
-from potato_queue.store.lease import Lease
-from potato_queue.store.records import as_text, write_json_atomic
+from potato_queue.store.records import write_json_atomic
 
 __all__ = ["Baseline", "Decision", "decide", "check", "last_check", "AUTO_TRIGGER"]
 
@@ -87,18 +85,17 @@ def read_baseline(config: ProjectConfig) -> Baseline:
 def check(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None],
           now_s: float | None = None) -> Decision | None:
     """One beat tick; None when another check holds the lock (it decides for both)."""
-    lock = Lease(store.redis, store.keys.retrain_lock)
+    lock = store.retrain.check_lock()
     if not lock.try_take():
         return None
     try:
-        decision = _check_locked(config, store, enqueue, time.time() if now_s is None else now_s)
+        decision = _check_locked(config, store, enqueue, store.clock.now_s() if now_s is None else now_s)
     except PotatoQueueError as exc:
         decision = Decision(False, f"auto-retrain did not start a run: {exc.message}"
                             + (f" (fix: {exc.fix})" if exc.fix else ""), 0, 0)
     finally:
         lock.release()
-    store.redis.hset(store.keys.retrain_status, mapping={"checked_at": repr(time.time()), "reason": decision.reason,
-                                                         "annotations": decision.annotations})
+    store.retrain.record_check(decision.reason, decision.annotations)
     return decision
 
 
@@ -124,7 +121,7 @@ def _check_locked(config: ProjectConfig, store: RunStore, enqueue: Callable[[str
 def last_check(config: ProjectConfig, store: RunStore) -> dict[str, Any]:
     """What auto-retrain is doing, for `training runs`, the API and the page."""
     settings = config.model_training.auto_retrain
-    raw = {as_text(k): as_text(v) for k, v in store.redis.hgetall(store.keys.retrain_status).items()}
+    raw = store.retrain.last_check()
     baseline = read_baseline(config) if settings.enabled else Baseline()
     if not settings.enabled:
         reason = "auto-retrain is off (model_training.auto_retrain.enabled)"

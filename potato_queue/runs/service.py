@@ -20,6 +20,8 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Denied, NotFound
+from potato_queue.executors.base import CheckReport
+from potato_queue.host.llm_fit import ModelAsk
 from potato_queue.run import FINAL_STATES, RunRecord, RunState
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
@@ -128,6 +130,14 @@ class RunService:
 
     def backend_known(self, name: str) -> None:
         require_backend(self.config, name)
+
+    def check(self, backend: str, llm: ModelAsk | None = None) -> CheckReport:
+        """Could a run start on `backend` now (runs/check.py); with `llm`, could hf-llm-lora fine-tune that
+        model there. Slow where it asks a host over ssh: call it off the event loop."""
+        from potato_queue.runs.check import check_backend
+
+        self.backend_known(backend)
+        return check_backend(self.config, self.store, backend, llm)
 
     # -- an agent's events --------------------------------------------------------
     def claimed(self, backend: str, token: str, agent: dict[str, Any]) -> Claimed | None:

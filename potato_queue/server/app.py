@@ -8,7 +8,7 @@ from collections.abc import Callable
 from fastapi import FastAPI
 
 from potato_queue.clock import REAL_CLOCK, Clock
-from potato_queue.config import ProjectConfig
+from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.runs.service import RunService
 from potato_queue.server.admin_api import admin_router
 from potato_queue.server.agent_api import agent_router
@@ -52,7 +52,7 @@ def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str]
     app.state.runs = RunService(config, app.state.store, enqueue)
     app.state.redis_url = redis_url
     app.state.stopping = threading.Event()  # set when the server is asked to stop (processes/server.py)
-    app.state.local_device = device_probe(config, redis_url)
+    app.state.local_device = device_probe(lambda: app.state.runs.check(LOCAL))
     app.include_router(admin_router(), prefix=ADMIN_PREFIX)
     app.include_router(page_api_router(), prefix=ADMIN_PREFIX)
     app.include_router(publish_router(), prefix=ADMIN_PREFIX)

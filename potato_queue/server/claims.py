@@ -24,7 +24,6 @@ import asyncio
 import time
 from typing import Annotated, Any
 
-import redis.asyncio as aioredis
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import Response
@@ -37,7 +36,6 @@ from potato_queue.runs.service import RunService
 from potato_queue.server.deps import config_of, runs_of
 from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
-from potato_queue.store.plumbing import async_twin
 from potato_queue.store.tokens import WAKE_EVERYONE, TrustedAgentTokens, token_digest
 
 __all__ = ["ClaimWakeups", "AgentInfo", "Claim", "GpuSeen", "GpuWaitIn", "WaitingAgent", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S",
@@ -128,27 +126,17 @@ class ClaimWakeups:
         self._loop: asyncio.AbstractEventLoop | None = None
         self.stopping = False  # the server is stopping: every claim answers "nothing" now
 
-    async def _listen(self, twin: aioredis.Redis) -> None:
-        pubsub = twin.pubsub()
-        await pubsub.subscribe(self.store.keys.offered)
-        assert self._ready is not None
-        self._ready.set()
-        try:
-            async for message in pubsub.listen():
-                if message.get("type") == "message":
-                    data = message["data"].decode() if isinstance(message["data"], bytes) else message["data"]
-                    everyone = data.startswith(WAKE_EVERYONE)
-                    self.wake(data[len(WAKE_EVERYONE):] if everyone else data, everyone=everyone)
-        finally:
-            await pubsub.aclose()
-            await twin.aclose()
+    async def _listen(self, ready: asyncio.Event) -> None:
+        async for data in self.store.offers.announcements(ready.set):
+            everyone = data.startswith(WAKE_EVERYONE)
+            self.wake(data[len(WAKE_EVERYONE):] if everyone else data, everyone=everyone)
 
     async def _started(self) -> None:
         self._loop = asyncio.get_running_loop()
         if self._task is None or self._task.done():
             self._none_offered.clear()  # offers made while nobody listened were not heard
             self._ready = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._listen(async_twin(self.store.redis)))
+            self._task = asyncio.get_running_loop().create_task(self._listen(self._ready))
         assert self._ready is not None
         await self._ready.wait()
 

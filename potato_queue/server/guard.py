@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import secrets
 import time
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
@@ -70,7 +69,7 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 def admin_key(config: ProjectConfig) -> str | None:
-    return config.admin_api_key or os.environ.get("POTATO_ADMIN_API_KEY") or None
+    return config.admin_api_key or config.settings.admin_api_key or None
 
 
 def admin_problem(config: ProjectConfig, given: str | None) -> tuple[int, str] | None:

@@ -8,9 +8,7 @@ answers, and how many executors said they are up in the last few seconds.
 
 from __future__ import annotations
 
-import os
 import secrets
-import time
 from collections import Counter
 from typing import Any
 
@@ -18,14 +16,13 @@ import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from potato_queue.config import REDIS_URL_ENV
 from potato_queue.run import FINAL_STATES, STATES, RunState
 from potato_queue.server.guard import admin_problem, bearer
+from potato_queue.settings import REDIS_URL_ENV
 from potato_queue.store.records import epoch_of
 
-__all__ = ["ops_router", "METRICS_TOKEN_ENV", "render_metrics"]
+__all__ = ["ops_router", "render_metrics"]
 
-METRICS_TOKEN_ENV = "POTATO_QUEUE_METRICS_TOKEN"
 LISTED = 100000
 # /healthz answers anyone: it names the problem and where to look, never Redis's address or password (the
 # client's error text has them).
@@ -34,7 +31,7 @@ REDIS_DOWN = ("Redis does not answer: start it, or restart the server with one t
 
 
 def _scrape_allowed(request: Request) -> bool:
-    token = os.environ.get(METRICS_TOKEN_ENV)
+    token = request.app.state.config.settings.metrics_token
     given = bearer({k.lower(): v for k, v in request.headers.items()})
     if token and given and secrets.compare_digest(given.encode(), token.encode()):
         return True
@@ -95,7 +92,7 @@ def metrics(request: Request) -> PlainTextResponse:
             registration = store.agents.registration(name)
             agents[name] = registration["last_seen"] if registration else None
     text = render_metrics(store.list_runs(LISTED), store.presence.queue_length(), agents, len(store.presence.executors_seen()),
-                          time.time())
+                          store.clock.now_s())
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
@@ -103,7 +100,7 @@ def healthz(request: Request) -> JSONResponse:
     """200 when Redis answers and an executor is up; 503 saying which is not."""
     store = request.app.state.store
     try:
-        store.redis.ping()
+        store.presence.ping()
         executors = len(store.presence.executors_seen())
     except redis.RedisError:
         return JSONResponse({"ok": False, "redis": "does not answer", "executors": None, "problem": REDIS_DOWN},

@@ -7,9 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -19,50 +16,38 @@ from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from potato_queue.errors import NotFound
+from potato_queue.executors.base import CheckReport
 from potato_queue.server.admin_api import require_admin_key
 from potato_queue.server.deps import ErrorReply, runs_of, store_of
 from potato_queue.server.guard import request_session
+from potato_queue.store.potato_ledger import ledger_status
 
-__all__ = ["page_api_router", "device_probe", "STREAM_TICK_S", "CHECK_TIMEOUT_S"]
+__all__ = ["page_api_router", "device_probe", "STREAM_TICK_S"]
 
 STREAM_TICK_S = 0.5
 KEEPALIVE_S = 15.0
-CHECK_TIMEOUT_S = 180
 LISTED = 50
 
 
 def check_backend(name: str, request: Request) -> dict[str, Any]:
-    """`potato-queue training check NAME CONFIG` in a process of its own, as an admin would run it: the
-    same report, and the server neither blocks on ssh nor imports torch for the local device."""
-    config = request.app.state.config
-    runs_of(request).backend_known(name)
-    try:
-        done = subprocess.run(_check_argv(config, name, request.app.state.redis_url), capture_output=True, text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL,
-                              env=dict(os.environ))
-    except subprocess.TimeoutExpired:
-        return {"backend": name, "ok": False, "lines": [f"the check of {name} took longer than {CHECK_TIMEOUT_S} s"]}
-    lines = done.stdout.splitlines() + [line for line in done.stderr.splitlines() if not line.startswith("warning:")]
-    return {"backend": name, "ok": done.returncode == 0, "lines": lines}
+    """The backend's check as `training check` reports it (RunService.check). A plain def: FastAPI runs it in
+    its thread pool, so a host slow to answer over ssh holds this request only."""
+    report = runs_of(request).check(name)
+    return {"backend": name, "ok": report.ok, "lines": [*report.lines, ledger_status(request.app.state.config).line()]}
 
 
-def _check_argv(config: Any, name: str, redis_url: str) -> list[str]:
-    return [sys.executable, "-m", "potato_queue.cli", "training", "check", name, str(config.config_path),
-            "--redis-url", redis_url]
-
-
-def device_probe(config: Any, redis_url: str) -> Callable[[float], str | None]:
-    """The device a local run would use (for the menu's `local (this machine, <device>)`), asked once, by the
-    local check, at the first call; the returned function waits up to its timeout for the answer."""
+def device_probe(check: Callable[[], CheckReport]) -> Callable[[float], str | None]:
+    """The device a local run would use (for the menu's `local (this machine, <device>)`), asked once, by
+    `check` (the local backend's: it asks the worker's code in a process of its own, so the server never
+    imports torch), at the first call; the returned function waits up to its timeout for the answer."""
     found: list[str] = []
     done, lock = threading.Event(), threading.Lock()
     started: list[threading.Thread] = []
 
     def ask() -> None:
         try:
-            out = subprocess.run([*_check_argv(config, "local", redis_url), "--json"], capture_output=True,
-                                 text=True, timeout=CHECK_TIMEOUT_S, stdin=subprocess.DEVNULL)
-            found.append(str(json.loads(out.stdout).get("device") or "device unknown"))
-        except (OSError, ValueError, subprocess.SubprocessError):
+            found.append(str(check().data.get("device") or "device unknown"))
+        except Exception:  # noqa: BLE001 - the menu's decoration: it must not fail the backends list
             found.append("device unknown")
         finally:
             done.set()

@@ -17,7 +17,6 @@ import hashlib
 import hmac
 import ipaddress
 import secrets
-import time
 from collections.abc import Mapping
 
 __all__ = ["COOKIE", "SESSION_S", "new_session", "session_nonce", "csrf_token", "cross_site_problem", "cookie_value",
@@ -36,16 +35,16 @@ def _sign(secret: bytes, text: str) -> str:
     return hmac.new(secret, text.encode(), hashlib.sha256).hexdigest()
 
 
-def new_session(key: str | None, now_s: float | None = None) -> tuple[str, str]:
+def new_session(key: str | None, now_s: float) -> tuple[str, str]:
     """A fresh cookie value, `<expiry>.<nonce>.<signature>`, and its nonce."""
     secret = _secret(key)
     assert secret is not None, "no admin key: nobody can sign in"
     nonce = secrets.token_urlsafe(16)
-    body = f"{int((now_s or time.time()) + SESSION_S)}.{nonce}"
+    body = f"{int(now_s + SESSION_S)}.{nonce}"
     return f"{body}.{_sign(secret, body)}", nonce
 
 
-def session_nonce(key: str | None, value: str | None, now_s: float | None = None) -> str | None:
+def session_nonce(key: str | None, value: str | None, now_s: float) -> str | None:
     """The nonce of a valid, unexpired cookie value; None for anything else."""
     secret = _secret(key)
     parts = (value or "").split(".")
@@ -54,7 +53,7 @@ def session_nonce(key: str | None, value: str | None, now_s: float | None = None
     expiry, nonce, signature = parts
     if not hmac.compare_digest(signature, _sign(secret, f"{expiry}.{nonce}")):
         return None
-    return nonce if int(expiry) > (now_s or time.time()) else None
+    return nonce if int(expiry) > now_s else None
 
 
 def csrf_token(key: str | None, nonce: str) -> str:

@@ -4,8 +4,8 @@
 named parts are the slot lease (lease.py), presence (presence.py: the
 server's address, the executors alive), the agent backends' offers and claims
 (offers.py), tokens (tokens.py), records held while a folder takes no writes
-(pending.py), the Training page's sessions and sign-in tries (sessions.py)
-and Potato's own store (potato_ledger). keys.py names every
+(pending.py), the Training page's sessions and sign-in tries (sessions.py),
+auto-retrain's lock and last check (retrain_state.py) and Potato's own store (potato_ledger). keys.py names every
 Redis key and run path; records.py says how a record is written; plumbing.py
 holds the Lua scripts and the asyncio twin of the client.
 """

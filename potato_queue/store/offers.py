@@ -9,13 +9,14 @@ claims nothing.
 from __future__ import annotations
 
 import json
-import time
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import redis
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.store.keys import Keys
-from potato_queue.store.plumbing import CLAIM
+from potato_queue.store.plumbing import CLAIM, async_twin
 from potato_queue.store.records import as_text
 from potato_queue.store.tokens import token_digest
 
@@ -28,16 +29,34 @@ class Offers:
     """One project's offers (the store's `offers`): the executor's side (offer, is_offered, withdraw) and
     the agent's (claim)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis, self.keys = client, keys
+    def __init__(self, client: redis.Redis, keys: Keys, clock: Clock = REAL_CLOCK) -> None:
+        self.redis, self.keys, self.clock = client, keys, clock
         self._claim = client.register_script(CLAIM)
 
     def offer(self, backend: str, run_id: str) -> None:
         """Post a run for the backend's agents and wake the claims waiting for it."""
         pipe = self.redis.pipeline()
-        pipe.zadd(self.keys.offers(backend), {run_id: time.time()}, nx=True)
+        pipe.zadd(self.keys.offers(backend), {run_id: self.clock.now_s()}, nx=True)
         pipe.publish(self.keys.offered, backend)
         pipe.execute()
+
+    async def announcements(self, subscribed: Callable[[], None]) -> AsyncIterator[str]:
+        """Each message on the offers channel, as it is published: a backend's name (an offer), or WAKE_EVERYONE
+        and the name (a register). `subscribed()` is called once the subscription holds, so that a claim that
+        looks only after it cannot miss an offer made in between."""
+        # An asyncio twin: a blocking subscription would hold a thread-pool thread for the server's life.
+        twin = async_twin(self.redis)
+        pubsub = twin.pubsub()
+        try:
+            await pubsub.subscribe(self.keys.offered)
+            subscribed()
+            async for message in pubsub.listen():
+                if message.get("type") == "message":
+                    data = message["data"]
+                    yield data.decode() if isinstance(data, bytes) else data
+        finally:
+            await pubsub.aclose()
+            await twin.aclose()
 
     def is_offered(self, backend: str, run_id: str) -> bool:
         return self.redis.zscore(self.keys.offers(backend), run_id) is not None
@@ -53,7 +72,7 @@ class Offers:
     def waiting(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: dict[str, Any]) -> bool:
         """An agent of `backend` waits for a free GPU before it claims: it is seen, and its wait kept (with
         its host and the time) for the offered runs' step line. False for a token that is not the backend's."""
-        wait = json.dumps({"wait": gpu_wait, "host": agent.get("host"), "at": time.time()})
+        wait = json.dumps({"wait": gpu_wait, "host": agent.get("host"), "at": self.clock.now_s()})
         return self._call(backend, token, agent, wait) != DENIED
 
     def agent_waiting(self, backend: str, fresh_s: float) -> dict[str, Any] | None:
@@ -63,9 +82,9 @@ class Offers:
         if raw is None:
             return None
         said = json.loads(as_text(raw))
-        return said if time.time() - float(said["at"]) < fresh_s else None
+        return said if self.clock.now_s() - float(said["at"]) < fresh_s else None
 
     def _call(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: str) -> str:
         keys = [self.keys.agent_token(backend), self.keys.offers(backend)]
-        return str(as_text(self._claim(keys=keys, args=[token_digest(token), repr(time.time()), json.dumps(agent),
+        return str(as_text(self._claim(keys=keys, args=[token_digest(token), repr(self.clock.now_s()), json.dumps(agent),
                                                     gpu_wait])))

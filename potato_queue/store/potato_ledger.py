@@ -24,6 +24,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.run import RunState
 from potato_queue.store.keys import potato_database_path, potato_task_dir
@@ -191,15 +192,16 @@ def _error_code(record: Mapping[str, Any]) -> str:
     return f"exit_{code}" if code is not None else "potato_queue"
 
 
-def potato_run_fields(record: Mapping[str, Any], *, split_seed: int, host: str) -> dict[str, Any]:
-    """A potato-queue run record as the fields of Potato's TrainingRun (text in, text out)."""
+def potato_run_fields(record: Mapping[str, Any], *, split_seed: int, host: str, now_s: float) -> dict[str, Any]:
+    """A potato-queue run record as the fields of Potato's TrainingRun (text in, text out); `now_s` stands in
+    for a creation time the record lacks."""
     bundle = record.get("bundle") or {}
     counts = bundle.get("n") or {}
     return {
         "run_id": record["run_id"], "trainer": record["trainer"], "backend": f"potato-queue/{record['backend']}",
         "schema_names": list(record.get("schemas") or []), "kinds": list(bundle.get("kinds") or []),
         "status": RUN_STATE_IN_POTATO.get(record["state"], "error"), "trigger": record.get("trigger") or "api",
-        "created_at": epoch_of(record.get("created_at")) or time.time(),
+        "created_at": epoch_of(record.get("created_at")) or now_s,
         "started_at": epoch_of(record.get("started_at")), "finished_at": epoch_of(record.get("finished_at")),
         "n_train": int(counts.get("train", 0)), "n_val": int(counts.get("val", 0)),
         "n_test": int(counts.get("test", 0)), "split_seed": split_seed, "params": dict(record.get("params") or {}),
@@ -217,8 +219,8 @@ def _locked(exc: sqlite3.OperationalError) -> bool:
 class PotatoLedger:
     """One project's runs mirrored into Potato's store; with write-back off, nothing (said once)."""
 
-    def __init__(self, config: ProjectConfig, log: Callable[[str, str], None]) -> None:
-        self.config = config
+    def __init__(self, config: ProjectConfig, log: Callable[[str, str], None], clock: Clock = REAL_CLOCK) -> None:
+        self.config, self.clock = config, clock
         self._log = log  # (run_id, line) -> run.log
         self._status: LedgerStatus | None = None
         self._cfg = potato_config(config)
@@ -273,7 +275,8 @@ class PotatoLedger:
         # Potato fills an empty host with its own machine's name, which an agent's run never ran on.
         host = self._host.get(record["backend"]) or (
             socket.gethostname() if record["backend"] == LOCAL else f"an agent of {record['backend']}")
-        fields = potato_run_fields(record, split_seed=self.config.model_training.split_seed, host=host)
+        fields = potato_run_fields(record, split_seed=self.config.model_training.split_seed, host=host,
+                                   now_s=self.clock.now_s())
 
         def write(store: Any) -> None:
             store.record_run(self._cfg, store.TrainingRun(**fields))

@@ -7,10 +7,9 @@ Redis is emptied.
 
 from __future__ import annotations
 
-import time
-
 import redis
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.store.keys import Keys
 from potato_queue.store.records import as_text
 
@@ -20,8 +19,13 @@ __all__ = ["Presence"]
 class Presence:
     """One project's presence keys (the store's `presence`)."""
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis, self.keys = client, keys
+    def __init__(self, client: redis.Redis, keys: Keys, clock: Clock = REAL_CLOCK) -> None:
+        self.redis, self.keys, self.clock = client, keys, clock
+
+    def ping(self) -> None:
+        """Raises redis.RedisError when Redis does not answer: /healthz asks Redis itself, not any key of ours,
+        since an emptied Redis that answers is up."""
+        self.redis.ping()
 
     def record_server_url(self, url: str, local_url: str, ttl_s: float) -> None:
         with self.redis.pipeline(transaction=False) as pipe:
@@ -41,7 +45,7 @@ class Presence:
         return None if url is None else str(url)
 
     def record_executor(self, name: str, ttl_s: float) -> None:
-        self.redis.set(self.keys.executor(name), repr(time.time()), ex=max(1, int(ttl_s)))
+        self.redis.set(self.keys.executor(name), repr(self.clock.now_s()), ex=max(1, int(ttl_s)))
 
     def executors_seen(self) -> list[str]:
         """The executors up now (`<host>:<pid>`), as they last said so within their expiry."""

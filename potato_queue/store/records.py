@@ -10,11 +10,11 @@ import contextlib
 import fcntl
 import json
 import os
-import time
 from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.errors import PotatoQueueError
 from potato_queue.wire.files import write_atomic
 from potato_queue.wire.text import one_line
@@ -36,8 +36,8 @@ def epoch_of(text: str | None) -> float | None:
     return None if not text else datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
-def utc_now() -> str:
-    return utc_of(time.time())
+def utc_now(clock: Clock = REAL_CLOCK) -> str:
+    return utc_of(clock.now_s())
 
 
 def log_text(lines: list[str]) -> str:

@@ -1,11 +1,9 @@
 """Run records: durable on disk (run.json, run.log, events.jsonl), live in Redis.
 
-The run directory is the truth (it survives a Redis restart); Redis holds
-what changes every second (step, progress, heartbeat, cancel flag), the
-index of unfinished runs, and the state, whose transitions are
-compare-and-set there so that a cancel and an executor's start can never
-both win. The store owns its Redis: the server's routes, ingest and the run
-lifecycle ask it, and nothing else builds a key or talks to Redis for a run.
+The run directory is the truth (it survives a Redis restart); Redis holds what changes every second (step,
+progress, heartbeat, cancel flag), the index of unfinished runs, and the state, whose transitions are
+compare-and-set there so that a cancel and an executor's start can never both win. The store owns its Redis:
+the server's routes, ingest and the run lifecycle ask it, and nothing else builds a key or talks to Redis.
 """
 
 from __future__ import annotations
@@ -49,6 +47,7 @@ from potato_queue.store.records import (
     utc_now,
     write_json_atomic,
 )
+from potato_queue.store.retrain_state import RetrainState
 from potato_queue.store.sessions import PageSessions, SignInTries
 from potato_queue.store.tokens import AgentTokens, RunTokens
 
@@ -71,14 +70,15 @@ class RunStore:
         self._release_field = client.register_script(RELEASE_FIELD)
         self._created: dict[str, str] = {}
         self.tokens = RunTokens(client, self.keys)
-        self.agents = AgentTokens(client, self.keys)
-        self.offers = Offers(client, self.keys)
+        self.agents = AgentTokens(client, self.keys, clock)
+        self.offers = Offers(client, self.keys, clock)
         self.pending = PendingRecords(client, self.keys)
-        self.presence = Presence(client, self.keys)
+        self.presence = Presence(client, self.keys, clock)
+        self.retrain = RetrainState(client, self.keys, clock)  # auto-retrain's check lock and last outcome
         self.index = RunIndex(client, self.keys)  # the unfinished runs, the bulky ones, the newest
         self.sessions = PageSessions(client, self.keys)  # the Training page's, signed in
         self.sign_ins = SignInTries(client, self.keys, clock)  # each client's sign-in tries, for the backoff
-        self.potato = PotatoLedger(config, log=self.log)  # the run as Potato's own Training page sees it
+        self.potato = PotatoLedger(config, log=self.log, clock=clock)  # the run as Potato's own Training page sees it
 
     # -- records ---------------------------------------------------------
     def paths(self, run_id: str) -> RunPaths:
@@ -92,7 +92,7 @@ class RunStore:
         record: RunRecord = {
             "run_id": run_id, "state": RunState.QUEUED, "backend": backend, "trainer": trainer,
             "schemas": list(schemas), "params": dict(params or {}), "trigger": trigger,
-            "created_at": utc_now(), "started_at": None, "finished_at": None,
+            "created_at": utc_now(self.clock), "started_at": None, "finished_at": None,
             "error": None, "metrics": {}, "held_out": {}, "exit_code": None, "artifact_uri": None,
         }
         if potato_run_id is not None:
@@ -212,7 +212,7 @@ class RunStore:
             record = self.read(run_id) if record is None else record
             merge(record, {**fields, "state": state})
             if state in FINAL_STATES:
-                record["finished_at"] = record.get("finished_at") or utc_now()
+                record["finished_at"] = record.get("finished_at") or utc_now(self.clock)
                 live = self.live(run_id)
                 merge(record, {k: live[k] for k in ("step", "progress") if k in live})
             # run.json last: whoever reads the new state there (the API, `training logs -f`) finds

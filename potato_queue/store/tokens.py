@@ -9,11 +9,11 @@ from __future__ import annotations
 import hashlib
 import json
 import secrets
-import time
 from typing import Any
 
 import redis
 
+from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.store.keys import Keys
 from potato_queue.store.records import as_text
 
@@ -100,8 +100,8 @@ class AgentTokens:
     what that agent said of itself (host, Python, trainer packages).
     """
 
-    def __init__(self, client: redis.Redis, keys: Keys) -> None:
-        self.redis, self.keys = client, keys
+    def __init__(self, client: redis.Redis, keys: Keys, clock: Clock = REAL_CLOCK) -> None:
+        self.redis, self.keys, self.clock = client, keys, clock
 
     def issue(self, backend: str) -> str:
         """A fresh token for `backend`, replacing (and revoking) the one before it."""
@@ -111,7 +111,7 @@ class AgentTokens:
         if old is not None:
             pipe.delete(self.keys.agent_token_owner(as_text(old)))
         pipe.delete(key)
-        pipe.hset(key, mapping={"digest": token_digest(token), "created_at": repr(time.time())})
+        pipe.hset(key, mapping={"digest": token_digest(token), "created_at": repr(self.clock.now_s())})
         pipe.set(self.keys.agent_token_owner(token_digest(token)), backend)
         pipe.publish(self.keys.offered, WAKE_EVERYONE + backend)  # every claim waiting tries again: the old token's are refused
         pipe.execute()

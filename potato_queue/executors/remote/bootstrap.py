@@ -21,7 +21,7 @@ from potato_queue import code_package
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import LaunchSpec
 from potato_queue.executors.remote.carried import carry
-from potato_queue.executors.remote.openssh import FORWARD_SETTINGS, SshTarget, ssh_argv
+from potato_queue.executors.remote.openssh import FORWARD_SETTINGS, RemoteBackend, SshTarget, ssh_argv
 from potato_queue.executors.remote.stage import (
     NoMarker,
     banner_note,
@@ -31,13 +31,14 @@ from potato_queue.executors.remote.stage import (
     stage_input,
 )
 from potato_queue.host import boot as remote_boot
+from potato_queue.host.boot import BootHeader
 from potato_queue.host.gpus import GpuWait, ssh_wait_line
 from potato_queue.store.keys import remote_socket_path
 
-__all__ = ["BootSession", "BOOT_SOURCE", "FORWARD", "OVER_SESSION", "forward_target"]
+__all__ = ["BootSession", "BOOT_SOURCE", "FORWARD", "OVER_SESSION", "forward_target", "boot_header"]
 
 BOOT_SOURCE = Path(remote_boot.__file__).read_text()
-FORWARD, OVER_SESSION = "forward", "session"
+FORWARD, OVER_SESSION = remote_boot.FORWARD, remote_boot.SESSION
 FORWARD_REFUSED = "forwarding failed"  # ssh's words for a refused -R, with ExitOnForwardFailure
 
 
@@ -52,14 +53,21 @@ def forward_target(server_url: str) -> str:
     return f"{host}:{parts.port or 80}"
 
 
+def boot_header(backend: RemoteBackend, *, packages: list[str], num_threads: int | None, gpus: str,
+                min_free_gpu_mb: float, slurm: bool = False) -> BootHeader:
+    """The header a run's session starts with; the socket and the transport are the session's own."""
+    return BootHeader(remote_dir=backend.remote_dir, code_sha256=code_package.agent_zipapp().sha256,
+                      host=backend.host, env=dict(backend.env), secret_env=list(backend.secret_env),
+                      packages=packages, num_threads=num_threads, gpus=gpus, min_free_gpu_mb=min_free_gpu_mb,
+                      slurm=slurm)
+
+
 class BootSession:
     """The run's ssh process (`proc`, replaced once if the forward is refused) and the conversation on it."""
 
-    def __init__(self, spec: LaunchSpec, backend: Any, target: SshTarget, header: dict[str, Any],
+    def __init__(self, spec: LaunchSpec, backend: RemoteBackend, target: SshTarget, header: BootHeader,
                  assignment: dict[str, Any]) -> None:
-        self.spec, self.backend, self.target = spec, backend, target
-        self.header = {"remote_dir": backend.remote_dir, "code_sha256": code_package.agent_zipapp().sha256,
-                       "env": backend.env, "secret_env": backend.secret_env, "host": backend.host, **header}
+        self.spec, self.backend, self.target, self.header = spec, backend, target, header
         self.assignment = assignment  # what the agent gets besides the run, the server and its workdir
         # The step line until the agent runs (the supervise loop shows a Waiting's why).
         self.phase = f"connecting to {backend.host}"
@@ -108,8 +116,8 @@ class BootSession:
         assert stdin is not None and stdout is not None
         log_start = log_path.stat().st_size if log_path.exists() else 0
         try:
-            self._send(stdin, stage_input(BOOT_SOURCE) + json.dumps({**self.header, "socket": self.socket,
-                                                                      "transport": self.transport}).encode() + b"\n")
+            header = self.header._replace(socket=self.socket, transport=self.transport)
+            self._send(stdin, stage_input(BOOT_SOURCE) + header.to_line())
             note = banner_note(self.backend.host, read_past_marker(stdout.fileno(), self.marker).decode(errors="replace"))
             if note:
                 self.spec.log(note)
@@ -150,7 +158,7 @@ class BootSession:
             self._send(stdin, f"{len(package.data)}\n".encode() + package.data)
         elif event == "creating_env":
             self.phase = f"creating the environment on {host}"
-            self.spec.log(f"{self.phase}: a venv with {', '.join(self.backend.packages)}")
+            self.spec.log(f"{self.phase}: a venv with {', '.join(self.header.packages)}")
         elif event == "gpu_wait":
             self.gpu_wait = GpuWait.from_json(message["wait"])
             self.phase = ssh_wait_line(self.gpu_wait, host)

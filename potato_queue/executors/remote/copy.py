@@ -18,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
-import os
 import shlex
 import shutil
 import subprocess
@@ -31,7 +30,7 @@ from typing import IO, Any
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import LaunchSpec, ModelFilesMissing
 from potato_queue.executors.remote import untar
-from potato_queue.executors.remote.openssh import SshTarget, run_script, ssh_argv, ssh_failure
+from potato_queue.executors.remote.openssh import RemoteBackend, SshTarget, run_script, ssh_argv, ssh_failure
 from potato_queue.executors.remote.stage import (
     NoMarker,
     new_marker,
@@ -41,7 +40,7 @@ from potato_queue.executors.remote.stage import (
 )
 from potato_queue.host import fetch as remote_fetch
 
-__all__ = ["ModelCopy", "FETCH_SOURCE", "COPY_STALL_S", "stall_s"]
+__all__ = ["ModelCopy", "FETCH_SOURCE", "COPY_STALL_S"]
 
 FETCH_SOURCE = Path(remote_fetch.__file__).read_text()
 COPY_STALL_S = 180.0
@@ -56,14 +55,15 @@ class ModelCopy:
     over max_artifact_mb named in run.log and left there, and a copy that sends nothing for
     COPY_STALL_S ended (ERR-7)."""
 
-    def __init__(self, target: SshTarget, backend: Any, spec: LaunchSpec, job: str) -> None:
-        """`job` is the job folder on the host."""
+    def __init__(self, target: SshTarget, backend: RemoteBackend, spec: LaunchSpec, job: str,
+                 stall_s: float = COPY_STALL_S) -> None:
+        """`job` is the job folder on the host; `stall_s`: COPY_STALL_S, shortened by tests only."""
         self.target, self.backend, self.spec, self.job = target, backend, spec, job
         self.marker = new_marker()
         self.total = 0
         self.received = 0
         self.last_byte_s = time.monotonic()
-        self.stall_s = stall_s()
+        self.stall_s = stall_s
         self.kept_there = False
         self.stalled = False
         self.manifest: dict[str, int] | None = None  # what the sender said it will send
@@ -232,7 +232,3 @@ class ModelCopy:
     def got(self, size: int) -> None:
         self.received += size
 
-
-def stall_s() -> float:
-    """ERR-7's 180 s; POTATO_QUEUE_COPY_STALL_S shortens it, for testing only."""
-    return float(os.environ.get("POTATO_QUEUE_COPY_STALL_S") or COPY_STALL_S)

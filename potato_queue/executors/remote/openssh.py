@@ -16,11 +16,12 @@ import re
 import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Protocol
 
 from potato_queue.errors import PotatoQueueError
 
 __all__ = [
+    "RemoteBackend",
     "ALWAYS_OPTIONS",
     "SshTarget",
     "SshFailed",
@@ -50,6 +51,35 @@ ALWAYS_OPTIONS: tuple[str, ...] = (
 CONTROL_PERSIST_S = 60
 
 
+class RemoteBackend(Protocol):
+    """What the ssh transport reads of a backend reached by ssh (config.py's ssh and slurm models)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def user(self) -> str | None: ...
+    @property
+    def port(self) -> int | None: ...
+    @property
+    def identity_file(self) -> str | None: ...
+    @property
+    def python(self) -> str: ...
+    @property
+    def remote_dir(self) -> str: ...
+    @property
+    def env(self) -> dict[str, str]: ...
+    @property
+    def secret_env(self) -> list[str]: ...
+    @property
+    def max_artifact_mb(self) -> float: ...
+    @property
+    def fetch_artifacts(self) -> bool: ...
+    @property
+    def keep_remote(self) -> bool: ...
+    @property
+    def setup_timeout_s(self) -> float: ...
+
+
 @dataclass(frozen=True)
 class SshTarget:
     """Where ssh goes: `host` is anything ssh accepts (an alias from ~/.ssh/config works).
@@ -66,7 +96,7 @@ class SshTarget:
     control_dir: str | None = None
 
     @classmethod
-    def of(cls, backend: Any, config_file: str | None = None, control_dir: str | None = None) -> SshTarget:
+    def of(cls, backend: RemoteBackend, config_file: str | None = None, control_dir: str | None = None) -> SshTarget:
         """The target of an ssh or slurm backend's config model."""
         return cls(backend.host, backend.user, backend.port, backend.identity_file, config_file, control_dir)
 

@@ -19,7 +19,6 @@ job folder; the job folder goes only once its model files are here.
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -39,10 +38,11 @@ from potato_queue.executors.base import (
     Waiting,
 )
 from potato_queue.executors.remote.bootstrap import FORWARD, OVER_SESSION, BootSession, forward_target
-from potato_queue.executors.remote.copy import ModelCopy
+from potato_queue.executors.remote.copy import COPY_STALL_S, ModelCopy
 from potato_queue.executors.remote.openssh import (
     FORWARD_FIX,
     FORWARD_SETTINGS,
+    RemoteBackend,
     RemoteFailed,
     SshFailed,
     SshTarget,
@@ -55,38 +55,38 @@ from potato_queue.executors.remote.openssh import (
 )
 from potato_queue.executors.remote.stage import banner_note, new_marker, split_banner, stage_argv, stage_input
 from potato_queue.host import check as remote_check
+from potato_queue.host.boot import BootHeader
 from potato_queue.host.gpus import ssh_wait_expired
+from potato_queue.settings import Settings
 from potato_queue.store.keys import remote_socket_path
 
-__all__ = ["SSH_CONFIG_ENV", "setup_expired", "forward_target", "session_lines", "target_of", "python_not_found",
+__all__ = ["setup_expired", "forward_target", "session_lines", "target_of", "python_not_found",
            "host_facts", "failed_check", "start_agent", "RemoteAgentHandle", "tail"]
 
-# An ssh config file of the server's own (ssh's -F): for a deployment that keeps its hosts apart
-# from the account's ~/.ssh/config, and for the tests' sshd.
-SSH_CONFIG_ENV = "POTATO_QUEUE_SSH_CONFIG"
 CHECK_SOURCE = Path(remote_check.__file__).read_text()
 EXIT_NOT_FOUND = 127
 # The check asks for a forward as a run does, to learn whether sshd allows it; nothing connects through it.
 CHECK_FORWARD_TO = "127.0.0.1:9"
 
 
-def target_of(backend: Any) -> SshTarget:
-    return SshTarget.of(backend, config_file=os.environ.get(SSH_CONFIG_ENV) or None)
+def target_of(backend: RemoteBackend, settings: Settings) -> SshTarget:
+    """Where ssh goes for `backend`, with the server's own ssh config file when it has one (settings)."""
+    return SshTarget.of(backend, config_file=settings.ssh_config_file)
 
 
-def python_not_found(backend: Any, backend_name: str) -> tuple[str, str]:
+def python_not_found(backend: RemoteBackend, backend_name: str) -> tuple[str, str]:
     """ERR-2 and its fix."""
     host = backend.host
     return (f"{backend.python} was not found on {host}", f"set `python` of backend {backend_name} to an interpreter "
             f"on {host} (3.8 or newer; `ssh {host} which python3` shows one)")
 
 
-def host_facts(backend: Any, backend_name: str, asked: dict[str, Any]) -> dict[str, Any]:
+def host_facts(backend: RemoteBackend, backend_name: str, asked: dict[str, Any], settings: Settings) -> dict[str, Any]:
     """What host/check.py saw on the host (`training check`), asked over the kind of session a run opens (the
     forward of a socket included), with `transport` (how a run's agent would reach the server) and `banner` (what
     the login printed before our line, said: stage.py). PotatoQueueError with its fix when the host cannot be
     asked (ERR-1 and the other ssh failures, ERR-2, a login shell that fails)."""
-    target, socket = target_of(backend), remote_socket_path("check")
+    target, socket = target_of(backend, settings), remote_socket_path("check")
     try:
         facts = _ask_check(backend, backend_name, target, {**asked, "socket": socket},
                            forward=(socket, CHECK_FORWARD_TO))
@@ -98,7 +98,7 @@ def host_facts(backend: Any, backend_name: str, asked: dict[str, Any]) -> dict[s
     return {**facts, "transport": OVER_SESSION}
 
 
-def _ask_check(backend: Any, backend_name: str, target: SshTarget, asked: dict[str, Any],
+def _ask_check(backend: RemoteBackend, backend_name: str, target: SshTarget, asked: dict[str, Any],
                forward: tuple[str, str] | None) -> dict[str, Any]:
     marker, host = new_marker(), backend.host
     try:
@@ -154,9 +154,10 @@ def setup_expired(host: str, backend_name: str, limit_s: float, phase: str) -> s
 class RemoteAgentHandle(RunHandle):
     """The run's session; `stop_job` is shell run first by the hard stop (a job's scancel), or ""."""
 
-    def __init__(self, session: BootSession, target: SshTarget, stop_job: str = "", hard_stop_s: float = 0.0) -> None:
+    def __init__(self, session: BootSession, target: SshTarget, stop_job: str = "", hard_stop_s: float = 0.0,
+                 copy_stall_s: float = COPY_STALL_S) -> None:
         self.session, self.target, self.stop_job = session, target, stop_job
-        self.hard_stop_s = hard_stop_s
+        self.hard_stop_s, self.copy_stall_s = hard_stop_s, copy_stall_s
         self.backend = session.backend
         self.cleaned = False
 
@@ -268,7 +269,7 @@ class RemoteAgentHandle(RunHandle):
         if job is None or not self.backend.fetch_artifacts:
             self._clean_up(keep_job=True)  # fetch_artifacts: false, the model files stay there
             return None if job is None else f"{self.backend.host}:{job}/work"
-        copy = ModelCopy(self.target, self.backend, self.session.spec, job)
+        copy = ModelCopy(self.target, self.backend, self.session.spec, job, self.copy_stall_s)
         try:
             kept = copy.run()
         except ModelFilesMissing:
@@ -279,11 +280,12 @@ class RemoteAgentHandle(RunHandle):
         return f"{self.backend.host}:{job}/work" if kept else str(self.session.spec.paths.artifacts)
 
 
-def start_agent(spec: LaunchSpec, backend: Any, header: dict[str, Any], assignment: dict[str, Any],
-                stop_job: str = "", hard_stop_s: float = 0.0) -> RemoteAgentHandle:
+def start_agent(spec: LaunchSpec, backend: RemoteBackend, settings: Settings, header: BootHeader,
+                assignment: dict[str, Any], stop_job: str = "", hard_stop_s: float = 0.0) -> RemoteAgentHandle:
     """The run's ssh session, with the bootstrap's conversation going on in a thread of its own; `stop_job`
     (POSIX sh) and `hard_stop_s`: a batch job's (RemoteAgentHandle)."""
     if spec.token is None:
         raise ValueError("a run over ssh needs its run token")
-    target = target_of(backend)
-    return RemoteAgentHandle(BootSession(spec, backend, target, header, assignment), target, stop_job, hard_stop_s)
+    target = target_of(backend, settings)
+    return RemoteAgentHandle(BootSession(spec, backend, target, header, assignment), target, stop_job, hard_stop_s,
+                             settings.copy_stall_s or COPY_STALL_S)
