@@ -220,7 +220,7 @@ class RunLife:
 
     def _first_contact(self) -> None:
         # A pull backend's run was queued until its agent claimed it: it starts now.
-        started = {"started_at": utc_now()} if self.record["state"] == RunState.QUEUED else {}
+        started = {"started_at": utc_now(self.store.clock)} if self.record["state"] == RunState.QUEUED else {}
         self.store.transition(self.run_id, RunState.RUNNING, self.record, **started)
 
     def _finish(self, outcome: Outcome) -> None:

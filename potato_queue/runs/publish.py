@@ -140,7 +140,7 @@ def start_publish(store: RunStore, record: RunRecord, request: Publish) -> dict[
     if not lease.try_take():
         raise Conflict(f"Run {run_id} is being published already", fix="wait for that upload to end (the run's page "
                                                                       "shows it), then publish again")
-    hub = {"state": PUBLISHING, "repo_id": request.repo_id, "private": request.private, "started_at": utc_now()}
+    hub = {"state": PUBLISHING, "repo_id": request.repo_id, "private": request.private, "started_at": utc_now(store.clock)}
     try:
         record = store.update(run_id, hub=hub)
     except BaseException:
@@ -156,15 +156,15 @@ def start_publish(store: RunStore, record: RunRecord, request: Publish) -> dict[
 def _upload(store: RunStore, record: RunRecord, request: Publish, token: str, artifacts: Path, lease: Lease) -> None:
     """The thread: upload, then the outcome into the record and run.log, then the lease let go."""
     run_id = record["run_id"]
-    hub: dict[str, Any] = {"repo_id": request.repo_id, "private": request.private, "finished_at": utc_now()}
+    hub: dict[str, Any] = {"repo_id": request.repo_id, "private": request.private, "finished_at": utc_now(store.clock)}
     try:
         with lease.kept():
             url, revision = _push(store, record, request, token, artifacts)
-        hub.update(state=PUBLISHED, url=url, revision=revision, finished_at=utc_now())
+        hub.update(state=PUBLISHED, url=url, revision=revision, finished_at=utc_now(store.clock))
         line = f"published to {url} (revision {revision})"
     except Exception as exc:  # noqa: BLE001 - whatever the upload met ends the publish, said; never the server
         error = _scrubbed(f"{type(exc).__name__}: {exc}", token)
-        hub.update(state=FAILED, error=error, finished_at=utc_now())
+        hub.update(state=FAILED, error=error, finished_at=utc_now(store.clock))
         line = f"publishing to the Hugging Face Hub failed: {error}"
     try:
         store.log(run_id, line)  # before run.json: whoever sees the publish's end there finds its line

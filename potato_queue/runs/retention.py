@@ -71,7 +71,7 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
                 path.unlink(missing_ok=True)
         store.index.unmark_bulky(run_id)
         # A line in run.log, not a rewrite of run.json: the record stays as the run left it (and no fsync).
-        store.log(run_id, f"bundle and model files removed at {utc_now()}: model_training.retain_runs keeps "
+        store.log(run_id, f"bundle and model files removed at {utc_now(store.clock)}: model_training.retain_runs keeps "
                           f"those of the newest {retain} succeeded runs and the newest {retain} others")
     return pruned
 
