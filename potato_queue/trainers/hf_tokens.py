@@ -14,23 +14,23 @@ A prediction is the list of spans Potato draws a span prelabel from, ``[{start, 
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict
 from typing import Any, ClassVar
 
 from potato_queue.trainers import parallel
-from potato_queue.trainers.common import model_version, seed_everything, slug, write_json
+from potato_queue.trainers.common import seed_everything, slug
+from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, save_schema, with_peft
 from potato_queue.trainers.hf_text_parts import (
     HFSettings,
     Steps,
     apply_lora,
+    fit_max_length,
     load_base,
     optimizer_for,
     read_settings,
 )
-from potato_queue.trainers.hub import not_cached, offline_for
+from potato_queue.trainers.hub import check_model, explain_not_cached
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.trainers.spans import bio_tags, drop_overlaps, labelled_spans, spans_from_tags, tag_names
 from potato_queue.wire.scoring import SPAN, score
@@ -41,7 +41,6 @@ from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["HFTokenClassificationTrainer", "CARD_FILE"]
 
-CARD_FILE = "model_card.json"
 INFO = TRAINERS["hf-token-classification"]  # its params' defaults
 IGNORED = -100  # the loss leaves these tokens out (the tokenizer's own, and padding)
 EXAMPLES_SAID = 3
@@ -62,8 +61,7 @@ class HFTokenClassificationTrainer(Trainer):
         self.offline = False
 
     def required_modules(self, params: dict[str, Any]) -> list[str]:
-        lora = params.get("lora")
-        return list(self.requires) + (["peft"] if lora not in (None, False, "false", "False", 0) else [])
+        return with_peft(self.requires, params)
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Span schemes with two or more train items that have spans, sane params, a model that exists."""
@@ -79,35 +77,25 @@ class HFTokenClassificationTrainer(Trainer):
             if len(texts) < 2:
                 problems.append(f"Schema '{schema.name}' has {len(texts)} train item(s) with a span; at least 2 "
                                 f"are needed")
-        name = self.settings.model_name
-        if name.startswith((".", "/", "~")) and not self.settings.local_model:
-            problems.append(f"params.model_name {name} is not a folder on this machine")
-        self.offline = offline_for(name, self.settings.local_model, ctx.reporter.log)
-        return problems
+        found, self.offline = check_model(self.settings, ctx.reporter.log)
+        return problems + found
 
     def fit(self, ctx: RunContext) -> FitResult:
         with parallel.data_parallel(ctx):
             return self._fit(ctx)
 
     def _fit(self, ctx: RunContext) -> FitResult:
-        settings = self.settings or read_settings(ctx, INFO)
+        # Kept: what the first scheme's model lowers (max_length) holds for the others, predict and the card.
+        settings = self.settings = self.settings or read_settings(ctx, INFO)
         seed_everything(settings.seed)
         data = {s.name: self._train_spans(ctx, s) for s in ctx.schemas}
-        steps = Steps(settings.epochs * sum(math.ceil(parallel.share(len(texts), ctx) / float(settings.batch_size))
-                                            for texts, _ in data.values()), settings.log_every)
-        metrics: dict[str, float] = {}
-        card: dict[str, Any] = {"trainer": self.name, "settings": asdict(settings), "device": ctx.device, "schemas": {}}
+        steps = Steps.for_fit(ctx, settings, [len(texts) for texts, _ in data.values()])
+        card = FitCard(self.name, ctx, settings)
         for schema in ctx.schemas:
             texts, spans = data[schema.name]
-            metrics.update(self._fit_schema(ctx, schema, texts, spans, steps))
-            card["schemas"][schema.name] = {"folder": slug(schema.name), "kind": SPAN, "n_train": len(texts),
-                                            "tags": self._models[schema.name][2]}
-        if ctx.main_rank:
-            write_json(os.path.join(ctx.workdir, CARD_FILE), card)
-        return FitResult(model_version=model_version(self.name, ctx.spec.run_id),
-                         artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas], metrics=metrics,
-                         label_order=self._models[ctx.schemas[0].name][2],
-                         notes=[f"base model: {settings.model_name}"], steps=steps.done)
+            metrics = self._fit_schema(ctx, schema, texts, spans, steps)
+            card.add(schema, metrics, {"kind": SPAN, "n_train": len(texts), "tags": self._models[schema.name][2]})
+        return card.result(self._models[ctx.schemas[0].name][2], [f"base model: {settings.model_name}"], steps.done)
 
     def _train_spans(self, ctx: RunContext, schema: SchemaSpec) -> tuple[list[str], list[list[Span]]]:
         """The train texts and their spans, overlapping ones left out and said in run.log."""
@@ -129,12 +117,9 @@ class HFTokenClassificationTrainer(Trainer):
         settings = self.settings or read_settings(ctx, INFO)
         names = tag_names(sorted({s[2] for found in spans for s in found}))
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
-        try:
+        with explain_not_cached(settings, self.offline):
             tokenizer, model = load_base(settings, names, ctx.device, self.offline, per_token=True)
-        except OSError as exc:
-            if self.offline and not settings.local_model:
-                raise not_cached(settings.model_name, exc) from exc
-            raise
+        fit_max_length(ctx, settings, tokenizer, model)
         if not getattr(tokenizer, "is_fast", False):
             raise TrainerError(f"{settings.model_name}'s tokenizer gives no character offsets (it is not a fast "
                                f"tokenizer), so spans cannot become token tags; choose a model with a fast tokenizer")
@@ -152,10 +137,7 @@ class HFTokenClassificationTrainer(Trainer):
         if settings.lora:
             model = model.merge_and_unload()
         self._models[schema.name] = (tokenizer, model, names)
-        if ctx.main_rank:
-            folder = os.path.join(ctx.workdir, slug(schema.name))
-            model.save_pretrained(folder)
-            tokenizer.save_pretrained(folder)
+        save_schema(ctx, schema, model, tokenizer)
         return {ctx.metric_name(schema, "train_loss"): loss, ctx.metric_name(schema, "n_train"): float(len(texts))}
 
     @staticmethod
@@ -179,7 +161,7 @@ class HFTokenClassificationTrainer(Trainer):
         import torch
 
         settings = self.settings or read_settings(ctx, INFO)
-        per_epoch = math.ceil(parallel.share(len(train), ctx) / float(settings.batch_size))
+        per_epoch = parallel.batches(len(train), settings.batch_size, ctx)
         optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
         trained = parallel.wrap(model, ctx)
         generator = torch.Generator().manual_seed(settings.seed)
@@ -237,6 +219,8 @@ class HFTokenClassificationTrainer(Trainer):
             folder = os.path.join(ctx.workdir, slug(schema.name))
             tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
             model = AutoModelForTokenClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
+            self.settings = self.settings or read_settings(ctx, INFO)
+            fit_max_length(ctx, self.settings, tokenizer, model)  # predict without fit: a fresh process
             self._models[schema.name] = (tokenizer, model, [model.config.id2label[i]
                                                              for i in range(model.config.num_labels)])
         return self._models[schema.name]

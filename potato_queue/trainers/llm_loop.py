@@ -20,7 +20,7 @@ from typing import Any
 from potato_queue.trainers import parallel
 from potato_queue.trainers.common import slug
 from potato_queue.trainers.hf_heads import Head, saved_head
-from potato_queue.trainers.hub import not_cached
+from potato_queue.trainers.hub import explain_not_cached
 from potato_queue.trainers.llm_parts import Precision
 from potato_queue.trainers.llm_settings import LLMSettings
 from potato_queue.wire.scoring import score
@@ -85,13 +85,9 @@ class SchemaLoop:
                                                             and llm_parts.has_bitsandbytes())
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}"
                                        + (" in 4-bit" if self.four_bit else ""))
-        try:
+        with explain_not_cached(settings, offline):
             self.tokenizer, base = llm_parts.load_classifier(settings.load_from, head.outputs, ctx.device, self.four_bit,
                                                              offline or settings.local_model, head.problem_type)
-        except OSError as exc:
-            if offline and not settings.local_model:
-                raise not_cached(settings.model_name, exc) from exc
-            raise
         if settings.gradient_checkpointing and not self.four_bit:  # prepare_model_for_kbit_training did it
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         base.config.use_cache = False

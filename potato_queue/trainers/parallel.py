@@ -3,7 +3,7 @@
 A trainer that sets ``data_parallel`` wraps its ``fit`` in :func:`data_parallel`
 (the process group, and stops every rank agrees on), trains through
 :func:`wrap` (torch DDP: gradients all-reduced in each backward), takes its
-:func:`shard` of every epoch's order and counts its batches from :func:`share`.
+:func:`shard` of every epoch's order and counts its batches from :func:`share` (:func:`batches`).
 Each rank takes a disjoint slice of the same shuffled order (every
 world_size-th item), the same length for all (a rank with one batch more would
 wait for the others forever): up to world_size - 1 items an epoch sit out,
@@ -13,6 +13,7 @@ is not data-parallel every function here is the identity.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.errors import ValidationFailed
 
-__all__ = ["data_parallel", "wrap", "shard", "share"]
+__all__ = ["data_parallel", "wrap", "shard", "share", "batches"]
 
 _KEPT: list[Any] = []  # the DDP wrappers, never freed (see data_parallel)
 
@@ -83,6 +84,11 @@ def share(n_items: int, ctx: RunContext) -> int:
         raise ValidationFailed(f"{n_items} train items cannot be shared among {world} data-parallel ranks; "
                                "train on fewer GPUs (an ssh backend's gpus:, SLURM's gres) or label more items")
     return n_items // world
+
+
+def batches(n_items: int, batch_size: int, ctx: RunContext) -> int:
+    """How many batches of *batch_size* this rank takes an epoch of n_items (the last one maybe short)."""
+    return math.ceil(share(n_items, ctx) / float(batch_size))
 
 
 def shard(order: list[int], ctx: RunContext) -> list[int]:
