@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import builtins
 import io
 import shutil
 import subprocess
@@ -484,3 +485,39 @@ def test_the_environment_scanner_catches_every_way_in(tmp_path: Path) -> None:
     probe.write_text("import os\nimport os as o\nfrom os import getenv\n"
                      "a = os.environ.get('X')\nb = o.getenv('Y')\nc = os.path.join('a')\nd = dict(os.environ)\n")
     assert sorted(environment_reads(probe)) == [3, 4, 5, 7]
+
+
+# Each side's errors have one root: errors.py's PotatoQueueError (message, fix, exit code) for the server, the
+# executors and the command line; agent/errors.py's AgentError; worker/errors.py's WorkerError. wire/ and host/
+# raise a plain built-in error or two (a parse's ValueError, the GPU pick's refusal), and Potato's side,
+# potato_remote.py, raises Potato's own TrainerError.
+ROOTS = {"errors.py": "PotatoQueueError", "agent/errors.py": "AgentError", "worker/errors.py": "WorkerError"}
+OWN_ROOTS = ("wire/", "host/", "potato_remote.py")
+BUILTIN_ERRORS = {name for name in dir(builtins) if isinstance(getattr(builtins, name), type)
+                  and issubclass(getattr(builtins, name), BaseException)}
+
+
+def classes_on_a_builtin_error(path: Path) -> list[str]:
+    """The classes here that derive straight from a built-in exception (Exception, ValueError, ...)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
+            and any(isinstance(base, ast.Name) and base.id in BUILTIN_ERRORS for base in node.bases)]
+
+
+def test_every_error_is_under_its_sides_root() -> None:
+    found = {}
+    for path in package_files():
+        where = path.relative_to(PACKAGE).as_posix()
+        if where.startswith(OWN_ROOTS):
+            continue
+        stray = [name for name in classes_on_a_builtin_error(path) if name != ROOTS.get(where)]
+        if stray:
+            found[where] = stray
+    assert found == {}, f"derive these from their side's root ({ROOTS}): {found}"
+
+
+def test_the_error_scanner_sees_a_builtin_base(tmp_path: Path) -> None:
+    probe = tmp_path / "probe.py"
+    probe.write_text("class A(Exception):\n    pass\nclass B(A):\n    pass\nclass C(ValueError, A):\n    pass\n"
+                     "class D:\n    pass\n")
+    assert classes_on_a_builtin_error(probe) == ["A", "C"]

@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import quote
 
+from potato_queue.agent.errors import BundleDownloadError
 from potato_queue.agent.transport import (
     API_PREFIX,
     DEFAULT_GIVE_UP_S,
@@ -47,10 +48,6 @@ __all__ = [
 ]
 
 BUNDLE_TRIES = 5
-
-
-class BundleDownloadError(Exception):
-    """The bundle could not be downloaded whole, or is not the one the job names."""
 
 
 class RunClient:

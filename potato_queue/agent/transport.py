@@ -26,6 +26,8 @@ import urllib.request
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple, TypeVar
 from urllib.parse import unquote, urlsplit
 
+from potato_queue.agent.errors import ApiError, Retryable, TlsError, Unreachable
+
 __all__ = [
     "API_PREFIX",
     "DEFAULT_TIMEOUT_S",
@@ -55,31 +57,6 @@ LOG_EVERY = 10
 
 Log = Callable[[str], None]
 T = TypeVar("T")
-
-
-class ApiError(Exception):
-    """The server answered with an error status; `detail` is its explanation."""
-
-    def __init__(self, status: int, detail: str) -> None:
-        super().__init__("HTTP {}: {}".format(status, detail))
-        self.status = status
-        self.detail = detail
-
-
-class Unreachable(Exception):
-    """No answer from the server for as long as the caller was willing to wait."""
-
-
-class TlsError(Exception):
-    """The server's TLS certificate could not be verified: asking again gets the same answer."""
-
-
-class Retryable(Exception):
-    """One attempt failed in a way another attempt may not (a cut connection, a 503)."""
-
-    def __init__(self, problem: str) -> None:
-        super().__init__(problem)
-        self.problem = problem
 
 
 def problem_of(exc: BaseException) -> str:

@@ -14,6 +14,7 @@ NotImplementedError, and keep the promises in the docstrings.
 
 from typing import NamedTuple, Optional, Tuple
 
+from potato_queue.agent.errors import LaunchError
 from potato_queue.agent.relay import EventRelay
 
 __all__ = ["LaunchError", "WorkerEnded", "WorkerHandle", "WorkerLauncher"]
@@ -26,19 +27,6 @@ class WorkerEnded(NamedTuple):
     code: str
     message: str
     hint: str
-
-
-class LaunchError(Exception):
-    """The worker could not be started; the run ends with exit code 2 and this error.
-
-    `error_code` is the `error` event's code (like `python_not_found`),
-    `install_hint` the fix shown to the admin.
-    """
-
-    def __init__(self, error_code: str, message: str, install_hint: Optional[str] = None) -> None:
-        super().__init__(message)
-        self.error_code = error_code
-        self.install_hint = install_hint
 
 
 class WorkerHandle:

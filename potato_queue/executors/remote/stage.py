@@ -26,6 +26,8 @@ import re
 import secrets
 import zlib
 
+from potato_queue.errors import PotatoQueueError
+
 __all__ = ["STAGE1", "MARKER_RE", "new_marker", "stage_argv", "stage_input", "split_banner", "read_past_marker",
            "banner_note", "NoMarker"]
 
@@ -36,7 +38,7 @@ MAX_BANNER_BYTES = 1 << 20  # a login that prints more than this before our line
 BANNER_SHOWN_CHARS = 120
 
 
-class NoMarker(Exception):
+class NoMarker(PotatoQueueError):
     """The stream ended, or ran past MAX_BANNER_BYTES, before the marker: the program never started."""
 
     def __init__(self, banner: bytes) -> None:

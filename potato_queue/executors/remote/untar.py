@@ -27,6 +27,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from potato_queue.errors import PotatoQueueError
+
 __all__ = ["CopyRefused", "CopyCutShort", "manifest_of", "check_manifest", "extract", "MAX_FILES", "MAX_NAME_BYTES"]
 
 BLOCK = 512
@@ -42,11 +44,11 @@ KINDS = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device
          b"M": "a multi-volume part", b"N": "an old GNU long name", b"D": "a GNU dump folder"}
 
 
-class CopyRefused(Exception):
+class CopyRefused(PotatoQueueError):
     """The stream holds something that must not land on the server; the message names it."""
 
 
-class CopyCutShort(Exception):
+class CopyCutShort(PotatoQueueError):
     """The stream ended early: the sender died or its ssh broke, no sign of a lie."""
 
 
