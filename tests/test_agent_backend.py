@@ -14,12 +14,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import socket
 import ssl
 import string
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -55,6 +57,44 @@ def nat() -> Iterator[NatHost]:
 def behind_nat(tmp_path: Path, redis_server_url: str, nat: NatHost) -> Iterator[Services]:
     with started(tmp_path, redis_server_url, host=nat.host_ip, **lab(heartbeat_timeout_s=60)) as svc:
         yield svc
+
+
+def _server_connections(svc: Services) -> dict[str, tuple[int, int]]:
+    """The server's open connections as the kernel has them (`ss`), by peer ("address:port"): the bytes that came
+    in on it that the server has not read yet (Recv-Q), and all the bytes it received on it."""
+    port = urllib.parse.urlsplit(svc.url).port
+    out = subprocess.run(["ss", "-Htni", "state", "established", "sport", "=", f":{port}"], capture_output=True,
+                         text=True, check=True, timeout=30).stdout
+    found: dict[str, tuple[int, int]] = {}
+    peer = ""
+    for line in out.splitlines():
+        if line[:1].isspace():  # the tcp_info of the connection on the line before
+            received = re.search(r"\bbytes_received:(\d+)", line)
+            found[peer] = (found[peer][0], int(received.group(1)) if received else 0)
+        elif line.strip():
+            unread, _, _, peer = line.split()[:4]
+            found[peer] = (int(unread), 0)
+    return found
+
+
+def _claims_read_from(svc: Services, host: str) -> int:
+    """Connections from `host` whose request the server has read, every byte that came (an agent's first request
+    is its claim: read, it waits in the claim's long-poll)."""
+    return sum(1 for peer, (unread, received) in _server_connections(svc).items()
+               if peer.rsplit(":", 1)[0] == host and received and not unread)
+
+
+def _all_read(svc: Services) -> bool:
+    """The server has read every byte that came in on its connections."""
+    return not any(unread for unread, _ in _server_connections(svc).values())
+
+
+def _on_sent(sent: threading.Event) -> dict[str, Any]:
+    """httpx request extensions that set `sent` once the whole request is written (then it waits for the answer)."""
+    def trace(event: str, info: Any) -> None:
+        if event == "http11.send_request_body.complete":
+            sent.set()
+    return {"trace": trace}
 
 
 def test_an_agent_behind_nat_runs_a_run_and_keeps_the_model_there(behind_nat: Services, nat: NatHost) -> None:
@@ -123,7 +163,7 @@ def test_two_agents_one_run_exactly_one_claims_it(behind_nat: Services, nat: Nat
     svc = behind_nat
     token = register(svc)
     agents = [Agent(nat, svc, token, "--once", name=f"agent{i}") for i in range(2)]
-    time.sleep(2.0)  # both are waiting in their claim
+    wait_until(lambda: _claims_read_from(svc, nat.ip) == 2, 30, "both agents' claims, read by the server")
     run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
     assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded"
     claimed = [a for a in agents if f"claimed run {run_id}" in a.output()]
@@ -137,7 +177,7 @@ def test_two_agents_one_run_exactly_one_claims_it(behind_nat: Services, nat: Nat
 def test_a_replaced_token_stops_its_agent_with_the_fix(behind_nat: Services, nat: NatHost) -> None:
     svc = behind_nat
     agent = Agent(nat, svc, register(svc))
-    time.sleep(2.0)  # in its claim long-poll
+    wait_until(lambda: _claims_read_from(svc, nat.ip) == 1, 30, "the agent's claim, read by the server")  # in its long-poll
     register(svc)  # the admin registers again: the old token stops working at once
     assert agent.wait(20) == 3
     out = agent.output()
@@ -217,9 +257,7 @@ def test_the_token_is_in_no_command_line_url_or_log(behind_nat: Services, nat: N
     agent = Agent(nat, svc, token, "--once")
     run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
                            params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
-    deadline = time.monotonic() + 60
-    while svc.api("GET", f"/runs/{run_id}")[1].get("progress") is None and time.monotonic() < deadline:
-        time.sleep(0.2)
+    _wait_progress(svc, run_id)
     cmdlines = [p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists()]
     assert not [c for c in cmdlines if token.encode() in c]
     assert svc.api("POST", f"/runs/{run_id}/cancel")[0] == 200
@@ -309,7 +347,8 @@ def test_a_bundle_download_cut_midway_resumes_and_is_verified(
             assert time.monotonic() < deadline, agent.output()  # a part of the bundle has arrived
             time.sleep(0.05)
         nat.reset_connections_from(int(svc.url.rsplit(":", 1)[1]))
-        time.sleep(0.3)
+        # The reset has done its work once the agent says its download failed (it retries after a pause).
+        wait_until(lambda: "GET bundle: " in agent.output(), 30, "the agent's download cut")
         nat.stop_resetting()
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert agent.wait() == 0
@@ -384,9 +423,9 @@ def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_e
         token = register(svc)
         auth = {"Authorization": f"Bearer {token}"}
 
-        def claim(wait_s: Any, body: Any = None) -> httpx.Response:
+        def claim(wait_s: Any, body: Any = None, sent: threading.Event | None = None) -> httpx.Response:
             return http.post(path, params={"wait_s": wait_s}, json={"host": "lab-1"} if body is None else body,
-                             headers=auth)
+                             headers=auth, extensions=None if sent is None else _on_sent(sent))
 
         assert claim(0).json() == {"run_id": None, "token": None}  # the look that lets the next ones wait
         bad = claim(0, {"host": 5})
@@ -395,8 +434,10 @@ def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_e
         started_s = time.monotonic()
         assert claim(1).json() == {"run_id": None, "token": None} and time.monotonic() - started_s >= 1.0
 
-        waiting = pool.submit(claim, 30)
-        time.sleep(1.0)  # in its wait
+        sent = threading.Event()
+        waiting = pool.submit(claim, 30, None, sent)
+        # In its wait: the whole claim written, and the server read every byte that came.
+        wait_until(lambda: sent.is_set() and _all_read(svc), 30, "the waiting claim, read by the server")
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         got = waiting.result(30).json()
         assert got["run_id"] == run_id and got["token"], got
@@ -406,8 +447,9 @@ def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_e
         assert svc.wait_for(run_id, TERMINAL, 30)["state"] == "failed"
 
         assert claim(0).json() == {"run_id": None, "token": None}
-        refused = pool.submit(claim, 30)
-        time.sleep(1.0)
+        sent = threading.Event()
+        refused = pool.submit(claim, 30, None, sent)
+        wait_until(lambda: sent.is_set() and _all_read(svc), 30, "the claim to refuse, read by the server")
         started_s = time.monotonic()
         register(svc)  # a new token: a claim made with the old one is refused at once, not at its deadline
         reply = refused.result(30)
@@ -429,12 +471,21 @@ def test_an_agent_that_leaves_its_idle_claim_passes_the_run_to_the_next(tmp_path
         head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json"
                 f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
         host, port = urllib.parse.urlsplit(svc.url).hostname, urllib.parse.urlsplit(svc.url).port
+        sent = threading.Event()
+
+        def stay() -> httpx.Response:
+            with httpx.Client(timeout=60) as client:
+                return client.post(f"{svc.url}{path}", json={"host": "staying"},
+                                   headers={"Authorization": f"Bearer {token}"}, extensions=_on_sent(sent))
+
         with socket.create_connection((host, port)) as gone:
             gone.sendall(head + body)
-            time.sleep(1.0)  # in line first
-            staying = pool.submit(lambda: httpx.post(f"{svc.url}{path}", json={"host": "staying"},
-                                                     headers={"Authorization": f"Bearer {token}"}, timeout=60))
-            time.sleep(1.0)
+            # In line first: the server has read all of it before the second claim is sent.
+            gone_peer = "{}:{}".format(*gone.getsockname())
+            wait_until(lambda: _server_connections(svc).get(gone_peer) == (0, len(head + body)), 30,
+                       "the first claim, read by the server")
+            staying = pool.submit(stay)
+            wait_until(lambda: sent.is_set() and _all_read(svc), 30, "the second claim, read by the server")
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         got = staying.result(30).json()
         assert got["run_id"] == run_id, got

@@ -130,6 +130,7 @@ HEAVY = ("celery", "kombu", "fastapi", "starlette", "uvicorn", "torch", "transfo
 CORE = ["config.py", "validate.py", "run.py", "store", "bounds.py", "bundle", "runs/finalize.py", "runs/gate.py",
         "insight"]
 NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.processes", "potato_queue.agent",
+                    "potato_queue.host", "potato_queue.worker",
                     "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")
 
 

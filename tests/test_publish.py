@@ -40,10 +40,8 @@ def hub() -> Iterator[HubStandIn]:
 
 
 @pytest.fixture(scope="module")
-def svc(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, hub: HubStandIn,
-        tiny_model: Path) -> Iterator[tuple[Services, str]]:
-    """The server (its HF_TOKEN the server's token, HF_ENDPOINT the stand-in), an executor, and a run of
-    hf-text-classification with LoRA that succeeded on the local backend."""
+def server(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, hub: HubStandIn) -> Iterator[Services]:
+    """The server (its HF_TOKEN the server's token, HF_ENDPOINT the stand-in) and an executor."""
     tmp = tmp_path_factory.mktemp("publish")
     svc = Services(make_project(tmp, backends=BACKENDS), redis_url=redis_server_url, tmp_path=tmp)
     hf_env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": SERVER_TOKEN, "HF_HUB_DISABLE_XET": "1",
@@ -51,12 +49,33 @@ def svc(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, hub: Hu
     svc.serve("127.0.0.1", env=hf_env)
     try:
         svc.executor()
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend="local",
-                               params={"model_name": str(tiny_model), "epochs": 2, "batch_size": 8, "lora": True})
-        assert svc.wait_for(run_id, TERMINAL, 180)["state"] == "succeeded", svc.logs()
-        yield svc, run_id
+        yield svc
     finally:
         svc.stop()
+
+
+@pytest.fixture(scope="module")
+def svc(server: Services, tiny_model: Path) -> tuple[Services, str]:
+    """The server and a run of hf-text-classification with LoRA that succeeded on the local backend, which no
+    test but the API's publishes (the page test publishes a run of its own: tests may run in any order, on
+    any xdist worker)."""
+    run_id = server.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend="local",
+                              params={"model_name": str(tiny_model), "epochs": 2, "batch_size": 8, "lora": True})
+    assert server.wait_for(run_id, TERMINAL, 180)["state"] == "succeeded", server.logs()
+    return server, run_id
+
+
+@pytest.fixture
+def published_from_the_api(server: Services) -> str:
+    """A run of its own that succeeded (majority-baseline: seconds, where a tiny BERT takes half a minute) and
+    was published from the API to potato-lab/from-the-api, with the request's token."""
+    run_id = server.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+    assert server.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded", server.logs()
+    status, reply = server.api("POST", f"/runs/{run_id}/publish", {"repo_id": "potato-lab/from-the-api",
+                                                                   "token": REQUEST_TOKEN})
+    assert status == 202, reply
+    assert wait_published(server, run_id)["hub"]["state"] == "published", server.logs()
+    return run_id
 
 
 def wait_published(svc: Services, run_id: str, timeout_s: float = 60) -> dict[str, Any]:
@@ -83,6 +102,7 @@ def redis_text(client: redis.Redis, prefix: str) -> str:
 def test_a_run_is_published_with_its_files_and_a_model_card_and_the_token_is_never_stored(
         svc: tuple[Services, str], hub: HubStandIn, redis_server_url: str) -> None:
     services, run_id = svc
+    asked = len(hub.authorizations)  # the requests of this publish from here on (another test's may come before)
     assert services.api("GET", f"/runs/{run_id}/publish") == (200, {"run_id": run_id, "state": "succeeded",
                                                                   "hub": None, "refused": None})
     status, reply = services.api("POST", f"/runs/{run_id}/publish", {"repo_id": "potato-lab/reviews-sentiment",
@@ -94,7 +114,7 @@ def test_a_run_is_published_with_its_files_and_a_model_card_and_the_token_is_nev
     assert hub_state["url"] == f"{hub.url}/potato-lab/reviews-sentiment"
     assert hub_state["revision"] == repo.commits[-1]
     assert repo.visibility == "private", "a new repo is private by default"
-    assert set(hub.authorizations) - {None} == {f"Bearer {REQUEST_TOKEN}"}, "the request's token, in the header"
+    assert set(hub.authorizations[asked:]) - {None} == {f"Bearer {REQUEST_TOKEN}"}, "the request's token, in the header"
     assert hub.unknown == []
     # The model files, byte for byte (the weights through the LFS batch API, the rest in the commit).
     artifacts = run_paths(services, run_id).artifacts
@@ -153,8 +173,8 @@ def ssh_run_that_kept_its_files_there(services: Services, redis_url: str) -> tup
 
 
 def test_a_run_whose_model_files_stayed_on_the_gpu_host_is_refused_with_why_and_the_fix(
-        svc: tuple[Services, str], redis_server_url: str) -> None:
-    services = svc[0]
+        server: Services, redis_server_url: str) -> None:
+    services = server
     run_id, where = ssh_run_that_kept_its_files_there(services, redis_server_url)
     artifacts = run_paths(services, run_id).artifacts
     message = (f"The model files of run {run_id} stayed on {GPU_HOST} at {where}: only model files on this server "
@@ -167,15 +187,16 @@ def test_a_run_whose_model_files_stayed_on_the_gpu_host_is_refused_with_why_and_
 
 
 def test_the_run_page_publishes_with_the_servers_token_and_links_the_model(
-        browser: Any, svc: tuple[Services, str], hub: HubStandIn, redis_server_url: str) -> None:  # noqa: F811
-    services, run_id = svc
+        browser: Any, server: Services, published_from_the_api: str, hub: HubStandIn,  # noqa: F811
+        redis_server_url: str) -> None:
+    services, run_id = server, published_from_the_api
     page = signed_in(browser, services)
     page.goto(f"{services.url}/admin/training/runs/{run_id}")
     page.wait_for_selector("#hub-state a", timeout=30000)
     assert page.is_checked("#hub-private"), "private by default"
     assert "not stored; leave empty to use the server's HF_TOKEN" in page.text_content("#hub-token-hint")
     # The run was published from the API already: the page links that repo until this publish ends.
-    assert page.get_attribute("#hub-state a", "href") == f"{hub.url}/potato-lab/reviews-sentiment"
+    assert page.get_attribute("#hub-state a", "href") == f"{hub.url}/potato-lab/from-the-api"
     page.fill("#hub-repo", "potato-lab/from-the-page")
     page.click("#hub-publish")
     url = f"{hub.url}/potato-lab/from-the-page"

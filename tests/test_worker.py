@@ -644,7 +644,7 @@ def test_a_learning_curve_fits_on_nested_shares_of_the_train_items_and_scores_ea
 
 @pytest.mark.unit
 def test_curve_shares_are_nested_seeded_and_read_back_from_a_runs_metrics() -> None:
-    from potato_queue.worker.curve import curve_metric_name, curve_train_ids, read_curve
+    from potato_queue.wire.curve import curve_metric_name, curve_train_ids, read_curve
 
     ids = [f"i{n:03d}" for n in range(10)]
     quarter, half = curve_train_ids(ids, 25, 7), curve_train_ids(ids, 50, 7)

@@ -23,7 +23,7 @@ from typing import Any
 from potato_queue.bundle.read import Answers, Row, scheme_scale
 from potato_queue.config import ModelTrainingConfig
 from potato_queue.errors import PotatoQueueError
-from potato_queue.worker.bundle import SCALES_FILE
+from potato_queue.wire.scales_file import SCALES_FILE
 
 # The public names, then what build_bundle uses.
 __all__ = ["BUNDLE_VERSION", "DEFAULT_SPLITS", "pack_bundle", "split_of", "item_media", "items_modality",
@@ -256,7 +256,7 @@ def write_manifest(build: BundleBuild, training: ModelTrainingConfig, names: Seq
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
     (out_dir / "labels.json").write_text(json.dumps(labels, indent=2), encoding="utf-8")
     scales = {n: scale for n in names if (scale := scheme_scale(by_name[n])) is not None}
-    if scales:  # ours beyond Potato's files (worker/bundle.py says why)
+    if scales:  # ours beyond Potato's files (wire/scales_file.py says why)
         (out_dir / SCALES_FILE).write_text(json.dumps(scales, indent=2), encoding="utf-8")
     return manifest
 

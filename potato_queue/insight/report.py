@@ -15,7 +15,7 @@ from potato_queue.errors import Conflict, Invalid
 from potato_queue.insight.inputs import RunInputs, labelled_now
 from potato_queue.insight.measures import DEFAULT_TARGET_PRECISION, schema_quality
 from potato_queue.insight.next_items import MEASURES, LazyVectors, rank_next
-from potato_queue.worker.curve import CURVE_PARAM, read_curve
+from potato_queue.wire.curve import CURVE_PARAM, read_curve
 
 __all__ = ["quality", "learning_curve", "curve_said", "next_items", "DEFAULT_TARGET_PRECISION", "TEXT_CHARS"]
 

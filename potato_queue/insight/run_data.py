@@ -17,9 +17,9 @@ from potato_queue.runs.finalize import HELD_OUT_SPLITS, read_predictions
 from potato_queue.runs.gate import label_of, schema_kinds
 from potato_queue.store import RunStore
 from potato_queue.wire.files import read_jsonl
+from potato_queue.wire.scales_file import read_scales
 from potato_queue.wire.scoring import MULTILABEL, SPAN, gold_label
 from potato_queue.wire.span_scores import as_spans
-from potato_queue.worker.bundle import read_scales
 
 __all__ = ["RunData", "load_run", "run_data", "refuse_unsucceeded", "shown", "as_scored", "scored", "potato_item_path"]
 

@@ -28,8 +28,8 @@ from potato_queue.runs.gate import (
 from potato_queue.store import RunStore
 from potato_queue.store.keys import project_predictions_path
 from potato_queue.wire.files import read_jsonl, write_atomic
+from potato_queue.wire.scales_file import read_scales
 from potato_queue.wire.scoring import score
-from potato_queue.worker.bundle import read_scales
 
 __all__ = ["finalize_predictions", "read_predictions", "published_predictions"]
 

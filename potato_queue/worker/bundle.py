@@ -5,13 +5,8 @@ A bundle folder holds ``train.jsonl``, ``val.jsonl``, ``test.jsonl``
 ``manifest.json``, ``labels.json`` and ``media/``. Rows are
 ``{"instance_id", "text", "targets": {schema: target}, "media"?}``.
 
-Ours beyond Potato's: ``scales.json``, each scale scheme's scale as the
-project's config draws it (an ordinal scheme's ``points`` in order, numbers
-or a labelled likert's label names; a continuous scheme's ``min``, ``max``,
-``step`` where the config gives them). Potato's manifest names no scale, and
-a labelled likert's answers are label names whose order nothing else says.
-A bundle Potato built has none: the trainers then take the scale from the
-answers (bundle/write.py writes it; trainers/scales.py reads it).
+Ours beyond Potato's: ``scales.json`` (wire/scales_file.py); a bundle Potato
+built has none, and the trainers then take the scale from the answers.
 """
 
 import json
@@ -19,16 +14,16 @@ import os
 from typing import Any, Dict, Iterator, List, Optional
 
 from potato_queue.wire.files import JsonLineError, read_jsonl
+from potato_queue.wire.scales_file import ScalesError, read_scales
 
 from .errors import BundleError
 
-__all__ = ["SPLITS", "PREDICT_SPLITS", "SCALES_FILE", "Bundle", "load_bundle", "read_scales"]
+__all__ = ["SPLITS", "PREDICT_SPLITS", "Bundle", "load_bundle"]
 
 #: The splits a bundle may have, in Potato's order.
 SPLITS = ("train", "val", "test", "unlabeled")
 #: The splits predictions are written for. Never train.
 PREDICT_SPLITS = ("val", "test", "unlabeled")
-SCALES_FILE = "scales.json"
 
 
 class Bundle:
@@ -38,7 +33,10 @@ class Bundle:
         self.root = root
         self.manifest = manifest
         self._labels = labels
-        self._scales = read_scales(root)
+        try:
+            self._scales = read_scales(root)
+        except ScalesError as exc:
+            raise BundleError(str(exc)) from exc
 
     @property
     def splits(self) -> Dict[str, Dict[str, Any]]:
@@ -115,17 +113,6 @@ def _read_json(path: str, what: str) -> Any:
         raise BundleError("Could not read the bundle's %s: %s" % (what, exc)) from exc
     except ValueError as exc:
         raise BundleError("The bundle's %s is not valid JSON: %s" % (what, exc)) from exc
-
-
-def read_scales(root: str) -> Dict[str, Dict[str, Any]]:
-    """The bundle's scales.json (``{}`` when it has none: a bundle Potato built)."""
-    path = os.path.join(root, SCALES_FILE)
-    if not os.path.isfile(path):
-        return {}
-    scales = _read_json(path, SCALES_FILE)
-    if not isinstance(scales, dict) or not all(isinstance(v, dict) for v in scales.values()):
-        raise BundleError("The bundle's %s must be an object {schema: {scale}}" % SCALES_FILE)
-    return {str(k): v for k, v in scales.items()}
 
 
 def _default_splits(root: str) -> Dict[str, Dict[str, Any]]:

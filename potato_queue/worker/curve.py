@@ -7,20 +7,25 @@ each smaller train set is the start of one seeded shuffle of the train
 items, so 25 % is inside 50 %, inside 75 %. Each partial fit writes into a
 scratch folder that is removed after it; only its held-out scores are kept,
 as metric events of split ``curve`` named ``<percent>/<schema>/<measure>``.
-The 100 % point is the run's own fit, scored as every run is. The server
-reads the curve back from the run's metrics with :func:`read_curve`.
+The 100 % point is the run's own fit, scored as every run is. The names, and
+the reading the server does, are wire/curve.py's.
 
 Standard library only, Python 3.8+ (the worker runs on bare hosts).
 """
 
 import gc
-import math
 import os
-import random
 import shutil
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from potato_queue.wire.curve import (
+    CURVE_PARAM,
+    CURVE_PERCENTS,
+    CURVE_SPLIT,
+    curve_metric_name,
+    curve_train_ids,
+)
 from potato_queue.wire.scoring import gold_label, score
 
 from .api import PredictItem, RunContext, Trainer
@@ -28,12 +33,8 @@ from .bundle import Bundle
 from .checkpoint import Checkpoints
 from .errors import TrainerError, ValidationFailed
 
-__all__ = ["CURVE_PARAM", "CURVE_PERCENTS", "CURVE_SPLIT", "wants_curve", "curve_train_ids", "curve_metric_name",
-           "read_curve", "fit_curve", "report_full_point", "quiet", "scratch_checkpoints"]
+__all__ = ["wants_curve", "fit_curve", "report_full_point", "quiet", "scratch_checkpoints"]
 
-CURVE_PARAM = "learning_curve"
-CURVE_PERCENTS = (25, 50, 75, 100)
-CURVE_SPLIT = "curve"  # the metric events' split
 HELD_OUT = ("val", "test")
 # A curve point's scores: macro-F1 and accuracy (a classifier's; a likert's too), MAE (a scale's; a slider's only).
 CURVE_MEASURES = ("macro_f1", "accuracy", "mae")
@@ -45,36 +46,6 @@ def wants_curve(params: Dict[str, Any]) -> bool:
     if not isinstance(value, bool):
         raise ValidationFailed("params.%s must be true or false, got %r" % (CURVE_PARAM, value))
     return value
-
-
-def curve_train_ids(train_ids: List[str], percent: int, seed: Optional[int]) -> List[str]:
-    """The first *percent* of one seeded shuffle of *train_ids* (at least one item): nested across percents."""
-    order = sorted(train_ids)
-    random.Random(0 if seed is None else seed).shuffle(order)
-    return order[:max(1, int(math.ceil(len(order) * percent / 100.0)))]
-
-
-def curve_metric_name(percent: int, schema: str, measure: str) -> str:
-    """A curve point's metric name (split ``curve``): ``<percent>/<schema>/<measure>``."""
-    return "%d/%s/%s" % (percent, schema, measure)
-
-
-def read_curve(metrics: Dict[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
-    """``{schema: [{"percent", measure: value, ...}, ...]}`` by percent, from a run record's metrics
-    (``curve/<percent>/<schema>/<measure>``; a schema's name may hold ``/``); empty for a run without a curve."""
-    points: Dict[Tuple[str, int], Dict[str, Any]] = {}
-    prefix = CURVE_SPLIT + "/"
-    for key, value in metrics.items():
-        percent, _, rest = key[len(prefix):].partition("/") if key.startswith(prefix) else ("", "", "")
-        schema, _, measure = rest.rpartition("/")
-        if not percent.isdigit() or not schema or not measure:
-            continue
-        point = points.setdefault((schema, int(percent)), {"percent": int(percent)})
-        point[measure] = value
-    curve: Dict[str, List[Dict[str, Any]]] = {}
-    for (schema, _percent), point in sorted(points.items()):
-        curve.setdefault(schema, []).append(point)
-    return curve
 
 
 class _SubsetBundle(Bundle):

@@ -1,0 +1,37 @@
+"""scales.json, ours beside Potato's bundle files: each scale scheme's scale as the project's config draws it
+(an ordinal scheme's ``points`` in order, numbers or a labelled likert's label names; a continuous scheme's
+``min``, ``max``, ``step`` where the config gives them). Potato's manifest names no scale, and a labelled
+likert's answers are label names whose order nothing else says. A bundle Potato built has none.
+
+Written by the server (bundle/write.py), read by the worker (worker/bundle.py) and by the server again
+when it scores a run (runs/finalize.py, insight/). Standard library only, Python 3.8+.
+"""
+
+import json
+import os
+from typing import Any, Dict
+
+__all__ = ["SCALES_FILE", "ScalesError", "read_scales"]
+
+SCALES_FILE = "scales.json"
+
+
+class ScalesError(ValueError):
+    """The bundle's scales.json cannot be read, or is not an object {schema: {scale}}."""
+
+
+def read_scales(root: str) -> Dict[str, Dict[str, Any]]:
+    """The bundle folder *root*'s scales.json (``{}`` when it has none: a bundle Potato built)."""
+    path = os.path.join(root, SCALES_FILE)
+    if not os.path.isfile(path):
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            scales = json.load(fh)
+    except OSError as exc:
+        raise ScalesError("Could not read the bundle's %s: %s" % (SCALES_FILE, exc)) from exc
+    except ValueError as exc:
+        raise ScalesError("The bundle's %s is not valid JSON: %s" % (SCALES_FILE, exc)) from exc
+    if not isinstance(scales, dict) or not all(isinstance(v, dict) for v in scales.values()):
+        raise ScalesError("The bundle's %s must be an object {schema: {scale}}" % SCALES_FILE)
+    return {str(k): v for k, v in scales.items()}
