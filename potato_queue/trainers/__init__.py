@@ -1,7 +1,11 @@
-"""Trainers: the registry (registry.py) and each trainer's module.
+"""Trainers: the registry (registry.py, each trainer's name, kinds, modalities and params) and each
+trainer's module, with what they share: common.py (seeding, the label space, writing files), hf_fit.py
+(a transformers fit's preamble and end: peft with LoRA, the model card, rank-0 saves), hf_heads.py,
+hf_text_parts.py, hub.py (the Hugging Face cache, offline), parallel.py (data-parallel ranks), scales.py,
+spans.py and the LLM's llm_* modules.
 
-Importing this package is cheap (standard library only); each trainer
-imports its heavy packages inside its own functions.
+Served to hosts with the bare packages and run in the worker: importing this package is cheap (standard
+library only at module level); each trainer imports its heavy packages inside its own functions.
 """
 
 from __future__ import annotations
