@@ -21,6 +21,7 @@ $(STAMP):
 
 lint: $(STAMP)
 	$(BIN)/ruff check potato_queue tests bench
+	$(BIN)/ruff format --check potato_queue tests bench
 	$(BIN)/mypy
 
 # The tests start a private Redis themselves when none answers at

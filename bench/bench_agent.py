@@ -54,8 +54,13 @@ def services(tmp: Path, executors: int = 1, **training: Any) -> Iterator[Service
 
 
 def register(svc: Services) -> str:
-    out = subprocess.run([sys.executable, "-m", "potato_queue.cli", "training", "register", BACKEND, str(svc.config)],
-                         env=svc.env, capture_output=True, text=True, check=True)
+    out = subprocess.run(
+        [sys.executable, "-m", "potato_queue.cli", "training", "register", BACKEND, str(svc.config)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return out.stdout.splitlines()[2].strip()
 
 
@@ -82,9 +87,25 @@ def p1(tmp: Path, runs: int) -> None:
     params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
     with services(tmp / "p1") as svc:
         env = {**os.environ, "POTATO_TRAINING_TOKEN": register(svc)}
-        agent = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "training", "agent", "--server", svc.url,
-                                  "--backend", BACKEND, "--workdir", str(tmp / "agent")],
-                                 env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        agent = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "potato_queue.cli",
+                "training",
+                "agent",
+                "--server",
+                svc.url,
+                "--backend",
+                BACKEND,
+                "--workdir",
+                str(tmp / "agent"),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         try:
             ours, run_id = cancel_s(svc, params, runs, backend=BACKEND)
         finally:
@@ -102,7 +123,7 @@ def _big_file(path: Path, mb: int) -> str:
     block = os.urandom(1 << 20)
     with open(path, "wb") as fh:
         for i in range(mb):
-            chunk = block[i % 997:] + block[:i % 997]  # no two blocks alike: gzip-like, incompressible
+            chunk = block[i % 997 :] + block[: i % 997]  # no two blocks alike: gzip-like, incompressible
             fh.write(chunk)
             digest.update(chunk)
     return digest.hexdigest()
@@ -134,18 +155,33 @@ def p4(tmp: Path, mb: int) -> None:
         from potato_queue.validate import load_checked
 
         token = RunStore(load_checked(svc.config), redis.Redis.from_url(svc.redis_url)).tokens.issue(run_id, 3600)
-        static = subprocess.Popen([sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1",
-                                   "--directory", str(bundle.parent)], stdout=subprocess.PIPE,
-                                  stderr=subprocess.DEVNULL, text=True)
+        static = subprocess.Popen(
+            [sys.executable, "-m", "http.server", "0", "--bind", "127.0.0.1", "--directory", str(bundle.parent)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         try:
             assert static.stdout is not None
             port = static.stdout.readline().split("port ")[1].split()[0]
             ours, theirs = [], []
 
             def agent_download(dest: Path) -> None:  # a process of its own, as the agent and curl are
-                subprocess.run([sys.executable, "-c", AGENT_DOWNLOAD, svc.url, run_id, str(dest),
-                                str(bundle.stat().st_size), sha256], env={**os.environ, "POTATO_TRAINING_TOKEN": token},
-                               cwd=ROOT, check=True)
+                subprocess.run(
+                    [
+                        sys.executable,
+                        "-c",
+                        AGENT_DOWNLOAD,
+                        svc.url,
+                        run_id,
+                        str(dest),
+                        str(bundle.stat().st_size),
+                        sha256,
+                    ],
+                    env={**os.environ, "POTATO_TRAINING_TOKEN": token},
+                    cwd=ROOT,
+                    check=True,
+                )
 
             def curl(dest: Path) -> None:
                 subprocess.run(["curl", "-fsS", "-o", str(dest), f"http://127.0.0.1:{port}/bundle.tar.gz"], check=True)
@@ -155,8 +191,18 @@ def p4(tmp: Path, mb: int) -> None:
             via_ours: list[float] = []
 
             def curl_ours(dest: Path) -> None:
-                subprocess.run(["curl", "-fsS", "-o", str(dest), "-H", f"@{header}",
-                                f"{svc.url}/api/training/agent/v1/runs/{run_id}/bundle"], check=True)
+                subprocess.run(
+                    [
+                        "curl",
+                        "-fsS",
+                        "-o",
+                        str(dest),
+                        "-H",
+                        f"@{header}",
+                        f"{svc.url}/api/training/agent/v1/runs/{run_id}/bundle",
+                    ],
+                    check=True,
+                )
 
             verified: list[float] = []
 
@@ -165,10 +211,14 @@ def p4(tmp: Path, mb: int) -> None:
                 out = subprocess.run(["sha256sum", str(dest)], capture_output=True, text=True, check=True).stdout
                 assert out.split()[0] == sha256
 
-            rows = [("agent", agent_download, ours), ("curl", curl, theirs), ("curl-ours", curl_ours, via_ours),
-                    ("curl-sha256sum", curl_and_check, verified)]
+            rows = [
+                ("agent", agent_download, ours),
+                ("curl", curl, theirs),
+                ("curl-ours", curl_ours, via_ours),
+                ("curl-sha256sum", curl_and_check, verified),
+            ]
             for i in range(ROUNDS):  # rotating who goes first: the page cache's write-back treats them alike
-                for name, fetch, took in rows[i % 4:] + rows[:i % 4]:
+                for name, fetch, took in rows[i % 4 :] + rows[: i % 4]:
                     dest = tmp / f"{name}-{i}.tar.gz"
                     os.sync()  # the last download's dirty pages written back first
                     started_s = time.perf_counter()
@@ -185,26 +235,38 @@ def p4(tmp: Path, mb: int) -> None:
     sha_mbs = mb / (time.perf_counter() - started_s)
     # Best of ROUNDS and the median: on a VM the host's paging adds noise to every side's kernel time.
     rates = {name: (mb / min(took), mb / statistics.median(took)) for name, _, took in rows}
-    print(f"P4: {mb} MB bundle, MB/s best / median of {ROUNDS}: " + ", ".join(
-        f"{name} {best:.0f} / {median:.0f}" for name, (best, median) in rates.items()), flush=True)
+    print(
+        f"P4: {mb} MB bundle, MB/s best / median of {ROUNDS}: "
+        + ", ".join(f"{name} {best:.0f} / {median:.0f}" for name, (best, median) in rates.items()),
+        flush=True,
+    )
     for against in ("curl", "curl-sha256sum"):
-        print(f"P4: agent (download + sha256 check) vs {against}: ratio {rates['agent'][0] / rates[against][0]:.2f} "
-              f"best, {rates['agent'][1] / rates[against][1]:.2f} median" + (" (goal >= 0.9x)" if against == "curl"
-                                                                               else ""), flush=True)
-    print(f"P4: sha256 alone on this CPU {sha_mbs:.0f} MB/s (the agent must verify what it got, AGT-5); curl is "
-          "from a plain static server, curl-ours from potato-queue's bundle route", flush=True)
+        print(
+            f"P4: agent (download + sha256 check) vs {against}: ratio {rates['agent'][0] / rates[against][0]:.2f} "
+            f"best, {rates['agent'][1] / rates[against][1]:.2f} median"
+            + (" (goal >= 0.9x)" if against == "curl" else ""),
+            flush=True,
+        )
+    print(
+        f"P4: sha256 alone on this CPU {sha_mbs:.0f} MB/s (the agent must verify what it got, AGT-5); curl is "
+        "from a plain static server, curl-ours from potato-queue's bundle route",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- P7: idle agents
 
 
-async def _long_poll(host: str, port: int, token: str, stop: asyncio.Event, claims: asyncio.Queue[Any],
-                     delay_s: float, wait_s: float) -> None:
+async def _long_poll(
+    host: str, port: int, token: str, stop: asyncio.Event, claims: asyncio.Queue[Any], delay_s: float, wait_s: float
+) -> None:
     """One idle agent: claim, wait, claim again; a run it gets is reported at once as failed (exit 1)."""
     await asyncio.sleep(delay_s)  # thousands of agents do not all connect in the same millisecond
     body = json.dumps({"host": "bench", "python": "3.11"}).encode()
-    head = (f"POST /api/training/agent/v1/backends/{BACKEND}/claim?wait_s={wait_s:g} HTTP/1.1\r\nHost: x\r\n"
-            f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n")
+    head = (
+        f"POST /api/training/agent/v1/backends/{BACKEND}/claim?wait_s={wait_s:g} HTTP/1.1\r\nHost: x\r\n"
+        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
     reader, writer = await asyncio.open_connection(host, port)
     try:
         while not stop.is_set():
@@ -227,22 +289,27 @@ async def _long_poll(host: str, port: int, token: str, stop: asyncio.Event, clai
 def _report_failed(url: str, claim: dict[str, Any]) -> None:
     import urllib.request
 
-    req = urllib.request.Request(f"{url}/api/training/agent/v1/runs/{claim['run_id']}/result", method="POST",
-                                 data=json.dumps({"exit_code": 1, "message": "bench"}).encode(),
-                                 headers={"Authorization": f"Bearer {claim['token']}",
-                                          "Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{url}/api/training/agent/v1/runs/{claim['run_id']}/result",
+        method="POST",
+        data=json.dumps({"exit_code": 1, "message": "bench"}).encode(),
+        headers={"Authorization": f"Bearer {claim['token']}", "Content-Type": "application/json"},
+    )
     urllib.request.urlopen(req, timeout=30).read()
 
 
-async def _idle_agents(svc: Services, token: str, agents: int, runs: int, wait_s: float,
-                       window_s: float | None) -> dict[str, float]:
+async def _idle_agents(
+    svc: Services, token: str, agents: int, runs: int, wait_s: float, window_s: float | None
+) -> dict[str, float]:
     """The server's idle CPU and memory under `agents` claiming, then the claim latency of `runs` runs. The
     idle window is a whole poll (every agent's reconnect in it) unless `window_s` sets it (--quick)."""
     parts = urllib.parse.urlsplit(svc.url)
     stop, claims = asyncio.Event(), asyncio.Queue()
     # Spread over one poll's length, as agents started at different times are: the reconnects are steady.
-    tasks = [asyncio.create_task(_long_poll(parts.hostname, parts.port, token, stop, claims, i * wait_s / agents,
-                                            wait_s)) for i in range(agents)]
+    tasks = [
+        asyncio.create_task(_long_poll(parts.hostname, parts.port, token, stop, claims, i * wait_s / agents, wait_s))
+        for i in range(agents)
+    ]
     server = svc.procs[0].pid
     await asyncio.sleep(wait_s + 5 if window_s is None else window_s)  # all connected, each reconnecting once a poll
     cpu_before, idle_started = cpu_s(server), time.monotonic()
@@ -262,8 +329,12 @@ async def _idle_agents(svc: Services, token: str, agents: int, runs: int, wait_s
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     ordered = sorted(latencies)
-    return {"rss_mb": idle_rss, "cpu": idle_cpu, "p99_s": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
-            "median_s": statistics.median(latencies)}
+    return {
+        "rss_mb": idle_rss,
+        "cpu": idle_cpu,
+        "p99_s": ordered[min(len(ordered) - 1, int(len(ordered) * 0.99))],
+        "median_s": statistics.median(latencies),
+    }
 
 
 def p7(tmp: Path, agents: int, window_s: float | None = None, runs: int = 20) -> None:
@@ -284,15 +355,20 @@ def p7(tmp: Path, agents: int, window_s: float | None = None, runs: int = 20) ->
             base_rss = rss_mb(svc.procs[0].pid)
             row = asyncio.run(_idle_agents(svc, token, count, runs=runs, wait_s=wait_s, window_s=window_s))
         cpu[count, wait_s] = row["cpu"]
-        print(f"P7: {count} idle agents, {wait_s:g} s claims, one server: RSS {row['rss_mb']:.0f} MB ({base_rss:.0f} MB "
-              f"with none; goal < 500 MB at 10,000), idle CPU {row['cpu']:.1%} of a core (goal < 10 %), claim "
-              f"latency from POST /runs: median {row['median_s'] * 1000:.0f} ms, p99 {row['p99_s'] * 1000:.0f} ms "
-              f"over {runs} runs (goal < 200 ms)", flush=True)
+        print(
+            f"P7: {count} idle agents, {wait_s:g} s claims, one server: RSS {row['rss_mb']:.0f} MB ({base_rss:.0f} MB "
+            f"with none; goal < 500 MB at 10,000), idle CPU {row['cpu']:.1%} of a core (goal < 10 %), claim "
+            f"latency from POST /runs: median {row['median_s'] * 1000:.0f} ms, p99 {row['p99_s'] * 1000:.0f} ms "
+            f"over {runs} runs (goal < 200 ms)",
+            flush=True,
+        )
     ours, plain = cpu.get((10 * agents, CLAIM_WAIT_S)), cpu.get((10 * agents, 25.0))
     if ours is not None and plain is not None:  # 0.0 is a figure too (a short --quick window)
         ratio = f"{ours / plain:.2f}" if plain else "n/a (the polls took no CPU that could be measured)"
-        print(f"P7: idle CPU at {10 * agents} agents, the agent's {CLAIM_WAIT_S:g} s claims vs 25 s polls: ratio "
-              f"{ratio}", flush=True)
+        print(
+            f"P7: idle CPU at {10 * agents} agents, the agent's {CLAIM_WAIT_S:g} s claims vs 25 s polls: ratio {ratio}",
+            flush=True,
+        )
     resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
 
 

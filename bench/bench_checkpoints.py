@@ -31,15 +31,26 @@ from bench.quick import quick_args  # noqa: E402
 from tests.test_worker import synthetic_items, worker_env, write_bundle, write_spec  # noqa: E402
 from tests.tiny_llm import build_tiny_llm  # noqa: E402
 
-SHAPE = {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
-         "num_key_value_heads": 2}
+SHAPE = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 def run(spec: Path, preempt_at: int | None = None) -> tuple[float, int, int]:
     """Wall seconds, exit code, the last train update seen; SIGUSR1 at update `preempt_at`."""
     started_s = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, text=True, env=worker_env(), cwd=str(ROOT))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=worker_env(),
+        cwd=str(ROOT),
+    )
     last = 0
     assert proc.stdout is not None
     for line in proc.stdout:
@@ -74,8 +85,14 @@ def main() -> int:
         model = build_tiny_llm(tmp / "model", [i["text"] for i in items], **SHAPE)
         bundle = tmp / "bundle"
         write_bundle(bundle, items)
-        base = {"model_name": str(model), "epochs": args.epochs, "batch_size": 8, "grad_accum_steps": 2,
-                "max_length": 16, "lora": {"r": 8, "alpha": 16}}
+        base = {
+            "model_name": str(model),
+            "epochs": args.epochs,
+            "batch_size": 8,
+            "grad_accum_steps": 2,
+            "max_length": 16,
+            "lora": {"r": 8, "alpha": 16},
+        }
         none_s, code, total = run(fresh(tmp, "none", bundle, {**base, "checkpoint_every_steps": 0}))
         every_s, code2, _ = run(fresh(tmp, "every", bundle, {**base, "checkpoint_every_steps": args.every}))
         assert code == code2 == 0, (code, code2)
@@ -87,9 +104,19 @@ def main() -> int:
         over = fresh(tmp, "over", bundle, {**base, "checkpoint_every_steps": 0})
         lost_s, lost_code, _ = run(over, preempt_at=half)
         again_s, again_code, _ = run(fresh(tmp, "again", bundle, {**base, "checkpoint_every_steps": 0}))
-        assert (cut_code, rest_code, lost_code, again_code) == (6, 0, 6, 0), (cut_code, rest_code, lost_code, again_code)
-        report("resume", cut_s + rest_s, lost_s + again_s, f"preempted at update {half} of {total}, resumed vs started over",
-               "< 0.80")
+        assert (cut_code, rest_code, lost_code, again_code) == (6, 0, 6, 0), (
+            cut_code,
+            rest_code,
+            lost_code,
+            again_code,
+        )
+        report(
+            "resume",
+            cut_s + rest_s,
+            lost_s + again_s,
+            f"preempted at update {half} of {total}, resumed vs started over",
+            "< 0.80",
+        )
     return 0
 
 

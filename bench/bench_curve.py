@@ -45,8 +45,15 @@ def spec_in(folder: Path, bundle: Path, trainer: str, params: dict[str, Any]) ->
 def run(spec: Path) -> tuple[float, list[dict[str, Any]]]:
     """Wall seconds and the run's events."""
     started_s = time.monotonic()
-    done = subprocess.run([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], capture_output=True,
-                          text=True, env=worker_env(), cwd=str(ROOT), stdin=subprocess.DEVNULL, timeout=3600)
+    done = subprocess.run(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        env=worker_env(),
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+        timeout=3600,
+    )
     wall_s = time.monotonic() - started_s
     if done.returncode != 0:
         raise SystemExit(f"the worker failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -55,7 +62,9 @@ def run(spec: Path) -> tuple[float, list[dict[str, Any]]]:
 
 def cut_bundle(bundle: Path, out: Path, keep: set[str]) -> Path:
     shutil.copytree(bundle, out)
-    rows = [line for line in (bundle / "train.jsonl").read_text().splitlines() if json.loads(line)["instance_id"] in keep]
+    rows = [
+        line for line in (bundle / "train.jsonl").read_text().splitlines() if json.loads(line)["instance_id"] in keep
+    ]
     (out / "train.jsonl").write_text("".join(line + "\n" for line in rows))
     manifest = json.loads((out / "manifest.json").read_text())
     manifest["splits"]["train"]["n"] = len(rows)
@@ -73,21 +82,35 @@ def main() -> None:
         build_bundle(load_checked(ROOT / "examples" / "reviews" / "config.yaml"), bundle, ["sentiment"])
         params: dict[str, Any] = {}
         if args.trainer == "hf-text-classification":
-            params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 3, "batch_size": 16, "max_length": 64}
+            params = {
+                "model_name": str(build_tiny_model(tmp / "model")),
+                "epochs": 3,
+                "batch_size": 16,
+                "max_length": 64,
+            }
         curve_wall_s, events = run(spec_in(tmp / "curve", bundle, args.trainer, {**params, "learning_curve": True}))
-        fits_s = sum(e["value"] for e in events if e["event"] == "metric" and e["split"] == "curve"
-                     and e["name"].endswith("/seconds"))
+        fits_s = sum(
+            e["value"]
+            for e in events
+            if e["event"] == "metric" and e["split"] == "curve" and e["name"].endswith("/seconds")
+        )
         train_ids = [json.loads(line)["instance_id"] for line in (bundle / "train.jsonl").read_text().splitlines()]
         hand_s = 0.0
         for percent in CURVE_PERCENTS:
             cut = cut_bundle(bundle, tmp / f"bundle-{percent}", set(curve_train_ids(train_ids, percent, 7)))
             hand_s += run(spec_in(tmp / f"hand-{percent}", cut, args.trainer, params))[0]
-    print(f"learning curve, {args.trainer}, examples/reviews ({len(train_ids)} train items), "
-          f"fits at {', '.join(map(str, CURVE_PERCENTS))} %:")
-    print(f"  one run with learning_curve: {curve_wall_s:.2f} s; four runs by hand: {hand_s:.2f} s; "
-          f"ratio {curve_wall_s / hand_s:.2f}")
-    print(f"  the curve run's overhead beyond its fits (wall less the fits' own seconds): {curve_wall_s - fits_s:.2f} s "
-          f"(goal: a few seconds)")
+    print(
+        f"learning curve, {args.trainer}, examples/reviews ({len(train_ids)} train items), "
+        f"fits at {', '.join(map(str, CURVE_PERCENTS))} %:"
+    )
+    print(
+        f"  one run with learning_curve: {curve_wall_s:.2f} s; four runs by hand: {hand_s:.2f} s; "
+        f"ratio {curve_wall_s / hand_s:.2f}"
+    )
+    print(
+        f"  the curve run's overhead beyond its fits (wall less the fits' own seconds): {curve_wall_s - fits_s:.2f} s "
+        f"(goal: a few seconds)"
+    )
 
 
 if __name__ == "__main__":

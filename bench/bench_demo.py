@@ -51,8 +51,11 @@ def first_command(tmp: Path) -> None:
     table = done.stdout.split("Held-out scores, the same split for every run:\n", 1)[1].split("\n\n", 1)[0]
     print(table)
     hf = re.search(r"^hf-text-classification .* (\d+) s$", table, re.M)
-    print(f"first command: make venv {venv_s:.0f} s (warm pip cache) + make demo {demo_s:.0f} s = "
-          f"{venv_s + demo_s:.0f} s; the fine-tune itself {hf.group(1) if hf else '?'} s", flush=True)
+    print(
+        f"first command: make venv {venv_s:.0f} s (warm pip cache) + make demo {demo_s:.0f} s = "
+        f"{venv_s + demo_s:.0f} s; the fine-tune itself {hf.group(1) if hf else '?'} s",
+        flush=True,
+    )
 
 
 def p9(tmp: Path, quick: bool = False) -> None:
@@ -76,8 +79,14 @@ def p9(tmp: Path, quick: bool = False) -> None:
     proc, _ = hand_worker(tmp, bundle, "hf-text-classification", params, "p9-demo")
     proc.communicate()
     assert proc.returncode == 0, proc.returncode
-    report("P9", queue_s, time.monotonic() - t0, "s",
-           f"the demo's fine-tune ({'a tiny BERT' if quick else 'all-MiniLM-L6-v2'}, {params['epochs']} epochs, 244 items, CPU)", "ratio <= 1.05")
+    report(
+        "P9",
+        queue_s,
+        time.monotonic() - t0,
+        "s",
+        f"the demo's fine-tune ({'a tiny BERT' if quick else 'all-MiniLM-L6-v2'}, {params['epochs']} epochs, 244 items, CPU)",
+        "ratio <= 1.05",
+    )
 
 
 def main() -> None:

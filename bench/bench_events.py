@@ -72,7 +72,9 @@ def _tiny_bundle() -> bytes:
 def _serve(config: ProjectConfig, unix_path: str) -> tuple[uvicorn.Server, RunStore, str]:
     """The real app (create_app), as `potato-queue serve` makes it: a copy of its wiring went stale unseen."""
     app = create_app(config, Settings.from_env(os.environ).redis_url, enqueue=lambda run_id: None)
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY
+    tcp = socket.socket(
+        socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )  # proto set: asyncio then sets TCP_NODELAY
     tcp.bind(("127.0.0.1", 0))
     unix = socket.socket(socket.AF_UNIX)
     unix.bind(unix_path)
@@ -88,9 +90,18 @@ def _new_run(store: RunStore, config: ProjectConfig, n: int) -> tuple[str, str]:
     data = _tiny_bundle()
     store.paths(run_id).bundle.write_bytes(data)
     # The job's one shape (wire/job.py), as runs/job.py builds it: a hand-written dict went stale unseen.
-    job = Job(run_id=run_id, trainer="flood", schemas=["s"], params={"n": n}, seed=0, grace_seconds=5,
-              bundle=BundleRef(len(data), hashlib.sha256(data).hexdigest()), limits=Limits(device="cpu"),
-              heartbeat_interval_s=heartbeat_interval_s(config, "local"), max_predictions_bytes=max_predictions_bytes(config))
+    job = Job(
+        run_id=run_id,
+        trainer="flood",
+        schemas=["s"],
+        params={"n": n},
+        seed=0,
+        grace_seconds=5,
+        bundle=BundleRef(len(data), hashlib.sha256(data).hexdigest()),
+        limits=Limits(device="cpu"),
+        heartbeat_interval_s=heartbeat_interval_s(config, "local"),
+        max_predictions_bytes=max_predictions_bytes(config),
+    )
     store.update(run_id, job=job.to_dict())
     store.transition(run_id, "starting")
     store.transition(run_id, "running")
@@ -115,9 +126,24 @@ def relayed(store: RunStore, config: ProjectConfig, url: str, worker: Path, n: i
     log = tmp / "agent.log"
     with open(log, "wb") as err:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "potato_queue.agent", "run", "--server", url, "--run-id", run_id,
-             "--workdir", str(tmp / "agent"), "--python", str(worker)],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=err, cwd=ROOT,
+            [
+                sys.executable,
+                "-m",
+                "potato_queue.agent",
+                "run",
+                "--server",
+                url,
+                "--run-id",
+                run_id,
+                "--workdir",
+                str(tmp / "agent"),
+                "--python",
+                str(worker),
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=err,
+            cwd=ROOT,
         )
     assert agent.stdin is not None
     agent.stdin.write(token.encode() + b"\n")
@@ -142,15 +168,18 @@ def main(argv: list[str] | None = None) -> None:
     args = quick_args(parser, argv, events=2_000)
     with tempfile.TemporaryDirectory(prefix="pq-bench-") as folder:
         tmp = Path(folder)
-        config = build_config({"annotation_task_name": "bench", "task_dir": str(tmp / "project")},
-                              tmp / "project" / "config.yaml")
+        config = build_config(
+            {"annotation_task_name": "bench", "task_dir": str(tmp / "project")}, tmp / "project" / "config.yaml"
+        )
         worker = tmp / "flood-python"
         worker.write_text(FLOOD_WORKER.replace("{python}", sys.executable))
         worker.chmod(0o755)
         server, store, url = _serve(config, str(tmp / "agent.sock"))
         try:
             alone = by_hand(worker, args.events, tmp)
-            through = relayed(store, config, f"unix://{tmp / 'agent.sock'}" if args.unix else url, worker, args.events, tmp)
+            through = relayed(
+                store, config, f"unix://{tmp / 'agent.sock'}" if args.unix else url, worker, args.events, tmp
+            )
         finally:
             server.should_exit = server.force_exit = True
             keys = list(store.redis.scan_iter(match=f"{Keys.of(config).prefix}:*"))

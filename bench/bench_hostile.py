@@ -82,8 +82,10 @@ def flood(url: str, mb: float, stop: Any, sent: Any) -> None:
     os.nice(19)
     parts = urllib.parse.urlsplit(url)
     body = b'{"trainer": "' + b"x" * int(mb * (1 << 20)) + b'", "schemas": ["sentiment"]}'
-    head = (f"POST /admin/training/api/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {len(body)}\r\n\r\n").encode()
+    head = (
+        f"POST /admin/training/api/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    ).encode()
     request = memoryview(head + body)  # built once: a fresh 24 MB copy per try is the client's cost, not the server's
     while not stop.is_set():
         try:
@@ -125,14 +127,33 @@ def under_flood(url: str, run_id: str, server_pid: int, clients: int, mb: float,
     return {"p99_s": p99(took), "refused_per_s": refused / elapsed_s, "server_cpu": cpu_used / elapsed_s}
 
 
-def flood_from(nat: NatHost, url: str, run_id: str, server_pid: int, clients: int, mb: float, polls: int,
-               folder: Path) -> dict[str, float]:
+def flood_from(
+    nat: NatHost, url: str, run_id: str, server_pid: int, clients: int, mb: float, polls: int, folder: Path
+) -> dict[str, float]:
     """under_flood with the attackers in the namespace, on the second core."""
     parts, stop = urllib.parse.urlsplit(url), folder / f"stop-{mb:g}"
     script = folder / "flood.py"
     script.write_text(FLOOD_SCRIPT)
-    procs = [nat.popen(["taskset", "-c", "1", "nice", "-n", "19", sys.executable, str(script), str(parts.hostname),
-                        str(parts.port), str(mb), str(stop)], stdout=subprocess.PIPE) for _ in range(clients)]
+    procs = [
+        nat.popen(
+            [
+                "taskset",
+                "-c",
+                "1",
+                "nice",
+                "-n",
+                "19",
+                sys.executable,
+                str(script),
+                str(parts.hostname),
+                str(parts.port),
+                str(mb),
+                str(stop),
+            ],
+            stdout=subprocess.PIPE,
+        )
+        for _ in range(clients)
+    ]
     time.sleep(1.0)
     cpu_before, clock_before = cpu_s(server_pid), time.perf_counter()
     took = poll_s(url, run_id, polls)
@@ -142,9 +163,13 @@ def flood_from(nat: NatHost, url: str, run_id: str, server_pid: int, clients: in
     return {"p99_s": p99(took), "refused_per_s": refused / elapsed_s, "server_cpu": cpu_used / elapsed_s}
 
 
-def measure(folder: str, args: argparse.Namespace, nat: NatHost | None) -> tuple[float, dict[str, float], dict[str, float], float, float]:
-    with EmbeddedRedis(folder) as redis_server, \
-            started(Path(folder), redis_server.url, executors=0, host=nat.host_ip if nat else "127.0.0.1") as svc:
+def measure(
+    folder: str, args: argparse.Namespace, nat: NatHost | None
+) -> tuple[float, dict[str, float], dict[str, float], float, float]:
+    with (
+        EmbeddedRedis(folder) as redis_server,
+        started(Path(folder), redis_server.url, executors=0, host=nat.host_ip if nat else "127.0.0.1") as svc,
+    ):
         run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
         server_pid = svc.procs[0].pid
         if nat is not None:  # the server alone on core 0; this process (the admin's polls) on core 1
@@ -179,9 +204,11 @@ def main() -> None:
             idle, big, small, rss_idle, rss_peak = measure(folder, args, None)
     print(f"P11 ({args.where}): GET /runs/{{id}} p99, idle: {idle * 1000:.1f} ms")
     for name, row in ((f"{args.mb} MB", big), ("empty", small)):
-        print(f"  under {args.clients} clients sending {name} unauthenticated bodies: {row['p99_s'] * 1000:.1f} ms, "
-              f"ratio {row['p99_s'] / idle:.2f} (goal <= 2x); {row['refused_per_s']:.0f} refused/s, "
-              f"server CPU {row['server_cpu']:.0%} of a core (polls included)")
+        print(
+            f"  under {args.clients} clients sending {name} unauthenticated bodies: {row['p99_s'] * 1000:.1f} ms, "
+            f"ratio {row['p99_s'] / idle:.2f} (goal <= 2x); {row['refused_per_s']:.0f} refused/s, "
+            f"server CPU {row['server_cpu']:.0%} of a core (polls included)"
+        )
     print(f"  {args.mb} MB bodies against empty ones, same clients: ratio {big['p99_s'] / small['p99_s']:.2f}")
     print(f"server peak RSS: {rss_idle:.0f} MB idle, {rss_peak:.0f} MB after the {args.mb} MB flood")
 

@@ -39,14 +39,21 @@ from potato_queue.wire.scoring import MULTILABEL, ORDINAL, score  # noqa: E402
 from tests.test_worker import write_bundle  # noqa: E402
 
 TOPICS = ["acting", "music", "plot", "visuals"]
-HINTS = {"acting": ["cast", "performance", "actor", "lead", "role"],
-         "music": ["score", "soundtrack", "song", "melody", "composer"],
-         "plot": ["story", "twist", "ending", "script", "pacing"],
-         "visuals": ["camera", "colour", "shot", "effects", "lighting"]}
+HINTS = {
+    "acting": ["cast", "performance", "actor", "lead", "role"],
+    "music": ["score", "soundtrack", "song", "melody", "composer"],
+    "plot": ["story", "twist", "ending", "script", "pacing"],
+    "visuals": ["camera", "colour", "shot", "effects", "lighting"],
+}
 SHARED = ["scene", "moment", "part", "work", "detail"]  # any topic's review may use them
 FILLER = ["honestly", "really", "quite", "the", "film", "was", "and", "overall", "felt", "i", "thought"]
-SCHEME = {"name": "topics", "annotation_type": "multiselect", "kind": "multilabel", "labels": TOPICS,
-          "source_field": None}
+SCHEME = {
+    "name": "topics",
+    "annotation_type": "multiselect",
+    "kind": "multilabel",
+    "labels": TOPICS,
+    "source_field": None,
+}
 
 
 def reviews(n: int, seed: int) -> list[dict[str, Any]]:
@@ -62,8 +69,13 @@ def reviews(n: int, seed: int) -> list[dict[str, Any]]:
     return items
 
 
-RATING_WORDS = {1: ["awful", "dreadful", "painful"], 2: ["weak", "poor", "dull"], 3: ["okay", "average", "uneven"],
-                4: ["good", "solid", "enjoyable"], 5: ["superb", "brilliant", "masterful"]}
+RATING_WORDS = {
+    1: ["awful", "dreadful", "painful"],
+    2: ["weak", "poor", "dull"],
+    3: ["okay", "average", "uneven"],
+    4: ["good", "solid", "enjoyable"],
+    5: ["superb", "brilliant", "masterful"],
+}
 FINE_TUNER = "hf-text-classification"  # with its default model, the packaged all-MiniLM-L6-v2
 LIKERT = {"name": "stars", "annotation_type": "likert", "kind": "ordinal", "labels": [], "source_field": None}
 
@@ -74,8 +86,10 @@ def rated_reviews(n: int, seed: int) -> list[dict[str, Any]]:
     items = []
     for i in range(n):
         stars = rng.randint(1, 5)
-        words = [rng.choice(RATING_WORDS[min(5, max(1, stars + (rng.choice([-1, 1]) if rng.random() < 0.33 else 0)))])
-                 for _ in range(2)] + rng.sample(FILLER, 4)
+        words = [
+            rng.choice(RATING_WORDS[min(5, max(1, stars + (rng.choice([-1, 1]) if rng.random() < 0.33 else 0)))])
+            for _ in range(2)
+        ] + rng.sample(FILLER, 4)
         rng.shuffle(words)
         items.append({"id": f"s{i:04d}", "text": " ".join(words), "label": None if i % 10 == 9 else float(stars)})
     return items
@@ -83,20 +97,36 @@ def rated_reviews(n: int, seed: int) -> list[dict[str, Any]]:
 
 def spec(folder: Path, bundle: Path, schemas: list[Any], trainer: str = "sklearn-text") -> Path:
     path = folder / "spec.json"
-    path.write_text(json.dumps({"v": 1, "run_id": "20260101T000000-bench0", "trainer": trainer,
-                                "schemas": schemas, "bundle_dir": str(bundle), "workdir": str(folder / "work"),
-                                "params": {}, "seed": 0,
-                                "limits": {"max_wall_s": 600, "max_ram_mb": None, "device": "cpu", "num_threads": 1}}))
+    path.write_text(
+        json.dumps(
+            {
+                "v": 1,
+                "run_id": "20260101T000000-bench0",
+                "trainer": trainer,
+                "schemas": schemas,
+                "bundle_dir": str(bundle),
+                "workdir": str(folder / "work"),
+                "params": {},
+                "seed": 0,
+                "limits": {"max_wall_s": 600, "max_ram_mb": None, "device": "cpu", "num_threads": 1},
+            }
+        )
+    )
     return path
 
 
-def train(module: str, folder: Path, bundle: Path, schemas: list[Any], kind: str = MULTILABEL,
-          trainer: str = "sklearn-text") -> tuple[dict[str, Any], float]:
+def train(
+    module: str, folder: Path, bundle: Path, schemas: list[Any], kind: str = MULTILABEL, trainer: str = "sklearn-text"
+) -> tuple[dict[str, Any], float]:
     """Runs `python -m <module> --spec`; each test item's predicted set, and the seconds it took."""
     folder.mkdir()
     started_s = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", module, "--spec", str(spec(folder, bundle, schemas, trainer))],
-                          capture_output=True, text=True, cwd=str(folder))
+    done = subprocess.run(
+        [sys.executable, "-m", module, "--spec", str(spec(folder, bundle, schemas, trainer))],
+        capture_output=True,
+        text=True,
+        cwd=str(folder),
+    )
     took_s = time.perf_counter() - started_s
     if done.returncode != 0:
         raise SystemExit(f"{module} failed ({done.returncode}): {done.stderr[-2000:]}")
@@ -118,21 +148,28 @@ def multilabel(args: argparse.Namespace, tmp: Path) -> None:
     gold = {row["instance_id"]: row["targets"]["topics"] for row in rows}
     ours, ours_s = train("potato_queue.worker", tmp / "ours", tmp / "bundle", ["topics"])
     potato, potato_s = train("potato.training.worker", tmp / "potato", tmp / "bundle", [SCHEME])
-    table = [("potato-queue sklearn-text", score(gold, ours, MULTILABEL), ours_s),
-             ("Potato 2.12.1 sklearn-text", score(gold, potato, MULTILABEL), potato_s)]
+    table = [
+        ("potato-queue sklearn-text", score(gold, ours, MULTILABEL), ours_s),
+        ("Potato 2.12.1 sklearn-text", score(gold, potato, MULTILABEL), potato_s),
+    ]
     if args.fine_tune:
         tuned, tuned_s = train("potato_queue.worker", tmp / "tuned", tmp / "bundle", ["topics"], MULTILABEL, FINE_TUNER)
         table.append((f"potato-queue {FINE_TUNER}", score(gold, tuned, MULTILABEL), tuned_s))
     print(f"Multi-label (multiselect of {len(TOPICS)} topics), {args.items} items, {len(gold)} in test:")
     print(f"{'':38} {'subset acc':>10} {'macro-F1':>9} {'micro-F1':>9} {'time':>7}")
     for name, scores, took_s in table:
-        print(f"{name:38} {scores['accuracy']:>10.3f} {scores['macro_f1']:>9.3f} {scores['micro_f1']:>9.3f} "
-              f"{took_s:>6.1f}s")
+        print(
+            f"{name:38} {scores['accuracy']:>10.3f} {scores['macro_f1']:>9.3f} {scores['micro_f1']:>9.3f} "
+            f"{took_s:>6.1f}s"
+        )
     ratio = table[0][1]["macro_f1"] / table[1][1]["macro_f1"] if table[1][1]["macro_f1"] else float("inf")
     print(f"macro-F1 ratio, potato-queue / Potato: {ratio:.2f}x (goal >= 1.0x)", flush=True)
     if args.fine_tune:
-        print(f"macro-F1 ratio, {FINE_TUNER} / Potato: {table[2][1]['macro_f1'] / table[1][1]['macro_f1']:.2f}x "
-              f"(goal > 1.0x)", flush=True)
+        print(
+            f"macro-F1 ratio, {FINE_TUNER} / Potato: {table[2][1]['macro_f1'] / table[1][1]['macro_f1']:.2f}x "
+            f"(goal > 1.0x)",
+            flush=True,
+        )
 
 
 def ordinal(args: argparse.Namespace, tmp: Path) -> None:
@@ -146,8 +183,10 @@ def ordinal(args: argparse.Namespace, tmp: Path) -> None:
         write_bundle(bundle, rated_reviews(args.ordinal_items, seed), scheme=LIKERT)
         rows = [json.loads(line) for line in (bundle / "test.jsonl").read_text().splitlines()]
         gold = {row["instance_id"]: row["targets"]["stars"] for row in rows}
-        sides = [("ours", "potato_queue.worker", ["stars"], "sklearn-text"),
-                 ("potato", "potato.training.worker", [LIKERT], "sklearn-text")]
+        sides = [
+            ("ours", "potato_queue.worker", ["stars"], "sklearn-text"),
+            ("potato", "potato.training.worker", [LIKERT], "sklearn-text"),
+        ]
         if args.fine_tune:
             sides.append(("fine-tuned", "potato_queue.worker", ["stars"], FINE_TUNER))
         for side, module, schemas, trainer in sides:
@@ -155,14 +194,21 @@ def ordinal(args: argparse.Namespace, tmp: Path) -> None:
             scores = score(gold, predicted, ORDINAL)
             mae.setdefault(side, []).append(scores["mae"])
             name = f"{'Potato 2.12.1' if side == 'potato' else 'potato-queue'} {trainer}, seed {seed}"
-            print(f"{name:46} {scores['accuracy']:>9.3f} {scores['mae']:>7.3f} {scores['qwk']:>7.3f} "
-                  f"{scores['spearman']:>9.3f} {took_s:>6.1f}s  ({len(gold)} in test)")
+            print(
+                f"{name:46} {scores['accuracy']:>9.3f} {scores['mae']:>7.3f} {scores['qwk']:>7.3f} "
+                f"{scores['spearman']:>9.3f} {took_s:>6.1f}s  ({len(gold)} in test)"
+            )
     ours, potato = (sum(mae[side]) / len(mae[side]) for side in ("ours", "potato"))
-    print(f"mean MAE: potato-queue {ours:.3f}, Potato {potato:.3f}; ratio Potato / potato-queue: {potato / ours:.2f}x "
-          f"(goal >= 1.0x: potato-queue no further off)", flush=True)
+    print(
+        f"mean MAE: potato-queue {ours:.3f}, Potato {potato:.3f}; ratio Potato / potato-queue: {potato / ours:.2f}x "
+        f"(goal >= 1.0x: potato-queue no further off)",
+        flush=True,
+    )
     if args.fine_tune:
         tuned = sum(mae["fine-tuned"]) / len(mae["fine-tuned"])
-        print(f"mean MAE, {FINE_TUNER}: {tuned:.3f}; ratio Potato / it: {potato / tuned:.2f}x (goal > 1.0x)", flush=True)
+        print(
+            f"mean MAE, {FINE_TUNER}: {tuned:.3f}; ratio Potato / it: {potato / tuned:.2f}x (goal > 1.0x)", flush=True
+        )
 
 
 def main() -> None:

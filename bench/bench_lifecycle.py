@@ -79,17 +79,32 @@ def epoch(iso: str) -> float:
     return datetime.fromisoformat(iso.replace("Z", "+00:00")).timestamp()
 
 
-def hand_worker(tmp: Path, bundle: Path, trainer: str, params: dict[str, Any], name: str) -> tuple[subprocess.Popen[str], Path]:
+def hand_worker(
+    tmp: Path, bundle: Path, trainer: str, params: dict[str, Any], name: str
+) -> tuple[subprocess.Popen[str], Path]:
     """The alternative: the worker started by hand on a copy of the run's bundle."""
     work = tmp / f"hand-{name}"
-    spec = {"v": 1, "run_id": "20260101T000000-000000", "trainer": trainer, "schemas": ["sentiment"],
-            "bundle_dir": str(bundle), "workdir": str(work / "work"), "params": params, "seed": 0,
-            "limits": {"device": "cpu"}}
+    spec = {
+        "v": 1,
+        "run_id": "20260101T000000-000000",
+        "trainer": trainer,
+        "schemas": ["sentiment"],
+        "bundle_dir": str(bundle),
+        "workdir": str(work / "work"),
+        "params": params,
+        "seed": 0,
+        "limits": {"device": "cpu"},
+    }
     work.mkdir(parents=True)
     (work / "spec.json").write_text(json.dumps(spec))
-    proc = subprocess.Popen([sys.executable, "-m", "potato_queue.worker", "--spec", str(work / "spec.json")],
-                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=str(ROOT),
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(work / "spec.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
     return proc, work
 
 
@@ -109,8 +124,10 @@ def p95(values: list[float]) -> float:
 
 def report(name: str, ours: float, theirs: float, unit: str, what: str, goal: str) -> None:
     ratio = ours / theirs if theirs else float("inf")
-    print(f"{name}: {what}: potato-queue {ours:.3f} {unit}, by hand {theirs:.3f} {unit}, ratio {ratio:.2f} (goal {goal})",
-          flush=True)
+    print(
+        f"{name}: {what}: potato-queue {ours:.3f} {unit}, by hand {theirs:.3f} {unit}, ratio {ratio:.2f} (goal {goal})",
+        flush=True,
+    )
 
 
 def read_until(proc: subprocess.Popen[str], match: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
@@ -195,8 +212,14 @@ def p2(tmp: Path, runs: int) -> None:
         proc, _ = hand_worker(tmp, bundle, "majority-baseline", {}, f"p2-{i}")
         hand.append(read_until(proc, is_first_worker_event)["t"] - started)
         proc.wait()
-    report("P2", statistics.median(ours), statistics.median(hand), "s",
-           f"POST (or Popen) -> the worker's first event, median of {runs}", "ratio <= 1.3")
+    report(
+        "P2",
+        statistics.median(ours),
+        statistics.median(hand),
+        "s",
+        f"POST (or Popen) -> the worker's first event, median of {runs}",
+        "ratio <= 1.3",
+    )
 
 
 def p3(tmp: Path, runs: int) -> None:
@@ -262,9 +285,13 @@ def p10(tmp: Path, _: int) -> None:
     spec_proc.kill()
     spec_proc.wait()
     t0 = time.time()
-    proc = subprocess.Popen(["timeout", "-s", "TERM", "4", sys.executable, "-m", "potato_queue.worker", "--spec",
-                             str(work / "spec.json")], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                            text=True, cwd=str(ROOT))
+    proc = subprocess.Popen(
+        ["timeout", "-s", "TERM", "4", sys.executable, "-m", "potato_queue.worker", "--spec", str(work / "spec.json")],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        cwd=str(ROOT),
+    )
     hand_error = read_until(proc, is_cancelled)["t"] - (t0 + 4)
     proc.wait()
     print(f"P10: heartbeat loss detected {heartbeat_error:.2f} s after heartbeat_timeout_s (goal <= 2 s)", flush=True)
@@ -273,7 +300,11 @@ def p10(tmp: Path, _: int) -> None:
 
 # name: (bench, its size: runs or epochs, the size of --quick)
 BENCHES: dict[str, tuple[Callable[[Path, int], None], int, int]] = {
-    "p1": (p1, 20, 1), "p2": (p2, 10, 1), "p3": (p3, 200, 5), "p9": (p9, 30, 1), "p10": (p10, 0, 0),
+    "p1": (p1, 20, 1),
+    "p2": (p2, 10, 1),
+    "p3": (p3, 200, 5),
+    "p9": (p9, 30, 1),
+    "p10": (p10, 0, 0),
 }
 
 

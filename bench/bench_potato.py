@@ -44,11 +44,18 @@ def _project(folder: Path, n: int) -> Path:
     items = [{"id": f"i{k:06d}", "text": f"review number {k}"} for k in range(n)]
     (folder / "data" / "items.json").write_text(json.dumps(items))
     (folder / "annotation_output").mkdir()
-    config = {"annotation_task_name": "bench", "task_dir": ".", "data_files": ["data/items.json"],
-              "output_annotation_dir": "annotation_output", "admin_api_key": "bench-admin-key-123",
-              "annotation_schemes": [{"annotation_type": "radio", "name": "sentiment", "labels": ["positive", "negative"]}],
-              "model_training": {"enabled": True, "writeback": {"schemas": ["sentiment"], "min_confidence": 0.6,
-                                                                "include_unlabeled": True}}}
+    config = {
+        "annotation_task_name": "bench",
+        "task_dir": ".",
+        "data_files": ["data/items.json"],
+        "output_annotation_dir": "annotation_output",
+        "admin_api_key": "bench-admin-key-123",
+        "annotation_schemes": [{"annotation_type": "radio", "name": "sentiment", "labels": ["positive", "negative"]}],
+        "model_training": {
+            "enabled": True,
+            "writeback": {"schemas": ["sentiment"], "min_confidence": 0.6, "include_unlabeled": True},
+        },
+    }
     (folder / "config.yaml").write_text(yaml.safe_dump(config))
     return folder / "config.yaml"
 
@@ -59,8 +66,16 @@ def _predictions(ids: list[str]) -> list[str]:
     for item in ids:
         confidence = round(rng.uniform(0.5, 1.0), 4)
         label = rng.choice(["positive", "negative"])
-        lines.append(json.dumps({"instance_id": item, "schema_name": "sentiment",
-                                 "payload": {"label": label, "confidence": confidence}, "confidence": confidence}))
+        lines.append(
+            json.dumps(
+                {
+                    "instance_id": item,
+                    "schema_name": "sentiment",
+                    "payload": {"label": label, "confidence": confidence},
+                    "confidence": confidence,
+                }
+            )
+        )
     return lines
 
 
@@ -70,8 +85,9 @@ def _bundle(run_dir: Path, ids: list[str]) -> None:
     for split in ("train", "val", "test"):
         (bundle / f"{split}.jsonl").write_text("")
     (bundle / "unlabeled.jsonl").write_text("".join(json.dumps({"instance_id": i, "text": i}) + "\n" for i in ids))
-    (bundle / "manifest.json").write_text(json.dumps({"schemas": [{"name": "sentiment", "kind": "nominal",
-                                                                    "labels": ["negative", "positive"]}]}))
+    (bundle / "manifest.json").write_text(
+        json.dumps({"schemas": [{"name": "sentiment", "kind": "nominal", "labels": ["negative", "positive"]}]})
+    )
 
 
 def potato_side(folder: Path, n: int) -> float:
@@ -127,9 +143,11 @@ def main() -> None:
     finally:
         server.stop()
         shutil.rmtree(tmp, ignore_errors=True)
-    print(f"{args.items} predictions into Potato's store: Potato's own ingest {theirs_s:.2f} s, "
-          f"potato-queue's finalize {ours_s:.2f} s (refuse, store, gate, predictions.jsonl), "
-          f"ratio {ours_s / theirs_s:.2f}")
+    print(
+        f"{args.items} predictions into Potato's store: Potato's own ingest {theirs_s:.2f} s, "
+        f"potato-queue's finalize {ours_s:.2f} s (refuse, store, gate, predictions.jsonl), "
+        f"ratio {ours_s / theirs_s:.2f}"
+    )
 
 
 if __name__ == "__main__":

@@ -41,7 +41,9 @@ def _start_ms(args: list[str]) -> float:
     return (time.perf_counter() - started) * 1000
 
 
-def _side_by_side(starts: int, with_line: Callable[[], float], without: Callable[[], float]) -> tuple[list[float], list[float]]:
+def _side_by_side(
+    starts: int, with_line: Callable[[], float], without: Callable[[], float]
+) -> tuple[list[float], list[float]]:
     """Interleaved, so a change in the machine's load falls on both sides alike."""
     a, b = [], []
     for _ in range(starts):
@@ -53,8 +55,10 @@ def _side_by_side(starts: int, with_line: Callable[[], float], without: Callable
 def _row(what: str, a: list[float], b: list[float]) -> None:
     ma, mb = statistics.median(a), statistics.median(b)
     qa, qb = statistics.quantiles(a, n=4), statistics.quantiles(b, n=4)
-    print(f"{what:<44} {ma:8.2f} ms ({qa[0]:.1f}-{qa[2]:.1f})  {mb:8.2f} ms ({qb[0]:.1f}-{qb[2]:.1f})  "
-          f"{ma - mb:+7.2f} ms  {ma / mb:5.3f}x")
+    print(
+        f"{what:<44} {ma:8.2f} ms ({qa[0]:.1f}-{qa[2]:.1f})  {mb:8.2f} ms ({qb[0]:.1f}-{qb[2]:.1f})  "
+        f"{ma - mb:+7.2f} ms  {ma / mb:5.3f}x"
+    )
 
 
 def _installed(starts: int, args: list[str], site_dir: str | None) -> tuple[list[float], list[float]]:
@@ -80,8 +84,11 @@ def _stale(starts: int) -> tuple[list[float], list[float]]:
     with tempfile.TemporaryDirectory() as stale, tempfile.TemporaryDirectory() as empty:
         (Path(stale) / PTH_NAME).write_text(PTH_LINE)
         probe = "import site; site.addsitedir({!r})"
-        return _side_by_side(starts, lambda: _start_ms(["-S", "-c", probe.format(stale)]),
-                             lambda: _start_ms(["-S", "-c", probe.format(empty)]))
+        return _side_by_side(
+            starts,
+            lambda: _start_ms(["-S", "-c", probe.format(stale)]),
+            lambda: _start_ms(["-S", "-c", probe.format(empty)]),
+        )
 
 
 def _line_itself_us(runs: int = 2000) -> float:

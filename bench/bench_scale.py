@@ -54,8 +54,11 @@ from bench.quick import quick_args  # noqa: E402
 
 ADMIN_KEY = "bench-admin-key-123"
 ANNOTATORS = 5
-WORDS = {"positive": ["great", "lovely", "superb", "moving", "sharp"], "negative": ["dull", "awful", "boring", "weak", "flat"],
-         "neutral": ["fine", "okay", "average", "plain", "usual"]}
+WORDS = {
+    "positive": ["great", "lovely", "superb", "moving", "sharp"],
+    "negative": ["dull", "awful", "boring", "weak", "flat"],
+    "neutral": ["fine", "okay", "average", "plain", "usual"],
+}
 FILLER = ["the", "film", "was", "and", "quite", "really", "story", "cast", "score", "ending", "long", "short"]
 
 
@@ -76,10 +79,15 @@ def make_project(folder: Path, n: int, seed: int = 0) -> Path:
         for iid, (label, quality) in truth.items():
             if rng.random() < 0.5:
                 said = label if rng.random() < care else rng.choice(list(WORDS))
-                labels[iid] = [[{"schema": "sentiment", "name": said}, said], [{"schema": "quality", "name": quality}, quality]]
+                labels[iid] = [
+                    [{"schema": "sentiment", "name": said}, said],
+                    [{"schema": "quality", "name": quality}, quality],
+                ]
         user = folder / "annotation_output" / f"annotator{a}"
         user.mkdir(parents=True)
-        (user / "user_state.json").write_text(json.dumps({"user_id": f"annotator{a}", "instance_id_to_label_to_value": labels}))
+        (user / "user_state.json").write_text(
+            json.dumps({"user_id": f"annotator{a}", "instance_id_to_label_to_value": labels})
+        )
     (folder / "config.yaml").write_text(f"""annotation_task_name: "Scale {n}"
 task_dir: "."
 data_files: ["data/items.jsonl"]
@@ -98,12 +106,16 @@ model_training:
 
 # ---------------------------------------------------------------- the phases, each in a process of its own
 
+
 def phase_parse(config_path: Path) -> dict[str, Any]:
     gc.disable()  # the fastest plain read (the build pauses the cycle collector too)
     folder = config_path.parent
     with (folder / "data" / "items.jsonl").open(encoding="utf-8") as fh:
         items = [json.loads(line) for line in fh]
-    states = [json.loads(p.read_text(encoding="utf-8")) for p in sorted((folder / "annotation_output").glob("*/user_state.json"))]
+    states = [
+        json.loads(p.read_text(encoding="utf-8"))
+        for p in sorted((folder / "annotation_output").glob("*/user_state.json"))
+    ]
     return {"items": len(items), "annotators": len(states)}
 
 
@@ -144,7 +156,7 @@ def phase_reuse(config_path: Path) -> dict[str, Any]:
 def _split_ids(config_path: Path) -> dict[str, list[str]]:
     ids = [json.loads(line)["id"] for line in (config_path.parent / "data" / "items.jsonl").open()]
     n = len(ids)
-    return {"train": ids[: int(n * 0.7)], "val": ids[int(n * 0.7): int(n * 0.85)], "test": ids[int(n * 0.85):]}
+    return {"train": ids[: int(n * 0.7)], "val": ids[int(n * 0.7) : int(n * 0.85)], "test": ids[int(n * 0.85) :]}
 
 
 def _fresh_copy(config_path: Path) -> Path:
@@ -186,17 +198,24 @@ def phase_potato_splits(config_path: Path) -> dict[str, Any]:
     return {"seconds_inner": seconds}
 
 
-PHASES = {"parse": phase_parse, "build": phase_build, "potato-build": phase_potato_build, "reuse": phase_reuse,
-          "splits": phase_splits, "potato-splits": phase_potato_splits}
+PHASES = {
+    "parse": phase_parse,
+    "build": phase_build,
+    "potato-build": phase_potato_build,
+    "reuse": phase_reuse,
+    "splits": phase_splits,
+    "potato-splits": phase_potato_splits,
+}
 
 
 def run_phase(name: str, config_path: Path) -> tuple[float, float]:
     """(seconds, peak MB) of one phase in a fresh process; an 'inner' time where the phase measures its own."""
-    code = (f"import json, resource, sys, time; sys.path.insert(0, {str(ROOT)!r}); from bench.bench_scale import PHASES; "
-            f"from pathlib import Path; t = time.perf_counter(); out = PHASES[{name!r}](Path({str(config_path)!r})); "
-            "s = out.get('seconds_inner', time.perf_counter() - t); "
-            "print(json.dumps({'s': s, 'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))"
-            )
+    code = (
+        f"import json, resource, sys, time; sys.path.insert(0, {str(ROOT)!r}); from bench.bench_scale import PHASES; "
+        f"from pathlib import Path; t = time.perf_counter(); out = PHASES[{name!r}](Path({str(config_path)!r})); "
+        "s = out.get('seconds_inner', time.perf_counter() - t); "
+        "print(json.dumps({'s': s, 'mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     found = json.loads(done.stdout.strip().splitlines()[-1])
     return float(found["s"]), float(found["mb"])
@@ -211,8 +230,12 @@ def run_end_to_end(config_path: Path) -> tuple[float, float, str]:
     """(seconds, peak MB of the largest process, run id) of `up --run sklearn-text`."""
     before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
     started = time.perf_counter()
-    done = subprocess.run([str(ROOT / ".venv" / "bin" / "potato-queue"), "up", str(config_path), "--port", "0",
-                           "--run", "sklearn-text"], capture_output=True, text=True, env=_private_redis_env())
+    done = subprocess.run(
+        [str(ROOT / ".venv" / "bin" / "potato-queue"), "up", str(config_path), "--port", "0", "--run", "sklearn-text"],
+        capture_output=True,
+        text=True,
+        env=_private_redis_env(),
+    )
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"the run failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
@@ -228,9 +251,16 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
-PAGE_PATHS = ["/runs/{run}", "/runs/{run}/log?offset=0", "/runs/{run}/events?after=0", "/runs/{run}/predictions/summary",
-              "/runs/{run}/quality?target_precision=0.9", "/runs/{run}/curve", "/runs/{run}/next?limit=20",
-              "/runs?limit=200"]
+PAGE_PATHS = [
+    "/runs/{run}",
+    "/runs/{run}/log?offset=0",
+    "/runs/{run}/events?after=0",
+    "/runs/{run}/predictions/summary",
+    "/runs/{run}/quality?target_precision=0.9",
+    "/runs/{run}/curve",
+    "/runs/{run}/next?limit=20",
+    "/runs?limit=200",
+]
 
 
 def page_first_paint(config_path: Path, run_id: str) -> tuple[float, float, float, dict[str, float]]:
@@ -239,8 +269,13 @@ def page_first_paint(config_path: Path, run_id: str) -> tuple[float, float, floa
 
     with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(folder) as own:
         env = {**_private_redis_env(), "POTATO_QUEUE_REDIS_URL": own.url}
-        server = subprocess.Popen([str(ROOT / ".venv" / "bin" / "potato-queue"), "serve", str(config_path), "--port", "0"],
-                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        server = subprocess.Popen(
+            [str(ROOT / ".venv" / "bin" / "potato-queue"), "serve", str(config_path), "--port", "0"],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            env=env,
+        )
         try:
             assert server.stdout is not None
             line = server.stdout.readline()
@@ -300,22 +335,32 @@ def main() -> None:
     _summary(sizes, results, page)
 
 
-def _summary(sizes: list[int], results: dict[int, dict[str, tuple[float, float]]],
-             page: dict[int, tuple[float, float, float, dict[str, float]]]) -> None:
+def _summary(
+    sizes: list[int],
+    results: dict[int, dict[str, tuple[float, float]]],
+    page: dict[int, tuple[float, float, float, dict[str, float]]],
+) -> None:
     print("\ngrowth per 10x of items (time; goal at most 11):")
     for small, large in zip(sizes, sizes[1:], strict=False):
         tens = max(1e-9, math.log10(large / small))  # 10k -> 1M is two steps of 10x: the ratio per step
-        ratios = {name: (results[large][name][0] / max(results[small][name][0], 1e-9)) ** (1 / tens)
-                  for name in results[large] if name in results[small]}
+        ratios = {
+            name: (results[large][name][0] / max(results[small][name][0], 1e-9)) ** (1 / tens)
+            for name in results[large]
+            if name in results[small]
+        }
         print(f"  {small:,} -> {large:,}: " + ", ".join(f"{name} {r:.1f}" for name, r in ratios.items()))
     for n in sizes:
         r = results[n]
-        print(f"{n:,}: build / parse {r['build'][0] / r['parse'][0]:.2f}x (goal at most 1.5x); build vs Potato's "
-              f"{r['potato-build'][0] / r['build'][0]:.1f}x faster; reuse / build {r['reuse'][0] / r['build'][0]:.2f}x; "
-              f"splits vs Potato's record_run_items {r['potato-splits'][0] / max(r['splits'][0], 1e-9):.1f}x faster")
+        print(
+            f"{n:,}: build / parse {r['build'][0] / r['parse'][0]:.2f}x (goal at most 1.5x); build vs Potato's "
+            f"{r['potato-build'][0] / r['build'][0]:.1f}x faster; reuse / build {r['reuse'][0] / r['build'][0]:.2f}x; "
+            f"splits vs Potato's record_run_items {r['potato-splits'][0] / max(r['splits'][0], 1e-9):.1f}x faster"
+        )
         if n in page:
-            print(f"{n:,}: the run page's first paint {page[n][0]:.2f} s of server work (goal under 1 s); server "
-                  f"memory {page[n][1]:.0f} MB idle, {page[n][2]:.0f} MB after ({page[n][2] / page[n][1]:.2f}x; goal under 2x)")
+            print(
+                f"{n:,}: the run page's first paint {page[n][0]:.2f} s of server work (goal under 1 s); server "
+                f"memory {page[n][1]:.0f} MB idle, {page[n][2]:.0f} MB after ({page[n][2] / page[n][1]:.2f}x; goal under 2x)"
+            )
 
 
 if __name__ == "__main__":

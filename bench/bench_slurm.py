@@ -59,11 +59,20 @@ def cluster(tmp: Path, **backend: Any) -> Iterator[tuple[Services, SlurmCluster,
         shared = Path(tempfile.mkdtemp(prefix="pq-bench-", dir="/srv"))
         stack.callback(subprocess.run, ["rm", "-rf", str(shared)], check=False)
         url = stack.enter_context(EmbeddedRedis(folder)).url
-        settings = {"type": "slurm", "host": ALIAS, "python": sys.executable, "job_python": sys.executable,
-                    "remote_dir": str(shared), "poll_interval_s": POLL_S, "heartbeat_timeout_s": 60,
-                    **backend, "env": {**slurm.env, **backend.get("env", {})}}
-        svc = stack.enter_context(started(tmp / "project", url, executors=0, grace_seconds=5,
-                                          backends={BACKEND: settings}))
+        settings = {
+            "type": "slurm",
+            "host": ALIAS,
+            "python": sys.executable,
+            "job_python": sys.executable,
+            "remote_dir": str(shared),
+            "poll_interval_s": POLL_S,
+            "heartbeat_timeout_s": 60,
+            **backend,
+            "env": {**slurm.env, **backend.get("env", {})},
+        }
+        svc = stack.enter_context(
+            started(tmp / "project", url, executors=0, grace_seconds=5, backends={BACKEND: settings})
+        )
         svc.executor(env={SSH_CONFIG_ENV: str(sshd.config)})
         yield svc, slurm, shared
 
@@ -108,9 +117,12 @@ def start(tmp: Path, runs: int) -> None:
             first_line_s = (shared / "jobs" / run_id / "running").stat().st_mtime
             file_lag.append(running["t"] - first_line_s)
             slurm_lag.append(running["t"] - slurm_start)
-    print(f"SLURM start: PENDING -> RUNNING to `RUNNING on <node>` in run.log, poll_interval_s {POLL_S:g}, {runs} runs: "
-          f"median {statistics.median(file_lag):.3f} s, max {max(file_lag):.3f} s after the job's first line ran; "
-          f"max {max(slurm_lag):.2f} s after SLURM's StartTime (whole seconds) (goal <= {POLL_S + 1:g} s)", flush=True)
+    print(
+        f"SLURM start: PENDING -> RUNNING to `RUNNING on <node>` in run.log, poll_interval_s {POLL_S:g}, {runs} runs: "
+        f"median {statistics.median(file_lag):.3f} s, max {max(file_lag):.3f} s after the job's first line ran; "
+        f"max {max(slurm_lag):.2f} s after SLURM's StartTime (whole seconds) (goal <= {POLL_S + 1:g} s)",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- cancel -> scancel issued
@@ -120,14 +132,15 @@ def cancel(tmp: Path, runs: int) -> None:
     shim = tmp / "shim"
     shim.mkdir(parents=True)
     noted = tmp / "scancel-times"
-    (shim / "scancel").write_text(f"#!/bin/sh\ndate +%s.%N >> {noted}\nexec /usr/bin/scancel \"$@\"\n")
+    (shim / "scancel").write_text(f'#!/bin/sh\ndate +%s.%N >> {noted}\nexec /usr/bin/scancel "$@"\n')
     (shim / "scancel").chmod(0o755)
     params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
     took = []
     with cluster(tmp / "cancel", env={"PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"}) as (svc, _slurm, _shared):
         for _ in range(runs):
-            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params,
-                                   backend=BACKEND)
+            run_id = svc.start_run(
+                trainer="hf-text-classification", schemas=["sentiment"], params=params, backend=BACKEND
+            )
             wait(lambda run_id=run_id: step_event(svc, run_id, r"^training "))
             noted.write_text("")
             sent = time.time()
@@ -135,8 +148,11 @@ def cancel(tmp: Path, runs: int) -> None:
             first = wait(lambda: noted.read_text().split())[0]
             took.append(float(first) - sent)
             svc.wait_for(run_id, TERMINAL, 60)
-    print(f"SLURM cancel: the API's cancel -> `scancel --full --signal=TERM` issued on the login node, {runs} runs: "
-          f"p95 {p95(took):.3f} s, median {statistics.median(took):.3f} s (goal p95 <= 1 s)", flush=True)
+    print(
+        f"SLURM cancel: the API's cancel -> `scancel --full --signal=TERM` issued on the login node, {runs} runs: "
+        f"p95 {p95(took):.3f} s, median {statistics.median(took):.3f} s (goal p95 <= 1 s)",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- a no-op run vs sbatch --wait by hand
@@ -158,14 +174,23 @@ def noop(tmp: Path, runs: int) -> None:
             # The agent removed the unpacked bundle after its run; the hand run gets it back, untimed.
             extract_bundle(str(run_paths(svc, run_id).bundle), str(job_dir / "bundle"))
             started_s = time.perf_counter()
-            slurm.run("sbatch", "--wait", "--parsable", f"--output={job_dir}/slurm.out", f"--chdir={job_dir}/work",
-                      str(job_dir / "job.sh"))
+            slurm.run(
+                "sbatch",
+                "--wait",
+                "--parsable",
+                f"--output={job_dir}/slurm.out",
+                f"--chdir={job_dir}/work",
+                str(job_dir / "job.sh"),
+            )
             hand.append(time.perf_counter() - started_s)
             assert (job_dir / "exit_code").read_text().strip() == "0", f"hand run {i} failed"
     ours_s, hand_s = statistics.median(ours), statistics.median(hand)
-    print(f"SLURM no-op run (majority-baseline), median of {runs}: through potato-queue {ours_s:.2f} s (API -> "
-          f"succeeded: ssh, agent, bundle, sbatch, predictions back), `sbatch --wait job.sh` by hand on the login "
-          f"node {hand_s:.2f} s; ratio {ours_s / hand_s:.2f}", flush=True)
+    print(
+        f"SLURM no-op run (majority-baseline), median of {runs}: through potato-queue {ours_s:.2f} s (API -> "
+        f"succeeded: ssh, agent, bundle, sbatch, predictions back), `sbatch --wait job.sh` by hand on the login "
+        f"node {hand_s:.2f} s; ratio {ours_s / hand_s:.2f}",
+        flush=True,
+    )
 
 
 def main() -> None:

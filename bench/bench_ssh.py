@@ -49,10 +49,18 @@ def over_ssh(tmp: Path, **backend: Any) -> Iterator[tuple[Services, Sshd]]:
         sshd = Sshd(tmp / "sshd")
         stack.callback(sshd.close)
         url = stack.enter_context(EmbeddedRedis(folder)).url
-        settings = {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none",
-                    "remote_dir": str(tmp / "remote"), "heartbeat_timeout_s": 60, **backend}
-        svc = stack.enter_context(started(tmp / "project", url, executors=0, grace_seconds=5,
-                                          backends={BACKEND: settings}))
+        settings = {
+            "type": "ssh",
+            "host": ALIAS,
+            "python": sys.executable,
+            "gpus": "none",
+            "remote_dir": str(tmp / "remote"),
+            "heartbeat_timeout_s": 60,
+            **backend,
+        }
+        svc = stack.enter_context(
+            started(tmp / "project", url, executors=0, grace_seconds=5, backends={BACKEND: settings})
+        )
         svc.executor(env={SSH_CONFIG_ENV: str(sshd.config)})
         yield svc, sshd
 
@@ -82,17 +90,26 @@ def _model_files(work: Path, mb: int) -> None:
     for shard in range(4):
         with open(work / f"model-{shard}.safetensors", "wb") as fh:
             for i in range(mb // 4):
-                fh.write(block[i % 991:] + block[:i % 991])
+                fh.write(block[i % 991 :] + block[: i % 991])
 
 
 def _copy_back(svc: Services, sshd: Sshd, job: Path, dest: Path) -> None:
     """potato-queue's copy of a job's model files (the same _Copy a run's collect uses)."""
     from potato_queue.config import SshBackend
 
-    backend = SshBackend(host=ALIAS, python=sys.executable, remote_dir=str(job.parent.parent), keep_remote=True,
-                         max_artifact_mb=1e9)
-    spec = LaunchSpec(run_id=job.name, backend_name=BACKEND, job={}, token=None, server_url=svc.url,
-                      paths=RunPaths(dest), log=lambda _line: None, step=lambda _line: None)
+    backend = SshBackend(
+        host=ALIAS, python=sys.executable, remote_dir=str(job.parent.parent), keep_remote=True, max_artifact_mb=1e9
+    )
+    spec = LaunchSpec(
+        run_id=job.name,
+        backend_name=BACKEND,
+        job={},
+        token=None,
+        server_url=svc.url,
+        paths=RunPaths(dest),
+        log=lambda _line: None,
+        step=lambda _line: None,
+    )
     dest.mkdir()
     ModelCopy(target_of(backend, Settings(ssh_config_file=str(sshd.config))), backend, spec, str(job)).run()
 
@@ -103,20 +120,24 @@ def p5(tmp: Path, mb: int) -> None:
         _model_files(job / "work", mb)
         ours, theirs = [], []
         for i in range(6):  # alternating who goes first
-            for name, took in ((("ours", ours), ("scp", theirs))[::1 if i % 2 == 0 else -1]):
+            for name, took in (("ours", ours), ("scp", theirs))[:: 1 if i % 2 == 0 else -1]:
                 dest = tmp / f"{name}-{i}"
                 os.sync()
                 started_s = time.perf_counter()
                 if name == "ours":
                     _copy_back(svc, sshd, job, dest)
                 else:
-                    subprocess.run(["scp", "-q", "-r", "-F", str(sshd.config), f"{ALIAS}:{job}/work", str(dest)],
-                                   check=True)
+                    subprocess.run(
+                        ["scp", "-q", "-r", "-F", str(sshd.config), f"{ALIAS}:{job}/work", str(dest)], check=True
+                    )
                 took.append(time.perf_counter() - started_s)
                 subprocess.run(["rm", "-rf", str(dest)], check=True)
     ours_mbs, scp_mbs = mb / statistics.median(ours), mb / statistics.median(theirs)
-    print(f"P5: {mb} MB of model files back over ssh: potato-queue {ours_mbs:.0f} MB/s, scp {scp_mbs:.0f} MB/s "
-          f"(median of 6), ratio {ours_mbs / scp_mbs:.2f} (goal >= 1.0x, floor 0.9x)", flush=True)
+    print(
+        f"P5: {mb} MB of model files back over ssh: potato-queue {ours_mbs:.0f} MB/s, scp {scp_mbs:.0f} MB/s "
+        f"(median of 6), ratio {ours_mbs / scp_mbs:.2f} (goal >= 1.0x, floor 0.9x)",
+        flush=True,
+    )
 
 
 # ---------------------------------------------------------------- P6: a no-op run's overhead
@@ -125,8 +146,9 @@ def p5(tmp: Path, mb: int) -> None:
 def p6(tmp: Path, runs: int) -> None:
     with over_ssh(tmp / "p6") as (svc, sshd):
         started_s = time.perf_counter()
-        svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND),
-                     {"succeeded"}, 120)  # the code is on the host from now on
+        svc.wait_for(
+            svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), {"succeeded"}, 120
+        )  # the code is on the host from now on
         first_s = time.perf_counter() - started_s
         over_ssh_s, local_s, true_s = [], [], []
         for _ in range(runs):
@@ -139,10 +161,13 @@ def p6(tmp: Path, runs: int) -> None:
             subprocess.run(["ssh", "-F", str(sshd.config), ALIAS, "true"], check=True)
             true_s.append(time.perf_counter() - started_s)
     ssh_run, local_run, round_trip = (statistics.median(x) for x in (over_ssh_s, local_s, true_s))
-    print(f"P6: a no-op run (majority-baseline), median of {runs}: over ssh {ssh_run:.2f} s, local {local_run:.2f} s, "
-          f"`ssh host true` {round_trip:.3f} s; ssh's overhead {ssh_run - local_run:.2f} s = "
-          f"{(ssh_run - local_run) / round_trip:.1f} round trips (goal <= 3); the first run, which copied the "
-          f"code, {first_s:.2f} s", flush=True)
+    print(
+        f"P6: a no-op run (majority-baseline), median of {runs}: over ssh {ssh_run:.2f} s, local {local_run:.2f} s, "
+        f"`ssh host true` {round_trip:.3f} s; ssh's overhead {ssh_run - local_run:.2f} s = "
+        f"{(ssh_run - local_run) / round_trip:.1f} round trips (goal <= 3); the first run, which copied the "
+        f"code, {first_s:.2f} s",
+        flush=True,
+    )
 
 
 def main() -> None:

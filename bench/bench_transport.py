@@ -40,7 +40,7 @@ from tests.sshd import ALIAS, Sshd  # noqa: E402
 
 BLOCK = os.urandom(1 << 20)
 
-CLIENT = r'''
+CLIENT = r"""
 import http.client, json, socket, sys, time
 
 class Unix(http.client.HTTPConnection):
@@ -78,10 +78,10 @@ for _ in range(upload_mb):
 conn.getresponse().read()
 upload_s = time.perf_counter() - start
 print(json.dumps({"bundle_bytes": size, "bundle_s": bundle_s, "events_s": events_s, "upload_s": upload_s}), flush=True)
-'''
+"""
 
 # The host's end where sshd refuses forwards: what the bootstrap's relay_agent does, with the client as the agent.
-RELAY = r'''
+RELAY = r"""
 import subprocess, sys
 from potato_queue.host.channel import HostRelay
 
@@ -91,7 +91,7 @@ try:
     sys.exit(relay.serve(agent))
 finally:
     relay.close()
-'''
+"""
 
 
 def serve(bundle_mb: int) -> http.server.ThreadingHTTPServer:
@@ -126,9 +126,26 @@ def serve(bundle_mb: int) -> http.server.ThreadingHTTPServer:
 def over_forward(sshd: Sshd, port: int, tmp: Path, client_args: list[str], n: int) -> dict[str, float]:
     socket_path = f"/tmp/pq-bench-fwd-{os.getpid()}-{n}.sock"
     try:
-        done = subprocess.run(["ssh", "-F", str(sshd.config), "-o", "ExitOnForwardFailure=yes", "-R",
-                               f"{socket_path}:127.0.0.1:{port}", ALIAS, sys.executable, str(tmp / "client.py"),
-                               socket_path, *client_args], capture_output=True, text=True, check=True, timeout=600)
+        done = subprocess.run(
+            [
+                "ssh",
+                "-F",
+                str(sshd.config),
+                "-o",
+                "ExitOnForwardFailure=yes",
+                "-R",
+                f"{socket_path}:127.0.0.1:{port}",
+                ALIAS,
+                sys.executable,
+                str(tmp / "client.py"),
+                socket_path,
+                *client_args,
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=600,
+        )
     finally:
         Path(socket_path).unlink(missing_ok=True)  # sshd leaves a forwarded socket's file
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -136,8 +153,20 @@ def over_forward(sshd: Sshd, port: int, tmp: Path, client_args: list[str], n: in
 
 def over_session(sshd: Sshd, port: int, tmp: Path, client_args: list[str], n: int) -> dict[str, float]:
     socket_path = f"/tmp/pq-bench-session-{os.getpid()}-{n}.sock"
-    argv = ["ssh", "-F", str(sshd.config), ALIAS, "env", f"PYTHONPATH={ROOT}", sys.executable, str(tmp / "relay.py"),
-            socket_path, str(tmp / "client.py"), socket_path, *client_args]
+    argv = [
+        "ssh",
+        "-F",
+        str(sshd.config),
+        ALIAS,
+        "env",
+        f"PYTHONPATH={ROOT}",
+        sys.executable,
+        str(tmp / "relay.py"),
+        socket_path,
+        str(tmp / "client.py"),
+        socket_path,
+        *client_args,
+    ]
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
     assert proc.stdin is not None and proc.stdout is not None
     log = tmp / f"agent-{n}.log"
@@ -179,11 +208,15 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace)
     def median(mode: str, key: str) -> float:
         return statistics.median(r[key] for r in results[mode])
 
-    rows = [("bundle down, MB/s", lambda m: args.bundle_mb / median(m, "bundle_s")),
-            ("events, per s", lambda m: args.events / median(m, "events_s")),
-            ("predictions back, MB/s", lambda m: args.upload_mb / median(m, "upload_s"))]
-    print(f"The agent's transports over one real sshd on 127.0.0.1, median of {args.rounds} each "
-          f"({args.bundle_mb} MB down, {args.events} events, {args.upload_mb} MB back):")
+    rows = [
+        ("bundle down, MB/s", lambda m: args.bundle_mb / median(m, "bundle_s")),
+        ("events, per s", lambda m: args.events / median(m, "events_s")),
+        ("predictions back, MB/s", lambda m: args.upload_mb / median(m, "upload_s")),
+    ]
+    print(
+        f"The agent's transports over one real sshd on 127.0.0.1, median of {args.rounds} each "
+        f"({args.bundle_mb} MB down, {args.events} events, {args.upload_mb} MB back):"
+    )
     print(f"{'':24} {'forward':>9} {'session':>9} {'session/forward':>16}")
     for name, rate in rows:
         forward, session = rate("forward"), rate("session")

@@ -41,12 +41,26 @@ from tests.test_worker import synthetic_items, write_bundle  # noqa: E402
 from tests.tiny_llm import build_tiny_llm  # noqa: E402
 
 MINILM = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}
-QWEN_05B = {"hidden_size": 896, "intermediate_size": 4864, "num_hidden_layers": 24, "num_attention_heads": 14,
-            "num_key_value_heads": 2, "max_position_embeddings": 2048, "tie_word_embeddings": True}
+QWEN_05B = {
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 2048,
+    "tie_word_embeddings": True,
+}
 # --quick: the same steps on shapes that train in seconds on a CPU (the figures then mean nothing).
 TINY_BERT = {"hidden_size": 32, "num_hidden_layers": 1, "num_attention_heads": 2, "intermediate_size": 64}
-TINY_QWEN = {"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1, "num_attention_heads": 2,
-             "num_key_value_heads": 1, "max_position_embeddings": 256, "tie_word_embeddings": True}
+TINY_QWEN = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 1,
+    "max_position_embeddings": 256,
+    "tie_word_embeddings": True,
+}
 ROWS: list[str] = []
 
 
@@ -66,8 +80,12 @@ class PeakMemory:
     @staticmethod
     def _used_mb() -> float:
         try:
-            out = subprocess.run(["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
-                                 capture_output=True, text=True, check=False).stdout
+            out = subprocess.run(
+                ["nvidia-smi", "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+                capture_output=True,
+                text=True,
+                check=False,
+            ).stdout
         except OSError:
             return 0.0  # no nvidia-smi: the peak reads 0
         return sum(float(x) for x in out.split() if x.strip().replace(".", "").isdigit())
@@ -82,20 +100,35 @@ class PeakMemory:
         return self.peak_mb
 
 
-def worker(tmp: Path, name: str, bundle: Path, trainer: str, params: dict[str, Any], gpus: str,
-           timeout_s: float) -> tuple[int, float, list[dict[str, Any]], float]:
+def worker(
+    tmp: Path, name: str, bundle: Path, trainer: str, params: dict[str, Any], gpus: str, timeout_s: float
+) -> tuple[int, float, list[dict[str, Any]], float]:
     """The worker by hand on `gpus` (CUDA_VISIBLE_DEVICES): exit code, wall seconds, events, peak GPU MB."""
     work = tmp / name
     work.mkdir()
-    spec = {"v": 1, "run_id": f"20260101T000000-{name[:6]:0<6}", "trainer": trainer, "schemas": ["sentiment"],
-            "bundle_dir": str(bundle), "workdir": str(work / "work"), "params": params, "seed": 0,
-            "limits": {"device": "auto"}}
+    spec = {
+        "v": 1,
+        "run_id": f"20260101T000000-{name[:6]:0<6}",
+        "trainer": trainer,
+        "schemas": ["sentiment"],
+        "bundle_dir": str(bundle),
+        "workdir": str(work / "work"),
+        "params": params,
+        "seed": 0,
+        "limits": {"device": "auto"},
+    }
     (work / "spec.json").write_text(json.dumps(spec))
     env = {**os.environ, "CUDA_VISIBLE_DEVICES": gpus, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1"}
     memory, started_s = PeakMemory(), time.monotonic()
     try:
-        done = subprocess.run([sys.executable, "-m", "potato_queue.worker", "--spec", str(work / "spec.json")],
-                              capture_output=True, text=True, env=env, timeout=timeout_s, cwd=str(ROOT))
+        done = subprocess.run(
+            [sys.executable, "-m", "potato_queue.worker", "--spec", str(work / "spec.json")],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=timeout_s,
+            cwd=str(ROOT),
+        )
         code, out, err = done.returncode, done.stdout, done.stderr
     except subprocess.TimeoutExpired as exc:
         code, out, err = -1, exc.stdout or "", f"timed out after {timeout_s:.0f} s"
@@ -121,9 +154,16 @@ def bert(folder: Path, texts: list[str], shape: dict[str, int]) -> Path:
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
     tokenizer.normalizer, tokenizer.pre_tokenizer = normalizers.Lowercase(), pre_tokenizers.Whitespace()
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    ).save_pretrained(folder)
     BertForSequenceClassification(BertConfig(vocab_size=len(vocab), num_labels=2, **shape)).save_pretrained(folder)
     return folder
 
@@ -134,16 +174,25 @@ def check_llm(tmp: Path, bundle: Path, model: Path, gpus: str, budget_s: float, 
     four_bit = importlib.util.find_spec("bitsandbytes") is not None
     if not four_bit:
         say("hf-llm-lora: no bitsandbytes on this machine: the 4-bit path was not run; bf16 instead")
-    params = {"model_name": str(model), "epochs": 1, "batch_size": 8, "grad_accum_steps": 2, "max_length": 128,
-              "load_in_4bit": four_bit, "checkpoint_every_steps": 0}
+    params = {
+        "model_name": str(model),
+        "epochs": 1,
+        "batch_size": 8,
+        "grad_accum_steps": 2,
+        "max_length": 128,
+        "load_in_4bit": four_bit,
+        "checkpoint_every_steps": 0,
+    }
     name = "llm-" + str(len(gpus.split(","))) + "gpu"
     code, wall_s, events, peak_mb = worker(tmp, name, bundle, "hf-llm-lora", params, gpus, budget_s)
     config = json.loads((model / "config.json").read_text())
     estimate = need_mb(parameter_count(config) or 0, four_bit)
     updates = steps(events)
-    say(f"hf-llm-lora, {'4-bit' if four_bit else 'bf16'}, {shape}, GPUs {gpus}: exit {code}, "
+    say(
+        f"hf-llm-lora, {'4-bit' if four_bit else 'bf16'}, {shape}, GPUs {gpus}: exit {code}, "
         f"{wall_s:.1f} s, {updates} updates ({updates / wall_s:.2f}/s), peak GPU memory {peak_mb:.0f} MB "
-        f"(llm_fit estimate {estimate:.0f} MB)")
+        f"(llm_fit estimate {estimate:.0f} MB)"
+    )
     return wall_s
 
 
@@ -167,8 +216,10 @@ def p9(tmp: Path, model: Path, epochs: int) -> None:
 
         queue_s = epoch(run["finished_at"]) - posted_s
     code, hand_s, _events, _peak = worker(tmp, "p9-hand", bundle, "hf-text-classification", params, "0", 600)
-    say(f"P9: hf-text-classification, {epochs} epochs, GPU: queue {queue_s:.2f} s ({run['state']}), by hand "
-        f"{hand_s:.2f} s (exit {code}), ratio {queue_s / hand_s:.3f} (goal <= 1.05)")
+    say(
+        f"P9: hf-text-classification, {epochs} epochs, GPU: queue {queue_s:.2f} s ({run['state']}), by hand "
+        f"{hand_s:.2f} s (exit {code}), ratio {queue_s / hand_s:.3f} (goal <= 1.05)"
+    )
 
 
 def importlib_missing(name: str) -> bool:
@@ -188,8 +239,10 @@ def main() -> int:
         print("gpu_check: torch sees no CUDA GPU here; nothing to check", flush=True)
         return 2
     started_s, count = time.monotonic(), torch.cuda.device_count()
-    say(f"machine: {count} x {torch.cuda.get_device_name(0) if count else 'no GPU (a --quick rehearsal on the CPU)'}, "
-        f"torch {torch.__version__}")
+    say(
+        f"machine: {count} x {torch.cuda.get_device_name(0) if count else 'no GPU (a --quick rehearsal on the CPU)'}, "
+        f"torch {torch.__version__}"
+    )
     bert_shape, qwen_shape = (TINY_BERT, TINY_QWEN) if args.quick else (MINILM, QWEN_05B)
     bert_name, qwen_name = ("tiny", "tiny") if args.quick else ("MiniLM-shaped", "Qwen2.5-0.5B-shaped")
     with tempfile.TemporaryDirectory(prefix="pq-gpu-check-") as folder:
@@ -199,11 +252,19 @@ def main() -> int:
         write_bundle(bundle, items)
         texts = [item["text"] for item in items]
         minilm = bert(tmp / "minilm", texts, bert_shape)
-        code, wall_s, events, peak_mb = worker(tmp, "hf-text", bundle, "hf-text-classification",
-                                               {"model_name": str(minilm), "epochs": 2, "batch_size": 32,
-                                                "max_length": 64}, "0", args.budget_s / 4)
-        say(f"hf-text-classification, {bert_name}, 1 GPU: exit {code}, {wall_s:.1f} s, {steps(events)} steps "
-            f"({steps(events) / wall_s:.1f}/s), peak GPU memory {peak_mb:.0f} MB")
+        code, wall_s, events, peak_mb = worker(
+            tmp,
+            "hf-text",
+            bundle,
+            "hf-text-classification",
+            {"model_name": str(minilm), "epochs": 2, "batch_size": 32, "max_length": 64},
+            "0",
+            args.budget_s / 4,
+        )
+        say(
+            f"hf-text-classification, {bert_name}, 1 GPU: exit {code}, {wall_s:.1f} s, {steps(events)} steps "
+            f"({steps(events) / wall_s:.1f}/s), peak GPU memory {peak_mb:.0f} MB"
+        )
         qwen = build_tiny_llm(tmp / "qwen", texts, family="qwen2", vocab_size=2000, **qwen_shape)
         one_s = check_llm(tmp, bundle, qwen, "0", args.budget_s / 4, qwen_name)
         if count >= 2:

@@ -14,8 +14,20 @@ import math
 import re
 from typing import Any
 
-__all__ = ["MAX_DEPTH", "MAX_PARAMS_BYTES", "MAX_METRIC_NAME_CHARS", "MAX_METRIC_TEXT_CHARS", "MAX_METRICS_PER_RUN",
-           "MAX_LIVE_TEXT_CHARS", "depth_of", "too_deep", "clean", "clean_flat", "json_size", "shortened"]
+__all__ = [
+    "MAX_DEPTH",
+    "MAX_PARAMS_BYTES",
+    "MAX_METRIC_NAME_CHARS",
+    "MAX_METRIC_TEXT_CHARS",
+    "MAX_METRICS_PER_RUN",
+    "MAX_LIVE_TEXT_CHARS",
+    "depth_of",
+    "too_deep",
+    "clean",
+    "clean_flat",
+    "json_size",
+    "shortened",
+]
 
 MAX_DEPTH = 20
 MAX_PARAMS_BYTES = 64 * 1024
@@ -48,8 +60,11 @@ def depth_of(value: Any, limit: int = MAX_DEPTH) -> int:
 def too_deep(value: Any, what: str, limit: int = MAX_DEPTH) -> str | None:
     """The problem, when `value` nests deeper than `limit`."""
     depth = depth_of(value, limit)
-    return f"{what} nests {depth if depth <= limit else f'more than {limit}'} levels deep; at most {limit} are accepted" \
-        if depth > limit else None
+    return (
+        f"{what} nests {depth if depth <= limit else f'more than {limit}'} levels deep; at most {limit} are accepted"
+        if depth > limit
+        else None
+    )
 
 
 def _scalar(value: Any) -> Any:

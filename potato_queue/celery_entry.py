@@ -17,7 +17,8 @@ from potato_queue.validate import load_checked
 __all__ = ["app"]
 
 if "POTATO_CONFIG" not in os.environ:
-    raise SystemExit("potato_queue.celery_entry: set POTATO_CONFIG to the project's config.yaml "
-                     "(the app's queue is the project's)")
+    raise SystemExit(
+        "potato_queue.celery_entry: set POTATO_CONFIG to the project's config.yaml (the app's queue is the project's)"
+    )
 _settings = Settings.from_env(os.environ)
 app = make_celery(load_checked(os.environ["POTATO_CONFIG"], settings=_settings), _settings.redis_url)

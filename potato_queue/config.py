@@ -174,10 +174,17 @@ class _SlurmCore(_RemoteBackend):
     def job_settings(self) -> dict[str, Any]:
         """What the agent on the login node needs to submit the job: slurm.json's object (wire/sbatch.py)."""
         sbatch = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
-        return {"job_python": self.job_python, "prelude": self.prelude, "poll_interval_s": self.poll_interval_s,
-                "requeue": self.requeue, "preempt_signal_s": self.preempt_signal_s, "env": self.env, "secret_env": self.secret_env,
-                "num_threads": self.num_threads,
-                **{key: str(value) for key, value in sbatch.items() if value is not None and value != ""}}
+        return {
+            "job_python": self.job_python,
+            "prelude": self.prelude,
+            "poll_interval_s": self.poll_interval_s,
+            "requeue": self.requeue,
+            "preempt_signal_s": self.preempt_signal_s,
+            "env": self.env,
+            "secret_env": self.secret_env,
+            "num_threads": self.num_threads,
+            **{key: str(value) for key, value in sbatch.items() if value is not None and value != ""},
+        }
 
 
 def _make_slurm_model() -> type[_SlurmCore]:
@@ -239,8 +246,12 @@ class ModelTrainingConfig(_Strict):
     def backend_config(self, name: str) -> AnyBackend:
         """The named backend's config model; `local` is built from the local-run keys. KeyError if none."""
         if name == LOCAL:
-            return LocalBackend(device=self.device, num_threads=self.num_threads, max_ram_mb=self.max_ram_mb,
-                                heartbeat_timeout_s=self.heartbeat_timeout_s)
+            return LocalBackend(
+                device=self.device,
+                num_threads=self.num_threads,
+                max_ram_mb=self.max_ram_mb,
+                heartbeat_timeout_s=self.heartbeat_timeout_s,
+            )
         return self.backends[name]
 
     def heartbeat_timeout_s_of(self, name: str) -> float:
@@ -308,8 +319,10 @@ class ProjectConfig(BaseModel):
         names = self.model_training.backend_names()
         if name in names:
             return None
-        return (f"Backend {name!r} is not configured; configured backends: {', '.join(names)}",
-                f"name one of those, or add {name!r} under model_training.backends in {self.config_path}")
+        return (
+            f"Backend {name!r} is not configured; configured backends: {', '.join(names)}",
+            f"name one of those, or add {name!r} under model_training.backends in {self.config_path}",
+        )
 
 
 def data_file_paths(data_files: Any) -> list[str]:
@@ -383,4 +396,3 @@ def build_config(data: dict[str, Any], config_path: str | os.PathLike[str]) -> P
     """The typed config of an already-checked mapping (pydantic errors otherwise)."""
     known = {k: v for k, v in data.items() if k != "validation"}
     return ProjectConfig.model_validate({**known, "config_path": Path(config_path).resolve()})
-

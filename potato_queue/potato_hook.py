@@ -27,8 +27,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-__all__ = ["TRAINER_NAME", "PTH_NAME", "PTH_LINE", "registry_spec", "register", "pth_path", "write_pth",
-           "remove_pth"]
+__all__ = ["TRAINER_NAME", "PTH_NAME", "PTH_LINE", "registry_spec", "register", "pth_path", "write_pth", "remove_pth"]
 
 TRAINER_NAME = "potato-queue-remote"
 REGISTRY = "potato.training.registry"
@@ -75,12 +74,17 @@ def register(registry: ModuleType) -> None:
     """Register the trainer in Potato's registry module (lazily: nothing of it is imported yet)."""
     try:
         registry.register_lazy(
-            TRAINER_NAME, "potato_queue.potato_remote", "RemoteTrainer",
+            TRAINER_NAME,
+            "potato_queue.potato_remote",
+            "RemoteTrainer",
             hint="pip install 'potato-queue[potato]', then: potato-queue potato install-trainer",
-            kinds=("nominal", "multilabel"), modalities=("text",),
+            kinds=("nominal", "multilabel"),
+            modalities=("text",),
             description="Trains on a potato-queue backend (a GPU server over ssh, a SLURM cluster, a machine "
-                        "behind NAT) and brings the predictions back. Params: backend, trainer, params.",
-            licence="MIT", commercial_use=True)
+            "behind NAT) and brings the predictions back. Params: backend, trainer, params.",
+            licence="MIT",
+            commercial_use=True,
+        )
     except Exception:  # noqa: BLE001 - Potato must start whatever happens here
         pass
 

@@ -40,8 +40,17 @@ from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store.potato_ledger import potato_metrics
 from potato_queue.wire.files import read_jsonl
 
-__all__ = ["RemoteTrainer", "QueueClient", "Follower", "Unreachable", "server_for", "REMOTE_PREDICTIONS", "DEFAULT_SERVER",
-           "URL_ENV", "PLAIN_HTTP_ENV"]
+__all__ = [
+    "RemoteTrainer",
+    "QueueClient",
+    "Follower",
+    "Unreachable",
+    "server_for",
+    "REMOTE_PREDICTIONS",
+    "DEFAULT_SERVER",
+    "URL_ENV",
+    "PLAIN_HTTP_ENV",
+]
 
 DEFAULT_SERVER = "http://127.0.0.1:8000"
 API = "/admin/training/api"
@@ -62,10 +71,18 @@ def _origin(url: str) -> tuple[str, str, int, str]:
         port = parts.port or {"http": 80, "https": 443}.get(parts.scheme.lower(), 0)
     except ValueError as exc:
         raise TrainerError(f"{url!r} is not a server address ({exc}); write it as http(s)://HOST:PORT") from None
-    if parts.scheme.lower() not in ("http", "https") or not parts.hostname or parts.username or parts.password \
-            or parts.query or parts.fragment:
-        raise TrainerError(f"{url!r} is not a server address potato-queue's key may go to; write it as "
-                           "http(s)://HOST:PORT, without a user, a query or a fragment")
+    if (
+        parts.scheme.lower() not in ("http", "https")
+        or not parts.hostname
+        or parts.username
+        or parts.password
+        or parts.query
+        or parts.fragment
+    ):
+        raise TrainerError(
+            f"{url!r} is not a server address potato-queue's key may go to; write it as "
+            "http(s)://HOST:PORT, without a user, a query or a fragment"
+        )
     return parts.scheme.lower(), parts.hostname.lower(), port, parts.path.rstrip("/")
 
 
@@ -85,13 +102,17 @@ def server_for(param: str | None, env: Mapping[str, str]) -> str:
     configured = (env.get(URL_ENV) or DEFAULT_SERVER).strip().rstrip("/")
     origin = _origin(configured)
     if param and _origin(param) != origin:
-        raise TrainerError(f"params.server {param!r} is not this Potato's potato-queue server ({configured}, "
-                           f"from ${URL_ENV}): a run's params cannot choose where potato-queue's admin key is sent; "
-                           f"leave server out of the params (the admin sets ${URL_ENV} in Potato's environment)")
+        raise TrainerError(
+            f"params.server {param!r} is not this Potato's potato-queue server ({configured}, "
+            f"from ${URL_ENV}): a run's params cannot choose where potato-queue's admin key is sent; "
+            f"leave server out of the params (the admin sets ${URL_ENV} in Potato's environment)"
+        )
     if origin[0] == "http" and not _loopback(origin[1]) and env.get(PLAIN_HTTP_ENV) != "1":
-        raise TrainerError(f"potato-queue's server {configured} is plain http on another machine, so its admin key "
-                           f"would cross the network readable: give ${URL_ENV} an https address (the shipped "
-                           f"nginx), or set ${PLAIN_HTTP_ENV}=1 in Potato's environment to send it anyway")
+        raise TrainerError(
+            f"potato-queue's server {configured} is plain http on another machine, so its admin key "
+            f"would cross the network readable: give ${URL_ENV} an https address (the shipped "
+            f"nginx), or set ${PLAIN_HTTP_ENV}=1 in Potato's environment to send it anyway"
+        )
     return configured
 
 
@@ -132,13 +153,16 @@ class QueueClient:
         env = os.environ if env is None else env
         key = next((env[k] for k in KEY_ENVS if env.get(k)), None)
         if key is None:
-            raise TrainerError(f"{TRAINER_NAME} needs potato-queue's admin key: set POTATO_QUEUE_API_KEY (or "
-                               "POTATO_ADMIN_API_KEY) in the environment Potato runs in")
+            raise TrainerError(
+                f"{TRAINER_NAME} needs potato-queue's admin key: set POTATO_QUEUE_API_KEY (or "
+                "POTATO_ADMIN_API_KEY) in the environment Potato runs in"
+            )
         return cls(server_for(server, env), key)
 
     def call(self, method: str, path: str, body: Any = None) -> bytes:
-        req = urllib.request.Request(self.server + API + path, method=method,
-                                     data=None if body is None else json.dumps(body).encode())
+        req = urllib.request.Request(
+            self.server + API + path, method=method, data=None if body is None else json.dumps(body).encode()
+        )
         req.add_header("X-API-Key", self._key)
         req.add_header("Content-Type", "application/json")
         try:
@@ -149,8 +173,10 @@ class QueueClient:
             said = f"potato-queue at {self.server} refused {method} {path}: {err.code} {detail}"
             raise (Unreachable if err.code in _DOWN_STATUSES else TrainerError)(said) from None
         except (urllib.error.URLError, OSError) as err:
-            raise Unreachable(f"potato-queue's server at {self.server} cannot be reached ({err}); start it "
-                              f"(potato-queue serve CONFIG) or set {URL_ENV}") from None
+            raise Unreachable(
+                f"potato-queue's server at {self.server} cannot be reached ({err}); start it "
+                f"(potato-queue serve CONFIG) or set {URL_ENV}"
+            ) from None
 
     def json(self, method: str, path: str, body: Any = None) -> Any:
         return json.loads(self.call(method, path, body))
@@ -172,8 +198,12 @@ class _Relay:
         self.last, self.said_s = now, time.monotonic()
         self.report.status("running", f"potato-queue: {run.get('state')} | {run.get('step') or ''}".rstrip(" |"))
         if progress.get("total"):
-            self.report.progress(str(progress.get("phase") or "train"), int(progress.get("current") or 0),
-                                 int(progress["total"]), progress.get("eta_s"))
+            self.report.progress(
+                str(progress.get("phase") or "train"),
+                int(progress.get("current") or 0),
+                int(progress["total"]),
+                progress.get("eta_s"),
+            )
 
 
 class Follower:
@@ -222,8 +252,11 @@ class Follower:
                 self._wait(exc)
                 continue
             if self.down_since_s is not None:
-                self.report.log("info", f"potato-queue's server at {self.client.server} answers again, after "
-                                        f"{time.monotonic() - self.down_since_s:.0f} s")
+                self.report.log(
+                    "info",
+                    f"potato-queue's server at {self.client.server} answers again, after "
+                    f"{time.monotonic() - self.down_since_s:.0f} s",
+                )
                 self.down_since_s = None
             return answer
 
@@ -234,17 +267,24 @@ class Follower:
             self.report.log("warning", f"{exc}; potato-queue run {self.run_id} goes on there, asking again")
         down_s = now_s - self.down_since_s
         if self.report.should_stop() and not self.cancelled:
-            raise TrainerError(f"Potato stopped this run while {exc}: potato-queue run {self.run_id} may still be "
-                               f"running there; cancel it once the server is back (potato-queue training cancel "
-                               f"{self.run_id} CONFIG)") from None
+            raise TrainerError(
+                f"Potato stopped this run while {exc}: potato-queue run {self.run_id} may still be "
+                f"running there; cancel it once the server is back (potato-queue training cancel "
+                f"{self.run_id} CONFIG)"
+            ) from None
         if self.max_wall_s and now_s - self.started_s > self.max_wall_s:
-            raise TrainerError(f"{exc}, for {down_s:.0f} s, and this run's wall limit ({self.max_wall_s:g} s) has "
-                               f"passed: Potato stops following potato-queue run {self.run_id}, which may still be "
-                               "running there") from None
+            raise TrainerError(
+                f"{exc}, for {down_s:.0f} s, and this run's wall limit ({self.max_wall_s:g} s) has "
+                f"passed: Potato stops following potato-queue run {self.run_id}, which may still be "
+                "running there"
+            ) from None
         if now_s - self.said_s >= BEAT_S:  # Potato checks its wall limit only when a line comes
             self.said_s = now_s
-            self.report.status("running", f"potato-queue's server at {self.client.server} cannot be reached "
-                                          f"for {down_s:.0f} s; run {self.run_id} goes on there, asking again")
+            self.report.status(
+                "running",
+                f"potato-queue's server at {self.client.server} cannot be reached "
+                f"for {down_s:.0f} s; run {self.run_id} goes on there, asking again",
+            )
         time.sleep(POLL_S)
 
 
@@ -263,20 +303,39 @@ class RemoteTrainer(Trainer):
 
     @classmethod
     def params_schema(cls) -> dict[str, Any]:
-        return {"type": "object", "additionalProperties": False, "properties": {
-            "backend": {"type": ["string", "null"], "description": "potato-queue backend (default: its model_training.backend)"},
-            "trainer": {"type": "string", "description": "potato-queue trainer, e.g. hf-text-classification"},
-            "params": {"type": "object", "description": "that trainer's params"},
-            "server": {"type": ["string", "null"], "description": "only $POTATO_QUEUE_URL (set by the admin) is accepted"}}}
+        return {
+            "type": "object",
+            "additionalProperties": False,
+            "properties": {
+                "backend": {
+                    "type": ["string", "null"],
+                    "description": "potato-queue backend (default: its model_training.backend)",
+                },
+                "trainer": {"type": "string", "description": "potato-queue trainer, e.g. hf-text-classification"},
+                "params": {"type": "object", "description": "that trainer's params"},
+                "server": {
+                    "type": ["string", "null"],
+                    "description": "only $POTATO_QUEUE_URL (set by the admin) is accepted",
+                },
+            },
+        }
 
     def fit(self, spec: TrainingSpec, bundle: BundleRef, report: ProgressReporter) -> FitResult:
         p = {**self.default_params(), **(spec.params or {})}
         client = QueueClient.from_env(p.get("server"))
-        body = {"trainer": p["trainer"], "schemas": [s.name for s in spec.schemas], "backend": p.get("backend"),
-                "params": p.get("params") or {}, "potato_run_id": spec.run_id}
+        body = {
+            "trainer": p["trainer"],
+            "schemas": [s.name for s in spec.schemas],
+            "backend": p.get("backend"),
+            "params": p.get("params") or {},
+            "potato_run_id": spec.run_id,
+        }
         queued = client.json("POST", "/runs", body)["run_id"]
-        report.log("info", f"queued potato-queue run {queued} ({p['trainer']} on {p.get('backend') or 'its default backend'}) "
-                           f"at {client.server}")
+        report.log(
+            "info",
+            f"queued potato-queue run {queued} ({p['trainer']} on {p.get('backend') or 'its default backend'}) "
+            f"at {client.server}",
+        )
         follower = Follower(client, queued, report, spec.limits.max_wall_s)
         run = follower.follow()
         if run["state"] != RunState.SUCCEEDED:
@@ -285,17 +344,27 @@ class RemoteTrainer(Trainer):
         os.makedirs(spec.workdir, exist_ok=True)
         with open(os.path.join(spec.workdir, REMOTE_PREDICTIONS), "wb") as fh:
             fh.write(predictions)
-        return FitResult(model_version=run.get("model_version") or f"potato-queue-{queued}",
-                         artifact_paths=[REMOTE_PREDICTIONS], metrics=potato_metrics(run),
-                         notes=[f"trained by potato-queue run {queued} on {run.get('ran_on')}; "
-                                f"model files: {run.get('artifact_uri') or 'not kept'}"])
+        return FitResult(
+            model_version=run.get("model_version") or f"potato-queue-{queued}",
+            artifact_paths=[REMOTE_PREDICTIONS],
+            metrics=potato_metrics(run),
+            notes=[
+                f"trained by potato-queue run {queued} on {run.get('ran_on')}; "
+                f"model files: {run.get('artifact_uri') or 'not kept'}"
+            ],
+        )
 
-    def predict(self, spec: TrainingSpec, artifact_dir: str, items: Iterable[PredictItem],
-                report: ProgressReporter) -> Iterator[PredictionRecord]:
+    def predict(
+        self, spec: TrainingSpec, artifact_dir: str, items: Iterable[PredictItem], report: ProgressReporter
+    ) -> Iterator[PredictionRecord]:
         by_item: dict[str, list[dict[str, Any]]] = {}
         for _, row in read_jsonl(os.path.join(artifact_dir, REMOTE_PREDICTIONS)):
             by_item.setdefault(str(row["instance_id"]), []).append(row)
         for item in items:
             for row in by_item.get(str(item.instance_id), []):
-                yield PredictionRecord(instance_id=str(item.instance_id), schema_name=row["schema_name"],
-                                       payload=row.get("payload"), confidence=row.get("confidence"))
+                yield PredictionRecord(
+                    instance_id=str(item.instance_id),
+                    schema_name=row["schema_name"],
+                    payload=row.get("payload"),
+                    confidence=row.get("confidence"),
+                )

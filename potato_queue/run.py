@@ -33,8 +33,15 @@ class RunState(str, Enum):
         return self.value
 
 
-STATES: tuple[RunState, ...] = (RunState.QUEUED, RunState.STARTING, RunState.RUNNING, RunState.COLLECTING,
-                                RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED)
+STATES: tuple[RunState, ...] = (
+    RunState.QUEUED,
+    RunState.STARTING,
+    RunState.RUNNING,
+    RunState.COLLECTING,
+    RunState.SUCCEEDED,
+    RunState.FAILED,
+    RunState.CANCELLED,
+)
 FINAL_STATES: frozenset[RunState] = frozenset({RunState.SUCCEEDED, RunState.FAILED, RunState.CANCELLED})
 IN_FLIGHT: frozenset[RunState] = frozenset({RunState.STARTING, RunState.RUNNING, RunState.COLLECTING})
 

@@ -17,8 +17,18 @@ from dataclasses import dataclass, fields
 
 from potato_queue.errors import PotatoQueueError
 
-__all__ = ["Settings", "DEFAULT_SETTINGS", "ENV_NAMES", "DEFAULT_REDIS_URL", "REDIS_URL_ENV", "ADMIN_KEY_ENV",
-           "METRICS_TOKEN_ENV", "SSH_CONFIG_ENV", "WARNINGS_SHOWN_ENV", "VISIBILITY_ENV"]
+__all__ = [
+    "Settings",
+    "DEFAULT_SETTINGS",
+    "ENV_NAMES",
+    "DEFAULT_REDIS_URL",
+    "REDIS_URL_ENV",
+    "ADMIN_KEY_ENV",
+    "METRICS_TOKEN_ENV",
+    "SSH_CONFIG_ENV",
+    "WARNINGS_SHOWN_ENV",
+    "VISIBILITY_ENV",
+]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
 REDIS_URL_ENV = "POTATO_QUEUE_REDIS_URL"
@@ -70,8 +80,11 @@ def _seconds(variable: str, raw: str) -> float:
     except ValueError:
         value = -1.0
     if not value > 0:
-        raise PotatoQueueError(f"{variable}={raw!r} is not a number of seconds above 0",
-                               fix=f"set it to one (e.g. {variable}=30), or unset it for the default", exit_code=2)
+        raise PotatoQueueError(
+            f"{variable}={raw!r} is not a number of seconds above 0",
+            fix=f"set it to one (e.g. {variable}=30), or unset it for the default",
+            exit_code=2,
+        )
     return value
 
 

@@ -74,11 +74,7 @@ def _model_keys(model: type[BaseModel]) -> list[str]:
 
 
 def _unknown_keys(section: dict[str, Any], valid: list[str], path: str, what: str) -> list[str]:
-    return [
-        f"{path}.{key}: unknown key {what}{_suggest(str(key), valid)}"
-        for key in section
-        if key not in valid
-    ]
+    return [f"{path}.{key}: unknown key {what}{_suggest(str(key), valid)}" for key in section if key not in valid]
 
 
 def _mapping(value: Any, path: str, errors: list[str]) -> dict[str, Any] | None:
@@ -183,13 +179,17 @@ def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
 
     trainer, names = retrain.get("trainer"), [*trainer_names(), POTATO_SCHEDULES]
     if retrain.get("enabled") is True and not trainer:
-        errors.append(f"model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
-                      f"(trainers: {', '.join(names)})")
+        errors.append(
+            f"model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
+            f"(trainers: {', '.join(names)})"
+        )
     elif trainer and str(trainer) not in names:
         close = difflib.get_close_matches(str(trainer), names, n=1, cutoff=0.6)
         hint = f"; did you mean '{close[0]}'?" if close else ""
-        errors.append(f"model_training.auto_retrain.trainer is {trainer!r}, which is no trainer "
-                      f"(trainers: {', '.join(names)}){hint}")
+        errors.append(
+            f"model_training.auto_retrain.trainer is {trainer!r}, which is no trainer "
+            f"(trainers: {', '.join(names)}){hint}"
+        )
 
 
 def _raw_mapping(value: Any) -> dict[str, Any]:
@@ -201,12 +201,19 @@ def _check_retrain_schedulers(data: dict[str, Any], warnings: list[Warning_]) ->
     """Potato 2.12's own scheduler acts on the same block whenever it has a trainer and schemas."""
     mt = _raw_mapping(data.get("model_training"))
     retrain = _raw_mapping(mt.get("auto_retrain"))
-    if retrain.get("enabled") is True and retrain.get("schemas") and retrain.get("trainer") not in (None, POTATO_SCHEDULES):
-        warnings.append(Warning_(
-            f"model_training.auto_retrain names both a trainer ({retrain['trainer']}) and schemas, so Potato's own "
-            "server retrains on it too (locally, or failing on a trainer it lacks) while potato-queue's beat does; "
-            f"leave auto_retrain.schemas out (beat then trains every trainable schema, and Potato's scheduler stays "
-            f"idle), or set auto_retrain.trainer: {POTATO_SCHEDULES} so that Potato schedules and potato-queue runs"))
+    if (
+        retrain.get("enabled") is True
+        and retrain.get("schemas")
+        and retrain.get("trainer") not in (None, POTATO_SCHEDULES)
+    ):
+        warnings.append(
+            Warning_(
+                f"model_training.auto_retrain names both a trainer ({retrain['trainer']}) and schemas, so Potato's own "
+                "server retrains on it too (locally, or failing on a trainer it lacks) while potato-queue's beat does; "
+                f"leave auto_retrain.schemas out (beat then trains every trainable schema, and Potato's scheduler stays "
+                f"idle), or set auto_retrain.trainer: {POTATO_SCHEDULES} so that Potato schedules and potato-queue runs"
+            )
+        )
 
 
 def _check_unshown_writeback(data: dict[str, Any], warnings: list[Warning_]) -> None:
@@ -218,8 +225,12 @@ def _check_unshown_writeback(data: dict[str, Any], warnings: list[Warning_]) -> 
     for name in (str(x) for x in listed if str(x) in by_name) if isinstance(listed, list) else ():
         why = potato_cannot_show(by_name[name])
         if why:
-            warnings.append(Warning_(f"model_training.writeback.schemas names {name!r}, and {why}: its predictions "
-                                     f"are stored (Potato's store, the run's predictions) but never published"))
+            warnings.append(
+                Warning_(
+                    f"model_training.writeback.schemas names {name!r}, and {why}: its predictions "
+                    f"are stored (Potato's store, the run's predictions) but never published"
+                )
+            )
 
 
 def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str], errors: list[str]) -> None:
@@ -229,7 +240,10 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
     backends = _raw_mapping(mt.get("backends"))
     names = [LOCAL, *(str(n) for n in backends if n != LOCAL)]
     retrain = _raw_mapping(mt.get("auto_retrain"))
-    for path, value in (("model_training.backend", mt.get("backend")), ("model_training.auto_retrain.backend", retrain.get("backend"))):
+    for path, value in (
+        ("model_training.backend", mt.get("backend")),
+        ("model_training.auto_retrain.backend", retrain.get("backend")),
+    ):
         if value is not None and value not in names:
             close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
             hint = f"; did you mean '{close[0]}'?" if close else ""
@@ -237,7 +251,10 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
     _check_retrain_trainer(retrain, errors)
     schemes = [str(s.get("name")) for s in data.get("annotation_schemes") or [] if isinstance(s, dict)]
     writeback = _raw_mapping(mt.get("writeback"))
-    for path, listed in (("model_training.writeback.schemas", writeback.get("schemas")), ("model_training.auto_retrain.schemas", retrain.get("schemas"))):
+    for path, listed in (
+        ("model_training.writeback.schemas", writeback.get("schemas")),
+        ("model_training.auto_retrain.schemas", retrain.get("schemas")),
+    ):
         for schema in listed if isinstance(listed, list) else []:
             if str(schema) not in schemes:
                 errors.append(
@@ -268,10 +285,7 @@ def _acknowledge(raw: Any, found: list[Warning_], backends: list[str], report: R
             )
             continue
         named = _named_backends(entry, backends)
-        hits = [
-            i for i, w in enumerate(found)
-            if entry in w.text and (not named or w.backend in named)
-        ]
+        hits = [i for i, w in enumerate(found) if entry in w.text and (not named or w.backend in named)]
         if not hits:
             report.warnings.append(f"validation.acknowledge entry {entry!r} matches no warning; remove it")
         matched.update(hits)
@@ -290,10 +304,13 @@ def is_weak_admin_key(key: Any) -> bool:
 
 def _check_admin_key(key: Any, warnings: list[Warning_]) -> None:
     if key is not None and is_weak_admin_key(key):
-        warnings.append(Warning_(
-            f"admin_api_key is {key!r}, a placeholder or shorter than {MIN_ADMIN_KEY_CHARS} characters, which "
-            "anyone can guess; set a real key (e.g. the output of: python -c 'import secrets; "
-            "print(secrets.token_urlsafe(24))'), or leave it out and set POTATO_ADMIN_API_KEY"))
+        warnings.append(
+            Warning_(
+                f"admin_api_key is {key!r}, a placeholder or shorter than {MIN_ADMIN_KEY_CHARS} characters, which "
+                "anyone can guess; set a real key (e.g. the output of: python -c 'import secrets; "
+                "print(secrets.token_urlsafe(24))'), or leave it out and set POTATO_ADMIN_API_KEY"
+            )
+        )
 
 
 def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Report:
@@ -338,13 +355,17 @@ def _check_retrain_fit(config: ProjectConfig, errors: list[str]) -> None:
         kind = schema_kind(by_name[name])
         if kind not in info.kinds:
             takers = trainers_for_modality(kind, modality)
-            errors.append(f"model_training.auto_retrain.schemas names {name!r}, which is {kind}, and its trainer "
-                          f"{info.name} trains only {'/'.join(info.kinds)} schemes: every auto run would be refused; "
-                          + (f"train it with {' or '.join(takers)}" if takers else f"leave {name} out"))
+            errors.append(
+                f"model_training.auto_retrain.schemas names {name!r}, which is {kind}, and its trainer "
+                f"{info.name} trains only {'/'.join(info.kinds)} schemes: every auto run would be refused; "
+                + (f"train it with {' or '.join(takers)}" if takers else f"leave {name} out")
+            )
     if modality not in info.modalities:
-        errors.append(f"model_training.auto_retrain.trainer is {info.name}, which trains on "
-                      f"{'/'.join(info.modalities)} items, and this project's items are of the {modality} "
-                      f"modality: every auto run would be refused; pick a trainer that takes {modality} items")
+        errors.append(
+            f"model_training.auto_retrain.trainer is {info.name}, which trains on "
+            f"{'/'.join(info.modalities)} items, and this project's items are of the {modality} "
+            f"modality: every auto run would be refused; pick a trainer that takes {modality} items"
+        )
 
 
 def check_file(path: str | os.PathLike[str]) -> Report:
@@ -352,8 +373,13 @@ def check_file(path: str | os.PathLike[str]) -> Report:
     return check_data(read_yaml(path), path)
 
 
-def load_checked(path: str | os.PathLike[str], *, stream: TextIO | None = None, say_writeback: bool = False,
-                 settings: Settings = DEFAULT_SETTINGS) -> ProjectConfig:
+def load_checked(
+    path: str | os.PathLike[str],
+    *,
+    stream: TextIO | None = None,
+    say_writeback: bool = False,
+    settings: Settings = DEFAULT_SETTINGS,
+) -> ProjectConfig:
     """What every entry point calls: refuse to start on errors, print warnings (VAL-2); a long-running
     process (`say_writeback`) also says once whether runs reach Potato's own store. The config carries
     `settings`, the process's, read from its environment at its edge."""

@@ -11,8 +11,16 @@ from typing import Any
 from potato_queue.config import LOCAL
 from potato_queue.wire.isolated import looks_secret
 
-__all__ = ["Warning_", "SLURM_ONLY_REFUSED", "check_slurm_dir", "slurm_time_s", "check_slurm_time",
-           "check_secret_env", "check_local_run_keys", "LOCAL_RUN_KEYS"]
+__all__ = [
+    "Warning_",
+    "SLURM_ONLY_REFUSED",
+    "check_slurm_dir",
+    "slurm_time_s",
+    "check_slurm_time",
+    "check_secret_env",
+    "check_local_run_keys",
+    "LOCAL_RUN_KEYS",
+]
 
 LONG_JOB_S = 6 * 3600
 TMP_DIRS = ("/tmp", "/var/tmp")
@@ -22,9 +30,11 @@ SLURM_ONLY_REFUSED = {
     "gpus": "not accepted on a slurm backend: the job's GPUs come from gres (e.g. gres: gpu:1)",
 }
 # model_training's keys that set up a run on this machine; a remote backend has its own (or its scheduler's).
-LOCAL_RUN_KEYS = {"device": "a remote run picks its device itself (gpus on ssh, gres on slurm)",
-                  "num_threads": "set num_threads on the ssh or slurm backend instead",
-                  "max_ram_mb": "set mem on a slurm backend instead (ssh and agent hosts are not capped)"}
+LOCAL_RUN_KEYS = {
+    "device": "a remote run picks its device itself (gpus on ssh, gres on slurm)",
+    "num_threads": "set num_threads on the ssh or slurm backend instead",
+    "max_ram_mb": "set mem on a slurm backend instead (ssh and agent hosts are not capped)",
+}
 
 
 @dataclass(frozen=True)
@@ -38,9 +48,7 @@ class Warning_:
 def check_slurm_dir(path: str, remote_dir: Any, errors: list[str]) -> bool:
     """True when remote_dir is missing (nothing left to type-check)."""
     if not remote_dir:
-        errors.append(
-            f"{path}.remote_dir is required for a slurm backend: a folder on storage the compute nodes share"
-        )
+        errors.append(f"{path}.remote_dir is required for a slurm backend: a folder on storage the compute nodes share")
         return True
     norm = os.path.normpath(str(remote_dir))
     if any(norm == d or norm.startswith(d + "/") for d in TMP_DIRS):
@@ -97,9 +105,13 @@ def check_secret_env(name: str, entry: dict[str, Any], warnings: list[Warning_])
     if not isinstance(env, dict) or not isinstance(listed, list):
         return
     for key in sorted(str(k) for k in env if looks_secret(str(k)) and k not in listed):
-        warnings.append(Warning_(
-            f"model_training.backends.{name}.env.{key} looks like a secret, so it never reaches the trainer "
-            f"(nor job.sh); if the trainer needs it, add it to secret_env: [{key}]", backend=name))
+        warnings.append(
+            Warning_(
+                f"model_training.backends.{name}.env.{key} looks like a secret, so it never reaches the trainer "
+                f"(nor job.sh); if the trainer needs it, add it to secret_env: [{key}]",
+                backend=name,
+            )
+        )
 
 
 def check_local_run_keys(model_training: dict[str, Any], warnings: list[Warning_]) -> None:
@@ -108,6 +120,9 @@ def check_local_run_keys(model_training: dict[str, Any], warnings: list[Warning_
     if not backend or backend == LOCAL:
         return
     for key in (k for k in LOCAL_RUN_KEYS if model_training.get(k) is not None):
-        warnings.append(Warning_(
-            f"model_training.{key} applies to local runs only, and the default backend is {backend}: "
-            f"it does not reach {backend}'s runs; {LOCAL_RUN_KEYS[key]}"))
+        warnings.append(
+            Warning_(
+                f"model_training.{key} applies to local runs only, and the default backend is {backend}: "
+                f"it does not reach {backend}'s runs; {LOCAL_RUN_KEYS[key]}"
+            )
+        )

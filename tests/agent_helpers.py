@@ -39,8 +39,13 @@ def lab(**extra: Any) -> dict[str, Any]:
 
 def register(svc: Services, backend: str = BACKEND) -> str:
     """`potato-queue training register`, as the admin runs it; the token it printed."""
-    out = subprocess.run([sys.executable, "-m", "potato_queue.cli", "training", "register", backend, str(svc.config)],
-                         env=svc.env, capture_output=True, text=True, timeout=60)
+    out = subprocess.run(
+        [sys.executable, "-m", "potato_queue.cli", "training", "register", backend, str(svc.config)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert "shown once" in out.stdout and f"--server {svc.url} --backend {backend}" in out.stdout
     return out.stdout.splitlines()[2].strip()
@@ -49,16 +54,18 @@ def register(svc: Services, backend: str = BACKEND) -> str:
 class Agent:
     """One agent process inside the namespace, its output in a file."""
 
-    def __init__(self, nat: NatHost, svc: Services, token: str, *args: str, argv: list[str] | None = None,
-                 name: str = "agent") -> None:
+    def __init__(
+        self, nat: NatHost, svc: Services, token: str, *args: str, argv: list[str] | None = None, name: str = "agent"
+    ) -> None:
         self.out = svc.tmp_path / f"{name}.out"
         self.workdir = svc.tmp_path / f"{name}-work"
         env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
         env["POTATO_TRAINING_TOKEN"] = token
         command = (argv or AGENT) + ["--server", svc.url, "--backend", BACKEND, "--workdir", str(self.workdir), *args]
         with open(self.out, "w") as out:
-            self.proc = nat.popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=svc.tmp_path,
-                                  start_new_session=True)
+            self.proc = nat.popen(
+                command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=svc.tmp_path, start_new_session=True
+            )
 
     def output(self) -> str:
         return self.out.read_text()
@@ -70,5 +77,3 @@ class Agent:
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
-
-

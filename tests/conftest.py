@@ -29,8 +29,11 @@ def _given_redis(url: str) -> str:
 
     size = redis.Redis.from_url(url).dbsize()
     if size:
-        pytest.exit(f"{TEST_REDIS_ENV}={url} holds {size} keys; the tests flush their database, so they run "
-                    "only on an empty one (unset it to use a private Redis)", returncode=2)
+        pytest.exit(
+            f"{TEST_REDIS_ENV}={url} holds {size} keys; the tests flush their database, so they run "
+            "only on an empty one (unset it to use a private Redis)",
+            returncode=2,
+        )
     return url
 
 
@@ -65,7 +68,9 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
         server.close()
 
 
-def run_cli(*args: str | os.PathLike[str], env: dict[str, str] | None = None, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+def run_cli(
+    *args: str | os.PathLike[str], env: dict[str, str] | None = None, timeout_s: float = 60
+) -> subprocess.CompletedProcess[str]:
     """Run `potato-queue ARGS` as a user would, in a fresh process."""
     return subprocess.run(
         [*CLI, *map(str, args)],
@@ -100,8 +105,19 @@ def tiny_llm(tmp_path_factory: pytest.TempPathFactory) -> Path:
 # The suite's tiers: a module marks itself `unit` (in process); every other test starts real processes and
 # is `e2e`; these modules' tests each take seconds of real time (servers, SLURM, chromium, training) and are
 # also `slow`. `make test-fast` runs the unit tier.
-SLOW_MODULES = frozenset({"test_contract", "test_slurm_backend", "test_ssh_backend", "test_agent_backend", "test_page",
-                          "test_lifecycle", "test_potato_live", "test_retrain", "test_chaos"})
+SLOW_MODULES = frozenset(
+    {
+        "test_contract",
+        "test_slurm_backend",
+        "test_ssh_backend",
+        "test_agent_backend",
+        "test_page",
+        "test_lifecycle",
+        "test_potato_live",
+        "test_retrain",
+        "test_chaos",
+    }
+)
 
 # tests/test_chaos.py's rows, one file per case, from whichever xdist worker ran it: the table is printed at
 # the end of the session (the controller sets the folder before its workers start, so they inherit it).

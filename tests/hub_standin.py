@@ -83,14 +83,26 @@ class HubStandIn:
         return 200, {"errors": [], "warnings": []}
 
     def preupload(self, body: dict[str, Any]) -> tuple[int, Any]:
-        files = [{"path": f["path"], "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
-                  "shouldIgnore": False, "oid": None} for f in body["files"]]
+        files = [
+            {
+                "path": f["path"],
+                "uploadMode": "lfs" if f["path"].endswith(LFS_SUFFIXES) else "regular",
+                "shouldIgnore": False,
+                "oid": None,
+            }
+            for f in body["files"]
+        ]
         return 200, {"files": files, "commitOid": "0" * 40}
 
     def lfs_batch(self, body: dict[str, Any]) -> tuple[int, Any]:
-        objects = [{"oid": o["oid"], "size": o["size"],
-                    "actions": {"upload": {"href": f"{self.url}/lfs-objects/{o['oid']}", "header": {}}}}
-                   for o in body["objects"]]
+        objects = [
+            {
+                "oid": o["oid"],
+                "size": o["size"],
+                "actions": {"upload": {"href": f"{self.url}/lfs-objects/{o['oid']}", "header": {}}},
+            }
+            for o in body["objects"]
+        ]
         return 200, {"transfer": "basic", "objects": objects}
 
     def lfs_put(self, oid: str, data: bytes) -> tuple[int, Any]:

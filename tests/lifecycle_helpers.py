@@ -44,8 +44,9 @@ def make_project(tmp_path: Path, source: Path = SMALL_PROJECT, **training: Any) 
 
 
 @contextmanager
-def started(tmp_path: Path, redis_url: str, executors: int = 1, host: str = "127.0.0.1",
-            **training: Any) -> Iterator[Services]:
+def started(
+    tmp_path: Path, redis_url: str, executors: int = 1, host: str = "127.0.0.1", **training: Any
+) -> Iterator[Services]:
     """The example project with `training` overrides, its server (on `host`) and `executors` executors,
     stopped after."""
     svc = Services(make_project(tmp_path, **training), redis_url, tmp_path)
@@ -70,13 +71,29 @@ class Services:
         self._project_config: ProjectConfig | None = None
         self.server: subprocess.Popen[str] | None = None
 
-    def _spawn(self, *args: str, name: str, env: dict[str, str] | None = None, pipe: bool = False,
-               cwd: Path | None = None, prefix: tuple[str, ...] = ()) -> subprocess.Popen[str]:
+    def _spawn(
+        self,
+        *args: str,
+        name: str,
+        env: dict[str, str] | None = None,
+        pipe: bool = False,
+        cwd: Path | None = None,
+        prefix: tuple[str, ...] = (),
+    ) -> subprocess.Popen[str]:
         log = open(self.tmp_path / f"{name}.log", "w")  # noqa: SIM115 - closed with the process
         # From another folder, the console script: `python -m` would put that folder on sys.path.
-        command = [str(Path(sys.executable).parent / "potato-queue")] if cwd else [sys.executable, "-m", "potato_queue.cli"]
-        proc = subprocess.Popen([*prefix, *command, *args], stdout=subprocess.PIPE if pipe else log, stderr=log, text=True,
-                                env={**self.env, **(env or {})}, start_new_session=True, cwd=cwd)
+        command = (
+            [str(Path(sys.executable).parent / "potato-queue")] if cwd else [sys.executable, "-m", "potato_queue.cli"]
+        )
+        proc = subprocess.Popen(
+            [*prefix, *command, *args],
+            stdout=subprocess.PIPE if pipe else log,
+            stderr=log,
+            text=True,
+            env={**self.env, **(env or {})},
+            start_new_session=True,
+            cwd=cwd,
+        )
         self.procs.append(proc)
         return proc
 
@@ -87,12 +104,29 @@ class Services:
             self._project_config = load_checked(self.config)
         return self._project_config
 
-    def serve(self, host: str = "127.0.0.1", *args: str, open_files: int | None = None,
-              env: dict[str, str] | None = None, port: int = 0) -> str:
+    def serve(
+        self,
+        host: str = "127.0.0.1",
+        *args: str,
+        open_files: int | None = None,
+        env: dict[str, str] | None = None,
+        port: int = 0,
+    ) -> str:
         """`potato-queue serve`; `open_files` runs it under that RLIMIT_NOFILE (soft and hard), as a unit would."""
         prefix = ("prlimit", f"--nofile={open_files}:{open_files}", "--") if open_files else ()
-        proc = self._spawn("serve", str(self.config), "--host", host, "--port", str(port), *args, name="server",
-                           pipe=True, prefix=prefix, env=env)
+        proc = self._spawn(
+            "serve",
+            str(self.config),
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *args,
+            name="server",
+            pipe=True,
+            prefix=prefix,
+            env=env,
+        )
         assert proc.stdout is not None
         line = proc.stdout.readline()
         assert " at http" in line, line + (self.tmp_path / "server.log").read_text()
@@ -180,11 +214,25 @@ def build_tiny_model(folder: Path) -> Path:
     tokenizer.normalizer = normalizers.Lowercase()
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])])
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]",
-                            sep_token="[SEP]", mask_token="[MASK]").save_pretrained(folder)
-    config = BertConfig(vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                        intermediate_size=64, max_position_embeddings=64, num_labels=2)
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+    ).save_pretrained(folder)
+    config = BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=2,
+    )
     # Seeded: the same starting weights every session, so a fine-tune's scores do not depend on a random draw.
     torch.manual_seed(0)
     BertForSequenceClassification(config).save_pretrained(folder)
@@ -271,9 +319,14 @@ def job_as_the_executor_stores_it(store: Any, run_id: str, data: bytes, **fields
     record = store.read(run_id)
     store.paths(run_id).bundle.write_bytes(data)
     fields.setdefault("bundle", BundleRef(len(data), hashlib.sha256(data).hexdigest()))
-    job = Job(run_id=run_id, trainer=record["trainer"], schemas=record["schemas"],
-              heartbeat_interval_s=heartbeat_interval_s(store.config, record["backend"]),
-              max_predictions_bytes=max_predictions_bytes(store.config), **fields)
+    job = Job(
+        run_id=run_id,
+        trainer=record["trainer"],
+        schemas=record["schemas"],
+        heartbeat_interval_s=heartbeat_interval_s(store.config, record["backend"]),
+        max_predictions_bytes=max_predictions_bytes(store.config),
+        **fields,
+    )
     store.update(run_id, job=job.to_dict())
 
 

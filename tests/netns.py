@@ -114,8 +114,21 @@ class NatHost:
 
     def slow(self, rate: str) -> None:
         """Shape what the host sends into the namespace to `rate` (tc tbf, e.g. "8mbit")."""
-        _sh("tc", "qdisc", "add", "dev", self.veth_host, "root", "tbf", "rate", rate, "burst", "32kbit",
-            "latency", "400ms")
+        _sh(
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            self.veth_host,
+            "root",
+            "tbf",
+            "rate",
+            rate,
+            "burst",
+            "32kbit",
+            "latency",
+            "400ms",
+        )
 
     def reset_connections_from(self, port: int) -> None:
         """Reset every connection to the host's `port` as soon as the namespace sends on it (an ACK will do):

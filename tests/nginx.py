@@ -46,11 +46,39 @@ def tls_files(folder: Path, ip: str) -> tuple[Path, Path, Path]:
     ext = folder / "san.ext"
     ext.write_text(f"subjectAltName=IP:{ip}\n")
     for argv in (
-        ["req", "-x509", "-newkey", "rsa:2048", "-nodes", "-keyout", ca_key, "-out", ca, "-days", "2",
-         "-subj", "/CN=potato-queue test CA"],
+        [
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            ca_key,
+            "-out",
+            ca,
+            "-days",
+            "2",
+            "-subj",
+            "/CN=potato-queue test CA",
+        ],
         ["req", "-newkey", "rsa:2048", "-nodes", "-keyout", key, "-out", csr, "-subj", f"/CN={ip}"],
-        ["x509", "-req", "-in", csr, "-CA", ca, "-CAkey", ca_key, "-CAcreateserial", "-out", cert, "-days", "2",
-         "-extfile", ext],
+        [
+            "x509",
+            "-req",
+            "-in",
+            csr,
+            "-CA",
+            ca,
+            "-CAkey",
+            ca_key,
+            "-CAcreateserial",
+            "-out",
+            cert,
+            "-days",
+            "2",
+            "-extfile",
+            ext,
+        ],
     ):
         subprocess.run(["openssl", *map(str, argv)], check=True, capture_output=True, timeout=60)
     return ca, cert, key
@@ -65,10 +93,13 @@ def free_port(ip: str) -> int:
 def site_conf(ip: str, https_port: int, http_port: int, upstream_port: int, cert: Path, key: Path) -> str:
     """deploy/nginx.conf with this machine's names; a ValueError when the shipped file no longer has them."""
     text, count = SHIPPED.read_text(), 0
-    for pattern, value in ((r"listen 443 ssl", f"listen {ip}:{https_port} ssl"), (r"listen 80;", f"listen {ip}:{http_port};"),
-                           (r"server 127\.0\.0\.1:8000;", f"server 127.0.0.1:{upstream_port};"),
-                           (r"ssl_certificate +\S+;", f"ssl_certificate {cert};"),
-                           (r"ssl_certificate_key +\S+;", f"ssl_certificate_key {key};")):
+    for pattern, value in (
+        (r"listen 443 ssl", f"listen {ip}:{https_port} ssl"),
+        (r"listen 80;", f"listen {ip}:{http_port};"),
+        (r"server 127\.0\.0\.1:8000;", f"server 127.0.0.1:{upstream_port};"),
+        (r"ssl_certificate +\S+;", f"ssl_certificate {cert};"),
+        (r"ssl_certificate_key +\S+;", f"ssl_certificate_key {key};"),
+    ):
         text, found = re.subn(pattern, value, text)
         count += bool(found)
     if count != 5:
@@ -88,11 +119,18 @@ class Nginx:
         self.port = free_port(ip)
         (folder / "site.conf").write_text(site_conf(ip, self.port, free_port(ip), upstream_port, cert, key))
         (folder / "nginx.conf").write_text(MAIN.format(prefix=folder))
-        check = subprocess.run([NGINX, "-t", "-p", str(folder), "-c", str(folder / "nginx.conf")],
-                               capture_output=True, text=True, timeout=30)
+        check = subprocess.run(
+            [NGINX, "-t", "-p", str(folder), "-c", str(folder / "nginx.conf")],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
         assert check.returncode == 0, check.stderr
-        self.proc = subprocess.Popen([NGINX, "-p", str(folder), "-c", str(folder / "nginx.conf")],
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        self.proc = subprocess.Popen(
+            [NGINX, "-p", str(folder), "-c", str(folder / "nginx.conf")],
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
         self._wait_listening()
 
     @property

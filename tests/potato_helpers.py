@@ -72,9 +72,14 @@ class PotatoServer:
         self.url = f"http://127.0.0.1:{port}"
         potato = Path(sys.executable).parent / "potato"
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen([str(potato), "start", str(self.config), "-p", str(port)], stdout=log,
-                                         stderr=subprocess.STDOUT, cwd=self.config.parent, start_new_session=True,
-                                         env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env})
+            self.proc = subprocess.Popen(
+                [str(potato), "start", str(self.config), "-p", str(port)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                cwd=self.config.parent,
+                start_new_session=True,
+                env={**os.environ, "PYTHONUNBUFFERED": "1", **self.env},
+            )
         deadline = time.monotonic() + START_TIMEOUT_S
         while time.monotonic() < deadline:
             assert self.proc.poll() is None, f"potato exited: {self.log()[-3000:]}"

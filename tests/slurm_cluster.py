@@ -33,10 +33,13 @@ CPUS = 4  # more than this machine has (config_overrides): a run's job and a blo
 def require_slurm() -> None:
     """Fails (never skips) where the suite cannot run SLURM: these tests are part of the suite."""
     missing = [path for path in DAEMONS if not Path(path).exists()] + [
-        name for name in ("sbatch", "squeue", "scancel", "scontrol") if shutil.which(name) is None]
+        name for name in ("sbatch", "squeue", "scancel", "scontrol") if shutil.which(name) is None
+    ]
     if missing:
-        pytest.fail(f"the slurm backend's tests need SLURM ({', '.join(missing)} missing): "
-                    "apt-get install --no-install-recommends slurmctld slurmd slurm-client munge")
+        pytest.fail(
+            f"the slurm backend's tests need SLURM ({', '.join(missing)} missing): "
+            "apt-get install --no-install-recommends slurmctld slurmd slurm-client munge"
+        )
     if os.geteuid() != 0:
         pytest.fail("the slurm backend's tests start slurmctld and slurmd: run them as root")
 
@@ -45,25 +48,53 @@ def _slurm_conf(root: Path, spool: Path, munge_socket: Path, cgroups: bool) -> s
     # With cgroups (v1 here), memory is the kernel's to enforce: a job over its mem ends OUT_OF_MEMORY.
     # Without, OverMemoryKill samples every 30 s: DefMemPerCPU must hold a worker that imports torch, or
     # any run longer than 30 s is killed (a job of 1 CPU gets 1000 MB; four fit in RealMemory).
-    tracking = (["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup", "JobAcctGatherType=jobacct_gather/cgroup"]
-                if cgroups else ["ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-                                 "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherParams=OverMemoryKill"])
-    return "\n".join([
-        "ClusterName=pqtest", "SlurmctldHost=localhost", f"SlurmctldPort={free_port()}", f"SlurmdPort={free_port()}",
-        "SlurmUser=root", "AuthType=auth/munge", f"AuthInfo=socket={munge_socket}",
-        f"StateSaveLocation={root / 'state'}", f"SlurmdSpoolDir={spool}",
-        f"SlurmctldPidFile={root / 'slurmctld.pid'}", f"SlurmdPidFile={root / 'slurmd.pid'}",
-        f"SlurmctldLogFile={root / 'slurmctld.log'}", f"SlurmdLogFile={root / 'slurmd.log'}",
-        *tracking, "AccountingStorageType=accounting_storage/none",
-        "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory", "DefMemPerCPU=1000",
-        "MailProg=/bin/true", "ReturnToService=2", "SlurmdParameters=config_overrides",
-        "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0", "KillWait=5", "MinJobAge=300",
-        "GresTypes=gpu", "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",
-        f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=4000 Gres=gpu:2 State=UNKNOWN",
-        f"PartitionName=gpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
-        f"PartitionName=urgent Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=10",
-        # A partition whose jobs urgent's requeue rather than cancel (SIGTERM, then back in the queue).
-        f"PartitionName=spot Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=0", ""])
+    tracking = (
+        ["ProctrackType=proctrack/cgroup", "TaskPlugin=task/cgroup", "JobAcctGatherType=jobacct_gather/cgroup"]
+        if cgroups
+        else [
+            "ProctrackType=proctrack/linuxproc",
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/linux",
+            "JobAcctGatherParams=OverMemoryKill",
+        ]
+    )
+    return "\n".join(
+        [
+            "ClusterName=pqtest",
+            "SlurmctldHost=localhost",
+            f"SlurmctldPort={free_port()}",
+            f"SlurmdPort={free_port()}",
+            "SlurmUser=root",
+            "AuthType=auth/munge",
+            f"AuthInfo=socket={munge_socket}",
+            f"StateSaveLocation={root / 'state'}",
+            f"SlurmdSpoolDir={spool}",
+            f"SlurmctldPidFile={root / 'slurmctld.pid'}",
+            f"SlurmdPidFile={root / 'slurmd.pid'}",
+            f"SlurmctldLogFile={root / 'slurmctld.log'}",
+            f"SlurmdLogFile={root / 'slurmd.log'}",
+            *tracking,
+            "AccountingStorageType=accounting_storage/none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core_Memory",
+            "DefMemPerCPU=1000",
+            "MailProg=/bin/true",
+            "ReturnToService=2",
+            "SlurmdParameters=config_overrides",
+            "SchedulerParameters=batch_sched_delay=0,sched_min_interval=0",
+            "KillWait=5",
+            "MinJobAge=300",
+            "GresTypes=gpu",
+            "PreemptType=preempt/partition_prio",
+            "PreemptMode=CANCEL",
+            f"NodeName={NODE} NodeAddr=127.0.0.1 CPUs={CPUS} RealMemory=4000 Gres=gpu:2 State=UNKNOWN",
+            f"PartitionName=gpu Nodes={NODE} Default=YES MaxTime=INFINITE State=UP PriorityTier=1",
+            f"PartitionName=urgent Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=10",
+            # A partition whose jobs urgent's requeue rather than cancel (SIGTERM, then back in the queue).
+            f"PartitionName=spot Nodes={NODE} MaxTime=INFINITE State=UP PriorityTier=1 PreemptMode=REQUEUE GraceTime=0",
+            "",
+        ]
+    )
 
 
 class SlurmCluster:
@@ -85,8 +116,10 @@ class SlurmCluster:
         self.conf = root / "slurm.conf"
         self.conf.write_text(_slurm_conf(root, self.spool, self.munge_socket, cgroups))
         if cgroups:
-            (root / "cgroup.conf").write_text("CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n"
-                                              "ConstrainDevices=no\nConstrainCores=no\n")
+            (root / "cgroup.conf").write_text(
+                "CgroupPlugin=cgroup/v1\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n"
+                "ConstrainDevices=no\nConstrainCores=no\n"
+            )
         for index in range(2):
             os.symlink("/dev/null", root / "dev" / f"nvidia{index}")
         (root / "gres.conf").write_text(f"AutoDetect=off\nName=gpu File={root / 'dev'}/nvidia[0-1]\n")
@@ -103,9 +136,19 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         key.chmod(0o600)
         munge = self.sockets / "munge"
-        self._daemon("munged", ["/usr/sbin/munged", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
-                                f"--pid-file={munge / 'munged.pid'}", f"--log-file={munge / 'munged.log'}",
-                                f"--seed-file={munge / 'munged.seed'}"], munge / "munged.pid")
+        self._daemon(
+            "munged",
+            [
+                "/usr/sbin/munged",
+                "--force",
+                f"--socket={self.munge_socket}",
+                f"--key-file={key}",
+                f"--pid-file={munge / 'munged.pid'}",
+                f"--log-file={munge / 'munged.log'}",
+                f"--seed-file={munge / 'munged.seed'}",
+            ],
+            munge / "munged.pid",
+        )
         self._daemon("slurmctld", ["/usr/sbin/slurmctld", "-i"], self.root / "slurmctld.pid")
         self._daemon("slurmd", ["/usr/sbin/slurmd", "-N", NODE], self.root / "slurmd.pid")
         self.wait_node_state("idle")
@@ -141,8 +184,15 @@ class SlurmCluster:
 
     def run(self, *argv: str, check: bool = True) -> subprocess.CompletedProcess[str]:
         """A SLURM client command against this cluster, in its folder (a job's default slurm-N.out lands there)."""
-        return subprocess.run(list(argv), env=dict(os.environ, **self.env), capture_output=True, text=True,
-                              timeout=30, check=check, cwd=self.root)
+        return subprocess.run(
+            list(argv),
+            env=dict(os.environ, **self.env),
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=check,
+            cwd=self.root,
+        )
 
     def node_state(self) -> str:
         return self.run("sinfo", "-h", "-n", NODE, "-o", "%T").stdout.strip()
@@ -151,8 +201,10 @@ class SlurmCluster:
         deadline = time.monotonic() + timeout_s
         while self.node_state().rstrip("*~#") != state:
             if time.monotonic() > deadline:
-                raise RuntimeError(f"node {NODE} is {self.node_state()!r}, not {state}, after {timeout_s} s: "
-                                   f"{(self.root / 'slurmctld.log').read_text()[-2000:]}")
+                raise RuntimeError(
+                    f"node {NODE} is {self.node_state()!r}, not {state}, after {timeout_s} s: "
+                    f"{(self.root / 'slurmctld.log').read_text()[-2000:]}"
+                )
             time.sleep(0.1)
 
     def queue(self) -> list[str]:
@@ -162,9 +214,15 @@ class SlurmCluster:
     def job_lines(self, job: str) -> str:
         """What slurmctld and slurmd logged about one job (for a failure's message)."""
         pattern = re.compile(rf"(JobId|job_id|job|JOB)[= ]{job}\b")
-        return "".join(f"{name}:\n" + "".join(line for line in (self.root / name).read_text(errors="replace")
-                                              .splitlines(keepends=True) if pattern.search(line))
-                       for name in ("slurmctld.log", "slurmd.log"))
+        return "".join(
+            f"{name}:\n"
+            + "".join(
+                line
+                for line in (self.root / name).read_text(errors="replace").splitlines(keepends=True)
+                if pattern.search(line)
+            )
+            for name in ("slurmctld.log", "slurmd.log")
+        )
 
     def wait_empty(self, timeout_s: float = 30) -> None:
         """No job left in the queue (each test leaves the node idle for the next)."""

@@ -79,13 +79,28 @@ class Sshd:
 
     def _start(self) -> subprocess.Popen[bytes]:
         conf = self.root / "sshd_config"
-        conf.write_text("\n".join([
-            "ListenAddress 127.0.0.1", f"Port {self.port}", f"HostKey {self.root / 'host_key'}",
-            f"PidFile {self.root / 'sshd.pid'}", f"AuthorizedKeysFile {self.keys}/%u", "StrictModes no",
-            "PasswordAuthentication no", "KbdInteractiveAuthentication no", "PermitRootLogin prohibit-password",
-            "UsePAM no", "StreamLocalBindUnlink yes", "AllowStreamLocalForwarding yes", "LogLevel ERROR",
-            "Subsystem sftp internal-sftp",  # scp speaks sftp now
-            *[line for user, lines in self.match_blocks.items() for line in [f"Match User {user}", *lines]], ""]))
+        conf.write_text(
+            "\n".join(
+                [
+                    "ListenAddress 127.0.0.1",
+                    f"Port {self.port}",
+                    f"HostKey {self.root / 'host_key'}",
+                    f"PidFile {self.root / 'sshd.pid'}",
+                    f"AuthorizedKeysFile {self.keys}/%u",
+                    "StrictModes no",
+                    "PasswordAuthentication no",
+                    "KbdInteractiveAuthentication no",
+                    "PermitRootLogin prohibit-password",
+                    "UsePAM no",
+                    "StreamLocalBindUnlink yes",
+                    "AllowStreamLocalForwarding yes",
+                    "LogLevel ERROR",
+                    "Subsystem sftp internal-sftp",  # scp speaks sftp now
+                    *[line for user, lines in self.match_blocks.items() for line in [f"Match User {user}", *lines]],
+                    "",
+                ]
+            )
+        )
         Path("/run/sshd").mkdir(exist_ok=True)
         process = subprocess.Popen([SSHD, "-D", "-e", "-f", str(conf.resolve())], stderr=subprocess.PIPE)
         deadline = time.monotonic() + 10
@@ -129,18 +144,36 @@ class Sshd:
         config = self.root / name
         blocks = []
         for alias, options in hosts.items():
-            blocks += [f"Host {alias}", "  HostName 127.0.0.1", f"  Port {self.port}", f"  IdentityFile {self.key}",
-                       "  IdentitiesOnly yes", f"  UserKnownHostsFile {self.known_hosts}",
-                       "  StrictHostKeyChecking accept-new", *[f"  {key} {value}" for key, value in options.items()]]
+            blocks += [
+                f"Host {alias}",
+                "  HostName 127.0.0.1",
+                f"  Port {self.port}",
+                f"  IdentityFile {self.key}",
+                "  IdentitiesOnly yes",
+                f"  UserKnownHostsFile {self.known_hosts}",
+                "  StrictHostKeyChecking accept-new",
+                *[f"  {key} {value}" for key, value in options.items()],
+            ]
         config.write_text("\n".join(blocks + [""]))
         return config
 
     def write_config(self, user: str, key: Path | None = None) -> Path:
         """The client's config: `gpu-test` is this sshd, as `user` with `key` (the client key by default)."""
-        self.config.write_text("\n".join([
-            f"Host {ALIAS}", "  HostName 127.0.0.1", f"  Port {self.port}", f"  User {user}",
-            f"  IdentityFile {key or self.key}", "  IdentitiesOnly yes", f"  UserKnownHostsFile {self.known_hosts}",
-            "  StrictHostKeyChecking accept-new", ""]))
+        self.config.write_text(
+            "\n".join(
+                [
+                    f"Host {ALIAS}",
+                    "  HostName 127.0.0.1",
+                    f"  Port {self.port}",
+                    f"  User {user}",
+                    f"  IdentityFile {key or self.key}",
+                    "  IdentitiesOnly yes",
+                    f"  UserKnownHostsFile {self.known_hosts}",
+                    "  StrictHostKeyChecking accept-new",
+                    "",
+                ]
+            )
+        )
         return self.config
 
     def close(self) -> None:

@@ -43,8 +43,17 @@ from potato_queue.runs.ingest import ingest_events
 from potato_queue.runs.service import RunService
 from potato_queue.store import RunStore
 
-__all__ = ["Script", "StubAgent", "StubExecutor", "StubExecutors", "PullAgentExecutor", "TYPES", "PUSH_TYPES",
-           "in_hands_s", "pending_s"]
+__all__ = [
+    "Script",
+    "StubAgent",
+    "StubExecutor",
+    "StubExecutors",
+    "PullAgentExecutor",
+    "TYPES",
+    "PUSH_TYPES",
+    "in_hands_s",
+    "pending_s",
+]
 
 TYPES = ("local", "ssh", "slurm", "agent")
 PUSH_TYPES = ("local", "ssh", "slurm")  # the executor starts the agent, and can see it go
@@ -104,8 +113,11 @@ class StubAgent:
         t = self.since_launch(now_s)
         if t > NEVER_ENDS_S:
             raise AssertionError(f"the run was still supervised {NEVER_ENDS_S:g} s after its launch")
-        if self.script.cancel_at_s is not None and t >= self.script.cancel_at_s \
-                and not self.store.cancel_requested(self.run_id):
+        if (
+            self.script.cancel_at_s is not None
+            and t >= self.script.cancel_at_s
+            and not self.store.cancel_requested(self.run_id)
+        ):
             self.store.request_cancel(self.run_id)
         if self.gone or self.reported or self.killed:
             return
@@ -144,8 +156,11 @@ class StubAgent:
         else:
             runs.heard_from(self.run_id)  # GET job
         if self.pending_s():
-            ingest_events(self.store, self.run_id, [{"event": "status", "state": "pending",
-                                                      "step": "SLURM job 42: PENDING (Priority)"}])
+            ingest_events(
+                self.store,
+                self.run_id,
+                [{"event": "status", "state": "pending", "step": "SLURM job 42: PENDING (Priority)"}],
+            )
 
     def _beat(self, now_s: float, t: float) -> None:
         if self.pending_s() and not self.job_started and t >= self.in_hands_s():
@@ -172,11 +187,19 @@ class StubAgent:
         """The test split's gold labels as predictions (what PUT predictions stores)."""
         paths = self.store.paths(self.run_id)
         rows = [json.loads(line) for line in (paths.bundle_dir / "test.jsonl").read_text().splitlines() if line]
-        lines = [json.dumps({"instance_id": row["instance_id"], "schema_name": name,
-                             "payload": {"label": label, "confidence": 0.9}, "confidence": 0.9})
-                 for row in rows for name, label in row["targets"].items()]
+        lines = [
+            json.dumps(
+                {
+                    "instance_id": row["instance_id"],
+                    "schema_name": name,
+                    "payload": {"label": label, "confidence": 0.9},
+                    "confidence": 0.9,
+                }
+            )
+            for row in rows
+            for name, label in row["targets"].items()
+        ]
         paths.predictions.write_text("".join(line + "\n" for line in lines))
-
 
 
 def pending_s(kind: str, script: Script) -> float:
@@ -204,8 +227,12 @@ class StubHandle(RunHandle):
             phase = f"connecting to {self.host}"
             if self.setup_timeout_s is None:
                 return Waiting(phase, run_time=True)
-            return Waiting(phase, self.agent.launched_s + self.setup_timeout_s,
-                           setup_expired(self.host, self.agent.backend, self.setup_timeout_s, phase), run_time=True)
+            return Waiting(
+                phase,
+                self.agent.launched_s + self.setup_timeout_s,
+                setup_expired(self.host, self.agent.backend, self.setup_timeout_s, phase),
+                run_time=True,
+            )
         return Running()
 
     def kill(self) -> None:

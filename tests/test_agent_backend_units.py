@@ -20,8 +20,10 @@ def test_register_prints_the_token_once_and_the_commands_for_the_training_machin
     assert text.count("TOKEN123") == 3  # shown once, then in the two ways to start the agent
     assert "export POTATO_TRAINING_TOKEN=TOKEN123" in text
     assert "potato-queue training agent --server https://annotate.example.org --backend lab" in text
-    assert (f"curl -fsSo agent.pyz https://annotate.example.org{AGENT_PYZ_PATH} && echo '{'ab' * 32}  agent.pyz' | "
-            "sha256sum -c -") in text, "the one-line install checks the file it runs"
+    assert (
+        f"curl -fsSo agent.pyz https://annotate.example.org{AGENT_PYZ_PATH} && echo '{'ab' * 32}  agent.pyz' | "
+        "sha256sum -c -"
+    ) in text, "the one-line install checks the file it runs"
     assert "--token TOKEN123" not in text and "--token=" not in text
     assert "plain http" not in text
 
@@ -37,7 +39,8 @@ def test_the_queue_timeout_message_names_the_fix() -> None:
     assert no_agent_error("lab", 3600) == (
         "No agent on lab asked for work within queue_timeout_s (3600 s); fix: start one on the training machine "
         "(potato-queue training agent --server URL --backend lab), and see when one last asked with: "
-        "potato-queue training check lab CONFIG")
+        "potato-queue training check lab CONFIG"
+    )
 
 
 def test_proxies_come_from_the_environment_and_no_proxy_bypasses_them(monkeypatch: pytest.MonkeyPatch) -> None:

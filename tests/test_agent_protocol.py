@@ -164,7 +164,9 @@ def _serve(config: ProjectConfig, redis_url: str, socket_dir: str) -> Served:
     app.state.stopping = threading.Event()  # set by the server's signal handler; the control long-poll reads it
     app.include_router(agent_router(), prefix=PREFIX)
     guard(app, store, config)  # as create_app has it
-    tcp = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)  # proto set: asyncio then sets TCP_NODELAY
+    tcp = socket.socket(
+        socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP
+    )  # proto set: asyncio then sets TCP_NODELAY
     tcp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     tcp.bind(("127.0.0.1", 0))
     unix_path = os.path.join(socket_dir, f"agent-{os.urandom(3).hex()}.sock")
@@ -190,8 +192,12 @@ def make_server(redis_server_url: str, tmp_path: Path) -> Iterator[Callable[...,
     def make(**training: Any) -> Served:
         project = tmp_path / f"project{len(made)}"
         project.mkdir()
-        data = {"annotation_task_name": "agent protocol test", "task_dir": str(project),
-                "admin_api_key": "admin-secret", "model_training": {"enabled": True, **training}}
+        data = {
+            "annotation_task_name": "agent protocol test",
+            "task_dir": str(project),
+            "admin_api_key": "admin-secret",
+            "model_training": {"enabled": True, **training},
+        }
         served = _serve(build_config(data, project / "config.yaml"), redis_server_url, socket_dir)
         made.append(served)
         return served
@@ -217,12 +223,21 @@ def served(make_server: Callable[..., Served]) -> Served:
 def bundle_bytes(extra_bytes: int = 0) -> bytes:
     """A tiny bundle in Potato's v1 layout, packed the way pack_bundle does (sorted, mtime 0)."""
     rows = {"train": ["1", "2", "3"], "val": ["4"], "test": ["5"]}
-    files = {f"{split}.jsonl": "".join(json.dumps({"id": i, "text": f"review {i}", "labels": {"sentiment": "positive"}})
-                                        + "\n" for i in ids).encode() for split, ids in rows.items()}
+    files = {
+        f"{split}.jsonl": "".join(
+            json.dumps({"id": i, "text": f"review {i}", "labels": {"sentiment": "positive"}}) + "\n" for i in ids
+        ).encode()
+        for split, ids in rows.items()
+    }
     files["labels.json"] = json.dumps({"sentiment": ["positive", "negative"]}).encode()
-    files["manifest.json"] = json.dumps({"v": 1, "schemas": [{"name": "sentiment", "labels": ["positive", "negative"]}],
-                                         "splits": {s: {"path": f"{s}.jsonl", "format": "jsonl", "n": len(ids)}
-                                                    for s, ids in rows.items()}, "media_dir": "media"}).encode()
+    files["manifest.json"] = json.dumps(
+        {
+            "v": 1,
+            "schemas": [{"name": "sentiment", "labels": ["positive", "negative"]}],
+            "splits": {s: {"path": f"{s}.jsonl", "format": "jsonl", "n": len(ids)} for s, ids in rows.items()},
+            "media_dir": "media",
+        }
+    ).encode()
     files["media/padding.bin"] = os.urandom(extra_bytes)
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
@@ -233,16 +248,32 @@ def bundle_bytes(extra_bytes: int = 0) -> bytes:
     return out.getvalue()
 
 
-def make_run(served: Served, mode: str, *, grace: float | None = 5, max_ram_mb: float | None = None,
-             sha256: str | None = None, extra_bytes: int = 2000, **params: Any) -> tuple[str, str, bytes]:
+def make_run(
+    served: Served,
+    mode: str,
+    *,
+    grace: float | None = 5,
+    max_ram_mb: float | None = None,
+    sha256: str | None = None,
+    extra_bytes: int = 2000,
+    **params: Any,
+) -> tuple[str, str, bytes]:
     """A run as the executor leaves it when it starts the agent: (run_id, token, bundle bytes)."""
     store = served.store
-    run_id = store.create(trainer="fake", schemas=["sentiment"], backend="local", params={"mode": mode, **params})["run_id"]
+    run_id = store.create(trainer="fake", schemas=["sentiment"], backend="local", params={"mode": mode, **params})[
+        "run_id"
+    ]
     data = bundle_bytes(extra_bytes)
     job_as_the_executor_stores_it(
-        store, run_id, data, params={"mode": mode, **params}, seed=7, grace_seconds=grace,
+        store,
+        run_id,
+        data,
+        params={"mode": mode, **params},
+        seed=7,
+        grace_seconds=grace,
         limits=Limits(max_wall_s=600, max_ram_mb=max_ram_mb, device="cpu", num_threads=1),  # type: ignore[arg-type]
-        **({"bundle": BundleRef(len(data), sha256)} if sha256 else {}))
+        **({"bundle": BundleRef(len(data), sha256)} if sha256 else {}),
+    )
     assert store.transition(run_id, "starting") and store.transition(run_id, "running")
     return run_id, store.tokens.issue(run_id, ttl_s=3600), data
 
@@ -286,15 +317,32 @@ class Agent:
         return json.loads(path.read_text())
 
 
-def start_agent(url: str, run_id: str, token: str, python: Path, agent_dir: Path, *extra: str,
-                interpreter: str = sys.executable) -> Agent:
+def start_agent(
+    url: str, run_id: str, token: str, python: Path, agent_dir: Path, *extra: str, interpreter: str = sys.executable
+) -> Agent:
     log_path = agent_dir.parent / f"agent-{run_id}.log"
     agent_dir.mkdir(parents=True, exist_ok=True)
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
-            [interpreter, "-m", "potato_queue.agent", "run", "--server", url, "--run-id", run_id,
-             "--workdir", str(agent_dir), "--python", str(python), *extra],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=log, cwd=ROOT,
+            [
+                interpreter,
+                "-m",
+                "potato_queue.agent",
+                "run",
+                "--server",
+                url,
+                "--run-id",
+                run_id,
+                "--workdir",
+                str(agent_dir),
+                "--python",
+                str(python),
+                *extra,
+            ],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+            cwd=ROOT,
         )
     assert proc.stdin is not None
     proc.stdin.write(token.encode() + b"\n")
@@ -337,9 +385,13 @@ def test_a_run_end_to_end(transport: str, served: Served, fake_worker: Path, tmp
     events = events_of(served, run_id)
     steps = [e["step"] for e in events if e["event"] == "metric"]
     assert steps == list(range(n)), "worker events are relayed in order, none lost"
-    assert [e["step"] for e in events if e["event"] == "status"][:2] == ["downloading the bundle", "unpacking the bundle"]
+    assert [e["step"] for e in events if e["event"] == "status"][:2] == [
+        "downloading the bundle",
+        "unpacking the bundle",
+    ]
     assert {"event": "log", "level": "stderr", "msg": "a line on stderr"}.items() <= next(
-        e for e in events if e.get("level") == "stderr").items()
+        e for e in events if e.get("level") == "stderr"
+    ).items()
     assert all(e["v"] == 1 and "t" in e for e in events)
 
     store = served.store
@@ -353,8 +405,13 @@ def test_a_run_end_to_end(transport: str, served: Served, fake_worker: Path, tmp
     assert len(predictions) == 3 and json.loads(predictions[0])["schema_name"] == "sentiment"
     assert not store.paths(run_id).predictions_partial.exists()
     run_log = store.paths(run_id).run_log.read_text()
-    for line in ("step: training", "[warning] a warning for run.log", "[stderr] a line on stderr",
-                 "predictions received: 3 lines", "agent finished: exit code 0"):
+    for line in (
+        "step: training",
+        "[warning] a warning for run.log",
+        "[stderr] a line on stderr",
+        "predictions received: 3 lines",
+        "agent finished: exit code 0",
+    ):
         assert line in run_log
     assert token not in agent.log and token not in run_log
     assert (agent.root / "work" / "model.bin").exists(), "model files stay on the training machine (AGT-6)"
@@ -383,8 +440,20 @@ def test_the_agent_runs_on_python_38(served: Served, fake_worker: Path, tmp_path
 def test_a_warm_agent_hands_its_prestarted_worker_the_spec(served: Served, fake_worker: Path, tmp_path: Path) -> None:
     run_id, token, _ = make_run(served, "success", n=5)
     agent_dir, log_path = tmp_path / "agent", tmp_path / "warm-agent.log"
-    proc = subprocess.Popen([sys.executable, "-S", "-m", "potato_queue.agent", "run", "--assignment-on-stdin",
-                             "--python", str(fake_worker)], stdin=subprocess.PIPE, cwd=ROOT)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "potato_queue.agent",
+            "run",
+            "--assignment-on-stdin",
+            "--python",
+            str(fake_worker),
+        ],
+        stdin=subprocess.PIPE,
+        cwd=ROOT,
+    )
     assert proc.stdin is not None
     assignment = {"run_id": run_id, "server": served.unix_url, "workdir": str(agent_dir), "log": str(log_path)}
     proc.stdin.write(json.dumps(assignment).encode() + b"\n" + token.encode() + b"\n")
@@ -402,8 +471,22 @@ def test_a_warm_agent_hands_its_prestarted_worker_the_spec(served: Served, fake_
 
 
 def test_a_warm_agent_without_a_run_exits_0(fake_worker: Path) -> None:
-    proc = subprocess.run([sys.executable, "-S", "-m", "potato_queue.agent", "run", "--assignment-on-stdin",
-                           "--python", str(fake_worker)], input=b"", cwd=ROOT, capture_output=True, timeout=30)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-S",
+            "-m",
+            "potato_queue.agent",
+            "run",
+            "--assignment-on-stdin",
+            "--python",
+            str(fake_worker),
+        ],
+        input=b"",
+        cwd=ROOT,
+        capture_output=True,
+        timeout=30,
+    )
     assert proc.returncode == 0, proc.stderr
 
 
@@ -454,7 +537,9 @@ def test_agent_resumes_a_partial_bundle(partial: str, served: Served, fake_worke
     run_id, token, data = make_run(served, "success", n=5, extra_bytes=200_000)
     half = len(data) // 2
     (tmp_path / "agent" / run_id).mkdir(parents=True)
-    (tmp_path / "agent" / run_id / "bundle.tar.gz").write_bytes(data[:half] if partial == "prefix" else os.urandom(half))
+    (tmp_path / "agent" / run_id / "bundle.tar.gz").write_bytes(
+        data[:half] if partial == "prefix" else os.urandom(half)
+    )
     agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent", "--keep")
     assert agent.wait() == 0, agent.log
     assert f"resuming the bundle download at byte {half} of {len(data)}" in agent.log
@@ -515,8 +600,11 @@ def test_control_long_poll_answers_a_cancel_at_once(served: Served) -> None:
         assert http.get(url, params={"wait_s": 0.2}, headers=auth(token)).json() == {"cancel": False}
         assert time.monotonic() - started < 2
         replies: list[tuple[float, Any]] = []
-        poll = threading.Thread(target=lambda: replies.append(
-            (time.monotonic(), http.get(url, params={"wait_s": 60}, headers=auth(token)).json())))
+        poll = threading.Thread(
+            target=lambda: replies.append(
+                (time.monotonic(), http.get(url, params={"wait_s": 60}, headers=auth(token)).json())
+            )
+        )
         poll.start()
         time.sleep(0.5)
         asked = time.monotonic()
@@ -525,7 +613,8 @@ def test_control_long_poll_answers_a_cancel_at_once(served: Served) -> None:
         answered, body = replies[0]
         assert body == {"cancel": True} and answered - asked < 0.5
         assert http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": []}, headers=auth(token)).json() == {
-            "cancel": True}
+            "cancel": True
+        }
 
 
 def test_the_token_dies_with_its_run(served: Served) -> None:
@@ -535,16 +624,23 @@ def test_the_token_dies_with_its_run(served: Served) -> None:
     with served.http() as http:
         assert http.post(events, json={"events": []}, headers=auth(token)).json() == {"cancel": False}
         assert served.store.transition(run_id, "failed", error="the executor stopped")
-        for method, name in (("GET", "job"), ("GET", "bundle"), ("POST", "events"), ("GET", "control"),
-                             ("PUT", "predictions"), ("POST", "result")):
+        for method, name in (
+            ("GET", "job"),
+            ("GET", "bundle"),
+            ("POST", "events"),
+            ("GET", "control"),
+            ("PUT", "predictions"),
+            ("POST", "result"),
+        ):
             body = {"events": []} if name == "events" else ({"exit_code": 0} if name == "result" else None)
             reply = http.request(method, f"{PREFIX}/runs/{run_id}/{name}", json=body, headers=auth(token))
             assert reply.status_code == 401, (name, reply.text)
     assert "agent_exit_code" not in served.store.live(run_id)
 
 
-def test_an_agent_whose_run_ended_on_the_server_stops_its_worker(served: Served, fake_worker: Path,
-                                                                  tmp_path: Path) -> None:
+def test_an_agent_whose_run_ended_on_the_server_stops_its_worker(
+    served: Served, fake_worker: Path, tmp_path: Path
+) -> None:
     run_id, token, _ = make_run(served, "hang")
     agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent")
     agent.marker("ready")
@@ -573,8 +669,9 @@ def test_predictions_over_the_limit_get_413(make_server: Callable[..., Served]) 
     assert paths.predictions.read_bytes() == b'{"a": 1}\n{"b": 2}'
 
 
-def test_agent_reports_predictions_over_the_limit(make_server: Callable[..., Served], fake_worker: Path,
-                                                  tmp_path: Path) -> None:
+def test_agent_reports_predictions_over_the_limit(
+    make_server: Callable[..., Served], fake_worker: Path, tmp_path: Path
+) -> None:
     served = make_server(max_predictions_mb=0.001)
     run_id, token, _ = make_run(served, "success", n=1, predictions=50)
     agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent")
@@ -637,14 +734,28 @@ def test_events_update_the_live_state_and_run_log(served: Served) -> None:
         {"v": 1, "event": "metric", "t": 1.1, "split": "val", "name": "f1", "value": 0.5, "step": 1},
         {"v": 1, "event": "metric", "t": 1.2, "split": "val", "name": "f1", "value": 0.7, "step": 2},
         {"v": 1, "event": "log", "t": 1.3, "level": "info", "msg": "quiet"},
-        {"v": 1, "event": "error", "t": 1.4, "code": "missing_dependency",
-         "message": "Trainer 'x' could not be imported", "install_hint": "pip install potato-queue[train-text]"},
+        {
+            "v": 1,
+            "event": "error",
+            "t": 1.4,
+            "code": "missing_dependency",
+            "message": "Trainer 'x' could not be imported",
+            "install_hint": "pip install potato-queue[train-text]",
+        },
     ]
     with served.http() as http:
-        assert http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": batch[:2]}, headers=auth(token)).status_code == 200
-        assert http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": batch[2:]}, headers=auth(token)).status_code == 200
+        assert (
+            http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": batch[:2]}, headers=auth(token)).status_code
+            == 200
+        )
+        assert (
+            http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": batch[2:]}, headers=auth(token)).status_code
+            == 200
+        )
         more = [{"v": 1, "event": "metric", "t": 2, "split": "test", "name": "acc", "value": 0.9, "step": 3}]
-        assert http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": more}, headers=auth(token)).status_code == 200
+        assert (
+            http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": more}, headers=auth(token)).status_code == 200
+        )
     live = served.store.live(run_id)
     assert live["step"] == "loading"
     assert served.store.metrics(run_id) == {"val/f1": 0.7, "test/acc": 0.9}
@@ -659,8 +770,9 @@ def test_openapi_describes_the_protocol(served: Served) -> None:
     app = FastAPI()
     app.include_router(agent_router(), prefix=PREFIX)
     doc = app.openapi()
-    assert {f"{PREFIX}/runs/{{run_id}}/{name}" for name in ("job", "bundle", "events", "control", "predictions",
-                                                           "result")} <= set(doc["paths"])
+    assert {
+        f"{PREFIX}/runs/{{run_id}}/{name}" for name in ("job", "bundle", "events", "control", "predictions", "result")
+    } <= set(doc["paths"])
     assert doc["components"]["securitySchemes"]["run token"]["scheme"] == "bearer"
     assert "413" in doc["paths"][f"{PREFIX}/runs/{{run_id}}/predictions"]["put"]["responses"]
 
@@ -707,8 +819,9 @@ def test_a_message_cannot_forge_a_line_of_run_log(served: Served, capsys: pytest
     with served.http() as http:
         event = {"v": 1, "event": "log", "t": 1.0, "level": "warning", "msg": forged}
         assert http.post(f"{PREFIX}/runs/{run_id}/events", json={"events": [event]}, headers=auth(token)).is_success
-        assert http.post(f"{PREFIX}/runs/{run_id}/result", json={"exit_code": 1, "message": forged},
-                         headers=auth(token)).is_success
+        assert http.post(
+            f"{PREFIX}/runs/{run_id}/result", json={"exit_code": 1, "message": forged}, headers=auth(token)
+        ).is_success
     log = served.store.paths(run_id).run_log.read_text()
     assert not [line for line in log.splitlines() if line.startswith("2026-12-01 08:00:00 FAKE")], log
     assert log.count("ok\\n2026-12-01 08:00:00 FAKE: succeeded\\r\\x00\\u2028") == 2, log
@@ -725,12 +838,15 @@ def test_events_that_cannot_be_served_back_are_refused_or_made_servable(served: 
     for _ in range(300):
         deep = [deep]
     with served.http() as http:
-        reply = http.post(events, json={"events": [{"v": 1, "event": "metric", "t": 1, "value": deep}]},
-                          headers=auth(token))
+        reply = http.post(
+            events, json={"events": [{"v": 1, "event": "metric", "t": 1, "value": deep}]}, headers=auth(token)
+        )
         assert reply.status_code == 400
         assert reply.json()["detail"] == "event 0 of the batch nests more than 20 levels deep; at most 20 are accepted"
-        raw = ('{"events": [{"v": 1, "event": "log", "t": 1, "level": "warning", "msg": "bad \\ud800 text"},'
-               '{"v": 1, "event": "metric", "t": 1, "split": "val", "name": "loss", "value": 1e400}]}')
+        raw = (
+            '{"events": [{"v": 1, "event": "log", "t": 1, "level": "warning", "msg": "bad \\ud800 text"},'
+            '{"v": 1, "event": "metric", "t": 1, "split": "val", "name": "loss", "value": 1e400}]}'
+        )
         reply = http.post(events, content=raw, headers={**auth(token), "Content-Type": "application/json"})
         assert reply.status_code == 200, reply.text
     stored = [json.loads(line) for line in served.store.paths(run_id).events.read_text().splitlines()]
@@ -741,12 +857,15 @@ def test_events_that_cannot_be_served_back_are_refused_or_made_servable(served: 
 
 def test_a_key_that_is_a_lone_surrogate_is_made_servable_and_costs_no_other_event(served: Served) -> None:
     run_id, token, _ = make_run(served, "hang")
-    raw = ('{"events": [{"v": 1, "event": "metric", "t": 1, "split": "val", "name": "f1", "value": 0.5},'
-           '{"v": 1, "event": "metric", "t": 1, "\\ud800": "a text value", "split": "val", "name": "odd", "value": 2},'
-           '{"v": 1, "event": "log", "t": 1, "level": "warning", "\\udfff": 1.5, "msg": "still here"}]}')
+    raw = (
+        '{"events": [{"v": 1, "event": "metric", "t": 1, "split": "val", "name": "f1", "value": 0.5},'
+        '{"v": 1, "event": "metric", "t": 1, "\\ud800": "a text value", "split": "val", "name": "odd", "value": 2},'
+        '{"v": 1, "event": "log", "t": 1, "level": "warning", "\\udfff": 1.5, "msg": "still here"}]}'
+    )
     with served.http() as http:
-        reply = http.post(f"{PREFIX}/runs/{run_id}/events", content=raw,
-                          headers={**auth(token), "Content-Type": "application/json"})
+        reply = http.post(
+            f"{PREFIX}/runs/{run_id}/events", content=raw, headers={**auth(token), "Content-Type": "application/json"}
+        )
     assert reply.status_code == 200, reply.text
     stored = events_of(served, run_id)
     assert [e.get("\ufffd") for e in stored] == [None, "a text value", 1.5]
@@ -754,21 +873,28 @@ def test_a_key_that_is_a_lone_surrogate_is_made_servable_and_costs_no_other_even
     assert "[warning] still here" in served.store.paths(run_id).run_log.read_text()
 
 
-def test_the_agent_relays_a_hostile_workers_good_events_and_none_is_lost(served: Served, fake_worker: Path,
-                                                                        tmp_path: Path) -> None:
+def test_the_agent_relays_a_hostile_workers_good_events_and_none_is_lost(
+    served: Served, fake_worker: Path, tmp_path: Path
+) -> None:
     run_id, token, _ = make_run(served, "hostile")
     agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent")
     agent.wait()
     assert "the server refused" not in agent.log, agent.log
     worker = [e for e in events_of(served, run_id) if e["event"] in ("metric", "log") and e.get("level") != "stderr"]
     assert [(e.get("name"), e.get("value"), e.get("msg")) for e in worker] == [
-        ("accuracy", 0.5, None), ("odd", 1, None), (None, None, "bad \ufffd text"), ("accuracy", 0.9, None)]
+        ("accuracy", 0.5, None),
+        ("odd", 1, None),
+        (None, None, "bad \ufffd text"),
+        ("accuracy", 0.9, None),
+    ]
     assert worker[1]["\ufffd"] == "a key"
     assert served.store.metrics(run_id) == {"val/accuracy": 0.9, "val/odd": 1}
     run_log = served.store.paths(run_id).run_log.read_text()
     assert "[warning] bad \ufffd text" in run_log and "step: step \ufffd" in run_log
-    assert (f"metric 'val/huge': its value is text of {8 << 20} characters; fix: report a metric as a number, or as "
-            "text of at most 200 characters") in run_log
+    assert (
+        f"metric 'val/huge': its value is text of {8 << 20} characters; fix: report a metric as a number, or as "
+        "text of at most 200 characters"
+    ) in run_log
 
 
 def test_a_run_keeps_at_most_1000_metric_names_and_their_values_still_update(served: Served) -> None:
@@ -788,16 +914,20 @@ def test_a_run_keeps_at_most_1000_metric_names_and_their_values_still_update(ser
     metrics = served.store.metrics(run_id)
     assert len(metrics) == MAX_METRICS_PER_RUN and "train/one-too-many" not in metrics
     assert (metrics["train/m0"], metrics["train/last"], metrics["train/m1"]) == (1.0, 2.0, 4.0)
-    assert ("metric 'train/one-too-many': the run has 1000 metric names already, the most a run keeps (their values "
-            "still update)") in served.store.paths(run_id).run_log.read_text()
+    assert (
+        "metric 'train/one-too-many': the run has 1000 metric names already, the most a run keeps (their values "
+        "still update)"
+    ) in served.store.paths(run_id).run_log.read_text()
 
 
 def test_an_unauthenticated_body_is_refused_before_it_is_read(served: Served) -> None:
     from tests.test_server_hardening import raw_request
 
     run_id, token, _ = make_run(served, "hang")
-    head = (f"POST {PREFIX}/runs/{run_id}/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {24 << 20}\r\nAuthorization: Bearer wrong-token")
+    head = (
+        f"POST {PREFIX}/runs/{run_id}/events HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {24 << 20}\r\nAuthorization: Bearer wrong-token"
+    )
     status, body = raw_request(served.tcp_url, head)
     assert status == 401 and "a valid run token is required" in body
     status, body = raw_request(served.tcp_url, head.replace("wrong-token", token).replace(str(24 << 20), str(40 << 20)))

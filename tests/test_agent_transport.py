@@ -73,6 +73,7 @@ def answer(status: int, data: object, close: bool = False) -> Step:
         handler.end_headers()
         handler.wfile.write(raw)
         handler.close_connection = close  # closed without saying so: the next reuse finds it stale
+
     return step
 
 
@@ -88,6 +89,7 @@ def bundle_bytes(data: bytes, cut_at: int | None = None) -> Step:
         handler.end_headers()
         handler.wfile.write(data[start:cut_at] if cut_at else data[start:])
         handler.close_connection = cut_at is not None
+
     return step
 
 
@@ -191,8 +193,12 @@ def test_a_stale_keep_alive_connection_is_retried_at_once(server: Scripted) -> N
 def test_the_control_loop_backs_off_and_ends_on_cancel(server: Scripted) -> None:
     logs: list[str] = []
     client = make_client(server, logs)
-    server.script = [answer(500, {"detail": "boom"}), answer(503, {}), answer(200, {"cancel": False}),
-                     answer(200, {"cancel": True})]
+    server.script = [
+        answer(500, {"detail": "boom"}),
+        answer(503, {}),
+        answer(200, {"cancel": False}),
+        answer(200, {"cancel": True}),
+    ]
     cancelled = threading.Event()
     control_loop(client, threading.Event(), cancelled.set, logs.append, wait_s=0.1)
     assert cancelled.is_set() and len(server.seen) == 4
@@ -226,11 +232,13 @@ def test_a_cut_bundle_download_resumes_with_range(server: Scripted, tmp_path: Pa
 
 def whole_bundle(data: bytes) -> Step:
     """A server that ignores Range: 200 and every byte, whatever was asked."""
+
     def step(handler: Handler, _body: bytes) -> None:
         handler.send_response(200)
         handler.send_header("Content-Length", str(len(data)))
         handler.end_headers()
         handler.wfile.write(data)
+
     return step
 
 

@@ -99,11 +99,33 @@ def test_split_formula() -> None:
 
 
 def test_schema_kinds() -> None:
-    kinds = {t: schema_kind({"annotation_type": t}) for t in ["radio", "select", "multiselect", "likert", "slider",
-                                                              "number", "span", "textbox", "pure_display", "nope"]}
-    assert kinds == {"radio": "nominal", "select": "nominal", "multiselect": "multilabel", "likert": "ordinal",
-                     "slider": "continuous", "number": "continuous", "span": "span", "textbox": "text",
-                     "pure_display": "unsupported", "nope": "unsupported"}
+    kinds = {
+        t: schema_kind({"annotation_type": t})
+        for t in [
+            "radio",
+            "select",
+            "multiselect",
+            "likert",
+            "slider",
+            "number",
+            "span",
+            "textbox",
+            "pure_display",
+            "nope",
+        ]
+    }
+    assert kinds == {
+        "radio": "nominal",
+        "select": "nominal",
+        "multiselect": "multilabel",
+        "likert": "ordinal",
+        "slider": "continuous",
+        "number": "continuous",
+        "span": "span",
+        "textbox": "text",
+        "pure_display": "unsupported",
+        "nope": "unsupported",
+    }
     assert schema_kind({"annotation_type": "multiselect", "max_choices": 1}) == "nominal"
     assert target_schemas(load(FIXTURE / "config.yaml")) == SCHEMAS
 
@@ -204,5 +226,7 @@ def test_the_readmes_example_project_bundles_as_potato_bundles_it(tmp_path: Path
     potatos = json.loads((ROOT / "tests" / "fixtures" / "reviews_potato_bundle" / "manifest.json").read_text())
     for key in ["digest", "splits", "stats", "labels"]:
         assert manifest[key] == potatos[key], key
-    assert (out / "labels.json").read_bytes() == (ROOT / "tests/fixtures/reviews_potato_bundle/labels.json").read_bytes()
+    assert (out / "labels.json").read_bytes() == (
+        ROOT / "tests/fixtures/reviews_potato_bundle/labels.json"
+    ).read_bytes()
     assert sum(manifest["stats"]["splits"].values()) == 360 and manifest["splits"]["unlabeled"]["n"] == 80

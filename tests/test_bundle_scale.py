@@ -48,8 +48,15 @@ CROWDS = {
     "two classes, two workers (many exact ties)": _crowd(3, 1500, 2, ["a", "b"], 0.9),
     "one class": _crowd(4, 50, 3, ["only"], 0.8),
     # items in no sorted order, a worker who meets one class only, one item seen once
-    "unsorted and lopsided": [("bob", "z9", "x"), ("amy", "a1", "y"), ("bob", "a1", "x"), ("cat", "m5", "y"),
-                              ("amy", "m5", "y"), ("cat", "z9", "x"), ("amy", "q", "x")],
+    "unsorted and lopsided": [
+        ("bob", "z9", "x"),
+        ("amy", "a1", "y"),
+        ("bob", "a1", "x"),
+        ("cat", "m5", "y"),
+        ("amy", "m5", "y"),
+        ("cat", "z9", "x"),
+        ("amy", "q", "x"),
+    ],
 }
 
 
@@ -63,6 +70,7 @@ def test_dawid_skene_gives_potatos_labels_to_the_last_item(name: str) -> None:
 
 
 # ---------------------------------------------------------------- the bundle's inputs and its reuse
+
 
 def _project(tmp_path: Path) -> Path:
     return make_project(tmp_path)
@@ -89,20 +97,28 @@ def _set(mapping: dict[str, Any], key: str, value: Any) -> None:
 
 
 CHANGES = {
-    "a data file's item": lambda p: _edit_json(p.parent / "data" / "reviews.json",
-                                               lambda items: _set(items[0], "text", "A different review.")),
+    "a data file's item": lambda p: _edit_json(
+        p.parent / "data" / "reviews.json", lambda items: _set(items[0], "text", "A different review.")
+    ),
     "an annotator's answer": lambda p: _edit_json(
         p.parent / "annotation_output" / "alice" / "user_state.json",
-        lambda s: _set(s["instance_id_to_label_to_value"], "r001", [[{"schema": "sentiment", "name": "negative"}, "negative"]])),
-    "a new annotator": lambda p: shutil.copytree(p.parent / "annotation_output" / "bob", p.parent / "annotation_output" / "dan"),
+        lambda s: _set(
+            s["instance_id_to_label_to_value"], "r001", [[{"schema": "sentiment", "name": "negative"}, "negative"]]
+        ),
+    ),
+    "a new annotator": lambda p: shutil.copytree(
+        p.parent / "annotation_output" / "bob", p.parent / "annotation_output" / "dan"
+    ),
     "the split seed": lambda p: _edit_config(p, lambda c: _set(c["model_training"], "split_seed", 7)),
-    "the splits": lambda p: _edit_config(p, lambda c: _set(c["model_training"], "splits",
-                                                           {"train": 0.8, "val": 0.1, "test": 0.1})),
+    "the splits": lambda p: _edit_config(
+        p, lambda c: _set(c["model_training"], "splits", {"train": 0.8, "val": 0.1, "test": 0.1})
+    ),
     "the aggregation": lambda p: _edit_config(p, lambda c: _set(c["model_training"], "aggregation", "majority")),
     "a scheme's labels": lambda p: _edit_config(p, lambda c: c["annotation_schemes"][0]["labels"].append("mixed")),
     "the text key": lambda p: _edit_config(p, lambda c: _set(c["item_properties"], "text_key", "body")),
-    "include_unlabeled": lambda p: _edit_config(p, lambda c: _set(c["model_training"]["writeback"],
-                                                                  "include_unlabeled", False)),
+    "include_unlabeled": lambda p: _edit_config(
+        p, lambda c: _set(c["model_training"]["writeback"], "include_unlabeled", False)
+    ),
     "a media file": lambda p: (p.parent / "media").mkdir() or (p.parent / "media" / "cat.png").write_bytes(b"png"),
 }
 
@@ -140,8 +156,10 @@ def test_a_run_on_unchanged_data_reuses_the_last_bundle_and_says_so(tmp_path: Pa
     first, first_log = _job_of_new_run(store)
     assert "bundle built" in first_log
     second, second_log = _job_of_new_run(store)
-    assert f"bundle of run {first['run_id']} reused (its data files, annotations, config and split seed are " \
-           f"unchanged: inputs sha256 " in second_log, second_log
+    assert (
+        f"bundle of run {first['run_id']} reused (its data files, annotations, config and split seed are "
+        f"unchanged: inputs sha256 " in second_log
+    ), second_log
     a, b = store.paths(first["run_id"]), store.paths(second["run_id"])
     assert b.bundle.read_bytes() == a.bundle.read_bytes()
     assert (b.bundle_dir / "train.jsonl").read_bytes() == (a.bundle_dir / "train.jsonl").read_bytes()
@@ -157,6 +175,7 @@ def test_a_run_on_unchanged_data_reuses_the_last_bundle_and_says_so(tmp_path: Pa
 
 
 # ---------------------------------------------------------------- a large project, read on two cores
+
 
 def _awkward_project(folder: Path, seed: int = 5, n_items: int = 1500) -> Path:
     """Annotators as users have them: six folders (two under one user id, one with no user_state.json's user_id),
@@ -183,24 +202,42 @@ def _awkward_project(folder: Path, seed: int = 5, n_items: int = 1500) -> Path:
             state["user_id"] = user
         (folder / "annotation_output" / f"u{folder_n}").mkdir(parents=True)
         (folder / "annotation_output" / f"u{folder_n}" / "user_state.json").write_text(json.dumps(state))
-    (folder / "config.yaml").write_text(yaml.safe_dump({
-        "annotation_task_name": "awkward", "task_dir": ".", "data_files": ["data/items.jsonl"],
-        "item_properties": {"id_key": "id", "text_key": "text"}, "output_annotation_dir": "annotation_output",
-        "annotation_schemes": [
-            {"annotation_type": "radio", "name": "sentiment", "description": "s", "labels": ["pos", "neg", "neu"]},
-            {"annotation_type": "multiselect", "name": "tags", "description": "t", "labels": ["x", "y", "z"]}],
-        "model_training": {"enabled": True, "writeback": {"schemas": ["sentiment"], "include_unlabeled": True}}}))
+    (folder / "config.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "annotation_task_name": "awkward",
+                "task_dir": ".",
+                "data_files": ["data/items.jsonl"],
+                "item_properties": {"id_key": "id", "text_key": "text"},
+                "output_annotation_dir": "annotation_output",
+                "annotation_schemes": [
+                    {
+                        "annotation_type": "radio",
+                        "name": "sentiment",
+                        "description": "s",
+                        "labels": ["pos", "neg", "neu"],
+                    },
+                    {"annotation_type": "multiselect", "name": "tags", "description": "t", "labels": ["x", "y", "z"]},
+                ],
+                "model_training": {"enabled": True, "writeback": {"schemas": ["sentiment"], "include_unlabeled": True}},
+            }
+        )
+    )
     return folder / "config.yaml"
 
 
 def _bundle_files(folder: Path) -> dict[str, bytes]:
-    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.suffix in (".jsonl", ".json")
-            and p.name != "manifest.json"}
+    return {
+        p.name: p.read_bytes()
+        for p in sorted(folder.iterdir())
+        if p.suffix in (".jsonl", ".json") and p.name != "manifest.json"
+    }
 
 
 @pytest.mark.parametrize("schemas", [["sentiment"], ["tags"], ["sentiment", "tags"]])
-def test_a_project_read_on_two_cores_gives_potatos_bundle(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                          schemas: list[str]) -> None:
+def test_a_project_read_on_two_cores_gives_potatos_bundle(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, schemas: list[str]
+) -> None:
     """The annotators' files read by a forked child (forced here for a small project) and in this process give
     the bundle Potato 2.12.1's own build_bundle writes, byte for byte."""
     from potato.export.cli import build_export_context
@@ -234,7 +271,8 @@ def _children() -> set[int]:
 
 
 def test_an_unreadable_annotator_file_read_on_the_second_core_is_the_same_clear_error(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from potato_queue.bundle import annotations, build_bundle
 
     config_path = _awkward_project(tmp_path / "project", n_items=200)

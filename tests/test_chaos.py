@@ -90,9 +90,14 @@ class Stack:
         env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
         env["POTATO_TRAINING_TOKEN"] = self.token
         with open(self.agent_out, "ab") as out:
-            self.agent = subprocess.Popen([*AGENT, "--server", self.svc.url, "--backend", PULL, "--workdir",
-                                           str(self.tmp / "agent-work")], stdout=out, stderr=subprocess.STDOUT,
-                                          env=env, cwd=self.tmp, start_new_session=True)
+            self.agent = subprocess.Popen(
+                [*AGENT, "--server", self.svc.url, "--backend", PULL, "--workdir", str(self.tmp / "agent-work")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=self.tmp,
+                start_new_session=True,
+            )
 
     def restart(self, which: str) -> None:
         """What systemd does for a process that died: start it again."""
@@ -141,14 +146,33 @@ def stack(tmp_path_factory: pytest.TempPathFactory, sshd: Sshd) -> Iterator[Stac
     slow = tmp / "slow-python"
     slow.write_text(f'#!/bin/sh\nsleep {SETUP_S}\nexec {sys.executable} "$@"\n')  # its runs never get to a copy
     slow.chmod(0o755)
-    backends = {SSH: {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none",
-                      "remote_dir": str(tmp / "remote"), "heartbeat_timeout_s": HEARTBEAT_S},
-                SLOW: {"type": "ssh", "host": ALIAS, "python": str(slow), "gpus": "none",
-                       "remote_dir": str(tmp / "remote"), "heartbeat_timeout_s": HEARTBEAT_S,
-                       "setup_timeout_s": SETUP_TIMEOUT_S},
-                PULL: {"type": "agent", "heartbeat_timeout_s": HEARTBEAT_S}}
-    svc = Services(make_project(tmp, backends=backends, heartbeat_timeout_s=HEARTBEAT_S, max_wall_seconds=MAX_WALL_S,
-                                grace_seconds=2), url, tmp)
+    backends = {
+        SSH: {
+            "type": "ssh",
+            "host": ALIAS,
+            "python": sys.executable,
+            "gpus": "none",
+            "remote_dir": str(tmp / "remote"),
+            "heartbeat_timeout_s": HEARTBEAT_S,
+        },
+        SLOW: {
+            "type": "ssh",
+            "host": ALIAS,
+            "python": str(slow),
+            "gpus": "none",
+            "remote_dir": str(tmp / "remote"),
+            "heartbeat_timeout_s": HEARTBEAT_S,
+            "setup_timeout_s": SETUP_TIMEOUT_S,
+        },
+        PULL: {"type": "agent", "heartbeat_timeout_s": HEARTBEAT_S},
+    }
+    svc = Services(
+        make_project(
+            tmp, backends=backends, heartbeat_timeout_s=HEARTBEAT_S, max_wall_seconds=MAX_WALL_S, grace_seconds=2
+        ),
+        url,
+        tmp,
+    )
     ssh_env = {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)}
     try:
         stack = Stack(svc, redis_server, tmp, ssh_env)
@@ -176,8 +200,7 @@ def _local_worker(stack: Stack, run_id: str) -> int:
 
 
 def _host(stack: Stack, module: str) -> int:
-    return _one(p for p in pids() if f"{stack.remote}/code/" in (alive_cmd(p) or "")
-                and module in (alive_cmd(p) or ""))
+    return _one(p for p in pids() if f"{stack.remote}/code/" in (alive_cmd(p) or "") and module in (alive_cmd(p) or ""))
 
 
 def _pull_worker(stack: Stack, run_id: str) -> int:
@@ -188,8 +211,11 @@ def _pull_worker(stack: Stack, run_id: str) -> int:
 def _in_setup(stack: Stack) -> list[int]:
     """The host's side of slow-host's setup: its interpreter's wrapper (our ssh client's command line names
     it too, and is not it)."""
-    return [p for p in pids() if str(stack.tmp / "slow-python") in (alive_cmd(p) or "")
-            and not (alive_cmd(p) or "").startswith("ssh ")]
+    return [
+        p
+        for p in pids()
+        if str(stack.tmp / "slow-python") in (alive_cmd(p) or "") and not (alive_cmd(p) or "").startswith("ssh ")
+    ]
 
 
 def _one(found: Iterator[int]) -> int:
@@ -269,16 +295,22 @@ def _leftovers(stack: Stack, case: Case, run_id: str, pull: tuple[int, int]) -> 
     while True:
         left = processes_of(run_id, run_paths(stack.svc, run_id).dir if case.backend == "local" else None)
         if case.backend in (SSH, SLOW):
-            left += [cmd for cmd in (alive_cmd(p) for p in pids()) if cmd and (f"{stack.remote}/code/" in cmd
-                                                                              or str(stack.tmp / "slow-python") in cmd)]
+            left += [
+                cmd
+                for cmd in (alive_cmd(p) for p in pids())
+                if cmd and (f"{stack.remote}/code/" in cmd or str(stack.tmp / "slow-python") in cmd)
+            ]
             left += [str(p) for p in Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")]
             left += [str(p) for p in [stack.remote / "jobs" / run_id] if p.exists()]
         if case.backend == PULL:
             agent, worker = pull
             # The run's worker; and, when the agent itself died, anything of its session (an agent that
             # lives on keeps a worker started ahead for its next run, which is not this run's).
-            left += [cmd for p in pids() if (p == worker or (session_of(p) == agent and alive_cmd(agent) is None))
-                     and (cmd := alive_cmd(p))]
+            left += [
+                cmd
+                for p in pids()
+                if (p == worker or (session_of(p) == agent and alive_cmd(agent) is None)) and (cmd := alive_cmd(p))
+            ]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.2)
@@ -290,8 +322,9 @@ def _starts(stack: Stack, case: Case, run_id: str) -> int:
         return run_paths(stack.svc, run_id).agent_log.read_text(errors="replace").count("worker started")
     # One agent serves many runs: what it logged between claiming this run and the next claim.
     text = stack.agent_out.read_text(errors="replace")
-    return sum(part.split("claimed run ", 1)[0].count("worker started")
-               for part in text.split(f"claimed run {run_id}")[1:])
+    return sum(
+        part.split("claimed run ", 1)[0].count("worker started") for part in text.split(f"claimed run {run_id}")[1:]
+    )
 
 
 def _table_row(case: Case, outcome: str, took_s: float) -> None:

@@ -24,8 +24,18 @@ def test_spec_defaults(tmp_path: Path) -> None:
     cfg["model_training"]["backends"]["ws"] = {"type": "agent"}
     mt = load_checked(write_project(tmp_path, cfg)).model_training
     ssh = mt.backends["plain"]
-    assert (ssh.python, ssh.remote_dir, ssh.gpus, ssh.min_free_gpu_mb) == ("python3", "~/.cache/potato-training", "auto", 2000)
-    assert (ssh.max_artifact_mb, ssh.fetch_artifacts, ssh.keep_remote, ssh.heartbeat_timeout_s) == (2048, True, False, 120)
+    assert (ssh.python, ssh.remote_dir, ssh.gpus, ssh.min_free_gpu_mb) == (
+        "python3",
+        "~/.cache/potato-training",
+        "auto",
+        2000,
+    )
+    assert (ssh.max_artifact_mb, ssh.fetch_artifacts, ssh.keep_remote, ssh.heartbeat_timeout_s) == (
+        2048,
+        True,
+        False,
+        120,
+    )
     assert (mt.grace_seconds, mt.device, mt.max_predictions_mb) == (20, "auto", 512)
     # Every wait that is not run time has a finite bound by default: no run holds the slot forever.
     assert ssh.setup_timeout_s == 1800
@@ -73,11 +83,23 @@ def test_gpus_forms(tmp_path: Path) -> None:
 def test_settings_come_from_the_environment_handed_in() -> None:
     """The one read of the environment (cli/ hands in os.environ): unset and empty keep the defaults."""
     assert Settings.from_env({}) == Settings()
-    assert Settings.from_env({"POTATO_QUEUE_REDIS_URL": ""}).redis_url == DEFAULT_REDIS_URL == "redis://127.0.0.1:6379/0"
-    settings = Settings.from_env({"POTATO_QUEUE_REDIS_URL": "redis://10.0.0.5:6380/2", "POTATO_ADMIN_API_KEY": "k" * 16,
-                                  "POTATO_QUEUE_COPY_STALL_S": "2", "POTATO_QUEUE_SSH_CONFIG": "/etc/pq/ssh_config"})
+    assert (
+        Settings.from_env({"POTATO_QUEUE_REDIS_URL": ""}).redis_url == DEFAULT_REDIS_URL == "redis://127.0.0.1:6379/0"
+    )
+    settings = Settings.from_env(
+        {
+            "POTATO_QUEUE_REDIS_URL": "redis://10.0.0.5:6380/2",
+            "POTATO_ADMIN_API_KEY": "k" * 16,
+            "POTATO_QUEUE_COPY_STALL_S": "2",
+            "POTATO_QUEUE_SSH_CONFIG": "/etc/pq/ssh_config",
+        }
+    )
     assert (settings.redis_url, settings.admin_api_key, settings.copy_stall_s, settings.ssh_config_file) == (
-        "redis://10.0.0.5:6380/2", "k" * 16, 2.0, "/etc/pq/ssh_config")
+        "redis://10.0.0.5:6380/2",
+        "k" * 16,
+        2.0,
+        "/etc/pq/ssh_config",
+    )
 
 
 @pytest.mark.parametrize("raw", ["soon", "0", "-5"])
@@ -111,7 +133,16 @@ def test_every_sbatch_setting_is_a_slurm_key_and_maps_to_its_flag() -> None:
 
 @pytest.mark.parametrize(
     ("text", "seconds"),
-    [("30", 1800), ("30:15", 1815), ("04:00:00", 14400), ("1-00", 86400), ("1-02:30", 95400), ("2-00:00:01", 172801), ("4h", None), ("", None)],
+    [
+        ("30", 1800),
+        ("30:15", 1815),
+        ("04:00:00", 14400),
+        ("1-00", 86400),
+        ("1-02:30", 95400),
+        ("2-00:00:01", 172801),
+        ("4h", None),
+        ("", None),
+    ],
 )
 def test_slurm_time_parsing(text: str, seconds: int | None) -> None:
     assert slurm_time_s(text) == seconds
@@ -141,6 +172,7 @@ def test_validate_warns_of_local_run_keys_under_a_remote_default_and_of_unlisted
         "model_training.max_ram_mb applies to local runs only, and the default backend is gpu-server: it does not "
         "reach gpu-server's runs; set mem on a slurm backend instead (ssh and agent hosts are not capped)",
         "model_training.backends.cluster.env.WANDB_API_KEY looks like a secret, so it never reaches the trainer (nor "
-        "job.sh); if the trainer needs it, add it to secret_env: [WANDB_API_KEY]"]
+        "job.sh); if the trainer needs it, add it to secret_env: [WANDB_API_KEY]",
+    ]
     del cfg["model_training"]["backend"]
     assert len(check_file(write_project(tmp_path, cfg)).warnings) == 1, "local by default: max_ram_mb is meant"

@@ -93,7 +93,8 @@ def test_the_gate_caps_each_client_and_all_but_not_loopback() -> None:
 
 
 def test_1100_idle_connections_under_1024_open_files_leave_the_server_answering(
-        tmp_path: Path, redis_server_url: str) -> None:
+    tmp_path: Path, redis_server_url: str
+) -> None:
     """Before, uvicorn kept each half-sent request open for good: 1,100 of them against 1,024 open files and
     `/healthz` answered nothing. Now one client holds at most its share, the rest are closed at once, and the
     held ones are cut HEADER_TIMEOUT_S (here 2 s) after they connected."""
@@ -102,13 +103,18 @@ def test_1100_idle_connections_under_1024_open_files_leave_the_server_answering(
         try:
             svc.serve(nat.host_ip, open_files=1024, env={"POTATO_QUEUE_HEADER_TIMEOUT_S": "2"})
             said = _said(svc.procs[-1], "RLIMIT_NOFILE")
-            assert "warning: this process may open only 1024 files (RLIMIT_NOFILE), so it serves at most 768 " \
-                   "connections at once (96 per client)" in said and "LimitNOFILE=65536" in said, said
+            assert (
+                "warning: this process may open only 1024 files (RLIMIT_NOFILE), so it serves at most 768 "
+                "connections at once (96 per client)"
+                in said
+                and "LimitNOFILE=65536" in said
+            ), said
             port = int(svc.url.rsplit(":", 1)[1])
             holder = tmp_path / "holder.py"
             holder.write_text(HOLDER)
-            flood = nat.popen([sys.executable, str(holder), nat.host_ip, str(port), "1100", "4"],
-                              stdout=subprocess.PIPE)
+            flood = nat.popen(
+                [sys.executable, str(holder), nat.host_ip, str(port), "1100", "4"], stdout=subprocess.PIPE
+            )
             assert flood.stdout is not None
             cut_at_once = int(flood.stdout.readline().split()[1])
             assert healthz_answers(svc.url) in (200, 503), "the server answers while the flood holds its share"
@@ -121,7 +127,8 @@ def test_1100_idle_connections_under_1024_open_files_leave_the_server_answering(
 
 
 def test_a_slow_header_is_cut_and_a_whole_request_on_the_same_server_is_not(
-        tmp_path: Path, redis_server_url: str) -> None:
+    tmp_path: Path, redis_server_url: str
+) -> None:
     svc = Services(make_project(tmp_path), redis_server_url, tmp_path)
     try:
         svc.serve("127.0.0.1", env={"POTATO_QUEUE_HEADER_TIMEOUT_S": "1"})
@@ -137,8 +144,10 @@ def test_a_slow_header_is_cut_and_a_whole_request_on_the_same_server_is_not(
 
 
 def _post_head(port: int, length: int) -> bytes:
-    return (f"POST /admin/training/api/runs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-API-Key: {ADMIN_KEY}\r\n"
-            f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n").encode()
+    return (
+        f"POST /admin/training/api/runs HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nX-API-Key: {ADMIN_KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {length}\r\n\r\n"
+    ).encode()
 
 
 def test_a_stalled_body_is_cut_and_one_that_keeps_coming_is_read(tmp_path: Path, redis_server_url: str) -> None:
@@ -157,7 +166,7 @@ def test_a_stalled_body_is_cut_and_one_that_keeps_coming_is_read(tmp_path: Path,
         with socket.create_connection(("127.0.0.1", port), timeout=10) as slow:
             slow.sendall(_post_head(port, len(body)))
             for i in range(0, len(body), 8):  # 6 pieces 0.5 s apart: 2.5 s in all, never 1 s idle
-                slow.sendall(body[i:i + 8])
+                slow.sendall(body[i : i + 8])
                 time.sleep(0.5)
             reply = slow.recv(200)
         assert reply.startswith(b"HTTP/1.1 4"), reply  # an unknown trainer: refused, but read and answered

@@ -116,8 +116,18 @@ class AgentHarness:
             backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
         if training.pop("queue_timeout_s", None):
             backend["queue_timeout_s"] = 3
-        with nat_host() as nat, started(tmp_path, redis_url, executors=1, host=nat.host_ip, backend=BACKEND,
-                                         backends={BACKEND: backend}, **training) as svc:
+        with (
+            nat_host() as nat,
+            started(
+                tmp_path,
+                redis_url,
+                executors=1,
+                host=nat.host_ip,
+                backend=BACKEND,
+                backends={BACKEND: backend},
+                **training,
+            ) as svc,
+        ):
             self.nat, self.agent = nat, Agent(nat, svc, register(svc))
             try:
                 yield svc
@@ -196,8 +206,9 @@ class SshHarness:
                 backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
             if self.sshd is None:
                 self.sshd = Sshd(Path(tempfile.mkdtemp(prefix="pq-sshd-")))
-            with started(tmp_path, redis_url, executors=0, backend=self.name, backends={self.name: backend},
-                         **training) as svc:
+            with started(
+                tmp_path, redis_url, executors=0, backend=self.name, backends={self.name: backend}, **training
+            ) as svc:
                 svc.executor(env={SSH_CONFIG_ENV: str(self.sshd.config)})
                 yield svc
         finally:
@@ -275,8 +286,15 @@ class SlurmHarness(SshHarness):
         self.remote = Path(tempfile.mkdtemp(prefix="pq-contract-", dir="/srv"))
         if self.slurm is None:
             self.slurm = SlurmCluster(Path(tempfile.mkdtemp(prefix="pq-contract-slurm-")))
-        return {"type": "slurm", "host": ALIAS, "python": sys.executable, "job_python": sys.executable,
-                "remote_dir": str(self.remote), "poll_interval_s": 1, "env": self.slurm.env}
+        return {
+            "type": "slurm",
+            "host": ALIAS,
+            "python": sys.executable,
+            "job_python": sys.executable,
+            "remote_dir": str(self.remote),
+            "poll_interval_s": 1,
+            "env": self.slurm.env,
+        }
 
     def close(self) -> None:
         if self.slurm is not None:
@@ -310,8 +328,12 @@ def _continue(pid: int) -> None:
         pass
 
 
-HARNESSES: dict[str, Harness] = {"local": LocalHarness(), "agent": AgentHarness(), "ssh": SshHarness(),
-                                 "slurm": SlurmHarness()}
+HARNESSES: dict[str, Harness] = {
+    "local": LocalHarness(),
+    "agent": AgentHarness(),
+    "ssh": SshHarness(),
+    "slurm": SlurmHarness(),
+}
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -335,11 +357,14 @@ def project(tmp_path: Path, redis_url: str, harness: Harness, **training: Any) -
 
 
 def long_run(svc: Services, tiny_model: Path) -> str:
-    return svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                         params={"model_name": str(tiny_model), **LONG_HF})
+    return svc.start_run(
+        trainer="hf-text-classification", schemas=["sentiment"], params={"model_name": str(tiny_model), **LONG_HF}
+    )
 
 
-def test_a_run_succeeds_and_collects_its_artifacts(tmp_path: Path, redis_server_url: str, harness: LocalHarness) -> None:
+def test_a_run_succeeds_and_collects_its_artifacts(
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness
+) -> None:
     """With a learning curve: its fits run where the run runs, and what the run page shows of the run (the
     curve, what to label next, the quality report) is there whatever the backend."""
     with project(tmp_path, redis_server_url, harness, grace_seconds=2) as svc:
@@ -360,28 +385,44 @@ def test_a_run_succeeds_and_collects_its_artifacts(tmp_path: Path, redis_server_
         status, found = svc.api("GET", f"/runs/{run_id}/next?limit=5")
         assert status == 200 and len(found["items"]) == 5 and found["items"][0]["uncertainty"] > 0, found
         assert svc.api("GET", f"/runs/{run_id}/quality")[1]["schemas"]["sentiment"]["n"] == sum(
-            run["held_out"]["sentiment"][s]["n"] for s in ("val", "test"))
+            run["held_out"]["sentiment"][s]["n"] for s in ("val", "test")
+        )
         assert harness.leftovers(svc, run_id) == []
 
 
-def test_an_llm_fine_tunes_with_lora_and_its_adapter_comes_back(tmp_path: Path, redis_server_url: str,
-                                                                 harness: LocalHarness, tiny_llm: Path) -> None:
+def test_an_llm_fine_tunes_with_lora_and_its_adapter_comes_back(
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_llm: Path
+) -> None:
     """hf-llm-lora on every backend, on the CPU (4-bit and GPUs: bench/gpu_check.py on a GPU machine)."""
     with project(tmp_path, redis_server_url, harness, grace_seconds=2) as svc:
-        run_id = svc.start_run(trainer="hf-llm-lora", schemas=["sentiment"],
-                               params={"model_name": str(tiny_llm), "epochs": 1, "batch_size": 8, "max_length": 32,
-                                       "lora": {"r": 4, "alpha": 8}})
+        run_id = svc.start_run(
+            trainer="hf-llm-lora",
+            schemas=["sentiment"],
+            params={
+                "model_name": str(tiny_llm),
+                "epochs": 1,
+                "batch_size": 8,
+                "max_length": 32,
+                "lora": {"r": 4, "alpha": 8},
+            },
+        )
         run = svc.wait_for(run_id, TERMINAL)
         assert run["state"] == "succeeded", (run, svc.logs())
         folder = harness.model_folder(svc, run)
         assert sorted(p.name for p in (folder / "sentiment").iterdir()) == [
-            "README.md", "adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+            "README.md",
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            "tokenizer.json",
+            "tokenizer_config.json",
+        ]
         assert run["held_out"]["sentiment"]["test"]["n"] > 0
         assert harness.leftovers(svc, run_id) == []
 
 
-def test_cancel_within_grace_ends_cancelled(tmp_path: Path, redis_server_url: str, harness: LocalHarness,
-                                            tiny_model: Path) -> None:
+def test_cancel_within_grace_ends_cancelled(
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path
+) -> None:
     # Grace to spare: the worker honours SIGTERM at its next step, which a loaded CI machine (three test
     # workers on two cores) once delayed past 5 s.
     with project(tmp_path, redis_server_url, harness, grace_seconds=15) as svc:
@@ -396,7 +437,8 @@ def test_cancel_within_grace_ends_cancelled(tmp_path: Path, redis_server_url: st
 
 
 def test_a_worker_deaf_to_sigterm_is_killed_after_grace_and_the_run_is_cancelled(
-        tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path) -> None:
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path
+) -> None:
     grace_s = 2
     with project(tmp_path, redis_server_url, harness, grace_seconds=grace_s) as svc:
         run_id = long_run(svc, tiny_model)
@@ -412,8 +454,9 @@ def test_a_worker_deaf_to_sigterm_is_killed_after_grace_and_the_run_is_cancelled
         assert harness.leftovers(svc, run_id) == []
 
 
-def test_the_agent_vanishing_fails_the_run_with_its_last_output(tmp_path: Path, redis_server_url: str,
-                                                                harness: LocalHarness, tiny_model: Path) -> None:
+def test_the_agent_vanishing_fails_the_run_with_its_last_output(
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path
+) -> None:
     with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=5) as svc:
         run_id = long_run(svc, tiny_model)
         wait_running(svc, run_id)
@@ -426,8 +469,9 @@ def test_the_agent_vanishing_fails_the_run_with_its_last_output(tmp_path: Path, 
         assert harness.leftovers(svc, run_id) == []
 
 
-def test_silence_fails_the_run_with_no_word_from_the_agent(tmp_path: Path, redis_server_url: str,
-                                                           harness: LocalHarness, tiny_model: Path) -> None:
+def test_silence_fails_the_run_with_no_word_from_the_agent(
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path
+) -> None:
     with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=3) as svc:
         run_id = long_run(svc, tiny_model)
         wait_running(svc, run_id)
@@ -438,8 +482,9 @@ def test_silence_fails_the_run_with_no_word_from_the_agent(tmp_path: Path, redis
         assert harness.leftovers(svc, run_id) == []
 
 
-def test_cancel_before_the_trainers_loop_stops_the_worker_at_once(tmp_path: Path, redis_server_url: str,
-                                                                   harness: LocalHarness, tiny_model: Path) -> None:
+def test_cancel_before_the_trainers_loop_stops_the_worker_at_once(
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path
+) -> None:
     """While torch and the model load there is nothing to save: SIGTERM ends the worker then and there,
     not after grace_seconds, and the run is `cancelled`. Loading a tiny model takes a second or two: on a
     loaded machine the cancel can land after the trainer's loop began (its progress events say so), and then
@@ -460,6 +505,8 @@ def test_cancel_before_the_trainers_loop_stops_the_worker_at_once(tmp_path: Path
             events = svc.api("GET", f"/runs/{run_id}/events")[1]
             if any("before the trainer's loop began" in str(e.get("step")) for e in events):
                 return
-            assert any(e.get("event") == "progress" for e in events), ("neither stopped while loading nor in the "
-                                                                       "loop", events)
+            assert any(e.get("event") == "progress" for e in events), (
+                "neither stopped while loading nor in the loop",
+                events,
+            )
         raise AssertionError("the cancel never landed while the trainer loaded, in three runs")

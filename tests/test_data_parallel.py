@@ -35,25 +35,47 @@ PYTHON = ["/usr/bin/python3", "-c", BOOTSTRAP, CODE_ROOT, "potato_queue.worker"]
 
 def test_two_gpus_are_two_ranks_with_torchruns_environment_each_on_its_own_gpu() -> None:
     launches = rank_launches(PYTHON, "/jobs/r1/spec.json", 2, True, 29500, threads_per_rank(16, 2, 64))
-    assert [launch.argv[5:] for launch in launches] == [["--spec", "/jobs/r1/spec.json", "--rank", "0"],
-                                                        ["--spec", "/jobs/r1/spec.json", "--rank", "1"]]
+    assert [launch.argv[5:] for launch in launches] == [
+        ["--spec", "/jobs/r1/spec.json", "--rank", "0"],
+        ["--spec", "/jobs/r1/spec.json", "--rank", "1"],
+    ]
     assert all(launch.argv[:5] == PYTHON for launch in launches)
     threads = {name: "8" for name in THREAD_ENV_VARS}
     assert [launch.env for launch in launches] == [
-        {"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-         "MASTER_PORT": "29500", "POTATO_QUEUE_RANK_DEVICE": "cuda:0", **threads},
-        {"RANK": "1", "LOCAL_RANK": "1", "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1",
-         "MASTER_PORT": "29500", "POTATO_QUEUE_RANK_DEVICE": "cuda:1", **threads}]
+        {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+            "POTATO_QUEUE_RANK_DEVICE": "cuda:0",
+            **threads,
+        },
+        {
+            "RANK": "1",
+            "LOCAL_RANK": "1",
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": "29500",
+            "POTATO_QUEUE_RANK_DEVICE": "cuda:1",
+            **threads,
+        },
+    ]
     assert describe_parallel(launches, {"CUDA_VISIBLE_DEVICES": "2,5"}) == (
-        "data-parallel on 2 GPUs (cuda:0, cuda:1; CUDA_VISIBLE_DEVICES=2,5), one process each, torch DDP over nccl")
+        "data-parallel on 2 GPUs (cuda:0, cuda:1; CUDA_VISIBLE_DEVICES=2,5), one process each, torch DDP over nccl"
+    )
 
 
 def test_cpu_ranks_for_tests_share_the_threads_and_say_so() -> None:
     launches = rank_launches(PYTHON, "spec.json", 3, False, 4000, threads_per_rank(None, 3, 2))
     assert [launch.env["POTATO_QUEUE_RANK_DEVICE"] for launch in launches] == ["cpu", "cpu", "cpu"]
     assert {launch.env["OMP_NUM_THREADS"] for launch in launches} == {"1"}  # at least one a rank
-    assert describe_parallel(launches, {}) == ("data-parallel on 3 CPU processes (POTATO_QUEUE_CPU_RANKS=3, for tests "
-                                               "and CPU-only machines), torch DDP over gloo")
+    assert describe_parallel(launches, {}) == (
+        "data-parallel on 3 CPU processes (POTATO_QUEUE_CPU_RANKS=3, for tests "
+        "and CPU-only machines), torch DDP over gloo"
+    )
 
 
 def test_only_several_visible_gpus_of_the_workers_choosing_and_a_trainer_that_can_make_ranks() -> None:
@@ -83,13 +105,23 @@ def run_in_group(spec: Path, act: Callable[[subprocess.Popen[str]], None]) -> tu
 
 
 def run_to_end(spec: Path, env: dict[str, str]) -> Run:
-    proc = subprocess.run([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], capture_output=True,
-                          text=True, env=env, cwd=str(ROOT), stdin=subprocess.DEVNULL, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+        timeout=300,
+    )
     return Run(proc.returncode, proc.stdout, proc.stderr)
 
 
 def confidences(work: Path) -> dict[str, float]:
-    return {p["instance_id"]: p["confidence"] for p in map(json.loads, (work / "predictions.jsonl").read_text().splitlines())}
+    return {
+        p["instance_id"]: p["confidence"]
+        for p in map(json.loads, (work / "predictions.jsonl").read_text().splitlines())
+    }
 
 
 def test_two_ranks_train_one_model_that_rank_0_alone_reports_and_saves(tmp_path: Path, tiny_llm: Path) -> None:
@@ -99,8 +131,9 @@ def test_two_ranks_train_one_model_that_rank_0_alone_reports_and_saves(tmp_path:
     write_bundle(bundle)
     no_dropout = {"r": 4, "alpha": 8, "dropout": 0.0}
     (tmp_path / "ranks").mkdir()
-    run = run_to_end(write_spec(tmp_path / "ranks", bundle, "hf-llm-lora", llm_params(tiny_llm, lora=no_dropout)),
-                     ranks_env())
+    run = run_to_end(
+        write_spec(tmp_path / "ranks", bundle, "hf-llm-lora", llm_params(tiny_llm, lora=no_dropout)), ranks_env()
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     assert_well_formed(run)
     assert_predictions(tmp_path / "ranks" / "work", bundle, run)  # every item once, one result
@@ -114,8 +147,15 @@ def test_two_ranks_train_one_model_that_rank_0_alone_reports_and_saves(tmp_path:
     assert (tmp_path / "ranks" / "work" / SCHEMA / "adapter_model.safetensors").is_file()
 
     (tmp_path / "one").mkdir()
-    alone = run_to_end(write_spec(tmp_path / "one", bundle, "hf-llm-lora",
-                                  llm_params(tiny_llm, lora=no_dropout, batch_size=8, grad_accum_steps=2)), worker_env())
+    alone = run_to_end(
+        write_spec(
+            tmp_path / "one",
+            bundle,
+            "hf-llm-lora",
+            llm_params(tiny_llm, lora=no_dropout, batch_size=8, grad_accum_steps=2),
+        ),
+        worker_env(),
+    )
     assert alone.returncode == 0, alone.stderr[-3000:]
     together, single = confidences(tmp_path / "ranks" / "work"), confidences(tmp_path / "one" / "work")
     assert together.keys() == single.keys()
@@ -134,7 +174,8 @@ def test_two_ranks_of_hf_text_classification(tmp_path: Path, tiny_model: Path) -
 
 
 def test_a_preemption_sent_to_the_group_saves_one_checkpoint_exits_6_and_the_rerun_resumes(
-        tmp_path: Path, tiny_llm: Path) -> None:
+    tmp_path: Path, tiny_llm: Path
+) -> None:
     bundle = tmp_path / "bundle"
     write_bundle(bundle)
     spec = write_spec(tmp_path, bundle, "hf-llm-lora", llm_params(tiny_llm, epochs=3, checkpoint_every_steps=100))
@@ -182,7 +223,9 @@ def test_a_rank_that_dies_ends_the_run_naming_it_and_leaves_no_rank_running(tmp_
     # The run's error (the last one) names the rank that died. Rank 0 may have seen the broken gradient
     # exchange first and said so in an error of its own (then "ended with it"), or been stopped by the parent.
     *rank0_said, last = run.of("error")
-    assert last["message"] in ("rank 1 of 2 (cpu) exited with code 137; rank 0 was stopped",
-                               "rank 1 of 2 (cpu) exited with code 137; rank 0 ended with it"), run.of("error")
+    assert last["message"] in (
+        "rank 1 of 2 (cpu) exited with code 137; rank 0 was stopped",
+        "rank 1 of 2 (cpu) exited with code 137; rank 0 ended with it",
+    ), run.of("error")
     assert len(rank0_said) <= 1
     assert group_members(group) == []

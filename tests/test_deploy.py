@@ -33,8 +33,9 @@ def test_each_unit_passes_systemd_analyze_verify(unit: str, tmp_path: Path) -> N
     text = text.replace("Group=potato", "Group=root")
     copy = tmp_path / unit.replace("@", "@test")
     copy.write_text(text)
-    done = subprocess.run(["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60,
-                          cwd=tmp_path)
+    done = subprocess.run(
+        ["systemd-analyze", "verify", str(copy)], capture_output=True, text=True, timeout=60, cwd=tmp_path
+    )
     problems = [line for line in done.stderr.splitlines() if str(copy.name) in line or "potato" in line]
     assert done.returncode == 0 and problems == [], done.stderr
     assert "Restart=on-failure" in text and "NoNewPrivileges=yes" in text and "ProtectSystem=strict" in text
@@ -46,8 +47,9 @@ def test_the_procfile_names_real_commands() -> None:
     for command in processes.values():
         words = command.split()
         assert words[0] == "potato-queue"
-        done = subprocess.run([str(VENV_BIN / "potato-queue"), words[1], "--help"], capture_output=True, text=True,
-                              timeout=60)
+        done = subprocess.run(
+            [str(VENV_BIN / "potato-queue"), words[1], "--help"], capture_output=True, text=True, timeout=60
+        )
         assert done.returncode == 0, done.stderr
 
 
@@ -55,16 +57,23 @@ def test_celery_inspect_ping_answers_from_a_running_executor(tmp_path: Path, red
     with started(tmp_path, redis_server_url) as svc:
         env = {**os.environ, "POTATO_CONFIG": str(svc.config), "POTATO_QUEUE_REDIS_URL": redis_server_url}
         for _ in range(10):  # the executor may still be starting
-            done = subprocess.run([str(VENV_BIN / "celery"), "-A", "potato_queue.celery_entry", "inspect", "ping",
-                                   "--timeout", "5"], capture_output=True, text=True, timeout=60, env=env, cwd=tmp_path)
+            done = subprocess.run(
+                [str(VENV_BIN / "celery"), "-A", "potato_queue.celery_entry", "inspect", "ping", "--timeout", "5"],
+                capture_output=True,
+                text=True,
+                timeout=60,
+                env=env,
+                cwd=tmp_path,
+            )
             if done.returncode == 0:
                 break
         assert done.returncode == 0, done.stdout + done.stderr
         assert re.search(r"->\s+\S+: OK\s+pong", done.stdout), done.stdout
 
 
-def test_behind_the_shipped_nginx_with_tls_agent_and_ssh_runs_succeed(tmp_path: Path, redis_server_url: str,
-                                                                     sshd: Sshd) -> None:
+def test_behind_the_shipped_nginx_with_tls_agent_and_ssh_runs_succeed(
+    tmp_path: Path, redis_server_url: str, sshd: Sshd
+) -> None:
     """The deployment as shipped: `serve` on 127.0.0.1 with an https --public-url (the web unit's command line),
     deploy/nginx.conf in front with TLS. Before, the server recorded the public https URL for its executors as
     well, so every ssh (and slurm) run failed at its forward; the agent behind NAT reaches the server through
@@ -73,8 +82,16 @@ def test_behind_the_shipped_nginx_with_tls_agent_and_ssh_runs_succeed(tmp_path: 
         upstream = free_port("127.0.0.1")
         proxy = Nginx(tmp_path / "nginx", nat.host_ip, upstream)
         sshd.write_config("root")
-        backends = {"gpu": {"type": "ssh", "host": ALIAS, "python": "/usr/bin/python3", "gpus": "none",
-                            "remote_dir": str(tmp_path / "remote")}, **lab()["backends"]}
+        backends = {
+            "gpu": {
+                "type": "ssh",
+                "host": ALIAS,
+                "python": "/usr/bin/python3",
+                "gpus": "none",
+                "remote_dir": str(tmp_path / "remote"),
+            },
+            **lab()["backends"],
+        }
         svc = Services(make_project(tmp_path, backends=backends), redis_server_url, tmp_path)
         try:
             svc.serve("127.0.0.1", "--port", str(upstream), "--public-url", proxy.url)

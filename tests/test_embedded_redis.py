@@ -44,9 +44,22 @@ def test_a_given_test_redis_that_is_not_empty_is_refused(tmp_path: Path) -> None
     with EmbeddedRedis(tmp_path / "r") as server:
         redis.Redis.from_url(server.url).set("somebody's", "data")
         env = {**os.environ, "POTATO_QUEUE_TEST_REDIS_URL": server.url}
-        proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-                               "tests/test_embedded_redis.py::test_session_redis_answers"],
-                              cwd=str(ROOT), env=env, capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pytest",
+                "-q",
+                "-p",
+                "no:cacheprovider",
+                "tests/test_embedded_redis.py::test_session_redis_answers",
+            ],
+            cwd=str(ROOT),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 2, proc.stdout + proc.stderr
         assert "holds 1 keys; the tests flush their database" in proc.stdout + proc.stderr
         assert redis.Redis.from_url(server.url).get("somebody's") == b"data"

@@ -29,7 +29,9 @@ ENTRY_POINTS = [
 @pytest.fixture
 def typo_config(tmp_path: Path) -> Path:
     cfg = seed_config()
-    cfg["model_training"]["backends"]["gpu-server"]["pyhton"] = cfg["model_training"]["backends"]["gpu-server"].pop("python")
+    cfg["model_training"]["backends"]["gpu-server"]["pyhton"] = cfg["model_training"]["backends"]["gpu-server"].pop(
+        "python"
+    )
     return write_project(tmp_path, cfg)
 
 
@@ -37,7 +39,10 @@ def typo_config(tmp_path: Path) -> Path:
 def test_entry_point_refuses_typo(argv: list[str], typo_config: Path, tmp_path: Path) -> None:
     proc = run_cli(*(a.format(cfg=typo_config, out=tmp_path / "out") for a in argv))
     assert proc.returncode == 1, proc.stderr
-    assert "error: model_training.backends.gpu-server.pyhton: unknown key for a ssh backend; did you mean 'python'?" in proc.stderr
+    assert (
+        "error: model_training.backends.gpu-server.pyhton: unknown key for a ssh backend; did you mean 'python'?"
+        in proc.stderr
+    )
     assert f"potato-queue validate {typo_config} --strict" in proc.stderr
     assert not (tmp_path / "out").exists()
 
@@ -48,7 +53,10 @@ def test_entry_point_prints_warnings_at_start(argv: list[str], tmp_path: Path) -
     cfg["model_training"]["backends"]["cluster"]["time"] = "2-00:00:00"
     path = write_project(tmp_path, cfg)
     # A Redis that does not answer makes the long-running commands stop right after their start-up checks.
-    proc = run_cli(*(a.format(cfg=path, out=tmp_path / "out") for a in argv), env={"POTATO_QUEUE_REDIS_URL": "redis://127.0.0.1:1/0"})
+    proc = run_cli(
+        *(a.format(cfg=path, out=tmp_path / "out") for a in argv),
+        env={"POTATO_QUEUE_REDIS_URL": "redis://127.0.0.1:1/0"},
+    )
     assert "warning: model_training.backends.cluster.time is 2-00:00:00. A job that holds a GPU" in proc.stderr
 
 
@@ -110,9 +118,14 @@ def test_serve_says_at_start_that_the_admin_api_is_closed_without_a_key(tmp_path
     cfg = seed_config()
     del cfg["admin_api_key"]
     env = {k: v for k, v in os.environ.items() if k != "POTATO_ADMIN_API_KEY"}
-    proc = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "serve", str(write_project(tmp_path, cfg)),
-                             "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.cli", "serve", str(write_project(tmp_path, cfg)), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     try:
         assert proc.stdout is not None
         lines = [proc.stdout.readline(), proc.stdout.readline()]
@@ -148,9 +161,14 @@ def test_up_stops_its_whole_tree_on_a_signal(signame: str, tmp_path: Path) -> No
     env = {**os.environ, "POTATO_QUEUE_REDIS_URL": "redis://127.0.0.1:1/0"}
     cfg = seed_config()
     cfg["model_training"]["auto_retrain"] = {"enabled": True, "trainer": "majority-baseline", "update_frequency": 1000}
-    up = subprocess.Popen([sys.executable, "-m", "potato_queue.cli", "up", str(write_project(tmp_path, cfg)),
-                           "--port", "0"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
-                          start_new_session=True)
+    up = subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.cli", "up", str(write_project(tmp_path, cfg)), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+        start_new_session=True,
+    )
     assert up.stdout is not None
     children: list[int] = []
     try:
@@ -184,7 +202,10 @@ def test_help_names_every_option_and_cuts_no_summary_short() -> None:
 
     top = run_cli("--help").stdout
     summaries = top.split("Commands:", 1)[1]
-    assert "..." not in summaries and "Start everything on this machine: Redis if none answers, the server, an executor, beat." in top
+    assert (
+        "..." not in summaries
+        and "Start everything on this machine: Redis if none answers, the server, an executor, beat." in top
+    )
     for command in (["training", "run"], ["training", "agent"], ["up"], ["worker"]):
         text = run_cli(*command, "--help").stdout
         options = [line for line in text.splitlines() if line.startswith("  -")]
@@ -199,8 +220,23 @@ def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: st
 
     with started(tmp_path, redis_server_url, executors=0) as svc:
         svc.executor(None, None, "--quiet")
-        proc = run_cli("training", "run", svc.config, "--trainer", "majority-baseline", "--schema", "sentiment",
-                       "--param", "epochs=3", "--param", "note=a b", "--param", "lr=0.5", "--follow", timeout_s=120)
+        proc = run_cli(
+            "training",
+            "run",
+            svc.config,
+            "--trainer",
+            "majority-baseline",
+            "--schema",
+            "sentiment",
+            "--param",
+            "epochs=3",
+            "--param",
+            "note=a b",
+            "--param",
+            "lr=0.5",
+            "--follow",
+            timeout_s=120,
+        )
         assert proc.returncode == 0, proc.stdout + proc.stderr
         run_id = proc.stdout.split("queued run ", 1)[1].split()[0]
         assert svc.api("GET", f"/runs/{run_id}")[1]["params"] == {"epochs": 3, "note": "a b", "lr": 0.5}
@@ -211,17 +247,29 @@ def test_training_run_passes_trainer_params(tmp_path: Path, redis_server_url: st
         assert log.returncode == 0, log.stdout + log.stderr
         assert log.stdout.splitlines()[-1].endswith(" succeeded"), log.stdout
         assert run_paths(svc, followed).run_log.read_text().startswith(log.stdout)
-        bad = run_cli("training", "run", svc.config, "--trainer", "majority-baseline", "--schema", "sentiment",
-                      "--param", "epochs")
+        bad = run_cli(
+            "training",
+            "run",
+            svc.config,
+            "--trainer",
+            "majority-baseline",
+            "--schema",
+            "sentiment",
+            "--param",
+            "epochs",
+        )
         assert bad.returncode == 1 and "--param 'epochs' is not KEY=VALUE" in bad.stderr
         # One wording for a backend the project does not have, wherever it is named.
         unknown = "Backend 'gpu-box' is not configured; configured backends: local"
-        status, reply = svc.api("POST", "/runs", {"trainer": "majority-baseline", "schemas": ["sentiment"],
-                                                  "backend": "gpu-box"})
+        status, reply = svc.api(
+            "POST", "/runs", {"trainer": "majority-baseline", "schemas": ["sentiment"], "backend": "gpu-box"}
+        )
         assert status == 409 and reply["detail"].startswith(unknown) and "fix: name one of those" in reply["detail"]
         for argv in (["training", "check", "gpu-box", svc.config], ["training", "register", "gpu-box", svc.config]):
             proc = run_cli(*argv)
-            assert proc.returncode == 1 and unknown in proc.stderr and "under model_training.backends" in proc.stderr, argv
+            assert proc.returncode == 1 and unknown in proc.stderr and "under model_training.backends" in proc.stderr, (
+                argv
+            )
     quiet = (tmp_path / "executor1.log").read_text()
     assert run_id in run_paths(svc, run_id).run_log.read_text()
     assert "woken for run" not in quiet and f"ran {run_id}" not in quiet, quiet
@@ -243,14 +291,28 @@ def test_up_runs_several_trainers_in_order_and_compares_them(tmp_path: Path, red
     from tests.lifecycle_helpers import make_project
 
     config = make_project(tmp_path)
-    proc = run_cli("up", config, "--run", "majority-baseline", "--run", "sklearn-text", "--param", "C=0.5",
-                   "--port", "0", timeout_s=240)
+    proc = run_cli(
+        "up",
+        config,
+        "--run",
+        "majority-baseline",
+        "--run",
+        "sklearn-text",
+        "--param",
+        "C=0.5",
+        "--port",
+        "0",
+        timeout_s=240,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     table = out.split("Held-out scores, the same split for every run:\n", 1)[1]
     header, majority, sklearn = table.splitlines()[:3]
     assert header.split()[:4] == ["trainer", "schema", "val", "acc"], table
-    assert majority.split()[:2] == ["majority-baseline", "sentiment"] and sklearn.split()[:2] == ["sklearn-text", "sentiment"]
+    assert majority.split()[:2] == ["majority-baseline", "sentiment"] and sklearn.split()[:2] == [
+        "sklearn-text",
+        "sentiment",
+    ]
     assert out.index("== majority-baseline") < out.index("== sklearn-text")
     assert "the Training page, while this runs: http://127.0.0.1:" in out and "/admin/training (admin key" in out
     assert f"In Potato: these runs are in {config.parent / 'project.sqlite'}. Start Potato on the project" in out

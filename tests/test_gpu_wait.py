@@ -58,6 +58,7 @@ def step_of(svc: Services, run_id: str) -> str:
 def ssh_services(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> Iterator[Any]:
     """Makes the server and an executor whose ssh backend has the given keys; stopped after the test."""
     with ExitStack() as stack:
+
         def make(**backend: Any) -> Services:
             context, svc = over_ssh(tmp_path, redis_server_url, sshd, **backend)
             stack.push(context.__exit__)
@@ -66,8 +67,9 @@ def ssh_services(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> Iterator[
         yield make
 
 
-def test_an_ssh_run_waits_for_a_gpu_with_room_says_so_and_takes_the_one_freed(ssh_services: Any,
-                                                                               tmp_path: Path) -> None:
+def test_an_ssh_run_waits_for_a_gpu_with_room_says_so_and_takes_the_one_freed(
+    ssh_services: Any, tmp_path: Path
+) -> None:
     gpus = FakeGpus(tmp_path / "bin", BUSY)
     svc = ssh_services(env={"PATH": gpus.path}, min_free_gpu_mb=2000, setup_timeout_s=120)
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=SSH_BACKEND)
@@ -81,8 +83,9 @@ def test_an_ssh_run_waits_for_a_gpu_with_room_says_so_and_takes_the_one_freed(ss
     assert waiting in log and f"{ALIAS}: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free" in log
 
 
-def test_an_ssh_run_that_waits_past_setup_timeout_s_fails_naming_the_limit_and_the_fixes(ssh_services: Any,
-                                                                                         tmp_path: Path) -> None:
+def test_an_ssh_run_that_waits_past_setup_timeout_s_fails_naming_the_limit_and_the_fixes(
+    ssh_services: Any, tmp_path: Path
+) -> None:
     svc = ssh_services(env={"PATH": FakeGpus(tmp_path / "bin", BUSY).path}, min_free_gpu_mb=2000, setup_timeout_s=8)
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=SSH_BACKEND)
     run = svc.wait_for(run_id, TERMINAL, 60)
@@ -90,7 +93,8 @@ def test_an_ssh_run_that_waits_past_setup_timeout_s_fails_naming_the_limit_and_t
     assert run["error"] == (
         f"No GPU on {ALIAS} had 2000 MB free within setup_timeout_s (8 s) (at the end: {BEST_BUSY}); the run did not "
         f"start. Fix: free memory on a GPU of {ALIAS}, lower min_free_gpu_mb of backend {SSH_BACKEND}, or raise its "
-        "setup_timeout_s"), run["error"]
+        "setup_timeout_s"
+    ), run["error"]
 
 
 class GpuAgent:
@@ -100,8 +104,16 @@ class GpuAgent:
         self.out = svc.tmp_path / "agent.out"
         env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
         env.update(POTATO_TRAINING_TOKEN=token, PATH=gpus_path)
-        command = AGENT + ["--server", svc.url, "--backend", BACKEND, "--workdir", str(svc.tmp_path / "agent-work"),
-                           "--min-free-gpu-mb", f"{min_free_gpu_mb:g}"]
+        command = AGENT + [
+            "--server",
+            svc.url,
+            "--backend",
+            BACKEND,
+            "--workdir",
+            str(svc.tmp_path / "agent-work"),
+            "--min-free-gpu-mb",
+            f"{min_free_gpu_mb:g}",
+        ]
         with open(self.out, "w") as out:
             self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=svc.tmp_path)
 
@@ -128,14 +140,17 @@ def waiting_agent(svc: Services, gpus: FakeGpus) -> GpuAgent:
 
 
 @pytest.mark.parametrize("agent_backend", [120], indirect=True)
-def test_an_agent_claims_only_once_a_gpu_has_room_and_the_run_says_why_it_waits(agent_backend: Services,
-                                                                                tmp_path: Path) -> None:
+def test_an_agent_claims_only_once_a_gpu_has_room_and_the_run_says_why_it_waits(
+    agent_backend: Services, tmp_path: Path
+) -> None:
     svc, gpus = agent_backend, FakeGpus(tmp_path / "bin", BUSY)
     agent = waiting_agent(svc, gpus)
     try:
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
-        waiting = (f"waiting for the agent on {BACKEND} ({socket.gethostname()}): its GPUs have less than 2000 MB free "
-                   f"(best: {BEST_BUSY})")
+        waiting = (
+            f"waiting for the agent on {BACKEND} ({socket.gethostname()}): its GPUs have less than 2000 MB free "
+            f"(best: {BEST_BUSY})"
+        )
         wait_until(lambda: step_of(svc, run_id) == waiting, 30, "the step line naming the agent's GPUs")
         assert svc.api("GET", f"/runs/{run_id}")[1]["state"] == "queued", "not claimed while no GPU has room"
         gpus.set(FREED)
@@ -144,40 +159,49 @@ def test_an_agent_claims_only_once_a_gpu_has_room_and_the_run_says_why_it_waits(
         assert f"claimed run {run_id}" in agent.output()
         # The GPU that had room is the run's (GPU 0 is still busy): its index, in nvidia-smi's numbering.
         paths = run_paths(svc, run_id)
-        assert "step: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy" in \
-            paths.run_log.read_text()
-        assert "Running majority-baseline on cpu (CUDA_VISIBLE_DEVICES=1, CUDA_DEVICE_ORDER=PCI_BUS_ID)" in \
-            paths.events.read_text()
+        assert (
+            "step: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy"
+            in paths.run_log.read_text()
+        )
+        assert (
+            "Running majority-baseline on cpu (CUDA_VISIBLE_DEVICES=1, CUDA_DEVICE_ORDER=PCI_BUS_ID)"
+            in paths.events.read_text()
+        )
     finally:
         agent.stop()
 
 
 @pytest.mark.parametrize("agent_backend", [6], indirect=True)
-def test_a_run_whose_agent_finds_no_gpu_with_room_within_queue_timeout_s_fails_saying_so(agent_backend: Services,
-                                                                                        tmp_path: Path) -> None:
+def test_a_run_whose_agent_finds_no_gpu_with_room_within_queue_timeout_s_fails_saying_so(
+    agent_backend: Services, tmp_path: Path
+) -> None:
     svc = agent_backend
     agent = waiting_agent(svc, FakeGpus(tmp_path / "bin", BUSY))
     try:
-        run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND),
-                           TERMINAL, 60)
+        run = svc.wait_for(
+            svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60
+        )
         host = socket.gethostname()
         assert run["state"] == "failed"
         assert run["error"] == (
             f"No GPU of the agent on {BACKEND} ({host}) had 2000 MB free within queue_timeout_s (6 s) (at the end: "
             f"{BEST_BUSY}), so it claimed no run. Fix: free memory on a GPU of {host}, start its agent with a lower "
-            f"--min-free-gpu-mb, or raise queue_timeout_s of backend {BACKEND}"), run["error"]
+            f"--min-free-gpu-mb, or raise queue_timeout_s of backend {BACKEND}"
+        ), run["error"]
         assert "claimed run" not in agent.output()
     finally:
         agent.stop()
 
 
 @pytest.mark.parametrize("agent_backend", [120], indirect=True)
-def test_an_agent_asked_to_wait_for_a_gpu_on_a_machine_without_one_does_not_start(agent_backend: Services,
-                                                                                  tmp_path: Path) -> None:
+def test_an_agent_asked_to_wait_for_a_gpu_on_a_machine_without_one_does_not_start(
+    agent_backend: Services, tmp_path: Path
+) -> None:
     empty = tmp_path / "no-gpu-bin"
     empty.mkdir()
     agent = GpuAgent(agent_backend, register(agent_backend), f"{empty}:/usr/local/bin:/usr/bin:/bin", 2000)
     assert agent.proc.wait(60) == EXIT_BAD_SPEC
-    assert ("--min-free-gpu-mb 2000 waits for a GPU, but there is no nvidia-smi on this machine's PATH; fix: start "
-            "the agent without --min-free-gpu-mb to take runs as a CPU machine, or put nvidia-smi on PATH"
-            ) in agent.output()
+    assert (
+        "--min-free-gpu-mb 2000 waits for a GPU, but there is no nvidia-smi on this machine's PATH; fix: start "
+        "the agent without --min-free-gpu-mb to take runs as a CPU machine, or put nvidia-smi on PATH"
+    ) in agent.output()

@@ -37,7 +37,10 @@ TORCH_ARCHS = ["sm_50", "sm_60", "sm_70", "sm_75", "sm_80", "sm_86", "sm_90"]
 def test_nvidia_smi_csv_is_read_and_bad_lines_left_out() -> None:
     gpus = parse_gpus(TWO_GPUS + "2, Tesla K80, [N/A], 11441, [N/A], 3.7\nNo devices were found\n")
     assert [(g.index, g.free_mb, g.utilization_pct, g.compute_cap) for g in gpus] == [
-        (0, 1200.0, 97.0, "8.0"), (1, 70000.0, 3.0, "8.0"), (2, None, None, "3.7")], "a GPU nvidia-smi cannot size stays"
+        (0, 1200.0, 97.0, "8.0"),
+        (1, 70000.0, 3.0, "8.0"),
+        (2, None, None, "3.7"),
+    ], "a GPU nvidia-smi cannot size stays"
     assert parse_gpus("") == []
 
 
@@ -77,15 +80,18 @@ def test_a_gpu_the_hosts_torch_has_no_kernels_for_is_marked_and_skipped() -> Non
         choose("0", mixed, 2000, TORCH_ARCHS)
 
 
-@pytest.mark.parametrize(("cap", "archs", "runs"), [
-    ("8.6", ["sm_80"], True),          # same major, older minor: the cubin runs
-    ("8.0", ["sm_86"], False),         # a newer minor's cubin does not
-    ("9.0", ["sm_80", "compute_80"], True),  # PTX is compiled for newer GPUs
-    ("9.0", ["sm_80"], False),
-    ("9.0", ["sm_90a"], True),
-    ("12.0", ["sm_120"], True),
-    ("8.0", [], True),                 # no arch list (no torch there yet): torch will say
-])
+@pytest.mark.parametrize(
+    ("cap", "archs", "runs"),
+    [
+        ("8.6", ["sm_80"], True),  # same major, older minor: the cubin runs
+        ("8.0", ["sm_86"], False),  # a newer minor's cubin does not
+        ("9.0", ["sm_80", "compute_80"], True),  # PTX is compiled for newer GPUs
+        ("9.0", ["sm_80"], False),
+        ("9.0", ["sm_90a"], True),
+        ("12.0", ["sm_120"], True),
+        ("8.0", [], True),  # no arch list (no torch there yet): torch will say
+    ],
+)
 def test_kernel_support_follows_cudas_compatibility_rules(cap: str, archs: list[str], runs: bool) -> None:
     gpu = parse_gpus(f"0, GPU, 1000, 2000, 0, {cap}\n")[0]
     assert has_kernels(gpu, archs) is runs
@@ -95,27 +101,37 @@ def test_no_gpu_with_min_free_mb_now_is_a_wait_that_says_what_it_sees() -> None:
     with pytest.raises(GpuBusy) as busy:
         choose("auto", parse_gpus(TWO_GPUS), 80000, TORCH_ARCHS)
     assert ssh_wait_line(busy.value.wait, "gpu-test") == (
-        "waiting for a GPU with 80000 MB free on gpu-test (best now: GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free)")
+        "waiting for a GPU with 80000 MB free on gpu-test (best now: GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free)"
+    )
     assert ssh_wait_expired(busy.value.wait, "gpu-test", "gpu-server", 30) == (
         "No GPU on gpu-test had 80000 MB free within setup_timeout_s (30 s) (at the end: GPU 1: NVIDIA A100-SXM4-80GB, "
         "70000 of 81920 MB free); the run did not start. Fix: free memory on a GPU of gpu-test, lower min_free_gpu_mb "
-        "of backend gpu-server, or raise its setup_timeout_s")
+        "of backend gpu-server, or raise its setup_timeout_s"
+    )
 
 
 def test_a_pinned_gpu_without_min_free_mb_is_waited_for() -> None:
-    with pytest.raises(GpuBusy, match=r"^gpus: 0,1 asks for GPU 0, which has 1200 of 81920 MB free, less than "
-                                      r"min_free_gpu_mb \(2000\)$") as busy:
+    with pytest.raises(
+        GpuBusy,
+        match=r"^gpus: 0,1 asks for GPU 0, which has 1200 of 81920 MB free, less than "
+        r"min_free_gpu_mb \(2000\)$",
+    ) as busy:
         choose("0,1", parse_gpus(TWO_GPUS), 2000, TORCH_ARCHS)
     assert ssh_wait_line(busy.value.wait, "gpu-test") == (
-        "waiting for GPU 0,1 on gpu-test to have 2000 MB free (now: GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free)")
+        "waiting for GPU 0,1 on gpu-test to have 2000 MB free (now: GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free)"
+    )
     assert ssh_wait_expired(busy.value.wait, "gpu-test", "b", 5).startswith(
-        "GPU 0,1 on gpu-test did not have 2000 MB free within setup_timeout_s (5 s)")
+        "GPU 0,1 on gpu-test did not have 2000 MB free within setup_timeout_s (5 s)"
+    )
 
 
 def test_what_waiting_cannot_fix_is_refused_at_once() -> None:
     for setting in ("auto", "1"):  # no GPU there has 90000 MB at all
-        with pytest.raises(GpuRefused, match=r"^min_free_gpu_mb \(90000\) is more than any GPU on gpu has: the "
-                                             r"largest, GPU \d, has 81920 MB$") as refused:
+        with pytest.raises(
+            GpuRefused,
+            match=r"^min_free_gpu_mb \(90000\) is more than any GPU on gpu has: the "
+            r"largest, GPU \d, has 81920 MB$",
+        ) as refused:
             choose(setting, parse_gpus(TWO_GPUS), 90000, TORCH_ARCHS, host="gpu")
         assert not isinstance(refused.value, GpuBusy)
     for setting, message in (("3", "asks for GPU 3"), ("auto", "no kernels")):
@@ -154,31 +170,36 @@ def test_an_agent_that_could_never_claim_does_not_start() -> None:
     assert agent_gpu_problem(True, gpus, 2000) is None
     assert agent_gpu_problem(False, [], 2000) == (
         "--min-free-gpu-mb 2000 waits for a GPU, but there is no nvidia-smi on this machine's PATH; fix: start the "
-        "agent without --min-free-gpu-mb to take runs as a CPU machine, or put nvidia-smi on PATH")
+        "agent without --min-free-gpu-mb to take runs as a CPU machine, or put nvidia-smi on PATH"
+    )
     assert "nvidia-smi shows none this agent can use" in (agent_gpu_problem(True, [], 2000) or "")
     assert (agent_gpu_problem(True, gpus, 90000) or "").startswith(
-        "--min-free-gpu-mb 90000 is more than any GPU here has: the largest, GPU 0, has 81920 MB")
+        "--min-free-gpu-mb 90000 is more than any GPU here has: the largest, GPU 0, has 81920 MB"
+    )
 
 
 def test_the_agent_wait_line_and_its_expiry_name_the_agent_its_best_gpu_and_the_fixes() -> None:
     wait = GpuWait(2000, parse_gpus("0, NVIDIA RTX A5000, 1200, 24000, 90, 8.6\n")[0])
     assert agent_wait_line("lab", "ws-1", wait) == (
         "waiting for the agent on lab (ws-1): its GPUs have less than 2000 MB free "
-        "(best: GPU 0: NVIDIA RTX A5000, 1200 of 24000 MB free)")
+        "(best: GPU 0: NVIDIA RTX A5000, 1200 of 24000 MB free)"
+    )
     assert agent_wait_expired("lab", "ws-1", wait, 30) == (
         "No GPU of the agent on lab (ws-1) had 2000 MB free within queue_timeout_s (30 s) (at the end: GPU 0: NVIDIA "
         "RTX A5000, 1200 of 24000 MB free), so it claimed no run. Fix: free memory on a GPU of ws-1, start its agent "
-        "with a lower --min-free-gpu-mb, or raise queue_timeout_s of backend lab")
+        "with a lower --min-free-gpu-mb, or raise queue_timeout_s of backend lab"
+    )
     assert agent_wait_line("lab", "ws-1", GpuWait(2000, None)).endswith("(best: nvidia-smi shows no GPU)")
 
 
 def test_a_claiming_agent_gives_its_run_the_gpu_with_most_room_and_without_a_minimum_none() -> None:
-    gpus = parse_gpus("0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0\n")
+    gpus = parse_gpus(
+        "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0\n"
+    )
     choice = agent_pick(gpus, 2000)
     assert choice is not None and choice.visible_devices == "1"
     assert choice.line == "the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy"
     assert agent_pick(gpus, 0) is None, "no --min-free-gpu-mb: the agent's own CUDA_VISIBLE_DEVICES holds"
-
 
 
 # -- GPUs as real machines print them ------------------------------------------------------------------------------
@@ -207,7 +228,12 @@ def test_nvidia_smi_rows_with_n_a_not_supported_mig_and_missing_fields_are_all_r
     assert (plain.free_mb, plain.total_mb, plain.utilization_pct, plain.mig) == (70000.0, 81920.0, 3.0, False)
     [spark] = parse_gpus(GB10)
     assert (spark.free_mb, spark.total_mb, spark.utilization_pct, spark.compute_cap, spark.mig) == (
-        None, None, 0.0, "12.1", False)
+        None,
+        None,
+        0.0,
+        "12.1",
+        False,
+    )
     [old] = parse_gpus(OLD_DRIVER)
     assert (old.free_mb, old.utilization_pct, old.compute_cap, old.free_text) == (None, None, None, "[Not Supported]")
     # An older query's rows: no MIG mode, or no compute capability either.
@@ -222,7 +248,10 @@ def test_a_gpu_whose_free_memory_is_unknown_is_described_as_such_and_mig_named_a
     # Some drivers do report a MIG GPU's memory (github.com/utkuozdemir/nvidia_gpu_exporter/issues/203): all its
     # instances' together, none of which a run gets whole.
     reported = parse_gpus("0, NVIDIA A800-SXM4-80GB, 45383, 81920, [N/A], 8.0, Enabled\n")[0]
-    assert describe(reported) == "GPU 0: NVIDIA A800-SXM4-80GB, 45383 of 81920 MB free, MIG is on: its MIG instances' together"
+    assert (
+        describe(reported)
+        == "GPU 0: NVIDIA A800-SXM4-80GB, 45383 of 81920 MB free, MIG is on: its MIG instances' together"
+    )
 
 
 def test_auto_with_a_minimum_takes_only_a_gpu_whose_free_memory_it_can_check() -> None:
@@ -233,14 +262,19 @@ def test_auto_with_a_minimum_takes_only_a_gpu_whose_free_memory_it_can_check() -
     assert str(refused.value) == (
         "min_free_gpu_mb (2000) cannot be checked on gpu: nvidia-smi reports no free memory for its GPUs (a GPU with "
         "MIG on has its memory split among its MIG instances) (GPU 0: NVIDIA A100-SXM4-80GB, free memory not "
-        "reported, as MIG is on). Fix: pin a GPU with the backend's gpus, like gpus: \"0\" (a pinned GPU whose free "
-        "memory is unknown is taken unchecked), or set min_free_gpu_mb: 0")
+        'reported, as MIG is on). Fix: pin a GPU with the backend\'s gpus, like gpus: "0" (a pinned GPU whose free '
+        "memory is unknown is taken unchecked), or set min_free_gpu_mb: 0"
+    )
     with pytest.raises(GpuRefused, match=r"free memory unknown \(\[N/A\]\)\)\. Fix: pin a GPU"):
         choose("auto", parse_gpus(GB10), 2000, ["sm_120"])
     assert choose("auto", parse_gpus(MIG_ONLY), 0, TORCH_ARCHS).line == (
-        "the run gets GPU 0: NVIDIA A100-SXM4-80GB, free memory not reported, as MIG is on"), "no minimum: no check"
-    with pytest.raises(GpuBusy, match=r"^No GPU has 80000 MB free \(GPU 0 not counted: free memory not reported, "
-                                      r"as MIG is on\)$") as busy:
+        "the run gets GPU 0: NVIDIA A100-SXM4-80GB, free memory not reported, as MIG is on"
+    ), "no minimum: no check"
+    with pytest.raises(
+        GpuBusy,
+        match=r"^No GPU has 80000 MB free \(GPU 0 not counted: free memory not reported, "
+        r"as MIG is on\)$",
+    ) as busy:
         choose("auto", parse_gpus(MIG_HOST), 80000, TORCH_ARCHS)
     assert busy.value.wait.best == parse_gpus(MIG_HOST)[1], "the wait watches the GPU it can size"
 
@@ -248,8 +282,10 @@ def test_auto_with_a_minimum_takes_only_a_gpu_whose_free_memory_it_can_check() -
 def test_a_pinned_gpu_whose_free_memory_is_unknown_is_taken_saying_the_minimum_was_not_checked() -> None:
     choice = choose("0", parse_gpus(MIG_HOST), 2000, TORCH_ARCHS)
     assert (choice.visible_devices, choice.device) == ("0", "cuda")
-    assert choice.line == ("the run gets GPU 0: NVIDIA A100-SXM4-80GB, free memory not reported, as MIG is on "
-                           "(min_free_gpu_mb not checked on GPU 0: its free memory is unknown)")
+    assert choice.line == (
+        "the run gets GPU 0: NVIDIA A100-SXM4-80GB, free memory not reported, as MIG is on "
+        "(min_free_gpu_mb not checked on GPU 0: its free memory is unknown)"
+    )
     assert choose("0", parse_gpus(MIG_HOST), 0, TORCH_ARCHS).line.endswith("as MIG is on")
     with pytest.raises(GpuBusy, match=r"^gpus: 0,1 asks for GPU 1, which has 70000 of 81920 MB free, less than"):
         choose("0,1", parse_gpus(MIG_HOST), 75000, TORCH_ARCHS)
@@ -268,6 +304,7 @@ def test_an_agent_counts_only_gpus_it_can_size_and_one_with_none_does_not_start_
         "--min-free-gpu-mb 2000 waits for free GPU memory, but nvidia-smi reports none here (GPU 0: NVIDIA "
         "A100-SXM4-80GB, free memory not reported, as MIG is on); fix: start the agent without --min-free-gpu-mb: its "
         "runs then get the GPUs CUDA_VISIBLE_DEVICES gives it, unchecked; to give its runs one MIG instance, start it "
-        "with CUDA_VISIBLE_DEVICES=MIG-<uuid> (nvidia-smi -L lists them)")
+        "with CUDA_VISIBLE_DEVICES=MIG-<uuid> (nvidia-smi -L lists them)"
+    )
     assert "MIG-<uuid>" not in (agent_gpu_problem(True, parse_gpus(GB10), 2000) or "MIG-<uuid>")
     assert agent_gpu_problem(True, gpus, 2000) is None and agent_gpu_problem(True, parse_gpus(MIG_ONLY), 0) is None

@@ -43,14 +43,23 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
-def test_the_agent_and_the_worker_get_an_allow_listed_environment(tmp_path: Path, redis_server_url: str,
-                                                                  tiny_model: Path) -> None:
-    secrets = {"POTATO_ADMIN_API_KEY": "admin-key-123456", "MY_SERVICE_TOKEN": "t0k3n", "DB_PASSWORD": "pw",
-               "HF_TOKEN": "hf_secret", "SOMETHING_ELSE": "x"}
+def test_the_agent_and_the_worker_get_an_allow_listed_environment(
+    tmp_path: Path, redis_server_url: str, tiny_model: Path
+) -> None:
+    secrets = {
+        "POTATO_ADMIN_API_KEY": "admin-key-123456",
+        "MY_SERVICE_TOKEN": "t0k3n",
+        "DB_PASSWORD": "pw",
+        "HF_TOKEN": "hf_secret",
+        "SOMETHING_ELSE": "x",
+    }
     with started(tmp_path, redis_server_url, executors=0, grace_seconds=2) as svc:
         svc.executor(env=secrets)
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+        run_id = svc.start_run(
+            trainer="hf-text-classification",
+            schemas=["sentiment"],
+            params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
+        )
         wait_running(svc, run_id)
         agent = agent_pid(run_paths(svc, run_id).dir)
         run_processes = [p for p in pids() if session_of(p) == agent]
@@ -71,21 +80,26 @@ def test_everything_a_run_writes_is_this_accounts_only(tmp_path: Path, redis_ser
         training = svc.config.parent / "annotation_output" / "training"
         found = {p: p.stat().st_mode & 0o777 for p in [training, *training.rglob("*")]}
     assert any(p.name == "bundle.tar.gz" for p in found) and any(p.parent.name == "artifacts" for p in found)
-    wrong = {str(p.relative_to(training)): oct(mode) for p, mode in found.items()
-             if mode != (0o700 if p.is_dir() else 0o600)}
+    wrong = {
+        str(p.relative_to(training)): oct(mode) for p, mode in found.items() if mode != (0o700 if p.is_dir() else 0o600)
+    }
     assert wrong == {}, wrong
 
 
 def test_a_run_folder_that_stops_taking_writes_ends_the_run_and_disk_catches_up(
-        tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    tmp_path: Path, redis_server_url: str, tiny_model: Path
+) -> None:
     """chattr +i (root, ext4): the run folder takes no new file, as a full disk or a read-only remount."""
     import json
     import subprocess
     import time
 
     with started(tmp_path, redis_server_url, grace_seconds=2) as svc:
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": str(tiny_model), "epochs": 6, "batch_size": 8})
+        run_id = svc.start_run(
+            trainer="hf-text-classification",
+            schemas=["sentiment"],
+            params={"model_name": str(tiny_model), "epochs": 6, "batch_size": 8},
+        )
         wait_running(svc, run_id)
         folder = run_paths(svc, run_id).dir
         subprocess.run(["chattr", "+i", str(folder)], check=True)

@@ -33,16 +33,32 @@ class Said:
 
 
 def settings(**changed: Any) -> HFSettings:
-    fields: dict[str, Any] = {"model_name": "org/model", "epochs": 2, "learning_rate": 5e-5, "batch_size": 4,
-                              "max_length": 256, "lora": None, "seed": 0, "weight_decay": 0.01, "warmup_ratio": 0.06,
-                              "log_every": 0}
+    fields: dict[str, Any] = {
+        "model_name": "org/model",
+        "epochs": 2,
+        "learning_rate": 5e-5,
+        "batch_size": 4,
+        "max_length": 256,
+        "lora": None,
+        "seed": 0,
+        "weight_decay": 0.01,
+        "warmup_ratio": 0.06,
+        "log_every": 0,
+    }
     return HFSettings(**{**fields, **changed})
 
 
 def context(tmp_path: Path, main_rank: bool = True) -> Any:
     schemas = [SimpleNamespace(name="sentiment", kind=None), SimpleNamespace(name="my topics", kind="multilabel")]
-    return SimpleNamespace(main_rank=main_rank, workdir=str(tmp_path), device="cpu", rank=None, schemas=schemas,
-                           spec=SimpleNamespace(run_id="20250101T000000-abc123"), reporter=Said())
+    return SimpleNamespace(
+        main_rank=main_rank,
+        workdir=str(tmp_path),
+        device="cpu",
+        rank=None,
+        schemas=schemas,
+        spec=SimpleNamespace(run_id="20250101T000000-abc123"),
+        reporter=Said(),
+    )
 
 
 def test_the_card_and_the_result_of_a_fit(tmp_path: Path) -> None:
@@ -62,7 +78,8 @@ def test_the_card_and_the_result_of_a_fit(tmp_path: Path) -> None:
     assert written["settings"]["max_length"] == 64 and written["device"] == "cpu"
     assert written["schemas"] == {
         "sentiment": {"folder": "sentiment", "kind": "nominal", "label_order": ["neg", "pos"], "n_train": 10},
-        "my topics": {"folder": "my_topics", "kind": "multilabel", "n_train": 3}}
+        "my topics": {"folder": "my_topics", "kind": "multilabel", "n_train": 3},
+    }
 
 
 def test_only_rank_0_writes_the_card_and_the_models(tmp_path: Path) -> None:
@@ -76,14 +93,18 @@ def test_only_rank_0_writes_the_card_and_the_models(tmp_path: Path) -> None:
     assert saved == [str(tmp_path / "my_topics")] * 2  # the model, then its tokenizer
 
 
-@pytest.mark.parametrize(("lora", "peft"), [(None, False), (False, False), ("false", False), (0, False), (True, True),
-                                            ({"r": 4}, True)])
+@pytest.mark.parametrize(
+    ("lora", "peft"), [(None, False), (False, False), ("false", False), (0, False), (True, True), ({"r": 4}, True)]
+)
 def test_peft_is_required_with_lora_on(lora: Any, peft: bool) -> None:
-    assert with_peft(("torch", "transformers"), {"lora": lora}) == ["torch", "transformers"] + (["peft"] if peft else [])
+    assert with_peft(("torch", "transformers"), {"lora": lora}) == ["torch", "transformers"] + (
+        ["peft"] if peft else []
+    )
 
 
 def test_a_model_path_that_is_no_folder_is_a_problem_and_a_local_one_loads_offline(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     for name in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
         monkeypatch.setenv(name, "1")  # no probe of the hub; check_model sets them again, restored after
     said = Said()
@@ -109,12 +130,15 @@ def test_the_steps_of_a_fit_are_every_epochs_batches_of_every_scheme(tmp_path: P
     assert Steps.for_fit(ctx, settings(epochs=3, batch_size=4), [9, 8]).total == 15
 
 
-@pytest.mark.parametrize(("positions", "tokenizer_says", "limit"), [
-    (512, 10**30, 512),  # a tokenizer never told its model's length
-    (514, 512, 512),  # RoBERTa: two rows of its table are not positions
-    (None, 4096, 4096),
-    (None, None, None),
-])
+@pytest.mark.parametrize(
+    ("positions", "tokenizer_says", "limit"),
+    [
+        (512, 10**30, 512),  # a tokenizer never told its model's length
+        (514, 512, 512),  # RoBERTa: two rows of its table are not positions
+        (None, 4096, 4096),
+        (None, None, None),
+    ],
+)
 def test_the_most_tokens_a_model_takes(positions: int | None, tokenizer_says: int | None, limit: int | None) -> None:
     model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=positions))
     assert position_limit(SimpleNamespace(model_max_length=tokenizer_says), model) == limit
@@ -126,7 +150,8 @@ def test_a_max_length_past_the_models_positions_is_lowered_saying_so(tmp_path: P
     run = settings(max_length=1024)
     fit_max_length(ctx, run, tokenizer, model)
     assert run.max_length == 512
-    assert ctx.reporter.lines == [("warning", "params.max_length 1024 is more than org/model takes: lowered to its "
-                                              "512 tokens")]
+    assert ctx.reporter.lines == [
+        ("warning", "params.max_length 1024 is more than org/model takes: lowered to its 512 tokens")
+    ]
     fit_max_length(ctx, run, tokenizer, model)  # within the limit: nothing to say
     assert len(ctx.reporter.lines) == 1

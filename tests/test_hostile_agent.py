@@ -26,8 +26,12 @@ SMALL_BYTES = 64 << 10  # a run's record or the listing of one run: a few KB whe
 
 def agent_post(svc: Services, path: str, token: str, body: Any) -> tuple[int, Any]:
     """POST to the agent protocol with a bearer token: (status, the reply's JSON)."""
-    request = urllib.request.Request(f"{svc.url}{AGENT_API}{path}", data=json.dumps(body).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+    request = urllib.request.Request(
+        f"{svc.url}{AGENT_API}{path}",
+        data=json.dumps(body).encode(),
+        method="POST",
+        headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"},
+    )
     try:
         with urllib.request.urlopen(request, timeout=120) as reply:
             return reply.status, json.loads(reply.read())
@@ -47,7 +51,8 @@ def claim(svc: Services, backend_token: str) -> tuple[str, str]:
 
 
 def test_eight_mb_metrics_leave_the_record_and_the_listing_small_and_cost_no_other_event(
-        tmp_path: Path, redis_server_url: str) -> None:
+    tmp_path: Path, redis_server_url: str
+) -> None:
     huge = "x" * EIGHT_MB
     with started(tmp_path, redis_server_url, executors=1, **lab(heartbeat_timeout_s=120)) as svc:
         backend_token = register(svc)
@@ -55,10 +60,12 @@ def test_eight_mb_metrics_leave_the_record_and_the_listing_small_and_cost_no_oth
         claimed, token = claim(svc, backend_token)
         assert claimed == run_id
         for batch in range(12):
-            events = [{"v": 1, "event": "status", "t": 1, "state": "running", "step": f"epoch {batch}"},
-                      {"v": 1, "event": "metric", "t": 1, "split": "val", "name": f"huge{batch}", "value": huge},
-                      {"v": 1, "event": "metric", "t": 1, "split": "val", "name": "loss", "value": batch, "step": batch},
-                      {"v": 1, "event": "log", "t": 1, "level": "warning", "msg": f"batch {batch} sent"}]
+            events = [
+                {"v": 1, "event": "status", "t": 1, "state": "running", "step": f"epoch {batch}"},
+                {"v": 1, "event": "metric", "t": 1, "split": "val", "name": f"huge{batch}", "value": huge},
+                {"v": 1, "event": "metric", "t": 1, "split": "val", "name": "loss", "value": batch, "step": batch},
+                {"v": 1, "event": "log", "t": 1, "level": "warning", "msg": f"batch {batch} sent"},
+            ]
             if batch == 11:
                 events.append({"v": 1, "event": "status", "t": 1, "state": "running", "step": huge})
                 events.append({"v": 1, "event": "error", "t": 1, "code": "boom", "message": huge})
@@ -70,12 +77,16 @@ def test_eight_mb_metrics_leave_the_record_and_the_listing_small_and_cost_no_oth
         status, listing = svc.api("GET", "/runs")
         assert status == 200 and len(json.dumps(listing)) < SMALL_BYTES
         assert run["metrics"] == {"val/loss": 11}, "the huge metrics are left out; the batches' others all count"
-        assert run["step"].startswith("xxx") and run["step"].endswith(f"({EIGHT_MB - MAX_LIVE_TEXT_CHARS} more characters)")
+        assert run["step"].startswith("xxx") and run["step"].endswith(
+            f"({EIGHT_MB - MAX_LIVE_TEXT_CHARS} more characters)"
+        )
         assert len(run["error"]) < 2 * MAX_LIVE_TEXT_CHARS
         status, events = svc.api("GET", f"/runs/{run_id}/events")
         assert [e["value"] for e in events if e["event"] == "metric"] == list(range(12))
         assert len(json.dumps(events)) < 4 * EIGHT_MB, "the page reads these: the huge metrics are not among them"
         log = run_paths(svc, run_id).run_log.read_text()
         assert log.count("[warning] batch ") == 12
-        assert ("warning: 1 metric event(s) of a batch were not recorded: metric 'val/huge0': its value is text of "
-                f"{EIGHT_MB} characters; fix: report a metric as a number, or as text of at most 200 characters") in log
+        assert (
+            "warning: 1 metric event(s) of a batch were not recorded: metric 'val/huge0': its value is text of "
+            f"{EIGHT_MB} characters; fix: report a metric as a number, or as text of at most 200 characters"
+        ) in log

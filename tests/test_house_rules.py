@@ -45,10 +45,18 @@ def test_bare_packages_exist() -> None:
 @pytest.mark.parametrize("path", bare_files(), ids=lambda p: str(p.relative_to(ROOT)))
 def test_stdlib_only_at_module_level(path: Path) -> None:
     foreign = [
-        m for m in module_level_imports(path)
+        m
+        for m in module_level_imports(path)
         if m.split(".")[0] not in STDLIB
-        and not m.startswith(("potato_queue.wire", "potato_queue.agent", "potato_queue.host", "potato_queue.worker",
-                              "potato_queue.trainers"))
+        and not m.startswith(
+            (
+                "potato_queue.wire",
+                "potato_queue.agent",
+                "potato_queue.host",
+                "potato_queue.worker",
+                "potato_queue.trainers",
+            )
+        )
     ]
     assert foreign == [], f"{path} imports {foreign} at module level; agent/ and worker/ run on bare hosts"
 
@@ -70,17 +78,27 @@ def test_the_ssh_first_stage_imports_nothing_of_ours_at_module_level() -> None:
 
 # What each bare package may import of the others (beyond wire/): the agent starts the worker and runs the
 # host scripts' GPU choice; the worker and the host scripts import neither it nor each other.
-BARE_MAY_IMPORT = {"agent": ("potato_queue.host", "potato_queue.worker"), "host": (), "worker": ("potato_queue.trainers",)}
+BARE_MAY_IMPORT = {
+    "agent": ("potato_queue.host", "potato_queue.worker"),
+    "host": (),
+    "worker": ("potato_queue.trainers",),
+}
 
 
 @pytest.mark.parametrize("package", sorted(BARE_MAY_IMPORT))
 def test_the_bare_packages_import_one_way(package: str) -> None:
     others = tuple(f"potato_queue.{name}" for name in BARE_MAY_IMPORT if name != package)
-    bad = sorted({f"{path.relative_to(ROOT / 'potato_queue').as_posix()}: {m}"
-                  for path in (ROOT / "potato_queue" / package).rglob("*.py")
-                  for m in all_imports(path, ".".join(("potato_queue", package, *path.relative_to(
-                      ROOT / "potato_queue" / package).parent.parts)))
-                  if m.startswith(others) and not m.startswith(BARE_MAY_IMPORT[package])})
+    bad = sorted(
+        {
+            f"{path.relative_to(ROOT / 'potato_queue').as_posix()}: {m}"
+            for path in (ROOT / "potato_queue" / package).rglob("*.py")
+            for m in all_imports(
+                path,
+                ".".join(("potato_queue", package, *path.relative_to(ROOT / "potato_queue" / package).parent.parts)),
+            )
+            if m.startswith(others) and not m.startswith(BARE_MAY_IMPORT[package])
+        }
+    )
     assert bad == [], f"{package}/ imports what imports it back or a sibling: {bad}"
 
 
@@ -93,9 +111,18 @@ def test_scanner_catches_a_foreign_import(tmp_path: Path) -> None:
 def test_vermin_says_python_38_is_enough() -> None:
     vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
     proc = subprocess.run(
-        [vermin, "--no-tips", "--target=3.8-", "--violations", "--eval-annotations", "--backport", "typing",
-         *map(str, BARE)],
-        capture_output=True, text=True,
+        [
+            vermin,
+            "--no-tips",
+            "--target=3.8-",
+            "--violations",
+            "--eval-annotations",
+            "--backport",
+            "typing",
+            *map(str, BARE),
+        ],
+        capture_output=True,
+        text=True,
     )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
@@ -103,8 +130,11 @@ def test_vermin_says_python_38_is_enough() -> None:
 def test_the_trainers_run_on_python_38_too() -> None:
     """Their annotations are never evaluated (from __future__ import annotations), so only the code counts."""
     vermin = shutil.which("vermin") or str(Path(sys.executable).parent / "vermin")
-    proc = subprocess.run([vermin, "--no-tips", "--target=3.8-", "--violations", "--backport", "typing", str(TRAINERS)],
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [vermin, "--no-tips", "--target=3.8-", "--violations", "--backport", "typing", str(TRAINERS)],
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
@@ -120,18 +150,36 @@ def test_the_served_code_is_the_bare_packages_and_is_the_same_each_time() -> Non
         names = set(archive.namelist())
     expected = {f"potato_queue/{p.relative_to(ROOT / 'potato_queue').as_posix()}" for p in bare_files()}
     assert expected <= names and "__main__.py" in names
-    assert not [n for n in names if n.startswith(("potato_queue/server", "potato_queue/executors", "potato_queue/config"))]
+    assert not [
+        n for n in names if n.startswith(("potato_queue/server", "potato_queue/executors", "potato_queue/config"))
+    ]
 
 
 # ---------------------------------------------------------------- what each part may import
 
 PACKAGE = ROOT / "potato_queue"
 HEAVY = ("celery", "kombu", "fastapi", "starlette", "uvicorn", "torch", "transformers", "peft", "sklearn")
-CORE = ["config.py", "validate.py", "run.py", "store", "bounds.py", "bundle", "runs/finalize.py", "runs/gate.py",
-        "insight"]
-NOT_FOR_THE_CORE = ("potato_queue.executors", "potato_queue.server", "potato_queue.processes", "potato_queue.agent",
-                    "potato_queue.host", "potato_queue.worker",
-                    "potato_queue.runs.lifecycle", "potato_queue.runs.dispatch")
+CORE = [
+    "config.py",
+    "validate.py",
+    "run.py",
+    "store",
+    "bounds.py",
+    "bundle",
+    "runs/finalize.py",
+    "runs/gate.py",
+    "insight",
+]
+NOT_FOR_THE_CORE = (
+    "potato_queue.executors",
+    "potato_queue.server",
+    "potato_queue.processes",
+    "potato_queue.agent",
+    "potato_queue.host",
+    "potato_queue.worker",
+    "potato_queue.runs.lifecycle",
+    "potato_queue.runs.dispatch",
+)
 
 
 def all_imports(path: Path, package: str | None = None) -> list[str]:
@@ -143,7 +191,7 @@ def all_imports(path: Path, package: str | None = None) -> list[str]:
         if isinstance(node, ast.Import):
             found += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
-            base = parts[:len(parts) - node.level + 1] if node.level else []
+            base = parts[: len(parts) - node.level + 1] if node.level else []
             found.append(".".join((*base, node.module)))
     return found
 
@@ -170,15 +218,19 @@ def test_there_is_an_executor_module_per_runnable_backend_type() -> None:
 @pytest.mark.parametrize("path", executor_modules(), ids=lambda p: p.name)
 def test_an_executor_imports_no_celery_fastapi_torch_nor_another_executor(path: Path) -> None:
     others = {f"potato_queue.executors.{p.stem}" for p in executor_modules()} - {f"potato_queue.executors.{path.stem}"}
-    bad = [m for m in all_imports(path) if m.split(".")[0] in HEAVY or m in others
-           or m.startswith(("potato_queue.server", "potato_queue.processes", "potato_queue.runs"))]
+    bad = [
+        m
+        for m in all_imports(path)
+        if m.split(".")[0] in HEAVY
+        or m in others
+        or m.startswith(("potato_queue.server", "potato_queue.processes", "potato_queue.runs"))
+    ]
     assert bad == [], f"{path.name} imports {bad}; executors/ is the plug-in boundary"
 
 
 @pytest.mark.parametrize("path", _files(*CORE), ids=lambda p: str(p.relative_to(PACKAGE)))
 def test_the_core_imports_no_executor_server_tasks_or_agent(path: Path) -> None:
-    bad = [m for m in all_imports(path) if m.startswith(NOT_FOR_THE_CORE)
-           or m.split(".")[0] in HEAVY]
+    bad = [m for m in all_imports(path) if m.startswith(NOT_FOR_THE_CORE) or m.split(".")[0] in HEAVY]
     assert bad == [], f"{path.relative_to(PACKAGE)} imports {bad}"
 
 
@@ -192,7 +244,11 @@ def test_the_store_imports_nothing_of_a_runs_life(path: Path) -> None:
 def test_the_import_scanner_sees_function_level_and_relative_imports(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
     probe.write_text("def f():\n    import torch\n    from .local import LocalExecutor\n    from ..store import X\n")
-    assert all_imports(probe, "potato_queue.executors") == ["torch", "potato_queue.executors.local", "potato_queue.store"]
+    assert all_imports(probe, "potato_queue.executors") == [
+        "torch",
+        "potato_queue.executors.local",
+        "potato_queue.store",
+    ]
 
 
 # ---------------------------------------------------------------- sizes
@@ -206,18 +262,25 @@ def package_files() -> list[Path]:
 
 
 def test_no_module_is_over_400_lines() -> None:
-    long = {str(p.relative_to(ROOT)): n for p in package_files() if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES}
+    long = {
+        str(p.relative_to(ROOT)): n
+        for p in package_files()
+        if (n := len(p.read_text().splitlines())) > MAX_MODULE_LINES
+    }
     assert long == {}, f"split these by what they do: {long}"
 
 
 def test_the_routes_raise_the_cores_errors_never_an_http_exception() -> None:
     """One table maps the core's errors to HTTP statuses (server/guard.py STATUS_OF_ERROR); a route that raised
     its own HTTPException would choose a status beside it, with a body of another shape."""
-    found = [f"{path.relative_to(PACKAGE)}:{node.lineno}" for path in sorted((PACKAGE / "server").rglob("*.py"))
-             for node in ast.walk(ast.parse(path.read_text()))
-             if (isinstance(node, ast.Name) and node.id == "HTTPException")
-             or (isinstance(node, ast.alias) and node.name.endswith("HTTPException"))
-             or (isinstance(node, ast.Attribute) and node.attr == "HTTPException")]
+    found = [
+        f"{path.relative_to(PACKAGE)}:{node.lineno}"
+        for path in sorted((PACKAGE / "server").rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text()))
+        if (isinstance(node, ast.Name) and node.id == "HTTPException")
+        or (isinstance(node, ast.alias) and node.name.endswith("HTTPException"))
+        or (isinstance(node, ast.Attribute) and node.attr == "HTTPException")
+    ]
     assert found == [], f"raise a potato_queue.errors error instead (its status is in guard.py): {found}"
 
 
@@ -250,6 +313,7 @@ def test_no_function_is_over_60_lines() -> None:
 
 # ---------------------------------------------------------------- the import graph
 
+
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(ROOT).with_suffix("").parts)
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
@@ -273,7 +337,7 @@ def import_graph() -> tuple[dict[str, set[str]], list[tuple[str, str, str]]]:
             if isinstance(node, ast.Import):
                 targets |= {owner(a.name) for a in node.names if a.name.startswith("potato_queue")}
             elif isinstance(node, ast.ImportFrom):
-                base = package[:len(package) - node.level + 1] if node.level else []
+                base = package[: len(package) - node.level + 1] if node.level else []
                 source = ".".join([*base, node.module] if node.module else base)
                 if not source.startswith("potato_queue"):
                     continue
@@ -311,8 +375,8 @@ def import_cycles(edges: dict[str, set[str]]) -> list[list[str]]:
             elif nxt in stack:
                 low[node] = min(low[node], index[nxt])
         if low[node] == index[node]:
-            component = stack[stack.index(node):]
-            del stack[stack.index(node):]
+            component = stack[stack.index(node) :]
+            del stack[stack.index(node) :]
             if len(component) > 1:
                 cycles.append(sorted(component))
 
@@ -341,7 +405,16 @@ def test_no_private_name_is_imported_from_another_module() -> None:
 RUN_STATE_TEXTS = {"queued", "starting", "collecting", "succeeded", "failed", "cancelled", "broken"}
 # Where a run state's text may be spelled: its definition, and the standard-library parts that speak other
 # protocols (a worker's status, SLURM's, Potato's) and cannot import it.
-STATE_TEXT_ALLOWED = ("run.py", "wire/", "agent/", "host/", "worker/", "trainers/", "store/potato_ledger.py", "potato_hook.py")
+STATE_TEXT_ALLOWED = (
+    "run.py",
+    "wire/",
+    "agent/",
+    "host/",
+    "worker/",
+    "trainers/",
+    "store/potato_ledger.py",
+    "potato_hook.py",
+)
 
 
 def test_every_run_state_is_named_through_the_enum() -> None:
@@ -372,28 +445,44 @@ def redis_uses(path: Path) -> list[str]:
     """Each place a file reaches Redis itself: `x.redis` (the store's client), a client made or subscribed
     to, or anything of the redis package but its error types (caught) and the Redis type (annotated)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    modules = {alias.asname or alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import)
-               for alias in node.names if alias.name.split(".")[0] == "redis"}
+    modules = {
+        alias.asname or alias.name.split(".")[0]
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name.split(".")[0] == "redis"
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Attribute) and node.attr in REDIS_ONLY_IN_STORE:
             found.append(f"{node.lineno} .{node.attr}")
-        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in modules \
-                and not node.attr.endswith(("Error", "Exception")) and node.attr != "Redis":
+        elif (
+            isinstance(node, ast.Attribute)
+            and isinstance(node.value, ast.Name)
+            and node.value.id in modules
+            and not node.attr.endswith(("Error", "Exception"))
+            and node.attr != "Redis"
+        ):
             found.append(f"{node.lineno} {node.value.id}.{node.attr}")
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "Redis":
             found.append(f"{node.lineno} a Redis client made")
         elif isinstance(node, ast.Import):
             found += [f"{node.lineno} import {a.name}" for a in node.names if a.name.startswith("redis.")]
         elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "redis":
-            found += [f"{node.lineno} from {node.module} import {a.name}" for a in node.names
-                      if not a.name.endswith(("Error", "Exception"))]
+            found += [
+                f"{node.lineno} from {node.module} import {a.name}"
+                for a in node.names
+                if not a.name.endswith(("Error", "Exception"))
+            ]
     return found
 
 
 def outside_the_store() -> list[Path]:
-    return [p for p in package_files() if not p.relative_to(PACKAGE).as_posix().startswith(REDIS_ALLOWED)
-            and p.name not in REDIS_ALLOWED_FILES]
+    return [
+        p
+        for p in package_files()
+        if not p.relative_to(PACKAGE).as_posix().startswith(REDIS_ALLOWED) and p.name not in REDIS_ALLOWED_FILES
+    ]
 
 
 def test_the_store_owns_every_redis_call() -> None:
@@ -405,14 +494,24 @@ def test_the_store_owns_every_redis_call() -> None:
 
 def test_the_redis_scanner_catches_a_direct_call(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("import redis\nimport redis.asyncio as aioredis\nfrom redis.client import PubSub\n"
-                     "from redis import RedisError\n"
-                     "def f(store, client: redis.Redis):\n"
-                     "    store.redis.ping()\n    client.pubsub()\n    aioredis.Redis.from_url('x')\n"
-                     "    redis.Redis(host='h')\n    try:\n        pass\n    except redis.RedisError:\n        pass\n")
+    probe.write_text(
+        "import redis\nimport redis.asyncio as aioredis\nfrom redis.client import PubSub\n"
+        "from redis import RedisError\n"
+        "def f(store, client: redis.Redis):\n"
+        "    store.redis.ping()\n    client.pubsub()\n    aioredis.Redis.from_url('x')\n"
+        "    redis.Redis(host='h')\n    try:\n        pass\n    except redis.RedisError:\n        pass\n"
+    )
     uses = [use.split(" ", 1)[1] for use in redis_uses(probe)]
-    assert sorted(uses) == sorted(["import redis.asyncio", "from redis.client import PubSub", ".redis", ".pubsub",
-                                   ".from_url", "a Redis client made"]), uses
+    assert sorted(uses) == sorted(
+        [
+            "import redis.asyncio",
+            "from redis.client import PubSub",
+            ".redis",
+            ".pubsub",
+            ".from_url",
+            "a Redis client made",
+        ]
+    ), uses
 
 
 # The clock is read through a Clock (store.clock, potato_queue.clock): tests hand the store a ManualClock. The
@@ -424,12 +523,21 @@ def time_time_reads(path: Path) -> list[int]:
     """The lines that read the wall clock themselves: time.time() (under any name for the module) or
     `from time import time`."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-             for alias in node.names if alias.name == "time"}
+    names = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name == "time"
+    }
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr == "time" and isinstance(node.value, ast.Name) \
-                and node.value.id in names:
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr == "time"
+            and isinstance(node.value, ast.Name)
+            and node.value.id in names
+        ):
             found.append(node.lineno)
         elif isinstance(node, ast.ImportFrom) and node.module == "time" and any(a.name == "time" for a in node.names):
             found.append(node.lineno)
@@ -437,37 +545,60 @@ def time_time_reads(path: Path) -> list[int]:
 
 
 def test_every_clock_read_goes_through_a_clock() -> None:
-    found = [f"{path.relative_to(PACKAGE)}:{line}" for path in package_files()
-             if not path.relative_to(PACKAGE).as_posix().startswith(TIME_ALLOWED)
-             for line in time_time_reads(path)]
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in package_files()
+        if not path.relative_to(PACKAGE).as_posix().startswith(TIME_ALLOWED)
+        for line in time_time_reads(path)
+    ]
     assert found == [], f"read store.clock.now_s() (a potato_queue.clock.Clock) instead: {found}"
 
 
 def test_the_clock_scanner_catches_a_wall_clock_read(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("import time\nimport time as t\nfrom time import time as now\n"
-                     "a = time.time()\nb = t.time()\nc = time.monotonic()\nd = now()\n")
+    probe.write_text(
+        "import time\nimport time as t\nfrom time import time as now\n"
+        "a = time.time()\nb = t.time()\nc = time.monotonic()\nd = now()\n"
+    )
     assert time_time_reads(probe) == [3, 4, 5]
 
 
 # Only a process's edge reads the environment (settings.py's Settings.from_env, called there); below it the
 # settings are handed down. The edges: the command line; Celery's own entry point; Potato's side, which runs
 # in Potato's process; and what runs on a host or in the worker (their environment is the allow-listed one).
-ENVIRONMENT_ALLOWED = ("cli/", "celery_entry.py", "potato_remote.py", "settings.py", "agent/", "host/", "worker/",
-                       "wire/", "trainers/")
+ENVIRONMENT_ALLOWED = (
+    "cli/",
+    "celery_entry.py",
+    "potato_remote.py",
+    "settings.py",
+    "agent/",
+    "host/",
+    "worker/",
+    "wire/",
+    "trainers/",
+)
 
 
 def environment_reads(path: Path) -> list[int]:
     """The lines that read the process's environment: os.environ, os.environb, os.getenv (under any name for
     the module), or those names imported from os."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    names = {alias.asname or alias.name for node in ast.walk(tree) if isinstance(node, ast.Import)
-             for alias in node.names if alias.name == "os"}
+    names = {
+        alias.asname or alias.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Import)
+        for alias in node.names
+        if alias.name == "os"
+    }
     reads = {"environ", "environb", "getenv", "getenvb"}
     found = []
     for node in ast.walk(tree):
-        if isinstance(node, ast.Attribute) and node.attr in reads and isinstance(node.value, ast.Name) \
-                and node.value.id in names:
+        if (
+            isinstance(node, ast.Attribute)
+            and node.attr in reads
+            and isinstance(node.value, ast.Name)
+            and node.value.id in names
+        ):
             found.append(node.lineno)
         elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(a.name in reads for a in node.names):
             found.append(node.lineno)
@@ -475,16 +606,21 @@ def environment_reads(path: Path) -> list[int]:
 
 
 def test_only_a_process_edge_reads_the_environment() -> None:
-    found = [f"{path.relative_to(PACKAGE)}:{line}" for path in package_files()
-             if not path.relative_to(PACKAGE).as_posix().startswith(ENVIRONMENT_ALLOWED)
-             for line in environment_reads(path)]
+    found = [
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in package_files()
+        if not path.relative_to(PACKAGE).as_posix().startswith(ENVIRONMENT_ALLOWED)
+        for line in environment_reads(path)
+    ]
     assert found == [], f"add a field to settings.Settings and hand it down (config.settings) instead: {found}"
 
 
 def test_the_environment_scanner_catches_every_way_in(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("import os\nimport os as o\nfrom os import getenv\n"
-                     "a = os.environ.get('X')\nb = o.getenv('Y')\nc = os.path.join('a')\nd = dict(os.environ)\n")
+    probe.write_text(
+        "import os\nimport os as o\nfrom os import getenv\n"
+        "a = os.environ.get('X')\nb = o.getenv('Y')\nc = os.path.join('a')\nd = dict(os.environ)\n"
+    )
     assert sorted(environment_reads(probe)) == [3, 4, 5, 7]
 
 
@@ -494,15 +630,22 @@ def test_the_environment_scanner_catches_every_way_in(tmp_path: Path) -> None:
 # potato_remote.py, raises Potato's own TrainerError.
 ROOTS = {"errors.py": "PotatoQueueError", "agent/errors.py": "AgentError", "worker/errors.py": "WorkerError"}
 OWN_ROOTS = ("wire/", "host/", "potato_remote.py")
-BUILTIN_ERRORS = {name for name in dir(builtins) if isinstance(getattr(builtins, name), type)
-                  and issubclass(getattr(builtins, name), BaseException)}
+BUILTIN_ERRORS = {
+    name
+    for name in dir(builtins)
+    if isinstance(getattr(builtins, name), type) and issubclass(getattr(builtins, name), BaseException)
+}
 
 
 def classes_on_a_builtin_error(path: Path) -> list[str]:
     """The classes here that derive straight from a built-in exception (Exception, ValueError, ...)."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    return [node.name for node in ast.walk(tree) if isinstance(node, ast.ClassDef)
-            and any(isinstance(base, ast.Name) and base.id in BUILTIN_ERRORS for base in node.bases)]
+    return [
+        node.name
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef)
+        and any(isinstance(base, ast.Name) and base.id in BUILTIN_ERRORS for base in node.bases)
+    ]
 
 
 def test_every_error_is_under_its_sides_root() -> None:
@@ -519,6 +662,7 @@ def test_every_error_is_under_its_sides_root() -> None:
 
 def test_the_error_scanner_sees_a_builtin_base(tmp_path: Path) -> None:
     probe = tmp_path / "probe.py"
-    probe.write_text("class A(Exception):\n    pass\nclass B(A):\n    pass\nclass C(ValueError, A):\n    pass\n"
-                     "class D:\n    pass\n")
+    probe.write_text(
+        "class A(Exception):\n    pass\nclass B(A):\n    pass\nclass C(ValueError, A):\n    pass\nclass D:\n    pass\n"
+    )
     assert classes_on_a_builtin_error(probe) == ["A", "C"]

@@ -28,9 +28,10 @@ from tests.test_ssh_backend import BACKEND, gpu_server
 
 SIZE = 32
 COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220)}
-SCHEMES = [{"annotation_type": "radio", "name": "shape", "description": "Which shape?", "labels": ["circle", "square"]},
-           {"annotation_type": "multiselect", "name": "colours", "description": "Which colours?",
-            "labels": ["red", "blue"]}]
+SCHEMES = [
+    {"annotation_type": "radio", "name": "shape", "description": "Which shape?", "labels": ["circle", "square"]},
+    {"annotation_type": "multiselect", "name": "colours", "description": "Which colours?", "labels": ["red", "blue"]},
+]
 GONE, UNREACHABLE = "p900", "p901"  # labelled items whose image cannot be read
 
 
@@ -40,23 +41,36 @@ def tiny_vit(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from transformers import ViTConfig, ViTForImageClassification, ViTImageProcessor
 
     folder = tmp_path_factory.mktemp("tiny-vit")
-    config = ViTConfig(image_size=SIZE, patch_size=8, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
-                       intermediate_size=64, num_labels=2)
+    config = ViTConfig(
+        image_size=SIZE,
+        patch_size=8,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        num_labels=2,
+    )
     ViTForImageClassification(config).save_pretrained(folder)
     ViTImageProcessor(size={"height": SIZE, "width": SIZE}).save_pretrained(folder)
     return folder
 
 
 def test_hf_image_classification_learns_shapes_and_colours_and_names_the_images_it_cannot_read(
-        tmp_path: Path, redis_server_url: str, tiny_vit: Path) -> None:
+    tmp_path: Path, redis_server_url: str, tiny_vit: Path
+) -> None:
     with images_stack(tmp_path, redis_server_url) as svc:
         status, refused = svc.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["shape"]})
         assert status == 409, refused
-        assert refused["detail"].startswith("The items of shape are of the image modality (Potato's rule: most items "
-                                            "name a file of that kind), and sklearn-text trains on text items"), refused
+        assert refused["detail"].startswith(
+            "The items of shape are of the image modality (Potato's rule: most items "
+            "name a file of that kind), and sklearn-text trains on text items"
+        ), refused
         assert "train them with hf-image-classification or majority-baseline" in refused["detail"], refused
-        run_id = svc.start_run(trainer="hf-image-classification", schemas=["shape", "colours"], params={
-            "model_name": str(tiny_vit), "epochs": 20, "batch_size": 16, "learning_rate": 3e-3})
+        run_id = svc.start_run(
+            trainer="hf-image-classification",
+            schemas=["shape", "colours"],
+            params={"model_name": str(tiny_vit), "epochs": 20, "batch_size": 16, "learning_rate": 3e-3},
+        )
         run = svc.wait_for(run_id, TERMINAL, 300)
         log = run_paths(svc, run_id).run_log.read_text()
         assert run["state"] == "succeeded", (run, log)
@@ -70,17 +84,33 @@ def test_hf_image_classification_learns_shapes_and_colours_and_names_the_images_
         assert shapes and all(p["payload"]["label"] in ("circle", "square") for p in shapes)
         assert all(isinstance(p["payload"], list) for p in lines if p["schema_name"] == "colours")
         saved = run_paths(svc, run_id).artifacts
-        assert (saved / "shape" / "preprocessor_config.json").is_file() and (saved / "colours" / "thresholds.json").is_file()
+        assert (saved / "shape" / "preprocessor_config.json").is_file() and (
+            saved / "colours" / "thresholds.json"
+        ).is_file()
 
 
 def test_an_image_project_trains_on_the_ssh_backend_with_its_pictures_in_the_bundle(
-        tmp_path: Path, redis_server_url: str, sshd: Sshd, tiny_vit: Path) -> None:
+    tmp_path: Path, redis_server_url: str, sshd: Sshd, tiny_vit: Path
+) -> None:
     sshd.write_config("root")
-    with images_stack(tmp_path, redis_server_url, {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
-                      **gpu_server(tmp_path, python=sys.executable)) as svc:
-        run_id = svc.start_run(trainer="hf-image-classification", schemas=["shape"], backend=BACKEND, params={
-            "model_name": str(tiny_vit), "epochs": 3, "batch_size": 16, "learning_rate": 3e-3,
-            "lora": {"r": 4, "alpha": 8}})  # LoRA on the ViT's attention, its head trained in full
+    with images_stack(
+        tmp_path,
+        redis_server_url,
+        {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
+        **gpu_server(tmp_path, python=sys.executable),
+    ) as svc:
+        run_id = svc.start_run(
+            trainer="hf-image-classification",
+            schemas=["shape"],
+            backend=BACKEND,
+            params={
+                "model_name": str(tiny_vit),
+                "epochs": 3,
+                "batch_size": 16,
+                "learning_rate": 3e-3,
+                "lora": {"r": 4, "alpha": 8},
+            },
+        )  # LoRA on the ViT's attention, its head trained in full
         run = svc.wait_for(run_id, TERMINAL, 300)
         assert run["state"] == "succeeded" and run["ran_on"] == BACKEND, (run, svc.logs())
         assert run["held_out"]["shape"]["test"]["n"] > 0
@@ -90,8 +120,9 @@ def test_an_image_project_trains_on_the_ssh_backend_with_its_pictures_in_the_bun
 
 
 @contextmanager
-def images_stack(tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None,
-                 **training: Any) -> Iterator[Services]:
+def images_stack(
+    tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None, **training: Any
+) -> Iterator[Services]:
     config = make_project(tmp_path, **training)
     make_image_project(config)
     svc = Services(config, redis_url, tmp_path)
@@ -131,30 +162,47 @@ def make_image_project(config: Path, n: int = 140, seed: int = 0) -> None:
         items.append({"id": iid, "image": f"images/{iid}.png"})
         if i % 7 != 6:
             answers[iid] = [[{"schema": "shape", "name": shape}, shape]] + [
-                [{"schema": "colours", "name": c}, c] for c in sorted({colour, second} - {None})]
-    items += [{"id": GONE, "image": f"images/{GONE}.png"}, {"id": UNREACHABLE, "image": f"http://127.0.0.1:9/{UNREACHABLE}.png"}]
+                [{"schema": "colours", "name": c}, c] for c in sorted({colour, second} - {None})
+            ]
+    items += [
+        {"id": GONE, "image": f"images/{GONE}.png"},
+        {"id": UNREACHABLE, "image": f"http://127.0.0.1:9/{UNREACHABLE}.png"},
+    ]
     for iid in (GONE, UNREACHABLE):
-        answers[iid] = [[{"schema": "shape", "name": "circle"}, "circle"], [{"schema": "colours", "name": "red"}, "red"]]
+        answers[iid] = [
+            [{"schema": "shape", "name": "circle"}, "circle"],
+            [{"schema": "colours", "name": "red"}, "red"],
+        ]
     (project / "data" / "pictures.json").write_text(json.dumps(items))
     data = yaml.safe_load(config.read_text())
-    data.update(data_files=["data/pictures.json"], annotation_schemes=SCHEMES,
-                item_properties={"id_key": "id", "text_key": "image"})
+    data.update(
+        data_files=["data/pictures.json"],
+        annotation_schemes=SCHEMES,
+        item_properties={"id_key": "id", "text_key": "image"},
+    )
     data["model_training"]["writeback"]["schemas"] = ["shape"]
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     for folder in (project / "annotation_output").iterdir():
-        folder.joinpath("user_state.json").write_text(json.dumps({
-            "user_id": folder.name, "instance_id_to_label_to_value": answers, "instance_id_to_span_to_value": {}}))
+        folder.joinpath("user_state.json").write_text(
+            json.dumps(
+                {"user_id": folder.name, "instance_id_to_label_to_value": answers, "instance_id_to_span_to_value": {}}
+            )
+        )
 
 
 def test_validate_and_the_page_offer_a_text_trainer_nothing_of_an_image_project(
-        tmp_path: Path, redis_server_url: str, browser: Any) -> None:  # noqa: F811 - the fixture
+    tmp_path: Path,
+    redis_server_url: str,
+    browser: Any,  # noqa: F811 - the fixture
+) -> None:
     from potato_queue.validate import check_file
 
     config = make_project(tmp_path, auto_retrain={"enabled": True, "trainer": "sklearn-text"})
     make_image_project(config, n=20)
-    assert ("model_training.auto_retrain.trainer is sklearn-text, which trains on text items, and this project's items "
-            "are of the image modality: every auto run would be refused; pick a trainer that takes image items"
-            ) in check_file(config).errors
+    assert (
+        "model_training.auto_retrain.trainer is sklearn-text, which trains on text items, and this project's items "
+        "are of the image modality: every auto run would be refused; pick a trainer that takes image items"
+    ) in check_file(config).errors
     data = yaml.safe_load(config.read_text())
     data["model_training"]["auto_retrain"]["trainer"] = "hf-image-classification"
     config.write_text(yaml.safe_dump(data, sort_keys=False))

@@ -68,14 +68,19 @@ def test_what_to_label_next_is_the_unsure_first_never_near_copies_and_the_same_e
     taken = [i for i in items if i["near_copy_of"] is None]
     assert [i["uncertainty"] for i in taken] == sorted((i["uncertainty"] for i in taken), reverse=True)
     # the run's own texts, from its bundle: no two of the top ten are near-copies by the ranking's measure
-    texts = {json.loads(line)["instance_id"]: json.loads(line)["text"]
-             for line in (run_paths(project.svc, project.curve_run).bundle_dir / "unlabeled.jsonl").read_text().splitlines()}
+    texts = {
+        json.loads(line)["instance_id"]: json.loads(line)["text"]
+        for line in (run_paths(project.svc, project.curve_run).bundle_dir / "unlabeled.jsonl").read_text().splitlines()
+    }
     vectors = tfidf_vectors({i["instance_id"]: texts[i["instance_id"]] for i in items})
     top = [i["instance_id"] for i in items[:10]]
     assert all(cosine(vectors[a], vectors[b]) < NEAR_DUPLICATE_COSINE for a, b in combinations(top, 2))
-    predicted = [json.loads(line) for line in run_paths(project.svc, project.curve_run).predictions.read_text().splitlines()]
-    margins = {p["instance_id"]: 1 - (sorted(p["scores"].values())[-1] - sorted(p["scores"].values())[-2])
-               for p in predicted}
+    predicted = [
+        json.loads(line) for line in run_paths(project.svc, project.curve_run).predictions.read_text().splitlines()
+    ]
+    margins = {
+        p["instance_id"]: 1 - (sorted(p["scores"].values())[-1] - sorted(p["scores"].values())[-2]) for p in predicted
+    }
     assert all(abs(margins[i["instance_id"]] - i["uncertainty"]) < 1e-3 for i in items), "the run's own margins"
 
 
@@ -109,28 +114,36 @@ def test_the_learning_curve_has_four_nested_fits_and_says_the_gain(project: Proj
     assert curve["said"].startswith("the last 25 % of the train items (")
     assert "macro-F1" in curve["said"] and "labelled items would add about" in curve["said"]
     status, refused = project.api(f"/runs/{project.baseline_run}/curve")
-    assert status == 409 and "has no learning curve (it was not started with params.learning_curve: true)" \
-        in refused["detail"], refused
+    assert (
+        status == 409
+        and "has no learning curve (it was not started with params.learning_curve: true)" in refused["detail"]
+    ), refused
 
 
 def test_the_quality_report_and_the_min_confidence_for_a_precision(project: Project) -> None:
     status, found = project.api(f"/runs/{project.curve_run}/quality?target_precision=0.8")
     assert status == 200, found
     report = found["schemas"]["sentiment"]
-    n_held_out = sum(project.api(f"/runs/{project.curve_run}")[1]["held_out"]["sentiment"][s]["n"] for s in ("val", "test"))
+    n_held_out = sum(
+        project.api(f"/runs/{project.curve_run}")[1]["held_out"]["sentiment"][s]["n"] for s in ("val", "test")
+    )
     assert report["n"] == n_held_out == sum(b["n"] for b in report["reliability"]["bins"])
     assert {r["label"] for r in report["per_label"]} >= {"positive", "negative"}
     threshold = report["threshold"]
     if threshold["min_confidence"] is not None:
         assert threshold["precision"] >= 0.8 and 0 < threshold["kept"] <= threshold["of"] == n_held_out
-    looser = project.api(f"/runs/{project.curve_run}/quality?target_precision=0.5")[1]["schemas"]["sentiment"]["threshold"]
+    looser = project.api(f"/runs/{project.curve_run}/quality?target_precision=0.5")[1]["schemas"]["sentiment"][
+        "threshold"
+    ]
     assert looser["kept"] >= threshold.get("kept", 0), "a lower target keeps at least as many"
     assert project.api(f"/runs/{project.curve_run}/quality?target_precision=1.5")[0] == 422
 
 
 def _right(svc: Services, run_id: str, gold: dict[str, str]) -> dict[str, bool]:
     lines = [json.loads(line) for line in run_paths(svc, run_id).predictions.read_text().splitlines()]
-    return {p["instance_id"]: p["payload"]["label"] == gold[p["instance_id"]] for p in lines if p["instance_id"] in gold}
+    return {
+        p["instance_id"]: p["payload"]["label"] == gold[p["instance_id"]] for p in lines if p["instance_id"] in gold
+    }
 
 
 def test_two_runs_side_by_side_in_the_api_and_the_cli(project: Project) -> None:
@@ -138,9 +151,11 @@ def test_two_runs_side_by_side_in_the_api_and_the_cli(project: Project) -> None:
     status, found = project.api(f"/runs/{a}/compare/{b}")
     assert status == 200, found
     s = found["schemas"]["sentiment"]
-    gold = {json.loads(line)["instance_id"]: json.loads(line)["targets"]["sentiment"]
-            for split in ("val", "test")
-            for line in (run_paths(project.svc, b).bundle_dir / f"{split}.jsonl").read_text().splitlines()}
+    gold = {
+        json.loads(line)["instance_id"]: json.loads(line)["targets"]["sentiment"]
+        for split in ("val", "test")
+        for line in (run_paths(project.svc, b).bundle_dir / f"{split}.jsonl").read_text().splitlines()
+    }
     right_a, right_b = _right(project.svc, a, gold), _right(project.svc, b, gold)
     assert s["n"] == len(gold)
     assert s["mcnemar"]["only_a"] == sum(right_a[i] and not right_b[i] for i in gold)
@@ -159,8 +174,9 @@ def test_two_runs_side_by_side_in_the_api_and_the_cli(project: Project) -> None:
     assert same.returncode == 1 and f"both runs are {a}" in same.stderr and "pick two different runs" in same.stderr
 
 
-def test_a_server_killed_while_it_writes_the_order_leaves_no_file_in_the_project(tmp_path: Path,
-                                                                                 redis_server_url: str) -> None:
+def test_a_server_killed_while_it_writes_the_order_leaves_no_file_in_the_project(
+    tmp_path: Path, redis_server_url: str
+) -> None:
     """The writer is killed by a signal in the middle of writing the new data file (RLIMIT_FSIZE's SIGXFSZ,
     at its default action: a kill at a known point, as a SIGKILL would come at an unknown one): the project's
     data folder is as it was, the temp file lies in potato-queue's own staging folder, and the next server
@@ -179,16 +195,23 @@ def test_a_server_killed_while_it_writes_the_order_leaves_no_file_in_the_project
     data_dir = config.data_paths()[0].parent
     before = {p.name: p.read_bytes() for p in data_dir.iterdir()}
     assert sum(len(b) for b in before.values()) > 4096
-    writer = ("import resource, signal, sys\n"
-              "from potato_queue.insight.potato_order import hand_to_potato\n"
-              "from potato_queue.validate import load_checked\n"
-              "config = load_checked(sys.argv[1])\n"
-              "signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
-              "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
-              "hand_to_potato(config, sys.argv[2:])\n")
-    killed = subprocess.run([sys.executable, "-c", writer, str(config_path), *sorted(read_items(config))],
-                            capture_output=True, text=True, cwd=ROOT, timeout=60,
-                            env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"})
+    writer = (
+        "import resource, signal, sys\n"
+        "from potato_queue.insight.potato_order import hand_to_potato\n"
+        "from potato_queue.validate import load_checked\n"
+        "config = load_checked(sys.argv[1])\n"
+        "signal.signal(signal.SIGXFSZ, signal.SIG_DFL)\n"
+        "resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))\n"
+        "hand_to_potato(config, sys.argv[2:])\n"
+    )
+    killed = subprocess.run(
+        [sys.executable, "-c", writer, str(config_path), *sorted(read_items(config))],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=60,
+        env={**os.environ, "PYTHONDONTWRITEBYTECODE": "1"},
+    )
     assert killed.returncode == -signal.SIGXFSZ, killed.stderr
     assert {p.name: p.read_bytes() for p in data_dir.iterdir()} == before, "nothing new or changed among the data"
     assert len(list(staging_dir(config).iterdir())) == 1, "the killed writer's temp file, in potato-queue's folder"
@@ -219,14 +242,24 @@ def test_the_insight_a_run_kept_at_finalize_says_what_its_files_say_and_follows_
     assert status == 200 and top20["items"] == from_kept[1]["items"][:20], "the first 20 of the whole order"
     state = project.config.parent / "annotation_output" / "late-annotator" / "user_state.json"
     state.parent.mkdir()
-    state.write_text(json.dumps({"user_id": "late-annotator", "instance_id_to_label_to_value": {
-        first: [[{"schema": "sentiment", "name": "positive"}, "positive"]]}}))
+    state.write_text(
+        json.dumps(
+            {
+                "user_id": "late-annotator",
+                "instance_id_to_label_to_value": {first: [[{"schema": "sentiment", "name": "positive"}, "positive"]]},
+            }
+        )
+    )
     try:
         status, after = project.api(f"/runs/{project.curve_run}/next?limit=80")
     finally:
         state.unlink()
         state.parent.rmdir()
-    assert status == 200 and after["total"] == from_kept[1]["total"] - 1 and first not in [i["instance_id"] for i in after["items"]]
+    assert (
+        status == 200
+        and after["total"] == from_kept[1]["total"] - 1
+        and first not in [i["instance_id"] for i in after["items"]]
+    )
     # the annotators' files as the run's bundle saw them: nothing labelled since, nothing read
     from potato_queue.bundle.inputs import annotation_files
     from potato_queue.insight.inputs import labelled_now

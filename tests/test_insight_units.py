@@ -66,8 +66,11 @@ def test_per_label_and_confusion_count_what_a_reader_would() -> None:
     rows = {r["label"]: r for r in per_label(items)}
     assert rows["pos"] == {"label": "pos", "precision": 1.0, "recall": 0.5, "f1": 0.6667, "support": 2, "predicted": 1}
     assert rows["neg"] == {"label": "neg", "precision": 0.5, "recall": 0.5, "f1": 0.5, "support": 2, "predicted": 2}
-    assert confusion(items) == {"labels": ["neg", "pos"], "columns": ["neg", "pos", "(none)"],
-                                "counts": [[1, 0, 1], [1, 1, 0]]}
+    assert confusion(items) == {
+        "labels": ["neg", "pos"],
+        "columns": ["neg", "pos", "(none)"],
+        "counts": [[1, 0, 1], [1, 1, 0]],
+    }
 
 
 def test_reliability_bins_confidence_against_accuracy() -> None:
@@ -81,16 +84,23 @@ def test_reliability_bins_confidence_against_accuracy() -> None:
 
 
 def test_min_confidence_is_the_lowest_that_keeps_the_target_precision() -> None:
-    items = _items([("a", "a", 0.99), ("a", "a", 0.9), ("a", "b", 0.8), ("a", "a", 0.7), ("a", "b", 0.6),
-                    ("a", "b", 0.5)])
+    items = _items(
+        [("a", "a", 0.99), ("a", "a", 0.9), ("a", "b", 0.8), ("a", "a", 0.7), ("a", "b", 0.6), ("a", "b", 0.5)]
+    )
     # kept at >= 0.9: 2 of 2 right; >= 0.7: 3 of 4 (0.75); >= 0.5: 3 of 6
-    assert min_confidence_for(items, 0.75) == {"target_precision": 0.75, "of": 6, "min_confidence": 0.7,
-                                               "precision": 0.75, "kept": 4}
+    assert min_confidence_for(items, 0.75) == {
+        "target_precision": 0.75,
+        "of": 6,
+        "min_confidence": 0.7,
+        "precision": 0.75,
+        "kept": 4,
+    }
     assert min_confidence_for(items, 0.9)["min_confidence"] == 0.9
     tied = _items([("a", "a", 0.9), ("a", "b", 0.9), ("a", "a", 0.95)])
     assert min_confidence_for(tied, 0.9)["min_confidence"] == 0.95, "a threshold keeps every item of its confidence"
-    assert min_confidence_for(_items([("a", "a", 0.123456), ("a", "b", 0.1)]), 0.9)["min_confidence"] == 0.1234, \
+    assert min_confidence_for(_items([("a", "a", 0.123456), ("a", "b", 0.1)]), 0.9)["min_confidence"] == 0.1234, (
         "rounded down, so Potato's confidence >= min_confidence still keeps the item"
+    )
     none = min_confidence_for(_items([("a", "b", 0.9), ("a", "a", 0.4)]), 0.99)
     assert none["min_confidence"] is None and none["best"] == {"min_confidence": 0.4, "precision": 0.5, "kept": 2}
 
@@ -103,23 +113,31 @@ def test_uncertainty_is_the_margin_or_entropy_of_the_scores_else_the_confidence(
 
 
 def test_the_ranking_puts_the_unsure_first_holds_near_copies_back_and_is_the_same_every_time() -> None:
-    texts = {"a": "the kettle broke after a week", "b": "the kettle broke after one week",
-             "c": "lovely soft towels, washed well", "d": "shipping was slow but the lamp works",
-             "e": "great value, would buy again"}
+    texts = {
+        "a": "the kettle broke after a week",
+        "b": "the kettle broke after one week",
+        "c": "lovely soft towels, washed well",
+        "d": "shipping was slow but the lamp works",
+        "e": "great value, would buy again",
+    }
     uncertain = {"a": 0.9, "b": 0.95, "c": 0.5, "d": 0.7, "e": 0.7}
     vectors = tfidf_vectors(texts)
     assert cosine(vectors["a"], vectors["b"]) > 0.6 > cosine(vectors["a"], vectors["d"])
     ranked = rank_next(uncertain, vectors)
     assert [r.instance_id for r in ranked] == ["b", "d", "e", "c", "a"], "ties by id; a near-copy of b goes last"
     assert ranked[-1].near_copy_of == "b" and ranked[0].near_copy_of is None
-    assert rank_next(dict(reversed(list(uncertain.items()))), tfidf_vectors(dict(reversed(list(texts.items()))))) == ranked
+    assert (
+        rank_next(dict(reversed(list(uncertain.items()))), tfidf_vectors(dict(reversed(list(texts.items()))))) == ranked
+    )
     windowed = rank_next(uncertain, vectors, window=1)
     assert [r.instance_id for r in windowed] == ["b", "a", "d", "e", "c"], "past the window: uncertainty order only"
 
 
 def test_the_curve_says_what_the_last_quarter_added_and_what_the_trend_promises() -> None:
-    points = [{"percent": p, "n_train": n, "test_macro_f1": f} for p, n, f in
-              [(25, 50, 0.5), (50, 100, 0.6), (75, 150, 0.66), (100, 200, 0.70)]]
+    points = [
+        {"percent": p, "n_train": n, "test_macro_f1": f}
+        for p, n, f in [(25, 50, 0.5), (50, 100, 0.6), (75, 150, 0.66), (100, 200, 0.70)]
+    ]
     said = curve_said(points, "test")
     assert said.startswith("the last 25 % of the train items (50) added 0.04 test macro-F1 (0.66 to 0.70)")
     assert "another 50 labelled items would add about 0.03" in said
@@ -135,26 +153,45 @@ def test_the_order_goes_into_the_data_files_and_nothing_else_changes(tmp_path: P
     from potato_queue.config import build_config
 
     array = tmp_path / "items.json"
-    array.write_text(json.dumps([{"id": "a", "text": "x"}, {"id": "b", "text": "y", PRIORITY_FIELD: 9}], indent=1) + "\n")
+    array.write_text(
+        json.dumps([{"id": "a", "text": "x"}, {"id": "b", "text": "y", PRIORITY_FIELD: 9}], indent=1) + "\n"
+    )
     lines = tmp_path / "more.jsonl"
     lines.write_text('{"id":"c",  "text":"kept as it was"}\n{"id": "d", "text": "z"}\n')
     array.chmod(0o644)
-    config = build_config({"data_files": [array.name, lines.name], "item_properties": {"id_key": "id", "text_key": "text"},
-                           "annotation_schemes": []}, tmp_path / "config.yaml")
+    config = build_config(
+        {
+            "data_files": [array.name, lines.name],
+            "item_properties": {"id_key": "id", "text_key": "text"},
+            "annotation_schemes": [],
+        },
+        tmp_path / "config.yaml",
+    )
     assert "assignment_strategy: priority" in (order_problem(config) or "")
     got = write_order(config, ["d", "a"])
     assert got == {"files": [str(array), str(lines)], "items": 3, "ranked": 2}
     assert json.loads(array.read_text()) == [{"id": "a", "text": "x", PRIORITY_FIELD: 1}, {"id": "b", "text": "y"}]
     assert array.read_text().startswith('[\n {\n  "id"'), "the file's indent is kept"
     assert oct(array.stat().st_mode & 0o777) == "0o644", "and its mode"
-    assert lines.read_text() == '{"id":"c",  "text":"kept as it was"}\n{"id": "d", "text": "z", "' + PRIORITY_FIELD + '": 2}\n'
+    assert (
+        lines.read_text()
+        == '{"id":"c",  "text":"kept as it was"}\n{"id": "d", "text": "z", "' + PRIORITY_FIELD + '": 2}\n'
+    )
     assert write_order(config, ["d", "a"])["files"] == [], "the same order again changes nothing"
-    keys = {"data_files": [], "assignment_strategy": "priority", "triage": {"enabled": True, "signal_field": PRIORITY_FIELD}}
+    keys = {
+        "data_files": [],
+        "assignment_strategy": "priority",
+        "triage": {"enabled": True, "signal_field": PRIORITY_FIELD},
+    }
     assert order_problem(build_config(keys, tmp_path / "config.yaml")) is None
-    for triage, why in (({"rules": [{"name": "x"}]}, "triage.rules come before signal_field"),
-                        ({"invert_signal": True}, "invert_signal turns the order round"),
-                        ({"default_priority": 5}, "default_priority puts unranked items level")):
-        problem = order_problem(build_config({**keys, "triage": {**keys["triage"], **triage}}, tmp_path / "config.yaml"))
+    for triage, why in (
+        ({"rules": [{"name": "x"}]}, "triage.rules come before signal_field"),
+        ({"invert_signal": True}, "invert_signal turns the order round"),
+        ({"default_priority": 5}, "default_priority puts unranked items level"),
+    ):
+        problem = order_problem(
+            build_config({**keys, "triage": {**keys["triage"], **triage}}, tmp_path / "config.yaml")
+        )
         assert problem and why in problem, problem
 
 
@@ -166,7 +203,9 @@ def test_a_linked_data_file_is_written_where_it_points_and_an_unreadable_one_is_
     target = tmp_path / "shared" / "items.jsonl"
     target.write_text('{"id": "a"}\n')
     (tmp_path / "items.jsonl").symlink_to(target)
-    config = build_config({"data_files": ["items.jsonl"], "item_properties": {"id_key": "id"}}, tmp_path / "config.yaml")
+    config = build_config(
+        {"data_files": ["items.jsonl"], "item_properties": {"id_key": "id"}}, tmp_path / "config.yaml"
+    )
     write_order(config, ["a"])
     assert (tmp_path / "items.jsonl").is_symlink() and json.loads(target.read_text())[PRIORITY_FIELD] == 1
     target.write_bytes(b"\xff\xfe not text")
@@ -184,13 +223,16 @@ def test_an_order_potatos_config_would_not_serve_is_refused_and_nothing_is_writt
     config = build_config({"data_files": [items.name], "item_properties": {"id_key": "id"}}, tmp_path / "config.yaml")
     with pytest.raises(Conflict) as refused:
         hand_to_potato(config, ["b", "a"])
-    assert str(refused.value).startswith("The order was not written into the data files: Potato serves this order "
-                                         "only with these keys in ")
+    assert str(refused.value).startswith(
+        "The order was not written into the data files: Potato serves this order only with these keys in "
+    )
     assert "now assignment_strategy is not priority; triage is not enabled" in str(refused.value)
     assert refused.value.fix == "add those keys to Potato's config, then send the order again"
     assert items.read_text() == '{"id": "a"}\n{"id": "b"}\n'
     assert sorted(p.name for p in tmp_path.iterdir()) == ["items.jsonl"], "no temp file, no staging folder"
-    ready = build_config({**config.model_dump(), **POTATO_ORDER_KEYS, "data_files": [items.name]}, tmp_path / "config.yaml")
+    ready = build_config(
+        {**config.model_dump(), **POTATO_ORDER_KEYS, "data_files": [items.name]}, tmp_path / "config.yaml"
+    )
     assert hand_to_potato(ready, ["b", "a"])["items"] == 2
     assert staging_dir(ready).is_dir(), "the temp file was staged in potato-queue's folder"
     assert [p.name for p in items.parent.iterdir() if p.name.startswith(".")] == []

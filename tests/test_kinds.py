@@ -38,18 +38,28 @@ def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Pa
     assert trainable_schemas(config, "sklearn-text") == ["sentiment", "topics", "quality", "intensity"]
     with pytest.raises(Conflict) as refused:
         refuse_foreign_kinds(config, "majority-baseline", ["sentiment", "topics"])
-    assert refused.value.message == ("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains only "
-                                     "nominal schemes")
+    assert refused.value.message == (
+        "Scheme 'topics' is multilabel (multiselect), and majority-baseline trains only nominal schemes"
+    )
     assert trainers_for_modality("multilabel", "text") == ["hf-llm-lora", "hf-text-classification", "sklearn-text"]
-    assert trainers_for_kind("multilabel") == ["hf-image-classification", "hf-llm-lora", "hf-text-classification",
-                                                "sklearn-text"]
-    assert refused.value.fix == "train topics with hf-llm-lora or hf-text-classification or sklearn-text; majority-baseline takes sentiment here"
+    assert trainers_for_kind("multilabel") == [
+        "hf-image-classification",
+        "hf-llm-lora",
+        "hf-text-classification",
+        "sklearn-text",
+    ]
+    assert (
+        refused.value.fix
+        == "train topics with hf-llm-lora or hf-text-classification or sklearn-text; majority-baseline takes sentiment here"
+    )
     with pytest.raises(Conflict) as refused:
         refuse_foreign_kinds(config, "sklearn-text", ["highlight"])
-    assert refused.value.message == ("Scheme 'highlight' is span (span), and sklearn-text trains only "
-                                     "nominal/multilabel/ordinal/continuous schemes")
-    assert refused.value.fix == ("train highlight with hf-token-classification; sklearn-text takes sentiment, topics, "
-                                 "quality, intensity here")
+    assert refused.value.message == (
+        "Scheme 'highlight' is span (span), and sklearn-text trains only nominal/multilabel/ordinal/continuous schemes"
+    )
+    assert refused.value.fix == (
+        "train highlight with hf-token-classification; sklearn-text takes sentiment, topics, quality, intensity here"
+    )
     with pytest.raises(Conflict) as refused:
         refuse_foreign_kinds(config, "sklearn-text", ["notes"])
     assert refused.value.fix.startswith("no trainer takes text schemes yet: leave notes out of the run")
@@ -69,11 +79,20 @@ def server(project: Path, tmp_path: Path, redis_server_url: str) -> Iterator[Ser
 def test_the_api_and_the_command_line_refuse_before_queueing(server: Services, project: Path) -> None:
     status, reply = server.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment", "highlight"]})
     assert status == 409, reply
-    assert reply["detail"].startswith("Scheme 'highlight' is span (span), and sklearn-text trains only "
-                                      "nominal/multilabel/ordinal/continuous schemes")
+    assert reply["detail"].startswith(
+        "Scheme 'highlight' is span (span), and sklearn-text trains only nominal/multilabel/ordinal/continuous schemes"
+    )
     assert server.api("GET", "/runs")[1] == [], "nothing was queued"
-    done = run_cli("training", "run", project, "--trainer", "majority-baseline", "--schema", "intensity",
-                   env={"POTATO_QUEUE_REDIS_URL": server.redis_url})
+    done = run_cli(
+        "training",
+        "run",
+        project,
+        "--trainer",
+        "majority-baseline",
+        "--schema",
+        "intensity",
+        env={"POTATO_QUEUE_REDIS_URL": server.redis_url},
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     said = done.stdout + done.stderr
     assert "Scheme 'intensity' is continuous (slider), and majority-baseline trains only nominal schemes" in said
@@ -92,4 +111,6 @@ def test_the_worker_takes_a_named_schemes_kind_from_the_bundle_and_refuses_a_for
     (bundle / "manifest.json").write_text(json.dumps(manifest))
     refused = run_worker(write_spec(tmp_path / "multilabel", bundle, "majority-baseline", schemas=[SCHEMA]))
     assert refused.returncode == 2, refused.stderr
-    assert "Schema 'sentiment' is multilabel; majority-baseline fits nominal schemas" in refused.only("error")["message"]
+    assert (
+        "Schema 'sentiment' is multilabel; majority-baseline fits nominal schemas" in refused.only("error")["message"]
+    )

@@ -54,7 +54,9 @@ def test_sklearn_run_succeeds_with_held_out_scores_and_predictions(services: Ser
 def test_admin_api_refuses_without_key_unknown_backend_trainer_schema(services: Services) -> None:
     assert services.api("GET", "/runs", key=None)[0] == 401
     assert services.api("GET", "/runs", key="wrong")[0] == 401
-    status, reply = services.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment"], "backend": "gpu"})
+    status, reply = services.api(
+        "POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment"], "backend": "gpu"}
+    )
     assert status == 409 and "configured backends: local" in reply["detail"]
     status, reply = services.api("POST", "/runs", {"trainer": "sklearn-txt", "schemas": ["sentiment"]})
     assert status == 400 and "sklearn-text" in reply["detail"]
@@ -88,26 +90,34 @@ def test_two_executors_five_runs_one_at_a_time_in_order(services: Services) -> N
 
 # ---------------------------------------------------------------- hf-text-classification, cancel, limits
 
+
 def test_hf_run_succeeds_through_the_queue(services: Services, tiny_model: Path) -> None:
     services.executor()
-    run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                                params={"model_name": str(tiny_model), "epochs": 1, "batch_size": 16})
+    run_id = services.start_run(
+        trainer="hf-text-classification",
+        schemas=["sentiment"],
+        params={"model_name": str(tiny_model), "epochs": 1, "batch_size": 16},
+    )
     run = services.wait_for(run_id, TERMINAL, timeout_s=180)
     assert run["state"] == "succeeded", (run, services.logs())
     assert run["held_out"]["sentiment"]["test"]["n"] > 0
     assert any(key.startswith("train/loss") for key in run["metrics"])
 
 
-def test_kill_9_of_the_executor_fails_the_run_by_the_sweep_and_the_next_proceeds(services: Services,
-                                                                                  tiny_model: Path) -> None:
+def test_kill_9_of_the_executor_fails_the_run_by_the_sweep_and_the_next_proceeds(
+    services: Services, tiny_model: Path
+) -> None:
     """With nothing queued, only the new executor's background sweep can notice the run left in flight;
     the next run then goes. (The rule itself, to the second: tests/test_recovery.py.)"""
     import os
     import signal
 
     first = services.executor()
-    long_run = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                                  params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    long_run = services.start_run(
+        trainer="hf-text-classification",
+        schemas=["sentiment"],
+        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
+    )
     wait_running(services, long_run)
     os.kill(first.pid, signal.SIGKILL)
     services.executor()
@@ -127,8 +137,11 @@ def test_flushdb_with_runs_queued_requeues_them_from_disk_once(tmp_path: Path) -
     from potato_queue.processes.embedded_redis import EmbeddedRedis
 
     # A Redis of this test's own: the flush must never reach one that other tests (or anyone) share.
-    with tempfile.TemporaryDirectory() as folder, EmbeddedRedis(folder) as own, \
-            started(tmp_path, own.url, executors=0, grace_seconds=2) as services:
+    with (
+        tempfile.TemporaryDirectory() as folder,
+        EmbeddedRedis(folder) as own,
+        started(tmp_path, own.url, executors=0, grace_seconds=2) as services,
+    ):
         ids = [services.start_run(trainer="sklearn-text", schemas=["sentiment"]) for _ in range(2)]
         with redis.Redis.from_url(own.url) as client:
             client.flushdb()
@@ -147,10 +160,14 @@ def test_run_longer_than_the_visibility_timeout_runs_once(services: Services, ti
     env = {"POTATO_QUEUE_VISIBILITY_TIMEOUT_S": "1"}
     services.executor(env)
     services.executor(env)
-    run_id = services.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                                params={"model_name": str(tiny_model), "epochs": 15, "batch_size": 4})
+    run_id = services.start_run(
+        trainer="hf-text-classification",
+        schemas=["sentiment"],
+        params={"model_name": str(tiny_model), "epochs": 15, "batch_size": 4},
+    )
     run = services.wait_for(run_id, TERMINAL, timeout_s=240)
     assert run["state"] == "succeeded", services.logs()
+
     def executor_logs() -> str:
         return "".join(p.read_text() for p in services.tmp_path.glob("executor*.log"))
 
@@ -163,12 +180,16 @@ def test_run_longer_than_the_visibility_timeout_runs_once(services: Services, ti
     assert run_log.count("bundle built") == 1
 
 
-def test_decision_calibrate_recalibrates_the_latest_run_and_is_local_only(tmp_path: Path, redis_server_url: str) -> None:
+def test_decision_calibrate_recalibrates_the_latest_run_and_is_local_only(
+    tmp_path: Path, redis_server_url: str
+) -> None:
     config = make_project(tmp_path, grace_seconds=2, backends={"workstation": {"type": "agent"}})
     svc = Services(config, redis_server_url, tmp_path)
     svc.serve()
     try:
-        status, reply = svc.api("POST", "/runs", {"trainer": "decision-calibrate", "schemas": ["sentiment"], "backend": "workstation"})
+        status, reply = svc.api(
+            "POST", "/runs", {"trainer": "decision-calibrate", "schemas": ["sentiment"], "backend": "workstation"}
+        )
         assert status == 400 and "runs only on the local backend" in reply["detail"]
         svc.executor()
         base = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
@@ -181,7 +202,10 @@ def test_decision_calibrate_recalibrates_the_latest_run_and_is_local_only(tmp_pa
 
         def predictions(run_id: str) -> dict[str, tuple[str, float]]:
             lines = (runs_dir / run_id / "predictions.jsonl").read_text().splitlines()
-            return {json.loads(x)["instance_id"]: (json.loads(x)["payload"]["label"], json.loads(x)["confidence"]) for x in lines}
+            return {
+                json.loads(x)["instance_id"]: (json.loads(x)["payload"]["label"], json.loads(x)["confidence"])
+                for x in lines
+            }
 
         before, after = predictions(base), predictions(calibrated)
         assert set(after) <= set(before) and after
@@ -191,22 +215,28 @@ def test_decision_calibrate_recalibrates_the_latest_run_and_is_local_only(tmp_pa
         svc.stop()
 
 
-def test_max_ram_mb_ends_the_run_with_an_out_of_memory_message(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+def test_max_ram_mb_ends_the_run_with_an_out_of_memory_message(
+    tmp_path: Path, redis_server_url: str, tiny_model: Path
+) -> None:
     # Importing torch alone takes well over 60 MB of resident memory.
     with started(tmp_path, redis_server_url, grace_seconds=2, max_ram_mb=60) as svc:
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": str(tiny_model), "epochs": 1})
+        run_id = svc.start_run(
+            trainer="hf-text-classification", schemas=["sentiment"], params={"model_name": str(tiny_model), "epochs": 1}
+        )
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
         assert (run["state"], run["exit_code"]) == ("failed", 5), run
         assert "out of memory" in run["error"] and "max_ram_mb" in run["error"], run["error"]
         assert processes_of(run_id, run_paths(svc, run_id).dir) == []
 
 
-def test_missing_device_falls_back_with_a_warning_in_run_log(tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+def test_missing_device_falls_back_with_a_warning_in_run_log(
+    tmp_path: Path, redis_server_url: str, tiny_model: Path
+) -> None:
     # This machine has no GPU, so cuda:1 does not exist here (LOC-1).
     with started(tmp_path, redis_server_url, device="cuda:1") as svc:
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": str(tiny_model), "epochs": 1})
+        run_id = svc.start_run(
+            trainer="hf-text-classification", schemas=["sentiment"], params={"model_name": str(tiny_model), "epochs": 1}
+        )
         assert svc.wait_for(run_id, TERMINAL, timeout_s=120)["state"] == "succeeded"
         log = run_paths(svc, run_id).run_log.read_text()
         assert "Device 'cuda:1' is not available on this machine (available: cpu); using cpu instead" in log, log
@@ -220,14 +250,24 @@ def test_a_warm_agent_never_assigned_leaves_nothing_behind() -> None:
 
     from tests.conftest import ROOT
 
-    agent = subprocess.Popen([sys.executable, "-S", "-m", "potato_queue.agent", "run", "--assignment-on-stdin"],
-                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                             cwd=str(ROOT), start_new_session=True)
+    agent = subprocess.Popen(
+        [sys.executable, "-S", "-m", "potato_queue.agent", "run", "--assignment-on-stdin"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        cwd=str(ROOT),
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 30
     worker = []
     while not worker and time.monotonic() < deadline:
-        worker = [p for p in Path("/proc").iterdir() if p.name.isdigit() and session_of(p.name) == agent.pid
-                  and "--spec-on-stdin" in (alive_cmd(int(p.name)) or "")]
+        worker = [
+            p
+            for p in Path("/proc").iterdir()
+            if p.name.isdigit()
+            and session_of(p.name) == agent.pid
+            and "--spec-on-stdin" in (alive_cmd(int(p.name)) or "")
+        ]
         time.sleep(0.05)
     assert worker, "the warm agent did not pre-start a worker"
     assert agent.stdin is not None
@@ -254,8 +294,10 @@ def test_a_run_for_a_backend_the_executors_config_lacks_fails_at_once_saying_why
     enqueue(make_celery(config, services.redis_url), config, run_id)
     run = services.wait_for(run_id, TERMINAL, timeout_s=60)
     assert run["state"] == "failed"
-    assert run["error"].startswith(f"This executor runs {services.config.resolve()} as it was when the executor "
-                                   "started, and that has no backend 'gpu-two' (configured: local)"), run["error"]
+    assert run["error"].startswith(
+        f"This executor runs {services.config.resolve()} as it was when the executor "
+        "started, and that has no backend 'gpu-two' (configured: local)"
+    ), run["error"]
     assert "restart them (potato-queue executor CONFIG)" in run["error"]
     next_run = services.start_run(trainer="sklearn-text", schemas=["sentiment"])  # the queue goes on
     assert services.wait_for(next_run, TERMINAL)["state"] == "succeeded"
@@ -268,14 +310,19 @@ def test_cancelling_a_finished_run_says_it_had_already_finished(services: Servic
     run_id = services.start_run(trainer="majority-baseline", schemas=["sentiment"])
     assert services.wait_for(run_id, TERMINAL)["state"] == "succeeded"
     status, reply = services.api("POST", f"/runs/{run_id}/cancel")
-    assert status == 409 and reply["detail"] == f"run {run_id} had already finished (succeeded); there is nothing to cancel"
+    assert (
+        status == 409
+        and reply["detail"] == f"run {run_id} had already finished (succeeded); there is nothing to cancel"
+    )
     proc = run_cli("training", "cancel", run_id, services.config)
     assert proc.returncode == 1
     assert f"run {run_id} had already finished (succeeded); there is nothing to cancel" in proc.stderr
     assert services.api("GET", f"/runs/{run_id}")[1]["state"] == "succeeded"
 
 
-def test_a_data_item_that_is_not_valid_unicode_is_named_and_the_run_goes_on(tmp_path: Path, redis_server_url: str) -> None:
+def test_a_data_item_that_is_not_valid_unicode_is_named_and_the_run_goes_on(
+    tmp_path: Path, redis_server_url: str
+) -> None:
     config = make_project(tmp_path, grace_seconds=2)
     data = config.parent / "data" / "reviews.json"
     items = json.loads(data.read_text())
@@ -314,14 +361,29 @@ def test_bad_predictions_are_refused_and_named_and_never_reach_potato(tmp_path: 
     record = store.create(trainer="sklearn-text", schemas=["sentiment"], backend="local")
     paths = store.paths(record["run_id"])
     build_bundle(config, paths.bundle_dir, ["sentiment"])
-    unlabeled = [json.loads(line)["instance_id"] for line in (paths.bundle_dir / "unlabeled.jsonl").read_text().splitlines()]
+    unlabeled = [
+        json.loads(line)["instance_id"] for line in (paths.bundle_dir / "unlabeled.jsonl").read_text().splitlines()
+    ]
 
     def pred(item: str, label: str, confidence: Any) -> str:
-        return json.dumps({"instance_id": item, "schema_name": "sentiment",
-                           "payload": {"label": label, "confidence": confidence}, "confidence": confidence})
+        return json.dumps(
+            {
+                "instance_id": item,
+                "schema_name": "sentiment",
+                "payload": {"label": label, "confidence": confidence},
+                "confidence": confidence,
+            }
+        )
 
-    lines = ["[1, 2]", pred(unlabeled[0], "positive", 0.9), "not json", pred("r999-nowhere", "positive", 0.9),
-             pred(unlabeled[1], "pos\ud800", 0.9), pred(unlabeled[2], "negative", "true"), pred(unlabeled[3], "negative", 1.5)]
+    lines = [
+        "[1, 2]",
+        pred(unlabeled[0], "positive", 0.9),
+        "not json",
+        pred("r999-nowhere", "positive", 0.9),
+        pred(unlabeled[1], "pos\ud800", 0.9),
+        pred(unlabeled[2], "negative", "true"),
+        pred(unlabeled[3], "negative", 1.5),
+    ]
     paths.predictions.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
     _, prelabels = finalize_predictions(config, store, record)
     assert (prelabels["published"], prelabels["predictions"], prelabels["refused"]) == (1, 1, 4)
@@ -329,7 +391,10 @@ def test_bad_predictions_are_refused_and_named_and_never_reach_potato(tmp_path: 
     assert "predictions.jsonl has 2 line(s) that are not a prediction" in log and "line(s) 1, 3" in log, log
     assert "refused 4 prediction(s), never stored or published" in log, log
     assert "('r999-nowhere', 'sentiment'): the item is not in the run's bundle" in log
-    assert f"('{unlabeled[1]}', 'sentiment'): label 'pos\ufffd' is not one of the schema's labels (negative, positive)" in log
+    assert (
+        f"('{unlabeled[1]}', 'sentiment'): label 'pos\ufffd' is not one of the schema's labels (negative, positive)"
+        in log
+    )
     assert f"('{unlabeled[2]}', 'sentiment'): confidence 'true' is not a number in [0, 1]" in log
     assert f"('{unlabeled[3]}', 'sentiment'): confidence 1.5 is not a number in [0, 1]" in log
     published = (config.output_path / "training" / "predictions.jsonl").read_text(encoding="utf-8").splitlines()
@@ -339,12 +404,17 @@ def test_bad_predictions_are_refused_and_named_and_never_reach_potato(tmp_path: 
     assert [p.name for p in (config.output_path / "training").iterdir() if p.name.startswith(".")] == []
 
 
-def test_retain_runs_prunes_old_bundles_and_models_but_never_the_latest_success(tmp_path: Path,
-                                                                                redis_server_url: str) -> None:
+def test_retain_runs_prunes_old_bundles_and_models_but_never_the_latest_success(
+    tmp_path: Path, redis_server_url: str
+) -> None:
     with started(tmp_path, redis_server_url, retain_runs=1, grace_seconds=2) as svc:
+
         def fail() -> str:  # its model folder does not exist
-            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                                   params={"model_name": str(tmp_path / "no-such-model")})
+            run_id = svc.start_run(
+                trainer="hf-text-classification",
+                schemas=["sentiment"],
+                params={"model_name": str(tmp_path / "no-such-model")},
+            )
             assert svc.wait_for(run_id, TERMINAL, timeout_s=120)["state"] == "failed"
             return run_id
 
@@ -360,8 +430,12 @@ def test_retain_runs_prunes_old_bundles_and_models_but_never_the_latest_success(
         kept, pruned = [later[-1], failed_again], [failed, later[0], first]
         # The executor prunes in a thread of its own once a run has ended: wait for the lines it writes.
         for run_id in pruned:
-            wait_until(lambda run_id=run_id: "retain_runs keeps those of the newest 1 succeeded runs and the newest "
-                                             "1 others" in run_paths(svc, run_id).run_log.read_text())
+            wait_until(
+                lambda run_id=run_id: (
+                    "retain_runs keeps those of the newest 1 succeeded runs and the newest "
+                    "1 others" in run_paths(svc, run_id).run_log.read_text()
+                )
+            )
             paths = run_paths(svc, run_id)
             assert not paths.bundle.exists() and not paths.artifacts.exists() and paths.run_json.exists()
             assert "bundle and model files removed" in paths.run_log.read_text()
@@ -408,20 +482,28 @@ def test_hf_with_no_hub_fails_at_once_saying_the_model_is_not_cached(tmp_path: P
     # The hub's address here refuses connections (port 9 on loopback), as no hub answers a closed network.
     with started(tmp_path, redis_server_url, executors=0, grace_seconds=2) as svc:
         svc.executor(env={"HF_ENDPOINT": "http://127.0.0.1:9"})
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"],
-                               params={"model_name": "some-lab/a-model-nobody-cached", "epochs": 1})
+        run_id = svc.start_run(
+            trainer="hf-text-classification",
+            schemas=["sentiment"],
+            params={"model_name": "some-lab/a-model-nobody-cached", "epochs": 1},
+        )
         run = svc.wait_for(run_id, TERMINAL, timeout_s=120)
         assert run["state"] == "failed"
-        assert run["error"].startswith("Model 'some-lab/a-model-nobody-cached' is not in this machine's Hugging Face "
-                                       "cache, and the hub (127.0.0.1) does not answer from here"), run["error"]
-        assert "fix: download it where the hub answers (huggingface-cli download some-lab/a-model-nobody-cached)" \
+        assert run["error"].startswith(
+            "Model 'some-lab/a-model-nobody-cached' is not in this machine's Hugging Face "
+            "cache, and the hub (127.0.0.1) does not answer from here"
+        ), run["error"]
+        assert (
+            "fix: download it where the hub answers (huggingface-cli download some-lab/a-model-nobody-cached)"
             in run["error"]
+        )
         log = run_paths(svc, run_id).run_log.read_text()
         assert "the model hub (127.0.0.1) does not answer from here" in log and "Traceback" not in log, log
 
 
 def test_a_server_stopped_during_a_run_and_two_agent_claims_stops_at_once_and_quietly(
-        tmp_path: Path, redis_server_url: str) -> None:
+    tmp_path: Path, redis_server_url: str
+) -> None:
     """The local run's agent waits in its control long-poll, two agents of an agent backend wait for a run
     (the first in the claim route, the second at the door in front of it): SIGTERM answers them all (the
     claims with "no run") and the server exits 0 with no ERROR and no traceback in its output."""
@@ -437,24 +519,29 @@ def test_a_server_stopped_during_a_run_and_two_agent_claims_stops_at_once_and_qu
 
     with started(tmp_path, redis_server_url, grace_seconds=2, **lab()) as svc:
         token = register(svc)
-        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local",
-                               params={"hold_s": 60})
+        run_id = svc.start_run(
+            trainer="majority-baseline", schemas=["sentiment"], backend="local", params={"hold_s": 60}
+        )
         wait_running(svc, run_id)
         registered = Keys.of(svc.project_config).agent_token(BACKEND)
         client = redis.Redis.from_url(redis_server_url)
         answers: list[tuple[int, Any]] = []
 
         def claim(pid: int) -> None:
-            req = urllib.request.Request(f"{svc.url}/api/training/agent/v1/backends/{BACKEND}/claim?wait_s=90",
-                                         data=json.dumps({"pid": pid}).encode(), method="POST",
-                                         headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+            req = urllib.request.Request(
+                f"{svc.url}/api/training/agent/v1/backends/{BACKEND}/claim?wait_s=90",
+                data=json.dumps({"pid": pid}).encode(),
+                method="POST",
+                headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+            )
             with urllib.request.urlopen(req, timeout=120) as resp:
                 answers.append((resp.status, json.loads(resp.read())))
 
         claims = [threading.Thread(target=claim, args=(pid,)) for pid in (1, 2)]
         claims[0].start()
-        wait_until(lambda: json.loads(client.hget(registered, "agent") or b"{}").get("pid") == 1, 30,
-                   "the first claim looked")
+        wait_until(
+            lambda: json.loads(client.hget(registered, "agent") or b"{}").get("pid") == 1, 30, "the first claim looked"
+        )
         claims[1].start()
         # Nothing outside the server shows the second claim waiting at the door: give its request a moment to
         # arrive whole, or the stopping server would close its connection as idle instead of answering it.

@@ -33,8 +33,16 @@ from tests.tiny_llm import build_tiny_llm
 
 
 def llm_params(model: Path, **extra: Any) -> dict[str, Any]:
-    return {"model_name": str(model), "epochs": 2, "batch_size": 4, "grad_accum_steps": 2, "max_length": 4,
-            "learning_rate": 5e-3, "lora": {"r": 4, "alpha": 8}, **extra}
+    return {
+        "model_name": str(model),
+        "epochs": 2,
+        "batch_size": 4,
+        "grad_accum_steps": 2,
+        "max_length": 4,
+        "learning_rate": 5e-3,
+        "lora": {"r": 4, "alpha": 8},
+        **extra,
+    }
 
 
 def test_a_tiny_llama_fine_tunes_with_lora_and_the_adapter_is_the_model_file(tmp_path: Path, tiny_llm: Path) -> None:
@@ -52,7 +60,9 @@ def test_a_tiny_llama_fine_tunes_with_lora_and_the_adapter_is_the_model_file(tmp
     notes = run.only("result")["notes"]
     assert notes[1] == "LoRA r=4 alpha=8 on k_proj, o_proj, q_proj, v_proj; the adapter is the saved model", notes
     logs = [e["msg"] for e in run.of("log")]
-    assert any("train items for sentiment are longer than max_length (4 tokens) and were cut to it" in m for m in logs), logs
+    assert any(
+        "train items for sentiment are longer than max_length (4 tokens) and were cut to it" in m for m in logs
+    ), logs
     card = json.loads((tmp_path / "work" / "model_card.json").read_text())
     assert card["schemas"][SCHEMA]["precision"] == "fp32" and card["schemas"][SCHEMA]["load_in_4bit"] is False
     train = [e for e in run.of("progress") if e["phase"] == "train"]
@@ -77,7 +87,9 @@ def test_a_qwen2_gets_its_family_targets(tmp_path: Path) -> None:
     write_bundle(bundle)
     run = run_worker(write_spec(tmp_path, bundle, "hf-llm-lora", llm_params(model, epochs=1)))
     assert run.returncode == 0, run.stderr[-3000:]
-    assert json.loads((tmp_path / "work" / SCHEMA / "adapter_config.json").read_text())["base_model_name_or_path"] == str(model)
+    assert json.loads((tmp_path / "work" / SCHEMA / "adapter_config.json").read_text())[
+        "base_model_name_or_path"
+    ] == str(model)
 
 
 def test_4bit_on_a_machine_without_cuda_is_refused_with_the_fix(tmp_path: Path, tiny_llm: Path) -> None:
@@ -88,15 +100,24 @@ def test_4bit_on_a_machine_without_cuda_is_refused_with_the_fix(tmp_path: Path, 
     assert run.only("error")["message"] == (
         "params.load_in_4bit is true, but 4-bit base weights (bitsandbytes) need a CUDA GPU and this run's device "
         "is cpu; fix: run on a backend with a GPU, or set params.load_in_4bit: false (or auto) to train the base "
-        "weights in full precision")
+        "weights in full precision"
+    )
 
 
-def run_until(spec: Path, step: int, act: Callable[[subprocess.Popen[str]], None],
-              env: dict[str, str] | None = None) -> Run:
+def run_until(
+    spec: Path, step: int, act: Callable[[subprocess.Popen[str]], None], env: dict[str, str] | None = None
+) -> Run:
     """Start the worker as the agent does (leading a process group); at train progress `step`, act(worker)."""
-    proc = subprocess.Popen([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=env or worker_env(), cwd=str(ROOT),
-                            stdin=subprocess.DEVNULL, start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env or worker_env(),
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     lines = []
     try:
         assert proc.stdout is not None
@@ -119,7 +140,8 @@ def _preempt_after(spec: Path, step: int) -> Run:
 
 
 def test_preempted_mid_training_it_checkpoints_exits_6_and_the_rerun_resumes_to_the_same_model(
-        tmp_path: Path, tiny_llm: Path) -> None:
+    tmp_path: Path, tiny_llm: Path
+) -> None:
     """The SLURM requeue's worker side: SIGUSR1, a checkpoint, exit 6; the same spec run again resumes at that
     step and ends with the adapter a run never stopped ends with, byte for byte."""
     bundle = tmp_path / "bundle"
@@ -154,8 +176,15 @@ def test_a_preemption_before_the_loop_exits_6_with_nothing_to_save(tmp_path: Pat
     bundle = tmp_path / "bundle"
     write_bundle(bundle)
     spec = write_spec(tmp_path, bundle, "majority-baseline", {"hold_s": 30, "checkpoint_every_steps": 1})
-    proc = subprocess.Popen([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env=worker_env(), cwd=str(ROOT), stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=worker_env(),
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+    )
     assert proc.stdout is not None
     proc.stdout.readline()  # the first status: the worker has started and its handlers are in
     proc.send_signal(signal.SIGUSR1)
@@ -184,5 +213,6 @@ def test_a_bad_checkpoint_every_steps_is_refused(tmp_path: Path) -> None:
     write_bundle(bundle)
     run = run_worker(write_spec(tmp_path, bundle, "majority-baseline", {"checkpoint_every_steps": -3}))
     assert run.returncode == 2
-    assert run.only("error")["message"] == ("params.checkpoint_every_steps must be a whole number of steps, 0 for "
-                                            "none, got -3")
+    assert run.only("error")["message"] == (
+        "params.checkpoint_every_steps must be a whole number of steps, 0 for none, got -3"
+    )

@@ -25,15 +25,28 @@ from tests.conftest import run_cli
 from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_running
 from tests.sshd import Sshd, account
 
-SHELLS = {"sh": "/bin/sh", "dash": "/usr/bin/dash", "bash": "/bin/bash", "zsh": "/usr/bin/zsh", "ksh": "/usr/bin/ksh",
-          "tcsh": "/usr/bin/tcsh", "csh": "/usr/bin/csh", "fish": "/usr/bin/fish"}
+SHELLS = {
+    "sh": "/bin/sh",
+    "dash": "/usr/bin/dash",
+    "bash": "/bin/bash",
+    "zsh": "/usr/bin/zsh",
+    "ksh": "/usr/bin/ksh",
+    "tcsh": "/usr/bin/tcsh",
+    "csh": "/usr/bin/csh",
+    "fish": "/usr/bin/fish",
+}
 # A banner before the interactive guard of ~/.bashrc (as a careless conda or module init prints), and in
 # ~/.cshrc, which has no guard at all.
 BANNER = "Welcome to gpu01"
-CHATTY = {"bash": (".bashrc", f'echo "{BANNER}"\ncase $- in *i*) ;; *) return;; esac\n'),
-          "tcsh": (".cshrc", f'echo "{BANNER}"\n')}
-NO_FORWARDS = {"pqnofwd-tcp": "AllowTcpForwarding no", "pqnofwd-unix": "AllowStreamLocalForwarding no",
-               "pqnofwd-all": "DisableForwarding yes"}
+CHATTY = {
+    "bash": (".bashrc", f'echo "{BANNER}"\ncase $- in *i*) ;; *) return;; esac\n'),
+    "tcsh": (".cshrc", f'echo "{BANNER}"\n'),
+}
+NO_FORWARDS = {
+    "pqnofwd-tcp": "AllowTcpForwarding no",
+    "pqnofwd-unix": "AllowStreamLocalForwarding no",
+    "pqnofwd-all": "DisableForwarding yes",
+}
 SECOND_FACTOR_USER, CODE = "pq2fa", "code-424242"
 
 
@@ -56,8 +69,9 @@ def hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Sshd]:
                 rc.write_text(text)
                 subprocess.run(["chown", f"{user}:", str(rc)], check=True)
         for user in [*NO_FORWARDS, SECOND_FACTOR_USER]:
-            sshd.authorize(sshd.add_user(user, shell="/bin/bash", password=CODE if user == SECOND_FACTOR_USER else None),
-                           sshd.key)
+            sshd.authorize(
+                sshd.add_user(user, shell="/bin/bash", password=CODE if user == SECOND_FACTOR_USER else None), sshd.key
+            )
         yield sshd
     finally:
         sshd.close()
@@ -73,11 +87,19 @@ def svc(hosts: Sshd, tmp_path_factory: pytest.TempPathFactory, redis_server_url:
     users = [shell_user(shell) for shell in SHELLS] + [account(user) for user in [*NO_FORWARDS, SECOND_FACTOR_USER]]
     # A short folder: ssh's master socket is ControlPath plus 17 characters, within a unix socket's 108.
     control = Path(tempfile.mkdtemp(prefix="pq-cm-"))
-    config = hosts.aliases("ssh_config.shells", {
-        alias(user): {"User": user, **({"ControlPath": f"{control}/%C"} if user == account(SECOND_FACTOR_USER) else {})}
-        for user in users})
-    backends = {user: {"type": "ssh", "host": alias(user), "python": "/usr/bin/python3", "gpus": "none"}
-                for user in users}
+    config = hosts.aliases(
+        "ssh_config.shells",
+        {
+            alias(user): {
+                "User": user,
+                **({"ControlPath": f"{control}/%C"} if user == account(SECOND_FACTOR_USER) else {}),
+            }
+            for user in users
+        },
+    )
+    backends = {
+        user: {"type": "ssh", "host": alias(user), "python": "/usr/bin/python3", "gpus": "none"} for user in users
+    }
     try:
         with started(tmp, redis_server_url, executors=0, backends=backends) as services:
             services.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(config)})
@@ -88,8 +110,15 @@ def svc(hosts: Sshd, tmp_path_factory: pytest.TempPathFactory, redis_server_url:
 
 
 def check(svc: Services, backend: str, *extra: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("training", "check", backend, svc.config, *extra,
-                   env={"POTATO_QUEUE_SSH_CONFIG": str(svc.ssh_config)}, timeout_s=120)  # type: ignore[attr-defined]
+    return run_cli(
+        "training",
+        "check",
+        backend,
+        svc.config,
+        *extra,
+        env={"POTATO_QUEUE_SSH_CONFIG": str(svc.ssh_config)},
+        timeout_s=120,
+    )  # type: ignore[attr-defined]
 
 
 def processes_of(user: str, timeout_s: float = 15) -> list[str]:
@@ -126,7 +155,7 @@ def test_every_login_shell_checks_runs_brings_the_model_back_and_cancels(svc: Se
     assert f"transport: a reverse forward of the run's socket ({alias(user)}'s sshd allows it)" in done.stdout
     run_id, _ = run_with_model_back(svc, user)
     log = run_paths(svc, run_id).run_log.read_text()
-    banner_line = f"{alias(user)}'s shell start-up prints \"{BANNER}\" for non-interactive commands"
+    banner_line = f'{alias(user)}\'s shell start-up prints "{BANNER}" for non-interactive commands'
     if shell in CHATTY:  # said, with the fix, in both; and the run still succeeded
         assert banner_line in done.stdout and banner_line in log, (done.stdout, log)
         assert "Fix: print only in interactive shells" in log
@@ -141,13 +170,16 @@ def test_every_login_shell_checks_runs_brings_the_model_back_and_cancels(svc: Se
 
 
 @pytest.mark.parametrize("user", list(NO_FORWARDS))
-def test_an_sshd_that_refuses_forwarding_still_runs_over_the_session_and_check_says_so(svc: Services,
-                                                                                       user: str) -> None:
+def test_an_sshd_that_refuses_forwarding_still_runs_over_the_session_and_check_says_so(
+    svc: Services, user: str
+) -> None:
     user = account(user)
     done = check(svc, user)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"transport: over the ssh session itself ({alias(user)}'s sshd refuses forwarding: one of AllowTcpForwarding, "\
-        "AllowStreamLocalForwarding, DisableForwarding); runs work" in done.stdout, done.stdout
+    assert (
+        f"transport: over the ssh session itself ({alias(user)}'s sshd refuses forwarding: one of AllowTcpForwarding, "
+        "AllowStreamLocalForwarding, DisableForwarding); runs work" in done.stdout
+    ), done.stdout
     assert json.loads(check(svc, user, "--json").stdout)["transport"] == "session"
     run_id, run = run_with_model_back(svc, user)
     log = run_paths(svc, run_id).run_log.read_text()
@@ -157,17 +189,24 @@ def test_an_sshd_that_refuses_forwarding_still_runs_over_the_session_and_check_s
 
 
 def test_a_second_factor_login_fails_with_the_master_fix_and_runs_through_a_master_opened_by_hand(
-        svc: Services, tmp_path: Path) -> None:
+    svc: Services, tmp_path: Path
+) -> None:
     user, config = account(SECOND_FACTOR_USER), str(svc.ssh_config)  # type: ignore[attr-defined]
     refused = check(svc, user)
     assert refused.returncode == 1
-    assert f"ssh to {alias(user)} failed: the host asks for password besides the key (a second factor)" in refused.stdout
+    assert (
+        f"ssh to {alias(user)} failed: the host asks for password besides the key (a second factor)" in refused.stdout
+    )
     assert "ControlMaster" in refused.stdout and "ControlPersist" in refused.stdout, refused.stdout
     # The person, in a terminal of their own: opens a master and types the code (sshpass), as docs/backends/ssh.md
     # shows; it stays open while they work.
-    person = subprocess.Popen(["sshpass", "-p", CODE, "ssh", "-F", config, "-o", "ControlMaster=yes", "-N", alias(user)],
-                              stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                              start_new_session=True)
+    person = subprocess.Popen(
+        ["sshpass", "-p", CODE, "ssh", "-F", config, "-o", "ControlMaster=yes", "-N", alias(user)],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     deadline = time.monotonic() + 20
     while subprocess.run(["ssh", "-F", config, "-O", "check", alias(user)], capture_output=True).returncode != 0:
         assert person.poll() is None and time.monotonic() < deadline, person.stderr.read() if person.stderr else ""

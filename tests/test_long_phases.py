@@ -35,8 +35,9 @@ LEASE_TTL_S, LEASE_RENEW_S = 0.3, 0.05
 BUILD_S = 3 * LEASE_TTL_S + 0.3
 
 
-def _run(tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch,
-         during_build: Callable[[RunStore, str], None]) -> tuple[RunStore, dict[str, Any]]:
+def _run(
+    tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch, during_build: Callable[[RunStore, str], None]
+) -> tuple[RunStore, dict[str, Any]]:
     """One local run through RunLife, its build followed by BUILD_S of `during_build` every 50 ms."""
     config = load_checked(make_project(tmp_path))
     clock = ManualClock(time.time() + ORPHAN_QUIET_S + 60)
@@ -80,7 +81,8 @@ def _another_executors_sweep(store: RunStore, run_id: str) -> None:
 
 
 def test_a_bundle_build_slower_than_the_lease_is_not_taken_for_a_stalled_executor(
-        tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Before the slot was renewed during the build, the sweep took the free slot and failed the run as
     orphaned, and the build then wrote it back to `starting`."""
     store, record = _run(tmp_path, redis_server_url, monkeypatch, _another_executors_sweep)
@@ -90,9 +92,11 @@ def test_a_bundle_build_slower_than_the_lease_is_not_taken_for_a_stalled_executo
 
 
 def test_a_run_failed_while_it_was_building_stays_failed_in_run_json_and_in_potatos_row(
-        tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The sweep that decided the executor was gone (a real stall) wins: the build that finishes after it
     writes nothing back, launches nothing, and says so in run.log."""
+
     def stalled(store: RunStore, run_id: str) -> None:
         store.transition(run_id, RunState.FAILED, error=EXECUTOR_STOPPED, said=EXECUTOR_STOPPED)
 

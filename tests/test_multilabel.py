@@ -27,10 +27,18 @@ from tests.test_ssh_backend import BACKEND, gpu_server
 from tests.test_worker import run_worker, split_ids, write_bundle, write_spec
 
 TOPICS = ["acting", "music", "plot"]
-WORDS = {"acting": ["cast", "performance", "actor"], "music": ["score", "soundtrack", "song"],
-         "plot": ["story", "twist", "ending"]}
-MULTISELECT = {"name": "topics", "annotation_type": "multiselect", "kind": "multilabel", "labels": TOPICS,
-               "source_field": None}
+WORDS = {
+    "acting": ["cast", "performance", "actor"],
+    "music": ["score", "soundtrack", "song"],
+    "plot": ["story", "twist", "ending"],
+}
+MULTISELECT = {
+    "name": "topics",
+    "annotation_type": "multiselect",
+    "kind": "multilabel",
+    "labels": TOPICS,
+    "source_field": None,
+}
 
 
 @pytest.mark.unit
@@ -39,8 +47,12 @@ def test_set_scores_match_the_sums_by_hand() -> None:
     predicted = {"a": ["y", "x"], "b": ["x"], "c": None}
     # x: tp 1 (a), fp 1 (b) -> 2/3; y: tp 1, fn 1 (b) -> 2/3; z: fn 1 -> 0. Pooled: tp 2, fp 1, fn 2 -> 4/7.
     assert score(gold, predicted, "multilabel") == {
-        "accuracy": 0.3333, "macro_f1": 0.4444, "micro_f1": 0.5714,
-        "per_label_f1": {"x": 0.6667, "y": 0.6667, "z": 0.0}, "n": 3}, "d (no answer) is not scored"
+        "accuracy": 0.3333,
+        "macro_f1": 0.4444,
+        "micro_f1": 0.5714,
+        "per_label_f1": {"x": 0.6667, "y": 0.6667, "z": 0.0},
+        "n": 3,
+    }, "d (no answer) is not scored"
     assert score({"a": ["x"]}, {"a": "x"}, "multilabel")["accuracy"] == 1.0, "a lone label is a set of one"
     assert score({}, {}, "multilabel") == {"accuracy": None, "macro_f1": None, "n": 0}
 
@@ -85,7 +97,9 @@ def topic_items(n: int = 150) -> list[dict[str, Any]]:
     for i in range(n):
         chosen = [TOPICS[i % 3]] + ([TOPICS[(i + 1) % 3]] if i % 2 else [])
         words = [WORDS[t][(i // 3) % 3] for t in chosen]
-        text = f"the {words[0]} was {['fine', 'great', 'odd'][i % 3]}" + (f" and the {words[1]} too" if len(words) > 1 else "")
+        text = f"the {words[0]} was {['fine', 'great', 'odd'][i % 3]}" + (
+            f" and the {words[1]} too" if len(words) > 1 else ""
+        )
         items.append({"id": f"m{i:03d}", "text": text, "label": None if i % 6 == 5 else chosen})
     return items
 
@@ -100,7 +114,8 @@ def test_sklearn_text_trains_a_multiselect_one_classifier_per_label(tmp_path: Pa
     assert metrics["test_accuracy"] >= 0.8 and metrics["test_micro_f1"] >= 0.9, metrics
     lines = [json.loads(line) for line in (tmp_path / "run" / "work" / "predictions.jsonl").read_text().splitlines()]
     assert {p["instance_id"] for p in lines} == split_ids(bundle, "val") | split_ids(bundle, "test") | split_ids(
-        bundle, "unlabeled")
+        bundle, "unlabeled"
+    )
     for p in lines:
         # Potato pre-fills a multiselect from a list of {label, confidence}: each label's own probability.
         chosen = [x["label"] for x in p["payload"]]
@@ -109,7 +124,9 @@ def test_sklearn_text_trains_a_multiselect_one_classifier_per_label(tmp_path: Pa
         least_sure = min(s if label in chosen else 1 - s for label, s in p["scores"].items())
         assert abs(p["confidence"] - least_sure) < 1e-3, p  # the scores are rounded to 4 digits
     card = json.loads((tmp_path / "run" / "work" / "model_card.json").read_text())
-    assert card["schemas"]["topics"]["kind"] == "multilabel" and set(card["schemas"]["topics"]["thresholds"]) == set(TOPICS)
+    assert card["schemas"]["topics"]["kind"] == "multilabel" and set(card["schemas"]["topics"]["thresholds"]) == set(
+        TOPICS
+    )
 
 
 def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path: Path, redis_server_url: str) -> None:
@@ -132,15 +149,28 @@ def test_a_multiselect_project_trains_through_the_queue_with_set_scores(tmp_path
         status, refused = svc.api("POST", "/runs", {"trainer": "majority-baseline", "schemas": ["topics"]})
         assert status == 409, refused
         assert refused["detail"].startswith("Scheme 'topics' is multilabel (multiselect), and majority-baseline trains")
-        assert "train topics with hf-llm-lora or hf-text-classification or sklearn-text; majority-baseline takes sentiment here" in refused["detail"], refused
+        assert (
+            "train topics with hf-llm-lora or hf-text-classification or sklearn-text; majority-baseline takes sentiment here"
+            in refused["detail"]
+        ), refused
 
 
 def test_hf_text_classification_fine_tunes_one_sigmoid_a_label_through_the_queue(
-        tmp_path: Path, redis_server_url: str, tiny_model: Path) -> None:
+    tmp_path: Path, redis_server_url: str, tiny_model: Path
+) -> None:
     """A real fine-tune (a tiny BERT built here, on the CPU) of the small project's multiselect."""
     with topics_stack(tmp_path, redis_server_url) as svc:
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["topics"], params={
-            "model_name": str(tiny_model), "epochs": 12, "batch_size": 8, "max_length": 16, "learning_rate": 5e-3})
+        run_id = svc.start_run(
+            trainer="hf-text-classification",
+            schemas=["topics"],
+            params={
+                "model_name": str(tiny_model),
+                "epochs": 12,
+                "batch_size": 8,
+                "max_length": 16,
+                "learning_rate": 5e-3,
+            },
+        )
         run = svc.wait_for(run_id, TERMINAL, 240)
         assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())
         test = run["held_out"]["topics"]["test"]
@@ -153,13 +183,24 @@ def test_hf_text_classification_fine_tunes_one_sigmoid_a_label_through_the_queue
         assert all(isinstance(p["payload"], list) and set(p["scores"]) == set(thresholds) for p in lines)
 
 
-def test_hf_llm_lora_fine_tunes_a_decoder_with_one_sigmoid_a_label(tmp_path: Path, redis_server_url: str,
-                                                                     tiny_llm: Path) -> None:
+def test_hf_llm_lora_fine_tunes_a_decoder_with_one_sigmoid_a_label(
+    tmp_path: Path, redis_server_url: str, tiny_llm: Path
+) -> None:
     """A tiny Llama built here (on the CPU), LoRA on its attention: its head is a multiselect's sigmoids."""
     with topics_stack(tmp_path, redis_server_url) as svc:
-        run_id = svc.start_run(trainer="hf-llm-lora", schemas=["topics"], params={
-            "model_name": str(tiny_llm), "epochs": 10, "batch_size": 8, "grad_accum_steps": 1, "max_length": 12,
-            "learning_rate": 1e-2, "lora": {"r": 8, "alpha": 16}})
+        run_id = svc.start_run(
+            trainer="hf-llm-lora",
+            schemas=["topics"],
+            params={
+                "model_name": str(tiny_llm),
+                "epochs": 10,
+                "batch_size": 8,
+                "grad_accum_steps": 1,
+                "max_length": 12,
+                "learning_rate": 1e-2,
+                "lora": {"r": 8, "alpha": 16},
+            },
+        )
         run = svc.wait_for(run_id, TERMINAL, 300)
         assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())
         test = run["held_out"]["topics"]["test"]
@@ -173,8 +214,12 @@ def test_hf_llm_lora_fine_tunes_a_decoder_with_one_sigmoid_a_label(tmp_path: Pat
 def test_a_multiselect_trains_on_the_ssh_backend_too(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
     """A remote backend (a real sshd on 127.0.0.1): the sets and their scores cross the agent's protocol."""
     sshd.write_config("root")
-    with topics_stack(tmp_path, redis_server_url, {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
-                      **gpu_server(tmp_path, python=sys.executable)) as svc:  # a Python with sklearn
+    with topics_stack(
+        tmp_path,
+        redis_server_url,
+        {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
+        **gpu_server(tmp_path, python=sys.executable),
+    ) as svc:  # a Python with sklearn
         run_id = svc.start_run(trainer="sklearn-text", schemas=["topics"], backend=BACKEND)
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "succeeded" and run["ran_on"] == BACKEND, (run, svc.logs())
@@ -184,8 +229,9 @@ def test_a_multiselect_trains_on_the_ssh_backend_too(tmp_path: Path, redis_serve
 
 
 @contextmanager
-def topics_stack(tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None,
-                 **training: Any) -> Iterator[Services]:
+def topics_stack(
+    tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None, **training: Any
+) -> Iterator[Services]:
     """The small project with a multiselect (`training`: model_training overrides), its server and an executor."""
     config = make_project(tmp_path, **training)
     _add_topics(config)
@@ -201,16 +247,31 @@ def topics_stack(tmp_path: Path, redis_url: str, executor_env: dict[str, str] | 
 def _add_topics(config: Path) -> None:
     """The small project gets a multiselect, answered for every item its annotators labelled."""
     data = yaml.safe_load(config.read_text())
-    data["annotation_schemes"].append({"annotation_type": "multiselect", "name": "topics",
-                                       "labels": ["acting", "plot", "visuals"], "description": "Topics"})
+    data["annotation_schemes"].append(
+        {
+            "annotation_type": "multiselect",
+            "name": "topics",
+            "labels": ["acting", "plot", "visuals"],
+            "description": "Topics",
+        }
+    )
     config.write_text(yaml.safe_dump(data, sort_keys=False))
     _annotate_topics(config.parent)
 
 
 # What each review of the small project talks about, by its subject ("The cast was ...").
-SUBJECT_TOPICS = {"cast": ["acting"], "dialogue": ["acting", "plot"], "story": ["plot"], "script": ["plot"],
-                  "ending": ["plot"], "pacing": ["plot", "visuals"], "camera work": ["visuals"],
-                  "direction": ["acting", "visuals"], "film": ["plot", "visuals"], "soundtrack": ["visuals"]}
+SUBJECT_TOPICS = {
+    "cast": ["acting"],
+    "dialogue": ["acting", "plot"],
+    "story": ["plot"],
+    "script": ["plot"],
+    "ending": ["plot"],
+    "pacing": ["plot", "visuals"],
+    "camera work": ["visuals"],
+    "direction": ["acting", "visuals"],
+    "film": ["plot", "visuals"],
+    "soundtrack": ["visuals"],
+}
 
 
 def _annotate_topics(project: Path) -> None:
@@ -235,8 +296,9 @@ def _items(project: Path) -> list[dict[str, Any]]:
 
 def test_potato_pre_checks_a_multiselect_from_the_runs_set_of_labels(tmp_path: Path, redis_server_url: str) -> None:
     """Potato 2.12.1 itself (its server, model-review serving): the labels of the set come pre-checked."""
-    config = make_project(tmp_path, grace_seconds=2, writeback={"schemas": ["topics"], "include_unlabeled": True,
-                                                                  "min_confidence": 0.0})
+    config = make_project(
+        tmp_path, grace_seconds=2, writeback={"schemas": ["topics"], "include_unlabeled": True, "min_confidence": 0.0}
+    )
     add_potato_keys(config)
     _add_topics(config)
     potato, svc = PotatoServer(config, tmp_path, ADMIN_KEY), Services(config, redis_server_url, tmp_path)

@@ -40,9 +40,10 @@ def test_every_ssh_runs_in_batch_mode_and_exits_when_a_forward_fails() -> None:
 
 
 def test_user_port_and_identity_become_l_p_and_i() -> None:
-    argv = ssh_argv(SshTarget("gpu", user="ana", port=2222, identity_file="~/.ssh/lab", config_file="/etc/pq/ssh"),
-                    ["true"])
-    head = argv[:argv.index("-o")]
+    argv = ssh_argv(
+        SshTarget("gpu", user="ana", port=2222, identity_file="~/.ssh/lab", config_file="/etc/pq/ssh"), ["true"]
+    )
+    head = argv[: argv.index("-o")]
     assert head == ["ssh", "-F", "/etc/pq/ssh", "-l", "ana", "-p", "2222", "-i", "~/.ssh/lab"]
 
 
@@ -52,8 +53,15 @@ LOGIN_SHELLS = ["sh", "dash", "bash", "zsh", "ksh", "mksh", "tcsh", "csh", "fish
 @pytest.mark.parametrize("shell", LOGIN_SHELLS)
 def test_the_remote_command_is_the_same_words_in_every_login_shell(shell: str) -> None:
     """sshd runs the command as `<login shell> -c <command>`; each real shell here must give back our words."""
-    words = ["python3", "-c", 'import a; print("x y") or (lambda: {1: [2]})()', "potato-queue-0123456789abcdef",
-             "/home/ana/gpu run/python", "a;b|c&d>e<f*g?h~i#j", "--"]
+    words = [
+        "python3",
+        "-c",
+        'import a; print("x y") or (lambda: {1: [2]})()',
+        "potato-queue-0123456789abcdef",
+        "/home/ana/gpu run/python",
+        "a;b|c&d>e<f*g?h~i#j",
+        "--",
+    ]
     argv = ssh_argv(SshTarget("gpu"), words)
     assert argv[-1] == remote_shell(words)
     printed = subprocess.run([shell, "-c", f"printf '%s\\n' {argv[-1]}"], capture_output=True, text=True, check=True)
@@ -71,24 +79,34 @@ def test_the_first_stage_runs_the_program_from_stdin_after_its_marker_in_every_s
     marker = new_marker()
     program = 'import os, sys\nprint("pid", os.getpid() > 0, sys.stdin.readline().strip())\n'
     command = remote_shell(stage_argv("/usr/bin/python3", marker))
-    done = subprocess.run([shell, "-c", f"echo Welcome to gpu01; {command}"],
-                          input=stage_input(program) + b"the rest of stdin\n", capture_output=True, check=True)
+    done = subprocess.run(
+        [shell, "-c", f"echo Welcome to gpu01; {command}"],
+        input=stage_input(program) + b"the rest of stdin\n",
+        capture_output=True,
+        check=True,
+    )
     assert split_banner(done.stdout.decode(), marker) == ("Welcome to gpu01\n", "pid True the rest of stdin\n")
 
 
 def test_a_banner_is_said_once_with_how_to_silence_it() -> None:
     note = banner_note("gpu01", "\nWelcome to gpu01\nmodule: loaded cuda/12\n")
     assert note is not None and note.startswith(
-        "gpu01's shell start-up prints \"Welcome to gpu01\" (and 1 more line(s)) for non-interactive commands")
+        'gpu01\'s shell start-up prints "Welcome to gpu01" (and 1 more line(s)) for non-interactive commands'
+    )
     assert "~/.bashrc" in note and "~/.cshrc" in note and "status is-interactive" in note
     assert banner_note("gpu01", "\n  \n") is None
     assert "\x1b" not in (banner_note("gpu01", "\x1b[31mred\n") or ""), "a host's text forges no terminal codes"
 
 
 def test_a_missing_interpreter_is_recognised_in_every_shells_words() -> None:
-    said = {"sh": "sh: 1: /opt/py: not found", "bash": "bash: line 1: /opt/py: No such file or directory",
-            "zsh": "zsh:1: no such file or directory: /opt/py", "tcsh": "/opt/py: Command not found.",
-            "fish": "fish: Unknown command: /opt/py", "mksh": "E: mksh: /opt/py: inaccessible or not found"}
+    said = {
+        "sh": "sh: 1: /opt/py: not found",
+        "bash": "bash: line 1: /opt/py: No such file or directory",
+        "zsh": "zsh:1: no such file or directory: /opt/py",
+        "tcsh": "/opt/py: Command not found.",
+        "fish": "fish: Unknown command: /opt/py",
+        "mksh": "E: mksh: /opt/py: inaccessible or not found",
+    }
     assert all(missing_program(text, "/opt/py") for text in said.values())
     assert not missing_program("Traceback ...\nModuleNotFoundError: No module named 'x' not found", "/opt/py")
 
@@ -107,22 +125,31 @@ def test_ssh_failures_say_what_and_the_fix() -> None:
     assert denied.message == "ssh to gpu failed: Permission denied"  # ERR-1
     assert "ssh-agent" in (denied.fix or "") and "authorized_keys" in (denied.fix or "")
     assert ssh_failure("gpu", "Host key verification failed.").message == (
-        "ssh to gpu failed: its host key is not known or has changed")
+        "ssh to gpu failed: its host key is not known or has changed"
+    )
     assert ssh_failure("gpu", "ssh: Could not resolve hostname gpu: Name or service not known").message == (
-        "ssh to gpu failed: the host name does not resolve")
+        "ssh to gpu failed: the host name does not resolve"
+    )
     assert ssh_failure("gpu", "Error: remote port forwarding failed for listen path /tmp/x").message == (
-        "ssh to gpu failed: the host refused to forward the run's socket")
+        "ssh to gpu failed: the host refused to forward the run's socket"
+    )
     forwards = ssh_failure("gpu", "Error: remote port forwarding failed for listen path /tmp/x")
-    assert all(setting in (forwards.fix or "") for setting in (
-        "AllowTcpForwarding no", "AllowStreamLocalForwarding no", "DisableForwarding yes")), forwards.fix
+    assert all(
+        setting in (forwards.fix or "")
+        for setting in ("AllowTcpForwarding no", "AllowStreamLocalForwarding no", "DisableForwarding yes")
+    ), forwards.fix
     second = ssh_failure("gpu", "ana@gpu: Permission denied (keyboard-interactive).\r\n")
-    assert second.message == ("ssh to gpu failed: the host asks for keyboard-interactive besides the key (a second "
-                              "factor), which a queue cannot type")
+    assert second.message == (
+        "ssh to gpu failed: the host asks for keyboard-interactive besides the key (a second "
+        "factor), which a queue cannot type"
+    )
     assert "ControlMaster=yes" in (second.fix or "") and "ControlPersist" in (second.fix or "")
     assert ssh_failure("gpu", "ana@gpu: Permission denied (publickey,password).").message == (
-        "ssh to gpu failed: Permission denied"), "the key itself was refused: ERR-1"
+        "ssh to gpu failed: Permission denied"
+    ), "the key itself was refused: ERR-1"
     assert ssh_failure("gpu", "kex_exchange_identification: read: Connection reset by peer\n").message == (
-        "ssh to gpu failed: kex_exchange_identification: read: Connection reset by peer")
+        "ssh to gpu failed: kex_exchange_identification: read: Connection reset by peer"
+    )
 
 
 # -- against a real sshd ----------------------------------------------------------------------
@@ -146,8 +173,9 @@ def test_an_account_with_no_key_fails_at_once_with_err_1(sshd: Sshd) -> None:
     assert failed.value.message == f"ssh to {ALIAS} failed: Permission denied"
 
 
-def test_a_key_with_a_passphrase_works_through_ssh_agent(sshd: Sshd, tmp_path: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_key_with_a_passphrase_works_through_ssh_agent(
+    sshd: Sshd, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     key = sshd.new_key("locked", passphrase="open sesame")
     sshd.authorize("root", key)
     sshd.write_config("root", key)
@@ -163,8 +191,12 @@ def test_a_key_with_a_passphrase_works_through_ssh_agent(sshd: Sshd, tmp_path: P
             askpass.chmod(0o700)
             while not agent_socket.exists():
                 time.sleep(0.01)
-            env = {**os.environ, "SSH_AUTH_SOCK": str(agent_socket), "SSH_ASKPASS": str(askpass),
-                   "SSH_ASKPASS_REQUIRE": "force"}
+            env = {
+                **os.environ,
+                "SSH_AUTH_SOCK": str(agent_socket),
+                "SSH_ASKPASS": str(askpass),
+                "SSH_ASKPASS_REQUIRE": "force",
+            }
             subprocess.run(["ssh-add", str(key)], env=env, check=True, capture_output=True)
             monkeypatch.setenv("SSH_AUTH_SOCK", str(agent_socket))
             assert run_ssh(target, ["echo", "unlocked"]) == "unlocked\n"
@@ -192,8 +224,11 @@ def test_the_reverse_forwarded_socket_is_0600_and_only_for_the_login_account(ssh
     sshd.write_config("root")
     target = SshTarget(ALIAS, config_file=str(sshd.config))
     remote_socket = f"/tmp/pq-test-{secrets.token_hex(6)}.sock"
-    session = subprocess.Popen(ssh_argv(target, ["sleep", "60"], forward=(remote_socket, f"127.0.0.1:{httpd.server_port}")),
-                               stdin=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    session = subprocess.Popen(
+        ssh_argv(target, ["sleep", "60"], forward=(remote_socket, f"127.0.0.1:{httpd.server_port}")),
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     try:
         deadline = time.monotonic() + 10
         while not os.path.exists(remote_socket) and time.monotonic() < deadline:

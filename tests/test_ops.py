@@ -51,8 +51,9 @@ def test_metrics_count_the_runs_by_state_and_backend(tmp_path: Path, redis_serve
         runs = {(s.labels["state"], s.labels["backend"]): s.value for s in found["potato_queue_runs"]}
         assert runs[("succeeded", "local")] == 2 and runs[("queued", "lab")] == 1
         assert sum(runs.values()) == len(svc.api("GET", "/runs")[1]) == 3
-        durations = {s.name: s.value for s in found["potato_queue_run_duration_seconds"]
-                     if s.labels["backend"] == "local"}
+        durations = {
+            s.name: s.value for s in found["potato_queue_run_duration_seconds"] if s.labels["backend"] == "local"
+        }
         assert durations["potato_queue_run_duration_seconds_count"] == 2
         assert durations["potato_queue_run_duration_seconds_sum"] > 0
         assert [s.value for s in found["potato_queue_queue_length"]] == [0]
@@ -96,8 +97,9 @@ def test_healthz_says_redis_does_not_answer_and_not_where_it_is(tmp_path: Path) 
     from potato_queue.server.app import create_app
 
     port = free_port()  # nothing listens there
-    app = create_app(load_checked(make_project(tmp_path)), f"redis://:hunter2-secret@127.0.0.1:{port}/0",
-                     enqueue=lambda run_id: None)
+    app = create_app(
+        load_checked(make_project(tmp_path)), f"redis://:hunter2-secret@127.0.0.1:{port}/0", enqueue=lambda run_id: None
+    )
     with closing(TestClient(app)) as client:  # not `with TestClient`: ClaimDoor takes no lifespan scope
         reply = client.get("/healthz")
     assert reply.status_code == 503
@@ -111,6 +113,9 @@ def test_metrics_text_escapes_labels_and_ages_heartbeats() -> None:
     runs = [{"run_id": "r1", "state": "running", "backend": 'odd"name', "heartbeat_at": 990.0}]
     found = samples(render_metrics(runs, 3, {"lab": 900.0, "idle": None}, 2, now_s=1000.0))
     assert [(s.labels, s.value) for s in found["potato_queue_heartbeat_age_seconds"]] == [
-        ({"run_id": "r1", "backend": 'odd"name'}, 10.0)]
-    assert [(s.labels, s.value) for s in found["potato_queue_agent_last_seen_age_seconds"]] == [({"backend": "lab"}, 100.0)]
+        ({"run_id": "r1", "backend": 'odd"name'}, 10.0)
+    ]
+    assert [(s.labels, s.value) for s in found["potato_queue_agent_last_seen_age_seconds"]] == [
+        ({"backend": "lab"}, 100.0)
+    ]
     assert [s.value for s in found["potato_queue_queue_length"]] == [3]

@@ -50,9 +50,16 @@ def browser() -> Iterator[Any]:
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=[
-            "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-            "--no-first-run"])
+        chromium = playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--no-first-run",
+            ],
+        )
         try:
             yield chromium
         finally:
@@ -70,8 +77,9 @@ def screenshots(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def svc(tmp_path: Path, redis_server_url: str) -> Iterator[Services]:
     port = free_port()
     # The default backend is not the menu's first entry, so that preselecting it is seen.
-    with started(tmp_path, redis_server_url, executors=0, backend="gpu-server", backends=BACKENDS,
-                 grace_seconds=3) as svc:
+    with started(
+        tmp_path, redis_server_url, executors=0, backend="gpu-server", backends=BACKENDS, grace_seconds=3
+    ) as svc:
         svc.stop()  # on a port of its own, so that a restart comes back at the same address
         svc.procs.clear()
         svc.serve("127.0.0.1", "--port", str(port))
@@ -89,9 +97,12 @@ def signed_in(browser: Any, svc: Services) -> Any:
 
 
 def runs_rows(page: Any) -> list[dict[str, str]]:
-    return page.eval_on_selector_all("#runs tbody tr", """rows => rows.map(r => ({run: r.dataset.run,
+    return page.eval_on_selector_all(
+        "#runs tbody tr",
+        """rows => rows.map(r => ({run: r.dataset.run,
         state: r.dataset.state, ran_on: r.children[1].textContent, trigger: r.children[3].textContent,
-        step: r.children[7].textContent}))""")
+        step: r.children[7].textContent}))""",
+    )
 
 
 def start_from_form(page: Any, trainer: str, **params: Any) -> None:
@@ -121,26 +132,34 @@ def test_sign_in_refuses_a_wrong_key_and_the_cookie_is_httponly_and_strict(brows
     assert page.context.cookies() == []
 
 
-def test_the_menu_lists_every_backend_with_type_and_host_and_preselects_the_default(browser: Any, svc: Services) -> None:
+def test_the_menu_lists_every_backend_with_type_and_host_and_preselects_the_default(
+    browser: Any, svc: Services
+) -> None:
     page = signed_in(browser, svc)
     labels = page.eval_on_selector_all("#backend option", "options => options.map(o => o.textContent)")
-    assert labels[1:] == ["gpu-server (ssh to gpu.example.org)", "cluster (slurm on login.cluster.example.org)",
-                          "lab-workstation (agent)"]
+    assert labels[1:] == [
+        "gpu-server (ssh to gpu.example.org)",
+        "cluster (slurm on login.cluster.example.org)",
+        "lab-workstation (agent)",
+    ]
     assert labels[0].startswith("local (this machine, ") and "being checked" not in labels[0], labels
     assert page.eval_on_selector("#backend", "s => s.value") == "gpu-server"
     page.select_option("#backend", "local")
     page.click("#check")
-    page.wait_for_function("() => document.getElementById('check-report').textContent.includes('local: this machine')",
-                           timeout=60000)
+    page.wait_for_function(
+        "() => document.getElementById('check-report').textContent.includes('local: this machine')", timeout=60000
+    )
     assert page.text_content("#check-report").startswith("ok\n")
     # The agent backend has no token yet: the page says so, with the command to issue one.
-    page.wait_for_function("() => document.querySelector('#agents pre').textContent.includes('no token issued yet')",
-                           timeout=60000)
+    page.wait_for_function(
+        "() => document.querySelector('#agents pre').textContent.includes('no token issued yet')", timeout=60000
+    )
     assert "potato-queue training register lab-workstation" in page.text_content("#agents pre")
 
 
 def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
-        browser: Any, svc: Services, tiny_model: Path, screenshots: Path) -> None:
+    browser: Any, svc: Services, tiny_model: Path, screenshots: Path
+) -> None:
     page = signed_in(browser, svc)
     page.evaluate("window.notReloaded = true")
     start_from_form(page, "hf-text-classification", model_name=tiny_model, epochs=4, batch_size=4)
@@ -181,8 +200,10 @@ def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
 def test_cancel_run_asks_first_and_cancels(browser: Any, svc: Services, tiny_model: Path) -> None:
     page = signed_in(browser, svc)
     start_from_form(page, "hf-text-classification", model_name=tiny_model, epochs=500, batch_size=4)
-    page.wait_for_function("() => [...document.querySelectorAll('#runs tbody td.step')].some(t => t.textContent.includes('training'))",
-                           timeout=120000)
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('#runs tbody td.step')].some(t => t.textContent.includes('training'))",
+        timeout=120000,
+    )
     answers: list[str] = []
 
     def answer(dialog: Any) -> None:
@@ -246,9 +267,12 @@ def test_a_line_of_predictions_that_is_not_json_is_skipped_and_said(browser: Any
 
 
 def post(svc: Services, path: str, cookie: str, **headers: str) -> int:
-    request = urllib.request.Request(f"{svc.url}/admin/training/api{path}", method="POST",
-                                     data=json.dumps({"trainer": "majority-baseline", "schemas": ["sentiment"]}).encode(),
-                                     headers={"Content-Type": "application/json", "Cookie": cookie, **headers})
+    request = urllib.request.Request(
+        f"{svc.url}/admin/training/api{path}",
+        method="POST",
+        data=json.dumps({"trainer": "majority-baseline", "schemas": ["sentiment"]}).encode(),
+        headers={"Content-Type": "application/json", "Cookie": cookie, **headers},
+    )
     try:
         with urllib.request.urlopen(request, timeout=30) as reply:
             return reply.status
@@ -294,24 +318,40 @@ def test_the_page_is_readable_at_a_phones_width(browser: Any, svc: Services) -> 
     assert page.evaluate("document.activeElement.tagName") in ("BUTTON", "SELECT", "A", "INPUT")
 
 
-
-def test_the_form_offers_a_trainer_only_the_schemes_of_the_kinds_it_trains(tmp_path: Path, redis_server_url: str,
-                                                                            browser: Any) -> None:
+def test_the_form_offers_a_trainer_only_the_schemes_of_the_kinds_it_trains(
+    tmp_path: Path, redis_server_url: str, browser: Any
+) -> None:
     """A radio, a multiselect, a likert, a slider, a span and a textbox scheme (tests/fixtures/two_annotators)."""
-    svc = Services(make_project(tmp_path, source=ROOT / "tests" / "fixtures" / "two_annotators"), redis_server_url,
-                   tmp_path)
+    svc = Services(
+        make_project(tmp_path, source=ROOT / "tests" / "fixtures" / "two_annotators"), redis_server_url, tmp_path
+    )
     svc.serve()
     try:
         page = signed_in(browser, svc)
         page.select_option("#trainer", "sklearn-text")
-        offered = page.eval_on_selector_all("#schemas label", """labels => labels.map(l => [l.querySelector("input").value,
-            l.querySelector("input").disabled, l.querySelector("input").checked, l.querySelector(".schema-why").textContent])""")
-        assert offered[:4] == [["sentiment", False, True, ""], ["topics", False, True, ""], ["quality", False, True, ""],
-                               ["intensity", False, True, ""]]
-        assert ["highlight", True, False, " (span, span: sklearn-text trains nominal/multilabel/ordinal/continuous "
-                                          "schemes)"] in offered
-        assert ["notes", True, False, " (text, textbox: sklearn-text trains nominal/multilabel/ordinal/continuous "
-                                      "schemes)"] in offered
+        offered = page.eval_on_selector_all(
+            "#schemas label",
+            """labels => labels.map(l => [l.querySelector("input").value,
+            l.querySelector("input").disabled, l.querySelector("input").checked, l.querySelector(".schema-why").textContent])""",
+        )
+        assert offered[:4] == [
+            ["sentiment", False, True, ""],
+            ["topics", False, True, ""],
+            ["quality", False, True, ""],
+            ["intensity", False, True, ""],
+        ]
+        assert [
+            "highlight",
+            True,
+            False,
+            " (span, span: sklearn-text trains nominal/multilabel/ordinal/continuous schemes)",
+        ] in offered
+        assert [
+            "notes",
+            True,
+            False,
+            " (text, textbox: sklearn-text trains nominal/multilabel/ordinal/continuous schemes)",
+        ] in offered
         page.select_option("#trainer", "majority-baseline")  # a trainer that does not take the multiselect
         page.wait_for_function("() => document.querySelector('#schema-topics').disabled")
         assert not page.is_checked("#schema-topics") and page.is_checked("#schema-sentiment")
@@ -331,19 +371,24 @@ def test_the_page_says_why_auto_retrain_waits(tmp_path: Path, redis_server_url: 
         beat = svc._spawn("beat", str(svc.config), "--every-s", "0.5", name="beat")
         wanted = "waiting for 340 more annotations (160 of 500 since the last auto run)"
         # The page asks again every 15 s; once the beat's first check is in, a reload shows it at once.
-        wait_until(lambda: svc.api("GET", "/auto_retrain")[1].get("reason") == wanted or beat.poll() is not None, 60,
-                   "the beat's first check")
+        wait_until(
+            lambda: svc.api("GET", "/auto_retrain")[1].get("reason") == wanted or beat.poll() is not None,
+            60,
+            "the beat's first check",
+        )
         assert beat.poll() is None, svc.logs()
         page.reload()
         line = page.locator("#auto-retrain")
         line.wait_for(state="visible", timeout=30000)
-        page.wait_for_function("t => document.querySelector('#auto-retrain').innerText === t", arg=f"Auto-retrain: {wanted}",
-                               timeout=30000)
+        page.wait_for_function(
+            "t => document.querySelector('#auto-retrain').innerText === t", arg=f"Auto-retrain: {wanted}", timeout=30000
+        )
         page.close()
 
 
 def test_a_runs_page_shows_the_curve_reliability_what_to_label_next_and_a_comparison(
-        browser: Any, svc: Services, screenshots: Path) -> None:
+    browser: Any, svc: Services, screenshots: Path
+) -> None:
     page = signed_in(browser, svc)
     page.select_option("#backend", "local")
     page.select_option("#trainer", "sklearn-text")
@@ -351,8 +396,9 @@ def test_a_runs_page_shows_the_curve_reliability_what_to_label_next_and_a_compar
     page.click("#start-run")
     wait_until(lambda: runs_rows(page) and runs_rows(page)[0]["state"] in TERMINAL, 120, "the curve run to end")
     curve_run = runs_rows(page)[0]["run"]
-    assert runs_rows(page)[0]["state"] == "succeeded" and svc.api("GET", f"/runs/{curve_run}")[1]["params"] == \
-        {"learning_curve": True}, "the box asks for the curve"
+    assert runs_rows(page)[0]["state"] == "succeeded" and svc.api("GET", f"/runs/{curve_run}")[1]["params"] == {
+        "learning_curve": True
+    }, "the box asks for the curve"
     baseline = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
     assert svc.wait_for(baseline, TERMINAL)["state"] == "succeeded"
     page.goto(f"{svc.url}/admin/training/runs/{curve_run}")

@@ -22,8 +22,17 @@ from tests.lifecycle_helpers import make_project
 
 
 def _record(**fields: Any) -> dict[str, Any]:
-    return {"run_id": new_run_id(), "state": "queued", "backend": "local", "trainer": "sklearn-text",
-            "schemas": ["sentiment"], "params": {}, "trigger": "cli", "created_at": utc_now(), **fields}
+    return {
+        "run_id": new_run_id(),
+        "state": "queued",
+        "backend": "local",
+        "trainer": "sklearn-text",
+        "schemas": ["sentiment"],
+        "params": {},
+        "trigger": "cli",
+        "created_at": utc_now(),
+        **fields,
+    }
 
 
 def test_a_database_a_running_potato_holds_locked_is_retried_and_the_run_log_says_so(tmp_path: Path) -> None:
@@ -44,8 +53,12 @@ def test_a_database_a_running_potato_holds_locked_is_retried_and_the_run_log_say
         release.join()
         holder.close()
     assert store.load_run(potato_config(config), record["run_id"]).status == "running"
-    assert any(line.startswith("Potato's database was locked (a running Potato was writing): the run's state "
-                               "(running) recorded after") for line in said), said
+    assert any(
+        line.startswith(
+            "Potato's database was locked (a running Potato was writing): the run's state (running) recorded after"
+        )
+        for line in said
+    ), said
 
 
 def test_write_back_refuses_a_potato_outside_the_tested_range_and_the_run_still_succeeds(tmp_path: Path) -> None:
@@ -58,9 +71,11 @@ def test_write_back_refuses_a_potato_outside_the_tested_range_and_the_run_still_
     env = {"PYTHONPATH": str(site.parent)}
     checked = run_cli("validate", config, env=env)
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert ("Potato write-back is off: potato-annotation 2.13.0 is installed, and potato-queue writes Potato's store "
-            "only for the versions it is tested with (>=2.12.1,<2.13); predictions.jsonl is still written; fix: pip "
-            "install 'potato-annotation>=2.12.1,<2.13', or a potato-queue tested with 2.13.0") in checked.stdout
+    assert (
+        "Potato write-back is off: potato-annotation 2.13.0 is installed, and potato-queue writes Potato's store "
+        "only for the versions it is tested with (>=2.12.1,<2.13); predictions.jsonl is still written; fix: pip "
+        "install 'potato-annotation>=2.12.1,<2.13', or a potato-queue tested with 2.13.0"
+    ) in checked.stdout
     up = run_cli("up", config, "--port", "0", "--run", "sklearn-text", env=env, timeout_s=180)
     assert up.returncode == 0, up.stdout + up.stderr
     assert up.stderr.count("Potato write-back is off: potato-annotation 2.13.0") == 1, up.stderr
@@ -80,8 +95,9 @@ def test_a_database_a_potato_we_do_not_know_made_is_refused_with_the_columns(tmp
     assert said == [], "nothing written, nothing to warn about per run: the status said why once"
 
 
-def test_without_potato_installed_write_back_is_off_and_says_how_to_turn_it_on(tmp_path: Path,
-                                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_potato_installed_write_back_is_off_and_says_how_to_turn_it_on(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The test environment has the extra; a second environment without it is stood in for here."""
     monkeypatch.setattr(potato_ledger, "installed_potato", lambda: None)
     status = ledger_status(load_checked(make_project(tmp_path)))
@@ -108,15 +124,32 @@ def test_a_project_with_training_off_starts_no_run_and_says_which_key(tmp_path: 
 
 
 def test_potatos_page_gets_accuracy_from_the_held_out_test_split() -> None:
-    record = {"metrics": {"train/loss": 0.3, "val/accuracy": 0.8},
-              "held_out": {"sentiment": {"val": {"accuracy": 0.8, "macro_f1": 0.7, "n": 10},
-                                         "test": {"accuracy": 0.75, "macro_f1": 0.74, "n": 12}},
-                           "topic": {"val": {"accuracy": None, "macro_f1": None, "n": 0},
-                                     "test": {"accuracy": 0.5, "macro_f1": 0.4, "n": 4}}}}
+    record = {
+        "metrics": {"train/loss": 0.3, "val/accuracy": 0.8},
+        "held_out": {
+            "sentiment": {
+                "val": {"accuracy": 0.8, "macro_f1": 0.7, "n": 10},
+                "test": {"accuracy": 0.75, "macro_f1": 0.74, "n": 12},
+            },
+            "topic": {
+                "val": {"accuracy": None, "macro_f1": None, "n": 0},
+                "test": {"accuracy": 0.5, "macro_f1": 0.4, "n": 4},
+            },
+        },
+    }
     assert potato_metrics(record) == {
-        "train_loss": 0.3, "val_accuracy": 0.8, "val_macro_f1": 0.7, "test_accuracy": 0.75, "test_macro_f1": 0.74,
-        "accuracy": 0.75, "macro_f1": 0.74, "topic_test_accuracy": 0.5, "topic_test_macro_f1": 0.4,
-        "topic_accuracy": 0.5, "topic_macro_f1": 0.4}
+        "train_loss": 0.3,
+        "val_accuracy": 0.8,
+        "val_macro_f1": 0.7,
+        "test_accuracy": 0.75,
+        "test_macro_f1": 0.74,
+        "accuracy": 0.75,
+        "macro_f1": 0.74,
+        "topic_test_accuracy": 0.5,
+        "topic_test_macro_f1": 0.4,
+        "topic_accuracy": 0.5,
+        "topic_macro_f1": 0.4,
+    }
 
 
 def test_the_config_potato_reads_names_the_project_and_its_task_dir_as_potato_resolves_it(tmp_path: Path) -> None:
@@ -146,8 +179,13 @@ def test_old_runs_whose_predictions_are_not_live_leave_potatos_store_with_their_
         ledger.record_splits(record, {"train": ids[:2000], "val": ids[2000:2500], "test": ids[2500:]})
         # the first run predicted an item no later run predicts again: its prediction stays live
         predicted = ["only-first"] if n == 0 else ids[:10]
-        assert ledger.record_predictions(record, [{"instance_id": i, "schema_name": "sentiment",
-                                                   "payload": "positive", "confidence": 0.9} for i in predicted])
+        assert ledger.record_predictions(
+            record,
+            [
+                {"instance_id": i, "schema_name": "sentiment", "payload": "positive", "confidence": 0.9}
+                for i in predicted
+            ],
+        )
         runs.append(record["run_id"])
     assert len(store.run_item_splits(cfg, runs[-1])) == 3000
     pruned = ledger.prune({"run_id": runs[-1]}, retain=2)

@@ -73,14 +73,17 @@ class Live:
 @pytest.fixture(scope="module")
 def live(trainer_installed: None, tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> Iterator[Live]:
     tmp = tmp_path_factory.mktemp("potato-live")
-    config = make_project(tmp, grace_seconds=2, writeback={"schemas": ["sentiment"], "include_unlabeled": True,
-                                                           "min_confidence": 0.0})
+    config = make_project(
+        tmp, grace_seconds=2, writeback={"schemas": ["sentiment"], "include_unlabeled": True, "min_confidence": 0.0}
+    )
     add_potato_keys(config)
     svc = Services(config, redis_server_url, tmp)
     try:
         svc.serve()
         svc.executor()
-        potato = PotatoServer(config, tmp, ADMIN_KEY, env={"POTATO_QUEUE_URL": svc.url, "POTATO_QUEUE_API_KEY": ADMIN_KEY})
+        potato = PotatoServer(
+            config, tmp, ADMIN_KEY, env={"POTATO_QUEUE_URL": svc.url, "POTATO_QUEUE_API_KEY": ADMIN_KEY}
+        )
         potato.start()
         yield Live(svc, potato, config)
     finally:
@@ -108,17 +111,19 @@ def test_a_hook_whose_potato_queue_is_gone_steps_aside(trainer_installed: None) 
     """As after `pip uninstall potato-queue` without `remove-trainer`: the line finds no potato_queue when
     Potato imports its registry (hidden here by a None in sys.modules, which find_spec takes for "absent"),
     and Potato starts as if it were not there."""
-    probe = ("import sys\n"
-             "asked = []\n"
-             "class Spy:\n"
-             "    @staticmethod\n"
-             "    def find_spec(name, path=None, target=None):\n"
-             "        asked.append(name)\n"
-             "sys.meta_path.insert(1, Spy)  # the finder after the hook is still asked for the registry\n"
-             "sys.modules['potato_queue'] = None\n"
-             "import potato.training.registry as r\n"
-             "print('potato-queue-remote' in r.trainer_names(), 'potato.training.registry' in asked,\n"
-             "      [f for f in sys.meta_path if 'PotatoQueue' in repr(f)])\n")
+    probe = (
+        "import sys\n"
+        "asked = []\n"
+        "class Spy:\n"
+        "    @staticmethod\n"
+        "    def find_spec(name, path=None, target=None):\n"
+        "        asked.append(name)\n"
+        "sys.meta_path.insert(1, Spy)  # the finder after the hook is still asked for the registry\n"
+        "sys.modules['potato_queue'] = None\n"
+        "import potato.training.registry as r\n"
+        "print('potato-queue-remote' in r.trainer_names(), 'potato.training.registry' in asked,\n"
+        "      [f for f in sys.meta_path if 'PotatoQueue' in repr(f)])\n"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, cwd="/", timeout=60)
     assert (proc.returncode, proc.stdout.strip(), proc.stderr) == (0, "False True []", ""), proc
 
@@ -140,9 +145,15 @@ def test_a_run_started_on_potatos_page_runs_here_and_its_prelabels_are_published
 
     trainers = {t["name"]: t for t in live.potato.api("GET", "/admin/training/api/trainers")[1]["trainers"]}
     assert trainers["potato-queue-remote"]["available"], trainers
-    status, started = live.potato.api("POST", "/admin/training/api/runs", {
-        "trainer": "potato-queue-remote", "schemas": ["sentiment"],
-        "params": {"trainer": "sklearn-text", "backend": "local"}})
+    status, started = live.potato.api(
+        "POST",
+        "/admin/training/api/runs",
+        {
+            "trainer": "potato-queue-remote",
+            "schemas": ["sentiment"],
+            "params": {"trainer": "sklearn-text", "backend": "local"},
+        },
+    )
     assert status == 200 and started["started"], started
     run = live.potato.wait_run(started["run_id"], {"success", "error", "cancelled"})
     assert run["status"] == "success", (run, live.potato.log()[-3000:], live.svc.logs())
@@ -151,6 +162,7 @@ def test_a_run_started_on_potatos_page_runs_here_and_its_prelabels_are_published
     assert run["metrics"]["accuracy"] == ours["held_out"]["sentiment"]["test"]["accuracy"]
     cfg = potato_view(live.config)
     assert store.load_run(cfg, ours["run_id"]) is None, "Potato records its run; potato-queue does not record it again"
+
     # Potato records its run's success before its manager ingests the predictions (manager.py,
     # _record_completion then _after_success): the publish follows the success by a moment.
     def published() -> int:
@@ -163,10 +175,19 @@ def test_a_run_started_on_potatos_page_runs_here_and_its_prelabels_are_published
 
 
 def test_cancelling_in_potato_cancels_the_run_here(live: Live, tiny_model: Path) -> None:
-    status, started = live.potato.api("POST", "/admin/training/api/runs", {
-        "trainer": "potato-queue-remote", "schemas": ["sentiment"],
-        "params": {"trainer": "hf-text-classification", "backend": "local",
-                   "params": {"model_name": str(tiny_model), "epochs": 500, "batch_size": 4}}})
+    status, started = live.potato.api(
+        "POST",
+        "/admin/training/api/runs",
+        {
+            "trainer": "potato-queue-remote",
+            "schemas": ["sentiment"],
+            "params": {
+                "trainer": "hf-text-classification",
+                "backend": "local",
+                "params": {"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
+            },
+        },
+    )
     assert status == 200 and started["started"], started
     ours = _queue_run_for(live, started["run_id"])
     wait_running(live.svc, ours["run_id"], 120)
@@ -180,9 +201,15 @@ def test_a_run_whose_params_name_another_server_sends_the_key_nowhere(live: Live
     """Anyone who may start a run in Potato writes its params; potato-queue's admin key is the admin's."""
     listener = Recorder()  # someone else's listener: it records every request it gets
     try:
-        status, started = live.potato.api("POST", "/admin/training/api/runs", {
-            "trainer": "potato-queue-remote", "schemas": ["sentiment"],
-            "params": {"trainer": "sklearn-text", "backend": "local", "server": listener.url}})
+        status, started = live.potato.api(
+            "POST",
+            "/admin/training/api/runs",
+            {
+                "trainer": "potato-queue-remote",
+                "schemas": ["sentiment"],
+                "params": {"trainer": "sklearn-text", "backend": "local", "server": listener.url},
+            },
+        )
         assert status == 200 and started["started"], started
         run = live.potato.wait_run(started["run_id"], {"success", "error", "cancelled"})
     finally:
@@ -190,8 +217,10 @@ def test_a_run_whose_params_name_another_server_sends_the_key_nowhere(live: Live
     assert listener.got == [], "the listener got nothing, the key least of all"
     assert run["status"] == "error", run
     said = json.dumps(run)
-    assert (f"params.server '{listener.url}' is not this Potato's potato-queue server ({live.svc.url}, from "
-            "$POTATO_QUEUE_URL): a run's params cannot choose where potato-queue's admin key is sent") in said, said
+    assert (
+        f"params.server '{listener.url}' is not this Potato's potato-queue server ({live.svc.url}, from "
+        "$POTATO_QUEUE_URL): a run's params cannot choose where potato-queue's admin key is sent"
+    ) in said, said
     assert [r for r in live.svc.api("GET", "/runs")[1] if r.get("potato_run_id") == started["run_id"]] == []
 
 
@@ -201,15 +230,22 @@ def test_potato_queue_restarted_during_a_potato_run_the_prelabels_still_arrive(l
     predictions, as if nothing happened."""
     from potato.training import store
 
-    status, started = live.potato.api("POST", "/admin/training/api/runs", {
-        "trainer": "potato-queue-remote", "schemas": ["sentiment"],
-        "params": {"trainer": "majority-baseline", "backend": "local", "params": {"hold_s": 3}}})
+    status, started = live.potato.api(
+        "POST",
+        "/admin/training/api/runs",
+        {
+            "trainer": "potato-queue-remote",
+            "schemas": ["sentiment"],
+            "params": {"trainer": "majority-baseline", "backend": "local", "params": {"hold_s": 3}},
+        },
+    )
     assert status == 200 and started["started"], started
     ours = _queue_run_for(live, started["run_id"])
     wait_running(live.svc, ours["run_id"], 120)
     run_dir = run_paths(live.svc, ours["run_id"]).dir
     live.svc.stop_server()
     try:
+
         def step() -> str:
             return str(live.potato.api("GET", "/admin/training/api/status")[1].get("step") or "")
 
@@ -218,8 +254,11 @@ def test_potato_queue_restarted_during_a_potato_run_the_prelabels_still_arrive(l
         assert said.startswith(f"potato-queue's server at {live.svc.url} cannot be reached for "), said
         assert said.endswith(f"run {ours['run_id']} goes on there, asking again"), said
         # The training ends while the server is down: the worker is gone, its agent holds the result.
-        wait_until(lambda: not [p for p in processes_of(ours["run_id"], run_dir) if "potato_queue.worker" in p],
-                   60, "the run's worker finished")
+        wait_until(
+            lambda: not [p for p in processes_of(ours["run_id"], run_dir) if "potato_queue.worker" in p],
+            60,
+            "the run's worker finished",
+        )
         assert live.potato.api("GET", f"/admin/training/api/runs/{started['run_id']}")[1]["status"] == "running"
     finally:
         live.svc.serve_again()

@@ -28,14 +28,19 @@ def test_the_server_is_the_admins_and_a_param_may_only_repeat_it() -> None:
     for same in ("http://127.0.0.1:8000", "HTTP://127.0.0.1:8000/", " http://127.0.0.1:8000 "):
         assert server_for(same, env) == "http://127.0.0.1:8000"
     assert server_for("https://queue.lab.example", {"POTATO_QUEUE_URL": "https://Queue.lab.example:443"})
-    for other in ("http://127.0.0.1:8001", "https://127.0.0.1:8000", "http://attacker.example:8000",
-                  "http://127.0.0.1:8000/elsewhere"):
+    for other in (
+        "http://127.0.0.1:8001",
+        "https://127.0.0.1:8000",
+        "http://attacker.example:8000",
+        "http://127.0.0.1:8000/elsewhere",
+    ):
         with pytest.raises(TrainerError) as refused:
             server_for(other, env)
         assert str(refused.value) == (
             f"params.server {other!r} is not this Potato's potato-queue server (http://127.0.0.1:8000, from "
             "$POTATO_QUEUE_URL): a run's params cannot choose where potato-queue's admin key is sent; leave server "
-            "out of the params (the admin sets $POTATO_QUEUE_URL in Potato's environment)")
+            "out of the params (the admin sets $POTATO_QUEUE_URL in Potato's environment)"
+        )
 
 
 def test_the_key_crosses_the_network_in_plain_http_only_when_the_admin_says_so() -> None:
@@ -47,14 +52,20 @@ def test_the_key_crosses_the_network_in_plain_http_only_when_the_admin_says_so()
     assert str(refused.value) == (
         "potato-queue's server http://queue.lab.example:8000 is plain http on another machine, so its admin key "
         "would cross the network readable: give $POTATO_QUEUE_URL an https address (the shipped nginx), or set "
-        "$POTATO_QUEUE_ALLOW_PLAIN_HTTP=1 in Potato's environment to send it anyway")
+        "$POTATO_QUEUE_ALLOW_PLAIN_HTTP=1 in Potato's environment to send it anyway"
+    )
     opted_in = {"POTATO_QUEUE_URL": "http://queue.lab.example:8000", "POTATO_QUEUE_ALLOW_PLAIN_HTTP": "1"}
     assert server_for(None, opted_in) == "http://queue.lab.example:8000"
 
 
 def test_an_address_with_a_user_a_query_or_another_scheme_is_no_server() -> None:
-    for bad in ("http://user:pw@127.0.0.1:8000", "http://127.0.0.1:8000/?x=1", "ftp://127.0.0.1",
-                "127.0.0.1:8000", "http://127.0.0.1:99999"):
+    for bad in (
+        "http://user:pw@127.0.0.1:8000",
+        "http://127.0.0.1:8000/?x=1",
+        "ftp://127.0.0.1",
+        "127.0.0.1:8000",
+        "http://127.0.0.1:99999",
+    ):
         with pytest.raises(TrainerError, match="server address"):
             server_for(None, {"POTATO_QUEUE_URL": bad})
 
@@ -123,7 +134,8 @@ def test_an_http_proxy_in_potatos_environment_never_sees_the_key(monkeypatch: py
     monkeypatch.setenv("https_proxy", "http://proxy.lab.example:3128")
     handlers = QueueClient("https://queue.lab.example", "k")._opener.handlers
     assert [h.proxies for h in handlers if isinstance(h, urllib.request.ProxyHandler)] == [
-        {"https": "http://proxy.lab.example:3128"}]
+        {"https": "http://proxy.lab.example:3128"}
+    ]
 
 
 class _Stopped(ProgressReporter):
@@ -150,15 +162,21 @@ def test_a_run_potato_stops_while_potato_queue_is_down_ends_at_once_saying_what_
         Follower(client, "20260101T000000-aaaaaa", _Stopped(), None).follow()
     said = str(stopped.value)
     assert said.startswith(f"Potato stopped this run while potato-queue's server at {gone.url} cannot be reached"), said
-    assert said.endswith("potato-queue run 20260101T000000-aaaaaa may still be running there; cancel it once the "
-                         "server is back (potato-queue training cancel 20260101T000000-aaaaaa CONFIG)"), said
+    assert said.endswith(
+        "potato-queue run 20260101T000000-aaaaaa may still be running there; cancel it once the "
+        "server is back (potato-queue training cancel 20260101T000000-aaaaaa CONFIG)"
+    ), said
 
 
 def test_a_cancel_that_meets_the_runs_own_end_takes_that_end() -> None:
     """The run ended between Potato's Cancel and ours: potato-queue answers 409, and the run's end counts."""
     run = "/admin/training/api/runs/20260101T000000-aaaaaa"
-    server = Recorder({("POST", f"{run}/cancel"): (409, b'{"detail": "Run ... is succeeded"}'),
-                        ("GET", run): (200, b'{"state": "succeeded"}')})
+    server = Recorder(
+        {
+            ("POST", f"{run}/cancel"): (409, b'{"detail": "Run ... is succeeded"}'),
+            ("GET", run): (200, b'{"state": "succeeded"}'),
+        }
+    )
     try:
         client = QueueClient.from_env(None, {**KEY, "POTATO_QUEUE_URL": server.url})
         assert Follower(client, "20260101T000000-aaaaaa", _Stopped(), None).follow() == {"state": "succeeded"}

@@ -50,23 +50,35 @@ def _earlier_history(config: Path, cfg: dict[str, Any], tmp: Path) -> tuple[list
 
     preview = tmp / "preview"
     build_bundle(load_checked(config), preview, ["sentiment"])
-    held_out = [json.loads(line)["instance_id"] for split in ("val", "test")
-                for line in (preview / f"{split}.jsonl").read_text().splitlines()]
+    held_out = [
+        json.loads(line)["instance_id"]
+        for split in ("val", "test")
+        for line in (preview / f"{split}.jsonl").read_text().splitlines()
+    ]
     unlabeled = [json.loads(line)["instance_id"] for line in (preview / "unlabeled.jsonl").read_text().splitlines()]
     earlier_train = held_out[:6]
-    store.record_run(cfg, store.TrainingRun(run_id=EARLIER, trainer="sklearn-text", schema_names=["sentiment"],
-                                            status="success", split_seed=7))
+    store.record_run(
+        cfg,
+        store.TrainingRun(
+            run_id=EARLIER, trainer="sklearn-text", schema_names=["sentiment"], status="success", split_seed=7
+        ),
+    )
     store.record_run_items(cfg, EARLIER, {"train": earlier_train})
-    model_review.record_verdict(cfg, model_review.ReviewVerdict(instance_id=unlabeled[0], reviewer="dana",
-                                                                verdict="reject", schema_name="sentiment"))
+    model_review.record_verdict(
+        cfg,
+        model_review.ReviewVerdict(
+            instance_id=unlabeled[0], reviewer="dana", verdict="reject", schema_name="sentiment"
+        ),
+    )
     return earlier_train, unlabeled[0]
 
 
 @pytest.fixture(scope="module")
 def flow(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str) -> Iterator[Flow]:
     tmp = tmp_path_factory.mktemp("potato-flow")
-    config = make_project(tmp, grace_seconds=2,
-                          writeback={"schemas": ["sentiment"], "include_unlabeled": True, "min_confidence": FLOOR})
+    config = make_project(
+        tmp, grace_seconds=2, writeback={"schemas": ["sentiment"], "include_unlabeled": True, "min_confidence": FLOOR}
+    )
     add_potato_keys(config)
     cfg = potato_view(config)
     earlier_train, rejected = _earlier_history(config, cfg, tmp)
@@ -102,7 +114,12 @@ def test_the_run_its_splits_and_every_prediction_are_rows_in_potatos_store(flow:
 
     row = store.load_run(flow.potato_cfg, flow.run_id)
     assert row is not None, "the run is in Potato's training_runs"
-    assert (row.status, row.backend, row.trainer, row.trigger) == ("success", "potato-queue/local", "sklearn-text", "api")
+    assert (row.status, row.backend, row.trainer, row.trigger) == (
+        "success",
+        "potato-queue/local",
+        "sklearn-text",
+        "api",
+    )
     assert (row.n_train, row.n_val, row.n_test) == tuple(len(_bundle_ids(flow, s)) for s in ("train", "val", "test"))
     assert row.metrics["accuracy"] == flow.run["held_out"]["sentiment"]["test"]["accuracy"]
     assert row.metrics["val_macro_f1"] == flow.run["held_out"]["sentiment"]["val"]["macro_f1"]
@@ -113,8 +130,9 @@ def test_the_run_its_splits_and_every_prediction_are_rows_in_potatos_store(flow:
     assert not set(splits) & set(_bundle_ids(flow, "unlabeled")), "Potato keeps predict-only items out of a run's items"
     stored = store.load_predictions(flow.potato_cfg, run_id=flow.run_id)
     sent = _run_predictions(flow)
-    assert sorted((p["instance_id"], p["confidence"]) for p in stored) == \
-        sorted((p["instance_id"], p["confidence"]) for p in sent), "every prediction, ungated"
+    assert sorted((p["instance_id"], p["confidence"]) for p in stored) == sorted(
+        (p["instance_id"], p["confidence"]) for p in sent
+    ), "every prediction, ungated"
 
 
 def test_a_run_written_while_potato_is_up_is_listed_at_once_and_published_only_after_a_restart(flow: Flow) -> None:
@@ -127,8 +145,11 @@ def test_a_run_written_while_potato_is_up_is_listed_at_once_and_published_only_a
 
 def _expected_published(flow: Flow) -> list[dict[str, Any]]:
     train = set(_bundle_ids(flow, "train")) | set(flow.earlier_train)
-    return [p for p in _run_predictions(flow) if p["instance_id"] not in train and p["instance_id"] != flow.rejected
-            and p["confidence"] >= FLOOR]
+    return [
+        p
+        for p in _run_predictions(flow)
+        if p["instance_id"] not in train and p["instance_id"] != flow.rejected and p["confidence"] >= FLOOR
+    ]
 
 
 def test_potato_publishes_at_its_restart_exactly_what_passes_its_four_rules(flow: Flow) -> None:
@@ -138,8 +159,12 @@ def test_potato_publishes_at_its_restart_exactly_what_passes_its_four_rules(flow
     assert guarded and low and flow.rejected in sent, "the run predicted items each rule keeps off"
     expected = _expected_published(flow)
     assert flow.potato.restored() == len(expected) > 0, flow.potato.log()[-2000:]
-    published = [json.loads(line) for line in
-                 (flow.config.parent / "annotation_output" / "training" / "predictions.jsonl").read_text().splitlines()]
+    published = [
+        json.loads(line)
+        for line in (flow.config.parent / "annotation_output" / "training" / "predictions.jsonl")
+        .read_text()
+        .splitlines()
+    ]
     assert sorted(p["instance_id"] for p in published) == sorted(p["instance_id"] for p in expected)
     assert not {p["instance_id"] for p in published} & (guarded | low | {flow.rejected})
     log = run_paths(flow.svc, flow.run_id).run_log.read_text()

@@ -25,12 +25,15 @@ def running_run(tmp_path: Path, redis_url: str, seconds_later: float) -> tuple[R
     clock = ManualClock(time.time() + seconds_later)
     store = RunStore(load_checked(make_project(tmp_path)), redis.Redis.from_url(redis_url), clock=clock)
     record = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")
-    assert store.transition(record["run_id"], RunState.STARTING) and store.transition(record["run_id"], RunState.RUNNING)
+    assert store.transition(record["run_id"], RunState.STARTING) and store.transition(
+        record["run_id"], RunState.RUNNING
+    )
     return store, record["run_id"]
 
 
-def test_a_run_quiet_past_orphan_quiet_s_with_nobody_on_the_slot_fails_saying_why(tmp_path: Path,
-                                                                                  redis_server_url: str) -> None:
+def test_a_run_quiet_past_orphan_quiet_s_with_nobody_on_the_slot_fails_saying_why(
+    tmp_path: Path, redis_server_url: str
+) -> None:
     store, run_id = running_run(tmp_path, redis_server_url, ORPHAN_QUIET_S + 1)
     sweep_orphans(store)
     record = store.get(run_id)
@@ -57,8 +60,9 @@ def test_a_quiet_run_whose_executor_holds_the_slot_is_left_running(tmp_path: Pat
     assert store.get(run_id)["state"] == RunState.RUNNING
 
 
-def test_a_quiet_run_whose_executor_touched_supervised_lately_is_left_running(tmp_path: Path,
-                                                                             redis_server_url: str) -> None:
+def test_a_quiet_run_whose_executor_touched_supervised_lately_is_left_running(
+    tmp_path: Path, redis_server_url: str
+) -> None:
     """After a Redis outage longer than the lease, the slot is free and run.log has been quiet, but the
     executor deciding the run's end lives: it touches `supervised` on disk every second, Redis or not."""
     store, run_id = running_run(tmp_path, redis_server_url, ORPHAN_QUIET_S + 60)
@@ -71,7 +75,8 @@ def test_a_quiet_run_whose_executor_touched_supervised_lately_is_left_running(tm
 
 
 def test_a_slot_lapsed_while_its_holder_stalled_says_so_even_when_another_took_it_since(
-        tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, redis_server_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """A stalled executor wakes after the lease: whether the slot still lies empty or its own sweep (another
     Lease of the same process) took it first, the loss is the stall's, and the run's error says that."""
     store, _ = running_run(tmp_path, redis_server_url, 0)

@@ -20,25 +20,63 @@ from potato_queue.config import AutoRetrainConfig
 from potato_queue.runs.retrain import Baseline, decide
 from tests.lifecycle_helpers import TERMINAL, Services, make_project
 
-RETRAIN = {"enabled": True, "trainer": "majority-baseline", "schemas": ["sentiment"], "update_frequency": 5,
-           "min_interval_s": 0}
+RETRAIN = {
+    "enabled": True,
+    "trainer": "majority-baseline",
+    "schemas": ["sentiment"],
+    "update_frequency": 5,
+    "min_interval_s": 0,
+}
 
 
-@pytest.mark.parametrize(("settings", "annotations", "baseline", "busy", "start", "reason"), [
-    ({"enabled": False}, 100, Baseline(), None, False, "auto-retrain is off (model_training.auto_retrain.enabled)"),
-    ({"enabled": True}, 100, Baseline(), ("r1", "running"), False,
-     "run r1 is running; auto-retrain waits until it ends"),
-    ({"enabled": True}, 118, Baseline(100, "r0", 0.0), None, False,
-     "waiting for 7 more annotations (18 of 25 since the last auto run)"),
-    ({"enabled": True, "min_interval_s": 600}, 130, Baseline(100, "r0", 1000.0), None, False,
-     "waiting 500 s more: min_interval_s is 600 s since the last auto run (r0); 30 new annotations are ready"),
-    ({"enabled": True}, 125, Baseline(100, "r0", 0.0), None, True, "25 new annotations since the last auto run"),
-    ({"enabled": True}, 30, Baseline(), None, True, "30 new annotations and no auto run yet"),
-    ({"enabled": True}, 40, Baseline(100, "r0", 0.0), None, False,  # an annotator's folder was removed
-     "waiting for 25 more annotations (0 of 25 since the last auto run)"),
-])
-def test_decide(settings: dict[str, Any], annotations: int, baseline: Baseline, busy: tuple[str, str] | None,
-                start: bool, reason: str) -> None:
+@pytest.mark.parametrize(
+    ("settings", "annotations", "baseline", "busy", "start", "reason"),
+    [
+        ({"enabled": False}, 100, Baseline(), None, False, "auto-retrain is off (model_training.auto_retrain.enabled)"),
+        (
+            {"enabled": True},
+            100,
+            Baseline(),
+            ("r1", "running"),
+            False,
+            "run r1 is running; auto-retrain waits until it ends",
+        ),
+        (
+            {"enabled": True},
+            118,
+            Baseline(100, "r0", 0.0),
+            None,
+            False,
+            "waiting for 7 more annotations (18 of 25 since the last auto run)",
+        ),
+        (
+            {"enabled": True, "min_interval_s": 600},
+            130,
+            Baseline(100, "r0", 1000.0),
+            None,
+            False,
+            "waiting 500 s more: min_interval_s is 600 s since the last auto run (r0); 30 new annotations are ready",
+        ),
+        ({"enabled": True}, 125, Baseline(100, "r0", 0.0), None, True, "25 new annotations since the last auto run"),
+        ({"enabled": True}, 30, Baseline(), None, True, "30 new annotations and no auto run yet"),
+        (
+            {"enabled": True},
+            40,
+            Baseline(100, "r0", 0.0),
+            None,
+            False,  # an annotator's folder was removed
+            "waiting for 25 more annotations (0 of 25 since the last auto run)",
+        ),
+    ],
+)
+def test_decide(
+    settings: dict[str, Any],
+    annotations: int,
+    baseline: Baseline,
+    busy: tuple[str, str] | None,
+    start: bool,
+    reason: str,
+) -> None:
     decision = decide(AutoRetrainConfig(**settings), annotations, baseline, busy, now_s=1100.0)
     assert (decision.start, decision.reason) == (start, reason)
 
@@ -47,8 +85,11 @@ def annotate(config: Path, n: int, user: str = "carol") -> None:
     """`n` more answers on items nobody labelled, saved the way Potato saves an annotator's state."""
     project = config.parent
     state_path = project / "annotation_output" / user / "user_state.json"
-    state = json.loads(state_path.read_text()) if state_path.exists() else {
-        "user_id": user, "instance_id_to_label_to_value": {}, "instance_id_to_span_to_value": {}}
+    state = (
+        json.loads(state_path.read_text())
+        if state_path.exists()
+        else {"user_id": user, "instance_id_to_label_to_value": {}, "instance_id_to_span_to_value": {}}
+    )
     labelled = set()
     for path in (project / "annotation_output").glob("*/user_state.json"):
         labelled |= set(json.loads(path.read_text())["instance_id_to_label_to_value"])
@@ -91,12 +132,19 @@ def beat(svc: Services, name: str = "beat") -> subprocess.Popen[str]:
 
 
 def training_runs(svc: Services) -> str:
-    return subprocess.run([sys.executable, "-m", "potato_queue.cli", "training", "runs", str(svc.config)],
-                          env=svc.env, capture_output=True, text=True, timeout=60, check=True).stdout
+    return subprocess.run(
+        [sys.executable, "-m", "potato_queue.cli", "training", "runs", str(svc.config)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
 
 
-def test_auto_retrain_starts_after_enough_annotations_and_says_why_it_waits(tmp_path: Path,
-                                                                          redis_server_url: str) -> None:
+def test_auto_retrain_starts_after_enough_annotations_and_says_why_it_waits(
+    tmp_path: Path, redis_server_url: str
+) -> None:
     svc = Services(make_project(tmp_path, auto_retrain=RETRAIN), redis_server_url, tmp_path)
     try:
         svc.serve()
@@ -153,8 +201,13 @@ def test_two_beats_and_two_executors_start_one_run(tmp_path: Path, redis_server_
 
 def test_beat_refuses_a_project_without_auto_retrain(tmp_path: Path, redis_server_url: str) -> None:
     svc = Services(make_project(tmp_path), redis_server_url, tmp_path)
-    done = subprocess.run([sys.executable, "-m", "potato_queue.cli", "beat", str(svc.config)], env=svc.env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "potato_queue.cli", "beat", str(svc.config)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done
     assert "auto-retrain is off in" in done.stderr and "model_training.auto_retrain.enabled: true" in done.stderr
 
@@ -183,8 +236,9 @@ def test_checks_at_the_same_moment_start_one_run(tmp_path: Path, redis_server_ur
     config = make_project(tmp_path, auto_retrain=RETRAIN)
     context = multiprocessing.get_context("fork")
     barrier, started = context.Barrier(8), context.Queue()
-    procs = [context.Process(target=_check_at, args=(barrier, str(config), redis_server_url, started))
-             for _ in range(8)]
+    procs = [
+        context.Process(target=_check_at, args=(barrier, str(config), redis_server_url, started)) for _ in range(8)
+    ]
     for proc in procs:
         proc.start()
     for proc in procs:
@@ -200,7 +254,9 @@ def test_checks_at_the_same_moment_start_one_run(tmp_path: Path, redis_server_ur
 
 def test_beat_checks_once_at_its_start(tmp_path: Path, redis_server_url: str) -> None:
     """Its schedule's first tick is an interval away (an hour here): one check at start says where things stand."""
-    svc = Services(make_project(tmp_path, auto_retrain={**RETRAIN, "update_frequency": 500}), redis_server_url, tmp_path)
+    svc = Services(
+        make_project(tmp_path, auto_retrain={**RETRAIN, "update_frequency": 500}), redis_server_url, tmp_path
+    )
     try:
         svc.serve()
         svc.executor()
@@ -214,16 +270,28 @@ def test_a_project_whose_auto_retrain_is_potatos_gets_no_beat(tmp_path: Path, re
     """trainer potato-queue-remote: Potato's own server schedules (its runs queue here), so beat refuses."""
     from tests.conftest import run_cli
 
-    remote = {"enabled": True, "trainer": "potato-queue-remote", "schemas": ["sentiment"],
-              "params": {"trainer": "sklearn-text", "backend": "local"}}
+    remote = {
+        "enabled": True,
+        "trainer": "potato-queue-remote",
+        "schemas": ["sentiment"],
+        "params": {"trainer": "sklearn-text", "backend": "local"},
+    }
     svc = Services(make_project(tmp_path, auto_retrain=remote), redis_server_url, tmp_path)
     checked = run_cli("validate", svc.config, "--strict")
     assert "names both a trainer" not in checked.stdout, checked.stdout
-    done = subprocess.run([sys.executable, "-m", "potato_queue.cli", "beat", str(svc.config)], env=svc.env,
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        [sys.executable, "-m", "potato_queue.cli", "beat", str(svc.config)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert done.returncode == 2, done
-    assert "auto-retrain of this project is Potato's: model_training.auto_retrain.trainer is potato-queue-remote" \
-        in done.stderr and "do not run beat for this project" in done.stderr
+    assert (
+        "auto-retrain of this project is Potato's: model_training.auto_retrain.trainer is potato-queue-remote"
+        in done.stderr
+        and "do not run beat for this project" in done.stderr
+    )
     listed = run_cli("training", "runs", svc.config, env=svc.env)
     assert "auto-retrain: Potato's own server schedules it (trainer potato-queue-remote)" in listed.stdout, listed
 
@@ -235,6 +303,8 @@ def test_validate_warns_when_potatos_scheduler_would_act_too(tmp_path: Path, sch
 
     retrain = {**RETRAIN, "schemas": schemas} if schemas else {k: v for k, v in RETRAIN.items() if k != "schemas"}
     checked = run_cli("validate", make_project(tmp_path, auto_retrain=retrain))
-    warned = ("warning: model_training.auto_retrain names both a trainer (majority-baseline) and schemas, so "
-              "Potato's own server retrains on it too") in checked.stdout
+    warned = (
+        "warning: model_training.auto_retrain names both a trainer (majority-baseline) and schemas, so "
+        "Potato's own server retrains on it too"
+    ) in checked.stdout
     assert checked.returncode == 0 and warned == bool(schemas), checked.stdout

@@ -51,8 +51,9 @@ def _run_log(svc: Services, run_id: str) -> str:
     return run_paths(svc, run_id).run_log.read_text()
 
 
-def kill_then_retry(svc: Services, backend: str, folder_of: Callable[[str], Path],
-                    worker_of: Callable[[str], int]) -> None:
+def kill_then_retry(
+    svc: Services, backend: str, folder_of: Callable[[str], Path], worker_of: Callable[[str], int]
+) -> None:
     """The whole story, as a user lives it: a run whose worker dies, its retry, the retry resuming."""
     old = svc.start_run(**HOLD, backend=backend)
     folder = folder_of(old)
@@ -68,8 +69,10 @@ def kill_then_retry(svc: Services, backend: str, folder_of: Callable[[str], Path
     assert (status, reply["state"]) == (202, "queued"), reply
     retry = reply["run_id"]
     status, again = svc.api("POST", f"/runs/{old}/retry")
-    assert (status, again["detail"]) == (409, f"Run {old} was retried already, as run {retry}; fix: retry run "
-                                              f"{retry} if it did not succeed either")
+    assert (status, again["detail"]) == (
+        409,
+        f"Run {old} was retried already, as run {retry}; fix: retry run {retry} if it did not succeed either",
+    )
     run = svc.wait_for(retry, TERMINAL, 120)
     assert run["state"] == "succeeded", (run, svc.logs())
     assert (run["trigger"], run["resume_of"], run["ran_on"]) == ("retry", old, backend)
@@ -84,12 +87,16 @@ def kill_then_retry(svc: Services, backend: str, folder_of: Callable[[str], Path
     assert not folder.exists(), "the success removed the checkpoints it resumed from"
     status, refused = svc.api("POST", f"/runs/{retry}/retry")
     assert (status, refused["detail"].split("; fix:")[0]) == (
-        409, f"Run {retry} is succeeded: only a failed or cancelled run can be retried")
+        409,
+        f"Run {retry} is succeeded: only a failed or cancelled run can be retried",
+    )
 
 
 def test_a_local_run_whose_worker_was_killed_resumes_when_retried_and_the_refusals_say_why(
-        tmp_path: Path, redis_server_url: str) -> None:
+    tmp_path: Path, redis_server_url: str
+) -> None:
     with started(tmp_path, redis_server_url) as svc:
+
         def folder_of(run_id: str) -> Path:
             return run_paths(svc, run_id).local_checkpoints / run_id
 
@@ -106,20 +113,27 @@ def test_a_local_run_whose_worker_was_killed_resumes_when_retried_and_the_refusa
         assert svc.api("POST", f"/runs/{queued}/cancel")[0] == 200
         svc.wait_for(first, {"running"}, 60)
         assert svc.api("POST", f"/runs/{first}/retry")[1]["detail"].startswith(
-            f"Run {first} is running: only a failed or cancelled run can be retried; fix: wait for it to end")
+            f"Run {first} is running: only a failed or cancelled run can be retried; fix: wait for it to end"
+        )
         assert svc.api("POST", f"/runs/{first}/cancel")[0] == 200
         assert svc.wait_for(first, TERMINAL, 60)["state"] == "cancelled"
         status, reply = svc.api("POST", f"/runs/{queued}/retry")
         assert (status, reply["detail"].split("; fix:")[0]) == (
-            409, f"Run {queued} ended before its bundle was built: there is nothing to resume")
+            409,
+            f"Run {queued} ended before its bundle was built: there is nothing to resume",
+        )
         run_paths(svc, first).bundle.unlink()  # as retain_runs does
         shutil.rmtree(run_paths(svc, first).bundle_dir)
         status, reply = svc.api("POST", f"/runs/{first}/retry")
-        assert (status, reply["detail"]) == (409, (
-            f"Run {first} cannot be retried: its bundle was removed (model_training.retain_runs keeps the bundles "
-            "of the newest 5 failed or cancelled runs), so the retry could not train on the same data; fix: start a new run instead: "
-            "it trains on the annotations as they are now, from the beginning; raise model_training.retain_runs "
-            "to keep more runs' bundles"))
+        assert (status, reply["detail"]) == (
+            409,
+            (
+                f"Run {first} cannot be retried: its bundle was removed (model_training.retain_runs keeps the bundles "
+                "of the newest 5 failed or cancelled runs), so the retry could not train on the same data; fix: start a new run instead: "
+                "it trains on the annotations as they are now, from the beginning; raise model_training.retain_runs "
+                "to keep more runs' bundles"
+            ),
+        )
         assert svc.api("POST", "/runs/20200101T000000-abcdef/retry")[0] == 404
         out = run_cli("training", "retry", first, svc.config, env=svc.env)
         assert (out.returncode, out.stdout) == (1, ""), out
@@ -128,14 +142,19 @@ def test_a_local_run_whose_worker_was_killed_resumes_when_retried_and_the_refusa
 
 
 def test_an_ssh_run_whose_worker_was_killed_resumes_when_retried(
-        tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
+    tmp_path: Path, redis_server_url: str, sshd: Sshd
+) -> None:
     sshd.write_config("root")
     remote = tmp_path / "remote"
     backend = {"type": "ssh", "host": ALIAS, "python": sys.executable, "gpus": "none", "remote_dir": str(remote)}
     with started(tmp_path, redis_server_url, executors=0, backends={SSH: backend}) as svc:
         svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
-        kill_then_retry(svc, SSH, lambda run_id: remote / "jobs" / "checkpoints" / run_id,
-                        lambda run_id: _worker(lambda p: f"{remote}/code/" in (alive_cmd(int(p)) or "")))
+        kill_then_retry(
+            svc,
+            SSH,
+            lambda run_id: remote / "jobs" / "checkpoints" / run_id,
+            lambda run_id: _worker(lambda p: f"{remote}/code/" in (alive_cmd(int(p)) or "")),
+        )
         assert sorted(p.name for p in (remote / "jobs").iterdir()) == [], "nothing left on the host"
 
 
@@ -147,9 +166,16 @@ def pull_agent(tmp_path: Path) -> Iterator[Callable[[Services], subprocess.Popen
         env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
         env["POTATO_TRAINING_TOKEN"] = register(svc, PULL)
         with open(tmp_path / "agent.out", "ab") as out:
-            agents.append(subprocess.Popen([*AGENT, "--server", svc.url, "--backend", PULL, "--workdir",
-                                            str(tmp_path / "agent-work")], stdout=out, stderr=subprocess.STDOUT,
-                                           env=env, cwd=tmp_path, start_new_session=True))
+            agents.append(
+                subprocess.Popen(
+                    [*AGENT, "--server", svc.url, "--backend", PULL, "--workdir", str(tmp_path / "agent-work")],
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    cwd=tmp_path,
+                    start_new_session=True,
+                )
+            )
         return agents[-1]
 
     yield start
@@ -160,11 +186,16 @@ def pull_agent(tmp_path: Path) -> Iterator[Callable[[Services], subprocess.Popen
 
 
 def test_an_agent_run_whose_worker_was_killed_resumes_when_retried(
-        tmp_path: Path, redis_server_url: str, pull_agent: Any) -> None:
+    tmp_path: Path, redis_server_url: str, pull_agent: Any
+) -> None:
     with started(tmp_path, redis_server_url, **lab()) as svc:
         agent = pull_agent(svc)
-        kill_then_retry(svc, PULL, lambda run_id: tmp_path / "agent-work" / "checkpoints" / run_id,
-                        lambda run_id: _worker(lambda p: session_of(p) == agent.pid))
+        kill_then_retry(
+            svc,
+            PULL,
+            lambda run_id: tmp_path / "agent-work" / "checkpoints" / run_id,
+            lambda run_id: _worker(lambda p: session_of(p) == agent.pid),
+        )
 
 
 # -- the training machine's side, without a run ----------------------------------------------------------------
@@ -173,9 +204,17 @@ def test_an_agent_run_whose_worker_was_killed_resumes_when_retried(
 def _job(**fields: Any) -> Any:
     from potato_queue.wire.job import Job
 
-    return Job.from_dict({"run_id": "20260101T000000-aaaaaa", "trainer": "majority-baseline", "schemas": ["s"],
-                          "bundle": {"bytes": 1, "sha256": "0"}, "heartbeat_interval_s": 1,
-                          "max_predictions_bytes": 1, **fields})
+    return Job.from_dict(
+        {
+            "run_id": "20260101T000000-aaaaaa",
+            "trainer": "majority-baseline",
+            "schemas": ["s"],
+            "bundle": {"bytes": 1, "sha256": "0"},
+            "heartbeat_interval_s": 1,
+            "max_predictions_bytes": 1,
+            **fields,
+        }
+    )
 
 
 def test_a_retry_names_where_it_resumes_or_that_this_machine_has_nothing(tmp_path: Path) -> None:
@@ -188,8 +227,10 @@ def test_a_retry_names_where_it_resumes_or_that_this_machine_has_nothing(tmp_pat
     folder = checkpoint_dir_for(str(root), job)
     assert folder == str(root / "20250101T000000-bbbbbb")
     assert (os.stat(root).st_mode & 0o777, os.stat(folder).st_mode & 0o777) == (0o700, 0o700)
-    assert resume_note(job, folder) == (f"no checkpoint of run 20250101T000000-bbbbbb on this machine "
-                                        f"({socket.gethostname()}): starting from the beginning")
+    assert resume_note(job, folder) == (
+        f"no checkpoint of run 20250101T000000-bbbbbb on this machine "
+        f"({socket.gethostname()}): starting from the beginning"
+    )
     Checkpoints(folder).save(7, lambda path: None)
     assert resume_note(job, folder) == "resuming run 20250101T000000-bbbbbb from its checkpoint at step 7"
     assert resume_note(_job(), checkpoint_dir_for(str(root), _job())) is None, "not a retry: nothing to say"
@@ -256,8 +297,10 @@ def test_two_retries_of_one_run_asked_at_once_queue_one_run(tmp_path: Path, redi
             replies = retried_twice_at_once(old)
             (won, queued), (lost, refused) = sorted(replies, key=lambda reply: reply[0])
             assert (won, lost) == (202, 409), replies
-            assert refused["detail"] == (f"Run {old} was retried already, as run {queued['run_id']}; fix: retry run "
-                                         f"{queued['run_id']} if it did not succeed either")
+            assert refused["detail"] == (
+                f"Run {old} was retried already, as run {queued['run_id']}; fix: retry run "
+                f"{queued['run_id']} if it did not succeed either"
+            )
             assert store.read(old)["retried_by"] == queued["run_id"]
         retries = [r for r in svc.api("GET", "/runs?limit=100")[1] if r.get("resume_of")]
         assert len(retries) == 20, retries

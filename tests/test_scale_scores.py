@@ -18,8 +18,15 @@ def test_an_ordinal_scheme_is_scored_by_exactness_distance_rank_and_weighted_kap
     # cov 4.5 / sqrt(5 * 4.5) = 0.9487. QWK over points 1..4, weights (i - j)^2: observed disagreement 1
     # (3 predicted 4); chance: the predictions' histogram (1,1,0,2) against the answers' (1,1,1,1), each
     # cell weighted, sum 48 / 4 = 12 -> 1 - 1/12 = 0.9167.
-    assert score(GOLD, PREDICTED, "ordinal") == {"accuracy": 0.75, "macro_f1": 0.6667, "n": 4, "n_predicted": 4,
-                                                 "mae": 0.25, "spearman": 0.9487, "qwk": 0.9167}
+    assert score(GOLD, PREDICTED, "ordinal") == {
+        "accuracy": 0.75,
+        "macro_f1": 0.6667,
+        "n": 4,
+        "n_predicted": 4,
+        "mae": 0.25,
+        "spearman": 0.9487,
+        "qwk": 0.9167,
+    }
 
 
 def test_a_continuous_scheme_has_no_exactness_only_distance_and_rank() -> None:
@@ -34,8 +41,16 @@ def test_a_missing_prediction_is_wrong_for_exactness_and_left_out_of_the_distanc
 
 
 def test_the_pieces_on_their_edges() -> None:
-    assert [as_number(x) for x in ("4", 4, "4.5", "", None, True, "nan", [4])] == [4.0, 4.0, 4.5, None, None, None,
-                                                                                 None, None]
+    assert [as_number(x) for x in ("4", 4, "4.5", "", None, True, "nan", [4])] == [
+        4.0,
+        4.0,
+        4.5,
+        None,
+        None,
+        None,
+        None,
+        None,
+    ]
     assert spearman([1.0, 2.0], [3.0, 3.0]) is None, "a constant side has no rank correlation"
     assert spearman([1.0, 2.0, 3.0], [3.0, 2.0, 1.0]) == pytest.approx(-1.0)
     assert quadratic_weighted_kappa([2, 2], [2, 2]) == 1.0

@@ -33,15 +33,37 @@ from tests.test_ssh_backend import BACKEND, gpu_server
 
 VERDICTS = ["Hated it", "Disliked it", "Mixed", "Liked it", "Loved it"]
 # How many stars a review of the small project gives, by its closing sentence.
-STARS = {"I left halfway through.": 1, "Not worth the ticket.": 2, "Skip this one.": 2, "Far too long.": 3,
-         "I checked my phone a lot.": 3, "Highly recommended.": 4, "Worth every minute.": 4,
-         "I would watch it again.": 4, "A joy from start to finish.": 5, "It stayed with me for days.": 5}
+STARS = {
+    "I left halfway through.": 1,
+    "Not worth the ticket.": 2,
+    "Skip this one.": 2,
+    "Far too long.": 3,
+    "I checked my phone a lot.": 3,
+    "Highly recommended.": 4,
+    "Worth every minute.": 4,
+    "I would watch it again.": 4,
+    "A joy from start to finish.": 5,
+    "It stayed with me for days.": 5,
+}
 SCHEMES = [
-    {"annotation_type": "likert", "name": "stars", "description": "Stars", "size": 5, "min_label": "bad",
-     "max_label": "great"},
+    {
+        "annotation_type": "likert",
+        "name": "stars",
+        "description": "Stars",
+        "size": 5,
+        "min_label": "bad",
+        "max_label": "great",
+    },
     {"annotation_type": "likert", "name": "verdict", "description": "Verdict", "labels": VERDICTS},
-    {"annotation_type": "slider", "name": "score", "description": "Score", "min_value": 0, "max_value": 100,
-     "step": 5, "starting_value": 50},
+    {
+        "annotation_type": "slider",
+        "name": "score",
+        "description": "Score",
+        "min_value": 0,
+        "max_value": 100,
+        "step": 5,
+        "starting_value": 50,
+    },
 ]
 
 
@@ -94,16 +116,25 @@ def test_the_bundle_carries_each_scales_answers_and_points(tmp_path: Path) -> No
     _add_scales(config)
     manifest = build_bundle(load_checked(config), tmp_path / "bundle")
     assert [(s["name"], s["kind"], s["labels"]) for s in manifest["schemas"][1:]] == [
-        ("stars", "ordinal", []), ("verdict", "ordinal", []), ("score", "continuous", [])], "Potato's manifest"
+        ("stars", "ordinal", []),
+        ("verdict", "ordinal", []),
+        ("score", "continuous", []),
+    ], "Potato's manifest"
     assert json.loads((tmp_path / "bundle" / "scales.json").read_text()) == {
-        "stars": {"points": [1, 2, 3, 4, 5]}, "verdict": {"points": VERDICTS}, "score": {"min": 0, "max": 100, "step": 5}}
+        "stars": {"points": [1, 2, 3, 4, 5]},
+        "verdict": {"points": VERDICTS},
+        "score": {"min": 0, "max": 100, "step": 5},
+    }
     row = json.loads((tmp_path / "bundle" / "train.jsonl").read_text().splitlines()[0])
     assert isinstance(row["targets"]["stars"], float) and row["targets"]["verdict"] in VERDICTS
     assert row["targets"]["score"] == 20.0 * row["targets"]["stars"] - 10
 
 
-def test_sklearn_text_trains_the_three_scales_through_the_queue(tmp_path: Path, redis_server_url: str,
-                                                                 browser: Any) -> None:  # noqa: F811 - the fixture
+def test_sklearn_text_trains_the_three_scales_through_the_queue(
+    tmp_path: Path,
+    redis_server_url: str,
+    browser: Any,  # noqa: F811 - the fixture
+) -> None:
     writeback = {"schemas": ["stars", "verdict", "score"], "include_unlabeled": True, "min_confidence": 0.0}
     with scales_stack(tmp_path, redis_server_url, writeback=writeback) as svc:
         run_id = svc.start_run(trainer="sklearn-text", schemas=["stars", "verdict", "score"])
@@ -121,10 +152,17 @@ def test_sklearn_text_trains_the_three_scales_through_the_queue(tmp_path: Path, 
         assert all(p["payload"]["label"] in (1, 2, 3, 4, 5) for p in by_schema["stars"]), "the scale's own values"
         assert all(set(p["scores"]) == {"1", "2", "3", "4", "5"} for p in by_schema["stars"])
         assert all(p["payload"]["label"] in VERDICTS for p in by_schema["verdict"])
-        assert all(isinstance(p["payload"], (int, float)) and p["payload"] % 5 == 0 and 0 <= p["payload"] <= 100
-                   for p in by_schema["score"]), "a bare number on the slider's step"
+        assert all(
+            isinstance(p["payload"], (int, float)) and p["payload"] % 5 == 0 and 0 <= p["payload"] <= 100
+            for p in by_schema["score"]
+        ), "a bare number on the slider's step"
         assert "stars's predictions are stored, not published: Potato 2.12.1 pre-fills no likert without labels" in log
-        published = [json.loads(x) for x in (svc.config.parent / "annotation_output" / "training" / "predictions.jsonl").read_text().splitlines()]
+        published = [
+            json.loads(x)
+            for x in (svc.config.parent / "annotation_output" / "training" / "predictions.jsonl")
+            .read_text()
+            .splitlines()
+        ]
         assert {p["schema_name"] for p in published if p["run_id"] == run_id} == {"verdict", "score"}, "stars kept off"
         for route in ("quality", "next"):  # the insight pages read a run of scales without failing
             status, body = svc.api("GET", f"/runs/{run_id}/{route}")
@@ -136,8 +174,9 @@ def test_sklearn_text_trains_the_three_scales_through_the_queue(tmp_path: Path, 
         assert re.search(r"stars: \d\.\d{3} / \d\.\d{3}, MAE \d\.\d{3}, QWK", shown), shown[:3000]
         assert re.search(r"score: MAE \d+\.\d{3}, Spearman", shown), shown[:3000]
         page.close()
-        weaker = svc.start_run(trainer="sklearn-text", schemas=["stars", "score"],
-                               params={"C": 0.01, "learning_curve": True})
+        weaker = svc.start_run(
+            trainer="sklearn-text", schemas=["stars", "score"], params={"C": 0.01, "learning_curve": True}
+        )
         assert svc.wait_for(weaker, TERMINAL, 120)["state"] == "succeeded"
         status, curve = svc.api("GET", f"/runs/{weaker}/curve")
         assert status == 200, curve
@@ -151,13 +190,23 @@ def test_sklearn_text_trains_the_three_scales_through_the_queue(tmp_path: Path, 
         assert stars["a"]["accuracy"] > 0.5, "a likert's answer 4.0 and its predicted point 4 agree"
 
 
-def test_hf_text_classification_fine_tunes_a_likert_and_a_slider(tmp_path: Path, redis_server_url: str,
-                                                                  tiny_model: Path) -> None:
+def test_hf_text_classification_fine_tunes_a_likert_and_a_slider(
+    tmp_path: Path, redis_server_url: str, tiny_model: Path
+) -> None:
     """A real fine-tune (a tiny BERT built here, on the CPU): a head of "above point k" sigmoids for the likert,
     a regression for the slider; both beat answering every item with the train answers' middle."""
     with scales_stack(tmp_path, redis_server_url) as svc:
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["stars", "score"], params={
-            "model_name": str(tiny_model), "epochs": 25, "batch_size": 8, "max_length": 16, "learning_rate": 5e-3})
+        run_id = svc.start_run(
+            trainer="hf-text-classification",
+            schemas=["stars", "score"],
+            params={
+                "model_name": str(tiny_model),
+                "epochs": 25,
+                "batch_size": 8,
+                "max_length": 16,
+                "learning_rate": 5e-3,
+            },
+        )
         run = svc.wait_for(run_id, TERMINAL, 240)
         assert run["state"] == "succeeded", (run, run_paths(svc, run_id).run_log.read_text())
         saved = run_paths(svc, run_id).artifacts
@@ -173,8 +222,10 @@ def test_hf_text_classification_fine_tunes_a_likert_and_a_slider(tmp_path: Path,
 def _middle_answer_mae(svc: Services, run_id: str) -> dict[str, float]:
     """The test MAE of answering every item with the train answers' median: what a model must beat."""
     bundle = run_paths(svc, run_id).bundle_dir
-    rows = {split: [json.loads(x)["targets"] for x in (bundle / f"{split}.jsonl").read_text().splitlines()]
-            for split in ("train", "test")}
+    rows = {
+        split: [json.loads(x)["targets"] for x in (bundle / f"{split}.jsonl").read_text().splitlines()]
+        for split in ("train", "test")
+    }
     out = {}
     for schema in ("stars", "score"):
         train = sorted(t[schema] for t in rows["train"] if schema in t)
@@ -187,8 +238,12 @@ def _middle_answer_mae(svc: Services, run_id: str) -> dict[str, float]:
 def test_a_likert_trains_on_the_ssh_backend_too(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
     """A remote backend (a real sshd on 127.0.0.1): the scale file and the scale's scores cross the agent."""
     sshd.write_config("root")
-    with scales_stack(tmp_path, redis_server_url, {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
-                      **gpu_server(tmp_path, python=sys.executable)) as svc:  # a Python with sklearn
+    with scales_stack(
+        tmp_path,
+        redis_server_url,
+        {"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
+        **gpu_server(tmp_path, python=sys.executable),
+    ) as svc:  # a Python with sklearn
         run_id = svc.start_run(trainer="sklearn-text", schemas=["verdict", "score"], backend=BACKEND)
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "succeeded" and run["ran_on"] == BACKEND, (run, svc.logs())
@@ -199,8 +254,11 @@ def test_a_likert_trains_on_the_ssh_backend_too(tmp_path: Path, redis_server_url
 
 def test_potato_pre_fills_a_labelled_likert_and_a_slider_from_the_run(tmp_path: Path, redis_server_url: str) -> None:
     """Potato 2.12.1 itself: the likert's predicted label comes checked, the slider set to the predicted value."""
-    config = make_project(tmp_path, grace_seconds=2, writeback={"schemas": ["verdict", "score"],
-                                                                  "include_unlabeled": True, "min_confidence": 0.0})
+    config = make_project(
+        tmp_path,
+        grace_seconds=2,
+        writeback={"schemas": ["verdict", "score"], "include_unlabeled": True, "min_confidence": 0.0},
+    )
     add_potato_keys(config)
     _add_scales(config)
     potato, svc = PotatoServer(config, tmp_path, ADMIN_KEY), Services(config, redis_server_url, tmp_path)
@@ -226,8 +284,9 @@ def test_potato_pre_fills_a_labelled_likert_and_a_slider_from_the_run(tmp_path: 
 
 
 @contextmanager
-def scales_stack(tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None,
-                 **training: Any) -> Iterator[Services]:
+def scales_stack(
+    tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None, **training: Any
+) -> Iterator[Services]:
     """The small project with the three scale schemes (`training`: model_training overrides), its server and an
     executor."""
     config = make_project(tmp_path, **training)
@@ -247,14 +306,18 @@ def _add_scales(config: Path) -> None:
     data = yaml.safe_load(config.read_text())
     data["annotation_schemes"] += SCHEMES
     config.write_text(yaml.safe_dump(data, sort_keys=False))
-    texts = {str(row["id"]): str(row["text"]) for row in json.loads((config.parent / "data" / "reviews.json").read_text())}
+    texts = {
+        str(row["id"]): str(row["text"]) for row in json.loads((config.parent / "data" / "reviews.json").read_text())
+    }
     for state_path in config.parent.glob("annotation_output/*/user_state.json"):
         state = json.loads(state_path.read_text())
         for instance_id, labels in state["instance_id_to_label_to_value"].items():
             stars = next(n for closer, n in STARS.items() if texts[instance_id].endswith(closer))
-            labels += [[{"schema": "stars", "name": str(stars)}, str(stars)],
-                       [{"schema": "verdict", "name": VERDICTS[stars - 1]}, VERDICTS[stars - 1]],
-                       [{"schema": "score", "name": "slider"}, str(20 * stars - 10)]]
+            labels += [
+                [{"schema": "stars", "name": str(stars)}, str(stars)],
+                [{"schema": "verdict", "name": VERDICTS[stars - 1]}, VERDICTS[stars - 1]],
+                [{"schema": "score", "name": "slider"}, str(20 * stars - 10)],
+            ]
         state_path.write_text(json.dumps(state))
 
 

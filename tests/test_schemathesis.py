@@ -68,11 +68,14 @@ def _call(case: Any, served: tuple[Services, str, str, str]) -> None:
         case.query = {**(case.query or {}), "wait_s": 0}
     if case.path.endswith("/control"):
         case.query = {**(case.query or {}), "wait_s": 0}  # a long-poll: answer at once
-    case.call_and_validate(base_url=svc.url, headers=headers, checks=[not_a_server_error, status_code_conformance],
-                           timeout=60)
+    case.call_and_validate(
+        base_url=svc.url, headers=headers, checks=[not_a_server_error, status_code_conformance], timeout=60
+    )
 
 
-def test_no_route_answers_5xx_or_an_undocumented_status(api_schema: Any, served: tuple[Services, str, str, str]) -> None:
+def test_no_route_answers_5xx_or_an_undocumented_status(
+    api_schema: Any, served: tuple[Services, str, str, str]
+) -> None:
     # Driven through schemathesis' Python API: its pytest plugin does not run on this pytest (9).
     failures, tried = {}, 0
     for result in api_schema.get_all_operations():

@@ -68,8 +68,10 @@ def test_a_body_is_refused_before_it_is_read_without_the_key(svc: Services) -> N
 def test_a_chunked_body_over_the_cap_is_refused(svc: Services) -> None:
     chunk = b"x" * (600 << 10)
     body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(2)) + b"0\r\n\r\n"
-    head = (f"POST {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Transfer-Encoding: chunked\r\nX-API-Key: {ADMIN_KEY}")
+    head = (
+        f"POST {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Transfer-Encoding: chunked\r\nX-API-Key: {ADMIN_KEY}"
+    )
     status, text = raw_request(svc.url, head, body)
     assert status == 413 and "1048576 bytes" in text
 
@@ -81,8 +83,10 @@ def test_params_nested_too_deep_are_refused_and_the_listing_stays_whole(svc: Ser
         node["x"] = {}
         node = node["x"]
     status, reply = svc.api("POST", "/runs", {"trainer": "sklearn-text", "schemas": ["sentiment"], "params": deep})
-    assert status == 400 and reply["detail"] == ("params nests more than 20 levels deep; at most 20 are accepted; fix: "
-                                                 "pass the trainer's settings, not data (the data comes from the project)")
+    assert status == 400 and reply["detail"] == (
+        "params nests more than 20 levels deep; at most 20 are accepted; fix: "
+        "pass the trainer's settings, not data (the data comes from the project)"
+    )
     ok = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], params={"n": [1, [2, [3]]], "f": 1e400})
     assert svc.api("GET", f"/runs/{ok}")[1]["params"] == {"n": [1, [2, [3]]], "f": "inf"}
     run_paths(svc, ok).run_json.write_text("{ not json")
@@ -105,7 +109,7 @@ def test_an_offset_past_the_end_of_the_log_is_empty(svc: Services) -> None:
 
 def test_limit_zero_and_numbers_json_cannot_hold_are_4xx(svc: Services) -> None:
     assert svc.api("GET", "/runs?limit=0")[0] == 422
-    head = (f"POST {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-API-Key: {ADMIN_KEY}")
+    head = f"POST {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nX-API-Key: {ADMIN_KEY}"
     body = b'{"trainer": 1e400, "schemas": ["sentiment"]}'
     status, text = raw_request(svc.url, head + f"\r\nContent-Length: {len(body)}", body)
     assert status == 422 and json.loads(text)["detail"][0]["loc"] == ["body", "trainer"]
@@ -125,6 +129,7 @@ def test_the_openapi_document_names_every_status(svc: Services) -> None:
 def test_a_refused_key_or_token_is_answered_late(svc: Services) -> None:
     # A client looping on refused requests is held to a few a second (bench_hostile measures the effect).
     from potato_queue.server.guard import AGENT_PREFIX, REFUSAL_DELAY_S
+
     wrong_key = f"GET {ADMIN}/runs HTTP/1.1\r\nHost: x\r\nX-API-Key: not-the-key"
     wrong_token = f"GET {AGENT_PREFIX}/runs/r-none/job HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer nope"
     for head, expected in ((wrong_key, "X-API-Key"), (wrong_token, "run token")):
@@ -221,14 +226,23 @@ def test_wrong_keys_make_a_client_wait_longer_each_time_up_to_a_cap(tmp_path: Pa
 def test_every_reply_carries_the_security_headers(svc: Services) -> None:
     session, _ = sign_in(svc.url)
     run_id = svc.start_run(**A_RUN)
-    pages = [httpx.get(f"{svc.url}{PAGE}"), httpx.get(f"{svc.url}{PAGE}", headers=session),
-             httpx.get(f"{svc.url}{PAGE}/runs/{run_id}", headers=session)]
-    others = [httpx.get(f"{svc.url}{PAGE}/static/training.js"), httpx.get(f"{svc.url}{ADMIN}/runs"),
-              httpx.get(f"{svc.url}/healthz")]
+    pages = [
+        httpx.get(f"{svc.url}{PAGE}"),
+        httpx.get(f"{svc.url}{PAGE}", headers=session),
+        httpx.get(f"{svc.url}{PAGE}/runs/{run_id}", headers=session),
+    ]
+    others = [
+        httpx.get(f"{svc.url}{PAGE}/static/training.js"),
+        httpx.get(f"{svc.url}{ADMIN}/runs"),
+        httpx.get(f"{svc.url}/healthz"),
+    ]
     for reply in pages + others:
         assert reply.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, reply.url
-        assert (reply.headers["x-frame-options"], reply.headers["referrer-policy"],
-                reply.headers["x-content-type-options"]) == ("DENY", "same-origin", "nosniff"), reply.url
+        assert (
+            reply.headers["x-frame-options"],
+            reply.headers["referrer-policy"],
+            reply.headers["x-content-type-options"],
+        ) == ("DENY", "same-origin", "nosniff"), reply.url
     assert "script-src 'self';" in CONTENT_SECURITY_POLICY and "unsafe" not in CONTENT_SECURITY_POLICY
     for reply in pages:  # nothing the policy would stop: every script is a file, no style or handler inline
         assert re.findall(r"<script(?![^>]*\bsrc=)|<style|\sstyle=|\son\w+=", reply.text) == [], reply.url

@@ -58,9 +58,17 @@ def shared(slurm: SlurmCluster) -> Iterator[Path]:
 
 
 def cluster_backend(slurm: SlurmCluster, shared: Path, **extra: Any) -> dict[str, Any]:
-    backend = {"type": "slurm", "host": ALIAS, "python": "/usr/bin/python3", "job_python": sys.executable,
-               "remote_dir": str(shared), "poll_interval_s": 1, "heartbeat_timeout_s": 60,
-               "env": {**slurm.env, **extra.pop("env", {})}, **extra}
+    backend = {
+        "type": "slurm",
+        "host": ALIAS,
+        "python": "/usr/bin/python3",
+        "job_python": sys.executable,
+        "remote_dir": str(shared),
+        "poll_interval_s": 1,
+        "heartbeat_timeout_s": 60,
+        "env": {**slurm.env, **extra.pop("env", {})},
+        **extra,
+    }
     return {"backends": {BACKEND: backend}}
 
 
@@ -70,8 +78,9 @@ def svc_factory(tmp_path: Path, redis_server_url: str, sshd: Sshd, slurm: SlurmC
 
     def make(training: dict[str, Any] | None = None, **backend: Any) -> Services:
         sshd.write_config("root")
-        context = started(tmp_path, redis_server_url, executors=0, **cluster_backend(slurm, shared, **backend),
-                          **(training or {}))
+        context = started(
+            tmp_path, redis_server_url, executors=0, **cluster_backend(slurm, shared, **backend), **(training or {})
+        )
         svc = context.__enter__()
         contexts.append(context)
         svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
@@ -108,21 +117,30 @@ def wait_log(svc: Services, run_id: str, text: str, timeout_s: float = 60) -> st
 
 
 def long_hf_run(svc: Services, tiny_model: Path) -> str:
-    return svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
-                         params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    return svc.start_run(
+        trainer="hf-text-classification",
+        schemas=["sentiment"],
+        backend=BACKEND,
+        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
+    )
 
 
-def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(svc_factory: Any, slurm: SlurmCluster, shared: Path,
-                                                         tmp_path: Path) -> None:
+def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(
+    svc_factory: Any, slurm: SlurmCluster, shared: Path, tmp_path: Path
+) -> None:
     # srun and sacct are never used (SLURM-2): stand-ins in front of the real ones note any call.
     shim, called = tmp_path / "shim", tmp_path / "called"
     shim.mkdir()
     for name in ("srun", "sacct"):
-        (shim / name).write_text(f"#!/bin/sh\necho {name} >> {called}\nexec /usr/bin/{name} \"$@\"\n")
+        (shim / name).write_text(f'#!/bin/sh\necho {name} >> {called}\nexec /usr/bin/{name} "$@"\n')
         (shim / name).chmod(0o755)
     # The prelude runs in the job, before the worker: it shows the GPU SLURM handed the job.
-    svc = svc_factory(gres="gpu:1", time="00:10:00", env={"PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"},
-                      prelude=['echo "job sees CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2'])
+    svc = svc_factory(
+        gres="gpu:1",
+        time="00:10:00",
+        env={"PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"},
+        prelude=['echo "job sees CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2'],
+    )
     run_id = svc.start_run(**MAJORITY)
     run = svc.wait_for(run_id, TERMINAL, 120)
     assert run["state"] == "succeeded", (run, run_log(svc, run_id), svc.logs())
@@ -140,8 +158,9 @@ def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(svc_factory: Any, slurm
 
 def block_the_node(slurm: SlurmCluster, partition: str = "gpu") -> str:
     """A job holding every CPU of the node, so that the next one waits (PENDING, Resources)."""
-    job = slurm.run("sbatch", "--parsable", f"--partition={partition}", f"--cpus-per-task={CPUS}", "--wrap",
-                    "sleep 300").stdout.strip()
+    job = slurm.run(
+        "sbatch", "--parsable", f"--partition={partition}", f"--cpus-per-task={CPUS}", "--wrap", "sleep 300"
+    ).stdout.strip()
     deadline = time.monotonic() + 30
     while f"{job} RUNNING" not in slurm.queue():
         assert time.monotonic() < deadline, slurm.queue()
@@ -149,7 +168,9 @@ def block_the_node(slurm: SlurmCluster, partition: str = "gpu") -> str:
     return job
 
 
-def test_a_pending_job_logs_its_queue_states_and_its_wait_is_not_run_time(svc_factory: Any, slurm: SlurmCluster) -> None:
+def test_a_pending_job_logs_its_queue_states_and_its_wait_is_not_run_time(
+    svc_factory: Any, slurm: SlurmCluster
+) -> None:
     blocker = block_the_node(slurm)
     # max_wall_seconds counts from the end of the wait, and no heartbeat clock runs out while the job waits.
     svc = svc_factory(training={"max_wall_seconds": 6}, heartbeat_timeout_s=3)
@@ -167,7 +188,8 @@ def test_a_pending_job_logs_its_queue_states_and_its_wait_is_not_run_time(svc_fa
 
 
 def test_a_job_pending_past_pending_timeout_s_is_cancelled_and_the_run_fails_naming_it(
-        svc_factory: Any, slurm: SlurmCluster) -> None:
+    svc_factory: Any, slurm: SlurmCluster
+) -> None:
     """A job the scheduler never starts once held the run slot for good (the default had no bound)."""
     blocker = block_the_node(slurm)
     try:
@@ -176,9 +198,12 @@ def test_a_job_pending_past_pending_timeout_s_is_cancelled_and_the_run_fails_nam
         job = job_id_of(svc, run_id)
         run = svc.wait_for(run_id, TERMINAL, 60)
         assert run["state"] == "failed", (run, run_log(svc, run_id))
-        assert re.match(rf"The SLURM job waited in the scheduler's queue for more than pending_timeout_s \(4 s\) "
-                        rf"\(SLURM job {job}: PENDING \(\w+\)\); it was cancelled\. Fix: raise pending_timeout_s of "
-                        rf"backend {BACKEND}", run["error"]), run["error"]
+        assert re.match(
+            rf"The SLURM job waited in the scheduler's queue for more than pending_timeout_s \(4 s\) "
+            rf"\(SLURM job {job}: PENDING \(\w+\)\); it was cancelled\. Fix: raise pending_timeout_s of "
+            rf"backend {BACKEND}",
+            run["error"],
+        ), run["error"]
         deadline = time.monotonic() + 30
         while any(line.startswith(f"{job} ") for line in slurm.queue()):
             assert time.monotonic() < deadline, slurm.queue()
@@ -187,8 +212,9 @@ def test_a_job_pending_past_pending_timeout_s_is_cancelled_and_the_run_fails_nam
         slurm.run("scancel", blocker)
 
 
-def test_slurmd_killed_mid_run_and_restarted_leaves_the_run_to_finish_true(svc_factory: Any,
-                                                                           slurm: SlurmCluster) -> None:
+def test_slurmd_killed_mid_run_and_restarted_leaves_the_run_to_finish_true(
+    svc_factory: Any, slurm: SlurmCluster
+) -> None:
     """Chaos on the scheduler's own daemon: slurmd SIGKILLed while the job trains, then started again (as
     systemd does). The job's step lives on under slurmstepd; the run is not failed for it, ends succeeded
     once, and the next run goes."""
@@ -221,14 +247,18 @@ def test_cancel_from_the_api_ends_the_job(svc_factory: Any, slurm: SlurmCluster,
     slurm.wait_empty(15)
 
 
-def test_the_ssh_session_killed_mid_run_cancels_the_job(svc_factory: Any, slurm: SlurmCluster, tiny_model: Path,
-                                                        shared: Path) -> None:
+def test_the_ssh_session_killed_mid_run_cancels_the_job(
+    svc_factory: Any, slurm: SlurmCluster, tiny_model: Path, shared: Path
+) -> None:
     svc = svc_factory()
     run_id = long_hf_run(svc, tiny_model)
     job = job_id_of(svc, run_id)
     wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
-    (client,) = [pid for pid in pids() if (alive_cmd(pid) or "").startswith("ssh ")
-                 and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")]
+    (client,) = [
+        pid
+        for pid in pids()
+        if (alive_cmd(pid) or "").startswith("ssh ") and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")
+    ]
     os.kill(client, signal.SIGKILL)
     run = svc.wait_for(run_id, TERMINAL, 60)
     assert run["state"] == "failed", run
@@ -240,8 +270,9 @@ def test_the_ssh_session_killed_mid_run_cancels_the_job(svc_factory: Any, slurm:
     assert list((shared / "jobs").iterdir()) == []
 
 
-def test_a_dropped_session_makes_the_agent_cancel_its_job_by_itself(svc_factory: Any, slurm: SlurmCluster,
-                                                                    tiny_model: Path, sshd: Sshd) -> None:
+def test_a_dropped_session_makes_the_agent_cancel_its_job_by_itself(
+    svc_factory: Any, slurm: SlurmCluster, tiny_model: Path, sshd: Sshd
+) -> None:
     # The executor's own clean-up cannot log in any more (a key the host does not know): only the agent
     # on the login node, which sees its session end, can free the allocation.
     svc = svc_factory(training={"grace_seconds": 2})
@@ -249,8 +280,11 @@ def test_a_dropped_session_makes_the_agent_cancel_its_job_by_itself(svc_factory:
     job = job_id_of(svc, run_id)
     wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
     sshd.write_config("root", key=sshd.new_key("unknown-to-the-host"))
-    (client,) = [pid for pid in pids() if (alive_cmd(pid) or "").startswith("ssh ")
-                 and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")]
+    (client,) = [
+        pid
+        for pid in pids()
+        if (alive_cmd(pid) or "").startswith("ssh ") and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")
+    ]
     os.kill(client, signal.SIGKILL)
     assert svc.wait_for(run_id, TERMINAL, 60)["state"] == "failed"
     slurm.wait_empty(30)
@@ -263,8 +297,9 @@ def running_job(svc: Services, run_id: str, slurm: SlurmCluster) -> str:
     return job
 
 
-def test_a_job_past_its_time_limit_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster,
-                                                                  tiny_model: Path) -> None:
+def test_a_job_past_its_time_limit_fails_the_run_with_the_reason(
+    svc_factory: Any, slurm: SlurmCluster, tiny_model: Path
+) -> None:
     svc = svc_factory(time="00:10:00")
     run_id = long_hf_run(svc, tiny_model)
     job = running_job(svc, run_id, slurm)
@@ -293,11 +328,13 @@ def test_a_preempted_job_fails_the_run_with_the_reason(svc_factory: Any, slurm: 
     run = svc.wait_for(run_id, TERMINAL, 90)
     assert run["state"] == "failed", run
     assert run["error"].startswith(
-        f"SLURM job {job} ended before the worker finished: it was preempted by a job of higher priority"), run
+        f"SLURM job {job} ended before the worker finished: it was preempted by a job of higher priority"
+    ), run
 
 
-def test_a_scancel_from_outside_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster,
-                                                              tiny_model: Path) -> None:
+def test_a_scancel_from_outside_fails_the_run_with_the_reason(
+    svc_factory: Any, slurm: SlurmCluster, tiny_model: Path
+) -> None:
     svc = svc_factory()
     run_id = long_hf_run(svc, tiny_model)
     job = running_job(svc, run_id, slurm)
@@ -305,16 +342,20 @@ def test_a_scancel_from_outside_fails_the_run_with_the_reason(svc_factory: Any, 
     run = svc.wait_for(run_id, TERMINAL, 90)
     assert run["state"] == "failed", run
     assert run["error"].startswith(
-        f"SLURM job {job} ended before the worker finished: it was cancelled from outside potato-queue (scancel)"), run
+        f"SLURM job {job} ended before the worker finished: it was cancelled from outside potato-queue (scancel)"
+    ), run
 
 
-def test_a_job_missing_from_one_squeue_answer_is_not_taken_as_finished(svc_factory: Any, slurm: SlurmCluster,
-                                                                       tmp_path: Path) -> None:
+def test_a_job_missing_from_one_squeue_answer_is_not_taken_as_finished(
+    svc_factory: Any, slurm: SlurmCluster, tmp_path: Path
+) -> None:
     # A squeue in front of the real one on the backend's PATH answers "no such job" while the flag file
     # exists, and removes it: the job vanishes from exactly one answer.
     shim, flag = tmp_path / "shim", tmp_path / "hide-once"
     shim.mkdir()
-    (shim / "squeue").write_text(f"#!/bin/sh\nif [ -e {flag} ]; then rm -f {flag}; exit 0; fi\nexec /usr/bin/squeue \"$@\"\n")
+    (shim / "squeue").write_text(
+        f'#!/bin/sh\nif [ -e {flag} ]; then rm -f {flag}; exit 0; fi\nexec /usr/bin/squeue "$@"\n'
+    )
     (shim / "squeue").chmod(0o755)
     blocker = block_the_node(slurm)
     svc = svc_factory(env={"PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"})
@@ -360,23 +401,28 @@ def test_a_login_host_without_sbatch_is_err_8(svc_factory: Any, tmp_path: Path) 
     assert "set PATH in the backend's env" in run["error"]
 
 
-def check(tmp_path: Path, sshd: Sshd, slurm: SlurmCluster, shared: Path, **backend: Any) -> subprocess.CompletedProcess[str]:
+def check(
+    tmp_path: Path, sshd: Sshd, slurm: SlurmCluster, shared: Path, **backend: Any
+) -> subprocess.CompletedProcess[str]:
     from tests.lifecycle_helpers import make_project
 
     sshd.write_config("root")
     config = make_project(tmp_path, **cluster_backend(slurm, shared, **backend))
-    return run_cli("training", "check", BACKEND, config, "--json",
-                   env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)}, timeout_s=120)
+    return run_cli(
+        "training", "check", BACKEND, config, "--json", env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)}, timeout_s=120
+    )
 
 
-def test_check_reports_the_commands_the_pythons_and_the_partition(tmp_path: Path, sshd: Sshd, slurm: SlurmCluster,
-                                                                  shared: Path) -> None:
+def test_check_reports_the_commands_the_pythons_and_the_partition(
+    tmp_path: Path, sshd: Sshd, slurm: SlurmCluster, shared: Path
+) -> None:
     from tests.lifecycle_helpers import make_project
 
     sshd.write_config("root")
     config = make_project(tmp_path, **cluster_backend(slurm, shared, partition="gpu"))
-    proc = run_cli("training", "check", BACKEND, config, env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
-                   timeout_s=120)
+    proc = run_cli(
+        "training", "check", BACKEND, config, env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)}, timeout_s=120
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert f"{ALIAS}: Python 3.11" in proc.stdout and "runs the agent" in proc.stdout
     assert "sbatch: /usr/bin/sbatch" in proc.stdout and "scancel: /usr/bin/scancel" in proc.stdout
@@ -387,24 +433,39 @@ def test_check_reports_the_commands_the_pythons_and_the_partition(tmp_path: Path
     assert data["ok"] is True and data["nodes"] == [
         {"node": NODE, "partition": "gpu", "state": "idle", "gpus": 2, "free_gpus": 2},
         {"node": NODE, "partition": "urgent", "state": "idle", "gpus": 2, "free_gpus": 2},
-        {"node": NODE, "partition": "spot", "state": "idle", "gpus": 2, "free_gpus": 2}]
+        {"node": NODE, "partition": "spot", "state": "idle", "gpus": 2, "free_gpus": 2},
+    ]
 
 
 @pytest.mark.parametrize("shell", ["tcsh", "fish"])
 def test_a_login_node_account_whose_shell_is_tcsh_or_fish_checks_and_runs_a_job(
-        shell: str, tmp_path: Path, redis_server_url: str, sshd: Sshd, slurm: SlurmCluster, shared: Path) -> None:
+    shell: str, tmp_path: Path, redis_server_url: str, sshd: Sshd, slurm: SlurmCluster, shared: Path
+) -> None:
     """Many HPC sites still give tcsh; the check, the bootstrap, sbatch and the copy back go through it."""
     user = sshd.add_user(f"pqslurm-{shell}", shell=f"/usr/bin/{shell}")
     sshd.authorize(user, sshd.key)
     shutil.chown(shared, user, user)  # remote_dir is the account's, as on a cluster's shared storage
     config = sshd.aliases(f"ssh_config.{shell}", {f"login-{shell}": {"User": user}})
-    backend = {"type": "slurm", "host": f"login-{shell}", "python": "/usr/bin/python3", "job_python": "/usr/bin/python3",
-               "remote_dir": str(shared), "poll_interval_s": 1, "heartbeat_timeout_s": 60,
-               "env": {"SLURM_CONF": slurm.conf_for_accounts()}}
+    backend = {
+        "type": "slurm",
+        "host": f"login-{shell}",
+        "python": "/usr/bin/python3",
+        "job_python": "/usr/bin/python3",
+        "remote_dir": str(shared),
+        "poll_interval_s": 1,
+        "heartbeat_timeout_s": 60,
+        "env": {"SLURM_CONF": slurm.conf_for_accounts()},
+    }
     env = {"POTATO_QUEUE_SSH_CONFIG": str(config)}
     try:
-        checked = run_cli("training", "check", BACKEND, make_project(tmp_path / "check", backends={BACKEND: backend}),
-                          env=env, timeout_s=120)
+        checked = run_cli(
+            "training",
+            "check",
+            BACKEND,
+            make_project(tmp_path / "check", backends={BACKEND: backend}),
+            env=env,
+            timeout_s=120,
+        )
         assert checked.returncode == 0, checked.stdout + checked.stderr
         assert "sbatch: /usr/bin/sbatch" in checked.stdout, checked.stdout
         # No partition set: the default one (sinfo's `*`), its node counted once though three partitions list it.
@@ -422,8 +483,9 @@ def test_a_login_node_account_whose_shell_is_tcsh_or_fish_checks_and_runs_a_job(
         slurm.wait_empty()
 
 
-def test_check_fails_without_sbatch_and_for_a_remote_dir_that_is_really_in_tmp(tmp_path: Path, sshd: Sshd,
-                                                                                slurm: SlurmCluster, shared: Path) -> None:
+def test_check_fails_without_sbatch_and_for_a_remote_dir_that_is_really_in_tmp(
+    tmp_path: Path, sshd: Sshd, slurm: SlurmCluster, shared: Path
+) -> None:
     proc = check(tmp_path / "a", sshd, slurm, shared, env={"PATH": str(tmp_path / "empty")})
     assert proc.returncode == 1
     problems = json.loads(proc.stdout)["problems"]
@@ -439,25 +501,62 @@ def test_check_fails_without_sbatch_and_for_a_remote_dir_that_is_really_in_tmp(t
 
 
 def test_a_hand_started_agent_on_the_login_node_submits_with_its_slurm_config(
-        tmp_path: Path, redis_server_url: str, slurm: SlurmCluster, shared: Path) -> None:
+    tmp_path: Path, redis_server_url: str, slurm: SlurmCluster, shared: Path
+) -> None:
     from tests.agent_helpers import AGENT, lab, register
 
     settings = tmp_path / "slurm.json"
     with started(tmp_path, redis_server_url, executors=1, **lab()) as svc:
         token = register(svc)
-        env = {**{k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}, **slurm.env,
-               "POTATO_TRAINING_TOKEN": token}
+        env = {
+            **{k: v for k, v in os.environ.items() if not k.startswith("POTATO_")},
+            **slurm.env,
+            "POTATO_TRAINING_TOKEN": token,
+        }
         settings.write_text(json.dumps({"partition": "gpu", "gres": "gpu:1", "job_pyhton": sys.executable}))
-        refused = subprocess.run([*AGENT, "--server", svc.url, "--backend", "lab", "--workdir", str(shared),
-                                  "--slurm-config", str(settings), "--once"], env=env, capture_output=True, text=True,
-                                 timeout=60)
+        refused = subprocess.run(
+            [
+                *AGENT,
+                "--server",
+                svc.url,
+                "--backend",
+                "lab",
+                "--workdir",
+                str(shared),
+                "--slurm-config",
+                str(settings),
+                "--once",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert refused.returncode == 2
         assert f"{settings}: unknown slurm setting job_pyhton; the settings are job_python, prelude" in refused.stderr
-        settings.write_text(json.dumps({"partition": "gpu", "gres": "gpu:1", "job_python": sys.executable,
-                                        "poll_interval_s": 1}))
-        agent = subprocess.Popen([*AGENT, "--server", svc.url, "--backend", "lab", "--workdir", str(shared),
-                                  "--slurm-config", str(settings), "--once"], env=env, stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True, start_new_session=True, cwd=tmp_path)
+        settings.write_text(
+            json.dumps({"partition": "gpu", "gres": "gpu:1", "job_python": sys.executable, "poll_interval_s": 1})
+        )
+        agent = subprocess.Popen(
+            [
+                *AGENT,
+                "--server",
+                svc.url,
+                "--backend",
+                "lab",
+                "--workdir",
+                str(shared),
+                "--slurm-config",
+                str(settings),
+                "--once",
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            cwd=tmp_path,
+        )
         try:
             run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="lab")
             run = svc.wait_for(run_id, TERMINAL, 120)
@@ -477,8 +576,9 @@ def test_a_hand_started_agent_on_the_login_node_submits_with_its_slurm_config(
         assert [p.name.startswith("potato-queue-") for p in (shared / "code").iterdir()] == [True]
 
 
-def test_a_job_over_its_mem_fails_the_run_out_of_memory(tmp_path: Path, redis_server_url: str, sshd: Sshd,
-                                                         shared: Path, tiny_model: Path) -> None:
+def test_a_job_over_its_mem_fails_the_run_out_of_memory(
+    tmp_path: Path, redis_server_url: str, sshd: Sshd, shared: Path, tiny_model: Path
+) -> None:
     # The cgroup plugins enforce a job's memory at once (cgroup v1 on this machine): a cluster of its own.
     # (Without them OverMemoryKill samples every 30 s; that text is tests/data/slurm/*over_mem_polled*.)
     with SlurmCluster(tmp_path / "cgroup-slurm", cgroups=True) as slurm:
@@ -503,7 +603,8 @@ exec {python} "$@"
 
 
 def test_a_secret_named_env_reaches_neither_job_sh_nor_the_trainer_unless_listed(
-        svc_factory: Any, shared: Path) -> None:
+    svc_factory: Any, shared: Path
+) -> None:
     """One environment rule on every backend: a backend's env reaches the trainer, except names that look like
     secrets, which need secret_env. Before, every env entry went in clear into job.sh on shared storage (and
     to the trainer), and job.sh was 0700: the job folder's files are 0600 in a 0700 folder now."""
@@ -511,8 +612,12 @@ def test_a_secret_named_env_reaches_neither_job_sh_nor_the_trainer_unless_listed
     recorder.parent.mkdir()
     recorder.write_text(ENV_RECORDER.format(python=sys.executable))
     recorder.chmod(0o755)
-    svc = svc_factory(job_python=str(recorder), keep_remote=True, secret_env=["HF_TOKEN"],
-                      env={"PQ_PLAIN": "plain-value", "MY_API_KEY": "do-not-pass-1", "HF_TOKEN": "listed-value"})
+    svc = svc_factory(
+        job_python=str(recorder),
+        keep_remote=True,
+        secret_env=["HF_TOKEN"],
+        env={"PQ_PLAIN": "plain-value", "MY_API_KEY": "do-not-pass-1", "HF_TOKEN": "listed-value"},
+    )
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     assert svc.wait_for(run_id, TERMINAL, 180)["state"] == "succeeded", run_log(svc, run_id)
     job = shared / "jobs" / run_id
@@ -522,13 +627,17 @@ def test_a_secret_named_env_reaches_neither_job_sh_nor_the_trainer_unless_listed
     assert seen.get("PQ_PLAIN") == "plain-value" and seen.get("HF_TOKEN") == "listed-value"
     assert "MY_API_KEY" not in seen and "do-not-pass-1" not in "".join(seen.values())
     assert stat.S_IMODE(job.stat().st_mode) == 0o700
-    loose = {str(path.relative_to(job)): oct(stat.S_IMODE(path.stat().st_mode)) for path in job.rglob("*")
-             if path.is_file() and stat.S_IMODE(path.stat().st_mode) & 0o077}
+    loose = {
+        str(path.relative_to(job)): oct(stat.S_IMODE(path.stat().st_mode))
+        for path in job.rglob("*")
+        if path.is_file() and stat.S_IMODE(path.stat().st_mode) & 0o077
+    }
     assert loose == {}, "every file of the job folder is the account's alone"
 
 
-def test_a_server_behind_the_shipped_nginx_runs_slurm_jobs(tmp_path: Path, redis_server_url: str, sshd: Sshd,
-                                                          slurm: SlurmCluster, shared: Path) -> None:
+def test_a_server_behind_the_shipped_nginx_runs_slurm_jobs(
+    tmp_path: Path, redis_server_url: str, sshd: Sshd, slurm: SlurmCluster, shared: Path
+) -> None:
     """serve on 127.0.0.1 with an https --public-url behind deploy/nginx.conf (tests/nginx.py): the job's agent
     on the login node reports through its ssh forward to the bound address, not through the public URL."""
     upstream = free_port("127.0.0.1")
@@ -549,8 +658,12 @@ def test_a_server_behind_the_shipped_nginx_runs_slurm_jobs(tmp_path: Path, redis
 # ---------------------------------------------------------------- preemption, requeue, resume
 
 REQUEUEABLE = {"partition": "spot", "requeue": True}
-HOLD_CHECKPOINTED = {"trainer": "majority-baseline", "schemas": ["sentiment"], "backend": BACKEND,
-                     "params": {"hold_s": 20, "checkpoint_every_steps": 1}}
+HOLD_CHECKPOINTED = {
+    "trainer": "majority-baseline",
+    "schemas": ["sentiment"],
+    "backend": BACKEND,
+    "params": {"hold_s": 20, "checkpoint_every_steps": 1},
+}
 
 
 def wait_checkpoint(shared: Path, run_id: str, step: int, timeout_s: float = 90) -> None:
@@ -574,8 +687,11 @@ def start_again_now(slurm: SlurmCluster, job: str, run_id: str) -> None:
         assert time.monotonic() < deadline, slurm.queue()
         time.sleep(0.2)
     script, spec = str(slurm.spool / f"job{int(job):05d}"), f"/jobs/{run_id}/spec.json"
-    while left := [cmd for cmd in map(alive_cmd, pids())
-                   if cmd and (script in cmd or (spec in cmd and "potato_queue.worker" in cmd))]:
+    while left := [
+        cmd
+        for cmd in map(alive_cmd, pids())
+        if cmd and (script in cmd or (spec in cmd and "potato_queue.worker" in cmd))
+    ]:
         assert time.monotonic() < deadline, f"the first run of SLURM job {job} did not end: {left}"
         time.sleep(0.2)
     # slurmd refuses a job whose credential is not newer, to the second, than the revocation of its first run's
@@ -604,8 +720,10 @@ def resumed_as_one_run(svc: Services, slurm: SlurmCluster, run_id: str, job: str
     log = run_log(svc, run_id)
     # the whole of run.log (the worker's stderr is in it), the job folder's own stderr and the agent's log (what
     # it read of squeue, scontrol and exit_code), not a cut repr
-    assert run["state"] == "succeeded", (f"{run['state']}: {run.get('error')}\n{log}\n{_job_stderr(svc, run_id)}\n"
-                                         f"agent.log:\n{agent_log(svc, run_id)}\n{slurm.job_lines(job)}")
+    assert run["state"] == "succeeded", (
+        f"{run['state']}: {run.get('error')}\n{log}\n{_job_stderr(svc, run_id)}\n"
+        f"agent.log:\n{agent_log(svc, run_id)}\n{slurm.job_lines(job)}"
+    )
     found = re.search(r"preempted, requeued, resumed at step (\d+)", log)
     assert found and int(found.group(1)) >= 3, log
     # run.log may say the submission as a step and as a line (that depends on timing): count the jobs
@@ -614,7 +732,8 @@ def resumed_as_one_run(svc: Services, slurm: SlurmCluster, run_id: str, job: str
 
 
 def test_a_job_preempted_for_a_higher_priority_one_is_requeued_and_resumes_as_one_run(
-        svc_factory: Any, slurm: SlurmCluster, shared: Path) -> None:
+    svc_factory: Any, slurm: SlurmCluster, shared: Path
+) -> None:
     """spot's jobs are requeued when urgent needs the node (SLURM's PreemptMode=REQUEUE): SIGTERM, then back in
     the queue. The worker takes that SIGTERM for a preemption (it is not our cancel), checkpoints and exits 6;
     the job runs again and the worker holds only the rest."""
@@ -628,7 +747,9 @@ def test_a_job_preempted_for_a_higher_priority_one_is_requeued_and_resumes_as_on
     resumed_as_one_run(svc, slurm, run_id, job)
 
 
-def test_the_time_limit_signal_checkpoints_and_the_job_requeues_itself(svc_factory: Any, slurm: SlurmCluster, shared: Path) -> None:
+def test_the_time_limit_signal_checkpoints_and_the_job_requeues_itself(
+    svc_factory: Any, slurm: SlurmCluster, shared: Path
+) -> None:
     """SLURM's --signal=B:USR1@preempt_signal_s, sent here by hand (scancel --batch --signal=USR1: what SLURM
     sends that long before the time limit): job.sh passes it on, the worker checkpoints, the job requeues itself."""
     svc = svc_factory(**REQUEUEABLE, time="60")
@@ -660,8 +781,11 @@ def test_a_slurm_run_whose_worker_was_killed_resumes_when_retried(svc_factory: A
     svc = svc_factory()
 
     def worker_of(run_id: str) -> int:
-        found = [p for p in pids() if "potato_queue.worker" in (alive_cmd(p) or "")
-                 and f"/jobs/{run_id}/spec.json" in (alive_cmd(p) or "")]
+        found = [
+            p
+            for p in pids()
+            if "potato_queue.worker" in (alive_cmd(p) or "") and f"/jobs/{run_id}/spec.json" in (alive_cmd(p) or "")
+        ]
         assert len(found) == 1, [alive_cmd(p) for p in found]
         return found[0]
 

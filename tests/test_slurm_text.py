@@ -49,9 +49,19 @@ SETTINGS = SlurmSettings.of({"partition": "gpu", "gres": "gpu:1", "time": "00:10
 
 def test_sbatch_gets_the_backends_flags_in_order_and_no_requeue_unless_asked() -> None:
     argv = sbatch_argv(SETTINGS, "r1", "/shared/jobs/r1")
-    assert argv == ["sbatch", "--parsable", "--partition=gpu", "--gres=gpu:1", "--time=00:10:00", "--mem=4G",
-                    "--no-requeue", "--job-name=potato-queue-r1", "--output=/shared/jobs/r1/slurm.out",
-                    "--chdir=/shared/jobs/r1/work", "/shared/jobs/r1/job.sh"]
+    assert argv == [
+        "sbatch",
+        "--parsable",
+        "--partition=gpu",
+        "--gres=gpu:1",
+        "--time=00:10:00",
+        "--mem=4G",
+        "--no-requeue",
+        "--job-name=potato-queue-r1",
+        "--output=/shared/jobs/r1/slurm.out",
+        "--chdir=/shared/jobs/r1/work",
+        "/shared/jobs/r1/job.sh",
+    ]
     requeued = sbatch_argv(SlurmSettings.of({"requeue": True, "cpus_per_task": 8}), "r1", "/j")
     assert "--no-requeue" not in requeued and "--cpus-per-task=8" in requeued
     # With requeue, SLURM tells the batch shell 120 s (preempt_signal_s) before the time limit.
@@ -62,7 +72,8 @@ def test_sbatch_gets_the_backends_flags_in_order_and_no_requeue_unless_asked() -
 
 def test_requeue_line_is_said_for_a_resumed_worker_only() -> None:
     assert requeue_line("resumed at step 40 from the checkpoint in /j/checkpoints/step-40") == (
-        "preempted, requeued, resumed at step 40")
+        "preempted, requeued, resumed at step 40"
+    )
     assert requeue_line("checkpoint saved at step 40") is None
 
 
@@ -106,13 +117,16 @@ def test_scontrol_fields() -> None:
     assert parse_scontrol("") == {}
 
 
-@pytest.mark.parametrize(("name", "message", "fix"), [
-    ("timeout", "it reached its time limit", "raise the backend's `time` (now 00:10:00)"),
-    ("node_fail", "its node node1 failed", "`exclude`"),
-    ("preempted", "it was preempted by a job of higher priority", "not preempted"),
-    ("cancelled", "it was cancelled from outside potato-queue (scancel)", "Cancel run"),
-    ("out_of_memory", "it ran out of memory", "raise the backend's `mem` (now 4G)"),
-])
+@pytest.mark.parametrize(
+    ("name", "message", "fix"),
+    [
+        ("timeout", "it reached its time limit", "raise the backend's `time` (now 00:10:00)"),
+        ("node_fail", "its node node1 failed", "`exclude`"),
+        ("preempted", "it was preempted by a job of higher priority", "not preempted"),
+        ("cancelled", "it was cancelled from outside potato-queue (scancel)", "Cancel run"),
+        ("out_of_memory", "it ran out of memory", "raise the backend's `mem` (now 4G)"),
+    ],
+)
 def test_each_way_the_scheduler_ends_a_job_has_its_reason_and_fix(name: str, message: str, fix: str) -> None:
     job = scontrol(name)["JobId"]
     code, text, hint = end_reason(job, scontrol(name), slurm_out(name), SETTINGS, stopped_by_us=False) or ("", "", "")
@@ -120,13 +134,16 @@ def test_each_way_the_scheduler_ends_a_job_has_its_reason_and_fix(name: str, mes
     assert code == f"slurm_{scontrol(name)['JobState'].lower()}" and fix in hint
 
 
-@pytest.mark.parametrize(("name", "message"), [
-    ("timeout", "it reached its time limit"),
-    ("node_fail", "its node node1 failed"),
-    ("preempted", "it was preempted by a job of higher priority"),
-    ("cancelled", "it was cancelled from outside potato-queue (scancel)"),
-    ("out_of_memory", "it ran out of memory"),
-])
+@pytest.mark.parametrize(
+    ("name", "message"),
+    [
+        ("timeout", "it reached its time limit"),
+        ("node_fail", "its node node1 failed"),
+        ("preempted", "it was preempted by a job of higher priority"),
+        ("cancelled", "it was cancelled from outside potato-queue (scancel)"),
+        ("out_of_memory", "it ran out of memory"),
+    ],
+)
 def test_slurm_out_tells_the_reason_when_scontrol_no_longer_knows_the_job(name: str, message: str) -> None:
     reason = end_reason("7", {}, slurm_out(name), SETTINGS, stopped_by_us=False)
     assert reason is not None and reason[1] == f"SLURM job 7 ended before the worker finished: {message}"
@@ -138,7 +155,9 @@ def test_a_job_killed_by_memory_polling_ran_out_of_memory() -> None:
     for fields in (scontrol("over_mem_polled"), {}):
         reason = end_reason("1", fields, slurm_out("over_mem_polled"), SETTINGS, stopped_by_us=False)
         assert reason is not None and reason[:2] == (
-            "slurm_out_of_memory", "SLURM job 1 ended before the worker finished: it ran out of memory"), reason
+            "slurm_out_of_memory",
+            "SLURM job 1 ended before the worker finished: it ran out of memory",
+        ), reason
 
 
 def test_the_scheduler_did_not_end_a_job_that_completed_failed_on_its_own_or_that_we_cancelled() -> None:
@@ -156,8 +175,10 @@ def test_a_requeued_job_ended_before_it_ran_again_is_not_blamed_on_its_earlier_r
     assert fields["JobState"] == "FAILED" and "DUE TO PREEMPTION" in out
     reason = end_reason("1", fields, out, SETTINGS, stopped_by_us=False, waiting_again=True)
     assert reason is not None and reason[:2] == (
-        "slurm_not_run_again", "SLURM job 1 ended before the worker finished: it was requeued, then ended before "
-        "it ran again (JobState=FAILED, Reason=NonZeroExitCode, ExitCode=1:0)"), reason
+        "slurm_not_run_again",
+        "SLURM job 1 ended before the worker finished: it was requeued, then ended before "
+        "it ran again (JobState=FAILED, Reason=NonZeroExitCode, ExitCode=1:0)",
+    ), reason
     assert "retry the run: it resumes from its checkpoint" in reason[2]
     # a scheduler's reason of its own still wins (say, scancel from outside while it waited)
     cancelled = end_reason("7", scontrol("cancelled"), out, SETTINGS, stopped_by_us=False, waiting_again=True)
@@ -168,7 +189,8 @@ def test_sinfo_nodes_with_their_free_gpus() -> None:
     text = "node1|gpu*|mixed|gpu:2|gpu:1(IDX:0)|\nnode2|gpu*|idle|gpu:a100:4(S:0-1)|gpu:a100:0(IDX:N/A)|\n"
     assert parse_sinfo(text) == [
         {"node": "node1", "partition": "gpu", "state": "mixed", "gpus": 2, "free_gpus": 1},
-        {"node": "node2", "partition": "gpu", "state": "idle", "gpus": 4, "free_gpus": 4}]
+        {"node": "node2", "partition": "gpu", "state": "idle", "gpus": 4, "free_gpus": 4},
+    ]
     assert default_partition(text) == "gpu"
     assert default_partition("node1|urgent|idle|gpu:2|gpu:0|\nnode1|main*|idle|gpu:2|gpu:0|\n") == "main"
     assert default_partition("node1|urgent|idle|gpu:2|gpu:0|\n") is None, "a cluster with no default partition"
@@ -176,20 +198,26 @@ def test_sinfo_nodes_with_their_free_gpus() -> None:
 
 # ---------------------------------------------------------------- job.sh, run by bash
 
+
 def run_job(tmp_path: Path, worker_code: str, **settings: object) -> subprocess.Popen[bytes]:
     job = tmp_path / "job"
     (job / "work").mkdir(parents=True)
     script = job / "job.sh"
     script.write_text(job_script(SlurmSettings.of(settings), "r1", str(job), [sys.executable, "-c", worker_code]))
     script.chmod(0o700)
-    return subprocess.Popen([str(script)], cwd=job / "work", env={"PATH": os.environ["PATH"], "HOME": str(tmp_path),
-                                                                   "SLURMD_NODENAME": "node7"})
+    return subprocess.Popen(
+        [str(script)],
+        cwd=job / "work",
+        env={"PATH": os.environ["PATH"], "HOME": str(tmp_path), "SLURMD_NODENAME": "node7"},
+    )
 
 
 def test_job_sh_writes_events_stderr_and_the_exit_code(tmp_path: Path) -> None:
-    worker = ("import os, sys; print('{\"event\": \"status\", \"state\": \"running\"}'); "
-              "sys.stderr.write('a line on stderr ' + os.environ['PQ_FROM_ENV'] + ' ' + os.environ['OMP_NUM_THREADS']);"
-              " sys.exit(3)")
+    worker = (
+        'import os, sys; print(\'{"event": "status", "state": "running"}\'); '
+        "sys.stderr.write('a line on stderr ' + os.environ['PQ_FROM_ENV'] + ' ' + os.environ['OMP_NUM_THREADS']);"
+        " sys.exit(3)"
+    )
     job = run_job(tmp_path, worker, env={"PQ_FROM_ENV": "it's set"}, num_threads=2)
     assert job.wait(30) == 3
     folder = tmp_path / "job"
@@ -200,12 +228,14 @@ def test_job_sh_writes_events_stderr_and_the_exit_code(tmp_path: Path) -> None:
 
 # The worker leaves at once on USR1 (os._exit): a shell that took wait's 128+n for the worker's status wrote
 # exit_code 138 then, nearly every time, and a preempted run failed instead of resuming.
-USR1_CHECKPOINTS = ("import os, signal, sys, time\n"
-                    "signal.signal(signal.SIGUSR1, lambda *a: os._exit(6))\n"
-                    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(6 if not os.path.exists("
-                    "os.environ['POTATO_QUEUE_PREEMPT_ON_TERM']) else 4))\n"
-                    "print('{\"event\": \"status\"}', flush=True)\n"
-                    "time.sleep(60)\n")
+USR1_CHECKPOINTS = (
+    "import os, signal, sys, time\n"
+    "signal.signal(signal.SIGUSR1, lambda *a: os._exit(6))\n"
+    "signal.signal(signal.SIGTERM, lambda *a: sys.exit(6 if not os.path.exists("
+    "os.environ['POTATO_QUEUE_PREEMPT_ON_TERM']) else 4))\n"
+    'print(\'{"event": "status"}\', flush=True)\n'
+    "time.sleep(60)\n"
+)
 
 
 def _started(tmp_path: Path) -> None:
@@ -219,7 +249,8 @@ def _started(tmp_path: Path) -> None:
 
 
 def test_a_requeueable_job_sh_passes_usr1_to_the_worker_and_a_preempted_worker_leaves_no_exit_code(
-        tmp_path: Path) -> None:
+    tmp_path: Path,
+) -> None:
     """SLURM's --signal=B:USR1 reaches the shell alone: job.sh passes it on; the worker's exit 6 (preempted,
     checkpoint saved) is not the job's end, so no exit_code, and `running` goes for the next start to write.
     scontrol finds no cluster here: its refusal is in stderr.log, and the job still ends cleanly."""
@@ -229,8 +260,10 @@ def test_a_requeueable_job_sh_passes_usr1_to_the_worker_and_a_preempted_worker_l
     assert job.wait(30) == 0
     folder = tmp_path / "job"
     assert not (folder / "exit_code").exists() and not (folder / "running").exists()
-    assert ("potato-queue: job.sh got SIGUSR1 (the time limit is near): the worker checkpoints, the job requeues"
-            in (folder / "stderr.log").read_text())
+    assert (
+        "potato-queue: job.sh got SIGUSR1 (the time limit is near): the worker checkpoints, the job requeues"
+        in (folder / "stderr.log").read_text()
+    )
 
 
 def test_a_requeueable_job_sh_keeps_a_cancel_a_cancel(tmp_path: Path) -> None:
@@ -255,10 +288,12 @@ def test_a_failing_prelude_line_ends_the_job_saying_which(tmp_path: Path) -> Non
 
 def test_job_sh_outlives_sigterm_and_records_how_the_worker_stopped(tmp_path: Path) -> None:
     # SLURM's scancel --full --signal=TERM reaches every process of the job: the shell and the worker.
-    worker = ("import signal, sys, time\n"
-              "signal.signal(signal.SIGTERM, lambda *a: sys.exit(4))\n"
-              "print('{\"event\": \"status\"}', flush=True)\n"
-              "time.sleep(60)\n")
+    worker = (
+        "import signal, sys, time\n"
+        "signal.signal(signal.SIGTERM, lambda *a: sys.exit(4))\n"
+        'print(\'{"event": "status"}\', flush=True)\n'
+        "time.sleep(60)\n"
+    )
     job = run_job(tmp_path, worker)
     events = tmp_path / "job" / "events.jsonl"
     deadline = time.monotonic() + 30
@@ -303,7 +338,10 @@ def test_a_job_monitor_that_fails_unexpectedly_still_concludes_and_cancels_the_j
     assert job.wait(10) == EXIT_UNEXPECTED, lines
     ended = job.ended()
     assert ended is not None and ended.code == "monitor_failed"
-    assert ended.message.startswith("the SLURM job monitor failed (UnicodeDecodeError: ") and "4242 was cancelled" in ended.message
+    assert (
+        ended.message.startswith("the SLURM job monitor failed (UnicodeDecodeError: ")
+        and "4242 was cancelled" in ended.message
+    )
     assert cancelled == [["scancel", "4242"]], "the job it lost track of is cancelled, not left holding its GPU"
 
 
@@ -325,13 +363,16 @@ def test_a_job_gone_without_its_exit_code_says_in_run_log_what_scontrol_knew(tmp
     class Relay:
         def emit(self, kind: str, **fields: object) -> None:
             said.append(str(fields.get("msg", "")))
+
         def put(self, text: str | None) -> None: ...
 
     job = SlurmJob("4242", str(tmp_path), [], Gone(SlurmSettings.of({"poll_interval_s": 0.05}), lambda _: None))
     job.relay_output(Relay())  # type: ignore[arg-type]
     assert job.wait(10) == EXIT_UNEXPECTED
-    assert ("SLURM job 4242 left the queue without writing exit_code (scontrol: JobState=COMPLETED Reason=None "
-            "ExitCode=0:0)") in said
+    assert (
+        "SLURM job 4242 left the queue without writing exit_code (scontrol: JobState=COMPLETED Reason=None "
+        "ExitCode=0:0)"
+    ) in said
 
 
 @pytest.mark.unit
@@ -355,8 +396,9 @@ def test_a_job_that_ends_while_waiting_to_run_again_says_so(tmp_path: Path) -> N
         def put(self, text: str | None) -> None: ...
 
     lines: list[str] = []
-    job = SlurmJob("1", str(tmp_path), [], Requeued(SlurmSettings.of({"poll_interval_s": 0.05, "requeue": True}),
-                                                    lines.append))
+    job = SlurmJob(
+        "1", str(tmp_path), [], Requeued(SlurmSettings.of({"poll_interval_s": 0.05, "requeue": True}), lines.append)
+    )
     job.relay_output(Relay())  # type: ignore[arg-type]
     assert job.wait(10) == EXIT_UNEXPECTED, lines
     ended = job.ended()
@@ -367,7 +409,8 @@ def test_a_job_that_ends_while_waiting_to_run_again_says_so(tmp_path: Path) -> N
 
 @pytest.mark.unit
 def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agent(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Every wait after a stop has a bound (runner.KILL_WAIT_S, shortened here): a job whose end is never
     seen (a scheduler that stopped answering) no longer keeps its agent running forever."""
     from types import SimpleNamespace
@@ -385,9 +428,11 @@ def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agen
         def poll(self) -> None: ...
         def wait(self, timeout_s: float) -> None:
             time.sleep(timeout_s)
+
         def terminate(self) -> None: ...
         def kill(self) -> None:
             self.killed += 1
+
         def cleanup(self) -> None: ...
         def ended(self) -> None: ...
         def rss_mb(self) -> None: ...
@@ -407,8 +452,10 @@ def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agen
 
 
 def test_job_sh_exports_a_secret_named_env_only_when_secret_env_lists_it() -> None:
-    settings = {"env": {"HF_HOME": "/shared/hf", "WANDB_API_KEY": "k-123", "HF_TOKEN": "t-456"},
-                "secret_env": ["HF_TOKEN"]}
+    settings = {
+        "env": {"HF_HOME": "/shared/hf", "WANDB_API_KEY": "k-123", "HF_TOKEN": "t-456"},
+        "secret_env": ["HF_TOKEN"],
+    }
     script = job_script(SlurmSettings.of(settings), "r1", "/shared/jobs/r1", ["python", "-m", "w"])
     assert "export HF_HOME=/shared/hf" in script and "export HF_TOKEN=t-456" in script
     assert "k-123" not in script and "WANDB_API_KEY" not in script
@@ -418,8 +465,12 @@ def test_job_sh_exports_a_secret_named_env_only_when_secret_env_lists_it() -> No
 def test_the_trainer_environment_rule_holds_through_every_process_that_filters_it_again() -> None:
     """allowed_env runs in the executor, on the host before the agent, and in the agent before the worker:
     what a backend passed must survive each, and nothing else that looks like a secret."""
-    executor = {"PATH": "/usr/bin", "POTATO_QUEUE_ADMIN_KEY": "admin", "HF_TOKEN": "from-the-executor",
-                "GITHUB_TOKEN": "gh"}
+    executor = {
+        "PATH": "/usr/bin",
+        "POTATO_QUEUE_ADMIN_KEY": "admin",
+        "HF_TOKEN": "from-the-executor",
+        "GITHUB_TOKEN": "gh",
+    }
     agent = allowed_env(executor, {"PQ_PLAIN": "p", "MY_API_KEY": "no", "HF_TOKEN": "listed"}, ["HF_TOKEN"])
     worker = allowed_env(agent)
     assert worker["PQ_PLAIN"] == "p" and worker["HF_TOKEN"] == "listed" and worker["PATH"] == "/usr/bin"
@@ -443,8 +494,9 @@ def newer_than_oldest(table: dict[str, str]) -> list[str]:
 
 def not_in_slurm_20_11(used: set[str]) -> list[str]:
     """The flags of `used` the table does not list, or lists as newer than OLDEST_SLURM."""
-    return sorted(used - SLURM_FLAGS.keys()) + newer_than_oldest({key: SLURM_FLAGS[key] for key in used
-                                                                   if key in SLURM_FLAGS})
+    return sorted(used - SLURM_FLAGS.keys()) + newer_than_oldest(
+        {key: SLURM_FLAGS[key] for key in used if key in SLURM_FLAGS}
+    )
 
 
 @pytest.mark.unit
@@ -471,7 +523,8 @@ def test_every_flag_sbatch_is_given_is_in_slurm_20_11() -> None:
 
 @pytest.mark.unit
 def test_every_flag_squeue_scontrol_and_scancel_are_given_is_in_slurm_20_11(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The commands a job's agent runs, recorded: the polls, the stops, and the cancel of a job whose id
     sbatch did not print."""
     from potato_queue.agent.launchers import slurm as slurm_module
@@ -502,7 +555,8 @@ def test_every_flag_squeue_scontrol_and_scancel_are_given_is_in_slurm_20_11(
 
 @pytest.mark.unit
 def test_every_flag_and_field_sinfo_is_given_by_training_check_is_in_slurm_20_11(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from potato_queue.host import check
 
     ran: list[list[str]] = []
@@ -528,26 +582,36 @@ def test_a_flag_slurm_does_not_know_is_named_with_the_release_that_brought_it_an
     assert problem is not None and problem.flag == "--mem-per-gpu"
     assert problem.message == (
         "sbatch on this cluster does not know the flag --mem-per-gpu (sbatch: unrecognized option "
-        "'--mem-per-gpu=8G'): SLURM 19.05 brought it; potato-queue needs SLURM 20.11 or newer")
-    assert problem.fix.startswith("remove mem_per_gpu from the backend's settings (potato-queue passes it as "
-                                  "sbatch --mem-per-gpu), or ask the cluster's admins to upgrade SLURM to 20.11")
+        "'--mem-per-gpu=8G'): SLURM 19.05 brought it; potato-queue needs SLURM 20.11 or newer"
+    )
+    assert problem.fix.startswith(
+        "remove mem_per_gpu from the backend's settings (potato-queue passes it as "
+        "sbatch --mem-per-gpu), or ask the cluster's admins to upgrade SLURM to 20.11"
+    )
     short = unknown_flag("squeue", SQUEUE_UNKNOWN_SHORT)
     assert short is not None and short.flag == "-h" and "SLURM has had it since 1.3 or earlier" in short.message
-    assert short.fix == "ask the cluster's admins to upgrade SLURM to 20.11 or newer (`squeue --version` says which this is)"
+    assert (
+        short.fix
+        == "ask the cluster's admins to upgrade SLURM to 20.11 or newer (`squeue --version` says which this is)"
+    )
     full = unknown_flag("scancel", "scancel: unrecognized option `--full'\n")  # glibc before 2.26 quoted so
     assert full is not None and "SLURM 16.05 brought it" in full.message
-    assert unknown_flag("sbatch", "sbatch: error: Batch job submission failed: Invalid partition name specified\n") is None
+    assert (
+        unknown_flag("sbatch", "sbatch: error: Batch job submission failed: Invalid partition name specified\n") is None
+    )
 
 
 @pytest.mark.unit
 def test_sbatch_refusing_a_flag_fails_the_run_saying_so_and_other_refusals_stay_refusals(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from potato_queue.agent.launchers import slurm as slurm_module
     from potato_queue.agent.launchers.slurm import SlurmLauncher
 
     stderr = SBATCH_UNKNOWN_LONG
-    monkeypatch.setattr(slurm_module.subprocess, "run",
-                        lambda argv, **_: subprocess.CompletedProcess(argv, 1, "", stderr))
+    monkeypatch.setattr(
+        slurm_module.subprocess, "run", lambda argv, **_: subprocess.CompletedProcess(argv, 1, "", stderr)
+    )
     monkeypatch.setattr(slurm_module, "shared_code_root", lambda _: "/code")
     (tmp_path / "r1").mkdir()
     launcher = SlurmLauncher(SlurmSettings.of({"mem_per_gpu": "8G"}), lambda _: None, host="login-1")
@@ -563,7 +627,8 @@ def test_sbatch_refusing_a_flag_fails_the_run_saying_so_and_other_refusals_stay_
 
 @pytest.mark.unit
 def test_squeue_refusing_a_flag_ends_the_job_saying_so_not_as_a_job_that_vanished(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from potato_queue.agent.launchers import slurm as slurm_module
     from potato_queue.agent.launchers.slurm import SlurmJob, SlurmLauncher
     from potato_queue.wire.exit_codes import EXIT_UNEXPECTED
@@ -581,8 +646,12 @@ def test_squeue_refusing_a_flag_ends_the_job_saying_so_not_as_a_job_that_vanishe
 
     monkeypatch.setattr(slurm_module.subprocess, "run", fake_run)
     lines: list[str] = []
-    job = SlurmJob("4242", str(tmp_path), [], SlurmLauncher(SlurmSettings.of({"poll_interval_s": 0.05}),
-                                                             lines.append, host="login-1"))
+    job = SlurmJob(
+        "4242",
+        str(tmp_path),
+        [],
+        SlurmLauncher(SlurmSettings.of({"poll_interval_s": 0.05}), lines.append, host="login-1"),
+    )
     job.relay_output(Relay())  # type: ignore[arg-type]
     assert job.wait(10) == EXIT_UNEXPECTED, lines
     ended = job.ended()

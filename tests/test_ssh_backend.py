@@ -61,8 +61,14 @@ def fake_nvidia_smi(folder: Path, csv: str) -> str:
 
 
 def gpu_server(tmp_path: Path, **extra: Any) -> dict[str, Any]:
-    backend = {"type": "ssh", "host": ALIAS, "python": "/usr/bin/python3", "remote_dir": str(tmp_path / "remote"),
-               "heartbeat_timeout_s": 60, **extra}
+    backend = {
+        "type": "ssh",
+        "host": ALIAS,
+        "python": "/usr/bin/python3",
+        "remote_dir": str(tmp_path / "remote"),
+        "heartbeat_timeout_s": 60,
+        **extra,
+    }
     return {"backends": {BACKEND: backend}}
 
 
@@ -124,10 +130,15 @@ def test_a_bare_python_38_with_nothing_of_ours_runs_a_run_that_potato_sees(svc_f
     row = store.load_run(cfg, run_id)
     assert (row.status, row.backend, row.host) == ("success", f"potato-queue/{BACKEND}", ALIAS)
     assert row.metrics["accuracy"] == run["held_out"]["sentiment"]["test"]["accuracy"]
-    assert len(store.load_predictions(cfg, run_id=run_id)) == len(run_paths(svc, run_id).dir.joinpath(
-        "predictions.jsonl").read_text().splitlines()) > 0
+    assert (
+        len(store.load_predictions(cfg, run_id=run_id))
+        == len(run_paths(svc, run_id).dir.joinpath("predictions.jsonl").read_text().splitlines())
+        > 0
+    )
     assert sorted(store.training_split_ids(cfg, run_id)) == sorted(
-        json.loads(line)["instance_id"] for line in (run_paths(svc, run_id).bundle_dir / "train.jsonl").read_text().splitlines())
+        json.loads(line)["instance_id"]
+        for line in (run_paths(svc, run_id).bundle_dir / "train.jsonl").read_text().splitlines()
+    )
 
 
 def test_a_python_the_host_lacks_is_err_2(svc_factory: Any) -> None:
@@ -153,8 +164,9 @@ def test_a_min_free_gpu_mb_no_gpu_there_has_at_all_fails_at_once(svc_factory: An
     svc = svc_factory(env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)}, min_free_gpu_mb=90000)
     run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
     assert run["state"] == "failed"
-    assert run["error"] == (f"min_free_gpu_mb (90000) is more than any GPU on {ALIAS} has: the largest, GPU 0, "
-                            "has 81920 MB"), run["error"]
+    assert run["error"] == (
+        f"min_free_gpu_mb (90000) is more than any GPU on {ALIAS} has: the largest, GPU 0, has 81920 MB"
+    ), run["error"]
 
 
 def test_a_trainer_whose_packages_the_host_lacks_is_err_4(svc_factory: Any) -> None:
@@ -165,17 +177,26 @@ def test_a_trainer_whose_packages_the_host_lacks_is_err_4(svc_factory: Any) -> N
 
 
 def long_hf_run(svc: Services, tiny_model: Path) -> str:
-    return svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
-                         params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    return svc.start_run(
+        trainer="hf-text-classification",
+        schemas=["sentiment"],
+        backend=BACKEND,
+        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
+    )
 
 
 def test_the_token_is_in_no_argv_on_either_side(svc_factory: Any, tiny_model: Path, tmp_path: Path) -> None:
     svc = svc_factory(python=sys.executable, gpus="none", num_threads=3)
     run_id = long_hf_run(svc, tiny_model)
     wait_running(svc, run_id)
-    (worker,) = [p for p in pids() if f"{tmp_path}/remote/code/" in (alive_cmd(p) or "")
-                 and "potato_queue.worker --spec" in (alive_cmd(p) or "")]
-    environ = dict(item.split("=", 1) for item in Path(f"/proc/{worker}/environ").read_text().split("\0") if "=" in item)
+    (worker,) = [
+        p
+        for p in pids()
+        if f"{tmp_path}/remote/code/" in (alive_cmd(p) or "") and "potato_queue.worker --spec" in (alive_cmd(p) or "")
+    ]
+    environ = dict(
+        item.split("=", 1) for item in Path(f"/proc/{worker}/environ").read_text().split("\0") if "=" in item
+    )
     assert [environ.get(name) for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")] == ["3"] * 3
     assert not [name for name in environ if "TOKEN" in name or name == "POTATO_QUEUE_REDIS_URL"], sorted(environ)
     # The run token is 43 url-safe characters (secrets.token_urlsafe(32)); nothing of ours has such a
@@ -190,12 +211,16 @@ def test_the_token_is_in_no_argv_on_either_side(svc_factory: Any, tiny_model: Pa
 
 
 def test_killing_the_ssh_client_fails_the_run_and_leaves_nothing_on_the_host(
-        svc_factory: Any, tiny_model: Path, tmp_path: Path) -> None:
+    svc_factory: Any, tiny_model: Path, tmp_path: Path
+) -> None:
     svc = svc_factory(python=sys.executable, gpus="none")
     run_id = long_hf_run(svc, tiny_model)
     wait_running(svc, run_id)
-    (client,) = [pid for pid in pids() if (alive_cmd(pid) or "").startswith("ssh ")
-                 and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")]
+    (client,) = [
+        pid
+        for pid in pids()
+        if (alive_cmd(pid) or "").startswith("ssh ") and f"potato-queue-{run_id}-" in (alive_cmd(pid) or "")
+    ]
     os.kill(client, signal.SIGKILL)
     run = svc.wait_for(run_id, TERMINAL, 60)
     assert run["state"] == "failed"
@@ -227,13 +252,16 @@ def test_files_over_max_artifact_mb_stay_on_the_host_and_are_named(svc_factory: 
     job = tmp_path / "remote" / "jobs" / run_id
     assert (run["state"], run["artifact_uri"]) == ("succeeded", f"{ALIAS}:{job}/work"), run
     kept = [p.name for p in (job / "work").iterdir() if p.name != "predictions.jsonl"]
-    assert kept and all(f"{name} (0 MB) is over max_artifact_mb (1e-06 MB): it stays on {ALIAS}" in run_log(svc, run_id)
-                        for name in kept), run_log(svc, run_id)
+    assert kept and all(
+        f"{name} (0 MB) is over max_artifact_mb (1e-06 MB): it stays on {ALIAS}" in run_log(svc, run_id)
+        for name in kept
+    ), run_log(svc, run_id)
 
 
 @pytest.mark.parametrize("setting", [{"fetch_artifacts": False}, {"keep_remote": True}])
-def test_fetch_artifacts_false_and_keep_remote_leave_the_job_folder(svc_factory: Any, tmp_path: Path,
-                                                                    setting: dict[str, bool]) -> None:
+def test_fetch_artifacts_false_and_keep_remote_leave_the_job_folder(
+    svc_factory: Any, tmp_path: Path, setting: dict[str, bool]
+) -> None:
     svc = svc_factory(gpus="none", **setting)
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     run = svc.wait_for(run_id, TERMINAL, 120)
@@ -248,11 +276,14 @@ def test_fetch_artifacts_false_and_keep_remote_leave_the_job_folder(svc_factory:
 
 
 def test_a_copy_that_sends_nothing_ends_with_err_7_and_the_predictions_count(
-        tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
+    tmp_path: Path, redis_server_url: str, sshd: Sshd
+) -> None:
     # The host's python stops itself (SIGSTOP) when it is asked to send the model files: a stalled sender.
     python = on_copy(tmp_path, "kill -STOP $$")
     sshd.write_config("root")
-    with started(tmp_path, redis_server_url, executors=0, **gpu_server(tmp_path, python=str(python), gpus="none")) as svc:
+    with started(
+        tmp_path, redis_server_url, executors=0, **gpu_server(tmp_path, python=str(python), gpus="none")
+    ) as svc:
         svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config), "POTATO_QUEUE_COPY_STALL_S": "2"})
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         run = svc.wait_for(run_id, TERMINAL, 120)
@@ -271,16 +302,21 @@ def test_a_copy_that_sends_nothing_ends_with_err_7_and_the_predictions_count(
 def left_there(svc: Services, tmp_path: Path, run_id: str) -> str:
     """What a copy that is not whole says of the model files: where they stay, and the command that fetches them."""
     work = f"{tmp_path}/remote/jobs/{run_id}/work"
-    return (f"the predictions are stored, and the model files stay on {ALIAS} in {work}: fetch them with "
-            f"`ssh {ALIAS} tar -C {work} -cf - . | tar -xf - -C {run_paths(svc, run_id).artifacts}`")
+    return (
+        f"the predictions are stored, and the model files stay on {ALIAS} in {work}: fetch them with "
+        f"`ssh {ALIAS} tar -C {work} -cf - . | tar -xf - -C {run_paths(svc, run_id).artifacts}`"
+    )
 
 
 def on_copy(tmp_path: Path, body: str) -> Path:
     """A `python` whose second start (the first is the run's bootstrap, which then runs the agent with the real
     python) is the copy of the model files back, where it runs `body` (sh) first."""
     count = tmp_path / "python-starts"
-    return fake_python(tmp_path, f'n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n'
-                                 f'if [ $n -eq 2 ]; then\n{body}\nfi\nexec /usr/bin/python3 "$@"\n')
+    return fake_python(
+        tmp_path,
+        f"n=$(( $(cat {count} 2>/dev/null || echo 0) + 1 )); echo $n > {count}\n"
+        f'if [ $n -eq 2 ]; then\n{body}\nfi\nexec /usr/bin/python3 "$@"\n',
+    )
 
 
 def fake_python(tmp_path: Path, body: str) -> Path:
@@ -301,7 +337,8 @@ def wait_gone(marker: str, timeout_s: float = 15) -> list[str]:
 
 
 def test_a_setup_that_hangs_fails_at_setup_timeout_s_and_leaves_nothing_on_the_host(
-        svc_factory: Any, tmp_path: Path) -> None:
+    svc_factory: Any, tmp_path: Path
+) -> None:
     """An interpreter that never answers (a hung NFS mount, a python that sleeps): before this bound the run
     held the slot past max_wall_seconds, and its process outlived the run."""
     python = fake_python(tmp_path, "while :; do sleep 1; done\n")
@@ -309,8 +346,10 @@ def test_a_setup_that_hangs_fails_at_setup_timeout_s_and_leaves_nothing_on_the_h
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     run = svc.wait_for(run_id, TERMINAL, 60)
     assert run["state"] == "failed"
-    assert run["error"].startswith(f"The setup on {ALIAS} did not finish within setup_timeout_s (3 s): it was still "
-                                   f"connecting to {ALIAS}. Fix: raise setup_timeout_s of backend {BACKEND}"), run
+    assert run["error"].startswith(
+        f"The setup on {ALIAS} did not finish within setup_timeout_s (3 s): it was still "
+        f"connecting to {ALIAS}. Fix: raise setup_timeout_s of backend {BACKEND}"
+    ), run
     assert wait_gone(str(python)) == [], "the hard stop reached the process the setup started"
     assert list(Path("/tmp").glob(f"potato-queue-{run_id}-*.sock")) == []
     after = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
@@ -328,23 +367,34 @@ sys.stdout.buffer.write(head + sys.stdin.buffer.read((size + 511) // 512 * 512))
 
 
 def test_a_copy_cut_short_between_files_fails_and_leaves_no_partial_model(
-        tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
+    tmp_path: Path, redis_server_url: str, sshd: Sshd
+) -> None:
     cut = tmp_path / "first_member_only.py"
     cut.write_text(FIRST_MEMBER_ONLY)
-    python = on_copy(tmp_path, f'  for work in {tmp_path}/remote/jobs/*/work; do head -c 300000 /dev/urandom > '
-                               '"$work/zz-second-file.bin"; done\n'
-                               f'  /usr/bin/python3 "$@" | /usr/bin/python3 {cut}; exit 0')
+    python = on_copy(
+        tmp_path,
+        f"  for work in {tmp_path}/remote/jobs/*/work; do head -c 300000 /dev/urandom > "
+        '"$work/zz-second-file.bin"; done\n'
+        f'  /usr/bin/python3 "$@" | /usr/bin/python3 {cut}; exit 0',
+    )
     sshd.write_config("root")
-    with started(tmp_path, redis_server_url, executors=0, **gpu_server(tmp_path, python=str(python), gpus="none")) as svc:
+    with started(
+        tmp_path, redis_server_url, executors=0, **gpu_server(tmp_path, python=str(python), gpus="none")
+    ) as svc:
         svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         run = svc.wait_for(run_id, TERMINAL, 120)
         assert run["state"] == "failed", run
-        assert re.fullmatch(rf"The copy from {ALIAS} was cut short: \S+ did not arrive; "
-                            + re.escape(left_there(svc, tmp_path, run_id)), run["error"]), run["error"]
+        assert re.fullmatch(
+            rf"The copy from {ALIAS} was cut short: \S+ did not arrive; "
+            + re.escape(left_there(svc, tmp_path, run_id)),
+            run["error"],
+        ), run["error"]
         assert not run_paths(svc, run_id).artifacts.exists(), "no partial model"
         work = tmp_path / "remote" / "jobs" / run_id / "work"
-        assert run["artifact_uri"] == f"{ALIAS}:{work}" and (work / "zz-second-file.bin").is_file(), "the host keeps all"
+        assert run["artifact_uri"] == f"{ALIAS}:{work}" and (work / "zz-second-file.bin").is_file(), (
+            "the host keeps all"
+        )
         assert run["held_out"]["sentiment"]["test"]["n"] > 0, "the predictions were scored and published"
 
 
@@ -375,13 +425,20 @@ sys.stdout.buffer.write(out.getvalue())
 """
 
 
-@pytest.mark.parametrize(("kind", "refusal"), [
-    ("links", "config.json is a symbolic link (only regular files and folders are taken)"),
-    ("oversize", "big.bin is announced with 31000000 bytes, over max_artifact_mb (1 MB): the sender should have kept "
-                 "it on the host"),
-])
-def test_a_lying_host_gets_nothing_into_artifacts(tmp_path: Path, redis_server_url: str, sshd: Sshd, kind: str,
-                                                  refusal: str) -> None:
+@pytest.mark.parametrize(
+    ("kind", "refusal"),
+    [
+        ("links", "config.json is a symbolic link (only regular files and folders are taken)"),
+        (
+            "oversize",
+            "big.bin is announced with 31000000 bytes, over max_artifact_mb (1 MB): the sender should have kept "
+            "it on the host",
+        ),
+    ],
+)
+def test_a_lying_host_gets_nothing_into_artifacts(
+    tmp_path: Path, redis_server_url: str, sshd: Sshd, kind: str, refusal: str
+) -> None:
     """The host's sender lies: beside the model file it announced, symbolic links to the server's files, a
     device node and a FIFO; or a 31 MB file under max_artifact_mb 1. Before, the links and nodes were created
     in artifacts/ (the executor runs as root here), the 31 MB landed, and the run succeeded."""
@@ -404,7 +461,8 @@ def test_a_lying_host_gets_nothing_into_artifacts(tmp_path: Path, redis_server_u
 
 
 def test_redis_stopped_mid_run_still_stops_every_process_and_the_end_is_recorded_when_it_answers(
-        tmp_path: Path, sshd: Sshd, tiny_model: Path) -> None:
+    tmp_path: Path, sshd: Sshd, tiny_model: Path
+) -> None:
     """Redis frozen (SIGSTOP: every call times out) while a run trains over ssh: the executor cannot keep the
     run slot, so it stops the run, first its processes on the host, then, once Redis answers, its record.
     Before, the failure path wrote to Redis first: the session and the worker outlived the run for minutes,
@@ -438,8 +496,9 @@ def check(tmp_path: Path, sshd: Sshd, *extra: str, **backend: Any) -> Any:
     if not config.exists():
         make_project(tmp_path, **gpu_server(tmp_path, **backend))
     sshd.write_config("root")
-    return run_cli("training", "check", BACKEND, config, *extra, env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)},
-                   timeout_s=120)
+    return run_cli(
+        "training", "check", BACKEND, config, *extra, env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)}, timeout_s=120
+    )
 
 
 def test_check_reports_python_gpus_the_gpu_a_run_gets_and_missing_packages(tmp_path: Path, sshd: Sshd) -> None:
@@ -450,10 +509,15 @@ def test_check_reports_python_gpus_the_gpu_a_run_gets_and_missing_packages(tmp_p
     assert lines[0].startswith(f"{ALIAS}: Python 3.11") and "(/usr/bin/python3)" in lines[0]
     assert "  GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free, 97 % busy" in lines
     assert "a run now: the run gets GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy" in lines
-    assert any(line.startswith("training packages missing from /usr/bin/python3: ") and "torch" in line
-               for line in lines), lines
+    assert any(
+        line.startswith("training packages missing from /usr/bin/python3: ") and "torch" in line for line in lines
+    ), lines
     as_json = json.loads(check(tmp_path, sshd, "--json", env={"PATH": path}).stdout)
-    assert as_json["ok"] is True and [g["index"] for g in as_json["gpus"]] == [0, 1] and "torch" in as_json["missing_packages"]
+    assert (
+        as_json["ok"] is True
+        and [g["index"] for g in as_json["gpus"]] == [0, 1]
+        and "torch" in as_json["missing_packages"]
+    )
 
 
 def test_check_exits_1_when_a_run_could_not_start(tmp_path: Path, sshd: Sshd) -> None:
@@ -468,17 +532,32 @@ def test_check_llm_says_whether_the_model_fits_the_gpu_a_run_may_get(tmp_path: P
     against the GPUs' free memory (the fake nvidia-smi's), and bitsandbytes, which Debian's python3 lacks."""
     model = tmp_path / "llama-70b"
     model.mkdir()
-    (model / "config.json").write_text(json.dumps({
-        "model_type": "llama", "hidden_size": 8192, "num_hidden_layers": 80, "intermediate_size": 28672,
-        "vocab_size": 128256, "num_attention_heads": 64, "num_key_value_heads": 8, "tie_word_embeddings": False}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": 8192,
+                "num_hidden_layers": 80,
+                "intermediate_size": 28672,
+                "vocab_size": 128256,
+                "num_attention_heads": 64,
+                "num_key_value_heads": 8,
+                "tie_word_embeddings": False,
+            }
+        )
+    )
     path = fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)
     full = check(tmp_path, sshd, "--llm", str(model), "--load-in-4bit", "false", env={"PATH": path})
     assert full.returncode == 1, full.stdout
     assert f"hf-llm-lora: {model} (70.55 B parameters) in bf16: about " in full.stdout
     assert "needed, more than the 70000 MB free on GPU 1; fix: set load_in_4bit: true, or free memory" in full.stdout
     four_bit = check(tmp_path, sshd, "--llm", str(model), "--load-in-4bit", "true", env={"PATH": path})
-    assert four_bit.returncode == 1 and "hf-llm-lora: load_in_4bit needs bitsandbytes, which this host's Python " \
-        "lacks: pip install bitsandbytes there (on an ssh backend, add it to packages:)" in four_bit.stdout
+    assert (
+        four_bit.returncode == 1
+        and "hf-llm-lora: load_in_4bit needs bitsandbytes, which this host's Python "
+        "lacks: pip install bitsandbytes there (on an ssh backend, add it to packages:)"
+        in four_bit.stdout
+    )
 
 
 def test_packages_build_the_venv_once_and_the_hosts_own_packages_stay_visible(svc_factory: Any, tmp_path: Path) -> None:
@@ -498,7 +577,8 @@ def fake_torch(folder: Path, archs: list[str]) -> str:
     """A `torch` whose CUDA build has kernels for `archs` only: it stands in for a host's torch."""
     (folder / "torch").mkdir(parents=True)
     (folder / "torch" / "__init__.py").write_text(
-        f"class cuda:\n    @staticmethod\n    def get_arch_list():\n        return {archs!r}\n")
+        f"class cuda:\n    @staticmethod\n    def get_arch_list():\n        return {archs!r}\n"
+    )
     return str(folder)
 
 
@@ -506,7 +586,9 @@ def test_a_pinned_gpu_is_taken_as_asked(svc_factory: Any, tmp_path: Path) -> Non
     svc = svc_factory(gpus="0", min_free_gpu_mb=1000, env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)})
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded"
-    assert f"{ALIAS}: the run gets GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free, 97 % busy" in run_log(svc, run_id)
+    assert f"{ALIAS}: the run gets GPU 0: NVIDIA A100-SXM4-80GB, 1200 of 81920 MB free, 97 % busy" in run_log(
+        svc, run_id
+    )
 
 
 def test_gpus_the_hosts_torch_has_no_kernels_for_are_err_5(svc_factory: Any, tmp_path: Path, sshd: Sshd) -> None:
@@ -517,7 +599,8 @@ def test_gpus_the_hosts_torch_has_no_kernels_for_are_err_5(svc_factory: Any, tmp
     report = check(tmp_path / "check", sshd, env=env)
     assert report.returncode == 1
     assert "  GPU 1: NVIDIA A100-SXM4-80GB, 70000 of 81920 MB free, 3 % busy (torch there has no kernels for it)" in (
-        report.stdout.splitlines())
+        report.stdout.splitlines()
+    )
 
 
 def test_a_run_as_an_ordinary_account_in_its_home(tmp_path: Path, redis_server_url: str, sshd: Sshd) -> None:
@@ -538,21 +621,28 @@ def test_a_run_as_an_ordinary_account_in_its_home(tmp_path: Path, redis_server_u
         sshd.write_config("root")
 
 
-def test_a_backend_env_reaches_the_trainer_but_a_secret_named_one_only_when_listed(tmp_path: Path,
-                                                                                    svc_factory: Any) -> None:
+def test_a_backend_env_reaches_the_trainer_but_a_secret_named_one_only_when_listed(
+    tmp_path: Path, svc_factory: Any
+) -> None:
     """The same rule as on slurm: before, an env entry outside the allow-list (PQ_PLAIN) reached the agent but
     not the trainer, and no secret could be passed on purpose."""
     # The host's python runs the agent and (as sys.executable) the worker: a venv whose .pth line (site runs it
     # at start) records the worker's environment.
     venv = tmp_path / "host-venv"
     subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", "--system-site-packages", str(venv)], check=True)
-    record = (f"open({str(tmp_path / 'worker.env')!r}, 'w').write(''.join(k + '=' + v + chr(10) for k, v in "
-              "os.environ.items())) if b'potato_queue.worker' in open('/proc/self/cmdline', 'rb').read().split(b'\\0') "
-              "else None")
+    record = (
+        f"open({str(tmp_path / 'worker.env')!r}, 'w').write(''.join(k + '=' + v + chr(10) for k, v in "
+        "os.environ.items())) if b'potato_queue.worker' in open('/proc/self/cmdline', 'rb').read().split(b'\\0') "
+        "else None"
+    )
     (next(venv.glob("lib/python3*/site-packages")) / "record_worker_env.pth").write_text(f"import os; {record}\n")
     python = venv / "bin" / "python3"
-    svc = svc_factory(python=str(python), gpus="none", secret_env=["HF_TOKEN"],
-                      env={"PQ_PLAIN": "plain-value", "MY_API_KEY": "do-not-pass-2", "HF_TOKEN": "listed-value"})
+    svc = svc_factory(
+        python=str(python),
+        gpus="none",
+        secret_env=["HF_TOKEN"],
+        env={"PQ_PLAIN": "plain-value", "MY_API_KEY": "do-not-pass-2", "HF_TOKEN": "listed-value"},
+    )
     run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
     assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded", run_log(svc, run_id)
     seen = dict(line.split("=", 1) for line in (tmp_path / "worker.env").read_text().splitlines() if "=" in line)
@@ -567,6 +657,8 @@ def test_a_trainer_package_missing_on_the_host_names_what_to_install_there(svc_f
     run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
     run = svc.wait_for(run_id, TERMINAL, 120)
     assert run["state"] == "failed"
-    assert run["error"] == ("Trainer 'sklearn-text' could not be imported: No module named 'numpy' (fix: install the "
-                            "trainer's packages into the Python that ran it on this host: /usr/bin/python3 -m pip "
-                            "install scikit-learn (or, on an ssh backend, list them under packages:))"), run["error"]
+    assert run["error"] == (
+        "Trainer 'sklearn-text' could not be imported: No module named 'numpy' (fix: install the "
+        "trainer's packages into the Python that ran it on this host: /usr/bin/python3 -m pip "
+        "install scikit-learn (or, on an ssh backend, list them under packages:))"
+    ), run["error"]

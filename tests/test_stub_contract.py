@@ -91,8 +91,13 @@ def run_stub(tmp_path: Path, redis_server_url: str) -> Iterator[Runner]:
             RunLife(config, store, StubExecutors(executor), held, lease, clock.now_s()).run()  # type: ignore[arg-type]
         finally:
             lease.release()
-        return Ran(dict(store.get(held["run_id"])), clock.now_s() - agent.launched_s, agent, executor,
-                   store.paths(held["run_id"]).run_log.read_text())
+        return Ran(
+            dict(store.get(held["run_id"])),
+            clock.now_s() - agent.launched_s,
+            agent,
+            executor,
+            store.paths(held["run_id"]).run_log.read_text(),
+        )
 
     yield run
 
@@ -103,7 +108,9 @@ def _name(kind: str) -> str:
 
 def _heartbeat(kind: str, seconds: float) -> dict[str, Any]:
     """heartbeat_timeout_s where the backend type reads it: its own backend's setting, else the local one."""
-    return {"backend_settings": {"heartbeat_timeout_s": seconds}} if kind in BACKENDS else {"heartbeat_timeout_s": seconds}
+    return (
+        {"backend_settings": {"heartbeat_timeout_s": seconds}} if kind in BACKENDS else {"heartbeat_timeout_s": seconds}
+    )
 
 
 @pytest.mark.parametrize("kind", TYPES)
@@ -156,7 +163,10 @@ def test_an_agent_that_vanishes_fails_the_run_at_once(run_stub: Runner, kind: st
 def test_an_agent_behind_nat_that_vanishes_is_known_only_by_its_silence(run_stub: Runner) -> None:
     vanish_s = in_hands_s("agent", Script()) + 3
     ran = run_stub("agent", Script(finish_s=1000, vanish_s=vanish_s), **_heartbeat("agent", 30))
-    assert (ran.record["state"], ran.record["error"]) == (RunState.FAILED, "No word from the agent on agent for 30 seconds")
+    assert (ran.record["state"], ran.record["error"]) == (
+        RunState.FAILED,
+        "No word from the agent on agent for 30 seconds",
+    )
     assert vanish_s + 29 <= ran.ended_s <= vanish_s + 30 + SLACK_S, ran.ended_s
 
 
@@ -164,8 +174,10 @@ def test_an_agent_behind_nat_that_vanishes_is_known_only_by_its_silence(run_stub
 def test_silence_fails_the_run_after_heartbeat_timeout_s(run_stub: Runner, kind: str) -> None:
     silent_s = in_hands_s(kind, Script()) + 5
     ran = run_stub(kind, Script(finish_s=1000, silent_from_s=silent_s), **_heartbeat(kind, 30))
-    assert (ran.record["state"], ran.record["error"]) == (RunState.FAILED,
-                                                          f"No word from the agent on {_name(kind)} for 30 seconds")
+    assert (ran.record["state"], ran.record["error"]) == (
+        RunState.FAILED,
+        f"No word from the agent on {_name(kind)} for 30 seconds",
+    )
     assert silent_s + 29 <= ran.ended_s <= silent_s + 30 + SLACK_S, ran.ended_s
 
 
@@ -216,21 +228,25 @@ def test_an_agent_silent_while_its_job_is_pending_fails_for_its_silence(run_stub
     silent_s = in_hands_s(kind, Script(pending_s=0)) + 3
     script.silent_from_s = silent_s
     ran = run_stub(kind, script, **_heartbeat(kind, 30))
-    assert (ran.record["state"], ran.record["error"]) == (RunState.FAILED,
-                                                          f"No word from the agent on {kind} for 30 seconds"), ran.log
+    assert (ran.record["state"], ran.record["error"]) == (
+        RunState.FAILED,
+        f"No word from the agent on {kind} for 30 seconds",
+    ), ran.log
     assert silent_s + 29 <= ran.ended_s <= silent_s + 30 + SLACK_S, ran.ended_s
 
 
 @pytest.mark.parametrize("kind", ["slurm", "agent"])
-def test_a_job_pending_past_pending_timeout_s_is_stopped_and_the_run_fails_naming_it(run_stub: Runner,
-                                                                                    kind: str) -> None:
+def test_a_job_pending_past_pending_timeout_s_is_stopped_and_the_run_fails_naming_it(
+    run_stub: Runner, kind: str
+) -> None:
     script = Script(finish_s=1000, pending_s=10_000)
     ran = run_stub(kind, script, backend_settings={"pending_timeout_s": 600}, grace_seconds=5)
     assert ran.record["state"] == RunState.FAILED, ran.log
     assert ran.record["error"] == (
         "The SLURM job waited in the scheduler's queue for more than pending_timeout_s (600 s) (SLURM job 42: "
         f"PENDING (Priority)); it was cancelled. Fix: raise pending_timeout_s of backend {kind}, or ask for less "
-        "(partition, gres, time) so that the scheduler can start it sooner")
+        "(partition, gres, time) so that the scheduler can start it sooner"
+    )
     contacted_s = in_hands_s(kind, Script(pending_s=0))
     assert ran.agent.told_to_stop_s is not None, "the agent was asked to stop (it cancels its job)"
     assert contacted_s + 600 <= ran.ended_s <= contacted_s + 600 + 1 + SLACK_S, ran.ended_s
@@ -245,7 +261,8 @@ def test_a_setup_that_hangs_fails_at_setup_timeout_s_naming_its_phase(run_stub: 
     assert ran.record["error"] == (
         "The setup on gpu-box did not finish within setup_timeout_s (2 s): it was still connecting to gpu-box. "
         f"Fix: raise setup_timeout_s of backend {kind} (a first venv build with large packages can take many "
-        "minutes), or see agent.log in the run's folder for where it hung")
+        "minutes), or see agent.log in the run's folder for where it hung"
+    )
     assert 2 <= ran.ended_s <= 2 + SLACK_S and ran.agent.killed >= 1, ran.ended_s
 
 
@@ -253,16 +270,19 @@ def test_max_wall_seconds_counts_an_ssh_setup_and_stops_it_at_once(run_stub: Run
     """The seed: max_wall_seconds stops any run; the setup is run time, and nobody is there to be asked."""
     ran = run_stub("ssh", Script(), max_wall_seconds=3, grace_seconds=20)
     assert ran.record["state"] == RunState.FAILED
-    assert ran.record["error"] == ("The run did not finish within max_wall_seconds (3 s) and was stopped (still "
-                                   "connecting to gpu-box)")
+    assert ran.record["error"] == (
+        "The run did not finish within max_wall_seconds (3 s) and was stopped (still connecting to gpu-box)"
+    )
     assert 3 <= ran.ended_s <= 3 + SLACK_S, "no grace is waited for: no agent was there yet"
 
 
 @pytest.mark.parametrize("kind", ["ssh", "slurm"])
 def test_cancel_during_the_setup_stops_it_at_once(run_stub: Runner, kind: str) -> None:
     ran = run_stub(kind, Script(cancel_at_s=1), grace_seconds=20)
-    assert (ran.record["state"], ran.record["error"]) == (RunState.CANCELLED,
-                                                          "cancelled while connecting to gpu-box; the setup was stopped")
+    assert (ran.record["state"], ran.record["error"]) == (
+        RunState.CANCELLED,
+        "cancelled while connecting to gpu-box; the setup was stopped",
+    )
     assert ran.ended_s <= 1 + SLACK_S and ran.agent.killed >= 1, "no grace: nothing there could be asked to stop"
 
 

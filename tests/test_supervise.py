@@ -67,21 +67,36 @@ def at(store: RunStore, seconds: float, action: Callable[[], None]) -> None:
         if not done and now_s >= when:
             done.append(True)
             action()
+
     clock.on_wait = act
 
 
-def watch_of(store: RunStore, handle: RunHandle, *, heartbeat_timeout_s: float = 30,
-             max_wall_s: float | None = None) -> tuple[Watch, list[float], list[str]]:
+def watch_of(
+    store: RunStore, handle: RunHandle, *, heartbeat_timeout_s: float = 30, max_wall_s: float | None = None
+) -> tuple[Watch, list[float], list[str]]:
     run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
     store.tokens.issue(run_id, 3600)  # as the lifecycle does before the launch
     contacts: list[float] = []
     steps: list[str] = []
     clock = store.clock
     now = clock.now_s()
-    watch = Watch(run_id=run_id, backend_name="box", handle=handle, store=store, grace_s=2,
-                  heartbeat_timeout_s=heartbeat_timeout_s, max_wall_s=max_wall_s, started_s=now, launched_s=now,
-                  renew_lease=lambda: True, on_first_contact=lambda: contacts.append(clock.now_s()),
-                  log=lambda _: None, step=steps.append, last_output=lambda: "", clock=clock)
+    watch = Watch(
+        run_id=run_id,
+        backend_name="box",
+        handle=handle,
+        store=store,
+        grace_s=2,
+        heartbeat_timeout_s=heartbeat_timeout_s,
+        max_wall_s=max_wall_s,
+        started_s=now,
+        launched_s=now,
+        renew_lease=lambda: True,
+        on_first_contact=lambda: contacts.append(clock.now_s()),
+        log=lambda _: None,
+        step=steps.append,
+        last_output=lambda: "",
+        clock=clock,
+    )
     return watch, contacts, steps
 
 
@@ -95,8 +110,10 @@ def test_a_waiting_run_is_bounded_by_its_own_deadline_not_the_heartbeat(store: R
     watch, contacts, steps = watch_of(store, handle, heartbeat_timeout_s=20)
     outcome = supervise(watch)
     assert 90 <= elapsed(store, began) <= 90 + TICK_S, "the heartbeat timeout ended a waiting run"
-    assert (outcome.state, outcome.error) == ("failed", "The run was still waiting past its deadline: "
-                                                        "waiting for an agent on box")
+    assert (outcome.state, outcome.error) == (
+        "failed",
+        "The run was still waiting past its deadline: waiting for an agent on box",
+    )
     assert steps == ["waiting for an agent on box"] and contacts == [] and handle.killed == 1
 
 
@@ -187,8 +204,10 @@ def test_a_batch_jobs_hard_stop_is_waited_for_before_the_executor_kills(store: R
     store.signal_stop(watch.run_id)
     began = store.clock.now_s()
     outcome = supervise(watch)
-    assert (outcome.state, outcome.error) == ("cancelled", "cancelled; the agent did not report within 2 s, so it "
-                                                           "was stopped")
+    assert (outcome.state, outcome.error) == (
+        "cancelled",
+        "cancelled; the agent did not report within 2 s, so it was stopped",
+    )
     assert late.killed == 1
     assert 2 + 32 + CANCEL_MARGIN_S <= elapsed(store, began) <= 2 + 32 + CANCEL_MARGIN_S + 2 * TICK_S
 

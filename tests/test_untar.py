@@ -75,7 +75,7 @@ def through_pipe(stream: bytes, dest: Path, manifest: dict[str, int], on_bytes: 
 def _write_all(fd: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(fd, view):]
+        view = view[os.write(fd, view) :]
 
 
 def test_regular_files_and_folders_land_private_with_their_bytes(tmp_path: Path) -> None:
@@ -110,16 +110,20 @@ def test_a_plain_file_descriptor_works_without_splice(tmp_path: Path) -> None:
     assert (tmp_path / "out" / "a.bin").read_bytes() == b"x" * 5000
 
 
-@pytest.mark.parametrize(("member", "said"), [
-    (special("config.json", tarfile.SYMTYPE, "/etc/shadow"), "config.json is a symbolic link"),
-    (special("rootfs", tarfile.SYMTYPE, "/"), "rootfs is a symbolic link"),
-    (special("weights.bin", tarfile.LNKTYPE, "/etc/passwd"), "weights.bin is a hard link"),
-    (special("tty", tarfile.CHRTYPE), "tty is a character device"),
-    (special("disk", tarfile.BLKTYPE), "disk is a block device"),
-    (special("pipe", tarfile.FIFOTYPE), "pipe is a FIFO"),
-])
-def test_links_devices_and_fifos_are_refused_and_nothing_is_created(tmp_path: Path, member: tuple[tarfile.TarInfo, None],
-                                                                   said: str) -> None:
+@pytest.mark.parametrize(
+    ("member", "said"),
+    [
+        (special("config.json", tarfile.SYMTYPE, "/etc/shadow"), "config.json is a symbolic link"),
+        (special("rootfs", tarfile.SYMTYPE, "/"), "rootfs is a symbolic link"),
+        (special("weights.bin", tarfile.LNKTYPE, "/etc/passwd"), "weights.bin is a hard link"),
+        (special("tty", tarfile.CHRTYPE), "tty is a character device"),
+        (special("disk", tarfile.BLKTYPE), "disk is a block device"),
+        (special("pipe", tarfile.FIFOTYPE), "pipe is a FIFO"),
+    ],
+)
+def test_links_devices_and_fifos_are_refused_and_nothing_is_created(
+    tmp_path: Path, member: tuple[tarfile.TarInfo, None], said: str
+) -> None:
     stream = archive([regular("ok.txt", b"fine"), member])
     with pytest.raises(CopyRefused) as refused:
         through_pipe(stream, tmp_path, {"ok.txt": 4, member[0].name: 0})
@@ -127,16 +131,20 @@ def test_links_devices_and_fifos_are_refused_and_nothing_is_created(tmp_path: Pa
     assert not os.path.lexists(tmp_path / member[0].name)
 
 
-@pytest.mark.parametrize(("members", "manifest", "said"), [
-    ([regular("extra.bin", b"1")], {}, "extra.bin was not announced"),
-    ([regular("model.bin", b"x" * 2048)], {"model.bin": 1}, "model.bin holds 2048 bytes where 1 were announced"),
-    ([regular("a", b"1"), regular("./a", b"1")], {"a": 1}, "a comes twice"),
-    ([regular("../escape", b"1")], {"escape": 1}, "'../escape' is not a name inside the model folder"),
-    ([regular("/etc/cron.d/x", b"1")], {"x": 1}, "'/etc/cron.d/x' is not a name inside the model folder"),
-    ([special("deep", tarfile.DIRTYPE)], {"a": 1}, "deep/ is a folder no announced file is in"),
-])
-def test_what_was_not_announced_is_refused(tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]],
-                                           manifest: dict[str, int], said: str) -> None:
+@pytest.mark.parametrize(
+    ("members", "manifest", "said"),
+    [
+        ([regular("extra.bin", b"1")], {}, "extra.bin was not announced"),
+        ([regular("model.bin", b"x" * 2048)], {"model.bin": 1}, "model.bin holds 2048 bytes where 1 were announced"),
+        ([regular("a", b"1"), regular("./a", b"1")], {"a": 1}, "a comes twice"),
+        ([regular("../escape", b"1")], {"escape": 1}, "'../escape' is not a name inside the model folder"),
+        ([regular("/etc/cron.d/x", b"1")], {"x": 1}, "'/etc/cron.d/x' is not a name inside the model folder"),
+        ([special("deep", tarfile.DIRTYPE)], {"a": 1}, "deep/ is a folder no announced file is in"),
+    ],
+)
+def test_what_was_not_announced_is_refused(
+    tmp_path: Path, members: list[tuple[tarfile.TarInfo, bytes]], manifest: dict[str, int], said: str
+) -> None:
     with pytest.raises(CopyRefused, match="^" + said.replace("(", r"\(").replace(".", r"\.") + "$"):
         through_pipe(archive(members), tmp_path, manifest)
 
@@ -176,13 +184,16 @@ def test_the_manifest_is_checked_before_a_byte_is_written(tmp_path: Path) -> Non
     check_manifest({"model/a.bin": 10}, 10, tmp_path)
 
 
-@pytest.mark.parametrize(("note", "manifest"), [
-    ({"manifest": {"a": 1, "b/c": 0}}, {"a": 1, "b/c": 0}),
-    ({"manifest": {"a": "1"}}, None),
-    ({"manifest": {"a": -1}}, None),
-    ({"manifest": {"a": True}}, None),
-    ({"manifest": ["a"]}, None),
-    ({"total": 3}, None),
-])
+@pytest.mark.parametrize(
+    ("note", "manifest"),
+    [
+        ({"manifest": {"a": 1, "b/c": 0}}, {"a": 1, "b/c": 0}),
+        ({"manifest": {"a": "1"}}, None),
+        ({"manifest": {"a": -1}}, None),
+        ({"manifest": {"a": True}}, None),
+        ({"manifest": ["a"]}, None),
+        ({"total": 3}, None),
+    ],
+)
 def test_a_manifest_note_is_taken_only_in_its_shape(note: dict[str, object], manifest: dict[str, int] | None) -> None:
     assert manifest_of(note) == manifest

@@ -23,7 +23,9 @@ TIME_WARNING = (
 
 
 STRONG_KEY = "k3y-of-this-test-suite-9f2c"
-PLACEHOLDER_WARNING = "admin_api_key is 'change-me', a placeholder or shorter than 12 characters, which anyone can guess"
+PLACEHOLDER_WARNING = (
+    "admin_api_key is 'change-me', a placeholder or shorter than 12 characters, which anyone can guess"
+)
 
 
 def seed_config() -> dict[str, Any]:
@@ -72,8 +74,18 @@ def test_the_tutorials_placeholder_admin_key_is_a_warning(tmp_path: Path) -> Non
     [
         ("ssh", {"type": "ssh", "host": "gpu", "pyhton": "python3"}, "pyhton", "python"),
         ("ssh", {"type": "ssh", "host": "gpu", "min_free_gpu": 100}, "min_free_gpu", "min_free_gpu_mb"),
-        ("slurm", {"type": "slurm", "host": "login", "remote_dir": "/shared/x", "job_pyhton": "p"}, "job_pyhton", "job_python"),
-        ("slurm", {"type": "slurm", "host": "login", "remote_dir": "/shared/x", "partiton": "gpu"}, "partiton", "partition"),
+        (
+            "slurm",
+            {"type": "slurm", "host": "login", "remote_dir": "/shared/x", "job_pyhton": "p"},
+            "job_pyhton",
+            "job_python",
+        ),
+        (
+            "slurm",
+            {"type": "slurm", "host": "login", "remote_dir": "/shared/x", "partiton": "gpu"},
+            "partiton",
+            "partition",
+        ),
         ("agent", {"type": "agent", "queue_timeout": 60}, "queue_timeout", "queue_timeout_s"),
     ],
 )
@@ -82,13 +94,18 @@ def test_misspelled_key_in_each_backend_type_names_path_and_suggests(
 ) -> None:
     code, report = validate(write_project(tmp_path, with_backend("b1", entry)))
     assert code == 1
-    assert f"model_training.backends.b1.{typo}: unknown key for a {kind} backend; did you mean '{suggestion}'?" in report["errors"]
+    assert (
+        f"model_training.backends.b1.{typo}: unknown key for a {kind} backend; did you mean '{suggestion}'?"
+        in report["errors"]
+    )
 
 
 def test_agent_backend_refuses_ssh_keys(tmp_path: Path) -> None:
     code, report = validate(write_project(tmp_path, with_backend("ws", {"type": "agent", "host": "x"})))
     assert code == 1
-    assert any(e.startswith("model_training.backends.ws.host: unknown key for a agent backend") for e in report["errors"])
+    assert any(
+        e.startswith("model_training.backends.ws.host: unknown key for a agent backend") for e in report["errors"]
+    )
 
 
 def test_misspelled_model_training_key(tmp_path: Path) -> None:
@@ -96,7 +113,10 @@ def test_misspelled_model_training_key(tmp_path: Path) -> None:
     cfg["model_training"]["max_wall_second"] = 10
     code, report = validate(write_project(tmp_path, cfg))
     assert code == 1
-    assert "model_training.max_wall_second: unknown key in model_training; did you mean 'max_wall_seconds'?" in report["errors"]
+    assert (
+        "model_training.max_wall_second: unknown key in model_training; did you mean 'max_wall_seconds'?"
+        in report["errors"]
+    )
 
 
 def test_misspelled_writeback_key(tmp_path: Path) -> None:
@@ -104,7 +124,10 @@ def test_misspelled_writeback_key(tmp_path: Path) -> None:
     cfg["model_training"]["writeback"]["min_confidense"] = 0.5
     code, report = validate(write_project(tmp_path, cfg))
     assert code == 1
-    assert "model_training.writeback.min_confidense: unknown key in writeback; did you mean 'min_confidence'?" in report["errors"]
+    assert (
+        "model_training.writeback.min_confidense: unknown key in writeback; did you mean 'min_confidence'?"
+        in report["errors"]
+    )
 
 
 @pytest.mark.parametrize("kind", ["ssh", "slurm"])
@@ -112,32 +135,46 @@ def test_remote_backend_without_host(tmp_path: Path, kind: str) -> None:
     entry = {"type": kind, "remote_dir": "/shared/x"} if kind == "slurm" else {"type": kind}
     code, report = validate(write_project(tmp_path, with_backend("nohost", entry)))
     assert code == 1
-    assert any(e.startswith(f"model_training.backends.nohost.host is required for a {kind} backend") for e in report["errors"])
+    assert any(
+        e.startswith(f"model_training.backends.nohost.host is required for a {kind} backend") for e in report["errors"]
+    )
 
 
 @pytest.mark.parametrize("remote_dir", ["/tmp/potato", "/var/tmp/jobs", "/tmp"])
 def test_slurm_remote_dir_under_tmp(tmp_path: Path, remote_dir: str) -> None:
-    code, report = validate(write_project(tmp_path, with_backend("c", {"type": "slurm", "host": "l", "remote_dir": remote_dir})))
+    code, report = validate(
+        write_project(tmp_path, with_backend("c", {"type": "slurm", "host": "l", "remote_dir": remote_dir}))
+    )
     assert code == 1
-    assert f"model_training.backends.c.remote_dir is {remote_dir}, which is local to each node; use a folder on storage the login and compute nodes share" in report["errors"]
+    assert (
+        f"model_training.backends.c.remote_dir is {remote_dir}, which is local to each node; use a folder on storage the login and compute nodes share"
+        in report["errors"]
+    )
 
 
 def test_slurm_remote_dir_that_only_looks_like_tmp_is_fine(tmp_path: Path) -> None:
-    code, report = validate(write_project(tmp_path, with_backend("c", {"type": "slurm", "host": "l", "remote_dir": "/tmpfs-shared/jobs"})))
+    code, report = validate(
+        write_project(tmp_path, with_backend("c", {"type": "slurm", "host": "l", "remote_dir": "/tmpfs-shared/jobs"}))
+    )
     assert code == 0, report
 
 
 def test_slurm_without_remote_dir(tmp_path: Path) -> None:
     code, report = validate(write_project(tmp_path, with_backend("c", {"type": "slurm", "host": "l"})))
     assert code == 1
-    assert any(e.startswith("model_training.backends.c.remote_dir is required for a slurm backend") for e in report["errors"])
+    assert any(
+        e.startswith("model_training.backends.c.remote_dir is required for a slurm backend") for e in report["errors"]
+    )
 
 
 def test_packages_on_slurm_is_refused_with_the_reason(tmp_path: Path) -> None:
     entry = {"type": "slurm", "host": "l", "remote_dir": "/shared/x", "packages": ["peft"]}
     code, report = validate(write_project(tmp_path, with_backend("c", entry)))
     assert code == 1
-    assert any(e.startswith("model_training.backends.c.packages: not accepted on a slurm backend") and "job_python" in e for e in report["errors"])
+    assert any(
+        e.startswith("model_training.backends.c.packages: not accepted on a slurm backend") and "job_python" in e
+        for e in report["errors"]
+    )
 
 
 def test_packages_on_ssh_is_accepted(tmp_path: Path) -> None:
@@ -163,18 +200,27 @@ def test_default_or_retrain_backend_naming_no_backend(tmp_path: Path, key: str) 
     assert err.endswith(f"did you mean '{wanted}'?")
 
 
-@pytest.mark.parametrize(("retrain", "wanted"), [
-    ({"enabled": True}, "model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
-                        "(trainers: decision-calibrate, hf-image-classification, hf-llm-lora, hf-text-classification, "
-                        "hf-token-classification, "
-                        "majority-baseline, sklearn-text, "
-                        "potato-queue-remote)"),
-    ({"enabled": True, "trainer": "sklearn-txt"}, "model_training.auto_retrain.trainer is 'sklearn-txt', which is no "
-     "trainer (trainers: decision-calibrate, hf-image-classification, hf-llm-lora, hf-text-classification, "
-     "hf-token-classification, "
-     "majority-baseline, sklearn-text, "
-     "potato-queue-remote); did you mean 'sklearn-text'?"),
-])
+@pytest.mark.parametrize(
+    ("retrain", "wanted"),
+    [
+        (
+            {"enabled": True},
+            "model_training.auto_retrain.trainer is missing: auto-retrain is enabled and needs one "
+            "(trainers: decision-calibrate, hf-image-classification, hf-llm-lora, hf-text-classification, "
+            "hf-token-classification, "
+            "majority-baseline, sklearn-text, "
+            "potato-queue-remote)",
+        ),
+        (
+            {"enabled": True, "trainer": "sklearn-txt"},
+            "model_training.auto_retrain.trainer is 'sklearn-txt', which is no "
+            "trainer (trainers: decision-calibrate, hf-image-classification, hf-llm-lora, hf-text-classification, "
+            "hf-token-classification, "
+            "majority-baseline, sklearn-text, "
+            "potato-queue-remote); did you mean 'sklearn-text'?",
+        ),
+    ],
+)
 def test_an_enabled_auto_retrain_needs_a_real_trainer(tmp_path: Path, retrain: dict[str, object], wanted: str) -> None:
     cfg = seed_config()
     cfg["model_training"]["auto_retrain"] = retrain
@@ -184,15 +230,20 @@ def test_an_enabled_auto_retrain_needs_a_real_trainer(tmp_path: Path, retrain: d
 
 def test_auto_retrain_schemas_its_trainer_does_not_train_are_an_error(tmp_path: Path) -> None:
     cfg = seed_config()
-    cfg["annotation_schemes"].append({"annotation_type": "multiselect", "name": "topics", "labels": ["plot", "music"],
-                                      "description": "Topics"})
-    cfg["model_training"]["auto_retrain"] = {"enabled": True, "trainer": "majority-baseline",
-                                             "schemas": [cfg["annotation_schemes"][0]["name"], "topics"]}
+    cfg["annotation_schemes"].append(
+        {"annotation_type": "multiselect", "name": "topics", "labels": ["plot", "music"], "description": "Topics"}
+    )
+    cfg["model_training"]["auto_retrain"] = {
+        "enabled": True,
+        "trainer": "majority-baseline",
+        "schemas": [cfg["annotation_schemes"][0]["name"], "topics"],
+    }
     code, report = validate(write_project(tmp_path, cfg))
     assert code == 1
     assert [e for e in report["errors"] if "auto_retrain.schemas" in e] == [
         "model_training.auto_retrain.schemas names 'topics', which is multilabel, and its trainer majority-baseline "
-        "trains only nominal schemes: every auto run would be refused; train it with hf-llm-lora or hf-text-classification or sklearn-text"]
+        "trains only nominal schemes: every auto run would be refused; train it with hf-llm-lora or hf-text-classification or sklearn-text"
+    ]
 
 
 def test_backend_local_is_always_there(tmp_path: Path) -> None:
@@ -206,7 +257,10 @@ def test_backend_local_is_always_there(tmp_path: Path) -> None:
 def test_unknown_backend_type(tmp_path: Path) -> None:
     code, report = validate(write_project(tmp_path, with_backend("k", {"type": "kubernetes", "host": "x"})))
     assert code == 1
-    assert any(e.startswith("model_training.backends.k.type is 'kubernetes'; it must be ssh, slurm or agent") for e in report["errors"])
+    assert any(
+        e.startswith("model_training.backends.k.type is 'kubernetes'; it must be ssh, slurm or agent")
+        for e in report["errors"]
+    )
 
 
 def test_entry_named_local_is_refused(tmp_path: Path) -> None:
@@ -230,7 +284,10 @@ def test_writeback_schema_must_exist(tmp_path: Path) -> None:
     cfg["model_training"]["writeback"]["schemas"] = ["sentimnet"]
     code, report = validate(write_project(tmp_path, cfg))
     assert code == 1
-    assert "model_training.writeback.schemas names 'sentimnet', which is not an annotation scheme (schemes: sentiment)" in report["errors"]
+    assert (
+        "model_training.writeback.schemas names 'sentimnet', which is not an annotation scheme (schemes: sentiment)"
+        in report["errors"]
+    )
 
 
 def test_missing_data_file_is_an_error_with_where_it_looked(tmp_path: Path) -> None:
@@ -238,7 +295,10 @@ def test_missing_data_file_is_an_error_with_where_it_looked(tmp_path: Path) -> N
     cfg["data_files"] = ["data/missing.jsonl"]
     code, report = validate(write_project(tmp_path, cfg))
     assert code == 1
-    assert f"data_files[0] is 'data/missing.jsonl', which does not exist (looked for {tmp_path.resolve()}/data/missing.jsonl)" in report["errors"]
+    assert (
+        f"data_files[0] is 'data/missing.jsonl', which does not exist (looked for {tmp_path.resolve()}/data/missing.jsonl)"
+        in report["errors"]
+    )
 
 
 def long_job_config(ack: list[str] | None = None) -> dict[str, Any]:
@@ -266,7 +326,10 @@ def test_unquoted_yaml_time_is_read_as_slurm_time_not_base_60(tmp_path: Path) ->
     assert report["warnings"] == [TIME_WARNING]
 
 
-@pytest.mark.parametrize(("time", "warns"), [("06:00:00", False), ("06:00:01", True), ("1-00:00:00", True), ("360", False), ("361", True), ("infinite", True)])
+@pytest.mark.parametrize(
+    ("time", "warns"),
+    [("06:00:00", False), ("06:00:01", True), ("1-00:00:00", True), ("360", False), ("361", True), ("infinite", True)],
+)
 def test_slurm_time_forms(tmp_path: Path, time: str, warns: bool) -> None:
     cfg = seed_config()
     cfg["model_training"]["backends"]["cluster"]["time"] = time
@@ -279,7 +342,10 @@ def test_unreadable_slurm_time_is_an_error(tmp_path: Path) -> None:
     cfg["model_training"]["backends"]["cluster"]["time"] = "4h"
     code, report = validate(write_project(tmp_path, cfg))
     assert code == 1
-    assert any(e.startswith("model_training.backends.cluster.time is '4h', which sbatch does not read") for e in report["errors"])
+    assert any(
+        e.startswith("model_training.backends.cluster.time is '4h', which sbatch does not read")
+        for e in report["errors"]
+    )
 
 
 def test_acknowledged_warning_passes_strict(tmp_path: Path) -> None:
@@ -318,18 +384,28 @@ def test_ack_without_backend_covers_every_backend(tmp_path: Path) -> None:
 def test_ack_entry_too_short_is_a_warning(tmp_path: Path) -> None:
     code, report = validate(write_project(tmp_path, long_job_config(["time is"])), "--strict")
     assert code == 1
-    assert "validation.acknowledge entry 'time is' is shorter than 12 characters; quote more of the warning it acknowledges" in report["warnings"]
+    assert (
+        "validation.acknowledge entry 'time is' is shorter than 12 characters; quote more of the warning it acknowledges"
+        in report["warnings"]
+    )
     assert TIME_WARNING in report["warnings"]
 
 
 def test_ack_entry_matching_nothing_is_a_warning(tmp_path: Path) -> None:
-    code, report = validate(write_project(tmp_path, long_job_config(["model_training.backends.gpu-server.time"])), "--strict")
+    code, report = validate(
+        write_project(tmp_path, long_job_config(["model_training.backends.gpu-server.time"])), "--strict"
+    )
     assert code == 1
-    assert "validation.acknowledge entry 'model_training.backends.gpu-server.time' matches no warning; remove it" in report["warnings"]
+    assert (
+        "validation.acknowledge entry 'model_training.backends.gpu-server.time' matches no warning; remove it"
+        in report["warnings"]
+    )
 
 
 def test_ack_is_case_sensitive(tmp_path: Path) -> None:
-    code, report = validate(write_project(tmp_path, long_job_config(["MODEL_TRAINING.BACKENDS.CLUSTER.TIME"])), "--strict")
+    code, report = validate(
+        write_project(tmp_path, long_job_config(["MODEL_TRAINING.BACKENDS.CLUSTER.TIME"])), "--strict"
+    )
     assert code == 1 and report["acknowledged"] == []
 
 
@@ -356,6 +432,13 @@ def test_json_shape(tmp_path: Path) -> None:
     path = write_project(tmp_path, seed_config())
     proc = run_cli("validate", path, "--json")
     db = path.parent / "project.sqlite"
-    assert json.loads(proc.stdout) == {"errors": [], "warnings": [], "acknowledged": [], "potato_writeback": {
-        "on": True, "why": f"runs, their splits and predictions are recorded in {db} (potato-annotation 2.12.1)",
-        "fix": None}}
+    assert json.loads(proc.stdout) == {
+        "errors": [],
+        "warnings": [],
+        "acknowledged": [],
+        "potato_writeback": {
+            "on": True,
+            "why": f"runs, their splits and predictions are recorded in {db} (potato-annotation 2.12.1)",
+            "fix": None,
+        },
+    }

@@ -64,7 +64,9 @@ def _jsonl(rows: list[dict[str, Any]]) -> bytes:
 NOMINAL = {"name": SCHEMA, "annotation_type": "radio", "kind": "nominal", "labels": LABELS, "source_field": None}
 
 
-def write_bundle(folder: Path, items: list[dict[str, Any]] | None = None, scheme: dict[str, Any] = NOMINAL) -> dict[str, Any]:
+def write_bundle(
+    folder: Path, items: list[dict[str, Any]] | None = None, scheme: dict[str, Any] = NOMINAL
+) -> dict[str, Any]:
     """Write a bundle v1 into *folder*: split files, labels.json, manifest.json, for one `scheme` (its answer
     is each item's "label"). Returns the manifest."""
     items = sorted(items or synthetic_items(), key=lambda item: str(item["id"]))
@@ -97,7 +99,11 @@ def write_bundle(folder: Path, items: list[dict[str, Any]] | None = None, scheme
         "text_key": "text",
         "split_seed": 0,
         "aggregation": "consensus",
-        "stats": {"n_items": len(items), "n_annotated": len(items) - len(splits["unlabeled"]), "splits": {k: len(v) for k, v in splits.items()}},
+        "stats": {
+            "n_items": len(items),
+            "n_annotated": len(items) - len(splits["unlabeled"]),
+            "splits": {k: len(v) for k, v in splits.items()},
+        },
         "digest": digest.hexdigest(),
     }
     (folder / "labels.json").write_text(json.dumps(labels))
@@ -110,12 +116,16 @@ def split_ids(bundle: Path, split: str) -> set[str]:
     return {json.loads(line)["instance_id"] for line in (bundle / f"{split}.jsonl").read_text().splitlines() if line}
 
 
-def write_spec(tmp: Path, bundle: Path, trainer: str, params: dict[str, Any] | None = None, device: str = "cpu", **extra: Any) -> Path:
+def write_spec(
+    tmp: Path, bundle: Path, trainer: str, params: dict[str, Any] | None = None, device: str = "cpu", **extra: Any
+) -> Path:
     spec = {
         "v": 1,
         "run_id": "20250101T000000-abc123",
         "trainer": trainer,
-        "schemas": [{"name": SCHEMA, "annotation_type": "radio", "kind": "nominal", "labels": LABELS, "source_field": None}],
+        "schemas": [
+            {"name": SCHEMA, "annotation_type": "radio", "kind": "nominal", "labels": LABELS, "source_field": None}
+        ],
         "bundle_dir": str(bundle),
         "workdir": str(tmp / "work"),
         "params": params or {},
@@ -147,7 +157,12 @@ class Run:
 
 def worker_env(extra_path: Path | None = None) -> dict[str, str]:
     paths = [str(extra_path)] if extra_path else []
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]), "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([*paths, str(ROOT)]),
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
     env.pop("CUDA_VISIBLE_DEVICES", None)
     return env
 
@@ -155,7 +170,11 @@ def worker_env(extra_path: Path | None = None) -> dict[str, str]:
 def run_worker(spec: Path, extra_path: Path | None = None, timeout_s: float = 120) -> Run:
     proc = subprocess.run(
         [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
-        capture_output=True, text=True, timeout=timeout_s, env=worker_env(extra_path), cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        env=worker_env(extra_path),
+        cwd=str(ROOT),
         stdin=subprocess.DEVNULL,
     )
     return Run(proc.returncode, proc.stdout, proc.stderr)
@@ -164,8 +183,11 @@ def run_worker(spec: Path, extra_path: Path | None = None, timeout_s: float = 12
 def assert_well_formed(run: Run) -> None:
     """Every stdout line is a v1 event with its kind's fields."""
     fields = {
-        "status": {"state", "step"}, "progress": {"phase", "current", "total", "eta_s"},
-        "metric": {"split", "name", "value", "step"}, "log": {"level", "msg"}, "artifact": {"path", "bytes"},
+        "status": {"state", "step"},
+        "progress": {"phase", "current", "total", "eta_s"},
+        "metric": {"split", "name", "value", "step"},
+        "log": {"level", "msg"},
+        "artifact": {"path", "bytes"},
         "result": {"status", "model_version", "metrics", "label_order", "notes", "predictions_file", "n_predictions"},
         "error": {"code", "message", "install_hint"},
     }
@@ -214,11 +236,21 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
         single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
     )
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, unk_token="[UNK]", pad_token="[PAD]", cls_token="[CLS]", sep_token="[SEP]", mask_token="[MASK]"
+        tokenizer_object=tokenizer,
+        unk_token="[UNK]",
+        pad_token="[PAD]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
     ).save_pretrained(folder)
     config = BertConfig(
-        vocab_size=len(vocab), hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
-        max_position_embeddings=64, num_labels=2,
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=64,
+        num_labels=2,
     )
     BertForSequenceClassification(config).save_pretrained(folder)
     return folder
@@ -253,7 +285,9 @@ def hf_params(model: Path, **extra: Any) -> dict[str, Any]:
     return {"model_name": str(model), "epochs": 2, "batch_size": 8, "max_length": 16, "learning_rate": 5e-3, **extra}
 
 
-def test_hf_text_classification_fine_tunes_a_local_model_and_falls_back_from_a_missing_gpu(tmp_path: Path, tiny_model: Path) -> None:
+def test_hf_text_classification_fine_tunes_a_local_model_and_falls_back_from_a_missing_gpu(
+    tmp_path: Path, tiny_model: Path
+) -> None:
     bundle = tmp_path / "bundle"
     write_bundle(bundle)
     run = run_worker(write_spec(tmp_path, bundle, "hf-text-classification", hf_params(tiny_model), device="cuda:3"))
@@ -268,7 +302,11 @@ def test_hf_text_classification_fine_tunes_a_local_model_and_falls_back_from_a_m
     assert train[-1]["current"] == train[-1]["total"] > 0
     losses = [m for m in run.of("metric") if m["split"] == "train" and m["name"] == "loss"]
     assert [m["step"] for m in losses] == list(range(1, train[-1]["total"] + 1))  # one per step
-    assert {(m["split"], m["name"]) for m in run.of("metric")} >= {("val", "loss"), ("val", "accuracy"), ("val", "macro_f1")}
+    assert {(m["split"], m["name"]) for m in run.of("metric")} >= {
+        ("val", "loss"),
+        ("val", "accuracy"),
+        ("val", "macro_f1"),
+    }
     saved = tmp_path / "work" / SCHEMA
     assert (saved / "config.json").is_file() and (saved / "tokenizer_config.json").is_file()
     assert json.loads((saved / "config.json").read_text())["id2label"] == {"0": "negative", "1": "positive"}
@@ -297,8 +335,9 @@ def test_a_max_length_past_the_models_positions_is_lowered_to_them(tmp_path: Pat
     forward pass, so the run trains at 64 and says why."""
     bundle = tmp_path / "bundle"
     write_bundle(bundle, [{**item, "text": " ".join([item["text"]] * 20)} for item in synthetic_items()])
-    run = run_worker(write_spec(tmp_path, bundle, "hf-text-classification",
-                                hf_params(tiny_model, epochs=1, max_length=1024)))
+    run = run_worker(
+        write_spec(tmp_path, bundle, "hf-text-classification", hf_params(tiny_model, epochs=1, max_length=1024))
+    )
     assert run.returncode == 0, run.stderr[-3000:]
     warnings = [e["msg"] for e in run.of("log") if e["level"] == "warning"]
     assert f"params.max_length 1024 is more than {tiny_model} takes: lowered to its 64 tokens" in warnings, warnings
@@ -326,7 +365,12 @@ def test_sigterm_during_hf_training_cancels_with_exit_4(tmp_path: Path, tiny_mod
     spec = write_spec(tmp_path, bundle, "hf-text-classification", hf_params(tiny_model, epochs=500, batch_size=4))
     proc = subprocess.Popen(
         [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=worker_env(), cwd=str(ROOT), stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=worker_env(),
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
     )
     lines = []
     try:
@@ -372,8 +416,20 @@ def test_unknown_trainer_exits_2(tmp_path: Path) -> None:
         ("{not json", "not valid JSON"),
         (json.dumps({"v": 1, "trainer": "sklearn-text"}), "spec.schemas"),
         (json.dumps({"v": 2, "run_id": "x"}), "version 2"),
-        (json.dumps({"v": 1, "run_id": "x", "trainer": "majority-baseline", "schemas": ["s"], "bundle_dir": "b",
-                     "workdir": "w", "gpus": "1; rm -rf ~"}), 'spec.gpus must be GPU indexes like "1" or "0,1"'),
+        (
+            json.dumps(
+                {
+                    "v": 1,
+                    "run_id": "x",
+                    "trainer": "majority-baseline",
+                    "schemas": ["s"],
+                    "bundle_dir": "b",
+                    "workdir": "w",
+                    "gpus": "1; rm -rf ~",
+                }
+            ),
+            'spec.gpus must be GPU indexes like "1" or "0,1"',
+        ),
     ],
     ids=["not-json", "missing-fields", "wrong-version", "bad-gpus"],
 )
@@ -398,7 +454,7 @@ def test_missing_package_exits_3_with_the_install_hint(tmp_path: Path) -> None:
     # on import, put first on PYTHONPATH, stands in for a host where it is not installed.
     stub = tmp_path / "stub"
     (stub / "sklearn").mkdir(parents=True)
-    (stub / "sklearn" / "__init__.py").write_text('raise ImportError("No module named \'sklearn\' (test stub)")\n')
+    (stub / "sklearn" / "__init__.py").write_text("raise ImportError(\"No module named 'sklearn' (test stub)\")\n")
     bundle = tmp_path / "bundle"
     write_bundle(bundle)
     run = run_worker(write_spec(tmp_path, bundle, "sklearn-text"), extra_path=stub)
@@ -450,7 +506,17 @@ def test_decision_calibrate_recalibrates_previous_predictions(tmp_path: Path) ->
             label = gold.get(instance_id, "positive")
             if i % 3 == 0:
                 label = LABELS[1 - LABELS.index(label)]
-            fh.write(json.dumps({"instance_id": instance_id, "schema_name": SCHEMA, "payload": {"label": label, "confidence": 0.99}, "confidence": 0.99}) + "\n")
+            fh.write(
+                json.dumps(
+                    {
+                        "instance_id": instance_id,
+                        "schema_name": SCHEMA,
+                        "payload": {"label": label, "confidence": 0.99},
+                        "confidence": 0.99,
+                    }
+                )
+                + "\n"
+            )
     run = run_worker(write_spec(tmp_path, bundle, "decision-calibrate", {"base_predictions": str(base)}))
     assert run.returncode == 0, run.stderr[-3000:]
     assert_well_formed(run)
@@ -471,15 +537,23 @@ def test_decision_calibrate_recalibrates_previous_predictions(tmp_path: Path) ->
 
 
 def test_registry_names_extras_and_local_only() -> None:
-    assert trainer_names() == ["decision-calibrate", "hf-image-classification", "hf-llm-lora", "hf-text-classification",
-                               "hf-token-classification", "majority-baseline", "sklearn-text"]
+    assert trainer_names() == [
+        "decision-calibrate",
+        "hf-image-classification",
+        "hf-llm-lora",
+        "hf-text-classification",
+        "hf-token-classification",
+        "majority-baseline",
+        "sklearn-text",
+    ]
     assert LOCAL_ONLY == {"decision-calibrate"}
     assert trainer_info("hf-text-classification").install_hint == "pip install 'potato-queue[train-text]'"
     assert trainer_info("hf-llm-lora").install_hint == "pip install 'potato-queue[train-llm]'"
     assert get_trainer("decision-calibrate").name == "decision-calibrate"
     # The server refuses a run by the registry's kinds, the worker by the class's: one answer from both.
     assert {name: (get_trainer(name).kinds, get_trainer(name).modalities) for name in trainer_names()} == {
-        name: (trainer_info(name).kinds, trainer_info(name).modalities) for name in trainer_names()}
+        name: (trainer_info(name).kinds, trainer_info(name).modalities) for name in trainer_names()
+    }
     assert trainer_info("sklearn-text").kinds == ("nominal", "multilabel", "ordinal", "continuous")
     assert trainer_info("hf-token-classification").kinds == ("span",)
 
@@ -518,8 +592,12 @@ class ExplodingTrainer(Trainer):
         ("import", 3, "missing_dependency", "pip install 'potato-queue[train-text]'"),
     ],
 )
-def test_failures_map_to_exit_codes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str, exit_code: int, code: str, hint: str) -> None:
-    info = registry.TrainerInfo(name="exploding", target="tests.test_worker:ExplodingTrainer", description="", extra="train-text")
+def test_failures_map_to_exit_codes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str, exit_code: int, code: str, hint: str
+) -> None:
+    info = registry.TrainerInfo(
+        name="exploding", target="tests.test_worker:ExplodingTrainer", description="", extra="train-text"
+    )
     monkeypatch.setitem(registry.TRAINERS, "exploding", info)
     bundle = tmp_path / "bundle"
     write_bundle(bundle)
@@ -588,8 +666,14 @@ def test_sigterms_until_the_worker_is_gone_leave_a_cancel_exit_4_not_143(tmp_pat
     spec = write_spec(tmp_path, bundle, "majority-baseline", {"hold_s": 60})
     events = tmp_path / "events.jsonl"
     with open(events, "w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], stdout=out,
-                                stderr=subprocess.DEVNULL, env=worker_env(), cwd=str(ROOT), stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+            stdout=out,
+            stderr=subprocess.DEVNULL,
+            env=worker_env(),
+            cwd=str(ROOT),
+            stdin=subprocess.DEVNULL,
+        )
     try:
         deadline = time.monotonic() + 60
         while '"phase": "train"' not in events.read_text() and '"phase":"train"' not in events.read_text():
@@ -651,8 +735,12 @@ def test_curve_shares_are_nested_seeded_and_read_back_from_a_runs_metrics() -> N
     assert len(quarter) == 3 and len(half) == 5 and half[:3] == quarter
     assert curve_train_ids(list(reversed(ids)), 50, 7) == half, "the bundle's order does not matter"
     assert curve_train_ids(ids, 50, 8) != half
-    metrics = {"val/accuracy": 0.5, "curve/" + curve_metric_name(50, "s", "val_macro_f1"): 0.6,
-               "curve/" + curve_metric_name(25, "s", "val_macro_f1"): 0.4, "curve/x/s/val": 1}
+    metrics = {
+        "val/accuracy": 0.5,
+        "curve/" + curve_metric_name(50, "s", "val_macro_f1"): 0.6,
+        "curve/" + curve_metric_name(25, "s", "val_macro_f1"): 0.4,
+        "curve/x/s/val": 1,
+    }
     assert read_curve(metrics) == {"s": [{"percent": 25, "val_macro_f1": 0.4}, {"percent": 50, "val_macro_f1": 0.6}]}
 
 
@@ -660,7 +748,9 @@ def test_a_learning_curve_that_is_not_a_bool_is_refused_with_exit_2(tmp_path: Pa
     bundle = tmp_path / "bundle"
     write_bundle(bundle)
     run = run_worker(write_spec(tmp_path, bundle, "majority-baseline", {"learning_curve": "yes"}))
-    assert run.returncode == 2 and "params.learning_curve must be true or false, got 'yes'" in run.only("error")["message"]
+    assert (
+        run.returncode == 2 and "params.learning_curve must be true or false, got 'yes'" in run.only("error")["message"]
+    )
 
 
 def test_a_learning_curve_share_the_trainer_cannot_fit_is_left_out_and_the_run_goes_on(tmp_path: Path) -> None:
@@ -683,8 +773,14 @@ def test_a_learning_curve_on_several_data_parallel_ranks_is_refused_with_the_fix
     bundle = tmp_path / "bundle"
     write_bundle(bundle)
     spec = write_spec(tmp_path, bundle, "hf-text-classification", {"model_name": "unused", "learning_curve": True})
-    proc = subprocess.run([sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)], capture_output=True,
-                          text=True, timeout=120, env={**worker_env(), "POTATO_QUEUE_CPU_RANKS": "2"}, cwd=str(ROOT))
+    proc = subprocess.run(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**worker_env(), "POTATO_QUEUE_CPU_RANKS": "2"},
+        cwd=str(ROOT),
+    )
     errors = [json.loads(line) for line in proc.stdout.splitlines() if '"error"' in line]
     assert proc.returncode == 2 and "would train data-parallel on 2 GPUs: give it one GPU" in errors[-1]["message"]
 
@@ -694,5 +790,6 @@ def test_a_learning_curve_for_a_trainer_that_learns_nothing_from_train_is_refuse
     write_bundle(bundle)
     run = run_worker(write_spec(tmp_path, bundle, "decision-calibrate", {"learning_curve": True}))
     assert run.returncode == 2
-    assert run.only("error")["message"] == ("decision-calibrate learns nothing from the train items, so it has no "
-                                            "learning curve: leave learning_curve out")
+    assert run.only("error")["message"] == (
+        "decision-calibrate learns nothing from the train items, so it has no learning curve: leave learning_curve out"
+    )

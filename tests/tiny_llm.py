@@ -27,13 +27,28 @@ def build_tiny_llm(folder: Path, texts: list[str], family: str = "llama", vocab_
     tokenizer = Tokenizer(models.BPE(unk_token=None))
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    tokenizer.train_from_iterator(texts, trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=["<|endoftext|>"],
-                                                             initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
-    PreTrainedTokenizerFast(tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>",
-                            padding_side="left").save_pretrained(folder)
-    size = {"vocab_size": tokenizer.get_vocab_size(), "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "max_position_embeddings": 256,
-            "eos_token_id": tokenizer.token_to_id("<|endoftext|>"), **shape}
+    tokenizer.train_from_iterator(
+        texts,
+        trainers.BpeTrainer(
+            vocab_size=vocab_size,
+            special_tokens=["<|endoftext|>"],
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, eos_token="<|endoftext|>", bos_token="<|endoftext|>", padding_side="left"
+    ).save_pretrained(folder)
+    size = {
+        "vocab_size": tokenizer.get_vocab_size(),
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": 256,
+        "eos_token_id": tokenizer.token_to_id("<|endoftext|>"),
+        **shape,
+    }
     model = LlamaForCausalLM(LlamaConfig(**size)) if family == "llama" else Qwen2ForCausalLM(Qwen2Config(**size))
     model.save_pretrained(folder)
     return folder

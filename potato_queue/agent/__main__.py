@@ -42,28 +42,39 @@ __all__ = ["build_parser", "read_token", "main", "serve_main", "exit_now"]
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line: one subcommand, `run`."""
-    parser = argparse.ArgumentParser(prog="python -m potato_queue.agent",
-                                     description="Run one potato-queue training job next to the trainer.")
+    parser = argparse.ArgumentParser(
+        prog="python -m potato_queue.agent", description="Run one potato-queue training job next to the trainer."
+    )
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the job of one run (the token is read from stdin)")
     run.add_argument("--server", help="http://host:port or unix:///path/to.sock")
     run.add_argument("--run-id")
     run.add_argument("--workdir", help="folder for DIR/<run_id>/ (bundle, spec.json, work/)")
-    run.add_argument("--assignment-on-stdin", action="store_true",
-                     help="wait for {run_id, server, workdir, log} as a JSON line on stdin, then the token")
+    run.add_argument(
+        "--assignment-on-stdin",
+        action="store_true",
+        help="wait for {run_id, server, workdir, log} as a JSON line on stdin, then the token",
+    )
     run.add_argument("--python", default=sys.executable, help="the interpreter that runs the worker")
     run.add_argument("--keep", action="store_true", help="keep the bundle after the run")
-    run.add_argument("--slurm", action="store_true",
-                     help="submit the worker with sbatch; the slurm settings come in the assignment's `slurm`")
-    run.add_argument("--ignore-stdin-eof", action="store_true",
-                     help="keep running when stdin closes after the token (a token from a file or echo); "
-                          "by default a closed stdin means whoever started the agent is gone, and the worker stops")
+    run.add_argument(
+        "--slurm",
+        action="store_true",
+        help="submit the worker with sbatch; the slurm settings come in the assignment's `slurm`",
+    )
+    run.add_argument(
+        "--ignore-stdin-eof",
+        action="store_true",
+        help="keep running when stdin closes after the token (a token from a file or echo); "
+        "by default a closed stdin means whoever started the agent is gone, and the worker stops",
+    )
     # Seconds without an answer before the agent stops the worker (AGT-7); tests shorten it.
     run.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
     # Started over ssh: the session's forwarded socket, a file sshd leaves behind; removed when the agent ends.
     run.add_argument("--forwarded-socket", default=None, help=argparse.SUPPRESS)
-    add_serve_options(commands.add_parser("serve", help="claim and run an agent backend's runs until stopped",
-                                          formatter_class=_wide))
+    add_serve_options(
+        commands.add_parser("serve", help="claim and run an agent backend's runs until stopped", formatter_class=_wide)
+    )
     return parser
 
 
@@ -74,8 +85,9 @@ def _wide(prog: str) -> argparse.HelpFormatter:
 def serve_main(argv: List[str], prog: str) -> int:
     """`serve` with a command line of its own (`potato-queue training agent`, agent.pyz)."""
     os.umask(0o077)
-    parser = argparse.ArgumentParser(prog=prog, formatter_class=_wide,
-                                     description="Claim and run an agent backend's runs until stopped.")
+    parser = argparse.ArgumentParser(
+        prog=prog, formatter_class=_wide, description="Claim and run an agent backend's runs until stopped."
+    )
     add_serve_options(parser)
     return serve(parser.parse_args(argv))
 
@@ -88,25 +100,49 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
     """The options of `serve` (also `potato-queue training agent`'s)."""
     serve.add_argument("--server", required=True, metavar="URL", help="the server's URL, http(s)://host:port")
     serve.add_argument("--backend", required=True, metavar="NAME", help="the agent backend whose runs this agent takes")
-    serve.add_argument("--token-file", metavar="FILE",
-                       help="a file holding the backend token (else ${})".format(TOKEN_ENV))
-    serve.add_argument("--python", default=sys.executable, metavar="EXE",
-                       help="the interpreter that runs the worker (default: this one)")
+    serve.add_argument(
+        "--token-file", metavar="FILE", help="a file holding the backend token (else ${})".format(TOKEN_ENV)
+    )
+    serve.add_argument(
+        "--python",
+        default=sys.executable,
+        metavar="EXE",
+        help="the interpreter that runs the worker (default: this one)",
+    )
     serve.add_argument("--once", action="store_true", help="exit after one run, with its exit code")
-    serve.add_argument("--workdir", default=DEFAULT_WORKDIR, metavar="DIR",
-                       help="where runs keep their files and model files (default ~/.cache/potato-training)")
+    serve.add_argument(
+        "--workdir",
+        default=DEFAULT_WORKDIR,
+        metavar="DIR",
+        help="where runs keep their files and model files (default ~/.cache/potato-training)",
+    )
     serve.add_argument("--keep", action="store_true", help="keep each run's bundle after the run")
-    serve.add_argument("--ca-file", metavar="FILE", help="verify the server's https certificate against this CA file only")
-    serve.add_argument("--pass-env", action="append", default=[], metavar="NAME",
-                       help="hand this variable of the agent's environment to the trainer although its name looks "
-                            "like a secret (HF_TOKEN); repeatable. Other such names never reach a trainer")
-    serve.add_argument("--slurm-config", metavar="FILE",
-                       help="submit each run's worker with sbatch, with the slurm settings in FILE (a JSON object of "
-                            "the backend's keys: partition, gres, time, job_python, prelude...); --workdir must then "
-                            "be on storage the compute nodes share")
-    serve.add_argument("--min-free-gpu-mb", type=float, default=0.0, metavar="MB",
-                       help="claim a run only while a GPU of this machine (those CUDA_VISIBLE_DEVICES allows) has this "
-                            "much memory free; meanwhile wait, and say so on the run's step line (default 0: no wait)")
+    serve.add_argument(
+        "--ca-file", metavar="FILE", help="verify the server's https certificate against this CA file only"
+    )
+    serve.add_argument(
+        "--pass-env",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="hand this variable of the agent's environment to the trainer although its name looks "
+        "like a secret (HF_TOKEN); repeatable. Other such names never reach a trainer",
+    )
+    serve.add_argument(
+        "--slurm-config",
+        metavar="FILE",
+        help="submit each run's worker with sbatch, with the slurm settings in FILE (a JSON object of "
+        "the backend's keys: partition, gres, time, job_python, prelude...); --workdir must then "
+        "be on storage the compute nodes share",
+    )
+    serve.add_argument(
+        "--min-free-gpu-mb",
+        type=float,
+        default=0.0,
+        metavar="MB",
+        help="claim a run only while a GPU of this machine (those CUDA_VISIBLE_DEVICES allows) has this "
+        "much memory free; meanwhile wait, and say so on the run's step line (default 0: no wait)",
+    )
     # Seconds without an answer during a run before the agent cancels it (AGT-7: 300); for tests.
     serve.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
 
@@ -127,8 +163,10 @@ def serve(args: argparse.Namespace) -> int:
         log_line("the token file cannot be read: {}".format(exc))
         return EXIT_BAD_SPEC
     if not token:
-        log_line("no backend token: set {} or pass --token-file (the token `potato-queue training register {} "
-                 "CONFIG` printed on the server)".format(TOKEN_ENV, args.backend))
+        log_line(
+            "no backend token: set {} or pass --token-file (the token `potato-queue training register {} "
+            "CONFIG` printed on the server)".format(TOKEN_ENV, args.backend)
+        )
         return EXIT_BAD_SPEC
     if args.pass_env:  # every later allowed_env (the worker's, sbatch's) hands them on
         os.environ[PASSED_NAMES_VAR] = ",".join(sorted(passed_names(os.environ) | set(args.pass_env)))
@@ -137,16 +175,29 @@ def serve(args: argparse.Namespace) -> int:
     try:
         settings = read_slurm_config(args.slurm_config) if args.slurm_config else None
         factory = None if settings is None else (lambda: SlurmLauncher(settings, log_line))
-        agent = BackendAgent(args.server, args.backend, token, workdir, python=args.python, keep=args.keep,
-                             once=args.once, unreachable_s=args.unreachable_s, ca_file=args.ca_file, log=log_line,
-                             launcher_factory=factory, min_free_gpu_mb=args.min_free_gpu_mb)
+        agent = BackendAgent(
+            args.server,
+            args.backend,
+            token,
+            workdir,
+            python=args.python,
+            keep=args.keep,
+            once=args.once,
+            unreachable_s=args.unreachable_s,
+            ca_file=args.ca_file,
+            log=log_line,
+            launcher_factory=factory,
+            min_free_gpu_mb=args.min_free_gpu_mb,
+        )
     except (ValueError, OSError) as exc:
         log_line(str(exc))
         return EXIT_BAD_SPEC
     gpu_problem = agent.gpu_problem()
     if settings is not None and args.min_free_gpu_mb > 0:  # this machine's GPUs are not the job's
-        gpu_problem = ("--min-free-gpu-mb looks at this machine's GPUs, but with --slurm-config each run's worker "
-                       "runs on a node SLURM picks; fix: leave --min-free-gpu-mb out (gres asks SLURM for the GPU)")
+        gpu_problem = (
+            "--min-free-gpu-mb looks at this machine's GPUs, but with --slurm-config each run's worker "
+            "runs on a node SLURM picks; fix: leave --min-free-gpu-mb out (gres asks SLURM for the GPU)"
+        )
     if gpu_problem is not None:
         log_line(gpu_problem)
         return EXIT_BAD_SPEC
@@ -205,6 +256,7 @@ STDIN_CLOSED = "stdin closed: whoever started the agent is gone"
 
 def _watch_stdin(stream: IO[str], runner: Runner) -> None:
     """Stop the worker when stdin reaches EOF: the executor (or the ssh session) that started us is gone."""
+
     def watch() -> None:
         while stream.readline():
             pass  # nothing more is expected on stdin; only its end matters
@@ -215,6 +267,7 @@ def _watch_stdin(stream: IO[str], runner: Runner) -> None:
 
 def _stop_on_signals(runner: Runner) -> None:
     """SIGTERM, SIGINT and SIGHUP (the ssh session dropped) stop the worker the way a cancel does."""
+
     def handler(signum: int, _frame: object) -> None:
         runner.request_stop("the agent got {}".format(signal.Signals(signum).name))
 
@@ -262,8 +315,14 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         return EXIT_BAD_SPEC
     try:
         client = RunClient(Transport(args.server, token, log=log_line), args.run_id)
-        runner = Runner(client, args.workdir, launcher, keep=args.keep, unreachable_s=args.unreachable_s,
-                        checkpoints=getattr(args, "checkpoints", None))
+        runner = Runner(
+            client,
+            args.workdir,
+            launcher,
+            keep=args.keep,
+            unreachable_s=args.unreachable_s,
+            checkpoints=getattr(args, "checkpoints", None),
+        )
     except ValueError as exc:
         log_line(str(exc))
         launcher.close()

@@ -68,8 +68,14 @@ _DESCRIBE = (
 def describe_python(python: str) -> Dict[str, Any]:
     """The worker's interpreter: its version and the trainer packages it has (what `training check` shows)."""
     try:
-        out = subprocess.run([python, "-I", "-c", _DESCRIBE] + list(PACKAGES), capture_output=True, text=True,
-                             timeout=60, stdin=subprocess.DEVNULL, env=worker_env())
+        out = subprocess.run(
+            [python, "-I", "-c", _DESCRIBE] + list(PACKAGES),
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env=worker_env(),
+        )
         return dict(json.loads(out.stdout), executable=python)
     except (OSError, ValueError, subprocess.SubprocessError) as exc:
         return {"executable": python, "error": str(exc)}
@@ -78,10 +84,21 @@ def describe_python(python: str) -> Dict[str, Any]:
 class BackendAgent:
     """Claim a run, run it, repeat (`once`: one run). stop() ends it cleanly, cancelling a run in flight."""
 
-    def __init__(self, server: str, backend: str, token: str, workdir: str, python: str = sys.executable,
-                 keep: bool = False, once: bool = False, unreachable_s: float = 300.0,
-                 ca_file: Optional[str] = None, log: Callable[[str], None] = print,
-                 launcher_factory: Optional[Callable[[], WorkerLauncher]] = None, min_free_gpu_mb: float = 0.0) -> None:
+    def __init__(
+        self,
+        server: str,
+        backend: str,
+        token: str,
+        workdir: str,
+        python: str = sys.executable,
+        keep: bool = False,
+        once: bool = False,
+        unreachable_s: float = 300.0,
+        ca_file: Optional[str] = None,
+        log: Callable[[str], None] = print,
+        launcher_factory: Optional[Callable[[], WorkerLauncher]] = None,
+        min_free_gpu_mb: float = 0.0,
+    ) -> None:
         self.server, self.backend, self.workdir, self.python = server, backend, workdir, python
         self.min_free_gpu_mb = min_free_gpu_mb
         self.gpu_said_s = None  # type: Optional[float]  # when the server last heard of our wait for a GPU
@@ -94,8 +111,10 @@ class BackendAgent:
         self.launcher = self.new_launcher()
         self.me = {"host": socket.gethostname(), "agent_python": platform.python_version(), "pid": os.getpid()}
         # How a failed claim is logged (the first failure and every 10th): what was tried, and the fix.
-        self._asking = ("asking {} for work (if this goes on: is the server running, and is --server the "
-                        "address this machine reaches it at?)".format(server))
+        self._asking = (
+            "asking {} for work (if this goes on: is the server running, and is --server the "
+            "address this machine reaches it at?)".format(server)
+        )
 
     def stop(self, reason: str) -> None:
         """Stop after the run in flight, which is cancelled (SIGTERM, grace) and reported."""
@@ -108,8 +127,11 @@ class BackendAgent:
         """Until stopped: 0 (with `once`, after one run: its exit code), or EXIT_REFUSED when the server
         refuses us."""
         self.me.update(describe_python(self.python))
-        self.log("agent for backend {} on {}: server {}, workdir {}, worker Python {} ({})".format(
-            self.backend, self.me["host"], self.server, self.workdir, self.me.get("python", "?"), self.python))
+        self.log(
+            "agent for backend {} on {}: server {}, workdir {}, worker Python {} ({})".format(
+                self.backend, self.me["host"], self.server, self.workdir, self.me.get("python", "?"), self.python
+            )
+        )
         try:
             while not self.stopping.is_set():
                 wait = self._gpu_wait()
@@ -160,8 +182,14 @@ class BackendAgent:
         self.gpu_said_s = now_s
         path = "backends/{}/waiting".format(quote(self.backend, safe=""))
         try:
-            self.transport.call("POST", path, dict(self.me, gpu_wait=wait.to_json()), timeout_s=30,
-                                give_up_s=GPU_REPORT_S, what=self._asking)
+            self.transport.call(
+                "POST",
+                path,
+                dict(self.me, gpu_wait=wait.to_json()),
+                timeout_s=30,
+                give_up_s=GPU_REPORT_S,
+                what=self._asking,
+            )
         except Unreachable:
             pass  # said again at the next report
 
@@ -172,8 +200,15 @@ class BackendAgent:
         path = "backends/{}/claim".format(quote(self.backend, safe=""))
         wait_s = GPU_CLAIM_WAIT_S if self.min_free_gpu_mb > 0 else CLAIM_WAIT_S
         try:
-            reply = self.transport.call("POST", path, self.me, query="?wait_s={:g}".format(wait_s),
-                                        timeout_s=wait_s + 15, give_up_s=math.inf, what=self._asking)
+            reply = self.transport.call(
+                "POST",
+                path,
+                self.me,
+                query="?wait_s={:g}".format(wait_s),
+                timeout_s=wait_s + 15,
+                give_up_s=math.inf,
+                what=self._asking,
+            )
         except Unreachable:
             return None  # only when stopping: the policy retries for ever otherwise
         return reply if reply.get("run_id") else None
@@ -184,8 +219,9 @@ class BackendAgent:
         client = RunClient(Transport(self.server, token, log=self.log, ca_file=self.ca_file), run_id)
         launcher, self.launcher = self.launcher, self.new_launcher()
         gpu = agent_pick(self._gpus(), self.min_free_gpu_mb)  # the GPU with room that let us claim
-        self.runner = Runner(client, self.workdir, launcher, keep=self.keep, unreachable_s=self.unreachable_s,
-                             log=self.log, gpu=gpu)
+        self.runner = Runner(
+            client, self.workdir, launcher, keep=self.keep, unreachable_s=self.unreachable_s, log=self.log, gpu=gpu
+        )
         if self.stopping.is_set():
             self.runner.request_stop("the agent is stopping")
         try:
@@ -197,9 +233,11 @@ class BackendAgent:
         """What the server's refusal means for whoever started this agent, with the fix."""
         register = "potato-queue training register {} CONFIG".format(self.backend)
         if exc.status == 401:
-            return ("the server refused this agent's token for backend {} (HTTP 401: it is wrong, or it was "
-                    "replaced by a newer register); fix: run `{}` on the server and give this agent the new token "
-                    "(POTATO_TRAINING_TOKEN or --token-file)".format(self.backend, register))
+            return (
+                "the server refused this agent's token for backend {} (HTTP 401: it is wrong, or it was "
+                "replaced by a newer register); fix: run `{}` on the server and give this agent the new token "
+                "(POTATO_TRAINING_TOKEN or --token-file)".format(self.backend, register)
+            )
         if exc.status == 403:
             return "{}; fix: start the agent with the --backend its token was issued for".format(exc.detail)
         if exc.status == 404:

@@ -18,8 +18,7 @@ from typing import Optional
 from potato_queue.wire.job import Job
 from potato_queue.worker.checkpoint import Checkpoints
 
-__all__ = ["CHECKPOINTS_FOLDER", "MAX_AGE_S", "checkpoint_root", "checkpoint_dir_for", "prune_stale",
-           "resume_note"]
+__all__ = ["CHECKPOINTS_FOLDER", "MAX_AGE_S", "checkpoint_root", "checkpoint_dir_for", "prune_stale", "resume_note"]
 
 CHECKPOINTS_FOLDER = "checkpoints"
 # A failed run's checkpoints wait this long for a retry (docs/operations.md): a week covers a weekend,
@@ -70,5 +69,6 @@ def resume_note(job: Job, folder: str) -> Optional[str]:
     found = Checkpoints(folder).latest()
     if found is None:
         return "no checkpoint of run {} on this machine ({}): starting from the beginning".format(
-            job.resume_of, socket.gethostname())
+            job.resume_of, socket.gethostname()
+        )
     return "resuming run {} from its checkpoint at step {}".format(job.resume_of, found.step)

@@ -82,16 +82,26 @@ class RunClient:
 
     def control(self, wait_s: float) -> bool:
         """One long-poll for a cancel (no retry: the caller's loop retries); True when the run is to stop."""
-        reply = self.transport.call("GET", self._path("control"), query="?wait_s={:g}".format(wait_s),
-                                    timeout_s=wait_s + 15, give_up_s=0, what="GET control")
+        reply = self.transport.call(
+            "GET",
+            self._path("control"),
+            query="?wait_s={:g}".format(wait_s),
+            timeout_s=wait_s + 15,
+            give_up_s=0,
+            what="GET control",
+        )
         return bool(reply.get("cancel"))
 
-    def post_result(self, exit_code: int, artifact_uri: Optional[str], message: Optional[str],
-                    give_up_s: Optional[float] = None) -> Dict[str, Any]:
+    def post_result(
+        self, exit_code: int, artifact_uri: Optional[str], message: Optional[str], give_up_s: Optional[float] = None
+    ) -> Dict[str, Any]:
         """POST result: the last call of a run; the reply carries the run's state."""
         # The server takes a message of at most 8000 characters; the start says the most.
-        payload = {"exit_code": exit_code, "artifact_uri": artifact_uri,
-                   "message": message[:MAX_MESSAGE_CHARS] if message else message}
+        payload = {
+            "exit_code": exit_code,
+            "artifact_uri": artifact_uri,
+            "message": message[:MAX_MESSAGE_CHARS] if message else message,
+        }
         try:
             return self.transport.call("POST", self._path("result"), payload, give_up_s=give_up_s, what="POST result")
         except ApiError as exc:
@@ -120,8 +130,14 @@ class RunClient:
         return retry(attempt, policy)
 
     # -- the bundle ---------------------------------------------------------------
-    def download_bundle(self, dest: str, size: int, sha256: str, tries: int = BUNDLE_TRIES,
-                        progress: Optional[Callable[[int], None]] = None) -> None:
+    def download_bundle(
+        self,
+        dest: str,
+        size: int,
+        sha256: str,
+        tries: int = BUNDLE_TRIES,
+        progress: Optional[Callable[[int], None]] = None,
+    ) -> None:
         """bundle.tar.gz into `dest`, resuming a partial file with Range; BundleDownloadError unless whole and verified.
         `progress(bytes held)` is called as bytes arrive."""
         resumed = os.path.exists(dest) and os.path.getsize(dest) > 0
@@ -133,7 +149,9 @@ class RunClient:
             digest = self._download(dest, size, tries, progress)
         if digest != sha256:
             os.unlink(dest)
-            raise BundleDownloadError("the bundle's sha256 is {}, not {} as the job says: refusing it".format(digest, sha256))
+            raise BundleDownloadError(
+                "the bundle's sha256 is {}, not {} as the job says: refusing it".format(digest, sha256)
+            )
 
     def _download(self, dest: str, size: int, tries: int, progress: Optional[Callable[[int], None]]) -> str:
         """Up to `tries` requests until `dest` holds `size` bytes, each resuming where the last stopped;
@@ -157,8 +175,11 @@ class RunClient:
         try:
             retry(attempt, policy)
         except Unreachable:
-            raise BundleDownloadError("the bundle download failed {} times (last: {}); got {} of {} bytes".format(
-                policy.failures, policy.problem, _size_of(dest), size)) from None
+            raise BundleDownloadError(
+                "the bundle download failed {} times (last: {}); got {} of {} bytes".format(
+                    policy.failures, policy.problem, _size_of(dest), size
+                )
+            ) from None
         return hashed.hexdigest()
 
     def _fetch_bundle(self, dest: str, offset: int, hashed: "_Hashed", progress: Callable[[int], None]) -> None:
@@ -202,7 +223,7 @@ def _write_all(fh: Any, data: memoryview) -> None:
     """All of `data` into an unbuffered file, WRITE_BYTES at a time (a write may take only part)."""
     at = 0
     while at < len(data):
-        at += fh.write(data[at:at + WRITE_BYTES])
+        at += fh.write(data[at : at + WRITE_BYTES])
 
 
 class _Follower:
@@ -265,7 +286,7 @@ def _hash_mapped(hashed: "_Hashed", fd: int, size: int) -> None:
     with mmap.mmap(fd, hashed.count + size - start, access=mmap.ACCESS_READ, offset=start) as mapped:
         view = memoryview(mapped)
         try:
-            hashed.update(view[hashed.count - start:])
+            hashed.update(view[hashed.count - start :])
         finally:
             view.release()
 
@@ -300,8 +321,13 @@ def _size_of(path: str) -> int:
     return os.path.getsize(path) if os.path.exists(path) else 0
 
 
-def AgentClient(server: str, run_id: str, token: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-                give_up_s: float = DEFAULT_GIVE_UP_S, log: Optional[Callable[[str], None]] = None) -> RunClient:
+def AgentClient(
+    server: str,
+    run_id: str,
+    token: str,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    give_up_s: float = DEFAULT_GIVE_UP_S,
+    log: Optional[Callable[[str], None]] = None,
+) -> RunClient:
     """A RunClient over a transport of its own (the shape callers of the old AgentClient expect)."""
     return RunClient(Transport(server, token, timeout_s, give_up_s, log), run_id)
-

@@ -19,8 +19,7 @@ _MB = 1024 * 1024
 class Progress:
     """Call update(done) as bytes arrive, finish() at the end."""
 
-    def __init__(self, what: str, total: int, log: Callable[[str], None],
-                 stream: Optional[IO[str]] = None) -> None:
+    def __init__(self, what: str, total: int, log: Callable[[str], None], stream: Optional[IO[str]] = None) -> None:
         self.what, self.total, self.log = what, total, log
         self.stream = sys.stderr if stream is None else stream
         self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
@@ -37,15 +36,19 @@ class Progress:
                 self.drawn_at = now
                 self._draw(done)
         elif self.next_quarter < 4 and done * 4 >= self.total * self.next_quarter:
-            self.log("{}: {}% ({:.0f} of {:.0f} MB)".format(self.what, 25 * self.next_quarter, done / _MB,
-                                                           self.total / _MB))
+            self.log(
+                "{}: {}% ({:.0f} of {:.0f} MB)".format(self.what, 25 * self.next_quarter, done / _MB, self.total / _MB)
+            )
             self.next_quarter += 1
 
     def _draw(self, done: int) -> None:
         share = min(1.0, done / self.total) if self.total else 1.0
         filled = int(share * BAR_WIDTH)
-        self.stream.write("\r{} [{}{}] {:3.0f}% {:.0f}/{:.0f} MB".format(
-            self.what, "#" * filled, "-" * (BAR_WIDTH - filled), share * 100, done / _MB, self.total / _MB))
+        self.stream.write(
+            "\r{} [{}{}] {:3.0f}% {:.0f}/{:.0f} MB".format(
+                self.what, "#" * filled, "-" * (BAR_WIDTH - filled), share * 100, done / _MB, self.total / _MB
+            )
+        )
         self.stream.flush()
 
     def finish(self) -> None:

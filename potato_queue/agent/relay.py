@@ -198,8 +198,9 @@ def _stop_if_run_over(exc: ApiError, on_cancel: Callable[[], None], log: Log) ->
     return True
 
 
-def heartbeat_loop(client: RunClient, interval_s: float, stop: threading.Event,
-                   on_cancel: Callable[[], None], log: Log) -> None:
+def heartbeat_loop(
+    client: RunClient, interval_s: float, stop: threading.Event, on_cancel: Callable[[], None], log: Log
+) -> None:
     """An empty batch every interval_s on its own connection, whatever the worker does.
 
     A failed beat is tried again after the policy's delay, not a whole interval later.
@@ -222,8 +223,9 @@ def heartbeat_loop(client: RunClient, interval_s: float, stop: threading.Event,
             on_cancel()
 
 
-def control_loop(client: RunClient, stop: threading.Event, on_cancel: Callable[[], None],
-                 log: Log, wait_s: float = 25.0) -> None:
+def control_loop(
+    client: RunClient, stop: threading.Event, on_cancel: Callable[[], None], log: Log, wait_s: float = 25.0
+) -> None:
     """Long-poll /control so that a cancel arrives within a fraction of a second."""
     policy = Backoff("control", log, stop=stop)
     while not stop.is_set():

@@ -119,9 +119,17 @@ class Runner:
     run() returns the exit code to report.
     """
 
-    def __init__(self, client: RunClient, base_dir: str, launcher: WorkerLauncher, keep: bool = False,
-                 unreachable_s: float = 300.0, log: Callable[[str], None] = log_line,
-                 checkpoints: Optional[str] = None, gpu: Optional[Choice] = None) -> None:
+    def __init__(
+        self,
+        client: RunClient,
+        base_dir: str,
+        launcher: WorkerLauncher,
+        keep: bool = False,
+        unreachable_s: float = 300.0,
+        log: Callable[[str], None] = log_line,
+        checkpoints: Optional[str] = None,
+        gpu: Optional[Choice] = None,
+    ) -> None:
         self.client = client
         self.launcher = launcher
         self.files = RunFiles(base_dir, client.run_id)
@@ -230,8 +238,7 @@ class Runner:
         write_spec(self.files, job, self.checkpoint_dir, self.gpu.visible_devices if self.gpu else None)
 
     # -- while the worker runs -------------------------------------------------
-    def _supervise(self, worker: WorkerHandle,
-                   job: Job) -> Tuple[int, Optional[str], Optional[str], Optional[str]]:
+    def _supervise(self, worker: WorkerHandle, job: Job) -> Tuple[int, Optional[str], Optional[str], Optional[str]]:
         """Wait for the worker, applying cancel, grace, the memory limit and AGT-7: (exit code, error code,
         message, its fix)."""
         grace = job.grace_seconds
@@ -244,8 +251,11 @@ class Runner:
             if watch.killed_at is not None and now - watch.killed_at > KILL_WAIT_S:
                 # Every wait after a stop has a bound: a worker (or a scheduler) that never says it ended
                 # must not keep this agent, and the run's slot, forever.
-                self.log("{} did not end {:g} s after it was killed; the agent gives up on it".format(
-                    worker.describe(), KILL_WAIT_S))
+                self.log(
+                    "{} did not end {:g} s after it was killed; the agent gives up on it".format(
+                        worker.describe(), KILL_WAIT_S
+                    )
+                )
                 code = EXIT_UNEXPECTED
                 break
             code = worker.wait(TICK_S)
@@ -255,7 +265,8 @@ class Runner:
         ended = worker.ended()
         if watch.oom_mb is not None:
             text = "out of memory: the run used {:.0f} MB, above max_ram_mb {:g}".format(
-                watch.oom_mb, watch.max_ram_mb or 0.0)
+                watch.oom_mb, watch.max_ram_mb or 0.0
+            )
             return EXIT_OOM, "out_of_memory", text, None
         if ended is not None and watch.term_at is None:
             return code, ended.code, ended.message, ended.hint
@@ -271,8 +282,7 @@ class Runner:
             self._hurry_last_calls()
         if self.cancel.is_set() and watch.term_at is None:
             watch.term_at = now
-            self.log("{}: SIGTERM to {}; SIGKILL in {:g} s".format(self.stop_reason, worker.stop_target,
-                                                                  watch.grace_s))
+            self.log("{}: SIGTERM to {}; SIGKILL in {:g} s".format(self.stop_reason, worker.stop_target, watch.grace_s))
             worker.terminate()
         elif watch.term_at is not None and not watch.killed and now - watch.term_at >= watch.grace_s:
             watch.killed, watch.killed_at = True, now
@@ -283,13 +293,22 @@ class Runner:
             used = worker.rss_mb()  # None: this launcher cannot measure it, so no check
             if used is not None and used > watch.max_ram_mb:
                 watch.oom_mb, watch.killed_at = used, now
-                self.log("the worker's processes use {:.0f} MB, above max_ram_mb {:g}: SIGKILL".format(
-                    used, watch.max_ram_mb))
+                self.log(
+                    "the worker's processes use {:.0f} MB, above max_ram_mb {:g}: SIGKILL".format(
+                        used, watch.max_ram_mb
+                    )
+                )
                 worker.kill()
 
     # -- after the worker --------------------------------------------------------
-    def _finish(self, code: int, error_code: Optional[str], message: Optional[str],
-                job: Optional[Job] = None, hint: Optional[str] = None) -> int:
+    def _finish(
+        self,
+        code: int,
+        error_code: Optional[str],
+        message: Optional[str],
+        job: Optional[Job] = None,
+        hint: Optional[str] = None,
+    ) -> int:
         """Report the error (if any), send predictions and the remaining events, post the result."""
         if error_code:
             self.log(message or error_code)
@@ -325,7 +344,8 @@ class Runner:
         if limit and size > int(limit):
             # Refused here, not sent: the server would answer 413 only after the first bytes.
             problem = "predictions.jsonl is {} bytes, above max_predictions_mb ({} bytes); it was not sent".format(
-                size, limit)
+                size, limit
+            )
             too_large = True
         else:
             self.relay.emit("status", state="finishing", step="sending predictions")

@@ -76,9 +76,15 @@ class Backoff:
     makes the waits end early, and the policy give up, once it is set.
     """
 
-    def __init__(self, what: str, log: Optional[Log] = None, give_up_s: Optional[float] = None,
-                 max_tries: Optional[int] = None, stop: Optional[threading.Event] = None,
-                 target: str = "the server") -> None:
+    def __init__(
+        self,
+        what: str,
+        log: Optional[Log] = None,
+        give_up_s: Optional[float] = None,
+        max_tries: Optional[int] = None,
+        stop: Optional[threading.Event] = None,
+        target: str = "the server",
+    ) -> None:
         self.what = what
         self.target = target
         self.max_tries = max_tries
@@ -172,8 +178,9 @@ def _tls_context(ca_file: Optional[str]) -> ssl.SSLContext:
     return ssl.create_default_context(cafile=ca_file)
 
 
-def open_connection(server: str, timeout: float = DEFAULT_TIMEOUT_S,
-                    ca_file: Optional[str] = None) -> http.client.HTTPConnection:
+def open_connection(
+    server: str, timeout: float = DEFAULT_TIMEOUT_S, ca_file: Optional[str] = None
+) -> http.client.HTTPConnection:
     """A connection to `http://host:port`, `https://host:port` or `unix:///path/to.sock`.
 
     https verifies the server against the system's CAs, or only `ca_file`'s. A proxy named by
@@ -183,14 +190,14 @@ def open_connection(server: str, timeout: float = DEFAULT_TIMEOUT_S,
     if parts.scheme == "unix":
         return UnixHTTPConnection(unquote(parts.path), timeout=timeout)
     if parts.scheme not in ("http", "https"):
-        raise ValueError("server URL must be http://host:port, https://host:port or unix:///path, not {!r}".format(
-            server))
+        raise ValueError(
+            "server URL must be http://host:port, https://host:port or unix:///path, not {!r}".format(server)
+        )
     host, port = parts.hostname or "127.0.0.1", parts.port or (443 if parts.scheme == "https" else 80)
     proxy = _proxy_for(parts.scheme, host)
     target = proxy or (host, port)
     if parts.scheme == "https":
-        conn = http.client.HTTPSConnection(target[0], target[1], timeout=timeout,
-                                           context=_tls_context(ca_file))  # type: http.client.HTTPConnection
+        conn = http.client.HTTPSConnection(target[0], target[1], timeout=timeout, context=_tls_context(ca_file))  # type: http.client.HTTPConnection
     else:
         conn = http.client.HTTPConnection(target[0], target[1], timeout=timeout)
     if proxy is not None:
@@ -201,7 +208,8 @@ def open_connection(server: str, timeout: float = DEFAULT_TIMEOUT_S,
 def tls_problem(server: str, exc: ssl.SSLCertVerificationError) -> TlsError:
     return TlsError(
         "the TLS certificate of {} could not be verified ({}); fix: give the agent the CA that signed it with "
-        "--ca-file, or install that CA in the system's store".format(server, exc.verify_message or exc))
+        "--ca-file, or install that CA in the system's store".format(server, exc.verify_message or exc)
+    )
 
 
 def error_detail(body: bytes) -> str:
@@ -225,9 +233,15 @@ def json_answer(status: int, body: bytes) -> Dict[str, Any]:
 class Transport:
     """Requests to one server with one bearer token; paths are relative to API_PREFIX."""
 
-    def __init__(self, server: str, token: str, timeout_s: float = DEFAULT_TIMEOUT_S,
-                 give_up_s: float = DEFAULT_GIVE_UP_S, log: Optional[Log] = None,
-                 ca_file: Optional[str] = None) -> None:
+    def __init__(
+        self,
+        server: str,
+        token: str,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        give_up_s: float = DEFAULT_GIVE_UP_S,
+        log: Optional[Log] = None,
+        ca_file: Optional[str] = None,
+    ) -> None:
         open_connection(server, ca_file=ca_file).close()  # a bad URL fails here, not in a thread
         self.server = server
         self.ca_file = ca_file
@@ -257,8 +271,13 @@ class Transport:
         """How long a call may retry: give_up_s, or this transport's default when None."""
         return self.give_up_s if give_up_s is None else give_up_s
 
-    def backoff(self, what: str, give_up_s: Optional[float], max_tries: Optional[int] = None,
-                stop: Optional[threading.Event] = None) -> Backoff:
+    def backoff(
+        self,
+        what: str,
+        give_up_s: Optional[float],
+        max_tries: Optional[int] = None,
+        stop: Optional[threading.Event] = None,
+    ) -> Backoff:
         """The retry policy for one call to this server; give_up_s None: no deadline."""
         return Backoff(what, self.log, give_up_s, max_tries, stop, target=self.server)
 
@@ -288,8 +307,14 @@ class Transport:
         self.last_failure = time.monotonic()
 
     # -- requests ----------------------------------------------------------------
-    def request(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
-                timeout_s: Optional[float] = None) -> http.client.HTTPResponse:
+    def request(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+        timeout_s: Optional[float] = None,
+    ) -> http.client.HTTPResponse:
         """Send one request; the response is unread. A stale keep-alive connection is retried at once."""
         all_headers = {"Authorization": self._auth}
         all_headers.update(headers or {})
@@ -313,8 +338,14 @@ class Transport:
         raise AssertionError("unreachable")
 
     @contextlib.contextmanager
-    def stream(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
-               timeout_s: Optional[float] = None) -> Iterator[http.client.HTTPResponse]:
+    def stream(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+        timeout_s: Optional[float] = None,
+    ) -> Iterator[http.client.HTTPResponse]:
         """A response to read in the with-block; the connection is kept only when it was read whole."""
         response = self.request(method, path, body, headers, timeout_s)
         try:
@@ -328,15 +359,29 @@ class Transport:
         if response.will_close or not response.isclosed():
             self.drop()
 
-    def exchange(self, method: str, path: str, body: Any = None, headers: Optional[Dict[str, str]] = None,
-                 timeout_s: Optional[float] = None) -> Tuple[int, bytes]:
+    def exchange(
+        self,
+        method: str,
+        path: str,
+        body: Any = None,
+        headers: Optional[Dict[str, str]] = None,
+        timeout_s: Optional[float] = None,
+    ) -> Tuple[int, bytes]:
         """One request and its whole reply: (status, body). Connection errors are raised as they come."""
         with self.stream(method, path, body, headers, timeout_s) as response:
             return response.status, response.read()
 
-    def call(self, method: str, path: str, payload: Any = None, query: str = "",
-             timeout_s: Optional[float] = None, give_up_s: Optional[float] = None,
-             headers: Optional[Dict[str, str]] = None, what: Optional[str] = None) -> Dict[str, Any]:
+    def call(
+        self,
+        method: str,
+        path: str,
+        payload: Any = None,
+        query: str = "",
+        timeout_s: Optional[float] = None,
+        give_up_s: Optional[float] = None,
+        headers: Optional[Dict[str, str]] = None,
+        what: Optional[str] = None,
+    ) -> Dict[str, Any]:
         """A JSON call, retried by the policy for up to give_up_s (this transport's default when None).
 
         `payload` is sent as JSON, or as is when it is bytes. ApiError for an
@@ -346,6 +391,7 @@ class Transport:
         body = payload if isinstance(payload, bytes) or payload is None else json.dumps(payload).encode()
         sent_headers = {"Content-Type": "application/json"} if body is not None else {}
         sent_headers.update(headers or {})
+
         def attempt() -> Dict[str, Any]:
             try:
                 status, data = self.exchange(method, path + query, body, sent_headers, timeout_s)

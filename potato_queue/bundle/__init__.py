@@ -37,9 +37,17 @@ from potato_queue.bundle.write import (
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
-__all__ = ["BUNDLE_VERSION", "TARGET_KINDS", "schema_kind", "target_schemas", "split_of", "build_bundle", "pack_bundle",
-           "project_modality",
-           "count_annotations"]
+__all__ = [
+    "BUNDLE_VERSION",
+    "TARGET_KINDS",
+    "schema_kind",
+    "target_schemas",
+    "split_of",
+    "build_bundle",
+    "pack_bundle",
+    "project_modality",
+    "count_annotations",
+]
 
 
 def build_bundle(config: ProjectConfig, out_dir: Path, schemas: Sequence[str] | None = None) -> dict[str, Any]:
@@ -66,17 +74,20 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
         raise no_labels_error(config, len(items), found, names)
     prepare_out_dir(out_dir)
     build = BundleBuild(
-        out_dir=out_dir, text_key=config.item_properties.text_key,
+        out_dir=out_dir,
+        text_key=config.item_properties.text_key,
         # Potato's path (normalised, symlinks kept): a linked file's folder is named by its hash.
         task_dir=os.path.normpath(os.path.join(config.config_path.parent, os.path.expanduser(config.task_dir))),
         media_directory=str((config.model_extra or {}).get("media_directory") or "media"),
-        source_field=by_name[names[0]].get("source_field"))  # Potato reads the first scheme's only
+        source_field=by_name[names[0]].get("source_field"),
+    )  # Potato reads the first scheme's only
     answered = answered_items(found, items)
     build.stats.update(n_items=len(items), n_annotated=len(answered))
     if bad:
         build.stats["warnings"].append(
             f"{len(bad)} item(s) hold text that is not valid Unicode (a lone surrogate such as \\ud800), "
-            f"replaced with U+FFFD: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; fix the data file")
+            f"replaced with U+FFFD: {', '.join(bad[:10])}{' ...' if len(bad) > 10 else ''}; fix the data file"
+        )
     rows, unlabeled = bundle_rows(build, items, ids, answered, targets, training.writeback.include_unlabeled)
     splits = write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
     return write_manifest(build, training, names, by_name, kinds, labels, splits, rows)

@@ -52,11 +52,14 @@ class _Canonical:
         return key, answer
 
 
-def _votes(found: Annotations, schema: str, wanted: Collection[str],
-           canonical: _Canonical) -> list[tuple[str, list[tuple[str, str, Any]]]]:
+def _votes(
+    found: Annotations, schema: str, wanted: Collection[str], canonical: _Canonical
+) -> list[tuple[str, list[tuple[str, str, Any]]]]:
     """Per user in first-seen order, the (item, key, answer) of each vote on `schema` for an item of `wanted`."""
-    return [(user, [(iid, *canonical(value_map)) for iid, value_map in answers.items() if iid in wanted])
-            for user, answers in found.of(schema)]
+    return [
+        (user, [(iid, *canonical(value_map)) for iid, value_map in answers.items() if iid in wanted])
+        for user, answers in found.of(schema)
+    ]
 
 
 def _majority(found: Annotations, wanted: Collection[str], schemas: Collection[str]) -> dict[str, Answers]:
@@ -80,16 +83,22 @@ def _consensus(found: Annotations, ids: Sequence[str], schemas: Collection[str])
     for schema in schemas:
         blocks = [(n, answers) for n, (_, answers) in enumerate(found.of(schema)) if answers]
         values = [value for _, answers in blocks for value in answers.values()]
-        pos = np.fromiter(chain.from_iterable(map(position.get, answers, repeat(-1)) for _, answers in blocks),
-                          dtype=np.int64, count=len(values))
+        pos = np.fromiter(
+            chain.from_iterable(map(position.get, answers, repeat(-1)) for _, answers in blocks),
+            dtype=np.int64,
+            count=len(values),
+        )
         keep = pos >= 0  # votes on items of the data files only
         if not keep.any():
             continue
         worker = np.concatenate([np.full(len(answers), n, dtype=np.int64) for n, answers in blocks])[keep]
         # Each distinct answer object keyed once (read_annotations shares equal ones), not each vote.
         kept = np.flatnonzero(keep)
-        _, first, of_vote = np.unique(np.fromiter(map(id, values), dtype=np.uint64, count=len(values))[kept],
-                                      return_index=True, return_inverse=True)
+        _, first, of_vote = np.unique(
+            np.fromiter(map(id, values), dtype=np.uint64, count=len(values))[kept],
+            return_index=True,
+            return_inverse=True,
+        )
         of_vote = of_vote.reshape(-1)
         canonical = _Canonical()
         keyed = [canonical(values[at]) for at in kept[first].tolist()]
@@ -102,8 +111,15 @@ def _consensus(found: Annotations, ids: Sequence[str], schemas: Collection[str])
     return references
 
 
-def _representatives(keyed: list[tuple[str, Any]], canonical: _Canonical, class_of: dict[str, int], pos: Any,
-                     worker: Any, said: Any, of_vote: Any) -> dict[str, Any]:
+def _representatives(
+    keyed: list[tuple[str, Any]],
+    canonical: _Canonical,
+    class_of: dict[str, int],
+    pos: Any,
+    worker: Any,
+    said: Any,
+    of_vote: Any,
+) -> dict[str, Any]:
     """The answer that stands for each class: any of its answers, all written alike; where a class's answers
     are written in different orders (a multilabel's), the last vote's in Potato's order (users as first seen,
     then items sorted): it orders the list."""
@@ -115,8 +131,9 @@ def _representatives(keyed: list[tuple[str, Any]], canonical: _Canonical, class_
     return answer_of
 
 
-def resolve_references(found: Annotations, ids: Sequence[str], aggregation: str,
-                       schemas: Collection[str]) -> dict[str, Answers]:
+def resolve_references(
+    found: Annotations, ids: Sequence[str], aggregation: str, schemas: Collection[str]
+) -> dict[str, Answers]:
     """One agreed answer per item of `ids` (sorted) and scheme of `schemas` (the run's: Potato resolves every
     scheme, and each scheme's answer is the same either way): consensus needs two annotators, else (or on
     failure) majority."""
@@ -162,8 +179,9 @@ def _target(kind: str, value_map: Any) -> Any:
     return _label_of(value_map)
 
 
-def all_targets(references: dict[str, Answers], kinds: dict[str, str]
-                 ) -> tuple[dict[str, Answers], dict[str, list[str]]]:
+def all_targets(
+    references: dict[str, Answers], kinds: dict[str, str]
+) -> tuple[dict[str, Answers], dict[str, list[str]]]:
     """{item: targets} of the items with a usable answer, and the sorted labels seen per scheme."""
     targets: dict[str, Answers] = {}
     seen: dict[str, set[str]] = {name: set() for name in kinds}
@@ -191,4 +209,5 @@ def no_labels_error(config: ProjectConfig, n_items: int, found: Annotations, nam
         f"no labelled items to train on: {n_items} items and {found.n_records} annotation records under "
         f"{config.output_path}, none with a usable answer for {', '.join(names)}",
         fix="label some items in Potato first (answers are read from <output_annotation_dir>/<user>/user_state.json), "
-        "and check that data_files, item_properties.id_key and the scheme names match what was annotated")
+        "and check that data_files, item_properties.id_key and the scheme names match what was annotated",
+    )

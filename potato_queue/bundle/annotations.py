@@ -26,8 +26,15 @@ from potato_queue.bundle.read import Answers
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
-__all__ = ["Annotations", "PARALLEL_FROM_BYTES", "annotator_files", "answered_ids", "count_annotations",
-           "no_cycle_collection", "read_annotations"]
+__all__ = [
+    "Annotations",
+    "PARALLEL_FROM_BYTES",
+    "annotator_files",
+    "answered_ids",
+    "count_annotations",
+    "no_cycle_collection",
+    "read_annotations",
+]
 
 #: Below this many bytes of annotators' files a fork costs more than the second core saves.
 PARALLEL_FROM_BYTES = 8_000_000
@@ -65,8 +72,11 @@ def annotator_files(config: ProjectConfig) -> list[tuple[str, Path]]:
     """Each annotator's (folder name, user_state.json), the folders in sorted order (it decides ties); a folder
     without one (training/) is no annotator."""
     out = config.output_path
-    return [(entry, out / entry / "user_state.json") for entry in (sorted(os.listdir(out)) if out.is_dir() else [])
-            if (out / entry / "user_state.json").is_file()]
+    return [
+        (entry, out / entry / "user_state.json")
+        for entry in (sorted(os.listdir(out)) if out.is_dir() else [])
+        if (out / entry / "user_state.json").is_file()
+    ]
 
 
 @contextlib.contextmanager
@@ -87,8 +97,10 @@ def _read_state(path: Path) -> Mapping[str, Any]:
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as exc:
-        raise PotatoQueueError(f"{path} cannot be read as JSON ({exc})",
-                               fix="restore it from a backup, or move that annotator's folder aside") from None
+        raise PotatoQueueError(
+            f"{path} cannot be read as JSON ({exc})",
+            fix="restore it from a backup, or move that annotator's folder aside",
+        ) from None
     return state if isinstance(state, dict) else {}
 
 
@@ -154,8 +166,12 @@ def _read_file(entry: str, path: Path, schemas: Collection[str] | None, image_sc
     state = _read_state(path)
     part = _FileAnswers(str(state.get("user_id", entry)), False, [], {}, 0)
     labels = state.get("instance_id_to_label_to_value") or {}
-    if schemas is not None and not image_schemas and not state.get("instance_id_to_span_to_value") \
-            and isinstance(labels, dict):
+    if (
+        schemas is not None
+        and not image_schemas
+        and not state.get("instance_id_to_span_to_value")
+        and isinstance(labels, dict)
+    ):
         _read_label_lists(labels, schemas, part)
         return part
     shared: dict[tuple[Any, ...], Any] = {}
@@ -260,9 +276,12 @@ def _halves(files: list[tuple[str, Path]], head_start_bytes: int) -> tuple[set[i
     return child, sum(size for size, _ in sizes)
 
 
-def read_annotations(config: ProjectConfig, schemas: Collection[str] | None = None,
-                     while_reading: Callable[[], Any] | None = None,
-                     parallel_from_bytes: int | None = None) -> tuple[Annotations, Any]:
+def read_annotations(
+    config: ProjectConfig,
+    schemas: Collection[str] | None = None,
+    while_reading: Callable[[], Any] | None = None,
+    parallel_from_bytes: int | None = None,
+) -> tuple[Annotations, Any]:
     """The answers to `schemas` (None: every scheme), and what `while_reading()` returned: the caller's own
     work (the items), done here while a child reads its half of the annotators' files (from
     `parallel_from_bytes` of them, by default PARALLEL_FROM_BYTES)."""
@@ -273,8 +292,10 @@ def read_annotations(config: ProjectConfig, schemas: Collection[str] | None = No
     theirs, total = _halves(files, head_start)
     if total < parallel_from_bytes or _cores() < 2:
         theirs = set()
-    with no_cycle_collection(), _Child(lambda: [_read_file(*files[n], wanted, images) for n in sorted(theirs)],
-                                       enabled=bool(theirs)) as child:
+    with (
+        no_cycle_collection(),
+        _Child(lambda: [_read_file(*files[n], wanted, images) for n in sorted(theirs)], enabled=bool(theirs)) as child,
+    ):
         extra = while_reading() if while_reading else None
         mine = {n: _read_file(*files[n], wanted, images) for n in range(len(files)) if n not in theirs}
         mine.update(zip(sorted(theirs), child.result(), strict=True))
@@ -366,7 +387,13 @@ def answered_ids(config: ProjectConfig) -> set[str]:
             state = _read_state(path)
             # One string per file, so that nothing of the parsed file outlives it: the long-running server
             # gives its memory back (ids kept one by one would pin the parse's memory pages).
-            blobs.append("\n".join(str(iid) for key in ("instance_id_to_label_to_value", "instance_id_to_span_to_value")
-                                    for iid, raw in (state.get(key) or {}).items() if raw))
+            blobs.append(
+                "\n".join(
+                    str(iid)
+                    for key in ("instance_id_to_label_to_value", "instance_id_to_span_to_value")
+                    for iid, raw in (state.get(key) or {}).items()
+                    if raw
+                )
+            )
             del state
     return {iid for blob in blobs for iid in blob.split("\n") if iid}

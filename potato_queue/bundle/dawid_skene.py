@@ -29,8 +29,9 @@ def dawid_skene(observations: Sequence[tuple[str, str, str]], max_iter: int = 10
     return dawid_skene_arrays(ids, pos, worker, said, classes, max_iter, tol)
 
 
-def dawid_skene_arrays(ids: Sequence[str], pos: Any, worker: Any, said: Any, classes: Sequence[str],
-                       max_iter: int = 100, tol: float = 1e-6) -> dict[str, str]:
+def dawid_skene_arrays(
+    ids: Sequence[str], pos: Any, worker: Any, said: Any, classes: Sequence[str], max_iter: int = 100, tol: float = 1e-6
+) -> dict[str, str]:
     """{item: label} from votes as arrays in Potato's order (each item's in turn): the item's position in `ids`
     (sorted), the worker (any numbering), the class's position in `classes` (sorted)."""
     voted, item = np.unique(pos, return_inverse=True)
@@ -96,8 +97,13 @@ def _dawid_skene(arrays: tuple[list[str], list[str], Any, Any, Any, Any], max_it
         prior = prior / (float(np.cumsum(prior)[-1]) or 1.0)
         # M-step: each worker's P(says l | truly j); uniform for a class they never met.
         per_vote = np.take(posteriors, item, axis=0)
-        num = np.stack([np.bincount(cell, weights=per_vote[:, j], minlength=n_workers * k).reshape(n_workers, k)
-                        for j in range(k)], axis=1)
+        num = np.stack(
+            [
+                np.bincount(cell, weights=per_vote[:, j], minlength=n_workers * k).reshape(n_workers, k)
+                for j in range(k)
+            ],
+            axis=1,
+        )
         den = np.stack([np.bincount(worker, weights=per_vote[:, j], minlength=n_workers) for j in range(k)], axis=1)
         with np.errstate(divide="ignore", invalid="ignore"):
             confusion = np.where(den[:, :, None] > 0, num / den[:, :, None], 1.0 / k)

@@ -30,11 +30,17 @@ BUILDER_FORMAT = 1
 def _config_part(config: ProjectConfig, schemas: Sequence[str] | None) -> bytes:
     mt = config.model_training
     part = {
-        "builder": [BUNDLE_VERSION, BUILDER_FORMAT], "schemas": list(schemas) if schemas is not None else None,
-        "annotation_schemes": config.annotation_schemes, "item_properties": config.item_properties.model_dump(),
-        "task_dir": str(config.task_path), "data_files": [str(p) for p in config.data_paths()],
-        "output": str(config.output_path), "extra": config.model_extra or {},
-        "aggregation": mt.aggregation, "splits": mt.splits, "split_seed": mt.split_seed,
+        "builder": [BUNDLE_VERSION, BUILDER_FORMAT],
+        "schemas": list(schemas) if schemas is not None else None,
+        "annotation_schemes": config.annotation_schemes,
+        "item_properties": config.item_properties.model_dump(),
+        "task_dir": str(config.task_path),
+        "data_files": [str(p) for p in config.data_paths()],
+        "output": str(config.output_path),
+        "extra": config.model_extra or {},
+        "aggregation": mt.aggregation,
+        "splits": mt.splits,
+        "split_seed": mt.split_seed,
         "include_unlabeled": mt.writeback.include_unlabeled,
     }
     return json.dumps(part, sort_keys=True, default=str).encode()

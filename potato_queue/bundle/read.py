@@ -19,21 +19,42 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # The public names, then what the other stages of the bundle use.
-__all__ = ["TARGET_KINDS", "Answers", "Row", "schema_kind", "scheme_scale", "target_schemas",
-           "read_items", "schema_names"]
+__all__ = [
+    "TARGET_KINDS",
+    "Answers",
+    "Row",
+    "schema_kind",
+    "scheme_scale",
+    "target_schemas",
+    "read_items",
+    "schema_names",
+]
 
 # Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
-_KIND_OF_TYPE = {atype: kind for kind, types in {
-    "nominal": "radio select triage pairwise conjoint", "ordinal": "likert confidence",
-    "continuous": "slider number vas", "multilabel": "multiselect hierarchical_multiselect card_sort",
-    "matrix": "multirate constant_sum soft_label semantic_differential range_slider bws best_worst_scaling",
-    "span": "span error_span event_annotation coreference extractive_qa span_link tree_annotation",
-    "text": "textbox text_edit", "ranking": "ranking", "geometry": "image_annotation",
-    "temporal": "audio_annotation video_annotation", "episode": "episode_annotation",
-    "rollout": "rollout_evaluation", "caption": "region_caption", "grounding": "grounding_eval",
-    "spatial": "spatial_annotation", "volume": "volume_annotation", "segments": "temporal_grounding tiered_annotation",
-    "trace": "process_reward trajectory_eval tool_call_review failure_attribution gui_trajectory",
-}.items() for atype in types.split()}
+_KIND_OF_TYPE = {
+    atype: kind
+    for kind, types in {
+        "nominal": "radio select triage pairwise conjoint",
+        "ordinal": "likert confidence",
+        "continuous": "slider number vas",
+        "multilabel": "multiselect hierarchical_multiselect card_sort",
+        "matrix": "multirate constant_sum soft_label semantic_differential range_slider bws best_worst_scaling",
+        "span": "span error_span event_annotation coreference extractive_qa span_link tree_annotation",
+        "text": "textbox text_edit",
+        "ranking": "ranking",
+        "geometry": "image_annotation",
+        "temporal": "audio_annotation video_annotation",
+        "episode": "episode_annotation",
+        "rollout": "rollout_evaluation",
+        "caption": "region_caption",
+        "grounding": "grounding_eval",
+        "spatial": "spatial_annotation",
+        "volume": "volume_annotation",
+        "segments": "temporal_grounding tiered_annotation",
+        "trace": "process_reward trajectory_eval tool_call_review failure_attribution gui_trajectory",
+    }.items()
+    for atype in types.split()
+}
 
 #: The kinds Potato turns into a target. The rest (free text, matrices, traces)
 #: would give a meaningless label, so a bundle without named schemes skips them.
@@ -76,8 +97,11 @@ def scheme_scale(scheme: Mapping[str, Any]) -> dict[str, Any] | None:
         points: list[Any] = labels or ([i for i in range(1, int(size) + 1)] if size else [])
         return {"points": points} if points else None
     if kind == "continuous":
-        bounds = {"min": _number(scheme, "min_value", "min"), "max": _number(scheme, "max_value", "max"),
-                  "step": _number(scheme, "step")}
+        bounds = {
+            "min": _number(scheme, "min_value", "min"),
+            "max": _number(scheme, "max_value", "max"),
+            "step": _number(scheme, "step"),
+        }
         return {k: v for k, v in bounds.items() if v is not None}
     return None
 
@@ -94,7 +118,8 @@ def schema_names(config: ProjectConfig, schemas: Sequence[str] | None) -> list[s
         raise PotatoQueueError(
             f"no annotation scheme named {', '.join(unknown)}" if unknown else "no annotation scheme gives a target",
             fix=f"name schemes of {config.config_path} ({', '.join(config.schema_names()) or 'none'}) whose kind "
-            f"is one of {', '.join(TARGET_KINDS)}")
+            f"is one of {', '.join(TARGET_KINDS)}",
+        )
     return names
 
 
@@ -146,8 +171,10 @@ def read_items(config: ProjectConfig, cleaned: list[str] | None = None) -> dict[
     items: dict[str, Row] = {}
     for path in config.data_paths():
         if not path.is_file():
-            raise PotatoQueueError(f"data file {path} does not exist, so the bundle would miss its items",
-                                   fix=f"restore the file or correct data_files in {config.config_path}")
+            raise PotatoQueueError(
+                f"data file {path} does not exist, so the bundle would miss its items",
+                fix=f"restore the file or correct data_files in {config.config_path}",
+            )
         content, decoder = path.read_text(encoding="utf-8"), _Decoder()
         found = dict(_items_of_text(content, config.item_properties.id_key, decoder))
         if cleaned is not None and (decoder.unclean or _SURROGATE_ESCAPE.search(content)):

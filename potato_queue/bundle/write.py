@@ -26,19 +26,47 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.wire.scales_file import SCALES_FILE
 
 # The public names, then what build_bundle uses.
-__all__ = ["BUNDLE_VERSION", "DEFAULT_SPLITS", "pack_bundle", "split_of", "item_media", "items_modality",
-           "BundleBuild", "prepare_out_dir", "bundle_rows", "write_manifest", "write_splits"]
+__all__ = [
+    "BUNDLE_VERSION",
+    "DEFAULT_SPLITS",
+    "pack_bundle",
+    "split_of",
+    "item_media",
+    "items_modality",
+    "BundleBuild",
+    "prepare_out_dir",
+    "bundle_rows",
+    "write_manifest",
+    "write_splits",
+]
 
 BUNDLE_VERSION = 1
 DEFAULT_SPLITS = {"train": 0.7, "val": 0.15, "test": 0.15}
-_MEDIA_KEYS = ("image_url", "image", "image_path", "file_name", "audio_url", "audio", "audio_path",
-               "video_url", "video", "video_path", "url", "path")
+_MEDIA_KEYS = (
+    "image_url",
+    "image",
+    "image_path",
+    "file_name",
+    "audio_url",
+    "audio",
+    "audio_path",
+    "video_url",
+    "video",
+    "video_path",
+    "url",
+    "path",
+)
 _MEDIA_KEY_SET = frozenset(_MEDIA_KEYS)
 _encode_text = json.encoder.encode_basestring  # json's own (C) string encoder, non-ASCII kept as json.dumps keeps it
 _IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
 _MODALITY_BY_TYPE = {
-    "image_annotation": "image", "region_caption": "image", "grounding_eval": "image", "audio_annotation": "audio",
-    "video_annotation": "video", "tiered_annotation": "audio", "spatial_annotation": "point_cloud",
+    "image_annotation": "image",
+    "region_caption": "image",
+    "grounding_eval": "image",
+    "audio_annotation": "audio",
+    "video_annotation": "video",
+    "tiered_annotation": "audio",
+    "spatial_annotation": "point_cloud",
     "episode_annotation": "video",
 }
 
@@ -94,8 +122,10 @@ class _RowEncoder:
 
 
 # The keys of the rows _row makes, in its order: what follows instance_id and text.
-_ROW_TAILS = {("instance_id", "text", *tail): tuple(tail) for tail in
-              [(), ("targets",), ("media",), ("media_missing",), ("targets", "media"), ("targets", "media_missing")]}
+_ROW_TAILS = {
+    ("instance_id", "text", *tail): tuple(tail)
+    for tail in [(), ("targets",), ("media",), ("media_missing",), ("targets", "media"), ("targets", "media_missing")]
+}
 
 
 @dataclass
@@ -107,9 +137,17 @@ class BundleBuild:
     media_directory: str
     source_field: str | None
     text_key: str
-    stats: dict[str, Any] = field(default_factory=lambda: {
-        "n_items": 0, "n_annotated": 0, "n_skipped_no_label": 0, "n_media_linked": 0, "n_media_missing": 0,
-        "splits": {}, "warnings": []})
+    stats: dict[str, Any] = field(
+        default_factory=lambda: {
+            "n_items": 0,
+            "n_annotated": 0,
+            "n_skipped_no_label": 0,
+            "n_media_linked": 0,
+            "n_media_missing": 0,
+            "splits": {},
+            "warnings": [],
+        }
+    )
 
 
 def _link_media(build: BundleBuild, reference: str) -> str | None:
@@ -117,7 +155,7 @@ def _link_media(build: BundleBuild, reference: str) -> str | None:
     if reference.startswith(("http://", "https://")):
         return reference  # the trainer fetches remote media itself
     if reference.startswith("/media/"):  # the annotation page's URL for <task_dir>/<media_directory>/
-        reference = os.path.join(build.task_dir, build.media_directory, reference[len("/media/"):])
+        reference = os.path.join(build.task_dir, build.media_directory, reference[len("/media/") :])
     source = os.path.abspath(os.path.join(build.task_dir, reference))
     if not os.path.isfile(source):
         build.stats["n_media_missing"] += 1
@@ -147,8 +185,14 @@ def _row(build: BundleBuild, iid: str, item: Row, targets: Answers | None) -> Ro
     return row
 
 
-def bundle_rows(build: BundleBuild, items: dict[str, Row], ids: Sequence[str], answered: Collection[str],
-                targets: dict[str, Answers], include_unlabeled: bool) -> tuple[list[Row], list[Row]]:
+def bundle_rows(
+    build: BundleBuild,
+    items: dict[str, Row],
+    ids: Sequence[str],
+    answered: Collection[str],
+    targets: dict[str, Answers],
+    include_unlabeled: bool,
+) -> tuple[list[Row], list[Row]]:
     """Labelled and unlabeled rows in the order of `ids`, the items' ids sorted (media is linked in that order
     too)."""
     rows, unlabeled = [], []
@@ -162,8 +206,9 @@ def bundle_rows(build: BundleBuild, items: dict[str, Row], ids: Sequence[str], a
     return rows, unlabeled
 
 
-def write_splits(build: BundleBuild, splits: Mapping[str, float], seed: int, rows: list[Row],
-                  unlabeled: list[Row]) -> dict[str, Row]:
+def write_splits(
+    build: BundleBuild, splits: Mapping[str, float], seed: int, rows: list[Row], unlabeled: list[Row]
+) -> dict[str, Row]:
     """Every split file (even empty) and unlabeled.jsonl when it has rows: their manifest entries."""
     by_split: dict[str, list[Row]] = {name: [] for name in splits}
     split, encoded = _splitter(splits, seed), _RowEncoder()
@@ -181,8 +226,10 @@ def write_splits(build: BundleBuild, splits: Mapping[str, float], seed: int, row
         entries["unlabeled"]["predict_only"] = True
     build.stats["splits"] = {name: entries[name]["n"] for name in splits}
     if not build.stats["splits"].get("train"):
-        build.stats["warnings"].append(f"The train split is empty. With {len(rows)} labelled items and these "
-                                       "split fractions, everything landed elsewhere.")
+        build.stats["warnings"].append(
+            f"The train split is empty. With {len(rows)} labelled items and these "
+            "split fractions, everything landed elsewhere."
+        )
     return entries
 
 
@@ -232,25 +279,47 @@ def prepare_out_dir(out_dir: Path) -> None:
     """An empty folder to write into: a previous bundle is replaced, anything else refused."""
     if out_dir.is_dir() and any(out_dir.iterdir()):
         if not (out_dir / "manifest.json").is_file():
-            raise PotatoQueueError(f"{out_dir} is not empty and holds no bundle; writing one there would mix files",
-                                   fix="give a new or empty folder")
+            raise PotatoQueueError(
+                f"{out_dir} is not empty and holds no bundle; writing one there would mix files",
+                fix="give a new or empty folder",
+            )
         shutil.rmtree(out_dir)  # a stale unlabeled.jsonl or media link must not outlive a rebuild
     (out_dir / "media").mkdir(parents=True)
 
 
-def write_manifest(build: BundleBuild, training: ModelTrainingConfig, names: Sequence[str],
-                    by_name: Mapping[str, Mapping[str, Any]], kinds: Mapping[str, str],
-                    labels: Mapping[str, list[str]], splits: dict[str, Row], rows: Sequence[Row]) -> dict[str, Any]:
+def write_manifest(
+    build: BundleBuild,
+    training: ModelTrainingConfig,
+    names: Sequence[str],
+    by_name: Mapping[str, Mapping[str, Any]],
+    kinds: Mapping[str, str],
+    labels: Mapping[str, list[str]],
+    splits: dict[str, Row],
+    rows: Sequence[Row],
+) -> dict[str, Any]:
     """manifest.json and labels.json, once the split files the digest hashes are written: the manifest."""
     out_dir = build.out_dir
     manifest = {
         "v": BUNDLE_VERSION,
-        "schemas": [{"name": n, "annotation_type": by_name[n].get("annotation_type", ""), "kind": kinds[n],
-                     "labels": labels[n], "source_field": by_name[n].get("source_field")} for n in names],
-        "splits": splits, "labels": labels, "media_dir": "media",
+        "schemas": [
+            {
+                "name": n,
+                "annotation_type": by_name[n].get("annotation_type", ""),
+                "kind": kinds[n],
+                "labels": labels[n],
+                "source_field": by_name[n].get("source_field"),
+            }
+            for n in names
+        ],
+        "splits": splits,
+        "labels": labels,
+        "media_dir": "media",
         "modality": _modality([by_name[n] for n in names], rows),
-        "text_key": build.text_key, "split_seed": training.split_seed, "aggregation": training.aggregation,
-        "stats": build.stats, "digest": _digest([out_dir / entry["path"] for entry in splits.values()]),
+        "text_key": build.text_key,
+        "split_seed": training.split_seed,
+        "aggregation": training.aggregation,
+        "stats": build.stats,
+        "digest": _digest([out_dir / entry["path"] for entry in splits.values()]),
     }
     # json.dump's defaults, indent 2, no final newline: Potato's bytes.
     (out_dir / "manifest.json").write_text(json.dumps(manifest, indent=2), encoding="utf-8")
@@ -270,8 +339,11 @@ def pack_bundle(bundle_dir: Path, tar_path: Path) -> tuple[int, str]:
     bundle_dir, tar_path = Path(bundle_dir), Path(tar_path)
     members = sorted((p.relative_to(bundle_dir).as_posix(), p) for p in bundle_dir.rglob("*"))
     tar_path.parent.mkdir(parents=True, exist_ok=True)
-    with tar_path.open("wb") as raw, gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz, \
-            tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar:
+    with (
+        tar_path.open("wb") as raw,
+        gzip.GzipFile(filename="", mode="wb", fileobj=raw, mtime=0) as gz,
+        tarfile.open(fileobj=gz, mode="w", format=tarfile.PAX_FORMAT) as tar,
+    ):
         for name, path in members:
             info = tarfile.TarInfo(name)
             info.mtime, info.uid, info.gid, info.uname, info.gname = 0, 0, 0, "", ""

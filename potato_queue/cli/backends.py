@@ -17,7 +17,9 @@ __all__ = ["check", "register", "agent"]
 @CONFIG
 @REDIS
 @click.option("--json", "as_json", is_flag=True)
-@click.option("--llm", metavar="MODEL", help="Also whether hf-llm-lora can fine-tune MODEL there (GPU memory, bitsandbytes).")
+@click.option(
+    "--llm", metavar="MODEL", help="Also whether hf-llm-lora can fine-tune MODEL there (GPU memory, bitsandbytes)."
+)
 @click.option("--load-in-4bit", type=click.Choice(["auto", "true", "false"]), default="auto", show_default=True)
 def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | None, load_in_4bit: str) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
@@ -30,7 +32,10 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | 
     service = RunService(cfg, *store_and_queue(cfg, redis_url))
     report = service.check(backend, ModelAsk(llm, load_in_4bit) if llm else None)
     writeback = ledger_status(cfg)
-    data, lines = {"ok": report.ok, **report.data, "potato_writeback": vars(writeback)}, [*report.lines, writeback.line()]
+    data, lines = (
+        {"ok": report.ok, **report.data, "potato_writeback": vars(writeback)},
+        [*report.lines, writeback.line()],
+    )
     click.echo(json.dumps(data) if as_json else "\n".join(lines))
     if not report.ok:
         raise click.exceptions.Exit(1)

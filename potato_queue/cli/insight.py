@@ -34,33 +34,79 @@ def comparison_table(found: dict[str, Any]) -> str:
     a, b = found["a"], found["b"]
     out = [f"A: run {a} ({found['trainers']['a']})   B: run {b} ({found['trainers']['b']})"]
     for schema, s in found["schemas"].items():
-        out += ["", f"{schema}: {s['n']} held-out items both runs scored (gold labels from run {found['gold_from']})",
-                _table([["", "A", "B"], ["accuracy", s["a"]["accuracy"], s["b"]["accuracy"]],
-                        ["macro-F1", s["a"]["macro_f1"], s["b"]["macro_f1"]]]), ""]
+        out += [
+            "",
+            f"{schema}: {s['n']} held-out items both runs scored (gold labels from run {found['gold_from']})",
+            _table(
+                [
+                    ["", "A", "B"],
+                    ["accuracy", s["a"]["accuracy"], s["b"]["accuracy"]],
+                    ["macro-F1", s["a"]["macro_f1"], s["b"]["macro_f1"]],
+                ]
+            ),
+            "",
+        ]
         rows_a = {r["label"]: r for r in s["a"]["per_label"]}
         rows_b = {r["label"]: r for r in s["b"]["per_label"]}
-        out.append(_table([["label", "precision A", "recall A", "F1 A", "precision B", "recall B", "F1 B", "support"]]
-                          + [[label, *(rows.get(label, {}).get(k) for rows in (rows_a, rows_b)
-                                       for k in ("precision", "recall", "f1")),
-                              (rows_a.get(label) or rows_b[label])["support"]]
-                             for label in sorted(rows_a.keys() | rows_b.keys())]))
+        out.append(
+            _table(
+                [["label", "precision A", "recall A", "F1 A", "precision B", "recall B", "F1 B", "support"]]
+                + [
+                    [
+                        label,
+                        *(
+                            rows.get(label, {}).get(k)
+                            for rows in (rows_a, rows_b)
+                            for k in ("precision", "recall", "f1")
+                        ),
+                        (rows_a.get(label) or rows_b[label])["support"],
+                    ]
+                    for label in sorted(rows_a.keys() | rows_b.keys())
+                ]
+            )
+        )
         test = s["mcnemar"]
-        out += ["", f"McNemar ({test['method']}): A right where B is wrong {test['only_a']}, B right where A is wrong "
-                    f"{test['only_b']}, p = {test['p_value']}", s["said"], "",
-                f"they disagree on {s['disagree']} items" + (f" (the first {SHOWN_DISAGREEMENTS}):" if s["disagree"] else "")]
+        out += [
+            "",
+            f"McNemar ({test['method']}): A right where B is wrong {test['only_a']}, B right where A is wrong "
+            f"{test['only_b']}, p = {test['p_value']}",
+            s["said"],
+            "",
+            f"they disagree on {s['disagree']} items"
+            + (f" (the first {SHOWN_DISAGREEMENTS}):" if s["disagree"] else ""),
+        ]
         if s["disagreements"]:
-            out.append(_table([["item", "gold", "A", "B", "annotators", "text"]]
-                              + [[d["instance_id"], d["gold"], d["a"], d["b"],
-                                  ", ".join(f"{u}: {label}" for u, label in d["annotators"].items()) or "-", d["text"][:60]]
-                                 for d in s["disagreements"][:SHOWN_DISAGREEMENTS]]))
+            out.append(
+                _table(
+                    [["item", "gold", "A", "B", "annotators", "text"]]
+                    + [
+                        [
+                            d["instance_id"],
+                            d["gold"],
+                            d["a"],
+                            d["b"],
+                            ", ".join(f"{u}: {label}" for u, label in d["annotators"].items()) or "-",
+                            d["text"][:60],
+                        ]
+                        for d in s["disagreements"][:SHOWN_DISAGREEMENTS]
+                    ]
+                )
+            )
     return "\n".join(out)
 
 
 def next_table(found: dict[str, Any]) -> str:
     rows = [["rank", "item", "uncertainty", "predicted", "text"]]
-    rows += [[i["rank"], i["instance_id"], i["uncertainty"], ", ".join(f"{k}: {v}" for k, v in i["predicted"].items()),
-              i["text"][:70] + (f"  (near-copy of {i['near_copy_of']})" if i["near_copy_of"] else "")]
-             for i in found["items"]]
+    rows += [
+        [
+            i["rank"],
+            i["instance_id"],
+            i["uncertainty"],
+            ", ".join(f"{k}: {v}" for k, v in i["predicted"].items()),
+            i["text"][:70] + (f"  (near-copy of {i['near_copy_of']})" if i["near_copy_of"] else ""),
+        ]
+        for i in found["items"]
+    ]
     return found["said"] + ("\n" + _table(rows) if found["items"] else "")
 
 
@@ -97,8 +143,11 @@ def compare(run_a: str, run_b: str, config: Path, redis_url: str, as_json: bool)
 @REDIS
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10000))
 @click.option("--measure", type=click.Choice(["margin", "entropy"]), default="margin", show_default=True)
-@click.option("--to-potato", is_flag=True, help="Write the whole order into the data files for Potato's "
-                                                "priority assignment (read at Potato's next start).")
+@click.option(
+    "--to-potato",
+    is_flag=True,
+    help="Write the whole order into the data files for Potato's priority assignment (read at Potato's next start).",
+)
 @click.option("--json", "as_json", is_flag=True)
 def next_(run_id: str, config: Path, redis_url: str, limit: int, measure: str, to_potato: bool, as_json: bool) -> None:
     """What to label next: RUN_ID's unlabelled items, least sure first, near-copies held back."""
@@ -134,19 +183,37 @@ def quality_table(found: dict[str, Any]) -> str:
     out = []
     for schema, s in found["schemas"].items():
         rel, th = s["reliability"], s["threshold"]
-        out += [f"{schema}: {s['n']} held-out items", _table([["label", "precision", "recall", "F1", "support"]]
-                + [[r["label"], r["precision"], r["recall"], r["f1"], r["support"]] for r in s["per_label"]]), "",
-                _table([["confidence", "items", "mean confidence", "accuracy"]]
-                       + [[f"{b['lo']:.1f}-{b['hi']:.1f}", b["n"], b["confidence"], b["accuracy"]] for b in rel["bins"] if b["n"]]),
-                f"expected calibration error {_f(rel['ece'])}", threshold_said(th), ""]
+        out += [
+            f"{schema}: {s['n']} held-out items",
+            _table(
+                [["label", "precision", "recall", "F1", "support"]]
+                + [[r["label"], r["precision"], r["recall"], r["f1"], r["support"]] for r in s["per_label"]]
+            ),
+            "",
+            _table(
+                [["confidence", "items", "mean confidence", "accuracy"]]
+                + [
+                    [f"{b['lo']:.1f}-{b['hi']:.1f}", b["n"], b["confidence"], b["accuracy"]]
+                    for b in rel["bins"]
+                    if b["n"]
+                ]
+            ),
+            f"expected calibration error {_f(rel['ece'])}",
+            threshold_said(th),
+            "",
+        ]
     return "\n".join(out).rstrip()
 
 
 def threshold_said(th: dict[str, Any]) -> str:
     if th["min_confidence"] is None:
         best = th.get("best") or {}
-        return (f"no min_confidence keeps precision at {th['target_precision']} on these items (the most precise: "
-                f"{_f(best.get('precision'))} at min_confidence {_f(best.get('min_confidence'))})")
-    return (f"min_confidence {th['min_confidence']} keeps precision at {th['precision']} (target {th['target_precision']}),"
-            f" prelabelling {th['kept']} of {th['of']} held-out items; not applied: set "
-            "model_training.writeback.min_confidence to use it")
+        return (
+            f"no min_confidence keeps precision at {th['target_precision']} on these items (the most precise: "
+            f"{_f(best.get('precision'))} at min_confidence {_f(best.get('min_confidence'))})"
+        )
+    return (
+        f"min_confidence {th['min_confidence']} keeps precision at {th['precision']} (target {th['target_precision']}),"
+        f" prelabelling {th['kept']} of {th['of']} held-out items; not applied: set "
+        "model_training.writeback.min_confidence to use it"
+    )

@@ -56,8 +56,21 @@ def _commands(group: click.Group, *commands: Any) -> None:
 
 
 _commands(cli, processes.serve, processes.executor, processes.worker, processes.beat, processes.up, potato)
-_commands(training, backends.check, backends.register, backends.agent, runs.run, runs.runs, runs.cancel,
-          runs.retry, runs.logs, runs.bundle, insight.compare, insight.next_, insight.quality)
+_commands(
+    training,
+    backends.check,
+    backends.register,
+    backends.agent,
+    runs.run,
+    runs.runs,
+    runs.cancel,
+    runs.retry,
+    runs.logs,
+    runs.bundle,
+    insight.compare,
+    insight.next_,
+    insight.quality,
+)
 
 
 def main(argv: list[str] | None = None) -> None:

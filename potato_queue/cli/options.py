@@ -20,12 +20,28 @@ if TYPE_CHECKING:
     from potato_queue.runs.service import RunService
     from potato_queue.store import RunStore
 
-__all__ = ["CONFIG", "REDIS", "HELP_SETTINGS", "UMASK", "Group", "settings", "checked", "redis_checked", "params_of",
-           "runs_for", "store_and_queue"]
+__all__ = [
+    "CONFIG",
+    "REDIS",
+    "HELP_SETTINGS",
+    "UMASK",
+    "Group",
+    "settings",
+    "checked",
+    "redis_checked",
+    "params_of",
+    "runs_for",
+    "store_and_queue",
+]
 
 CONFIG = click.argument("config", type=click.Path(dir_okay=False, path_type=Path))
-REDIS = click.option("--redis-url", envvar=REDIS_URL_ENV, default=DEFAULT_REDIS_URL, show_default=True,
-                     help=f"Redis for the queue and live state (env {REDIS_URL_ENV}).")
+REDIS = click.option(
+    "--redis-url",
+    envvar=REDIS_URL_ENV,
+    default=DEFAULT_REDIS_URL,
+    show_default=True,
+    help=f"Redis for the queue and live state (env {REDIS_URL_ENV}).",
+)
 # Wide enough that a command's one-line summary is never cut short in --help.
 HELP_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 110, "terminal_width": 110}
 # What potato-queue writes (run folders, bundles, logs, predictions, models) holds annotation data:
@@ -60,8 +76,10 @@ def redis_checked(url: str) -> str:
     from potato_queue.processes.embedded_redis import ping
 
     if not ping(url, timeout_s=2.0):
-        raise PotatoQueueError(f"Redis at {url} does not answer",
-                               fix=f"start Redis there, or pass --redis-url (or set {REDIS_URL_ENV}) to one that runs")
+        raise PotatoQueueError(
+            f"Redis at {url} does not answer",
+            fix=f"start Redis there, or pass --redis-url (or set {REDIS_URL_ENV}) to one that runs",
+        )
     return url
 
 

@@ -16,8 +16,16 @@ from potato_queue.store.keys import RunPaths, project_predictions_path
 from potato_queue.store.records import epoch_of
 from potato_queue.wire.exit_codes import EXIT_FOR_STATE
 
-__all__ = ["print_report", "runs_table", "aligned", "print_log", "follow", "held_out_table", "compare_table", "progress_line"]
-
+__all__ = [
+    "print_report",
+    "runs_table",
+    "aligned",
+    "print_log",
+    "follow",
+    "held_out_table",
+    "compare_table",
+    "progress_line",
+]
 
 
 def aligned(rows: list[list[str]]) -> str:
@@ -30,8 +38,18 @@ def runs_table(records: list[dict[str, Any]]) -> str:
     if not records:
         return "no runs yet"
     rows = [["RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "TRIGGER", "CREATED"]]
-    rows += [[r["run_id"], r["state"], r.get("backend") or "", r["trainer"], ",".join(r["schemas"]),
-              r.get("trigger") or "", r["created_at"]] for r in records]
+    rows += [
+        [
+            r["run_id"],
+            r["state"],
+            r.get("backend") or "",
+            r["trainer"],
+            ",".join(r["schemas"]),
+            r.get("trigger") or "",
+            r["created_at"],
+        ]
+        for r in records
+    ]
     return aligned([[str(c) for c in row] for row in rows])
 
 
@@ -68,14 +86,18 @@ def held_out_table(held_out: dict[str, Any]) -> str:
     lines = [f"{'schema':<20} {'split':<6} {'accuracy':>9} {'macro_f1':>9} {'n':>5}"]
     for schema, splits in held_out.items():
         for split, s in splits.items():
-            lines.append(f"{schema:<20} {split:<6} {_score(s, 'accuracy'):>9} {_score(s, 'macro_f1'):>9} {s.get('n', 0):>5}")
+            lines.append(
+                f"{schema:<20} {split:<6} {_score(s, 'accuracy'):>9} {_score(s, 'macro_f1'):>9} {s.get('n', 0):>5}"
+            )
     return "\n".join(lines)
 
 
 def compare_table(records: list[dict[str, Any]]) -> str:
     """Runs side by side: each schema's held-out accuracy and macro-F1 on val and test, and the run's time."""
-    lines = [f"{'trainer':<24} {'schema':<14} {'val acc':>8} {'val F1':>7} {'test acc':>9} {'test F1':>8} {'n test':>7} "
-             f"{'time':>7}"]
+    lines = [
+        f"{'trainer':<24} {'schema':<14} {'val acc':>8} {'val F1':>7} {'test acc':>9} {'test F1':>8} {'n test':>7} "
+        f"{'time':>7}"
+    ]
     for record in records:
         held_out, duration_s = record.get("held_out") or {}, _duration_s(record)
         took = "-" if duration_s is None else f"{duration_s:.0f} s"
@@ -83,8 +105,10 @@ def compare_table(records: list[dict[str, Any]]) -> str:
             lines.append(f"{record['trainer']:<24} {'-':<14} {record['state']:>8}")
         for schema, splits in held_out.items():
             val, test = splits.get("val") or {}, splits.get("test") or {}
-            lines.append(f"{record['trainer']:<24} {schema:<14} {_score(val, 'accuracy'):>8} {_score(val, 'macro_f1'):>7} "
-                         f"{_score(test, 'accuracy'):>9} {_score(test, 'macro_f1'):>8} {test.get('n', 0):>7} {took:>7}")
+            lines.append(
+                f"{record['trainer']:<24} {schema:<14} {_score(val, 'accuracy'):>8} {_score(val, 'macro_f1'):>7} "
+                f"{_score(test, 'accuracy'):>9} {_score(test, 'macro_f1'):>8} {test.get('n', 0):>7} {took:>7}"
+            )
     return "\n".join(lines)
 
 
@@ -116,7 +140,9 @@ def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25, summary: bool 
     if record.get("held_out") and summary:
         print(held_out_table(record["held_out"]))
     if record["state"] == RunState.SUCCEEDED and summary:
-        print(f"\npredictions: {project_predictions_path(store.config)} (this run's: {store.paths(run_id).predictions})")
+        print(
+            f"\npredictions: {project_predictions_path(store.config)} (this run's: {store.paths(run_id).predictions})"
+        )
         if record.get("artifact_uri"):
             print(f"model files: {record['artifact_uri']}")
     return EXIT_FOR_STATE.get(record["state"], 1)
@@ -129,13 +155,14 @@ def print_report(config: Path, report: Any, strict: bool) -> None:
         click.echo(f"warning: {text}")
     for text in report.acknowledged:
         click.echo(f"acknowledged: {text}")
-    counts = f"{len(report.errors)} error(s), {len(report.warnings)} warning(s), {len(report.acknowledged)} acknowledged"
+    counts = (
+        f"{len(report.errors)} error(s), {len(report.warnings)} warning(s), {len(report.acknowledged)} acknowledged"
+    )
     if report.errors:
         click.echo(f"{config}: invalid ({counts})")
     elif strict and report.warnings:
         click.echo(
-            f"{config}: fails --strict ({counts}); fix each warning or acknowledge it "
-            "under validation.acknowledge"
+            f"{config}: fails --strict ({counts}); fix each warning or acknowledge it under validation.acknowledge"
         )
     else:
         click.echo(f"{config}: valid ({counts})")

@@ -11,14 +11,14 @@ from potato_queue.errors import PotatoQueueError
 
 __all__ = ["potato"]
 
-_PROBE = ("import potato.training.registry as r; "
-          "print('yes' if 'potato-queue-remote' in r.trainer_names() else 'no')")
+_PROBE = "import potato.training.registry as r; print('yes' if 'potato-queue-remote' in r.trainer_names() else 'no')"
 
 
 def _known_to_potato() -> str:
     """'yes', 'no', or why it cannot be told, from a fresh interpreter (as Potato's worker child starts)."""
-    proc = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60,
-                          stdin=subprocess.DEVNULL, cwd="/")
+    proc = subprocess.run(
+        [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL, cwd="/"
+    )
     if proc.returncode != 0:
         return f"potato-annotation cannot be imported by {sys.executable}"
     return proc.stdout.strip()
@@ -42,16 +42,22 @@ def install_trainer(site_dir: str | None) -> None:
     try:
         path = write_pth(site_dir)
     except OSError as exc:
-        raise PotatoQueueError(f"{exc.filename or site_dir} cannot be written: {exc.strerror}",
-                               fix="run it as the account that owns Potato's environment, or give --site-dir") from None
+        raise PotatoQueueError(
+            f"{exc.filename or site_dir} cannot be written: {exc.strerror}",
+            fix="run it as the account that owns Potato's environment, or give --site-dir",
+        ) from None
     click.echo(f"wrote {path}")
     known = _known_to_potato()
     if known != "yes":
-        raise PotatoQueueError(f"Potato does not list potato-queue-remote yet: {known}",
-                               fix="run this with the python of the environment Potato runs in "
-                                   "(pip install 'potato-queue[potato]' there first)")
-    click.echo(f"potato-queue-remote is one of Potato's trainers for every Potato started with {sys.executable}; "
-               "restart Potato's server to see it on its Training page")
+        raise PotatoQueueError(
+            f"Potato does not list potato-queue-remote yet: {known}",
+            fix="run this with the python of the environment Potato runs in "
+            "(pip install 'potato-queue[potato]' there first)",
+        )
+    click.echo(
+        f"potato-queue-remote is one of Potato's trainers for every Potato started with {sys.executable}; "
+        "restart Potato's server to see it on its Training page"
+    )
 
 
 @potato.command("remove-trainer")

@@ -27,18 +27,38 @@ __all__ = ["run", "runs", "cancel", "retry", "logs", "bundle"]
 @click.option("--trainer", required=True, help="e.g. sklearn-text, hf-text-classification, majority-baseline.")
 @click.option("--schema", "schemas", multiple=True, required=True, help="A scheme to train on (repeat for several).")
 @click.option("--backend", default=None, help="Where it runs (default: model_training.backend, else local).")
-@click.option("--param", "params", multiple=True, metavar="KEY=VALUE",
-              help="A trainer parameter, e.g. --param epochs=3 (repeat; JSON values like 3, 0.1, true are typed).")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A trainer parameter, e.g. --param epochs=3 (repeat; JSON values like 3, 0.1, true are typed).",
+)
 @click.option("--follow", is_flag=True, help="Watch it to the end, print the held-out scores; exit 0/1/4.")
-@click.option("--learning-curve", is_flag=True, help="Also fit on 25/50/75 % of the train items (params.learning_curve).")
-def run(config: Path, redis_url: str, trainer: str, schemas: tuple[str, ...], backend: str | None,
-        params: tuple[str, ...], follow: bool, learning_curve: bool) -> None:
+@click.option(
+    "--learning-curve", is_flag=True, help="Also fit on 25/50/75 % of the train items (params.learning_curve)."
+)
+def run(
+    config: Path,
+    redis_url: str,
+    trainer: str,
+    schemas: tuple[str, ...],
+    backend: str | None,
+    params: tuple[str, ...],
+    follow: bool,
+    learning_curve: bool,
+) -> None:
     """Queue a training run (--follow: watch it to the end and print the held-out scores)."""
     from potato_queue.cli.output import follow as following
 
     service = runs_for(config, redis_url)
-    record = service.submit(trainer=trainer, schemas=list(schemas), backend=backend, trigger="cli",
-                            params={**params_of(params), **({"learning_curve": True} if learning_curve else {})})
+    record = service.submit(
+        trainer=trainer,
+        schemas=list(schemas),
+        backend=backend,
+        trigger="cli",
+        params={**params_of(params), **({"learning_curve": True} if learning_curve else {})},
+    )
     click.echo(f"queued run {record['run_id']} ({trainer} on {record['backend']})")
     if follow:
         raise click.exceptions.Exit(following(service.store, record["run_id"]))
@@ -68,7 +88,10 @@ def cancel(run_id: str, config: Path, redis_url: str) -> None:
     from potato_queue.run import RunState
 
     state = runs_for(config, redis_url).cancel(run_id)
-    click.echo(f"{run_id}: {state}" + ("" if state == RunState.CANCELLED else " (cancel requested; the worker is being stopped)"))
+    click.echo(
+        f"{run_id}: {state}"
+        + ("" if state == RunState.CANCELLED else " (cancel requested; the worker is being stopped)")
+    )
 
 
 @click.command()
@@ -82,8 +105,10 @@ def retry(run_id: str, config: Path, redis_url: str, follow: bool) -> None:
 
     service = runs_for(config, redis_url)
     record = service.retry(run_id)
-    click.echo(f"queued run {record['run_id']}, the retry of run {run_id} ({record['trainer']} on "
-               f"{record['backend']}): it resumes from run {run_id}'s checkpoint where the machine has one")
+    click.echo(
+        f"queued run {record['run_id']}, the retry of run {run_id} ({record['trainer']} on "
+        f"{record['backend']}): it resumes from run {run_id}'s checkpoint where the machine has one"
+    )
     if follow:
         raise click.exceptions.Exit(following(service.store, record["run_id"]))
 
@@ -103,14 +128,18 @@ def logs(run_id: str, config: Path, follow: bool) -> None:
     except ValueError:
         raise PotatoQueueError(f"{run_id!r} is not a run id (they look like 20261129T120000-a1b2c3)") from None
     if not paths.run_json.exists():
-        raise PotatoQueueError(f"no run {run_id!r} in this project", fix="list them with: potato-queue training runs CONFIG")
+        raise PotatoQueueError(
+            f"no run {run_id!r} in this project", fix="list them with: potato-queue training runs CONFIG"
+        )
     print_log(paths, follow=follow)
 
 
 @click.command()
 @CONFIG
 @click.option("--out", required=True, type=click.Path(file_okay=False, path_type=Path))
-@click.option("--schema", "schemas", multiple=True, help="A scheme to train on (repeat; default: every scheme with a target).")
+@click.option(
+    "--schema", "schemas", multiple=True, help="A scheme to train on (repeat; default: every scheme with a target)."
+)
 def bundle(config: Path, out: Path, schemas: tuple[str, ...]) -> None:
     """Write the bundle a run would get, to inspect it."""
     from potato_queue.bundle import build_bundle

@@ -45,16 +45,26 @@ def waiting_why(backend_name: str) -> str:
 
 def no_agent_error(backend_name: str, queue_timeout_s: float) -> str:
     """ERR-10: why a run on an agent backend never started, and what to do."""
-    return (f"No agent on {backend_name} asked for work within queue_timeout_s ({queue_timeout_s:g} s); fix: start "
-            f"one on the training machine (potato-queue training agent --server URL --backend {backend_name}), "
-            f"and see when one last asked with: potato-queue training check {backend_name} CONFIG")
+    return (
+        f"No agent on {backend_name} asked for work within queue_timeout_s ({queue_timeout_s:g} s); fix: start "
+        f"one on the training machine (potato-queue training agent --server URL --backend {backend_name}), "
+        f"and see when one last asked with: potato-queue training check {backend_name} CONFIG"
+    )
 
 
 class AgentHandle(RunHandle):
     """A run offered to an agent backend: waiting until claimed, then in its agent's hands."""
 
-    def __init__(self, offer: Offer, why: str, until_s: float | None, expired: str | None, backend_name: str,
-                 timeout_s: float | None, clock: Clock) -> None:
+    def __init__(
+        self,
+        offer: Offer,
+        why: str,
+        until_s: float | None,
+        expired: str | None,
+        backend_name: str,
+        timeout_s: float | None,
+        clock: Clock,
+    ) -> None:
         self.offer, self.why, self.until_s, self.expired = offer, why, until_s, expired
         self.backend_name, self.timeout_s, self.clock = backend_name, timeout_s, clock
         self.claimed = False

@@ -44,8 +44,15 @@ def describe_device(requested: str = "auto") -> str:
     subprocess: importing torch into the executor would cost every run's start ~1 s and ~300 MB."""
     argv = python_argv(sys.executable, "potato_queue.worker", ["--describe-device", requested])
     try:
-        proc = subprocess.run(argv, capture_output=True, text=True, timeout=DESCRIBE_TIMEOUT_S, cwd=CODE_ROOT,
-                              env=allowed_env(), stdin=subprocess.DEVNULL)
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            timeout=DESCRIBE_TIMEOUT_S,
+            cwd=CODE_ROOT,
+            env=allowed_env(),
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.SubprocessError) as exc:
         return f"unknown ({sys.executable} could not be asked: {exc})"
     lines = proc.stderr.strip().splitlines()
@@ -57,8 +64,11 @@ def run_pids(sid: int, marker: str) -> list[int]:
     names the run's folder (should one have left the session)."""
     me = os.getpid()
     needle = marker.encode()
-    return [p.pid for p in scan_processes(with_cmdline=True)
-            if p.pid != me and p.state != "Z" and (p.sid == sid or needle in p.cmdline)]
+    return [
+        p.pid
+        for p in scan_processes(with_cmdline=True)
+        if p.pid != me and p.state != "Z" and (p.sid == sid or needle in p.cmdline)
+    ]
 
 
 def _kill_run(sid: int, marker: str, leader_reaped: bool) -> None:
@@ -94,8 +104,15 @@ class _SpareAgent:
         argv = python_argv(sys.executable, "potato_queue.agent", ["run", "--assignment-on-stdin"], no_site=True)
         # The agent and the worker it starts get the allow-listed environment, not the executor's
         # (its Redis URL, the admin key).
-        return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                env=allowed_env(), start_new_session=True, cwd=CODE_ROOT)
+        return subprocess.Popen(
+            argv,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            env=allowed_env(),
+            start_new_session=True,
+            cwd=CODE_ROOT,
+        )
 
     def take(self) -> subprocess.Popen[bytes]:
         """The warm agent (or a new one); call refill() once it has its assignment."""
@@ -171,8 +188,11 @@ class LocalExecutor(Executor):
         from potato_queue.host.gpus import NVIDIA_SMI_QUERY, parse_gpus
 
         gpus = [] if self.backend.device == "cpu" else parse_gpus(nvidia_smi(NVIDIA_SMI_QUERY))
-        report.data["llm_facts"] = {"model_config": find_model_config(model), "bitsandbytes": find_spec("bitsandbytes") is not None,
-                                    "gpus": [[gpu.index, gpu.free_mb] for gpu in gpus if gpu.free_mb is not None]}  # not MIG's [N/A]
+        report.data["llm_facts"] = {
+            "model_config": find_model_config(model),
+            "bitsandbytes": find_spec("bitsandbytes") is not None,
+            "gpus": [[gpu.index, gpu.free_mb] for gpu in gpus if gpu.free_mb is not None],
+        }  # not MIG's [N/A]
         return report
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
@@ -181,8 +201,13 @@ class LocalExecutor(Executor):
         workdir = spec.paths.agent_workdir
         workdir.mkdir(mode=0o700, parents=True, exist_ok=True)
         proc = self._spares.take()
-        assignment = {"run_id": spec.run_id, "server": spec.server_url, "workdir": str(workdir),
-                      "log": str(spec.paths.agent_log), "checkpoints": str(spec.paths.local_checkpoints)}
+        assignment = {
+            "run_id": spec.run_id,
+            "server": spec.server_url,
+            "workdir": str(workdir),
+            "log": str(spec.paths.agent_log),
+            "checkpoints": str(spec.paths.local_checkpoints),
+        }
         assert proc.stdin is not None
         # The token travels on stdin only; the pipe stays open so the agent
         # sees EOF (and stops its worker) if this executor dies.

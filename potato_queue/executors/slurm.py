@@ -41,8 +41,15 @@ def parse_sinfo(text: str) -> list[dict[str, Any]]:
         parts = [part.strip() for part in line.split("|")]
         if len(parts) >= 5 and parts[0]:
             total, used = _gpus(parts[3]), _gpus(parts[4])
-            nodes.append({"node": parts[0], "partition": parts[1].rstrip("*"), "state": parts[2],
-                          "gpus": total, "free_gpus": max(0, total - used)})
+            nodes.append(
+                {
+                    "node": parts[0],
+                    "partition": parts[1].rstrip("*"),
+                    "state": parts[2],
+                    "gpus": total,
+                    "free_gpus": max(0, total - used),
+                }
+            )
     return nodes
 
 
@@ -80,24 +87,39 @@ def slurm_check_report(backend: SlurmBackend, facts: dict[str, Any]) -> CheckRep
         problems.append(f"{no_sbatch(host)}; fix: {NO_SBATCH_FIX}")
     for name in ("squeue", "scancel"):
         if not tools.get(name):
-            problems.append(f"{host} has no {name} on PATH, so runs cannot be followed or cancelled; fix: {NO_SBATCH_FIX}")
+            problems.append(
+                f"{host} has no {name} on PATH, so runs cannot be followed or cancelled; fix: {NO_SBATCH_FIX}"
+            )
     lines += [f"  {name}: {tools[name] or 'not on PATH'}" for name in ("sbatch", "squeue", "scancel", "scontrol")]
     real = slurm["remote_dir"]
     if any(real == top or real.startswith(top + "/") for top in NODE_LOCAL):
-        problems.append(f"remote_dir {backend.remote_dir} is {real} on {host}, which is local to each node; fix: set "
-                        "remote_dir to a folder on storage the compute nodes share")
+        problems.append(
+            f"remote_dir {backend.remote_dir} is {real} on {host}, which is local to each node; fix: set "
+            "remote_dir to a folder on storage the compute nodes share"
+        )
     else:
         missing = "" if slurm.get("remote_dir_exists") else "not there yet, the first run makes it; "
         lines.append(f"remote_dir: {real} ({missing}it must be on storage the compute nodes share)")
     seen = f"on the login node: {slurm['job_python']}" if slurm["job_python"] else "not on the login node's PATH"
-    lines.append(f"job_python: {backend.job_python} runs the worker on the compute nodes ({seen}; the check cannot see "
-                 "the compute nodes' packages: a missing one fails the first run with its import error in run.log)")
+    lines.append(
+        f"job_python: {backend.job_python} runs the worker on the compute nodes ({seen}; the check cannot see "
+        "the compute nodes' packages: a missing one fails the first run with its import error in run.log)"
+    )
     lines.append(_partition_line(backend, slurm))
     lines += [f"problem: {problem}" for problem in problems]
-    data = {"host": host, "python": facts["python"], "executable": facts["executable"], "tools": tools,
-            "remote_dir": real, "job_python": backend.job_python, "job_python_on_login_node": slurm["job_python"],
-            "nodes": parse_sinfo(slurm.get("sinfo") or ""), "problems": problems,
-            "transport": facts["transport"], "banner": facts.get("banner")}
+    data = {
+        "host": host,
+        "python": facts["python"],
+        "executable": facts["executable"],
+        "tools": tools,
+        "remote_dir": real,
+        "job_python": backend.job_python,
+        "job_python_on_login_node": slurm["job_python"],
+        "nodes": parse_sinfo(slurm.get("sinfo") or ""),
+        "problems": problems,
+        "transport": facts["transport"],
+        "banner": facts.get("banner"),
+    }
     return CheckReport(ok=not problems, lines=lines, data=data)
 
 
@@ -106,9 +128,16 @@ class SlurmExecutor(Executor):
     backend: SlurmBackend
 
     def check(self, model: str | None = None) -> CheckReport:
-        asked: dict[str, Any] = {"env": self.backend.env, "query": [], "packages": [],
-                                 "slurm": {"remote_dir": self.backend.remote_dir, "job_python": self.backend.job_python,
-                                           "partition": self.backend.sbatch_setting("partition")}}
+        asked: dict[str, Any] = {
+            "env": self.backend.env,
+            "query": [],
+            "packages": [],
+            "slurm": {
+                "remote_dir": self.backend.remote_dir,
+                "job_python": self.backend.job_python,
+                "partition": self.backend.sbatch_setting("partition"),
+            },
+        }
         if model is not None:
             asked["model"] = model
         try:
@@ -125,8 +154,15 @@ class SlurmExecutor(Executor):
         # By name, so that even a job whose id never reached us is found; its owner's only.
         # SLURM_CONF, a PATH to scancel; on a command line the host's other accounts read, so no secret
         env = [f"{name}={value}" for name, value in passed_env(self.backend.env).items()]
-        stop_job = shlex.join(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + \
-            ' "$(id -un)" 2>/dev/null'
-        return start_agent(spec, self.backend, self.settings, header, assignment={"slurm": self.backend.job_settings(),
-                                                                    "host": self.backend.host},
-                           stop_job=stop_job, hard_stop_s=hard_stop_s(self.backend.poll_interval_s))
+        stop_job = (
+            shlex.join(["env", *env, "scancel", "--name", job_name(spec.run_id), "--user"]) + ' "$(id -un)" 2>/dev/null'
+        )
+        return start_agent(
+            spec,
+            self.backend,
+            self.settings,
+            header,
+            assignment={"slurm": self.backend.job_settings(), "host": self.backend.host},
+            stop_job=stop_job,
+            hard_stop_s=hard_stop_s(self.backend.poll_interval_s),
+        )

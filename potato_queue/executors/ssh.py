@@ -44,19 +44,31 @@ def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:
         lines.append(f"a run now: {gpu_line}")
     except GpuBusy as busy:
         ok, gpu_line = False, str(busy)
-        lines.append(f"a run now would not start: {busy} (it would wait up to setup_timeout_s, "
-                     f"{backend.setup_timeout_s:g} s, for one)")
+        lines.append(
+            f"a run now would not start: {busy} (it would wait up to setup_timeout_s, "
+            f"{backend.setup_timeout_s:g} s, for one)"
+        )
     except GpuRefused as refused:
         ok, gpu_line = False, str(refused)
         lines.append(f"a run now would not start: {refused}")
     missing = sorted(name for name, present in facts["packages"].items() if not present)
     if missing:
-        venv = f"; the backend's packages go into a venv at the first run: {', '.join(backend.packages)}" \
-            if backend.packages else ""
+        venv = (
+            f"; the backend's packages go into a venv at the first run: {', '.join(backend.packages)}"
+            if backend.packages
+            else ""
+        )
         lines.append(f"training packages missing from {facts['executable']}: {', '.join(missing)}{venv}")
-    data = {"host": host, "python": facts["python"], "executable": facts["executable"],
-            "gpus": [gpu._asdict() | {"usable": has_kernels(gpu, archs)} for gpu in gpus], "gpu": gpu_line,
-            "missing_packages": missing, "transport": facts["transport"], "banner": facts.get("banner")}
+    data = {
+        "host": host,
+        "python": facts["python"],
+        "executable": facts["executable"],
+        "gpus": [gpu._asdict() | {"usable": has_kernels(gpu, archs)} for gpu in gpus],
+        "gpu": gpu_line,
+        "missing_packages": missing,
+        "transport": facts["transport"],
+        "banner": facts.get("banner"),
+    }
     return CheckReport(ok=ok, lines=lines, data=data)
 
 
@@ -70,8 +82,11 @@ def llm_facts(facts: dict[str, Any], setting: str) -> dict[str, Any]:
         gpus = [gpu for gpu in gpus if str(gpu.index) in setting.split(",")]
     # A GPU whose free memory nvidia-smi does not tell (MIG on) cannot be held against the model's need.
     known = [[gpu.index, gpu.free_mb] for gpu in gpus if gpu.free_mb is not None]
-    return {"model_config": facts.get("model_config"), "gpus": known,
-            "bitsandbytes": bool(facts["packages"].get("bitsandbytes"))}
+    return {
+        "model_config": facts.get("model_config"),
+        "gpus": known,
+        "bitsandbytes": bool(facts["packages"].get("bitsandbytes")),
+    }
 
 
 class SshExecutor(Executor):
@@ -93,6 +108,11 @@ class SshExecutor(Executor):
         return report
 
     def launch(self, spec: LaunchSpec) -> RunHandle:
-        header = boot_header(self.backend, packages=self.backend.packages, num_threads=self.backend.num_threads,
-                             gpus=self.backend.gpus, min_free_gpu_mb=self.backend.min_free_gpu_mb)
+        header = boot_header(
+            self.backend,
+            packages=self.backend.packages,
+            num_threads=self.backend.num_threads,
+            gpus=self.backend.gpus,
+            min_free_gpu_mb=self.backend.min_free_gpu_mb,
+        )
         return start_agent(spec, self.backend, self.settings, header, assignment={})

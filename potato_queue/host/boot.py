@@ -132,8 +132,9 @@ def ensure_env(root: str, packages: List[str]) -> str:
     send("creating_env")
     shutil.rmtree(venv, ignore_errors=True)  # a build that was cut off half-way
     subprocess.check_call([sys.executable, "-m", "venv", "--system-site-packages", venv], stdout=2)
-    subprocess.check_call([python, "-m", "pip", "install", "--disable-pip-version-check", "-q"] + list(packages),
-                          stdout=2)
+    subprocess.check_call(
+        [python, "-m", "pip", "install", "--disable-pip-version-check", "-q"] + list(packages), stdout=2
+    )
     open(os.path.join(venv, "ready"), "w").close()
     return python
 
@@ -191,8 +192,12 @@ def boot(header: BootHeader) -> int:
     """The setup, then the agent (this process becomes it); the exit code when it cannot start."""
     os.environ.update(header.env)  # the backend's PATH finds nvidia-smi and pip too
     if sys.version_info < (3, 8):
-        send("refused", message="{} is Python {}; potato-queue needs 3.8 or newer".format(
-            sys.executable, platform.python_version()))
+        send(
+            "refused",
+            message="{} is Python {}; potato-queue needs 3.8 or newer".format(
+                sys.executable, platform.python_version()
+            ),
+        )
         return EXIT_REFUSED
     send("python", version=platform.python_version(), executable=sys.executable)
     root = folder(os.path.expanduser(header.remote_dir))
@@ -220,8 +225,12 @@ def boot(header: BootHeader) -> int:
     jobs = folder(os.path.join(root, "jobs"))
     options = ["--slurm"] if slurm else ["--python", python]
     if header.transport == SESSION:
-        return relay_agent(header.socket, jobs, python_argv(python, "potato_queue.agent", [
-            "run", "--assignment-on-stdin"] + options, code_root=code), env)
+        return relay_agent(
+            header.socket,
+            jobs,
+            python_argv(python, "potato_queue.agent", ["run", "--assignment-on-stdin"] + options, code_root=code),
+            env,
+        )
     send("ready", workdir=jobs, session=os.getsid(0))
     if header.socket:  # the agent removes it when it ends, whatever ends it
         options += ["--forwarded-socket", header.socket]

@@ -26,7 +26,9 @@ def nvidia_smi(query: List[str]) -> str:
     """nvidia-smi's CSV answer to `query`; "" when there is no nvidia-smi (no GPU) or it said nothing."""
     if shutil.which("nvidia-smi") is None:
         return ""
-    return subprocess.run(query, stdout=subprocess.PIPE, check=False).stdout.decode(errors="replace")  # its errors: ours
+    return subprocess.run(query, stdout=subprocess.PIPE, check=False).stdout.decode(
+        errors="replace"
+    )  # its errors: ours
 
 
 def gpu_facts(python: str, query: List[str]) -> Tuple[str, Optional[List[str]]]:
@@ -70,10 +72,18 @@ def slurm_facts(asked: Dict[str, Any]) -> Dict[str, Any]:
     """A login node: SLURM's commands on PATH, where remote_dir really is, job_python, and sinfo's nodes."""
     tools = {name: shutil.which(name) for name in ("sbatch", "squeue", "scancel", "scontrol", "sinfo")}
     remote_dir = os.path.realpath(os.path.expanduser(asked["remote_dir"]))
-    facts = {"tools": tools, "remote_dir": remote_dir, "remote_dir_exists": os.path.isdir(remote_dir),
-             "job_python": shutil.which(asked["job_python"]), "sinfo": None, "sinfo_error": None}
+    facts = {
+        "tools": tools,
+        "remote_dir": remote_dir,
+        "remote_dir_exists": os.path.isdir(remote_dir),
+        "job_python": shutil.which(asked["job_python"]),
+        "sinfo": None,
+        "sinfo_error": None,
+    }
     if tools["sinfo"]:
-        argv = ["sinfo", "-h", "-N", "-O", SINFO_FIELDS] + (["-p", asked["partition"]] if asked.get("partition") else [])
+        argv = ["sinfo", "-h", "-N", "-O", SINFO_FIELDS] + (
+            ["-p", asked["partition"]] if asked.get("partition") else []
+        )
         done = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, check=False, timeout=60)
         facts["sinfo"] = done.stdout.decode(errors="replace")
         facts["sinfo_error"] = done.stderr.decode(errors="replace").strip() or None
@@ -94,8 +104,11 @@ def main() -> int:
     asked = json.loads(sys.stdin.readline())
     remove_socket(asked.get("socket") or "")
     os.environ.update(asked["env"])
-    facts = {"python": platform.python_version(), "executable": sys.executable,
-             "packages": {name: find_spec(name) is not None for name in asked["packages"]}}  # type: Dict[str, Any]
+    facts = {
+        "python": platform.python_version(),
+        "executable": sys.executable,
+        "packages": {name: find_spec(name) is not None for name in asked["packages"]},
+    }  # type: Dict[str, Any]
     if asked.get("slurm"):
         facts["slurm"] = slurm_facts(asked["slurm"])  # a login node: its GPUs, if any, are not the jobs'
     else:

@@ -119,8 +119,18 @@ def parse_gpus(csv_text: str) -> List[Gpu]:
         fields += [""] * (7 - len(fields))
         free = _number(fields[2])
         cap = fields[5] if re.match(r"^\d+\.\d+$", fields[5]) else None
-        gpus.append(Gpu(int(fields[0]), fields[1], free, _number(fields[3]), _number(fields[4]), cap,
-                        fields[6].lower() == "enabled", "" if free is not None else fields[2] or "[N/A]"))
+        gpus.append(
+            Gpu(
+                int(fields[0]),
+                fields[1],
+                free,
+                _number(fields[3]),
+                _number(fields[4]),
+                cap,
+                fields[6].lower() == "enabled",
+                "" if free is not None else fields[2] or "[N/A]",
+            )
+        )
     return gpus
 
 
@@ -160,8 +170,13 @@ def describe(gpu: Gpu, arch_list: Optional[Sequence[str]] = None) -> str:
     return text if has_kernels(gpu, arch_list) else text + " " + NO_KERNELS
 
 
-def choose(setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Optional[Sequence[str]] = None,
-           host: str = "this host") -> Choice:
+def choose(
+    setting: str,
+    gpus: Sequence[Gpu],
+    min_free_mb: float,
+    arch_list: Optional[Sequence[str]] = None,
+    host: str = "this host",
+) -> Choice:
     """The GPU(s) for a run by the backend's `gpus` (auto, none, "1", "0,1"); GpuRefused when none fits."""
     if setting == "none":
         return Choice("", "cpu", "gpus: none, training on CPU")
@@ -179,19 +194,23 @@ def choose(setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Opt
     best = _most_free(counted)
     if min_free_mb > 0 and _free(best) < min_free_mb:
         skipped = [gpu for gpu in usable if not _counted(gpu)]
-        raise GpuBusy("No GPU has {:.0f} MB free{}".format(min_free_mb, "".join(
-            " (GPU {} not counted: {})".format(gpu.index, _free_words(gpu)) for gpu in skipped)),
-            GpuWait(min_free_mb, best))
+        raise GpuBusy(
+            "No GPU has {:.0f} MB free{}".format(
+                min_free_mb, "".join(" (GPU {} not counted: {})".format(gpu.index, _free_words(gpu)) for gpu in skipped)
+            ),
+            GpuWait(min_free_mb, best),
+        )
     return Choice(str(best.index), "cuda", "the run gets " + describe(best, arch_list))
 
 
 def _uncounted(gpus: Sequence[Gpu], min_free_mb: float, host: str) -> str:
     """Why auto cannot hold any GPU to min_free_gpu_mb, and the ways to run anyway."""
     mig = " (a GPU with MIG on has its memory split among its MIG instances)" if any(g.mig for g in gpus) else ""
-    return ("min_free_gpu_mb ({:.0f}) cannot be checked on {}: nvidia-smi reports no free memory for its GPUs{} "
-            "({}). Fix: pin a GPU with the backend's gpus, like gpus: \"{}\" (a pinned GPU whose free memory is "
-            "unknown is taken unchecked), or set min_free_gpu_mb: 0").format(
-        min_free_mb, host, mig, "; ".join(_memory(gpu) for gpu in gpus), gpus[0].index)
+    return (
+        "min_free_gpu_mb ({:.0f}) cannot be checked on {}: nvidia-smi reports no free memory for its GPUs{} "
+        '({}). Fix: pin a GPU with the backend\'s gpus, like gpus: "{}" (a pinned GPU whose free memory is '
+        "unknown is taken unchecked), or set min_free_gpu_mb: 0"
+    ).format(min_free_mb, host, mig, "; ".join(_memory(gpu) for gpu in gpus), gpus[0].index)
 
 
 def _most_free(gpus: Sequence[Gpu]) -> Gpu:
@@ -204,8 +223,11 @@ def _never_enough(gpus: Sequence[Gpu], min_free_mb: float, host: str) -> None:
     sized = [gpu for gpu in gpus if gpu.total_mb is not None]
     largest = max(sized, key=lambda gpu: gpu.total_mb or 0.0) if sized else None
     if largest is not None and (largest.total_mb or 0.0) < min_free_mb:
-        raise GpuRefused("min_free_gpu_mb ({:.0f}) is more than any GPU on {} has: the largest, GPU {}, has {:.0f} MB"
-                         .format(min_free_mb, host, largest.index, largest.total_mb))
+        raise GpuRefused(
+            "min_free_gpu_mb ({:.0f}) is more than any GPU on {} has: the largest, GPU {}, has {:.0f} MB".format(
+                min_free_mb, host, largest.index, largest.total_mb
+            )
+        )
 
 
 def _memory(gpu: Gpu) -> str:
@@ -223,30 +245,46 @@ def _free_words(gpu: Gpu) -> str:
     return "{:.0f} of {:.0f} MB free{}".format(gpu.free_mb, gpu.total_mb, mig)
 
 
-def _pinned(setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Optional[Sequence[str]],
-            host: str) -> Choice:
+def _pinned(
+    setting: str, gpus: Sequence[Gpu], min_free_mb: float, arch_list: Optional[Sequence[str]], host: str
+) -> Choice:
     by_index = {gpu.index: gpu for gpu in gpus}
     wanted = [int(part) for part in setting.split(",")]
     missing = [index for index in wanted if index not in by_index]
     if missing:
         have = ", ".join(str(index) for index in sorted(by_index)) or "none"
-        raise GpuRefused("gpus: {} asks for GPU {}, but {} has GPUs: {}".format(
-            setting, ",".join(str(index) for index in missing), host, have))
+        raise GpuRefused(
+            "gpus: {} asks for GPU {}, but {} has GPUs: {}".format(
+                setting, ",".join(str(index) for index in missing), host, have
+            )
+        )
     unusable = [index for index in wanted if not has_kernels(by_index[index], arch_list)]
     if unusable:
-        raise GpuRefused("gpus: {} asks for GPU {}, and this host's torch has no kernels for it".format(
-            setting, ",".join(str(index) for index in unusable)))
+        raise GpuRefused(
+            "gpus: {} asks for GPU {}, and this host's torch has no kernels for it".format(
+                setting, ",".join(str(index) for index in unusable)
+            )
+        )
     # A pinned GPU whose free memory nvidia-smi does not tell (MIG on) is taken unchecked: pinning is how to ask.
     counted = [by_index[index] for index in wanted if _counted(by_index[index])]
     _never_enough(counted, min_free_mb, host)
     short = [gpu for gpu in counted if _free(gpu) < min_free_mb]
     if short:
         worst = min(short, key=_free)
-        raise GpuBusy("gpus: {} asks for GPU {}, which has {}, less than min_free_gpu_mb ({:.0f})".format(
-            setting, worst.index, _free_words(worst), min_free_mb), GpuWait(min_free_mb, worst, setting))
+        raise GpuBusy(
+            "gpus: {} asks for GPU {}, which has {}, less than min_free_gpu_mb ({:.0f})".format(
+                setting, worst.index, _free_words(worst), min_free_mb
+            ),
+            GpuWait(min_free_mb, worst, setting),
+        )
     unchecked = [index for index in wanted if not _counted(by_index[index])] if min_free_mb > 0 else []
-    note = " (min_free_gpu_mb not checked on GPU {}: its free memory is unknown)".format(
-        ",".join(str(index) for index in unchecked)) if unchecked else ""
+    note = (
+        " (min_free_gpu_mb not checked on GPU {}: its free memory is unknown)".format(
+            ",".join(str(index) for index in unchecked)
+        )
+        if unchecked
+        else ""
+    )
     return Choice(setting, "cuda", "the run gets " + "; ".join(describe(by_index[i], arch_list) for i in wanted) + note)
 
 
@@ -287,21 +325,33 @@ def agent_gpu_problem(has_nvidia_smi: bool, gpus: Sequence[Gpu], min_free_mb: fl
     fix = "; fix: start the agent without --min-free-gpu-mb to take runs as a CPU machine"
     if not has_nvidia_smi:
         return "--min-free-gpu-mb {:.0f} waits for a GPU, but there is no nvidia-smi on this machine's PATH{}".format(
-            min_free_mb, fix + ", or put nvidia-smi on PATH")
+            min_free_mb, fix + ", or put nvidia-smi on PATH"
+        )
     if not gpus:
         return "--min-free-gpu-mb {:.0f} waits for a GPU, but nvidia-smi shows none this agent can use{}".format(
-            min_free_mb, fix + ", or check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)")
+            min_free_mb, fix + ", or check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"
+        )
     counted = [gpu for gpu in gpus if _counted(gpu)]
     if not counted:  # the agent would never claim
-        mig = ("; to give its runs one MIG instance, start it with CUDA_VISIBLE_DEVICES=MIG-<uuid> (nvidia-smi -L "
-               "lists them)") if any(gpu.mig for gpu in gpus) else ""
-        return ("--min-free-gpu-mb {:.0f} waits for free GPU memory, but nvidia-smi reports none here ({}); fix: "
-                "start the agent without --min-free-gpu-mb: its runs then get the GPUs CUDA_VISIBLE_DEVICES gives it, "
-                "unchecked{}").format(min_free_mb, "; ".join(_memory(gpu) for gpu in gpus), mig)
+        mig = (
+            (
+                "; to give its runs one MIG instance, start it with CUDA_VISIBLE_DEVICES=MIG-<uuid> (nvidia-smi -L "
+                "lists them)"
+            )
+            if any(gpu.mig for gpu in gpus)
+            else ""
+        )
+        return (
+            "--min-free-gpu-mb {:.0f} waits for free GPU memory, but nvidia-smi reports none here ({}); fix: "
+            "start the agent without --min-free-gpu-mb: its runs then get the GPUs CUDA_VISIBLE_DEVICES gives it, "
+            "unchecked{}"
+        ).format(min_free_mb, "; ".join(_memory(gpu) for gpu in gpus), mig)
     largest = max(counted, key=lambda gpu: gpu.total_mb or 0.0)
     if largest.total_mb is not None and largest.total_mb < min_free_mb:
-        return ("--min-free-gpu-mb {:.0f} is more than any GPU here has: the largest, GPU {}, has {:.0f} MB; "
-                "fix: lower --min-free-gpu-mb").format(min_free_mb, largest.index, largest.total_mb)
+        return (
+            "--min-free-gpu-mb {:.0f} is more than any GPU here has: the largest, GPU {}, has {:.0f} MB; "
+            "fix: lower --min-free-gpu-mb"
+        ).format(min_free_mb, largest.index, largest.total_mb)
     return None
 
 
@@ -313,27 +363,31 @@ def ssh_wait_line(wait: GpuWait, host: str) -> str:
     """The step line of an ssh run whose setup waits for GPU memory."""
     if wait.pinned:
         return "waiting for GPU {} on {} to have {:.0f} MB free (now: {})".format(
-            wait.pinned, host, wait.min_free_mb, _seen(wait))
+            wait.pinned, host, wait.min_free_mb, _seen(wait)
+        )
     return "waiting for a GPU with {:.0f} MB free on {} (best now: {})".format(wait.min_free_mb, host, _seen(wait))
 
 
 def ssh_wait_expired(wait: GpuWait, host: str, backend_name: str, limit_s: float) -> str:
     """Why an ssh run failed when no GPU had room within setup_timeout_s, and the three ways out."""
     what = "GPU {} on {} did not have".format(wait.pinned, host) if wait.pinned else "No GPU on {} had".format(host)
-    return ("{} {:.0f} MB free within setup_timeout_s ({:g} s) (at the end: {}); the run did not start. "
-            "Fix: free memory on a GPU of {}, lower min_free_gpu_mb of backend {}, or raise its setup_timeout_s"
-            ).format(what, wait.min_free_mb, limit_s, _seen(wait), host, backend_name)
+    return (
+        "{} {:.0f} MB free within setup_timeout_s ({:g} s) (at the end: {}); the run did not start. "
+        "Fix: free memory on a GPU of {}, lower min_free_gpu_mb of backend {}, or raise its setup_timeout_s"
+    ).format(what, wait.min_free_mb, limit_s, _seen(wait), host, backend_name)
 
 
 def agent_wait_line(backend_name: str, host: str, wait: GpuWait) -> str:
     """The step line of a run offered to an agent backend whose agent waits for GPU memory before it claims."""
     return "waiting for the agent on {} ({}): its GPUs have less than {:.0f} MB free (best: {})".format(
-        backend_name, host, wait.min_free_mb, _seen(wait))
+        backend_name, host, wait.min_free_mb, _seen(wait)
+    )
 
 
 def agent_wait_expired(backend_name: str, host: str, wait: GpuWait, limit_s: float) -> str:
     """Why a run on an agent backend failed when its agent's GPUs had no room within queue_timeout_s."""
-    return ("No GPU of the agent on {} ({}) had {:.0f} MB free within queue_timeout_s ({:g} s) (at the end: {}), "
-            "so it claimed no run. Fix: free memory on a GPU of {}, start its agent with a lower --min-free-gpu-mb, "
-            "or raise queue_timeout_s of backend {}").format(
-        backend_name, host, wait.min_free_mb, limit_s, _seen(wait), host, backend_name)
+    return (
+        "No GPU of the agent on {} ({}) had {:.0f} MB free within queue_timeout_s ({:g} s) (at the end: {}), "
+        "so it claimed no run. Fix: free memory on a GPU of {}, start its agent with a lower --min-free-gpu-mb, "
+        "or raise queue_timeout_s of backend {}"
+    ).format(backend_name, host, wait.min_free_mb, limit_s, _seen(wait), host, backend_name)

@@ -50,8 +50,9 @@ def need_mb(parameters: int, four_bit: bool) -> float:
     return parameters * BYTES_PER_PARAM[four_bit] * OVERHEAD / MIB + CONTEXT_MB
 
 
-def fit_lines(ask: ModelAsk, config: Optional[Dict[str, Any]], gpus_free_mb: Sequence[Tuple[int, float]],
-              has_bitsandbytes: bool) -> Tuple[bool, List[str]]:
+def fit_lines(
+    ask: ModelAsk, config: Optional[Dict[str, Any]], gpus_free_mb: Sequence[Tuple[int, float]], has_bitsandbytes: bool
+) -> Tuple[bool, List[str]]:
     """(whether the best GPU fits it, what to say): 4-bit needs CUDA and bitsandbytes; the need against the
     most free memory of the GPUs a run may get."""
     lines = []  # type: List[str]
@@ -59,25 +60,33 @@ def fit_lines(ask: ModelAsk, config: Optional[Dict[str, Any]], gpus_free_mb: Seq
     if ask.load_in_4bit == "true" and not gpus_free_mb:
         return False, ["hf-llm-lora: load_in_4bit needs a CUDA GPU, and this host has none"]
     if four_bit and not has_bitsandbytes:
-        return False, ["hf-llm-lora: load_in_4bit needs bitsandbytes, which this host's Python lacks: "
-                       "pip install bitsandbytes there (on an ssh backend, add it to packages:)"]
+        return False, [
+            "hf-llm-lora: load_in_4bit needs bitsandbytes, which this host's Python lacks: "
+            "pip install bitsandbytes there (on an ssh backend, add it to packages:)"
+        ]
     if ask.load_in_4bit == "auto" and gpus_free_mb and not has_bitsandbytes:
         lines.append("hf-llm-lora: no bitsandbytes here, so the base weights load in bf16, not 4-bit")
     parameters = None if config is None else parameter_count(config)
     if parameters is None:
-        lines.append("hf-llm-lora: {}'s config.json is not on this host (nor in its Hugging Face cache): its size, "
-                     "and so its need, are unknown until the run loads it".format(ask.model_name))
+        lines.append(
+            "hf-llm-lora: {}'s config.json is not on this host (nor in its Hugging Face cache): its size, "
+            "and so its need, are unknown until the run loads it".format(ask.model_name)
+        )
         return True, lines
     need = need_mb(parameters, four_bit)
     what = "{} ({:.2f} B parameters) in {}: about {:.0f} MB".format(
-        ask.model_name, parameters / 1e9, "4-bit" if four_bit else "bf16", need)
+        ask.model_name, parameters / 1e9, "4-bit" if four_bit else "bf16", need
+    )
     if not gpus_free_mb:
         return True, lines + ["hf-llm-lora: {} on a GPU; this host has none, so it trains on the CPU".format(what)]
     index, free_mb = max(gpus_free_mb, key=lambda gpu: gpu[1])
     if need > free_mb:
         fix = "set load_in_4bit: true" if not four_bit else "use a smaller model"
-        return False, lines + ["hf-llm-lora: {} needed, more than the {:.0f} MB free on GPU {}; fix: {}, or free "
-                               "memory on the GPU".format(what, free_mb, index, fix)]
+        return False, lines + [
+            "hf-llm-lora: {} needed, more than the {:.0f} MB free on GPU {}; fix: {}, or free memory on the GPU".format(
+                what, free_mb, index, fix
+            )
+        ]
     return True, lines + ["hf-llm-lora: {} needed; GPU {} has {:.0f} MB free".format(what, index, free_mb)]
 
 
@@ -86,12 +95,17 @@ def compute_node_line(ask: ModelAsk, config: Optional[Dict[str, Any]]) -> str:
     trainer compares it with its GPU on the node before it loads the weights."""
     parameters = None if config is None else parameter_count(config)
     if parameters is None:
-        return ("hf-llm-lora: {}'s size is unknown here; the trainer checks its fit on the compute node's GPU "
-                "before it loads the weights".format(ask.model_name))
+        return (
+            "hf-llm-lora: {}'s size is unknown here; the trainer checks its fit on the compute node's GPU "
+            "before it loads the weights".format(ask.model_name)
+        )
     four_bit = ask.load_in_4bit != "false"
-    return ("hf-llm-lora: {} ({:.2f} B parameters) needs about {:.0f} MB of the job's GPU in {} (ask for it with "
-            "gres or mem_per_gpu); the trainer checks it on the node before it loads the weights".format(
-                ask.model_name, parameters / 1e9, need_mb(parameters, four_bit), "4-bit" if four_bit else "bf16"))
+    return (
+        "hf-llm-lora: {} ({:.2f} B parameters) needs about {:.0f} MB of the job's GPU in {} (ask for it with "
+        "gres or mem_per_gpu); the trainer checks it on the node before it loads the weights".format(
+            ask.model_name, parameters / 1e9, need_mb(parameters, four_bit), "4-bit" if four_bit else "bf16"
+        )
+    )
 
 
 def fit_of_facts(ask: ModelAsk, facts: Dict[str, Any]) -> Tuple[bool, List[str]]:

@@ -37,8 +37,9 @@ def _annotators(config: ProjectConfig, ids: set[str]) -> dict[str, dict[str, dic
         for schema, answers in found.by_user[user].items():
             if schema not in kinds:
                 continue  # an answer to a scheme the config no longer has
-            targets, _ = all_targets({iid: {schema: value_map} for iid, value_map in answers.items() if iid in ids},
-                                     {schema: kinds[schema]})
+            targets, _ = all_targets(
+                {iid: {schema: value_map} for iid, value_map in answers.items() if iid in ids}, {schema: kinds[schema]}
+            )
             for iid, target in targets.items():
                 label = shown(target[schema])
                 if label is not None:
@@ -51,41 +52,71 @@ def _scored(run: RunData, schema: str, gold: dict[str, str]) -> list[Scored]:
     for iid in sorted(gold):
         p = run.predictions[(iid, schema)]
         confidence = p.get("confidence")
-        out.append(Scored(iid, gold[iid], shown(label_of(p)),
-                          float(confidence) if isinstance(confidence, (int, float)) else None))
+        out.append(
+            Scored(
+                iid, gold[iid], shown(label_of(p)), float(confidence) if isinstance(confidence, (int, float)) else None
+            )
+        )
     return out
 
 
 def _said(a: str, b: str, test: dict[str, Any], acc_a: float | None, acc_b: float | None) -> str:
     if test["only_a"] == test["only_b"] == 0:
         return f"{a} and {b} are right and wrong on the same items"
-    verdict = ("the difference is unlikely to be chance" if test["p_value"] < SIGNIFICANT_P
-               else "the difference could be chance")
-    return (f"{b} is right on {test['only_b']} items {a} gets wrong, and wrong on {test['only_a']} it gets right "
-            f"(accuracy {acc_a} against {acc_b}); McNemar p = {test['p_value']}: {verdict}")
+    verdict = (
+        "the difference is unlikely to be chance"
+        if test["p_value"] < SIGNIFICANT_P
+        else "the difference could be chance"
+    )
+    return (
+        f"{b} is right on {test['only_b']} items {a} gets wrong, and wrong on {test['only_a']} it gets right "
+        f"(accuracy {acc_a} against {acc_b}); McNemar p = {test['p_value']}: {verdict}"
+    )
 
 
 def _schema(config: ProjectConfig, a: RunData, b: RunData, schema: str, newer: RunData) -> dict[str, Any]:
-    ids = {iid for iid in set(a.gold.get(schema, {})) & set(b.gold.get(schema, {}))
-           if (iid, schema) in a.predictions and (iid, schema) in b.predictions}
+    ids = {
+        iid
+        for iid in set(a.gold.get(schema, {})) & set(b.gold.get(schema, {}))
+        if (iid, schema) in a.predictions and (iid, schema) in b.predictions
+    }
     gold = {iid: newer.gold[schema][iid] for iid in ids}
     items_a, items_b = _scored(a, schema, gold), _scored(b, schema, gold)
     kind, points = newer.kinds.get(schema, "nominal"), newer.scales.get(schema, {}).get("points")
-    scores_a, scores_b = (score({i: as_scored(g, kind) for i, g in gold.items()},
-                                {i.instance_id: as_scored(i.predicted, kind) for i in items}, kind, points)
-                          for items in (items_a, items_b))
+    scores_a, scores_b = (
+        score(
+            {i: as_scored(g, kind) for i, g in gold.items()},
+            {i.instance_id: as_scored(i.predicted, kind) for i in items},
+            kind,
+            points,
+        )
+        for items in (items_a, items_b)
+    )
     test = mcnemar([i.right for i in items_a], [i.right for i in items_b])
     differ = [(x, y) for x, y in zip(items_a, items_b, strict=True) if x.predicted != y.predicted]
     labels = _annotators(config, {x.instance_id for x, _ in differ[:MAX_DISAGREEMENTS]})
-    disagreements = [{"instance_id": x.instance_id, "split": newer.split_of.get(x.instance_id),
-                      "text": newer.texts.get(x.instance_id, "")[:TEXT_CHARS], "gold": x.gold,
-                      "a": x.predicted, "b": y.predicted, "annotators": labels.get(x.instance_id, {}).get(schema, {}),
-                      "potato_item": potato_item_path(x.instance_id)}
-                     for x, y in differ[:MAX_DISAGREEMENTS]]
-    return {"n": len(ids), "a": {**scores_a, "per_label": per_label(items_a), "confusion": confusion(items_a)},
-            "b": {**scores_b, "per_label": per_label(items_b), "confusion": confusion(items_b)},
-            "mcnemar": test, "disagree": len(differ), "disagreements": disagreements,
-            "said": _said(a.run_id, b.run_id, test, scores_a["accuracy"], scores_b["accuracy"])}
+    disagreements = [
+        {
+            "instance_id": x.instance_id,
+            "split": newer.split_of.get(x.instance_id),
+            "text": newer.texts.get(x.instance_id, "")[:TEXT_CHARS],
+            "gold": x.gold,
+            "a": x.predicted,
+            "b": y.predicted,
+            "annotators": labels.get(x.instance_id, {}).get(schema, {}),
+            "potato_item": potato_item_path(x.instance_id),
+        }
+        for x, y in differ[:MAX_DISAGREEMENTS]
+    ]
+    return {
+        "n": len(ids),
+        "a": {**scores_a, "per_label": per_label(items_a), "confusion": confusion(items_a)},
+        "b": {**scores_b, "per_label": per_label(items_b), "confusion": confusion(items_b)},
+        "mcnemar": test,
+        "disagree": len(differ),
+        "disagreements": disagreements,
+        "said": _said(a.run_id, b.run_id, test, scores_a["accuracy"], scores_b["accuracy"]),
+    }
 
 
 def compare_runs(config: ProjectConfig, a: RunData, b: RunData) -> dict[str, Any]:
@@ -94,12 +125,23 @@ def compare_runs(config: ProjectConfig, a: RunData, b: RunData) -> dict[str, Any
         raise Invalid(f"both runs are {a.run_id}", fix="pick two different runs of the project")
     shared = [s for s in a.schemas if s in b.schemas]
     if not shared:
-        raise Invalid(f"runs {a.run_id} ({', '.join(a.schemas)}) and {b.run_id} ({', '.join(b.schemas)}) trained "
-                      "no schema in common", fix="compare two runs of the same schema")
+        raise Invalid(
+            f"runs {a.run_id} ({', '.join(a.schemas)}) and {b.run_id} ({', '.join(b.schemas)}) trained "
+            "no schema in common",
+            fix="compare two runs of the same schema",
+        )
     newer = b if str(b.record.get("created_at") or "") >= str(a.record.get("created_at") or "") else a
     schemas = {s: _schema(config, a, b, s, newer) for s in shared}
     if not any(v["n"] for v in schemas.values()):
-        raise Invalid(f"runs {a.run_id} and {b.run_id} scored no held-out item in common (their val and test "
-                      "splits do not overlap)", fix="compare runs made with the same split (the same seed and splits)")
-    return {"a": a.run_id, "b": b.run_id, "gold_from": newer.run_id,
-            "trainers": {"a": a.record.get("trainer"), "b": b.record.get("trainer")}, "schemas": schemas}
+        raise Invalid(
+            f"runs {a.run_id} and {b.run_id} scored no held-out item in common (their val and test "
+            "splits do not overlap)",
+            fix="compare runs made with the same split (the same seed and splits)",
+        )
+    return {
+        "a": a.run_id,
+        "b": b.run_id,
+        "gold_from": newer.run_id,
+        "trainers": {"a": a.record.get("trainer"), "b": b.record.get("trainer")},
+        "schemas": schemas,
+    }

@@ -30,8 +30,18 @@ from potato_queue.runs.gate import label_of
 from potato_queue.store import RunStore
 from potato_queue.wire.files import write_atomic
 
-__all__ = ["INPUTS_VERSION", "SAMPLE_LINES", "PARTS", "Candidate", "RunInputs", "write_inputs", "read_inputs",
-           "predictions_summary", "predictions_summary_of", "labelled_now"]
+__all__ = [
+    "INPUTS_VERSION",
+    "SAMPLE_LINES",
+    "PARTS",
+    "Candidate",
+    "RunInputs",
+    "write_inputs",
+    "read_inputs",
+    "predictions_summary",
+    "predictions_summary_of",
+    "labelled_now",
+]
 
 INPUTS_VERSION = 1
 SAMPLE_LINES = 10  # predictions the run page shows as a sample
@@ -78,8 +88,13 @@ def _summary(good: list[dict[str, Any]], bad: list[int], path: Path) -> dict[str
     for p in good:
         key = f"{p['schema_name']}: {_label_shown(p.get('payload'))}"
         counts[key] = counts.get(key, 0) + 1
-    return {"total": len(good), "not_predictions": len(bad), "counts": dict(sorted(counts.items())), "sample": good[:SAMPLE_LINES],
-            "file": _file_signature(path)}
+    return {
+        "total": len(good),
+        "not_predictions": len(bad),
+        "counts": dict(sorted(counts.items())),
+        "sample": good[:SAMPLE_LINES],
+        "file": _file_signature(path),
+    }
 
 
 def _file_signature(path: Path) -> list[int]:
@@ -92,12 +107,24 @@ def _inputs_of(data: RunData, summary: dict[str, Any]) -> RunInputs:
     predictions = [p for (iid, _schema), p in data.predictions.items() if iid in open_ids]
     by_measure = {m: mean_uncertainty(predictions, m, data.kinds) for m in MEASURES}
     ids = sorted(by_measure[MEASURES[0]])
-    candidates = [Candidate(iid, {m: by_measure[m][iid] for m in MEASURES},
-                            {s: shown(label_of(data.predictions[(iid, s)])) for s in data.schemas
-                             if (iid, s) in data.predictions}) for iid in ids]
+    candidates = [
+        Candidate(
+            iid,
+            {m: by_measure[m][iid] for m in MEASURES},
+            {s: shown(label_of(data.predictions[(iid, s)])) for s in data.schemas if (iid, s) in data.predictions},
+        )
+        for iid in ids
+    ]
     texts = {iid: data.texts.get(iid, "") for iid in ids}
-    return RunInputs(data.run_id, data.schemas, {s: scored(data, s) for s in data.schemas}, candidates, texts,
-                     dict(document_frequencies(texts.values())), summary)
+    return RunInputs(
+        data.run_id,
+        data.schemas,
+        {s: scored(data, s) for s in data.schemas},
+        candidates,
+        texts,
+        dict(document_frequencies(texts.values())),
+        summary,
+    )
 
 
 def _from_files(store: RunStore, record: Mapping[str, Any]) -> RunInputs:
@@ -118,15 +145,31 @@ def write_inputs(store: RunStore, record: Mapping[str, Any]) -> None:
     paths = store.paths(record["run_id"])
     inputs = _from_files(store, record)
     lines = [
-        {"v": INPUTS_VERSION, "run_id": inputs.run_id, "schemas": inputs.schemas, "summary": inputs.summary,
-         "annotations": (read_inputs_file(paths.bundle_inputs) or {}).get("annotations")},
-        {"candidates": [[c.instance_id, c.uncertainty, c.predicted] for c in inputs.candidates],
-         "texts": inputs.texts, "documents": inputs.documents},
-        {"held_out": {s: [[i.instance_id, i.gold, i.predicted, i.confidence] for i in items]
-                      for s, items in inputs.held_out.items()}},
-        {"quality": {s: schema_quality(items, DEFAULT_TARGET_PRECISION) for s, items in inputs.held_out.items()}}]
-    write_atomic(paths.insight_inputs, "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n"
-                                               for line in lines), durable=False)
+        {
+            "v": INPUTS_VERSION,
+            "run_id": inputs.run_id,
+            "schemas": inputs.schemas,
+            "summary": inputs.summary,
+            "annotations": (read_inputs_file(paths.bundle_inputs) or {}).get("annotations"),
+        },
+        {
+            "candidates": [[c.instance_id, c.uncertainty, c.predicted] for c in inputs.candidates],
+            "texts": inputs.texts,
+            "documents": inputs.documents,
+        },
+        {
+            "held_out": {
+                s: [[i.instance_id, i.gold, i.predicted, i.confidence] for i in items]
+                for s, items in inputs.held_out.items()
+            }
+        },
+        {"quality": {s: schema_quality(items, DEFAULT_TARGET_PRECISION) for s, items in inputs.held_out.items()}},
+    ]
+    write_atomic(
+        paths.insight_inputs,
+        "".join(json.dumps(line, ensure_ascii=False, separators=(",", ":")) + "\n" for line in lines),
+        durable=False,
+    )
 
 
 def _kept(store: RunStore, run_id: str, parts: tuple[str, ...] = ()) -> dict[str, Any] | None:
@@ -166,9 +209,16 @@ def read_inputs(store: RunStore, record: Mapping[str, Any], parts: tuple[str, ..
     if doc is None:
         return _from_files(store, record)
     return RunInputs(
-        doc["run_id"], doc["schemas"], {s: [Scored(*row) for row in rows] for s, rows in doc.get("held_out", {}).items()},
-        [Candidate(iid, u, p) for iid, u, p in doc.get("candidates", [])], doc.get("texts", {}),
-        doc.get("documents", {}), doc["summary"], doc.get("annotations"), doc.get("quality"))
+        doc["run_id"],
+        doc["schemas"],
+        {s: [Scored(*row) for row in rows] for s, rows in doc.get("held_out", {}).items()},
+        [Candidate(iid, u, p) for iid, u, p in doc.get("candidates", [])],
+        doc.get("texts", {}),
+        doc.get("documents", {}),
+        doc["summary"],
+        doc.get("annotations"),
+        doc.get("quality"),
+    )
 
 
 # The last reading per project: {output folder: (its annotators' files' names, sizes and times, the items)}.

@@ -12,8 +12,18 @@ from typing import Any
 
 from potato_queue.wire.scoring import DIGITS
 
-__all__ = ["Scored", "DEFAULT_TARGET_PRECISION", "schema_quality", "per_label", "confusion", "mcnemar", "reliability", "min_confidence_for", "RELIABILITY_BINS",
-           "EXACT_BELOW"]
+__all__ = [
+    "Scored",
+    "DEFAULT_TARGET_PRECISION",
+    "schema_quality",
+    "per_label",
+    "confusion",
+    "mcnemar",
+    "reliability",
+    "min_confidence_for",
+    "RELIABILITY_BINS",
+    "EXACT_BELOW",
+]
 
 RELIABILITY_BINS = 10
 DEFAULT_TARGET_PRECISION = 0.9
@@ -47,7 +57,7 @@ def _p(value: float) -> float:
 
 def _floor(value: float) -> float:
     """Down to DIGITS: a shown min_confidence never rounds up past the item it must keep."""
-    return math.floor(value * 10 ** DIGITS) / 10 ** DIGITS
+    return math.floor(value * 10**DIGITS) / 10**DIGITS
 
 
 def per_label(items: Sequence[Scored]) -> list[dict[str, Any]]:
@@ -61,9 +71,16 @@ def per_label(items: Sequence[Scored]) -> list[dict[str, Any]]:
         precision = tp / predicted if predicted else None
         recall = tp / support if support else None
         f1 = 2 * tp / (predicted + support) if predicted + support else None
-        rows.append({"label": label, "precision": None if precision is None else _r(precision),
-                     "recall": None if recall is None else _r(recall), "f1": None if f1 is None else _r(f1),
-                     "support": support, "predicted": predicted})
+        rows.append(
+            {
+                "label": label,
+                "precision": None if precision is None else _r(precision),
+                "recall": None if recall is None else _r(recall),
+                "f1": None if f1 is None else _r(f1),
+                "support": support,
+                "predicted": predicted,
+            }
+        )
     return rows
 
 
@@ -83,7 +100,7 @@ def confusion(items: Sequence[Scored]) -> dict[str, Any]:
 def _binomial_two_sided(k: int, n: int) -> float:
     """P(X <= min(k, n-k)) * 2 for X ~ Binomial(n, 1/2), at most 1."""
     low = min(k, n - k)
-    return min(1.0, 2 * sum(math.comb(n, j) for j in range(low + 1)) / 2 ** n)
+    return min(1.0, 2 * sum(math.comb(n, j) for j in range(low + 1)) / 2**n)
 
 
 def mcnemar(a_right: Sequence[bool], b_right: Sequence[bool]) -> dict[str, Any]:
@@ -97,12 +114,22 @@ def mcnemar(a_right: Sequence[bool], b_right: Sequence[bool]) -> dict[str, Any]:
     if n == 0:
         return {"only_a": 0, "only_b": 0, "method": "exact", "statistic": None, "p_value": 1.0}
     if n < EXACT_BELOW:
-        return {"only_a": only_a, "only_b": only_b, "method": "exact", "statistic": None,
-                "p_value": _p(_binomial_two_sided(only_a, n))}
+        return {
+            "only_a": only_a,
+            "only_b": only_b,
+            "method": "exact",
+            "statistic": None,
+            "p_value": _p(_binomial_two_sided(only_a, n)),
+        }
     statistic = max(0, abs(only_a - only_b) - 1) ** 2 / n
     # chi-squared with one degree of freedom: P(X > x) = erfc(sqrt(x / 2))
-    return {"only_a": only_a, "only_b": only_b, "method": "chi-squared, continuity-corrected",
-            "statistic": _r(statistic), "p_value": _p(math.erfc(math.sqrt(statistic / 2)))}
+    return {
+        "only_a": only_a,
+        "only_b": only_b,
+        "method": "chi-squared, continuity-corrected",
+        "statistic": _r(statistic),
+        "p_value": _p(math.erfc(math.sqrt(statistic / 2))),
+    }
 
 
 def reliability(items: Sequence[Scored], bins: int = RELIABILITY_BINS) -> dict[str, Any]:
@@ -121,8 +148,15 @@ def reliability(items: Sequence[Scored], bins: int = RELIABILITY_BINS) -> dict[s
         confidence = sum(i.confidence for i in inside) / len(inside)  # type: ignore[misc]
         accuracy = sum(i.right for i in inside) / len(inside)
         ece += len(inside) / len(rated) * abs(accuracy - confidence)
-        rows.append({"lo": _r(lo), "hi": _r(hi), "n": len(inside), "confidence": _r(confidence), "accuracy": _r(accuracy)})
-    return {"bins": rows, "ece": _r(ece) if rated else None, "n": len(rated), "without_confidence": len(items) - len(rated)}
+        rows.append(
+            {"lo": _r(lo), "hi": _r(hi), "n": len(inside), "confidence": _r(confidence), "accuracy": _r(accuracy)}
+        )
+    return {
+        "bins": rows,
+        "ece": _r(ece) if rated else None,
+        "n": len(rated),
+        "without_confidence": len(items) - len(rated),
+    }
 
 
 def min_confidence_for(items: Sequence[Scored], target_precision: float) -> dict[str, Any]:
@@ -151,5 +185,9 @@ def min_confidence_for(items: Sequence[Scored], target_precision: float) -> dict
 def schema_quality(items: Sequence[Scored], target_precision: float) -> dict[str, Any]:
     """One schema's quality report: per-label precision and recall, the reliability diagram, the
     min_confidence that keeps precision at `target_precision` on these held-out items."""
-    return {"n": len(items), "per_label": per_label(items), "reliability": reliability(items),
-            "threshold": min_confidence_for(items, target_precision)}
+    return {
+        "n": len(items),
+        "per_label": per_label(items),
+        "reliability": reliability(items),
+        "threshold": min_confidence_for(items, target_precision),
+    }

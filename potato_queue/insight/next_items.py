@@ -24,8 +24,20 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["NEAR_DUPLICATE_COSINE", "DIVERSITY_WINDOW", "MEASURES", "uncertainty", "mean_uncertainty", "tfidf_vectors",
-           "document_frequencies", "tfidf_vector", "LazyVectors", "cosine", "Ranked", "rank_next"]
+__all__ = [
+    "NEAR_DUPLICATE_COSINE",
+    "DIVERSITY_WINDOW",
+    "MEASURES",
+    "uncertainty",
+    "mean_uncertainty",
+    "tfidf_vectors",
+    "document_frequencies",
+    "tfidf_vector",
+    "LazyVectors",
+    "cosine",
+    "Ranked",
+    "rank_next",
+]
 
 NEAR_DUPLICATE_COSINE = 0.6
 DIVERSITY_WINDOW = 1000  # the most uncertain items checked for near-copies: 500,000 cosines at most
@@ -38,8 +50,9 @@ def _scores(prediction: Mapping[str, Any]) -> list[float]:
     scores = prediction.get("scores")
     if not isinstance(scores, dict):
         return []
-    return sorted((float(v) for v in scores.values() if isinstance(v, (int, float)) and not isinstance(v, bool)),
-                  reverse=True)
+    return sorted(
+        (float(v) for v in scores.values() if isinstance(v, (int, float)) and not isinstance(v, bool)), reverse=True
+    )
 
 
 def _label_uncertainty(p: float, measure: str) -> float:
@@ -141,9 +154,13 @@ class Ranked:
     near_copy_of: str | None  # the item above it that it nearly repeats (it was held back), or None
 
 
-def rank_next(uncertain: Mapping[str, float], vectors: Mapping[str, Vector],
-              near_duplicate: float = NEAR_DUPLICATE_COSINE, window: int = DIVERSITY_WINDOW,
-              limit: int | None = None) -> list[Ranked]:
+def rank_next(
+    uncertain: Mapping[str, float],
+    vectors: Mapping[str, Vector],
+    near_duplicate: float = NEAR_DUPLICATE_COSINE,
+    window: int = DIVERSITY_WINDOW,
+    limit: int | None = None,
+) -> list[Ranked]:
     """Every item of `uncertain` ({id: uncertainty}), most uncertain first, near-copies of an item taken
     before held back to the end; with `limit`, the first `limit` of that order only. Only the `window` most
     uncertain are checked for near-copies (a bounded number of cosines, however many items: nobody labels
@@ -153,8 +170,9 @@ def rank_next(uncertain: Mapping[str, float], vectors: Mapping[str, Vector],
     held: list[Ranked] = []
     for iid in order[:window]:
         vector = vectors.get(iid, {})
-        copy_of = next((t.instance_id for t in taken if cosine(vector, vectors.get(t.instance_id, {})) >= near_duplicate),
-                       None)
+        copy_of = next(
+            (t.instance_id for t in taken if cosine(vector, vectors.get(t.instance_id, {})) >= near_duplicate), None
+        )
         (held if copy_of else taken).append(Ranked(iid, uncertain[iid], copy_of))
         if limit is not None and len(taken) >= limit:
             return taken[:limit]  # what follows cannot come before these
@@ -162,12 +180,12 @@ def rank_next(uncertain: Mapping[str, float], vectors: Mapping[str, Vector],
     return ranked if limit is None else ranked[:limit]
 
 
-def mean_uncertainty(predictions: Sequence[Mapping[str, Any]], measure: str,
-                     kinds: Mapping[str, str] | None = None) -> dict[str, float]:
+def mean_uncertainty(
+    predictions: Sequence[Mapping[str, Any]], measure: str, kinds: Mapping[str, str] | None = None
+) -> dict[str, float]:
     """{instance id: its predictions' mean uncertainty over the schemas}; *kinds*: {schema: kind}."""
     found: dict[str, list[float]] = {}
     for p in predictions:
         kind = (kinds or {}).get(str(p.get("schema_name")), "nominal")
         found.setdefault(str(p["instance_id"]), []).append(uncertainty(p, measure, kind))
     return {iid: round(sum(values) / len(values), 4) for iid, values in found.items()}
-

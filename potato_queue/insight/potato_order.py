@@ -42,21 +42,31 @@ def order_problem(config: ProjectConfig) -> str | None:
     """Why Potato would not serve the written order (with the keys to add), or None."""
     extra = config.model_extra or {}
     triage = extra.get("triage") if isinstance(extra.get("triage"), dict) else {}
-    wrong = [why for why, bad in (
-        ("assignment_strategy is not priority", extra.get("assignment_strategy") != "priority"),
-        ("triage is not enabled", triage.get("enabled") is not True),
-        (f"triage.signal_field is not {PRIORITY_FIELD}", triage.get("signal_field") != PRIORITY_FIELD),
-        ("triage.order is not desc", triage.get("order", "desc") != "desc"),
-        ("triage.invert_signal turns the order round", bool(triage.get("invert_signal"))),
-        ("triage.rules come before signal_field in Potato", bool(triage.get("rules"))),
-        ("triage.default_priority puts unranked items level with or above ranked ones",
-         _number(triage.get("default_priority", 0)) >= 1)) if bad]
+    wrong = [
+        why
+        for why, bad in (
+            ("assignment_strategy is not priority", extra.get("assignment_strategy") != "priority"),
+            ("triage is not enabled", triage.get("enabled") is not True),
+            (f"triage.signal_field is not {PRIORITY_FIELD}", triage.get("signal_field") != PRIORITY_FIELD),
+            ("triage.order is not desc", triage.get("order", "desc") != "desc"),
+            ("triage.invert_signal turns the order round", bool(triage.get("invert_signal"))),
+            ("triage.rules come before signal_field in Potato", bool(triage.get("rules"))),
+            (
+                "triage.default_priority puts unranked items level with or above ranked ones",
+                _number(triage.get("default_priority", 0)) >= 1,
+            ),
+        )
+        if bad
+    ]
     if not wrong:
         return None
-    return (f"Potato serves this order only with these keys in {config.config_path} (then restart Potato): "
-            "assignment_strategy: priority; triage: {enabled: true, signal_field: " + PRIORITY_FIELD
-            + ", order: desc, default_priority: 0} and no triage rules or invert_signal; now "
-            + "; ".join(wrong))
+    return (
+        f"Potato serves this order only with these keys in {config.config_path} (then restart Potato): "
+        "assignment_strategy: priority; triage: {enabled: true, signal_field: "
+        + PRIORITY_FIELD
+        + ", order: desc, default_priority: 0} and no triage rules or invert_signal; now "
+        + "; ".join(wrong)
+    )
 
 
 def _number(value: Any) -> float:
@@ -105,8 +115,10 @@ def _new_text(path: Path, priority: dict[str, int], id_key: str) -> tuple[str, i
     try:
         text = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
-        raise Conflict(f"data file {path} cannot be read ({exc}), so the order was not written",
-                       fix="restore the file, or correct data_files in the config") from None
+        raise Conflict(
+            f"data file {path} cannot be read ({exc}), so the order was not written",
+            fix="restore the file, or correct data_files in the config",
+        ) from None
     try:
         payload = json.loads(text)
     except ValueError:
@@ -172,10 +184,15 @@ def write_order(config: ProjectConfig, ranked_ids: Sequence[str]) -> dict[str, A
         try:
             _replace(config, real, new)
         except OSError as exc:
-            raise Conflict(f"data file {real} cannot be written ({exc}); the order is written only in part",
-                           fix="make the data files writable by the account potato-queue runs as, then send it again") from None
-    return {"files": [str(real) for real, _, _ in changes], "items": sum(c for _, _, c in changes),
-            "ranked": len(ranked_ids)}
+            raise Conflict(
+                f"data file {real} cannot be written ({exc}); the order is written only in part",
+                fix="make the data files writable by the account potato-queue runs as, then send it again",
+            ) from None
+    return {
+        "files": [str(real) for real, _, _ in changes],
+        "items": sum(c for _, _, c in changes),
+        "ranked": len(ranked_ids),
+    }
 
 
 def hand_to_potato(config: ProjectConfig, ranked_ids: Sequence[str]) -> dict[str, Any]:
@@ -183,14 +200,20 @@ def hand_to_potato(config: ProjectConfig, ranked_ids: Sequence[str]) -> dict[str
     written, when Potato's config would not serve the order (the keys it lacks)."""
     problem = order_problem(config)
     if problem is not None:
-        raise Conflict(f"The order was not written into the data files: {problem}",
-                       fix="add those keys to Potato's config, then send the order again")
+        raise Conflict(
+            f"The order was not written into the data files: {problem}",
+            fix="add those keys to Potato's config, then send the order again",
+        )
     written = write_order(config, ranked_ids)
     if ranked_ids and not written["items"] and not _has_field(config, ranked_ids[0]):
-        problem = ("no data file holds the ranked items as JSON records (Potato's priority reads a field of the "
-                   "item's JSON record; a CSV or TSV data file cannot carry it)")
-    said = (f"wrote the order of {written['ranked']} items into the data files ({written['items']} items changed in "
-            f"{len(written['files'])} file(s)); restart Potato: it reads the order when it loads its items")
+        problem = (
+            "no data file holds the ranked items as JSON records (Potato's priority reads a field of the "
+            "item's JSON record; a CSV or TSV data file cannot carry it)"
+        )
+    said = (
+        f"wrote the order of {written['ranked']} items into the data files ({written['items']} items changed in "
+        f"{len(written['files'])} file(s)); restart Potato: it reads the order when it loads its items"
+    )
     return {**written, "problem": problem, "said": said + (f"\nwarning: {problem}" if problem else "")}
 
 

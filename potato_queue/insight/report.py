@@ -26,8 +26,10 @@ def quality(data: RunInputs, target_precision: float = DEFAULT_TARGET_PRECISION)
     """Per schema: per-label precision and recall, the reliability diagram, and the min_confidence that keeps
     precision at `target_precision` on the held-out items (shown, never applied)."""
     if not 0 < target_precision <= 1:
-        raise Invalid(f"target_precision must be above 0 and at most 1, got {target_precision}",
-                      fix="give a precision such as 0.9")
+        raise Invalid(
+            f"target_precision must be above 0 and at most 1, got {target_precision}",
+            fix="give a precision such as 0.9",
+        )
     if target_precision == DEFAULT_TARGET_PRECISION and data.quality is not None:
         out = data.quality  # worked out at the run's finalize
     else:
@@ -54,8 +56,11 @@ def curve_said(points: list[dict[str, Any]], split: str) -> str:
     """The curve's gain in words: what the last quarter added, and what another would add on its trend
     (macro-F1; a slider's MAE, which falls as the model gets better)."""
     measure = curve_measure(points, split)
-    have = [(float(p["n_train"]), float(p[f"{split}_{measure}"])) for p in points
-            if isinstance(p.get(f"{split}_{measure}"), (int, float)) and isinstance(p.get("n_train"), (int, float))]
+    have = [
+        (float(p["n_train"]), float(p[f"{split}_{measure}"]))
+        for p in points
+        if isinstance(p.get(f"{split}_{measure}"), (int, float)) and isinstance(p.get("n_train"), (int, float))
+    ]
     if len(have) < 2:
         return "not enough points to say"
     (n0, f0), (n1, f1) = have[-2], have[-1]
@@ -69,10 +74,15 @@ def curve_said(points: list[dict[str, Any]], split: str) -> str:
         more = n1 * 1.25
         gain = (fit[0] + fit[1] * math.log(more)) - (fit[0] + fit[1] * math.log(n1))
         name = "macro-F1" if measure == "macro_f1" else "MAE"
-        change = (f"add about {gain:.2f}" if measure == "macro_f1"
-                  else f"{'lower' if gain <= 0 else 'raise'} it by about {abs(gain):.2f}")
-        said += (f"; on the curve's trend ({name} against the log of the items), another {int(more - n1)} "
-                 f"labelled items would {change}")
+        change = (
+            f"add about {gain:.2f}"
+            if measure == "macro_f1"
+            else f"{'lower' if gain <= 0 else 'raise'} it by about {abs(gain):.2f}"
+        )
+        said += (
+            f"; on the curve's trend ({name} against the log of the items), another {int(more - n1)} "
+            f"labelled items would {change}"
+        )
     return said
 
 
@@ -81,10 +91,12 @@ def learning_curve(record: Mapping[str, Any]) -> dict[str, Any]:
     curve = read_curve(record.get("metrics") or {})
     if not curve:
         asked = bool((record.get("params") or {}).get(CURVE_PARAM))
-        raise Conflict(f"run {record['run_id']} has no learning curve"
-                       + (" yet" if asked else f" (it was not started with params.{CURVE_PARAM}: true)"),
-                       fix="start a run with a learning curve: `potato-queue training run CONFIG --learning-curve`, "
-                           "or tick 'learning curve' on the Training page")
+        raise Conflict(
+            f"run {record['run_id']} has no learning curve"
+            + (" yet" if asked else f" (it was not started with params.{CURVE_PARAM}: true)"),
+            fix="start a run with a learning curve: `potato-queue training run CONFIG --learning-curve`, "
+            "or tick 'learning curve' on the Training page",
+        )
     out = {}
     for schema, points in curve.items():
         split = "test" if any("test_macro_f1" in p or "test_mae" in p for p in points) else "val"
@@ -92,7 +104,9 @@ def learning_curve(record: Mapping[str, Any]) -> dict[str, Any]:
     return {"run_id": record["run_id"], "schemas": out}
 
 
-def next_items(config: ProjectConfig, data: RunInputs, limit: int | None = 20, measure: str = "margin") -> dict[str, Any]:
+def next_items(
+    config: ProjectConfig, data: RunInputs, limit: int | None = 20, measure: str = "margin"
+) -> dict[str, Any]:
     """The unlabelled items the run predicted, not labelled since, ranked (next_items.py): the first `limit`
     (None: every one, the order handed to Potato). Near-linear: the uncertainties and word counts were worked
     out at the run's finalize, and only the texts the ranking reaches are made vectors."""
@@ -101,15 +115,28 @@ def next_items(config: ProjectConfig, data: RunInputs, limit: int | None = 20, m
     labelled = labelled_now(config, data.annotations)
     open_items = {c.instance_id: c for c in data.candidates if c.instance_id not in labelled}
     if not open_items:
-        why = ("every unlabelled item it predicted has been labelled since" if data.candidates else
-               "it predicted no unlabelled item (model_training.writeback.include_unlabeled is off)")
+        why = (
+            "every unlabelled item it predicted has been labelled since"
+            if data.candidates
+            else "it predicted no unlabelled item (model_training.writeback.include_unlabeled is off)"
+        )
         return {"run_id": data.run_id, "measure": measure, "total": 0, "items": [], "said": f"nothing to rank: {why}"}
     uncertain = {iid: c.uncertainty[measure] for iid, c in open_items.items()}
     ranked = rank_next(uncertain, LazyVectors(data.texts, data.documents, len(data.texts)), limit=limit)
     held = sum(1 for r in ranked if r.near_copy_of)
-    items = [{"rank": n, "instance_id": r.instance_id, "uncertainty": r.uncertainty, "near_copy_of": r.near_copy_of,
-              "text": data.texts.get(r.instance_id, "")[:TEXT_CHARS], "predicted": open_items[r.instance_id].predicted}
-             for n, r in enumerate(ranked, 1)]
-    said = (f"{len(uncertain)} unlabelled items, the run's least sure first ({measure}); "
-            f"near-copies of an item above them held back to the end ({held}{' in this list' if limit else ''})")
+    items = [
+        {
+            "rank": n,
+            "instance_id": r.instance_id,
+            "uncertainty": r.uncertainty,
+            "near_copy_of": r.near_copy_of,
+            "text": data.texts.get(r.instance_id, "")[:TEXT_CHARS],
+            "predicted": open_items[r.instance_id].predicted,
+        }
+        for n, r in enumerate(ranked, 1)
+    ]
+    said = (
+        f"{len(uncertain)} unlabelled items, the run's least sure first ({measure}); "
+        f"near-copies of an item above them held back to the end ({held}{' in this list' if limit else ''})"
+    )
     return {"run_id": data.run_id, "measure": measure, "total": len(uncertain), "items": items, "said": said}

@@ -85,8 +85,10 @@ class RunData:
 def refuse_unsucceeded(record: Mapping[str, Any]) -> None:
     """Conflict (with what to do) for a run that has not succeeded: only a succeeded one is looked into."""
     if record.get("state") != RunState.SUCCEEDED:
-        raise Conflict(f"run {record['run_id']} is {record.get('state')}: only a succeeded run has predictions to "
-                       f"look into", fix="wait for it to succeed, or pick a run that did")
+        raise Conflict(
+            f"run {record['run_id']} is {record.get('state')}: only a succeeded run has predictions to look into",
+            fix="wait for it to succeed, or pick a run that did",
+        )
 
 
 def load_run(store: RunStore, record: Mapping[str, Any]) -> RunData:
@@ -102,13 +104,22 @@ def run_data(store: RunStore, record: Mapping[str, Any], good: list[dict[str, An
     paths = store.paths(run_id)
     good = read_predictions(paths.predictions)[0] if good is None else good
     if not good:
-        raise Conflict(f"run {run_id} has no predictions on this server ({paths.predictions} is missing or empty)",
-                       fix="pick a later run; a run's predictions come back when it succeeds")
+        raise Conflict(
+            f"run {run_id} has no predictions on this server ({paths.predictions} is missing or empty)",
+            fix="pick a later run; a run's predictions come back when it succeeds",
+        )
     if not (paths.bundle_dir / "manifest.json").exists():
-        raise Conflict(f"run {run_id}'s bundle was removed (model_training.retain_runs keeps only the newest succeeded runs'), "
-                       "so its held-out labels are gone", fix="pick a newer run, or raise retain_runs")
-    data = RunData(record, {(str(p["instance_id"]), str(p["schema_name"])): p for p in good},
-                   kinds=schema_kinds(paths.bundle_dir), scales=read_scales(str(paths.bundle_dir)))
+        raise Conflict(
+            f"run {run_id}'s bundle was removed (model_training.retain_runs keeps only the newest succeeded runs'), "
+            "so its held-out labels are gone",
+            fix="pick a newer run, or raise retain_runs",
+        )
+    data = RunData(
+        record,
+        {(str(p["instance_id"]), str(p["schema_name"])): p for p in good},
+        kinds=schema_kinds(paths.bundle_dir),
+        scales=read_scales(str(paths.bundle_dir)),
+    )
     for split in (*HELD_OUT_SPLITS, "unlabeled"):
         for _, row in read_jsonl(paths.bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True):
             if not isinstance(row, dict):
@@ -130,6 +141,12 @@ def scored(data: RunData, schema: str, only: set[str] | None = None) -> list[Sco
             continue
         p = data.predictions.get((iid, schema))
         confidence = p.get("confidence") if p else None
-        out.append(Scored(iid, gold, shown(label_of(p)) if p else None,
-                          float(confidence) if isinstance(confidence, (int, float)) else None))
+        out.append(
+            Scored(
+                iid,
+                gold,
+                shown(label_of(p)) if p else None,
+                float(confidence) if isinstance(confidence, (int, float)) else None,
+            )
+        )
     return out

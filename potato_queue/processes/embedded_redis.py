@@ -66,8 +66,19 @@ class EmbeddedRedis:
             )
         self.folder.mkdir(parents=True, exist_ok=True)
         args = [
-            exe, "--port", "0", "--unixsocket", str(self.socket_path), "--unixsocketperm", "700",
-            "--save", "", "--appendonly", "no", "--dir", str(self.folder),
+            exe,
+            "--port",
+            "0",
+            "--unixsocket",
+            str(self.socket_path),
+            "--unixsocketperm",
+            "700",
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--dir",
+            str(self.folder),
         ]
         log = open(self.folder / "redis.log", "ab")  # noqa: SIM115 - owned by the child
         self.process = subprocess.Popen(args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

@@ -23,7 +23,6 @@ __all__ = ["run_executor"]
 FLUSH_CHECK_S = 2.0
 
 
-
 def _reconcile_forever(store: RunStore, enqueue: Callable[[str], None]) -> None:
     """Requeue runs from disk whenever Redis comes back empty (restarted or flushed),
     and fail runs a dead executor left in flight."""
@@ -47,26 +46,23 @@ EXECUTOR_TTL_S = 15
 EXECUTOR_REFRESH_S = 5.0
 
 
-
 def _say_alive(store: RunStore) -> None:
     """This executor is up (/healthz counts them)."""
     name = f"{socket.gethostname()}:{os.getpid()}"
     refresh_forever(lambda: store.presence.record_executor(name, EXECUTOR_TTL_S), EXECUTOR_REFRESH_S, "alive")
 
 
-
 def _say(text: str) -> None:
     print(text, flush=True)
-
 
 
 def _say_nothing(text: str) -> None:
     pass
 
 
-
-def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1,
-                 visibility_timeout_s: float | None = None) -> None:
+def run_executor(
+    config: ProjectConfig, redis_url: str, *, verbosity: int = 1, visibility_timeout_s: float | None = None
+) -> None:
     """An executor. verbosity 0: errors only; 1: a line per run; 2: Celery's banner and info log too.
     visibility_timeout_s: the broker redelivers a message unacked this long (None: processes/queue.py's default)."""
     from potato_queue.processes.queue import enqueue, make_celery
@@ -89,9 +85,19 @@ def run_executor(config: ProjectConfig, redis_url: str, *, verbosity: int = 1,
         # Celery's banner, and its warning that a worker runs as root (our workers run no pickled tasks,
         # and the runs themselves get an allow-listed environment), would drown what an admin reads.
         warnings.filterwarnings("ignore", category=SecurityWarning)
-    app.worker_main([
-        *([] if verbosity >= 2 else ["--quiet"]),
-        "worker", "--pool=solo", "--concurrency=1", "--prefetch-multiplier=1", "-Q", Keys.of(config).queue,
-        f"--loglevel={'INFO' if verbosity >= 2 else 'WARNING' if verbosity else 'ERROR'}", "--without-gossip",
-        "--without-mingle", "-n", f"potato-queue-{os.getpid()}@%h",
-    ])
+    app.worker_main(
+        [
+            *([] if verbosity >= 2 else ["--quiet"]),
+            "worker",
+            "--pool=solo",
+            "--concurrency=1",
+            "--prefetch-multiplier=1",
+            "-Q",
+            Keys.of(config).queue,
+            f"--loglevel={'INFO' if verbosity >= 2 else 'WARNING' if verbosity else 'ERROR'}",
+            "--without-gossip",
+            "--without-mingle",
+            "-n",
+            f"potato-queue-{os.getpid()}@%h",
+        ]
+    )

@@ -26,7 +26,7 @@ VISIBILITY_TIMEOUT_S = 30 * 24 * 3600
 def kombu_url(redis_url: str) -> str:
     """redis-py's `unix:///path?db=N` is kombu's `redis+socket:///path?virtual_host=N`."""
     if redis_url.startswith("unix://"):
-        path, _, query = redis_url[len("unix://"):].partition("?")
+        path, _, query = redis_url[len("unix://") :].partition("?")
         db = dict(p.split("=", 1) for p in query.split("&") if "=" in p).get("db", "0")
         return f"redis+socket://{path}?virtual_host={db}"
     return redis_url

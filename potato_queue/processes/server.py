@@ -50,9 +50,17 @@ def collect_on_schedule(young_every_s: float, full_every_s: float) -> threading.
     return stop
 
 
-def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int, public_url: str | None,
-                  tls: tuple[str, str] | None = None, header_timeout_s: float = HEADER_TIMEOUT_S,
-                  body_idle_s: float = BODY_IDLE_S) -> None:
+def serve_forever(
+    config: ProjectConfig,
+    redis_url: str,
+    *,
+    host: str,
+    port: int,
+    public_url: str | None,
+    tls: tuple[str, str] | None = None,
+    header_timeout_s: float = HEADER_TIMEOUT_S,
+    body_idle_s: float = BODY_IDLE_S,
+) -> None:
     """Serve until stopped; `tls` (certificate file, key file) serves https; a connection whose request headers
     are not whole within header_timeout_s, or whose body stalls body_idle_s, is cut (server/connections.py)."""
     import uvicorn
@@ -87,8 +95,17 @@ def serve_forever(config: ProjectConfig, redis_url: str, *, host: str, port: int
     certfile, keyfile = tls or (None, None)
     files = raise_file_limit(lambda text: print(f"potato-queue: {text}", flush=True))
     protocol = guarded_protocol(ConnectionGate.for_file_limit(files), header_timeout_s, body_idle_s)
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=2,
-                                           ssl_certfile=certfile, ssl_keyfile=keyfile, http=protocol))
+    server = uvicorn.Server(
+        uvicorn.Config(
+            app,
+            log_level="warning",
+            access_log=False,
+            timeout_graceful_shutdown=2,
+            ssl_certfile=certfile,
+            ssl_keyfile=keyfile,
+            http=protocol,
+        )
+    )
     handle_exit = server.handle_exit
 
     def stopping(sig: int, frame: Any) -> None:

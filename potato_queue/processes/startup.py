@@ -15,7 +15,6 @@ def _loopback(host: str) -> bool:
     return host in ("127.0.0.1", "::1", "localhost") or host.startswith("127.")
 
 
-
 def check_admin_key(config: ProjectConfig, host: str) -> str:
     """What the admin API will accept, said at start: refuse a guessable key on a reachable address."""
     from potato_queue.server.guard import admin_key
@@ -23,15 +22,17 @@ def check_admin_key(config: ProjectConfig, host: str) -> str:
 
     key = admin_key(config)
     if key is None:
-        return ("the admin API refuses every request: no admin key is set "
-                "(set admin_api_key in the config, or POTATO_ADMIN_API_KEY)")
+        return (
+            "the admin API refuses every request: no admin key is set "
+            "(set admin_api_key in the config, or POTATO_ADMIN_API_KEY)"
+        )
     if is_weak_admin_key(key) and not _loopback(host):
         raise PotatoQueueError(
             f"admin_api_key {key!r} is a placeholder anyone can guess, and {host} is reachable from other machines",
             fix="set a real key: admin_api_key in the config or POTATO_ADMIN_API_KEY (e.g. the output of "
-                "python -c 'import secrets; print(secrets.token_urlsafe(24))')")
+            "python -c 'import secrets; print(secrets.token_urlsafe(24))')",
+        )
     return "the admin API is open to requests with the project's admin key (header X-API-Key)"
-
 
 
 def check_writable(config: ProjectConfig) -> None:

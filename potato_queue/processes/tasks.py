@@ -31,8 +31,9 @@ def register_execute(app: Celery, config: ProjectConfig, redis_url: str, *, say:
         say(f"potato-queue: ran {ran}" if ran else "potato-queue: nothing queued to run")
 
 
-def register_retrain(app: Celery, config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None],
-                     say: Callable[[str], None]) -> None:
+def register_retrain(
+    app: Celery, config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], say: Callable[[str], None]
+) -> None:
     """Bind the auto-retrain check: beat sends it every few seconds; an idle executor runs one check."""
     from potato_queue.runs.retrain import check
 

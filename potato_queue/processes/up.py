@@ -33,8 +33,9 @@ __all__ = ["up"]
 
 
 def _spawn(args: list[str], env: dict[str, str], **kw: object) -> subprocess.Popen[str]:
-    return subprocess.Popen([sys.executable, "-m", "potato_queue.cli", *args], env=env, text=True,
-                            start_new_session=True, **kw)  # type: ignore[call-overload]
+    return subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.cli", *args], env=env, text=True, start_new_session=True, **kw
+    )  # type: ignore[call-overload]
 
 
 def _stop(proc: subprocess.Popen[str]) -> None:
@@ -64,14 +65,24 @@ def params_by_trainer(trainers: list[str], params: dict[str, Any]) -> list[tuple
     declared = {name: set(table[name]["params"]) if name in table else set() for name in trainers}
     stray = sorted(key for key in params if not any(key in names for names in declared.values()))
     if stray:
-        raise PotatoQueueError(f"--param {stray[0]} is not a param of {', '.join(trainers) or 'any --run trainer'}",
-                               fix="drop it, or add the trainer it is for (GET /admin/training/api/trainers lists "
-                                   "each trainer's params)", exit_code=2)
+        raise PotatoQueueError(
+            f"--param {stray[0]} is not a param of {', '.join(trainers) or 'any --run trainer'}",
+            fix="drop it, or add the trainer it is for (GET /admin/training/api/trainers lists each trainer's params)",
+            exit_code=2,
+        )
     return [(name, {k: v for k, v in params.items() if k in declared[name]}) for name in trainers]
 
 
-def up(config: ProjectConfig, redis_url: str, *, environ: Mapping[str, str], trainers: list[tuple[str, dict[str, Any]]],
-       schemas: list[str], port: int, verbose: bool = False) -> int:
+def up(
+    config: ProjectConfig,
+    redis_url: str,
+    *,
+    environ: Mapping[str, str],
+    trainers: list[tuple[str, dict[str, Any]]],
+    schemas: list[str],
+    port: int,
+    verbose: bool = False,
+) -> int:
     """`environ`: the environment the server, the executor and beat start in (ours, from cli/)."""
     # SIGTERM and SIGHUP would end this process at once, leaving the server, the executor and Redis
     # running under PID 1: as SystemExit they unwind the stack below, which stops every child. Ctrl-C
@@ -85,8 +96,16 @@ def up(config: ProjectConfig, redis_url: str, *, environ: Mapping[str, str], tra
         return 130
 
 
-def _up(config: ProjectConfig, redis_url: str, environ: Mapping[str, str], *, trainers: list[tuple[str, dict[str, Any]]],
-        schemas: list[str], port: int, verbose: bool) -> int:
+def _up(
+    config: ProjectConfig,
+    redis_url: str,
+    environ: Mapping[str, str],
+    *,
+    trainers: list[tuple[str, dict[str, Any]]],
+    schemas: list[str],
+    port: int,
+    verbose: bool,
+) -> int:
     with ExitStack() as stack:
         if not ping(redis_url):
             folder = stack.enter_context(tempfile.TemporaryDirectory(prefix="potato-queue-redis-"))
@@ -105,7 +124,10 @@ def _up(config: ProjectConfig, redis_url: str, environ: Mapping[str, str], *, tr
         executor = _spawn(["executor", cfg_path, "--verbose" if verbose else "--quiet"], env)
         stack.callback(_stop, executor)
         if not trainers:
-            if config.model_training.auto_retrain.enabled and config.model_training.auto_retrain.trainer != TRAINER_NAME:
+            if (
+                config.model_training.auto_retrain.enabled
+                and config.model_training.auto_retrain.trainer != TRAINER_NAME
+            ):
                 stack.callback(_stop, _spawn(["beat", cfg_path], env))
             return executor.wait()
         from potato_queue.server.guard import PAGE_PREFIX
@@ -114,8 +136,9 @@ def _up(config: ProjectConfig, redis_url: str, environ: Mapping[str, str], *, tr
     return 0
 
 
-def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str],
-                 page: str) -> int:
+def run_in_order(
+    config: ProjectConfig, redis_url: str, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str], page: str
+) -> int:
     """Queue a run per trainer (they run one at a time, in this order), follow each, compare them. No `schemas`:
     each trainer gets the schemes of the kinds it trains."""
     from potato_queue.cli.output import compare_table, follow
@@ -126,11 +149,22 @@ def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str
     from potato_queue.store.keys import project_predictions_path
 
     store, app = RunStore(config, client_for(redis_url)), make_celery(config, redis_url)
-    print(f"potato-queue: the Training page, while this runs: {page} (admin key: admin_api_key in "
-          f"{config.config_path})", flush=True)
-    records = [start_run(config, store, lambda run_id: enqueue(app, config, run_id), trainer=trainer,
-                         schemas=schemas or trainable_schemas(config, trainer), params=params, trigger="cli")
-               for trainer, params in trainers]
+    print(
+        f"potato-queue: the Training page, while this runs: {page} (admin key: admin_api_key in {config.config_path})",
+        flush=True,
+    )
+    records = [
+        start_run(
+            config,
+            store,
+            lambda run_id: enqueue(app, config, run_id),
+            trainer=trainer,
+            schemas=schemas or trainable_schemas(config, trainer),
+            params=params,
+            trigger="cli",
+        )
+        for trainer, params in trainers
+    ]
     worst = 0
     for record in records:
         print(f"\n== {record['trainer']} (run {record['run_id']})", flush=True)
@@ -138,8 +172,10 @@ def run_in_order(config: ProjectConfig, redis_url: str, trainers: list[tuple[str
     if len(records) > 1:
         finished = [store.get(record["run_id"]) for record in records]
         print("\nHeld-out scores, the same split for every run:\n" + compare_table(finished))
-        print(f"\npredictions: {project_predictions_path(config)} (what passes Potato's rules, the newest run's "
-              f"per item; each run's own: {store.paths(records[-1]['run_id']).dir.parent}/<run>/predictions.jsonl)")
+        print(
+            f"\npredictions: {project_predictions_path(config)} (what passes Potato's rules, the newest run's "
+            f"per item; each run's own: {store.paths(records[-1]['run_id']).dir.parent}/<run>/predictions.jsonl)"
+        )
     print(where_in_potato(store), flush=True)
     return worst
 
@@ -150,7 +186,9 @@ def where_in_potato(store: Any) -> str:
     if not status.on:
         return f"\n{status.line()}"
     config = store.config
-    return (f"\nIn Potato: these runs are in {potato_database_path(config)}. Start Potato on the project "
-            f"(potato start {config.config_path}): its Training page (/admin/training) lists them, and at that start it "
-            f"publishes their predictions as prelabels (/admin/model-review; annotators see them pre-filled when "
-            f"pre_annotation is on). A Potato already running lists them at once and publishes them at its next start.")
+    return (
+        f"\nIn Potato: these runs are in {potato_database_path(config)}. Start Potato on the project "
+        f"(potato start {config.config_path}): its Training page (/admin/training) lists them, and at that start it "
+        f"publishes their predictions as prelabels (/admin/model-review; annotators see them pre-filled when "
+        f"pre_annotation is on). A Potato already running lists them at once and publishes them at its next start."
+    )

@@ -55,27 +55,44 @@ def registration_report(store: RunStore, backend: str, config_path: str) -> Chec
     try:
         registration = store.agents.registration(backend)
     except redis.RedisError:
-        raise PotatoQueueError(f"Redis does not answer, and backend {backend}'s registration is kept there",
-                               fix=f"start Redis, or point --redis-url (or {REDIS_URL_ENV}) at the server's") from None
+        raise PotatoQueueError(
+            f"Redis does not answer, and backend {backend}'s registration is kept there",
+            fix=f"start Redis, or point --redis-url (or {REDIS_URL_ENV}) at the server's",
+        ) from None
     if registration is None:
         command = f"potato-queue training register {backend} {config_path}"
-        return CheckReport(ok=False, lines=[f"{backend}: no token issued yet", f"  issue one with: {command}"],
-                           data={"backend": backend, "registered": False, "register_command": command})
+        return CheckReport(
+            ok=False,
+            lines=[f"{backend}: no token issued yet", f"  issue one with: {command}"],
+            data={"backend": backend, "registered": False, "register_command": command},
+        )
     now_s = store.clock.now_s()
     agent: dict[str, Any] = registration["agent"] or {}
     last_seen = registration["last_seen"]
     recent = last_seen is not None and now_s - last_seen < RECENT_S
-    lines = [f"{backend}: token issued {_when(registration['created_at'], now_s)}",
-             f"  last_seen: {_when(last_seen, now_s)}"]
+    lines = [
+        f"{backend}: token issued {_when(registration['created_at'], now_s)}",
+        f"  last_seen: {_when(last_seen, now_s)}",
+    ]
     if agent:
         packages = ", ".join(f"{k} {v}" for k, v in sorted((agent.get("packages") or {}).items())) or "none found"
-        lines.append(f"  agent: {agent.get('host')}, Python {agent.get('python')} ({agent.get('executable')}); "
-                     f"trainer packages: {packages}")
+        lines.append(
+            f"  agent: {agent.get('host')}, Python {agent.get('python')} ({agent.get('executable')}); "
+            f"trainer packages: {packages}"
+        )
     if not recent:
-        lines.append("  no agent is polling now: start one on the training machine "
-                     f"(potato-queue training agent --server URL --backend {backend})")
-    data = {"backend": backend, "registered": True, "created_at": registration["created_at"],
-            "last_seen": last_seen, "agent": agent or None, "polling": recent}
+        lines.append(
+            "  no agent is polling now: start one on the training machine "
+            f"(potato-queue training agent --server URL --backend {backend})"
+        )
+    data = {
+        "backend": backend,
+        "registered": True,
+        "created_at": registration["created_at"],
+        "last_seen": last_seen,
+        "agent": agent or None,
+        "polling": recent,
+    }
     return CheckReport(ok=recent, lines=lines, data=data)
 
 

@@ -44,8 +44,12 @@ def read_predictions(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
     good: list[dict[str, Any]] = []
     bad: list[int] = []
     for number, row in read_jsonl(path, not_json="none", missing_ok=True, errors="replace"):
-        if isinstance(row, dict) and isinstance(row.get("instance_id"), (str, int)) \
-                and isinstance(row.get("schema_name"), str) and too_deep(row, "a prediction") is None:
+        if (
+            isinstance(row, dict)
+            and isinstance(row.get("instance_id"), (str, int))
+            and isinstance(row.get("schema_name"), str)
+            and too_deep(row, "a prediction") is None
+        ):
             good.append(clean(row))
         else:
             bad.append(number)
@@ -53,8 +57,10 @@ def read_predictions(path: Path) -> tuple[list[dict[str, Any]], list[int]]:
 
 
 def _split_ids(bundle_dir: Path, split: str) -> dict[str, dict[str, Any]]:
-    return {str(row["instance_id"]): row.get("targets") or {}
-            for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True)}
+    return {
+        str(row["instance_id"]): row.get("targets") or {}
+        for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True)
+    }
 
 
 def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, Any]]) -> dict[str, Any]:
@@ -69,8 +75,9 @@ def _held_out(bundle_dir: Path, schemas: Iterable[str], preds: list[dict[str, An
         result[schema] = {}
         for split in HELD_OUT_SPLITS:
             targets = {i: t[schema] for i, t in rows[split].items() if schema in t}
-            result[schema][split] = score(targets, by_schema.get(schema, {}), kinds.get(schema, "nominal"),
-                                          scales.get(schema, {}).get("points"))
+            result[schema][split] = score(
+                targets, by_schema.get(schema, {}), kinds.get(schema, "nominal"), scales.get(schema, {}).get("points")
+            )
     return result
 
 
@@ -83,12 +90,16 @@ def _train_ids_on_disk(store: RunStore, run_id: str) -> set[str]:
     return out
 
 
-def _candidates(config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _candidates(
+    config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
     """Every stored prediction, latest per item and schema, this run's laid over them: Potato's table when
     write-back is on (what Potato publishes at its start), else the published file."""
     stored = store.potato.stored_predictions()
-    merged = {(str(p["instance_id"]), p["schema_name"]): p
-              for p in (stored if stored is not None else published_predictions(config))}
+    merged = {
+        (str(p["instance_id"]), p["schema_name"]): p
+        for p in (stored if stored is not None else published_predictions(config))
+    }
     for p in valid:  # a run Potato records itself is not in its table yet
         merged[(str(p["instance_id"]), p["schema_name"])] = {**p, "run_id": run_id}
     return list(merged.values())
@@ -98,17 +109,22 @@ def _rules(config: ProjectConfig, store: RunStore, run_id: str) -> PublishRules:
     wb = config.model_training.writeback
     guard = store.potato.leak_guard()
     unshown = {str(s.get("name")): why for s in config.annotation_schemes if (why := potato_cannot_show(s))}
-    return PublishRules(train_ids=guard if guard is not None else _train_ids_on_disk(store, run_id),
-                        schemas=set(wb.schemas), rejected=store.potato.rejected(), min_confidence=wb.min_confidence,
-                        unshown=unshown)
+    return PublishRules(
+        train_ids=guard if guard is not None else _train_ids_on_disk(store, run_id),
+        schemas=set(wb.schemas),
+        rejected=store.potato.rejected(),
+        min_confidence=wb.min_confidence,
+        unshown=unshown,
+    )
 
 
 def published_predictions(config: ProjectConfig) -> list[dict[str, Any]]:
     return read_predictions(project_predictions_path(config))[0]
 
 
-def _publish(config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]],
-             refused: int) -> dict[str, Any]:
+def _publish(
+    config: ProjectConfig, store: RunStore, run_id: str, valid: list[dict[str, Any]], refused: int
+) -> dict[str, Any]:
     """Write the project's predictions.jsonl (what passes Potato's rules); what the run's record keeps of it."""
     rules = _rules(config, store, run_id)
     published = publishable(rules, _candidates(config, store, run_id, valid))
@@ -117,12 +133,20 @@ def _publish(config: ProjectConfig, store: RunStore, run_id: str, valid: list[di
     ours = sum(1 for p in published if p.get("run_id") == run_id)
     kept = ", ".join(f"{n} {why}" for why, n in rules.skipped.items() if n)
     unshown = sorted({str(p["schema_name"]) for p in valid} & set(rules.unshown) & rules.schemas)
-    said = (f"published {ours} of this run's {len(valid)} predictions as prelabels "
-            f"({len(published)} in the project's predictions.jsonl{'; kept off: ' + kept if kept else ''})"
-            + (f"; {refused} refused" if refused else "")
-            + "".join(f"; {name}'s predictions are stored, not published: {rules.unshown[name]}" for name in unshown))
-    return {"published": ours, "predictions": len(valid), "refused": refused, "kept_off": dict(rules.skipped),
-            "said": said, **({"not_shown": {name: rules.unshown[name] for name in unshown}} if unshown else {})}
+    said = (
+        f"published {ours} of this run's {len(valid)} predictions as prelabels "
+        f"({len(published)} in the project's predictions.jsonl{'; kept off: ' + kept if kept else ''})"
+        + (f"; {refused} refused" if refused else "")
+        + "".join(f"; {name}'s predictions are stored, not published: {rules.unshown[name]}" for name in unshown)
+    )
+    return {
+        "published": ours,
+        "predictions": len(valid),
+        "refused": refused,
+        "kept_off": dict(rules.skipped),
+        "said": said,
+        **({"not_shown": {name: rules.unshown[name] for name in unshown}} if unshown else {}),
+    }
 
 
 def _say_refused(store: RunStore, run_id: str, refused: list[Refusal]) -> None:
@@ -131,8 +155,9 @@ def _say_refused(store: RunStore, run_id: str, refused: list[Refusal]) -> None:
         store.log(run_id, f"warning: refused {len(refused)} prediction(s), never stored or published: {named}")
 
 
-def finalize_predictions(config: ProjectConfig, store: RunStore,
-                         record: Mapping[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+def finalize_predictions(
+    config: ProjectConfig, store: RunStore, record: Mapping[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
     """Score the held-out items, store every valid prediction in Potato's store, publish what passes
     Potato's rules; returns (held_out, what was published: the record's `prelabels`)."""
     run_id = record["run_id"]
@@ -140,8 +165,11 @@ def finalize_predictions(config: ProjectConfig, store: RunStore,
     preds, bad = read_predictions(paths.predictions)
     if bad:
         lines = ", ".join(map(str, bad[:10])) + (" ..." if len(bad) > 10 else "")
-        store.log(run_id, f"warning: predictions.jsonl has {len(bad)} line(s) that are not a prediction "
-                          f"(a JSON object with instance_id and schema_name), skipped: line(s) {lines}")
+        store.log(
+            run_id,
+            f"warning: predictions.jsonl has {len(bad)} line(s) that are not a prediction "
+            f"(a JSON object with instance_id and schema_name), skipped: line(s) {lines}",
+        )
     valid, refused = refusals(config, paths.bundle_dir, preds, record["schemas"])
     _say_refused(store, run_id, refused)
     if not valid:
@@ -151,9 +179,12 @@ def finalize_predictions(config: ProjectConfig, store: RunStore,
     store.potato.record_predictions(record, valid)
     pruned = store.potato.prune(record, config.model_training.retain_runs)
     if pruned:
-        store.log(run_id, f"Potato's store: {len(pruned)} older run(s) pruned with their run items "
-                          f"({', '.join(pruned)}): Potato keeps the newest {config.model_training.retain_runs} "
-                          f"(model_training.retain_runs) and every run whose predictions are still live")
+        store.log(
+            run_id,
+            f"Potato's store: {len(pruned)} older run(s) pruned with their run items "
+            f"({', '.join(pruned)}): Potato keeps the newest {config.model_training.retain_runs} "
+            f"(model_training.retain_runs) and every run whose predictions are still live",
+        )
     prelabels = _publish(config, store, run_id, valid, len(refused))
     store.log(run_id, f"held-out scores: {json.dumps(held_out)}; {prelabels['said']}")
     return held_out, prelabels

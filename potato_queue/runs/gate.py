@@ -20,8 +20,19 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.wire.files import read_jsonl
 
-__all__ = ["BUNDLE_SPLITS", "Refusal", "PublishRules", "bundle_split_ids", "bundle_summary", "refusals",
-           "publishable", "schema_kinds", "label_of", "potato_cannot_show", "UNSHOWN"]
+__all__ = [
+    "BUNDLE_SPLITS",
+    "Refusal",
+    "PublishRules",
+    "bundle_split_ids",
+    "bundle_summary",
+    "refusals",
+    "publishable",
+    "schema_kinds",
+    "label_of",
+    "potato_cannot_show",
+    "UNSHOWN",
+]
 
 BUNDLE_SPLITS = ("train", "val", "test", "unlabeled")
 # Kinds whose labels come from a closed vocabulary, so a foreign label can be told.
@@ -39,8 +50,10 @@ def potato_cannot_show(scheme: Mapping[str, Any]) -> str | None:
     """Why Potato 2.12.1 cannot pre-fill *scheme* from any prediction (None: it can)."""
     atype = str(scheme.get("annotation_type") or "").strip().lower()
     if atype == "likert" and not scheme.get("labels"):
-        return ("Potato 2.12.1 pre-fills no likert without labels (its points have no names to match); give the "
-                "likert labels: to have its predictions pre-filled")
+        return (
+            "Potato 2.12.1 pre-fills no likert without labels (its points have no names to match); give the "
+            "likert labels: to have its predictions pre-filled"
+        )
     if atype in _UNSHOWN_TYPES:
         return f"Potato 2.12.1 pre-fills no {_UNSHOWN_TYPES[atype]}"
     return None
@@ -60,9 +73,14 @@ def label_of(prediction: Mapping[str, Any]) -> Any:
 
 def bundle_split_ids(bundle_dir: Path) -> dict[str, list[str]]:
     """Each split's item ids, in the bundle's order (an absent split file is an empty split)."""
-    return {split: [str(row.get("instance_id"))
-                    for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True)
-                    if isinstance(row, dict)] for split in BUNDLE_SPLITS}
+    return {
+        split: [
+            str(row.get("instance_id"))
+            for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True)
+            if isinstance(row, dict)
+        ]
+        for split in BUNDLE_SPLITS
+    }
 
 
 def _manifest(bundle_dir: Path) -> dict[str, Any]:
@@ -75,15 +93,21 @@ def _manifest(bundle_dir: Path) -> dict[str, Any]:
 
 def schema_kinds(bundle_dir: Path) -> dict[str, str]:
     """Each scheme's kind as the run's bundle recorded it (how its predictions are scored)."""
-    return {str(s.get("name")): str(s.get("kind") or "nominal") for s in _manifest(bundle_dir).get("schemas") or []
-            if isinstance(s, dict)}
+    return {
+        str(s.get("name")): str(s.get("kind") or "nominal")
+        for s in _manifest(bundle_dir).get("schemas") or []
+        if isinstance(s, dict)
+    }
 
 
 def bundle_summary(bundle_dir: Path, split_ids: dict[str, list[str]]) -> dict[str, Any]:
     """What a run's record keeps of its bundle: the digest, each schema's kind, each split's size."""
     manifest = _manifest(bundle_dir)
-    return {"digest": manifest.get("digest") or "", "n": {split: len(ids) for split, ids in split_ids.items()},
-            "kinds": [str(s.get("kind")) for s in manifest.get("schemas") or [] if isinstance(s, dict)]}
+    return {
+        "digest": manifest.get("digest") or "",
+        "n": {split: len(ids) for split, ids in split_ids.items()},
+        "kinds": [str(s.get("kind")) for s in manifest.get("schemas") or [] if isinstance(s, dict)],
+    }
 
 
 def _allowed_labels(config: ProjectConfig, bundle_dir: Path) -> dict[str, tuple[str, set[str]]]:
@@ -93,8 +117,14 @@ def _allowed_labels(config: ProjectConfig, bundle_dir: Path) -> dict[str, tuple[
     for scheme in config.annotation_schemes:
         names = {str(x.get("name") if isinstance(x, dict) else x) for x in scheme.get("labels") or []}
         offered[str(scheme.get("name"))] = names
-    return {str(s.get("name")): (str(s.get("kind")), set(map(str, s.get("labels") or [])) | offered.get(str(s.get("name")), set()))
-            for s in manifest.get("schemas") or [] if isinstance(s, dict)}
+    return {
+        str(s.get("name")): (
+            str(s.get("kind")),
+            set(map(str, s.get("labels") or [])) | offered.get(str(s.get("name")), set()),
+        )
+        for s in manifest.get("schemas") or []
+        if isinstance(s, dict)
+    }
 
 
 @dataclass(frozen=True)
@@ -142,8 +172,9 @@ def _problem(p: dict[str, Any], items: set[str], schemas: dict[str, tuple[str, s
     return _label_problem(label, kind, labels)
 
 
-def refusals(config: ProjectConfig, bundle_dir: Path, predictions: list[dict[str, Any]],
-             schemas: Iterable[str]) -> tuple[list[dict[str, Any]], list[Refusal]]:
+def refusals(
+    config: ProjectConfig, bundle_dir: Path, predictions: list[dict[str, Any]], schemas: Iterable[str]
+) -> tuple[list[dict[str, Any]], list[Refusal]]:
     """(the valid predictions, the refused ones with why) against the run's own bundle."""
     items = {i for ids in bundle_split_ids(bundle_dir).values() for i in ids}
     trained = set(schemas)
@@ -169,9 +200,19 @@ class PublishRules:
     min_confidence: float
     #: {scheme: why}: the schemes Potato pre-fills nothing from (their predictions are stored, not published).
     unshown: dict[str, str] = field(default_factory=dict)
-    skipped: dict[str, int] = field(default_factory=lambda: dict.fromkeys(
-        ("train split", "schema not enabled", UNSHOWN, "rejected by a reviewer", "below min_confidence",
-         "no label in the set"), 0))
+    skipped: dict[str, int] = field(
+        default_factory=lambda: dict.fromkeys(
+            (
+                "train split",
+                "schema not enabled",
+                UNSHOWN,
+                "rejected by a reviewer",
+                "below min_confidence",
+                "no label in the set",
+            ),
+            0,
+        )
+    )
 
     def why_not(self, p: dict[str, Any]) -> str | None:
         item, schema, confidence = str(p.get("instance_id")), str(p.get("schema_name")), p.get("confidence")

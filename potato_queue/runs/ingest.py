@@ -51,8 +51,10 @@ def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) ->
             fh.write(text)
     live, metrics, lines = summarize(kept)
     for name in store.record_batch(run_id, live, metrics):
-        problems.append(f"metric {_shown(name)}: the run has {MAX_METRICS_PER_RUN} metric names already, the most "
-                        f"a run keeps (their values still update); {_MANY_FIX}")
+        problems.append(
+            f"metric {_shown(name)}: the run has {MAX_METRICS_PER_RUN} metric names already, the most "
+            f"a run keeps (their values still update); {_MANY_FIX}"
+        )
     if problems:
         more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
         lines.append(f"warning: {len(problems)} metric event(s) of a batch were not recorded: {problems[0]}{more}")
@@ -68,16 +70,24 @@ def metric_name(event: dict[str, Any]) -> str:
 def metric_problem(name: str, value: Any) -> str | None:
     """Why a metric cannot be kept in the run's record (what was wrong, the value, the fix), or None."""
     if len(name) > MAX_METRIC_NAME_CHARS:
-        return f"metric {_shown(name)}: its name is {len(name)} characters long, over the {MAX_METRIC_NAME_CHARS} " \
-               f"kept; {_NAME_FIX}"
+        return (
+            f"metric {_shown(name)}: its name is {len(name)} characters long, over the {MAX_METRIC_NAME_CHARS} "
+            f"kept; {_NAME_FIX}"
+        )
     if value is None or isinstance(value, (bool, float)):
         return None
     if isinstance(value, int):
-        return None if -_INT64 <= value < _INT64 else \
-            f"metric {_shown(name)}: its value is an integer beyond 64 bits; {_NUMBER_FIX}"
+        return (
+            None
+            if -_INT64 <= value < _INT64
+            else f"metric {_shown(name)}: its value is an integer beyond 64 bits; {_NUMBER_FIX}"
+        )
     if isinstance(value, str):
-        return None if len(value) <= MAX_METRIC_TEXT_CHARS else \
-            f"metric {_shown(name)}: its value is text of {len(value)} characters; {_METRIC_FIX}"
+        return (
+            None
+            if len(value) <= MAX_METRIC_TEXT_CHARS
+            else f"metric {_shown(name)}: its value is text of {len(value)} characters; {_METRIC_FIX}"
+        )
     kind = "a list" if isinstance(value, list) else "an object"
     return f"metric {_shown(name)}: its value is {kind}; {_METRIC_FIX}"
 

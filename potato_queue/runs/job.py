@@ -72,18 +72,29 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
         size, sha256 = paths.bundle.stat().st_size, file_sha256(paths.bundle)
     else:
         manifest, said, (size, sha256) = _built_or_cached(config, store, record, paths)
-    store.log(record["run_id"], f"bundle {said}: {size} bytes, sha256 {sha256[:12]}",
-              *(f"warning: {text}" for text in manifest["stats"]["warnings"]))
+    store.log(
+        record["run_id"],
+        f"bundle {said}: {size} bytes, sha256 {sha256[:12]}",
+        *(f"warning: {text}" for text in manifest["stats"]["warnings"]),
+    )
     return Job(
-        run_id=record["run_id"], trainer=record["trainer"], schemas=list(record["schemas"]),
-        bundle=BundleRef(size, sha256), heartbeat_interval_s=heartbeat_interval_s(config, record["backend"]),
-        max_predictions_bytes=max_predictions_bytes(config), params=_params(config, store, record),
-        seed=mt.split_seed, grace_seconds=mt.grace_seconds, limits=limits_for(config, record["backend"]),
-        resume_of=checkpoint_owner(store, record))
+        run_id=record["run_id"],
+        trainer=record["trainer"],
+        schemas=list(record["schemas"]),
+        bundle=BundleRef(size, sha256),
+        heartbeat_interval_s=heartbeat_interval_s(config, record["backend"]),
+        max_predictions_bytes=max_predictions_bytes(config),
+        params=_params(config, store, record),
+        seed=mt.split_seed,
+        grace_seconds=mt.grace_seconds,
+        limits=limits_for(config, record["backend"]),
+        resume_of=checkpoint_owner(store, record),
+    )
 
 
-def _built_or_cached(config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths
-                     ) -> tuple[dict[str, Any], str, tuple[int, str]]:
+def _built_or_cached(
+    config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths
+) -> tuple[dict[str, Any], str, tuple[int, str]]:
     """The bundle of an earlier run built from the same inputs (bundle/inputs.py), copied; else built and
     packed. (manifest, what run.log says of it, (tar bytes, sha256))."""
     from potato_queue.bundle import build_bundle, pack_bundle
@@ -102,8 +113,14 @@ def _built_or_cached(config: ProjectConfig, store: RunStore, record: RunRecord, 
         except (OSError, ValueError):
             continue
         write_inputs_file(paths.bundle_inputs, digest, annotations)
-        return manifest, (f"of run {earlier} reused (its data files, annotations, config and split seed are "
-                          f"unchanged: inputs sha256 {digest[:12]})"), packed
+        return (
+            manifest,
+            (
+                f"of run {earlier} reused (its data files, annotations, config and split seed are "
+                f"unchanged: inputs sha256 {digest[:12]})"
+            ),
+            packed,
+        )
     manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
     packed = pack_bundle(paths.bundle_dir, paths.bundle)
     write_inputs_file(paths.bundle_inputs, digest, annotations)
@@ -122,7 +139,12 @@ def limits_for(config: ProjectConfig, backend: str) -> Limits:
     mt = config.model_training
     chosen = mt.backend_config(backend) if backend in mt.backend_names() else None
     if isinstance(chosen, LocalBackend):
-        return Limits(max_wall_s=mt.max_wall_seconds, max_ram_mb=chosen.max_ram_mb, device=chosen.device,
-                      num_threads=chosen.num_threads)
-    return Limits(max_wall_s=mt.max_wall_seconds, max_ram_mb=None, device="auto",
-                  num_threads=getattr(chosen, "num_threads", None))
+        return Limits(
+            max_wall_s=mt.max_wall_seconds,
+            max_ram_mb=chosen.max_ram_mb,
+            device=chosen.device,
+            num_threads=chosen.num_threads,
+        )
+    return Limits(
+        max_wall_s=mt.max_wall_seconds, max_ram_mb=None, device="auto", num_threads=getattr(chosen, "num_threads", None)
+    )

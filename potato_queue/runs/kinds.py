@@ -50,12 +50,18 @@ def refuse_foreign_kinds(config: ProjectConfig, trainer: str, schemas: list[str]
             continue
         takers = trainers_for_modality(kind, project_modality(config, [name]))
         others = trainable_schemas(config, trainer)
-        fix = (f"train {name} with {' or '.join(takers)}" if takers
-               else f"no trainer takes {kind} schemes yet: leave {name} out of the run")
+        fix = (
+            f"train {name} with {' or '.join(takers)}"
+            if takers
+            else f"no trainer takes {kind} schemes yet: leave {name} out of the run"
+        )
         if others:
             fix += f"; {trainer} takes {', '.join(others)} here"
-        raise Conflict(f"Scheme '{name}' is {kind} ({scheme.get('annotation_type')}), and {trainer} trains only "
-                       f"{'/'.join(kinds) or 'no'} schemes", fix=fix)
+        raise Conflict(
+            f"Scheme '{name}' is {kind} ({scheme.get('annotation_type')}), and {trainer} trains only "
+            f"{'/'.join(kinds) or 'no'} schemes",
+            fix=fix,
+        )
 
 
 def refuse_foreign_modality(config: ProjectConfig, trainer: str, schemas: list[str]) -> None:
@@ -69,7 +75,12 @@ def refuse_foreign_modality(config: ProjectConfig, trainer: str, schemas: list[s
     schemes = _schemes_by_name(config)
     kinds = [schema_kind(schemes[name]) for name in schemas if name in schemes]
     takers = sorted({t for kind in kinds for t in trainers_for_modality(kind, modality)})
-    raise Conflict(f"The items of {', '.join(schemas)} are of the {modality} modality (Potato's rule: most items name "
-                   f"a file of that kind), and {trainer} trains on {'/'.join(info.modalities)} items",
-                   fix=(f"train them with {' or '.join(takers)}" if takers
-                        else f"no trainer takes {modality} items of these kinds yet"))
+    raise Conflict(
+        f"The items of {', '.join(schemas)} are of the {modality} modality (Potato's rule: most items name "
+        f"a file of that kind), and {trainer} trains on {'/'.join(info.modalities)} items",
+        fix=(
+            f"train them with {' or '.join(takers)}"
+            if takers
+            else f"no trainer takes {modality} items of these kinds yet"
+        ),
+    )

@@ -40,9 +40,11 @@ TAIL_LINES = 5
 TOKEN_TTL_UNBOUNDED_S = 30 * 24 * 3600.0
 TOKEN_TTL_MARGIN_S = 3600.0
 REDIS_RETRY_S = 1.0
-PREEMPTED = ("preempted: the machine was taken back before the run finished (SLURM preemption or time limit, "
-             "SIGUSR1), and the job was not requeued; fix: set requeue: true on the backend so that SLURM requeues "
-             "a preempted job and it resumes from its last checkpoint, or start the run again")
+PREEMPTED = (
+    "preempted: the machine was taken back before the run finished (SLURM preemption or time limit, "
+    "SIGUSR1), and the job was not requeued; fix: set requeue: true on the backend so that SLURM requeues "
+    "a preempted job and it resumes from its last checkpoint, or start the run again"
+)
 
 
 def _tail(path: Path, lines: int = TAIL_LINES) -> str:
@@ -63,7 +65,10 @@ def failure_of(outcome: Outcome, live: dict[str, Any], cancel_requested: bool) -
         # Asked to stop and stopped: a worker killed after ignoring SIGTERM is still a cancelled run.
         return RunState.CANCELLED, None if code == EXIT_CANCELLED else message
     if code == EXIT_OOM:
-        return RunState.FAILED, message or "The worker ran out of memory (exit 5); use a smaller model or batch, or raise max_ram_mb"
+        return (
+            RunState.FAILED,
+            message or "The worker ran out of memory (exit 5); use a smaller model or batch, or raise max_ram_mb",
+        )
     if code == EXIT_PREEMPTED:
         return RunState.FAILED, PREEMPTED
     return RunState.FAILED, message or f"The worker exited with code {code}; see run.log"
@@ -112,8 +117,15 @@ class _StoreOffer:
 class RunLife:
     """The life of one run that dispatch has moved to `starting` (its record in hand)."""
 
-    def __init__(self, config: ProjectConfig, store: RunStore, executors: Executors, record: RunRecord,
-                 lease: Lease, started_s: float) -> None:
+    def __init__(
+        self,
+        config: ProjectConfig,
+        store: RunStore,
+        executors: Executors,
+        record: RunRecord,
+        lease: Lease,
+        started_s: float,
+    ) -> None:
         self.config, self.store, self.executors, self.lease = config, store, executors, lease
         self.clock = store.clock  # the one every deadline of the run is counted on
         self.record = record
@@ -166,8 +178,9 @@ class RunLife:
             except redis.RedisError as exc:
                 if not told:
                     told = True
-                    _log.warning("run %s: Redis is unreachable (%s); its end is recorded once Redis answers",
-                                 self.run_id, exc)
+                    _log.warning(
+                        "run %s: Redis is unreachable (%s); its end is recorded once Redis answers", self.run_id, exc
+                    )
                 with contextlib.suppress(OSError):
                     self.paths.run_log.touch()
                 self.clock.wait(REDIS_RETRY_S)
@@ -178,14 +191,28 @@ class RunLife:
         split_ids = bundle_split_ids(self.paths.bundle_dir)
         self.store.potato.record_splits(self.record, split_ids)
         # Potato's row now with its split sizes and digest; refused (RunMovedOn) if the run ended meanwhile.
-        self.store.update(self.run_id, self.record, potato_row=True, job=job.to_dict(),
-                          bundle=bundle_summary(self.paths.bundle_dir, split_ids))
+        self.store.update(
+            self.run_id,
+            self.record,
+            potato_row=True,
+            job=job.to_dict(),
+            bundle=bundle_summary(self.paths.bundle_dir, split_ids),
+        )
         backend = self.record["backend"]
         token = None if executor.pull else self.store.tokens.issue(self.run_id, self._token_ttl_s())
         offer = _StoreOffer(self.store, backend, self.run_id) if executor.pull else None
-        return LaunchSpec(run_id=self.run_id, backend_name=backend, job=job, token=token,
-                          server_url=server_url_for(self.store), paths=self.paths, log=self.log, step=self.step,
-                          offer=offer, clock=self.clock)
+        return LaunchSpec(
+            run_id=self.run_id,
+            backend_name=backend,
+            job=job,
+            token=token,
+            server_url=server_url_for(self.store),
+            paths=self.paths,
+            log=self.log,
+            step=self.step,
+            offer=offer,
+            clock=self.clock,
+        )
 
     def _token_ttl_s(self) -> float:
         mt = self.config.model_training
@@ -197,13 +224,24 @@ class RunLife:
         mt = self.config.model_training
         assert self.handle is not None
         return Watch(
-            run_id=self.run_id, backend_name=spec.backend_name, handle=self.handle, store=self.store,
-            grace_s=float(mt.grace_seconds), heartbeat_timeout_s=mt.heartbeat_timeout_s_of(spec.backend_name),
-            max_wall_s=mt.max_wall_seconds, started_s=self.started_s, launched_s=self.clock.now_s(),
+            run_id=self.run_id,
+            backend_name=spec.backend_name,
+            handle=self.handle,
+            store=self.store,
+            grace_s=float(mt.grace_seconds),
+            heartbeat_timeout_s=mt.heartbeat_timeout_s_of(spec.backend_name),
+            max_wall_s=mt.max_wall_seconds,
+            started_s=self.started_s,
+            launched_s=self.clock.now_s(),
             pending_timeout_s=getattr(executor.backend, "pending_timeout_s", None),
-            renew_lease=self.lease.renew, lease_lapsed=lambda: self.lease.lapsed, on_first_contact=self._first_contact,
-            log=self.log, step=self.step,
-            last_output=lambda: _tail(self.paths.agent_log), clock=self.clock, alive=self._alive,
+            renew_lease=self.lease.renew,
+            lease_lapsed=lambda: self.lease.lapsed,
+            on_first_contact=self._first_contact,
+            log=self.log,
+            step=self.step,
+            last_output=lambda: _tail(self.paths.agent_log),
+            clock=self.clock,
+            alive=self._alive,
         )
 
     def _alive(self) -> None:
@@ -238,9 +276,16 @@ class RunLife:
             self.log(f"the model files could not be collected: {_said(exc)}")
             artifact_uri = None
         state, error = failure_of(outcome, live, self.store.cancel_requested(self.run_id))
-        self.store.transition(self.run_id, state, self.record, exit_code=result.exit_code if result else None,
-                              error=error, metrics=self.store.metrics(self.run_id), artifact_uri=artifact_uri,
-                              said=_end_line(state, error))
+        self.store.transition(
+            self.run_id,
+            state,
+            self.record,
+            exit_code=result.exit_code if result else None,
+            error=error,
+            metrics=self.store.metrics(self.run_id),
+            artifact_uri=artifact_uri,
+            said=_end_line(state, error),
+        )
 
     def _collect(self, result: AgentResult | None) -> str | None:
         assert self.handle is not None
@@ -261,10 +306,19 @@ class RunLife:
         self._keep_insight_inputs()
         state = RunState.FAILED if error else RunState.SUCCEEDED
         model_version = (live.get("result") or {}).get("model_version")
-        self.store.transition(self.run_id, state, self.record, exit_code=EXIT_OK, held_out=held_out,
-                              metrics=self.store.metrics(self.run_id), error=error, artifact_uri=artifact_uri,
-                              model_version=model_version, prelabels=prelabels,
-                              said=_end_line(state, error))
+        self.store.transition(
+            self.run_id,
+            state,
+            self.record,
+            exit_code=EXIT_OK,
+            held_out=held_out,
+            metrics=self.store.metrics(self.run_id),
+            error=error,
+            artifact_uri=artifact_uri,
+            model_version=model_version,
+            prelabels=prelabels,
+            said=_end_line(state, error),
+        )
 
     def _keep_insight_inputs(self) -> None:
         """insight.json, so that the run's page reads it instead of its whole predictions and bundle; a run
@@ -272,12 +326,15 @@ class RunLife:
         try:
             write_inputs(self.store, self.record)
         except Exception as exc:  # noqa: BLE001 - the run's result stands; its insight is only slower to read
-            self.log(f"warning: the insight pages' inputs could not be kept ({type(exc).__name__}: {exc}); "
-                     f"they are worked out from the run's files on each look")
+            self.log(
+                f"warning: the insight pages' inputs could not be kept ({type(exc).__name__}: {exc}); "
+                f"they are worked out from the run's files on each look"
+            )
 
     def _fail(self, error: str) -> None:
         try:
-            self.store.transition(self.run_id, RunState.FAILED, self.record, error=error,
-                                  said=_end_line(RunState.FAILED, error))
+            self.store.transition(
+                self.run_id, RunState.FAILED, self.record, error=error, said=_end_line(RunState.FAILED, error)
+            )
         except RunFolderError:
             pass  # failed in Redis, the record held there until the folder takes writes again

@@ -63,7 +63,8 @@ def _front_matter(record: RunRecord, base: str | None) -> str:
     if trainer.startswith("hf-"):
         meta["library_name"] = "transformers"
     meta["tags"] = ["potato-queue", "potato-annotation", trainer] + (
-        ["text-classification"] if trainer == "hf-text-classification" else [])
+        ["text-classification"] if trainer == "hf-text-classification" else []
+    )
     if base:
         meta["base_model"] = base
     return "---\n" + yaml.safe_dump(meta, sort_keys=False) + "---\n"
@@ -75,8 +76,13 @@ def _score(value: Any) -> str:
 
 def _data(record: RunRecord, config: ProjectConfig) -> list[str]:
     counts = (record.get("bundle") or {}).get("n") or {}
-    lines = ["## Data", "", f"Annotations of the Potato project \"{config.annotation_task_name or 'unnamed'}\", "
-             "split by potato-queue into train, val and test.", ""]
+    lines = [
+        "## Data",
+        "",
+        f'Annotations of the Potato project "{config.annotation_task_name or "unnamed"}", '
+        "split by potato-queue into train, val and test.",
+        "",
+    ]
     if counts:
         lines += ["| split | items |", "|---|---|"] + [f"| {split} | {n} |" for split, n in counts.items()]
     else:
@@ -91,19 +97,28 @@ def _schemas(record: RunRecord, card: Mapping[str, Any], config: ProjectConfig) 
     for name in record.get("schemas") or []:
         found = cards.get(name) if isinstance(cards, Mapping) else None
         mine: Mapping[str, Any] = found if isinstance(found, Mapping) else {}
-        labels = mine.get("label_order") or [x.get("name") if isinstance(x, Mapping) else x for x in offered.get(name, [])]
+        labels = mine.get("label_order") or [
+            x.get("name") if isinstance(x, Mapping) else x for x in offered.get(name, [])
+        ]
         folder = f" (model in `{mine['folder']}/`)" if mine.get("folder") else ""
         lines.append(f"- **{name}**{folder}: {', '.join(map(str, labels)) or 'labels not recorded'}")
     return lines + [""]
 
 
 def _held_out(record: RunRecord) -> list[str]:
-    lines = ["## Held-out scores", "", "Scored by potato-queue on the splits the model never trained on.", "",
-             "| schema | split | accuracy | macro-F1 | items |", "|---|---|---|---|---|"]
+    lines = [
+        "## Held-out scores",
+        "",
+        "Scored by potato-queue on the splits the model never trained on.",
+        "",
+        "| schema | split | accuracy | macro-F1 | items |",
+        "|---|---|---|---|---|",
+    ]
     for schema, splits in (record.get("held_out") or {}).items():
         for split, s in (splits or {}).items():
-            lines.append(f"| {schema} | {split} | {_score(s.get('accuracy'))} | {_score(s.get('macro_f1'))} | "
-                         f"{s.get('n', 0)} |")
+            lines.append(
+                f"| {schema} | {split} | {_score(s.get('accuracy'))} | {_score(s.get('macro_f1'))} | {s.get('n', 0)} |"
+            )
     return lines + [""]
 
 
@@ -120,12 +135,24 @@ def _training(record: RunRecord, card: Mapping[str, Any], settings: Mapping[str,
     shown = {k: v for k, v in settings.items() if k not in _LOCAL_ONLY}
     if words and "model_name" in shown:
         shown["model_name"] = words
-    lines = ["## Training", "", f"- Trainer: `{card.get('trainer') or record.get('trainer')}` (potato-queue)",
-             f"- Base model: {words or 'none (the trainer uses no pretrained model)'}"]
+    lines = [
+        "## Training",
+        "",
+        f"- Trainer: `{card.get('trainer') or record.get('trainer')}` (potato-queue)",
+        f"- Base model: {words or 'none (the trainer uses no pretrained model)'}",
+    ]
     if "lora" in settings:
         lines.append(f"- LoRA: {_lora(settings.get('lora'))}")
-    lines += [f"- Run: {record.get('run_id')}, finished {record.get('finished_at')}", "", "The trainer's params:", "",
-              "```json", json.dumps(shown, indent=2, sort_keys=True, default=str), "```", ""]
+    lines += [
+        f"- Run: {record.get('run_id')}, finished {record.get('finished_at')}",
+        "",
+        "The trainer's params:",
+        "",
+        "```json",
+        json.dumps(shown, indent=2, sort_keys=True, default=str),
+        "```",
+        "",
+    ]
     return lines
 
 
@@ -134,8 +161,14 @@ def model_card(record: RunRecord, card: Mapping[str, Any], config: ProjectConfig
     the data, the schemas and their labels, the held-out scores and how it was trained."""
     settings = _settings(record, card)
     base, words = base_model(settings)
-    body = [f"# {repo_id.rsplit('/', 1)[-1]}", "",
-            f"A model trained by potato-queue from annotations made in Potato (run {record.get('run_id')}).", "",
-            *_data(record, config), *_schemas(record, card, config), *_held_out(record),
-            *_training(record, card, settings, words)]
+    body = [
+        f"# {repo_id.rsplit('/', 1)[-1]}",
+        "",
+        f"A model trained by potato-queue from annotations made in Potato (run {record.get('run_id')}).",
+        "",
+        *_data(record, config),
+        *_schemas(record, card, config),
+        *_held_out(record),
+        *_training(record, card, settings, words),
+    ]
     return _front_matter(record, base) + "\n" + "\n".join(body)

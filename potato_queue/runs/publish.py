@@ -32,8 +32,18 @@ from potato_queue.store.lease import Lease
 from potato_queue.store.records import utc_now
 from potato_queue.wire.text import one_line
 
-__all__ = ["Publish", "PUBLISHING", "PUBLISHED", "FAILED", "MAX_REPO_ID", "SERVER_STOPPED", "check_repo_id",
-           "model_files", "publish_status", "start_publish"]
+__all__ = [
+    "Publish",
+    "PUBLISHING",
+    "PUBLISHED",
+    "FAILED",
+    "MAX_REPO_ID",
+    "SERVER_STOPPED",
+    "check_repo_id",
+    "model_files",
+    "publish_status",
+    "start_publish",
+]
 
 # Not a run state: the last publish of a run (its `hub.state`); "publish_failed", since "failed" is a run's.
 PUBLISHING, PUBLISHED, FAILED = "publishing", "published", "publish_failed"
@@ -55,13 +65,20 @@ class Publish:
 
 def check_repo_id(repo_id: str) -> None:
     """Invalid unless `repo_id` is a Hub model repo id: namespace/name (huggingface_hub's rules)."""
-    if (len(repo_id) <= MAX_REPO_ID and _REPO_ID.fullmatch(repo_id) and "--" not in repo_id and ".." not in repo_id
-            and not repo_id.endswith(".git")):
+    if (
+        len(repo_id) <= MAX_REPO_ID
+        and _REPO_ID.fullmatch(repo_id)
+        and "--" not in repo_id
+        and ".." not in repo_id
+        and not repo_id.endswith(".git")
+    ):
         return
-    raise Invalid(f"{repo_id!r} is not a Hugging Face Hub repo id",
-                  fix=f"write it as namespace/name (your user or organization, then the model's name), in letters, "
-                      f"digits, - _ and . (not -- nor .., not first or last), at most {MAX_REPO_ID} characters: "
-                      f"e.g. my-lab/reviews-sentiment")
+    raise Invalid(
+        f"{repo_id!r} is not a Hugging Face Hub repo id",
+        fix=f"write it as namespace/name (your user or organization, then the model's name), in letters, "
+        f"digits, - _ and . (not -- nor .., not first or last), at most {MAX_REPO_ID} characters: "
+        f"e.g. my-lab/reviews-sentiment",
+    )
 
 
 def _bring_back(store: RunStore, record: RunRecord, host: str, where: str, artifacts: Path) -> str:
@@ -84,8 +101,10 @@ def model_files(store: RunStore, record: RunRecord) -> Path:
     run that did not succeed or whose files are not here."""
     run_id, state = record["run_id"], record["state"]
     if state != RunState.SUCCEEDED:
-        raise Conflict(f"Run {run_id} is {state}: only a run that succeeded has a model to publish",
-                       fix="publish a run that succeeded (potato-queue training runs CONFIG lists them)")
+        raise Conflict(
+            f"Run {run_id} is {state}: only a run that succeeded has a model to publish",
+            fix="publish a run that succeeded (potato-queue training runs CONFIG lists them)",
+        )
     artifacts = store.paths(run_id).artifacts
     if artifacts.is_dir() and any(p.is_file() for p in artifacts.rglob("*")):
         return artifacts
@@ -93,11 +112,17 @@ def model_files(store: RunStore, record: RunRecord) -> Path:
     if not uri:
         raise Conflict(f"Run {run_id} kept no model files", fix="its run.log says why; train again to publish")
     if uri == str(artifacts):
-        raise Conflict(f"The model files of run {run_id} are gone from {artifacts} (model_training.retain_runs "
-                       f"removes older runs' files)", fix="train again, or raise retain_runs to keep more runs' files")
+        raise Conflict(
+            f"The model files of run {run_id} are gone from {artifacts} (model_training.retain_runs "
+            f"removes older runs' files)",
+            fix="train again, or raise retain_runs to keep more runs' files",
+        )
     host, _, where = uri.partition(":")
-    raise Conflict(f"The model files of run {run_id} stayed on {host} at {where}: only model files on this "
-                   f"server can be published", fix=_bring_back(store, record, host, where, artifacts))
+    raise Conflict(
+        f"The model files of run {run_id} stayed on {host} at {where}: only model files on this "
+        f"server can be published",
+        fix=_bring_back(store, record, host, where, artifacts),
+    )
 
 
 def publish_status(store: RunStore, record: RunRecord) -> dict[str, Any]:
@@ -118,14 +143,17 @@ def _token(given: str | None) -> str:
     try:
         from huggingface_hub import get_token
     except ImportError:
-        raise Conflict("This server cannot publish to the Hugging Face Hub: huggingface_hub is not installed",
-                       fix=f"install it into the server's Python ({sys.executable} -m pip install "
-                           f"'potato-queue[publish]'), then restart the server") from None
+        raise Conflict(
+            "This server cannot publish to the Hugging Face Hub: huggingface_hub is not installed",
+            fix=f"install it into the server's Python ({sys.executable} -m pip install "
+            f"'potato-queue[publish]'), then restart the server",
+        ) from None
     token = given or get_token()
     if not token:
-        raise Invalid("No Hugging Face token to publish with",
-                      fix="give a write token with the request (it is not stored), or set HF_TOKEN in the server's "
-                          "environment")
+        raise Invalid(
+            "No Hugging Face token to publish with",
+            fix="give a write token with the request (it is not stored), or set HF_TOKEN in the server's environment",
+        )
     return token
 
 
@@ -138,9 +166,16 @@ def start_publish(store: RunStore, record: RunRecord, request: Publish) -> dict[
     token = _token(request.token)
     lease = store.publish_lease(run_id)
     if not lease.try_take():
-        raise Conflict(f"Run {run_id} is being published already", fix="wait for that upload to end (the run's page "
-                                                                      "shows it), then publish again")
-    hub = {"state": PUBLISHING, "repo_id": request.repo_id, "private": request.private, "started_at": utc_now(store.clock)}
+        raise Conflict(
+            f"Run {run_id} is being published already",
+            fix="wait for that upload to end (the run's page shows it), then publish again",
+        )
+    hub = {
+        "state": PUBLISHING,
+        "repo_id": request.repo_id,
+        "private": request.private,
+        "started_at": utc_now(store.clock),
+    }
     try:
         record = store.update(run_id, hub=hub)
     except BaseException:
@@ -148,8 +183,9 @@ def start_publish(store: RunStore, record: RunRecord, request: Publish) -> dict[
         raise
     visibility = "private" if request.private else "public"
     store.log(run_id, f"publishing the model to the Hugging Face Hub as {request.repo_id} ({visibility})")
-    threading.Thread(target=_upload, args=(store, record, request, token, artifacts, lease), daemon=True,
-                     name=f"publish-{run_id}").start()
+    threading.Thread(
+        target=_upload, args=(store, record, request, token, artifacts, lease), daemon=True, name=f"publish-{run_id}"
+    ).start()
     return publish_status(store, record)
 
 
@@ -189,8 +225,9 @@ def _push(store: RunStore, record: RunRecord, request: Publish, token: str, arti
     readme = model_card(record, trainer_card(artifacts), store.config, request.repo_id)
     folder = _staged(store.paths(record["run_id"]).hub_upload, artifacts, readme)
     try:
-        commit = api.upload_folder(repo_id=request.repo_id, folder_path=folder,
-                                   commit_message=f"potato-queue run {record['run_id']}")
+        commit = api.upload_folder(
+            repo_id=request.repo_id, folder_path=folder, commit_message=f"potato-queue run {record['run_id']}"
+        )
     finally:
         shutil.rmtree(folder, ignore_errors=True)
     return str(repo_url), str(commit.oid)

@@ -23,8 +23,9 @@ from potato_queue.store import RunStore
 __all__ = ["ORPHAN_QUIET_S", "EXECUTOR_STOPPED", "fail_orphans", "sweep_orphans", "reconcile"]
 
 ORPHAN_QUIET_S = 15.0
-EXECUTOR_STOPPED = ("The executor supervising this run stopped (killed or restarted) before the run "
-                    "finished; start the run again")
+EXECUTOR_STOPPED = (
+    "The executor supervising this run stopped (killed or restarted) before the run finished; start the run again"
+)
 
 
 def _orphaned(store: RunStore, run_id: str) -> bool:

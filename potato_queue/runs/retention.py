@@ -28,6 +28,7 @@ __all__ = ["prune_old_runs", "Pruner"]
 
 _log = logging.getLogger("potato_queue.runs")
 
+
 def _bulky(store: RunStore, run_id: str) -> list[Path]:
     return [p for p in store.paths(run_id).bulky if p.exists()]
 
@@ -71,8 +72,11 @@ def prune_old_runs(store: RunStore, retain: int) -> list[str]:
                 path.unlink(missing_ok=True)
         store.index.unmark_bulky(run_id)
         # A line in run.log, not a rewrite of run.json: the record stays as the run left it (and no fsync).
-        store.log(run_id, f"bundle and model files removed at {utc_now(store.clock)}: model_training.retain_runs keeps "
-                          f"those of the newest {retain} succeeded runs and the newest {retain} others")
+        store.log(
+            run_id,
+            f"bundle and model files removed at {utc_now(store.clock)}: model_training.retain_runs keeps "
+            f"those of the newest {retain} succeeded runs and the newest {retain} others",
+        )
     return pruned
 
 

@@ -48,8 +48,9 @@ class Decision:
     new_annotations: int
 
 
-def decide(settings: AutoRetrainConfig, annotations: int, baseline: Baseline, busy: tuple[str, str] | None,
-           now_s: float) -> Decision:
+def decide(
+    settings: AutoRetrainConfig, annotations: int, baseline: Baseline, busy: tuple[str, str] | None, now_s: float
+) -> Decision:
     """Start a run, or say what auto-retrain is waiting for."""
     new = max(0, annotations - baseline.annotations)
 
@@ -61,12 +62,16 @@ def decide(settings: AutoRetrainConfig, annotations: int, baseline: Baseline, bu
     if busy is not None:
         return wait(f"run {busy[0]} is {busy[1]}; auto-retrain waits until it ends")
     if new < settings.update_frequency:
-        return wait(f"waiting for {settings.update_frequency - new} more annotations "
-                    f"({new} of {settings.update_frequency} since the last auto run)")
+        return wait(
+            f"waiting for {settings.update_frequency - new} more annotations "
+            f"({new} of {settings.update_frequency} since the last auto run)"
+        )
     if baseline.started_s is not None and now_s - baseline.started_s < settings.min_interval_s:
         left_s = settings.min_interval_s - (now_s - baseline.started_s)
-        return wait(f"waiting {left_s:.0f} s more: min_interval_s is {settings.min_interval_s:g} s since the last "
-                    f"auto run ({baseline.run_id}); {new} new annotations are ready")
+        return wait(
+            f"waiting {left_s:.0f} s more: min_interval_s is {settings.min_interval_s:g} s since the last "
+            f"auto run ({baseline.run_id}); {new} new annotations are ready"
+        )
     since = "since the last auto run" if baseline.run_id else "and no auto run yet"
     return Decision(True, f"{new} new annotations {since}", annotations, new)
 
@@ -78,12 +83,15 @@ def read_baseline(config: ProjectConfig) -> Baseline:
     except FileNotFoundError:
         return Baseline()
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise PotatoQueueError(f"{retrain_state_path(config)} cannot be read ({exc})",
-                               fix="delete it: the next check then counts every annotation as new") from None
+        raise PotatoQueueError(
+            f"{retrain_state_path(config)} cannot be read ({exc})",
+            fix="delete it: the next check then counts every annotation as new",
+        ) from None
 
 
-def check(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None],
-          now_s: float | None = None) -> Decision | None:
+def check(
+    config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], now_s: float | None = None
+) -> Decision | None:
     """One beat tick; None when another check holds the lock (it decides for both)."""
     lock = store.retrain.check_lock()
     if not lock.try_take():
@@ -91,8 +99,9 @@ def check(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None]
     try:
         decision = _check_locked(config, store, enqueue, store.clock.now_s() if now_s is None else now_s)
     except PotatoQueueError as exc:
-        decision = Decision(False, f"auto-retrain did not start a run: {exc.message}"
-                            + (f" (fix: {exc.fix})" if exc.fix else ""), 0, 0)
+        decision = Decision(
+            False, f"auto-retrain did not start a run: {exc.message}" + (f" (fix: {exc.fix})" if exc.fix else ""), 0, 0
+        )
     finally:
         lock.release()
     store.retrain.record_check(decision.reason, decision.annotations)
@@ -110,8 +119,16 @@ def _check_locked(config: ProjectConfig, store: RunStore, enqueue: Callable[[str
     decision = decide(settings, annotations, baseline, unfinished[0] if unfinished else None, now_s)
     if not decision.start:
         return decision
-    record = start_run(config, store, enqueue, trainer=str(settings.trainer), schemas=schemas,
-                       backend=config.model_training.retrain_backend, params=settings.params, trigger=AUTO_TRIGGER)
+    record = start_run(
+        config,
+        store,
+        enqueue,
+        trainer=str(settings.trainer),
+        schemas=schemas,
+        backend=config.model_training.retrain_backend,
+        params=settings.params,
+        trigger=AUTO_TRIGGER,
+    )
     # The baseline moves when the run is queued: a failed auto run waits for update_frequency new
     # annotations again, rather than retrying on every tick.
     write_json_atomic(retrain_state_path(config), asdict(Baseline(annotations, record["run_id"], now_s)))
@@ -126,14 +143,20 @@ def last_check(config: ProjectConfig, store: RunStore) -> dict[str, Any]:
     if not settings.enabled:
         reason = "auto-retrain is off (model_training.auto_retrain.enabled)"
     elif settings.trainer == POTATO_SCHEDULES:
-        reason = (f"Potato's own server schedules it (trainer {POTATO_SCHEDULES}); its runs show here with the "
-                  "trigger potato")
+        reason = (
+            f"Potato's own server schedules it (trainer {POTATO_SCHEDULES}); its runs show here with the trigger potato"
+        )
     elif not raw:
         reason = "no beat has checked yet: start `potato-queue beat CONFIG` (or `up`)"
     else:
         reason = raw["reason"]
-    return {"enabled": settings.enabled, "reason": reason,
-            "checked_at": float(raw["checked_at"]) if raw.get("checked_at") else None,
-            "annotations": int(raw["annotations"]) if raw.get("annotations") else None,
-            "baseline": baseline.annotations, "last_run_id": baseline.run_id,
-            "update_frequency": settings.update_frequency, "min_interval_s": settings.min_interval_s}
+    return {
+        "enabled": settings.enabled,
+        "reason": reason,
+        "checked_at": float(raw["checked_at"]) if raw.get("checked_at") else None,
+        "annotations": int(raw["annotations"]) if raw.get("annotations") else None,
+        "baseline": baseline.annotations,
+        "last_run_id": baseline.run_id,
+        "update_frequency": settings.update_frequency,
+        "min_interval_s": settings.min_interval_s,
+    }

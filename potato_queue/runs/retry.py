@@ -31,14 +31,17 @@ _NEW_RUN_FIX = "start a new run instead: it trains on the annotations as they ar
 
 def _bundle_gone(config: ProjectConfig, run_id: str) -> Conflict:
     keep = config.model_training.retain_runs
-    return Conflict(f"Run {run_id} cannot be retried: its bundle was removed (model_training.retain_runs keeps "
-                    f"the bundles of the newest {keep} failed or cancelled runs), so the retry could not train on the same data",
-                    fix=f"{_NEW_RUN_FIX}; raise model_training.retain_runs to keep more runs' bundles")
+    return Conflict(
+        f"Run {run_id} cannot be retried: its bundle was removed (model_training.retain_runs keeps "
+        f"the bundles of the newest {keep} failed or cancelled runs), so the retry could not train on the same data",
+        fix=f"{_NEW_RUN_FIX}; raise model_training.retain_runs to keep more runs' bundles",
+    )
 
 
 def _retried_already(run_id: str, retry_id: str) -> Conflict:
-    return Conflict(f"Run {run_id} was retried already, as run {retry_id}",
-                    fix=f"retry run {retry_id} if it did not succeed either")
+    return Conflict(
+        f"Run {run_id} was retried already, as run {retry_id}", fix=f"retry run {retry_id} if it did not succeed either"
+    )
 
 
 def _refusal(config: ProjectConfig, store: RunStore, old: RunRecord) -> Conflict | None:
@@ -49,8 +52,7 @@ def _refusal(config: ProjectConfig, store: RunStore, old: RunRecord) -> Conflict
     if old.get("retried_by"):
         return _retried_already(run_id, old["retried_by"])
     if old.get("job") is None:
-        return Conflict(f"Run {run_id} ended before its bundle was built: there is nothing to resume",
-                        fix=_NEW_RUN_FIX)
+        return Conflict(f"Run {run_id} ended before its bundle was built: there is nothing to resume", fix=_NEW_RUN_FIX)
     if not (store.paths(run_id).bundle_dir / "manifest.json").is_file():
         return _bundle_gone(config, run_id)
     return None
@@ -68,9 +70,18 @@ def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], N
     if winner is not None:
         raise _retried_already(old["run_id"], winner)
     try:
-        record = start_run(config, store, enqueue, trainer=old["trainer"], schemas=list(old["schemas"]),
-                           backend=old["backend"], params=dict(old.get("params") or {}), trigger="retry",
-                           resume_of=old["run_id"], run_id=retry_id)
+        record = start_run(
+            config,
+            store,
+            enqueue,
+            trainer=old["trainer"],
+            schemas=list(old["schemas"]),
+            backend=old["backend"],
+            params=dict(old.get("params") or {}),
+            trigger="retry",
+            resume_of=old["run_id"],
+            run_id=retry_id,
+        )
     except BaseException:
         # Written but not queued (or not recorded in Potato): the run exists and an executor may take it, so it
         # stays the retry; only a retry that was never written gives its claim back.

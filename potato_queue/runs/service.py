@@ -67,14 +67,30 @@ class RunService:
         self.config, self.store, self.enqueue = config, store, enqueue
 
     # -- a user's requests --------------------------------------------------------
-    def submit(self, *, trainer: str, schemas: list[str], backend: str | None = None,
-               params: dict[str, Any] | None = None, trigger: str = "api",
-               potato_run_id: str | None = None) -> RunRecord:
+    def submit(
+        self,
+        *,
+        trainer: str,
+        schemas: list[str],
+        backend: str | None = None,
+        params: dict[str, Any] | None = None,
+        trigger: str = "api",
+        potato_run_id: str | None = None,
+    ) -> RunRecord:
         """Check the request (Conflict, Invalid), write the queued run, wake an executor."""
         if self.enqueue is None:
             raise RuntimeError("this RunService was made without enqueue: it cannot submit")
-        return start_run(self.config, self.store, self.enqueue, trainer=trainer, schemas=schemas, backend=backend,
-                         params=params, trigger=trigger, potato_run_id=potato_run_id)
+        return start_run(
+            self.config,
+            self.store,
+            self.enqueue,
+            trainer=trainer,
+            schemas=schemas,
+            backend=backend,
+            params=params,
+            trigger=trigger,
+            potato_run_id=potato_run_id,
+        )
 
     def retry(self, run_id: str) -> RunRecord:
         """Queue a new run that resumes the failed or cancelled `run_id` from its checkpoints, on its data
@@ -90,8 +106,9 @@ class RunService:
         try:
             return self.store.get(run_id)
         except ValueError:  # RunPaths refused it: not a run id at all
-            raise NotFound(f"No run {run_id!r} in this project (run ids look like 20261129T120000-a1b2c3)",
-                           fix=LIST_FIX) from None
+            raise NotFound(
+                f"No run {run_id!r} in this project (run ids look like 20261129T120000-a1b2c3)", fix=LIST_FIX
+            ) from None
         except KeyError:
             raise NotFound(f"No run {run_id!r} in this project", fix=LIST_FIX) from None
 
@@ -125,8 +142,9 @@ class RunService:
         from potato_queue.wire.files import read_jsonl
 
         self.record(run_id)
-        return [event for _, event in read_jsonl(self.store.paths(run_id).events, not_json="skip",
-                                                 missing_ok=True)][after:]
+        return [event for _, event in read_jsonl(self.store.paths(run_id).events, not_json="skip", missing_ok=True)][
+            after:
+        ]
 
     def backend_known(self, name: str) -> None:
         require_backend(self.config, name)
@@ -172,5 +190,7 @@ class RunService:
 
 
 def _token_refused(backend: str) -> Denied:
-    return Denied("the token for this backend was refused: it is wrong, or it was replaced by a newer register",
-                  fix=f"register again: potato-queue training register {backend} CONFIG")
+    return Denied(
+        "the token for this backend was refused: it is wrong, or it was replaced by a newer register",
+        fix=f"register again: potato-queue training register {backend} CONFIG",
+    )

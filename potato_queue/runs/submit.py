@@ -15,7 +15,6 @@ from potato_queue.store import RunStore
 __all__ = ["trainer_table", "choose_backend", "start_run"]
 
 
-
 def trainer_table() -> dict[str, dict[str, Any]]:
     from potato_queue.trainers import trainer_info, trainer_names
 
@@ -46,7 +45,8 @@ def choose_backend(config: ProjectConfig, trainer: str, schemas: list[str], back
     if trainers[trainer]["local_only"] and chosen != LOCAL:
         raise Invalid(
             f"{trainer} runs only on the local backend (it reads the previous run's files on this server); "
-            f"start it with backend 'local', not {chosen!r}")
+            f"start it with backend 'local', not {chosen!r}"
+        )
     return chosen
 
 
@@ -61,19 +61,39 @@ def check_params(params: dict[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def start_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], None], *, trainer: str,
-              schemas: list[str], backend: str | None = None, params: dict[str, Any] | None = None,
-              trigger: str = "api", potato_run_id: str | None = None, resume_of: str | None = None,
-              run_id: str | None = None) -> RunRecord:
+def start_run(
+    config: ProjectConfig,
+    store: RunStore,
+    enqueue: Callable[[str], None],
+    *,
+    trainer: str,
+    schemas: list[str],
+    backend: str | None = None,
+    params: dict[str, Any] | None = None,
+    trigger: str = "api",
+    potato_run_id: str | None = None,
+    resume_of: str | None = None,
+    run_id: str | None = None,
+) -> RunRecord:
     """Check the request, write the queued run, wake an executor (`potato_run_id`: the Potato run it trains
     for, which Potato records itself; `resume_of`: the run a retry resumes, runs/retry.py, under the
     `run_id` its claim chose)."""
     if not config.model_training.enabled:
-        raise Conflict(f"Training is off for this project: model_training.enabled is false in {config.config_path}",
-                       fix="set model_training.enabled: true there, then restart potato-queue's server and executors")
+        raise Conflict(
+            f"Training is off for this project: model_training.enabled is false in {config.config_path}",
+            fix="set model_training.enabled: true there, then restart potato-queue's server and executors",
+        )
     chosen = choose_backend(config, trainer, schemas, backend)
     params = check_params(params or {})
-    record = store.create(trainer=trainer, schemas=schemas, backend=chosen, params=params, trigger=trigger,
-                          potato_run_id=potato_run_id, resume_of=resume_of, run_id=run_id)
+    record = store.create(
+        trainer=trainer,
+        schemas=schemas,
+        backend=chosen,
+        params=params,
+        trigger=trigger,
+        potato_run_id=potato_run_id,
+        resume_of=resume_of,
+        run_id=run_id,
+    )
     enqueue(record["run_id"])
     return record

@@ -32,7 +32,18 @@ from potato_queue.run import FINAL_STATES, RunState, RunView
 from potato_queue.store import RunStore
 from potato_queue.store.lease import LEASE_TTL_S
 
-__all__ = ["Outcome", "Watch", "supervise", "stop_run", "pending_expired", "redis_lost", "redis_emptied", "executor_stalled", "TICK_S", "CANCEL_MARGIN_S"]
+__all__ = [
+    "Outcome",
+    "Watch",
+    "supervise",
+    "stop_run",
+    "pending_expired",
+    "redis_lost",
+    "redis_emptied",
+    "executor_stalled",
+    "TICK_S",
+    "CANCEL_MARGIN_S",
+]
 
 TICK_S = 0.1
 # Looks come every TICK_S, or a Redis timeout (3 s) apart: a longer gap means this executor itself did not run
@@ -134,30 +145,38 @@ def _say(watch: Watch, line: str) -> None:
 
 def redis_lost(error: str) -> str:
     """Why a run stopped when Redis stayed unreachable longer than the run slot's lease."""
-    return (f"Redis was unreachable ({error}) for longer than the run slot's lease ({LEASE_TTL_S:g} s), so the run "
-            "was stopped (a run may not go on without its slot); fix: check that Redis is running and reachable "
-            "from the executor, then start the run again")
+    return (
+        f"Redis was unreachable ({error}) for longer than the run slot's lease ({LEASE_TTL_S:g} s), so the run "
+        "was stopped (a run may not go on without its slot); fix: check that Redis is running and reachable "
+        "from the executor, then start the run again"
+    )
 
 
 def executor_stalled() -> str:
     """Why a run stopped when its executor did not renew the run slot in time, and Redis was not the cause."""
-    return (f"This executor did not renew the run slot within its lease ({LEASE_TTL_S:g} s): it was stalled (stopped, "
-            "or starved of CPU or memory), and the slot was free meanwhile, so the run was stopped; fix: check the "
-            "executor's machine (load, swap, a process left stopped), then start the run again")
+    return (
+        f"This executor did not renew the run slot within its lease ({LEASE_TTL_S:g} s): it was stalled (stopped, "
+        "or starved of CPU or memory), and the slot was free meanwhile, so the run was stopped; fix: check the "
+        "executor's machine (load, swap, a process left stopped), then start the run again"
+    )
 
 
 def redis_emptied() -> str:
     """Why a run stopped when Redis lost its data mid-run: its token went too, so its agent is refused."""
-    return ("Redis lost its data during the run (restarted without persistence, or flushed), and the run's token "
-            "with it, so the run was stopped; fix: start the run again, and give Redis persistence (appendonly yes) "
-            "so that a Redis restart does not stop a run")
+    return (
+        "Redis lost its data during the run (restarted without persistence, or flushed), and the run's token "
+        "with it, so the run was stopped; fix: start the run again, and give Redis persistence (appendonly yes) "
+        "so that a Redis restart does not stop a run"
+    )
 
 
 def pending_expired(backend_name: str, limit_s: float, step: str) -> str:
     """A SLURM job that stayed pending past pending_timeout_s."""
-    return (f"The SLURM job waited in the scheduler's queue for more than pending_timeout_s ({limit_s:g} s) "
-            f"({step}); it was cancelled. Fix: raise pending_timeout_s of backend {backend_name}, or ask for "
-            "less (partition, gres, time) so that the scheduler can start it sooner")
+    return (
+        f"The SLURM job waited in the scheduler's queue for more than pending_timeout_s ({limit_s:g} s) "
+        f"({step}); it was cancelled. Fix: raise pending_timeout_s of backend {backend_name}, or ask for "
+        "less (partition, gres, time) so that the scheduler can start it sooner"
+    )
 
 
 def _gone(watch: Watch, gone: Gone) -> Outcome:
@@ -170,7 +189,9 @@ def _gone(watch: Watch, gone: Gone) -> Outcome:
         error = gone.error + (f"; fix: {gone.fix}" if gone.fix else "")
     else:
         tail = watch.last_output()
-        error = f"The agent stopped without reporting a result ({gone.why})" + (f"; its last output: {tail}" if tail else "")
+        error = f"The agent stopped without reporting a result ({gone.why})" + (
+            f"; its last output: {tail}" if tail else ""
+        )
     watch.log(error)
     return Outcome(state=RunState.FAILED, error=error)
 
@@ -219,9 +240,12 @@ def _slot_lost(watch: Watch) -> Outcome:
         return stop_run(watch, 0, RunState.FAILED, redis_lost(watch.redis_error))
     if watch.lease_lapsed():
         return stop_run(watch, watch.grace_s, RunState.FAILED, executor_stalled())
-    return stop_run(watch, watch.grace_s, RunState.FAILED,
-                    "This executor lost the run slot (Redis emptied, or another executor took it); "
-                    "the run was stopped")
+    return stop_run(
+        watch,
+        watch.grace_s,
+        RunState.FAILED,
+        "This executor lost the run slot (Redis emptied, or another executor took it); the run was stopped",
+    )
 
 
 def _tick(watch: Watch) -> Outcome | None:
@@ -266,8 +290,12 @@ def _look(watch: Watch) -> Outcome | None:
         watch.cancel_seen_s = now_s
         watch.step("cancelling: asking the worker to stop")
     if watch.cancel_seen_s is not None and now_s - watch.cancel_seen_s > _report_within_s(watch, watch.grace_s):
-        return stop_run(watch, 0, RunState.CANCELLED,
-                        f"cancelled; the agent did not report within {watch.grace_s:g} s, so it was stopped")
+        return stop_run(
+            watch,
+            0,
+            RunState.CANCELLED,
+            f"cancelled; the agent did not report within {watch.grace_s:g} s, so it was stopped",
+        )
     status = watch.handle.poll()
     if isinstance(status, Gone):
         return _gone(watch, status)
@@ -293,8 +321,12 @@ def _look(watch: Watch) -> Outcome | None:
     if watch.max_wall_s and now_s - watch.started_s > watch.max_wall_s and watch.cancel_seen_s is None:
         still = f" (still {status.why})" if isinstance(status, Waiting) else ""
         grace_s = watch.grace_s if watch.contacted else 0  # nobody to ask before the agent's first call
-        return stop_run(watch, grace_s, RunState.FAILED,
-                        f"The run did not finish within max_wall_seconds ({watch.max_wall_s:g} s) and was stopped{still}")
+        return stop_run(
+            watch,
+            grace_s,
+            RunState.FAILED,
+            f"The run did not finish within max_wall_seconds ({watch.max_wall_s:g} s) and was stopped{still}",
+        )
     return None
 
 
@@ -307,6 +339,7 @@ def _sleep_s(watch: Watch, tick_s: float) -> float:
 
 def _wait(watch: Watch, seconds: float) -> None:
     """Up to `seconds`, waking as soon as the agent's result arrives (a plain wait while Redis is away)."""
+
     def woken(wait_s: float) -> None:
         try:
             watch.store.wait_result(watch.run_id, wait_s)

@@ -35,10 +35,17 @@ class RunRequest(BaseModel):
     trainer: str = Field(max_length=200)
     schemas: list[str] = Field(min_length=1, max_length=100)
     backend: str | None = Field(None, max_length=200)
-    params: dict[str, Any] = Field(default_factory=dict, description="the trainer's settings (at most 20 levels deep, 64 KiB)")
-    potato_run_id: str | None = Field(None, pattern=RUN_ID_RE.pattern, description=(
-        "set by Potato's potato-queue-remote trainer: the Potato run this run trains for (Potato records it, so "
-        "potato-queue does not record it in Potato's store again)"))
+    params: dict[str, Any] = Field(
+        default_factory=dict, description="the trainer's settings (at most 20 levels deep, 64 KiB)"
+    )
+    potato_run_id: str | None = Field(
+        None,
+        pattern=RUN_ID_RE.pattern,
+        description=(
+            "set by Potato's potato-queue-remote trainer: the Potato run this run trains for (Potato records it, so "
+            "potato-queue does not record it in Potato's store again)"
+        ),
+    )
 
 
 class RunAccepted(BaseModel):
@@ -58,20 +65,22 @@ def require_admin_key(request: Request, x_api_key: str | None = Header(default=N
         raise refusal(problem)
 
 
-
-
 def post_run(body: RunRequest, request: Request) -> RunAccepted:
     """Queue a run (API-2): 409 for a backend the config does not name, 400 for anything else refused."""
     # A run started with the page's session cookie, not the API key, was started from the page.
     trigger = "api" if request.headers.get("x-api-key") is not None else "page"
-    record = runs_of(request).submit(trainer=body.trainer, schemas=body.schemas, backend=body.backend,
-                                     params=body.params, trigger="potato" if body.potato_run_id else trigger,
-                                     potato_run_id=body.potato_run_id)
+    record = runs_of(request).submit(
+        trainer=body.trainer,
+        schemas=body.schemas,
+        backend=body.backend,
+        params=body.params,
+        trigger="potato" if body.potato_run_id else trigger,
+        potato_run_id=body.potato_run_id,
+    )
     return RunAccepted(run_id=record["run_id"], state=RunState.QUEUED)
 
 
-def list_runs(request: Request,
-              limit: Annotated[int, Query(ge=1, le=MAX_RUNS_LISTED)] = 100) -> list[dict[str, Any]]:
+def list_runs(request: Request, limit: Annotated[int, Query(ge=1, le=MAX_RUNS_LISTED)] = 100) -> list[dict[str, Any]]:
     """The newest runs first; a run whose record cannot be read is listed with state `broken`."""
     return runs_of(request).listed(limit)
 
@@ -155,22 +164,53 @@ _UNKNOWN_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "des
 
 
 def admin_router() -> APIRouter:
-    router = APIRouter(dependencies=[Depends(require_admin_key)], tags=["admin"],
-                       responses={401: {"model": ErrorReply, "description": "no admin key, or a wrong one"},
-                                  413: {"model": ErrorReply, "description": "a body over 1 MiB"}})
+    router = APIRouter(
+        dependencies=[Depends(require_admin_key)],
+        tags=["admin"],
+        responses={
+            401: {"model": ErrorReply, "description": "no admin key, or a wrong one"},
+            413: {"model": ErrorReply, "description": "a body over 1 MiB"},
+        },
+    )
     add = router.add_api_route
-    add("/runs", post_run, methods=["POST"], status_code=202, response_model=RunAccepted, responses={
-        400: {"model": ErrorReply, "description": "an unknown trainer or schema, params too deep or large, "
-                                                  "a backend this version cannot run"},
-        409: {"model": ErrorReply, "description": "a backend the config does not name"},
-        507: {"model": ErrorReply, "description": "the project's output folder cannot be written"}})
+    add(
+        "/runs",
+        post_run,
+        methods=["POST"],
+        status_code=202,
+        response_model=RunAccepted,
+        responses={
+            400: {
+                "model": ErrorReply,
+                "description": "an unknown trainer or schema, params too deep or large, "
+                "a backend this version cannot run",
+            },
+            409: {"model": ErrorReply, "description": "a backend the config does not name"},
+            507: {"model": ErrorReply, "description": "the project's output folder cannot be written"},
+        },
+    )
     add("/runs", list_runs, methods=["GET"])
     add("/runs/{run_id}", get_run, methods=["GET"], responses=_UNKNOWN_RUN)
-    add("/runs/{run_id}/cancel", cancel_run, methods=["POST"], responses={
-        **_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "the run had already finished"}})
-    add("/runs/{run_id}/retry", retry_run, methods=["POST"], status_code=202, response_model=RunAccepted, responses={
-        **_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "the run is not failed or cancelled, was "
-                                                                  "retried already, or its bundle was removed"}})
+    add(
+        "/runs/{run_id}/cancel",
+        cancel_run,
+        methods=["POST"],
+        responses={**_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "the run had already finished"}},
+    )
+    add(
+        "/runs/{run_id}/retry",
+        retry_run,
+        methods=["POST"],
+        status_code=202,
+        response_model=RunAccepted,
+        responses={
+            **_UNKNOWN_RUN,
+            409: {
+                "model": ErrorReply,
+                "description": "the run is not failed or cancelled, was retried already, or its bundle was removed",
+            },
+        },
+    )
     add("/runs/{run_id}/events", run_events, methods=["GET"], responses=_UNKNOWN_RUN)
     add("/runs/{run_id}/log", run_log, methods=["GET"], response_class=PlainTextResponse, responses=_UNKNOWN_RUN)
     add("/trainers", trainers, methods=["GET"])

@@ -82,8 +82,9 @@ _AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
 
 # -- auth --------------------------------------------------------------------
 # Declared as a security scheme so the OpenAPI document says how to authenticate.
-_BEARER = HTTPBearer(auto_error=False, scheme_name="run token",
-                     description="the run's token, given to the agent on stdin")
+_BEARER = HTTPBearer(
+    auto_error=False, scheme_name="run token", description="the run's token, given to the agent on stdin"
+)
 
 
 def authorized_run(
@@ -243,26 +244,58 @@ def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> Re
 def agent_router() -> APIRouter:
     """The agent protocol's routes, to mount at /api/training/agent/v1."""
     router = APIRouter(tags=["agent protocol"], responses=_AUTH_ERRORS)
-    router.add_api_route("/runs/{run_id}/job", get_job, methods=["GET"], response_model=Job,
-                         responses={404: {"model": ErrorReply}, 409: {"model": ErrorReply}})
     router.add_api_route(
-        "/runs/{run_id}/bundle", get_bundle, methods=["GET"], response_class=_BundleFile,
-        responses={200: {"content": {"application/gzip": {}}, "description": "the bundle, tar.gz"},
-                   206: {"content": {"application/gzip": {}}, "description": "from the Range's first byte"},
-                   404: {"model": ErrorReply}},
+        "/runs/{run_id}/job",
+        get_job,
+        methods=["GET"],
+        response_model=Job,
+        responses={404: {"model": ErrorReply}, 409: {"model": ErrorReply}},
     )
-    router.add_api_route("/runs/{run_id}/events", post_events, methods=["POST"], response_model=CancelReply,
-                         responses={400: {"model": ErrorReply, "description": "an event nests too deep"},
-                                    413: {"model": ErrorReply, "description": "a batch over 32 MiB"},
-                                    507: {"model": ErrorReply, "description": "the run's folder takes no writes"}})
+    router.add_api_route(
+        "/runs/{run_id}/bundle",
+        get_bundle,
+        methods=["GET"],
+        response_class=_BundleFile,
+        responses={
+            200: {"content": {"application/gzip": {}}, "description": "the bundle, tar.gz"},
+            206: {"content": {"application/gzip": {}}, "description": "from the Range's first byte"},
+            404: {"model": ErrorReply},
+        },
+    )
+    router.add_api_route(
+        "/runs/{run_id}/events",
+        post_events,
+        methods=["POST"],
+        response_model=CancelReply,
+        responses={
+            400: {"model": ErrorReply, "description": "an event nests too deep"},
+            413: {"model": ErrorReply, "description": "a batch over 32 MiB"},
+            507: {"model": ErrorReply, "description": "the run's folder takes no writes"},
+        },
+    )
     router.add_api_route("/runs/{run_id}/control", get_control, methods=["GET"], response_model=CancelReply)
     router.add_api_route(
-        "/runs/{run_id}/predictions", put_predictions, methods=["PUT"], response_model=PredictionsReply,
-        openapi_extra={"requestBody": {"required": True, "content": {"application/x-ndjson": {
-            "schema": {"type": "string", "format": "binary"}}}}},
-        responses={409: {"model": ErrorReply}, 413: {"model": ErrorReply, "description": "over max_predictions_mb"},
-                   507: {"model": ErrorReply, "description": "the run's folder takes no writes"}},
+        "/runs/{run_id}/predictions",
+        put_predictions,
+        methods=["PUT"],
+        response_model=PredictionsReply,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/x-ndjson": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+        responses={
+            409: {"model": ErrorReply},
+            413: {"model": ErrorReply, "description": "over max_predictions_mb"},
+            507: {"model": ErrorReply, "description": "the run's folder takes no writes"},
+        },
     )
-    router.add_api_route("/runs/{run_id}/result", post_result, methods=["POST"], response_model=ResultReply,
-                         responses={409: {"model": ErrorReply, "description": "the run already has its result"}})
+    router.add_api_route(
+        "/runs/{run_id}/result",
+        post_result,
+        methods=["POST"],
+        response_model=ResultReply,
+        responses={409: {"model": ErrorReply, "description": "the run already has its result"}},
+    )
     return router

@@ -28,8 +28,9 @@ from potato_queue.store.tokens import TrustedAgentTokens
 __all__ = ["create_app", "ADMIN_PREFIX", "AGENT_PREFIX", "record_server_url"]
 
 
-def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str], None],
-               clock: Clock = REAL_CLOCK) -> FastAPI:
+def create_app(
+    config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str], None], clock: Clock = REAL_CLOCK
+) -> FastAPI:
     """The app; `enqueue(run_id)` wakes an executor for a run this server queued (processes/server.py hands in the
     Celery one). `clock`: what the store and the page's sessions and sign-in waits read (tests set it by hand)."""
     app = FastAPI(
@@ -46,8 +47,10 @@ def create_app(config: ProjectConfig, redis_url: str, *, enqueue: Callable[[str]
     # Outermost: an idle agent's claim waits there without the app's routing (P7); added last, it comes first.
     app.add_middleware(ClaimDoor, config=config, wakeups=app.state.claim_wakeups)
     # Outermost of all, so that every answer has them, the Guard's and the ClaimDoor's refusals too.
-    app.add_middleware(SecurityHeaders, unpoliced=[url for url in (app.docs_url, app.redoc_url,
-                                                                    app.swagger_ui_oauth2_redirect_url) if url])
+    app.add_middleware(
+        SecurityHeaders,
+        unpoliced=[url for url in (app.docs_url, app.redoc_url, app.swagger_ui_oauth2_redirect_url) if url],
+    )
     app.state.enqueue = enqueue
     app.state.runs = RunService(config, app.state.store, enqueue)
     app.state.redis_url = redis_url
@@ -75,5 +78,8 @@ def record_server_url(store: RunStore, url: str, local_url: str | None = None) -
     is emptied, and a stopped server's address does not linger.
     """
 
-    refresh_forever(lambda: store.presence.record_server_url(url, local_url or url, SERVER_URL_TTL_S),
-                    SERVER_URL_REFRESH_S, "server-url")
+    refresh_forever(
+        lambda: store.presence.record_server_url(url, local_url or url, SERVER_URL_TTL_S),
+        SERVER_URL_REFRESH_S,
+        "server-url",
+    )

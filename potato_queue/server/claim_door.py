@@ -60,7 +60,7 @@ def _claimed_backend(scope: Scope) -> str | None:
     path = scope["path"]
     if not path.startswith(_CLAIM_PATH[0]):
         return None
-    backend, _, rest = path[len(_CLAIM_PATH[0]):].partition("/")
+    backend, _, rest = path[len(_CLAIM_PATH[0]) :].partition("/")
     return backend if "/" + rest == _CLAIM_PATH[1] and backend else None
 
 
@@ -108,8 +108,9 @@ class ClaimDoor:
         if await self._waited(backend, digest, wait_s, scope, receive, send):
             await self.app(scope, replay(messages, receive), send)
 
-    async def _waited(self, backend: str, digest: str, wait_s: float, scope: Scope, receive: Receive,
-                      send: Send) -> bool:
+    async def _waited(
+        self, backend: str, digest: str, wait_s: float, scope: Scope, receive: Receive, send: Send
+    ) -> bool:
         """Wait for an offer: True when the route should now look (with the deadline left in the scope)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
@@ -140,6 +141,11 @@ class ClaimDoor:
 
 async def _nothing(send: Send) -> None:
     """The route's answer when no run came within wait_s: 200, a Claim of nulls."""
-    await send({"type": "http.response.start", "status": 200,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(_NOTHING)).encode())]})
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 200,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(_NOTHING)).encode())],
+        }
+    )
     await send({"type": "http.response.body", "body": _NOTHING})

@@ -38,8 +38,18 @@ from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
 from potato_queue.store.tokens import WAKE_EVERYONE, TrustedAgentTokens, token_digest
 
-__all__ = ["ClaimWakeups", "AgentInfo", "Claim", "GpuSeen", "GpuWaitIn", "WaitingAgent", "claims_router", "agent_backends", "MAX_CLAIM_WAIT_S",
-           "CLAIM_DEADLINE"]
+__all__ = [
+    "ClaimWakeups",
+    "AgentInfo",
+    "Claim",
+    "GpuSeen",
+    "GpuWaitIn",
+    "WaitingAgent",
+    "claims_router",
+    "agent_backends",
+    "MAX_CLAIM_WAIT_S",
+    "CLAIM_DEADLINE",
+]
 
 MAX_CLAIM_WAIT_S = 100.0
 # The scope's state key for a claim that already waited in front of the route (server/claim_door.py): the
@@ -54,8 +64,9 @@ class AgentInfo(BaseModel):
     host: str | None = Field(None, max_length=255)
     python: str | None = Field(None, max_length=64, description="the worker interpreter's version")
     executable: str | None = Field(None, max_length=4096, description="the worker's interpreter")
-    packages: dict[str, str | None] = Field(default_factory=dict, max_length=64,
-                                            description="trainer packages and their versions")
+    packages: dict[str, str | None] = Field(
+        default_factory=dict, max_length=64, description="trainer packages and their versions"
+    )
     agent_python: str | None = Field(None, max_length=64, description="the agent's own Python version")
     pid: int | None = None
     error: str | None = Field(None, max_length=2000, description="why the worker's interpreter could not be asked")
@@ -101,8 +112,10 @@ def agent_backends(config: ProjectConfig) -> list[str]:
 
 def _require_agent_backend(config: ProjectConfig, backend: str) -> None:
     if backend not in agent_backends(config):
-        raise NotFound(f"{backend!r} is not an agent backend of this project (agent backends: "
-                       f"{', '.join(agent_backends(config)) or 'none'})")
+        raise NotFound(
+            f"{backend!r} is not an agent backend of this project (agent backends: "
+            f"{', '.join(agent_backends(config)) or 'none'})"
+        )
 
 
 class ClaimWakeups:
@@ -129,7 +142,7 @@ class ClaimWakeups:
     async def _listen(self, ready: asyncio.Event) -> None:
         async for data in self.store.offers.announcements(ready.set):
             everyone = data.startswith(WAKE_EVERYONE)
-            self.wake(data[len(WAKE_EVERYONE):] if everyone else data, everyone=everyone)
+            self.wake(data[len(WAKE_EVERYONE) :] if everyone else data, everyone=everyone)
 
     async def _started(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -209,8 +222,9 @@ async def claim(
     request: Request,
     backend: str,
     agent: AgentInfo,
-    wait_s: Annotated[float, Query(ge=0, description=f"how long to wait for a run; at most {MAX_CLAIM_WAIT_S:g}")]
-    = 25.0,
+    wait_s: Annotated[
+        float, Query(ge=0, description=f"how long to wait for a run; at most {MAX_CLAIM_WAIT_S:g}")
+    ] = 25.0,
 ) -> Claim:
     """Long-poll for a run of this agent backend (backend token): answers as soon as one is offered."""
     _require_agent_backend(config_of(request), backend)
@@ -257,28 +271,46 @@ def waiting(request: Request, backend: str, agent: WaitingAgent) -> dict[str, An
 def get_agent_zipapp() -> Response:
     """The agent, worker and trainers as one file: `python3 agent.pyz --server URL --backend NAME`."""
     package = agent_zipapp()
-    return Response(package.data, media_type="application/zip",
-                    headers={"Content-Disposition": 'attachment; filename="agent.pyz"', "ETag": f'"{package.sha256}"',
-                             "X-Content-SHA256": package.sha256})
+    return Response(
+        package.data,
+        media_type="application/zip",
+        headers={
+            "Content-Disposition": 'attachment; filename="agent.pyz"',
+            "ETag": f'"{package.sha256}"',
+            "X-Content-SHA256": package.sha256,
+        },
+    )
 
 
 def claims_router() -> APIRouter:
     """The backend-level agent routes, to mount at /api/training/agent/v1 beside the per-run ones."""
     router = APIRouter(tags=["agent protocol"])
     router.add_api_route(
-        "/backends/{backend}/claim", claim, methods=["POST"], response_model=Claim,
-        responses={401: {"description": "no token, or not this backend's (wrong, or replaced)"},
-                   403: {"description": "the token belongs to another backend"},
-                   404: {"description": "no agent backend of that name"},
-                   413: {"description": "a body over 64 KiB"}},
+        "/backends/{backend}/claim",
+        claim,
+        methods=["POST"],
+        response_model=Claim,
+        responses={
+            401: {"description": "no token, or not this backend's (wrong, or replaced)"},
+            403: {"description": "the token belongs to another backend"},
+            404: {"description": "no agent backend of that name"},
+            413: {"description": "a body over 64 KiB"},
+        },
     )
     router.add_api_route(
-        "/backends/{backend}/waiting", waiting, methods=["POST"],
-        responses={401: {"description": "no token, or not this backend's (wrong, or replaced)"},
-                   404: {"description": "no agent backend of that name"}},
+        "/backends/{backend}/waiting",
+        waiting,
+        methods=["POST"],
+        responses={
+            401: {"description": "no token, or not this backend's (wrong, or replaced)"},
+            404: {"description": "no agent backend of that name"},
+        },
     )
     router.add_api_route(
-        "/agent.pyz", get_agent_zipapp, methods=["GET"], response_class=Response,
+        "/agent.pyz",
+        get_agent_zipapp,
+        methods=["GET"],
+        response_class=Response,
         responses={200: {"content": {"application/zip": {}}, "description": "a zipapp; needs Python 3.8+"}},
     )
     return router

@@ -25,8 +25,16 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-__all__ = ["ConnectionGate", "GuardedProtocol", "guarded_protocol", "raise_file_limit", "HEADER_TIMEOUT_S", "BODY_IDLE_S",
-           "RESERVED_FILES", "LOW_FILE_LIMIT"]
+__all__ = [
+    "ConnectionGate",
+    "GuardedProtocol",
+    "guarded_protocol",
+    "raise_file_limit",
+    "HEADER_TIMEOUT_S",
+    "BODY_IDLE_S",
+    "RESERVED_FILES",
+    "LOW_FILE_LIMIT",
+]
 
 HEADER_TIMEOUT_S = 10.0
 BODY_IDLE_S = 60.0
@@ -156,8 +164,9 @@ class GuardedProtocol(HttpToolsProtocol):
             self.transport.abort()
 
 
-def guarded_protocol(gate: ConnectionGate, header_timeout_s: float = HEADER_TIMEOUT_S,
-                     body_idle_s: float = BODY_IDLE_S) -> type[asyncio.Protocol]:
+def guarded_protocol(
+    gate: ConnectionGate, header_timeout_s: float = HEADER_TIMEOUT_S, body_idle_s: float = BODY_IDLE_S
+) -> type[asyncio.Protocol]:
     """GuardedProtocol for one server: its gate and deadlines (uvicorn.Config(http=...))."""
     settings = {"gate": gate, "header_timeout_s": header_timeout_s, "body_idle_s": body_idle_s}
     return type("GuardedProtocol", (GuardedProtocol,), settings)
@@ -175,7 +184,9 @@ def raise_file_limit(say: Callable[[str], Any]) -> int:
             pass
     if soft < LOW_FILE_LIMIT:
         gate = ConnectionGate.for_file_limit(soft)
-        say(f"warning: this process may open only {soft} files (RLIMIT_NOFILE), so it serves at most "
+        say(
+            f"warning: this process may open only {soft} files (RLIMIT_NOFILE), so it serves at most "
             f"{gate.max_total} connections at once ({gate.max_per_client} per client): a few hundred idle agents "
-            "or a connection flood reach that. Raise it: LimitNOFILE=65536 in the unit, or `ulimit -n 65536`")
+            "or a connection flood reach that. Raise it: LimitNOFILE=65536 in the unit, or `ulimit -n 65536`"
+        )
     return soft

@@ -37,9 +37,29 @@ from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.records import RunFolderError
 from potato_queue.store.tokens import TrustedAgentTokens, token_digest
 
-__all__ = ["Guard", "Tarpit", "guard", "admin_key", "admin_problem", "request_admin_problem", "request_session",
-           "admin_checked", "token_problem", "backend_problem", "bearer", "replay", "read_at_most", "scope_headers", "ADMIN_PREFIX", "AGENT_PREFIX", "PAGE_PREFIX", "BODY_CAPS",
-           "refusal", "http_status_of", "STATUS_OF_ERROR"]
+__all__ = [
+    "Guard",
+    "Tarpit",
+    "guard",
+    "admin_key",
+    "admin_problem",
+    "request_admin_problem",
+    "request_session",
+    "admin_checked",
+    "token_problem",
+    "backend_problem",
+    "bearer",
+    "replay",
+    "read_at_most",
+    "scope_headers",
+    "ADMIN_PREFIX",
+    "AGENT_PREFIX",
+    "PAGE_PREFIX",
+    "BODY_CAPS",
+    "refusal",
+    "http_status_of",
+    "STATUS_OF_ERROR",
+]
 
 PAGE_PREFIX = "/admin/training"
 ADMIN_PREFIX = PAGE_PREFIX + "/api"
@@ -122,8 +142,10 @@ def backend_problem(store: RunStore, backend: str, token: str | None) -> tuple[i
     owner = store.agents.owner_of(token) if token else None
     if owner is not None:
         return 403, f"this token is for the agent backend {owner}, not {backend}"
-    return 401, (f"a valid agent token for backend {backend} is required (Authorization: Bearer <token>): the one "
-                 f"`potato-queue training register {backend} CONFIG` printed last")
+    return 401, (
+        f"a valid agent token for backend {backend} is required (Authorization: Bearer <token>): the one "
+        f"`potato-queue training register {backend} CONFIG` printed last"
+    )
 
 
 def scope_headers(scope: Scope) -> dict[str, str]:
@@ -139,8 +161,11 @@ def bearer(headers: Mapping[str, str]) -> str | None:
 async def _reply(send: Send, status: int, detail: str, bearer: bool = False) -> None:
     body = json.dumps({"detail": detail}).encode()
     # Connection: close, so the server hangs up rather than reading (and dropping) a body it refused.
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
-               (b"connection", b"close")]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(body)).encode()),
+        (b"connection", b"close"),
+    ]
     if bearer and status == 401:
         headers.append((b"www-authenticate", b"Bearer"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -213,6 +238,7 @@ class Guard:
 
     def _late_refusals(self, send: Send) -> Send:
         """`send`, holding back a 401/403 that a route gave (the agent GETs check their own token)."""
+
         async def sent(message: Message) -> None:
             if message["type"] == "http.response.start" and message["status"] in (401, 403):
                 await self.tarpit.wait()
@@ -236,7 +262,7 @@ class Guard:
             return await self._admin_problem(scope, headers), BODY_CAPS["admin"]
         if path.startswith(PAGE_PREFIX + "/"):
             return None, BODY_CAPS["form"]  # the page's own forms check who signs in, and out
-        parts = path[len(AGENT_PREFIX):].split("/")  # "", "runs", run_id, route
+        parts = path[len(AGENT_PREFIX) :].split("/")  # "", "runs", run_id, route
         if len(parts) == 4 and parts[1] == "backends":
             return await self._backend_problem(parts[2], bearer(headers)), BODY_CAPS["agent"]
         if len(parts) != 4 or parts[1] != "runs":
@@ -275,16 +301,24 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
     """422 with what was wrong and where, never the input itself: a value like 1e400 or JSON nested
     600 deep cannot be written back, and FastAPI's own handler then answers 500."""
     errors = exc.errors() if isinstance(exc, RequestValidationError) else []
-    detail = [{"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg")), "type": str(e.get("type"))}
-              for e in errors]
+    detail = [
+        {"loc": [str(part) for part in e.get("loc", ())], "msg": str(e.get("msg")), "type": str(e.get("type"))}
+        for e in errors
+    ]
     return JSONResponse(status_code=422, content={"detail": clean(detail)})
 
 
 # The core's refusals as HTTP: the one place a status is chosen for them (the routes raise these, never an
 # HTTPException; tests/test_house_rules.py holds it).
 STATUS_OF_ERROR: tuple[tuple[type[PotatoQueueError], int], ...] = (
-    (NotFound, 404), (Conflict, 409), (Invalid, 400), (Denied, 401), (Forbidden, 403), (TooLarge, 413),
-    (RunFolderError, 507))
+    (NotFound, 404),
+    (Conflict, 409),
+    (Invalid, 400),
+    (Denied, 401),
+    (Forbidden, 403),
+    (TooLarge, 413),
+    (RunFolderError, 507),
+)
 
 
 def http_status_of(exc: PotatoQueueError) -> int:

@@ -18,9 +18,11 @@ from potato_queue.server.guard import ASGIApp, Message, Receive, Scope, Send
 
 __all__ = ["SecurityHeaders", "CONTENT_SECURITY_POLICY", "SECURITY_HEADERS"]
 
-CONTENT_SECURITY_POLICY = ("default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
-                           "connect-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; "
-                           "form-action 'self'")
+CONTENT_SECURITY_POLICY = (
+    "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+    "connect-src 'self'; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; "
+    "form-action 'self'"
+)
 # same-origin, not no-referrer: under no-referrer a browser sends `Origin: null` with the page's own form posts
 # (sign-in, sign-out), and the cross-site check refuses those. Another site gets no referrer either way.
 SECURITY_HEADERS = {"X-Frame-Options": "DENY", "Referrer-Policy": "same-origin", "X-Content-Type-Options": "nosniff"}

@@ -44,8 +44,9 @@ def run_predictions_summary(run_id: str, request: Request) -> dict[str, Any]:
     return predictions_summary_of(runs.store, run_id)
 
 
-def run_quality(run_id: str, request: Request, target_precision: Annotated[float, Query(gt=0, le=1)]
-                = DEFAULT_TARGET_PRECISION) -> dict[str, Any]:
+def run_quality(
+    run_id: str, request: Request, target_precision: Annotated[float, Query(gt=0, le=1)] = DEFAULT_TARGET_PRECISION
+) -> dict[str, Any]:
     """Per-label precision and recall, the reliability diagram's bins, and the min_confidence that keeps the
     held-out precision at target_precision (shown, never applied)."""
     part = "quality" if target_precision == DEFAULT_TARGET_PRECISION else "held_out"
@@ -58,8 +59,12 @@ def run_curve(run_id: str, request: Request) -> dict[str, Any]:
     return learning_curve(runs_of(request).record(run_id))
 
 
-def run_next(run_id: str, request: Request, limit: Annotated[int, Query(ge=1, le=MAX_NEXT)] = 20,
-             measure: Literal["margin", "entropy"] = "margin") -> dict[str, Any]:
+def run_next(
+    run_id: str,
+    request: Request,
+    limit: Annotated[int, Query(ge=1, le=MAX_NEXT)] = 20,
+    measure: Literal["margin", "entropy"] = "margin",
+) -> dict[str, Any]:
     """What to label next: the run's unlabelled items (not labelled since), least sure first, near-copies
     of an item above them held back."""
     return next_items(request.app.state.config, _inputs(request, run_id, "next"), limit, measure)
@@ -80,18 +85,36 @@ def runs_compared(run_id: str, other_id: str, request: Request) -> dict[str, Any
 
 
 def insight_router() -> APIRouter:
-    router = APIRouter(dependencies=[Depends(require_admin_key)], tags=["insight"], responses={
-        401: {"model": ErrorReply, "description": "no admin key, or a wrong one"},
-        404: {"model": ErrorReply, "description": "no such run"},
-        409: {"model": ErrorReply, "description": "the run has not succeeded, has no predictions or learning curve, "
-                                                  "or its bundle was removed"}})
+    router = APIRouter(
+        dependencies=[Depends(require_admin_key)],
+        tags=["insight"],
+        responses={
+            401: {"model": ErrorReply, "description": "no admin key, or a wrong one"},
+            404: {"model": ErrorReply, "description": "no such run"},
+            409: {
+                "model": ErrorReply,
+                "description": "the run has not succeeded, has no predictions or learning curve, "
+                "or its bundle was removed",
+            },
+        },
+    )
     add = router.add_api_route
-    add("/runs/{run_id}/quality", run_quality, methods=["GET"],
-        responses={400: {"model": ErrorReply, "description": "a target precision out of (0, 1]"}})
+    add(
+        "/runs/{run_id}/quality",
+        run_quality,
+        methods=["GET"],
+        responses={400: {"model": ErrorReply, "description": "a target precision out of (0, 1]"}},
+    )
     add("/runs/{run_id}/curve", run_curve, methods=["GET"])
     add("/runs/{run_id}/next", run_next, methods=["GET"])
     add("/runs/{run_id}/next/potato", run_next_to_potato, methods=["POST"])
     add("/runs/{run_id}/predictions/summary", run_predictions_summary, methods=["GET"])
-    add("/runs/{run_id}/compare/{other_id}", runs_compared, methods=["GET"], responses={
-        400: {"model": ErrorReply, "description": "the same run twice, no schema or held-out item in common"}})
+    add(
+        "/runs/{run_id}/compare/{other_id}",
+        runs_compared,
+        methods=["GET"],
+        responses={
+            400: {"model": ErrorReply, "description": "the same run twice, no schema or held-out item in common"}
+        },
+    )
     return router

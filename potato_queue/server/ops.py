@@ -26,8 +26,9 @@ __all__ = ["ops_router", "render_metrics"]
 LISTED = 100000
 # /healthz answers anyone: it names the problem and where to look, never Redis's address or password (the
 # client's error text has them).
-REDIS_DOWN = ("Redis does not answer: start it, or restart the server with one that runs (--redis-url, or "
-              f"{REDIS_URL_ENV})")
+REDIS_DOWN = (
+    f"Redis does not answer: start it, or restart the server with one that runs (--redis-url, or {REDIS_URL_ENV})"
+)
 
 
 def _scrape_allowed(request: Request) -> bool:
@@ -42,24 +43,37 @@ def _label(value: Any) -> str:
     return str(value).replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
 
 
-def _metric(lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[dict[str, Any], float]]) -> None:
+def _metric(
+    lines: list[str], name: str, kind: str, help_text: str, samples: list[tuple[dict[str, Any], float]]
+) -> None:
     lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"]
     for labels, value in samples:
         inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
         lines.append(f"{name}{{{inner}}} {value:g}" if inner else f"{name} {value:g}")
 
 
-def render_metrics(runs: list[dict[str, Any]], queue_length: int, agents: dict[str, float | None],
-                   executors: int, now_s: float) -> str:
+def render_metrics(
+    runs: list[dict[str, Any]], queue_length: int, agents: dict[str, float | None], executors: int, now_s: float
+) -> str:
     """The exposition text: runs by state and backend, the queue, run durations, heartbeat ages, agents."""
     lines: list[str] = []
     by = Counter((r.get("state", "unknown"), r.get("backend") or "?") for r in runs)
     backends = sorted({b for _, b in by} | {"local"})
-    _metric(lines, "potato_queue_runs", "gauge", "Runs in the project by state and backend.",
-            [({"state": s, "backend": b}, by.get((s, b), 0)) for s in (*STATES, RunState.BROKEN) for b in backends
-             if by.get((s, b), 0) or s in STATES])
-    _metric(lines, "potato_queue_queue_length", "gauge", "Runs waiting in the queue for an executor.",
-            [({}, queue_length)])
+    _metric(
+        lines,
+        "potato_queue_runs",
+        "gauge",
+        "Runs in the project by state and backend.",
+        [
+            ({"state": s, "backend": b}, by.get((s, b), 0))
+            for s in (*STATES, RunState.BROKEN)
+            for b in backends
+            if by.get((s, b), 0) or s in STATES
+        ],
+    )
+    _metric(
+        lines, "potato_queue_queue_length", "gauge", "Runs waiting in the queue for an executor.", [({}, queue_length)]
+    )
     _metric(lines, "potato_queue_executors", "gauge", "Executor processes that said they are up.", [({}, executors)])
     durations, counts = Counter(), Counter()  # type: Counter[str], Counter[str]
     for r in runs:
@@ -67,32 +81,49 @@ def render_metrics(runs: list[dict[str, Any]], queue_length: int, agents: dict[s
         if r.get("state") in FINAL_STATES and started and ended:
             durations[str(r.get("backend"))] += ended - started
             counts[str(r.get("backend"))] += 1
-    lines += ["# HELP potato_queue_run_duration_seconds Wall time of finished runs, from start to end.",
-              "# TYPE potato_queue_run_duration_seconds summary"]
+    lines += [
+        "# HELP potato_queue_run_duration_seconds Wall time of finished runs, from start to end.",
+        "# TYPE potato_queue_run_duration_seconds summary",
+    ]
     for backend in sorted(counts):
         lines.append(f'potato_queue_run_duration_seconds_sum{{backend="{_label(backend)}"}} {durations[backend]:g}')
         lines.append(f'potato_queue_run_duration_seconds_count{{backend="{_label(backend)}"}} {counts[backend]}')
-    beats = [({"run_id": r["run_id"], "backend": r.get("backend")}, now_s - float(r["heartbeat_at"]))
-             for r in runs if r.get("state") not in FINAL_STATES and r.get("heartbeat_at")]
+    beats = [
+        ({"run_id": r["run_id"], "backend": r.get("backend")}, now_s - float(r["heartbeat_at"]))
+        for r in runs
+        if r.get("state") not in FINAL_STATES and r.get("heartbeat_at")
+    ]
     _metric(lines, "potato_queue_heartbeat_age_seconds", "gauge", "Seconds since a run's agent last reported.", beats)
-    _metric(lines, "potato_queue_agent_last_seen_age_seconds", "gauge",
-            "Seconds since an agent backend's agent last asked for work.",
-            [({"backend": b}, now_s - seen) for b, seen in sorted(agents.items()) if seen is not None])
+    _metric(
+        lines,
+        "potato_queue_agent_last_seen_age_seconds",
+        "gauge",
+        "Seconds since an agent backend's agent last asked for work.",
+        [({"backend": b}, now_s - seen) for b, seen in sorted(agents.items()) if seen is not None],
+    )
     return "\n".join(lines) + "\n"
 
 
 def metrics(request: Request) -> PlainTextResponse:
     if not _scrape_allowed(request):
-        return PlainTextResponse("the admin key (X-API-Key) or the scrape token ($POTATO_QUEUE_METRICS_TOKEN, as "
-                                 "Authorization: Bearer) is required\n", status_code=401)
+        return PlainTextResponse(
+            "the admin key (X-API-Key) or the scrape token ($POTATO_QUEUE_METRICS_TOKEN, as "
+            "Authorization: Bearer) is required\n",
+            status_code=401,
+        )
     store, config = request.app.state.store, request.app.state.config
     agents = {}
     for name, backend in config.model_training.backends.items():
         if backend.type == "agent":
             registration = store.agents.registration(name)
             agents[name] = registration["last_seen"] if registration else None
-    text = render_metrics(store.list_runs(LISTED), store.presence.queue_length(), agents, len(store.presence.executors_seen()),
-                          store.clock.now_s())
+    text = render_metrics(
+        store.list_runs(LISTED),
+        store.presence.queue_length(),
+        agents,
+        len(store.presence.executors_seen()),
+        store.clock.now_s(),
+    )
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4")
 
 
@@ -103,8 +134,9 @@ def healthz(request: Request) -> JSONResponse:
         store.presence.ping()
         executors = len(store.presence.executors_seen())
     except redis.RedisError:
-        return JSONResponse({"ok": False, "redis": "does not answer", "executors": None, "problem": REDIS_DOWN},
-                            status_code=503)
+        return JSONResponse(
+            {"ok": False, "redis": "does not answer", "executors": None, "problem": REDIS_DOWN}, status_code=503
+        )
     problem = None if executors else "no executor is up: start one (potato-queue executor CONFIG)"
     body = {"ok": problem is None, "redis": "ok", "executors": executors, **({"problem": problem} if problem else {})}
     return JSONResponse(body, status_code=200 if problem is None else 503)
@@ -112,8 +144,13 @@ def healthz(request: Request) -> JSONResponse:
 
 def ops_router() -> APIRouter:
     router = APIRouter(tags=["operations"])
-    router.add_api_route("/metrics", metrics, methods=["GET"], response_class=PlainTextResponse,
-                         responses={401: {"description": "neither the admin key nor the scrape token"}})
+    router.add_api_route(
+        "/metrics",
+        metrics,
+        methods=["GET"],
+        response_class=PlainTextResponse,
+        responses={401: {"description": "neither the admin key nor the scrape token"}},
+    )
     # A probe for load balancers and systemd, not part of the API (its 503 is its message).
     router.add_api_route("/healthz", healthz, methods=["GET"], include_in_schema=False)
     return router

@@ -32,27 +32,38 @@ from potato_queue.store.sessions import SIGN_IN_MAX_WAIT_S
 __all__ = ["page_router", "PAGE_PREFIX", "STATIC"]
 
 STATIC = Path(__file__).parent / "static"
-_ASSETS = {"page.css": "text/css", "training.js": "text/javascript", "run.js": "text/javascript",
-           "common.js": "text/javascript", "hub.js": "text/javascript", "insight.js": "text/javascript"}
+_ASSETS = {
+    "page.css": "text/css",
+    "training.js": "text/javascript",
+    "run.js": "text/javascript",
+    "common.js": "text/javascript",
+    "hub.js": "text/javascript",
+    "insight.js": "text/javascript",
+}
 
 
 def _layout(title: str, body: str, csrf: str = "", scripts: tuple[str, ...] = ()) -> str:
     tags = "".join(f'<script src="{PAGE_PREFIX}/static/{name}" defer></script>' for name in scripts)
-    return (f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
-            f'<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f'<meta name="csrf" content="{html.escape(csrf)}"><title>{html.escape(title)}</title>'
-            f'<link rel="icon" href="data:,"><link rel="stylesheet" href="{PAGE_PREFIX}/static/page.css">{tags}</head><body>{body}</body></html>')
+    return (
+        f'<!doctype html><html lang="en"><head><meta charset="utf-8">'
+        f'<meta name="viewport" content="width=device-width, initial-scale=1">'
+        f'<meta name="csrf" content="{html.escape(csrf)}"><title>{html.escape(title)}</title>'
+        f'<link rel="icon" href="data:,"><link rel="stylesheet" href="{PAGE_PREFIX}/static/page.css">{tags}</head><body>{body}</body></html>'
+    )
 
 
 def _sign_in_page(problem: str = "") -> str:
     alert = f'<p class="problem" role="alert">{html.escape(problem)}</p>' if problem else ""
-    return _layout("Sign in: Training", f"""
+    return _layout(
+        "Sign in: Training",
+        f"""
 <main class="narrow"><h1>Training</h1>{alert}
 <form method="post" action="{PAGE_PREFIX}/sign-in">
 <label for="key">Admin key</label>
 <input id="key" name="key" type="password" autocomplete="current-password" required autofocus>
 <button type="submit">Sign in</button></form>
-<p class="hint">The project's admin_api_key (config.yaml), or $POTATO_ADMIN_API_KEY on the server.</p></main>""")
+<p class="hint">The project's admin_api_key (config.yaml), or $POTATO_ADMIN_API_KEY on the server.</p></main>""",
+    )
 
 
 def _nonce(request: Request) -> str | None:
@@ -63,9 +74,11 @@ def _nonce(request: Request) -> str | None:
 
 
 def _header(csrf: str, title: str) -> str:
-    return (f'<header><h1><a href="{PAGE_PREFIX}">Training</a>{html.escape(title)}</h1>'
-            f'<form method="post" action="{PAGE_PREFIX}/sign-out"><input type="hidden" name="csrf" '
-            f'value="{html.escape(csrf)}"><button type="submit" class="quiet">Sign out</button></form></header>')
+    return (
+        f'<header><h1><a href="{PAGE_PREFIX}">Training</a>{html.escape(title)}</h1>'
+        f'<form method="post" action="{PAGE_PREFIX}/sign-out"><input type="hidden" name="csrf" '
+        f'value="{html.escape(csrf)}"><button type="submit" class="quiet">Sign out</button></form></header>'
+    )
 
 
 def training_page(request: Request) -> Response:
@@ -73,7 +86,9 @@ def training_page(request: Request) -> Response:
     if nonce is None:
         return HTMLResponse(_sign_in_page())
     csrf = csrf_token(admin_key(store_of(request).config), nonce)
-    body = _header(csrf, "") + """
+    body = (
+        _header(csrf, "")
+        + """
 <main>
 <section aria-labelledby="runs-on"><h2 id="runs-on">Start a run</h2>
 <form id="start">
@@ -95,6 +110,7 @@ def training_page(request: Request) -> Response:
 <tbody></tbody></table></div></section>
 <section id="agents" aria-labelledby="agents-title" hidden><h2 id="agents-title">Agents</h2><div></div></section>
 </main>"""
+    )
     return HTMLResponse(_layout("Training", body, csrf, ("common.js", "training.js")))
 
 
@@ -105,7 +121,9 @@ def run_page(run_id: str, request: Request) -> Response:
     if not RUN_ID_RE.fullmatch(run_id):
         raise NotFound("no such run")
     csrf = csrf_token(admin_key(store_of(request).config), nonce)
-    body = _header(csrf, f" / run {run_id}") + f"""
+    body = (
+        _header(csrf, f" / run {run_id}")
+        + f"""
 <main id="run" data-run="{html.escape(run_id)}">
 <section><h2>Run <span id="state"></span></h2><dl id="facts"></dl>
 <div id="step" class="step"></div><button type="button" id="cancel" hidden>Cancel run</button>
@@ -141,6 +159,7 @@ def run_page(run_id: str, request: Request) -> Response:
 <section aria-labelledby="pred-title"><h2 id="pred-title">Predictions</h2><div id="predictions"></div></section>
 <section aria-labelledby="log-title"><h2 id="log-title">run.log</h2><pre id="log" tabindex="0"></pre></section>
 </main>"""
+    )
     return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js", "hub.js", "insight.js")))
 
 
@@ -151,8 +170,10 @@ async def _form(request: Request) -> dict[str, str]:
 
 def _too_many_tries(wait_s: float) -> Response:
     retry_s = math.ceil(wait_s)
-    why = (f"Too many wrong admin keys from your address: wait {retry_s} s, then sign in with the right key "
-           f"(each further wrong key doubles the wait, up to {SIGN_IN_MAX_WAIT_S:g} s).")
+    why = (
+        f"Too many wrong admin keys from your address: wait {retry_s} s, then sign in with the right key "
+        f"(each further wrong key doubles the wait, up to {SIGN_IN_MAX_WAIT_S:g} s)."
+    )
     return HTMLResponse(_sign_in_page(why), status_code=429, headers={"Retry-After": str(retry_s)})
 
 
@@ -177,8 +198,15 @@ async def sign_in(request: Request) -> Response:
     cookie, nonce = new_session(key, store.clock.now_s())
     await run_in_threadpool(_signed_in, store, client, nonce)
     reply = RedirectResponse(PAGE_PREFIX, status_code=303)
-    reply.set_cookie(COOKIE, cookie, max_age=SESSION_S, path=PAGE_PREFIX, httponly=True, samesite="strict",
-                     secure=request.url.scheme == "https")
+    reply.set_cookie(
+        COOKIE,
+        cookie,
+        max_age=SESSION_S,
+        path=PAGE_PREFIX,
+        httponly=True,
+        samesite="strict",
+        secure=request.url.scheme == "https",
+    )
     return reply
 
 

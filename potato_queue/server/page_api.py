@@ -92,8 +92,11 @@ async def _runs_events(request: Request) -> AsyncIterator[str]:
 
 
 def runs_stream(request: Request) -> StreamingResponse:
-    return StreamingResponse(_runs_events(request), media_type="text/event-stream",
-                             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"})
+    return StreamingResponse(
+        _runs_events(request),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
+    )
 
 
 def predictions_file(run_id: str, request: Request) -> FileResponse:
@@ -106,14 +109,30 @@ def predictions_file(run_id: str, request: Request) -> FileResponse:
 
 
 def page_api_router() -> APIRouter:
-    router = APIRouter(dependencies=[Depends(require_admin_key)], tags=["page"],
-                       responses={401: {"model": ErrorReply, "description": "no admin key or session, or a wrong one"},
-                                  403: {"model": ErrorReply, "description": "a cross-site request (the session cookie "
-                                                                            "without the page's token)"}})
-    router.add_api_route("/backends/{name}/check", check_backend, methods=["GET"], responses={
-        404: {"model": ErrorReply, "description": "no backend of that name"}})
+    router = APIRouter(
+        dependencies=[Depends(require_admin_key)],
+        tags=["page"],
+        responses={
+            401: {"model": ErrorReply, "description": "no admin key or session, or a wrong one"},
+            403: {
+                "model": ErrorReply,
+                "description": "a cross-site request (the session cookie without the page's token)",
+            },
+        },
+    )
+    router.add_api_route(
+        "/backends/{name}/check",
+        check_backend,
+        methods=["GET"],
+        responses={404: {"model": ErrorReply, "description": "no backend of that name"}},
+    )
     # An endless event stream: for the page, not for API clients (nor for a fuzzer reading the OpenAPI document).
     router.add_api_route("/stream", runs_stream, methods=["GET"], include_in_schema=False)
-    router.add_api_route("/runs/{run_id}/predictions.jsonl", predictions_file, methods=["GET"], response_class=FileResponse,
-                         responses={404: {"model": ErrorReply, "description": "no such run, or it has no predictions"}})
+    router.add_api_route(
+        "/runs/{run_id}/predictions.jsonl",
+        predictions_file,
+        methods=["GET"],
+        response_class=FileResponse,
+        responses={404: {"model": ErrorReply, "description": "no such run, or it has no predictions"}},
+    )
     return router

@@ -23,11 +23,17 @@ MAX_TOKEN_CHARS = 1000
 
 class PublishRequest(BaseModel):
     repo_id: str = Field(max_length=200, description=f"namespace/name on the Hub (at most {MAX_REPO_ID} characters)")
-    private: bool = Field(True, description="a new repo is private unless this is false; an existing repo keeps "
-                                            "its visibility")
-    token: SecretStr | None = Field(None, max_length=MAX_TOKEN_CHARS, description=(
-        "a Hub write token, used for this upload only and never stored; without it, the server's own "
-        "(HF_TOKEN in its environment)"))
+    private: bool = Field(
+        True, description="a new repo is private unless this is false; an existing repo keeps its visibility"
+    )
+    token: SecretStr | None = Field(
+        None,
+        max_length=MAX_TOKEN_CHARS,
+        description=(
+            "a Hub write token, used for this upload only and never stored; without it, the server's own "
+            "(HF_TOKEN in its environment)"
+        ),
+    )
 
 
 class HubState(BaseModel):
@@ -72,19 +78,37 @@ _NO_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "descript
 
 
 def publish_router() -> APIRouter:
-    router = APIRouter(dependencies=[Depends(require_admin_key)], tags=["admin"],
-                       responses={401: {"model": ErrorReply, "description": "no admin key or session, or a wrong one"},
-                                  403: {"model": ErrorReply, "description": "a cross-site request (the session cookie "
-                                                                            "without the page's token)"},
-                                  413: {"model": ErrorReply, "description": "a body over 1 MiB"}})
-    router.add_api_route("/runs/{run_id}/publish", get_publish, methods=["GET"], response_model=PublishStatus,
-                         responses=_NO_RUN)
-    router.add_api_route("/runs/{run_id}/publish", post_publish, methods=["POST"], status_code=202,
-                         response_model=PublishStatus, responses={
-                             **_NO_RUN,
-                             400: {"model": ErrorReply, "description": "not a Hub repo id, or no token to publish with"},
-                             409: {"model": ErrorReply, "description": "the run did not succeed, its model files are "
-                                                                       "not on this server, it is being published "
-                                                                       "already, or huggingface_hub is not installed"},
-                             507: {"model": ErrorReply, "description": "the project's output folder cannot be written"}})
+    router = APIRouter(
+        dependencies=[Depends(require_admin_key)],
+        tags=["admin"],
+        responses={
+            401: {"model": ErrorReply, "description": "no admin key or session, or a wrong one"},
+            403: {
+                "model": ErrorReply,
+                "description": "a cross-site request (the session cookie without the page's token)",
+            },
+            413: {"model": ErrorReply, "description": "a body over 1 MiB"},
+        },
+    )
+    router.add_api_route(
+        "/runs/{run_id}/publish", get_publish, methods=["GET"], response_model=PublishStatus, responses=_NO_RUN
+    )
+    router.add_api_route(
+        "/runs/{run_id}/publish",
+        post_publish,
+        methods=["POST"],
+        status_code=202,
+        response_model=PublishStatus,
+        responses={
+            **_NO_RUN,
+            400: {"model": ErrorReply, "description": "not a Hub repo id, or no token to publish with"},
+            409: {
+                "model": ErrorReply,
+                "description": "the run did not succeed, its model files are "
+                "not on this server, it is being published "
+                "already, or huggingface_hub is not installed",
+            },
+            507: {"model": ErrorReply, "description": "the project's output folder cannot be written"},
+        },
+    )
     return router

@@ -19,8 +19,17 @@ import ipaddress
 import secrets
 from collections.abc import Mapping
 
-__all__ = ["COOKIE", "SESSION_S", "new_session", "session_nonce", "csrf_token", "cross_site_problem", "cookie_value",
-           "foreign_origin", "client_of"]
+__all__ = [
+    "COOKIE",
+    "SESSION_S",
+    "new_session",
+    "session_nonce",
+    "csrf_token",
+    "cross_site_problem",
+    "cookie_value",
+    "foreign_origin",
+    "client_of",
+]
 
 COOKIE = "pq_session"
 SESSION_S = 12 * 3600

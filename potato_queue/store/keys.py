@@ -17,8 +17,20 @@ from pathlib import Path
 
 from potato_queue.config import ProjectConfig
 
-__all__ = ["RUN_ID_RE", "new_run_id", "project_id", "Keys", "RunPaths", "runs_dir", "project_predictions_path",
-           "remote_socket_path", "retrain_state_path", "staging_dir", "potato_task_dir", "potato_database_path"]
+__all__ = [
+    "RUN_ID_RE",
+    "new_run_id",
+    "project_id",
+    "Keys",
+    "RunPaths",
+    "runs_dir",
+    "project_predictions_path",
+    "remote_socket_path",
+    "retrain_state_path",
+    "staging_dir",
+    "potato_task_dir",
+    "potato_database_path",
+]
 
 RUN_ID_RE = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
 

@@ -30,8 +30,9 @@ LEASE_RENEW_S = 1.0
 class Lease:
     """The run slot: a Redis key holding our token, renewed at most once a second."""
 
-    def __init__(self, client: redis.Redis, key: str, *, ttl_s: float = LEASE_TTL_S,
-                 renew_s: float = LEASE_RENEW_S) -> None:
+    def __init__(
+        self, client: redis.Redis, key: str, *, ttl_s: float = LEASE_TTL_S, renew_s: float = LEASE_RENEW_S
+    ) -> None:
         self.client, self.key = client, key
         self.ttl_s, self.renew_s = ttl_s, renew_s
         self.token = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"

@@ -86,5 +86,10 @@ class Offers:
 
     def _call(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: str) -> str:
         keys = [self.keys.agent_token(backend), self.keys.offers(backend)]
-        return str(as_text(self._claim(keys=keys, args=[token_digest(token), repr(self.clock.now_s()), json.dumps(agent),
-                                                    gpu_wait])))
+        return str(
+            as_text(
+                self._claim(
+                    keys=keys, args=[token_digest(token), repr(self.clock.now_s()), json.dumps(agent), gpu_wait]
+                )
+            )
+        )

@@ -17,8 +17,19 @@ import redis.asyncio as aioredis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-__all__ = ["CAS_STATE", "CLAIM", "CLAIM_FIELD", "MERGE_METRICS", "RECORD_RESULT", "RELEASE_FIELD", "SOCKET_TIMEOUT_S", "SUPERVISION_SOCKET_TIMEOUT_S",
-           "async_twin", "client_for", "wait_published"]
+__all__ = [
+    "CAS_STATE",
+    "CLAIM",
+    "CLAIM_FIELD",
+    "MERGE_METRICS",
+    "RECORD_RESULT",
+    "RELEASE_FIELD",
+    "SOCKET_TIMEOUT_S",
+    "SUPERVISION_SOCKET_TIMEOUT_S",
+    "async_twin",
+    "client_for",
+    "wait_published",
+]
 
 # redis-py 8 gives every client a 5 s socket timeout unless told otherwise: a Redis busy for 5 s (a slow
 # fsync, a large load) would then fail a run that is training fine. Ours is a hung server's limit, not a
@@ -37,8 +48,10 @@ def client_for(url: str, socket_timeout_s: float = SOCKET_TIMEOUT_S) -> redis.Re
     # supervising executor would take a minute, far past the lease it must decide within. It tries once;
     # the next look is the retry.
     once = {"retry": Retry(NoBackoff(), 0)} if socket_timeout_s <= SUPERVISION_SOCKET_TIMEOUT_S else {}
-    return redis.Redis.from_url(url, socket_timeout=socket_timeout_s,
-                                socket_connect_timeout=min(CONNECT_TIMEOUT_S, socket_timeout_s), **once)
+    return redis.Redis.from_url(
+        url, socket_timeout=socket_timeout_s, socket_connect_timeout=min(CONNECT_TIMEOUT_S, socket_timeout_s), **once
+    )
+
 
 # KEYS: the run's hash, the unfinished index, the run token's digest. ARGV: the
 # new state, "1" when it is final, the run id, then the states it may come
@@ -133,8 +146,13 @@ def async_twin(client: redis.Redis) -> aioredis.Redis:
     return aioredis.Redis(connection_pool=aioredis.ConnectionPool(connection_class=connection_class, **kwargs))
 
 
-async def wait_published(client: redis.Redis, channel: str, due: Callable[[aioredis.Redis], Awaitable[bool]],
-                         wait_s: float, hung_up: Callable[[], Awaitable[bool]]) -> bool:
+async def wait_published(
+    client: redis.Redis,
+    channel: str,
+    due: Callable[[aioredis.Redis], Awaitable[bool]],
+    wait_s: float,
+    hung_up: Callable[[], Awaitable[bool]],
+) -> bool:
     """True as soon as `due()` holds or anything is published on `channel`; False after wait_s or once
     `hung_up()` (nobody to answer: the Redis connection is freed, and a shutdown can finish)."""
     twin = async_twin(client)
@@ -163,6 +181,7 @@ def refresh_forever(write: Callable[[], None], every_s: float, name: str) -> Non
     """Run `write` now, then every `every_s` in a daemon thread, for the life of the process: a key with a short
     expiry that says something is up comes back after Redis is emptied and lapses once the process is gone.
     A Redis that does not answer is tried again at the next turn."""
+
     def loop() -> None:
         while True:
             time.sleep(every_s)

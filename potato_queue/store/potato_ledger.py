@@ -52,8 +52,12 @@ _TESTED_FROM, _TESTED_BEFORE = (2, 12, 1), (2, 13)
 INSTALL_FIX = "pip install 'potato-queue[potato]' where potato-queue runs (potato-annotation>=2.12.1,<2.13)"
 
 RUN_STATE_IN_POTATO = {
-    RunState.QUEUED: "queued", RunState.STARTING: "building", RunState.RUNNING: "running",
-    RunState.COLLECTING: "evaluating", RunState.SUCCEEDED: "success", RunState.FAILED: "error",
+    RunState.QUEUED: "queued",
+    RunState.STARTING: "building",
+    RunState.RUNNING: "running",
+    RunState.COLLECTING: "evaluating",
+    RunState.SUCCEEDED: "success",
+    RunState.FAILED: "error",
     RunState.CANCELLED: "cancelled",
 }
 # Potato keeps a run's unlabeled items out of its run items: they are predicted on, never fitted on.
@@ -64,9 +68,31 @@ OWNED_BY_POTATO = "potato_run_id"
 # The columns potato-queue writes through Potato's functions, as Potato 2.12 creates them.
 COLUMNS: dict[str, tuple[str, ...]] = {
     "training_runs": (
-        "project", "run_id", "trainer", "backend", "schema_names", "kinds", "status", "trigger", "created_at",
-        "started_at", "finished_at", "n_train", "n_val", "n_test", "split_seed", "params", "metrics",
-        "artifact_dir", "model_version", "bundle_digest", "error", "error_code", "pid", "host"),
+        "project",
+        "run_id",
+        "trainer",
+        "backend",
+        "schema_names",
+        "kinds",
+        "status",
+        "trigger",
+        "created_at",
+        "started_at",
+        "finished_at",
+        "n_train",
+        "n_val",
+        "n_test",
+        "split_seed",
+        "params",
+        "metrics",
+        "artifact_dir",
+        "model_version",
+        "bundle_digest",
+        "error",
+        "error_code",
+        "pid",
+        "host",
+    ),
     "training_run_items": ("project", "run_id", "instance_id", "split"),
     "training_predictions": ("project", "instance_id", "schema_name", "run_id", "payload", "confidence", "created_at"),
 }
@@ -111,8 +137,10 @@ def columns_problem(db: Path) -> str | None:
     for table, wanted in COLUMNS.items():
         missing = [c for c in wanted if have[table] and c not in have[table]]
         if missing:
-            return (f"{db} has a table {table} without the column(s) {', '.join(missing)}: a Potato version "
-                    f"potato-queue was not tested with made it")
+            return (
+                f"{db} has a table {table} without the column(s) {', '.join(missing)}: a Potato version "
+                f"potato-queue was not tested with made it"
+            )
     return None
 
 
@@ -133,20 +161,31 @@ def ledger_status(config: ProjectConfig) -> LedgerStatus:
     """Checked without writing anything (validate and training check call it)."""
     version, db = installed_potato(), potato_database_path(config)
     if not config.model_training.enabled:
-        return LedgerStatus(False, "model_training.enabled is false, so no run starts", "set model_training.enabled: true")
+        return LedgerStatus(
+            False, "model_training.enabled is false, so no run starts", "set model_training.enabled: true"
+        )
     if version is None:
-        return LedgerStatus(False, f"potato-annotation is not installed here, so Potato's Training page and "
-                                   f"prelabels ({db}) do not see these runs; predictions.jsonl is still written",
-                            INSTALL_FIX)
+        return LedgerStatus(
+            False,
+            f"potato-annotation is not installed here, so Potato's Training page and "
+            f"prelabels ({db}) do not see these runs; predictions.jsonl is still written",
+            INSTALL_FIX,
+        )
     if not _TESTED_FROM <= _version_tuple(version) < _TESTED_BEFORE:
-        return LedgerStatus(False, f"potato-annotation {version} is installed, and potato-queue writes Potato's "
-                                   f"store only for the versions it is tested with ({TESTED_RANGE}); "
-                                   f"predictions.jsonl is still written",
-                            f"pip install 'potato-annotation{TESTED_RANGE}', or a potato-queue tested with {version}")
+        return LedgerStatus(
+            False,
+            f"potato-annotation {version} is installed, and potato-queue writes Potato's "
+            f"store only for the versions it is tested with ({TESTED_RANGE}); "
+            f"predictions.jsonl is still written",
+            f"pip install 'potato-annotation{TESTED_RANGE}', or a potato-queue tested with {version}",
+        )
     problem = columns_problem(db)
     if problem is not None:
-        return LedgerStatus(False, f"{problem}; predictions.jsonl is still written",
-                            f"run the Potato version that made {db.name} in the range {TESTED_RANGE}")
+        return LedgerStatus(
+            False,
+            f"{problem}; predictions.jsonl is still written",
+            f"run the Potato version that made {db.name} in the range {TESTED_RANGE}",
+        )
     return LedgerStatus(True, f"runs, their splits and predictions are recorded in {db} (potato-annotation {version})")
 
 
@@ -198,16 +237,29 @@ def potato_run_fields(record: Mapping[str, Any], *, split_seed: int, host: str, 
     bundle = record.get("bundle") or {}
     counts = bundle.get("n") or {}
     return {
-        "run_id": record["run_id"], "trainer": record["trainer"], "backend": f"potato-queue/{record['backend']}",
-        "schema_names": list(record.get("schemas") or []), "kinds": list(bundle.get("kinds") or []),
-        "status": RUN_STATE_IN_POTATO.get(record["state"], "error"), "trigger": record.get("trigger") or "api",
+        "run_id": record["run_id"],
+        "trainer": record["trainer"],
+        "backend": f"potato-queue/{record['backend']}",
+        "schema_names": list(record.get("schemas") or []),
+        "kinds": list(bundle.get("kinds") or []),
+        "status": RUN_STATE_IN_POTATO.get(record["state"], "error"),
+        "trigger": record.get("trigger") or "api",
         "created_at": epoch_of(record.get("created_at")) or now_s,
-        "started_at": epoch_of(record.get("started_at")), "finished_at": epoch_of(record.get("finished_at")),
-        "n_train": int(counts.get("train", 0)), "n_val": int(counts.get("val", 0)),
-        "n_test": int(counts.get("test", 0)), "split_seed": split_seed, "params": dict(record.get("params") or {}),
-        "metrics": potato_metrics(record), "artifact_dir": record.get("artifact_uri") or "",
-        "model_version": record.get("model_version") or "", "bundle_digest": bundle.get("digest") or "",
-        "error": record.get("error") or "", "error_code": _error_code(record), "pid": None, "host": host,
+        "started_at": epoch_of(record.get("started_at")),
+        "finished_at": epoch_of(record.get("finished_at")),
+        "n_train": int(counts.get("train", 0)),
+        "n_val": int(counts.get("val", 0)),
+        "n_test": int(counts.get("test", 0)),
+        "split_seed": split_seed,
+        "params": dict(record.get("params") or {}),
+        "metrics": potato_metrics(record),
+        "artifact_dir": record.get("artifact_uri") or "",
+        "model_version": record.get("model_version") or "",
+        "bundle_digest": bundle.get("digest") or "",
+        "error": record.get("error") or "",
+        "error_code": _error_code(record),
+        "pid": None,
+        "host": host,
     }
 
 
@@ -224,8 +276,10 @@ class PotatoLedger:
         self._log = log  # (run_id, line) -> run.log
         self._status: LedgerStatus | None = None
         self._cfg = potato_config(config)
-        self._host = {name: getattr(config.model_training.backend_config(name), "host", None)
-                      for name in config.model_training.backend_names()}
+        self._host = {
+            name: getattr(config.model_training.backend_config(name), "host", None)
+            for name in config.model_training.backend_names()
+        }
         self._busy_timeout_set = False
 
     @property
@@ -255,17 +309,23 @@ class PotatoLedger:
                 if not _locked(exc) or time.monotonic() - started > LOCKED_RETRY_S:
                     return self._failed(run_id, what, exc)
                 tries += 1
-                time.sleep(min(0.05 * 2 ** tries, 1.0))
+                time.sleep(min(0.05 * 2**tries, 1.0))
             except Exception as exc:  # Potato's own code: whatever it raises, the run goes on
                 return self._failed(run_id, what, exc)
         if tries:
-            self._log(run_id, f"Potato's database was locked (a running Potato was writing): {what} recorded "
-                              f"after {tries} retr{'y' if tries == 1 else 'ies'}")
+            self._log(
+                run_id,
+                f"Potato's database was locked (a running Potato was writing): {what} recorded "
+                f"after {tries} retr{'y' if tries == 1 else 'ies'}",
+            )
         return True
 
     def _failed(self, run_id: str, what: str, exc: Exception) -> bool:
-        self._log(run_id, f"warning: {what} could not be recorded in Potato's store "
-                          f"({potato_database_path(self.config)}): {type(exc).__name__}: {exc}")
+        self._log(
+            run_id,
+            f"warning: {what} could not be recorded in Potato's store "
+            f"({potato_database_path(self.config)}): {type(exc).__name__}: {exc}",
+        )
         return False
 
     def record(self, record: Mapping[str, Any]) -> None:
@@ -274,9 +334,11 @@ class PotatoLedger:
             return
         # Potato fills an empty host with its own machine's name, which an agent's run never ran on.
         host = self._host.get(record["backend"]) or (
-            socket.gethostname() if record["backend"] == LOCAL else f"an agent of {record['backend']}")
-        fields = potato_run_fields(record, split_seed=self.config.model_training.split_seed, host=host,
-                                   now_s=self.clock.now_s())
+            socket.gethostname() if record["backend"] == LOCAL else f"an agent of {record['backend']}"
+        )
+        fields = potato_run_fields(
+            record, split_seed=self.config.model_training.split_seed, host=host, now_s=self.clock.now_s()
+        )
 
         def write(store: Any) -> None:
             store.record_run(self._cfg, store.TrainingRun(**fields))
@@ -288,13 +350,17 @@ class PotatoLedger:
         if record.get(OWNED_BY_POTATO) or not self.status.on:
             return
         splits = {name: split_ids.get(name, []) for name in RECORDED_SPLITS}
-        self._write(record["run_id"], "the run's splits", self._in_one_transaction(
-            lambda store: store.record_run_items(self._cfg, record["run_id"], splits)))
+        self._write(
+            record["run_id"],
+            "the run's splits",
+            self._in_one_transaction(lambda store: store.record_run_items(self._cfg, record["run_id"], splits)),
+        )
 
     def _in_one_transaction(self, write: Callable[[Any], Any]) -> Callable[[Any], None]:
         """`write` (many rows through one of Potato's functions, which commits at its end) in one transaction:
         Potato's connection commits each statement by itself, so 100,000 rows are 100,000 commits otherwise
         (bench/bench_scale.py measures it). All or nothing, and still short."""
+
         def in_one(store: Any) -> None:
             from potato.persistence import get_db
 
@@ -316,19 +382,26 @@ class PotatoLedger:
         if record.get(OWNED_BY_POTATO) or not self.status.on:
             return []
         pruned: list[str] = []
-        self._write(record["run_id"], "the pruning of old runs", lambda store: pruned.extend(
-            store.prune_runs(self._cfg, retain)))
+        self._write(
+            record["run_id"],
+            "the pruning of old runs",
+            lambda store: pruned.extend(store.prune_runs(self._cfg, retain)),
+        )
         return pruned
 
     def record_predictions(self, record: Mapping[str, Any], predictions: Iterable[dict[str, Any]]) -> bool:
         """Every valid prediction, ungated (Potato gates when it publishes); a newer run's replace an older's."""
         if record.get(OWNED_BY_POTATO) or not self.status.on:
             return False
-        rows = [(str(p["instance_id"]), str(p["schema_name"]), p.get("payload"), p.get("confidence"))
-                for p in predictions]
+        rows = [
+            (str(p["instance_id"]), str(p["schema_name"]), p.get("payload"), p.get("confidence")) for p in predictions
+        ]
 
-        return self._write(record["run_id"], f"{len(rows)} predictions", self._in_one_transaction(
-            lambda store: store.record_predictions(self._cfg, record["run_id"], rows)))
+        return self._write(
+            record["run_id"],
+            f"{len(rows)} predictions",
+            self._in_one_transaction(lambda store: store.record_predictions(self._cfg, record["run_id"], rows)),
+        )
 
     def _read(self, what: str, read: Callable[[Any], Any]) -> Any:
         """A read of Potato's store; None when write-back is off or the read failed (the caller then
@@ -343,21 +416,26 @@ class PotatoLedger:
 
     def leak_guard(self) -> set[str] | None:
         """Every item any recorded run fitted on."""
-        found: set[str] | None = self._read("the leak guard", lambda store: set(store.all_training_split_ids(self._cfg)))
+        found: set[str] | None = self._read(
+            "the leak guard", lambda store: set(store.all_training_split_ids(self._cfg))
+        )
         return found
 
     def rejected(self) -> set[tuple[str, str]]:
         """(item, schema) pairs a reviewer rejected in Potato's model review."""
+
         def read(_store: Any) -> set[tuple[str, str]]:
             from potato import model_review
 
-            return {(v.instance_id, v.schema_name) for v in model_review.load_verdicts(self._cfg)
-                    if v.verdict == "reject"}
+            return {
+                (v.instance_id, v.schema_name) for v in model_review.load_verdicts(self._cfg) if v.verdict == "reject"
+            }
 
         return self._read("reviewer rejections", read) or set()
 
     def stored_predictions(self) -> list[dict[str, Any]] | None:
         """Every prediction in Potato's store, latest per item and schema."""
-        found: list[dict[str, Any]] | None = self._read("the stored predictions",
-                                                        lambda store: list(store.load_predictions(self._cfg)))
+        found: list[dict[str, Any]] | None = self._read(
+            "the stored predictions", lambda store: list(store.load_predictions(self._cfg))
+        )
         return found

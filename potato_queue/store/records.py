@@ -19,11 +19,26 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.wire.files import write_atomic
 from potato_queue.wire.text import one_line
 
-__all__ = ["LIVE_JSON", "FOLDER_FIX", "RunFolderError", "RunMovedOn", "record_lock", "write_json_atomic", "utc_now", "utc_of", "epoch_of",
-           "log_text", "as_text", "created_ms", "folder_error"]
+__all__ = [
+    "LIVE_JSON",
+    "FOLDER_FIX",
+    "RunFolderError",
+    "RunMovedOn",
+    "record_lock",
+    "write_json_atomic",
+    "utc_now",
+    "utc_of",
+    "epoch_of",
+    "log_text",
+    "as_text",
+    "created_ms",
+    "folder_error",
+]
 
 LIVE_JSON = ("progress", "result", "pending_record")
-FOLDER_FIX = "make the project's output folder writable again (free space, permissions); the run's record is written then"
+FOLDER_FIX = (
+    "make the project's output folder writable again (free space, permissions); the run's record is written then"
+)
 
 
 def utc_of(epoch_s: float) -> str:

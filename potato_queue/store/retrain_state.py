@@ -29,8 +29,10 @@ class RetrainState:
 
     def record_check(self, reason: str, annotations: int) -> None:
         """The outcome of the check that just ended, stamped with the store's clock."""
-        self.redis.hset(self.keys.retrain_status, mapping={"checked_at": repr(self.clock.now_s()), "reason": reason,
-                                                           "annotations": annotations})
+        self.redis.hset(
+            self.keys.retrain_status,
+            mapping={"checked_at": repr(self.clock.now_s()), "reason": reason, "annotations": annotations},
+        )
 
     def last_check(self) -> dict[str, str]:
         """The last check's fields as text (checked_at, reason, annotations); empty before any check."""

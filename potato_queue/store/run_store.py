@@ -84,16 +84,36 @@ class RunStore:
     def paths(self, run_id: str) -> RunPaths:
         return RunPaths.of(self.config, run_id)
 
-    def create(self, *, trainer: str, schemas: list[str], backend: str, params: dict[str, Any] | None = None,
-               trigger: str = "api", potato_run_id: str | None = None, resume_of: str | None = None,
-               run_id: str | None = None) -> RunRecord:
+    def create(
+        self,
+        *,
+        trainer: str,
+        schemas: list[str],
+        backend: str,
+        params: dict[str, Any] | None = None,
+        trigger: str = "api",
+        potato_run_id: str | None = None,
+        resume_of: str | None = None,
+        run_id: str | None = None,
+    ) -> RunRecord:
         """A queued run's record (`run_id`: one chosen before, as a retry's claim names it; else a new one)."""
         run_id = run_id or new_run_id()
         record: RunRecord = {
-            "run_id": run_id, "state": RunState.QUEUED, "backend": backend, "trainer": trainer,
-            "schemas": list(schemas), "params": dict(params or {}), "trigger": trigger,
-            "created_at": utc_now(self.clock), "started_at": None, "finished_at": None,
-            "error": None, "metrics": {}, "held_out": {}, "exit_code": None, "artifact_uri": None,
+            "run_id": run_id,
+            "state": RunState.QUEUED,
+            "backend": backend,
+            "trainer": trainer,
+            "schemas": list(schemas),
+            "params": dict(params or {}),
+            "trigger": trigger,
+            "created_at": utc_now(self.clock),
+            "started_at": None,
+            "finished_at": None,
+            "error": None,
+            "metrics": {},
+            "held_out": {},
+            "exit_code": None,
+            "artifact_uri": None,
         }
         if potato_run_id is not None:
             record["potato_run_id"] = potato_run_id  # OWNED_BY_POTATO
@@ -183,7 +203,9 @@ class RunStore:
             why = f"{type(exc).__name__}: {exc}" if not isinstance(exc, KeyError) else "it is missing or not JSON"
             return {"run_id": run_id, "state": RunState.BROKEN, "error": f"run.json cannot be read ({why})"}
 
-    def update(self, run_id: str, record: RunRecord | None = None, *, potato_row: bool = False, **fields: Any) -> RunRecord:
+    def update(
+        self, run_id: str, record: RunRecord | None = None, *, potato_row: bool = False, **fields: Any
+    ) -> RunRecord:
         """Write fields (not the state) into run.json (and Potato's row: `potato_row`); `record`: the one held
         in memory, refused (RunMovedOn, nothing written) once a sweep or a cancel moved the run on."""
         assert "state" not in fields, "use transition() for the state"
@@ -191,16 +213,19 @@ class RunStore:
             if record is None:
                 record = self.read(run_id)
             elif self._state_now(run_id) not in (None, record["state"]):
-                raise RunMovedOn(f"Run {run_id} is {self._state_now(run_id)} now, no longer {record['state']}: "
-                                 f"this executor's step was not recorded")
+                raise RunMovedOn(
+                    f"Run {run_id} is {self._state_now(run_id)} now, no longer {record['state']}: "
+                    f"this executor's step was not recorded"
+                )
             merge(record, fields)
             if potato_row:
                 self.potato.record(record)
             self._write_record(run_id, record)
         return record
 
-    def transition(self, run_id: str, state: RunState, record: RunRecord | None = None, *,
-                   said: str | None = None, **fields: Any) -> RunRecord | None:
+    def transition(
+        self, run_id: str, state: RunState, record: RunRecord | None = None, *, said: str | None = None, **fields: Any
+    ) -> RunRecord | None:
         """Move to `state` if the current state allows it and write run.json: the record written, or None
         (not allowed, or moved on before it was written). `record`: held in memory, run.json not read.
         `said`: run.log's line for the move, only when it happens."""
@@ -271,8 +296,9 @@ class RunStore:
         return out
 
     def set_live(self, run_id: str, **fields: Any) -> None:
-        mapping: dict[Any, Any] = {k: json.dumps(v) if k in LIVE_JSON else str(v) for k, v in fields.items()
-                                   if v is not None}
+        mapping: dict[Any, Any] = {
+            k: json.dumps(v) if k in LIVE_JSON else str(v) for k, v in fields.items() if v is not None
+        }
         if mapping:
             self.redis.hset(self.keys.run(run_id), mapping=mapping)
 
@@ -302,7 +328,9 @@ class RunStore:
 
     def metrics(self, run_id: str) -> dict[str, Any]:
         """The run's metrics so far: each `<split>/<name>`'s latest value (what its record keeps at the end)."""
-        return {as_text(name): json.loads(value) for name, value in self.redis.hgetall(self.keys.metrics(run_id)).items()}
+        return {
+            as_text(name): json.loads(value) for name, value in self.redis.hgetall(self.keys.metrics(run_id)).items()
+        }
 
     def record_result(self, run_id: str, exit_code: int, artifact_uri: str | None, message: str | None) -> str | None:
         """The agent's result, and a wake-up for the supervising executor: the run's state now, or
@@ -315,16 +343,32 @@ class RunStore:
 
     def view(self, run_id: str) -> RunView:
         pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(self.keys.run(run_id), "agent_exit_code", "artifact_uri", "agent_message", "heartbeat_at",
-                   "disk_error", "state", "worker_state", "step")
+        pipe.hmget(
+            self.keys.run(run_id),
+            "agent_exit_code",
+            "artifact_uri",
+            "agent_message",
+            "heartbeat_at",
+            "disk_error",
+            "state",
+            "worker_state",
+            "step",
+        )
         pipe.exists(self.keys.cancel(run_id))
         pipe.exists(self.keys.run_token(run_id))
         (code, uri, message, beat, disk_error, state, worker_state, step), cancel, token = pipe.execute()
         pending = (as_text(step) or "waiting in the scheduler's queue") if as_text(worker_state) == "pending" else None
-        return RunView(exit_code=None if code is None else int(code), artifact_uri=as_text(uri), message=as_text(message),
-                       heartbeat_at=None if beat is None else float(beat), cancel_requested=bool(cancel),
-                       disk_error=as_text(disk_error), state=as_text(state), pending_step=pending,
-                       has_token=bool(token))
+        return RunView(
+            exit_code=None if code is None else int(code),
+            artifact_uri=as_text(uri),
+            message=as_text(message),
+            heartbeat_at=None if beat is None else float(beat),
+            cancel_requested=bool(cancel),
+            disk_error=as_text(disk_error),
+            state=as_text(state),
+            pending_step=pending,
+            has_token=bool(token),
+        )
 
     def wait_result(self, run_id: str, timeout_s: float) -> None:
         """Sleep up to timeout_s (at least 10 ms), waking as soon as the agent's result arrives."""
@@ -365,7 +409,8 @@ class RunStore:
             return record["state"]
         self.signal_stop(run_id)
         if record["state"] == RunState.QUEUED and self.transition(
-                run_id, RunState.CANCELLED, said="cancelled while queued; it will not start"):
+            run_id, RunState.CANCELLED, said="cancelled while queued; it will not start"
+        ):
             return RunState.CANCELLED
         self.log(run_id, "cancel requested")
         return self.get(run_id)["state"]
@@ -390,6 +435,7 @@ class RunStore:
 
     async def wait_stop_due(self, run_id: str, wait_s: float, hung_up: Callable[[], Awaitable[bool]]) -> bool:
         """True as soon as stop_due (published or found), False after wait_s or once `hung_up()`."""
+
         async def due(client: aioredis.Redis) -> bool:
             async with client.pipeline(transaction=False) as pipe:
                 pipe.exists(self.keys.cancel(run_id))

@@ -22,8 +22,14 @@ from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.store.keys import Keys
 from potato_queue.store.tokens import token_digest
 
-__all__ = ["PageSessions", "SignInTries", "SIGN_IN_FREE_TRIES", "SIGN_IN_FIRST_WAIT_S", "SIGN_IN_MAX_WAIT_S",
-           "SIGN_IN_WINDOW_S"]
+__all__ = [
+    "PageSessions",
+    "SignInTries",
+    "SIGN_IN_FREE_TRIES",
+    "SIGN_IN_FIRST_WAIT_S",
+    "SIGN_IN_MAX_WAIT_S",
+    "SIGN_IN_WINDOW_S",
+]
 
 SIGN_IN_FREE_TRIES = 5
 SIGN_IN_FIRST_WAIT_S = 1.0
@@ -75,8 +81,13 @@ class SignInTries:
 
     def take(self, client: str) -> float:
         """0 when `client` may try now (the try is counted); else the seconds it must wait first."""
-        args = (repr(self.clock.now_s()), SIGN_IN_FREE_TRIES, SIGN_IN_FIRST_WAIT_S, SIGN_IN_MAX_WAIT_S,
-                SIGN_IN_WINDOW_S)
+        args = (
+            repr(self.clock.now_s()),
+            SIGN_IN_FREE_TRIES,
+            SIGN_IN_FIRST_WAIT_S,
+            SIGN_IN_MAX_WAIT_S,
+            SIGN_IN_WINDOW_S,
+        )
         return float(self._take(keys=[self.keys.sign_in_tries(client)], args=args))
 
     def forgive(self, client: str) -> None:

@@ -17,8 +17,16 @@ from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.store.keys import Keys
 from potato_queue.store.records import as_text
 
-__all__ = ["new_token", "token_digest", "token_matches", "RunTokens", "AgentTokens", "WAKE_EVERYONE",
-           "AGENT_TOKEN_TRUST_S", "TrustedAgentTokens"]
+__all__ = [
+    "new_token",
+    "token_digest",
+    "token_matches",
+    "RunTokens",
+    "AgentTokens",
+    "WAKE_EVERYONE",
+    "AGENT_TOKEN_TRUST_S",
+    "TrustedAgentTokens",
+]
 
 
 def new_token() -> str:
@@ -113,7 +121,9 @@ class AgentTokens:
         pipe.delete(key)
         pipe.hset(key, mapping={"digest": token_digest(token), "created_at": repr(self.clock.now_s())})
         pipe.set(self.keys.agent_token_owner(token_digest(token)), backend)
-        pipe.publish(self.keys.offered, WAKE_EVERYONE + backend)  # every claim waiting tries again: the old token's are refused
+        pipe.publish(
+            self.keys.offered, WAKE_EVERYONE + backend
+        )  # every claim waiting tries again: the old token's are refused
         pipe.execute()
         return token
 
@@ -122,9 +132,11 @@ class AgentTokens:
         fields = {as_text(k): as_text(v) for k, v in self.redis.hgetall(self.keys.agent_token(backend)).items()}
         if "digest" not in fields:
             return None
-        return {"created_at": float(fields["created_at"]),
-                "last_seen": float(fields["last_seen"]) if "last_seen" in fields else None,
-                "agent": json.loads(fields["agent"]) if "agent" in fields else None}
+        return {
+            "created_at": float(fields["created_at"]),
+            "last_seen": float(fields["last_seen"]) if "last_seen" in fields else None,
+            "agent": json.loads(fields["agent"]) if "agent" in fields else None,
+        }
 
     def verify(self, backend: str, token: str) -> bool:
         return token_matches(self.redis.hget(self.keys.agent_token(backend), "digest"), token)

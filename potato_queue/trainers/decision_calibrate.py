@@ -105,7 +105,9 @@ class DecisionCalibrateTrainer(Trainer):
             "ece_after": temperature.expected_calibration_error(calibrated),
         }
         if not samples:
-            ctx.reporter.log("warning", f"No val item has both a gold label and a base prediction for '{schema.name}'; keeping T=1")
+            ctx.reporter.log(
+                "warning", f"No val item has both a gold label and a base prediction for '{schema.name}'; keeping T=1"
+            )
         for name in ("temperature", "nll_before", "nll_after", "ece_before", "ece_after"):
             ctx.reporter.metric("val", ctx.metric_name(schema, name), fitted[name], 1)
         return fitted
@@ -152,7 +154,9 @@ class DecisionCalibrateTrainer(Trainer):
                     missing += 1
                     continue
                 label, p = base
-                confidence = None if p is None else temperature.scaled_confidence(p, fitted["n_labels"], fitted["temperature"])
+                confidence = (
+                    None if p is None else temperature.scaled_confidence(p, fitted["n_labels"], fitted["temperature"])
+                )
                 yield Prediction(item.instance_id, schema.name, label, confidence)
         if missing:
             ctx.reporter.log("warning", f"{missing} item/schema pair(s) had no base prediction and were left out")

@@ -52,12 +52,21 @@ class FitCard:
         fit ended: what it adjusted to the model (a lowered max_length) is what the card shows."""
         ctx = self.ctx
         if ctx.main_rank:
-            card = {"trainer": self.trainer, "settings": asdict(self.settings), "device": ctx.device,
-                    "schemas": self.schemas}
+            card = {
+                "trainer": self.trainer,
+                "settings": asdict(self.settings),
+                "device": ctx.device,
+                "schemas": self.schemas,
+            }
             write_json(os.path.join(ctx.workdir, CARD_FILE), card)
-        return FitResult(model_version=model_version(self.trainer, ctx.spec.run_id),
-                         artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas], metrics=self.metrics,
-                         label_order=label_order, notes=notes, steps=steps)
+        return FitResult(
+            model_version=model_version(self.trainer, ctx.spec.run_id),
+            artifact_paths=[CARD_FILE] + [slug(s.name) for s in ctx.schemas],
+            metrics=self.metrics,
+            label_order=label_order,
+            notes=notes,
+            steps=steps,
+        )
 
 
 def save_schema(ctx: RunContext, schema: SchemaSpec, model: Any, preprocessor: Any, head: Head | None = None) -> None:

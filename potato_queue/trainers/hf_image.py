@@ -62,7 +62,13 @@ def read_image(bundle: Bundle, row: dict[str, Any]) -> tuple[Any, str | None]:
             data = where
         with Image.open(data) as image:
             return image.convert("RGB"), None
-    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError, http.client.HTTPException) as exc:
+    except (
+        OSError,
+        UnidentifiedImageError,
+        ValueError,
+        Image.DecompressionBombError,
+        http.client.HTTPException,
+    ) as exc:
         return None, f"{where} cannot be read here ({type(exc).__name__}: {exc})"
 
 
@@ -121,12 +127,17 @@ class HFImageClassificationTrainer(Trainer):
                 unreadable.append(f"{row['instance_id']} ({why})")
             else:
                 out.append((row, target, answer))
-        _say_unreadable(ctx, f"{split} item(s) of {schema.name}", unreadable,
-                        "left out of training" if split == "train" else "given no prediction (held-out scores count "
-                        "them wrong)")
+        _say_unreadable(
+            ctx,
+            f"{split} item(s) of {schema.name}",
+            unreadable,
+            "left out of training" if split == "train" else "given no prediction (held-out scores count them wrong)",
+        )
         if split == "train" and not out:
-            raise TrainerError(f"No train image of {schema.name} could be read on this machine; run.log names each "
-                               f"item and why (check that the bundle's media/ came with it, or that its URLs answer)")
+            raise TrainerError(
+                f"No train image of {schema.name} could be read on this machine; run.log names each "
+                f"item and why (check that the bundle's media/ came with it, or that its URLs answer)"
+            )
         return out
 
     def _load(self, ctx: RunContext, head: Head) -> tuple[Any, Any]:
@@ -137,13 +148,19 @@ class HFImageClassificationTrainer(Trainer):
         with explain_not_cached(settings, self.offline):
             processor = AutoImageProcessor.from_pretrained(settings.load_from, **local)
             model = AutoModelForImageClassification.from_pretrained(
-                settings.load_from, num_labels=len(head.outputs), id2label=dict(enumerate(head.outputs)),
-                label2id={label: i for i, label in enumerate(head.outputs)}, ignore_mismatched_sizes=True,
-                **({"problem_type": head.problem_type} if head.problem_type else {}), **local)
+                settings.load_from,
+                num_labels=len(head.outputs),
+                id2label=dict(enumerate(head.outputs)),
+                label2id={label: i for i, label in enumerate(head.outputs)},
+                ignore_mismatched_sizes=True,
+                **({"problem_type": head.problem_type} if head.problem_type else {}),
+                **local,
+            )
         return processor, model.to(ctx.device)
 
-    def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, head: Head, train: list[tuple[Any, Any, Any]],
-                    steps: Steps) -> dict[str, float]:
+    def _fit_schema(
+        self, ctx: RunContext, schema: SchemaSpec, head: Head, train: list[tuple[Any, Any, Any]], steps: Steps
+    ) -> dict[str, float]:
         settings = self.settings or read_settings(ctx, INFO)
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
         processor, model = self._load(ctx, head)
@@ -167,13 +184,24 @@ class HFImageClassificationTrainer(Trainer):
         for row in rows:
             image, why = read_image(ctx.bundle, row)
             if image is None:
-                raise TrainerError(f"the image of {row['instance_id']} could be read when the run started and no "
-                                   f"longer can ({why}); keep the bundle's media in place while a run trains")
+                raise TrainerError(
+                    f"the image of {row['instance_id']} could be read when the run started and no "
+                    f"longer can ({why}); keep the bundle's media in place while a run trains"
+                )
             images.append(image)
         return processor(images=images, return_tensors="pt")["pixel_values"].to(ctx.device)
 
-    def _train(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, processor: Any,
-               train: list[tuple[Any, Any, Any]], val: list[tuple[Any, Any, Any]], steps: Steps) -> float:
+    def _train(
+        self,
+        ctx: RunContext,
+        schema: SchemaSpec,
+        head: Head,
+        model: Any,
+        processor: Any,
+        train: list[tuple[Any, Any, Any]],
+        val: list[tuple[Any, Any, Any]],
+        steps: Steps,
+    ) -> float:
         import torch
 
         settings = self.settings or read_settings(ctx, INFO)
@@ -190,7 +218,9 @@ class HFImageClassificationTrainer(Trainer):
                 ctx.check_stop("during training")
                 chunk = [train[i] for i in order[start : start + settings.batch_size]]
                 pixels = self._pixels(ctx, processor, [row for row, _, _ in chunk])
-                loss = trained(pixel_values=pixels, labels=torch.tensor([y for _, y, _ in chunk], device=ctx.device)).loss
+                loss = trained(
+                    pixel_values=pixels, labels=torch.tensor([y for _, y, _ in chunk], device=ctx.device)
+                ).loss
                 loss.backward()
                 torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
                 optimizer.step()
@@ -202,8 +232,16 @@ class HFImageClassificationTrainer(Trainer):
             self._evaluate(ctx, schema, head, model, processor, val, steps.done)
         return mean_loss
 
-    def _evaluate(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, processor: Any,
-                  val: list[tuple[Any, Any, Any]], step: int) -> None:
+    def _evaluate(
+        self,
+        ctx: RunContext,
+        schema: SchemaSpec,
+        head: Head,
+        model: Any,
+        processor: Any,
+        val: list[tuple[Any, Any, Any]],
+        step: int,
+    ) -> None:
         """The val split's accuracy (a multiselect's: the whole set right at 0.5) as a metric event."""
         if not val:
             return
@@ -223,8 +261,9 @@ class HFImageClassificationTrainer(Trainer):
         rows: list[list[float]] = []
         for start in range(0, len(images), settings.batch_size * 2):
             with torch.no_grad():
-                logits = model(pixel_values=self._pixels(ctx, processor, images[start : start + settings.batch_size * 2])
-                               ).logits.float()
+                logits = model(
+                    pixel_values=self._pixels(ctx, processor, images[start : start + settings.batch_size * 2])
+                ).logits.float()
             rows += head.activate(logits)
         return rows
 
@@ -261,5 +300,9 @@ class HFImageClassificationTrainer(Trainer):
 def _say_unreadable(ctx: RunContext, what: str, unreadable: list[str], fate: str) -> None:
     if unreadable:
         more = len(unreadable) - NAMED_IN_LOG
-        ctx.reporter.log("warning", f"{len(unreadable)} {what} have an image this machine cannot read, {fate}: "
-                                    + "; ".join(unreadable[:NAMED_IN_LOG]) + (f"; and {more} more" if more > 0 else ""))
+        ctx.reporter.log(
+            "warning",
+            f"{len(unreadable)} {what} have an image this machine cannot read, {fate}: "
+            + "; ".join(unreadable[:NAMED_IN_LOG])
+            + (f"; and {more} more" if more > 0 else ""),
+        )

@@ -70,8 +70,9 @@ class HFLLMLoRATrainer(Trainer):
         if refusal:
             problems.append(refusal)
         if not problems and ctx.device.startswith("cuda"):
-            room = gpu_room_problem(settings.load_from, settings.model_name, settings.load_in_4bit, ctx.device,
-                                    self.offline)
+            room = gpu_room_problem(
+                settings.load_from, settings.model_name, settings.load_in_4bit, ctx.device, self.offline
+            )
             problems += [room] if room else []
         return problems
 
@@ -86,9 +87,11 @@ class HFLLMLoRATrainer(Trainer):
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
         data = {s.name: heads[s.name].read(ctx.bundle, "train", s.name) for s in ctx.schemas}
         # Steps are optimiser updates: grad_accum_steps batches each, the last of an epoch maybe fewer.
-        per_schema = {name: settings.epochs * math.ceil(parallel.batches(len(texts), settings.batch_size, ctx)
-                                                        / settings.grad_accum_steps)
-                      for name, (texts, _) in data.items()}
+        per_schema = {
+            name: settings.epochs
+            * math.ceil(parallel.batches(len(texts), settings.batch_size, ctx) / settings.grad_accum_steps)
+            for name, (texts, _) in data.items()
+        }
         plan = llm_loop.Plan(per_schema, settings.log_every, started_s=time.monotonic())
         card = FitCard(self.name, ctx, settings)
         start = ctx.resume_point()
@@ -97,13 +100,23 @@ class HFLLMLoRATrainer(Trainer):
             loop = llm_loop.SchemaLoop(ctx, settings, schema, heads[schema.name], plan, self.offline)
             metrics = loop.run(texts, gold, start)
             self._models[schema.name] = (loop.tokenizer, loop.model, loop.head)
-            card.add(schema, metrics, {**head_entry(schema, loop.head, len(texts)), "lora_targets": loop.targets,
-                                       "precision": loop.precision.name, "load_in_4bit": loop.four_bit,
-                                       "truncated": loop.truncated})
+            card.add(
+                schema,
+                metrics,
+                {
+                    **head_entry(schema, loop.head, len(texts)),
+                    "lora_targets": loop.targets,
+                    "precision": loop.precision.name,
+                    "load_in_4bit": loop.four_bit,
+                    "truncated": loop.truncated,
+                },
+            )
         lora = settings.lora
-        notes = [f"base model: {settings.model_name}",
-                 f"LoRA r={lora['r']} alpha={lora['alpha']} on {', '.join(card.schemas[ctx.schemas[0].name]['lora_targets'])}"
-                 + ("; merged into the saved model" if settings.merge else "; the adapter is the saved model")]
+        notes = [
+            f"base model: {settings.model_name}",
+            f"LoRA r={lora['r']} alpha={lora['alpha']} on {', '.join(card.schemas[ctx.schemas[0].name]['lora_targets'])}"
+            + ("; merged into the saved model" if settings.merge else "; the adapter is the saved model"),
+        ]
         return card.result(self._models[ctx.schemas[0].name][2].outputs, notes, plan.done)
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
@@ -116,7 +129,8 @@ class HFLLMLoRATrainer(Trainer):
         items = list(items)
         for schema in ctx.schemas:
             tokenizer, model, head = self._models[schema.name]
-            for chunk, rows in llm_loop.probabilities(ctx, settings, precision, tokenizer, model,
-                                                      [i.text for i in items], head):
+            for chunk, rows in llm_loop.probabilities(
+                ctx, settings, precision, tokenizer, model, [i.text for i in items], head
+            ):
                 for item, row in zip([items[i] for i in chunk], rows):  # noqa: B905 - runs on 3.8/3.9
                     yield head.prediction(item.instance_id, schema.name, row)

@@ -95,16 +95,20 @@ class HFTextClassificationTrainer(Trainer):
         for schema in ctx.schemas:
             head = heads[schema.name]
             texts, answers = data[schema.name]
-            card.add(schema, self._fit_schema(ctx, schema, head, texts, answers, steps),
-                     head_entry(schema, head, len(texts)))
-        notes = [f"base model: {settings.model_name}"
-                 + (f" (from {settings.packaged_folder})" if settings.packaged_folder else "")]
+            card.add(
+                schema, self._fit_schema(ctx, schema, head, texts, answers, steps), head_entry(schema, head, len(texts))
+            )
+        notes = [
+            f"base model: {settings.model_name}"
+            + (f" (from {settings.packaged_folder})" if settings.packaged_folder else "")
+        ]
         if settings.lora:
             notes.append(f"LoRA r={settings.lora['r']} alpha={settings.lora['alpha']}, merged into the saved model")
         return card.result(heads[ctx.schemas[0].name].outputs, notes, steps.done)
 
-    def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, head: Head, texts: list[str], answers: list[Any],
-                    steps: Steps) -> dict[str, float]:
+    def _fit_schema(
+        self, ctx: RunContext, schema: SchemaSpec, head: Head, texts: list[str], answers: list[Any], steps: Steps
+    ) -> dict[str, float]:
         """One scheme's model, its head by the scheme's kind; answers the head has no output for are left out."""
         settings = self.settings or read_settings(ctx)
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
@@ -124,10 +128,22 @@ class HFTextClassificationTrainer(Trainer):
         if head.tunes:
             head.tune(self._outputs(ctx, schema, [t for t, _ in val]), [a for _, a in val])
         save_schema(ctx, schema, model, tokenizer, head)
-        return {ctx.metric_name(schema, "train_loss"): train_loss, ctx.metric_name(schema, "n_train"): float(len(train))}
+        return {
+            ctx.metric_name(schema, "train_loss"): train_loss,
+            ctx.metric_name(schema, "n_train"): float(len(train)),
+        }
 
-    def _train(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, tokenizer: Any,
-               train: list[tuple[str, Any]], val: list[tuple[str, Any]], steps: Steps) -> float:
+    def _train(
+        self,
+        ctx: RunContext,
+        schema: SchemaSpec,
+        head: Head,
+        model: Any,
+        tokenizer: Any,
+        train: list[tuple[str, Any]],
+        val: list[tuple[str, Any]],
+        steps: Steps,
+    ) -> float:
         """The epochs of the torch loop over (text, target) pairs; returns the last epoch's mean loss."""
         import torch
 
@@ -157,8 +173,16 @@ class HFTextClassificationTrainer(Trainer):
             self._evaluate(ctx, schema, head, model, tokenizer, val, steps.done)
         return mean_loss
 
-    def _evaluate(self, ctx: RunContext, schema: SchemaSpec, head: Head, model: Any, tokenizer: Any,
-                  val: list[tuple[str, Any]], step: int) -> None:
+    def _evaluate(
+        self,
+        ctx: RunContext,
+        schema: SchemaSpec,
+        head: Head,
+        model: Any,
+        tokenizer: Any,
+        val: list[tuple[str, Any]],
+        step: int,
+    ) -> None:
         """Held-out val loss, and the val score of the kind (accuracy; a slider's: MAE), as metric events."""
         if not val:
             return
@@ -217,8 +241,9 @@ class HFTextClassificationTrainer(Trainer):
         rows: list[list[float]] = []
         for start in range(0, len(texts), settings.batch_size * 2):
             with torch.no_grad():
-                logits = model(**encode(tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length,
-                                        ctx.device)).logits.float()
+                logits = model(
+                    **encode(tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length, ctx.device)
+                ).logits.float()
             rows += head.activate(logits)
         return rows
 

@@ -19,8 +19,18 @@ from potato_queue.worker.api import RunContext
 from potato_queue.worker.errors import ValidationFailed
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["HFSettings", "read_settings", "Steps", "load_base", "apply_lora", "encode", "optimizer_for", "LORA_OFF",
-           "position_limit", "fit_max_length"]
+__all__ = [
+    "HFSettings",
+    "read_settings",
+    "Steps",
+    "load_base",
+    "apply_lora",
+    "encode",
+    "optimizer_for",
+    "LORA_OFF",
+    "position_limit",
+    "fit_max_length",
+]
 
 INFO = TRAINERS["hf-text-classification"]  # its params' defaults
 LORA_DEFAULTS: dict[str, Any] = {"r": 8, "alpha": 16, "dropout": 0.1, "target_modules": None}
@@ -107,8 +117,9 @@ class Steps:
     @classmethod
     def for_fit(cls, ctx: RunContext, settings: HFSettings, sizes: Iterable[int]) -> Steps:
         """The counter of a fit over schemes of *sizes* train items each: every epoch's batches of this rank."""
-        return cls(settings.epochs * sum(parallel.batches(n, settings.batch_size, ctx) for n in sizes),
-                   settings.log_every)
+        return cls(
+            settings.epochs * sum(parallel.batches(n, settings.batch_size, ctx) for n in sizes), settings.log_every
+        )
 
     def advance(self, ctx: RunContext, schema: SchemaSpec, loss: float) -> None:
         self.done += 1
@@ -119,8 +130,14 @@ class Steps:
         ctx.reporter.progress("train", self.done, self.total, eta)
 
 
-def load_base(settings: HFSettings, labels: list[str], device: str, offline: bool,
-              problem_type: str | None = None, per_token: bool = False) -> tuple[Any, Any]:
+def load_base(
+    settings: HFSettings,
+    labels: list[str],
+    device: str,
+    offline: bool,
+    problem_type: str | None = None,
+    per_token: bool = False,
+) -> tuple[Any, Any]:
     """Tokenizer and a fresh head of one output per name in *labels* (from the cache only, when offline);
     *problem_type*: transformers' loss for it, when not a softmax (hf_heads.py); *per_token*: a tagger's
     head, one output set per token (hf_tokens.py)."""
@@ -188,8 +205,11 @@ def fit_max_length(ctx: RunContext, settings: HFSettings, tokenizer: Any, model:
     forward pass (an index past the position table), after the model was loaded and maybe halfway through."""
     limit = position_limit(tokenizer, model)
     if limit is not None and settings.max_length > limit:
-        ctx.reporter.log("warning", f"params.max_length {settings.max_length} is more than {settings.model_name} "
-                                    f"takes: lowered to its {limit} tokens")
+        ctx.reporter.log(
+            "warning",
+            f"params.max_length {settings.max_length} is more than {settings.model_name} "
+            f"takes: lowered to its {limit} tokens",
+        )
         settings.max_length = limit
 
 

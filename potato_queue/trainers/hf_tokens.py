@@ -69,14 +69,17 @@ class HFTokenClassificationTrainer(Trainer):
         problems = super().validate(ctx)
         for schema in ctx.schemas if not problems else []:
             if schema.annotation_type not in ("span", ""):
-                problems.append(f"Schema '{schema.name}' is {schema.annotation_type}, a span kind whose answers carry "
-                                f"more than labelled offsets; {self.name} trains plain span schemes "
-                                f"(annotation_type: span)")
+                problems.append(
+                    f"Schema '{schema.name}' is {schema.annotation_type}, a span kind whose answers carry "
+                    f"more than labelled offsets; {self.name} trains plain span schemes "
+                    f"(annotation_type: span)"
+                )
                 continue
             texts, _, _ = labelled_spans(ctx.bundle, "train", schema.name)
             if len(texts) < 2:
-                problems.append(f"Schema '{schema.name}' has {len(texts)} train item(s) with a span; at least 2 "
-                                f"are needed")
+                problems.append(
+                    f"Schema '{schema.name}' has {len(texts)} train item(s) with a span; at least 2 are needed"
+                )
         found, self.offline = check_model(self.settings, ctx.reporter.log)
         return problems + found
 
@@ -106,14 +109,19 @@ class HFTokenClassificationTrainer(Trainer):
             kept.append(keep)
             dropped += [(iid, span, clash) for span, clash in left]
         if dropped:
-            said = "; ".join(f"{iid}: {s[2]} {s[0]}-{s[1]} overlaps {c[2]} {c[0]}-{c[1]}"
-                             for iid, s, c in dropped[:EXAMPLES_SAID])
-            ctx.reporter.log("warning", f"{len(dropped)} train span(s) of {schema.name} overlap an earlier span and "
-                                        f"were left out (a token takes one tag), e.g. {said}")
+            said = "; ".join(
+                f"{iid}: {s[2]} {s[0]}-{s[1]} overlaps {c[2]} {c[0]}-{c[1]}" for iid, s, c in dropped[:EXAMPLES_SAID]
+            )
+            ctx.reporter.log(
+                "warning",
+                f"{len(dropped)} train span(s) of {schema.name} overlap an earlier span and "
+                f"were left out (a token takes one tag), e.g. {said}",
+            )
         return texts, kept
 
-    def _fit_schema(self, ctx: RunContext, schema: SchemaSpec, texts: list[str], spans: list[list[Span]],
-                    steps: Steps) -> dict[str, float]:
+    def _fit_schema(
+        self, ctx: RunContext, schema: SchemaSpec, texts: list[str], spans: list[list[Span]], steps: Steps
+    ) -> dict[str, float]:
         settings = self.settings or read_settings(ctx, INFO)
         names = tag_names(sorted({s[2] for found in spans for s in found}))
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
@@ -121,19 +129,32 @@ class HFTokenClassificationTrainer(Trainer):
             tokenizer, model = load_base(settings, names, ctx.device, self.offline, per_token=True)
         fit_max_length(ctx, settings, tokenizer, model)
         if not getattr(tokenizer, "is_fast", False):
-            raise TrainerError(f"{settings.model_name}'s tokenizer gives no character offsets (it is not a fast "
-                               f"tokenizer), so spans cannot become token tags; choose a model with a fast tokenizer")
+            raise TrainerError(
+                f"{settings.model_name}'s tokenizer gives no character offsets (it is not a fast "
+                f"tokenizer), so spans cannot become token tags; choose a model with a fast tokenizer"
+            )
         if settings.lora:
             model = apply_lora(ctx, model, settings.lora, task="TOKEN_CLS")
         cut = sum(1 for text in texts if len(tokenizer(text)["input_ids"]) > settings.max_length)
         if cut:
-            ctx.reporter.log("warning", f"{cut} of {len(texts)} train items of {schema.name} are longer than max_length "
-                                        f"({settings.max_length} tokens): spans past it are neither learned nor "
-                                        f"predicted; raise params.max_length")
+            ctx.reporter.log(
+                "warning",
+                f"{cut} of {len(texts)} train items of {schema.name} are longer than max_length "
+                f"({settings.max_length} tokens): spans past it are neither learned nor "
+                f"predicted; raise params.max_length",
+            )
         val_texts, val_spans, _ = labelled_spans(ctx.bundle, "val", schema.name)
         ctx.reporter.status("running", f"training {schema.name} on {len(texts)} items")
-        loss = self._train(ctx, schema, model, tokenizer, names, list(zip(texts, spans)),  # noqa: B905
-                           list(zip(val_texts, val_spans)), steps)  # noqa: B905
+        loss = self._train(
+            ctx,
+            schema,
+            model,
+            tokenizer,
+            names,
+            list(zip(texts, spans)),  # noqa: B905
+            list(zip(val_texts, val_spans)),
+            steps,
+        )  # noqa: B905
         if settings.lora:
             model = model.merge_and_unload()
         self._models[schema.name] = (tokenizer, model, names)
@@ -141,23 +162,46 @@ class HFTokenClassificationTrainer(Trainer):
         return {ctx.metric_name(schema, "train_loss"): loss, ctx.metric_name(schema, "n_train"): float(len(texts))}
 
     @staticmethod
-    def _batch(tokenizer: Any, texts: list[str], max_length: int, device: str) -> tuple[Any, list[list[tuple[int, int]]]]:
+    def _batch(
+        tokenizer: Any, texts: list[str], max_length: int, device: str
+    ) -> tuple[Any, list[list[tuple[int, int]]]]:
         """A batch for the model, and each token's (start, end) characters ((0, 0): not of the text)."""
-        batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True,
-                          return_offsets_mapping=True, return_tensors="pt")
+        batch = tokenizer(
+            texts,
+            truncation=True,
+            max_length=max_length,
+            padding=True,
+            return_offsets_mapping=True,
+            return_tensors="pt",
+        )
         offsets = [[(int(a), int(b)) for a, b in row] for row in batch.pop("offset_mapping").tolist()]
         return batch.to(device), offsets
 
-    def _targets(self, names: list[str], offsets: list[list[tuple[int, int]]], spans: list[list[Span]],
-                 device: str) -> Any:
+    def _targets(
+        self, names: list[str], offsets: list[list[tuple[int, int]]], spans: list[list[Span]], device: str
+    ) -> Any:
         import torch
 
         index = {name: i for i, name in enumerate(names)}
-        return torch.tensor([[IGNORED if tag is None else index[tag] for tag in bio_tags(row, found)]
-                             for row, found in zip(offsets, spans)], device=device)  # noqa: B905
+        return torch.tensor(
+            [
+                [IGNORED if tag is None else index[tag] for tag in bio_tags(row, found)]
+                for row, found in zip(offsets, spans)
+            ],
+            device=device,
+        )  # noqa: B905
 
-    def _train(self, ctx: RunContext, schema: SchemaSpec, model: Any, tokenizer: Any, names: list[str],
-               train: list[tuple[str, list[Span]]], val: list[tuple[str, list[Span]]], steps: Steps) -> float:
+    def _train(
+        self,
+        ctx: RunContext,
+        schema: SchemaSpec,
+        model: Any,
+        tokenizer: Any,
+        names: list[str],
+        train: list[tuple[str, list[Span]]],
+        val: list[tuple[str, list[Span]]],
+        steps: Steps,
+    ) -> float:
         import torch
 
         settings = self.settings or read_settings(ctx, INFO)
@@ -186,8 +230,16 @@ class HFTokenClassificationTrainer(Trainer):
             self._evaluate(ctx, schema, model, tokenizer, names, val, steps.done)
         return mean_loss
 
-    def _evaluate(self, ctx: RunContext, schema: SchemaSpec, model: Any, tokenizer: Any, names: list[str],
-                  val: list[tuple[str, list[Span]]], step: int) -> None:
+    def _evaluate(
+        self,
+        ctx: RunContext,
+        schema: SchemaSpec,
+        model: Any,
+        tokenizer: Any,
+        names: list[str],
+        val: list[tuple[str, list[Span]]],
+        step: int,
+    ) -> None:
         """The val split's entity F1 (exact match) as a metric event."""
         if not val:
             return
@@ -196,8 +248,9 @@ class HFTokenClassificationTrainer(Trainer):
         scores = score(gold, {i: spans for i, (spans, _) in enumerate(found)}, SPAN)
         ctx.reporter.metric("val", ctx.metric_name(schema, "f1"), float(scores.get("f1") or 0.0), step)
 
-    def _spans(self, ctx: RunContext, model: Any, tokenizer: Any, names: list[str], texts: list[str]
-               ) -> list[tuple[list[dict[str, Any]], float | None]]:
+    def _spans(
+        self, ctx: RunContext, model: Any, tokenizer: Any, names: list[str], texts: list[str]
+    ) -> list[tuple[list[dict[str, Any]], float | None]]:
         """Each text's predicted spans and its least sure token decision."""
         import torch
 
@@ -205,8 +258,9 @@ class HFTokenClassificationTrainer(Trainer):
         model.eval()
         out: list[tuple[list[dict[str, Any]], float | None]] = []
         for start in range(0, len(texts), settings.batch_size * 2):
-            batch, offsets = self._batch(tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length,
-                                         ctx.device)
+            batch, offsets = self._batch(
+                tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length, ctx.device
+            )
             with torch.no_grad():
                 rows = torch.softmax(model(**batch).logits.float(), dim=-1).cpu().tolist()
             out += [spans_from_tags(o, r, names) for o, r in zip(offsets, rows)]  # noqa: B905
@@ -221,8 +275,11 @@ class HFTokenClassificationTrainer(Trainer):
             model = AutoModelForTokenClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
             self.settings = self.settings or read_settings(ctx, INFO)
             fit_max_length(ctx, self.settings, tokenizer, model)  # predict without fit: a fresh process
-            self._models[schema.name] = (tokenizer, model, [model.config.id2label[i]
-                                                             for i in range(model.config.num_labels)])
+            self._models[schema.name] = (
+                tokenizer,
+                model,
+                [model.config.id2label[i] for i in range(model.config.num_labels)],
+            )
         return self._models[schema.name]
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:

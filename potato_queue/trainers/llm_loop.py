@@ -74,20 +74,29 @@ def _encode(tokenizer: Any, texts: list[str], max_length: int, device: str) -> A
 class SchemaLoop:
     """Load, adapt, train (resuming where a checkpoint says), evaluate and save one schema's model."""
 
-    def __init__(self, ctx: RunContext, settings: LLMSettings, schema: SchemaSpec, head: Head, plan: Plan,
-                 offline: bool) -> None:
+    def __init__(
+        self, ctx: RunContext, settings: LLMSettings, schema: SchemaSpec, head: Head, plan: Plan, offline: bool
+    ) -> None:
         from potato_queue.trainers import llm_parts
 
         self.ctx, self.settings, self.schema, self.head, self.plan = ctx, settings, schema, head, plan
         self.folder = os.path.join(ctx.workdir, slug(schema.name))
         self.precision = llm_parts.precision_for(settings.precision, ctx.device)
-        self.four_bit = settings.load_in_4bit == "true" or (settings.load_in_4bit == "auto" and ctx.device.startswith("cuda")
-                                                            and llm_parts.has_bitsandbytes())
-        ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}"
-                                       + (" in 4-bit" if self.four_bit else ""))
+        self.four_bit = settings.load_in_4bit == "true" or (
+            settings.load_in_4bit == "auto" and ctx.device.startswith("cuda") and llm_parts.has_bitsandbytes()
+        )
+        ctx.reporter.status(
+            "running", f"loading {settings.model_name} for {schema.name}" + (" in 4-bit" if self.four_bit else "")
+        )
         with explain_not_cached(settings, offline):
-            self.tokenizer, base = llm_parts.load_classifier(settings.load_from, head.outputs, ctx.device, self.four_bit,
-                                                             offline or settings.local_model, head.problem_type)
+            self.tokenizer, base = llm_parts.load_classifier(
+                settings.load_from,
+                head.outputs,
+                ctx.device,
+                self.four_bit,
+                offline or settings.local_model,
+                head.problem_type,
+            )
         if settings.gradient_checkpointing and not self.four_bit:  # prepare_model_for_kbit_training did it
             base.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         base.config.use_cache = False
@@ -101,20 +110,29 @@ class SchemaLoop:
 
         self.truncated = llm_parts.count_truncated(self.tokenizer, texts, self.settings.max_length)
         if self.truncated:
-            self.ctx.reporter.log("warning", f"{self.truncated} of {len(texts)} train items for {self.schema.name} are "
-                                          f"longer than max_length ({self.settings.max_length} tokens) and were cut to it")
+            self.ctx.reporter.log(
+                "warning",
+                f"{self.truncated} of {len(texts)} train items for {self.schema.name} are "
+                f"longer than max_length ({self.settings.max_length} tokens) and were cut to it",
+            )
         position = _position(start)
         offset = self.plan.offsets[self.schema.name]
         if position is not None and position["step"] >= offset + self.plan.per_schema[self.schema.name]:
             return self._finished_before()
-        loss = self._train(texts, [self.head.target(g) for g in gold],
-                           position if position and position["schema"] == self.schema.name else None, start)
+        loss = self._train(
+            texts,
+            [self.head.target(g) for g in gold],
+            position if position and position["schema"] == self.schema.name else None,
+            start,
+        )
         if self.head.tunes:
             val_texts, val_answers = self._val()
             self.head.tune(self._rows(val_texts), val_answers)
         self._save()
-        return {self.ctx.metric_name(self.schema, "train_loss"): loss,
-                self.ctx.metric_name(self.schema, "n_train"): float(len(texts))}
+        return {
+            self.ctx.metric_name(self.schema, "train_loss"): loss,
+            self.ctx.metric_name(self.schema, "n_train"): float(len(texts)),
+        }
 
     def _finished_before(self) -> dict[str, float]:
         """A schema trained whole before the run was preempted: its saved adapter is loaded back."""
@@ -130,7 +148,9 @@ class SchemaLoop:
         import torch
 
         trainable = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=self.settings.learning_rate, weight_decay=self.settings.weight_decay)
+        optimizer = torch.optim.AdamW(
+            trainable, lr=self.settings.learning_rate, weight_decay=self.settings.weight_decay
+        )
         warmup = int(total * self.settings.warmup_ratio)
 
         def factor(step: int) -> float:
@@ -138,8 +158,9 @@ class SchemaLoop:
 
         return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
 
-    def _train(self, texts: list[str], targets: list[Any], position: dict[str, Any] | None,
-               start: Checkpoint | None) -> float:
+    def _train(
+        self, texts: list[str], targets: list[Any], position: dict[str, Any] | None, start: Checkpoint | None
+    ) -> float:
         import torch
 
         from potato_queue.trainers import llm_parts
@@ -159,13 +180,15 @@ class SchemaLoop:
         losses: list[float] = []
         for epoch in range(epoch0, s.epochs):
             self.model.train()
-            order = parallel.shard(torch.randperm(len(texts), generator=torch.Generator().manual_seed(s.seed + epoch)).tolist(), ctx)
+            order = parallel.shard(
+                torch.randperm(len(texts), generator=torch.Generator().manual_seed(s.seed + epoch)).tolist(), ctx
+            )
             losses = []
             first = update0 * s.grad_accum_steps if epoch == epoch0 else 0
             for batch_index in range(first, batches):
                 if ctx.should_stop():  # a preemption saves the state as of the last update, then stops
                     ctx.checkpoint(self.plan.done, self._writer(epoch, optimizer, scheduler))
-                chunk = order[batch_index * s.batch_size: (batch_index + 1) * s.batch_size]
+                chunk = order[batch_index * s.batch_size : (batch_index + 1) * s.batch_size]
                 batch = _encode(self.tokenizer, [texts[i] for i in chunk], s.max_length, ctx.device)
                 labels = torch.tensor([targets[i] for i in chunk], device=ctx.device)
                 with self.precision.autocast(ctx.device):
@@ -174,7 +197,7 @@ class SchemaLoop:
                 losses.append(float(loss.detach()))
                 if (batch_index + 1) % s.grad_accum_steps == 0 or batch_index + 1 == batches:
                     self._update(optimizer, scheduler, scaler)
-                    recent = losses[-s.grad_accum_steps:]
+                    recent = losses[-s.grad_accum_steps :]
                     self.plan.advance(ctx, self.schema, sum(recent) / len(recent))
                     ctx.checkpoint(self.plan.done, self._writer(epoch, optimizer, scheduler))
             self._evaluate()
@@ -218,8 +241,9 @@ class SchemaLoop:
 
     def _rows(self, texts: list[str]) -> list[list[float]]:
         rows: list[list[float]] = []
-        for _chunk, found in probabilities(self.ctx, self.settings, self.precision, self.tokenizer, self.model, texts,
-                                           self.head):
+        for _chunk, found in probabilities(
+            self.ctx, self.settings, self.precision, self.tokenizer, self.model, texts, self.head
+        ):
             rows += found
         return rows
 
@@ -239,7 +263,9 @@ class SchemaLoop:
                 total_loss -= math.log(max(float(row[target]), 1e-12))
         predicted = {i: self.head.prediction("", self.schema.name, row).label for i, row in enumerate(rows)}
         correct = score(dict(enumerate(answers)), predicted, self.head.kind)["accuracy"] or 0.0
-        self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "loss"), total_loss / len(texts), self.plan.done)
+        self.ctx.reporter.metric(
+            "val", self.ctx.metric_name(self.schema, "loss"), total_loss / len(texts), self.plan.done
+        )
         self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "accuracy"), correct, self.plan.done)
 
     def _save(self) -> None:
@@ -249,16 +275,26 @@ class SchemaLoop:
         model = self.model
         if self.settings.merge:
             if self.four_bit:
-                self.ctx.reporter.log("info", "merging the adapter into 4-bit base weights rounds them: the merged "
-                                              "model is saved in the compute precision")
+                self.ctx.reporter.log(
+                    "info",
+                    "merging the adapter into 4-bit base weights rounds them: the merged "
+                    "model is saved in the compute precision",
+                )
             model = model.merge_and_unload()
         model.save_pretrained(self.folder)
         self.tokenizer.save_pretrained(self.folder)
         self.head.save(self.folder)
 
 
-def probabilities(ctx: RunContext, settings: LLMSettings, precision: Precision, tokenizer: Any, model: Any,
-                  texts: list[str], head: Head) -> Iterator[tuple[list[int], list[list[float]]]]:
+def probabilities(
+    ctx: RunContext,
+    settings: LLMSettings,
+    precision: Precision,
+    tokenizer: Any,
+    model: Any,
+    texts: list[str],
+    head: Head,
+) -> Iterator[tuple[list[int], list[list[float]]]]:
     """The head's rows for `texts` (softmax; a multiselect's sigmoids), a batch at a time: (the batch's indexes,
     its rows)."""
     import torch
@@ -268,6 +304,6 @@ def probabilities(ctx: RunContext, settings: LLMSettings, precision: Precision, 
     for begin in range(0, len(texts), size):
         ctx.check_stop("while predicting")
         with torch.no_grad(), precision.autocast(ctx.device):
-            logits = model(**_encode(tokenizer, texts[begin: begin + size], settings.max_length, ctx.device)).logits
+            logits = model(**_encode(tokenizer, texts[begin : begin + size], settings.max_length, ctx.device)).logits
         yield list(range(begin, min(begin + size, len(texts)))), head.activate(logits.float())
     model.train()

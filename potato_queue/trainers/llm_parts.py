@@ -15,14 +15,31 @@ from typing import Any
 
 from potato_queue.worker.errors import MissingDependency, ValidationFailed
 
-__all__ = ["LORA_TARGETS", "Precision", "precision_for", "refuse_4bit", "load_classifier", "apply_lora",
-           "rng_state", "save_state", "load_state", "load_adapter", "count_truncated", "has_bitsandbytes", "gpu_room_problem", "STATE_FILE", "BITSANDBYTES_HINT"]
+__all__ = [
+    "LORA_TARGETS",
+    "Precision",
+    "precision_for",
+    "refuse_4bit",
+    "load_classifier",
+    "apply_lora",
+    "rng_state",
+    "save_state",
+    "load_state",
+    "load_adapter",
+    "count_truncated",
+    "has_bitsandbytes",
+    "gpu_room_problem",
+    "STATE_FILE",
+    "BITSANDBYTES_HINT",
+]
 
 # Per model family (config.model_type): the attention projections, which QLoRA-style fine-tunes adapt by
 # default. A family not here gets peft's own default, then every linear layer.
 LORA_TARGETS: dict[str, list[str]] = {
-    **{family: ["q_proj", "k_proj", "v_proj", "o_proj"]
-       for family in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "granite")},
+    **{
+        family: ["q_proj", "k_proj", "v_proj", "o_proj"]
+        for family in ("llama", "mistral", "mixtral", "qwen2", "qwen3", "gemma", "gemma2", "olmo", "granite")
+    },
     "phi3": ["qkv_proj", "o_proj"],
     "phi": ["q_proj", "k_proj", "v_proj", "dense"],
 }
@@ -52,8 +69,10 @@ def precision_for(asked: str, device: str) -> Precision:
     if asked == "auto":
         asked = ("bf16" if torch.cuda.is_bf16_supported() else "fp16") if cuda else "fp32"
     if asked == "fp16" and not cuda:
-        raise ValidationFailed(f"params.precision fp16 needs a CUDA GPU; this run's device is {device}: "
-                               "use precision: bf16 or fp32 (or auto)")
+        raise ValidationFailed(
+            f"params.precision fp16 needs a CUDA GPU; this run's device is {device}: "
+            "use precision: bf16 or fp32 (or auto)"
+        )
     dtype = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": None}[asked]
     return Precision(asked, dtype, asked == "fp16")
 
@@ -61,31 +80,41 @@ def precision_for(asked: str, device: str) -> Precision:
 def refuse_4bit(device: str) -> str | None:
     """Why 4-bit base weights cannot be used here, with the fix; None when they can."""
     if not device.startswith("cuda"):
-        return (f"params.load_in_4bit is true, but 4-bit base weights (bitsandbytes) need a CUDA GPU and this "
-                f"run's device is {device}; fix: run on a backend with a GPU, or set params.load_in_4bit: false "
-                "(or auto) to train the base weights in full precision")
+        return (
+            f"params.load_in_4bit is true, but 4-bit base weights (bitsandbytes) need a CUDA GPU and this "
+            f"run's device is {device}; fix: run on a backend with a GPU, or set params.load_in_4bit: false "
+            "(or auto) to train the base weights in full precision"
+        )
     return None
 
 
-BITSANDBYTES_HINT = ("pip install bitsandbytes into the Python that runs the worker on the GPU host (on an ssh "
-                     "backend, add it to packages:), or set params.load_in_4bit: false")
+BITSANDBYTES_HINT = (
+    "pip install bitsandbytes into the Python that runs the worker on the GPU host (on an ssh "
+    "backend, add it to packages:), or set params.load_in_4bit: false"
+)
 
 
 def _quantization() -> Any:
     try:
         import bitsandbytes  # noqa: F401 - transformers needs it for load_in_4bit
     except ImportError as exc:
-        raise MissingDependency(f"4-bit base weights need bitsandbytes, which is not installed here ({exc})",
-                                install_hint=BITSANDBYTES_HINT) from exc
+        raise MissingDependency(
+            f"4-bit base weights need bitsandbytes, which is not installed here ({exc})", install_hint=BITSANDBYTES_HINT
+        ) from exc
     import torch
     from transformers import BitsAndBytesConfig
 
-    return BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-                              bnb_4bit_compute_dtype=torch.bfloat16)
+    return BitsAndBytesConfig(
+        load_in_4bit=True,
+        bnb_4bit_quant_type="nf4",
+        bnb_4bit_use_double_quant=True,
+        bnb_4bit_compute_dtype=torch.bfloat16,
+    )
 
 
-def load_classifier(load_from: str, labels: list[str], device: str, four_bit: bool,
-                    local_only: bool, problem_type: str | None = None) -> tuple[Any, Any]:
+def load_classifier(
+    load_from: str, labels: list[str], device: str, four_bit: bool, local_only: bool, problem_type: str | None = None
+) -> tuple[Any, Any]:
     """The tokenizer and the decoder with a fresh head over `labels` (its last token's state classifies);
     *problem_type*: transformers' loss when not a softmax (a multiselect's sigmoids: hf_heads.py)."""
     from transformers import AutoModelForSequenceClassification, AutoTokenizer
@@ -98,9 +127,15 @@ def load_classifier(load_from: str, labels: list[str], device: str, four_bit: bo
     if four_bit:
         extra = {"quantization_config": _quantization(), "device_map": {"": device}}
     model = AutoModelForSequenceClassification.from_pretrained(
-        load_from, num_labels=len(labels), id2label=dict(enumerate(labels)),
-        label2id={label: i for i, label in enumerate(labels)}, ignore_mismatched_sizes=True,
-        **({"problem_type": problem_type} if problem_type else {}), **extra, **local)
+        load_from,
+        num_labels=len(labels),
+        id2label=dict(enumerate(labels)),
+        label2id={label: i for i, label in enumerate(labels)},
+        ignore_mismatched_sizes=True,
+        **({"problem_type": problem_type} if problem_type else {}),
+        **extra,
+        **local,
+    )
     model.config.pad_token_id = tokenizer.pad_token_id
     if four_bit:
         from peft import prepare_model_for_kbit_training
@@ -117,15 +152,25 @@ def apply_lora(model: Any, lora: dict[str, Any], log: Any) -> tuple[Any, list[st
     targets = lora.get("target_modules") or LORA_TARGETS.get(family)
 
     def wrapped(chosen: Any) -> Any:
-        return get_peft_model(model, LoraConfig(task_type=TaskType.SEQ_CLS, r=int(lora["r"]), lora_alpha=int(lora["alpha"]),
-                                                lora_dropout=float(lora["dropout"]), target_modules=chosen))
+        return get_peft_model(
+            model,
+            LoraConfig(
+                task_type=TaskType.SEQ_CLS,
+                r=int(lora["r"]),
+                lora_alpha=int(lora["alpha"]),
+                lora_dropout=float(lora["dropout"]),
+                target_modules=chosen,
+            ),
+        )
 
     try:
         peft_model = wrapped(targets)
     except ValueError as exc:
         if lora.get("target_modules"):
-            raise ValidationFailed(f"params.lora.target_modules {lora['target_modules']} do not name layers of "
-                                   f"this {family or 'model'}: {exc}") from exc
+            raise ValidationFailed(
+                f"params.lora.target_modules {lora['target_modules']} do not name layers of "
+                f"this {family or 'model'}: {exc}"
+            ) from exc
         log("info", f"no LoRA targets known for a {family or 'model'} ({exc}); adapting every linear layer")
         targets = "all-linear"
         peft_model = wrapped(targets)
@@ -153,8 +198,9 @@ def gpu_room_problem(load_from: str, model_name: str, load_in_4bit: str, device:
         return None  # loading the model says why, with its own fix
     gpu = torch.device(device)
     free_bytes, _total = torch.cuda.mem_get_info(gpu)
-    fits, lines = fit_lines(ModelAsk(model_name, load_in_4bit), config, [(gpu.index or 0, free_bytes / 2**20)],
-                            has_bitsandbytes())
+    fits, lines = fit_lines(
+        ModelAsk(model_name, load_in_4bit), config, [(gpu.index or 0, free_bytes / 2**20)], has_bitsandbytes()
+    )
     return None if fits else lines[-1]
 
 
@@ -172,14 +218,17 @@ def rng_state() -> dict[str, Any]:
     return {"python": random.getstate(), "torch": torch.get_rng_state()}
 
 
-def save_state(folder: str, model: Any, optimizer: Any, scheduler: Any, position: dict[str, Any],
-               rng: dict[str, Any]) -> None:
+def save_state(
+    folder: str, model: Any, optimizer: Any, scheduler: Any, position: dict[str, Any], rng: dict[str, Any]
+) -> None:
     """The adapter (and head) weights, the optimiser and schedule, the RNGs and where the loop stood."""
     import torch
 
     model.save_pretrained(os.path.join(folder, "adapter"))
-    torch.save({"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "position": position,
-                "rng": rng}, os.path.join(folder, STATE_FILE))
+    torch.save(
+        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "position": position, "rng": rng},
+        os.path.join(folder, STATE_FILE),
+    )
 
 
 def load_adapter(model: Any, folder: str) -> None:

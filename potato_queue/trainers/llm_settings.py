@@ -55,12 +55,14 @@ def _lora(value: Any) -> dict[str, Any]:
     if value in (None, True):
         return dict(LORA_DEFAULTS)
     if not isinstance(value, dict):
-        raise ValidationFailed(f"params.lora must be an object like {{r: 16, alpha: 32}} (LoRA is what this "
-                               f"trainer does), got {value!r}")
+        raise ValidationFailed(
+            f"params.lora must be an object like {{r: 16, alpha: 32}} (LoRA is what this trainer does), got {value!r}"
+        )
     unknown = sorted(set(value) - set(LORA_DEFAULTS))
     if unknown:
-        raise ValidationFailed("params.lora has unknown keys: " + ", ".join(unknown) + "; it takes r, alpha, "
-                               "dropout, target_modules")
+        raise ValidationFailed(
+            "params.lora has unknown keys: " + ", ".join(unknown) + "; it takes r, alpha, dropout, target_modules"
+        )
     return {**LORA_DEFAULTS, **value}
 
 

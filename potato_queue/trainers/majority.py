@@ -60,16 +60,22 @@ class MajorityBaselineTrainer(Trainer):
             # Ties go to the label that sorts first, so the baseline is reproducible.
             counts = Counter(labels)
             label, count = min(counts.items(), key=lambda kv: (-kv[1], kv[0]))
-            self._model[schema.name] = {"label": label, "confidence": count / len(labels), "n_train": len(labels),
-                                        "shares": {str(k): n / len(labels) for k, n in sorted(counts.items())}}
+            self._model[schema.name] = {
+                "label": label,
+                "confidence": count / len(labels),
+                "n_train": len(labels),
+                "shares": {str(k): n / len(labels) for k, n in sorted(counts.items())},
+            }
             ctx.reporter.progress("fit", index + 1, len(ctx.schemas))
         write_json(os.path.join(ctx.workdir, MODEL_FILE), self._model)
         first = self._model[ctx.schemas[0].name]
         return FitResult(
             model_version=model_version(self.name, ctx.spec.run_id),
             artifact_paths=[MODEL_FILE],
-            metrics={ctx.metric_name(s, "train_majority_share"): float(self._model[s.name]["confidence"])  # type: ignore[arg-type]
-                     for s in ctx.schemas},
+            metrics={
+                ctx.metric_name(s, "train_majority_share"): float(self._model[s.name]["confidence"])  # type: ignore[arg-type]
+                for s in ctx.schemas
+            },
             label_order=[str(first["label"])],
             steps=len(ctx.schemas),
         )
@@ -87,7 +93,9 @@ class MajorityBaselineTrainer(Trainer):
         while time.monotonic() < ends_s:
             left_s = ends_s - time.monotonic()
             step = total - math.ceil(left_s)
-            ctx.checkpoint(step, lambda folder, step=step: write_json(os.path.join(folder, HELD_FILE), {"held_s": step}))
+            ctx.checkpoint(
+                step, lambda folder, step=step: write_json(os.path.join(folder, HELD_FILE), {"held_s": step})
+            )
             ctx.reporter.progress("train", step, total, eta_s=left_s)
             time.sleep(min(HOLD_TICK_S, max(0.0, left_s)))
 
@@ -97,5 +105,10 @@ class MajorityBaselineTrainer(Trainer):
                 guess = self._model[schema.name]
                 shares: dict[str, float] = guess["shares"]  # type: ignore[assignment]
                 # every item gets the train labels' shares as its scores: the baseline knows no more
-                yield Prediction(item.instance_id, schema.name, guess["label"], float(guess["confidence"]),  # type: ignore[arg-type]
-                                 {k: round(v, SCORE_DIGITS) for k, v in shares.items()})
+                yield Prediction(
+                    item.instance_id,
+                    schema.name,
+                    guess["label"],
+                    float(guess["confidence"]),  # type: ignore[arg-type]
+                    {k: round(v, SCORE_DIGITS) for k, v in shares.items()},
+                )

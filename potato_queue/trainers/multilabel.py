@@ -21,8 +21,15 @@ from potato_queue.worker.api import Prediction, RunContext
 from potato_queue.worker.bundle import Bundle
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["DEFAULT_THRESHOLD", "chosen_labels", "labelled_sets", "choose_thresholds", "set_prediction", "validate_multilabel",
-           "validate_by_kind"]
+__all__ = [
+    "DEFAULT_THRESHOLD",
+    "chosen_labels",
+    "labelled_sets",
+    "choose_thresholds",
+    "set_prediction",
+    "validate_multilabel",
+    "validate_by_kind",
+]
 
 DEFAULT_THRESHOLD = 0.5
 SCORE_DIGITS = 4
@@ -61,16 +68,20 @@ def _best_threshold(probabilities: Sequence[float], positive: Sequence[bool]) ->
     return best[2]
 
 
-def choose_thresholds(labels: Sequence[str], probabilities: Sequence[Sequence[float]],
-                      gold: Sequence[Sequence[str]]) -> dict[str, float]:
+def choose_thresholds(
+    labels: Sequence[str], probabilities: Sequence[Sequence[float]], gold: Sequence[Sequence[str]]
+) -> dict[str, float]:
     """Each label's threshold from the val rows' probabilities (one row per item, in `labels` order) and
     their gold sets."""
-    return {label: round(_best_threshold([row[j] for row in probabilities], [label in g for g in gold]), 6)
-            for j, label in enumerate(labels)}
+    return {
+        label: round(_best_threshold([row[j] for row in probabilities], [label in g for g in gold]), 6)
+        for j, label in enumerate(labels)
+    }
 
 
-def set_prediction(instance_id: str, schema: str, labels: Sequence[str], probabilities: Sequence[float],
-                   thresholds: dict[str, float]) -> Prediction:
+def set_prediction(
+    instance_id: str, schema: str, labels: Sequence[str], probabilities: Sequence[float], thresholds: dict[str, float]
+) -> Prediction:
     """The labels at or over their thresholds, in `labels` order, each label's probability as its score."""
     values = [float(p) for p in probabilities]
     chosen = [label for label, p in zip(labels, values) if p >= thresholds.get(label, DEFAULT_THRESHOLD)]  # noqa: B905
@@ -94,4 +105,5 @@ def validate_by_kind(ctx: RunContext, min_train: int = 2) -> list[str]:
     scale's checks are trainers/scales.py's)."""
     nominal = [s for s in ctx.schemas if s.kind != MULTILABEL and s.kind not in SCALE_KINDS]
     return validate_nominal(ctx, min_train=min_train, schemas=nominal) + [
-        problem for s in ctx.schemas if s.kind == MULTILABEL for problem in validate_multilabel(ctx, s, min_train)]
+        problem for s in ctx.schemas if s.kind == MULTILABEL for problem in validate_multilabel(ctx, s, min_train)
+    ]

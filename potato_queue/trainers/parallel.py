@@ -68,8 +68,11 @@ def wrap(model: Any, ctx: RunContext) -> Any:
     devices = [int(ctx.device.split(":")[1])] if ctx.device.startswith("cuda:") else None
     # No buffer sync in each forward (a collective rank 0's evaluation alone would wait on): these models'
     # buffers (rotary tables, position ids) never change. torch 2.13 renamed the switch.
-    no_sync = ("forward_sync_buffers" if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
-               else "broadcast_buffers")
+    no_sync = (
+        "forward_sync_buffers"
+        if "forward_sync_buffers" in inspect.signature(DistributedDataParallel).parameters
+        else "broadcast_buffers"
+    )
     wrapped = DistributedDataParallel(model, device_ids=devices, **{no_sync: False})
     _KEPT.append(wrapped)
     return wrapped
@@ -81,8 +84,10 @@ def share(n_items: int, ctx: RunContext) -> int:
         return n_items
     world = ctx.rank.world_size
     if n_items < world:
-        raise ValidationFailed(f"{n_items} train items cannot be shared among {world} data-parallel ranks; "
-                               "train on fewer GPUs (an ssh backend's gpus:, SLURM's gres) or label more items")
+        raise ValidationFailed(
+            f"{n_items} train items cannot be shared among {world} data-parallel ranks; "
+            "train on fewer GPUs (an ssh backend's gpus:, SLURM's gres) or label more items"
+        )
     return n_items // world
 
 
@@ -96,4 +101,4 @@ def shard(order: list[int], ctx: RunContext) -> list[int]:
     if ctx.rank is None:
         return order
     # Strided: batch b of every rank together is batch b of one process with world_size times the batch size.
-    return order[ctx.rank.rank::ctx.rank.world_size][:share(len(order), ctx)]
+    return order[ctx.rank.rank :: ctx.rank.world_size][: share(len(order), ctx)]

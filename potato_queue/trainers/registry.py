@@ -56,8 +56,10 @@ def install_hint(extra: str, packages: tuple[str, ...] = ()) -> str:
     if potato_queue_installed() or not packages:
         return f"pip install 'potato-queue[{extra}]'"
     names = " ".join(PIP_NAMES.get(name, name) for name in packages)
-    return (f"install the trainer's packages into the Python that ran it on this host: {sys.executable} -m pip "
-            f"install {names} (or, on an ssh backend, list them under packages:)")
+    return (
+        f"install the trainer's packages into the Python that ran it on this host: {sys.executable} -m pip "
+        f"install {names} (or, on an ssh backend, list them under packages:)"
+    )
 
 
 @dataclass(frozen=True)
@@ -110,54 +112,81 @@ TRAINERS: dict[str, TrainerInfo] = {
             name="hf-text-classification",
             target="potato_queue.trainers.hf_text:HFTextClassificationTrainer",
             description="Fine-tunes a transformers sequence classifier (one sigmoid a label for a multiselect, one "
-                        "per step of a likert, a regression for a slider; optionally LoRA via peft).",
+            "per step of a likert, a regression for a slider; optionally LoRA via peft).",
             extra="train-text",
             kinds=("nominal", "multilabel", "ordinal", "continuous"),
-            params=(("model_name", "sentence-transformers/all-MiniLM-L6-v2"), ("epochs", 3), ("learning_rate", 5e-5),
-                    ("batch_size", 16), ("max_length", 256), ("lora", None)),
+            params=(
+                ("model_name", "sentence-transformers/all-MiniLM-L6-v2"),
+                ("epochs", 3),
+                ("learning_rate", 5e-5),
+                ("batch_size", 16),
+                ("max_length", 256),
+                ("lora", None),
+            ),
             packages=("torch", "transformers"),
         ),
         TrainerInfo(
             name="hf-token-classification",
             target="potato_queue.trainers.hf_tokens:HFTokenClassificationTrainer",
             description="Fine-tunes a transformers token classifier on a span scheme (BIO tags from Potato's "
-                        "character offsets, spans back; optionally LoRA via peft).",
+            "character offsets, spans back; optionally LoRA via peft).",
             extra="train-text",
             kinds=("span",),
-            params=(("model_name", "sentence-transformers/all-MiniLM-L6-v2"), ("epochs", 3), ("learning_rate", 5e-5),
-                    ("batch_size", 16), ("max_length", 256), ("lora", None)),
+            params=(
+                ("model_name", "sentence-transformers/all-MiniLM-L6-v2"),
+                ("epochs", 3),
+                ("learning_rate", 5e-5),
+                ("batch_size", 16),
+                ("max_length", 256),
+                ("lora", None),
+            ),
             packages=("torch", "transformers"),
         ),
         TrainerInfo(
             name="hf-image-classification",
             target="potato_queue.trainers.hf_image:HFImageClassificationTrainer",
             description="Fine-tunes a transformers image classifier (ViT, ConvNeXt, ...) on the items' images "
-                        "(one sigmoid a label for a multiselect; optionally LoRA via peft).",
+            "(one sigmoid a label for a multiselect; optionally LoRA via peft).",
             extra="train-image",
             kinds=("nominal", "multilabel"),
             modalities=("image",),
-            params=(("model_name", "google/vit-base-patch16-224-in21k"), ("epochs", 3), ("learning_rate", 5e-5),
-                    ("batch_size", 16), ("lora", None)),
+            params=(
+                ("model_name", "google/vit-base-patch16-224-in21k"),
+                ("epochs", 3),
+                ("learning_rate", 5e-5),
+                ("batch_size", 16),
+                ("lora", None),
+            ),
             packages=("torch", "transformers", "PIL"),
         ),
         TrainerInfo(
             name="hf-llm-lora",
             target="potato_queue.trainers.hf_llm:HFLLMLoRATrainer",
             description="Fine-tunes a decoder LLM (Llama, Qwen, Mistral, Phi) as a classifier with LoRA (one sigmoid "
-                        "a label for a multiselect); 4-bit base weights on a CUDA GPU; checkpoints and resumes.",
+            "a label for a multiselect); 4-bit base weights on a CUDA GPU; checkpoints and resumes.",
             extra="train-llm",
             kinds=("nominal", "multilabel"),
-            params=(("model_name", "Qwen/Qwen2.5-0.5B"), ("epochs", 1), ("learning_rate", 2e-4), ("batch_size", 4),
-                    ("grad_accum_steps", 4), ("max_length", 256), ("lora", None), ("load_in_4bit", "auto"),
-                    ("precision", "auto"), ("gradient_checkpointing", True), ("merge", False),
-                    ("checkpoint_every_steps", 50)),
+            params=(
+                ("model_name", "Qwen/Qwen2.5-0.5B"),
+                ("epochs", 1),
+                ("learning_rate", 2e-4),
+                ("batch_size", 4),
+                ("grad_accum_steps", 4),
+                ("max_length", 256),
+                ("lora", None),
+                ("load_in_4bit", "auto"),
+                ("precision", "auto"),
+                ("gradient_checkpointing", True),
+                ("merge", False),
+                ("checkpoint_every_steps", 50),
+            ),
             packages=("torch", "transformers", "peft"),
         ),
         TrainerInfo(
             name="sklearn-text",
             target="potato_queue.trainers.sklearn_text:SklearnTextTrainer",
             description="TF-IDF features and logistic regression (one per label for a multiselect, one per step of "
-                        "a likert; a ridge regression for a slider); fast, CPU only.",
+            "a likert; a ridge regression for a slider); fast, CPU only.",
             extra="train-sklearn",
             kinds=("nominal", "multilabel", "ordinal", "continuous"),
             params=(("C", 1.0), ("max_features", 50000), ("ngram_max", 2), ("max_iter", 1000)),
@@ -203,8 +232,11 @@ def trainers_for_kind(kind: str) -> list[str]:
 def trainers_for_modality(kind: str, modality: str) -> list[str]:
     """The trainers that train schema kind *kind* on items of *modality*, sorted (what a refusal suggests: not
     decision-calibrate, local only, which recalibrates a run rather than trains one)."""
-    return [name for name in trainers_for_kind(kind) if modality in TRAINERS[name].modalities
-            and not TRAINERS[name].local_only]
+    return [
+        name
+        for name in trainers_for_kind(kind)
+        if modality in TRAINERS[name].modalities and not TRAINERS[name].local_only
+    ]
 
 
 def get_trainer_class(name: str) -> type[Trainer]:

@@ -31,8 +31,16 @@ from potato_queue.worker.api import Prediction, RunContext
 from potato_queue.worker.bundle import Bundle
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["labelled_values", "OrdinalScale", "ContinuousScale", "Scale", "scale_for", "scale_from_dict",
-           "validate_scale", "validate_scales"]
+__all__ = [
+    "labelled_values",
+    "OrdinalScale",
+    "ContinuousScale",
+    "Scale",
+    "scale_for",
+    "scale_from_dict",
+    "validate_scale",
+    "validate_scales",
+]
 
 SCORE_DIGITS = 4
 VALUE_DIGITS = 6
@@ -116,8 +124,9 @@ class ContinuousScale:
 
     kind = "continuous"
 
-    def __init__(self, low: float, high: float, step: float | None, mean: float, spread: float,
-                 anchor: float = 0.0) -> None:
+    def __init__(
+        self, low: float, high: float, step: float | None, mean: float, spread: float, anchor: float = 0.0
+    ) -> None:
         self.low, self.high, self.step, self.mean, self.spread = low, high, step, mean, spread or 1.0
         self.anchor = anchor  # where the step's grid starts: the config's min, else 0 (a step of 5: 0, 5, 10, ...)
 
@@ -142,8 +151,15 @@ class ContinuousScale:
         return Prediction(instance_id, schema, self.value(standardised), None, bare=True)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"kind": self.kind, "min": self.low, "max": self.high, "step": self.step, "mean": self.mean,
-                "spread": self.spread, "anchor": self.anchor}
+        return {
+            "kind": self.kind,
+            "min": self.low,
+            "max": self.high,
+            "step": self.step,
+            "mean": self.mean,
+            "spread": self.spread,
+            "anchor": self.anchor,
+        }
 
 
 Scale = Union[OrdinalScale, ContinuousScale]  # noqa: UP007 - a runtime alias, and the trainers run on 3.8
@@ -153,8 +169,14 @@ def scale_from_dict(data: dict[str, Any]) -> Scale:
     """A scale saved with its model (`to_dict`)."""
     if data.get("kind") == ORDINAL:
         return OrdinalScale(data["points"])
-    return ContinuousScale(float(data["min"]), float(data["max"]), data.get("step"), float(data["mean"]),
-                           float(data["spread"]), float(data.get("anchor") or 0.0))
+    return ContinuousScale(
+        float(data["min"]),
+        float(data["max"]),
+        data.get("step"),
+        float(data["mean"]),
+        float(data["spread"]),
+        float(data.get("anchor") or 0.0),
+    )
 
 
 def scale_for(ctx: RunContext, schema: SchemaSpec) -> Scale:
@@ -167,9 +189,14 @@ def scale_for(ctx: RunContext, schema: SchemaSpec) -> Scale:
     mean = sum(numbers) / len(numbers) if numbers else 0.0
     spread = math.sqrt(sum((n - mean) ** 2 for n in numbers) / len(numbers)) if numbers else 1.0
     low, high = drawn.get("min"), drawn.get("max")
-    return ContinuousScale(float(min(numbers, default=0.0) if low is None else low),
-                           float(max(numbers, default=0.0) if high is None else high), drawn.get("step"), mean, spread,
-                           float(low or 0.0))
+    return ContinuousScale(
+        float(min(numbers, default=0.0) if low is None else low),
+        float(max(numbers, default=0.0) if high is None else high),
+        drawn.get("step"),
+        mean,
+        spread,
+        float(low or 0.0),
+    )
 
 
 def validate_scale(ctx: RunContext, schema: SchemaSpec, min_train: int = 2) -> list[str]:
@@ -178,20 +205,26 @@ def validate_scale(ctx: RunContext, schema: SchemaSpec, min_train: int = 2) -> l
     scale = scale_for(ctx, schema)
     if isinstance(scale, OrdinalScale):
         if not scale.points:
-            return [f"Schema '{schema.name}' is an ordinal scale whose points the bundle does not give in order "
-                    f"(its answers are names, and it has no scales.json); build the bundle with potato-queue"]
+            return [
+                f"Schema '{schema.name}' is an ordinal scale whose points the bundle does not give in order "
+                f"(its answers are names, and it has no scales.json); build the bundle with potato-queue"
+            ]
         on_scale = [a for a in answers if scale.index(a) is not None]
         off = [a for a in answers if scale.index(a) is None]
         if off:
-            ctx.reporter.log("warning", f"{len(off)} train answer(s) of {schema.name} are not points of its scale "
-                                        f"({', '.join(map(str, scale.points))}), e.g. {off[0]!r}; left out")
+            ctx.reporter.log(
+                "warning",
+                f"{len(off)} train answer(s) of {schema.name} are not points of its scale "
+                f"({', '.join(map(str, scale.points))}), e.g. {off[0]!r}; left out",
+            )
         spread = {scale.index(a) for a in on_scale}
     else:
         on_scale = [a for a in answers if as_number(a) is not None]
         spread = {as_number(a) for a in on_scale}
     if len(on_scale) < min_train:
-        return [f"Schema '{schema.name}' has {len(on_scale)} train answer(s) on its scale; at least {min_train} "
-                f"are needed"]
+        return [
+            f"Schema '{schema.name}' has {len(on_scale)} train answer(s) on its scale; at least {min_train} are needed"
+        ]
     if len(spread) < 2:
         return [f"Schema '{schema.name}' has one answer only ({on_scale[0]}) in the train split; a scale needs two"]
     return []

@@ -87,8 +87,16 @@ class SklearnTextTrainer(Trainer):
         s = self._settings or self._read_settings(ctx)
         return Pipeline(
             [
-                ("tfidf", TfidfVectorizer(ngram_range=(1, s["ngram_max"]), max_features=s["max_features"], sublinear_tf=True)),
-                ("clf", LogisticRegression(C=s["C"], max_iter=s["max_iter"], class_weight=s["class_weight"], random_state=ctx.spec.seed)),
+                (
+                    "tfidf",
+                    TfidfVectorizer(ngram_range=(1, s["ngram_max"]), max_features=s["max_features"], sublinear_tf=True),
+                ),
+                (
+                    "clf",
+                    LogisticRegression(
+                        C=s["C"], max_iter=s["max_iter"], class_weight=s["class_weight"], random_state=ctx.spec.seed
+                    ),
+                ),
             ]
         )
 
@@ -142,8 +150,11 @@ class SklearnTextTrainer(Trainer):
             model.thresholds = choose_thresholds(model.labels, model.probabilities(val_texts), val_sets)
         self._models[schema] = model
         train = score(dict(enumerate(sets)), dict(enumerate(model.predict_sets(texts))), MULTILABEL)
-        return len(texts), float(train["accuracy"]), {"label_order": model.labels, "thresholds": model.thresholds,
-                                                      "constant_labels": sorted(model.constant)}
+        return (
+            len(texts),
+            float(train["accuracy"]),
+            {"label_order": model.labels, "thresholds": model.thresholds, "constant_labels": sorted(model.constant)},
+        )
 
     def _fit_scale(self, ctx: RunContext, schema: Any) -> tuple[int, float, dict[str, Any]]:
         """An ordinal scheme's "above point k" classifiers, or a continuous one's ridge regression; the train
@@ -158,8 +169,11 @@ class SklearnTextTrainer(Trainer):
         gold = [answers[i] for i in model.kept]
         train = score(dict(enumerate(gold)), dict(enumerate(predicted)), scale.kind, getattr(scale, "points", None))
         measure = "accuracy" if isinstance(scale, OrdinalScale) else "mae"
-        return len(texts), float(train[measure] or 0.0), {"label_order": [str(p) for p in getattr(scale, "points", [])],
-                                                          "scale": scale.to_dict()}
+        return (
+            len(texts),
+            float(train[measure] or 0.0),
+            {"label_order": [str(p) for p in getattr(scale, "points", [])], "scale": scale.to_dict()},
+        )
 
     def _classes(self, schema: str) -> list[str]:
         return [str(c) for c in self._models[schema].classes_]
@@ -182,8 +196,9 @@ class SklearnTextTrainer(Trainer):
             for start in range(0, len(items), PREDICT_BATCH):
                 chunk = items[start : start + PREDICT_BATCH]
                 if isinstance(model, ScaleModel):
-                    yield from model.predictions([item.instance_id for item in chunk], schema.name,
-                                                 [item.text for item in chunk])
+                    yield from model.predictions(
+                        [item.instance_id for item in chunk], schema.name, [item.text for item in chunk]
+                    )
                     continue
                 if isinstance(model, MultiLabelModel):
                     rows = model.probabilities([item.text for item in chunk])
@@ -220,8 +235,12 @@ class MultiLabelModel:
     def probabilities(self, texts: list[str]) -> list[list[float]]:
         """One row per text: each label's probability, in `labels` order."""
         features = self.vectorizer.transform(texts)
-        columns = [[self.constant[label]] * len(texts) if label in self.constant
-                   else [float(p) for p in self.models[label].predict_proba(features)[:, 1]] for label in self.labels]
+        columns = [
+            [self.constant[label]] * len(texts)
+            if label in self.constant
+            else [float(p) for p in self.models[label].predict_proba(features)[:, 1]]
+            for label in self.labels
+        ]
         return [[column[i] for column in columns] for i in range(len(texts))]
 
     def predict_sets(self, texts: list[str]) -> list[list[str]]:

@@ -77,8 +77,9 @@ def bio_tags(offsets: Sequence[tuple[int, int]], spans: Sequence[Span]) -> list[
     return tags
 
 
-def spans_from_tags(offsets: Sequence[tuple[int, int]], rows: Sequence[Sequence[float]], names: Sequence[str]
-                    ) -> tuple[list[dict[str, Any]], float | None]:
+def spans_from_tags(
+    offsets: Sequence[tuple[int, int]], rows: Sequence[Sequence[float]], names: Sequence[str]
+) -> tuple[list[dict[str, Any]], float | None]:
     """The spans a tagger's per-token probabilities (`rows`, in `names` order) mark, as Potato's span dicts
     ``{start, end, label, confidence}`` (a span's confidence: its least sure token's), and the least sure
     token decision of the text (None when it has no token)."""

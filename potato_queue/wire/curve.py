@@ -20,7 +20,7 @@ def curve_train_ids(train_ids: List[str], percent: int, seed: Optional[int]) -> 
     """The first *percent* of one seeded shuffle of *train_ids* (at least one item): nested across percents."""
     order = sorted(train_ids)
     random.Random(0 if seed is None else seed).shuffle(order)
-    return order[:max(1, int(math.ceil(len(order) * percent / 100.0)))]
+    return order[: max(1, int(math.ceil(len(order) * percent / 100.0)))]
 
 
 def curve_metric_name(percent: int, schema: str, measure: str) -> str:
@@ -34,7 +34,7 @@ def read_curve(metrics: Dict[str, Any]) -> Dict[str, List[Dict[str, Any]]]:
     points: Dict[Tuple[str, int], Dict[str, Any]] = {}
     prefix = CURVE_SPLIT + "/"
     for key, value in metrics.items():
-        percent, _, rest = key[len(prefix):].partition("/") if key.startswith(prefix) else ("", "", "")
+        percent, _, rest = key[len(prefix) :].partition("/") if key.startswith(prefix) else ("", "", "")
         schema, _, measure = rest.rpartition("/")
         if not percent.isdigit() or not schema or not measure:
             continue

@@ -29,8 +29,13 @@ def _chunks(data: Data) -> Iterable[bytes]:
         yield chunk.encode("utf-8") if isinstance(chunk, str) else chunk
 
 
-def write_atomic(path: "Union[str, os.PathLike[str]]", data: Data, mode: int = 0o600, durable: bool = True,
-                 staging: "Optional[Union[str, os.PathLike[str]]]" = None) -> None:
+def write_atomic(
+    path: "Union[str, os.PathLike[str]]",
+    data: Data,
+    mode: int = 0o600,
+    durable: bool = True,
+    staging: "Optional[Union[str, os.PathLike[str]]]" = None,
+) -> None:
     """Replace `path` with `data` (bytes, text, or an iterable of either) in one rename.
 
     durable=False skips the fsync: for a file that is of no use after a crash anyway (a run's
@@ -79,8 +84,13 @@ class JsonLineError(ValueError):
         self.reason = reason
 
 
-def read_jsonl(path: "Union[str, os.PathLike[str]]", *, not_json: Literal["raise", "skip", "none"] = "raise",
-               missing_ok: bool = False, errors: str = "strict") -> Iterator[Tuple[int, Any]]:
+def read_jsonl(
+    path: "Union[str, os.PathLike[str]]",
+    *,
+    not_json: Literal["raise", "skip", "none"] = "raise",
+    missing_ok: bool = False,
+    errors: str = "strict",
+) -> Iterator[Tuple[int, Any]]:
     """Each non-blank line of a JSON Lines file (UTF-8) as (its line number from 1, its JSON value).
 
     The one reader of potato-queue's JSON Lines files (bundle splits, predictions, events), so that what a

@@ -24,8 +24,21 @@ import re
 import zipfile
 from typing import Dict, Iterable, List, Mapping, Optional, Set
 
-__all__ = ["THREAD_ENV_VARS", "BARE_PACKAGES", "BOOTSTRAP", "CODE_ROOT", "python_argv", "allowed_env", "passed_env", "passed_names", "looks_secret", "ALLOWED_NAMES",
-           "ALLOWED_PREFIXES", "PASSED_NAMES_VAR", "shared_code_root"]
+__all__ = [
+    "THREAD_ENV_VARS",
+    "BARE_PACKAGES",
+    "BOOTSTRAP",
+    "CODE_ROOT",
+    "python_argv",
+    "allowed_env",
+    "passed_env",
+    "passed_names",
+    "looks_secret",
+    "ALLOWED_NAMES",
+    "ALLOWED_PREFIXES",
+    "PASSED_NAMES_VAR",
+    "shared_code_root",
+]
 
 # The thread pools' sizes (the worker sets them from limits.num_threads; an agent's and a batch job's
 # environment passes them): one list for every side.
@@ -53,15 +66,59 @@ BOOTSTRAP = (
 
 # What a trainer may need: the OS basics, locale, proxies and CA files for a model hub, CUDA and its
 # libraries, thread counts, Python environments, the schedulers' own variables.
-ALLOWED_NAMES = frozenset({
-    "PATH", "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TMPDIR", "TERM",
-    "LD_LIBRARY_PATH", "LIBRARY_PATH", "CPATH", "PYTHONHASHSEED", "PYTHONIOENCODING", "PYTHONUTF8",
-    "VIRTUAL_ENV", "http_proxy", "https_proxy", "no_proxy", "HTTP_PROXY", "HTTPS_PROXY", "NO_PROXY",
-    "SSL_CERT_FILE", "SSL_CERT_DIR", "REQUESTS_CA_BUNDLE", "CURL_CA_BUNDLE",
-    "TOKENIZERS_PARALLELISM", "CUBLAS_WORKSPACE_CONFIG", *THREAD_ENV_VARS,
-})
-ALLOWED_PREFIXES = ("LC_", "XDG_", "CUDA_", "NVIDIA_", "NCCL_", "CUDNN_", "HIP_", "ROCR_", "ROCM_", "HF_",
-                    "HUGGINGFACE_", "TRANSFORMERS_", "TORCH_", "PYTORCH_", "CONDA_", "SLURM_", "MPLCONFIGDIR")
+ALLOWED_NAMES = frozenset(
+    {
+        "PATH",
+        "HOME",
+        "USER",
+        "LOGNAME",
+        "SHELL",
+        "LANG",
+        "LANGUAGE",
+        "TZ",
+        "TMPDIR",
+        "TERM",
+        "LD_LIBRARY_PATH",
+        "LIBRARY_PATH",
+        "CPATH",
+        "PYTHONHASHSEED",
+        "PYTHONIOENCODING",
+        "PYTHONUTF8",
+        "VIRTUAL_ENV",
+        "http_proxy",
+        "https_proxy",
+        "no_proxy",
+        "HTTP_PROXY",
+        "HTTPS_PROXY",
+        "NO_PROXY",
+        "SSL_CERT_FILE",
+        "SSL_CERT_DIR",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "TOKENIZERS_PARALLELISM",
+        "CUBLAS_WORKSPACE_CONFIG",
+        *THREAD_ENV_VARS,
+    }
+)
+ALLOWED_PREFIXES = (
+    "LC_",
+    "XDG_",
+    "CUDA_",
+    "NVIDIA_",
+    "NCCL_",
+    "CUDNN_",
+    "HIP_",
+    "ROCR_",
+    "ROCM_",
+    "HF_",
+    "HUGGINGFACE_",
+    "TRANSFORMERS_",
+    "TORCH_",
+    "PYTORCH_",
+    "CONDA_",
+    "SLURM_",
+    "MPLCONFIGDIR",
+)
 # Never passed on, whatever the prefixes say, unless a backend lists it: a token or key in a name marks a secret.
 SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL|PRIVATE_KEY", re.IGNORECASE)
 # The names a backend passed (its `env` and `secret_env`): set for the agent, so that the trainer it starts
@@ -78,8 +135,9 @@ def looks_secret(name: str) -> bool:
     return SECRET_NAME.search(name) is not None
 
 
-def python_argv(python: str, module: str, args: List[str], code_root: str = CODE_ROOT,
-                no_site: bool = False) -> List[str]:
+def python_argv(
+    python: str, module: str, args: List[str], code_root: str = CODE_ROOT, no_site: bool = False
+) -> List[str]:
     """The command line that runs `python -m module args` without importing from the working directory."""
     return [python] + (["-S"] if no_site else []) + ["-c", BOOTSTRAP, code_root, module] + list(args)
 
@@ -90,16 +148,20 @@ def passed_env(extra: Optional[Mapping[str, str]], secrets: Iterable[str] = ()) 
     return {k: v for k, v in (extra or {}).items() if k in listed or not looks_secret(k)}
 
 
-def allowed_env(environ: Optional[Mapping[str, str]] = None, extra: Optional[Mapping[str, str]] = None,
-                secrets: Iterable[str] = ()) -> Dict[str, str]:
+def allowed_env(
+    environ: Optional[Mapping[str, str]] = None, extra: Optional[Mapping[str, str]] = None, secrets: Iterable[str] = ()
+) -> Dict[str, str]:
     """The environment to hand on from `environ` (default: this process's): its allow-listed names that do
     not look like secrets, the names passed before (PASSED_NAMES_VAR), a backend's `env` (`extra`, by
     passed_env's rule) and the secrets it lists by name (`secrets`, from `extra` or `environ`)."""
     source = os.environ if environ is None else environ
     extra = passed_env(extra, secrets)
     passed = passed_names(source) | set(extra) | set(secrets)
-    env = {k: v for k, v in source.items()
-           if k in passed or ((k in ALLOWED_NAMES or k.startswith(ALLOWED_PREFIXES)) and not looks_secret(k))}
+    env = {
+        k: v
+        for k, v in source.items()
+        if k in passed or ((k in ALLOWED_NAMES or k.startswith(ALLOWED_PREFIXES)) and not looks_secret(k))
+    }
     env.update(extra)
     if passed:
         env[PASSED_NAMES_VAR] = ",".join(sorted(passed))

@@ -73,23 +73,36 @@ class Job:
             if resume_of is not None and not _RUN_ID.fullmatch(str(resume_of)):
                 raise ValueError("resume_of is not a run id: {!r}".format(resume_of))
             return cls(
-                run_id=str(data["run_id"]), trainer=str(data["trainer"]), schemas=[str(s) for s in data["schemas"]],
+                run_id=str(data["run_id"]),
+                trainer=str(data["trainer"]),
+                schemas=[str(s) for s in data["schemas"]],
                 bundle=BundleRef(int(bundle["bytes"]), str(bundle["sha256"])),
                 heartbeat_interval_s=float(data["heartbeat_interval_s"]),
                 max_predictions_bytes=int(data["max_predictions_bytes"]),
-                params=dict(data.get("params") or {}), seed=data.get("seed"),
+                params=dict(data.get("params") or {}),
+                seed=data.get("seed"),
                 grace_seconds=None if data.get("grace_seconds") is None else float(data["grace_seconds"]),
                 limits=Limits(**{k: v for k, v in limits.items() if k in Limits.__dataclass_fields__}),
-                resume_of=None if resume_of is None else str(resume_of))
+                resume_of=None if resume_of is None else str(resume_of),
+            )
         except (KeyError, TypeError, ValueError) as exc:
             raise JobError("the job is malformed ({}: {})".format(type(exc).__name__, exc)) from None
 
-    def worker_spec(self, bundle_dir: str, workdir: str, checkpoint_dir: Optional[str] = None,
-                    gpus: Optional[str] = None) -> Dict[str, Any]:
+    def worker_spec(
+        self, bundle_dir: str, workdir: str, checkpoint_dir: Optional[str] = None, gpus: Optional[str] = None
+    ) -> Dict[str, Any]:
         """spec.json's object: what the worker parses (spec.parse_spec)."""
-        spec = {"v": SPEC_VERSION, "run_id": self.run_id, "trainer": self.trainer, "schemas": list(self.schemas),
-                "bundle_dir": bundle_dir, "workdir": workdir, "params": dict(self.params), "seed": self.seed,
-                "limits": asdict(self.limits)}
+        spec = {
+            "v": SPEC_VERSION,
+            "run_id": self.run_id,
+            "trainer": self.trainer,
+            "schemas": list(self.schemas),
+            "bundle_dir": bundle_dir,
+            "workdir": workdir,
+            "params": dict(self.params),
+            "seed": self.seed,
+            "limits": asdict(self.limits),
+        }
         if checkpoint_dir is not None:
             spec["checkpoint_dir"] = checkpoint_dir
         if gpus is not None:

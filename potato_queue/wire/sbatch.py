@@ -15,25 +15,69 @@ from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 from potato_queue.wire.isolated import THREAD_ENV_VARS, passed_env
 
 __all__ = [
-    "SBATCH_FLAGS", "JOB_KEYS", "SlurmSettings", "SettingsError", "sbatch_argv", "job_script", "job_name",
-    "parse_job_id", "QueueState", "parse_squeue", "SQUEUE_FORMAT", "parse_scontrol", "end_reason",
-    "SLURM_ENDED_STATES", "describe_state", "DEFAULT_JOB_PYTHON", "DEFAULT_POLL_INTERVAL_S",
-    "DEFAULT_PREEMPT_SIGNAL_S", "CANCEL_MARKER", "PREEMPT_ON_TERM_VAR", "QUEUED_STATES", "requeue_line", "hard_stop_s", "end_fields",
-    "no_sbatch", "NO_SBATCH_FIX",
+    "SBATCH_FLAGS",
+    "JOB_KEYS",
+    "SlurmSettings",
+    "SettingsError",
+    "sbatch_argv",
+    "job_script",
+    "job_name",
+    "parse_job_id",
+    "QueueState",
+    "parse_squeue",
+    "SQUEUE_FORMAT",
+    "parse_scontrol",
+    "end_reason",
+    "SLURM_ENDED_STATES",
+    "describe_state",
+    "DEFAULT_JOB_PYTHON",
+    "DEFAULT_POLL_INTERVAL_S",
+    "DEFAULT_PREEMPT_SIGNAL_S",
+    "CANCEL_MARKER",
+    "PREEMPT_ON_TERM_VAR",
+    "QUEUED_STATES",
+    "requeue_line",
+    "hard_stop_s",
+    "end_fields",
+    "no_sbatch",
+    "NO_SBATCH_FIX",
 ]
 
 # Backend key -> sbatch long option (CFG-4). The config takes its slurm keys from this table.
 SBATCH_FLAGS = {
-    "partition": "--partition", "gres": "--gres", "time": "--time", "account": "--account", "qos": "--qos",
-    "cpus_per_task": "--cpus-per-task", "mem": "--mem", "mem_per_cpu": "--mem-per-cpu",
-    "mem_per_gpu": "--mem-per-gpu", "constraint": "--constraint", "nodes": "--nodes", "ntasks": "--ntasks",
-    "reservation": "--reservation", "exclude": "--exclude", "nodelist": "--nodelist",
-    "gpus_per_node": "--gpus-per-node", "comment": "--comment",
+    "partition": "--partition",
+    "gres": "--gres",
+    "time": "--time",
+    "account": "--account",
+    "qos": "--qos",
+    "cpus_per_task": "--cpus-per-task",
+    "mem": "--mem",
+    "mem_per_cpu": "--mem-per-cpu",
+    "mem_per_gpu": "--mem-per-gpu",
+    "constraint": "--constraint",
+    "nodes": "--nodes",
+    "ntasks": "--ntasks",
+    "reservation": "--reservation",
+    "exclude": "--exclude",
+    "nodelist": "--nodelist",
+    "gpus_per_node": "--gpus-per-node",
+    "comment": "--comment",
 }
-NO_SBATCH_FIX = ("potato-queue must reach the cluster's login node, and find sbatch on its PATH: when PATH is set only "
-                 "by a login shell, set PATH in the backend's env")
+NO_SBATCH_FIX = (
+    "potato-queue must reach the cluster's login node, and find sbatch on its PATH: when PATH is set only "
+    "by a login shell, set PATH in the backend's env"
+)
 # The other keys the job needs; the rest of a backend (host, python, remote_dir...) is the executor's.
-JOB_KEYS = ("job_python", "prelude", "poll_interval_s", "requeue", "preempt_signal_s", "env", "secret_env", "num_threads")
+JOB_KEYS = (
+    "job_python",
+    "prelude",
+    "poll_interval_s",
+    "requeue",
+    "preempt_signal_s",
+    "env",
+    "secret_env",
+    "num_threads",
+)
 SQUEUE_FORMAT = "%T|%r|%N"
 # The job settings' defaults (config.py's SlurmBackend takes them from here).
 DEFAULT_JOB_PYTHON = "python3"
@@ -47,8 +91,21 @@ PREEMPT_ON_TERM_VAR = "POTATO_QUEUE_PREEMPT_ON_TERM"
 # SLURM's default KillWait: a job's SIGKILL comes this long after the SIGTERM of its cancel (a site may set more).
 DEFAULT_KILL_WAIT_S = 30.0
 # Job states after which SLURM will not run the job again (scontrol's JobState).
-SLURM_ENDED_STATES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-                                "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT", "REVOKED"})
+SLURM_ENDED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
 
 
 class SettingsError(ValueError):
@@ -70,22 +127,34 @@ class SlurmSettings(NamedTuple):
     def of(cls, data: Dict[str, Any]) -> "SlurmSettings":
         """From the settings object; SettingsError for a key SLURM jobs do not take."""
         if not isinstance(data, dict):
-            raise SettingsError("the slurm settings must be a JSON object like {\"partition\": \"gpu\"}")
+            raise SettingsError('the slurm settings must be a JSON object like {"partition": "gpu"}')
         unknown = sorted(set(data) - set(SBATCH_FLAGS) - set(JOB_KEYS) - {"type"})
         if unknown:
-            raise SettingsError("unknown slurm setting {}; the settings are {} and the sbatch settings {}".format(
-                ", ".join(unknown), ", ".join(JOB_KEYS), ", ".join(SBATCH_FLAGS)))
+            raise SettingsError(
+                "unknown slurm setting {}; the settings are {} and the sbatch settings {}".format(
+                    ", ".join(unknown), ", ".join(JOB_KEYS), ", ".join(SBATCH_FLAGS)
+                )
+            )
         prelude = data.get("prelude") or []
         if not isinstance(prelude, list) or not all(isinstance(line, str) for line in prelude):
-            raise SettingsError("prelude must be a list of shell lines, like [\"module load cuda/12.4\"]")
-        sbatch = {flag: str(data[key]) for key, flag in SBATCH_FLAGS.items()
-                  if data.get(key) is not None and str(data[key]) != ""}
+            raise SettingsError('prelude must be a list of shell lines, like ["module load cuda/12.4"]')
+        sbatch = {
+            flag: str(data[key])
+            for key, flag in SBATCH_FLAGS.items()
+            if data.get(key) is not None and str(data[key]) != ""
+        }
         threads = data.get("num_threads")
-        return cls(str(data.get("job_python") or DEFAULT_JOB_PYTHON), list(prelude),
-                   float(data.get("poll_interval_s") or DEFAULT_POLL_INTERVAL_S),
-                   bool(data.get("requeue")), {str(k): str(v) for k, v in (data.get("env") or {}).items()},
-                   int(threads) if threads else None, sbatch, [str(name) for name in data.get("secret_env") or []],
-                   int(data.get("preempt_signal_s") or DEFAULT_PREEMPT_SIGNAL_S))
+        return cls(
+            str(data.get("job_python") or DEFAULT_JOB_PYTHON),
+            list(prelude),
+            float(data.get("poll_interval_s") or DEFAULT_POLL_INTERVAL_S),
+            bool(data.get("requeue")),
+            {str(k): str(v) for k, v in (data.get("env") or {}).items()},
+            int(threads) if threads else None,
+            sbatch,
+            [str(name) for name in data.get("secret_env") or []],
+            int(data.get("preempt_signal_s") or DEFAULT_PREEMPT_SIGNAL_S),
+        )
 
 
 def no_sbatch(host: str) -> str:
@@ -110,11 +179,20 @@ def sbatch_argv(settings: SlurmSettings, run_id: str, job_dir: str) -> List[str]
     flags = ["{}={}".format(flag, value) for flag, value in settings.sbatch.items()]
     # With requeue, SLURM signals the batch shell (B:) USR1 that long before the time limit: job.sh passes it
     # to the worker, which checkpoints, and requeues the job, which resumes from the checkpoint.
-    requeue = (["--requeue", "--signal=B:USR1@{}".format(settings.preempt_signal_s)] if settings.requeue
-               else ["--no-requeue"])
-    return (["sbatch", "--parsable"] + flags + requeue +
-            ["--job-name={}".format(job_name(run_id)), "--output={}/slurm.out".format(job_dir),
-             "--chdir={}/work".format(job_dir), "{}/job.sh".format(job_dir)])
+    requeue = (
+        ["--requeue", "--signal=B:USR1@{}".format(settings.preempt_signal_s)] if settings.requeue else ["--no-requeue"]
+    )
+    return (
+        ["sbatch", "--parsable"]
+        + flags
+        + requeue
+        + [
+            "--job-name={}".format(job_name(run_id)),
+            "--output={}/slurm.out".format(job_dir),
+            "--chdir={}/work".format(job_dir),
+            "{}/job.sh".format(job_dir),
+        ]
+    )
 
 
 def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: List[str]) -> str:
@@ -131,22 +209,38 @@ def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: 
     env = passed_env(settings.env, settings.secret_env)
     if settings.num_threads:
         env.update({name: str(settings.num_threads) for name in THREAD_ENV_VARS})
-    lines = ["#!/bin/bash -l", "# potato-queue run {}: written by its agent; SLURM runs it on a compute node.".format(
-        run_id)]
+    lines = [
+        "#!/bin/bash -l",
+        "# potato-queue run {}: written by its agent; SLURM runs it on a compute node.".format(run_id),
+    ]
     lines.append("umask 077  # the job folder is on storage other accounts share")
     lines.append("trap 'echo \"potato-queue: job.sh got SIGTERM; the worker stops\" >&2' TERM")
     lines += ["export {}={}".format(name, q(value)) for name, value in sorted(env.items())]
     running = q(job_dir + "/running")
     # The agent sees the job start from this file within a tenth of a second; squeue only once per poll.
-    lines.append("printf '%s\\n' \"${SLURMD_NODENAME:-$(hostname)}\" > " + running + ".partial && mv -f " + running
-                 + ".partial " + running)
-    lines.append("finish() { printf '%s\\n' \"$1\" > " + exit_code + ".partial && mv -f " + exit_code + ".partial "
-                 + exit_code + "; exit \"$1\"; }")
+    lines.append(
+        "printf '%s\\n' \"${SLURMD_NODENAME:-$(hostname)}\" > "
+        + running
+        + ".partial && mv -f "
+        + running
+        + ".partial "
+        + running
+    )
+    lines.append(
+        "finish() { printf '%s\\n' \"$1\" > "
+        + exit_code
+        + ".partial && mv -f "
+        + exit_code
+        + ".partial "
+        + exit_code
+        + '; exit "$1"; }'
+    )
     for line in settings.prelude:
         message = q("potato-queue: the prelude line failed: " + line)
         lines += ["{", line, "}} 2>> {} || {{ echo {} >> {}; finish 2; }}".format(stderr_log, message, stderr_log)]
     worker = " ".join(q(part) for part in worker_argv) + " < /dev/null >> {} 2>> {}".format(
-        q(job_dir + "/events.jsonl"), stderr_log)
+        q(job_dir + "/events.jsonl"), stderr_log
+    )
     lines += _requeuing_worker(worker, job_dir) if settings.requeue else [worker, 'finish "$?"']
     return "\n".join(lines) + "\n"
 
@@ -161,8 +255,9 @@ def _requeuing_worker(worker: str, job_dir: str) -> List[str]:
     return [
         "export {}={}".format(PREEMPT_ON_TERM_VAR, q(job_dir + "/" + CANCEL_MARKER)),
         "usr1=0",
-        "trap {} USR1".format(q('usr1=1; echo {} >> {}; kill -USR1 "$worker" 2>/dev/null'.format(
-            said, q(job_dir + "/stderr.log")))),
+        "trap {} USR1".format(
+            q('usr1=1; echo {} >> {}; kill -USR1 "$worker" 2>/dev/null'.format(said, q(job_dir + "/stderr.log")))
+        ),
         worker + " &",
         "worker=$!",
         "# wait returns 128+n for each trapped signal, which is the shell's status, not the worker's: wait until",
@@ -225,8 +320,9 @@ def describe_state(job_id: str, state: QueueState) -> str:
 def parse_scontrol(stdout: str) -> Dict[str, str]:
     """`scontrol show job -o ID`'s fields as {name: value}; {} for a job SLURM no longer knows."""
     fields = {}  # type: Dict[str, str]
-    for match in re.finditer(r"(?:^|\s)([A-Za-z][\w:/]*)=(\S*)", stdout.strip().splitlines()[0] if stdout.strip()
-                             else ""):
+    for match in re.finditer(
+        r"(?:^|\s)([A-Za-z][\w:/]*)=(\S*)", stdout.strip().splitlines()[0] if stdout.strip() else ""
+    ):
         fields.setdefault(match.group(1), match.group(2))
     return fields
 
@@ -237,15 +333,24 @@ _DUE_TO = re.compile(r"\*\*\* JOB \S+ ON (\S+) CANCELLED AT \S+(?: DUE TO ([A-Z 
 _OOM = re.compile(r"oom-kill|out-of-memory|Out Of Memory|exceeded (?:job )?memory limit", re.IGNORECASE)
 _REASONS = {
     # state: (what happened, the fix)
-    "TIMEOUT": ("it reached its time limit", "raise the backend's `time`{time}, or train for fewer steps (params "
-                                             "such as epochs)"),
-    "NODE_FAIL": ("its node {node} failed", "start the run again; if it recurs, tell the cluster's admins, or "
-                                            "keep the job off that node with the backend's `exclude`"),
-    "PREEMPTED": ("it was preempted by a job of higher priority",
-                  "use a partition or qos whose jobs are not preempted, or start the run again"),
+    "TIMEOUT": (
+        "it reached its time limit",
+        "raise the backend's `time`{time}, or train for fewer steps (params such as epochs)",
+    ),
+    "NODE_FAIL": (
+        "its node {node} failed",
+        "start the run again; if it recurs, tell the cluster's admins, or "
+        "keep the job off that node with the backend's `exclude`",
+    ),
+    "PREEMPTED": (
+        "it was preempted by a job of higher priority",
+        "use a partition or qos whose jobs are not preempted, or start the run again",
+    ),
     "OUT_OF_MEMORY": ("it ran out of memory", "raise the backend's `mem`{mem}, or train a smaller model or batch"),
-    "CANCELLED": ("it was cancelled from outside potato-queue (scancel)",
-                  "start the run again; Cancel run stops a run and also ends its job"),
+    "CANCELLED": (
+        "it was cancelled from outside potato-queue (scancel)",
+        "start the run again; Cancel run stops a run and also ends its job",
+    ),
     "DEADLINE": ("it reached its deadline", "start the run again with a later deadline"),
     "BOOT_FAIL": ("its node {node} failed to boot", "start the run again; tell the cluster's admins if it recurs"),
 }
@@ -267,8 +372,14 @@ def _state_from_slurm_out(slurm_out: str) -> Tuple[Optional[str], str]:
     return _SLURM_OUT_STATES.get(match.group(2) or "", "CANCELLED" if not match.group(2) else None), match.group(1)
 
 
-def end_reason(job_id: str, job: Dict[str, str], slurm_out: str, settings: SlurmSettings,
-               stopped_by_us: bool, waiting_again: bool = False) -> Optional[Tuple[str, str, str]]:
+def end_reason(
+    job_id: str,
+    job: Dict[str, str],
+    slurm_out: str,
+    settings: SlurmSettings,
+    stopped_by_us: bool,
+    waiting_again: bool = False,
+) -> Optional[Tuple[str, str, str]]:
     """Why the scheduler ended the job, from scontrol's fields or slurm.out, as (error code, ERR-9's message,
     the fix); None when it did not.
 
@@ -278,24 +389,29 @@ def end_reason(job_id: str, job: Dict[str, str], slurm_out: str, settings: Slurm
     """
     state, node = job.get("JobState", ""), job.get("NodeList") or job.get("BatchHost") or ""
     if waiting_again:
-        return _reason(job_id, state, node, settings, stopped_by_us) if state in _REASONS else _not_run_again(
-            job_id, job)
+        return (
+            _reason(job_id, state, node, settings, stopped_by_us) if state in _REASONS else _not_run_again(job_id, job)
+        )
     if state not in _REASONS:
         from_out, out_node = _state_from_slurm_out(slurm_out)
         state, node = from_out or state, node or out_node
     return _reason(job_id, state, node, settings, stopped_by_us)
 
 
-def _reason(job_id: str, state: str, node: str, settings: SlurmSettings,
-            stopped_by_us: bool) -> Optional[Tuple[str, str, str]]:
+def _reason(
+    job_id: str, state: str, node: str, settings: SlurmSettings, stopped_by_us: bool
+) -> Optional[Tuple[str, str, str]]:
     if state not in _REASONS or (state == "CANCELLED" and stopped_by_us):
         return None
     what, fix = _REASONS[state]
     node = node or "?"
     limit = settings.sbatch.get("--time")
     mem = settings.sbatch.get("--mem")
-    details = {"node": node, "time": " (now {})".format(limit) if limit else "", "mem": " (now {})".format(mem) if mem
-               else ""}
+    details = {
+        "node": node,
+        "time": " (now {})".format(limit) if limit else "",
+        "mem": " (now {})".format(mem) if mem else "",
+    }
     message = "SLURM job {} ended before the worker finished: {}".format(job_id, what.format(**details))
     return "slurm_" + state.lower(), message, fix.format(**details)
 
@@ -306,8 +422,11 @@ def _not_run_again(job_id: str, job: Dict[str, str]) -> Optional[Tuple[str, str,
     if job.get("JobState") == "COMPLETED":
         return None
     known = ", ".join(end_fields(job))
-    return ("slurm_not_run_again",
-            "SLURM job {} ended before the worker finished: it was requeued, then ended before it ran again "
-            "({})".format(job_id, known or "scontrol no longer knows the job"),
-            "retry the run: it resumes from its checkpoint; if this recurs, ask the cluster's admins why SLURM "
-            "could not start the job again (slurmctld's log names it)")
+    return (
+        "slurm_not_run_again",
+        "SLURM job {} ended before the worker finished: it was requeued, then ended before it ran again ({})".format(
+            job_id, known or "scontrol no longer knows the job"
+        ),
+        "retry the run: it resumes from its checkpoint; if this recurs, ask the cluster's admins why SLURM "
+        "could not start the job again (slurmctld's log names it)",
+    )

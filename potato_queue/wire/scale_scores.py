@@ -107,8 +107,12 @@ def scale_score(pairs: List[Pair], ordinal: bool, macro_f1: Any) -> Dict[str, An
     back); `macro_f1`: wire/scoring.py's, over (gold, predicted) class keys."""
     came = [(g, p) for g, p in pairs if p is not None]
     gold, predicted = [g for g, _ in came], [p for _, p in came]
-    out = {"n": len(pairs), "n_predicted": len(came), "mae": _round(mae(gold, predicted)) if came else None,
-           "spearman": _round(spearman(gold, predicted)) if came else None}  # type: Dict[str, Any]
+    out = {
+        "n": len(pairs),
+        "n_predicted": len(came),
+        "mae": _round(mae(gold, predicted)) if came else None,
+        "spearman": _round(spearman(gold, predicted)) if came else None,
+    }  # type: Dict[str, Any]
     if not ordinal:
         return {"accuracy": None, "macro_f1": None, **out}
     points = [(int(round(g)), None if p is None else int(round(p))) for g, p in pairs]
@@ -116,5 +120,9 @@ def scale_score(pairs: List[Pair], ordinal: bool, macro_f1: Any) -> Dict[str, An
     hits = [(g, p) for g, p in points if p is not None]
     kappa = quadratic_weighted_kappa([g for g, _ in hits], [p for _, p in hits]) if hits else None
     keys = [(str(g), None if p is None else str(p)) for g, p in points]
-    return {"accuracy": _round(exact / float(len(points))), "macro_f1": _round(macro_f1(keys)), **out,
-            "qwk": _round(kappa)}
+    return {
+        "accuracy": _round(exact / float(len(points))),
+        "macro_f1": _round(macro_f1(keys)),
+        **out,
+        "qwk": _round(kappa),
+    }

@@ -22,8 +22,19 @@ from typing import Any, Dict, FrozenSet, List, Optional, Tuple
 from .scale_scores import scale_number, scale_score
 from .span_scores import as_spans, span_score
 
-__all__ = ["accuracy", "macro_f1", "gold_label", "label_key", "label_set", "score", "DIGITS", "MULTILABEL", "ORDINAL",
-           "SCALE_KINDS", "SPAN"]
+__all__ = [
+    "accuracy",
+    "macro_f1",
+    "gold_label",
+    "label_key",
+    "label_set",
+    "score",
+    "DIGITS",
+    "MULTILABEL",
+    "ORDINAL",
+    "SCALE_KINDS",
+    "SPAN",
+]
 
 DIGITS = 4
 MULTILABEL = "multilabel"
@@ -90,18 +101,24 @@ def _multilabel_score(pairs: List[Tuple[FrozenSet[str], FrozenSet[str]]]) -> Dic
     labels = sorted(set().union(*(gold | predicted for gold, predicted in pairs)))
     per_label, pooled = {}, [0, 0, 0]  # type: Dict[str, float], List[int]
     for label in labels:
-        counts = [sum(1 for g, p in pairs if (label in g, label in p) == want)
-                  for want in ((True, True), (False, True), (True, False))]
+        counts = [
+            sum(1 for g, p in pairs if (label in g, label in p) == want)
+            for want in ((True, True), (False, True), (True, False))
+        ]
         per_label[label] = _f1(*counts)
         pooled = [pooled[i] + counts[i] for i in range(3)]
-    return {"accuracy": round(sum(1 for g, p in pairs if g == p) / float(len(pairs)), DIGITS),
-            "macro_f1": round(sum(per_label.values()) / len(per_label), DIGITS) if per_label else 0.0,
-            "micro_f1": round(_f1(*pooled), DIGITS),
-            "per_label_f1": {label: round(f1, DIGITS) for label, f1 in per_label.items()}, "n": len(pairs)}
+    return {
+        "accuracy": round(sum(1 for g, p in pairs if g == p) / float(len(pairs)), DIGITS),
+        "macro_f1": round(sum(per_label.values()) / len(per_label), DIGITS) if per_label else 0.0,
+        "micro_f1": round(_f1(*pooled), DIGITS),
+        "per_label_f1": {label: round(f1, DIGITS) for label, f1 in per_label.items()},
+        "n": len(pairs),
+    }
 
 
-def score(targets: Dict[str, Any], predicted: Dict[str, Any], kind: str = "nominal",
-          points: Optional[List[Any]] = None) -> Dict[str, Any]:
+def score(
+    targets: Dict[str, Any], predicted: Dict[str, Any], kind: str = "nominal", points: Optional[List[Any]] = None
+) -> Dict[str, Any]:
     """``{"accuracy", "macro_f1", "n"}`` of one split of one schema (None scores when nothing to score); for a
     multilabel scheme also ``micro_f1`` and ``per_label_f1``; for a scale the distances (scale_scores.py).
 
@@ -118,11 +135,17 @@ def score(targets: Dict[str, Any], predicted: Dict[str, Any], kind: str = "nomin
     if kind in SCALE_KINDS:
         numbers = [(scale_number(t, points), scale_number(predicted.get(item), points)) for item, t in targets.items()]
         answered = [(g, p) for g, p in numbers if g is not None]
-        return (scale_score(answered, kind == ORDINAL, _macro_f1) if answered  # type: ignore[arg-type]
-                else {"accuracy": None, "macro_f1": None, "n": 0})
+        return (
+            scale_score(answered, kind == ORDINAL, _macro_f1)
+            if answered  # type: ignore[arg-type]
+            else {"accuracy": None, "macro_f1": None, "n": 0}
+        )
     pairs = [(label_key(t), label_key(predicted.get(item))) for item, t in targets.items() if gold_label(t) is not None]
     if not pairs:
         return {"accuracy": None, "macro_f1": None, "n": 0}
     correct = sum(1 for g, p in pairs if g == p)
-    return {"accuracy": round(correct / float(len(pairs)), DIGITS), "macro_f1": round(_macro_f1(pairs), DIGITS),
-            "n": len(pairs)}
+    return {
+        "accuracy": round(correct / float(len(pairs)), DIGITS),
+        "macro_f1": round(_macro_f1(pairs), DIGITS),
+        "n": len(pairs),
+    }

@@ -48,8 +48,9 @@ def _partial_hits(gold: Sequence[Span], predicted: Sequence[Span]) -> int:
     taken = set()  # type: set
     hits = 0
     for start, end, label in predicted:
-        match = next((i for i, (s, e, lab) in enumerate(gold)
-                      if i not in taken and lab == label and s < end and start < e), None)
+        match = next(
+            (i for i, (s, e, lab) in enumerate(gold) if i not in taken and lab == label and s < end and start < e), None
+        )
         if match is not None:
             taken.add(match)
             hits += 1
@@ -71,13 +72,24 @@ def span_score(pairs: List[Tuple[List[Span], Optional[List[Span]]]]) -> Dict[str
     per_label = {}
     for label in labels:
         hits = sum(len({s for s in gold if s[2] == label} & set(predicted or [])) for gold, predicted in pairs)
-        per_label[label] = _f1(hits, sum(1 for _, p in pairs for s in p or [] if s[2] == label),
-                               sum(1 for g, _ in pairs for s in g if s[2] == label))[2]
+        per_label[label] = _f1(
+            hits,
+            sum(1 for _, p in pairs for s in p or [] if s[2] == label),
+            sum(1 for g, _ in pairs for s in g if s[2] == label),
+        )[2]
     precision, recall, f1 = _f1(exact, n_predicted, n_gold)
     p_partial, r_partial, f1_partial = _f1(partial, n_predicted, n_gold)
     whole = sum(1 for gold, predicted in pairs if set(gold) == set(predicted or []))
-    return {"accuracy": _round(whole / float(len(pairs))), "macro_f1": _round(sum(per_label.values()) / len(per_label))
-            if per_label else 0.0, "precision": _round(precision), "recall": _round(recall), "f1": _round(f1),
-            "partial_precision": _round(p_partial), "partial_recall": _round(r_partial),
-            "partial_f1": _round(f1_partial), "per_label_f1": {k: _round(v) for k, v in per_label.items()},
-            "n": len(pairs), "n_spans": n_gold}
+    return {
+        "accuracy": _round(whole / float(len(pairs))),
+        "macro_f1": _round(sum(per_label.values()) / len(per_label)) if per_label else 0.0,
+        "precision": _round(precision),
+        "recall": _round(recall),
+        "f1": _round(f1),
+        "partial_precision": _round(p_partial),
+        "partial_recall": _round(r_partial),
+        "partial_f1": _round(f1_partial),
+        "per_label_f1": {k: _round(v) for k, v in per_label.items()},
+        "n": len(pairs),
+        "n_spans": n_gold,
+    }

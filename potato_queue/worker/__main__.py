@@ -26,12 +26,22 @@ def _parser() -> argparse.ArgumentParser:
         description="Run one potato-queue training job from a spec file.",
     )
     parser.add_argument("--spec", help="path to the run's spec.json")
-    parser.add_argument("--spec-on-stdin", action="store_true",
-                        help="started ahead of time: wait for the spec's path as a line on stdin")
-    parser.add_argument("--rank", type=int, metavar="R",
-                        help="one rank of a data-parallel run, started by the run's own worker (ranks.py)")
-    parser.add_argument("--describe-device", metavar="DEVICE",
-                        help="print the device a run asking for DEVICE would use, in words, and exit")
+    parser.add_argument(
+        "--spec-on-stdin",
+        action="store_true",
+        help="started ahead of time: wait for the spec's path as a line on stdin",
+    )
+    parser.add_argument(
+        "--rank",
+        type=int,
+        metavar="R",
+        help="one rank of a data-parallel run, started by the run's own worker (ranks.py)",
+    )
+    parser.add_argument(
+        "--describe-device",
+        metavar="DEVICE",
+        help="print the device a run asking for DEVICE would use, in words, and exit",
+    )
     return parser
 
 

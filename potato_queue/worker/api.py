@@ -49,8 +49,15 @@ class Prediction:
 
     __slots__ = ("instance_id", "schema_name", "label", "confidence", "scores", "bare")
 
-    def __init__(self, instance_id: str, schema_name: str, label: Any, confidence: Optional[float],
-                 scores: Optional[Dict[str, float]] = None, bare: bool = False) -> None:
+    def __init__(
+        self,
+        instance_id: str,
+        schema_name: str,
+        label: Any,
+        confidence: Optional[float],
+        scores: Optional[Dict[str, float]] = None,
+        bare: bool = False,
+    ) -> None:
         self.instance_id = instance_id
         self.schema_name = schema_name
         self.label = label
@@ -113,9 +120,16 @@ class FitResult:
 class RunContext:
     """Everything a trainer sees of the run."""
 
-    def __init__(self, spec: Spec, bundle: Bundle, reporter: Reporter, device: str = "cpu",
-                 checkpoints: Optional[Checkpoints] = None, preempted: Callable[[], bool] = lambda: False,
-                 rank: Optional[RankInfo] = None) -> None:
+    def __init__(
+        self,
+        spec: Spec,
+        bundle: Bundle,
+        reporter: Reporter,
+        device: str = "cpu",
+        checkpoints: Optional[Checkpoints] = None,
+        preempted: Callable[[], bool] = lambda: False,
+        rank: Optional[RankInfo] = None,
+    ) -> None:
         self.spec = spec
         self.bundle = bundle
         self.reporter = reporter
@@ -216,12 +230,17 @@ class Trainer:
 
     def validate(self, ctx: RunContext) -> List[str]:
         """Reasons the run cannot proceed; empty means go."""
-        foreign = ([] if ctx.bundle.modality in self.modalities else
-                   ["The bundle's items are of the %s modality; %s trains on %s items" % (
-                       ctx.bundle.modality, self.name, "/".join(self.modalities))])
+        foreign = (
+            []
+            if ctx.bundle.modality in self.modalities
+            else [
+                "The bundle's items are of the %s modality; %s trains on %s items"
+                % (ctx.bundle.modality, self.name, "/".join(self.modalities))
+            ]
+        )
         return foreign + [
-            "Schema '%s' is %s; %s fits %s schemas" % (s.name, s.kind or "of a kind the bundle does not name", self.name,
-                                                        "/".join(self.kinds))
+            "Schema '%s' is %s; %s fits %s schemas"
+            % (s.name, s.kind or "of a kind the bundle does not name", self.name, "/".join(self.kinds))
             for s in ctx.schemas
             if s.kind not in self.kinds
         ]

@@ -85,8 +85,11 @@ class _QuietReporter:
 
 
 def _held_out_items(bundle: Bundle) -> List[PredictItem]:
-    return [PredictItem(str(row["instance_id"]), str(row.get("text") or ""), split, row)
-            for split in HELD_OUT for row in bundle.read_split(split)]
+    return [
+        PredictItem(str(row["instance_id"]), str(row.get("text") or ""), split, row)
+        for split in HELD_OUT
+        for row in bundle.read_split(split)
+    ]
 
 
 def _scores(ctx: RunContext, trainer: Trainer, items: List[PredictItem]) -> Dict[str, Dict[str, float]]:
@@ -98,48 +101,63 @@ def _scores(ctx: RunContext, trainer: Trainer, items: List[PredictItem]) -> Dict
         out[schema.name] = {}
         for split in HELD_OUT:
             targets = {i.instance_id: gold_label(i.targets.get(schema.name)) for i in items if i.split == split}
-            got = score({k: v for k, v in targets.items() if v is not None},
-                        {i: predicted.get((i, schema.name)) for i in targets}, schema.kind,
-                        ctx.bundle.scale(schema.name).get("points"))
+            got = score(
+                {k: v for k, v in targets.items() if v is not None},
+                {i: predicted.get((i, schema.name)) for i in targets},
+                schema.kind,
+                ctx.bundle.scale(schema.name).get("points"),
+            )
             for measure in CURVE_MEASURES if got["n"] else ():
                 if got.get(measure) is not None:
                     out[schema.name]["%s_%s" % (split, measure)] = got[measure]
     return out
 
 
-def _partial_fit(ctx: RunContext, part: RunContext, trainer: Trainer, items: List[PredictItem]
-                 ) -> Optional[Dict[str, Dict[str, float]]]:
+def _partial_fit(
+    ctx: RunContext, part: RunContext, trainer: Trainer, items: List[PredictItem]
+) -> Optional[Dict[str, Dict[str, float]]]:
     """One smaller share's fit and scores; None (said in run.log) when the trainer refuses the share or
     fails on it: a curve point missing is no reason to fail the run, whose own fit comes after."""
     problems = trainer.validate(part)
     if problems:
-        ctx.reporter.log("warning", "learning curve: %d %% of the train items is left out: %s"
-                         % (part.bundle.split_size("train") * 100 // max(1, ctx.bundle.split_size("train")), "; ".join(problems)))
+        ctx.reporter.log(
+            "warning",
+            "learning curve: %d %% of the train items is left out: %s"
+            % (part.bundle.split_size("train") * 100 // max(1, ctx.bundle.split_size("train")), "; ".join(problems)),
+        )
         return None
     try:
         trainer.fit(part)
     except (TrainerError, ValueError) as exc:
-        ctx.reporter.log("warning", "learning curve: the fit on %d train items failed and is left out: %s"
-                         % (part.bundle.split_size("train"), exc))
+        ctx.reporter.log(
+            "warning",
+            "learning curve: the fit on %d train items failed and is left out: %s"
+            % (part.bundle.split_size("train"), exc),
+        )
         return None
     ctx.check_stop("during the learning curve")
     return _scores(part, trainer, items)
 
 
-def fit_curve(ctx: RunContext, new_trainer: Callable[[], Trainer], make_context: Callable[[Bundle, str], RunContext]) -> None:
+def fit_curve(
+    ctx: RunContext, new_trainer: Callable[[], Trainer], make_context: Callable[[Bundle, str], RunContext]
+) -> None:
     """Fit a new trainer on each smaller share of the train items and report its held-out scores; the run's
     own fit (100 %) comes after, in run.py. *make_context(bundle, workdir)* builds a partial fit's context.
     A run that resumes from a checkpoint (preempted, retried) skips them: they were not checkpointed."""
     if ctx.checkpoints.latest() is not None:
-        ctx.reporter.log("warning", "learning curve: the run resumes from a checkpoint, so only its own fit "
-                                    "(100 %) is on the curve")
+        ctx.reporter.log(
+            "warning", "learning curve: the run resumes from a checkpoint, so only its own fit (100 %) is on the curve"
+        )
         return
     train_ids = [str(row["instance_id"]) for row in ctx.bundle.read_split("train")]
     items = _held_out_items(ctx.bundle)
     for percent in CURVE_PERCENTS[:-1]:
         keep = curve_train_ids(train_ids, percent, ctx.spec.seed)
-        ctx.reporter.status("running", "learning curve: fitting on %d %% of the train items (%d of %d)"
-                            % (percent, len(keep), len(train_ids)))
+        ctx.reporter.status(
+            "running",
+            "learning curve: fitting on %d %% of the train items (%d of %d)" % (percent, len(keep), len(train_ids)),
+        )
         scratch = os.path.join(ctx.workdir, ".curve-%d" % percent)
         started_s = time.monotonic()
         try:
@@ -152,8 +170,9 @@ def fit_curve(ctx: RunContext, new_trainer: Callable[[], Trainer], make_context:
     ctx.reporter.status("running", "learning curve: fitting on 100 % of the train items (the run's model)")
 
 
-def _report_point(ctx: RunContext, percent: int, n_train: int, scores: Dict[str, Dict[str, float]],
-                  took_s: float) -> None:
+def _report_point(
+    ctx: RunContext, percent: int, n_train: int, scores: Dict[str, Dict[str, float]], took_s: float
+) -> None:
     for schema in ctx.schemas:
         ctx.reporter.metric(CURVE_SPLIT, curve_metric_name(percent, schema.name, "n_train"), n_train)
         ctx.reporter.metric(CURVE_SPLIT, curve_metric_name(percent, schema.name, "seconds"), round(took_s, 2))

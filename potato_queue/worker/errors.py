@@ -171,4 +171,3 @@ def classify(exc: BaseException, trainer_name: str = "", install_hint: str = "")
         return Failure(EXIT_MISSING_DEPENDENCY, "missing_dependency", message, install_hint)
     message = "%s: %s" % (type(exc).__name__, exc)
     return Failure(EXIT_UNEXPECTED, "fit_failed", message, hint_for(message))
-

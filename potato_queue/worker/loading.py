@@ -25,9 +25,7 @@ def load_trainer(name: str, params: Dict[str, Any]) -> Tuple[Trainer, str]:
 
     info = registry.trainer_info(name)
     if info is None:
-        raise UnknownTrainer(
-            "Unknown trainer '%s'. Known trainers: %s" % (name, ", ".join(registry.trainer_names()))
-        )
+        raise UnknownTrainer("Unknown trainer '%s'. Known trainers: %s" % (name, ", ".join(registry.trainer_names())))
     try:
         trainer = registry.get_trainer(name)
         for module in trainer.required_modules(params):

@@ -66,8 +66,7 @@ class MemoryWatchdog:
             if used is not None and used > self.limit_mb:
                 self._on_exceeded(
                     "The worker used %d MB of RAM, over the run's max_ram_mb of %d MB. "
-                    "Use a smaller batch_size or model, fewer items, or raise max_ram_mb."
-                    % (used, self.limit_mb)
+                    "Use a smaller batch_size or model, fewer items, or raise max_ram_mb." % (used, self.limit_mb)
                 )
                 self._exit(EXIT_OOM)
                 return

@@ -20,8 +20,20 @@ from typing import Dict, List, Mapping, NamedTuple, Optional, Sequence
 
 from potato_queue.wire.isolated import THREAD_ENV_VARS
 
-__all__ = ["CPU_RANKS_VAR", "DEVICE_VAR", "RankInfo", "RankLaunch", "cpu_ranks", "visible_gpus", "world_for", "rank_launches",
-           "rank_info", "free_port", "describe_parallel", "threads_per_rank"]
+__all__ = [
+    "CPU_RANKS_VAR",
+    "DEVICE_VAR",
+    "RankInfo",
+    "RankLaunch",
+    "cpu_ranks",
+    "visible_gpus",
+    "world_for",
+    "rank_launches",
+    "rank_info",
+    "free_port",
+    "describe_parallel",
+    "threads_per_rank",
+]
 
 CPU_RANKS_VAR = "POTATO_QUEUE_CPU_RANKS"
 DEVICE_VAR = "POTATO_QUEUE_RANK_DEVICE"  # the rank's device (cuda:LOCAL_RANK, or cpu)
@@ -79,15 +91,23 @@ def threads_per_rank(num_threads: Optional[int], world: int, cpus: Optional[int]
     return max(1, (num_threads or cpus or 1) // world)
 
 
-def rank_launches(python_argv: Sequence[str], spec_path: str, world: int, on_gpus: bool, port: int,
-                  threads: int) -> List[RankLaunch]:
+def rank_launches(
+    python_argv: Sequence[str], spec_path: str, world: int, on_gpus: bool, port: int, threads: int
+) -> List[RankLaunch]:
     """Each rank's command line and environment. `python_argv` is how this worker's Python runs the
     worker module (isolated.python_argv without its arguments)."""
     launches = []
     for rank in range(world):
         device = "cuda:%d" % rank if on_gpus else "cpu"
-        env = {"RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_WORLD_SIZE": str(world),
-               "MASTER_ADDR": MASTER_ADDR, "MASTER_PORT": str(port), DEVICE_VAR: device}
+        env = {
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": str(world),
+            "LOCAL_WORLD_SIZE": str(world),
+            "MASTER_ADDR": MASTER_ADDR,
+            "MASTER_PORT": str(port),
+            DEVICE_VAR: device,
+        }
         env.update({name: str(threads) for name in THREAD_ENV_VARS})
         launches.append(RankLaunch(rank, device, list(python_argv) + ["--spec", spec_path, "--rank", str(rank)], env))
     return launches
@@ -96,9 +116,13 @@ def rank_launches(python_argv: Sequence[str], spec_path: str, world: int, on_gpu
 def rank_info(environ: Mapping[str, str]) -> RankInfo:
     """A rank's own view, from the environment rank_launches gave it."""
     threads = environ.get("OMP_NUM_THREADS", "")
-    return RankInfo(rank=int(environ["RANK"]), local_rank=int(environ["LOCAL_RANK"]),
-                    world_size=int(environ["WORLD_SIZE"]), device=environ.get(DEVICE_VAR, "cpu"),
-                    threads=int(threads) if threads.isdigit() else None)
+    return RankInfo(
+        rank=int(environ["RANK"]),
+        local_rank=int(environ["LOCAL_RANK"]),
+        world_size=int(environ["WORLD_SIZE"]),
+        device=environ.get(DEVICE_VAR, "cpu"),
+        threads=int(threads) if threads.isdigit() else None,
+    )
 
 
 def free_port() -> int:
@@ -112,8 +136,14 @@ def describe_parallel(launches: Sequence[RankLaunch], environ: Mapping[str, str]
     """run.log's line: how the run trains."""
     devices = [launch.device for launch in launches]
     if devices[0] == "cpu":
-        return ("data-parallel on %d CPU processes (%s=%d, for tests and CPU-only machines), torch DDP over gloo"
-                % (len(devices), CPU_RANKS_VAR, len(devices)))
+        return "data-parallel on %d CPU processes (%s=%d, for tests and CPU-only machines), torch DDP over gloo" % (
+            len(devices),
+            CPU_RANKS_VAR,
+            len(devices),
+        )
     named = visible_gpus(environ)
-    return ("data-parallel on %d GPUs (%s; CUDA_VISIBLE_DEVICES=%s), one process each, torch DDP over nccl"
-            % (len(devices), ", ".join(devices), ",".join(named)))
+    return "data-parallel on %d GPUs (%s; CUDA_VISIBLE_DEVICES=%s), one process each, torch DDP over nccl" % (
+        len(devices),
+        ", ".join(devices),
+        ",".join(named),
+    )

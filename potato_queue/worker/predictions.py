@@ -23,8 +23,13 @@ PREDICTIONS_FILE = "predictions.jsonl"
 class PredictionSummary:
     """What the prediction pass wrote, and the (gold, predicted) pairs to score."""
 
-    def __init__(self, path: str, count: int, targets: Dict[Tuple[str, str], Dict[str, Any]],
-                 predicted: Dict[Tuple[str, str], Dict[str, Any]]) -> None:
+    def __init__(
+        self,
+        path: str,
+        count: int,
+        targets: Dict[Tuple[str, str], Dict[str, Any]],
+        predicted: Dict[Tuple[str, str], Dict[str, Any]],
+    ) -> None:
         self.path = path
         self.count = count
         #: ``{(split, schema): {instance_id: gold}}`` for every val and test item with a gold label.

@@ -44,8 +44,11 @@ class RankProcesses:
         for launch in launches:
             # Rank 0 writes into the worker's own event stream; the others into a pipe read once they end.
             out = events if launch.rank == 0 else subprocess.PIPE
-            self.procs.append(subprocess.Popen(launch.argv, env=dict(os.environ, **launch.env), stdin=subprocess.PIPE,
-                                               stdout=out, close_fds=True))
+            self.procs.append(
+                subprocess.Popen(
+                    launch.argv, env=dict(os.environ, **launch.env), stdin=subprocess.PIPE, stdout=out, close_fds=True
+                )
+            )
 
     def forward(self, signum: int, frame: Optional[FrameType]) -> None:
         """A stop signal for the worker: each live rank gets it once, as a line on its stdin."""
@@ -96,8 +99,11 @@ class RankProcesses:
         fails too, with the gradient exchange's error: the symptom, not the cause), else `failed`."""
         if failed != 0:
             return failed
-        peers = [rank for rank, code in sorted(self.codes.items())
-                 if rank != 0 and code != EXIT_OK and rank not in self.killed]
+        peers = [
+            rank
+            for rank, code in sorted(self.codes.items())
+            if rank != 0 and code != EXIT_OK and rank not in self.killed
+        ]
         return peers[0] if peers else failed
 
     def last_error(self, rank: int) -> Optional[dict]:
@@ -117,11 +123,13 @@ class RankProcesses:
 def _others_words(stopped: List[int], ended: List[int]) -> str:
     """What became of the other ranks: stopped by the parent, or ended by themselves (a peer's death breaks
     the gradient exchange, so a rank may fail with it before the parent stops it)."""
+
     def ranks(found: List[int]) -> str:
         return "rank %d" % found[0] if len(found) == 1 else "ranks %s" % ", ".join(map(str, found))
 
-    words = (["%s %s stopped" % (ranks(stopped), "was" if len(stopped) == 1 else "were")] if stopped else []) + \
-        (["%s ended with it" % ranks(ended)] if ended else [])
+    words = (["%s %s stopped" % (ranks(stopped), "was" if len(stopped) == 1 else "were")] if stopped else []) + (
+        ["%s ended with it" % ranks(ended)] if ended else []
+    )
     return " and ".join(words) or "no other rank was running"
 
 
@@ -146,9 +154,10 @@ def run_ranks(launches: List[RankLaunch], reporter: Reporter) -> int:
     why = ": %s" % said["message"] if said else ""
     stopped = sorted(ranks.killed)
     ended = sorted(rank for rank in ranks.codes if rank != failed and rank not in ranks.killed)
-    reporter.error("out_of_memory" if code == EXIT_OOM else (said or {}).get("code") or "fit_failed",
-                   "rank %d of %d (%s) exited with code %d%s; %s" % (
-                       failed, len(launches), launches[failed].device, code, why,
-                       _others_words(stopped, ended)),
-                   (said or {}).get("install_hint", ""))
+    reporter.error(
+        "out_of_memory" if code == EXIT_OOM else (said or {}).get("code") or "fit_failed",
+        "rank %d of %d (%s) exited with code %d%s; %s"
+        % (failed, len(launches), launches[failed].device, code, why, _others_words(stopped, ended)),
+        (said or {}).get("install_hint", ""),
+    )
     return code if code in range(1, 6) else EXIT_UNEXPECTED

@@ -84,7 +84,11 @@ def _fail(reporter: Reporter, stop: StopFlag, state: _State, exc: BaseException)
 def _where(exc: BaseException) -> str:
     """The last exception and where it was raised, in one line (run.log), not a flattened traceback."""
     frames = traceback.extract_tb(exc.__traceback__)
-    at = " at {}:{} in {}".format(os.path.basename(frames[-1].filename), frames[-1].lineno, frames[-1].name) if frames else ""
+    at = (
+        " at {}:{} in {}".format(os.path.basename(frames[-1].filename), frames[-1].lineno, frames[-1].name)
+        if frames
+        else ""
+    )
     first = (str(exc).strip().splitlines() or [""])[0][:500]
     return "{}: {}{}".format(type(exc).__name__, first, at)
 
@@ -103,9 +107,11 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     if rank is None:
         world = _world(spec)
         if world > 1 and curve:
-            raise ValidationFailed("a learning curve's fits run in one process, and this run would train "
-                                   "data-parallel on %d GPUs: give it one GPU (ssh gpus: \"0\", a SLURM job's "
-                                   "gres gpu:1) or leave learning_curve out" % world)
+            raise ValidationFailed(
+                "a learning curve's fits run in one process, and this run would train "
+                'data-parallel on %d GPUs: give it one GPU (ssh gpus: "0", a SLURM job\'s '
+                "gres gpu:1) or leave learning_curve out" % world
+            )
         if world > 1:
             return _data_parallel(spec_path, spec, world, reporter)
     else:  # one rank of several: its own GPU and its share of the threads
@@ -119,16 +125,21 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     reporter.status("running", "loading trainer %s" % spec.trainer)
     trainer, state.install_hint = load_trainer(spec.trainer, spec.params)
     if curve and not trainer.learns_from_train:
-        raise ValidationFailed("%s learns nothing from the train items, so it has no learning curve: leave "
-                               "learning_curve out" % spec.trainer)
+        raise ValidationFailed(
+            "%s learns nothing from the train items, so it has no learning curve: leave "
+            "learning_curve out" % spec.trainer
+        )
     ctx = _context(spec, bundle, reporter, trainer, stop, rank)
     problems = trainer.validate(ctx)
     if problems:
         raise ValidationFailed("; ".join(problems))
     _check_stop(stop, "before fitting")
     if curve:
-        fit_curve(ctx, lambda: load_trainer(spec.trainer, spec.params)[0],
-                  lambda part, workdir: _partial_context(ctx, part, workdir, stop))
+        fit_curve(
+            ctx,
+            lambda: load_trainer(spec.trainer, spec.params)[0],
+            lambda part, workdir: _partial_context(ctx, part, workdir, stop),
+        )
     fit_started_s = time.monotonic()
     reporter.status("running", "fitting")
     result = trainer.fit(ctx)
@@ -171,8 +182,9 @@ def _checkpoint_every_steps(spec: Spec, trainer: Trainer) -> int:
     if value is None:
         return trainer.checkpoint_every_steps
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValidationFailed("params.checkpoint_every_steps must be a whole number of steps, 0 for none, "
-                               "got %r" % (value,))
+        raise ValidationFailed(
+            "params.checkpoint_every_steps must be a whole number of steps, 0 for none, got %r" % (value,)
+        )
     return value
 
 
@@ -196,22 +208,30 @@ def _data_parallel(spec_path: str, spec: Spec, world: int, reporter: Reporter) -
     from .ranks import run_ranks
 
     threads = threads_per_rank(spec.limits.num_threads, world, os.cpu_count())
-    launches = rank_launches(python_argv(sys.executable, "potato_queue.worker", []), os.path.abspath(spec_path),
-                             world, cpu_ranks(os.environ) < 2, free_port(), threads)
+    launches = rank_launches(
+        python_argv(sys.executable, "potato_queue.worker", []),
+        os.path.abspath(spec_path),
+        world,
+        cpu_ranks(os.environ) < 2,
+        free_port(),
+        threads,
+    )
     reporter.log("info", describe_parallel(launches, os.environ))
     return run_ranks(launches, reporter)
 
 
-def _context(spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, stop: StopFlag,
-             rank: Optional[RankInfo]) -> RunContext:
+def _context(
+    spec: Spec, bundle: Bundle, reporter: Reporter, trainer: Trainer, stop: StopFlag, rank: Optional[RankInfo]
+) -> RunContext:
     """Apply device and thread limits; make the workdir; build the context."""
     device = resolve_device(spec.limits.device, trainer.uses_torch, reporter.log)
     if trainer.uses_torch:
         apply_torch_threads(spec.limits.num_threads)
     reporter.log("info", "Running %s on %s%s" % (spec.trainer, describe_device(device), gpu_env_note()))
     os.makedirs(spec.workdir, exist_ok=True)
-    checkpoints = Checkpoints(spec.checkpoint_dir or default_checkpoint_dir(spec.workdir),
-                              _checkpoint_every_steps(spec, trainer))
+    checkpoints = Checkpoints(
+        spec.checkpoint_dir or default_checkpoint_dir(spec.workdir), _checkpoint_every_steps(spec, trainer)
+    )
     return RunContext(spec, bundle, reporter, device, checkpoints, lambda: stop.preempted, rank)
 
 
@@ -220,8 +240,9 @@ def _partial_context(ctx: RunContext, part: Bundle, workdir: str, stop: StopFlag
     spec = copy.copy(ctx.spec)
     spec.workdir = workdir
     os.makedirs(workdir, exist_ok=True)
-    return RunContext(spec, part, quiet(ctx.reporter), ctx.device, scratch_checkpoints(workdir),
-                      lambda: stop.preempted, ctx.rank)
+    return RunContext(
+        spec, part, quiet(ctx.reporter), ctx.device, scratch_checkpoints(workdir), lambda: stop.preempted, ctx.rank
+    )
 
 
 def _report_artifacts(ctx: RunContext, result: FitResult) -> None:
@@ -244,8 +265,12 @@ def _score(ctx: RunContext, summary: PredictionSummary, step: int) -> Dict[str, 
     metrics: Dict[str, float] = {}
     for schema in ctx.schemas:
         for split in ("val", "test"):
-            scores = score(summary.targets.get((split, schema.name), {}), summary.predicted.get((split, schema.name), {}),
-                           schema.kind, ctx.bundle.scale(schema.name).get("points"))
+            scores = score(
+                summary.targets.get((split, schema.name), {}),
+                summary.predicted.get((split, schema.name), {}),
+                schema.kind,
+                ctx.bundle.scale(schema.name).get("points"),
+            )
             if not scores["n"]:
                 continue
             for name in ("accuracy", "macro_f1", "micro_f1", "mae", "spearman", "qwk"):

@@ -41,7 +41,6 @@ class SchemaSpec:
         return "SchemaSpec(%r, kind=%r)" % (self.name, self.kind)
 
 
-
 class Spec:
     """A parsed, checked spec.json."""
 
@@ -112,8 +111,10 @@ def with_bundle_schemas(schemas: List[SchemaSpec], described: Any) -> List[Schem
     spec only names them, as the server's job does. A scheme the bundle does not describe keeps no kind,
     which no trainer declares: it is refused, never taken for nominal."""
     by_name = {str(s.get("name")): s for s in described or [] if isinstance(s, dict)}
-    return [_parse_schema(index, by_name[schema.name]) if not schema.kind and schema.name in by_name else schema
-            for index, schema in enumerate(schemas)]
+    return [
+        _parse_schema(index, by_name[schema.name]) if not schema.kind and schema.name in by_name else schema
+        for index, schema in enumerate(schemas)
+    ]
 
 
 def _parse_limits(raw: Any) -> Limits:
@@ -136,7 +137,7 @@ def _gpus(value: Any) -> Optional[str]:
     if value is None:
         return None
     if not isinstance(value, str) or not all(part.strip().isdigit() for part in value.split(",")):
-        raise SpecError("spec.gpus must be GPU indexes like \"1\" or \"0,1\", got %r" % (value,))
+        raise SpecError('spec.gpus must be GPU indexes like "1" or "0,1", got %r' % (value,))
     return value
 
 

@@ -27,8 +27,16 @@ from potato_queue.wire.sbatch import PREEMPT_ON_TERM_VAR
 
 from .errors import Cancelled, Preempted
 
-__all__ = ["term_is_preemption", "StopFlag", "install_signal_handlers", "ignore_stop_signals",
-           "stop_when_orphaned", "stop_from_parent", "ORPHAN_POLL_S", "ORPHAN_GRACE_S"]
+__all__ = [
+    "term_is_preemption",
+    "StopFlag",
+    "install_signal_handlers",
+    "ignore_stop_signals",
+    "stop_when_orphaned",
+    "stop_from_parent",
+    "ORPHAN_POLL_S",
+    "ORPHAN_GRACE_S",
+]
 
 ORPHAN_POLL_S = 0.5
 # After its agent is gone, the worker stops as on a cancel; this long later it exits, stopped or not.

@@ -62,9 +62,10 @@ def _read_entry(pid: int, with_cmdline: bool) -> Optional[ProcEntry]:
             with open(base + "cmdline", "rb") as fh:
                 cmdline = fh.read()
         # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
-        fields = stat[stat.rfind(b")") + 2:].split()
-        return ProcEntry(pid, fields[0].decode("ascii", "replace"), int(fields[2]), int(fields[3]),
-                         int(fields[21]), cmdline)
+        fields = stat[stat.rfind(b")") + 2 :].split()
+        return ProcEntry(
+            pid, fields[0].decode("ascii", "replace"), int(fields[2]), int(fields[3]), int(fields[21]), cmdline
+        )
     except (OSError, IndexError, ValueError):
         return None  # it ended while we looked
 
@@ -136,8 +137,14 @@ class WorkerProcess(WorkerHandle):
         if sys.version_info < (3, 11):
             group = {"preexec_fn": os.setpgrp}
         self.popen = subprocess.Popen(  # type: subprocess.Popen[bytes]
-            argv, cwd=cwd, env=env, stdin=subprocess.PIPE if spec_path is None else subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, close_fds=True, **group,
+            argv,
+            cwd=cwd,
+            env=env,
+            stdin=subprocess.PIPE if spec_path is None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            close_fds=True,
+            **group,
         )
         # The worker leads its group: the group id is its pid.
         self.pgid = self.popen.pid
@@ -157,8 +164,10 @@ class WorkerProcess(WorkerHandle):
 
     def relay_output(self, relay: EventRelay) -> None:
         """Reader threads on the worker's stdout (events) and stderr (log lines)."""
-        self._readers = [threading.Thread(target=read_stdout, args=(self.popen.stdout, relay), daemon=True),
-                         threading.Thread(target=read_stderr, args=(self.popen.stderr, relay), daemon=True)]
+        self._readers = [
+            threading.Thread(target=read_stdout, args=(self.popen.stdout, relay), daemon=True),
+            threading.Thread(target=read_stderr, args=(self.popen.stderr, relay), daemon=True),
+        ]
         for reader in self._readers:
             reader.start()
 

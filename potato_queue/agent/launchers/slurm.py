@@ -98,8 +98,10 @@ class SlurmJob(WorkerHandle):
             if text.strip():
                 relay.emit("log", level="stderr", msg=text[:MAX_LINE])
 
-        self._followers = [Follower(self._path("events.jsonl"), event, re.compile(rb"\n")),
-                           Follower(self._path("stderr.log"), stderr, re.compile(rb"[\r\n]"))]
+        self._followers = [
+            Follower(self._path("events.jsonl"), event, re.compile(rb"\n")),
+            Follower(self._path("stderr.log"), stderr, re.compile(rb"[\r\n]")),
+        ]
         threading.Thread(target=self._monitor, name="squeue", daemon=True).start()
 
     def wait_relayed(self, timeout_s: float) -> bool:
@@ -187,9 +189,13 @@ class SlurmJob(WorkerHandle):
         except SlurmTooOld as exc:  # squeue or scontrol refused a flag: no later poll can follow the job
             ended = WorkerEnded(exc.error_code, str(exc), exc.install_hint or "")
         except Exception as exc:  # noqa: BLE001 - anything unexpected still ends the job and the run
-            ended = WorkerEnded("monitor_failed", "the SLURM job monitor failed ({}: {}); SLURM job {} was cancelled"
-                                .format(type(exc).__name__, exc, self.job_id),
-                                "start the run again; if it happens again, report it with the agent's log")
+            ended = WorkerEnded(
+                "monitor_failed",
+                "the SLURM job monitor failed ({}: {}); SLURM job {} was cancelled".format(
+                    type(exc).__name__, exc, self.job_id
+                ),
+                "start the run again; if it happens again, report it with the agent's log",
+            )
         self.log(ended.message)
         self.stopping = True
         try:
@@ -235,8 +241,10 @@ class SlurmJob(WorkerHandle):
             self._last_line = line
             if queued and before is not None and before.state not in QUEUED_STATES:
                 self.requeues += 1
-                self._tell("SLURM job {} was preempted and requeued: its worker saved a checkpoint, and resumes "
-                           "from it when the job runs again".format(self.job_id))
+                self._tell(
+                    "SLURM job {} was preempted and requeued: its worker saved a checkpoint, and resumes "
+                    "from it when the job runs again".format(self.job_id)
+                )
             self.log(line)
             if self._relay is not None:
                 self._relay.emit("status", state="pending" if queued else "running", step=line)
@@ -251,16 +259,24 @@ class SlurmJob(WorkerHandle):
         fields = self._scontrol()
         state = fields.get("JobState", "")
         if state in SLURM_ENDED_STATES:
-            self.log("squeue no longer lists SLURM job {}; scontrol says {} (Reason={})".format(
-                self.job_id, state, fields.get("Reason", "")))
+            self.log(
+                "squeue no longer lists SLURM job {}; scontrol says {} (Reason={})".format(
+                    self.job_id, state, fields.get("Reason", "")
+                )
+            )
             self._conclude(self._exit_code(wait_s=2.0), fields)
             return True
         if state:
-            self.log("squeue did not list SLURM job {}; scontrol says {}: still following it".format(self.job_id, state))
+            self.log(
+                "squeue did not list SLURM job {}; scontrol says {}: still following it".format(self.job_id, state)
+            )
             return False
         if self._misses < MISSES_BEFORE_GONE:
-            self.log("squeue did not list SLURM job {} ({} of {} tries)".format(self.job_id, self._misses,
-                                                                                MISSES_BEFORE_GONE))
+            self.log(
+                "squeue did not list SLURM job {} ({} of {} tries)".format(
+                    self.job_id, self._misses, MISSES_BEFORE_GONE
+                )
+            )
             return False
         self._conclude(self._exit_code(wait_s=2.0), fields)
         return True
@@ -269,20 +285,32 @@ class SlurmJob(WorkerHandle):
         """The job has ended (or its worker has): decide the exit code and whether the scheduler ended it."""
         if code != 0 and not self.stopping:
             fields = fields if fields is not None else self._final_fields()
-            reason = end_reason(self.job_id, fields, read_end(self._path("slurm.out")), self.settings, self.stopping,
-                                waiting_again=self._waiting_again())
+            reason = end_reason(
+                self.job_id,
+                fields,
+                read_end(self._path("slurm.out")),
+                self.settings,
+                self.stopping,
+                waiting_again=self._waiting_again(),
+            )
             self._ended = WorkerEnded(*reason) if reason else self._no_worker(code)
         if self._ended is not None:
-            code = EXIT_OOM if self._ended.code == "slurm_out_of_memory" else (
-                EXIT_BAD_SPEC if self._ended.code == "python_not_found" else EXIT_UNEXPECTED)
+            code = (
+                EXIT_OOM
+                if self._ended.code == "slurm_out_of_memory"
+                else (EXIT_BAD_SPEC if self._ended.code == "python_not_found" else EXIT_UNEXPECTED)
+            )
         elif code is None and self.stopping:
             # job.sh went with the worker (our hard stop), or the job was cancelled before it ran.
             code = KILLED if self.state is not None and self.state.state != "PENDING" else EXIT_CANCELLED
         elif code is None:
             # run.log says it with what scontrol knew: nothing else tells how job.sh ended
             said = " ".join(end_fields(fields or {}))
-            self._tell("SLURM job {} left the queue without writing exit_code ({})".format(
-                self.job_id, "scontrol: " + said if said else "scontrol no longer knows the job"))
+            self._tell(
+                "SLURM job {} left the queue without writing exit_code ({})".format(
+                    self.job_id, "scontrol: " + said if said else "scontrol no longer knows the job"
+                )
+            )
             code = EXIT_UNEXPECTED
         self._code = code
         self._exited.set()
@@ -298,9 +326,12 @@ class SlurmJob(WorkerHandle):
         if code != 127 or (os.path.exists(events) and os.path.getsize(events) > 0):
             return None
         node = (self.state.node if self.state else "") or "the compute node"
-        return WorkerEnded("python_not_found", "{} was not found on {}".format(self.settings.job_python, node),
-                     "set the backend's job_python to an interpreter the compute nodes have (a path on shared "
-                     "storage), or make it available in prelude (module load, conda activate)")
+        return WorkerEnded(
+            "python_not_found",
+            "{} was not found on {}".format(self.settings.job_python, node),
+            "set the backend's job_python to an interpreter the compute nodes have (a path on shared "
+            "storage), or make it available in prelude (module load, conda activate)",
+        )
 
     def _final_fields(self) -> Dict[str, str]:
         """scontrol's view once SLURM has recorded the job's end (it may still be completing)."""
@@ -355,8 +386,9 @@ class SlurmLauncher(WorkerLauncher):
     def command(self, argv: List[str]) -> Optional[str]:
         """A SLURM command's stdout; None when it failed (its stderr is logged) or is not there."""
         try:
-            done = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=COMMAND_TIMEOUT_S)
+            done = subprocess.run(
+                argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+            )
         except (OSError, subprocess.SubprocessError) as exc:
             self.log("{} could not run: {}".format(argv[0], exc))
             return None
@@ -370,23 +402,36 @@ class SlurmLauncher(WorkerLauncher):
     def start(self, spec_path: str, workdir: str) -> SlurmJob:
         job_dir = os.path.dirname(os.path.abspath(spec_path))
         run_id = os.path.basename(job_dir)
-        worker = python_argv(self.settings.job_python, "potato_queue.worker", ["--spec", spec_path],
-                             code_root=shared_code_root(os.path.dirname(job_dir)))
-        write_atomic(os.path.join(job_dir, "job.sh"), job_script(self.settings, run_id, job_dir, worker), mode=0o600,
-                     durable=False)
+        worker = python_argv(
+            self.settings.job_python,
+            "potato_queue.worker",
+            ["--spec", spec_path],
+            code_root=shared_code_root(os.path.dirname(job_dir)),
+        )
+        write_atomic(
+            os.path.join(job_dir, "job.sh"),
+            job_script(self.settings, run_id, job_dir, worker),
+            mode=0o600,
+            durable=False,
+        )
         argv = sbatch_argv(self.settings, run_id, job_dir)
         try:
-            done = subprocess.run(argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True,
-                                  timeout=COMMAND_TIMEOUT_S)
+            done = subprocess.run(
+                argv, env=self.env, stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=COMMAND_TIMEOUT_S
+            )
         except FileNotFoundError as exc:
             raise LaunchError("no_sbatch", no_sbatch(self.host), NO_SBATCH_FIX) from exc
         except (OSError, subprocess.SubprocessError) as exc:
             raise LaunchError("sbatch_failed", "sbatch could not run: {}".format(exc)) from exc
         if done.returncode != 0:
             refuse_unknown_flag("sbatch", done.stderr)
-            raise LaunchError("sbatch_refused", "sbatch refused the job: {}".format(
-                done.stderr.strip() or done.stdout.strip()), "check the backend's sbatch settings ({}) against the "
-                "cluster's partitions (sinfo) and limits".format(" ".join(argv[2:-4]) or "none set"))
+            raise LaunchError(
+                "sbatch_refused",
+                "sbatch refused the job: {}".format(done.stderr.strip() or done.stdout.strip()),
+                "check the backend's sbatch settings ({}) against the cluster's partitions (sinfo) and limits".format(
+                    " ".join(argv[2:-4]) or "none set"
+                ),
+            )
         try:
             job_id = parse_job_id(done.stdout)
         except ValueError as exc:

@@ -18,8 +18,16 @@ from typing import List, NamedTuple, Optional, Sequence, Tuple
 from potato_queue.agent.launchers.base import LaunchError
 from potato_queue.wire.sbatch import SBATCH_FLAGS
 
-__all__ = ["OLDEST_SLURM", "SLURM_FLAGS", "FlagProblem", "SlurmTooOld", "version_of", "flags_of", "unknown_flag",
-           "refuse_unknown_flag"]
+__all__ = [
+    "OLDEST_SLURM",
+    "SLURM_FLAGS",
+    "FlagProblem",
+    "SlurmTooOld",
+    "version_of",
+    "flags_of",
+    "unknown_flag",
+    "refuse_unknown_flag",
+]
 
 OLDEST_SLURM = "20.11"
 # "<command> <flag>" as the code writes it -> the SLURM release that brought it.
@@ -123,16 +131,27 @@ def unknown_flag(tool: str, stderr: str) -> Optional[FlagProblem]:
     flag = _dashed(found.group(1))
     said = next((line.strip() for line in stderr.splitlines() if found.group(0) in line), found.group(0))
     since = SLURM_FLAGS.get("{} {}".format(tool, flag))
-    brought = ("SLURM {} brought it".format(since) if since and not since.startswith("<=") else
-               "SLURM has had it since {} or earlier".format(since[3:]) if since else
-               "it is not one potato-queue gives {}".format(tool))
+    brought = (
+        "SLURM {} brought it".format(since)
+        if since and not since.startswith("<=")
+        else "SLURM has had it since {} or earlier".format(since[3:])
+        if since
+        else "it is not one potato-queue gives {}".format(tool)
+    )
     message = "{} on this cluster does not know the flag {} ({}): {}; potato-queue needs SLURM {} or newer".format(
-        tool, flag, said, brought, OLDEST_SLURM)
+        tool, flag, said, brought, OLDEST_SLURM
+    )
     upgrade = "ask the cluster's admins to upgrade SLURM to {} or newer (`{} --version` says which this is)".format(
-        OLDEST_SLURM, tool)
+        OLDEST_SLURM, tool
+    )
     setting = {option: key for key, option in SBATCH_FLAGS.items()}.get(flag) if tool == "sbatch" else None
-    fix = ("remove {} from the backend's settings (potato-queue passes it as sbatch {}), or {}".format(
-        setting, flag, upgrade) if setting else upgrade)
+    fix = (
+        "remove {} from the backend's settings (potato-queue passes it as sbatch {}), or {}".format(
+            setting, flag, upgrade
+        )
+        if setting
+        else upgrade
+    )
     return FlagProblem(flag, message, fix)
 
 

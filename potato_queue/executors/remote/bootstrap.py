@@ -46,27 +46,50 @@ def forward_target(server_url: str) -> str:
     """host:port of the server for the reverse forward; the agent speaks plain HTTP through the socket."""
     parts = urlsplit(server_url)
     if parts.scheme != "http" or parts.hostname is None:
-        raise PotatoQueueError(f"a backend reached by ssh forwards the server's plain http address, not {server_url}",
-                               fix="serve plain http on 127.0.0.1 behind the TLS proxy (deploy/nginx.conf) and give "
-                                   "agents the proxy's address with --public-url: ssh forwards go to the bound address")
+        raise PotatoQueueError(
+            f"a backend reached by ssh forwards the server's plain http address, not {server_url}",
+            fix="serve plain http on 127.0.0.1 behind the TLS proxy (deploy/nginx.conf) and give "
+            "agents the proxy's address with --public-url: ssh forwards go to the bound address",
+        )
     host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
     return f"{host}:{parts.port or 80}"
 
 
-def boot_header(backend: RemoteBackend, *, packages: list[str], num_threads: int | None, gpus: str,
-                min_free_gpu_mb: float, slurm: bool = False) -> BootHeader:
+def boot_header(
+    backend: RemoteBackend,
+    *,
+    packages: list[str],
+    num_threads: int | None,
+    gpus: str,
+    min_free_gpu_mb: float,
+    slurm: bool = False,
+) -> BootHeader:
     """The header a run's session starts with; the socket and the transport are the session's own."""
-    return BootHeader(remote_dir=backend.remote_dir, code_sha256=code_package.agent_zipapp().sha256,
-                      host=backend.host, env=dict(backend.env), secret_env=list(backend.secret_env),
-                      packages=packages, num_threads=num_threads, gpus=gpus, min_free_gpu_mb=min_free_gpu_mb,
-                      slurm=slurm)
+    return BootHeader(
+        remote_dir=backend.remote_dir,
+        code_sha256=code_package.agent_zipapp().sha256,
+        host=backend.host,
+        env=dict(backend.env),
+        secret_env=list(backend.secret_env),
+        packages=packages,
+        num_threads=num_threads,
+        gpus=gpus,
+        min_free_gpu_mb=min_free_gpu_mb,
+        slurm=slurm,
+    )
 
 
 class BootSession:
     """The run's ssh process (`proc`, replaced once if the forward is refused) and the conversation on it."""
 
-    def __init__(self, spec: LaunchSpec, backend: RemoteBackend, target: SshTarget, header: BootHeader,
-                 assignment: dict[str, Any]) -> None:
+    def __init__(
+        self,
+        spec: LaunchSpec,
+        backend: RemoteBackend,
+        target: SshTarget,
+        header: BootHeader,
+        assignment: dict[str, Any],
+    ) -> None:
         self.spec, self.backend, self.target, self.header = spec, backend, target, header
         self.assignment = assignment  # what the agent gets besides the run, the server and its workdir
         # The step line until the agent runs (the supervise loop shows a Waiting's why).
@@ -93,8 +116,9 @@ class BootSession:
         argv = ssh_argv(self.target, stage_argv(self.backend.python, self.marker), forward=self.forward())
         log_fd = os.open(self.spec.paths.agent_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            return subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd,
-                                    start_new_session=True)
+            return subprocess.Popen(
+                argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log_fd, start_new_session=True
+            )
         finally:
             os.close(log_fd)
 
@@ -103,8 +127,10 @@ class BootSession:
         if not self._converse_once() or self.closing.is_set():
             return
         host = self.backend.host
-        self.spec.log(f"{host}'s sshd refuses forwarding ({FORWARD_SETTINGS}): the agent's protocol goes over the "
-                      "ssh session itself")
+        self.spec.log(
+            f"{host}'s sshd refuses forwarding ({FORWARD_SETTINGS}): the agent's protocol goes over the "
+            "ssh session itself"
+        )
         self.transport = OVER_SESSION
         self.proc = self._open()
         self._converse_once()
@@ -118,7 +144,9 @@ class BootSession:
         try:
             header = self.header._replace(socket=self.socket, transport=self.transport)
             self._send(stdin, stage_input(BOOT_SOURCE) + header.to_line())
-            note = banner_note(self.backend.host, read_past_marker(stdout.fileno(), self.marker).decode(errors="replace"))
+            note = banner_note(
+                self.backend.host, read_past_marker(stdout.fileno(), self.marker).decode(errors="replace")
+            )
             if note:
                 self.spec.log(note)
             with open(log_path, "ab") as agent_log:
@@ -153,8 +181,10 @@ class BootSession:
         elif event == "need_code":
             self.phase = f"copying Potato's code to {host}"
             package = code_package.agent_zipapp()
-            self.spec.log(f"{self.phase}: {len(package.data) / 1000:.0f} KB, to "
-                          f"{self.backend.remote_dir.rstrip('/')}/code/{package.sha256}.pyz")
+            self.spec.log(
+                f"{self.phase}: {len(package.data) / 1000:.0f} KB, to "
+                f"{self.backend.remote_dir.rstrip('/')}/code/{package.sha256}.pyz"
+            )
             self._send(stdin, f"{len(package.data)}\n".encode() + package.data)
         elif event == "creating_env":
             self.phase = f"creating the environment on {host}"
@@ -173,8 +203,13 @@ class BootSession:
     def _hand_over(self, message: dict[str, Any], host: str, stdin: IO[bytes]) -> None:
         self.workdir = str(message["workdir"])
         self.remote_session = int(message["session"])
-        assignment = {"run_id": self.spec.run_id, "server": f"unix://{self.socket}", "workdir": self.workdir,
-                      "keep": bool(self.backend.keep_remote), **self.assignment}
+        assignment = {
+            "run_id": self.spec.run_id,
+            "server": f"unix://{self.socket}",
+            "workdir": self.workdir,
+            "keep": bool(self.backend.keep_remote),
+            **self.assignment,
+        }
         assert self.spec.token is not None
         self._send(stdin, json.dumps(assignment).encode() + b"\n" + self.spec.token.encode() + b"\n")
         self.spec.step(f"waiting for the agent on {host}")

@@ -55,8 +55,9 @@ class ModelCopy:
     over max_artifact_mb named in run.log and left there, and a copy that sends nothing for
     COPY_STALL_S ended (ERR-7)."""
 
-    def __init__(self, target: SshTarget, backend: RemoteBackend, spec: LaunchSpec, job: str,
-                 stall_s: float = COPY_STALL_S) -> None:
+    def __init__(
+        self, target: SshTarget, backend: RemoteBackend, spec: LaunchSpec, job: str, stall_s: float = COPY_STALL_S
+    ) -> None:
         """`job` is the job folder on the host; `stall_s`: COPY_STALL_S, shortened by tests only."""
         self.target, self.backend, self.spec, self.job = target, backend, spec, job
         self.marker = new_marker()
@@ -80,8 +81,13 @@ class ModelCopy:
         artifacts = self.spec.paths.artifacts
         artifacts.mkdir(mode=0o700, exist_ok=True)
         asked = json.dumps({"job": self.job, "limit_bytes": self.limit_bytes}).encode() + b"\n"
-        with subprocess.Popen(ssh_argv(self.target, stage_argv(self.backend.python, self.marker)),
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, bufsize=0) as proc:
+        with subprocess.Popen(
+            ssh_argv(self.target, stage_argv(self.backend.python, self.marker)),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            bufsize=0,
+        ) as proc:
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
             with contextlib.suppress(OSError):
                 proc.stdin.write(stage_input(FETCH_SOURCE) + asked)
@@ -123,8 +129,9 @@ class ModelCopy:
             return None, f"writing {artifacts} failed: {exc}"
         return None, None
 
-    def _judge(self, sender_exit: int | None, refused: str | None, failure: str | None, stderr: str,
-               artifacts: Path) -> None:
+    def _judge(
+        self, sender_exit: int | None, refused: str | None, failure: str | None, stderr: str, artifacts: Path
+    ) -> None:
         host = self.backend.host
         if self.stalled:
             self._end_the_sender()
@@ -133,8 +140,10 @@ class ModelCopy:
         if refused is not None:
             self._end_the_sender()
             self._discard(artifacts)
-            self.spec.log(f"the copy from {host} was refused: {refused}; nothing of it was kept here (only regular "
-                          "files the host announced land in artifacts/)")
+            self.spec.log(
+                f"the copy from {host} was refused: {refused}; nothing of it was kept here (only regular "
+                "files the host announced land in artifacts/)"
+            )
             self._missing(f"The copy from {host} was refused: {refused}")
         if sender_exit == 255:
             self._discard(artifacts)
@@ -149,8 +158,10 @@ class ModelCopy:
     def _missing(self, what: str) -> None:
         """The run's end when the copy is not whole: the predictions count, the model files stay on the host."""
         host, work = self.backend.host, f"{self.job}/work"
-        there = (f"the model files stay on {host} in {work}: fetch them with `ssh {host} tar -C {work} -cf - . | "
-                 f"tar -xf - -C {self.spec.paths.artifacts}`")
+        there = (
+            f"the model files stay on {host} in {work}: fetch them with `ssh {host} tar -C {work} -cf - . | "
+            f"tar -xf - -C {self.spec.paths.artifacts}`"
+        )
         message = f"{what}; the predictions are stored, and {there}"
         self.spec.log(message)
         raise ModelFilesMissing(message, artifact_uri=self.where())
@@ -195,7 +206,7 @@ class ModelCopy:
                 if isinstance(note, dict):
                     self._take_note(note)
                 elif kept < NOTES_KEPT_BYTES:
-                    rest.append(line[:NOTES_KEPT_BYTES - kept])
+                    rest.append(line[: NOTES_KEPT_BYTES - kept])
                     kept += len(line)
         finally:
             self.noted.set()
@@ -210,9 +221,11 @@ class ModelCopy:
             self.kept_there = True
             name = note["too_big"][:300]
             name = name if name.isprintable() else repr(name)  # a host's text: no forged run.log lines
-            self.spec.log(f"{name} ({note['bytes'] / 1e6:.0f} MB) is over max_artifact_mb "
-                          f"({self.backend.max_artifact_mb:g} MB): it stays on {self.backend.host} in "
-                          f"{self.job}/work")
+            self.spec.log(
+                f"{name} ({note['bytes'] / 1e6:.0f} MB) is over max_artifact_mb "
+                f"({self.backend.max_artifact_mb:g} MB): it stays on {self.backend.host} in "
+                f"{self.job}/work"
+            )
 
     def _watch(self, proc: subprocess.Popen[bytes], arrived: Callable[[], int]) -> None:
         """Once a second: the step line, and the stall watch."""
@@ -231,4 +244,3 @@ class ModelCopy:
 
     def got(self, size: int) -> None:
         self.received += size
-

@@ -115,8 +115,14 @@ class SshTarget:
             flags += ["-o", option]
         if self.control_dir:
             # %C: a hash of host, port and user, so the path stays short (a unix socket's is <108 bytes).
-            flags += ["-o", "ControlMaster=auto", "-o", f"ControlPath={self.control_dir}/%C",
-                      "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
+            flags += [
+                "-o",
+                "ControlMaster=auto",
+                "-o",
+                f"ControlPath={self.control_dir}/%C",
+                "-o",
+                f"ControlPersist={CONTROL_PERSIST_S}",
+            ]
         return flags
 
 
@@ -165,14 +171,17 @@ def shell_failure(host: str, stderr: str) -> str:
     """The fix for a command the account's login shell failed on before our program ran."""
     shells = [found.group(1) for line in stderr.splitlines() if (found := _SHELL_SAYS.match(line.strip()))]
     shell = f"({shells[0]}, from its message) " if shells else ""
-    return (f"the account's login shell on {host} {shell}failed before potato-queue's command ran; its commands run "
-            "the same in sh, bash, dash, zsh, ksh, csh, tcsh and fish, so look at that shell's start-up files "
-            "(~/.bashrc, ~/.zshenv, ~/.cshrc, ~/.config/fish/config.fish) for a command that fails without a terminal, "
-            f"and `getent passwd $USER` on {host} for the shell itself (not /sbin/nologin)")
+    return (
+        f"the account's login shell on {host} {shell}failed before potato-queue's command ran; its commands run "
+        "the same in sh, bash, dash, zsh, ksh, csh, tcsh and fish, so look at that shell's start-up files "
+        "(~/.bashrc, ~/.zshenv, ~/.cshrc, ~/.config/fish/config.fish) for a command that fails without a terminal, "
+        f"and `getent passwd $USER` on {host} for the shell itself (not /sbin/nologin)"
+    )
 
 
-def ssh_argv(target: SshTarget, command: Sequence[str], forward: tuple[str, str] | None = None,
-             no_command: bool = False) -> list[str]:
+def ssh_argv(
+    target: SshTarget, command: Sequence[str], forward: tuple[str, str] | None = None, no_command: bool = False
+) -> list[str]:
     """`ssh` running `command` on the target; `forward` is (remote unix socket, local host:port or socket)
     for a reverse forward (-R). The command is quoted for the remote shell; a token never goes in it."""
     argv = ["ssh", *target.options()]
@@ -201,35 +210,52 @@ def cancel_forward_argv(target: SshTarget, forward: tuple[str, str]) -> list[str
 
 # A login that needs more than the key (a one-time code) cannot be typed in by a queue: a master the admin opens by
 # hand carries the runs for ControlPersist (docs/backends/ssh.md has the config).
-SECOND_FACTOR_FIX = ("log in once by hand through a ControlMaster that stays open (`ssh -o ControlMaster=yes -o "
-                     "ControlPersist=8h -o ControlPath=~/.ssh/cm-%C -fN {host}` as the server's account, typing the "
-                     "code), with the same ControlPath for {host} in ~/.ssh/config: potato-queue's ssh then goes "
-                     "through that master")
+SECOND_FACTOR_FIX = (
+    "log in once by hand through a ControlMaster that stays open (`ssh -o ControlMaster=yes -o "
+    "ControlPersist=8h -o ControlPath=~/.ssh/cm-%C -fN {host}` as the server's account, typing the "
+    "code), with the same ControlPath for {host} in ~/.ssh/config: potato-queue's ssh then goes "
+    "through that master"
+)
 # Every sshd setting that refuses a run's forward (AllowTcpForwarding no also refuses unix-socket forwards).
 FORWARD_SETTINGS = "AllowTcpForwarding, AllowStreamLocalForwarding, DisableForwarding"
-FORWARD_FIX = ("{host}'s sshd_config refuses forwarding (one of AllowTcpForwarding no, AllowStreamLocalForwarding no, "
-               "DisableForwarding yes, or a Match block or authorized_keys restrict/no-port-forwarding for this account); "
-               "runs carry the agent's protocol over the ssh session itself instead, or ask its admin to allow "
-               "AllowStreamLocalForwarding for this account")
+FORWARD_FIX = (
+    "{host}'s sshd_config refuses forwarding (one of AllowTcpForwarding no, AllowStreamLocalForwarding no, "
+    "DisableForwarding yes, or a Match block or authorized_keys restrict/no-port-forwarding for this account); "
+    "runs carry the agent's protocol over the ssh session itself instead, or ask its admin to allow "
+    "AllowStreamLocalForwarding for this account"
+)
 
 _CAUSES: tuple[tuple[str, str, str], ...] = (
-    ("Permission denied", "Permission denied",
-     "potato-queue logs in without a prompt (BatchMode): put this account's public key in {host}'s "
-     "~/.ssh/authorized_keys, or load a key that has a passphrase into ssh-agent (ssh-add) for the "
-     "server's account; `ssh {host} true` must then work without asking anything"),
-    ("Host key verification failed", "its host key is not known or has changed",
-     "run `ssh {host} true` once as the server's account and check the key it shows, or add the key "
-     "to ~/.ssh/known_hosts"),
-    ("Could not resolve hostname", "the host name does not resolve",
-     "check `host` in the backend (an alias must be in ~/.ssh/config of the server's account)"),
-    ("Connection refused", "Connection refused",
-     "check `host` and `port`: nothing accepts ssh connections there"),
-    ("timed out", "the connection timed out",
-     "check that {host} is up and reachable from this server (a VPN, a firewall)"),
-    ("No route to host", "No route to host",
-     "check that {host} is up and reachable from this server (a VPN, a firewall)"),
-    ("forwarding failed", "the host refused to forward the run's socket",
-     FORWARD_FIX),
+    (
+        "Permission denied",
+        "Permission denied",
+        "potato-queue logs in without a prompt (BatchMode): put this account's public key in {host}'s "
+        "~/.ssh/authorized_keys, or load a key that has a passphrase into ssh-agent (ssh-add) for the "
+        "server's account; `ssh {host} true` must then work without asking anything",
+    ),
+    (
+        "Host key verification failed",
+        "its host key is not known or has changed",
+        "run `ssh {host} true` once as the server's account and check the key it shows, or add the key "
+        "to ~/.ssh/known_hosts",
+    ),
+    (
+        "Could not resolve hostname",
+        "the host name does not resolve",
+        "check `host` in the backend (an alias must be in ~/.ssh/config of the server's account)",
+    ),
+    ("Connection refused", "Connection refused", "check `host` and `port`: nothing accepts ssh connections there"),
+    (
+        "timed out",
+        "the connection timed out",
+        "check that {host} is up and reachable from this server (a VPN, a firewall)",
+    ),
+    (
+        "No route to host",
+        "No route to host",
+        "check that {host} is up and reachable from this server (a VPN, a firewall)",
+    ),
+    ("forwarding failed", "the host refused to forward the run's socket", FORWARD_FIX),
 )
 
 
@@ -242,8 +268,11 @@ def ssh_failure(host: str, stderr: str) -> SshFailed:
     """The error for an ssh that exited 255, from what it printed (ERR-1 and its neighbours)."""
     denied = _DENIED_METHODS.search(stderr)
     if denied and "publickey" not in denied.group(1).split(","):
-        return SshFailed(f"ssh to {host} failed: the host asks for {denied.group(1)} besides the key (a second factor), "
-                         "which a queue cannot type", fix=SECOND_FACTOR_FIX.format(host=host))
+        return SshFailed(
+            f"ssh to {host} failed: the host asks for {denied.group(1)} besides the key (a second factor), "
+            "which a queue cannot type",
+            fix=SECOND_FACTOR_FIX.format(host=host),
+        )
     for needle, what, fix in _CAUSES:
         if needle.lower() in stderr.lower():
             return SshFailed(f"ssh to {host} failed: {what}", fix=fix.format(host=host))
@@ -257,22 +286,30 @@ def run_script(target: SshTarget, script: str, timeout_s: float = 60) -> str:
     return run_ssh(target, ["sh", "-s"], stdin=script.encode(), timeout_s=timeout_s)
 
 
-def run_ssh(target: SshTarget, command: Sequence[str], stdin: bytes = b"", timeout_s: float = 60,
-            forward: tuple[str, str] | None = None) -> str:
+def run_ssh(
+    target: SshTarget,
+    command: Sequence[str],
+    stdin: bytes = b"",
+    timeout_s: float = 60,
+    forward: tuple[str, str] | None = None,
+) -> str:
     """Run `command` on the target and return its stdout; SshFailed when ssh itself failed,
     RemoteFailed when the command did. `stdin` is where secrets go (never argv)."""
     argv = ssh_argv(target, command, forward=forward)
     try:
         done = subprocess.run(argv, input=stdin, capture_output=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
-        raise SshFailed(f"ssh to {target.host} failed: no answer in {timeout_s:g} s",
-                        fix=f"check that `ssh {target.host} true` answers quickly") from None
+        raise SshFailed(
+            f"ssh to {target.host} failed: no answer in {timeout_s:g} s",
+            fix=f"check that `ssh {target.host} true` answers quickly",
+        ) from None
     stderr = done.stderr.decode(errors="replace")
     if done.returncode == 255:
         raise ssh_failure(target.host, stderr)
     if done.returncode != 0:
         tail = stderr.strip().splitlines()[-1:] or [f"exit code {done.returncode}"]
         shown = " ".join(word if len(word) < 80 else word[:40] + "..." for word in command)
-        raise RemoteFailed(f"{shown} failed on {target.host}: {tail[0]}", done.returncode,
-                           done.stdout.decode(errors="replace"), stderr)
+        raise RemoteFailed(
+            f"{shown} failed on {target.host}: {tail[0]}", done.returncode, done.stdout.decode(errors="replace"), stderr
+        )
     return done.stdout.decode(errors="replace")

@@ -60,8 +60,18 @@ from potato_queue.host.gpus import ssh_wait_expired
 from potato_queue.settings import Settings
 from potato_queue.store.keys import remote_socket_path
 
-__all__ = ["setup_expired", "forward_target", "session_lines", "target_of", "python_not_found",
-           "host_facts", "failed_check", "start_agent", "RemoteAgentHandle", "tail"]
+__all__ = [
+    "setup_expired",
+    "forward_target",
+    "session_lines",
+    "target_of",
+    "python_not_found",
+    "host_facts",
+    "failed_check",
+    "start_agent",
+    "RemoteAgentHandle",
+    "tail",
+]
 
 CHECK_SOURCE = Path(remote_check.__file__).read_text()
 EXIT_NOT_FOUND = 127
@@ -77,8 +87,11 @@ def target_of(backend: RemoteBackend, settings: Settings) -> SshTarget:
 def python_not_found(backend: RemoteBackend, backend_name: str) -> tuple[str, str]:
     """ERR-2 and its fix."""
     host = backend.host
-    return (f"{backend.python} was not found on {host}", f"set `python` of backend {backend_name} to an interpreter "
-            f"on {host} (3.8 or newer; `ssh {host} which python3` shows one)")
+    return (
+        f"{backend.python} was not found on {host}",
+        f"set `python` of backend {backend_name} to an interpreter "
+        f"on {host} (3.8 or newer; `ssh {host} which python3` shows one)",
+    )
 
 
 def host_facts(backend: RemoteBackend, backend_name: str, asked: dict[str, Any], settings: Settings) -> dict[str, Any]:
@@ -88,8 +101,9 @@ def host_facts(backend: RemoteBackend, backend_name: str, asked: dict[str, Any],
     asked (ERR-1 and the other ssh failures, ERR-2, a login shell that fails)."""
     target, socket = target_of(backend, settings), remote_socket_path("check")
     try:
-        facts = _ask_check(backend, backend_name, target, {**asked, "socket": socket},
-                           forward=(socket, CHECK_FORWARD_TO))
+        facts = _ask_check(
+            backend, backend_name, target, {**asked, "socket": socket}, forward=(socket, CHECK_FORWARD_TO)
+        )
         return {**facts, "transport": FORWARD}
     except SshFailed as exc:
         if exc.fix != FORWARD_FIX.format(host=backend.host):
@@ -98,12 +112,18 @@ def host_facts(backend: RemoteBackend, backend_name: str, asked: dict[str, Any],
     return {**facts, "transport": OVER_SESSION}
 
 
-def _ask_check(backend: RemoteBackend, backend_name: str, target: SshTarget, asked: dict[str, Any],
-               forward: tuple[str, str] | None) -> dict[str, Any]:
+def _ask_check(
+    backend: RemoteBackend, backend_name: str, target: SshTarget, asked: dict[str, Any], forward: tuple[str, str] | None
+) -> dict[str, Any]:
     marker, host = new_marker(), backend.host
     try:
-        stdout = run_ssh(target, stage_argv(backend.python, marker), forward=forward,
-                         stdin=stage_input(CHECK_SOURCE) + json.dumps(asked).encode() + b"\n", timeout_s=120)
+        stdout = run_ssh(
+            target,
+            stage_argv(backend.python, marker),
+            forward=forward,
+            stdin=stage_input(CHECK_SOURCE) + json.dumps(asked).encode() + b"\n",
+            timeout_s=120,
+        )
     except RemoteFailed as exc:
         if missing_program(exc.stderr, backend.python):
             message, fix = python_not_found(backend, backend_name)
@@ -113,8 +133,9 @@ def _ask_check(backend: RemoteBackend, backend_name: str, target: SshTarget, ask
         raise
     split = split_banner(stdout, marker)
     if split is None:
-        raise PotatoQueueError(f"{backend.python} on {host} printed no answer: {stdout.strip()[-300:]!r}",
-                               fix=shell_failure(host, stdout))
+        raise PotatoQueueError(
+            f"{backend.python} on {host} printed no answer: {stdout.strip()[-300:]!r}", fix=shell_failure(host, stdout)
+        )
     banner, answer = split
     return {**json.loads(answer), "banner": banner_note(host, banner)}
 
@@ -124,15 +145,20 @@ def session_lines(host: str, facts: dict[str, Any]) -> list[str]:
     if facts["transport"] == FORWARD:
         lines = [f"transport: a reverse forward of the run's socket ({host}'s sshd allows it)"]
     else:
-        lines = [f"transport: over the ssh session itself ({host}'s sshd refuses forwarding: one of {FORWARD_SETTINGS}); "
-                 "runs work, their HTTP goes through the session's stdin and stdout"]
+        lines = [
+            f"transport: over the ssh session itself ({host}'s sshd refuses forwarding: one of {FORWARD_SETTINGS}); "
+            "runs work, their HTTP goes through the session's stdin and stdout"
+        ]
     return lines + ([facts["banner"]] if facts.get("banner") else [])
 
 
 def failed_check(exc: PotatoQueueError) -> CheckReport:
     """The check's report when the host could not be asked."""
-    return CheckReport(ok=False, lines=[exc.message] + ([f"fix: {exc.fix}"] if exc.fix else []),
-                       data={"error": exc.message, "fix": exc.fix})
+    return CheckReport(
+        ok=False,
+        lines=[exc.message] + ([f"fix: {exc.fix}"] if exc.fix else []),
+        data={"error": exc.message, "fix": exc.fix},
+    )
 
 
 def tail(path: Path, size: int = 4000) -> str:
@@ -146,16 +172,24 @@ def tail(path: Path, size: int = 4000) -> str:
 
 def setup_expired(host: str, backend_name: str, limit_s: float, phase: str) -> str:
     """Why a run whose setup on the host hung failed: the phase it hung in, and the setting to raise."""
-    return (f"The setup on {host} did not finish within setup_timeout_s ({limit_s:g} s): it was still {phase}. "
-            f"Fix: raise setup_timeout_s of backend {backend_name} (a first venv build with large packages can "
-            "take many minutes), or see agent.log in the run's folder for where it hung")
+    return (
+        f"The setup on {host} did not finish within setup_timeout_s ({limit_s:g} s): it was still {phase}. "
+        f"Fix: raise setup_timeout_s of backend {backend_name} (a first venv build with large packages can "
+        "take many minutes), or see agent.log in the run's folder for where it hung"
+    )
 
 
 class RemoteAgentHandle(RunHandle):
     """The run's session; `stop_job` is shell run first by the hard stop (a job's scancel), or ""."""
 
-    def __init__(self, session: BootSession, target: SshTarget, stop_job: str = "", hard_stop_s: float = 0.0,
-                 copy_stall_s: float = COPY_STALL_S) -> None:
+    def __init__(
+        self,
+        session: BootSession,
+        target: SshTarget,
+        stop_job: str = "",
+        hard_stop_s: float = 0.0,
+        copy_stall_s: float = COPY_STALL_S,
+    ) -> None:
         self.session, self.target, self.stop_job = session, target, stop_job
         self.hard_stop_s, self.copy_stall_s = hard_stop_s, copy_stall_s
         self.backend = session.backend
@@ -167,8 +201,11 @@ class RemoteAgentHandle(RunHandle):
         # Before the agent runs, an ended session may be opened again (a refused forward): the conversation says.
         if code is None or (not ready and self.session.thread.is_alive()):
             # Until the agent runs, the heartbeat clock waits: a venv's pip install can take minutes.
-            return Running() if ready else Waiting(
-                self.session.phase, self.session.setup_until_s, self._expired(), run_time=True)
+            return (
+                Running()
+                if ready
+                else Waiting(self.session.phase, self.session.setup_until_s, self._expired(), run_time=True)
+            )
         return self._gone(code)
 
     def _expired(self) -> str:
@@ -238,8 +275,15 @@ class RemoteAgentHandle(RunHandle):
         doomed = [self.session.socket] + ([job] if job and not keep_job and not self.backend.keep_remote else [])
         sid = self.session.remote_session
         kill = f"pkill -KILL -s {sid}" if sid is not None else f"pkill -KILL -f -- {self.session.marker}"
-        return "\n".join([self.stop_job, f"{kill} 2>/dev/null", self._empty_checkpoints(),
-                          shlex.join(["rm", "-rf", "--", *doomed]), ""])
+        return "\n".join(
+            [
+                self.stop_job,
+                f"{kill} 2>/dev/null",
+                self._empty_checkpoints(),
+                shlex.join(["rm", "-rf", "--", *doomed]),
+                "",
+            ]
+        )
 
     def _empty_checkpoints(self) -> str:
         """The run's checkpoint folder and theirs, when empty (an agent killed before it removed them); one
@@ -280,12 +324,24 @@ class RemoteAgentHandle(RunHandle):
         return f"{self.backend.host}:{job}/work" if kept else str(self.session.spec.paths.artifacts)
 
 
-def start_agent(spec: LaunchSpec, backend: RemoteBackend, settings: Settings, header: BootHeader,
-                assignment: dict[str, Any], stop_job: str = "", hard_stop_s: float = 0.0) -> RemoteAgentHandle:
+def start_agent(
+    spec: LaunchSpec,
+    backend: RemoteBackend,
+    settings: Settings,
+    header: BootHeader,
+    assignment: dict[str, Any],
+    stop_job: str = "",
+    hard_stop_s: float = 0.0,
+) -> RemoteAgentHandle:
     """The run's ssh session, with the bootstrap's conversation going on in a thread of its own; `stop_job`
     (POSIX sh) and `hard_stop_s`: a batch job's (RemoteAgentHandle)."""
     if spec.token is None:
         raise ValueError("a run over ssh needs its run token")
     target = target_of(backend, settings)
-    return RemoteAgentHandle(BootSession(spec, backend, target, header, assignment), target, stop_job, hard_stop_s,
-                             settings.copy_stall_s or COPY_STALL_S)
+    return RemoteAgentHandle(
+        BootSession(spec, backend, target, header, assignment),
+        target,
+        stop_job,
+        hard_stop_s,
+        settings.copy_stall_s or COPY_STALL_S,
+    )

@@ -28,11 +28,22 @@ import zlib
 
 from potato_queue.errors import PotatoQueueError
 
-__all__ = ["STAGE1", "MARKER_RE", "new_marker", "stage_argv", "stage_input", "split_banner", "read_past_marker",
-           "banner_note", "NoMarker"]
+__all__ = [
+    "STAGE1",
+    "MARKER_RE",
+    "new_marker",
+    "stage_argv",
+    "stage_input",
+    "split_banner",
+    "read_past_marker",
+    "banner_note",
+    "NoMarker",
+]
 
-STAGE1 = ('import os,sys,zlib,base64;n=bytes([10]);os.write(1,sys.argv[1].encode()+n);'
-          'exec(zlib.decompress(base64.b64decode(b"".join(iter(lambda:os.read(0,1)or n,n)))),{"__name__":"__main__"})')
+STAGE1 = (
+    "import os,sys,zlib,base64;n=bytes([10]);os.write(1,sys.argv[1].encode()+n);"
+    'exec(zlib.decompress(base64.b64decode(b"".join(iter(lambda:os.read(0,1)or n,n)))),{"__name__":"__main__"})'
+)
 MARKER_RE = re.compile(r"potato-queue-[0-9a-f]{16}")
 MAX_BANNER_BYTES = 1 << 20  # a login that prints more than this before our line is not a banner
 BANNER_SHOWN_CHARS = 120
@@ -68,7 +79,7 @@ def split_banner(stdout: str, marker: str) -> tuple[str, str] | None:
     at = stdout.find(marker + "\n")
     if at < 0:
         return None
-    return stdout[:at], stdout[at + len(marker) + 1:]
+    return stdout[:at], stdout[at + len(marker) + 1 :]
 
 
 def read_past_marker(fd: int, marker: str) -> bytes:
@@ -81,7 +92,7 @@ def read_past_marker(fd: int, marker: str) -> bytes:
         if not byte or len(seen) > MAX_BANNER_BYTES:
             raise NoMarker(bytes(seen))
         seen += byte
-    return bytes(seen[:-len(want)])
+    return bytes(seen[: -len(want)])
 
 
 def banner_note(host: str, banner: str) -> str | None:
@@ -92,7 +103,9 @@ def banner_note(host: str, banner: str) -> str | None:
     shown = lines[0][:BANNER_SHOWN_CHARS]
     shown = shown if shown.isprintable() else repr(shown)  # a host's text: no forged log lines
     more = f" (and {len(lines) - 1} more line(s))" if len(lines) > 1 else ""
-    return (f"{host}'s shell start-up prints \"{shown}\"{more} for non-interactive commands; potato-queue skipped "
-            "it, but scp, rsync and sftp break on it. Fix: print only in interactive shells: in ~/.bashrc after its "
-            "`case $- in *i*)` guard, in ~/.cshrc inside `if ($?prompt) then`, in fish's config.fish inside "
-            "`if status is-interactive`")
+    return (
+        f'{host}\'s shell start-up prints "{shown}"{more} for non-interactive commands; potato-queue skipped '
+        "it, but scp, rsync and sftp break on it. Fix: print only in interactive shells: in ~/.bashrc after its "
+        "`case $- in *i*)` guard, in ~/.cshrc inside `if ($?prompt) then`, in fish's config.fish inside "
+        "`if status is-interactive`"
+    )

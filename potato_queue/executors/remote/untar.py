@@ -39,9 +39,19 @@ MAX_TRAILER_BYTES = 1 << 20  # what may follow the end-of-archive blocks (tar pa
 FREE_MARGIN_BYTES = 256 << 20  # a copy that would leave less than this free on the server is refused
 COPY_CHUNK_BYTES = 1 << 20
 REGULAR = (b"0", b"\0", b"7")
-KINDS = {b"1": "a hard link", b"2": "a symbolic link", b"3": "a character device", b"4": "a block device",
-         b"6": "a FIFO", b"S": "a sparse file", b"K": "a long link name", b"V": "a volume label",
-         b"M": "a multi-volume part", b"N": "an old GNU long name", b"D": "a GNU dump folder"}
+KINDS = {
+    b"1": "a hard link",
+    b"2": "a symbolic link",
+    b"3": "a character device",
+    b"4": "a block device",
+    b"6": "a FIFO",
+    b"S": "a sparse file",
+    b"K": "a long link name",
+    b"V": "a volume label",
+    b"M": "a multi-volume part",
+    b"N": "an old GNU long name",
+    b"D": "a GNU dump folder",
+}
 
 
 class CopyRefused(PotatoQueueError):
@@ -68,14 +78,18 @@ def check_manifest(manifest: Mapping[str, int], limit_bytes: int, dest: Path) ->
     for name, size in manifest.items():
         _safe_name(name)
         if size > limit_bytes:
-            raise CopyRefused(f"{name} is announced with {size} bytes, over max_artifact_mb "
-                              f"({limit_bytes / 1e6:g} MB): the sender should have kept it on the host")
+            raise CopyRefused(
+                f"{name} is announced with {size} bytes, over max_artifact_mb "
+                f"({limit_bytes / 1e6:g} MB): the sender should have kept it on the host"
+            )
     total = sum(manifest.values())
     free = shutil.disk_usage(dest).free
     if total > free - FREE_MARGIN_BYTES:
-        raise CopyRefused(f"the model files ({total / 1e6:.0f} MB) do not fit in the {free / 1e6:.0f} MB free "
-                          f"on this server's disk (keeping {FREE_MARGIN_BYTES >> 20} MiB free); free space "
-                          "or lower max_artifact_mb")
+        raise CopyRefused(
+            f"the model files ({total / 1e6:.0f} MB) do not fit in the {free / 1e6:.0f} MB free "
+            f"on this server's disk (keeping {FREE_MARGIN_BYTES >> 20} MiB free); free space "
+            "or lower max_artifact_mb"
+        )
 
 
 def extract(fd: int, dest: Path, manifest: Mapping[str, int], on_bytes: Callable[[int], object]) -> None:
@@ -103,12 +117,20 @@ def extract(fd: int, dest: Path, manifest: Mapping[str, int], on_bytes: Callable
                 raise CopyRefused(f"{name}/ is a folder no announced file is in")
             _folder(dest, name)
         else:
-            raise CopyRefused(f"{name} is {KINDS.get(flag, f'an entry of type {flag!r}')} "
-                              "(only regular files and folders are taken)")
+            raise CopyRefused(
+                f"{name} is {KINDS.get(flag, f'an entry of type {flag!r}')} (only regular files and folders are taken)"
+            )
 
 
-def _take_file(fd: int, dest: Path, name: str, size: int, manifest: Mapping[str, int], landed: set[str],
-               on_bytes: Callable[[int], object]) -> None:
+def _take_file(
+    fd: int,
+    dest: Path,
+    name: str,
+    size: int,
+    manifest: Mapping[str, int],
+    landed: set[str],
+    on_bytes: Callable[[int], object],
+) -> None:
     if name not in manifest:
         raise CopyRefused(f"{name} was not announced")
     if size != manifest[name]:
@@ -166,7 +188,7 @@ def _copy(fd: int, out: int, size: int, on_bytes: Callable[[int], object]) -> No
 def _write_all(out: int, data: bytes) -> None:
     view = memoryview(data)
     while view:
-        view = view[os.write(out, view):]
+        view = view[os.write(out, view) :]
 
 
 def _parse_header(block: bytes, meta: Mapping[str, Any]) -> tuple[bytes, str, int]:
@@ -216,10 +238,10 @@ def _pax_records(data: bytes) -> dict[str, str]:
     """pax's `<length> <key>=<value>\\n` records."""
     records, at = {}, 0
     while at < len(data):
-        length_text, space, _ = data[at:at + 20].partition(b" ")
+        length_text, space, _ = data[at : at + 20].partition(b" ")
         if not space or not length_text.isdigit() or int(length_text) <= len(length_text) + 1:
             raise CopyRefused("a pax header that is not pax")
-        record = data[at + len(length_text) + 1:at + int(length_text)]
+        record = data[at + len(length_text) + 1 : at + int(length_text)]
         key, equals, value = record.rstrip(b"\n").partition(b"=")
         if not equals:
             raise CopyRefused("a pax header that is not pax")
@@ -238,8 +260,13 @@ def _safe_name(name: str, strip: bool = False) -> str:
             name = name[2:]
         name = name.rstrip("/")
     parts = name.split("/")
-    if (not name or name.startswith("/") or len(name.encode(errors="surrogatepass")) > MAX_NAME_BYTES
-            or any(part in ("", ".", "..") for part in parts) or "\0" in name):
+    if (
+        not name
+        or name.startswith("/")
+        or len(name.encode(errors="surrogatepass")) > MAX_NAME_BYTES
+        or any(part in ("", ".", "..") for part in parts)
+        or "\0" in name
+    ):
         raise CopyRefused(f"{name[:200]!r} is not a name inside the model folder")
     return name
 
