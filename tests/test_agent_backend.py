@@ -63,8 +63,13 @@ def _server_connections(svc: Services) -> dict[str, tuple[int, int]]:
     """The server's open connections as the kernel has them (`ss`), by peer ("address:port"): the bytes that came
     in on it that the server has not read yet (Recv-Q), and all the bytes it received on it."""
     port = urllib.parse.urlsplit(svc.url).port
-    out = subprocess.run(["ss", "-Htni", "state", "established", "sport", "=", f":{port}"], capture_output=True,
-                         text=True, check=True, timeout=30).stdout
+    out = subprocess.run(
+        ["ss", "-Htni", "state", "established", "sport", "=", f":{port}"],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
     found: dict[str, tuple[int, int]] = {}
     peer = ""
     for line in out.splitlines():
@@ -80,8 +85,11 @@ def _server_connections(svc: Services) -> dict[str, tuple[int, int]]:
 def _claims_read_from(svc: Services, host: str) -> int:
     """Connections from `host` whose request the server has read, every byte that came (an agent's first request
     is its claim: read, it waits in the claim's long-poll)."""
-    return sum(1 for peer, (unread, received) in _server_connections(svc).items()
-               if peer.rsplit(":", 1)[0] == host and received and not unread)
+    return sum(
+        1
+        for peer, (unread, received) in _server_connections(svc).items()
+        if peer.rsplit(":", 1)[0] == host and received and not unread
+    )
 
 
 def _all_read(svc: Services) -> bool:
@@ -91,9 +99,11 @@ def _all_read(svc: Services) -> bool:
 
 def _on_sent(sent: threading.Event) -> dict[str, Any]:
     """httpx request extensions that set `sent` once the whole request is written (then it waits for the answer)."""
+
     def trace(event: str, info: Any) -> None:
         if event == "http11.send_request_body.complete":
             sent.set()
+
     return {"trace": trace}
 
 
@@ -115,8 +125,11 @@ def test_an_agent_behind_nat_runs_a_run_and_keeps_the_model_there(behind_nat: Se
 def test_a_run_waits_queued_for_an_agent_and_fails_after_queue_timeout(tmp_path: Path, redis_server_url: str) -> None:
     with started(tmp_path, redis_server_url, **lab(queue_timeout_s=3)) as svc:
         run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
-        wait_until(lambda: svc.api("GET", f"/runs/{run_id}")[1]["step"] == f"waiting for an agent on {BACKEND}", 30,
-                   "the offer")
+        wait_until(
+            lambda: svc.api("GET", f"/runs/{run_id}")[1]["step"] == f"waiting for an agent on {BACKEND}",
+            30,
+            "the offer",
+        )
         assert svc.api("GET", f"/runs/{run_id}")[1]["state"] == "queued"
         run = svc.wait_for(run_id, TERMINAL, 30)
     assert run["state"] == "failed"
@@ -125,7 +138,8 @@ def test_a_run_waits_queued_for_an_agent_and_fails_after_queue_timeout(tmp_path:
 
 
 def test_an_agent_that_reports_its_job_pending_then_dies_fails_for_silence_and_the_run_behind_runs(
-        tmp_path: Path, redis_server_url: str) -> None:
+    tmp_path: Path, redis_server_url: str
+) -> None:
     """A login-node agent claims, says its SLURM job is PENDING, then its node reboots: the pending status
     once made the run immune to every clock, and the local run behind it stayed queued for good."""
     import httpx
@@ -136,12 +150,19 @@ def test_an_agent_that_reports_its_job_pending_then_dies_fails_for_silence_and_t
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         behind = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
         with httpx.Client(base_url=svc.url, timeout=40) as http:
-            claim = http.post(f"{prefix}/backends/{BACKEND}/claim", params={"wait_s": 20}, json={"host": "login-1"},
-                              headers={"Authorization": f"Bearer {token}"}).json()
+            claim = http.post(
+                f"{prefix}/backends/{BACKEND}/claim",
+                params={"wait_s": 20},
+                json={"host": "login-1"},
+                headers={"Authorization": f"Bearer {token}"},
+            ).json()
             assert claim["run_id"] == run_id, claim
             pending = {"event": "status", "state": "pending", "step": "SLURM job 7: PENDING (Priority)"}
-            assert http.post(f"{prefix}/runs/{run_id}/events", json={"events": [pending]},
-                             headers={"Authorization": f"Bearer {claim['token']}"}).is_success
+            assert http.post(
+                f"{prefix}/runs/{run_id}/events",
+                json={"events": [pending]},
+                headers={"Authorization": f"Bearer {claim['token']}"},
+            ).is_success
         run = svc.wait_for(run_id, TERMINAL, 30)
         assert (run["state"], run["error"]) == ("failed", f"No word from the agent on {BACKEND} for 3 seconds"), run
         assert svc.wait_for(behind, TERMINAL, 120)["state"] == "succeeded", "the run behind it ran"
@@ -151,8 +172,11 @@ def test_a_queued_agent_run_cancels_at_once_and_the_next_run_goes(tmp_path: Path
     with started(tmp_path, redis_server_url, **lab()) as svc:
         waiting = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
         after = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
-        wait_until(lambda: svc.api("GET", f"/runs/{waiting}")[1]["step"] == f"waiting for an agent on {BACKEND}", 30,
-                   "the offer")  # the slot is the waiting run's now
+        wait_until(
+            lambda: svc.api("GET", f"/runs/{waiting}")[1]["step"] == f"waiting for an agent on {BACKEND}",
+            30,
+            "the offer",
+        )  # the slot is the waiting run's now
         assert svc.api("GET", f"/runs/{after}")[1]["state"] == "queued", "one run at a time, whatever the backend"
         assert svc.api("POST", f"/runs/{waiting}/cancel")[0] == 200
         assert svc.wait_for(waiting, TERMINAL, 10)["state"] == "cancelled"
@@ -177,7 +201,9 @@ def test_two_agents_one_run_exactly_one_claims_it(behind_nat: Services, nat: Nat
 def test_a_replaced_token_stops_its_agent_with_the_fix(behind_nat: Services, nat: NatHost) -> None:
     svc = behind_nat
     agent = Agent(nat, svc, register(svc))
-    wait_until(lambda: _claims_read_from(svc, nat.ip) == 1, 30, "the agent's claim, read by the server")  # in its long-poll
+    wait_until(
+        lambda: _claims_read_from(svc, nat.ip) == 1, 30, "the agent's claim, read by the server"
+    )  # in its long-poll
     register(svc)  # the admin registers again: the old token stops working at once
     assert agent.wait(20) == 3
     out = agent.output()
@@ -185,8 +211,12 @@ def test_a_replaced_token_stops_its_agent_with_the_fix(behind_nat: Services, nat
 
 
 def _claim(svc: Services, backend: str, token: str | None) -> tuple[int, dict[str, Any]]:
-    req = urllib.request.Request(f"{svc.url}/api/training/agent/v1/backends/{backend}/claim?wait_s=0",
-                                 data=b"{}", method="POST", headers={"Content-Type": "application/json"})
+    req = urllib.request.Request(
+        f"{svc.url}/api/training/agent/v1/backends/{backend}/claim?wait_s=0",
+        data=b"{}",
+        method="POST",
+        headers={"Content-Type": "application/json"},
+    )
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
@@ -236,8 +266,13 @@ def test_the_served_agent_runs_on_a_bare_python_38(behind_nat: Services, nat: Na
     assert PYTHON38.exists(), f"{PYTHON38}: pyenv's CPython 3.8 stands in for an old GPU host"
     pyz = svc.tmp_path / "agent.pyz"
     # Fetched and checked inside the namespace with the register text's own line (curl, sha256sum).
-    text = subprocess.run([sys.executable, "-m", "potato_queue.cli", "training", "register", BACKEND, str(svc.config)],
-                          env=svc.env, capture_output=True, text=True, timeout=60).stdout
+    text = subprocess.run(
+        [sys.executable, "-m", "potato_queue.cli", "training", "register", BACKEND, str(svc.config)],
+        env=svc.env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     fetch = next(line.strip() for line in text.splitlines() if line.strip().startswith("curl "))
     assert "sha256sum -c -" in fetch
     assert "agent.pyz: OK" in nat.exec("sh", "-c", f"cd {svc.tmp_path} && {fetch}")
@@ -255,8 +290,12 @@ def test_the_token_is_in_no_command_line_url_or_log(behind_nat: Services, nat: N
     svc = behind_nat
     token = register(svc)
     agent = Agent(nat, svc, token, "--once")
-    run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
-                           params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    run_id = svc.start_run(
+        trainer="hf-text-classification",
+        schemas=["sentiment"],
+        backend=BACKEND,
+        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
+    )
     _wait_progress(svc, run_id)
     cmdlines = [p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists()]
     assert not [c for c in cmdlines if token.encode() in c]
@@ -276,12 +315,17 @@ def _wait_progress(svc: Services, run_id: str, timeout_s: float = 60) -> None:
 
 
 def test_a_silent_network_cut_fails_the_run_and_the_agent_stops_its_worker(
-        tmp_path: Path, redis_server_url: str, nat: NatHost, tiny_model: Path) -> None:
+    tmp_path: Path, redis_server_url: str, nat: NatHost, tiny_model: Path
+) -> None:
     with started(tmp_path, redis_server_url, host=nat.host_ip, **lab(heartbeat_timeout_s=5)) as svc:
         # --unreachable-s shortens AGT-7's 300 s for the test (an option documented as for testing).
         agent = Agent(nat, svc, register(svc), "--once", "--unreachable-s", "3")
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
-                               params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+        run_id = svc.start_run(
+            trainer="hf-text-classification",
+            schemas=["sentiment"],
+            backend=BACKEND,
+            params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
+        )
         _wait_progress(svc, run_id)
         nat.cut()
         run = svc.wait_for(run_id, TERMINAL, 30)
@@ -289,15 +333,17 @@ def test_a_silent_network_cut_fails_the_run_and_the_agent_stops_its_worker(
         # On its side, the agent stops its worker 3 s after its last answer, once a call has failed (a call on a
         # silently cut network hangs for its 30 s timeout before it fails).
         wait_until(lambda: "no answer from the server for 3 s: SIGTERM to" in agent.output(), 30, "the agent's SIGTERM")
-        wait_until(lambda: not [p for p in nat.pids() if "potato_queue.worker" in (alive_cmd(p) or "")], 30,
-                   "the worker's end")
+        wait_until(
+            lambda: not [p for p in nat.pids() if "potato_queue.worker" in (alive_cmd(p) or "")], 30, "the worker's end"
+        )
         nat.restore()  # the hung calls get their answers: the agent ends (it lost the run, the server ended it)
         agent.wait(120)
         assert not nat.pids(), "nothing is left on the training machine"
 
 
 def test_https_with_the_servers_ca_and_a_clear_error_without_it(
-        tmp_path: Path, redis_server_url: str, nat: NatHost) -> None:
+    tmp_path: Path, redis_server_url: str, nat: NatHost
+) -> None:
     ca, cert, key = tls_files(tmp_path, nat.host_ip)
     svc = Services(make_project(tmp_path, **lab()), redis_server_url, tmp_path)
     svc.serve(nat.host_ip, "--tls-cert", str(cert), "--tls-key", str(key))
@@ -318,7 +364,8 @@ def test_https_with_the_servers_ca_and_a_clear_error_without_it(
 
 
 def test_predictions_over_max_predictions_mb_fail_the_run_saying_what_to_raise(
-        tmp_path: Path, redis_server_url: str, nat: NatHost) -> None:
+    tmp_path: Path, redis_server_url: str, nat: NatHost
+) -> None:
     with started(tmp_path, redis_server_url, host=nat.host_ip, max_predictions_mb=0.001, **lab()) as svc:
         agent = Agent(nat, svc, register(svc), "--once")
         run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend=BACKEND)
@@ -330,14 +377,16 @@ def test_predictions_over_max_predictions_mb_fail_the_run_saying_what_to_raise(
 
 
 def test_a_bundle_download_cut_midway_resumes_and_is_verified(
-        tmp_path: Path, redis_server_url: str, nat: NatHost) -> None:
+    tmp_path: Path, redis_server_url: str, nat: NatHost
+) -> None:
     with started(tmp_path, redis_server_url, host=nat.host_ip, **lab()) as svc:
         # ~3 MB of unlabelled items (incompressible text), over a 8 Mbit/s link: a download of seconds.
         data = svc.config.parent / "data" / "reviews.json"
         rng = random.Random(7)
         items = json.loads(data.read_text()) + [
             {"id": f"big{i}", "text": "".join(rng.choice(string.ascii_letters + " ") for _ in range(2000))}
-            for i in range(2000)]
+            for i in range(2000)
+        ]
         data.write_text(json.dumps(items))
         nat.slow("8mbit")
         agent = Agent(nat, svc, register(svc), "--once")
@@ -362,8 +411,13 @@ def test_an_agent_that_cannot_reach_the_server_says_what_to_check(nat: NatHost, 
     env["POTATO_TRAINING_TOKEN"] = "some-token"
     server = f"http://{nat.host_ip}:9"  # nothing listens there
     with open(tmp_path / "agent.out", "w") as out:
-        proc = nat.popen([*AGENT, "--server", server, "--backend", BACKEND, "--workdir", str(tmp_path / "w")],
-                         stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = nat.popen(
+            [*AGENT, "--server", server, "--backend", BACKEND, "--workdir", str(tmp_path / "w")],
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
     try:
         deadline = time.monotonic() + 30
         while "is the server running" not in (tmp_path / "agent.out").read_text():
@@ -378,11 +432,16 @@ def test_an_agent_that_cannot_reach_the_server_says_what_to_check(nat: NatHost, 
 
 
 def test_stopping_the_agent_cancels_its_run_with_grace_and_reports_it(
-        behind_nat: Services, nat: NatHost, tiny_model: Path) -> None:
+    behind_nat: Services, nat: NatHost, tiny_model: Path
+) -> None:
     svc = behind_nat
     agent = Agent(nat, svc, register(svc))
-    run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend=BACKEND,
-                           params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4})
+    run_id = svc.start_run(
+        trainer="hf-text-classification",
+        schemas=["sentiment"],
+        backend=BACKEND,
+        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
+    )
     _wait_progress(svc, run_id)
     agent.proc.send_signal(signal.SIGTERM)  # Ctrl-C or a service manager stopping it
     run = svc.wait_for(run_id, TERMINAL, 60)
@@ -393,7 +452,8 @@ def test_stopping_the_agent_cancels_its_run_with_grace_and_reports_it(
 
 
 def test_an_offer_left_by_a_dead_executor_for_a_cancelled_run_is_not_handed_out(
-        tmp_path: Path, redis_server_url: str) -> None:
+    tmp_path: Path, redis_server_url: str
+) -> None:
     import redis
 
     from potato_queue.store import RunStore
@@ -410,7 +470,8 @@ def test_an_offer_left_by_a_dead_executor_for_a_cancelled_run_is_not_handed_out(
 
 
 def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_errors(
-        tmp_path: Path, redis_server_url: str) -> None:
+    tmp_path: Path, redis_server_url: str
+) -> None:
     """After one empty look, an agent's claims with the same token wait in the ClaimDoor (P7: no FastAPI on the
     idle path); everything a claim can meet must still come out as it does through the route."""
     import concurrent.futures
@@ -418,14 +479,22 @@ def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_e
     import httpx
 
     path = f"/api/training/agent/v1/backends/{BACKEND}/claim"
-    with started(tmp_path, redis_server_url, **lab()) as svc, httpx.Client(base_url=svc.url, timeout=60) as http, \
-            concurrent.futures.ThreadPoolExecutor(2) as pool:
+    with (
+        started(tmp_path, redis_server_url, **lab()) as svc,
+        httpx.Client(base_url=svc.url, timeout=60) as http,
+        concurrent.futures.ThreadPoolExecutor(2) as pool,
+    ):
         token = register(svc)
         auth = {"Authorization": f"Bearer {token}"}
 
         def claim(wait_s: Any, body: Any = None, sent: threading.Event | None = None) -> httpx.Response:
-            return http.post(path, params={"wait_s": wait_s}, json={"host": "lab-1"} if body is None else body,
-                             headers=auth, extensions=None if sent is None else _on_sent(sent))
+            return http.post(
+                path,
+                params={"wait_s": wait_s},
+                json={"host": "lab-1"} if body is None else body,
+                headers=auth,
+                extensions=None if sent is None else _on_sent(sent),
+            )
 
         assert claim(0).json() == {"run_id": None, "token": None}  # the look that lets the next ones wait
         bad = claim(0, {"host": 5})
@@ -442,8 +511,9 @@ def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_e
         got = waiting.result(30).json()
         assert got["run_id"] == run_id and got["token"], got
         done = {"Authorization": f"Bearer {got['token']}"}
-        assert http.post(f"/api/training/agent/v1/runs/{run_id}/result", json={"exit_code": 1, "message": "door"},
-                         headers=done).is_success
+        assert http.post(
+            f"/api/training/agent/v1/runs/{run_id}/result", json={"exit_code": 1, "message": "door"}, headers=done
+        ).is_success
         assert svc.wait_for(run_id, TERMINAL, 30)["state"] == "failed"
 
         assert claim(0).json() == {"run_id": None, "token": None}
@@ -468,22 +538,31 @@ def test_an_agent_that_leaves_its_idle_claim_passes_the_run_to_the_next(tmp_path
         token = register(svc)
         assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None})
         body = b'{"host": "gone"}'
-        head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json"
-                f"\r\nContent-Length: {len(body)}\r\n\r\n").encode()
+        head = (
+            f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json"
+            f"\r\nContent-Length: {len(body)}\r\n\r\n"
+        ).encode()
         host, port = urllib.parse.urlsplit(svc.url).hostname, urllib.parse.urlsplit(svc.url).port
         sent = threading.Event()
 
         def stay() -> httpx.Response:
             with httpx.Client(timeout=60) as client:
-                return client.post(f"{svc.url}{path}", json={"host": "staying"},
-                                   headers={"Authorization": f"Bearer {token}"}, extensions=_on_sent(sent))
+                return client.post(
+                    f"{svc.url}{path}",
+                    json={"host": "staying"},
+                    headers={"Authorization": f"Bearer {token}"},
+                    extensions=_on_sent(sent),
+                )
 
         with socket.create_connection((host, port)) as gone:
             gone.sendall(head + body)
             # In line first: the server has read all of it before the second claim is sent.
             gone_peer = "{}:{}".format(*gone.getsockname())
-            wait_until(lambda: _server_connections(svc).get(gone_peer) == (0, len(head + body)), 30,
-                       "the first claim, read by the server")
+            wait_until(
+                lambda: _server_connections(svc).get(gone_peer) == (0, len(head + body)),
+                30,
+                "the first claim, read by the server",
+            )
             staying = pool.submit(stay)
             wait_until(lambda: sent.is_set() and _all_read(svc), 30, "the second claim, read by the server")
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)

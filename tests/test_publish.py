@@ -44,8 +44,12 @@ def server(tmp_path_factory: pytest.TempPathFactory, redis_server_url: str, hub:
     """The server (its HF_TOKEN the server's token, HF_ENDPOINT the stand-in) and an executor."""
     tmp = tmp_path_factory.mktemp("publish")
     svc = Services(make_project(tmp, backends=BACKENDS), redis_url=redis_server_url, tmp_path=tmp)
-    hf_env = {"HF_ENDPOINT": hub.url, "HF_TOKEN": SERVER_TOKEN, "HF_HUB_DISABLE_XET": "1",
-              "HF_HOME": str(tmp / "hf-home")}
+    hf_env = {
+        "HF_ENDPOINT": hub.url,
+        "HF_TOKEN": SERVER_TOKEN,
+        "HF_HUB_DISABLE_XET": "1",
+        "HF_HOME": str(tmp / "hf-home"),
+    }
     svc.serve("127.0.0.1", env=hf_env)
     try:
         svc.executor()
@@ -59,8 +63,12 @@ def svc(server: Services, tiny_model: Path) -> tuple[Services, str]:
     """The server and a run of hf-text-classification with LoRA that succeeded on the local backend, which no
     test but the API's publishes (the page test publishes a run of its own: tests may run in any order, on
     any xdist worker)."""
-    run_id = server.start_run(trainer="hf-text-classification", schemas=["sentiment"], backend="local",
-                              params={"model_name": str(tiny_model), "epochs": 2, "batch_size": 8, "lora": True})
+    run_id = server.start_run(
+        trainer="hf-text-classification",
+        schemas=["sentiment"],
+        backend="local",
+        params={"model_name": str(tiny_model), "epochs": 2, "batch_size": 8, "lora": True},
+    )
     assert server.wait_for(run_id, TERMINAL, 180)["state"] == "succeeded", server.logs()
     return server, run_id
 
@@ -71,8 +79,9 @@ def published_from_the_api(server: Services) -> str:
     was published from the API to potato-lab/from-the-api, with the request's token."""
     run_id = server.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local")
     assert server.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded", server.logs()
-    status, reply = server.api("POST", f"/runs/{run_id}/publish", {"repo_id": "potato-lab/from-the-api",
-                                                                   "token": REQUEST_TOKEN})
+    status, reply = server.api(
+        "POST", f"/runs/{run_id}/publish", {"repo_id": "potato-lab/from-the-api", "token": REQUEST_TOKEN}
+    )
     assert status == 202, reply
     assert wait_published(server, run_id)["hub"]["state"] == "published", server.logs()
     return run_id
@@ -93,20 +102,29 @@ def redis_text(client: redis.Redis, prefix: str) -> str:
     out = []
     for key in client.scan_iter(f"{prefix}:*"):
         kind = client.type(key).decode()
-        value: Any = {"string": client.get, "hash": client.hgetall, "list": lambda k: client.lrange(k, 0, -1),
-                      "set": client.smembers, "zset": lambda k: client.zrange(k, 0, -1)}.get(kind, lambda k: b"")(key)
+        value: Any = {
+            "string": client.get,
+            "hash": client.hgetall,
+            "list": lambda k: client.lrange(k, 0, -1),
+            "set": client.smembers,
+            "zset": lambda k: client.zrange(k, 0, -1),
+        }.get(kind, lambda k: b"")(key)
         out.append(f"{key!r} {value!r}")
     return "\n".join(out)
 
 
 def test_a_run_is_published_with_its_files_and_a_model_card_and_the_token_is_never_stored(
-        svc: tuple[Services, str], hub: HubStandIn, redis_server_url: str) -> None:
+    svc: tuple[Services, str], hub: HubStandIn, redis_server_url: str
+) -> None:
     services, run_id = svc
     asked = len(hub.authorizations)  # the requests of this publish from here on (another test's may come before)
-    assert services.api("GET", f"/runs/{run_id}/publish") == (200, {"run_id": run_id, "state": "succeeded",
-                                                                  "hub": None, "refused": None})
-    status, reply = services.api("POST", f"/runs/{run_id}/publish", {"repo_id": "potato-lab/reviews-sentiment",
-                                                                     "token": REQUEST_TOKEN})
+    assert services.api("GET", f"/runs/{run_id}/publish") == (
+        200,
+        {"run_id": run_id, "state": "succeeded", "hub": None, "refused": None},
+    )
+    status, reply = services.api(
+        "POST", f"/runs/{run_id}/publish", {"repo_id": "potato-lab/reviews-sentiment", "token": REQUEST_TOKEN}
+    )
     assert (status, reply["hub"]["state"], reply["hub"]["private"]) == (202, "publishing", True), reply
     hub_state = wait_published(services, run_id)["hub"]
     assert hub_state["state"] == "published", hub_state
@@ -128,8 +146,9 @@ def test_a_run_is_published_with_its_files_and_a_model_card_and_the_token_is_nev
     assert "base_model" not in readme.split("---")[1], "a local folder is no Hub model"
     assert f"- Base model: a local folder ({Path(record['params']['model_name']).name})" in readme
     assert "- **sentiment** (model in `sentiment/`): " in readme and "positive" in readme and "negative" in readme
-    assert (f"| sentiment | test | {test_scores['accuracy']:.4f} | {test_scores['macro_f1']:.4f} | "
-            f"{test_scores['n']} |") in readme
+    assert (
+        f"| sentiment | test | {test_scores['accuracy']:.4f} | {test_scores['macro_f1']:.4f} | {test_scores['n']} |"
+    ) in readme
     assert "- LoRA: r=8, alpha=16, dropout=0.1, target modules: the peft default for the model" in readme
     assert f"| train | {record['bundle']['n']['train']} |" in readme
     assert str(artifacts.parent) not in readme, "no path of the server's"
@@ -150,10 +169,14 @@ def test_a_run_is_published_with_its_files_and_a_model_card_and_the_token_is_nev
 def test_a_repo_id_the_hub_refuses_is_a_400_that_names_it(svc: tuple[Services, str]) -> None:
     services, run_id = svc
     status, reply = services.api("POST", f"/runs/{run_id}/publish", {"repo_id": "no-namespace"})
-    assert (status, reply["detail"]) == (400, (
-        "'no-namespace' is not a Hugging Face Hub repo id; fix: write it as namespace/name (your user or "
-        "organization, then the model's name), in letters, digits, - _ and . (not -- nor .., not first or last), "
-        "at most 96 characters: e.g. my-lab/reviews-sentiment"))
+    assert (status, reply["detail"]) == (
+        400,
+        (
+            "'no-namespace' is not a Hugging Face Hub repo id; fix: write it as namespace/name (your user or "
+            "organization, then the model's name), in letters, digits, - _ and . (not -- nor .., not first or last), "
+            "at most 96 characters: e.g. my-lab/reviews-sentiment"
+        ),
+    )
     # A newline after a good id (a regular expression's `$` matches before one) is no id either.
     for bad in ("my-lab/reviews\n", "my-lab/reviews\nx", "\nmy-lab/reviews"):
         status, reply = services.api("POST", f"/runs/{run_id}/publish", {"repo_id": bad})
@@ -173,22 +196,31 @@ def ssh_run_that_kept_its_files_there(services: Services, redis_url: str) -> tup
 
 
 def test_a_run_whose_model_files_stayed_on_the_gpu_host_is_refused_with_why_and_the_fix(
-        server: Services, redis_server_url: str) -> None:
+    server: Services, redis_server_url: str
+) -> None:
     services = server
     run_id, where = ssh_run_that_kept_its_files_there(services, redis_server_url)
     artifacts = run_paths(services, run_id).artifacts
-    message = (f"The model files of run {run_id} stayed on {GPU_HOST} at {where}: only model files on this server "
-               f"can be published")
-    fix = (f"copy them here (scp -r {GPU_HOST}:{where}/. {artifacts}/), then publish again; backend gpu-server "
-           f"copies later runs' files back with fetch_artifacts: true (the default)")
+    message = (
+        f"The model files of run {run_id} stayed on {GPU_HOST} at {where}: only model files on this server "
+        f"can be published"
+    )
+    fix = (
+        f"copy them here (scp -r {GPU_HOST}:{where}/. {artifacts}/), then publish again; backend gpu-server "
+        f"copies later runs' files back with fetch_artifacts: true (the default)"
+    )
     status, reply = services.api("POST", f"/runs/{run_id}/publish", {"repo_id": "potato-lab/on-the-gpu"})
     assert (status, reply) == (409, {"detail": f"{message}; fix: {fix}"})
     assert services.api("GET", f"/runs/{run_id}/publish")[1]["refused"] == {"message": message, "fix": fix}
 
 
 def test_the_run_page_publishes_with_the_servers_token_and_links_the_model(
-        browser: Any, server: Services, published_from_the_api: str, hub: HubStandIn,  # noqa: F811
-        redis_server_url: str) -> None:
+    browser: Any,
+    server: Services,
+    published_from_the_api: str,
+    hub: HubStandIn,  # noqa: F811
+    redis_server_url: str,
+) -> None:
     services, run_id = server, published_from_the_api
     page = signed_in(browser, services)
     page.goto(f"{services.url}/admin/training/runs/{run_id}")
@@ -223,18 +255,37 @@ def test_the_model_card_names_a_hub_base_model_and_every_lora_setting(tmp_path: 
     from potato_queue.validate import load_checked
 
     config = load_checked(make_project(tmp_path))
-    record: Any = {"run_id": "20260101T000000-abcdef", "trainer": "hf-llm-lora", "schemas": ["sentiment"],
-                   "params": {"model_name": "Qwen/Qwen2.5-0.5B"}, "finished_at": "2026-01-01T00:10:00.000Z",
-                   "bundle": {"n": {"train": 80, "val": 20, "test": 20}},
-                   "held_out": {"sentiment": {"val": {"accuracy": 0.9, "macro_f1": 0.8889, "n": 20},
-                                              "test": {"accuracy": None, "macro_f1": None, "n": 0}}}}
-    card = {"trainer": "hf-llm-lora", "schemas": {"sentiment": {"label_order": ["negative", "positive"]}},
-            "settings": {"model_name": "Qwen/Qwen2.5-0.5B", "epochs": 1, "packaged_folder": "/srv/models/qwen",
-                         "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]}}}
+    record: Any = {
+        "run_id": "20260101T000000-abcdef",
+        "trainer": "hf-llm-lora",
+        "schemas": ["sentiment"],
+        "params": {"model_name": "Qwen/Qwen2.5-0.5B"},
+        "finished_at": "2026-01-01T00:10:00.000Z",
+        "bundle": {"n": {"train": 80, "val": 20, "test": 20}},
+        "held_out": {
+            "sentiment": {
+                "val": {"accuracy": 0.9, "macro_f1": 0.8889, "n": 20},
+                "test": {"accuracy": None, "macro_f1": None, "n": 0},
+            }
+        },
+    }
+    card = {
+        "trainer": "hf-llm-lora",
+        "schemas": {"sentiment": {"label_order": ["negative", "positive"]}},
+        "settings": {
+            "model_name": "Qwen/Qwen2.5-0.5B",
+            "epochs": 1,
+            "packaged_folder": "/srv/models/qwen",
+            "lora": {"r": 16, "alpha": 32, "dropout": 0.05, "target_modules": ["q_proj", "v_proj"]},
+        },
+    }
     text = model_card(record, card, config, "potato-lab/reviews-llm")
     front = yaml.safe_load(text.split("---\n")[1])
-    assert front == {"library_name": "transformers", "tags": ["potato-queue", "potato-annotation", "hf-llm-lora"],
-                     "base_model": "Qwen/Qwen2.5-0.5B"}
+    assert front == {
+        "library_name": "transformers",
+        "tags": ["potato-queue", "potato-annotation", "hf-llm-lora"],
+        "base_model": "Qwen/Qwen2.5-0.5B",
+    }
     assert "- Base model: Qwen/Qwen2.5-0.5B\n" in text
     assert "- LoRA: r=16, alpha=32, dropout=0.05, target modules: q_proj, v_proj\n" in text
     assert "- **sentiment**: negative, positive\n" in text

@@ -146,15 +146,25 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
     if not ctx.main_rank:
         return EXIT_OK  # rank 0 has the same model: it predicts and reports
     _check_stop(stop, "after fitting")
+    _predict_and_report(ctx, trainer, bundle, result, fit_started_s if curve else None)
+    ctx.checkpoints.remove_all()  # the run is done: nothing will resume from them
+    return EXIT_OK
+
+
+def _predict_and_report(
+    ctx: RunContext, trainer: Trainer, bundle: Bundle, result: FitResult, curve_started_s: Optional[float]
+) -> None:
+    """The fit's model files, its predictions, and the result with the held-out scores (and, for a learning
+    curve, its 100 % point, timed from `curve_started_s`)."""
     _report_artifacts(ctx, result)
-    reporter.status("evaluating", "predicting val, test and unlabeled items")
+    ctx.reporter.status("evaluating", "predicting val, test and unlabeled items")
     summary = write_predictions(ctx, trainer, predict_items(bundle))
-    reporter.artifact(PREDICTIONS_FILE, os.path.getsize(summary.path))
+    ctx.reporter.artifact(PREDICTIONS_FILE, os.path.getsize(summary.path))
     metrics = dict(result.metrics)
     metrics.update(_score(ctx, summary, result.steps))
-    if curve:
-        report_full_point(ctx, bundle.split_size("train"), metrics, time.monotonic() - fit_started_s)
-    reporter.result(
+    if curve_started_s is not None:
+        report_full_point(ctx, bundle.split_size("train"), metrics, time.monotonic() - curve_started_s)
+    ctx.reporter.result(
         model_version=result.model_version,
         metrics=metrics,
         label_order=result.label_order,
@@ -162,8 +172,6 @@ def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank
         predictions_file=PREDICTIONS_FILE,
         n_predictions=summary.count,
     )
-    ctx.checkpoints.remove_all()  # the run is done: nothing will resume from them
-    return EXIT_OK
 
 
 def _start_watchdog(spec: Spec, reporter: Reporter) -> Optional[MemoryWatchdog]:
