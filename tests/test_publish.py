@@ -215,7 +215,7 @@ def test_a_run_whose_model_files_stayed_on_the_gpu_host_is_refused_with_why_and_
 
 
 def test_the_run_page_publishes_with_the_servers_token_and_links_the_model(
-    browser: Any,
+    browser: Any,  # noqa: F811 - the fixture
     server: Services,
     published_from_the_api: str,
     hub: HubStandIn,  # noqa: F811

@@ -29,6 +29,22 @@ def _table(rows: list[list[Any]]) -> str:
     return aligned([[_f(c) for c in row] for row in rows])
 
 
+def _per_label_table(per_label_a: list[dict[str, Any]], per_label_b: list[dict[str, Any]]) -> str:
+    rows_a = {r["label"]: r for r in per_label_a}
+    rows_b = {r["label"]: r for r in per_label_b}
+    return _table(
+        [["label", "precision A", "recall A", "F1 A", "precision B", "recall B", "F1 B", "support"]]
+        + [
+            [
+                label,
+                *(rows.get(label, {}).get(k) for rows in (rows_a, rows_b) for k in ("precision", "recall", "f1")),
+                (rows_a.get(label) or rows_b[label])["support"],
+            ]
+            for label in sorted(rows_a.keys() | rows_b.keys())
+        ]
+    )
+
+
 def comparison_table(found: dict[str, Any]) -> str:
     """The comparison as text: scores, per label, McNemar, the first disagreements."""
     a, b = found["a"], found["b"]
@@ -46,25 +62,7 @@ def comparison_table(found: dict[str, Any]) -> str:
             ),
             "",
         ]
-        rows_a = {r["label"]: r for r in s["a"]["per_label"]}
-        rows_b = {r["label"]: r for r in s["b"]["per_label"]}
-        out.append(
-            _table(
-                [["label", "precision A", "recall A", "F1 A", "precision B", "recall B", "F1 B", "support"]]
-                + [
-                    [
-                        label,
-                        *(
-                            rows.get(label, {}).get(k)
-                            for rows in (rows_a, rows_b)
-                            for k in ("precision", "recall", "f1")
-                        ),
-                        (rows_a.get(label) or rows_b[label])["support"],
-                    ]
-                    for label in sorted(rows_a.keys() | rows_b.keys())
-                ]
-            )
-        )
+        out.append(_per_label_table(s["a"]["per_label"], s["b"]["per_label"]))
         test = s["mcnemar"]
         out += [
             "",

@@ -18,7 +18,13 @@ from potato_queue.server.connections import (
     raise_file_limit,
 )
 
-__all__ = ["serve_forever", "collect_on_schedule", "YOUNG_COLLECTION_EVERY_S", "FULL_COLLECTION_EVERY_S"]
+__all__ = [
+    "serve_forever",
+    "listening_socket",
+    "collect_on_schedule",
+    "YOUNG_COLLECTION_EVERY_S",
+    "FULL_COLLECTION_EVERY_S",
+]
 
 # Python's own collector is lumpy under steady churn: a generation is collected when allocations outnumber
 # deallocations by its threshold, so while thousands of idle claims are replaced one for one, nothing is collected
@@ -50,6 +56,17 @@ def collect_on_schedule(young_every_s: float, full_every_s: float) -> threading.
     return stop
 
 
+def listening_socket(host: str, port: int) -> socket.socket:
+    """The server's socket, bound and listening (port 0: one the system picks)."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    # Accepted sockets inherit this; without it every small reply waits on a 40 ms delayed ACK.
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock.bind((host, port))
+    sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    return sock
+
+
 def serve_forever(
     config: ProjectConfig,
     redis_url: str,
@@ -65,24 +82,17 @@ def serve_forever(
     are not whole within header_timeout_s, or whose body stalls body_idle_s, is cut (server/connections.py)."""
     import uvicorn
 
+    from potato_queue.insight.potato_order import clear_staging
+    from potato_queue.processes.queue import enqueue, make_celery
     from potato_queue.server.app import create_app, record_server_url
 
     check_writable(config)
     admin_state = check_admin_key(config, host)
-    from potato_queue.insight.potato_order import clear_staging
-
     clear_staging(config)  # what a server killed while it wrote the order left behind
-
-    from potato_queue.processes.queue import enqueue, make_celery
 
     celery = make_celery(config, redis_url)
     app = create_app(config, redis_url, enqueue=lambda run_id: enqueue(celery, config, run_id))
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    # Accepted sockets inherit this; without it every small reply waits on a 40 ms delayed ACK.
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    sock.bind((host, port))
-    sock.listen(2048)  # connections wait in the backlog until uvicorn accepts them
+    sock = listening_socket(host, port)
     bound_port = sock.getsockname()[1]
     reach = "127.0.0.1" if host in ("0.0.0.0", "::", "") else f"[{host}]" if ":" in host else host
     local_url = f"{'https' if tls else 'http'}://{reach}:{bound_port}"

@@ -311,6 +311,11 @@ def _look(watch: Watch) -> Outcome | None:
         watch.waiting_why = None
         if not watch.contacted:
             watch.launched_s = now_s
+    return _clocks(watch, view, status, now_s)
+
+
+def _clocks(watch: Watch, view: RunView, status: Status, now_s: float) -> Outcome | None:
+    """The heartbeat's silence, a wait's deadline and the wall clock: the run stopped when one ran out."""
     overdue = _overdue(watch, view, status, now_s)
     if overdue is not None:
         # An agent that beats is asked to stop (it cancels its pending job); a silent one is not waited for.
