@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store import RunStore
-from potato_queue.store.keys import RunPaths, project_predictions_path
+from potato_queue.store.keys import project_predictions_path
 from potato_queue.store.records import epoch_of
 from potato_queue.wire.exit_codes import EXIT_FOR_STATE
+
+if TYPE_CHECKING:
+    from potato_queue.runs.service import RunService
 
 __all__ = [
     "print_report",
@@ -53,19 +55,14 @@ def runs_table(records: list[dict[str, Any]]) -> str:
     return aligned([[str(c) for c in row] for row in rows])
 
 
-def print_log(paths: RunPaths, *, follow: bool, poll_s: float = 0.5) -> None:
-    """run.log; with follow, until the run ends. The state is read before the log: run.log has a run's
-    last line before run.json has its end (RunStore.transition), so the last read holds it."""
+def print_log(service: RunService, run_id: str, *, follow: bool, poll_s: float = 0.5) -> None:
+    """run.log (RunService.log_on_disk); with follow, until the run ends."""
     offset = 0
     while True:
-        ended = follow and json.loads(paths.run_json.read_text())["state"] in FINAL_STATES
-        if paths.run_log.exists():
-            with open(paths.run_log, "rb") as fh:
-                fh.seek(offset)
-                chunk = fh.read()
-            offset += len(chunk)
-            sys.stdout.write(chunk.decode("utf-8", errors="replace"))
-            sys.stdout.flush()
+        chunk, ended = service.log_on_disk(run_id, offset)
+        offset += len(chunk)
+        sys.stdout.buffer.write(chunk)
+        sys.stdout.flush()
         if not follow or ended:
             return
         time.sleep(poll_s)

@@ -16,7 +16,6 @@ from potato_queue.cli.options import (
     runs_for,
     store_and_queue,
 )
-from potato_queue.errors import PotatoQueueError
 
 __all__ = ["run", "runs", "cancel", "retry", "logs", "bundle"]
 
@@ -120,18 +119,11 @@ def retry(run_id: str, config: Path, redis_url: str, follow: bool) -> None:
 def logs(run_id: str, config: Path, follow: bool) -> None:
     """Print a run's log (-f: keep printing until the run ends)."""
     from potato_queue.cli.output import print_log
-    from potato_queue.store.keys import RunPaths
+    from potato_queue.runs.service import RunService
 
     cfg = checked(config)
-    try:
-        paths = RunPaths.of(cfg, run_id)
-    except ValueError:
-        raise PotatoQueueError(f"{run_id!r} is not a run id (they look like 20261129T120000-a1b2c3)") from None
-    if not paths.run_json.exists():
-        raise PotatoQueueError(
-            f"no run {run_id!r} in this project", fix="list them with: potato-queue training runs CONFIG"
-        )
-    print_log(paths, follow=follow)
+    # No Redis is asked: a run's log is read from its folder (RunService.log_on_disk).
+    print_log(RunService(cfg, *store_and_queue(cfg, cfg.settings.redis_url)), run_id, follow=follow)
 
 
 @click.command()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from potato_queue.config import ProjectConfig
@@ -27,7 +28,7 @@ from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
 from potato_queue.store.offers import DENIED
 
-__all__ = ["RunService", "Claimed", "require_backend", "public_view", "LIST_FIX", "CLAIMED_TOKEN_TTL_S"]
+__all__ = ["RunService", "Claimed", "log_from", "require_backend", "public_view", "LIST_FIX", "CLAIMED_TOKEN_TTL_S"]
 
 LIST_FIX = "list them with: potato-queue training runs CONFIG"
 # A claimed run's token lives at most this long (its end revokes it sooner): a pull run has no executor-side
@@ -50,6 +51,16 @@ def public_view(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
     view["ran_on"] = view.pop("backend", None)
     view.pop("job", None)
     return view
+
+
+def log_from(path: Path, offset: int) -> bytes:
+    """A log file's bytes from `offset` on; none when nothing is new (or there is no file yet)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(offset)
+            return fh.read()
+    except FileNotFoundError:
+        return b""
 
 
 def require_backend(config: ProjectConfig, name: str) -> None:
@@ -103,8 +114,12 @@ class RunService:
 
     def record(self, run_id: str) -> RunRecord:
         """The run's record with its live fields (NotFound when the project has no such run)."""
+        return self._found(self.store.get, run_id)
+
+    @staticmethod
+    def _found(read: Callable[[str], RunRecord], run_id: str) -> RunRecord:
         try:
-            return self.store.get(run_id)
+            return read(run_id)
         except ValueError:  # RunPaths refused it: not a run id at all
             raise NotFound(
                 f"No run {run_id!r} in this project (run ids look like 20261129T120000-a1b2c3)", fix=LIST_FIX
@@ -130,12 +145,14 @@ class RunService:
     def log(self, run_id: str, offset: int = 0) -> str:
         """run.log from byte `offset` on (to follow it); "" when nothing is new."""
         self.record(run_id)
-        path = self.store.paths(run_id).run_log
-        if not path.exists() or offset >= path.stat().st_size:
-            return ""
-        with open(path, "rb") as fh:
-            fh.seek(offset)
-            return fh.read().decode("utf-8", errors="replace")
+        return log_from(self.store.paths(run_id).run_log, offset).decode("utf-8", errors="replace")
+
+    def log_on_disk(self, run_id: str, offset: int = 0) -> tuple[bytes, bool]:
+        """`training logs`: run.log's bytes from `offset` on, and whether the run had ended when it was read.
+        From the run's folder alone, so it needs no Redis. The state is read first: run.log has a run's
+        last line before run.json has its end (RunStore.transition), so a read after an end holds it."""
+        ended = self._found(self.store.read, run_id)["state"] in FINAL_STATES
+        return log_from(self.store.paths(run_id).run_log, offset), ended
 
     def events(self, run_id: str, after: int = 0) -> list[dict[str, Any]]:
         """The run's events from the `after`-th on."""
