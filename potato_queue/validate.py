@@ -32,7 +32,7 @@ from potato_queue.config import (
 from potato_queue.errors import ConfigError
 from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
 from potato_queue.settings import DEFAULT_SETTINGS, Settings
-from potato_queue.store.potato_ledger import ledger_status
+from potato_queue.store.potato_compat import ledger_status
 from potato_queue.validate_backends import (
     SLURM_ONLY_REFUSED,
     Warning_,

@@ -116,7 +116,7 @@ class StubAgent:
         if (
             self.script.cancel_at_s is not None
             and t >= self.script.cancel_at_s
-            and not self.store.cancel_requested(self.run_id)
+            and not self.store.in_flight.cancel_requested(self.run_id)
         ):
             self.store.request_cancel(self.run_id)
         if self.gone or self.reported or self.killed:
@@ -132,7 +132,7 @@ class StubAgent:
         if self.script.silent_from_s is not None and t >= self.script.silent_from_s:
             return
         self._beat(now_s, t)
-        if self.store.stop_due(self.run_id):
+        if self.store.in_flight.stop_due(self.run_id):
             self._stop(now_s)
         elif self.script.finish_s is not None and t >= self.in_hands_s() + self.script.finish_s:
             self._report(self.script.exit_code, predictions=self.script.exit_code == 0)

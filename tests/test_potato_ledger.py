@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 import yaml
 
-from potato_queue.store import potato_ledger
+from potato_queue.store import potato_compat
 from potato_queue.store.keys import new_run_id, potato_database_path
-from potato_queue.store.potato_ledger import PotatoLedger, ledger_status, potato_config, potato_metrics
+from potato_queue.store.potato_compat import ledger_status
+from potato_queue.store.potato_ledger import PotatoLedger, potato_config, potato_metrics
 from potato_queue.store.records import utc_now, utc_of
 from potato_queue.validate import load_checked
 from tests.conftest import run_cli
@@ -99,7 +100,7 @@ def test_without_potato_installed_write_back_is_off_and_says_how_to_turn_it_on(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The test environment has the extra; a second environment without it is stood in for here."""
-    monkeypatch.setattr(potato_ledger, "installed_potato", lambda: None)
+    monkeypatch.setattr(potato_compat, "installed_potato", lambda: None)
     status = ledger_status(load_checked(make_project(tmp_path)))
     assert not status.on and status.line().startswith("Potato write-back is off: potato-annotation is not installed")
     assert status.fix == "pip install 'potato-queue[potato]' where potato-queue runs (potato-annotation>=2.12.1,<2.13)"

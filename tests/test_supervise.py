@@ -179,7 +179,7 @@ def test_the_wall_clock_asks_the_agent_to_stop_then_kills(store: RunStore) -> No
     began = store.clock.now_s()
     outcome = supervise(watch)
     assert outcome.error == "The run did not finish within max_wall_seconds (300 s) and was stopped"
-    assert store.cancel_requested(watch.run_id) and handle.killed == 1
+    assert store.in_flight.cancel_requested(watch.run_id) and handle.killed == 1
     # Asked at the limit to the millisecond, then grace (2 s) and the report's margin before the kill.
     assert 300 + 2 + CANCEL_MARGIN_S <= elapsed(store, began) <= 300 + 2 + CANCEL_MARGIN_S + 2 * TICK_S
 
@@ -192,7 +192,7 @@ def test_a_batch_jobs_hard_stop_is_waited_for_before_the_executor_kills(store: R
     handle.hard_stop_s = 32.0
     watch, _, _ = watch_of(store, handle, heartbeat_timeout_s=1000)
     store.touch_heartbeat(watch.run_id)
-    store.signal_stop(watch.run_id)
+    store.in_flight.signal_stop(watch.run_id)
     at(store, 2 + 30, lambda: store.record_result(watch.run_id, 4, None, "cancelled"))
     outcome = supervise(watch)
     assert outcome.result == AgentResult(4, None, "cancelled") and handle.killed == 0
@@ -201,7 +201,7 @@ def test_a_batch_jobs_hard_stop_is_waited_for_before_the_executor_kills(store: R
     late.hard_stop_s = 32.0
     watch, _, _ = watch_of(store, late, heartbeat_timeout_s=1000)
     store.touch_heartbeat(watch.run_id)
-    store.signal_stop(watch.run_id)
+    store.in_flight.signal_stop(watch.run_id)
     began = store.clock.now_s()
     outcome = supervise(watch)
     assert (outcome.state, outcome.error) == (

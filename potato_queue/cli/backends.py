@@ -25,7 +25,7 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | 
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
     from potato_queue.host.llm_fit import ModelAsk
     from potato_queue.runs.service import RunService
-    from potato_queue.store.potato_ledger import ledger_status
+    from potato_queue.store.potato_compat import ledger_status
 
     cfg = checked(config)
     # Not pinged first: only an agent backend's check reads Redis (its registration), and it says so when none answers.

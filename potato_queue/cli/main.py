@@ -29,7 +29,7 @@ def cli() -> None:
 def validate(config: Path, strict: bool, as_json: bool) -> None:
     """Check a project config (exit 0 valid, 1 errors or strict warnings, 2 unreadable)."""
     from potato_queue.cli.output import print_report
-    from potato_queue.store.potato_ledger import ledger_status
+    from potato_queue.store.potato_compat import ledger_status
     from potato_queue.validate import check_file
 
     report = check_file(config)

@@ -50,7 +50,7 @@ def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) ->
         with open(paths.events, "a", encoding="utf-8") as fh:
             fh.write(text)
     live, metrics, lines = summarize(kept)
-    for name in store.record_batch(run_id, live, metrics):
+    for name in store.in_flight.record_batch(run_id, live, metrics):
         problems.append(
             f"metric {_shown(name)}: the run has {MAX_METRICS_PER_RUN} metric names already, the most "
             f"a run keeps (their values still update); {_MANY_FIX}"

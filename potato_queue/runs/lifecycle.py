@@ -140,7 +140,7 @@ class RunLife:
 
     def step(self, text: str) -> None:
         """The step line the page shows, also kept in run.log."""
-        self.store.set_live(self.run_id, step=text)
+        self.store.in_flight.set_live(self.run_id, step=text)
         self.log(text)
 
     def run(self) -> None:
@@ -186,7 +186,7 @@ class RunLife:
                 self.clock.wait(REDIS_RETRY_S)
 
     def _prepare(self, executor: Executor) -> LaunchSpec:
-        self.store.set_live(self.run_id, step="building the bundle")
+        self.store.in_flight.set_live(self.run_id, step="building the bundle")
         job = build_job(self.config, self.store, self.record, self.paths)
         split_ids = bundle_split_ids(self.paths.bundle_dir)
         self.store.potato.record_splits(self.record, split_ids)
@@ -275,7 +275,7 @@ class RunLife:
         except (OSError, PotatoQueueError) as exc:  # the run failed already; this must not hide why
             self.log(f"the model files could not be collected: {_said(exc)}")
             artifact_uri = None
-        state, error = failure_of(outcome, live, self.store.cancel_requested(self.run_id))
+        state, error = failure_of(outcome, live, self.store.in_flight.cancel_requested(self.run_id))
         self.store.transition(
             self.run_id,
             state,

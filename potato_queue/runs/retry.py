@@ -66,7 +66,7 @@ def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], N
     # run.json's retried_by is the lasting word, but two retries asked at once both read it unset: the claim
     # in Redis decides which of them is the retry before either writes anything.
     retry_id = new_run_id()
-    winner = store.claim_retry(old["run_id"], retry_id)
+    winner = store.in_flight.claim_retry(old["run_id"], retry_id)
     if winner is not None:
         raise _retried_already(old["run_id"], winner)
     try:
@@ -86,7 +86,7 @@ def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], N
         # Written but not queued (or not recorded in Potato): the run exists and an executor may take it, so it
         # stays the retry; only a retry that was never written gives its claim back.
         if not store.paths(retry_id).run_json.exists():
-            store.release_retry(old["run_id"], retry_id)
+            store.in_flight.release_retry(old["run_id"], retry_id)
         raise
     store.update(old["run_id"], retried_by=record["run_id"])
     store.log(old["run_id"], f"retried as run {record['run_id']}, which resumes from this run's checkpoints")

@@ -118,7 +118,7 @@ def stop_run(watch: Watch, grace_s: float, state: RunState, error: str) -> Outco
     result = None
     try:
         if grace_s > 0:
-            watch.store.signal_stop(watch.run_id)
+            watch.store.in_flight.signal_stop(watch.run_id)
             deadline = watch.clock.now_s() + _report_within_s(watch, grace_s)
             while result is None and watch.clock.now_s() < deadline and not isinstance(watch.handle.poll(), Gone):
                 _wait(watch, TICK_S)
@@ -347,7 +347,7 @@ def _wait(watch: Watch, seconds: float) -> None:
 
     def woken(wait_s: float) -> None:
         try:
-            watch.store.wait_result(watch.run_id, wait_s)
+            watch.store.in_flight.wait_result(watch.run_id, wait_s)
         except redis.RedisError:
             watch.clock.wait(wait_s)
 

@@ -142,7 +142,7 @@ def post_events(request: Request, run_id: AuthorizedRun, batch: EventBatch) -> C
         ingest_events(store, run_id, events)
     except OSError as exc:
         raise _cannot_write(store, run_id, exc) from None
-    return CancelReply(cancel=store.stop_due(run_id))
+    return CancelReply(cancel=store.in_flight.stop_due(run_id))
 
 
 def _checked_event(index: int, event: dict[str, Any]) -> dict[str, Any]:
@@ -172,7 +172,7 @@ async def get_control(
         return stopping.is_set() or await request.is_disconnected()
 
     await run_in_threadpool(runs_of(request).heard_from, run_id)
-    return CancelReply(cancel=await store.wait_stop_due(run_id, min(wait_s, MAX_WAIT_S), nobody_to_answer))
+    return CancelReply(cancel=await store.in_flight.wait_stop_due(run_id, min(wait_s, MAX_WAIT_S), nobody_to_answer))
 
 
 def _too_large(config: ProjectConfig, size: str) -> TooLarge:

@@ -20,7 +20,7 @@ from potato_queue.executors.base import CheckReport
 from potato_queue.server.admin_api import require_admin_key
 from potato_queue.server.deps import ErrorReply, runs_of, store_of
 from potato_queue.server.guard import request_session
-from potato_queue.store.potato_ledger import ledger_status
+from potato_queue.store.potato_compat import ledger_status
 
 __all__ = ["page_api_router", "device_probe", "STREAM_TICK_S"]
 

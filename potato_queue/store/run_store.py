@@ -1,45 +1,35 @@
 """Run records: durable on disk (run.json, run.log, events.jsonl), live in Redis.
 
 The run directory is the truth (it survives a Redis restart); Redis holds what changes every second (step,
-progress, heartbeat, cancel flag), the index of unfinished runs, and the state, whose transitions are
-compare-and-set there so that a cancel and an executor's start can never both win. The store owns its Redis:
-the server's routes, ingest and the run lifecycle ask it, and nothing else builds a key or talks to Redis.
+progress, heartbeat, cancel flag: store.in_flight), the index of unfinished runs, and the state, whose
+transitions are compare-and-set there so that a cancel and an executor's start can never both win. The store
+owns its Redis: the server's routes, ingest and the run lifecycle ask it, and nothing else builds a key or
+talks to Redis.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable, Callable
 from typing import Any, cast
 
 import redis
-import redis.asyncio as aioredis
 
-from potato_queue.bounds import MAX_METRICS_PER_RUN
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import ProjectConfig
 from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView, merge
+from potato_queue.store.in_flight import RunsInFlight
 from potato_queue.store.index import RunIndex
 from potato_queue.store.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
 from potato_queue.store.lease import Lease
 from potato_queue.store.offers import Offers
 from potato_queue.store.pending import PendingRecords
-from potato_queue.store.plumbing import (
-    CAS_STATE,
-    CLAIM_FIELD,
-    MERGE_METRICS,
-    RECORD_RESULT,
-    RELEASE_FIELD,
-    wait_published,
-)
+from potato_queue.store.plumbing import CAS_STATE
 from potato_queue.store.potato_ledger import PotatoLedger
 from potato_queue.store.presence import Presence
 from potato_queue.store.records import (
     FOLDER_FIX,
-    LIVE_JSON,
     RunFolderError,
     RunMovedOn,
-    as_text,
     created_ms,
     folder_error,
     log_text,
@@ -53,8 +43,6 @@ from potato_queue.store.tokens import AgentTokens, RunTokens
 
 __all__ = ["RunStore"]
 
-MIN_WAIT_S = 0.01  # the shortest BLPOP; Redis wakes blocked clients every 100 ms (hz 10) anyway
-
 
 class RunStore:
     """One project's runs."""
@@ -65,10 +53,8 @@ class RunStore:
         self.redis = client
         self.keys = Keys.of(config)
         self._cas = client.register_script(CAS_STATE)
-        self._record_result = client.register_script(RECORD_RESULT)
-        self._claim_field = client.register_script(CLAIM_FIELD)
-        self._release_field = client.register_script(RELEASE_FIELD)
         self._created: dict[str, str] = {}
+        self.in_flight = RunsInFlight(client, self.keys, clock)  # live fields, result, stop flag: Redis only
         self.tokens = RunTokens(client, self.keys)
         self.agents = AgentTokens(client, self.keys, clock)
         self.offers = Offers(client, self.keys, clock)
@@ -125,19 +111,9 @@ class RunStore:
             write_json_atomic(paths.run_json, record)
         except OSError as exc:
             raise RunFolderError(folder_error(paths.dir, exc), fix=FOLDER_FIX) from None
-        self._seed_live(record)
+        self.in_flight.seed(record)
         self.potato.record(record)
         return record
-
-    def _seed_live(self, record: RunRecord) -> bool:
-        """Redis' view of a run from its record, where Redis has none; True when it had none."""
-        run_id, created = record["run_id"], created_ms(record)
-        pipe = self.redis.pipeline()
-        pipe.hsetnx(self.keys.run(run_id), "state", record["state"])
-        pipe.zadd(self.keys.runs, {run_id: created}, nx=True)
-        if record["state"] not in FINAL_STATES:
-            pipe.zadd(self.keys.unfinished, {run_id: created}, nx=True)
-        return bool(pipe.execute()[0])
 
     def read(self, run_id: str) -> RunRecord:
         """run.json as written (KeyError when there is no such run)."""
@@ -212,9 +188,9 @@ class RunStore:
         with record_lock(self.paths(run_id).dir):
             if record is None:
                 record = self.read(run_id)
-            elif self._state_now(run_id) not in (None, record["state"]):
+            elif self.in_flight.state(run_id) not in (None, record["state"]):
                 raise RunMovedOn(
-                    f"Run {run_id} is {self._state_now(run_id)} now, no longer {record['state']}: "
+                    f"Run {run_id} is {self.in_flight.state(run_id)} now, no longer {record['state']}: "
                     f"this executor's step was not recorded"
                 )
             merge(record, fields)
@@ -232,7 +208,7 @@ class RunStore:
         if not self._compare_and_set(run_id, state):
             return None
         with record_lock(self.paths(run_id).dir):
-            if self._state_now(run_id) not in (None, state):
+            if self.in_flight.state(run_id) not in (None, state):
                 return None  # moved on by another (a sweep, a cancel), who writes its own record
             record = self.read(run_id) if record is None else record
             merge(record, {**fields, "state": state})
@@ -248,10 +224,6 @@ class RunStore:
             self._write_record(run_id, record)
         return record
 
-    def _state_now(self, run_id: str) -> str | None:
-        """The run's state in Redis (None: Redis holds none)."""
-        return cast("str | None", as_text(self.redis.hget(self.keys.run(run_id), "state")))
-
     def _write_record(self, run_id: str, record: RunRecord) -> None:
         """run.json, or, when the folder cannot be written, the record held in Redis and RunFolderError."""
         try:
@@ -260,6 +232,15 @@ class RunStore:
             error = folder_error(self.paths(run_id).dir, exc)
             self.pending.hold(run_id, {**record, "error": record.get("error") or error}, error)
             raise RunFolderError(error, fix=FOLDER_FIX) from None
+
+    def log(self, run_id: str, *messages: str) -> None:
+        """Lines in run.log, what the admin reads (one write for them all). A folder that cannot be
+        written is noted for the executor, which ends the run with it; the caller goes on."""
+        try:
+            with open(self.paths(run_id).run_log, "a", encoding="utf-8") as fh:
+                fh.write(log_text(list(messages)))
+        except OSError as exc:
+            self.pending.note(run_id, folder_error(self.paths(run_id).dir, exc))
 
     def write_held_records(self) -> list[str]:
         """The records held while their folders could not be written, written now where they can be."""
@@ -281,113 +262,13 @@ class RunStore:
         lost = []
         for run_id in self.run_ids():
             record = self.read(run_id)
-            if self._seed_live(record) and record["state"] == RunState.QUEUED:
+            if self.in_flight.seed(record) and record["state"] == RunState.QUEUED:
                 lost.append(run_id)
             if any(p.exists() for p in self.paths(run_id).bulky):
                 self.index.mark_bulky(run_id, created_ms(record))
         return lost
 
-    # -- live state --------------------------------------------------------
-    def live(self, run_id: str) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for key, value in self.redis.hgetall(self.keys.run(run_id)).items():
-            k, v = as_text(key), as_text(value)
-            out[k] = json.loads(v) if k in LIVE_JSON else (float(v) if k == "heartbeat_at" else v)
-        return out
-
-    def set_live(self, run_id: str, **fields: Any) -> None:
-        mapping: dict[Any, Any] = {
-            k: json.dumps(v) if k in LIVE_JSON else str(v) for k, v in fields.items() if v is not None
-        }
-        if mapping:
-            self.redis.hset(self.keys.run(run_id), mapping=mapping)
-
-    def claim_retry(self, run_id: str, retry_id: str) -> str | None:
-        """Make `retry_id` the one retry of run `run_id`, in one Redis step: None when it is, else the id of
-        the retry that claimed it first (two retries asked at once: one wins)."""
-        winner = self._claim_field(keys=[self.keys.run(run_id)], args=["retried_by", retry_id])
-        return None if winner is None else as_text(winner)
-
-    def release_retry(self, run_id: str, retry_id: str) -> None:
-        """The claim given back: the retry could not be queued."""
-        self._release_field(keys=[self.keys.run(run_id)], args=["retried_by", retry_id])
-
-    def record_batch(self, run_id: str, live: dict[str, str], metrics: dict[str, Any]) -> list[str]:
-        """A batch of events' live fields and metrics, with the heartbeat, in one pipeline: the names of new
-        metrics refused because the run has MAX_METRICS_PER_RUN names already."""
-        pipe = self.redis.pipeline(transaction=False)
-        mapping: dict[Any, Any] = {**live, "heartbeat_at": repr(self.clock.now_s())}
-        pipe.hset(self.keys.run(run_id), mapping=mapping)
-        if metrics:
-            pairs = [item for name, value in metrics.items() for item in (name, json.dumps(value))]
-            # EVAL, not a registered script: redis-py checks SCRIPT EXISTS before every pipeline that
-            # holds one, a round trip per batch on the hot path.
-            pipe.eval(MERGE_METRICS, 1, self.keys.metrics(run_id), MAX_METRICS_PER_RUN, *pairs)
-        replies = pipe.execute()
-        return [as_text(name) for name in replies[1]] if metrics else []
-
-    def metrics(self, run_id: str) -> dict[str, Any]:
-        """The run's metrics so far: each `<split>/<name>`'s latest value (what its record keeps at the end)."""
-        return {
-            as_text(name): json.loads(value) for name, value in self.redis.hgetall(self.keys.metrics(run_id)).items()
-        }
-
-    def record_result(self, run_id: str, exit_code: int, artifact_uri: str | None, message: str | None) -> str | None:
-        """The agent's result, and a wake-up for the supervising executor: the run's state now, or
-        None when the run already has its result (one per run; the first one stands)."""
-        extra = [x for k, v in (("artifact_uri", artifact_uri), ("agent_message", message)) if v for x in (k, v)]
-        keys = [self.keys.run(run_id), self.keys.result_signal(run_id)]
-        if not self._record_result(keys=keys, args=[str(exit_code), repr(self.clock.now_s()), *extra]):
-            return None
-        return str(as_text(self.redis.hget(keys[0], "state")) or "unknown")
-
-    def view(self, run_id: str) -> RunView:
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.hmget(
-            self.keys.run(run_id),
-            "agent_exit_code",
-            "artifact_uri",
-            "agent_message",
-            "heartbeat_at",
-            "disk_error",
-            "state",
-            "worker_state",
-            "step",
-        )
-        pipe.exists(self.keys.cancel(run_id))
-        pipe.exists(self.keys.run_token(run_id))
-        (code, uri, message, beat, disk_error, state, worker_state, step), cancel, token = pipe.execute()
-        pending = (as_text(step) or "waiting in the scheduler's queue") if as_text(worker_state) == "pending" else None
-        return RunView(
-            exit_code=None if code is None else int(code),
-            artifact_uri=as_text(uri),
-            message=as_text(message),
-            heartbeat_at=None if beat is None else float(beat),
-            cancel_requested=bool(cancel),
-            disk_error=as_text(disk_error),
-            state=as_text(state),
-            pending_step=pending,
-            has_token=bool(token),
-        )
-
-    def wait_result(self, run_id: str, timeout_s: float) -> None:
-        """Sleep up to timeout_s (at least 10 ms), waking as soon as the agent's result arrives."""
-        # Redis 6.2 (the embedded one) truncates a timeout to whole ms: 0.001 s becomes 0, "block forever".
-        self.redis.blpop([self.keys.result_signal(run_id)], timeout=max(MIN_WAIT_S, timeout_s))
-
-    def touch_heartbeat(self, run_id: str) -> None:
-        """The agent was heard from, now."""
-        self.redis.hset(self.keys.run(run_id), "heartbeat_at", repr(self.clock.now_s()))
-
-    def log(self, run_id: str, *messages: str) -> None:
-        """Lines in run.log, what the admin reads (one write for them all). A folder that cannot be
-        written is noted for the executor, which ends the run with it; the caller goes on."""
-        try:
-            with open(self.paths(run_id).run_log, "a", encoding="utf-8") as fh:
-                fh.write(log_text(list(messages)))
-        except OSError as exc:
-            self.pending.note(run_id, folder_error(self.paths(run_id).dir, exc))
-
+    # -- leases ------------------------------------------------------------
     def slot_lease(self) -> Lease:
         """A holder's handle on the project's run slot (one run at a time, across executors); each
         caller takes its own, since a handle keeps its holder's token and renewal clock."""
@@ -407,7 +288,7 @@ class RunStore:
         record = self.get(run_id)
         if record["state"] in FINAL_STATES:
             return record["state"]
-        self.signal_stop(run_id)
+        self.in_flight.signal_stop(run_id)
         if record["state"] == RunState.QUEUED and self.transition(
             run_id, RunState.CANCELLED, said="cancelled while queued; it will not start"
         ):
@@ -415,32 +296,18 @@ class RunStore:
         self.log(run_id, "cancel requested")
         return self.get(run_id)["state"]
 
-    def signal_stop(self, run_id: str) -> None:
-        """Tell the run's agent to stop its worker (cancel, wall limit); the state is decided elsewhere."""
-        pipe = self.redis.pipeline()
-        pipe.set(self.keys.cancel(run_id), "1")
-        pipe.publish(self.keys.control(run_id), "cancel")
-        pipe.execute()
+    # -- a run in flight (store.in_flight): the calls many callers make, kept here --------------------
+    def live(self, run_id: str) -> dict[str, Any]:
+        return self.in_flight.live(run_id)
 
-    def cancel_requested(self, run_id: str) -> bool:
-        return bool(self.redis.exists(self.keys.cancel(run_id)))
+    def metrics(self, run_id: str) -> dict[str, Any]:
+        return self.in_flight.metrics(run_id)
 
-    def stop_due(self, run_id: str) -> bool:
-        """What the agent is told: stop, because a cancel was requested or the run is already over."""
-        pipe = self.redis.pipeline(transaction=False)
-        pipe.exists(self.keys.cancel(run_id))
-        pipe.hget(self.keys.run(run_id), "state")
-        requested, state = pipe.execute()
-        return bool(requested) or as_text(state) in FINAL_STATES
+    def view(self, run_id: str) -> RunView:
+        return self.in_flight.view(run_id)
 
-    async def wait_stop_due(self, run_id: str, wait_s: float, hung_up: Callable[[], Awaitable[bool]]) -> bool:
-        """True as soon as stop_due (published or found), False after wait_s or once `hung_up()`."""
+    def touch_heartbeat(self, run_id: str) -> None:
+        self.in_flight.touch_heartbeat(run_id)
 
-        async def due(client: aioredis.Redis) -> bool:
-            async with client.pipeline(transaction=False) as pipe:
-                pipe.exists(self.keys.cancel(run_id))
-                pipe.hget(self.keys.run(run_id), "state")
-                requested, state = await pipe.execute()
-            return bool(requested) or as_text(state) in FINAL_STATES
-
-        return await wait_published(self.redis, self.keys.control(run_id), due, wait_s, hung_up)
+    def record_result(self, run_id: str, exit_code: int, artifact_uri: str | None, message: str | None) -> str | None:
+        return self.in_flight.record_result(run_id, exit_code, artifact_uri, message)
