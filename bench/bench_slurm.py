@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from bench_lifecycle import p95  # noqa: E402
 
 from bench.quick import quick_args  # noqa: E402
-from potato_queue.agent.runner import extract_bundle  # noqa: E402
+from potato_queue.agent.run_files import extract_bundle  # noqa: E402
 from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.settings import SSH_CONFIG_ENV  # noqa: E402
 from tests.lifecycle_helpers import TERMINAL, Services, build_tiny_model, run_paths, started  # noqa: E402

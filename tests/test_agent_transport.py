@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.agent import transport as transport_module
+from potato_queue.agent import backoff as backoff_module
+from potato_queue.agent.backoff import Backoff, retry
 from potato_queue.agent.client import BundleDownloadError, RunClient
 from potato_queue.agent.launchers.base import LaunchError
 from potato_queue.agent.launchers.process import ProcessLauncher, scan_processes, worker_env
@@ -27,11 +28,9 @@ from potato_queue.agent.relay import control_loop
 from potato_queue.agent.transport import (
     API_PREFIX,
     ApiError,
-    Backoff,
     Retryable,
     Transport,
     Unreachable,
-    retry,
 )
 
 pytestmark = pytest.mark.unit
@@ -115,7 +114,7 @@ def make_client(httpd: Scripted, logs: list[str], give_up_s: float = 5.0) -> Run
 # -- the policy ---------------------------------------------------------------------
 def test_backoff_doubles_from_0_2_to_5_s_and_logs_the_first_and_every_10th(monkeypatch: pytest.MonkeyPatch) -> None:
     waits: list[float] = []
-    monkeypatch.setattr(transport_module.time, "sleep", waits.append)
+    monkeypatch.setattr(backoff_module.time, "sleep", waits.append)
     logs: list[str] = []
     policy = Backoff("GET job", logs.append)
     for n in range(20):

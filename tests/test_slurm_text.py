@@ -1,4 +1,4 @@
-"""The slurm backend's pure functions (wire/sbatch.py, executors/slurm.py), on real command output.
+"""The slurm backend's pure functions (wire/sbatch.py, wire/slurm_state.py, executors/slurm.py), on real output.
 
 tests/data/slurm/ holds what Debian's slurm 22.05 printed on the single-node test cluster
 (tests/slurm_cluster.py) for each way a job ends: squeue's lines, `scontrol show job -o` and the
@@ -30,17 +30,19 @@ from potato_queue.executors.slurm import default_partition, parse_sinfo
 from potato_queue.wire.isolated import allowed_env
 from potato_queue.wire.sbatch import (
     SBATCH_FLAGS,
-    QueueState,
     SettingsError,
     SlurmSettings,
-    describe_state,
-    end_reason,
     job_script,
     parse_job_id,
+    sbatch_argv,
+)
+from potato_queue.wire.slurm_state import (
+    QueueState,
+    describe_state,
+    end_reason,
     parse_scontrol,
     parse_squeue,
     requeue_line,
-    sbatch_argv,
 )
 
 DATA = Path(__file__).parent / "data" / "slurm"
@@ -540,9 +542,9 @@ def test_every_flag_squeue_scontrol_and_scancel_are_given_is_in_slurm_20_11(
     monkeypatch.setattr(slurm_module, "shared_code_root", lambda _: "/code")
     launcher = SlurmLauncher(SlurmSettings.of({}), lambda _: None, host="login-1")
     job = SlurmJob("4242", str(tmp_path), [], launcher)
-    job._squeue()
-    job._scontrol()
-    job.state = QueueState("RUNNING", "None", "node1")
+    job.monitor.squeue()
+    job.monitor.scontrol()
+    job.monitor.state = QueueState("RUNNING", "None", "node1")
     job.terminate()
     job.kill()
     (tmp_path / "r1").mkdir()

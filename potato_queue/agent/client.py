@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable, Dict, List, Optional
 from urllib.parse import quote
 
+from potato_queue.agent.backoff import problem_of, retry
 from potato_queue.agent.errors import BundleDownloadError
 from potato_queue.agent.transport import (
     API_PREFIX,
@@ -23,13 +24,9 @@ from potato_queue.agent.transport import (
     ApiError,
     Retryable,
     Transport,
-    UnixHTTPConnection,
     Unreachable,
     error_detail,
     json_answer,
-    open_connection,
-    problem_of,
-    retry,
 )
 from potato_queue.wire.files import file_sha256
 
@@ -40,10 +37,8 @@ __all__ = [
     "ApiError",
     "Unreachable",
     "BundleDownloadError",
-    "UnixHTTPConnection",
     "RunClient",
     "AgentClient",
-    "open_connection",
     "file_sha256",
 ]
 

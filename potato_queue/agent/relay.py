@@ -4,7 +4,7 @@ Standard library only, Python 3.8+. Each job has its own thread so none can
 starve another: a worker that floods stdout only fills the queue (which
 then blocks its pipe: back-pressure), while the heartbeat and the control
 long-poll keep their own connections and their own pace. Each loop makes
-single tries and retries them through the transport's one policy (Backoff),
+single tries and retries them through the agent's one policy (backoff.py's Backoff),
 for ever: AGT-7 (the runner watching silence_s) decides when the server is lost.
 """
 
@@ -16,8 +16,9 @@ import threading
 import time
 from typing import IO, Any, Callable, Iterator, List, Optional
 
+from potato_queue.agent.backoff import Backoff
 from potato_queue.agent.client import RunClient
-from potato_queue.agent.transport import ApiError, Backoff, Unreachable
+from potato_queue.agent.transport import ApiError, Unreachable
 from potato_queue.wire.events import PROTOCOL_VERSION
 
 __all__ = [

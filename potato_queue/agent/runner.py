@@ -1,15 +1,12 @@
 """One run on the training machine: bundle in, worker run, events out, result back.
 
-Standard library only, Python 3.8+. Files live in `DIR/<run_id>/`:
-bundle.tar.gz, bundle/, spec.json, work/ (the worker's workdir: model files
-and predictions.jsonl), as docs/protocol.md lays out. The runner speaks the
+Standard library only, Python 3.8+. The run's folder, `DIR/<run_id>/` (its
+paths, the bundle unpacked, spec.json), is run_files.py's. The runner speaks the
 protocol and applies cancel, grace and limits; a WorkerLauncher (launchers/base.py)
 starts the worker, and the runner touches it only through its WorkerHandle.
 """
 
-import json
 import os
-import re
 import shutil
 import socket
 import sys
@@ -23,14 +20,14 @@ from potato_queue.agent.client import BundleDownloadError, RunClient
 from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerLauncher
 from potato_queue.agent.progress import Progress
 from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
+from potato_queue.agent.run_files import RunFiles, extract_bundle, write_spec
 from potato_queue.agent.transport import ApiError, Unreachable
 from potato_queue.host.gpus import Choice
 from potato_queue.wire.exit_codes import EXIT_BAD_SPEC, EXIT_CANCELLED, EXIT_OOM, EXIT_UNEXPECTED
-from potato_queue.wire.files import write_atomic
 from potato_queue.wire.job import Job, JobError
 from potato_queue.wire.text import one_line
 
-__all__ = ["Runner", "RunFiles", "extract_bundle", "write_spec", "log_line", "DEFAULT_GRACE_S"]
+__all__ = ["Runner", "log_line", "DEFAULT_GRACE_S"]
 
 DEFAULT_GRACE_S = 20.0
 MEMORY_CHECK_S = 0.25
@@ -40,7 +37,6 @@ TICK_S = 0.02
 LOST_SERVER_TIMEOUT_S = 5.0
 # After SIGKILL (a SLURM job: scancel, then its KillWait), how long the worker may take to be seen ending.
 KILL_WAIT_S = 120.0
-_SAFE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def log_line(message: str) -> None:
@@ -53,51 +49,6 @@ def log_line(message: str) -> None:
         # Whoever read our stderr is gone (a dropped ssh session: EPIPE): the line is lost, but the clean-up
         # that is logging it (a scancel, the worker's stop) must still run.
         pass
-
-
-class RunFiles:
-    """The paths of one run under the agent's --workdir."""
-
-    def __init__(self, base_dir: str, run_id: str) -> None:
-        if not _SAFE_ID.fullmatch(run_id):
-            raise ValueError("not a run id: {!r}".format(run_id))
-        self.root = os.path.join(os.path.abspath(base_dir), run_id)
-        self.bundle_tar = os.path.join(self.root, "bundle.tar.gz")
-        self.bundle_dir = os.path.join(self.root, "bundle")
-        self.spec = os.path.join(self.root, "spec.json")
-        self.work = os.path.join(self.root, "work")
-        self.predictions = os.path.join(self.work, "predictions.jsonl")
-
-
-def extract_bundle(tar_path: str, dest: str) -> None:
-    """Unpack the bundle's regular files and folders into a fresh `dest`; refuse anything else.
-
-    Done by hand, not extractall: Python 3.8 has no extraction filter, and a
-    bundle naming `../x`, an absolute path or a link must not write outside dest.
-    """
-    shutil.rmtree(dest, ignore_errors=True)
-    os.makedirs(dest)
-    with tarfile.open(tar_path, "r:gz") as tar:
-        for member in tar:
-            parts = member.name.replace("\\", "/").split("/")
-            if member.name.startswith("/") or ".." in parts or not (member.isfile() or member.isdir()):
-                raise BundleDownloadError("the bundle holds {!r}, which may not be unpacked".format(member.name))
-            target = os.path.join(dest, *[p for p in parts if p not in ("", ".")])
-            if member.isdir():
-                os.makedirs(target, exist_ok=True)
-                continue
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            source = tar.extractfile(member)
-            if source is None:
-                raise BundleDownloadError("the bundle's {!r} cannot be read".format(member.name))
-            with source, open(target, "wb") as out:
-                shutil.copyfileobj(source, out, 1024 * 1024)
-
-
-def write_spec(files: RunFiles, job: Job, checkpoint_dir: Optional[str] = None, gpus: Optional[str] = None) -> None:
-    """spec.json as the worker reads it (docs/protocol.md)."""
-    spec = job.worker_spec(files.bundle_dir, files.work, checkpoint_dir, gpus)
-    write_atomic(files.spec, json.dumps(spec, indent=2, sort_keys=True), mode=0o600, durable=False)
 
 
 class _Watch:

@@ -58,7 +58,7 @@ SLURM_FLAGS = {
     "sbatch --job-name": "<= 1.3",
     "sbatch --output": "<= 1.3",
     "sbatch --chdir": "17.11",  # NEWS 17.11: sbatch's --workdir became --chdir
-    # SlurmJob (launchers/slurm.py) and job.sh's requeue.
+    # SlurmJob (launchers/slurm.py), its JobMonitor (launchers/slurm_monitor.py) and job.sh's requeue.
     "squeue -h": "<= 1.3",
     "squeue -j": "<= 1.3",
     "squeue -o": "<= 1.3",
