@@ -33,7 +33,8 @@ WORKERS ?= 3
 test: lint
 	$(BIN)/pytest -n $(WORKERS) --dist worksteal
 
-# The in-process tier only (pure functions, the lifecycle on a stub backend and a manual clock): seconds.
+# The in-process tier only (pure functions, the lifecycle on a stub backend and a manual clock): seconds. Those
+# are tests/unit/ and the few marked `unit` beside the end-to-end tests of their area in tests/e2e/.
 test-fast: $(STAMP)
 	$(BIN)/pytest -m unit -n $(WORKERS)
 

@@ -28,7 +28,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from bench.quick import quick_args  # noqa: E402
-from tests.test_worker import synthetic_items, worker_env, write_bundle, write_spec  # noqa: E402
+from tests.e2e.trainers.test_worker import synthetic_items, worker_env, write_bundle, write_spec  # noqa: E402
 from tests.tiny_llm import build_tiny_llm  # noqa: E402
 
 SHAPE = {

@@ -33,8 +33,8 @@ from bench.quick import quick_args  # noqa: E402
 from potato_queue.bundle import build_bundle  # noqa: E402
 from potato_queue.validate import load_checked  # noqa: E402
 from potato_queue.wire.curve import CURVE_PERCENTS, curve_train_ids  # noqa: E402
+from tests.e2e.trainers.test_worker import worker_env, write_spec  # noqa: E402
 from tests.lifecycle_helpers import build_tiny_model  # noqa: E402
-from tests.test_worker import worker_env, write_spec  # noqa: E402
 
 
 def spec_in(folder: Path, bundle: Path, trainer: str, params: dict[str, Any]) -> Path:

@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.quick import quick_args  # noqa: E402
 from potato_queue.wire.scoring import MULTILABEL, ORDINAL, score  # noqa: E402
-from tests.test_worker import write_bundle  # noqa: E402
+from tests.e2e.trainers.test_worker import write_bundle  # noqa: E402
 
 TOPICS = ["acting", "music", "plot", "visuals"]
 HINTS = {

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 
 from bench.quick import quick_args  # noqa: E402
 from potato_queue.host.llm_fit import need_mb, parameter_count  # noqa: E402
-from tests.test_worker import synthetic_items, write_bundle  # noqa: E402
+from tests.e2e.trainers.test_worker import synthetic_items, write_bundle  # noqa: E402
 from tests.tiny_llm import build_tiny_llm  # noqa: E402
 
 MINILM = {"hidden_size": 384, "num_hidden_layers": 6, "num_attention_heads": 12, "intermediate_size": 1536}

@@ -1,6 +1,6 @@
 """--quick, the same in every benchmark: small sizes that run in seconds.
 
-The suite runs each benchmark so (tests/test_benchmarks.py) to see that it still reaches its figure; the
+The suite runs each benchmark so (tests/e2e/runs/test_benchmarks.py) to see that it still reaches its figure; the
 figures themselves are measured full size.
 """
 

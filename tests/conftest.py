@@ -119,7 +119,7 @@ SLOW_MODULES = frozenset(
     }
 )
 
-# tests/test_chaos.py's rows, one file per case, from whichever xdist worker ran it: the table is printed at
+# tests/e2e/runs/test_chaos.py's rows, one file per case, from whichever xdist worker ran it: the table is printed at
 # the end of the session (the controller sets the folder before its workers start, so they inherit it).
 CHAOS_TABLE_ENV = "POTATO_QUEUE_CHAOS_TABLE"
 

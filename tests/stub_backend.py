@@ -1,4 +1,4 @@
-"""A stub backend for the in-process executor contract (tests/test_stub_contract.py).
+"""A stub backend for the in-process executor contract (tests/unit/test_stub_contract.py).
 
 The model is dramatiq's StubBroker: the real lifecycle (RunLife: the bundle,
 the job, supervision, finalize, the run's states in a real Redis and run
@@ -14,7 +14,7 @@ lifecycle sees of it:
          the scripted agent claims it through RunService.claimed; it is never Gone
          (a machine behind NAT can only fall silent).
 
-The end-to-end suite (tests/test_contract.py) runs the real executors with real
+The end-to-end suite (tests/e2e/runs/test_contract.py) runs the real executors with real
 processes, sshd and SLURM; this one pins down every clock of every type in
 milliseconds.
 """

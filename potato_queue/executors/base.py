@@ -11,7 +11,7 @@ Everything that must behave the same on every backend (the cancel flag and
 the stop policy, the heartbeat and wall clocks, the run slot, writing the
 run's record) lives in potato_queue.runs, never here. An executor imports
 this module, the config and keys modules and the standard library; never
-another executor, Celery, FastAPI or torch (tests/test_house_rules.py).
+another executor, Celery, FastAPI or torch (tests/unit/test_house_rules.py).
 """
 
 from __future__ import annotations

@@ -309,7 +309,7 @@ async def _invalid_request(request: Request, exc: Exception) -> JSONResponse:
 
 
 # The core's refusals as HTTP: the one place a status is chosen for them (the routes raise these, never an
-# HTTPException; tests/test_house_rules.py holds it).
+# HTTPException; tests/unit/test_house_rules.py holds it).
 STATUS_OF_ERROR: tuple[tuple[type[PotatoQueueError], int], ...] = (
     (NotFound, 404),
     (Conflict, 409),

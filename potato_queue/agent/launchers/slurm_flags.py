@@ -2,7 +2,7 @@
 when a cluster's SLURM does not know one.
 
 Standard library only, Python 3.8+: it runs on login nodes with the launcher. potato-queue needs SLURM
-OLDEST_SLURM or newer, so every flag in SLURM_FLAGS must be at least that old: tests/test_slurm_text.py
+OLDEST_SLURM or newer, so every flag in SLURM_FLAGS must be at least that old: tests/unit/test_slurm_text.py
 checks the command lines the code builds against this table, and the table against OLDEST_SLURM.
 
 Where the versions come from: SchedMD's own sources (github.com/SchedMD/slurm, the release tags

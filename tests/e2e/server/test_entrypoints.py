@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
-from tests.test_validate_cli import SEED, seed_config, write_project
+from tests.e2e.runs.test_validate_cli import SEED, seed_config, write_project
 
 ENTRY_POINTS = [
     ["serve", "{cfg}"],

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from tests.test_worker import (
+from tests.e2e.trainers.test_worker import (
     ROOT,
     SCHEMA,
     Run,

@@ -160,7 +160,7 @@ def test_an_account_without_a_key_fails_at_once_with_err_1(svc_factory: Any, ssh
 
 
 def test_a_min_free_gpu_mb_no_gpu_there_has_at_all_fails_at_once(svc_factory: Any, tmp_path: Path) -> None:
-    # A wait that could never end is no wait (tests/test_gpu_wait.py has the wait for a GPU with room).
+    # A wait that could never end is no wait (tests/e2e/ssh/test_gpu_wait.py has the wait for a GPU with room).
     svc = svc_factory(env={"PATH": fake_nvidia_smi(tmp_path / "bin", TWO_GPUS)}, min_free_gpu_mb=90000)
     run = svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL, 60)
     assert run["state"] == "failed"

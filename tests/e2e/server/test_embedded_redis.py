@@ -52,7 +52,7 @@ def test_a_given_test_redis_that_is_not_empty_is_refused(tmp_path: Path) -> None
                 "-q",
                 "-p",
                 "no:cacheprovider",
-                "tests/test_embedded_redis.py::test_session_redis_answers",
+                "tests/e2e/server/test_embedded_redis.py::test_session_redis_answers",
             ],
             cwd=str(ROOT),
             env=env,

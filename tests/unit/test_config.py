@@ -13,7 +13,7 @@ from potato_queue.runs.job import limits_for
 from potato_queue.settings import DEFAULT_REDIS_URL, Settings
 from potato_queue.validate import check_file, load_checked, slurm_time_s
 from potato_queue.wire.sbatch import SlurmSettings, sbatch_argv
-from tests.test_validate_cli import SEED, seed_config, write_project
+from tests.e2e.runs.test_validate_cli import SEED, seed_config, write_project
 
 pytestmark = pytest.mark.unit
 

@@ -921,7 +921,7 @@ def test_a_run_keeps_at_most_1000_metric_names_and_their_values_still_update(ser
 
 
 def test_an_unauthenticated_body_is_refused_before_it_is_read(served: Served) -> None:
-    from tests.test_server_hardening import raw_request
+    from tests.e2e.server.test_server_hardening import raw_request
 
     run_id, token, _ = make_run(served, "hang")
     head = (

@@ -18,8 +18,8 @@ from pathlib import Path
 from potato_queue.agent.launchers.process import group_members
 from potato_queue.wire.isolated import BOOTSTRAP, CODE_ROOT, THREAD_ENV_VARS
 from potato_queue.worker.parallel import describe_parallel, rank_launches, threads_per_rank, world_for
-from tests.test_llm_trainer import llm_params, run_until
-from tests.test_worker import (
+from tests.e2e.trainers.test_llm_trainer import llm_params, run_until
+from tests.e2e.trainers.test_worker import (
     ROOT,
     SCHEMA,
     Run,

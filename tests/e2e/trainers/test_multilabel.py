@@ -20,11 +20,11 @@ import yaml
 
 from potato_queue.trainers.multilabel import choose_thresholds, set_prediction
 from potato_queue.wire.scoring import score
+from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
+from tests.e2e.trainers.test_worker import run_worker, split_ids, write_bundle, write_spec
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd
-from tests.test_ssh_backend import BACKEND, gpu_server
-from tests.test_worker import run_worker, split_ids, write_bundle, write_spec
 
 TOPICS = ["acting", "music", "plot"]
 WORDS = {

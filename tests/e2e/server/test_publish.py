@@ -21,9 +21,9 @@ import redis
 from potato_queue.run import RunState
 from potato_queue.store import RunStore
 from potato_queue.store.keys import Keys
+from tests.e2e.server.test_page import browser, signed_in  # noqa: F401 - the fixture, and signing in as test_page does
 from tests.hub_standin import HubStandIn
 from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths
-from tests.test_page import browser, signed_in  # noqa: F401 - the fixture, and signing in as test_page does
 
 REQUEST_TOKEN = "hf_requestTokenNeverStored0123456789abcd"
 SERVER_TOKEN = "hf_serverTokenFromTheEnvironment987654321"

@@ -108,7 +108,7 @@ def test_kill_9_of_the_executor_fails_the_run_by_the_sweep_and_the_next_proceeds
     services: Services, tiny_model: Path
 ) -> None:
     """With nothing queued, only the new executor's background sweep can notice the run left in flight;
-    the next run then goes. (The rule itself, to the second: tests/test_recovery.py.)"""
+    the next run then goes. (The rule itself, to the second: tests/unit/test_recovery.py.)"""
     import os
     import signal
 

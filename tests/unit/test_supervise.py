@@ -5,7 +5,7 @@ rule is checked to the tick. The handles here are scripted: they stand for backe
 not exist yet (an agent mailbox waiting for a claim, a SLURM job pending in
 its queue), so that what the lifecycle does with *waiting* is pinned down
 before those backends are built. The local backend's real handle goes
-through all of this in tests/test_contract.py.
+through all of this in tests/e2e/runs/test_contract.py.
 """
 
 from __future__ import annotations

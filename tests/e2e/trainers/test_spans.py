@@ -22,10 +22,10 @@ import yaml
 
 from potato_queue.trainers.spans import bio_tags, drop_overlaps, spans_from_tags, tag_names
 from potato_queue.wire.scoring import score
+from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd
-from tests.test_ssh_backend import BACKEND, gpu_server
 
 LABELS = ["complaint", "praise", "subject"]
 SCHEME = {"annotation_type": "span", "name": "aspects", "description": "Mark what is judged and how", "labels": LABELS}
@@ -139,8 +139,8 @@ def test_hf_token_classification_tags_spans_through_the_queue(
 
 def test_two_ranks_with_lora_tag_spans(tmp_path: Path, tiny_model: Path) -> None:
     """Data-parallel (two CPU ranks, gloo: the path two GPUs take) and LoRA, run as a host runs the worker."""
-    from tests.test_data_parallel import ranks_env, run_to_end
-    from tests.test_worker import BAD, GOOD, split_ids, synthetic_items, write_bundle, write_spec
+    from tests.e2e.trainers.test_data_parallel import ranks_env, run_to_end
+    from tests.e2e.trainers.test_worker import BAD, GOOD, split_ids, synthetic_items, write_bundle, write_spec
 
     items = []
     for item in synthetic_items():

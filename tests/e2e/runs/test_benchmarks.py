@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 NUMBER = r"[0-9][0-9,.]*"
 
 # file: (its arguments besides --quick, the figures its output must reach: one pattern a line)
@@ -92,7 +92,7 @@ QUICK_RUNS: dict[str, tuple[list[str], list[str]]] = {
 def test_every_benchmark_has_a_quick_run_here() -> None:
     """A new benchmark is checked too: its file is named in QUICK_RUNS or this fails."""
     files = {path.name for path in (ROOT / "bench").glob("*.py") if "__main__" in path.read_text()}  # not quick.py
-    assert files - set(QUICK_RUNS) == set(), "a benchmark without a quick run in tests/test_benchmarks.py"
+    assert files - set(QUICK_RUNS) == set(), "a benchmark without a quick run in tests/e2e/runs/test_benchmarks.py"
     assert set(QUICK_RUNS) - files == set(), "QUICK_RUNS names a benchmark that is gone"
 
 

@@ -3,7 +3,7 @@
 Each case runs RunLife (bundle, job, supervision, finalize, the states in a real
 Redis and a real run folder) against tests/stub_backend.py's stub of one backend
 type, on a ManualClock: the clocks are checked to the tick, in milliseconds, on
-every type. tests/test_contract.py runs the same behaviours end to end, with the
+every type. tests/e2e/runs/test_contract.py runs the same behaviours end to end, with the
 real executors and real processes.
 """
 

@@ -20,10 +20,10 @@ import pytest
 
 from potato_queue.wire.exit_codes import EXIT_BAD_SPEC
 from tests.agent_helpers import AGENT, BACKEND, lab, register
+from tests.e2e.ssh.test_ssh_backend import BACKEND as SSH_BACKEND
+from tests.e2e.ssh.test_ssh_backend import over_ssh
 from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_until
 from tests.sshd import ALIAS, Sshd
-from tests.test_ssh_backend import BACKEND as SSH_BACKEND
-from tests.test_ssh_backend import over_ssh
 
 BUSY = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 1500, 81920, 90, 8.0\n"
 FREED = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0\n"

@@ -2,7 +2,7 @@
 
 Real parts: an HTTP server on loopback, the agent's own HTTP connection over a unix socket, and a pair of OS pipes standing for
 the ssh session's two directions. The host's half is HostRelay's own Mux, driven by threads here; the whole
-HostRelay runs on a real host in tests/test_login_shells.py (the sshd that refuses forwarding).
+HostRelay runs on a real host in tests/e2e/ssh/test_login_shells.py (the sshd that refuses forwarding).
 """
 
 from __future__ import annotations

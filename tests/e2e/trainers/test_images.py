@@ -21,10 +21,10 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.e2e.server.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
+from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
 from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths
 from tests.sshd import Sshd
-from tests.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
-from tests.test_ssh_backend import BACKEND, gpu_server
 
 SIZE = 32
 COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220)}

@@ -776,7 +776,7 @@ def test_cancel_of_a_requeueable_job_stays_a_cancel(svc_factory: Any, slurm: Slu
 def test_a_slurm_run_whose_worker_was_killed_resumes_when_retried(svc_factory: Any, shared: Path) -> None:
     """Not requeueable: the killed worker fails the run, and its retry (a new job) resumes from the checkpoint
     on the shared storage."""
-    from tests.test_retry import kill_then_retry
+    from tests.e2e.runs.test_retry import kill_then_retry
 
     svc = svc_factory()
 

@@ -45,7 +45,7 @@ from potato_queue.wire.slurm_state import (
     requeue_line,
 )
 
-DATA = Path(__file__).parent / "data" / "slurm"
+DATA = Path(__file__).resolve().parents[1] / "data" / "slurm"
 SETTINGS = SlurmSettings.of({"partition": "gpu", "gres": "gpu:1", "time": "00:10:00", "mem": "4G"})
 
 

@@ -25,11 +25,11 @@ from potato_queue.runs.gate import potato_cannot_show
 from potato_queue.trainers.scales import ContinuousScale, OrdinalScale
 from potato_queue.validate import load_checked
 from potato_queue.wire.scoring import score
+from tests.e2e.server.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
+from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd
-from tests.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
-from tests.test_ssh_backend import BACKEND, gpu_server
 
 VERDICTS = ["Hated it", "Disliked it", "Mixed", "Liked it", "Loved it"]
 # How many stars a review of the small project gives, by its closing sentence.

@@ -20,8 +20,8 @@ from potato_queue.runs.kinds import refuse_foreign_kinds, trainable_schemas
 from potato_queue.trainers import trainers_for_kind, trainers_for_modality
 from potato_queue.validate import load_checked
 from tests.conftest import ROOT, run_cli
+from tests.e2e.trainers.test_worker import SCHEMA, run_worker, write_bundle, write_spec
 from tests.lifecycle_helpers import Services, make_project
-from tests.test_worker import SCHEMA, run_worker, write_bundle, write_spec
 
 FIXTURE = ROOT / "tests" / "fixtures" / "two_annotators"
 

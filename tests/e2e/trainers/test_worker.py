@@ -29,7 +29,7 @@ from potato_queue.worker.errors import NVRTC_HINT
 from potato_queue.worker.run import run as run_in_process
 from potato_queue.worker.stop import StopFlag
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = "sentiment"
 LABELS = ["negative", "positive"]
 GOOD = ["great", "wonderful", "superb", "lovely", "brilliant", "moving", "delightful", "charming"]
@@ -596,7 +596,7 @@ def test_failures_map_to_exit_codes(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: str, exit_code: int, code: str, hint: str
 ) -> None:
     info = registry.TrainerInfo(
-        name="exploding", target="tests.test_worker:ExplodingTrainer", description="", extra="train-text"
+        name="exploding", target="tests.e2e.trainers.test_worker:ExplodingTrainer", description="", extra="train-text"
     )
     monkeypatch.setitem(registry.TRAINERS, "exploding", info)
     bundle = tmp_path / "bundle"

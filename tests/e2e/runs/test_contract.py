@@ -10,7 +10,7 @@ stuck filesystem, a frozen VM); nothing is mocked. The module's cases share one
 sshd and one SLURM cluster; each has its own server, executor and remote_dir.
 The clocks themselves (heartbeat, max_wall_seconds, a wait's deadline) are
 checked for every backend type in process, on a manual clock:
-tests/test_stub_contract.py.
+tests/unit/test_stub_contract.py.
 """
 
 from __future__ import annotations
