@@ -1,10 +1,9 @@
 """The project config: a Potato config.yaml with a `model_training` section.
 
 Typed models for everything potato-queue reads (CFG-1..5 in docs/requirements.md), with every
-default in one place. `read_yaml` parses the file; `build_config` turns a
-checked mapping into a `ProjectConfig` with its paths resolved the way Potato
-resolves them. Checking itself (unknown keys, cross references) lives in
-validate.py; entry points call `validate.load_checked`.
+default in one place. `build_config` turns a checked mapping into a `ProjectConfig` with its paths
+resolved the way Potato resolves them. Reading the file (`validate.read_yaml`, YAML 1.2) and checking
+it (unknown keys, cross references) live in validate.py; entry points call `validate.load_checked`.
 """
 
 from __future__ import annotations
@@ -14,10 +13,8 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
-from potato_queue.errors import ConfigUnreadable
 from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.wire.sbatch import (
     DEFAULT_JOB_PYTHON,
@@ -43,7 +40,7 @@ __all__ = [
     "BACKEND_MODELS",
     "ModelTrainingConfig",
     "ProjectConfig",
-    "read_yaml",
+    "data_file_paths",
     "build_config",
 ]
 
@@ -335,61 +332,6 @@ def data_file_paths(data_files: Any) -> list[str]:
         if isinstance(entry, str) and entry:
             paths.append(entry)
     return paths
-
-
-class _Yaml12Loader(yaml.SafeLoader):
-    """SafeLoader without YAML 1.1's base-60 numbers.
-
-    PyYAML reads an unquoted `time: 12:00:00` as the integer 43200, which
-    sbatch would take as 43200 minutes. YAML 1.2 (and every admin) reads it
-    as the text "12:00:00".
-    """
-
-
-_Yaml12Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:int",
-    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
-    list("-+0123456789"),
-)
-_Yaml12Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(
-        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
-        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
-    ),
-    list("-+0123456789."),
-)
-
-
-def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """Parse the config file; ConfigUnreadable (exit 2) when that is impossible."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ConfigUnreadable(f"{path} does not exist", fix="give the path of the project's config.yaml") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigUnreadable(f"{path} cannot be read: {exc}") from None
-    try:
-        data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
-        raise ConfigUnreadable(
-            f"{path} is not valid YAML{where}: {exc.problem}",
-            fix="correct the YAML syntax there (indentation, a missing colon or quote)",
-        ) from None
-    except yaml.YAMLError as exc:
-        raise ConfigUnreadable(f"{path} is not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigUnreadable(
-            f"{path} is not a Potato config: its top level is {type(data).__name__}, not a mapping of keys",
-            fix="a Potato config starts with keys like annotation_task_name: and task_dir:",
-        )
-    return data
 
 
 def build_config(data: dict[str, Any], config_path: str | os.PathLike[str]) -> ProjectConfig:

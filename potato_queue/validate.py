@@ -1,9 +1,10 @@
-"""Checking a project config (VAL-1..4 in docs/requirements.md) and refusing to start on errors.
+"""Reading and checking a project config (VAL-1..4 in docs/requirements.md), and refusing to start on errors.
 
-`check_file` returns a `Report` (errors, warnings, acknowledged) and never
-raises for a problem in the config itself; `load_checked` is what every entry
-point calls: it raises `ConfigError` on errors, prints the warnings, and
-returns the typed config.
+`read_yaml` parses the file as YAML 1.2; `check_file` returns a `Report` (errors, warnings, acknowledged)
+and never raises for a problem in the config itself; `load_checked` is what every entry point calls: it
+raises `ConfigError` on errors, prints the warnings, and returns the typed config. The key-level checks
+(unknown keys, backend entries, secrets) are validate_backends.py's; the cross references, the
+acknowledgements and the trainer's fit are here.
 """
 
 from __future__ import annotations
@@ -16,34 +17,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TextIO
 
-from pydantic import BaseModel, ValidationError
+import yaml
+from pydantic import ValidationError
 
-from potato_queue.config import (
-    BACKEND_MODELS,
-    LOCAL,
-    AutoRetrainConfig,
-    ModelTrainingConfig,
-    ProjectConfig,
-    WritebackConfig,
-    build_config,
-    data_file_paths,
-    read_yaml,
-)
-from potato_queue.errors import ConfigError
+from potato_queue.config import BACKEND_MODELS, LOCAL, ProjectConfig, build_config, data_file_paths
+from potato_queue.errors import ConfigError, ConfigUnreadable
 from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
 from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.store.potato_compat import ledger_status
 from potato_queue.validate_backends import (
-    SLURM_ONLY_REFUSED,
     Warning_,
-    check_local_run_keys,
-    check_secret_env,
-    check_slurm_dir,
-    check_slurm_time,
+    as_mapping,
+    check_admin_key,
+    check_sections,
     slurm_time_s,
+    unknown_keys,
 )
 
-__all__ = ["Warning_", "Report", "check_data", "check_file", "load_checked", "slurm_time_s"]
+__all__ = ["Warning_", "Report", "read_yaml", "check_data", "check_file", "load_checked", "slurm_time_s"]
 
 MIN_ACK_CHARS = 12
 
@@ -60,95 +51,6 @@ class Report:
 
     def as_json(self) -> dict[str, list[str]]:
         return {"errors": self.errors, "warnings": self.warnings, "acknowledged": self.acknowledged}
-
-
-def _suggest(key: str, valid: list[str]) -> str:
-    close = difflib.get_close_matches(key, valid, n=1, cutoff=0.6)
-    if close:
-        return f"; did you mean '{close[0]}'?"
-    return f"; valid keys: {', '.join(sorted(valid))}"
-
-
-def _model_keys(model: type[BaseModel]) -> list[str]:
-    return [name for name in model.model_fields if name != "config_path"]
-
-
-def _unknown_keys(section: dict[str, Any], valid: list[str], path: str, what: str) -> list[str]:
-    return [f"{path}.{key}: unknown key {what}{_suggest(str(key), valid)}" for key in section if key not in valid]
-
-
-def _mapping(value: Any, path: str, errors: list[str]) -> dict[str, Any] | None:
-    if value is None:
-        return None
-    if not isinstance(value, dict):
-        errors.append(f"{path} must be a mapping of keys, not {type(value).__name__} ({value!r})")
-        return None
-    return value
-
-
-def _check_backend(name: str, raw: Any, errors: list[str], warnings: list[Warning_]) -> dict[str, Any] | None:
-    """Key-level checks of one backend entry; the entry to type-check, or None."""
-    path = f"model_training.backends.{name}"
-    if name == LOCAL:
-        errors.append(f"{path}: 'local' is built in and needs no entry; give this backend another name")
-        return None
-    entry = _mapping(raw, path, errors)
-    if entry is None:
-        if raw is None:
-            errors.append(f"{path} is empty; give it at least `type: ssh`, `type: slurm` or `type: agent`")
-        return None
-    kind = entry.get("type")
-    if kind not in BACKEND_MODELS:
-        got = "missing" if kind is None else f"{kind!r}"
-        hint = _suggest(str(kind), list(BACKEND_MODELS)) if kind is not None else ""
-        errors.append(f"{path}.type is {got}; it must be ssh, slurm or agent (local needs no entry){hint}")
-        return None
-    valid = _model_keys(BACKEND_MODELS[kind])
-    structural = False
-    for key in entry:
-        if kind == "slurm" and key in SLURM_ONLY_REFUSED:
-            errors.append(f"{path}.{key}: {SLURM_ONLY_REFUSED[key]}")
-        elif key not in valid:
-            errors.append(f"{path}.{key}: unknown key for a {kind} backend{_suggest(str(key), valid)}")
-    if kind in ("ssh", "slurm") and not entry.get("host"):
-        errors.append(f"{path}.host is required for a {kind} backend (any name `ssh <host> true` accepts)")
-        structural = True
-    if kind == "slurm":
-        structural |= check_slurm_dir(path, entry.get("remote_dir"), errors)
-        check_slurm_time(name, entry.get("time"), errors, warnings)
-    check_secret_env(name, entry, warnings)
-    # Unknown keys are reported above; the rest is still type-checked so one
-    # pass shows every problem. Without host/remote_dir there is nothing to check.
-    return None if structural else {k: v for k, v in entry.items() if k in valid}
-
-
-def _check_sections(data: dict[str, Any], errors: list[str], warnings: list[Warning_]) -> dict[str, Any]:
-    """Unknown keys in the sections potato-queue owns; the mapping to type-check.
-
-    Potato's own top-level keys are many and not ours to police, so only
-    `model_training` (and its sections) and `validation` are checked key by key.
-    """
-    clean = dict(data)
-    mt = _mapping(data.get("model_training"), "model_training", errors)
-    if mt is None:
-        clean.pop("model_training", None)
-        return clean
-    mt = dict(mt)
-    errors.extend(_unknown_keys(mt, _model_keys(ModelTrainingConfig), "model_training", "in model_training"))
-    for name, model in (("writeback", WritebackConfig), ("auto_retrain", AutoRetrainConfig)):
-        sub = _mapping(mt.get(name), f"model_training.{name}", errors)
-        if sub is not None:
-            errors.extend(_unknown_keys(sub, _model_keys(model), f"model_training.{name}", f"in {name}"))
-    check_local_run_keys(mt, warnings)
-    backends = _mapping(mt.get("backends"), "model_training.backends", errors) or {}
-    checked = {}
-    for name, raw in backends.items():
-        entry = _check_backend(str(name), raw, errors, warnings)
-        if entry is not None:
-            checked[str(name)] = entry
-    mt["backends"] = checked
-    clean["model_training"] = {k: v for k, v in mt.items() if k in ModelTrainingConfig.model_fields}
-    return clean
 
 
 def _loc_path(loc: tuple[Any, ...]) -> str:
@@ -293,35 +195,15 @@ def _acknowledge(raw: Any, found: list[Warning_], backends: list[str], report: R
         (report.acknowledged if i in matched else report.warnings).append(w.text)
 
 
-# The tutorial's example key: anyone who read it knows it.
-PLACEHOLDER_KEYS = frozenset({"change-me", "changeme", "change_me", "secret", "admin"})
-MIN_ADMIN_KEY_CHARS = 12
-
-
-def is_weak_admin_key(key: Any) -> bool:
-    return isinstance(key, str) and (key.strip().lower() in PLACEHOLDER_KEYS or len(key.strip()) < MIN_ADMIN_KEY_CHARS)
-
-
-def _check_admin_key(key: Any, warnings: list[Warning_]) -> None:
-    if key is not None and is_weak_admin_key(key):
-        warnings.append(
-            Warning_(
-                f"admin_api_key is {key!r}, a placeholder or shorter than {MIN_ADMIN_KEY_CHARS} characters, which "
-                "anyone can guess; set a real key (e.g. the output of: python -c 'import secrets; "
-                "print(secrets.token_urlsafe(24))'), or leave it out and set POTATO_ADMIN_API_KEY"
-            )
-        )
-
-
 def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Report:
     """Every VAL rule over a parsed config mapping, all problems in one pass."""
     report = Report()
-    validation = _mapping(data.get("validation"), "validation", report.errors)
+    validation = as_mapping(data.get("validation"), "validation", report.errors)
     if validation is not None:
-        report.errors.extend(_unknown_keys(validation, ["acknowledge"], "validation", "in validation"))
+        report.errors.extend(unknown_keys(validation, ["acknowledge"], "validation", "in validation"))
     found: list[Warning_] = []
-    clean = _check_sections(data, report.errors, found)
-    _check_admin_key(data.get("admin_api_key"), found)
+    clean = check_sections(data, report.errors, found)
+    check_admin_key(data.get("admin_api_key"), found)
     _check_retrain_schedulers(data, found)
     _check_unshown_writeback(data, found)
     _check_references(data, config_path, report.errors)
@@ -366,6 +248,61 @@ def _check_retrain_fit(config: ProjectConfig, errors: list[str]) -> None:
             f"{'/'.join(info.modalities)} items, and this project's items are of the {modality} "
             f"modality: every auto run would be refused; pick a trainer that takes {modality} items"
         )
+
+
+class _Yaml12Loader(yaml.SafeLoader):
+    """SafeLoader without YAML 1.1's base-60 numbers.
+
+    PyYAML reads an unquoted `time: 12:00:00` as the integer 43200, which
+    sbatch would take as 43200 minutes. YAML 1.2 (and every admin) reads it
+    as the text "12:00:00".
+    """
+
+
+_Yaml12Loader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in ("tag:yaml.org,2002:int", "tag:yaml.org,2002:float")]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"),
+)
+_Yaml12Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(
+        r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9][0-9_]*(?:[eE][-+][0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"
+    ),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse the config file; ConfigUnreadable (exit 2) when that is impossible."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ConfigUnreadable(f"{path} does not exist", fix="give the path of the project's config.yaml") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigUnreadable(f"{path} cannot be read: {exc}") from None
+    try:
+        data = yaml.load(text, Loader=_Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigUnreadable(
+            f"{path} is not valid YAML{where}: {exc.problem}",
+            fix="correct the YAML syntax there (indentation, a missing colon or quote)",
+        ) from None
+    except yaml.YAMLError as exc:
+        raise ConfigUnreadable(f"{path} is not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigUnreadable(
+            f"{path} is not a Potato config: its top level is {type(data).__name__}, not a mapping of keys",
+            fix="a Potato config starts with keys like annotation_task_name: and task_dir:",
+        )
+    return data
 
 
 def check_file(path: str | os.PathLike[str]) -> Report:

@@ -34,14 +34,12 @@ from potato_queue.host.check import nvidia_smi
 from potato_queue.host.gpus import (
     GPU_POLL_S,
     GPU_REPORT_S,
-    NVIDIA_SMI_QUERY,
     GpuWait,
     agent_gpu_problem,
     agent_pick,
     agent_wait,
-    parse_gpus,
-    visible_gpus,
 )
+from potato_queue.host.nvidia_smi import NVIDIA_SMI_QUERY, parse_gpus, visible_gpus
 
 __all__ = ["BackendAgent", "describe_python", "CLAIM_WAIT_S", "EXIT_REFUSED"]
 

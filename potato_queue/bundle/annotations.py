@@ -1,28 +1,27 @@
 """Stage 1 of a bundle build, the annotators' half: every annotator's answers, read on two cores when it pays.
 
-Each annotator's <output_annotation_dir>/<user>/user_state.json is read in both of Potato's encodings (label
-maps, spans, image shapes), as Potato's `training/dataset.py` reads them, and kept per annotator and scheme as
-{item: answer}. Reading is most of a large project's build (json-parsing the files, then one Python pass over
-every answer) and the files are independent, so when they are large and a second core is free a forked child
-reads about half of them (by size) while this process reads the rest and the items (docs/decisions.md, "A
-large project is read on two cores"). Equal answers are one shared object, so the child's half comes back
-through a pipe as one small pickle.
+Each annotator's <output_annotation_dir>/<user>/user_state.json is read by user_state.py (both of Potato's
+encodings, as Potato's `training/dataset.py` reads them) and kept here per annotator and scheme as {item:
+answer}. Reading is most of a large project's build (json-parsing the files, then one Python pass over every
+answer) and the files are independent, so when they are large and a second core is free a forked child reads
+about half of them (by size) while this process reads the rest and the items (docs/decisions.md, "A large
+project is read on two cores"). Equal answers are one shared object, so the child's half comes back through a
+pipe as one small pickle.
 """
 
 from __future__ import annotations
 
 import contextlib
 import gc
-import json
 import os
 import pickle
 import warnings
-from collections.abc import Callable, Collection, Iterator, Mapping
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from potato_queue.bundle.read import Answers
+from potato_queue.bundle.user_state import FileAnswers, read_state, read_user_state
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
@@ -56,18 +55,6 @@ class Annotations:
             yield user, self.by_user.get(user, {}).get(schema, {})
 
 
-@dataclass
-class _FileAnswers:
-    """One user_state.json's part: the user, whether any record names an item, the items answered in file order,
-    and per wanted scheme {item: answer}."""
-
-    user: str
-    has_record: bool
-    answered: list[str]
-    by_scheme: dict[str, dict[str, Any]]
-    n_records: int
-
-
 def annotator_files(config: ProjectConfig) -> list[tuple[str, Path]]:
     """Each annotator's (folder name, user_state.json), the folders in sorted order (it decides ties); a folder
     without one (training/) is no annotator."""
@@ -93,144 +80,7 @@ def no_cycle_collection() -> Iterator[None]:
             gc.enable()
 
 
-def _read_state(path: Path) -> Mapping[str, Any]:
-    try:
-        state = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
-        raise PotatoQueueError(
-            f"{path} cannot be read as JSON ({exc})",
-            fix="restore it from a backup, or move that annotator's folder aside",
-        ) from None
-    return state if isinstance(state, dict) else {}
-
-
-def _label_maps(raw: Any) -> Answers:
-    """Both encodings as {schema: {label: value}}: [[{schema, name}, value], ...] or the older dict."""
-    if isinstance(raw, dict):
-        return raw
-    maps: Answers = {}
-    for entry in raw if isinstance(raw, list) else []:
-        if isinstance(entry, (list, tuple)) and len(entry) == 2:
-            label, value = entry
-            if isinstance(label, dict):
-                maps.setdefault(label.get("schema", ""), {})[label.get("name", "")] = value
-            else:
-                maps.setdefault(str(label), {})[""] = value
-    return maps
-
-
-def _span_lists(raw: Any) -> dict[str, list[Any]]:
-    """{schema: [span, ...]} from the list encoding ([span, value] pairs) or the older dict."""
-    spans: dict[str, list[Any]] = {}
-    for entry in raw if isinstance(raw, list) else []:
-        span = entry[0] if isinstance(entry, (list, tuple)) and len(entry) == 2 else entry
-        if isinstance(span, dict):
-            spans.setdefault(span.get("schema", ""), []).append(span)
-    for schema, found in (raw if isinstance(raw, dict) else {}).items():
-        if isinstance(found, (list, dict)):
-            spans[schema] = found if isinstance(found, list) else list(found.values())
-    return spans
-
-
-def _image_objects(maps: Answers, image_schemas: set[str]) -> dict[str, list[Any]]:
-    """An image_annotation scheme keeps its shapes as a list (or its JSON text) in a label value."""
-    found: dict[str, list[Any]] = {}
-    for schema in image_schemas & set(maps):
-        for value in maps[schema].values() if isinstance(maps[schema], dict) else []:
-            try:
-                value = json.loads(value) if isinstance(value, str) else value
-            except json.JSONDecodeError:
-                continue
-            if isinstance(value, list):
-                found[schema] = value
-    return found
-
-
-def _user_records(state: Mapping[str, Any], image_schemas: set[str]) -> Iterator[tuple[str, Answers]]:
-    """(instance id, answers) for every instance one user state mentions."""
-    labels = state.get("instance_id_to_label_to_value") or {}
-    spans = state.get("instance_id_to_span_to_value") or {}
-    for iid in {**dict.fromkeys(labels), **dict.fromkeys(spans)} if spans else labels:
-        maps = _label_maps(labels.get(iid, {}))
-        if not (spans or image_schemas):  # most projects: label maps alone (a large one's time is here)
-            yield str(iid), maps
-            continue
-        answers = dict(maps)  # spans, then image shapes, replace a label map of the same scheme
-        answers.update({s: {"_spans": found} for s, found in _span_lists(spans.get(iid, [])).items()})
-        answers.update({s: {"_objects": found} for s, found in _image_objects(maps, image_schemas).items()})
-        yield str(iid), answers
-
-
-def _read_file(entry: str, path: Path, schemas: Collection[str] | None, image_schemas: set[str]) -> _FileAnswers:
-    """One annotator's answers to `schemas` (None: every scheme), equal flat answers shared."""
-    state = _read_state(path)
-    part = _FileAnswers(str(state.get("user_id", entry)), False, [], {}, 0)
-    labels = state.get("instance_id_to_label_to_value") or {}
-    if (
-        schemas is not None
-        and not image_schemas
-        and not state.get("instance_id_to_span_to_value")
-        and isinstance(labels, dict)
-    ):
-        _read_label_lists(labels, schemas, part)
-        return part
-    shared: dict[tuple[Any, ...], Any] = {}
-    for iid, answers in _user_records(state, image_schemas):
-        part.n_records += 1
-        if not iid:
-            continue
-        part.has_record = True
-        if not answers:
-            continue
-        part.answered.append(iid)
-        for schema, value_map in answers.items():
-            if schemas is None or schema in schemas:
-                _keep(part, schema, iid, value_map, shared)
-    return part
-
-
-def _keep(part: _FileAnswers, schema: str, iid: str, value_map: Any, shared: dict[tuple[Any, ...], Any]) -> None:
-    if type(value_map) is dict:
-        try:  # typed: 1, 1.0 and True are equal keys but different answers
-            value_map = shared.setdefault((tuple(value_map.items()), tuple(map(type, value_map.values()))), value_map)
-        except TypeError:
-            pass  # a list or a map inside (spans, shapes): its own object
-    part.by_scheme.setdefault(schema, {})[iid] = value_map
-
-
-def _read_label_lists(labels: dict[str, Any], schemas: Collection[str], part: _FileAnswers) -> None:
-    """_user_records and _label_maps fused for the common file (label lists, no spans or shapes), keeping only
-    the answers to `schemas`: most of a large project's reading time is this loop."""
-    shared: dict[tuple[Any, ...], Any] = {}
-    part.n_records = len(labels)
-    for iid, raw in labels.items():
-        iid = str(iid)
-        if not iid:
-            continue
-        part.has_record = True
-        if type(raw) is not list:  # the older dict encoding
-            answers = _label_maps(raw)
-            if answers:
-                part.answered.append(iid)
-            for schema in schemas & answers.keys():
-                _keep(part, schema, iid, answers[schema], shared)
-            continue
-        valid = False
-        mine: dict[str, dict[str, Any]] | None = None
-        for entry in raw:
-            if type(entry) in (list, tuple) and len(entry) == 2:
-                valid, label = True, entry[0]
-                schema = label.get("schema", "") if type(label) is dict else str(label)
-                if schema in schemas:
-                    mine = mine if mine is not None else {}
-                    mine.setdefault(schema, {})[label.get("name", "") if type(label) is dict else ""] = entry[1]
-        if valid:
-            part.answered.append(iid)
-            for schema, value_map in (mine or {}).items():
-                _keep(part, schema, iid, value_map, shared)
-
-
-def _merge(parts: list[_FileAnswers]) -> Annotations:
+def _merge(parts: list[FileAnswers]) -> Annotations:
     """The files' parts in folder order, as one index keyed by (user, item) would hold them: a second folder with
     the same user id replaces that user's record of an item whole."""
     found = Annotations()
@@ -294,10 +144,12 @@ def read_annotations(
         theirs = set()
     with (
         no_cycle_collection(),
-        _Child(lambda: [_read_file(*files[n], wanted, images) for n in sorted(theirs)], enabled=bool(theirs)) as child,
+        _Child(
+            lambda: [read_user_state(*files[n], wanted, images) for n in sorted(theirs)], enabled=bool(theirs)
+        ) as child,
     ):
         extra = while_reading() if while_reading else None
-        mine = {n: _read_file(*files[n], wanted, images) for n in range(len(files)) if n not in theirs}
+        mine = {n: read_user_state(*files[n], wanted, images) for n in range(len(files)) if n not in theirs}
         mine.update(zip(sorted(theirs), child.result(), strict=True))
         return _merge([mine[n] for n in range(len(files))]), extra
 
@@ -384,7 +236,7 @@ def answered_ids(config: ProjectConfig) -> set[str]:
     blobs = []
     with no_cycle_collection():
         for _, path in annotator_files(config):
-            state = _read_state(path)
+            state = read_state(path)
             # One string per file, so that nothing of the parsed file outlives it: the long-running server
             # gives its memory back (ids kept one by one would pin the parse's memory pages).
             blobs.append(

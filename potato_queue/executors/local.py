@@ -185,7 +185,7 @@ class LocalExecutor(Executor):
         from importlib.util import find_spec
 
         from potato_queue.host.check import find_model_config, nvidia_smi
-        from potato_queue.host.gpus import NVIDIA_SMI_QUERY, parse_gpus
+        from potato_queue.host.nvidia_smi import NVIDIA_SMI_QUERY, parse_gpus
 
         gpus = [] if self.backend.device == "cpu" else parse_gpus(nvidia_smi(NVIDIA_SMI_QUERY))
         report.data["llm_facts"] = {

@@ -171,7 +171,8 @@ def choose_waiting(header: BootHeader, python: str) -> Any:
     nvidia-smi again every GPU_POLL_S and saying what it sees (the step line). The executor bounds the
     wait (setup_timeout_s: it ends the session); a refusal waiting cannot fix is raised at once."""
     from potato_queue.host.check import gpu_facts, nvidia_smi
-    from potato_queue.host.gpus import GPU_POLL_S, GPU_REPORT_S, NVIDIA_SMI_QUERY, GpuBusy, choose, parse_gpus
+    from potato_queue.host.gpus import GPU_POLL_S, GPU_REPORT_S, GpuBusy, choose
+    from potato_queue.host.nvidia_smi import NVIDIA_SMI_QUERY, parse_gpus
 
     csv, archs = ("", None) if header.gpus == "none" else gpu_facts(python, NVIDIA_SMI_QUERY)
     said: Optional[Dict[str, Any]] = None

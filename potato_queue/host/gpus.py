@@ -3,28 +3,27 @@ and the wait for one with min_free_gpu_mb free (an ssh run's setup, an agent bef
 
 Standard library only, Python 3.8+: this runs on the GPU host, before
 anything of the trainer's is imported. Pure functions: the bootstrap and the
-agent feed them nvidia-smi's CSV and torch's arch list; the executors turn a
-GpuWait into the step line and, past the wait's limit, the run's error.
+agent feed them nvidia-smi's rows (nvidia_smi.py reads them) and torch's arch list;
+the executors turn a GpuWait into the step line and, past the wait's limit, the run's error.
 """
 
 import re
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, NamedTuple, Optional, Sequence
+
+from potato_queue.host.nvidia_smi import Gpu, free_mb, free_words, is_counted, memory_words
 
 __all__ = [
-    "NVIDIA_SMI_QUERY",
-    "Gpu",
+    "NO_KERNELS",
     "Choice",
     "GpuRefused",
     "GpuWait",
     "GpuBusy",
     "GPU_POLL_S",
     "GPU_REPORT_S",
-    "parse_gpus",
     "agent_pick",
     "has_kernels",
     "describe",
     "choose",
-    "visible_gpus",
     "agent_wait",
     "agent_gpu_problem",
     "ssh_wait_line",
@@ -33,13 +32,6 @@ __all__ = [
     "agent_wait_expired",
 ]
 
-NVIDIA_SMI_QUERY = [
-    "nvidia-smi",
-    # mig.mode.current came with MIG (driver R450); compute_cap is newer (R470's nvidia-smi refuses it as "not a
-    # valid field to query"), so asking for MIG mode costs no driver this query worked on before.
-    "--query-gpu=index,name,memory.free,memory.total,utilization.gpu,compute_cap,mig.mode.current",
-    "--format=csv,noheader,nounits",
-]
 NO_KERNELS = "(torch there has no kernels for it)"
 # How often a wait for a free GPU asks nvidia-smi again: a freed GPU is taken within seconds, and
 # nvidia-smi (tens of milliseconds) costs the host nothing at this rate.
@@ -47,20 +39,6 @@ GPU_POLL_S = 3.0
 # How often a wait is said again (the step line, the agent's report to the server) while what it sees
 # changes: free memory moves all the time, and each new step line is a line in run.log.
 GPU_REPORT_S = 15.0
-
-
-class Gpu(NamedTuple):
-    """One GPU as nvidia-smi shows it. A number it cannot tell is None: nvidia-smi printed `[N/A]` or
-    `[Not Supported]` (a GPU with MIG on, unified memory, an older GPU)."""
-
-    index: int
-    name: str
-    free_mb: Optional[float]
-    total_mb: Optional[float]
-    utilization_pct: Optional[float]
-    compute_cap: Optional[str]  # "8.6"; None when nvidia-smi does not say
-    mig: bool = False  # MIG mode on: the memory is its MIG instances', and a run gets one instance's share
-    free_text: str = ""  # what nvidia-smi printed for memory.free when it was no number: "[N/A]"
 
 
 class Choice(NamedTuple):
@@ -101,49 +79,6 @@ class GpuBusy(GpuRefused):
         self.wait = wait
 
 
-def _number(text: str) -> Optional[float]:
-    try:
-        return float(text)
-    except ValueError:
-        return None  # "[N/A]", "[Not Supported]"
-
-
-def parse_gpus(csv_text: str) -> List[Gpu]:
-    """nvidia-smi's answer to NVIDIA_SMI_QUERY, one GPU a line; the fields after memory.total may be missing
-    (an older query). Lines that are no GPU's (a blank line, `No devices were found`) are left out."""
-    gpus = []
-    for line in csv_text.splitlines():
-        fields = [field.strip() for field in line.split(",")]
-        if len(fields) < 4 or not fields[0].isdigit():
-            continue
-        fields += [""] * (7 - len(fields))
-        free = _number(fields[2])
-        cap = fields[5] if re.match(r"^\d+\.\d+$", fields[5]) else None
-        gpus.append(
-            Gpu(
-                int(fields[0]),
-                fields[1],
-                free,
-                _number(fields[3]),
-                _number(fields[4]),
-                cap,
-                fields[6].lower() == "enabled",
-                "" if free is not None else fields[2] or "[N/A]",
-            )
-        )
-    return gpus
-
-
-def _counted(gpu: Gpu) -> bool:
-    """Whether a GPU's free memory can be held against min_free_gpu_mb: nvidia-smi gave a number, and not
-    for a GPU with MIG on, whose memory is split among its MIG instances."""
-    return gpu.free_mb is not None and not gpu.mig
-
-
-def _free(gpu: Gpu) -> float:
-    return gpu.free_mb if gpu.free_mb is not None else 0.0
-
-
 def has_kernels(gpu: Gpu, arch_list: Optional[Sequence[str]]) -> bool:
     """Whether a torch built for `arch_list` (torch.cuda.get_arch_list()) runs on this GPU: a cubin for
     the same major version and a minor no newer, or PTX for a capability no newer (JIT-compiled).
@@ -166,7 +101,7 @@ def has_kernels(gpu: Gpu, arch_list: Optional[Sequence[str]]) -> bool:
 def describe(gpu: Gpu, arch_list: Optional[Sequence[str]] = None) -> str:
     """`GPU 1: NVIDIA A100, 70000 of 81920 MB free, 3 % busy`, marked when torch cannot use it."""
     busy = "" if gpu.utilization_pct is None else ", {:g} % busy".format(gpu.utilization_pct)
-    text = _memory(gpu) + busy
+    text = memory_words(gpu) + busy
     return text if has_kernels(gpu, arch_list) else text + " " + NO_KERNELS
 
 
@@ -187,16 +122,16 @@ def choose(
     usable = [gpu for gpu in gpus if has_kernels(gpu, arch_list)]
     if not usable:
         raise GpuRefused("This host's torch has no kernels for any of its GPUs")
-    counted = [gpu for gpu in usable if _counted(gpu)] if min_free_mb > 0 else usable
+    counted = [gpu for gpu in usable if is_counted(gpu)] if min_free_mb > 0 else usable
     if not counted:  # waiting would not make nvidia-smi tell
         raise GpuRefused(_uncounted(usable, min_free_mb, host))
     _never_enough(counted, min_free_mb, host)
     best = _most_free(counted)
-    if min_free_mb > 0 and _free(best) < min_free_mb:
-        skipped = [gpu for gpu in usable if not _counted(gpu)]
+    if min_free_mb > 0 and free_mb(best) < min_free_mb:
+        skipped = [gpu for gpu in usable if not is_counted(gpu)]
         raise GpuBusy(
             "No GPU has {:.0f} MB free{}".format(
-                min_free_mb, "".join(" (GPU {} not counted: {})".format(gpu.index, _free_words(gpu)) for gpu in skipped)
+                min_free_mb, "".join(" (GPU {} not counted: {})".format(gpu.index, free_words(gpu)) for gpu in skipped)
             ),
             GpuWait(min_free_mb, best),
         )
@@ -210,12 +145,12 @@ def _uncounted(gpus: Sequence[Gpu], min_free_mb: float, host: str) -> str:
         "min_free_gpu_mb ({:.0f}) cannot be checked on {}: nvidia-smi reports no free memory for its GPUs{} "
         '({}). Fix: pin a GPU with the backend\'s gpus, like gpus: "{}" (a pinned GPU whose free memory is '
         "unknown is taken unchecked), or set min_free_gpu_mb: 0"
-    ).format(min_free_mb, host, mig, "; ".join(_memory(gpu) for gpu in gpus), gpus[0].index)
+    ).format(min_free_mb, host, mig, "; ".join(memory_words(gpu) for gpu in gpus), gpus[0].index)
 
 
 def _most_free(gpus: Sequence[Gpu]) -> Gpu:
     """The GPU with the most free memory, those whose free memory is unknown last."""
-    return max(gpus, key=lambda gpu: (_counted(gpu), _free(gpu), -gpu.index))
+    return max(gpus, key=lambda gpu: (is_counted(gpu), free_mb(gpu), -gpu.index))
 
 
 def _never_enough(gpus: Sequence[Gpu], min_free_mb: float, host: str) -> None:
@@ -228,21 +163,6 @@ def _never_enough(gpus: Sequence[Gpu], min_free_mb: float, host: str) -> None:
                 min_free_mb, host, largest.index, largest.total_mb
             )
         )
-
-
-def _memory(gpu: Gpu) -> str:
-    """`GPU 0: NVIDIA A100, 1200 of 81920 MB free`: what a wait for memory looks at."""
-    return "GPU {}: {}, {}".format(gpu.index, gpu.name, _free_words(gpu))
-
-
-def _free_words(gpu: Gpu) -> str:
-    """`1200 of 81920 MB free`, or that nvidia-smi does not say and why."""
-    if gpu.free_mb is None:
-        return "free memory not reported, as MIG is on" if gpu.mig else "free memory unknown ({})".format(gpu.free_text)
-    mig = ", MIG is on: its MIG instances' together" if gpu.mig else ""
-    if gpu.total_mb is None:
-        return "{:.0f} MB free{}".format(gpu.free_mb, mig)
-    return "{:.0f} of {:.0f} MB free{}".format(gpu.free_mb, gpu.total_mb, mig)
 
 
 def _pinned(
@@ -266,18 +186,18 @@ def _pinned(
             )
         )
     # A pinned GPU whose free memory nvidia-smi does not tell (MIG on) is taken unchecked: pinning is how to ask.
-    counted = [by_index[index] for index in wanted if _counted(by_index[index])]
+    counted = [by_index[index] for index in wanted if is_counted(by_index[index])]
     _never_enough(counted, min_free_mb, host)
-    short = [gpu for gpu in counted if _free(gpu) < min_free_mb]
+    short = [gpu for gpu in counted if free_mb(gpu) < min_free_mb]
     if short:
-        worst = min(short, key=_free)
+        worst = min(short, key=free_mb)
         raise GpuBusy(
             "gpus: {} asks for GPU {}, which has {}, less than min_free_gpu_mb ({:.0f})".format(
-                setting, worst.index, _free_words(worst), min_free_mb
+                setting, worst.index, free_words(worst), min_free_mb
             ),
             GpuWait(min_free_mb, worst, setting),
         )
-    unchecked = [index for index in wanted if not _counted(by_index[index])] if min_free_mb > 0 else []
+    unchecked = [index for index in wanted if not is_counted(by_index[index])] if min_free_mb > 0 else []
     note = (
         " (min_free_gpu_mb not checked on GPU {}: its free memory is unknown)".format(
             ",".join(str(index) for index in unchecked)
@@ -288,22 +208,10 @@ def _pinned(
     return Choice(setting, "cuda", "the run gets " + "; ".join(describe(by_index[i], arch_list) for i in wanted) + note)
 
 
-def visible_gpus(gpus: Sequence[Gpu], cuda_visible_devices: Optional[str]) -> List[Gpu]:
-    """The GPUs a process started with this CUDA_VISIBLE_DEVICES can use (nvidia-smi shows all of them);
-    all of them when it is unset or names GPUs by UUID, which nvidia-smi's index cannot be matched with."""
-    if cuda_visible_devices is None:
-        return list(gpus)
-    parts = [part.strip() for part in cuda_visible_devices.split(",") if part.strip()]
-    if not all(part.isdigit() for part in parts):
-        return list(gpus)
-    wanted = {int(part) for part in parts}
-    return [gpu for gpu in gpus if gpu.index in wanted]
-
-
 def agent_wait(gpus: Sequence[Gpu], min_free_mb: float) -> Optional[GpuWait]:
     """Whether an agent must wait before it claims: None when it may claim (no minimum, or a GPU has it)."""
-    counted = [gpu for gpu in gpus if _counted(gpu)]
-    if min_free_mb <= 0 or any(_free(gpu) >= min_free_mb for gpu in counted):
+    counted = [gpu for gpu in gpus if is_counted(gpu)]
+    if min_free_mb <= 0 or any(free_mb(gpu) >= min_free_mb for gpu in counted):
         return None
     return GpuWait(min_free_mb, _most_free(counted) if counted else None)
 
@@ -311,7 +219,7 @@ def agent_wait(gpus: Sequence[Gpu], min_free_mb: float) -> Optional[GpuWait]:
 def agent_pick(gpus: Sequence[Gpu], min_free_mb: float) -> Optional[Choice]:
     """The GPU a run an agent just claimed gets: the one with most memory free (min_free_mb of it, when the
     GPU has not filled up since the claim); None without a minimum (the agent's CUDA_VISIBLE_DEVICES holds)."""
-    counted = [gpu for gpu in gpus if _counted(gpu)]
+    counted = [gpu for gpu in gpus if is_counted(gpu)]
     if min_free_mb <= 0 or not counted:
         return None
     best = _most_free(counted)
@@ -331,7 +239,7 @@ def agent_gpu_problem(has_nvidia_smi: bool, gpus: Sequence[Gpu], min_free_mb: fl
         return "--min-free-gpu-mb {:.0f} waits for a GPU, but nvidia-smi shows none this agent can use{}".format(
             min_free_mb, fix + ", or check CUDA_VISIBLE_DEVICES and the driver (nvidia-smi)"
         )
-    counted = [gpu for gpu in gpus if _counted(gpu)]
+    counted = [gpu for gpu in gpus if is_counted(gpu)]
     if not counted:  # the agent would never claim
         mig = (
             (
@@ -345,7 +253,7 @@ def agent_gpu_problem(has_nvidia_smi: bool, gpus: Sequence[Gpu], min_free_mb: fl
             "--min-free-gpu-mb {:.0f} waits for free GPU memory, but nvidia-smi reports none here ({}); fix: "
             "start the agent without --min-free-gpu-mb: its runs then get the GPUs CUDA_VISIBLE_DEVICES gives it, "
             "unchecked{}"
-        ).format(min_free_mb, "; ".join(_memory(gpu) for gpu in gpus), mig)
+        ).format(min_free_mb, "; ".join(memory_words(gpu) for gpu in gpus), mig)
     largest = max(counted, key=lambda gpu: gpu.total_mb or 0.0)
     if largest.total_mb is not None and largest.total_mb < min_free_mb:
         return (
@@ -356,7 +264,7 @@ def agent_gpu_problem(has_nvidia_smi: bool, gpus: Sequence[Gpu], min_free_mb: fl
 
 
 def _seen(wait: GpuWait) -> str:
-    return "nvidia-smi shows no GPU" if wait.best is None else _memory(wait.best)
+    return "nvidia-smi shows no GPU" if wait.best is None else memory_words(wait.best)
 
 
 def ssh_wait_line(wait: GpuWait, host: str) -> str:

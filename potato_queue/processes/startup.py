@@ -18,7 +18,7 @@ def _loopback(host: str) -> bool:
 def check_admin_key(config: ProjectConfig, host: str) -> str:
     """What the admin API will accept, said at start: refuse a guessable key on a reachable address."""
     from potato_queue.server.guard import admin_key
-    from potato_queue.validate import is_weak_admin_key
+    from potato_queue.validate_backends import is_weak_admin_key
 
     key = admin_key(config)
     if key is None:

@@ -73,7 +73,7 @@ class AgentInfo(BaseModel):
 
 
 class GpuSeen(BaseModel):
-    """One GPU as nvidia-smi showed it (host/gpus.py's Gpu)."""
+    """One GPU as nvidia-smi showed it (host/nvidia_smi.py's Gpu)."""
 
     model_config = ConfigDict(extra="ignore")
     index: int = Field(ge=0, le=4096)

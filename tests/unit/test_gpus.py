@@ -7,7 +7,6 @@ import pytest
 
 from potato_queue.host.gpus import (
     NO_KERNELS,
-    NVIDIA_SMI_QUERY,
     GpuBusy,
     GpuRefused,
     GpuWait,
@@ -19,11 +18,10 @@ from potato_queue.host.gpus import (
     choose,
     describe,
     has_kernels,
-    parse_gpus,
     ssh_wait_expired,
     ssh_wait_line,
-    visible_gpus,
 )
+from potato_queue.host.nvidia_smi import NVIDIA_SMI_QUERY, parse_gpus, visible_gpus
 
 pytestmark = pytest.mark.unit
 
