@@ -21,7 +21,7 @@ from potato_queue.host.llm_fit import ModelAsk, fit_of_facts
 from potato_queue.settings import REDIS_URL_ENV
 from potato_queue.store import RunStore
 
-__all__ = ["check_backend", "registration_report", "with_llm_fit", "RECENT_S"]
+__all__ = ["check_backend", "registration_report", "unexpected_report", "with_llm_fit", "RECENT_S"]
 
 # An agent long-polls every ~25 s: one not seen for this long is not polling now.
 RECENT_S = 90.0
@@ -35,9 +35,21 @@ def check_backend(config: ProjectConfig, store: RunStore, backend: str, llm: Mod
         if executor.pull:
             return registration_report(store, backend, str(config.config_path))
         report = executor.check(llm.model_name if llm is not None else None)
+    except Exception as exc:  # noqa: BLE001 - the check's answer is a report, for the CLI and the page alike
+        return unexpected_report(backend, exc)
     finally:
         executor.close()
     return report if llm is None else with_llm_fit(report, llm)
+
+
+def unexpected_report(backend: str, exc: Exception) -> CheckReport:
+    """A check that failed in a way its executor did not foresee (no ssh client on this machine, a host whose
+    answer is not JSON), or Redis gone for an agent backend's: the report says what happened, for the CLI
+    and the page alike, instead of a traceback or an error page."""
+    fix = exc.fix if isinstance(exc, PotatoQueueError) else None
+    problem = exc.message if isinstance(exc, PotatoQueueError) else f"{type(exc).__name__}: {exc}"
+    lines = [f"the check of {backend} failed: {problem}"] + ([f"fix: {fix}"] if fix else [])
+    return CheckReport(ok=False, lines=lines, data={"error": problem, "fix": fix})
 
 
 def with_llm_fit(report: CheckReport, llm: ModelAsk) -> CheckReport:
@@ -55,10 +67,13 @@ def registration_report(store: RunStore, backend: str, config_path: str) -> Chec
     try:
         registration = store.agents.registration(backend)
     except redis.RedisError:
-        raise PotatoQueueError(
-            f"Redis does not answer, and backend {backend}'s registration is kept there",
-            fix=f"start Redis, or point --redis-url (or {REDIS_URL_ENV}) at the server's",
-        ) from None
+        return unexpected_report(
+            backend,
+            PotatoQueueError(
+                f"Redis does not answer, and backend {backend}'s registration is kept there",
+                fix=f"start Redis, or point --redis-url (or {REDIS_URL_ENV}) at the server's",
+            ),
+        )
     if registration is None:
         command = f"potato-queue training register {backend} {config_path}"
         return CheckReport(

@@ -194,7 +194,10 @@ def apply_lora(ctx: RunContext, model: Any, lora: dict[str, Any], task: str | No
 
 def position_limit(tokenizer: Any, model: Any) -> int | None:
     """The most tokens *model* takes: its position table's size, or less where its tokenizer says so (RoBERTa's
-    table has two rows more than it uses); None when neither tells."""
+    table has two rows more than it uses); None when neither tells, and for a model whose input has no
+    absolute positions (DeBERTa-v2/v3: relative ones only; its max_position_embeddings bounds nothing)."""
+    if getattr(model.config, "position_biased_input", True) is False:
+        return None
     said = (getattr(model.config, "max_position_embeddings", None), getattr(tokenizer, "model_max_length", None))
     limits = [n for n in said if isinstance(n, int) and 0 < n < UNSET_LENGTH]
     return min(limits) if limits else None

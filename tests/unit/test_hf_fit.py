@@ -144,6 +144,14 @@ def test_the_most_tokens_a_model_takes(positions: int | None, tokenizer_says: in
     assert position_limit(SimpleNamespace(model_max_length=tokenizer_says), model) == limit
 
 
+def test_a_model_with_relative_positions_only_has_no_limit_from_its_table() -> None:
+    """DeBERTa-v3 says max_position_embeddings 512 but adds no absolute positions: 1024 tokens work there."""
+    deberta = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512, position_biased_input=False))
+    assert position_limit(SimpleNamespace(model_max_length=int(1e30)), deberta) is None
+    biased = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512, position_biased_input=True))
+    assert position_limit(SimpleNamespace(model_max_length=int(1e30)), biased) == 512
+
+
 def test_a_max_length_past_the_models_positions_is_lowered_saying_so(tmp_path: Path) -> None:
     ctx = context(tmp_path)
     tokenizer, model = SimpleNamespace(), SimpleNamespace(config=SimpleNamespace(max_position_embeddings=512))

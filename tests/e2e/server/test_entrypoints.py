@@ -102,6 +102,27 @@ def test_check_local_names_the_device() -> None:
     assert writeback.startswith("Potato write-back is on: runs, their splits and predictions are recorded in ")
 
 
+def test_check_says_what_it_did_not_foresee_and_a_redis_that_is_gone(tmp_path: Path) -> None:
+    """The check's answer is a report, never a traceback (nor, on the page, an error page)."""
+    cfg = seed_config()
+    cfg["model_training"]["backends"]["gpu-server"]["python"] = "$HOME/venv/bin/python"
+    path = write_project(tmp_path, cfg)
+    proc = run_cli("training", "check", "gpu-server", path)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.startswith(
+        "the check of gpu-server failed: ValueError: '$HOME/venv/bin/python' cannot pass through every login shell"
+    ), proc.stdout + proc.stderr
+    assert "Traceback" not in proc.stderr
+    # An agent backend's registration is kept in Redis: none answering is said, with the fix.
+    proc = run_cli("training", "check", "lab-workstation", path, "--redis-url", "redis://127.0.0.1:1/0")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stdout.splitlines()[:2] == [
+        "the check of lab-workstation failed: Redis does not answer, and backend lab-workstation's registration "
+        "is kept there",
+        "fix: start Redis, or point --redis-url (or POTATO_QUEUE_REDIS_URL) at the server's",
+    ], proc.stdout
+
+
 def test_serve_refuses_the_placeholder_key_on_a_reachable_address(tmp_path: Path, redis_server_url: str) -> None:
     cfg = seed_config()
     cfg["admin_api_key"] = "change-me"
