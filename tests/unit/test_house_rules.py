@@ -8,6 +8,7 @@ import io
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -519,38 +520,48 @@ def test_the_redis_scanner_catches_a_direct_call(tmp_path: Path) -> None:
 TIME_ALLOWED = ("clock.py", "cli/", "agent/", "host/", "worker/", "wire/", "trainers/")
 
 
-def time_time_reads(path: Path) -> list[int]:
-    """The lines that read the wall clock themselves: time.time() (under any name for the module) or
-    `from time import time`."""
+def module_reads(path: Path, module: str, names: set[str]) -> list[int]:
+    """The lines that use one of `names` of the standard-library `module`: `module.name` (under any name the
+    module was imported as), or `from module import name`."""
     tree = ast.parse(path.read_text(), filename=str(path))
-    names = {
+    aliases = {
         alias.asname or alias.name
         for node in ast.walk(tree)
         if isinstance(node, ast.Import)
         for alias in node.names
-        if alias.name == "time"
+        if alias.name == module
     }
     found = []
     for node in ast.walk(tree):
         if (
             isinstance(node, ast.Attribute)
-            and node.attr == "time"
+            and node.attr in names
             and isinstance(node.value, ast.Name)
-            and node.value.id in names
+            and node.value.id in aliases
         ):
             found.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module == "time" and any(a.name == "time" for a in node.names):
+        elif isinstance(node, ast.ImportFrom) and node.module == module and any(a.name in names for a in node.names):
             found.append(node.lineno)
-    return found
+    return sorted(found)
+
+
+def time_time_reads(path: Path) -> list[int]:
+    """The lines that read the wall clock themselves: time.time() or `from time import time`."""
+    return module_reads(path, "time", {"time"})
+
+
+def outside(allowed: tuple[str, ...], lines_of: Callable[[Path], list[int]]) -> list[str]:
+    """`path:line` of what `lines_of` finds in the package's modules, but those under `allowed`."""
+    return [
+        f"{path.relative_to(PACKAGE)}:{line}"
+        for path in package_files()
+        if not path.relative_to(PACKAGE).as_posix().startswith(allowed)
+        for line in lines_of(path)
+    ]
 
 
 def test_every_clock_read_goes_through_a_clock() -> None:
-    found = [
-        f"{path.relative_to(PACKAGE)}:{line}"
-        for path in package_files()
-        if not path.relative_to(PACKAGE).as_posix().startswith(TIME_ALLOWED)
-        for line in time_time_reads(path)
-    ]
+    found = outside(TIME_ALLOWED, time_time_reads)
     assert found == [], f"read store.clock.now_s() (a potato_queue.clock.Clock) instead: {found}"
 
 
@@ -580,38 +591,12 @@ ENVIRONMENT_ALLOWED = (
 
 
 def environment_reads(path: Path) -> list[int]:
-    """The lines that read the process's environment: os.environ, os.environb, os.getenv (under any name for
-    the module), or those names imported from os."""
-    tree = ast.parse(path.read_text(), filename=str(path))
-    names = {
-        alias.asname or alias.name
-        for node in ast.walk(tree)
-        if isinstance(node, ast.Import)
-        for alias in node.names
-        if alias.name == "os"
-    }
-    reads = {"environ", "environb", "getenv", "getenvb"}
-    found = []
-    for node in ast.walk(tree):
-        if (
-            isinstance(node, ast.Attribute)
-            and node.attr in reads
-            and isinstance(node.value, ast.Name)
-            and node.value.id in names
-        ):
-            found.append(node.lineno)
-        elif isinstance(node, ast.ImportFrom) and node.module == "os" and any(a.name in reads for a in node.names):
-            found.append(node.lineno)
-    return found
+    """The lines that read the process's environment: os.environ, os.environb, os.getenv, os.getenvb."""
+    return module_reads(path, "os", {"environ", "environb", "getenv", "getenvb"})
 
 
 def test_only_a_process_edge_reads_the_environment() -> None:
-    found = [
-        f"{path.relative_to(PACKAGE)}:{line}"
-        for path in package_files()
-        if not path.relative_to(PACKAGE).as_posix().startswith(ENVIRONMENT_ALLOWED)
-        for line in environment_reads(path)
-    ]
+    found = outside(ENVIRONMENT_ALLOWED, environment_reads)
     assert found == [], f"add a field to settings.Settings and hand it down (config.settings) instead: {found}"
 
 
