@@ -50,6 +50,11 @@ class CheckReport:
     lines: list[str]
     data: dict[str, Any] = field(default_factory=dict)
 
+    @classmethod
+    def failed(cls, message: str, fix: str | None) -> CheckReport:
+        """The report of a check that could not look: what went wrong, and the fix."""
+        return cls(ok=False, lines=[message] + ([f"fix: {fix}"] if fix else []), data={"error": message, "fix": fix})
+
 
 class Offer(Protocol):
     """A pull backend's run, posted for its agents to claim (the lifecycle makes it; Redis is behind it)."""

@@ -46,10 +46,9 @@ def unexpected_report(backend: str, exc: Exception) -> CheckReport:
     """A check that failed in a way its executor did not foresee (no ssh client on this machine, a host whose
     answer is not JSON), or Redis gone for an agent backend's: the report says what happened, for the CLI
     and the page alike, instead of a traceback or an error page."""
-    fix = exc.fix if isinstance(exc, PotatoQueueError) else None
-    problem = exc.message if isinstance(exc, PotatoQueueError) else f"{type(exc).__name__}: {exc}"
-    lines = [f"the check of {backend} failed: {problem}"] + ([f"fix: {fix}"] if fix else [])
-    return CheckReport(ok=False, lines=lines, data={"error": problem, "fix": fix})
+    if isinstance(exc, PotatoQueueError):
+        return CheckReport.failed(f"the check of {backend} failed: {exc.message}", exc.fix)
+    return CheckReport.failed(f"the check of {backend} failed: {type(exc).__name__}: {exc}", None)
 
 
 def with_llm_fit(report: CheckReport, llm: ModelAsk) -> CheckReport:

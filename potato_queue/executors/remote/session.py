@@ -154,11 +154,7 @@ def session_lines(host: str, facts: dict[str, Any]) -> list[str]:
 
 def failed_check(exc: PotatoQueueError) -> CheckReport:
     """The check's report when the host could not be asked."""
-    return CheckReport(
-        ok=False,
-        lines=[exc.message] + ([f"fix: {exc.fix}"] if exc.fix else []),
-        data={"error": exc.message, "fix": exc.fix},
-    )
+    return CheckReport.failed(exc.message, exc.fix)
 
 
 def tail(path: Path, size: int = 4000) -> str:
