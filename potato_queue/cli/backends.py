@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from potato_queue.cli.options import CONFIG, REDIS, checked, redis_checked, store_and_queue
+from potato_queue.cli.options import CONFIG, REDIS, checked, redis_checked, store_for
 
 __all__ = ["check", "register", "agent"]
 
@@ -29,7 +29,7 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | 
 
     cfg = checked(config)
     # Not pinged first: only an agent backend's check reads Redis (its registration), and it says so when none answers.
-    service = RunService(cfg, *store_and_queue(cfg, redis_url))
+    service = RunService(cfg, store_for(cfg, redis_url))
     report = service.check(backend, ModelAsk(llm, load_in_4bit) if llm else None)
     writeback = ledger_status(cfg)
     data, lines = (
@@ -52,7 +52,7 @@ def register(backend: str, config: Path, redis_url: str) -> None:
 
     cfg = checked(config)
     agent_backend_checked(cfg, backend)
-    store, _ = store_and_queue(cfg, redis_checked(redis_url))
+    store = store_for(cfg, redis_checked(redis_url))
     click.echo(register_text(backend, store.agents.issue(backend), store.presence.server_url(), agent_zipapp().sha256))
 
 

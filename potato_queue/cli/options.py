@@ -31,6 +31,7 @@ __all__ = [
     "redis_checked",
     "params_of",
     "runs_for",
+    "store_for",
     "store_and_queue",
 ]
 
@@ -105,11 +106,18 @@ def runs_for(config: Path, redis_url: str) -> RunService:
     return RunService(cfg, *store_and_queue(cfg, redis_checked(redis_url)))
 
 
-def store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[RunStore, Callable[[str], None]]:
-    """The project's store, and how a run queued here wakes an executor (Celery's message)."""
-    from potato_queue.processes.queue import enqueue, make_celery
+def store_for(cfg: ProjectConfig, redis_url: str) -> RunStore:
+    """The project's store; its Redis client connects at its first call, so a command that reads only the
+    run folders needs no Redis."""
     from potato_queue.store import RunStore
     from potato_queue.store.plumbing import client_for
 
+    return RunStore(cfg, client_for(redis_url))
+
+
+def store_and_queue(cfg: ProjectConfig, redis_url: str) -> tuple[RunStore, Callable[[str], None]]:
+    """The project's store, and how a run queued here wakes an executor (Celery's message)."""
+    from potato_queue.processes.queue import enqueue, make_celery
+
     app = make_celery(cfg, redis_url)
-    return RunStore(cfg, client_for(redis_url)), lambda run_id: enqueue(app, cfg, run_id)
+    return store_for(cfg, redis_url), lambda run_id: enqueue(app, cfg, run_id)

@@ -14,7 +14,7 @@ from potato_queue.cli.options import (
     params_of,
     redis_checked,
     runs_for,
-    store_and_queue,
+    store_for,
 )
 
 __all__ = ["run", "runs", "cancel", "retry", "logs", "bundle"]
@@ -72,7 +72,7 @@ def runs(config: Path, redis_url: str) -> None:
     from potato_queue.runs.retrain import last_check
 
     cfg = checked(config)
-    store, _ = store_and_queue(cfg, redis_checked(redis_url))
+    store = store_for(cfg, redis_checked(redis_url))
     click.echo(runs_table(store.list_runs()))
     if cfg.model_training.auto_retrain.enabled:
         click.echo(f"auto-retrain: {last_check(cfg, store)['reason']}")
@@ -123,7 +123,7 @@ def logs(run_id: str, config: Path, follow: bool) -> None:
 
     cfg = checked(config)
     # No Redis is asked: a run's log is read from its folder (RunService.log_on_disk).
-    print_log(RunService(cfg, *store_and_queue(cfg, cfg.settings.redis_url)), run_id, follow=follow)
+    print_log(RunService(cfg, store_for(cfg, cfg.settings.redis_url)), run_id, follow=follow)
 
 
 @click.command()
