@@ -19,10 +19,10 @@ import yaml
 
 from potato_queue.config import ProjectConfig
 from potato_queue.run import RunRecord
+from potato_queue.trainers.common import CARD_FILE
 
-__all__ = ["CARD_FILE", "HUB_NAME", "trainer_card", "base_model", "model_card"]
+__all__ = ["HUB_NAME", "trainer_card", "base_model", "model_card"]
 
-CARD_FILE = "model_card.json"
 # One part of a Hub repo id (huggingface_hub's validate_repo_id): letters, digits, - _ . ; neither starting
 # nor ending with - or . (the length, `--` and `..` are checked where a whole id is).
 HUB_NAME = r"[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?"

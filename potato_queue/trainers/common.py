@@ -13,6 +13,7 @@ from potato_queue.worker.errors import ValidationFailed
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = [
+    "CARD_FILE",
     "nominal_target",
     "labelled_texts",
     "schema_labels",
@@ -23,6 +24,10 @@ __all__ = [
     "param",
     "seed_everything",
 ]
+
+# Every trainer's card in its model files (`{"trainer", "settings", "schemas"}`): runs/model_card.py reads it
+# into the README a published model gets.
+CARD_FILE = "model_card.json"
 
 
 def nominal_target(row: dict[str, Any], schema: str) -> str | None:

@@ -13,15 +13,13 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import Any
 
-from potato_queue.trainers.common import model_version, slug, write_json
+from potato_queue.trainers.common import CARD_FILE, model_version, slug, write_json
 from potato_queue.trainers.hf_heads import Head
 from potato_queue.trainers.hf_text_parts import LORA_OFF
 from potato_queue.worker.api import FitResult, RunContext
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["CARD_FILE", "with_peft", "FitCard", "head_entry", "save_schema"]
-
-CARD_FILE = "model_card.json"
+__all__ = ["with_peft", "FitCard", "head_entry", "save_schema"]
 
 
 def with_peft(requires: Sequence[str], params: dict[str, Any]) -> list[str]:

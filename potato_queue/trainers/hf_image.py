@@ -26,7 +26,7 @@ from typing import Any, ClassVar
 
 from potato_queue.trainers import parallel
 from potato_queue.trainers.common import nominal_target, seed_everything, slug
-from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, head_entry, save_schema, with_peft
+from potato_queue.trainers.hf_fit import FitCard, head_entry, save_schema, with_peft
 from potato_queue.trainers.hf_heads import Head, head_for, saved_head
 from potato_queue.trainers.hf_text_parts import HFSettings, Steps, apply_lora, optimizer_for, read_settings
 from potato_queue.trainers.hub import check_model, explain_not_cached
@@ -38,7 +38,7 @@ from potato_queue.worker.bundle import Bundle
 from potato_queue.worker.errors import TrainerError
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["HFImageClassificationTrainer", "CARD_FILE", "read_image"]
+__all__ = ["HFImageClassificationTrainer", "read_image"]
 
 INFO = TRAINERS["hf-image-classification"]  # its params' defaults
 FETCH_TIMEOUT_S = 20.0

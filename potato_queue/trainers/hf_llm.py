@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 from potato_queue.trainers import llm_loop, parallel
 from potato_queue.trainers.common import seed_everything
-from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, head_entry
+from potato_queue.trainers.hf_fit import FitCard, head_entry
 from potato_queue.trainers.hf_heads import Head, head_for
 from potato_queue.trainers.hub import check_model
 from potato_queue.trainers.llm_settings import LLMSettings, read_settings
@@ -39,7 +39,7 @@ from potato_queue.trainers.multilabel import validate_by_kind
 from potato_queue.wire.scoring import MULTILABEL
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 
-__all__ = ["HFLLMLoRATrainer", "CARD_FILE"]
+__all__ = ["HFLLMLoRATrainer"]
 
 
 class HFLLMLoRATrainer(Trainer):

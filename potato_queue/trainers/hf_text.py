@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 from potato_queue.trainers import parallel
 from potato_queue.trainers.common import seed_everything, slug
-from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, head_entry, save_schema, with_peft
+from potato_queue.trainers.hf_fit import FitCard, head_entry, save_schema, with_peft
 from potato_queue.trainers.hf_heads import Head, head_for, saved_head
 from potato_queue.trainers.hf_text_parts import (
     HFSettings,
@@ -49,7 +49,7 @@ from potato_queue.wire.scoring import MULTILABEL, ORDINAL, score
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["HFTextClassificationTrainer", "CARD_FILE"]
+__all__ = ["HFTextClassificationTrainer"]
 
 
 class HFTextClassificationTrainer(Trainer):

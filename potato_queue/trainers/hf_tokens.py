@@ -20,7 +20,7 @@ from typing import Any, ClassVar
 
 from potato_queue.trainers import parallel
 from potato_queue.trainers.common import seed_everything, slug
-from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, save_schema, with_peft
+from potato_queue.trainers.hf_fit import FitCard, save_schema, with_peft
 from potato_queue.trainers.hf_text_parts import (
     HFSettings,
     Steps,
@@ -39,7 +39,7 @@ from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunConte
 from potato_queue.worker.errors import TrainerError
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["HFTokenClassificationTrainer", "CARD_FILE"]
+__all__ = ["HFTokenClassificationTrainer"]
 
 INFO = TRAINERS["hf-token-classification"]  # its params' defaults
 IGNORED = -100  # the loss leaves these tokens out (the tokenizer's own, and padding)

@@ -21,6 +21,7 @@ from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
 from potato_queue.trainers.common import (
+    CARD_FILE,
     labelled_texts,
     model_version,
     param,
@@ -38,10 +39,9 @@ from potato_queue.wire.scoring import MULTILABEL, ORDINAL, SCALE_KINDS, accuracy
 from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
 from potato_queue.worker.errors import TrainerError, ValidationFailed
 
-__all__ = ["SklearnTextTrainer", "MODEL_FILE", "CARD_FILE"]
+__all__ = ["SklearnTextTrainer", "MODEL_FILE"]
 
 MODEL_FILE = "model.pkl"
-CARD_FILE = "model_card.json"
 PREDICT_BATCH = 512
 
 INFO = TRAINERS["sklearn-text"]  # its params' defaults

@@ -13,7 +13,8 @@ from typing import Any
 import pytest
 
 from potato_queue.trainers import parallel
-from potato_queue.trainers.hf_fit import CARD_FILE, FitCard, head_entry, save_schema, with_peft
+from potato_queue.trainers.common import CARD_FILE
+from potato_queue.trainers.hf_fit import FitCard, head_entry, save_schema, with_peft
 from potato_queue.trainers.hf_heads import Head
 from potato_queue.trainers.hf_text_parts import HFSettings, Steps, fit_max_length, position_limit
 from potato_queue.trainers.hub import check_model, explain_not_cached
