@@ -14,7 +14,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -45,15 +45,25 @@ def make_project(tmp_path: Path, source: Path = SMALL_PROJECT, **training: Any) 
 
 @contextmanager
 def started(
-    tmp_path: Path, redis_url: str, executors: int = 1, host: str = "127.0.0.1", **training: Any
+    tmp_path: Path,
+    redis_url: str,
+    executors: int = 1,
+    host: str = "127.0.0.1",
+    *,
+    prepare: Callable[[Path], object] | None = None,
+    executor_env: dict[str, str] | None = None,
+    **training: Any,
 ) -> Iterator[Services]:
-    """The example project with `training` overrides, its server (on `host`) and `executors` executors,
-    stopped after."""
-    svc = Services(make_project(tmp_path, **training), redis_url, tmp_path)
+    """The example project with `training` overrides (and what `prepare` adds to its config file), its server
+    (on `host`) and `executors` executors (with `executor_env`), stopped after."""
+    config = make_project(tmp_path, **training)
+    if prepare is not None:
+        prepare(config)
+    svc = Services(config, redis_url, tmp_path)
     svc.serve(host)
     try:
         for _ in range(executors):
-            svc.executor()
+            svc.executor(env=executor_env)
         yield svc
     finally:
         svc.stop()
@@ -200,14 +210,16 @@ class Services:
 TERMINAL = {"succeeded", "failed", "cancelled"}
 
 
-def build_tiny_model(folder: Path) -> Path:
-    """A 2-layer, 32-wide BERT with a word-level vocabulary of the example's reviews, built here (no download)."""
+def build_tiny_model(folder: Path, words: list[str] | None = None, seed: int | None = 0) -> Path:
+    """A 2-layer, 32-wide BERT with a word-level vocabulary of `words` (by default the example's reviews'),
+    built here (no download); its starting weights drawn after `seed` (None: unseeded)."""
     import torch
     from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
     from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
 
-    texts = [row["text"] for row in json.loads((SMALL_PROJECT / "data" / "reviews.json").read_text())]
-    words = sorted({w.strip(".,").lower() for t in texts for w in t.split()})
+    if words is None:
+        texts = [row["text"] for row in json.loads((SMALL_PROJECT / "data" / "reviews.json").read_text())]
+        words = sorted({w.strip(".,").lower() for t in texts for w in t.split()})
     specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
     vocab = {word: i for i, word in enumerate(specials + words)}
     tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
@@ -233,8 +245,8 @@ def build_tiny_model(folder: Path) -> Path:
         max_position_embeddings=64,
         num_labels=2,
     )
-    # Seeded: the same starting weights every session, so a fine-tune's scores do not depend on a random draw.
-    torch.manual_seed(0)
+    if seed is not None:  # the same starting weights every session: a fine-tune's scores depend on no random draw
+        torch.manual_seed(seed)
     BertForSequenceClassification(config).save_pretrained(folder)
     return folder
 

@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 import random
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import yaml
 
 from tests.e2e.server.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
 from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
-from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths
+from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths, started
 from tests.sshd import Sshd
 
 SIZE = 32
@@ -119,19 +118,11 @@ def test_an_image_project_trains_on_the_ssh_backend_with_its_pictures_in_the_bun
         assert not (saved / "adapter_config.json").exists(), "the adapter is merged into a plain model"
 
 
-@contextmanager
 def images_stack(
     tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None, **training: Any
-) -> Iterator[Services]:
-    config = make_project(tmp_path, **training)
-    make_image_project(config)
-    svc = Services(config, redis_url, tmp_path)
-    svc.serve()
-    try:
-        svc.executor(env=executor_env)
-        yield svc
-    finally:
-        svc.stop()
+) -> AbstractContextManager[Services]:
+    """The small project with its scheme added, its server and an executor."""
+    return started(tmp_path, redis_url, prepare=make_image_project, executor_env=executor_env, **training)
 
 
 def draw(path: Path, shape: str, colour: str, second: str | None, rng: random.Random) -> None:

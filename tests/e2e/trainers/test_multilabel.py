@@ -10,8 +10,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +21,7 @@ from potato_queue.trainers.multilabel import choose_thresholds, set_prediction
 from potato_queue.wire.scoring import score
 from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
 from tests.e2e.trainers.test_worker import run_worker, split_ids, write_bundle, write_spec
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths, started
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd
 
@@ -228,20 +227,11 @@ def test_a_multiselect_trains_on_the_ssh_backend_too(tmp_path: Path, redis_serve
         assert lines and all(isinstance(p["payload"], list) for p in lines)
 
 
-@contextmanager
 def topics_stack(
     tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None, **training: Any
-) -> Iterator[Services]:
+) -> AbstractContextManager[Services]:
     """The small project with a multiselect (`training`: model_training overrides), its server and an executor."""
-    config = make_project(tmp_path, **training)
-    _add_topics(config)
-    svc = Services(config, redis_url, tmp_path)
-    svc.serve()
-    try:
-        svc.executor(env=executor_env)
-        yield svc
-    finally:
-        svc.stop()
+    return started(tmp_path, redis_url, prepare=_add_topics, executor_env=executor_env, **training)
 
 
 def _add_topics(config: Path) -> None:

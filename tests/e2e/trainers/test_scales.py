@@ -11,8 +11,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from potato_queue.validate import load_checked
 from potato_queue.wire.scoring import score
 from tests.e2e.server.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
 from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths, started
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd
 
@@ -283,21 +282,12 @@ def test_potato_pre_fills_a_labelled_likert_and_a_slider_from_the_run(tmp_path: 
         potato.stop()
 
 
-@contextmanager
 def scales_stack(
     tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None, **training: Any
-) -> Iterator[Services]:
+) -> AbstractContextManager[Services]:
     """The small project with the three scale schemes (`training`: model_training overrides), its server and an
     executor."""
-    config = make_project(tmp_path, **training)
-    _add_scales(config)
-    svc = Services(config, redis_url, tmp_path)
-    svc.serve()
-    try:
-        svc.executor(env=executor_env)
-        yield svc
-    finally:
-        svc.stop()
+    return started(tmp_path, redis_url, prepare=_add_scales, executor_env=executor_env, **training)
 
 
 def _add_scales(config: Path) -> None:

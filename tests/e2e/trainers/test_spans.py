@@ -12,8 +12,7 @@ from __future__ import annotations
 import json
 import re
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,7 @@ import yaml
 from potato_queue.trainers.spans import bio_tags, drop_overlaps, spans_from_tags, tag_names
 from potato_queue.wire.scoring import score
 from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
-from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths, started
 from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 from tests.sshd import Sshd
 
@@ -242,19 +241,11 @@ def test_potato_draws_the_runs_spans_on_the_item(tmp_path: Path, redis_server_ur
         potato.stop()
 
 
-@contextmanager
 def spans_stack(
     tmp_path: Path, redis_url: str, executor_env: dict[str, str] | None = None, **training: Any
-) -> Iterator[Services]:
-    config = make_project(tmp_path, **training)
-    _add_spans(config)
-    svc = Services(config, redis_url, tmp_path)
-    svc.serve()
-    try:
-        svc.executor(env=executor_env)
-        yield svc
-    finally:
-        svc.stop()
+) -> AbstractContextManager[Services]:
+    """The small project with its scheme added, its server and an executor."""
+    return started(tmp_path, redis_url, prepare=_add_spans, executor_env=executor_env, **training)
 
 
 def _add_spans(config: Path) -> None:

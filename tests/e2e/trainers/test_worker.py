@@ -28,6 +28,7 @@ from potato_queue.worker.api import FitResult, RunContext, Trainer
 from potato_queue.worker.errors import NVRTC_HINT
 from potato_queue.worker.run import run as run_in_process
 from potato_queue.worker.stop import StopFlag
+from tests.lifecycle_helpers import build_tiny_model
 
 ROOT = Path(__file__).resolve().parents[3]
 SCHEMA = "sentiment"
@@ -223,37 +224,7 @@ def assert_predictions(work: Path, bundle: Path, run: Run) -> list[dict[str, Any
 @pytest.fixture(scope="module")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A 2-layer, 32-wide BERT and a WordLevel tokenizer over the fixture's words, saved locally."""
-    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors
-    from transformers import BertConfig, BertForSequenceClassification, PreTrainedTokenizerFast
-
-    folder = tmp_path_factory.mktemp("tiny-bert")
-    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-    vocab = {word: i for i, word in enumerate(specials + sorted(set(GOOD + BAD + FILLER)))}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
-    tokenizer.normalizer = normalizers.Lowercase()
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    tokenizer.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", vocab["[CLS]"]), ("[SEP]", vocab["[SEP]"])]
-    )
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        unk_token="[UNK]",
-        pad_token="[PAD]",
-        cls_token="[CLS]",
-        sep_token="[SEP]",
-        mask_token="[MASK]",
-    ).save_pretrained(folder)
-    config = BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        num_labels=2,
-    )
-    BertForSequenceClassification(config).save_pretrained(folder)
-    return folder
+    return build_tiny_model(tmp_path_factory.mktemp("tiny-bert"), sorted(set(GOOD + BAD + FILLER)), seed=None)
 
 
 # ---------------------------------------------------------------- sklearn-text
