@@ -12,9 +12,9 @@ import json
 import os
 import re
 import tempfile
-from typing import Any, Iterable, Iterator, Literal, Optional, Tuple, Union
+from typing import Any, Callable, Iterable, Iterator, Literal, Optional, Tuple, Union
 
-__all__ = ["write_atomic", "file_sha256", "STAGED_RE", "read_jsonl", "JsonLineError"]
+__all__ = ["write_atomic", "file_sha256", "STAGED_RE", "read_json", "read_jsonl", "JsonLineError"]
 
 # A temp file in a staging folder: .<target's name>.<pid of its writer>.<mkstemp's tail>
 STAGED_RE = re.compile(r"^\..*\.(\d+)\.[^.]+$")
@@ -72,6 +72,18 @@ def file_sha256(path: "Union[str, os.PathLike[str]]") -> str:
         for block in iter(lambda: fh.read(1024 * 1024), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def read_json(path: "Union[str, os.PathLike[str]]", what: str, error: Callable[[str], Exception]) -> Any:
+    """A JSON file's value; `error` (the caller's own error type) with `what` the file is, when it cannot be
+    read or is not JSON: "Could not read <what>: ..." and "<What> is not valid JSON: ..."."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except OSError as exc:
+        raise error("Could not read %s: %s" % (what, exc)) from exc
+    except ValueError as exc:
+        raise error("%s is not valid JSON: %s" % (what[:1].upper() + what[1:], exc)) from exc
 
 
 class JsonLineError(ValueError):

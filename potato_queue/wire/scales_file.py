@@ -7,9 +7,10 @@ Written by the server (bundle/write.py), read by the worker (worker/bundle.py) a
 when it scores a run (runs/finalize.py, insight/). Standard library only, Python 3.8+.
 """
 
-import json
 import os
 from typing import Any, Dict
+
+from potato_queue.wire.files import read_json
 
 __all__ = ["SCALES_FILE", "ScalesError", "read_scales"]
 
@@ -25,13 +26,7 @@ def read_scales(root: str) -> Dict[str, Dict[str, Any]]:
     path = os.path.join(root, SCALES_FILE)
     if not os.path.isfile(path):
         return {}
-    try:
-        with open(path, encoding="utf-8") as fh:
-            scales = json.load(fh)
-    except OSError as exc:
-        raise ScalesError("Could not read the bundle's %s: %s" % (SCALES_FILE, exc)) from exc
-    except ValueError as exc:
-        raise ScalesError("The bundle's %s is not valid JSON: %s" % (SCALES_FILE, exc)) from exc
+    scales = read_json(path, "the bundle's " + SCALES_FILE, ScalesError)
     if not isinstance(scales, dict) or not all(isinstance(v, dict) for v in scales.values()):
         raise ScalesError("The bundle's %s must be an object {schema: {scale}}" % SCALES_FILE)
     return {str(k): v for k, v in scales.items()}

@@ -9,11 +9,10 @@ Ours beyond Potato's: ``scales.json`` (wire/scales_file.py); a bundle Potato
 built has none, and the trainers then take the scale from the answers.
 """
 
-import json
 import os
 from typing import Any, Dict, Iterator, List, Optional
 
-from potato_queue.wire.files import JsonLineError, read_jsonl
+from potato_queue.wire.files import JsonLineError, read_json, read_jsonl
 from potato_queue.wire.scales_file import ScalesError, read_scales
 
 from .errors import BundleError
@@ -106,13 +105,7 @@ class Bundle:
 
 
 def _read_json(path: str, what: str) -> Any:
-    try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
-    except OSError as exc:
-        raise BundleError("Could not read the bundle's %s: %s" % (what, exc)) from exc
-    except ValueError as exc:
-        raise BundleError("The bundle's %s is not valid JSON: %s" % (what, exc)) from exc
+    return read_json(path, "the bundle's " + what, BundleError)
 
 
 def _default_splits(root: str) -> Dict[str, Dict[str, Any]]:

@@ -9,10 +9,10 @@ Relative ``bundle_dir`` and ``workdir`` are taken relative to the folder
 holding spec.json. Anything malformed raises :class:`SpecError` (exit 2).
 """
 
-import json
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
+from potato_queue.wire.files import read_json
 from potato_queue.wire.job import SPEC_VERSION, Limits
 
 from .errors import SpecError
@@ -184,11 +184,5 @@ def parse_spec(data: Any, base_dir: str = ".") -> Spec:
 
 def load_spec(path: str) -> Spec:
     """Read and check spec.json at *path*."""
-    try:
-        with open(path, encoding="utf-8") as fh:
-            data = json.load(fh)
-    except OSError as exc:
-        raise SpecError("Could not read the spec %s: %s" % (path, exc)) from exc
-    except ValueError as exc:
-        raise SpecError("The spec %s is not valid JSON: %s" % (path, exc)) from exc
+    data = read_json(path, "the spec " + path, SpecError)
     return parse_spec(data, os.path.dirname(os.path.abspath(path)))

@@ -1,4 +1,4 @@
-"""wire/files.py: the one JSON Lines reader every side uses (bundle splits, predictions, events)."""
+"""wire/files.py: the one JSON Lines reader every side uses (bundle splits, predictions, events), and the one JSON file reader."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.wire.files import JsonLineError, read_jsonl
+from potato_queue.wire.files import JsonLineError, read_json, read_jsonl
 
 pytestmark = pytest.mark.unit
 
@@ -47,3 +47,17 @@ def test_bytes_that_are_not_utf8(tmp_path: Path) -> None:
     with pytest.raises(UnicodeDecodeError):
         list(read_jsonl(path))
     assert list(read_jsonl(path, errors="replace")) == [(1, {"t": "\ufffd"})]
+
+
+def test_read_json_says_what_the_file_is_in_the_callers_own_error(tmp_path: Path) -> None:
+    class Mine(ValueError):
+        pass
+
+    good, bad = tmp_path / "good.json", tmp_path / "bad.json"
+    good.write_text('{"a": 1}')
+    bad.write_text("{a")
+    assert read_json(good, "the test file", Mine) == {"a": 1}
+    with pytest.raises(Mine, match=r"^The test file is not valid JSON: "):
+        read_json(bad, "the test file", Mine)
+    with pytest.raises(Mine, match=r"^Could not read the test file: \[Errno 2\]"):
+        read_json(tmp_path / "missing.json", "the test file", Mine)
