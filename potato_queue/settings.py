@@ -28,6 +28,9 @@ __all__ = [
     "SSH_CONFIG_ENV",
     "WARNINGS_SHOWN_ENV",
     "VISIBILITY_ENV",
+    "COPY_STALL_S",
+    "HEADER_TIMEOUT_S",
+    "BODY_IDLE_S",
 ]
 
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/0"
@@ -43,12 +46,17 @@ WARNINGS_SHOWN_ENV = "POTATO_QUEUE_WARNINGS_SHOWN"
 # The broker's visibility timeout for an executor: tests shorten it to prove a long run is not executed twice
 # when its message is delivered again.
 VISIBILITY_ENV = "POTATO_QUEUE_VISIBILITY_TIMEOUT_S"
+# ERR-7: a copy of the model files back that sends nothing for this long is ended (executors/remote/copy.py).
+COPY_STALL_S = 180.0
+# A request's headers must be whole this long after its first byte, and its body may stay silent this long
+# (server/connections.py).
+HEADER_TIMEOUT_S = 10.0
+BODY_IDLE_S = 60.0
 
 
 @dataclass(frozen=True)
 class Settings:
-    """The process's settings. A `None` timing keeps the documented default of the part that uses it; the
-    timings are shortened by tests only."""
+    """The process's settings, each with its documented default; the timings are shortened by tests only."""
 
     redis_url: str = DEFAULT_REDIS_URL
     # Used when the config has no admin_api_key (a key kept out of a file Potato also reads).
@@ -57,10 +65,10 @@ class Settings:
     metrics_token: str | None = None
     ssh_config_file: str | None = None
     warnings_shown_for: str | None = None
-    copy_stall_s: float | None = None  # ERR-7's 180 s
-    header_timeout_s: float | None = None  # the server's 10 s for a request's headers
-    body_idle_s: float | None = None  # the server's 60 s of a silent request body
-    visibility_timeout_s: float | None = None  # the broker's
+    copy_stall_s: float = COPY_STALL_S
+    header_timeout_s: float = HEADER_TIMEOUT_S
+    body_idle_s: float = BODY_IDLE_S
+    visibility_timeout_s: float | None = None  # None: the broker's own
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:

@@ -35,7 +35,6 @@ def serve(
 ) -> None:
     """Run the server: Training page, admin JSON API, agent protocol."""
     from potato_queue.processes.server import serve_forever
-    from potato_queue.server.connections import BODY_IDLE_S, HEADER_TIMEOUT_S
 
     if bool(tls_cert) != bool(tls_key):
         raise PotatoQueueError("--tls-cert and --tls-key go together", fix="give both, or neither for http")
@@ -47,8 +46,8 @@ def serve(
         port=port,
         public_url=public_url,
         tls=(tls_cert, tls_key) if tls_cert and tls_key else None,
-        header_timeout_s=cfg.settings.header_timeout_s or HEADER_TIMEOUT_S,
-        body_idle_s=cfg.settings.body_idle_s or BODY_IDLE_S,
+        header_timeout_s=cfg.settings.header_timeout_s,
+        body_idle_s=cfg.settings.body_idle_s,
     )
 
 

@@ -10,13 +10,8 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 from potato_queue.processes.startup import check_admin_key, check_writable
-from potato_queue.server.connections import (
-    BODY_IDLE_S,
-    HEADER_TIMEOUT_S,
-    ConnectionGate,
-    guarded_protocol,
-    raise_file_limit,
-)
+from potato_queue.server.connections import ConnectionGate, guarded_protocol, raise_file_limit
+from potato_queue.settings import BODY_IDLE_S, HEADER_TIMEOUT_S
 
 __all__ = [
     "serve_forever",

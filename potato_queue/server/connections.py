@@ -25,19 +25,17 @@ from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from potato_queue.settings import BODY_IDLE_S, HEADER_TIMEOUT_S
+
 __all__ = [
     "ConnectionGate",
     "GuardedProtocol",
     "guarded_protocol",
     "raise_file_limit",
-    "HEADER_TIMEOUT_S",
-    "BODY_IDLE_S",
     "RESERVED_FILES",
     "LOW_FILE_LIMIT",
 ]
 
-HEADER_TIMEOUT_S = 10.0
-BODY_IDLE_S = 60.0
 RESERVED_FILES = 256  # Redis connections, run folders, logs: what the process opens besides connections
 LOW_FILE_LIMIT = 4096
 PER_CLIENT_MAX = 1024  # a lab of agents behind one NAT address still fits

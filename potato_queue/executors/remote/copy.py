@@ -39,11 +39,11 @@ from potato_queue.executors.remote.stage import (
     stage_input,
 )
 from potato_queue.host import fetch as remote_fetch
+from potato_queue.settings import COPY_STALL_S
 
-__all__ = ["ModelCopy", "FETCH_SOURCE", "COPY_STALL_S"]
+__all__ = ["ModelCopy", "FETCH_SOURCE"]
 
 FETCH_SOURCE = Path(remote_fetch.__file__).read_text()
-COPY_STALL_S = 180.0
 NOTES_WAIT_S = 10.0
 PIPE_BYTES = 1 << 20
 MAX_NOTE_BYTES = 64 << 20  # the manifest of MAX_FILES files with long names fits

@@ -38,7 +38,7 @@ from potato_queue.executors.base import (
     Waiting,
 )
 from potato_queue.executors.remote.bootstrap import FORWARD, OVER_SESSION, BootSession, forward_target
-from potato_queue.executors.remote.copy import COPY_STALL_S, ModelCopy
+from potato_queue.executors.remote.copy import ModelCopy
 from potato_queue.executors.remote.openssh import (
     FORWARD_FIX,
     FORWARD_SETTINGS,
@@ -57,7 +57,7 @@ from potato_queue.executors.remote.stage import banner_note, new_marker, split_b
 from potato_queue.host import check as remote_check
 from potato_queue.host.boot import BootHeader
 from potato_queue.host.gpus import ssh_wait_expired
-from potato_queue.settings import Settings
+from potato_queue.settings import COPY_STALL_S, Settings
 from potato_queue.store.keys import remote_socket_path
 
 __all__ = [
@@ -339,5 +339,5 @@ def start_agent(
         target,
         stop_job,
         hard_stop_s,
-        settings.copy_stall_s or COPY_STALL_S,
+        settings.copy_stall_s,
     )
