@@ -160,6 +160,14 @@ def find(svc: Services, run_id: str, match: Callable[[dict[str, Any]], bool]) ->
 
 # ---------------------------------------------------------------- the benchmarks
 
+# An event's "t" is rounded to the millisecond (wire/events.py): a lag below that can read as negative.
+EVENT_TIME_RESOLUTION_S = 0.001
+
+
+def lag_s(event: dict[str, Any], sent: float) -> float:
+    """From `sent` to the worker's event, no finer than the event's own clock."""
+    return max(event["t"] - sent, EVENT_TIME_RESOLUTION_S)
+
 
 def hand_cancel_s(tmp: Path, bundle: Path, params: dict[str, Any], runs: int) -> list[float]:
     """The alternative for P1: SIGTERM by hand to the worker started by hand, until it says cancelled."""
@@ -169,7 +177,7 @@ def hand_cancel_s(tmp: Path, bundle: Path, params: dict[str, Any], runs: int) ->
         read_until(proc, is_training)
         sent = time.time()
         os.killpg(proc.pid, signal.SIGTERM)
-        took.append(read_until(proc, is_cancelled)["t"] - sent)
+        took.append(lag_s(read_until(proc, is_cancelled), sent))
         proc.wait()
     return took
 
@@ -184,7 +192,7 @@ def cancel_s(svc: Services, params: dict[str, Any], runs: int, **where: Any) -> 
         wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
         sent = time.time()
         svc.api("POST", f"/runs/{run_id}/cancel")
-        took.append(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60)["t"] - sent)
+        took.append(lag_s(wait(lambda run_id=run_id: find(svc, run_id, is_cancelled), 60), sent))
         svc.wait_for(run_id, TERMINAL)
     return took, run_id
 

@@ -22,6 +22,8 @@ from pathlib import Path
 
 import pytest
 
+from potato_queue.wire.isolated import THREAD_ENV_VARS
+
 SSHD = "/usr/sbin/sshd"
 ALIAS = "gpu-test"
 
@@ -45,6 +47,13 @@ def require_sshd() -> None:
         pytest.fail("the ssh backend's tests need OpenSSH: apt-get install openssh-server openssh-client")
     if os.geteuid() != 0:
         pytest.fail("the ssh backend's tests run sshd and log in as other accounts: run them as root")
+
+
+def thread_pools_line() -> list[str]:
+    """The thread pools' sizes this process was given (the suite sets one thread each: tests/conftest.py), for
+    the sessions this sshd starts too, as a host's admin would set them (sshd_config's SetEnv)."""
+    given = [f"{name}={os.environ[name]}" for name in THREAD_ENV_VARS if os.environ.get(name)]
+    return [f"SetEnv {' '.join(given)}"] if given else []
 
 
 class Sshd:
@@ -96,6 +105,7 @@ class Sshd:
                     "AllowStreamLocalForwarding yes",
                     "LogLevel ERROR",
                     "Subsystem sftp internal-sftp",  # scp speaks sftp now
+                    *thread_pools_line(),
                     *[line for user, lines in self.match_blocks.items() for line in [f"Match User {user}", *lines]],
                     "",
                 ]

@@ -131,6 +131,13 @@ return refused
 """
 
 
+# A waiter asks whether its caller hung up (or the server is stopping) this often, so a stop or a client gone
+# frees it at once instead of at the next reread; both questions are answered in memory. It rereads Redis
+# itself (the state a missed publish would have announced) less often.
+HANG_UP_TICK_S = 0.1
+REREAD_S = 1.0
+
+
 def async_twin(client: redis.Redis) -> aioredis.Redis:
     """An asyncio client to the same Redis (pub/sub must not hold a thread-pool thread for 30 s)."""
     pool = client.connection_pool
@@ -157,18 +164,22 @@ async def wait_published(
     `hung_up()` (nobody to answer: the Redis connection is freed, and a shutdown can finish)."""
     twin = async_twin(client)
     pubsub = twin.pubsub()
+    loop = asyncio.get_running_loop()
     try:
         await pubsub.subscribe(channel)
-        deadline = asyncio.get_running_loop().time() + wait_s
+        deadline = reread_at = loop.time()
+        deadline += wait_s
         while True:
             # Subscribed first, then due() read: a change made in between is seen one way or the other.
-            # It is read again every second in case a publish was missed (a reconnect).
-            if await due(twin):
-                return True
-            left = deadline - asyncio.get_running_loop().time()
+            # It is read again every REREAD_S in case a publish was missed (a reconnect).
+            if loop.time() >= reread_at:
+                if await due(twin):
+                    return True
+                reread_at = loop.time() + REREAD_S
+            left = deadline - loop.time()
             if left <= 0:
                 return False
-            if await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, 1.0)):
+            if await pubsub.get_message(ignore_subscribe_messages=True, timeout=min(left, HANG_UP_TICK_S)):
                 return True
             if await hung_up():
                 return False
