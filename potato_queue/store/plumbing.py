@@ -167,8 +167,8 @@ async def wait_published(
     loop = asyncio.get_running_loop()
     try:
         await pubsub.subscribe(channel)
-        deadline = reread_at = loop.time()
-        deadline += wait_s
+        reread_at = loop.time()
+        deadline = reread_at + wait_s
         while True:
             # Subscribed first, then due() read: a change made in between is seen one way or the other.
             # It is read again every REREAD_S in case a publish was missed (a reconnect).
