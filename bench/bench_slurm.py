@@ -27,6 +27,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -49,8 +50,24 @@ BACKEND = "cluster"
 POLL_S = 5.0
 
 
+@dataclass
+class Stack:
+    svc: Services
+    slurm: SlurmCluster
+    shared: Path  # the cluster's shared storage: remote_dir
+    scancel_times: Path  # a line per scancel issued, its time
+
+
 @contextmanager
-def cluster(tmp: Path, **backend: Any) -> Iterator[tuple[Services, SlurmCluster, Path]]:
+def cluster(tmp: Path) -> Iterator[Stack]:
+    """One cluster, login node and stack for the three benchmarks: job folders kept (start and noop read them),
+    the model files left on the cluster (noop times the run, not a copy back), and a scancel in front of the
+    real one on the backend's PATH that notes when it was issued (cancel)."""
+    shim = tmp / "shim"
+    shim.mkdir(parents=True)
+    noted = tmp / "scancel-times"
+    (shim / "scancel").write_text(f'#!/bin/sh\ndate +%s.%N >> {noted}\nexec /usr/bin/scancel "$@"\n')
+    (shim / "scancel").chmod(0o755)
     with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         slurm = SlurmCluster(tmp / "slurm")
         stack.callback(slurm.close)
@@ -67,14 +84,15 @@ def cluster(tmp: Path, **backend: Any) -> Iterator[tuple[Services, SlurmCluster,
             "remote_dir": str(shared),
             "poll_interval_s": POLL_S,
             "heartbeat_timeout_s": 60,
-            **backend,
-            "env": {**slurm.env, **backend.get("env", {})},
+            "keep_remote": True,
+            "fetch_artifacts": False,
+            "env": {**slurm.env, "PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"},
         }
         svc = stack.enter_context(
             started(tmp / "project", url, executors=0, grace_seconds=5, backends={BACKEND: settings})
         )
         svc.executor(env={SSH_CONFIG_ENV: str(sshd.config)})
-        yield svc, slurm, shared
+        yield Stack(svc, slurm, shared, noted)
 
 
 def wait(predicate: Any, timeout_s: float = 120) -> Any:
@@ -99,24 +117,24 @@ def step_event(svc: Services, run_id: str, pattern: str) -> dict[str, Any] | Non
 # ---------------------------------------------------------------- start: PENDING -> RUNNING
 
 
-def start(tmp: Path, runs: int) -> None:
+def start(stack: Stack, tmp: Path, runs: int) -> None:
     file_lag, slurm_lag = [], []
-    with cluster(tmp / "start", keep_remote=True) as (svc, slurm, shared):
-        for _ in range(runs):
-            blocker = slurm.run("sbatch", "--parsable", f"--cpus-per-task={CPUS}", "--wrap", "sleep 300").stdout.strip()
-            wait(lambda blocker=blocker: f"{blocker} RUNNING" in slurm.queue())
-            run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
-            pending = wait(lambda run_id=run_id: step_event(svc, run_id, r"PENDING \(Resources\)"))
-            job = re.search(r"SLURM job (\d+)", pending["step"]).group(1)  # type: ignore[union-attr]
-            time.sleep(POLL_S * 0.37)  # the release lands anywhere in a poll interval
-            slurm.run("scancel", blocker)
-            running = wait(lambda run_id=run_id: step_event(svc, run_id, r"RUNNING on "))
-            svc.wait_for(run_id, TERMINAL)
-            fields = dict(re.findall(r"(\w+)=(\S+)", slurm.run("scontrol", "show", "job", "-o", job).stdout))
-            slurm_start = datetime.fromisoformat(fields["StartTime"]).timestamp()
-            first_line_s = (shared / "jobs" / run_id / "running").stat().st_mtime
-            file_lag.append(running["t"] - first_line_s)
-            slurm_lag.append(running["t"] - slurm_start)
+    svc, slurm, shared = stack.svc, stack.slurm, stack.shared
+    for _ in range(runs):
+        blocker = slurm.run("sbatch", "--parsable", f"--cpus-per-task={CPUS}", "--wrap", "sleep 300").stdout.strip()
+        wait(lambda blocker=blocker: f"{blocker} RUNNING" in slurm.queue())
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        pending = wait(lambda run_id=run_id: step_event(svc, run_id, r"PENDING \(Resources\)"))
+        job = re.search(r"SLURM job (\d+)", pending["step"]).group(1)  # type: ignore[union-attr]
+        time.sleep(POLL_S * 0.37)  # the release lands anywhere in a poll interval
+        slurm.run("scancel", blocker)
+        running = wait(lambda run_id=run_id: step_event(svc, run_id, r"RUNNING on "))
+        svc.wait_for(run_id, TERMINAL)
+        fields = dict(re.findall(r"(\w+)=(\S+)", slurm.run("scontrol", "show", "job", "-o", job).stdout))
+        slurm_start = datetime.fromisoformat(fields["StartTime"]).timestamp()
+        first_line_s = (shared / "jobs" / run_id / "running").stat().st_mtime
+        file_lag.append(running["t"] - first_line_s)
+        slurm_lag.append(running["t"] - slurm_start)
     print(
         f"SLURM start: PENDING -> RUNNING to `RUNNING on <node>` in run.log, poll_interval_s {POLL_S:g}, {runs} runs: "
         f"median {statistics.median(file_lag):.3f} s, max {max(file_lag):.3f} s after the job's first line ran; "
@@ -128,26 +146,19 @@ def start(tmp: Path, runs: int) -> None:
 # ---------------------------------------------------------------- cancel -> scancel issued
 
 
-def cancel(tmp: Path, runs: int) -> None:
-    shim = tmp / "shim"
-    shim.mkdir(parents=True)
-    noted = tmp / "scancel-times"
-    (shim / "scancel").write_text(f'#!/bin/sh\ndate +%s.%N >> {noted}\nexec /usr/bin/scancel "$@"\n')
-    (shim / "scancel").chmod(0o755)
+def cancel(stack: Stack, tmp: Path, runs: int) -> None:
     params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
     took = []
-    with cluster(tmp / "cancel", env={"PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"}) as (svc, _slurm, _shared):
-        for _ in range(runs):
-            run_id = svc.start_run(
-                trainer="hf-text-classification", schemas=["sentiment"], params=params, backend=BACKEND
-            )
-            wait(lambda run_id=run_id: step_event(svc, run_id, r"^training "))
-            noted.write_text("")
-            sent = time.time()
-            svc.api("POST", f"/runs/{run_id}/cancel")
-            first = wait(lambda: noted.read_text().split())[0]
-            took.append(float(first) - sent)
-            svc.wait_for(run_id, TERMINAL, 60)
+    svc, noted = stack.svc, stack.scancel_times
+    for _ in range(runs):
+        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params, backend=BACKEND)
+        wait(lambda run_id=run_id: step_event(svc, run_id, r"^training "))
+        noted.write_text("")
+        sent = time.time()
+        svc.api("POST", f"/runs/{run_id}/cancel")
+        first = wait(lambda: noted.read_text().split())[0]
+        took.append(float(first) - sent)
+        svc.wait_for(run_id, TERMINAL, 60)
     print(
         f"SLURM cancel: the API's cancel -> `scancel --full --signal=TERM` issued on the login node, {runs} runs: "
         f"p95 {p95(took):.3f} s, median {statistics.median(took):.3f} s (goal p95 <= 1 s)",
@@ -158,32 +169,32 @@ def cancel(tmp: Path, runs: int) -> None:
 # ---------------------------------------------------------------- a no-op run vs sbatch --wait by hand
 
 
-def noop(tmp: Path, runs: int) -> None:
+def noop(stack: Stack, tmp: Path, runs: int) -> None:
     ours, hand = [], []
-    with cluster(tmp / "noop", keep_remote=True, fetch_artifacts=False) as (svc, slurm, _shared):
-        svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL)
-        for i in range(runs):
-            started_s = time.perf_counter()
-            run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
-            run = svc.wait_for(run_id, TERMINAL)
-            ours.append(time.perf_counter() - started_s)
-            assert run["state"] == "succeeded", run
-            job_dir = Path(run["artifact_uri"].split(":", 1)[1]).parent
-            for name in ("exit_code", "running", "events.jsonl", "stderr.log", "slurm.out"):
-                (job_dir / name).unlink(missing_ok=True)
-            # The agent removed the unpacked bundle after its run; the hand run gets it back, untimed.
-            extract_bundle(str(run_paths(svc, run_id).bundle), str(job_dir / "bundle"))
-            started_s = time.perf_counter()
-            slurm.run(
-                "sbatch",
-                "--wait",
-                "--parsable",
-                f"--output={job_dir}/slurm.out",
-                f"--chdir={job_dir}/work",
-                str(job_dir / "job.sh"),
-            )
-            hand.append(time.perf_counter() - started_s)
-            assert (job_dir / "exit_code").read_text().strip() == "0", f"hand run {i} failed"
+    svc, slurm = stack.svc, stack.slurm
+    svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL)
+    for i in range(runs):
+        started_s = time.perf_counter()
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        run = svc.wait_for(run_id, TERMINAL)
+        ours.append(time.perf_counter() - started_s)
+        assert run["state"] == "succeeded", run
+        job_dir = Path(run["artifact_uri"].split(":", 1)[1]).parent
+        for name in ("exit_code", "running", "events.jsonl", "stderr.log", "slurm.out"):
+            (job_dir / name).unlink(missing_ok=True)
+        # The agent removed the unpacked bundle after its run; the hand run gets it back, untimed.
+        extract_bundle(str(run_paths(svc, run_id).bundle), str(job_dir / "bundle"))
+        started_s = time.perf_counter()
+        slurm.run(
+            "sbatch",
+            "--wait",
+            "--parsable",
+            f"--output={job_dir}/slurm.out",
+            f"--chdir={job_dir}/work",
+            str(job_dir / "job.sh"),
+        )
+        hand.append(time.perf_counter() - started_s)
+        assert (job_dir / "exit_code").read_text().strip() == "0", f"hand run {i} failed"
     ours_s, hand_s = statistics.median(ours), statistics.median(hand)
     print(
         f"SLURM no-op run (majority-baseline), median of {runs}: through potato-queue {ours_s:.2f} s (API -> "
@@ -198,10 +209,10 @@ def main() -> None:
     parser.add_argument("which", choices=["start", "cancel", "noop", "all"])
     parser.add_argument("--runs", type=int)
     args = quick_args(parser)
-    for name, bench, default in (("start", start, 5), ("cancel", cancel, 10), ("noop", noop, 5)):
-        if args.which in (name, "all"):
-            with tempfile.TemporaryDirectory(prefix=f"bench-slurm-{name}-") as tmp:
-                bench(Path(tmp), args.runs or (1 if args.quick else default))
+    with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp, cluster(Path(tmp)) as stack:
+        for name, bench, default in (("start", start, 5), ("cancel", cancel, 10), ("noop", noop, 5)):
+            if args.which in (name, "all"):
+                bench(stack, Path(tmp) / name, args.runs or (1 if args.quick else default))
 
 
 if __name__ == "__main__":

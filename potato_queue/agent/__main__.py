@@ -31,7 +31,7 @@ from potato_queue.agent.client import RunClient
 from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.launchers.slurm import SlurmLauncher
 from potato_queue.agent.runner import Runner, log_line
-from potato_queue.agent.transport import Transport
+from potato_queue.agent.transport import Transport, call_timeout_s
 from potato_queue.host.boot import remove_socket
 from potato_queue.wire.exit_codes import EXIT_BAD_SPEC
 from potato_queue.wire.isolated import PASSED_NAMES_VAR, passed_names
@@ -314,7 +314,7 @@ def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
         launcher.close()
         return EXIT_BAD_SPEC
     try:
-        client = RunClient(Transport(args.server, token, log=log_line), args.run_id)
+        client = RunClient(Transport(args.server, token, call_timeout_s(args.unreachable_s), log=log_line), args.run_id)
         runner = Runner(
             client,
             args.workdir,

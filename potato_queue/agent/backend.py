@@ -29,7 +29,7 @@ from potato_queue.agent.client import RunClient
 from potato_queue.agent.launchers.base import WorkerLauncher
 from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.runner import Runner
-from potato_queue.agent.transport import ApiError, TlsError, Transport, Unreachable
+from potato_queue.agent.transport import ApiError, TlsError, Transport, Unreachable, call_timeout_s
 from potato_queue.host.check import nvidia_smi
 from potato_queue.host.gpus import (
     GPU_POLL_S,
@@ -214,7 +214,10 @@ class BackendAgent:
     def _run(self, claim: Dict[str, Any]) -> int:
         run_id, token = str(claim["run_id"]), str(claim["token"])
         self.log("claimed run {}".format(run_id))
-        client = RunClient(Transport(self.server, token, log=self.log, ca_file=self.ca_file), run_id)
+        transport = Transport(
+            self.server, token, call_timeout_s(self.unreachable_s), log=self.log, ca_file=self.ca_file
+        )
+        client = RunClient(transport, run_id)
         launcher, self.launcher = self.launcher, self.new_launcher()
         gpu = agent_pick(self._gpus(), self.min_free_gpu_mb)  # the GPU with room that let us claim
         self.runner = Runner(

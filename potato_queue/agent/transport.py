@@ -38,6 +38,7 @@ __all__ = [
     "UnixHTTPConnection",
     "open_connection",
     "Transport",
+    "call_timeout_s",
 ]
 
 API_PREFIX = "/api/training/agent/v1"
@@ -113,6 +114,15 @@ def open_connection(
     if proxy is not None:
         conn.set_tunnel(host, port)
     return conn
+
+
+def call_timeout_s(unreachable_s: float) -> float:
+    """How long a run's call waits for its answer: DEFAULT_TIMEOUT_S, or less under a shorter AGT-7 window.
+
+    A call hung on a silently cut network is no answer either: it must fail within the window, or the
+    agent would learn it lost the server only a whole timeout later.
+    """
+    return min(DEFAULT_TIMEOUT_S, unreachable_s)
 
 
 def tls_problem(server: str, exc: ssl.SSLCertVerificationError) -> TlsError:

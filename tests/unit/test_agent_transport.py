@@ -27,10 +27,12 @@ from potato_queue.agent.launchers.process import ProcessLauncher, scan_processes
 from potato_queue.agent.relay import control_loop
 from potato_queue.agent.transport import (
     API_PREFIX,
+    DEFAULT_TIMEOUT_S,
     ApiError,
     Retryable,
     Transport,
     Unreachable,
+    call_timeout_s,
 )
 
 pytestmark = pytest.mark.unit
@@ -176,6 +178,22 @@ def test_no_server_is_unreachable_after_give_up_s_and_counts_as_silence() -> Non
     assert 1.0 < time.monotonic() - started < 4, "tries after 0.2, 0.4 and 0.8 s; 1.6 s more would pass 2 s"
     assert client.silence_s() > 1.0
     assert all(TOKEN not in line for line in logs) and TOKEN not in repr(client.transport)
+
+
+def test_a_call_hung_on_a_cut_network_fails_within_a_short_unreachable_window() -> None:
+    """A server that takes the connection and never answers (a silently cut network): under --unreachable-s 1
+    the call gives up within that second, not after DEFAULT_TIMEOUT_S, so the agent stops its worker in time."""
+    with socket.socket() as silent:
+        silent.bind(("127.0.0.1", 0))
+        silent.listen(8)  # the kernel accepts; nobody reads or answers
+        url = f"http://127.0.0.1:{silent.getsockname()[1]}"
+        client = RunClient(Transport(url, TOKEN, call_timeout_s(1.0), give_up_s=0.5), "r-1")
+        started = time.monotonic()
+        with pytest.raises(Unreachable):
+            client.post_events(['{"v":1}'])
+        assert time.monotonic() - started < DEFAULT_TIMEOUT_S / 2, "the call waited out the default timeout"
+        assert client.silence_s() >= 1.0
+    assert call_timeout_s(300.0) == DEFAULT_TIMEOUT_S, "the usual window keeps the usual timeout"
 
 
 def test_a_stale_keep_alive_connection_is_retried_at_once(server: Scripted) -> None:

@@ -357,9 +357,16 @@ def project(tmp_path: Path, redis_url: str, harness: Harness, **training: Any) -
 
 
 def long_run(svc: Services, tiny_model: Path) -> str:
+    """A real fine-tune that outlasts the test: for what its training loop does (a cancel at its next step)."""
     return svc.start_run(
         trainer="hf-text-classification", schemas=["sentiment"], params={"model_name": str(tiny_model), **LONG_HF}
     )
+
+
+def held_run(svc: Services) -> str:
+    """A run that outlasts the test without torch (majority-baseline holding, in its train phase): for what
+    happens to the processes around a worker (stopped, killed, silenced), the same for any trainer."""
+    return svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 600})
 
 
 def test_a_run_succeeds_and_collects_its_artifacts(
@@ -437,11 +444,11 @@ def test_cancel_within_grace_ends_cancelled(
 
 
 def test_a_worker_deaf_to_sigterm_is_killed_after_grace_and_the_run_is_cancelled(
-    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness
 ) -> None:
     grace_s = 2
     with project(tmp_path, redis_server_url, harness, grace_seconds=grace_s) as svc:
-        run_id = long_run(svc, tiny_model)
+        run_id = held_run(svc)
         wait_running(svc, run_id)
         os.kill(harness.worker_pid(svc, run_id), signal.SIGSTOP)  # SIGTERM now does nothing; SIGKILL still works
         asked = time.monotonic()
@@ -455,10 +462,10 @@ def test_a_worker_deaf_to_sigterm_is_killed_after_grace_and_the_run_is_cancelled
 
 
 def test_the_agent_vanishing_fails_the_run_with_its_last_output(
-    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness
 ) -> None:
     with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=5) as svc:
-        run_id = long_run(svc, tiny_model)
+        run_id = held_run(svc)
         wait_running(svc, run_id)
         os.kill(harness.agent_pid(svc, run_id), signal.SIGKILL)
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
@@ -470,10 +477,10 @@ def test_the_agent_vanishing_fails_the_run_with_its_last_output(
 
 
 def test_silence_fails_the_run_with_no_word_from_the_agent(
-    tmp_path: Path, redis_server_url: str, harness: LocalHarness, tiny_model: Path
+    tmp_path: Path, redis_server_url: str, harness: LocalHarness
 ) -> None:
     with project(tmp_path, redis_server_url, harness, grace_seconds=2, heartbeat_timeout_s=3) as svc:
-        run_id = long_run(svc, tiny_model)
+        run_id = held_run(svc)
         wait_running(svc, run_id)
         os.kill(harness.agent_pid(svc, run_id), signal.SIGSTOP)
         run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
@@ -487,7 +494,7 @@ def test_cancel_before_the_trainers_loop_stops_the_worker_at_once(
 ) -> None:
     """While torch and the model load there is nothing to save: SIGTERM ends the worker then and there,
     not after grace_seconds, and the run is `cancelled`. Loading a tiny model takes a second or two: on a
-    loaded machine the cancel can land after the trainer's loop began (its progress events say so), and then
+    loaded machine the cancel can land after the trainer's loop began (it is then honoured at a step), and then
     the scenario is run again, up to three times."""
     with project(tmp_path, redis_server_url, harness, grace_seconds=20) as svc:
         for _ in range(3):
@@ -505,8 +512,6 @@ def test_cancel_before_the_trainers_loop_stops_the_worker_at_once(
             events = svc.api("GET", f"/runs/{run_id}/events")[1]
             if any("before the trainer's loop began" in str(e.get("step")) for e in events):
                 return
-            assert any(e.get("event") == "progress" for e in events), (
-                "neither stopped while loading nor in the loop",
-                events,
-            )
+            # Otherwise the loop had begun when the SIGTERM landed (before or after its first progress event):
+            # the cancel was honoured at a step, as test_cancel_within_grace_ends_cancelled checks; again.
         raise AssertionError("the cancel never landed while the trainer loaded, in three runs")

@@ -219,7 +219,7 @@ def test_cancel_run_asks_first_and_cancels(browser: Any, svc: Services, tiny_mod
 def test_retry_from_its_checkpoint_asks_first_and_the_two_runs_link_to_each_other(browser: Any, svc: Services) -> None:
     from potato_queue.worker.checkpoint import Checkpoints
 
-    params = {"hold_s": 20, "checkpoint_every_steps": 1}
+    params = {"hold_s": 8, "checkpoint_every_steps": 1}
     old = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local", params=params)
     folder = run_paths(svc, old).local_checkpoints / old
     wait_until(lambda: Checkpoints(str(folder)).latest() is not None, 60, "a whole checkpoint of the run")

@@ -658,11 +658,13 @@ def test_a_server_behind_the_shipped_nginx_runs_slurm_jobs(
 # ---------------------------------------------------------------- preemption, requeue, resume
 
 REQUEUEABLE = {"partition": "spot", "requeue": True}
+# 10 s: a checkpoint at step 3 leaves seven seconds for SLURM to preempt or signal the job; the requeued job
+# holds only the rest.
 HOLD_CHECKPOINTED = {
     "trainer": "majority-baseline",
     "schemas": ["sentiment"],
     "backend": BACKEND,
-    "params": {"hold_s": 20, "checkpoint_every_steps": 1},
+    "params": {"hold_s": 10, "checkpoint_every_steps": 1},
 }
 
 
