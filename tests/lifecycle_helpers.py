@@ -343,6 +343,18 @@ def processes_of(run_id: str, run_dir: Path | None = None) -> list[str]:
     return found
 
 
+# Longer than any test: a held run ends by what the test does to it.
+HELD_S = 600
+
+
+def held_run(services: Services, **where: Any) -> str:
+    """A run that outlasts the test without torch: majority-baseline holding in its train phase (a step a
+    second, a stop honoured at once), on `where`'s backend. For what happens to the processes, sessions and
+    jobs around a worker (stopped, killed, silenced, cut off), which is the same for any trainer; a real
+    fine-tune's loop is tested where its loop matters (cancel at its next step)."""
+    return services.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": HELD_S}, **where)
+
+
 def wait_running(services: Services, run_id: str, timeout_s: float = 60) -> dict[str, Any]:
     """Wait until the run's worker is training (its progress phase is `train`)."""
     deadline = time.monotonic() + timeout_s

@@ -38,6 +38,7 @@ from tests.lifecycle_helpers import (
     TERMINAL,
     Services,
     alive_cmd,
+    held_run,
     make_project,
     run_paths,
     started,
@@ -286,16 +287,11 @@ def test_the_served_agent_runs_on_a_bare_python_38(behind_nat: Services, nat: Na
     assert (ROOT / "potato_queue") not in [Path(p) for p in agent.output().split()]
 
 
-def test_the_token_is_in_no_command_line_url_or_log(behind_nat: Services, nat: NatHost, tiny_model: Path) -> None:
+def test_the_token_is_in_no_command_line_url_or_log(behind_nat: Services, nat: NatHost) -> None:
     svc = behind_nat
     token = register(svc)
     agent = Agent(nat, svc, token, "--once")
-    run_id = svc.start_run(
-        trainer="hf-text-classification",
-        schemas=["sentiment"],
-        backend=BACKEND,
-        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
-    )
+    run_id = held_run(svc, backend=BACKEND)
     _wait_progress(svc, run_id)
     cmdlines = [p.read_bytes() for p in Path("/proc").glob("[0-9]*/cmdline") if p.exists()]
     assert not [c for c in cmdlines if token.encode() in c]
@@ -315,17 +311,12 @@ def _wait_progress(svc: Services, run_id: str, timeout_s: float = 60) -> None:
 
 
 def test_a_silent_network_cut_fails_the_run_and_the_agent_stops_its_worker(
-    tmp_path: Path, redis_server_url: str, nat: NatHost, tiny_model: Path
+    tmp_path: Path, redis_server_url: str, nat: NatHost
 ) -> None:
     with started(tmp_path, redis_server_url, host=nat.host_ip, **lab(heartbeat_timeout_s=5)) as svc:
         # --unreachable-s shortens AGT-7's 300 s for the test (an option documented as for testing).
         agent = Agent(nat, svc, register(svc), "--once", "--unreachable-s", "3")
-        run_id = svc.start_run(
-            trainer="hf-text-classification",
-            schemas=["sentiment"],
-            backend=BACKEND,
-            params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
-        )
+        run_id = held_run(svc, backend=BACKEND)
         _wait_progress(svc, run_id)
         nat.cut()
         run = svc.wait_for(run_id, TERMINAL, 30)
@@ -431,17 +422,10 @@ def test_an_agent_that_cannot_reach_the_server_says_what_to_check(nat: NatHost, 
         proc.wait(15)
 
 
-def test_stopping_the_agent_cancels_its_run_with_grace_and_reports_it(
-    behind_nat: Services, nat: NatHost, tiny_model: Path
-) -> None:
+def test_stopping_the_agent_cancels_its_run_with_grace_and_reports_it(behind_nat: Services, nat: NatHost) -> None:
     svc = behind_nat
     agent = Agent(nat, svc, register(svc))
-    run_id = svc.start_run(
-        trainer="hf-text-classification",
-        schemas=["sentiment"],
-        backend=BACKEND,
-        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
-    )
+    run_id = held_run(svc, backend=BACKEND)
     _wait_progress(svc, run_id)
     agent.proc.send_signal(signal.SIGTERM)  # Ctrl-C or a service manager stopping it
     run = svc.wait_for(run_id, TERMINAL, 60)

@@ -36,6 +36,7 @@ from tests.lifecycle_helpers import (
     Services,
     agent_pid,
     alive_cmd,
+    held_run,
     parent_of,
     pids,
     processes_of,
@@ -361,12 +362,6 @@ def long_run(svc: Services, tiny_model: Path) -> str:
     return svc.start_run(
         trainer="hf-text-classification", schemas=["sentiment"], params={"model_name": str(tiny_model), **LONG_HF}
     )
-
-
-def held_run(svc: Services) -> str:
-    """A run that outlasts the test without torch (majority-baseline holding, in its train phase): for what
-    happens to the processes around a worker (stopped, killed, silenced), the same for any trainer."""
-    return svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 600})
 
 
 def test_a_run_succeeds_and_collects_its_artifacts(

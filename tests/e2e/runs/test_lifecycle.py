@@ -14,6 +14,7 @@ from tests.lifecycle_helpers import (
     TERMINAL,
     Services,
     alive_cmd,
+    held_run,
     make_project,
     processes_of,
     run_paths,
@@ -104,20 +105,14 @@ def test_hf_run_succeeds_through_the_queue(services: Services, tiny_model: Path)
     assert any(key.startswith("train/loss") for key in run["metrics"])
 
 
-def test_kill_9_of_the_executor_fails_the_run_by_the_sweep_and_the_next_proceeds(
-    services: Services, tiny_model: Path
-) -> None:
+def test_kill_9_of_the_executor_fails_the_run_by_the_sweep_and_the_next_proceeds(services: Services) -> None:
     """With nothing queued, only the new executor's background sweep can notice the run left in flight;
     the next run then goes. (The rule itself, to the second: tests/unit/test_recovery.py.)"""
     import os
     import signal
 
     first = services.executor()
-    long_run = services.start_run(
-        trainer="hf-text-classification",
-        schemas=["sentiment"],
-        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
-    )
+    long_run = held_run(services)
     wait_running(services, long_run)
     os.kill(first.pid, signal.SIGKILL)
     services.executor()

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tests.lifecycle_helpers import TERMINAL, agent_pid, pids, run_paths, session_of, started, wait_running
+from tests.lifecycle_helpers import TERMINAL, agent_pid, held_run, pids, run_paths, session_of, started, wait_running
 
 PLANTED = ("json", "socket", "tarfile", "potato_queue")
 
@@ -43,9 +43,7 @@ def _environ(pid: int) -> dict[str, str]:
     return dict(item.split("=", 1) for item in raw.decode(errors="replace").split("\0") if "=" in item)
 
 
-def test_the_agent_and_the_worker_get_an_allow_listed_environment(
-    tmp_path: Path, redis_server_url: str, tiny_model: Path
-) -> None:
+def test_the_agent_and_the_worker_get_an_allow_listed_environment(tmp_path: Path, redis_server_url: str) -> None:
     secrets = {
         "POTATO_ADMIN_API_KEY": "admin-key-123456",
         "MY_SERVICE_TOKEN": "t0k3n",
@@ -55,11 +53,7 @@ def test_the_agent_and_the_worker_get_an_allow_listed_environment(
     }
     with started(tmp_path, redis_server_url, executors=0, grace_seconds=2) as svc:
         svc.executor(env=secrets)
-        run_id = svc.start_run(
-            trainer="hf-text-classification",
-            schemas=["sentiment"],
-            params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
-        )
+        run_id = held_run(svc)
         wait_running(svc, run_id)
         agent = agent_pid(run_paths(svc, run_id).dir)
         run_processes = [p for p in pids() if session_of(p) == agent]

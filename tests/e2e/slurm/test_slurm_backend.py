@@ -25,7 +25,17 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from tests.lifecycle_helpers import TERMINAL, Services, alive_cmd, make_project, pids, run_paths, started
+from tests.lifecycle_helpers import (
+    TERMINAL,
+    Services,
+    alive_cmd,
+    held_run,
+    make_project,
+    pids,
+    run_paths,
+    started,
+    wait_running,
+)
 from tests.nginx import Nginx, free_port
 from tests.slurm_cluster import CPUS, NODE, SlurmCluster
 from tests.sshd import ALIAS, Sshd
@@ -247,11 +257,9 @@ def test_cancel_from_the_api_ends_the_job(svc_factory: Any, slurm: SlurmCluster,
     slurm.wait_empty(15)
 
 
-def test_the_ssh_session_killed_mid_run_cancels_the_job(
-    svc_factory: Any, slurm: SlurmCluster, tiny_model: Path, shared: Path
-) -> None:
+def test_the_ssh_session_killed_mid_run_cancels_the_job(svc_factory: Any, slurm: SlurmCluster, shared: Path) -> None:
     svc = svc_factory()
-    run_id = long_hf_run(svc, tiny_model)
+    run_id = held_run(svc, backend=BACKEND)
     job = job_id_of(svc, run_id)
     wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
     (client,) = [
@@ -271,12 +279,12 @@ def test_the_ssh_session_killed_mid_run_cancels_the_job(
 
 
 def test_a_dropped_session_makes_the_agent_cancel_its_job_by_itself(
-    svc_factory: Any, slurm: SlurmCluster, tiny_model: Path, sshd: Sshd
+    svc_factory: Any, slurm: SlurmCluster, sshd: Sshd
 ) -> None:
     # The executor's own clean-up cannot log in any more (a key the host does not know): only the agent
     # on the login node, which sees its session end, can free the allocation.
     svc = svc_factory(training={"grace_seconds": 2})
-    run_id = long_hf_run(svc, tiny_model)
+    run_id = held_run(svc, backend=BACKEND)
     job = job_id_of(svc, run_id)
     wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
     sshd.write_config("root", key=sshd.new_key("unknown-to-the-host"))
@@ -293,15 +301,13 @@ def test_a_dropped_session_makes_the_agent_cancel_its_job_by_itself(
 def running_job(svc: Services, run_id: str, slurm: SlurmCluster) -> str:
     job = job_id_of(svc, run_id)
     wait_log(svc, run_id, f"SLURM job {job}: RUNNING on {NODE}", timeout_s=60)
-    wait_log(svc, run_id, "step: training sentiment", timeout_s=90)
+    wait_running(svc, run_id, timeout_s=90)
     return job
 
 
-def test_a_job_past_its_time_limit_fails_the_run_with_the_reason(
-    svc_factory: Any, slurm: SlurmCluster, tiny_model: Path
-) -> None:
+def test_a_job_past_its_time_limit_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster) -> None:
     svc = svc_factory(time="00:10:00")
-    run_id = long_hf_run(svc, tiny_model)
+    run_id = held_run(svc, backend=BACKEND)
     job = running_job(svc, run_id, slurm)
     slurm.run("scontrol", "update", f"jobid={job}", "TimeLimit=0")
     run = svc.wait_for(run_id, TERMINAL, 90)
@@ -310,9 +316,9 @@ def test_a_job_past_its_time_limit_fails_the_run_with_the_reason(
     assert "raise the backend's `time` (now 00:10:00)" in run["error"], run
 
 
-def test_a_failed_node_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster, tiny_model: Path) -> None:
+def test_a_failed_node_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster) -> None:
     svc = svc_factory()
-    run_id = long_hf_run(svc, tiny_model)
+    run_id = held_run(svc, backend=BACKEND)
     job = running_job(svc, run_id, slurm)
     slurm.run("scontrol", "update", f"nodename={NODE}", "state=down", "reason=test")
     run = svc.wait_for(run_id, TERMINAL, 90)
@@ -320,9 +326,9 @@ def test_a_failed_node_fails_the_run_with_the_reason(svc_factory: Any, slurm: Sl
     assert run["error"].startswith(f"SLURM job {job} ended before the worker finished: its node {NODE} failed"), run
 
 
-def test_a_preempted_job_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster, tiny_model: Path) -> None:
+def test_a_preempted_job_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster) -> None:
     svc = svc_factory()
-    run_id = long_hf_run(svc, tiny_model)
+    run_id = held_run(svc, backend=BACKEND)
     job = running_job(svc, run_id, slurm)
     block_the_node(slurm, partition="urgent")  # a higher PriorityTier: the run's job is cancelled for it
     run = svc.wait_for(run_id, TERMINAL, 90)
@@ -332,11 +338,9 @@ def test_a_preempted_job_fails_the_run_with_the_reason(svc_factory: Any, slurm: 
     ), run
 
 
-def test_a_scancel_from_outside_fails_the_run_with_the_reason(
-    svc_factory: Any, slurm: SlurmCluster, tiny_model: Path
-) -> None:
+def test_a_scancel_from_outside_fails_the_run_with_the_reason(svc_factory: Any, slurm: SlurmCluster) -> None:
     svc = svc_factory()
-    run_id = long_hf_run(svc, tiny_model)
+    run_id = held_run(svc, backend=BACKEND)
     job = running_job(svc, run_id, slurm)
     slurm.run("scancel", job)
     run = svc.wait_for(run_id, TERMINAL, 90)

@@ -30,6 +30,7 @@ from tests.lifecycle_helpers import (
     TERMINAL,
     Services,
     alive_cmd,
+    held_run,
     make_project,
     pids,
     run_paths,
@@ -176,18 +177,9 @@ def test_a_trainer_whose_packages_the_host_lacks_is_err_4(svc_factory: Any) -> N
     assert "Trainer 'sklearn-text' could not be imported" in run["error"], run["error"]
 
 
-def long_hf_run(svc: Services, tiny_model: Path) -> str:
-    return svc.start_run(
-        trainer="hf-text-classification",
-        schemas=["sentiment"],
-        backend=BACKEND,
-        params={"model_name": str(tiny_model), "epochs": 500, "batch_size": 4},
-    )
-
-
-def test_the_token_is_in_no_argv_on_either_side(svc_factory: Any, tiny_model: Path, tmp_path: Path) -> None:
+def test_the_token_is_in_no_argv_on_either_side(svc_factory: Any, tmp_path: Path) -> None:
     svc = svc_factory(python=sys.executable, gpus="none", num_threads=3)
-    run_id = long_hf_run(svc, tiny_model)
+    run_id = held_run(svc, backend=BACKEND)
     wait_running(svc, run_id)
     (worker,) = [
         p
@@ -210,11 +202,9 @@ def test_the_token_is_in_no_argv_on_either_side(svc_factory: Any, tiny_model: Pa
     assert svc.wait_for(run_id, TERMINAL, 60)["state"] == "cancelled"
 
 
-def test_killing_the_ssh_client_fails_the_run_and_leaves_nothing_on_the_host(
-    svc_factory: Any, tiny_model: Path, tmp_path: Path
-) -> None:
+def test_killing_the_ssh_client_fails_the_run_and_leaves_nothing_on_the_host(svc_factory: Any, tmp_path: Path) -> None:
     svc = svc_factory(python=sys.executable, gpus="none")
-    run_id = long_hf_run(svc, tiny_model)
+    run_id = held_run(svc, backend=BACKEND)
     wait_running(svc, run_id)
     (client,) = [
         pid
@@ -461,7 +451,7 @@ def test_a_lying_host_gets_nothing_into_artifacts(
 
 
 def test_redis_stopped_mid_run_still_stops_every_process_and_the_end_is_recorded_when_it_answers(
-    tmp_path: Path, sshd: Sshd, tiny_model: Path
+    tmp_path: Path, sshd: Sshd
 ) -> None:
     """Redis frozen (SIGSTOP: every call times out) while a run trains over ssh: the executor cannot keep the
     run slot, so it stops the run, first its processes on the host, then, once Redis answers, its record.
@@ -470,7 +460,7 @@ def test_redis_stopped_mid_run_still_stops_every_process_and_the_end_is_recorded
     with EmbeddedRedis(tmp_path / "redis") as redis_server:
         context, svc = over_ssh(tmp_path, redis_server.url, sshd, python=sys.executable, gpus="none")
         try:
-            run_id = long_hf_run(svc, tiny_model)
+            run_id = held_run(svc, backend=BACKEND)
             wait_running(svc, run_id)
             on_host = f"{tmp_path}/remote/code/"
             assert [p for p in pids() if on_host in (alive_cmd(p) or "")], "the agent and worker run on the host"
