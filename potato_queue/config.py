@@ -30,6 +30,7 @@ __all__ = [
     "DEFAULT_PENDING_TIMEOUT_S",
     "WritebackConfig",
     "AutoRetrainConfig",
+    "MachineAnnotatorConfig",
     "SBATCH_FLAGS",
     "LocalBackend",
     "SshBackend",
@@ -58,6 +59,11 @@ class WritebackConfig(_Strict):
     include_unlabeled: bool = False
     min_confidence: float = Field(0.0, ge=0.0, le=1.0)
     field: str = "predictions"
+
+
+class MachineAnnotatorConfig(_Strict):
+    # A succeeded run's held-out predictions become a declared machine rater in Potato (runs/rater.py).
+    enabled: bool = False
 
 
 class AutoRetrainConfig(_Strict):
@@ -217,6 +223,7 @@ class ModelTrainingConfig(_Strict):
     grace_seconds: float = Field(20, ge=0)
     writeback: WritebackConfig = Field(default_factory=WritebackConfig)
     auto_retrain: AutoRetrainConfig = Field(default_factory=AutoRetrainConfig)
+    machine_annotator: MachineAnnotatorConfig = Field(default_factory=MachineAnnotatorConfig)
     device: str = "auto"
     num_threads: int | None = Field(None, ge=1)
     max_ram_mb: float | None = Field(None, gt=0)

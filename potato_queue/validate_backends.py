@@ -17,7 +17,14 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from potato_queue.config import BACKEND_MODELS, LOCAL, AutoRetrainConfig, ModelTrainingConfig, WritebackConfig
+from potato_queue.config import (
+    BACKEND_MODELS,
+    LOCAL,
+    AutoRetrainConfig,
+    MachineAnnotatorConfig,
+    ModelTrainingConfig,
+    WritebackConfig,
+)
 from potato_queue.wire.isolated import looks_secret
 
 __all__ = [
@@ -242,7 +249,8 @@ def check_sections(data: dict[str, Any], errors: list[str], warnings: list[Warni
         return clean
     mt = dict(mt)
     errors.extend(unknown_keys(mt, _model_keys(ModelTrainingConfig), "model_training", "in model_training"))
-    for name, model in (("writeback", WritebackConfig), ("auto_retrain", AutoRetrainConfig)):
+    sections = (("writeback", WritebackConfig), ("auto_retrain", AutoRetrainConfig))
+    for name, model in (*sections, ("machine_annotator", MachineAnnotatorConfig)):
         sub = as_mapping(mt.get(name), f"model_training.{name}", errors)
         if sub is not None:
             errors.extend(unknown_keys(sub, _model_keys(model), f"model_training.{name}", f"in {name}"))

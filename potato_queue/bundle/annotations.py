@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from potato_queue.bundle.user_state import FileAnswers, read_state, read_user_state
+from potato_queue.bundle.user_state import FileAnswers, is_machine_state, is_our_rater, read_state, read_user_state
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
@@ -57,12 +57,13 @@ class Annotations:
 
 def annotator_files(config: ProjectConfig) -> list[tuple[str, Path]]:
     """Each annotator's (folder name, user_state.json), the folders in sorted order (it decides ties); a folder
-    without one (training/) is no annotator."""
+    without one (training/) is no annotator, nor is a machine rater potato-queue wrote (is_our_rater). Another
+    machine rater's file is listed, and read_user_state leaves its answers out."""
     out = config.output_path
     return [
         (entry, out / entry / "user_state.json")
         for entry in (sorted(os.listdir(out)) if out.is_dir() else [])
-        if (out / entry / "user_state.json").is_file()
+        if not is_our_rater(entry) and (out / entry / "user_state.json").is_file()
     ]
 
 
@@ -237,6 +238,8 @@ def answered_ids(config: ProjectConfig) -> set[str]:
     with no_cycle_collection():
         for _, path in annotator_files(config):
             state = read_state(path)
+            if is_machine_state(state):
+                continue  # a declared machine rater's answers are no one's labelling
             # One string per file, so that nothing of the parsed file outlives it: the long-running server
             # gives its memory back (ids kept one by one would pin the parse's memory pages).
             blobs.append(

@@ -17,7 +17,7 @@ from typing import Any
 from potato_queue.bundle.read import Answers
 from potato_queue.errors import PotatoQueueError
 
-__all__ = ["FileAnswers", "read_state", "read_user_state"]
+__all__ = ["FileAnswers", "RATER_PREFIX", "is_machine_state", "is_our_rater", "read_state", "read_user_state"]
 
 
 @dataclass
@@ -43,6 +43,26 @@ def read_state(path: Path) -> Mapping[str, Any]:
             fix="restore it from a backup, or move that annotator's folder aside",
         ) from None
     return state if isinstance(state, dict) else {}
+
+
+# The folders of the machine raters potato-queue writes (store/potato_rater.py): <prefix><trainer>.<schemes>.
+RATER_PREFIX = "potato-queue."
+
+
+def is_our_rater(folder: str) -> bool:
+    """Whether an output folder is a machine rater potato-queue wrote: known by its name, so that listing the
+    annotators needs no file read (its writes then change no bundle's inputs)."""
+    return folder.startswith(RATER_PREFIX)
+
+
+def is_machine_state(state: Mapping[str, Any]) -> bool:
+    """Whether a user state is a machine rater's, by Potato's rule (potato/annotator_origin.py): an absent or
+    empty `origin` is a person, and so is one whose kind is "human"; any other origin, readable or not, is a
+    machine. A machine's answers are no annotator's: never a training label, a vote or new work to count."""
+    origin = state.get("origin")
+    if origin is None or origin == {}:
+        return False
+    return not (isinstance(origin, Mapping) and origin.get("kind") == "human")
 
 
 def _label_maps(raw: Any) -> Answers:
@@ -105,6 +125,8 @@ def _user_records(state: Mapping[str, Any], image_schemas: set[str]) -> Iterator
 def read_user_state(entry: str, path: Path, schemas: Collection[str] | None, image_schemas: set[str]) -> FileAnswers:
     """One annotator's answers to `schemas` (None: every scheme), equal flat answers shared."""
     state = read_state(path)
+    if is_machine_state(state):
+        return FileAnswers("", False, [], {}, 0)  # no user: _merge leaves it out
     part = FileAnswers(str(state.get("user_id", entry)), False, [], {}, 0)
     labels = state.get("instance_id_to_label_to_value") or {}
     if (

@@ -65,6 +65,7 @@ _commands(
     runs.runs,
     runs.cancel,
     runs.retry,
+    runs.rater,
     runs.logs,
     runs.bundle,
     insight.compare,

@@ -1,4 +1,4 @@
-"""`potato-queue training run | runs | cancel | retry | logs | bundle`: a project's runs from the command line,
+"""`potato-queue training run | runs | cancel | retry | rater | logs | bundle`: a project's runs from the command line,
 through the same RunService as the API."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from potato_queue.cli.options import (
     store_for,
 )
 
-__all__ = ["run", "runs", "cancel", "retry", "logs", "bundle"]
+__all__ = ["run", "runs", "cancel", "retry", "rater", "logs", "bundle"]
 
 
 @click.command()
@@ -90,6 +90,28 @@ def cancel(run_id: str, config: Path, redis_url: str) -> None:
     click.echo(
         f"{run_id}: {state}"
         + ("" if state == RunState.CANCELLED else " (cancel requested; the worker is being stopped)")
+    )
+
+
+@click.command()
+@click.argument("run_id")
+@CONFIG
+@REDIS
+@click.option("--remove", is_flag=True, help="Take the run's rater out of Potato, every answer of it.")
+def rater(run_id: str, config: Path, redis_url: str, remove: bool) -> None:
+    """Make a succeeded run a machine rater in Potato (its held-out answers, beside the annotators' in Potato's
+    agreement report and adjudication), or take it out with --remove."""
+    from potato_queue.runs.rater import HELD_OUT_NOTE
+
+    service = runs_for(config, redis_url)
+    if remove:
+        click.echo(f"{run_id}: removed from Potato as the machine rater {service.remove_rater(run_id)}")
+        return
+    made = service.make_rater(run_id)
+    replaced = f", replacing run {made['replaced']}'s answers" if made.get("replaced") not in (None, run_id) else ""
+    click.echo(
+        f"{run_id}: a machine rater in Potato as {made['id']}, {made['items']} items {HELD_OUT_NOTE}{replaced}; "
+        "a running Potato shows it from its next start"
     )
 
 

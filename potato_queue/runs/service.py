@@ -112,6 +112,30 @@ class RunService:
             raise RuntimeError("this RunService was made without enqueue: it cannot submit")
         return retry_run(self.config, self.store, self.enqueue, self.record(run_id))
 
+    def make_rater(self, run_id: str) -> dict[str, Any]:
+        """A succeeded run as a machine rater in Potato (runs/rater.py), whatever the project's
+        machine_annotator says; Conflict for a run that did not succeed."""
+        from potato_queue.runs.rater import become_rater
+
+        record = self.record(run_id)
+        if record["state"] != RunState.SUCCEEDED:
+            raise Conflict(
+                f"Run {run_id} is {record['state']}: only a succeeded run's answers can be a machine rater",
+                fix="pick a succeeded run (training runs lists them)",
+            )
+        rater = become_rater(self.config, self.store, record)
+        self.store.update(run_id, machine_annotator=rater)
+        return rater
+
+    def remove_rater(self, run_id: str) -> str:
+        """Take a run's machine rater out of Potato, every answer of it; the rater's id."""
+        from potato_queue.runs.rater import remove_rater
+
+        self.record(run_id)  # NotFound first
+        user = remove_rater(self.config, self.store, run_id)
+        self.store.update(run_id, machine_annotator={"id": user, "removed": True})
+        return user
+
     def record(self, run_id: str) -> RunRecord:
         """The run's record with its live fields (NotFound when the project has no such run)."""
         return self._found(self.store.get, run_id)

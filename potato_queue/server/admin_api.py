@@ -101,6 +101,17 @@ def retry_run(run_id: str, request: Request) -> RunAccepted:
     return RunAccepted(run_id=record["run_id"], state=RunState.QUEUED)
 
 
+def make_rater(run_id: str, request: Request) -> dict[str, Any]:
+    """Make a succeeded run a machine rater in Potato (its held-out answers in a user state of its own, replacing
+    the older run's of the same trainer and schemes); Potato shows it from its next start. 409: not succeeded."""
+    return {"run_id": run_id, "machine_annotator": runs_of(request).make_rater(run_id)}
+
+
+def remove_rater(run_id: str, request: Request) -> dict[str, Any]:
+    """Take a run's machine rater out of Potato, every answer of it. 409: the run is not the rater."""
+    return {"run_id": run_id, "removed": runs_of(request).remove_rater(run_id)}
+
+
 def run_events(run_id: str, request: Request, after: Annotated[int, Query(ge=0)] = 0) -> list[dict[str, Any]]:
     """The run's events from the `after`-th on."""
     return runs_of(request).events(run_id, after)
@@ -211,6 +222,9 @@ def admin_router() -> APIRouter:
             },
         },
     )
+    not_rater = {**_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "not a succeeded run, or not the rater"}}
+    add("/runs/{run_id}/rater", make_rater, methods=["POST"], responses=not_rater)
+    add("/runs/{run_id}/rater", remove_rater, methods=["DELETE"], responses=not_rater)
     add("/runs/{run_id}/events", run_events, methods=["GET"], responses=_UNKNOWN_RUN)
     add("/runs/{run_id}/log", run_log, methods=["GET"], response_class=PlainTextResponse, responses=_UNKNOWN_RUN)
     add("/trainers", trainers, methods=["GET"])

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from typing import Any
 
+from potato_queue.wire.text import slug
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.bundle import Bundle
 from potato_queue.worker.errors import ValidationFailed
@@ -72,12 +72,6 @@ def validate_nominal(ctx: RunContext, min_train: int = 2, schemas: list[SchemaSp
         elif len(set(labels)) < 2:
             problems.append(f"Schema '{schema.name}' has only one label ({labels[0]}) in the train split")
     return problems
-
-
-def slug(name: str) -> str:
-    """A file-name-safe form of a schema name."""
-    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
-    return cleaned or "schema"
 
 
 def write_json(path: str, data: Any) -> None:

@@ -1,4 +1,4 @@
-"""Text that goes into a log line: one line, whatever it holds.
+"""Text that goes into a log line (one line, whatever it holds) or a file name.
 
 Standard library only (the agent uses it on bare hosts). Messages come from
 trainers, agents and result calls that we do not trust to be well-behaved:
@@ -10,7 +10,7 @@ escaped, so a log line is exactly one line of what was said.
 
 import re
 
-__all__ = ["one_line"]
+__all__ = ["one_line", "slug"]
 
 # C0 controls, DEL, C1 controls, and the Unicode line and paragraph separators.
 _CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
@@ -25,3 +25,9 @@ def _escape(match: "re.Match[str]") -> str:
 def one_line(text: str) -> str:
     """`text` with every control character escaped (`\\n`, `\\r`, `\\x00`, `\\u2028`...)."""
     return _CONTROL.sub(_escape, text)
+
+
+def slug(name: str) -> str:
+    """A file-name-safe form of a name (a scheme's, a trainer's)."""
+    cleaned = re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")
+    return cleaned or "schema"
