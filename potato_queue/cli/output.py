@@ -52,7 +52,14 @@ def runs_table(records: list[dict[str, Any]]) -> str:
         ]
         for r in records
     ]
-    return aligned([[str(c) for c in row] for row in rows])
+    said = [
+        f"{r['run_id']} {schema}: {figures.get('said')}"
+        for r in records
+        for schema, figures in sorted((r.get("agreement") or {}).items())
+        if isinstance(figures, dict)
+    ]
+    table = aligned([[str(c) for c in row] for row in rows])
+    return table + ("\n\nthe model against the annotators, on held-out items:\n" + "\n".join(said) if said else "")
 
 
 def print_log(service: RunService, run_id: str, *, follow: bool, poll_s: float = 0.5) -> None:

@@ -14,7 +14,13 @@ import random
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from itertools import combinations
+from pathlib import Path
 from typing import Any
+
+from potato_queue.config import ProjectConfig
+from potato_queue.insight.compare import annotator_labels
+from potato_queue.insight.run_data import shown
+from potato_queue.runs.gate import bundle_split_ids, label_of, schema_kinds
 
 __all__ = [
     "Items",
@@ -26,6 +32,8 @@ __all__ = [
     "interval",
     "schema_agreement",
     "verdict",
+    "AGREEMENT_KINDS",
+    "run_agreement",
 ]
 
 Items = Sequence[Mapping[str, Any]]  # one {rater: label} per item
@@ -157,3 +165,29 @@ def verdict(figures: Mapping[str, Any]) -> str:
     if model["kappa"] > low_high[1]:
         return f"the model agrees with the annotators more than they agree with each other ({said})"
     return f"inside the annotators' own disagreement: the model agrees with them about as often as they agree with each other ({said})"
+
+
+# The kinds whose labels are compared as categories (a likert's points too, as Potato's nominal figures do).
+AGREEMENT_KINDS = ("nominal", "multilabel", "ordinal")
+HELD_OUT_SPLITS = ("val", "test")
+
+
+def run_agreement(config: ProjectConfig, bundle_dir: Path, predictions: list[dict[str, Any]]) -> dict[str, Any]:
+    """Per scheme of a run, on its held-out items: the figures and the verdict; the annotators' labels as the
+    project has them now. What the run's record keeps as `agreement`."""
+    splits = bundle_split_ids(bundle_dir)
+    held_out = {iid for split in HELD_OUT_SPLITS for iid in splits.get(split, [])}
+    kinds = schema_kinds(bundle_dir)
+    model: dict[str, dict[str, str]] = {}
+    for p in predictions:
+        iid, schema = str(p.get("instance_id")), str(p.get("schema_name"))
+        label = shown(label_of(p))
+        if iid in held_out and kinds.get(schema) in AGREEMENT_KINDS and label is not None:
+            model.setdefault(schema, {})[iid] = label
+    humans = annotator_labels(config, held_out)
+    out: dict[str, Any] = {}
+    for schema, answers in sorted(model.items()):
+        items = [{**humans.get(iid, {}).get(schema, {}), MODEL: label} for iid, label in answers.items()]
+        figures = schema_agreement(items)
+        out[schema] = {**figures, "said": verdict(figures)}
+    return out

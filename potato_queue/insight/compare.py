@@ -22,13 +22,13 @@ from potato_queue.insight.run_data import RunData, as_scored, potato_item_path, 
 from potato_queue.runs.gate import label_of
 from potato_queue.wire.scoring import score
 
-__all__ = ["compare_runs", "SIGNIFICANT_P", "MAX_DISAGREEMENTS"]
+__all__ = ["compare_runs", "annotator_labels", "SIGNIFICANT_P", "MAX_DISAGREEMENTS"]
 
 SIGNIFICANT_P = 0.05
 MAX_DISAGREEMENTS = 200
 
 
-def _annotators(config: ProjectConfig, ids: set[str]) -> dict[str, dict[str, dict[str, str]]]:
+def annotator_labels(config: ProjectConfig, ids: set[str]) -> dict[str, dict[str, dict[str, str]]]:
     """{instance id: {schema: {annotator: label}}} for `ids`, from the project's annotations now."""
     kinds = {str(s.get("name")): schema_kind(s) for s in config.annotation_schemes}
     out: dict[str, dict[str, dict[str, str]]] = {}
@@ -94,7 +94,7 @@ def _schema(config: ProjectConfig, a: RunData, b: RunData, schema: str, newer: R
     )
     test = mcnemar([i.right for i in items_a], [i.right for i in items_b])
     differ = [(x, y) for x, y in zip(items_a, items_b, strict=True) if x.predicted != y.predicted]
-    labels = _annotators(config, {x.instance_id for x, _ in differ[:MAX_DISAGREEMENTS]})
+    labels = annotator_labels(config, {x.instance_id for x, _ in differ[:MAX_DISAGREEMENTS]})
     disagreements = [
         {
             "instance_id": x.instance_id,

@@ -26,7 +26,7 @@ from potato_queue.run import RunRecord, RunState
 from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.gate import bundle_split_ids, bundle_summary
 from potato_queue.runs.job import build_job, server_url_for
-from potato_queue.runs.rater import become_rater
+from potato_queue.runs.rater import beside_the_annotators
 from potato_queue.runs.supervise import Outcome, Watch, supervise
 from potato_queue.store import RunStore
 from potato_queue.store.lease import Lease
@@ -307,7 +307,9 @@ class RunLife:
         self._keep_insight_inputs()
         state = RunState.FAILED if error else RunState.SUCCEEDED
         model_version = (live.get("result") or {}).get("model_version")
-        rater = self._become_rater(model_version) if state is RunState.SUCCEEDED else None
+        # Before the run is told succeeded: whoever sees it succeeded finds these.
+        record = {**self.record, "model_version": model_version, "finished_at": utc_now()}
+        extra = beside_the_annotators(self.config, self.store, record, self.log) if state is RunState.SUCCEEDED else {}
         self.store.transition(
             self.run_id,
             state,
@@ -319,21 +321,9 @@ class RunLife:
             artifact_uri=artifact_uri,
             model_version=model_version,
             prelabels=prelabels,
-            **({"machine_annotator": rater} if rater else {}),
+            **extra,
             said=_end_line(state, error),
         )
-
-    def _become_rater(self, model_version: str | None) -> dict[str, Any] | None:
-        """model_training.machine_annotator: the run's held-out answers as a machine rater in Potato, written
-        before the run is told succeeded (whoever sees it succeeded finds its rater)."""
-        if not self.config.model_training.machine_annotator.enabled:
-            return None
-        try:
-            record = {**self.record, "model_version": model_version, "finished_at": utc_now()}
-            return become_rater(self.config, self.store, record)
-        except Exception as exc:  # noqa: BLE001 - the run succeeds all the same; its rater is missing, and said so
-            self.log(f"warning: the run could not be made a machine rater in Potato ({type(exc).__name__}: {exc})")
-            return None
 
     def _keep_insight_inputs(self) -> None:
         """insight.json, so that the run's page reads it instead of its whole predictions and bundle; a run

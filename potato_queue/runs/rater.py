@@ -17,20 +17,29 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
 from potato_queue.bundle.user_state import RATER_PREFIX, is_our_rater, read_state
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
+from potato_queue.insight.agreement import run_agreement
 from potato_queue.runs.finalize import read_predictions
 from potato_queue.runs.gate import bundle_split_ids, label_of, schema_kinds
 from potato_queue.store import RunStore
 from potato_queue.wire.files import write_atomic
 from potato_queue.wire.text import slug
 
-__all__ = ["RATER_KINDS", "rater_id", "rater_state", "become_rater", "remove_rater", "HELD_OUT_NOTE"]
+__all__ = [
+    "RATER_KINDS",
+    "rater_id",
+    "rater_state",
+    "become_rater",
+    "remove_rater",
+    "beside_the_annotators",
+    "HELD_OUT_NOTE",
+]
 
 # Scheme kind -> how its answer is written: the kinds Potato's agreement report compares.
 RATER_KINDS = ("nominal", "multilabel", "ordinal")
@@ -135,3 +144,29 @@ def remove_rater(config: ProjectConfig, store: RunStore, run_id: str) -> str:
     shutil.rmtree(folder)
     store.log(run_id, f"removed as a machine rater from Potato ({user}): every answer of it is gone")
     return user
+
+
+def beside_the_annotators(
+    config: ProjectConfig, store: RunStore, record: Mapping[str, Any], log: Callable[[str], None]
+) -> dict[str, Any]:
+    """A succeeded run as one more rater: its agreement with the annotators (the record's `agreement`), and with
+    model_training.machine_annotator its held-out answers as a machine rater in Potato (`machine_annotator`).
+    Either failing is said in run.log; the run stands."""
+    paths = store.paths(record["run_id"])
+
+    def agreement() -> dict[str, Any]:
+        found = run_agreement(config, paths.bundle_dir, read_predictions(paths.predictions)[0])
+        for schema, figures in found.items():
+            log(f"{schema}: {figures['said']}")
+        return found
+
+    steps: list[tuple[str, str, Callable[[], Any]]] = [("agreement", "its agreement with the annotators", agreement)]
+    if config.model_training.machine_annotator.enabled:
+        steps.append(("machine_annotator", "a machine rater in Potato", lambda: become_rater(config, store, record)))
+    fields: dict[str, Any] = {}
+    for name, what, step in steps:
+        try:
+            fields[name] = step()
+        except Exception as exc:  # noqa: BLE001 - the run succeeds all the same; this part is missing, and said so
+            log(f"warning: {what} could not be worked out ({type(exc).__name__}: {exc})")
+    return {name: value for name, value in fields.items() if value}

@@ -38,6 +38,7 @@ _ASSETS = {
     "run.js": "text/javascript",
     "common.js": "text/javascript",
     "hub.js": "text/javascript",
+    "rater.js": "text/javascript",
     "insight.js": "text/javascript",
 }
 
@@ -141,6 +142,8 @@ def run_page(run_id: str, request: Request) -> Response:
  <button type="submit" id="hub-publish">Publish</button> <span id="hub-problem" class="problem" role="alert"></span>
 </form>
 <p id="hub-state" aria-live="polite"></p></section>
+<section id="agreement" aria-labelledby="agreement-title" hidden><h2 id="agreement-title">The model beside the annotators</h2>
+<div aria-live="polite"></div></section>
 <section aria-labelledby="chart-title"><h2 id="chart-title">Training loss and held-out scores</h2>
 <div id="chart" role="img" aria-label="metrics over steps"></div></section>
 <section id="quality" aria-labelledby="quality-title" hidden><h2 id="quality-title">Good enough to prelabel with?</h2>
@@ -160,7 +163,7 @@ def run_page(run_id: str, request: Request) -> Response:
 <section aria-labelledby="log-title"><h2 id="log-title">run.log</h2><pre id="log" tabindex="0"></pre></section>
 </main>"""
     )
-    return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js", "hub.js", "insight.js")))
+    return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js", "rater.js", "hub.js", "insight.js")))
 
 
 async def _form(request: Request) -> dict[str, str]:

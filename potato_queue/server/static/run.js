@@ -31,6 +31,7 @@ async function refresh() {
   if (bar && !finished) step.append(bar);
   document.getElementById("cancel").hidden = finished;
   document.getElementById("retry").hidden = !["failed", "cancelled"].includes(run.state) || Boolean(run.retried_by);
+  showRater(run);
   return run;
 }
 

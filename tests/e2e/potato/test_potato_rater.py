@@ -103,8 +103,14 @@ def test_a_run_becomes_a_machine_rater_potato_reports_apart_and_removal_takes_it
         status, refused = svc.api("DELETE", f"/runs/{second}/rater")
         assert status == 409 and "holds no run's answers" in refused["detail"], refused
 
-        # From the command line: the older run made the rater again by hand, then taken out.
+        # From the command line: how each run agrees with the annotators, then the older run made the rater
+        # again by hand, and taken out.
         env = {"POTATO_QUEUE_REDIS_URL": redis_server_url}
+        figures = run["agreement"]["sentiment"]
+        assert figures["items"] > 0 and figures["annotators"] == 2, figures
+        assert figures["model_human"]["kappa"] is not None and figures["human_human"]["kappa"] is not None
+        listed = run_cli("training", "runs", config, env=env)
+        assert f"{first} sentiment: {figures['said']}" in listed.stdout.splitlines(), listed.stdout
         made = run_cli("training", "rater", first, config, env=env)
         assert made.returncode == 0, made.stderr
         assert made.stdout.startswith(

@@ -266,6 +266,29 @@ def test_a_line_of_predictions_that_is_not_json_is_skipped_and_said(browser: Any
     assert "reconnecting" not in page.text_content("#step")
 
 
+def test_the_model_beside_the_annotators_and_made_a_machine_rater_from_the_page(browser: Any, svc: Services) -> None:
+    run_id = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend="local")
+    run = svc.wait_for(run_id, TERMINAL, 90)
+    assert run["state"] == "succeeded", svc.logs()
+    page = signed_in(browser, svc)
+    page.on("dialog", lambda dialog: dialog.accept())
+    page.goto(f"{svc.url}/admin/training/runs/{run_id}")
+    page.wait_for_selector("#agreement:not([hidden]) table", timeout=30000)
+    said = page.text_content("#agreement")
+    assert run["agreement"]["sentiment"]["said"] in said, said
+    assert "The annotators with each other" in said and "The model with the annotators" in said
+    assert "never the run's train split" in said and "Not a machine rater in Potato." in said
+    rater = svc.config.parent / "annotation_output" / "potato-queue.sklearn-text.sentiment" / "user_state.json"
+    page.click("#rater")
+    page.wait_for_function("() => document.getElementById('rater-said').textContent.startsWith('A machine rater')")
+    assert "as potato-queue.sklearn-text.sentiment" in page.text_content("#rater-said") and rater.is_file()
+    page.click("#rater")
+    page.wait_for_function(
+        "() => document.getElementById('rater-said').textContent === 'Not a machine rater in Potato.'"
+    )
+    assert not rater.exists()
+
+
 def post(svc: Services, path: str, cookie: str, **headers: str) -> int:
     request = urllib.request.Request(
         f"{svc.url}/admin/training/api{path}",
