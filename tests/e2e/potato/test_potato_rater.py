@@ -18,7 +18,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, run_paths, started
-from tests.potato_helpers import PotatoServer, add_potato_keys
+from tests.potato_helpers import PotatoAnnotator, PotatoServer, add_potato_keys
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -123,3 +123,59 @@ def test_a_run_becomes_a_machine_rater_potato_reports_apart_and_removal_takes_it
             f"{first}: removed from Potato as the machine rater {RATER}\n",
         )
         assert human_files(output) == humans and not (output / RATER).exists()
+
+
+def adjudication_queue(potato: PotatoServer, adjudicator: str) -> list[dict[str, Any]]:
+    signed_in = PotatoAnnotator(potato.url, adjudicator)
+    with signed_in.opener.open(potato.url + "/adjudicate/api/queue", timeout=30) as resp:
+        return list(json.loads(resp.read())["items"])
+
+
+def test_with_include_machine_annotators_a_model_human_disagreement_reaches_potatos_adjudication(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    """majority-baseline answers every item with the commonest label: where the annotators chose another, only
+    the model disagrees. Potato's adjudication queues such an item once it counts machine raters."""
+    adjudication = {
+        "enabled": True,
+        "include_machine_annotators": True,
+        "adjudicator_users": ["adjudicator"],
+        "show_annotator_names": True,
+    }
+    rater = "potato-queue.majority-baseline.sentiment"
+    with started(
+        tmp_path,
+        redis_server_url,
+        prepare=lambda config: add_potato_keys(config, adjudication=adjudication),
+        grace_seconds=2,
+        machine_annotator={"enabled": True},
+    ) as svc:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        assert svc.wait_for(run_id, TERMINAL, 120)["state"] == "succeeded", svc.logs()
+        output = svc.config.parent / "annotation_output"
+        model = json.loads((output / rater / "user_state.json").read_text())["instance_id_to_label_to_value"]
+        humans = {
+            name: json.loads((output / name / "user_state.json").read_text())["instance_id_to_label_to_value"]
+            for name in ("alice", "bob")
+        }
+        only_the_model = {
+            iid
+            for iid, answer in model.items()
+            if (said := {h[iid][0][1] for h in humans.values() if iid in h})
+            and answer[0][1] not in said
+            and len(said) == 1
+        }
+        assert only_the_model, "the baseline disagrees with the annotators somewhere"
+        potato = PotatoServer(svc.config, tmp_path, ADMIN_KEY)
+        try:
+            potato.start()
+            queued = {item["instance_id"]: item for item in adjudication_queue(potato, "adjudicator")}
+            add_potato_keys(svc.config, adjudication={**adjudication, "include_machine_annotators": False})
+            potato.restart()
+            without = {item["instance_id"] for item in adjudication_queue(potato, "adjudicator")}
+        finally:
+            potato.stop()
+    assert only_the_model <= set(queued), (only_the_model - set(queued), sorted(queued)[:10])
+    assert not only_the_model & without, "without machine raters, no annotator disagreed on those items"
+    some = queued[sorted(only_the_model)[0]]
+    assert rater in some["annotations"] and "(tool)" in some["annotator_origins"][rater], some
