@@ -84,6 +84,7 @@ class RunRecord(TypedDict, total=False):
     model_version: str | None
     prelabels: dict[str, Any]  # what finalize published into Potato
     machine_annotator: dict[str, Any]  # runs/rater.py: the machine rater in Potato it is ({id, items, replaced})
+    reproducibility: dict[str, Any]  # runs/reproducibility.py: what made the run (code, data, packages, GPU, seeds)
     agreement: dict[str, Any]  # insight/agreement.py: per scheme, model-human beside human-human, and `said`
     resume_of: str  # a retry: the failed or cancelled run it retries, resuming from that run's checkpoints
     retried_by: str  # a run that was retried: its retry

@@ -29,7 +29,16 @@ from potato_queue.bounds import (
 )
 from potato_queue.store import RunStore
 
-__all__ = ["ingest_events", "summarize", "metric_name", "metric_problem", "LOGGED_LEVELS"]
+__all__ = [
+    "ingest_events",
+    "summarize",
+    "metric_name",
+    "metric_problem",
+    "environment_of",
+    "LOGGED_LEVELS",
+    "MAX_PACKAGES",
+    "MAX_GPUS",
+]
 
 # Log events at these levels reach run.log; debug/info stay in events.jsonl.
 LOGGED_LEVELS = frozenset({"warning", "warn", "error", "critical", "stderr", "stdout"})
@@ -129,8 +138,30 @@ def summarize(events: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[st
         elif kind == "result":
             # What the record takes from it; the whole event stays in events.jsonl.
             version = event.get("model_version")
-            live["result"] = json.dumps({"model_version": None if version is None else _text(version)})
+            live["result"] = json.dumps(
+                {
+                    "model_version": None if version is None else _text(version),
+                    "environment": environment_of(event.get("environment")),
+                }
+            )
     return live, metrics, lines
+
+
+# The worker's environment (worker/environment.py), as a hostile worker may send it: known fields, bounded.
+ENVIRONMENT_TEXT = ("host", "python", "platform", "code_sha256", "cuda", "driver", "cuda_visible_devices")
+MAX_PACKAGES, MAX_GPUS = 32, 64
+
+
+def environment_of(raw: Any) -> dict[str, Any] | None:
+    """The result event's `environment`, cut to its known fields and sizes (None when it sent none)."""
+    if not isinstance(raw, dict):
+        return None
+    out: dict[str, Any] = {name: _text(raw[name]) if raw.get(name) is not None else None for name in ENVIRONMENT_TEXT}
+    packages, gpus = raw.get("packages"), raw.get("gpus")
+    packages = packages if isinstance(packages, dict) else {}
+    out["packages"] = {_text(k): _text(v) for k, v in list(packages.items())[:MAX_PACKAGES]}
+    out["gpus"] = [_text(g) for g in (gpus if isinstance(gpus, list) else [])[:MAX_GPUS]]
+    return out
 
 
 def _text(value: Any) -> str:

@@ -27,6 +27,7 @@ from potato_queue.runs.finalize import finalize_predictions
 from potato_queue.runs.gate import bundle_split_ids, bundle_summary
 from potato_queue.runs.job import build_job, server_url_for
 from potato_queue.runs.rater import beside_the_annotators
+from potato_queue.runs.reproducibility import reproducibility
 from potato_queue.runs.supervise import Outcome, Watch, supervise
 from potato_queue.store import RunStore
 from potato_queue.store.lease import Lease
@@ -306,7 +307,8 @@ class RunLife:
         held_out, prelabels = finalize_predictions(self.config, self.store, self.record)
         self._keep_insight_inputs()
         state = RunState.FAILED if error else RunState.SUCCEEDED
-        model_version = (live.get("result") or {}).get("model_version")
+        reported = live.get("result") or {}
+        model_version = reported.get("model_version")
         # Before the run is told succeeded: whoever sees it succeeded finds these.
         record = {**self.record, "model_version": model_version, "finished_at": utc_now()}
         extra = beside_the_annotators(self.config, self.store, record, self.log) if state is RunState.SUCCEEDED else {}
@@ -321,6 +323,7 @@ class RunLife:
             artifact_uri=artifact_uri,
             model_version=model_version,
             prelabels=prelabels,
+            reproducibility=reproducibility(self.record, reported.get("environment")),
             **extra,
             said=_end_line(state, error),
         )

@@ -163,7 +163,9 @@ def run_page(run_id: str, request: Request) -> Response:
 <section aria-labelledby="log-title"><h2 id="log-title">run.log</h2><pre id="log" tabindex="0"></pre></section>
 </main>"""
     )
-    return HTMLResponse(_layout(f"Run {run_id}", body, csrf, ("common.js", "run.js", "rater.js", "hub.js", "insight.js")))
+    return HTMLResponse(
+        _layout(f"Run {run_id}", body, csrf, ("common.js", "run.js", "rater.js", "hub.js", "insight.js"))
+    )
 
 
 async def _form(request: Request) -> dict[str, str]:

@@ -30,6 +30,7 @@ from .device import (
     gpu_env_note,
     resolve_device,
 )
+from .environment import environment
 from .errors import Cancelled, Preempted, ValidationFailed, WorkerError, classify
 from .loading import load_trainer
 from .memory import MemoryWatchdog
@@ -171,6 +172,7 @@ def _predict_and_report(
         notes=result.notes,
         predictions_file=PREDICTIONS_FILE,
         n_predictions=summary.count,
+        environment=environment(),
     )
 
 

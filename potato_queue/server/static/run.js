@@ -18,7 +18,7 @@ async function refresh() {
   const rows = [["Ran on", run.ran_on], ["Trainer", run.trainer], ["Schemas", (run.schemas || []).join(", ")],
     ["Params", JSON.stringify(run.params || {})], ["Trigger", run.trigger], ["Duration", duration(run)],
     ["Model (artifact_uri)", run.artifact_uri], ["Held-out", heldOut(run)],
-    ["Prelabels", run.prelabels && run.prelabels.said], ["Error", run.error]];
+    ["Prelabels", run.prelabels && run.prelabels.said], ["Made with", madeWith(run.reproducibility)], ["Error", run.error]];
   facts.replaceChildren(...rows.filter(([, v]) => v).flatMap(([k, v]) => [el("dt", {text: k}), el("dd", {text: String(v)})]));
   // A retry and the run it resumes link to each other.
   for (const [k, id] of [["Resumes run", run.resume_of], ["Retried as run", run.retried_by]]) {
@@ -33,6 +33,15 @@ async function refresh() {
   document.getElementById("retry").hidden = !["failed", "cancelled"].includes(run.state) || Boolean(run.retried_by);
   showRater(run);
   return run;
+}
+
+// The reproducibility record in one line (the whole of it: GET runs/{id}'s `reproducibility`).
+function madeWith(r) {
+  if (!r) return "";
+  const packages = Object.entries(r.packages || {}).map(([k, v]) => k + " " + v).join(", ");
+  const gpus = (r.gpus || []).length ? r.gpus.join(", ") + (r.driver ? " (driver " + r.driver + ", CUDA " + r.cuda + ")" : "") : "no GPU";
+  return `potato-queue ${r.potato_queue} (code ${String(r.code_sha256).slice(0, 12)}) on ${r.host}, Python ${r.python}; `
+    + `${packages}; ${gpus}; bundle ${String(r.bundle_digest).slice(0, 12)}; seeds ${JSON.stringify(r.seeds)}`;
 }
 
 async function tailLog() {

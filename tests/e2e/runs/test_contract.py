@@ -16,6 +16,7 @@ tests/unit/test_stub_contract.py.
 from __future__ import annotations
 
 import os
+import platform
 import shutil
 import signal
 import socket
@@ -60,6 +61,7 @@ class LocalHarness:
         """Nothing is shared between cases."""
 
     name = "local"
+    code_from_archive = False  # the worker runs this checkout's code
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
 
     @contextmanager
@@ -104,6 +106,7 @@ class AgentHarness:
         """Nothing is shared between cases (each has its own namespace)."""
 
     name = BACKEND
+    code_from_archive = False  # the tests' agent runs this checkout's code (a user's, the agent.pyz it fetched)
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
 
     def __init__(self) -> None:
@@ -190,6 +193,7 @@ class SshHarness:
     worker run there under the login account, started over ssh by the executor."""
 
     name = "gpu-server"
+    code_from_archive = True  # the agent.pyz the executor copied to the host
     hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace
 
     def __init__(self) -> None:
@@ -389,7 +393,27 @@ def test_a_run_succeeds_and_collects_its_artifacts(
         assert svc.api("GET", f"/runs/{run_id}/quality")[1]["schemas"]["sentiment"]["n"] == sum(
             run["held_out"]["sentiment"][s]["n"] for s in ("val", "test")
         )
+        assert_reproducibility(svc, run, harness)
         assert harness.leftovers(svc, run_id) == []
+
+
+def assert_reproducibility(svc: Services, run: dict[str, Any], harness: Harness) -> None:
+    """The record's fields, whatever the backend: the server's half from the run, the host's from its worker
+    (every backend's host is this machine here, with this Python and these packages)."""
+    from importlib import metadata
+
+    from potato_queue.code_package import agent_zipapp
+    from potato_queue.worker.environment import code_sha256
+
+    record, backend = run["reproducibility"], harness.name
+    assert record["code_sha256"] == (agent_zipapp().sha256 if harness.code_from_archive else code_sha256()), record
+    seed = svc.project_config.model_training.split_seed
+    assert (record["trainer"], record["params"], record["backend"]) == (run["trainer"], run["params"], backend)
+    assert record["bundle_digest"] == run["bundle"]["digest"], record
+    assert record["seeds"] == {"split_seed": seed, "training_seed": seed}, record
+    assert (record["python"], record["host"]) == (platform.python_version(), socket.gethostname()), record
+    assert record["packages"]["scikit-learn"] == metadata.version("scikit-learn"), record
+    assert (record["cuda"], record["driver"], record["gpus"]) == (None, None, []), "sklearn-text imports no torch"
 
 
 def test_an_llm_fine_tunes_with_lora_and_its_adapter_comes_back(
