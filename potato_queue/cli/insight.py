@@ -14,7 +14,7 @@ from potato_queue.cli.options import CONFIG, REDIS, runs_for
 if TYPE_CHECKING:
     from potato_queue.runs.service import RunService
 
-__all__ = ["compare", "next_", "quality", "comparison_table", "next_table", "quality_table", "threshold_said"]
+__all__ = ["compare", "next_", "quality", "comparison_table", "next_table", "quality_table", "threshold_said", "loaded"]
 
 SHOWN_DISAGREEMENTS = 10
 
@@ -90,7 +90,17 @@ def comparison_table(found: dict[str, Any]) -> str:
                     ]
                 )
             )
-    return "\n".join(out)
+    return "\n".join(out + _made_differently(found.get("reproducibility")))
+
+
+def _made_differently(differed: list[dict[str, Any]] | None) -> list[str]:
+    """What made the two runs, where it differed (their reproducibility records)."""
+    if differed is None:
+        return []
+    if not differed:
+        return ["", "made the same way: code, data, trainer, params, seeds, packages, GPUs, backend and host"]
+    rows = [["made with", "A", "B"]] + [[d["field"], json.dumps(d["a"]), json.dumps(d["b"])] for d in differed]
+    return ["", "made differently:", _table(rows)]
 
 
 def next_table(found: dict[str, Any]) -> str:
@@ -108,7 +118,8 @@ def next_table(found: dict[str, Any]) -> str:
     return found["said"] + ("\n" + _table(rows) if found["items"] else "")
 
 
-def _load(runs: RunService, run_id: str) -> Any:
+def loaded(runs: RunService, run_id: str) -> Any:
+    """A run's data for the insight (its predictions, splits, gold labels, texts)."""
     from potato_queue.insight.run_data import load_run
 
     return load_run(runs.store, runs.record(run_id))
@@ -131,7 +142,7 @@ def compare(run_a: str, run_b: str, config: Path, redis_url: str, as_json: bool)
     from potato_queue.insight.compare import compare_runs
 
     runs = runs_for(config, redis_url)
-    found = compare_runs(runs.config, _load(runs, run_a), _load(runs, run_b))
+    found = compare_runs(runs.config, loaded(runs, run_a), loaded(runs, run_b))
     click.echo(json.dumps(found, ensure_ascii=False) if as_json else comparison_table(found))
 
 

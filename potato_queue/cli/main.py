@@ -66,6 +66,7 @@ _commands(
     runs.cancel,
     runs.retry,
     runs.rater,
+    runs.rerun,
     runs.logs,
     runs.bundle,
     insight.compare,

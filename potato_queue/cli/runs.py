@@ -1,4 +1,4 @@
-"""`potato-queue training run | runs | cancel | retry | rater | logs | bundle`: a project's runs from the command line,
+"""`potato-queue training run | runs | cancel | retry | rerun | rater | logs | bundle`: a project's runs from the command line,
 through the same RunService as the API."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from potato_queue.cli.options import (
     store_for,
 )
 
-__all__ = ["run", "runs", "cancel", "retry", "rater", "logs", "bundle"]
+__all__ = ["run", "runs", "cancel", "retry", "rerun", "rater", "logs", "bundle"]
 
 
 @click.command()
@@ -91,6 +91,31 @@ def cancel(run_id: str, config: Path, redis_url: str) -> None:
         f"{run_id}: {state}"
         + ("" if state == RunState.CANCELLED else " (cancel requested; the worker is being stopped)")
     )
+
+
+@click.command()
+@click.argument("run_id")
+@CONFIG
+@REDIS
+@click.option("--backend", default=None, help="Where to run it again (by default its own backend).")
+@click.option("--follow", is_flag=True, help="Watch it to the end, then print the comparison with the original.")
+def rerun(run_id: str, config: Path, redis_url: str, backend: str | None, follow: bool) -> None:
+    """Run an ended run again on the same bundle, trainer, schemes, params and seed, to see whether it
+    reproduces: the scores, McNemar's test and what made each run differently (code, packages, GPU, host)."""
+    from potato_queue.cli.insight import comparison_table, loaded
+    from potato_queue.cli.output import follow as following
+    from potato_queue.insight.compare import compare_runs
+
+    service = runs_for(config, redis_url)
+    record = service.rerun(run_id, backend)
+    again = record["run_id"]
+    click.echo(f"queued run {again}, run {run_id} again ({record['trainer']} on {record['backend']})")
+    if follow:
+        code = following(service.store, again)
+        if service.record(again)["state"] == "succeeded" and service.record(run_id)["state"] == "succeeded":
+            found = compare_runs(service.config, loaded(service, run_id), loaded(service, again))
+            click.echo("\n" + comparison_table(found))
+        raise click.exceptions.Exit(code)
 
 
 @click.command()

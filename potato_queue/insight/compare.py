@@ -20,6 +20,7 @@ from potato_queue.insight.measures import Scored, confusion, mcnemar, per_label
 from potato_queue.insight.report import TEXT_CHARS
 from potato_queue.insight.run_data import RunData, as_scored, potato_item_path, shown
 from potato_queue.runs.gate import label_of
+from potato_queue.runs.reproducibility import differences
 from potato_queue.wire.scoring import score
 
 __all__ = ["compare_runs", "annotator_labels", "SIGNIFICANT_P", "MAX_DISAGREEMENTS"]
@@ -144,4 +145,8 @@ def compare_runs(config: ProjectConfig, a: RunData, b: RunData) -> dict[str, Any
         "gold_from": newer.run_id,
         "trainers": {"a": a.record.get("trainer"), "b": b.record.get("trainer")},
         "schemas": schemas,
+        # What made the two runs, where it differed (a re-run's question: the code, packages, GPU, host, seeds).
+        "reproducibility": differences(a.record.get("reproducibility") or {}, b.record.get("reproducibility") or {})
+        if a.record.get("reproducibility") and b.record.get("reproducibility")
+        else None,
     }

@@ -65,10 +65,10 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
     from potato_queue.runs.retry import checkpoint_owner, reuse_bundle
 
     mt = config.model_training
-    retried = record.get("resume_of")
+    earlier = record.get("resume_of") or record.get("rerun_of")
     store.index.mark_bulky(record["run_id"], created_ms(record))  # before any file: retain_runs finds them all
-    if retried is not None:  # a retry trains on the data the run it retries had
-        manifest, said = reuse_bundle(config, store, record, paths), f"of run {retried} reused"
+    if earlier is not None:  # a retry, or a re-run, trains on the data the earlier run had
+        manifest, said = reuse_bundle(config, store, record, paths), f"of run {earlier} reused"
         size, sha256 = paths.bundle.stat().st_size, file_sha256(paths.bundle)
     else:
         manifest, said, (size, sha256) = _built_or_cached(config, store, record, paths)
@@ -85,11 +85,20 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
         heartbeat_interval_s=heartbeat_interval_s(config, record["backend"]),
         max_predictions_bytes=max_predictions_bytes(config),
         params=_params(config, store, record),
-        seed=mt.split_seed,
+        seed=_seed(store, record, mt.split_seed),
         grace_seconds=mt.grace_seconds,
         limits=limits_for(config, record["backend"]),
         resume_of=checkpoint_owner(store, record),
     )
+
+
+def _seed(store: RunStore, record: RunRecord, split_seed: int) -> int:
+    """The run's seed: a re-run's is its original's (the same run again), else the project's split_seed."""
+    rerun_of = record.get("rerun_of")
+    if rerun_of is None:
+        return split_seed
+    seed = (store.read(rerun_of).get("job") or {}).get("seed")
+    return int(seed) if isinstance(seed, int) else split_seed
 
 
 def _built_or_cached(

@@ -23,14 +23,22 @@ from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths, new_run_id
 
-__all__ = ["retry_run", "reuse_bundle", "copy_bundle", "checkpoint_owner", "RETRIED_STATES"]
+__all__ = ["retry_run", "reuse_bundle", "copy_bundle", "checkpoint_owner", "bundle_gone", "RETRIED_STATES"]
 
 RETRIED_STATES = (RunState.FAILED, RunState.CANCELLED)
 _NEW_RUN_FIX = "start a new run instead: it trains on the annotations as they are now, from the beginning"
 
 
-def _bundle_gone(config: ProjectConfig, run_id: str) -> Conflict:
+def bundle_gone(config: ProjectConfig, run_id: str, rerun: bool = False) -> Conflict:
+    """The refusal of a retry (or, `rerun`, a re-run) whose run's bundle retain_runs removed."""
     keep = config.model_training.retain_runs
+    if rerun:
+        return Conflict(
+            f"Run {run_id} cannot be run again: its bundle was removed (model_training.retain_runs keeps the "
+            f"bundles of the newest {keep} succeeded runs and the newest {keep} others), so a re-run could not "
+            "train on the same data",
+            fix=f"{_NEW_RUN_FIX}; raise model_training.retain_runs to keep more runs' bundles",
+        )
     return Conflict(
         f"Run {run_id} cannot be retried: its bundle was removed (model_training.retain_runs keeps "
         f"the bundles of the newest {keep} failed or cancelled runs), so the retry could not train on the same data",
@@ -54,7 +62,7 @@ def _refusal(config: ProjectConfig, store: RunStore, old: RunRecord) -> Conflict
     if old.get("job") is None:
         return Conflict(f"Run {run_id} ended before its bundle was built: there is nothing to resume", fix=_NEW_RUN_FIX)
     if not (store.paths(run_id).bundle_dir / "manifest.json").is_file():
-        return _bundle_gone(config, run_id)
+        return bundle_gone(config, run_id)
     return None
 
 
@@ -94,12 +102,13 @@ def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], N
 
 
 def reuse_bundle(config: ProjectConfig, store: RunStore, record: RunRecord, paths: RunPaths) -> dict[str, Any]:
-    """The retried run's bundle, copied into the retry's folder: its manifest. A bundle removed since the retry
-    was queued (retain_runs) fails the retry with the refusal's words."""
+    """The bundle of the run a retry resumes (or a re-run repeats), copied into the new run's folder: its
+    manifest. A bundle removed since the run was queued (retain_runs) fails it with the refusal's words."""
+    earlier = str(record.get("resume_of") or record.get("rerun_of"))
     try:
-        return copy_bundle(store.paths(record["resume_of"]), paths)
+        return copy_bundle(store.paths(earlier), paths)
     except FileNotFoundError:
-        raise _bundle_gone(config, record["resume_of"]) from None
+        raise bundle_gone(config, earlier, rerun="rerun_of" in record) from None
 
 
 def copy_bundle(source: RunPaths, dest: RunPaths) -> dict[str, Any]:

@@ -112,6 +112,14 @@ class RunService:
             raise RuntimeError("this RunService was made without enqueue: it cannot submit")
         return retry_run(self.config, self.store, self.enqueue, self.record(run_id))
 
+    def rerun(self, run_id: str, backend: str | None = None) -> RunRecord:
+        """Queue an ended run again on its bundle, params and seed (runs/rerun.py), on `backend` or its own."""
+        from potato_queue.runs.rerun import rerun_run
+
+        if self.enqueue is None:
+            raise RuntimeError("this RunService was made without enqueue: it cannot submit")
+        return rerun_run(self.config, self.store, self.enqueue, self.record(run_id), backend)
+
     def make_rater(self, run_id: str) -> dict[str, Any]:
         """A succeeded run as a machine rater in Potato (runs/rater.py), whatever the project's
         machine_annotator says; Conflict for a run that did not succeed."""

@@ -73,6 +73,7 @@ def start_run(
     trigger: str = "api",
     potato_run_id: str | None = None,
     resume_of: str | None = None,
+    rerun_of: str | None = None,
     run_id: str | None = None,
 ) -> RunRecord:
     """Check the request, write the queued run, wake an executor (`potato_run_id`: the Potato run it trains
@@ -93,6 +94,7 @@ def start_run(
         trigger=trigger,
         potato_run_id=potato_run_id,
         resume_of=resume_of,
+        rerun_of=rerun_of,
         run_id=run_id,
     )
     enqueue(record["run_id"])

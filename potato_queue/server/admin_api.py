@@ -9,6 +9,7 @@ answers is in the OpenAPI document.
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
@@ -98,6 +99,17 @@ def retry_run(run_id: str, request: Request) -> RunAccepted:
     """Queue a new run that resumes a failed or cancelled run from its checkpoints, on the same data; 409 when
     the run is not failed or cancelled, was retried already, or its bundle is gone."""
     record = runs_of(request).retry(run_id)
+    return RunAccepted(run_id=record["run_id"], state=RunState.QUEUED)
+
+
+class RerunBody(BaseModel):
+    backend: str | None = Field(None, max_length=200, description="where to run it again; by default its own")
+
+
+def rerun(run_id: str, request: Request, body: RerunBody | None = None) -> RunAccepted:
+    """Queue an ended run again on the same bundle, trainer, schemas, params and seed (on `backend`, by default
+    its own), to compare: `GET runs/{new}/compare/{run_id}` once it ends. 409: not ended, or its bundle gone."""
+    record = runs_of(request).rerun(run_id, body.backend if body else None)
     return RunAccepted(run_id=record["run_id"], state=RunState.QUEUED)
 
 
@@ -208,23 +220,7 @@ def admin_router() -> APIRouter:
         methods=["POST"],
         responses={**_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "the run had already finished"}},
     )
-    add(
-        "/runs/{run_id}/retry",
-        retry_run,
-        methods=["POST"],
-        status_code=202,
-        response_model=RunAccepted,
-        responses={
-            **_UNKNOWN_RUN,
-            409: {
-                "model": ErrorReply,
-                "description": "the run is not failed or cancelled, was retried already, or its bundle was removed",
-            },
-        },
-    )
-    not_rater = {**_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "not a succeeded run, or not the rater"}}
-    add("/runs/{run_id}/rater", make_rater, methods=["POST"], responses=not_rater)
-    add("/runs/{run_id}/rater", remove_rater, methods=["DELETE"], responses=not_rater)
+    _add_run_actions(add)
     add("/runs/{run_id}/events", run_events, methods=["GET"], responses=_UNKNOWN_RUN)
     add("/runs/{run_id}/log", run_log, methods=["GET"], response_class=PlainTextResponse, responses=_UNKNOWN_RUN)
     add("/trainers", trainers, methods=["GET"])
@@ -233,3 +229,18 @@ def admin_router() -> APIRouter:
     add("/predictions", predictions, methods=["GET"])
     add("/auto_retrain", auto_retrain, methods=["GET"])
     return router
+
+
+def _refused(why: str) -> dict[int | str, dict[str, Any]]:
+    return {**_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": why}}
+
+
+def _add_run_actions(add: Callable[..., Any]) -> None:
+    """What an ended run can become: retried, run again, a machine rater in Potato."""
+    accepted: dict[str, Any] = {"methods": ["POST"], "status_code": 202, "response_model": RunAccepted}
+    why = "the run is not failed or cancelled, was retried already, or its bundle was removed"
+    add("/runs/{run_id}/retry", retry_run, responses=_refused(why), **accepted)
+    add("/runs/{run_id}/rerun", rerun, responses=_refused("not ended, or its bundle was removed"), **accepted)
+    not_rater = _refused("not a succeeded run, or not the rater")
+    add("/runs/{run_id}/rater", make_rater, methods=["POST"], responses=not_rater)
+    add("/runs/{run_id}/rater", remove_rater, methods=["DELETE"], responses=not_rater)

@@ -129,6 +129,7 @@ def run_page(run_id: str, request: Request) -> Response:
 <section><h2>Run <span id="state"></span></h2><dl id="facts"></dl>
 <div id="step" class="step"></div><button type="button" id="cancel" hidden>Cancel run</button>
 <button type="button" id="retry" hidden>Retry from its checkpoint</button>
+<button type="button" id="rerun" hidden>Run it again and compare</button>
 <span id="retry-problem" class="problem" role="alert"></span></section>
 <section id="hub" aria-labelledby="hub-title" hidden><h2 id="hub-title">Publish to the Hugging Face Hub</h2>
 <p id="hub-refused" class="problem" role="status" hidden></p>

@@ -80,6 +80,7 @@ class RunStore:
         trigger: str = "api",
         potato_run_id: str | None = None,
         resume_of: str | None = None,
+        rerun_of: str | None = None,
         run_id: str | None = None,
     ) -> RunRecord:
         """A queued run's record (`run_id`: one chosen before, as a retry's claim names it; else a new one)."""
@@ -105,6 +106,8 @@ class RunStore:
             record["potato_run_id"] = potato_run_id  # OWNED_BY_POTATO
         if resume_of is not None:
             record["resume_of"] = resume_of  # a retry (runs/retry.py)
+        if rerun_of is not None:
+            record["rerun_of"] = rerun_of  # a re-run on the same bundle and params (runs/rerun.py)
         paths = self.paths(run_id)
         try:
             paths.dir.mkdir(mode=0o700, parents=True, exist_ok=False)

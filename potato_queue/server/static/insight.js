@@ -135,6 +135,11 @@
         table(["Item", "Annotators' label", "A", "B", "Each annotator", "Text"], s.disagreements.map((d) =>
           [d.instance_id, d.gold, d.a, d.b, Object.entries(d.annotators).map(([u, l]) => u + ": " + l).join(", ") || "-", d.text]), "disagreements"));
     }
+    if (found.reproducibility) {
+      parts.push(el("h3", {text: "What made the two runs"}), found.reproducibility.length
+        ? table(["Differs", "This run (A)", "Run " + found.b + " (B)"], found.reproducibility.map((d) => [d.field, JSON.stringify(d.a), JSON.stringify(d.b)]), "made-differently")
+        : el("p", {id: "made-same", text: "Made the same way: code, data, trainer, params, seeds, packages, GPUs, backend and host."}));
+    }
     box.replaceChildren(...parts);
   }
 
@@ -145,6 +150,7 @@
     select.replaceChildren(el("option", {value: "", text: choices.length ? "pick a run" : "no other succeeded run"}),
       ...choices.map((r) => el("option", {value: r.run_id, text: `${r.run_id} (${r.trainer} on ${r.ran_on || r.backend})`})));
     document.getElementById("compare").hidden = false;
+    return choices;
   }
 
   async function start() {
@@ -152,7 +158,12 @@
     try { run = await api(base); } catch (err) { setTimeout(start, 3000); return; }
     if (!["succeeded", "failed", "cancelled"].includes(run.state)) { setTimeout(start, 2000); return; }
     if (run.state !== "succeeded") return;
-    await Promise.all([quality(), curve(), next(), others()].map((p) => p.catch((err) => console.warn(err))));
+    const [, , , choices] = await Promise.all([quality(), curve(), next(), others()].map((p) => p.catch((err) => console.warn(err))));
+    // A re-run is compared with the run it repeats at once: that is what it was made for.
+    if (run.rerun_of && (choices || []).some((r) => r.run_id === run.rerun_of)) {
+      document.getElementById("compare-with").value = run.rerun_of;
+      await compareWith(run.rerun_of);
+    }
   }
 
   document.getElementById("target-precision").addEventListener("change", () => quality().catch(() => {}));

@@ -21,7 +21,7 @@ async function refresh() {
     ["Prelabels", run.prelabels && run.prelabels.said], ["Made with", madeWith(run.reproducibility)], ["Error", run.error]];
   facts.replaceChildren(...rows.filter(([, v]) => v).flatMap(([k, v]) => [el("dt", {text: k}), el("dd", {text: String(v)})]));
   // A retry and the run it resumes link to each other.
-  for (const [k, id] of [["Resumes run", run.resume_of], ["Retried as run", run.retried_by]]) {
+  for (const [k, id] of [["Resumes run", run.resume_of], ["Retried as run", run.retried_by], ["Runs again run", run.rerun_of]]) {
     if (id) facts.append(el("dt", {text: k}), el("dd", {}, el("a", {href: "/admin/training/runs/" + id, text: id})));
   }
   finished = ["succeeded", "failed", "cancelled", "broken"].includes(run.state);
@@ -31,6 +31,7 @@ async function refresh() {
   if (bar && !finished) step.append(bar);
   document.getElementById("cancel").hidden = finished;
   document.getElementById("retry").hidden = !["failed", "cancelled"].includes(run.state) || Boolean(run.retried_by);
+  document.getElementById("rerun").hidden = !finished || run.state === "broken";
   showRater(run);
   return run;
 }
@@ -118,6 +119,16 @@ function labelOf(p) {
 document.getElementById("cancel").addEventListener("click", async () => {
   if (!window.confirm("Cancel run " + RUN + "?")) return;
   await api("/runs/" + RUN + "/cancel", {method: "POST"});
+});
+
+document.getElementById("rerun").addEventListener("click", async () => {
+  if (!window.confirm("Run " + RUN + " again on the same data, params and seed, and compare the two?")) return;
+  const problem = document.getElementById("retry-problem");
+  problem.textContent = "";
+  try {
+    const again = await api("/runs/" + RUN + "/rerun", {method: "POST", body: "{}"});
+    window.location.href = "/admin/training/runs/" + again.run_id;
+  } catch (err) { problem.textContent = err.message; }
 });
 
 document.getElementById("retry").addEventListener("click", async () => {

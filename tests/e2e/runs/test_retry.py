@@ -336,3 +336,45 @@ def test_a_retry_written_but_not_queued_stays_the_retry(tmp_path: Path, redis_se
     assert len(written) == 1
     with pytest.raises(Conflict, match=f"Run {old} was retried already, as run {written[0]}"):
         retry_run(config, store, lambda run_id: None, store.read(old))
+
+
+def test_a_run_again_on_its_bundle_params_and_seed_reproduces_and_the_comparison_says_so(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    """Re-run and compare: the same bundle, params and seed again (here, where nothing changed, the same
+    predictions and the same record); what cannot be run again says why."""
+    with started(tmp_path, redis_server_url, grace_seconds=2, retain_runs=2) as svc:
+        held = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 60})
+        status, refused = svc.api("POST", f"/runs/{held}/rerun", {})
+        assert status == 409, refused
+        assert re.fullmatch(
+            f"Run {held} is (queued|starting|running): only a run that ended can be run again; fix: wait for it to end",
+            refused["detail"],
+        ), refused
+        svc.api("POST", f"/runs/{held}/cancel")
+        first = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], params={"max_features": 500})
+        original = svc.wait_for(first, TERMINAL, 120)
+        assert original["state"] == "succeeded", svc.logs()
+
+        env = {"POTATO_QUEUE_REDIS_URL": redis_server_url}
+        out = run_cli("training", "rerun", first, svc.config, "--follow", env=env, timeout_s=180)
+        assert out.returncode == 0, out.stdout + out.stderr
+        again = re.search(r"^queued run (\S+), run " + first + r" again \(sklearn-text on local\)$", out.stdout, re.M)
+        assert again, out.stdout
+        rerun = svc.api("GET", f"/runs/{again.group(1)}")[1]
+        assert (rerun["trigger"], rerun["rerun_of"], rerun["params"]) == ("rerun", first, {"max_features": 500})
+        assert f"bundle of run {first} reused" in _run_log(svc, rerun["run_id"])
+        assert rerun["reproducibility"]["seeds"] == original["reproducibility"]["seeds"]
+        assert "they disagree on 0 items" in out.stdout, out.stdout
+        assert "made the same way: code, data, trainer, params, seeds, packages, GPUs, backend and host" in out.stdout
+        compared = svc.api("GET", f"/runs/{first}/compare/{rerun['run_id']}")[1]
+        assert compared["reproducibility"] == [] and compared["schemas"]["sentiment"]["disagree"] == 0, compared
+
+        # retain_runs 2: a third success prunes the first run's bundle, and a re-run of it says why not.
+        newer = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        assert svc.wait_for(newer, TERMINAL, 120)["state"] == "succeeded"
+        wait_until(lambda: not (run_paths(svc, first).bundle_dir / "manifest.json").exists(), 30, "the prune")
+        status, refused = svc.api("POST", f"/runs/{first}/rerun", {"backend": "local"})
+        assert status == 409 and refused["detail"].startswith(
+            f"Run {first} cannot be run again: its bundle was removed"
+        )

@@ -289,6 +289,23 @@ def test_the_model_beside_the_annotators_and_made_a_machine_rater_from_the_page(
     assert not rater.exists()
 
 
+def test_run_it_again_from_the_page_opens_the_rerun_compared_with_its_original(browser: Any, svc: Services) -> None:
+    first = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], backend="local")
+    assert svc.wait_for(first, TERMINAL, 90)["state"] == "succeeded", svc.logs()
+    page = signed_in(browser, svc)
+    asked: list[str] = []
+    page.on("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
+    page.goto(f"{svc.url}/admin/training/runs/{first}")
+    page.click("#rerun:not([hidden])")
+    page.wait_for_function(f"() => document.getElementById('run').dataset.run !== '{first}'")
+    again = page.get_attribute("#run", "data-run")
+    assert asked == [f"Run {first} again on the same data, params and seed, and compare the two?"]
+    assert svc.wait_for(again, TERMINAL, 90)["state"] == "succeeded", svc.logs()
+    page.wait_for_selector("#made-same", timeout=60000)  # compared with its original without being asked
+    assert page.input_value("#compare-with") == first
+    assert "Where they disagree (0)" in page.text_content("#compared")
+
+
 def post(svc: Services, path: str, cookie: str, **headers: str) -> int:
     request = urllib.request.Request(
         f"{svc.url}/admin/training/api{path}",
