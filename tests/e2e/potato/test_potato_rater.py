@@ -55,6 +55,25 @@ def iaa(tmp_path: Path, config: Path) -> dict[str, Any]:
         potato.stop()
 
 
+def assert_our_figures_are_potatos(report: dict[str, Any], output: Path) -> None:
+    """insight/agreement.py's human-human figures on the items Potato's /admin/iaa counted: Potato's own."""
+    from potato_queue.insight.agreement import alpha_nominal, mean_kappa, pairwise_agreement
+
+    answers = {
+        name: json.loads((output / name / "user_state.json").read_text())["instance_id_to_label_to_value"]
+        for name in ("alice", "bob")
+    }
+    counted = [
+        iid for iid, item in report["partitions"]["human_human"]["items"].items() if "sentiment" in item["schemas"]
+    ]
+    items = [{name: answers[name][iid][0][1] for name in answers if iid in answers[name]} for iid in counted]
+    theirs = report["schemas"]["sentiment"]["metrics"]
+    assert len(items) == theirs["n_items"] > 0, (len(items), theirs)
+    for ours, name in ((mean_kappa(items), "cohen_kappa"), (pairwise_agreement(items), "percent_agreement")):
+        assert ours == pytest.approx(theirs[name], abs=1e-4), (name, ours, theirs)
+    assert alpha_nominal(items) == pytest.approx(theirs["alpha_nominal"], abs=1e-4), theirs
+
+
 def test_a_run_becomes_a_machine_rater_potato_reports_apart_and_removal_takes_it_back(
     tmp_path: Path, redis_server_url: str
 ) -> None:
@@ -83,6 +102,7 @@ def test_a_run_becomes_a_machine_rater_potato_reports_apart_and_removal_takes_it
         assert report["annotators"]["human"] == ["alice", "bob"]
         assert "human_human" in report["partitions"] and "pooled" in report["partitions"], report
         assert report["schemas"] == report["partitions"]["human_human"]["schemas"], "the headline is human-only"
+        assert_our_figures_are_potatos(report, output)
 
         second = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
         again = svc.wait_for(second, TERMINAL, 120)
