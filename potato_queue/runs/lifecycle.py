@@ -286,6 +286,7 @@ class RunLife:
             error=error,
             metrics=self.store.metrics(self.run_id),
             artifact_uri=artifact_uri,
+            reproducibility=reproducibility(self.record, (live.get("result") or {}).get("environment")),
             said=_end_line(state, error),
         )
 

@@ -33,7 +33,7 @@ FIELDS = (
     "host",
     "platform",
 )
-NOT_SENT = "not reported (a worker older than this record)"
+NOT_SENT = "not reported: the worker sends it with its result (a run that ended before one has none)"
 
 
 def reproducibility(record: Mapping[str, Any], environment: Mapping[str, Any] | None) -> dict[str, Any]:

@@ -459,6 +459,10 @@ def test_cancel_within_grace_ends_cancelled(
         assert (run["state"], run["exit_code"]) == ("cancelled", 4), run
         events = svc.api("GET", f"/runs/{run_id}/events")[1]
         assert any(e["event"] == "status" and e.get("state") == "cancelled" for e in events)
+        # A run that ended without a result has the server's half of its record, and says what it lacks.
+        record = run["reproducibility"]
+        assert (record["bundle_digest"], record["trainer"]) == (run["bundle"]["digest"], "hf-text-classification")
+        assert record["python"].startswith("not reported: the worker sends it with its result"), record
         assert harness.leftovers(svc, run_id) == []
 
 
