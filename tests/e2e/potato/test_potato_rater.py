@@ -88,6 +88,10 @@ def test_a_run_becomes_a_machine_rater_potato_reports_apart_and_removal_takes_it
         output = config.parent / "annotation_output"
         humans = human_files(output)
         first = svc.start_run(trainer="sklearn-text", schemas=["sentiment"])
+        status, refused = svc.api("POST", f"/runs/{first}/rater")
+        assert status == 409 and refused["detail"].endswith(
+            ": only a succeeded run's answers can be a machine rater; fix: pick a succeeded run (training runs lists them)"
+        ), refused
         run = svc.wait_for(first, TERMINAL, 120)
         assert run["state"] == "succeeded", svc.logs()
         state = json.loads((output / RATER / "user_state.json").read_text())

@@ -351,6 +351,14 @@ def test_a_run_again_on_its_bundle_params_and_seed_reproduces_and_the_comparison
             f"Run {held} is (queued|starting|running): only a run that ended can be run again; fix: wait for it to end",
             refused["detail"],
         ), refused
+        waiting = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])  # queued behind the held run
+        assert svc.api("POST", f"/runs/{waiting}/cancel")[0] == 200
+        status, refused = svc.api("POST", f"/runs/{waiting}/rerun", {})
+        assert (status, refused["detail"]) == (
+            409,
+            f"Run {waiting} ended before its bundle was built: there is nothing to run again; fix: start a new run "
+            "instead: it trains on the annotations as they are now",
+        ), refused
         svc.api("POST", f"/runs/{held}/cancel")
         first = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], params={"max_features": 500})
         original = svc.wait_for(first, TERMINAL, 120)
