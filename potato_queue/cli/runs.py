@@ -105,6 +105,7 @@ def rerun(run_id: str, config: Path, redis_url: str, backend: str | None, follow
     from potato_queue.cli.insight import comparison_table, loaded
     from potato_queue.cli.output import follow as following
     from potato_queue.insight.compare import compare_runs
+    from potato_queue.run import RunState
 
     service = runs_for(config, redis_url)
     record = service.rerun(run_id, backend)
@@ -112,7 +113,7 @@ def rerun(run_id: str, config: Path, redis_url: str, backend: str | None, follow
     click.echo(f"queued run {again}, run {run_id} again ({record['trainer']} on {record['backend']})")
     if follow:
         code = following(service.store, again)
-        if service.record(again)["state"] == "succeeded" and service.record(run_id)["state"] == "succeeded":
+        if {service.record(again)["state"], service.record(run_id)["state"]} == {RunState.SUCCEEDED}:
             found = compare_runs(service.config, loaded(service, run_id), loaded(service, again))
             click.echo("\n" + comparison_table(found))
         raise click.exceptions.Exit(code)

@@ -189,7 +189,16 @@ def assert_well_formed(run: Run) -> None:
         "metric": {"split", "name", "value", "step"},
         "log": {"level", "msg"},
         "artifact": {"path", "bytes"},
-        "result": {"status", "model_version", "metrics", "label_order", "notes", "predictions_file", "n_predictions"},
+        "result": {
+            "status",
+            "model_version",
+            "metrics",
+            "label_order",
+            "notes",
+            "predictions_file",
+            "n_predictions",
+            "environment",  # the host's half of the run's reproducibility record (worker/environment.py)
+        },
         "error": {"code", "message", "install_hint"},
     }
     assert run.events, run.stderr[-3000:]
