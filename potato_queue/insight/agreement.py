@@ -30,6 +30,7 @@ __all__ = [
     "pairwise_agreement",
     "alpha_nominal",
     "interval",
+    "resamples",
     "schema_agreement",
     "verdict",
     "AGREEMENT_KINDS",
@@ -38,60 +39,79 @@ __all__ = [
 
 Items = Sequence[Mapping[str, Any]]  # one {rater: label} per item
 MODEL = "\0model"  # the model's rater key: no annotator's name (a folder name) holds a NUL
-BOOTSTRAP_SAMPLES = 400
+BOOTSTRAP_SAMPLES = 200  # the intervals are read to a few hundredths: 200 resamples do; each costs at run end
 BOOTSTRAP_SEED = 0
 CONFIDENCE = 0.95
 
 
-def _kappa(a: Sequence[Any], b: Sequence[Any]) -> float | None:
-    """Cohen's kappa of two aligned label lists; None where chance agreement is 1 (one label throughout)."""
-    n = len(a)
-    observed = sum(1 for x, y in zip(a, b, strict=True) if x == y) / n
-    counts_a, counts_b = Counter(a), Counter(b)
+def _weights(items: Items, weights: Sequence[int] | None) -> Sequence[int]:
+    return weights if weights is not None else [1] * len(items)
+
+
+def _kappa_of(cells: Counter[tuple[Any, Any]]) -> float | None:
+    """Cohen's kappa from a pair's (label a, label b) counts; None where chance agreement is 1 or no item."""
+    n = sum(cells.values())
+    if not n:
+        return None
+    counts_a: Counter[Any] = Counter()
+    counts_b: Counter[Any] = Counter()
+    for (x, y), count in cells.items():
+        counts_a[x] += count
+        counts_b[y] += count
+    observed = sum(count for (x, y), count in cells.items() if x == y) / n
     chance = sum(counts_a[c] * counts_b[c] for c in counts_a.keys() | counts_b.keys()) / (n * n)
     return None if abs(chance - 1.0) < 1e-12 else (observed - chance) / (1 - chance)
 
 
-def mean_kappa(items: Items, pairs: Sequence[tuple[str, str]] | None = None) -> float | None:
+def mean_kappa(
+    items: Items, pairs: Sequence[tuple[str, str]] | None = None, weights: Sequence[int] | None = None
+) -> float | None:
     """The mean Cohen's kappa over rater pairs (every pair, or `pairs`), each on the items it shares; pairs with
-    no shared item or an undefined kappa are left out (Potato's mean_cohen_kappa_over_shared_items)."""
+    no shared item or an undefined kappa are left out (Potato's mean_cohen_kappa_over_shared_items). `weights`:
+    how many times each item counts (a bootstrap resample of distinct items)."""
     raters = sorted({r for labels in items for r in labels})
     kappas = []
     for a, b in pairs if pairs is not None else combinations(raters, 2):
-        shared = [labels for labels in items if a in labels and b in labels]
-        value = _kappa([x[a] for x in shared], [x[b] for x in shared]) if shared else None
+        cells: Counter[tuple[Any, Any]] = Counter()
+        for labels, weight in zip(items, _weights(items, weights), strict=True):
+            if weight and a in labels and b in labels:
+                cells[(labels[a], labels[b])] += weight
+        value = _kappa_of(cells)
         if value is not None:
             kappas.append(value)
     return sum(kappas) / len(kappas) if kappas else None
 
 
-def pairwise_agreement(items: Items, pairs: Sequence[tuple[str, str]] | None = None) -> float | None:
+def pairwise_agreement(
+    items: Items, pairs: Sequence[tuple[str, str]] | None = None, weights: Sequence[int] | None = None
+) -> float | None:
     """The mean over items of the share of their rater pairs (every pair, or those of `pairs`) that agree
     (Potato's mean_pairwise_agreement, Fleiss' P-bar)."""
     wanted = set(pairs) if pairs is not None else None
-    shares = []
-    for labels in items:
+    total = n = 0.0
+    for labels, weight in zip(items, _weights(items, weights), strict=True):
         its = [
             (a, b) for a, b in combinations(sorted(labels), 2) if wanted is None or (a, b) in wanted or (b, a) in wanted
         ]
-        if its:
-            shares.append(sum(1 for a, b in its if labels[a] == labels[b]) / len(its))
-    return sum(shares) / len(shares) if shares else None
+        if its and weight:
+            total += weight * sum(1 for a, b in its if labels[a] == labels[b]) / len(its)
+            n += weight
+    return total / n if n else None
 
 
-def alpha_nominal(items: Items) -> float | None:
+def alpha_nominal(items: Items, weights: Sequence[int] | None = None) -> float | None:
     """Krippendorff's alpha for nominal labels over the items with two or more raters (None: one value only)."""
     coincidences: Counter[tuple[Any, Any]] = Counter()
-    for labels in items:
+    for labels, weight in zip(items, _weights(items, weights), strict=True):
         values = list(labels.values())
         m = len(values)
-        if m < 2:
+        if m < 2 or not weight:
             continue
         for i, j in ((i, j) for i in range(m) for j in range(m) if i != j):
-            coincidences[(values[i], values[j])] += 1 / (m - 1)
+            coincidences[(values[i], values[j])] += weight / (m - 1)
     n_c: Counter[Any] = Counter()
-    for (c, _), weight in coincidences.items():
-        n_c[c] += weight
+    for (c, _), count in coincidences.items():
+        n_c[c] += count
     n = sum(n_c.values())
     if n <= 1:
         return None
@@ -100,43 +120,62 @@ def alpha_nominal(items: Items) -> float | None:
     return None if expected == 0 else 1 - observed / expected
 
 
-def interval(items: Items, figure: Callable[[Items], float | None]) -> list[float] | None:
-    """The central 95% of `figure` over bootstrap resamples of the items (a fixed seed: the same run gives the
-    same interval)."""
+Figure = Callable[[Items, Sequence[int]], "float | None"]
+
+
+def resamples(items: Items) -> tuple[list[Mapping[str, Any]], list[list[int]]]:
+    """BOOTSTRAP_SAMPLES resamples of the items (a fixed seed: the same run gives the same intervals), as
+    counts over their distinct label profiles: a figure then costs what the profiles cost, not the items."""
+    index: dict[tuple[tuple[str, Any], ...], int] = {}
+    profiles: list[Mapping[str, Any]] = []
+    drawn_from: list[int] = []
+    for labels in items:
+        key = tuple(sorted(labels.items(), key=lambda kv: kv[0]))
+        if key not in index:
+            index[key] = len(profiles)
+            profiles.append(labels)
+        drawn_from.append(index[key])
     rng = random.Random(BOOTSTRAP_SEED)
-    values = []
+    samples = []
     for _ in range(BOOTSTRAP_SAMPLES):
-        value = figure([items[rng.randrange(len(items))] for _ in items])
-        if value is not None:
-            values.append(value)
-    if len(values) < BOOTSTRAP_SAMPLES // 2:
+        counts = Counter(rng.choices(drawn_from, k=len(drawn_from)))
+        samples.append([counts.get(p, 0) for p in range(len(profiles))])
+    return profiles, samples
+
+
+def interval(profiles: Items, samples: list[list[int]], figure: Figure) -> list[float] | None:
+    """The central 95% of `figure` over the resamples (None when it is undefined in half of them)."""
+    values = sorted(v for v in (figure(profiles, weights) for weights in samples) if v is not None)
+    if len(values) < len(samples) // 2 or not values:
         return None
-    values.sort()
     tail = (1 - CONFIDENCE) / 2
     return [round(values[int(tail * (len(values) - 1))], 4), round(values[int((1 - tail) * (len(values) - 1))], 4)]
 
 
-def _figures(
-    items: Items, pairs: Sequence[tuple[str, str]] | None, alpha: Callable[[Items], float | None]
-) -> dict[str, Any]:
+def _figures(items: Items, pairs: Sequence[tuple[str, str]] | None, alpha: Figure) -> dict[str, Any]:
     out: dict[str, Any] = {}
-    for name, figure in (
-        ("kappa", lambda xs: mean_kappa(xs, pairs)),
+    figures: list[tuple[str, Figure]] = [
+        ("kappa", lambda xs, ws: mean_kappa(xs, pairs, ws)),
         ("alpha", alpha),
-        ("percent_agreement", lambda xs: pairwise_agreement(xs, pairs)),
-    ):
-        value = figure(items)
+        ("percent_agreement", lambda xs, ws: pairwise_agreement(xs, pairs, ws)),
+    ]
+    profiles, samples = resamples(items)
+    for name, figure in figures:
+        value = figure(items, [1] * len(items))
         out[name] = None if value is None else round(value, 4)
-        out[f"{name}_interval"] = interval(items, figure)
+        out[f"{name}_interval"] = interval(profiles, samples, figure)
     return out
 
 
-def _model_alpha(items: Items) -> float | None:
+def _model_alpha(items: Items, weights: Sequence[int]) -> float | None:
     """Alpha of the model against each annotator, the mean over annotators (each pair's own reliability data)."""
     humans = sorted({r for labels in items for r in labels} - {MODEL})
-    values = [alpha_nominal([{MODEL: x[MODEL], h: x[h]} for x in items if h in x and MODEL in x]) for h in humans]
-    kept = [v for v in values if v is not None]
-    return sum(kept) / len(kept) if kept else None
+    values = []
+    for h in humans:
+        kept = [(x, w) for x, w in zip(items, weights, strict=True) if h in x and MODEL in x]
+        values.append(alpha_nominal([{MODEL: x[MODEL], h: x[h]} for x, _ in kept], [w for _, w in kept]))
+    found = [v for v in values if v is not None]
+    return sum(found) / len(found) if found else None
 
 
 def schema_agreement(items: Items) -> dict[str, Any]:
@@ -148,7 +187,7 @@ def schema_agreement(items: Items) -> dict[str, Any]:
     return {
         "items": len(usable),
         "annotators": len(annotators),
-        "human_human": _figures(humans_only, None, alpha_nominal) if usable else None,
+        "human_human": _figures(humans_only, None, lambda xs, ws: alpha_nominal(xs, ws)) if usable else None,
         "model_human": _figures(usable, with_model, _model_alpha) if usable else None,
     }
 

@@ -16,22 +16,28 @@ from typing import Any, Dict, List, Optional
 
 __all__ = ["PACKAGES", "environment", "code_sha256"]
 
-# The packages whose versions decide what a trainer computes.
-PACKAGES = ("torch", "transformers", "peft", "accelerate", "bitsandbytes", "scikit-learn", "numpy", "tokenizers")
+# The packages whose versions decide what a trainer computes: package -> its module.
+PACKAGES = {
+    "torch": "torch",
+    "transformers": "transformers",
+    "peft": "peft",
+    "accelerate": "accelerate",
+    "bitsandbytes": "bitsandbytes",
+    "scikit-learn": "sklearn",
+    "numpy": "numpy",
+    "tokenizers": "tokenizers",
+}
 NVIDIA_SMI_TIMEOUT_S = 10
 
 
 def _versions() -> Dict[str, str]:
-    try:
-        from importlib import metadata
-    except ImportError:  # Python 3.7
-        return {}
+    """The versions of the packages this run imported (the ones that computed it), read from the modules
+    themselves: nothing is imported or scanned here (importlib.metadata would cost tens of ms a run)."""
     found = {}
-    for name in PACKAGES:
-        try:
-            found[name] = metadata.version(name)
-        except Exception:  # noqa: BLE001 - not installed (or a broken install): not part of this run
-            pass
+    for package, module in PACKAGES.items():
+        version = getattr(sys.modules.get(module), "__version__", None)
+        if isinstance(version, str):
+            found[package] = version
     return found
 
 
@@ -94,7 +100,8 @@ def environment() -> Dict[str, Any]:
     return {
         "host": socket.gethostname(),
         "python": platform.python_version(),
-        "platform": platform.platform(),
+        # Not platform.platform(): on Linux it reads the interpreter's binary for its libc (tens of ms).
+        "platform": "-".join((platform.system(), platform.release(), platform.machine())),
         "packages": _versions(),
         "code_sha256": code_sha256(),
         "cuda": facts["cuda"],

@@ -24,10 +24,12 @@ RECORD = {
 }
 
 
-def test_the_worker_says_its_python_packages_and_code_and_imports_no_torch() -> None:
+def test_the_worker_says_its_python_the_packages_the_run_imported_and_its_code() -> None:
+    import sklearn
+
     found = worker_environment.environment()
-    assert found["python"] and found["host"] and len(found["code_sha256"]) == 64
-    assert "scikit-learn" in found["packages"] and found["code_sha256"] == worker_environment.code_sha256()
+    assert found["python"] and found["host"] and found["code_sha256"] == worker_environment.code_sha256()
+    assert found["packages"]["scikit-learn"] == sklearn.__version__ and len(found["code_sha256"]) == 64
 
 
 def test_the_driver_is_nvidia_smis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
