@@ -45,7 +45,7 @@ def read_state(path: Path) -> Mapping[str, Any]:
     return state if isinstance(state, dict) else {}
 
 
-# The folders of the machine raters potato-queue writes (store/potato_rater.py): <prefix><trainer>.<schemes>.
+# The folders of the machine raters potato-queue writes (runs/rater.py): <prefix><trainer>.<schemes>.
 RATER_PREFIX = "potato-queue."
 
 

@@ -20,7 +20,7 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.insight.compare import annotator_labels
 from potato_queue.insight.run_data import shown
-from potato_queue.runs.gate import bundle_split_ids, label_of, schema_kinds
+from potato_queue.runs.gate import held_out_ids, label_of, schema_kinds
 
 __all__ = [
     "Items",
@@ -208,14 +208,12 @@ def verdict(figures: Mapping[str, Any]) -> str:
 
 # The kinds whose labels are compared as categories (a likert's points too, as Potato's nominal figures do).
 AGREEMENT_KINDS = ("nominal", "multilabel", "ordinal")
-HELD_OUT_SPLITS = ("val", "test")
 
 
 def run_agreement(config: ProjectConfig, bundle_dir: Path, predictions: list[dict[str, Any]]) -> dict[str, Any]:
     """Per scheme of a run, on its held-out items: the figures and the verdict; the annotators' labels as the
     project has them now. What the run's record keeps as `agreement`."""
-    splits = bundle_split_ids(bundle_dir)
-    held_out = {iid for split in HELD_OUT_SPLITS for iid in splits.get(split, [])}
+    held_out = held_out_ids(bundle_dir)
     kinds = schema_kinds(bundle_dir)
     model: dict[str, dict[str, str]] = {}
     for p in predictions:

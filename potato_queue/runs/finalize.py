@@ -16,6 +16,7 @@ from typing import Any
 from potato_queue.bounds import clean, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.runs.gate import (
+    HELD_OUT_SPLITS,
     PublishRules,
     Refusal,
     bundle_split_ids,
@@ -33,7 +34,6 @@ from potato_queue.wire.scoring import score
 
 __all__ = ["finalize_predictions", "read_predictions", "published_predictions"]
 
-HELD_OUT_SPLITS = ("val", "test")
 # A line of the project's predictions.jsonl: Potato's prediction line and the run it came from.
 PUBLISHED_KEYS = ("instance_id", "schema_name", "payload", "confidence", "run_id")
 

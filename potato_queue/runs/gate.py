@@ -22,6 +22,8 @@ from potato_queue.wire.files import read_jsonl
 
 __all__ = [
     "BUNDLE_SPLITS",
+    "HELD_OUT_SPLITS",
+    "held_out_ids",
     "Refusal",
     "PublishRules",
     "bundle_split_ids",
@@ -35,6 +37,7 @@ __all__ = [
 ]
 
 BUNDLE_SPLITS = ("train", "val", "test", "unlabeled")
+HELD_OUT_SPLITS = ("val", "test")
 # Kinds whose labels come from a closed vocabulary, so a foreign label can be told.
 _VOCABULARY_KINDS = ("nominal", "multilabel")
 
@@ -80,6 +83,16 @@ def bundle_split_ids(bundle_dir: Path) -> dict[str, list[str]]:
             if isinstance(row, dict)
         ]
         for split in BUNDLE_SPLITS
+    }
+
+
+def held_out_ids(bundle_dir: Path) -> set[str]:
+    """The ids of a bundle's held-out items (val and test): where a run may fairly be compared."""
+    return {
+        str(row.get("instance_id"))
+        for split in HELD_OUT_SPLITS
+        for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True)
+        if isinstance(row, dict)
     }
 
 

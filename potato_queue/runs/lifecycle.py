@@ -310,9 +310,10 @@ class RunLife:
         state = RunState.FAILED if error else RunState.SUCCEEDED
         reported = live.get("result") or {}
         model_version = reported.get("model_version")
-        # Before the run is told succeeded: whoever sees it succeeded finds these.
-        record = {**self.record, "model_version": model_version, "finished_at": utc_now()}
-        extra = beside_the_annotators(self.config, self.store, record, self.log) if state is RunState.SUCCEEDED else {}
+        extra: dict[str, Any] = {}
+        if state is RunState.SUCCEEDED:  # before the run is told succeeded: whoever sees it succeeded finds these
+            ended = {**self.record, "model_version": model_version, "finished_at": utc_now(self.store.clock)}
+            extra = beside_the_annotators(self.config, self.store, ended, self.log)
         self.store.transition(
             self.run_id,
             state,

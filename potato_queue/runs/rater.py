@@ -19,20 +19,20 @@ import json
 import shutil
 from collections.abc import Callable, Mapping
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
 
 from potato_queue.bundle.user_state import RATER_PREFIX, is_our_rater, read_state
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
-from potato_queue.insight.agreement import run_agreement
+from potato_queue.insight.agreement import AGREEMENT_KINDS, run_agreement
 from potato_queue.runs.finalize import read_predictions
-from potato_queue.runs.gate import bundle_split_ids, label_of, schema_kinds
+from potato_queue.runs.gate import held_out_ids, label_of, schema_kinds
 from potato_queue.store import RunStore
 from potato_queue.wire.files import write_atomic
 from potato_queue.wire.text import slug
 
 __all__ = [
-    "RATER_KINDS",
     "rater_id",
     "rater_state",
     "become_rater",
@@ -41,9 +41,6 @@ __all__ = [
     "HELD_OUT_NOTE",
 ]
 
-# Scheme kind -> how its answer is written: the kinds Potato's agreement report compares.
-RATER_KINDS = ("nominal", "multilabel", "ordinal")
-HELD_OUT_SPLITS = ("val", "test")
 LLM_TRAINERS = ("hf-llm-lora",)
 ORIGIN_TOOL = "potato-queue"
 HELD_OUT_NOTE = "on the run's held-out items only (val and test), never its own train split"
@@ -69,7 +66,7 @@ def rater_state(
     for p in predictions:
         iid, schema = str(p.get("instance_id")), str(p.get("schema_name"))
         kind = kinds.get(schema, "nominal")
-        if iid in held_out and schema in record["schemas"] and kind in RATER_KINDS:
+        if iid in held_out and schema in record["schemas"] and kind in AGREEMENT_KINDS:  # the kinds compared as labels
             answers.setdefault(iid, []).extend(_entries(schema, kind, label_of(p)))
     user = rater_id(str(record["trainer"]), list(record["schemas"]))
     params = record.get("params") or {}
@@ -99,15 +96,17 @@ def _now() -> str:
     return datetime.now(timezone.utc).replace(microsecond=0).isoformat()
 
 
-def become_rater(config: ProjectConfig, store: RunStore, record: Mapping[str, Any]) -> dict[str, Any]:
-    """Write a succeeded run's rater (replacing the older run's of the same trainer and schemes); what the run's
-    record keeps of it: {id, items, replaced}."""
+def become_rater(
+    config: ProjectConfig, store: RunStore, record: Mapping[str, Any], predictions: list[dict[str, Any]] | None = None
+) -> dict[str, Any]:
+    """Write a succeeded run's rater (replacing the older run's of the same trainer and schemes) from its
+    `predictions` (read from the run's file when not given); what the run's record keeps of it: {id, items,
+    replaced}."""
     run_id = record["run_id"]
     paths = store.paths(run_id)
-    predictions, _ = read_predictions(paths.predictions)
-    splits = bundle_split_ids(paths.bundle_dir)
-    held_out = {iid for split in HELD_OUT_SPLITS for iid in splits.get(split, [])}
-    state = rater_state(record, predictions, held_out, schema_kinds(paths.bundle_dir))
+    if predictions is None:
+        predictions, _ = read_predictions(paths.predictions)
+    state = rater_state(record, predictions, held_out_ids(paths.bundle_dir), schema_kinds(paths.bundle_dir))
     folder = config.output_path / state["user_id"]
     before = _owner(folder)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -117,7 +116,7 @@ def become_rater(config: ProjectConfig, store: RunStore, record: Mapping[str, An
     return {"id": state["user_id"], "items": len(state["instance_id_ordering"]), "replaced": before}
 
 
-def _owner(folder: Any) -> str | None:
+def _owner(folder: Path) -> str | None:
     """The run whose answers a rater folder holds, None without one."""
     path = folder / "user_state.json"
     if not path.is_file():
@@ -126,10 +125,10 @@ def _owner(folder: Any) -> str | None:
     return str(origin.get("run_id")) if isinstance(origin, Mapping) and origin.get("run_id") else None
 
 
-def remove_rater(config: ProjectConfig, store: RunStore, run_id: str) -> str:
+def remove_rater(config: ProjectConfig, store: RunStore, record: Mapping[str, Any]) -> str:
     """Take a run's rater out of Potato (its folder, every answer of it); the rater's id. Conflict when the
     run's answers are not the rater's (never written, removed, or replaced by a newer run's)."""
-    record = store.get(run_id)
+    run_id = record["run_id"]
     user = rater_id(str(record["trainer"]), list(record["schemas"]))
     folder = config.output_path / user
     owner = _owner(folder)
@@ -153,16 +152,19 @@ def beside_the_annotators(
     model_training.machine_annotator its held-out answers as a machine rater in Potato (`machine_annotator`).
     Either failing is said in run.log; the run stands."""
     paths = store.paths(record["run_id"])
+    predictions, _ = read_predictions(paths.predictions)  # once, for both
 
     def agreement() -> dict[str, Any]:
-        found = run_agreement(config, paths.bundle_dir, read_predictions(paths.predictions)[0])
+        found = run_agreement(config, paths.bundle_dir, predictions)
         for schema, figures in found.items():
             log(f"{schema}: {figures['said']}")
         return found
 
     steps: list[tuple[str, str, Callable[[], Any]]] = [("agreement", "its agreement with the annotators", agreement)]
     if config.model_training.machine_annotator.enabled:
-        steps.append(("machine_annotator", "a machine rater in Potato", lambda: become_rater(config, store, record)))
+        steps.append(
+            ("machine_annotator", "a machine rater in Potato", lambda: become_rater(config, store, record, predictions))
+        )
     fields: dict[str, Any] = {}
     for name, what, step in steps:
         try:

@@ -15,7 +15,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.run import FINAL_STATES, RunRecord
 from potato_queue.runs.retry import bundle_gone
-from potato_queue.runs.submit import start_run
+from potato_queue.runs.submit import start_again
 from potato_queue.store import RunStore
 
 __all__ = ["rerun_run"]
@@ -42,16 +42,6 @@ def rerun_run(
     refused = _refusal(config, store, old)
     if refused is not None:
         raise refused
-    record = start_run(
-        config,
-        store,
-        enqueue,
-        trainer=old["trainer"],
-        schemas=list(old["schemas"]),
-        backend=backend or old["backend"],
-        params=dict(old.get("params") or {}),
-        trigger="rerun",
-        rerun_of=old["run_id"],
-    )
+    record = start_again(config, store, enqueue, old, backend=backend, trigger="rerun", rerun_of=old["run_id"])
     store.log(old["run_id"], f"run again as run {record['run_id']} on {record['backend']}, to compare")
     return record

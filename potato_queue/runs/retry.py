@@ -19,7 +19,7 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.run import RunRecord, RunState
-from potato_queue.runs.submit import start_run
+from potato_queue.runs.submit import start_again
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths, new_run_id
 
@@ -78,18 +78,7 @@ def retry_run(config: ProjectConfig, store: RunStore, enqueue: Callable[[str], N
     if winner is not None:
         raise _retried_already(old["run_id"], winner)
     try:
-        record = start_run(
-            config,
-            store,
-            enqueue,
-            trainer=old["trainer"],
-            schemas=list(old["schemas"]),
-            backend=old["backend"],
-            params=dict(old.get("params") or {}),
-            trigger="retry",
-            resume_of=old["run_id"],
-            run_id=retry_id,
-        )
+        record = start_again(config, store, enqueue, old, trigger="retry", resume_of=old["run_id"], run_id=retry_id)
     except BaseException:
         # Written but not queued (or not recorded in Potato): the run exists and an executor may take it, so it
         # stays the retry; only a retry that was never written gives its claim back.

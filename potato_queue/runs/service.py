@@ -139,8 +139,7 @@ class RunService:
         """Take a run's machine rater out of Potato, every answer of it; the rater's id."""
         from potato_queue.runs.rater import remove_rater
 
-        self.record(run_id)  # NotFound first
-        user = remove_rater(self.config, self.store, run_id)
+        user = remove_rater(self.config, self.store, self.record(run_id))
         self.store.update(run_id, machine_annotator={"id": user, "removed": True})
         return user
 

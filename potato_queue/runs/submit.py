@@ -12,7 +12,7 @@ from potato_queue.run import RunRecord
 from potato_queue.runs.kinds import refuse_foreign_kinds, refuse_foreign_modality
 from potato_queue.store import RunStore
 
-__all__ = ["trainer_table", "choose_backend", "start_run"]
+__all__ = ["trainer_table", "choose_backend", "start_run", "start_again"]
 
 
 def trainer_table() -> dict[str, dict[str, Any]]:
@@ -99,3 +99,26 @@ def start_run(
     )
     enqueue(record["run_id"])
     return record
+
+
+def start_again(
+    config: ProjectConfig,
+    store: RunStore,
+    enqueue: Callable[[str], None],
+    old: RunRecord,
+    *,
+    backend: str | None = None,
+    **fields: Any,
+) -> RunRecord:
+    """A new run of `old`'s trainer, schemas and params, on `backend` (by default `old`'s): a retry's, a re-run's.
+    `fields`: start_run's others (trigger, resume_of, rerun_of, run_id)."""
+    return start_run(
+        config,
+        store,
+        enqueue,
+        trainer=old["trainer"],
+        schemas=list(old["schemas"]),
+        backend=backend or old["backend"],
+        params=dict(old.get("params") or {}),
+        **fields,
+    )
