@@ -31,6 +31,7 @@ __all__ = [
     "WritebackConfig",
     "AutoRetrainConfig",
     "MachineAnnotatorConfig",
+    "GpuWatchConfig",
     "SBATCH_FLAGS",
     "LocalBackend",
     "SshBackend",
@@ -64,6 +65,15 @@ class WritebackConfig(_Strict):
 class MachineAnnotatorConfig(_Strict):
     # A succeeded run's held-out predictions become a declared machine rater in Potato (runs/rater.py).
     enabled: bool = False
+
+
+class GpuWatchConfig(_Strict):
+    # What the agent does with a run's GPUs (agent/gpu_watch.py): sample them (GPU-hours, energy), stop a run
+    # whose GPUs idle past idle_stop_s (off while None), kill what of the run still holds GPU memory at its end.
+    sample_s: float = Field(10.0, gt=0, le=3600)
+    idle_utilization_pct: float = Field(5.0, ge=0, le=100)
+    idle_stop_s: float | None = Field(None, gt=0)
+    leak_guard: bool = True
 
 
 class AutoRetrainConfig(_Strict):
@@ -224,6 +234,7 @@ class ModelTrainingConfig(_Strict):
     writeback: WritebackConfig = Field(default_factory=WritebackConfig)
     auto_retrain: AutoRetrainConfig = Field(default_factory=AutoRetrainConfig)
     machine_annotator: MachineAnnotatorConfig = Field(default_factory=MachineAnnotatorConfig)
+    gpu_watch: GpuWatchConfig = Field(default_factory=GpuWatchConfig)
     device: str = "auto"
     num_threads: int | None = Field(None, ge=1)
     max_ram_mb: float | None = Field(None, gt=0)

@@ -21,6 +21,7 @@ from potato_queue.config import (
     BACKEND_MODELS,
     LOCAL,
     AutoRetrainConfig,
+    GpuWatchConfig,
     MachineAnnotatorConfig,
     ModelTrainingConfig,
     WritebackConfig,
@@ -249,8 +250,13 @@ def check_sections(data: dict[str, Any], errors: list[str], warnings: list[Warni
         return clean
     mt = dict(mt)
     errors.extend(unknown_keys(mt, _model_keys(ModelTrainingConfig), "model_training", "in model_training"))
-    sections = (("writeback", WritebackConfig), ("auto_retrain", AutoRetrainConfig))
-    for name, model in (*sections, ("machine_annotator", MachineAnnotatorConfig)):
+    sections = (
+        ("writeback", WritebackConfig),
+        ("auto_retrain", AutoRetrainConfig),
+        ("machine_annotator", MachineAnnotatorConfig),
+        ("gpu_watch", GpuWatchConfig),
+    )
+    for name, model in sections:
         sub = as_mapping(mt.get(name), f"model_training.{name}", errors)
         if sub is not None:
             errors.extend(unknown_keys(sub, _model_keys(model), f"model_training.{name}", f"in {name}"))

@@ -19,7 +19,7 @@ from typing import IO, Any, Callable, Iterator, List, Optional
 from potato_queue.agent.backoff import Backoff
 from potato_queue.agent.client import RunClient
 from potato_queue.agent.transport import ApiError, Unreachable
-from potato_queue.wire.events import PROTOCOL_VERSION
+from potato_queue.wire.events import AGENT_EVENTS, PROTOCOL_VERSION
 
 __all__ = [
     "make_event",
@@ -63,7 +63,7 @@ def stdout_event(raw: bytes) -> Optional[str]:
             event = json.loads(text)
         except ValueError:
             event = None
-        if isinstance(event, dict) and isinstance(event.get("event"), str):
+        if isinstance(event, dict) and isinstance(event.get("event"), str) and event["event"] not in AGENT_EVENTS:
             if "v" in event and "t" in event:
                 return text
             event.setdefault("v", PROTOCOL_VERSION)

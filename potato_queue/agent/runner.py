@@ -17,6 +17,7 @@ from typing import Callable, Optional, Tuple
 
 from potato_queue.agent.checkpoints import checkpoint_dir_for, checkpoint_root, prune_stale, resume_note
 from potato_queue.agent.client import BundleDownloadError, RunClient
+from potato_queue.agent.gpu_watch import IDLE_FIX, USAGE_REPORT_S, GpuWatch, run_gpus, stop_leftovers
 from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerLauncher
 from potato_queue.agent.progress import Progress
 from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
@@ -62,6 +63,9 @@ class _Watch:
         self.killed_at = None  # type: Optional[float]
         self.oom_mb = None  # type: Optional[float]
         self.next_memory_check = 0.0
+        self.idle_stop = None  # type: Optional[str]  # why the idle guard stopped the run
+        self.next_gpu_check = 0.0
+        self.next_usage_report = 0.0
 
 
 class Runner:
@@ -141,14 +145,36 @@ class Runner:
         state, step = worker.started_status()
         self.relay.emit("status", state=state, step=step)
         worker.relay_output(self.relay)
+        gpus = self._watch_gpus(job, worker)
         try:
-            code, error_code, message, hint = self._supervise(worker, job)
+            code, error_code, message, hint = self._supervise(worker, job, gpus)
         except BaseException:
             worker.kill()  # never leave a worker behind an agent that failed
             raise
         if not worker.wait_relayed(10.0):
             self.log("the worker's last output could not all be relayed")
+        self._after_worker(job, worker, gpus)
         return self._finish(code, error_code, message, job, hint=hint)
+
+    def _watch_gpus(self, job: Job, worker: WorkerHandle) -> GpuWatch:
+        """The run's GPUs sampled from now on (GPU-hours, energy, the idle guard); none for a worker that runs
+        elsewhere, or on the CPU."""
+        if worker.local_group() is None:
+            indexes, why = [], "the worker ran as {}, on a machine this agent does not sample".format(worker.describe())
+        else:
+            indexes, why = run_gpus(job.limits.device, self.gpu.visible_devices if self.gpu else None)
+        if indexes:
+            self.log(
+                "GPU use: sampling GPU {} every {:g} s".format(", ".join(map(str, indexes)), job.gpu_watch.sample_s)
+            )
+        return GpuWatch(indexes, why, job.gpu_watch, self.log).start()
+
+    def _after_worker(self, job: Job, worker: WorkerHandle, gpus: GpuWatch) -> None:
+        """The run's GPU use, sent; then the leak guard: what of the run still holds GPU memory is killed."""
+        self.relay.emit("usage", **gpus.stop())
+        if job.gpu_watch.leak_guard and worker.local_group() is not None:
+            for line in stop_leftovers(job.run_id, worker.local_group(), self.log):
+                self.relay.emit("log", level="warning", msg=line)
 
     def _start_threads(self, job: Job) -> None:
         interval = job.heartbeat_interval_s or 10.0
@@ -189,7 +215,9 @@ class Runner:
         write_spec(self.files, job, self.checkpoint_dir, self.gpu.visible_devices if self.gpu else None)
 
     # -- while the worker runs -------------------------------------------------
-    def _supervise(self, worker: WorkerHandle, job: Job) -> Tuple[int, Optional[str], Optional[str], Optional[str]]:
+    def _supervise(
+        self, worker: WorkerHandle, job: Job, gpus: GpuWatch
+    ) -> Tuple[int, Optional[str], Optional[str], Optional[str]]:
         """Wait for the worker, applying cancel, grace, the memory limit and AGT-7: (exit code, error code,
         message, its fix)."""
         grace = job.grace_seconds
@@ -199,6 +227,7 @@ class Runner:
         while code is None:
             now = time.monotonic()
             self._tick(worker, watch, now)
+            self._gpu_tick(gpus, watch, now)
             if watch.killed_at is not None and now - watch.killed_at > KILL_WAIT_S:
                 # Every wait after a stop has a bound: a worker (or a scheduler) that never says it ended
                 # must not keep this agent, and the run's slot, forever.
@@ -219,6 +248,8 @@ class Runner:
                 watch.oom_mb, watch.max_ram_mb or 0.0
             )
             return EXIT_OOM, "out_of_memory", text, None
+        if watch.idle_stop is not None:
+            return EXIT_UNEXPECTED, "gpu_idle", watch.idle_stop, IDLE_FIX
         if ended is not None and watch.term_at is None:
             return code, ended.code, ended.message, ended.hint
         if watch.killed:
@@ -250,6 +281,23 @@ class Runner:
                     )
                 )
                 worker.kill()
+
+    def _gpu_tick(self, gpus: GpuWatch, watch: _Watch, now: float) -> None:
+        """Once a second: the idle guard (its warning on the step line, its stop); every minute, the usage."""
+        if now < watch.next_gpu_check or not gpus.measures:
+            return
+        watch.next_gpu_check = now + 1.0
+        if now >= watch.next_usage_report:
+            watch.next_usage_report = now + USAGE_REPORT_S
+            self.relay.emit("usage", **gpus.usage())
+        warning, stop = gpus.idle_check()
+        if warning is not None:
+            self.log(warning)
+            self.relay.emit("status", state="running", step=warning)
+        if stop is not None and not self.cancel.is_set():
+            watch.idle_stop = stop
+            self.log(stop)
+            self.request_stop("the idle guard")
 
     # -- after the worker --------------------------------------------------------
     def _finish(

@@ -19,6 +19,12 @@ __all__ = [
     "free_mb",
     "memory_words",
     "free_words",
+    "USAGE_QUERY",
+    "GpuSample",
+    "parse_usage",
+    "APPS_QUERY",
+    "GpuApp",
+    "parse_apps",
 ]
 
 NVIDIA_SMI_QUERY = [
@@ -28,6 +34,16 @@ NVIDIA_SMI_QUERY = [
     "--query-gpu=index,name,memory.free,memory.total,utilization.gpu,compute_cap,mig.mode.current",
     "--format=csv,noheader,nounits",
 ]
+
+
+# What a run's GPUs are doing (agent/gpu_watch.py samples it while the worker runs): power in W, busy %, MB used.
+USAGE_QUERY = [
+    "nvidia-smi",
+    "--query-gpu=index,power.draw,utilization.gpu,memory.used",
+    "--format=csv,noheader,nounits",
+]
+# The processes that hold GPU memory (the leak guard, after a run ends): pid and MB, whoever owns them.
+APPS_QUERY = ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"]
 
 
 class Gpu(NamedTuple):
@@ -113,3 +129,40 @@ def free_words(gpu: Gpu) -> str:
     if gpu.total_mb is None:
         return "{:.0f} MB free{}".format(gpu.free_mb, mig)
     return "{:.0f} of {:.0f} MB free{}".format(gpu.free_mb, gpu.total_mb, mig)
+
+
+class GpuSample(NamedTuple):
+    """One GPU at one moment: None where nvidia-smi cannot tell (`[N/A]`: a GPU that reports no power)."""
+
+    index: int
+    power_w: Optional[float]
+    utilization_pct: Optional[float]
+    memory_used_mb: Optional[float]
+
+
+def parse_usage(csv_text: str) -> List[GpuSample]:
+    """nvidia-smi's answer to USAGE_QUERY, one GPU a line; lines that are no GPU's are left out."""
+    samples = []
+    for line in csv_text.splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) < 4 or not fields[0].isdigit():
+            continue
+        samples.append(GpuSample(int(fields[0]), _number(fields[1]), _number(fields[2]), _number(fields[3])))
+    return samples
+
+
+class GpuApp(NamedTuple):
+    """A process that holds GPU memory, as nvidia-smi lists it."""
+
+    pid: int
+    used_mb: Optional[float]
+
+
+def parse_apps(csv_text: str) -> List[GpuApp]:
+    """nvidia-smi's answer to APPS_QUERY; `No running processes found` and blank lines are left out."""
+    apps = []
+    for line in csv_text.splitlines():
+        fields = [field.strip() for field in line.split(",")]
+        if len(fields) >= 2 and fields[0].isdigit():
+            apps.append(GpuApp(int(fields[0]), _number(fields[1])))
+    return apps

@@ -27,6 +27,7 @@ from potato_queue.bounds import (
     MAX_METRICS_PER_RUN,
     shortened,
 )
+from potato_queue.gpu_usage import usage_of
 from potato_queue.store import RunStore
 
 __all__ = [
@@ -135,6 +136,8 @@ def summarize(events: Iterable[dict[str, Any]]) -> tuple[dict[str, str], dict[st
             _log_line(event, lines)
         elif kind == "error":
             _error(event, live, lines)
+        elif kind == "usage":
+            live["gpu_usage"] = json.dumps(usage_of(event))
         elif kind == "result":
             # What the record takes from it; the whole event stays in events.jsonl.
             version = event.get("model_version")

@@ -12,7 +12,7 @@ from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths
 from potato_queue.store.records import created_ms
 from potato_queue.wire.files import file_sha256
-from potato_queue.wire.job import BundleRef, Job, Limits
+from potato_queue.wire.job import BundleRef, GpuWatch, Job, Limits
 
 __all__ = ["build_job", "limits_for", "server_url_for", "heartbeat_interval_s", "max_predictions_bytes"]
 
@@ -89,6 +89,7 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
         grace_seconds=mt.grace_seconds,
         limits=limits_for(config, record["backend"]),
         resume_of=checkpoint_owner(store, record),
+        gpu_watch=GpuWatch(**mt.gpu_watch.model_dump()),
     )
 
 

@@ -35,7 +35,7 @@ __all__ = [
     "folder_error",
 ]
 
-LIVE_JSON = ("progress", "result", "pending_record")
+LIVE_JSON = ("progress", "result", "pending_record", "gpu_usage")
 FOLDER_FIX = (
     "make the project's output folder writable again (free space, permissions); the run's record is written then"
 )

@@ -136,7 +136,7 @@ class RunStore:
             # for a moment it is final there while the record is still being written.
             if live.get("state") not in FINAL_STATES:
                 record["state"] = live.get("state", record["state"])
-            for key in ("step", "progress", "heartbeat_at"):
+            for key in ("step", "progress", "heartbeat_at", "gpu_usage"):
                 if key in live:
                     record[key] = live[key]
         record.setdefault("step", None)
@@ -218,7 +218,7 @@ class RunStore:
             if state in FINAL_STATES:
                 record["finished_at"] = record.get("finished_at") or utc_now(self.clock)
                 live = self.live(run_id)
-                merge(record, {k: live[k] for k in ("step", "progress") if k in live})
+                merge(record, {k: live[k] for k in ("step", "progress", "gpu_usage") if k in live})
             # run.json last: whoever reads the new state there (the API, `training logs -f`) finds
             # run.log's line and Potato's row of it already written.
             if said is not None:

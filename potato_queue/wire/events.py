@@ -10,6 +10,9 @@ Every event is ``{"v": 1, "event": KIND, "t": <epoch seconds>, ...}``:
 - ``result {status: "success", model_version, metrics, label_order, notes,
   predictions_file, n_predictions}``
 - ``error {code, message, install_hint}``
+- ``usage {gpus, gpu_seconds, energy_wh, mean_utilization_pct, peak_memory_mb, samples, sample_s}``, or
+  ``usage {gpus: [], why}`` for a run the agent measured no GPU of: the agent's, never the worker's
+  (agent/gpu_watch.py; sent every minute and at the run's end)
 
 Progress is throttled (at most ~4 lines a second) the way Potato does it, but
 a throttled progress line is held back rather than dropped: it is written
@@ -27,6 +30,7 @@ from typing import IO, Any, Callable, Dict, Optional
 __all__ = [
     "PROTOCOL_VERSION",
     "EVENT_TYPES",
+    "AGENT_EVENTS",
     "PROGRESS_INTERVAL_S",
     "make_event",
     "parse_line",
@@ -35,7 +39,9 @@ __all__ = [
 ]
 
 PROTOCOL_VERSION = 1
-EVENT_TYPES = ("status", "progress", "metric", "log", "artifact", "result", "error")
+EVENT_TYPES = ("status", "progress", "metric", "log", "artifact", "result", "error", "usage")
+# Sent by the agent alone: a worker's line of one of these kinds is relayed as a line of its stdout.
+AGENT_EVENTS = ("usage",)
 PROGRESS_INTERVAL_S = 0.25
 
 

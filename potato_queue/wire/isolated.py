@@ -26,6 +26,7 @@ from typing import Dict, Iterable, List, Mapping, Optional, Set
 
 __all__ = [
     "THREAD_ENV_VARS",
+    "RUN_ID_VAR",
     "BARE_PACKAGES",
     "BOOTSTRAP",
     "CODE_ROOT",
@@ -124,6 +125,9 @@ SECRET_NAME = re.compile(r"TOKEN|SECRET|PASSW|API_KEY|CREDENTIAL|PRIVATE_KEY", r
 # The names a backend passed (its `env` and `secret_env`): set for the agent, so that the trainer it starts
 # gets them too, whichever process in between filters the environment again.
 PASSED_NAMES_VAR = "POTATO_QUEUE_PASSED_ENV"
+# Set by the worker to its run's id once it has read its spec: every process the trainer starts inherits it,
+# which is how the agent's leak guard tells the run's leftovers from other accounts' and runs' processes.
+RUN_ID_VAR = "POTATO_QUEUE_RUN_ID"
 
 
 def passed_names(environ: Mapping[str, str]) -> Set[str]:

@@ -12,7 +12,7 @@ import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
-__all__ = ["Job", "Limits", "BundleRef", "JobError", "SPEC_VERSION"]
+__all__ = ["Job", "Limits", "GpuWatch", "BundleRef", "JobError", "SPEC_VERSION"]
 
 SPEC_VERSION = 1  # spec.json's `v` (Potato's worker spec)
 # resume_of names a folder on the training machine: a run id's characters, never a path.
@@ -31,6 +31,17 @@ class Limits:
     max_ram_mb: Optional[float] = None
     device: str = "auto"
     num_threads: Optional[int] = None
+
+
+@dataclass
+class GpuWatch:
+    """What the agent does with the run's GPUs (agent/gpu_watch.py; model_training.gpu_watch): how often it
+    samples them, the idle guard (off while idle_stop_s is None) and the leak guard after the run."""
+
+    sample_s: float = 10.0
+    idle_utilization_pct: float = 5.0
+    idle_stop_s: Optional[float] = None
+    leak_guard: bool = True
 
 
 @dataclass
@@ -57,6 +68,7 @@ class Job:
     limits: Limits = field(default_factory=Limits)
     # A retry: the run whose checkpoints (on the training machine) this one resumes from; None: its own.
     resume_of: Optional[str] = None
+    gpu_watch: GpuWatch = field(default_factory=GpuWatch)
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -69,6 +81,7 @@ class Job:
         try:
             bundle = data["bundle"]
             limits = data.get("limits") or {}
+            watch = data.get("gpu_watch") or {}  # a server older than the GPU watch sends none: the defaults
             resume_of = data.get("resume_of")
             if resume_of is not None and not _RUN_ID.fullmatch(str(resume_of)):
                 raise ValueError("resume_of is not a run id: {!r}".format(resume_of))
@@ -84,6 +97,12 @@ class Job:
                 grace_seconds=None if data.get("grace_seconds") is None else float(data["grace_seconds"]),
                 limits=Limits(**{k: v for k, v in limits.items() if k in Limits.__dataclass_fields__}),
                 resume_of=None if resume_of is None else str(resume_of),
+                gpu_watch=GpuWatch(
+                    sample_s=float(watch.get("sample_s", 10.0)),
+                    idle_utilization_pct=float(watch.get("idle_utilization_pct", 5.0)),
+                    idle_stop_s=None if watch.get("idle_stop_s") is None else float(watch["idle_stop_s"]),
+                    leak_guard=bool(watch.get("leak_guard", True)),
+                ),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise JobError("the job is malformed ({}: {})".format(type(exc).__name__, exc)) from None

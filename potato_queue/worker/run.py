@@ -15,7 +15,7 @@ from typing import Dict, Optional
 
 from potato_queue.wire.events import Reporter
 from potato_queue.wire.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_PREEMPTED, EXIT_UNEXPECTED
-from potato_queue.wire.isolated import python_argv
+from potato_queue.wire.isolated import RUN_ID_VAR, python_argv
 from potato_queue.wire.scoring import score
 
 from .api import FitResult, RunContext, Trainer
@@ -103,6 +103,7 @@ def _check_stop(stop: StopFlag, where: str) -> None:
 def _run(spec_path: str, reporter: Reporter, state: _State, stop: StopFlag, rank: Optional[RankInfo]) -> int:
     reporter.status("running", "reading the spec")
     spec = load_spec(spec_path)
+    os.environ[RUN_ID_VAR] = spec.run_id  # inherited by what the trainer starts: the agent's leak guard reads it
     state.trainer_name = spec.trainer
     curve = wants_curve(spec.params)
     if rank is None:

@@ -93,6 +93,12 @@ class WorkerHandle:
         """After the exit: make sure nothing of the worker is left running (reap its group, its job)."""
         raise NotImplementedError
 
+    def local_group(self) -> Optional[int]:
+        """The process group the worker leads on this host; None where it runs elsewhere (a batch job on a
+        compute node). The runner samples this host's GPUs, and looks for the run's leftovers on them,
+        only for a worker here."""
+        return None
+
 
 class WorkerLauncher:
     """Starts workers for one agent."""

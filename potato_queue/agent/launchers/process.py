@@ -210,6 +210,10 @@ class WorkerProcess(WorkerHandle):
         """Resident memory of the worker and everything in its group, in MB."""
         return group_rss_mb(self.pgid)
 
+    def local_group(self) -> Optional[int]:
+        """The worker's process group: it runs here."""
+        return self.pgid
+
     def describe(self) -> str:
         """`pid N` (the group's id too)."""
         return "pid {}".format(self.pgid)

@@ -2,15 +2,13 @@
 line, while no GPU has min_free_gpu_mb free; a freed GPU is taken; the wait is bounded by the run's limit.
 
 This machine has no GPU: `nvidia-smi` here is a script first on PATH that prints the CSV in a file the
-test rewrites. It stands in for the GPUs, and rewriting the file is a GPU's memory being freed. Everything
+test rewrites (tests/fake_gpus.py). It stands in for the GPUs, and rewriting the file is a GPU's memory being freed. Everything
 else is real: Redis, the server, the executor, sshd, the bootstrap, the agent and the worker.
 """
 
 from __future__ import annotations
 
-import os
 import socket
-import subprocess
 from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
@@ -19,33 +17,16 @@ from typing import Any
 import pytest
 
 from potato_queue.wire.exit_codes import EXIT_BAD_SPEC
-from tests.agent_helpers import AGENT, BACKEND, lab, register
+from tests.agent_helpers import BACKEND, lab, register
 from tests.e2e.ssh.test_ssh_backend import BACKEND as SSH_BACKEND
 from tests.e2e.ssh.test_ssh_backend import over_ssh
+from tests.fake_gpus import FakeGpus, LocalAgent
 from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_until
 from tests.sshd import ALIAS, Sshd
 
 BUSY = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 1500, 81920, 90, 8.0\n"
 FREED = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 70000, 81920, 3, 8.0\n"
 BEST_BUSY = "GPU 1: NVIDIA A100-SXM4-80GB, 1500 of 81920 MB free"
-
-
-class FakeGpus:
-    """A folder with an `nvidia-smi` that prints what `set()` last wrote: it stands in for the GPUs."""
-
-    def __init__(self, folder: Path, csv: str) -> None:
-        folder.mkdir(parents=True, exist_ok=True)
-        self.csv = folder / "gpus.csv"
-        self.set(csv)
-        script = folder / "nvidia-smi"
-        script.write_text(f"#!/bin/sh\ncat '{self.csv}'\n")
-        script.chmod(0o755)
-        self.path = f"{folder}:/usr/local/bin:/usr/bin:/bin"
-
-    def set(self, csv: str) -> None:
-        partial = self.csv.with_suffix(".partial")
-        partial.write_text(csv)
-        partial.replace(self.csv)  # whole: nvidia-smi never prints half a file
 
 
 def step_of(svc: Services, run_id: str) -> str:
@@ -97,33 +78,9 @@ def test_an_ssh_run_that_waits_past_setup_timeout_s_fails_naming_the_limit_and_t
     ), run["error"]
 
 
-class GpuAgent:
+def GpuAgent(svc: Services, token: str, gpus_path: str, min_free_gpu_mb: float) -> LocalAgent:
     """`potato-queue training agent --min-free-gpu-mb MB` on this machine, its GPUs the fake ones."""
-
-    def __init__(self, svc: Services, token: str, gpus_path: str, min_free_gpu_mb: float) -> None:
-        self.out = svc.tmp_path / "agent.out"
-        env = {k: v for k, v in os.environ.items() if not k.startswith("POTATO_")}
-        env.update(POTATO_TRAINING_TOKEN=token, PATH=gpus_path)
-        command = AGENT + [
-            "--server",
-            svc.url,
-            "--backend",
-            BACKEND,
-            "--workdir",
-            str(svc.tmp_path / "agent-work"),
-            "--min-free-gpu-mb",
-            f"{min_free_gpu_mb:g}",
-        ]
-        with open(self.out, "w") as out:
-            self.proc = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=svc.tmp_path)
-
-    def output(self) -> str:
-        return self.out.read_text()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            self.proc.wait(30)
+    return LocalAgent(svc, token, gpus_path, "--min-free-gpu-mb", f"{min_free_gpu_mb:g}")
 
 
 @pytest.fixture
