@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from potato_queue.gpu_usage import gpu_hours
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store import RunStore
 from potato_queue.store.keys import project_predictions_path
@@ -36,10 +37,21 @@ def aligned(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows)
 
 
+def usage_cells(usage: dict[str, Any] | None) -> list[str]:
+    """A run's GPU-hours and watt-hours for the runs table: `cpu` where it measured no GPU, blank where
+    nothing was reported."""
+    if not usage:
+        return ["", ""]
+    if not usage.get("gpus"):
+        return ["cpu", ""]
+    energy = usage.get("energy_wh")
+    return [f"{gpu_hours(usage):.3g}", "" if energy is None else f"{energy:.3g}"]
+
+
 def runs_table(records: list[dict[str, Any]]) -> str:
     if not records:
         return "no runs yet"
-    rows = [["RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "TRIGGER", "CREATED"]]
+    rows = [["RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "TRIGGER", "CREATED", "GPU-HOURS", "WH"]]
     rows += [
         [
             r["run_id"],
@@ -49,6 +61,7 @@ def runs_table(records: list[dict[str, Any]]) -> str:
             ",".join(r["schemas"]),
             r.get("trigger") or "",
             r["created_at"],
+            *usage_cells(r.get("gpu_usage")),
         ]
         for r in records
     ]

@@ -22,6 +22,7 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Denied, NotFound
 from potato_queue.executors.base import CheckReport
+from potato_queue.gpu_usage import usage_words
 from potato_queue.host.llm_fit import ModelAsk
 from potato_queue.run import FINAL_STATES, RunRecord, RunState
 from potato_queue.runs.submit import start_run
@@ -50,6 +51,8 @@ def public_view(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
     view = dict(record)
     view["ran_on"] = view.pop("backend", None)
     view.pop("job", None)
+    if record.get("gpu_usage") is not None:
+        view["gpu_use"] = usage_words(record.get("gpu_usage"))
     return view
 
 

@@ -16,6 +16,7 @@ import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
+from potato_queue.gpu_usage import energy_kwh, gpu_hours
 from potato_queue.run import FINAL_STATES, STATES, RunState
 from potato_queue.server.guard import admin_problem, bearer
 from potato_queue.settings import REDIS_URL_ENV
@@ -88,6 +89,7 @@ def render_metrics(
     for backend in sorted(counts):
         lines.append(f'potato_queue_run_duration_seconds_sum{{backend="{_label(backend)}"}} {durations[backend]:g}')
         lines.append(f'potato_queue_run_duration_seconds_count{{backend="{_label(backend)}"}} {counts[backend]}')
+    _usage_totals(lines, runs)
     beats = [
         ({"run_id": r["run_id"], "backend": r.get("backend")}, now_s - float(r["heartbeat_at"]))
         for r in runs
@@ -102,6 +104,21 @@ def render_metrics(
         [({"backend": b}, now_s - seen) for b, seen in sorted(agents.items()) if seen is not None],
     )
     return "\n".join(lines) + "\n"
+
+
+def _usage_totals(lines: list[str], runs: list[dict[str, Any]]) -> None:
+    """GPU-hours and energy of the listed runs by backend (a run in flight counts what it has used so far)."""
+    hours, kwh = Counter(), Counter()  # type: Counter[str], Counter[str]
+    for r in runs:
+        usage = r.get("gpu_usage")
+        if isinstance(usage, dict) and usage.get("gpus"):
+            hours[str(r.get("backend"))] += gpu_hours(usage)
+            kwh[str(r.get("backend"))] += energy_kwh(usage)
+    for name, totals, help_text in (
+        ("potato_queue_gpu_hours", hours, "GPU-hours the project's runs used, by backend (sampled by the agent)."),
+        ("potato_queue_gpu_energy_kwh", kwh, "Energy the project's runs' GPUs drew, in kWh, by backend."),
+    ):
+        _metric(lines, name, "gauge", help_text, [({"backend": b}, totals[b]) for b in sorted(totals)])
 
 
 def metrics(request: Request) -> PlainTextResponse:

@@ -17,8 +17,10 @@ from typing import Any
 import pytest
 
 from tests.agent_helpers import BACKEND, lab, register
+from tests.conftest import run_cli
 from tests.fake_gpus import FakeGpus, LocalAgent, gpu_process
 from tests.lifecycle_helpers import TERMINAL, Services, held_run, run_paths, started, wait_until
+from tests.potato_helpers import potato_view
 
 GPUS = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 50000, 81920, 3, 8.0\n"
 BUSY = "0, 400.0, 99, 79000\n1, 300.0, 87, 30000\n"
@@ -64,6 +66,20 @@ def test_a_runs_gpu_hours_energy_and_utilization_are_measured_on_its_own_gpu(gpu
     log = run_paths(svc, run_id).run_log.read_text()
     assert "GPU use: sampling GPU 1 every 0.2 s" in gpu_lab.agent.output()
     assert "leak guard" not in log, "nothing of the run was left to kill"
+    # Where an admin looks: the run page's line, `training runs`, Potato's own record of the run.
+    assert run["gpu_use"].startswith("1 GPU (1): ") and "87% busy on average, 30000 MB at most" in run["gpu_use"]
+    listed = run_cli("training", "runs", svc.config)
+    header, row = listed.stdout.splitlines()[0], next(line for line in listed.stdout.splitlines() if run_id in line)
+    assert header.split()[-2:] == ["GPU-HOURS", "WH"]
+    assert row.split()[-2:] == [f"{usage['gpu_seconds'] / 3600:.3g}", f"{usage['energy_wh']:.3g}"]
+    from potato.training import store  # Potato's own reading of its store
+
+    potato_run = store.load_run(potato_view(svc.config), run_id)
+    assert potato_run.metrics["gpu_hours"] == pytest.approx(usage["gpu_seconds"] / 3600, abs=1e-6)
+    assert (potato_run.metrics["gpu_energy_wh"], potato_run.metrics["gpu_mean_utilization_pct"]) == (
+        usage["energy_wh"],
+        87.0,
+    )
 
 
 def test_a_run_whose_gpu_idles_is_warned_then_stopped_by_the_idle_guard(gpu_lab: Lab) -> None:

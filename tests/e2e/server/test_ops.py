@@ -119,3 +119,24 @@ def test_metrics_text_escapes_labels_and_ages_heartbeats() -> None:
         ({"backend": "lab"}, 100.0)
     ]
     assert [s.value for s in found["potato_queue_queue_length"]] == [3]
+
+
+def test_metrics_carry_the_gpu_hours_and_energy_of_the_runs_by_backend() -> None:
+    runs = [
+        {
+            "run_id": "r1",
+            "state": "succeeded",
+            "backend": "lab",
+            "gpu_usage": {"gpus": ["0"], "gpu_seconds": 5400.0, "energy_wh": 300.0},
+        },
+        {
+            "run_id": "r2",
+            "state": "running",
+            "backend": "lab",
+            "gpu_usage": {"gpus": ["0", "1"], "gpu_seconds": 1800.0, "energy_wh": None},
+        },
+        {"run_id": "r3", "state": "succeeded", "backend": "local", "gpu_usage": {"gpus": [], "why": "CPU only"}},
+    ]
+    found = samples(render_metrics(runs, 0, {}, 1, now_s=1000.0))
+    assert [(s.labels, s.value) for s in found["potato_queue_gpu_hours"]] == [({"backend": "lab"}, 2.0)]
+    assert [(s.labels, s.value) for s in found["potato_queue_gpu_energy_kwh"]] == [({"backend": "lab"}, 0.3)]

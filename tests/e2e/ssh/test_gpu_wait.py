@@ -162,3 +162,27 @@ def test_an_agent_asked_to_wait_for_a_gpu_on_a_machine_without_one_does_not_star
         "--min-free-gpu-mb 2000 waits for a GPU, but there is no nvidia-smi on this machine's PATH; fix: start "
         "the agent without --min-free-gpu-mb to take runs as a CPU machine, or put nvidia-smi on PATH"
     ) in agent.output()
+
+
+def test_an_ssh_runs_gpu_use_is_measured_on_the_gpu_it_was_given(
+    tmp_path: Path, redis_server_url: str, sshd: Sshd
+) -> None:
+    """Issue 38 on the ssh backend: the bootstrap gives the run GPU 1 (the one with room), and the agent it
+    starts samples that GPU alone while the worker runs."""
+    gpus = FakeGpus(tmp_path / "bin", BUSY, "0, 400.0, 99, 79000\n1, 250.0, 64, 12000\n")
+    gpus.set(FREED)
+    context, svc = over_ssh(
+        tmp_path, redis_server_url, sshd, env={"PATH": gpus.path}, training={"gpu_watch": {"sample_s": 0.2}}
+    )
+    with ExitStack() as stack:
+        stack.push(context.__exit__)
+        run_id = svc.start_run(
+            trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 2}, backend=SSH_BACKEND
+        )
+        run = svc.wait_for(run_id, TERMINAL, 120)
+        assert run["state"] == "succeeded", (run, svc.logs())
+        usage = run["gpu_usage"]
+        assert usage["gpus"] == ["1"] and usage["mean_utilization_pct"] == 64.0, usage
+        assert 2.0 <= usage["gpu_seconds"] <= 60.0
+        assert usage["energy_wh"] == pytest.approx(250.0 * usage["gpu_seconds"] / 3600, rel=1e-3)
+        assert gpus.usage_calls() >= 5

@@ -73,10 +73,13 @@ def gpu_server(tmp_path: Path, **extra: Any) -> dict[str, Any]:
     return {"backends": {BACKEND: backend}}
 
 
-def over_ssh(tmp_path: Path, redis_url: str, sshd: Sshd, **backend: Any) -> Any:
-    """The server and one executor whose ssh uses the test's config file (POTATO_QUEUE_SSH_CONFIG)."""
+def over_ssh(
+    tmp_path: Path, redis_url: str, sshd: Sshd, *, training: dict[str, Any] | None = None, **backend: Any
+) -> Any:
+    """The server and one executor whose ssh uses the test's config file (POTATO_QUEUE_SSH_CONFIG); `training`:
+    model_training keys beside the backend."""
     sshd.write_config("root")
-    context = started(tmp_path, redis_url, executors=0, **gpu_server(tmp_path, **backend))
+    context = started(tmp_path, redis_url, executors=0, **gpu_server(tmp_path, **backend), **(training or {}))
     svc = context.__enter__()
     svc.executor(env={"POTATO_QUEUE_SSH_CONFIG": str(sshd.config)})
     return context, svc
