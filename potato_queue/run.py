@@ -89,7 +89,7 @@ class RunRecord(TypedDict, total=False):
     resume_of: str  # a retry: the failed or cancelled run it retries, resuming from that run's checkpoints
     retried_by: str  # a run that was retried: its retry
     rerun_of: str  # a re-run: the run whose bundle, params and seed it runs again (runs/rerun.py)
-    gpu_usage: dict[str, Any]  # gpu_usage.py: what the agent measured of its GPUs (GPU-seconds, Wh, busy %)
+    gpu_usage: dict[str, Any]  # lab/usage.py: what the agent measured of its GPUs (GPU-seconds, Wh, busy %)
     hub: dict[str, Any]  # its publish to the Hugging Face Hub: state, repo_id, private, url, revision, error
     # Laid over the record from Redis while the run is not final (RunStore.get):
     step: str | None

@@ -24,6 +24,7 @@ __all__ = ["check", "register", "agent"]
 def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | None, load_in_4bit: str) -> None:
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
     from potato_queue.host.llm_fit import ModelAsk
+    from potato_queue.lab.events import routing_lines
     from potato_queue.runs.service import RunService
     from potato_queue.store.potato_compat import ledger_status
 
@@ -32,9 +33,10 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | 
     service = RunService(cfg, store_for(cfg, redis_url))
     report = service.check(backend, ModelAsk(llm, load_in_4bit) if llm else None)
     writeback = ledger_status(cfg)
+    webhooks = routing_lines(cfg)
     data, lines = (
-        {"ok": report.ok, **report.data, "potato_writeback": vars(writeback)},
-        [*report.lines, writeback.line()],
+        {"ok": report.ok, **report.data, "potato_writeback": vars(writeback), "webhooks": webhooks},
+        [*report.lines, writeback.line(), *webhooks],
     )
     click.echo(json.dumps(data) if as_json else "\n".join(lines))
     if not report.ok:

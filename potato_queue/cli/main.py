@@ -29,6 +29,7 @@ def cli() -> None:
 def validate(config: Path, strict: bool, as_json: bool) -> None:
     """Check a project config (exit 0 valid, 1 errors or strict warnings, 2 unreadable)."""
     from potato_queue.cli.output import print_report
+    from potato_queue.lab.events import routing_lines
     from potato_queue.store.potato_compat import ledger_status
     from potato_queue.validate import check_file
 
@@ -36,11 +37,16 @@ def validate(config: Path, strict: bool, as_json: bool) -> None:
     writeback = ledger_status(report.config) if report.config is not None else None
     if as_json:
         extra = {"potato_writeback": vars(writeback)} if writeback is not None else {}
+        if report.config is not None:
+            extra["webhooks"] = routing_lines(report.config)
         click.echo(json.dumps({**report.as_json(), **extra}, indent=2))
     else:
         print_report(config, report, strict)
         if writeback is not None:
             click.echo(writeback.line())
+        if report.config is not None:
+            for line in routing_lines(report.config):
+                click.echo(line)
     if not report.ok(strict):
         raise click.exceptions.Exit(1)
 

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from potato_queue.gpu_usage import gpu_hours
+from potato_queue.lab.usage import gpu_hours
 from potato_queue.run import FINAL_STATES, RunState
 from potato_queue.store import RunStore
 from potato_queue.store.keys import project_predictions_path

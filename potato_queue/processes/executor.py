@@ -13,7 +13,9 @@ from collections.abc import Callable
 import redis
 
 from potato_queue.config import ProjectConfig
+from potato_queue.lab.events import endpoints
 from potato_queue.processes.startup import check_writable
+from potato_queue.processes.webhooks import deliver_forever
 from potato_queue.store import RunStore
 from potato_queue.store.keys import Keys
 from potato_queue.store.plumbing import client_for, refresh_forever
@@ -76,6 +78,8 @@ def run_executor(
     args = (store, lambda run_id: enqueue(app, config, run_id))
     register_retrain(app, config, *args, say=say)
     threading.Thread(target=_reconcile_forever, args=args, daemon=True, name="reconcile").start()
+    if endpoints(config):  # the project's webhooks want training events: this executor delivers them too
+        threading.Thread(target=deliver_forever, args=(config, store), daemon=True, name="webhooks").start()
     _say_alive(store)
     # solo pool: the run is supervised in this process, so killing the
     # executor takes its supervision with it (the agent then sees EOF on stdin).

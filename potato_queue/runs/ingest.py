@@ -27,7 +27,8 @@ from potato_queue.bounds import (
     MAX_METRICS_PER_RUN,
     shortened,
 )
-from potato_queue.gpu_usage import usage_of
+from potato_queue.lab.events import PREEMPTED
+from potato_queue.lab.usage import usage_of
 from potato_queue.store import RunStore
 
 __all__ = [
@@ -70,6 +71,9 @@ def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) ->
         lines.append(f"warning: {len(problems)} metric event(s) of a batch were not recorded: {problems[0]}{more}")
     if lines:
         store.log(run_id, *lines)
+    if any(event.get("event") == "status" and event.get("state") == "preempted" for event in kept):
+        # The worker says its machine was taken back (it checkpointed; a requeued job resumes): an event.
+        store.webhooks.tell(PREEMPTED, store.get(run_id))
 
 
 def metric_name(event: dict[str, Any]) -> str:

@@ -22,8 +22,8 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Denied, NotFound
 from potato_queue.executors.base import CheckReport
-from potato_queue.gpu_usage import usage_words
 from potato_queue.host.llm_fit import ModelAsk
+from potato_queue.lab.usage import usage_words
 from potato_queue.run import FINAL_STATES, RunRecord, RunState
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore

@@ -16,7 +16,7 @@ import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from potato_queue.gpu_usage import energy_kwh, gpu_hours
+from potato_queue.lab.usage import energy_kwh, gpu_hours
 from potato_queue.run import FINAL_STATES, STATES, RunState
 from potato_queue.server.guard import admin_problem, bearer
 from potato_queue.settings import REDIS_URL_ENV

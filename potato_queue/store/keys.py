@@ -27,6 +27,7 @@ __all__ = [
     "project_predictions_path",
     "remote_socket_path",
     "retrain_state_path",
+    "webhook_retry_dir",
     "staging_dir",
     "potato_task_dir",
     "potato_database_path",
@@ -123,6 +124,11 @@ class Keys:
         return f"{self.prefix}:retrain:status"
 
     @property
+    def training_events(self) -> str:
+        """The training events waiting for their webhook delivery (a list; store/webhooks.py)."""
+        return f"{self.prefix}:webhooks:outbox"
+
+    @property
     def executors(self) -> str:
         """The pattern of every executor's key (for SCAN)."""
         return f"{self.prefix}:executor:*"
@@ -196,6 +202,13 @@ def staging_dir(config: ProjectConfig) -> Path:
     """potato-queue's temp files for what it writes into the project's own folders (the data files): on
     the project's filesystem, so one rename lands them, and never beside the files Potato reads."""
     return config.output_path / "training" / "staging"
+
+
+def webhook_retry_dir(config: ProjectConfig, endpoint: str) -> Path:
+    """Where one webhook endpoint's failed deliveries wait for their retry (Potato's sender keeps them in
+    `<this>/.webhooks/webhook_retries.db`): one folder per endpoint, so that one that hangs delays no other."""
+    safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in endpoint)[:80] or "unnamed"
+    return config.output_path / "training" / "webhooks" / safe
 
 
 def retrain_state_path(config: ProjectConfig) -> Path:

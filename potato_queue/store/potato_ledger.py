@@ -22,7 +22,7 @@ from typing import Any
 
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import LOCAL, ProjectConfig
-from potato_queue.gpu_usage import usage_metrics
+from potato_queue.lab.usage import usage_metrics
 from potato_queue.run import RunState
 from potato_queue.store.keys import potato_database_path, potato_task_dir
 from potato_queue.store.potato_compat import LedgerStatus, ledger_status

@@ -40,6 +40,7 @@ from potato_queue.store.records import (
 from potato_queue.store.retrain_state import RetrainState
 from potato_queue.store.sessions import PageSessions, SignInTries
 from potato_queue.store.tokens import AgentTokens, RunTokens
+from potato_queue.store.webhooks import TrainingEventOutbox
 
 __all__ = ["RunStore"]
 
@@ -65,6 +66,8 @@ class RunStore:
         self.sessions = PageSessions(client, self.keys)  # the Training page's, signed in
         self.sign_ins = SignInTries(client, self.keys, clock)  # each client's sign-in tries, for the backoff
         self.potato = PotatoLedger(config, log=self.log, clock=clock)  # the run as Potato's own Training page sees it
+        # Its moves as training events for the project's webhooks (delivered by an executor's thread).
+        self.webhooks = TrainingEventOutbox(client, self.keys, config, self.presence.server_url, clock)
 
     # -- records ---------------------------------------------------------
     def paths(self, run_id: str) -> RunPaths:
@@ -116,6 +119,7 @@ class RunStore:
             raise RunFolderError(folder_error(paths.dir, exc), fix=FOLDER_FIX) from None
         self.in_flight.seed(record)
         self.potato.record(record)
+        self.webhooks.moved(record)
         return record
 
     def read(self, run_id: str) -> RunRecord:
@@ -225,6 +229,8 @@ class RunStore:
                 self.log(run_id, said)
             self.potato.record(record)
             self._write_record(run_id, record)
+        if state != RunState.QUEUED:  # a pull backend's dispatch keeps it queued: no second queued event
+            self.webhooks.moved(record)
         return record
 
     def _write_record(self, run_id: str, record: RunRecord) -> None:

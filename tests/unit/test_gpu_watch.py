@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from potato_queue.agent.gpu_watch import GpuWatch, UsageMeter, leftovers
-from potato_queue.gpu_usage import usage_metrics, usage_of, usage_words
 from potato_queue.host.nvidia_smi import GpuApp, GpuSample, parse_apps, parse_usage
+from potato_queue.lab.usage import usage_metrics, usage_of, usage_words
 from potato_queue.store.potato_ledger import potato_metrics
 from potato_queue.wire.job import GpuWatch as Settings
 from potato_queue.wire.job import Job

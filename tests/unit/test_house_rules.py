@@ -170,6 +170,7 @@ CORE = [
     "runs/finalize.py",
     "runs/gate.py",
     "insight",
+    "lab",
 ]
 NOT_FOR_THE_CORE = (
     "potato_queue.executors",
