@@ -32,6 +32,8 @@ __all__ = [
     "AutoRetrainConfig",
     "MachineAnnotatorConfig",
     "GpuWatchConfig",
+    "BudgetCaps",
+    "BudgetConfig",
     "SBATCH_FLAGS",
     "LocalBackend",
     "SshBackend",
@@ -74,6 +76,17 @@ class GpuWatchConfig(_Strict):
     idle_utilization_pct: float = Field(5.0, ge=0, le=100)
     idle_stop_s: float | None = Field(None, gt=0)
     leak_guard: bool = True
+
+
+class BudgetCaps(_Strict):
+    # Per calendar month (UTC): a run that would pass a cap is refused before it starts (runs/budget.py).
+    gpu_hours_per_month: float | None = Field(None, gt=0)
+    kwh_per_month: float | None = Field(None, gt=0)
+
+
+class BudgetConfig(BudgetCaps):
+    # The caps above are the project's (every backend's runs together); these, one backend's runs only.
+    backends: dict[str, BudgetCaps] = Field(default_factory=dict)
 
 
 class AutoRetrainConfig(_Strict):
@@ -235,6 +248,7 @@ class ModelTrainingConfig(_Strict):
     auto_retrain: AutoRetrainConfig = Field(default_factory=AutoRetrainConfig)
     machine_annotator: MachineAnnotatorConfig = Field(default_factory=MachineAnnotatorConfig)
     gpu_watch: GpuWatchConfig = Field(default_factory=GpuWatchConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
     device: str = "auto"
     num_threads: int | None = Field(None, ge=1)
     max_ram_mb: float | None = Field(None, gt=0)

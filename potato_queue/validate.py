@@ -150,6 +150,12 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
             close = difflib.get_close_matches(str(value), names, n=1, cutoff=0.6)
             hint = f"; did you mean '{close[0]}'?" if close else ""
             errors.append(f"{path} is {value!r}, which names no backend (configured: {', '.join(names)}){hint}")
+    budget = _raw_mapping(_raw_mapping(mt.get("budget")).get("backends"))
+    for name in budget:
+        if str(name) not in names:
+            errors.append(
+                f"model_training.budget.backends names {name!r}, which is no backend (configured: {', '.join(names)})"
+            )
     _check_retrain_trainer(retrain, errors)
     schemes = [str(s.get("name")) for s in data.get("annotation_schemes") or [] if isinstance(s, dict)]
     writeback = _raw_mapping(mt.get("writeback"))

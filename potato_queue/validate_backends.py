@@ -21,6 +21,7 @@ from potato_queue.config import (
     BACKEND_MODELS,
     LOCAL,
     AutoRetrainConfig,
+    BudgetConfig,
     GpuWatchConfig,
     MachineAnnotatorConfig,
     ModelTrainingConfig,
@@ -255,6 +256,7 @@ def check_sections(data: dict[str, Any], errors: list[str], warnings: list[Warni
         ("auto_retrain", AutoRetrainConfig),
         ("machine_annotator", MachineAnnotatorConfig),
         ("gpu_watch", GpuWatchConfig),
+        ("budget", BudgetConfig),
     )
     for name, model in sections:
         sub = as_mapping(mt.get(name), f"model_training.{name}", errors)

@@ -25,6 +25,7 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | 
     """Check that BACKEND could start a run now (exit 0) or not (exit 1)."""
     from potato_queue.host.llm_fit import ModelAsk
     from potato_queue.lab.events import routing_lines
+    from potato_queue.runs.budget import budget_standing
     from potato_queue.runs.service import RunService
     from potato_queue.store.potato_compat import ledger_status
 
@@ -34,9 +35,10 @@ def check(backend: str, config: Path, redis_url: str, as_json: bool, llm: str | 
     report = service.check(backend, ModelAsk(llm, load_in_4bit) if llm else None)
     writeback = ledger_status(cfg)
     webhooks = routing_lines(cfg)
+    budget = budget_standing(cfg, service.store)
     data, lines = (
-        {"ok": report.ok, **report.data, "potato_writeback": vars(writeback), "webhooks": webhooks},
-        [*report.lines, writeback.line(), *webhooks],
+        {"ok": report.ok, **report.data, "potato_writeback": vars(writeback), "webhooks": webhooks, "budget": budget},
+        [*report.lines, writeback.line(), *webhooks, *(f"budget: {cap['said']}" for cap in budget["caps"])],
     )
     click.echo(json.dumps(data) if as_json else "\n".join(lines))
     if not report.ok:

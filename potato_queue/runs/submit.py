@@ -9,6 +9,7 @@ from potato_queue.bounds import MAX_PARAMS_BYTES, clean, json_size, too_deep
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import Conflict, Invalid
 from potato_queue.run import RunRecord
+from potato_queue.runs.budget import check_budget
 from potato_queue.runs.kinds import refuse_foreign_kinds, refuse_foreign_modality
 from potato_queue.store import RunStore
 
@@ -86,6 +87,7 @@ def start_run(
         )
     chosen = choose_backend(config, trainer, schemas, backend)
     params = check_params(params or {})
+    check_budget(config, store, trainer, chosen)
     record = store.create(
         trainer=trainer,
         schemas=schemas,

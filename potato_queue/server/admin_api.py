@@ -183,6 +183,13 @@ def auto_retrain(request: Request) -> dict[str, Any]:
     return last_check(request.app.state.config, store_of(request))
 
 
+def budget(request: Request) -> dict[str, Any]:
+    """The month's GPU-hours and energy caps (model_training.budget): each with what it used and has left."""
+    from potato_queue.runs.budget import budget_standing
+
+    return budget_standing(request.app.state.config, store_of(request))
+
+
 _UNKNOWN_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "no such run"}}
 
 
@@ -228,6 +235,7 @@ def admin_router() -> APIRouter:
     add("/backends", backends, methods=["GET"])
     add("/predictions", predictions, methods=["GET"])
     add("/auto_retrain", auto_retrain, methods=["GET"])
+    add("/budget", budget, methods=["GET"])
     return router
 
 

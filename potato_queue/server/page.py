@@ -106,6 +106,7 @@ def training_page(request: Request) -> Response:
 </form></section>
 <section aria-labelledby="runs-title"><h2 id="runs-title">Runs <span id="live" class="hint">connecting</span></h2>
 <p id="auto-retrain" class="hint" aria-live="polite" hidden></p>
+<p id="budget" class="hint" aria-live="polite" hidden></p>
 <div class="scroll"><table id="runs"><thead><tr><th>Run</th><th>Ran on</th><th>State</th><th>Trigger</th>
 <th>Held-out (acc / macro-F1)</th><th>Duration</th><th>Started</th><th>Step</th><th></th></tr></thead>
 <tbody></tbody></table></div></section>

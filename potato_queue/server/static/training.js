@@ -126,6 +126,11 @@ async function autoRetrain() {
   const line = document.getElementById("auto-retrain");
   line.hidden = !status.enabled;
   line.textContent = "Auto-retrain: " + status.reason;
+  // The month's GPU budget: what each cap has used and has left (model_training.budget).
+  const budget = await api("/budget");
+  const said = document.getElementById("budget");
+  said.hidden = !budget.caps.length;
+  said.textContent = "Budget: " + budget.caps.map((cap) => cap.said).join("; ");
 }
 
 function agents(backends) {

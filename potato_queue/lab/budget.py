@@ -1,0 +1,157 @@
+"""The project's monthly caps on GPU-hours and energy (model_training.budget), as pure arithmetic on records.
+
+A cap is the project's (every backend's runs) or one backend's, per calendar month in UTC. What a month has
+used is its runs' measured use (lab/usage.py), a run in flight counting what it has used so far. A new run
+is refused before it starts when used + its estimate would pass a cap; its estimate is the mean of the last
+runs of its trainer on its backend that reported their use, or, with none, max_wall_seconds on one GPU
+(energy then has no estimate: no run has said what this trainer draws). runs/budget.py reads the records.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from potato_queue.config import BudgetConfig
+from potato_queue.lab.usage import energy_kwh, gpu_hours
+
+__all__ = [
+    "Cap",
+    "Estimate",
+    "caps",
+    "month_of",
+    "month_words",
+    "used",
+    "estimate",
+    "over",
+    "standing",
+    "ESTIMATE_RUNS",
+]
+
+ESTIMATE_RUNS = 5  # the last this many measured runs of a trainer on a backend make its estimate
+UNITS = {"gpu_hours": "GPU-hours", "kwh": "kWh"}
+
+
+@dataclass(frozen=True)
+class Cap:
+    unit: str  # "gpu_hours" or "kwh"
+    limit: float
+    backend: str | None  # None: the project's, every backend's runs
+
+    @property
+    def key(self) -> str:
+        scope = "budget" if self.backend is None else f"budget.backends.{self.backend}"
+        return f"model_training.{scope}.{self.unit}_per_month"
+
+    def scope_words(self) -> str:
+        return "the project" if self.backend is None else f"backend {self.backend}"
+
+
+@dataclass(frozen=True)
+class Estimate:
+    gpu_hours: float
+    kwh: float
+    basis: str  # what it was worked out from, in words
+
+    def of(self, unit: str) -> float:
+        return self.gpu_hours if unit == "gpu_hours" else self.kwh
+
+
+def caps(budget: BudgetConfig) -> list[Cap]:
+    """Every cap the config sets."""
+    found = []
+    for backend, limits in [(None, budget), *budget.backends.items()]:
+        if limits.gpu_hours_per_month is not None:
+            found.append(Cap("gpu_hours", limits.gpu_hours_per_month, backend))
+        if limits.kwh_per_month is not None:
+            found.append(Cap("kwh", limits.kwh_per_month, backend))
+    return found
+
+
+def month_of(now_s: float) -> str:
+    """`2026-12`: the calendar month (UTC) an instant is in."""
+    return datetime.fromtimestamp(now_s, timezone.utc).strftime("%Y-%m")
+
+
+def month_words(month: str) -> str:
+    """`December 2026`."""
+    return datetime.strptime(month, "%Y-%m").strftime("%B %Y")
+
+
+def _amount(unit: str, usage: Mapping[str, Any] | None) -> float:
+    return gpu_hours(usage) if unit == "gpu_hours" else energy_kwh(usage)
+
+
+def used(cap: Cap, month_records: Iterable[Mapping[str, Any]]) -> float:
+    """What the month's runs in the cap's scope used of its unit."""
+    return sum(
+        _amount(cap.unit, r.get("gpu_usage"))
+        for r in month_records
+        if cap.backend is None or r.get("backend") == cap.backend
+    )
+
+
+def estimate(recent: Iterable[Mapping[str, Any]], trainer: str, backend: str, max_wall_s: float | None) -> Estimate:
+    """A new run's use, from the newest-first `recent` records."""
+    measured = [
+        r["gpu_usage"]
+        for r in recent
+        if r.get("trainer") == trainer and r.get("backend") == backend and isinstance(r.get("gpu_usage"), Mapping)
+    ][:ESTIMATE_RUNS]
+    if measured:
+        n = len(measured)
+        return Estimate(
+            sum(gpu_hours(u) for u in measured) / n,
+            sum(energy_kwh(u) for u in measured) / n,
+            f"the mean of the last {n} {trainer} run{'s' if n > 1 else ''} on {backend}",
+        )
+    if max_wall_s:
+        return Estimate(
+            max_wall_s / 3600,
+            0.0,
+            f"max_wall_seconds ({max_wall_s:g} s) on one GPU: no {trainer} run on {backend} reported its use yet",
+        )
+    return Estimate(
+        0.0, 0.0, f"nothing: no {trainer} run on {backend} reported its use yet, and max_wall_seconds is not set"
+    )
+
+
+def over(
+    all_caps: list[Cap], month_records: list[Mapping[str, Any]], backend: str, guess: Estimate, month: str
+) -> tuple[str, str] | None:
+    """(what is wrong, the fix) for the first cap the run would pass; None when it fits them all."""
+    for cap in all_caps:
+        if cap.backend not in (None, backend):
+            continue
+        spent, unit = used(cap, month_records), UNITS[cap.unit]
+        if spent + guess.of(cap.unit) <= cap.limit:
+            continue
+        message = (
+            f"The run would pass the {unit} budget of {cap.scope_words()} for {month_words(month)}: {spent:.3g} of "
+            f"{cap.limit:g} {unit} used, and this run is estimated at {guess.of(cap.unit):.3g} {unit} ({guess.basis})"
+        )
+        fix = f"raise {cap.key}, wait for next month, or run on a backend with room left"
+        return message, fix
+    return None
+
+
+def standing(all_caps: list[Cap], month_records: list[Mapping[str, Any]], month: str) -> list[dict[str, Any]]:
+    """Each cap with what the month used and what is left (the page, the API, `training check`)."""
+    out = []
+    for cap in all_caps:
+        spent = used(cap, month_records)
+        unit = UNITS[cap.unit]
+        out.append(
+            {
+                "scope": cap.backend or "project",
+                "unit": cap.unit,
+                "limit": cap.limit,
+                "used": round(spent, 6),
+                "left": round(max(0.0, cap.limit - spent), 6),
+                "said": f"{cap.scope_words()}: {spent:.3g} of {cap.limit:g} {unit} used in {month_words(month)}, "
+                f"{max(0.0, cap.limit - spent):.3g} left",
+            }
+        )
+    return out

@@ -1,0 +1,62 @@
+"""The monthly budget read from the run store: refuse a run that would pass a cap (before it is created), and
+what each cap has used and has left (the page, the API, `training check`). The arithmetic is lab/budget.py's."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+
+from potato_queue.config import ProjectConfig
+from potato_queue.errors import Conflict
+from potato_queue.lab.budget import caps, estimate, month_of, over, standing
+from potato_queue.run import RunRecord
+from potato_queue.store import RunStore
+
+__all__ = ["check_budget", "budget_standing", "RECENT_RUNS"]
+
+# The newest runs an estimate looks through for its trainer's on its backend.
+RECENT_RUNS = 200
+
+
+def _records(store: RunStore, ids: list[str]) -> list[RunRecord]:
+    """The records, with the use so far of those in flight (Redis); run.json alone while Redis is away."""
+    records = []
+    for run_id in ids:
+        try:
+            try:
+                records.append(store.get(run_id))
+            except redis.RedisError:
+                records.append(store.read(run_id))
+        except (KeyError, OSError, ValueError, TypeError):
+            continue  # a record that cannot be read counts nothing (the runs list shows it broken)
+    return records
+
+
+def _month(store: RunStore) -> tuple[str, list[str], list[str]]:
+    """(the month, its run ids, the newest run ids, newest first): a run id starts with its UTC date."""
+    month = month_of(store.clock.now_s())
+    ids = store.run_ids()
+    return month, [i for i in ids if i.startswith(month.replace("-", ""))], list(reversed(ids[-RECENT_RUNS:]))
+
+
+def check_budget(config: ProjectConfig, store: RunStore, trainer: str, backend: str) -> None:
+    """Conflict (409, exit 1) naming the cap, its figures and the fix when this run would pass one."""
+    all_caps = caps(config.model_training.budget)
+    if not all_caps:
+        return
+    month, month_ids, recent_ids = _month(store)
+    recent = _records(store, recent_ids)
+    guess = estimate(recent, trainer, backend, config.model_training.max_wall_seconds)
+    refused = over(all_caps, _records(store, month_ids), backend, guess, month)
+    if refused is not None:
+        raise Conflict(refused[0], fix=refused[1])
+
+
+def budget_standing(config: ProjectConfig, store: RunStore) -> dict[str, Any]:
+    """`{month, caps: [{scope, unit, limit, used, left, said}]}`; no caps when the project sets none."""
+    all_caps = caps(config.model_training.budget)
+    if not all_caps:
+        return {"month": None, "caps": []}
+    month, month_ids, _ = _month(store)
+    return {"month": month, "caps": standing(all_caps, _records(store, month_ids), month)}
