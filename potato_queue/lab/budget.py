@@ -9,7 +9,7 @@ runs of its trainer on its backend that reported their use, or, with none, max_w
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import Any
@@ -119,7 +119,7 @@ def estimate(recent: Iterable[Mapping[str, Any]], trainer: str, backend: str, ma
 
 
 def over(
-    all_caps: list[Cap], month_records: list[Mapping[str, Any]], backend: str, guess: Estimate, month: str
+    all_caps: list[Cap], month_records: Sequence[Mapping[str, Any]], backend: str, guess: Estimate, month: str
 ) -> tuple[str, str] | None:
     """(what is wrong, the fix) for the first cap the run would pass; None when it fits them all."""
     for cap in all_caps:
@@ -137,7 +137,7 @@ def over(
     return None
 
 
-def standing(all_caps: list[Cap], month_records: list[Mapping[str, Any]], month: str) -> list[dict[str, Any]]:
+def standing(all_caps: list[Cap], month_records: Sequence[Mapping[str, Any]], month: str) -> list[dict[str, Any]]:
     """Each cap with what the month used and what is left (the page, the API, `training check`)."""
     out = []
     for cap in all_caps:
