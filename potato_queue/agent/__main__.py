@@ -28,6 +28,7 @@ from typing import IO, List, Optional
 
 from potato_queue.agent.backend import BackendAgent
 from potato_queue.agent.client import RunClient
+from potato_queue.agent.drain import drain_main, drain_on_sigusr1, remove_pid_file, write_pid_file
 from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.launchers.slurm import SlurmLauncher
 from potato_queue.agent.runner import Runner, log_line
@@ -85,6 +86,8 @@ def _wide(prog: str) -> argparse.HelpFormatter:
 def serve_main(argv: List[str], prog: str) -> int:
     """`serve` with a command line of its own (`potato-queue training agent`, agent.pyz)."""
     os.umask(0o077)
+    if "--drain" in argv:
+        return drain_main(argv, prog, DEFAULT_WORKDIR)
     parser = argparse.ArgumentParser(
         prog=prog, formatter_class=_wide, description="Claim and run an agent backend's runs until stopped."
     )
@@ -110,6 +113,12 @@ def add_serve_options(serve: argparse.ArgumentParser) -> None:
         help="the interpreter that runs the worker (default: this one)",
     )
     serve.add_argument("--once", action="store_true", help="exit after one run, with its exit code")
+    serve.add_argument(
+        "--drain",
+        action="store_true",
+        help="tell the agent serving from --workdir to drain (SIGUSR1): it finishes its run, claims no new "
+        "one, then exits 0; this command then needs only --workdir",
+    )
     serve.add_argument(
         "--workdir",
         default=DEFAULT_WORKDIR,
@@ -210,7 +219,12 @@ def serve(args: argparse.Namespace) -> int:
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, handler)
-    return agent.serve()
+    drain_on_sigusr1(agent)
+    write_pid_file(workdir, args.backend)
+    try:
+        return agent.serve()
+    finally:
+        remove_pid_file(workdir)
 
 
 def read_slurm_config(path: str) -> SlurmSettings:

@@ -103,6 +103,7 @@ class BackendAgent:
         self.keep, self.once, self.unreachable_s, self.ca_file, self.log = keep, once, unreachable_s, ca_file, log
         self.transport = Transport(server, token, log=log, ca_file=ca_file)
         self.stopping = threading.Event()
+        self.draining = threading.Event()  # finish the run in flight, claim no new one, exit 0
         self.runner = None  # type: Optional[Runner]
         # Each run's launcher: by default its worker is a process here, started ahead while we wait for work.
         self.new_launcher = launcher_factory or (lambda: ProcessLauncher(python, worker_env()))
@@ -121,6 +122,24 @@ class BackendAgent:
         if runner is not None:
             runner.request_stop(reason)
 
+    def drain(self, reason: str) -> None:
+        """Finish the run in flight and claim no new one, then leave serve() with 0 (SIGUSR1, `--drain`, the
+        server's switch). Safe in a signal handler: the server is told, and the log written, by a thread."""
+        if not self.draining.is_set():
+            self.draining.set()
+            self.me["draining"] = True
+            threading.Thread(target=self._say_draining, args=(reason,), name="drain", daemon=True).start()
+
+    def _say_draining(self, reason: str) -> None:
+        """Our log and the server (`training check` shows a draining agent): one claim that claims nothing."""
+        what = "its run finishes, then it exits" if self.runner is not None else "no run in flight: it exits"
+        self.log("draining ({}): the agent claims no new run; {}".format(reason, what))
+        path = "backends/{}/claim".format(quote(self.backend, safe=""))
+        try:
+            self.transport.call("POST", path, self.me, query="?wait_s=0", timeout_s=15, give_up_s=15, what="drain")
+        except (Unreachable, ApiError):
+            pass  # the drain holds all the same: only the server's word of it is lost
+
     def serve(self) -> int:
         """Until stopped: 0 (with `once`, after one run: its exit code), or EXIT_REFUSED when the server
         refuses us."""
@@ -131,7 +150,7 @@ class BackendAgent:
             )
         )
         try:
-            while not self.stopping.is_set():
+            while not self.stopping.is_set() and not self.draining.is_set():
                 wait = self._gpu_wait()
                 if wait is not None:
                     self._say_waiting(wait)
@@ -143,9 +162,14 @@ class BackendAgent:
                 claim = self._claim()
                 if claim is None:
                     continue
+                if claim.get("drain"):
+                    self.drain("the server's drain switch for backend {}".format(self.backend))
+                    break
                 code = self._run(claim)
                 if self.once:
                     return code
+            if self.draining.is_set():
+                self.log("drained: no run in flight, none claimed; the agent exits")
         except ApiError as exc:
             self.log(self._refusal(exc))
             return EXIT_REFUSED
@@ -209,7 +233,7 @@ class BackendAgent:
             )
         except Unreachable:
             return None  # only when stopping: the policy retries for ever otherwise
-        return reply if reply.get("run_id") else None
+        return reply if reply.get("run_id") or reply.get("drain") else None
 
     def _run(self, claim: Dict[str, Any]) -> int:
         run_id, token = str(claim["run_id"]), str(claim["token"])

@@ -94,6 +94,18 @@ def registration_report(store: RunStore, backend: str, config_path: str) -> Chec
             f"  agent: {agent.get('host')}, Python {agent.get('python')} ({agent.get('executable')}); "
             f"trainer packages: {packages}"
         )
+    switched = store.offers.drain_switched(backend)
+    draining = registration.get("draining")
+    if switched is not None:
+        lines.append(
+            f"  draining: switched on {_when(switched, now_s)}: its agents finish their run and claim no new one "
+            f"(switch it off on the Training page, or DELETE .../backends/{backend}/drain)"
+        )
+    if draining:
+        lines.append(
+            f"  agent {draining.get('host')} (pid {draining.get('pid')}) drains since {_when(draining['at'], now_s)}: "
+            "it finishes its run, then exits"
+        )
     if not recent:
         lines.append(
             "  no agent is polling now: start one on the training machine "
@@ -106,6 +118,8 @@ def registration_report(store: RunStore, backend: str, config_path: str) -> Chec
         "last_seen": last_seen,
         "agent": agent or None,
         "polling": recent,
+        "drain_switched": switched,
+        "draining": draining,
     }
     return CheckReport(ok=recent, lines=lines, data=data)
 

@@ -228,6 +228,29 @@ class RunService:
         self.store.log(run_id, f"claimed by the agent on {agent.get('host') or 'an unnamed host'} (backend {backend})")
         return Claimed(run_id, run_token)
 
+    def drain_asked(self, backend: str, token: str, agent: dict[str, Any]) -> bool:
+        """Whether this claim is to be answered `drain` (no run): the server's drain switch for `backend` is on,
+        or the agent says it drains (its notice is kept for `training check`). Denied for a wrong token."""
+        draining = bool(agent.get("draining"))
+        if not draining and self.store.offers.drain_switched(backend) is None:
+            return False
+        if not self.store.agents.verify(backend, token):
+            raise _token_refused(backend)
+        if draining:
+            self.store.offers.agent_drains(backend, agent)
+        return True
+
+    def switch_drain(self, backend: str, on: bool) -> dict[str, Any]:
+        """The page's and the API's drain switch for an agent backend (Conflict for a backend of another type)."""
+        require_backend(self.config, backend)
+        if self.config.model_training.backend_config(backend).type != "agent":
+            raise Conflict(
+                f"Backend {backend} is not an agent backend: only an agent backend's agents claim runs, and drain",
+                fix="name an agent backend (type: agent)",
+            )
+        self.store.offers.switch_drain(backend, on)
+        return {"backend": backend, "draining": on, "since": self.store.offers.drain_switched(backend)}
+
     def agent_waits(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: dict[str, Any]) -> None:
         """An agent of `backend` waits for a free GPU before it claims: the runs offered to the backend say so
         on their step line. Denied when the token is not (or no longer) the backend's."""

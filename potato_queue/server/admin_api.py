@@ -183,6 +183,16 @@ def auto_retrain(request: Request) -> dict[str, Any]:
     return last_check(request.app.state.config, store_of(request))
 
 
+def drain_backend(backend: str, request: Request) -> dict[str, Any]:
+    """Switch draining on for an agent backend: its agents finish their run, claim no new one, and exit."""
+    return runs_of(request).switch_drain(backend, True)
+
+
+def undrain_backend(backend: str, request: Request) -> dict[str, Any]:
+    """Switch draining off: the backend's agents (started again) claim runs again."""
+    return runs_of(request).switch_drain(backend, False)
+
+
 def budget(request: Request) -> dict[str, Any]:
     """The month's GPU-hours and energy caps (model_training.budget): each with what it used and has left."""
     from potato_queue.runs.budget import budget_standing
@@ -236,6 +246,9 @@ def admin_router() -> APIRouter:
     add("/predictions", predictions, methods=["GET"])
     add("/auto_retrain", auto_retrain, methods=["GET"])
     add("/budget", budget, methods=["GET"])
+    not_agent = {**_refused("not an agent backend"), 404: {"model": ErrorReply, "description": "no such backend"}}
+    add("/backends/{backend}/drain", drain_backend, methods=["POST"], responses=not_agent)
+    add("/backends/{backend}/drain", undrain_backend, methods=["DELETE"], responses=not_agent)
     return router
 
 

@@ -102,9 +102,11 @@ class ClaimDoor:
         if messages is None or messages[-1]["type"] != "http.request":
             return  # the agent left before its claim was read: nothing to answer
         try:
-            AgentInfo.model_validate_json(b"".join(m.get("body", b"") for m in messages))
+            info = AgentInfo.model_validate_json(b"".join(m.get("body", b"") for m in messages))
         except ValidationError:
             return await self.app(scope, replay(messages, receive), send)  # the route says what was wrong
+        if info.draining:  # an agent's word that it drains waits for nothing: the route keeps it
+            return await self.app(scope, replay(messages, receive), send)
         if await self._waited(backend, digest, wait_s, scope, receive, send):
             await self.app(scope, replay(messages, receive), send)
 

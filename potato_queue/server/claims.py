@@ -69,6 +69,7 @@ class AgentInfo(BaseModel):
     )
     agent_python: str | None = Field(None, max_length=64, description="the agent's own Python version")
     pid: int | None = None
+    draining: bool = Field(False, description="the agent drains: it finishes its run and claims no new one")
     error: str | None = Field(None, max_length=2000, description="why the worker's interpreter could not be asked")
 
 
@@ -103,6 +104,7 @@ class Claim(BaseModel):
 
     run_id: str | None = None
     token: str | None = None
+    drain: bool = Field(False, description="claim no more: the backend's drain switch is on (or the agent drains)")
 
 
 def agent_backends(config: ProjectConfig) -> list[str]:
@@ -214,6 +216,8 @@ def _wakeups(request: Request) -> ClaimWakeups:
 def _claim_once(runs: RunService, backend: str, token: str, agent: dict[str, Any]) -> Claim | None:
     """One try: the claim, None when nothing is offered (Denied, 401, when the token is no longer this
     backend's)."""
+    if runs.drain_asked(backend, token, agent):
+        return Claim(drain=True)
     claimed = runs.claimed(backend, token, agent)
     return None if claimed is None else Claim(run_id=claimed.run_id, token=claimed.token)
 

@@ -33,7 +33,12 @@ def check_backend(name: str, request: Request) -> dict[str, Any]:
     """The backend's check as `training check` reports it (RunService.check). A plain def: FastAPI runs it in
     its thread pool, so a host slow to answer over ssh holds this request only."""
     report = runs_of(request).check(name)
-    return {"backend": name, "ok": report.ok, "lines": [*report.lines, ledger_status(request.app.state.config).line()]}
+    return {
+        "backend": name,
+        "ok": report.ok,
+        "lines": [*report.lines, ledger_status(request.app.state.config).line()],
+        "drain_switched": report.data.get("drain_switched"),
+    }
 
 
 def device_probe(check: Callable[[], CheckReport]) -> Callable[[float], str | None]:

@@ -142,6 +142,11 @@ class Keys:
         """The backend a token digest was issued for (to answer 403, not 401, for another backend's token)."""
         return f"{self.prefix}:agent-digest:{digest}"
 
+    def agent_drain(self, backend: str) -> str:
+        """The server's drain switch for an agent backend: set (to when it was switched on) while its agents are
+        to finish their run and claim no new one."""
+        return f"{self.prefix}:agent:drain:{backend}"
+
     def offers(self, backend: str) -> str:
         """Sorted set of the runs waiting for an agent of this backend to claim them, oldest first."""
         return f"{self.prefix}:offers:{backend}"

@@ -84,6 +84,28 @@ class Offers:
         said = json.loads(as_text(raw))
         return said if self.clock.now_s() - float(said["at"]) < fresh_s else None
 
+    def switch_drain(self, backend: str, on: bool) -> None:
+        """The server's drain switch for `backend`: on, its agents finish their run and claim no new one (the
+        claims waiting now are woken, to be told so); off, they may claim again."""
+        pipe = self.redis.pipeline()
+        if on:
+            pipe.set(self.keys.agent_drain(backend), repr(self.clock.now_s()), nx=True)
+        else:
+            pipe.delete(self.keys.agent_drain(backend))
+        pipe.publish(self.keys.offered, backend)
+        pipe.execute()
+
+    def drain_switched(self, backend: str) -> float | None:
+        """When the server's drain switch for `backend` was switched on; None while it is off."""
+        raw = self.redis.get(self.keys.agent_drain(backend))
+        return None if raw is None else float(as_text(raw))
+
+    def agent_drains(self, backend: str, agent: dict[str, Any]) -> None:
+        """An agent of `backend` said it drains (SIGUSR1, `--drain`): kept with its registration, for `training
+        check`, until an agent claims again."""
+        said = {"host": agent.get("host"), "pid": agent.get("pid"), "at": self.clock.now_s()}
+        self.redis.hset(self.keys.agent_token(backend), "draining", json.dumps(said))
+
     def _call(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: str) -> str:
         keys = [self.keys.agent_token(backend), self.keys.offers(backend)]
         return str(

@@ -108,7 +108,7 @@ if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'gpu_wait', ARGV[4])
   return ''
 end
-redis.call('HDEL', KEYS[1], 'gpu_wait')
+redis.call('HDEL', KEYS[1], 'gpu_wait', 'draining')
 local popped = redis.call('ZPOPMIN', KEYS[2])
 if #popped == 0 then return '' end
 return popped[1]

@@ -136,6 +136,7 @@ class AgentTokens:
             "created_at": float(fields["created_at"]),
             "last_seen": float(fields["last_seen"]) if "last_seen" in fields else None,
             "agent": json.loads(fields["agent"]) if "agent" in fields else None,
+            "draining": json.loads(fields["draining"]) if "draining" in fields else None,
         }
 
     def verify(self, backend: str, token: str) -> bool:

@@ -140,8 +140,20 @@ function agents(backends) {
   document.getElementById("agents").hidden = false;
   for (const b of pull) {
     const item = el("pre", {text: b.name + ": checking..."});
-    box.append(item);
-    api("/backends/" + encodeURIComponent(b.name) + "/check").then((r) => { item.textContent = r.lines.join("\n"); });
+    const drain = el("button", {type: "button", class: "drain", "data-backend": b.name, text: "Drain its agents"});
+    const path = "/backends/" + encodeURIComponent(b.name);
+    const show = (r) => {
+      item.textContent = r.lines.join("\n");
+      drain.textContent = r.drain_switched ? "Stop draining" : "Drain its agents";
+      drain.dataset.on = r.drain_switched ? "1" : "";
+    };
+    // Draining: the backend's agents finish their run, claim no new one, and exit.
+    drain.addEventListener("click", async () => {
+      await api(path + "/drain", {method: drain.dataset.on ? "DELETE" : "POST"});
+      show(await api(path + "/check"));
+    });
+    box.append(item, drain);
+    api(path + "/check").then(show);
   }
 }
 

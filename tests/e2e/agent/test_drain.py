@@ -1,0 +1,90 @@
+"""Taking an agent out of service without killing its run (issue 38): drained by `training agent --drain`
+(SIGUSR1) or by the server's switch, an agent finishes the run in flight, claims no new one, and exits 0;
+`training check` says so. Real server, executor, Redis, agent and worker."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.agent_helpers import BACKEND, lab, register
+from tests.conftest import run_cli
+from tests.fake_gpus import LocalAgent
+from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_until
+
+PATH = "/usr/local/bin:/usr/bin:/bin"
+
+
+@pytest.fixture
+def lab_svc(tmp_path: Path, redis_server_url: str) -> Iterator[Services]:
+    with started(tmp_path, redis_server_url, **lab()) as svc:
+        yield svc
+
+
+def state_of(svc: Services, run_id: str) -> str:
+    return str(svc.api("GET", f"/runs/{run_id}")[1]["state"])
+
+
+def check_lines(svc: Services) -> str:
+    return run_cli("training", "check", BACKEND, svc.config).stdout
+
+
+def test_a_drained_agent_finishes_its_run_claims_no_new_one_and_exits_0(lab_svc: Services) -> None:
+    svc = lab_svc
+    agent = LocalAgent(svc, register(svc), PATH)
+    workdir = svc.tmp_path / "agent-work"
+    try:
+        wait_until(lambda: (workdir / "agent.pid").exists(), 30, "the agent's pid file")
+        first = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 4}, backend=BACKEND)
+        wait_until(lambda: state_of(svc, first) == "running", 30, "the first run running")
+        told = run_cli("training", "agent", "--drain", "--workdir", workdir)
+        assert told.returncode == 0, told.stdout + told.stderr
+        assert told.stdout.strip() == (
+            f"told the agent of backend {BACKEND} (pid {agent.proc.pid}) to drain: it finishes its run, claims no "
+            "new one, then exits"
+        )
+        second = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        host = socket.gethostname()
+        wait_until(lambda: f"agent {host} (pid {agent.proc.pid}) drains since" in check_lines(svc), 30, "check says")
+        assert agent.proc.wait(60) == 0, agent.output()
+        assert svc.wait_for(first, TERMINAL, 5)["state"] == "succeeded", "the run in flight finished"
+        assert state_of(svc, second) == "queued", "no new run was claimed"
+        assert "claimed by" not in run_paths(svc, second).run_log.read_text()
+        out = agent.output()
+        assert "draining (the agent got SIGUSR1): the agent claims no new run; its run finishes, then it exits" in out
+        assert "drained: no run in flight, none claimed; the agent exits" in out
+        assert not (workdir / "agent.pid").exists()
+        again = run_cli("training", "agent", "--drain", "--workdir", workdir)
+        assert again.returncode == 1 and f"no agent serves from {workdir} (no agent.pid there)" in again.stdout
+    finally:
+        agent.stop()
+
+
+def test_the_servers_switch_drains_a_backends_agents_until_switched_off(lab_svc: Services) -> None:
+    svc = lab_svc
+    token = register(svc)
+    agent = LocalAgent(svc, token, PATH)
+    try:
+        wait_until(lambda: (svc.tmp_path / "agent-work" / "agent.pid").exists(), 30, "the agent serving")
+        status, reply = svc.api("POST", f"/backends/{BACKEND}/drain")
+        assert status == 200 and reply["draining"] is True, reply
+        assert agent.proc.wait(30) == 0, agent.output()
+        assert f"draining (the server's drain switch for backend {BACKEND})" in agent.output()
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
+        assert "  draining: switched on" in check_lines(svc)
+        late = LocalAgent(svc, token, PATH, name="late")
+        assert late.proc.wait(30) == 0, "an agent started while the switch is on claims nothing"
+        assert state_of(svc, run_id) == "queued"
+        assert svc.api("DELETE", f"/backends/{BACKEND}/drain")[1]["draining"] is False
+        back = LocalAgent(svc, token, PATH, name="back")
+        try:
+            assert svc.wait_for(run_id, TERMINAL, 60)["state"] == "succeeded"
+        finally:
+            back.stop()
+        status, refused = svc.api("POST", "/backends/local/drain")
+        assert status == 409 and refused["detail"].startswith("Backend local is not an agent backend"), refused
+    finally:
+        agent.stop()
