@@ -11,7 +11,9 @@ shapes of real ones (the speed and the memory are a real model's; the scores mea
    wall, updates/s, the GPU memory it took at its peak (nvidia-smi, sampled) against host/llm_fit.py's
    estimate, which `training check --llm` and the trainer's refusal use.
 3. The same with two GPUs, data-parallel, when the machine has two: the speed-up.
-4. P9: hf-text-classification through the queue (the local backend) against the worker started by hand,
+4. The GPU watch (agent/gpu_watch.py) against the real nvidia-smi: its usage and process queries read as the
+   agent reads them, the cost of one sample, and a GpuWatch's GPU-hours and watt-hours over a training run.
+5. P9: hf-text-classification through the queue (the local backend) against the worker started by hand,
    goal at most 1.05x; it needs potato-queue's server packages and a redis-server there, and says so when
    they are missing.
 
@@ -222,6 +224,45 @@ def p9(tmp: Path, model: Path, epochs: int) -> None:
     )
 
 
+def gpu_watch_check() -> None:
+    """The agent's reading of the real nvidia-smi: each query parsed, a sample's cost (the agent takes one every
+    gpu_watch.sample_s, 10 s by default), what the GPUs draw now."""
+    from potato_queue.agent.gpu_watch import smi
+    from potato_queue.host.nvidia_smi import APPS_QUERY, USAGE_QUERY, parse_apps, parse_usage
+
+    if shutil.which("nvidia-smi") is None:
+        say("GPU watch: no nvidia-smi here, so it was not checked")
+        return
+    costs, samples = [], []
+    for _ in range(10):
+        started = time.perf_counter()
+        samples = parse_usage(smi(USAGE_QUERY) or "")
+        costs.append(time.perf_counter() - started)
+    apps = parse_apps(smi(APPS_QUERY) or "")
+    each_ms = 1000 * sorted(costs)[len(costs) // 2]
+    said = "; ".join(
+        f"GPU {s.index}: {s.power_w} W, {s.utilization_pct} % busy, {s.memory_used_mb} MB" for s in samples
+    )
+    say(
+        f"GPU watch: nvidia-smi usage query {each_ms:.0f} ms a sample (median of 10; at sample_s 10, "
+        f"{each_ms / 100:.2f} % of a core), {len(samples)} GPU(s) read: {said}; {len(apps)} process(es) hold GPU memory"
+    )
+
+
+def watched(run: Any) -> Any:
+    """`run()` with the agent's GpuWatch sampling every GPU each second; (run's value, the usage it measured)."""
+    from potato_queue.agent.gpu_watch import GpuWatch, run_gpus
+    from potato_queue.wire.job import GpuWatch as Settings
+
+    indexes, why = run_gpus("auto", None)
+    watch = GpuWatch(indexes, why, Settings(sample_s=1.0), lambda line: None).start()
+    try:
+        value = run()
+    finally:
+        usage = watch.stop()
+    return value, usage
+
+
 def importlib_missing(name: str) -> bool:
     import importlib.util
 
@@ -252,19 +293,25 @@ def main() -> int:
         write_bundle(bundle, items)
         texts = [item["text"] for item in items]
         minilm = bert(tmp / "minilm", texts, bert_shape)
-        code, wall_s, events, peak_mb = worker(
-            tmp,
-            "hf-text",
-            bundle,
-            "hf-text-classification",
-            {"model_name": str(minilm), "epochs": 2, "batch_size": 32, "max_length": 64},
-            "0",
-            args.budget_s / 4,
+        gpu_watch_check()
+        (code, wall_s, events, peak_mb), usage = watched(
+            lambda: worker(
+                tmp,
+                "hf-text",
+                bundle,
+                "hf-text-classification",
+                {"model_name": str(minilm), "epochs": 2, "batch_size": 32, "max_length": 64},
+                "0",
+                args.budget_s / 4,
+            )
         )
         say(
             f"hf-text-classification, {bert_name}, 1 GPU: exit {code}, {wall_s:.1f} s, {steps(events)} steps "
             f"({steps(events) / wall_s:.1f}/s), peak GPU memory {peak_mb:.0f} MB"
         )
+        from potato_queue.lab.usage import usage_words
+
+        say(f"GPU watch over that run (every GPU, 1 s samples): {usage_words(usage)}")
         qwen = build_tiny_llm(tmp / "qwen", texts, family="qwen2", vocab_size=2000, **qwen_shape)
         one_s = check_llm(tmp, bundle, qwen, "0", args.budget_s / 4, qwen_name)
         if count >= 2:

@@ -211,6 +211,13 @@ def serve(args: argparse.Namespace) -> int:
         log_line(gpu_problem)
         return EXIT_BAD_SPEC
 
+    return _serve_until_signalled(agent, workdir)
+
+
+def _serve_until_signalled(agent: BackendAgent, workdir: str) -> int:
+    """agent.serve(): SIGTERM, SIGINT and SIGHUP stop it (cancelling a run in flight), SIGUSR1 drains it; its
+    pid file in `workdir` says where `--drain` finds it."""
+
     def handler(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
         if agent.runner is None:
@@ -220,7 +227,7 @@ def serve(args: argparse.Namespace) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, handler)
     drain_on_sigusr1(agent)
-    write_pid_file(workdir, args.backend)
+    write_pid_file(workdir, agent.backend)
     try:
         return agent.serve()
     finally:

@@ -81,7 +81,12 @@ def run_gpus(device: str, visible_devices: Optional[str]) -> "tuple[List[int], O
     if shutil.which("nvidia-smi") is None:
         return [], "no nvidia-smi on {}'s PATH: a CPU-only host".format(host)
     visible = visible_devices if visible_devices is not None else os.environ.get("CUDA_VISIBLE_DEVICES")
-    gpus = visible_gpus(parse_gpus(smi(NVIDIA_SMI_QUERY) or ""), visible)
+    answer = smi(NVIDIA_SMI_QUERY)
+    if answer is None:
+        return [], "nvidia-smi on {} failed or did not answer in {:g} s: the GPUs could not be read".format(
+            host, SMI_TIMEOUT_S
+        )
+    gpus = visible_gpus(parse_gpus(answer), visible)
     if not gpus:
         given = "" if visible is None else " (CUDA_VISIBLE_DEVICES={!r})".format(visible)
         return [], "the run was given no GPU on {}{}".format(host, given)
@@ -133,8 +138,9 @@ class UsageMeter:
         self.peak_memory_mb = memory if self.peak_memory_mb is None else max(self.peak_memory_mb, memory)
 
     def idle_s(self, now_s: float) -> float:
-        """How long every GPU of the run has stayed under the idle floor, up to now."""
-        return max(0.0, now_s - self.busy_at_s)
+        """How long every GPU of the run has stayed under the idle floor, up to now (0 before a first sample:
+        a GPU not yet seen is not idle)."""
+        return max(0.0, now_s - self.busy_at_s) if self.samples else 0.0
 
     def energy_wh(self, end_s: float) -> Optional[float]:
         """Watt-hours from the run's start to `end_s`; None when no GPU reported its power."""

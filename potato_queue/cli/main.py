@@ -37,8 +37,9 @@ def validate(config: Path, strict: bool, as_json: bool) -> None:
     writeback = ledger_status(report.config) if report.config is not None else None
     if as_json:
         extra = {"potato_writeback": vars(writeback)} if writeback is not None else {}
-        if report.config is not None:
-            extra["webhooks"] = routing_lines(report.config)
+        webhooks = routing_lines(report.config) if report.config is not None else []
+        if webhooks:
+            extra["webhooks"] = webhooks
         click.echo(json.dumps({**report.as_json(), **extra}, indent=2))
     else:
         print_report(config, report, strict)

@@ -94,18 +94,8 @@ def registration_report(store: RunStore, backend: str, config_path: str) -> Chec
             f"  agent: {agent.get('host')}, Python {agent.get('python')} ({agent.get('executable')}); "
             f"trainer packages: {packages}"
         )
-    switched = store.offers.drain_switched(backend)
-    draining = registration.get("draining")
-    if switched is not None:
-        lines.append(
-            f"  draining: switched on {_when(switched, now_s)}: its agents finish their run and claim no new one "
-            f"(switch it off on the Training page, or DELETE .../backends/{backend}/drain)"
-        )
-    if draining:
-        lines.append(
-            f"  agent {draining.get('host')} (pid {draining.get('pid')}) drains since {_when(draining['at'], now_s)}: "
-            "it finishes its run, then exits"
-        )
+    switched, draining = store.offers.drain_switched(backend), registration.get("draining")
+    lines += _drain_lines(backend, switched, draining, now_s)
     if not recent:
         lines.append(
             "  no agent is polling now: start one on the training machine "
@@ -122,6 +112,22 @@ def registration_report(store: RunStore, backend: str, config_path: str) -> Chec
         "draining": draining,
     }
     return CheckReport(ok=recent, lines=lines, data=data)
+
+
+def _drain_lines(backend: str, switched: float | None, draining: dict[str, Any] | None, now_s: float) -> list[str]:
+    """The server's drain switch and an agent's word that it drains, as `training check` says them."""
+    lines = []
+    if switched is not None:
+        lines.append(
+            f"  draining: switched on {_when(switched, now_s)}: its agents finish their run and claim no new one "
+            f"(switch it off on the Training page, or DELETE .../backends/{backend}/drain)"
+        )
+    if draining:
+        lines.append(
+            f"  agent {draining.get('host')} (pid {draining.get('pid')}) drains since {_when(draining['at'], now_s)}: "
+            "it finishes its run, then exits"
+        )
+    return lines
 
 
 def _when(epoch_s: float | None, now_s: float) -> str:

@@ -50,7 +50,7 @@ from potato_queue.store.tokens import token_digest
 __all__ = ["ClaimDoor"]
 
 _CLAIM_PATH = (AGENT_PREFIX + "/backends/", "/claim")
-_NOTHING = json.dumps({"run_id": None, "token": None}, separators=(",", ":")).encode()
+_NOTHING = json.dumps({"run_id": None, "token": None, "drain": False}, separators=(",", ":")).encode()
 
 
 def _claimed_backend(scope: Scope) -> str | None:

@@ -61,6 +61,7 @@ def test_a_gpu_that_reports_no_power_has_no_energy_rather_than_an_invented_one()
 
 def test_idle_time_counts_from_the_last_busy_sample_and_a_gpu_that_cannot_tell_is_never_idle() -> None:
     meter = UsageMeter([0], start_s=0.0, idle_floor_pct=5)
+    assert meter.idle_s(600.0) == 0.0, "no sample yet: not known to be idle"
     meter.add(10.0, [GpuSample(0, 60.0, 2, 100)])
     assert meter.idle_s(20.0) == 20.0  # under the floor since the start
     meter.add(30.0, [GpuSample(0, 250.0, 80, 100)])
@@ -72,6 +73,7 @@ def test_idle_time_counts_from_the_last_busy_sample_and_a_gpu_that_cannot_tell_i
 
 def test_the_idle_guard_warns_once_at_half_its_time_then_stops_with_the_figures() -> None:
     watch = GpuWatch([0], None, Settings(sample_s=1, idle_utilization_pct=5, idle_stop_s=60), lambda _: None)
+    watch.meter.add(watch.meter.start_s, [GpuSample(0, 60.0, 1, 100)])
     watch.meter.busy_at_s -= 31  # idle for 31 s already
     warning, stop = watch.idle_check()
     assert stop is None and warning is not None
@@ -84,6 +86,7 @@ def test_the_idle_guard_warns_once_at_half_its_time_then_stops_with_the_figures(
         "(60 s): the idle guard stopped the run"
     )
     off = GpuWatch([0], None, Settings(idle_stop_s=None), lambda _: None)
+    off.meter.add(off.meter.start_s, [GpuSample(0, 60.0, 1, 100)])
     off.meter.busy_at_s -= 10_000
     assert off.idle_check() == (None, None), "off by default"
 

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from potato_queue.agent.gpu_watch import GpuWatch
 from potato_queue.agent.launchers.slurm_flags import (
     OLDEST_SLURM,
     SLURM_FLAGS,
@@ -28,6 +29,7 @@ from potato_queue.agent.launchers.slurm_flags import (
 )
 from potato_queue.executors.slurm import default_partition, parse_sinfo
 from potato_queue.wire.isolated import allowed_env
+from potato_queue.wire.job import GpuWatch as GpuWatchSettings
 from potato_queue.wire.sbatch import (
     SBATCH_FLAGS,
     SettingsError,
@@ -447,7 +449,8 @@ def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agen
     worker = Endless()
     job = SimpleNamespace(grace_seconds=0.1, limits=SimpleNamespace(max_ram_mb=None))
     started = time.monotonic()
-    code, _, _, _ = runner._supervise(worker, job)  # type: ignore[arg-type]
+    no_gpu = GpuWatch([], "no GPU here", GpuWatchSettings(), lines.append)
+    code, _, _, _ = runner._supervise(worker, job, no_gpu)  # type: ignore[arg-type]
     assert code == EXIT_UNEXPECTED and worker.killed == 1
     assert time.monotonic() - started < 10
     assert "SLURM job 4242 did not end 0.3 s after it was killed; the agent gives up on it" in lines, lines

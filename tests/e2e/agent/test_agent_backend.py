@@ -231,7 +231,7 @@ def test_a_backend_token_claims_only_its_own_backend(tmp_path: Path, redis_serve
     backends = {"backends": {"lab": {"type": "agent"}, "other": {"type": "agent"}}}
     with started(tmp_path, redis_server_url, executors=0, **backends) as svc:
         lab_token = register(svc, "lab")
-        assert _claim(svc, "lab", lab_token) == (200, {"run_id": None, "token": None})
+        assert _claim(svc, "lab", lab_token) == (200, {"run_id": None, "token": None, "drain": False})
         status, reply = _claim(svc, "other", lab_token)
         assert status == 403 and reply["detail"] == "this token is for the agent backend lab, not other"
         status, reply = _claim(svc, "lab", None)
@@ -449,7 +449,7 @@ def test_an_offer_left_by_a_dead_executor_for_a_cancelled_run_is_not_handed_out(
         run_id = store.create(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)["run_id"]
         store.offers.offer(BACKEND, run_id)  # as an executor does, which then died
         assert store.request_cancel(run_id) == "cancelled"
-        assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None})
+        assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None, "drain": False})
         assert not store.offers.is_offered(BACKEND, run_id)
 
 
@@ -480,12 +480,18 @@ def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_e
                 extensions=None if sent is None else _on_sent(sent),
             )
 
-        assert claim(0).json() == {"run_id": None, "token": None}  # the look that lets the next ones wait
+        assert claim(0).json() == {
+            "run_id": None,
+            "token": None,
+            "drain": False,
+        }  # the look that lets the next ones wait
         bad = claim(0, {"host": 5})
         assert bad.status_code == 422 and bad.json()["detail"][0]["loc"] == ["body", "host"], bad.text
         assert claim(-1).status_code == 422 and claim("soon").status_code == 422
         started_s = time.monotonic()
-        assert claim(1).json() == {"run_id": None, "token": None} and time.monotonic() - started_s >= 1.0
+        assert (
+            claim(1).json() == {"run_id": None, "token": None, "drain": False} and time.monotonic() - started_s >= 1.0
+        )
 
         sent = threading.Event()
         waiting = pool.submit(claim, 30, None, sent)
@@ -500,7 +506,7 @@ def test_idle_claims_that_wait_in_front_of_the_app_still_get_runs_refusals_and_e
         ).is_success
         assert svc.wait_for(run_id, TERMINAL, 30)["state"] == "failed"
 
-        assert claim(0).json() == {"run_id": None, "token": None}
+        assert claim(0).json() == {"run_id": None, "token": None, "drain": False}
         sent = threading.Event()
         refused = pool.submit(claim, 30, None, sent)
         wait_until(lambda: sent.is_set() and _all_read(svc), 30, "the claim to refuse, read by the server")
@@ -520,7 +526,7 @@ def test_an_agent_that_leaves_its_idle_claim_passes_the_run_to_the_next(tmp_path
     path = f"/api/training/agent/v1/backends/{BACKEND}/claim?wait_s=30"
     with started(tmp_path, redis_server_url, **lab()) as svc, concurrent.futures.ThreadPoolExecutor(1) as pool:
         token = register(svc)
-        assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None})
+        assert _claim(svc, BACKEND, token) == (200, {"run_id": None, "token": None, "drain": False})
         body = b'{"host": "gone"}'
         head = (
             f"POST {path} HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {token}\r\nContent-Type: application/json"

@@ -543,6 +543,6 @@ def test_a_server_stopped_during_a_run_and_two_agent_claims_stops_at_once_and_qu
         assert server.wait(15) in (0, -signal.SIGTERM)  # uvicorn raises the signal again once it has stopped
         for thread in claims:
             thread.join(15)
-        assert answers == [(200, {"run_id": None, "token": None})] * 2, answers
+        assert answers == [(200, {"run_id": None, "token": None, "drain": False})] * 2, answers
         said = (svc.tmp_path / "server.log").read_text()
         assert "ERROR" not in said and "Traceback" not in said, said
