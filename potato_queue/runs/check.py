@@ -64,7 +64,7 @@ def with_llm_fit(report: CheckReport, llm: ModelAsk) -> CheckReport:
 def registration_report(store: RunStore, backend: str, config_path: str) -> CheckReport:
     """AGT-3: an agent backend's registration; ok only when an agent asked for work within RECENT_S."""
     try:
-        registration = store.agents.registration(backend)
+        registration, switched = store.agents.registration(backend), store.offers.drain_switched(backend)
     except redis.RedisError:
         return unexpected_report(
             backend,
@@ -77,8 +77,12 @@ def registration_report(store: RunStore, backend: str, config_path: str) -> Chec
         command = f"potato-queue training register {backend} {config_path}"
         return CheckReport(
             ok=False,
-            lines=[f"{backend}: no token issued yet", f"  issue one with: {command}"],
-            data={"backend": backend, "registered": False, "register_command": command},
+            lines=[
+                f"{backend}: no token issued yet",
+                f"  issue one with: {command}",
+                *_drain_lines(backend, switched, None, store.clock.now_s()),
+            ],
+            data={"backend": backend, "registered": False, "register_command": command, "drain_switched": switched},
         )
     now_s = store.clock.now_s()
     agent: dict[str, Any] = registration["agent"] or {}
@@ -94,7 +98,7 @@ def registration_report(store: RunStore, backend: str, config_path: str) -> Chec
             f"  agent: {agent.get('host')}, Python {agent.get('python')} ({agent.get('executable')}); "
             f"trainer packages: {packages}"
         )
-    switched, draining = store.offers.drain_switched(backend), registration.get("draining")
+    draining = registration.get("draining")
     lines += _drain_lines(backend, switched, draining, now_s)
     if not recent:
         lines.append(

@@ -155,6 +155,18 @@ def test_the_menu_lists_every_backend_with_type_and_host_and_preselects_the_defa
         "() => document.querySelector('#agents pre').textContent.includes('no token issued yet')", timeout=60000
     )
     assert "potato-queue training register lab-workstation" in page.text_content("#agents pre")
+    # Drain: the backend's agents finish their run and claim no new one, until switched off again.
+    page.click("#agents button.drain")
+    page.wait_for_function(
+        "() => document.querySelector('#agents pre').textContent.includes('draining: switched on')", timeout=30000
+    )
+    assert page.text_content("#agents button.drain") == "Stop draining"
+    assert svc.api("GET", "/backends/lab-workstation/check")[1]["drain_switched"] is not None
+    page.click("#agents button.drain")
+    page.wait_for_function(
+        "() => document.querySelector('#agents button.drain').textContent === 'Drain its agents'", timeout=30000
+    )
+    assert svc.api("GET", "/backends/lab-workstation/check")[1]["drain_switched"] is None
 
 
 def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
@@ -296,6 +308,9 @@ def test_run_it_again_from_the_page_opens_the_rerun_compared_with_its_original(b
     asked: list[str] = []
     page.on("dialog", lambda dialog: (asked.append(dialog.message), dialog.accept()))
     page.goto(f"{svc.url}/admin/training/runs/{first}")
+    # This machine has no GPU: the run's GPU use says so rather than show a figure.
+    page.wait_for_function("() => document.getElementById('facts').textContent.includes('GPU use')")
+    assert "no GPU measured: no nvidia-smi on" in page.text_content("#facts")
     page.click("#rerun:not([hidden])")
     page.wait_for_function(f"() => document.getElementById('run').dataset.run !== '{first}'")
     again = page.get_attribute("#run", "data-run")
