@@ -394,6 +394,11 @@ def test_a_run_succeeds_and_collects_its_artifacts(
             run["held_out"]["sentiment"][s]["n"] for s in ("val", "test")
         )
         assert_reproducibility(svc, run, harness)
+        # No GPU on this machine: every backend's agent says why it measured none, never a figure of 0.
+        usage = run["gpu_usage"]
+        assert usage["gpus"] == [] and set(usage) == {"gpus", "why"}, usage
+        expected = "the worker ran as SLURM job" if harness.name == "cluster" else "no nvidia-smi on"
+        assert usage["why"].startswith(expected), usage
         assert harness.leftovers(svc, run_id) == []
 
 
