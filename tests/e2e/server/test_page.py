@@ -18,6 +18,7 @@ import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -418,11 +419,16 @@ def test_the_form_offers_a_trainer_only_the_schemes_of_the_kinds_it_trains(
 
 def test_the_page_says_why_auto_retrain_waits(tmp_path: Path, redis_server_url: str, browser: Any) -> None:
     retrain = {"enabled": True, "trainer": "majority-baseline", "schemas": ["sentiment"], "update_frequency": 500}
-    with started(tmp_path, redis_server_url, executors=1, auto_retrain=retrain) as svc:
+    budget = {"gpu_hours_per_month": 40}
+    with started(tmp_path, redis_server_url, executors=1, auto_retrain=retrain, budget=budget) as svc:
         page = signed_in(browser, svc)
         line = page.locator("#auto-retrain")
         line.wait_for(state="visible", timeout=30000)
         assert line.inner_text() == "Auto-retrain: no beat has checked yet: start `potato-queue beat CONFIG` (or `up`)"
+        # The month's budget beside it: nothing used yet.
+        month = datetime.now(timezone.utc).strftime("%B %Y")
+        page.locator("#budget").wait_for(state="visible", timeout=30000)
+        assert page.inner_text("#budget") == f"Budget: the project: 0 of 40 GPU-hours used in {month}, 40 left"
         beat = svc._spawn("beat", str(svc.config), "--every-s", "0.5", name="beat")
         wanted = "waiting for 340 more annotations (160 of 500 since the last auto run)"
         # The page asks again every 15 s; once the beat's first check is in, a reload shows it at once.
