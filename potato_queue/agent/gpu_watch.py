@@ -159,8 +159,8 @@ class UsageMeter:
         mean = self._utilization_sum / self._utilization_n if self._utilization_n else None
         return {
             "gpus": [str(index) for index in self.indexes],
-            "gpu_seconds": round(max(0.0, end_s - self.start_s) * len(self.indexes), 3),
-            "energy_wh": None if energy is None else round(energy, 4),
+            "gpu_seconds": round(max(0.0, end_s - self.start_s) * len(self.indexes), 6),
+            "energy_wh": None if energy is None else round(energy, 6),
             "mean_utilization_pct": None if mean is None else round(mean, 1),
             "peak_memory_mb": self.peak_memory_mb,
             "samples": self.samples,

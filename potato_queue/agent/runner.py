@@ -160,7 +160,7 @@ class Runner:
         """The run's GPUs sampled from now on (GPU-hours, energy, the idle guard); none for a worker that runs
         elsewhere, or on the CPU."""
         if worker.local_group() is None:
-            indexes, why = [], "the worker ran as {}, on a machine this agent does not sample".format(worker.describe())
+            indexes, why = [], "{} reported no GPU use from its node (no nvidia-smi there)".format(worker.describe())
         else:
             indexes, why = run_gpus(job.limits.device, self.gpu.visible_devices if self.gpu else None)
         if indexes:
@@ -171,7 +171,8 @@ class Runner:
 
     def _after_worker(self, job: Job, worker: WorkerHandle, gpus: GpuWatch) -> None:
         """The run's GPU use, sent; then the leak guard: what of the run still holds GPU memory is killed."""
-        self.relay.emit("usage", **gpus.stop())
+        measured, elsewhere = gpus.stop(), worker.gpu_usage()
+        self.relay.emit("usage", **(elsewhere if elsewhere is not None else measured))
         if job.gpu_watch.leak_guard and worker.local_group() is not None:
             for line in stop_leftovers(job.run_id, worker.local_group(), self.log):
                 self.relay.emit("log", level="warning", msg=line)

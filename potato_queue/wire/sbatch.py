@@ -28,6 +28,7 @@ __all__ = [
     "DEFAULT_POLL_INTERVAL_S",
     "DEFAULT_PREEMPT_SIGNAL_S",
     "CANCEL_MARKER",
+    "GPU_USAGE_FILE",
     "PREEMPT_ON_TERM_VAR",
     "hard_stop_s",
     "no_sbatch",
@@ -169,8 +170,16 @@ def sbatch_argv(settings: SlurmSettings, run_id: str, job_dir: str) -> List[str]
     )
 
 
-def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: List[str]) -> str:
+# In the job folder: what the GPU meter measured on the compute node (agent/gpu_watch.py's `usage`).
+GPU_USAGE_FILE = "gpu_usage.json"
+
+
+def job_script(
+    settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: List[str], meter_argv: Optional[List[str]] = None
+) -> str:
     """job.sh: the environment, the prelude, then the worker; it writes events.jsonl, stderr.log, exit_code.
+    `meter_argv`: the GPU meter, beside the worker where the node has nvidia-smi (gpu_usage.json), stopped
+    before exit_code is written.
 
     A login shell (`bash -l`), because that is where clusters define `module`;
     the backend's `env` is exported after the profile so that it wins. The
@@ -200,8 +209,9 @@ def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: 
         + ".partial "
         + running
     )
+    lines += _meter_stop_lines()
     lines.append(
-        "finish() { printf '%s\\n' \"$1\" > "
+        "finish() { stop_meter; printf '%s\\n' \"$1\" > "
         + exit_code
         + ".partial && mv -f "
         + exit_code
@@ -212,11 +222,23 @@ def job_script(settings: SlurmSettings, run_id: str, job_dir: str, worker_argv: 
     for line in settings.prelude:
         message = q("potato-queue: the prelude line failed: " + line)
         lines += ["{", line, "}} 2>> {} || {{ echo {} >> {}; finish 2; }}".format(stderr_log, message, stderr_log)]
+    if meter_argv:
+        meter = " ".join(q(part) for part in meter_argv) + " < /dev/null 2>> {}".format(stderr_log)
+        lines.append("if command -v nvidia-smi > /dev/null 2>&1; then {} & meter=$!; fi".format(meter))
     worker = " ".join(q(part) for part in worker_argv) + " < /dev/null >> {} 2>> {}".format(
         q(job_dir + "/events.jsonl"), stderr_log
     )
     lines += _requeuing_worker(worker, job_dir) if settings.requeue else [worker, 'finish "$?"']
     return "\n".join(lines) + "\n"
+
+
+def _meter_stop_lines() -> List[str]:
+    """The GPU meter's stop: SIGTERM, and its last figures written, before the job's end is (the agent reads
+    gpu_usage.json once it sees exit_code)."""
+    return [
+        'meter=""',
+        'stop_meter() { if [ -n "$meter" ]; then kill -TERM "$meter" 2>/dev/null; wait "$meter"; meter=""; fi; }',
+    ]
 
 
 def _requeuing_worker(worker: str, job_dir: str) -> List[str]:
@@ -244,6 +266,7 @@ def _requeuing_worker(worker: str, job_dir: str) -> List[str]:
         'if [ "$code" = 6 ]; then',
         "  rm -f {}".format(q(job_dir + "/running")),
         '  if [ "$usr1" = 1 ]; then scontrol requeue "$SLURM_JOB_ID" 2>> {}; fi'.format(q(job_dir + "/stderr.log")),
+        "  stop_meter",
         "  exit 0",
         "fi",
         'finish "$code"',

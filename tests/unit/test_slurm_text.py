@@ -28,7 +28,7 @@ from potato_queue.agent.launchers.slurm_flags import (
     version_of,
 )
 from potato_queue.executors.slurm import default_partition, parse_sinfo
-from potato_queue.wire.isolated import allowed_env
+from potato_queue.wire.isolated import allowed_env, python_argv
 from potato_queue.wire.job import GpuWatch as GpuWatchSettings
 from potato_queue.wire.sbatch import (
     SBATCH_FLAGS,
@@ -228,6 +228,69 @@ def test_job_sh_writes_events_stderr_and_the_exit_code(tmp_path: Path) -> None:
     assert json.loads((folder / "events.jsonl").read_text()) == {"event": "status", "state": "running"}
     assert (folder / "stderr.log").read_text() == "a line on stderr it's set 2"
     assert (folder / "exit_code").read_text() == "3\n" and (folder / "running").read_text() == "node7\n"
+
+
+def test_job_sh_meters_the_nodes_gpus_beside_the_worker_and_stops_the_meter_before_the_exit_code(
+    tmp_path: Path,
+) -> None:
+    """The real meter (agent/gpu_meter.py) on the node's GPUs (a scripted nvidia-smi: this machine has none)."""
+    from tests.fake_gpus import FakeGpus
+
+    gpus = FakeGpus(tmp_path / "bin", "0, NVIDIA A100, 70000, 81920, 0, 8.0\n", "0, 180.0, 95, 22000\n")
+    job = tmp_path / "job"
+    (job / "work").mkdir(parents=True)
+    out = job / "gpu_usage.json"
+    meter = python_argv(sys.executable, "potato_queue.agent.gpu_meter", ["--out", str(out), "--sample-s", "0.1"])
+    worker = [sys.executable, "-c", "import time; time.sleep(1.5)"]
+    script = job / "job.sh"
+    # The backend's env, exported after the login shell's profile: its PATH finds the node's nvidia-smi.
+    script.write_text(job_script(SlurmSettings.of({"env": {"PATH": gpus.path}}), "r1", str(job), worker, meter))
+    script.chmod(0o700)
+    done = subprocess.run([str(script)], cwd=job / "work", env={"HOME": str(tmp_path)}, timeout=60, check=False)
+    assert done.returncode == 0, (job / "stderr.log").read_text()
+    usage = json.loads(out.read_text())  # whole before exit_code: the agent reads it once it sees that
+    assert usage["gpus"] == ["0"] and usage["mean_utilization_pct"] == 95.0 and usage["samples"] >= 5, usage
+    assert 1.0 <= usage["gpu_seconds"] < 30  # from the meter's start (its Python starts beside the worker's)
+    assert usage["energy_wh"] == pytest.approx(180.0 * usage["gpu_seconds"] / 3600, rel=1e-3)
+    # A node without nvidia-smi: no meter, and no file.
+    out.unlink()
+    (job / "exit_code").unlink()
+    script.write_text(job_script(SlurmSettings.of({"env": {"PATH": "/usr/bin:/bin"}}), "r1", str(job), worker, meter))
+    done = subprocess.run([str(script)], cwd=job / "work", env={"HOME": str(tmp_path)}, timeout=60, check=False)
+    assert done.returncode == 0 and not out.exists()
+
+
+def test_two_spells_of_a_requeued_jobs_gpu_use_add_up() -> None:
+    from potato_queue.agent.gpu_meter import combine
+
+    first = {
+        "gpus": ["0"],
+        "gpu_seconds": 100.0,
+        "energy_wh": 5.0,
+        "mean_utilization_pct": 90.0,
+        "peak_memory_mb": 9000.0,
+        "samples": 9,
+        "sample_s": 10,
+    }
+    second = {
+        "gpus": ["0"],
+        "gpu_seconds": 50.0,
+        "energy_wh": None,
+        "mean_utilization_pct": 60.0,
+        "peak_memory_mb": 12000.0,
+        "samples": 3,
+        "sample_s": 10,
+    }
+    assert combine(first, second) == {
+        "gpus": ["0"],
+        "gpu_seconds": 150.0,
+        "energy_wh": 5.0,
+        "mean_utilization_pct": 82.5,
+        "peak_memory_mb": 12000.0,
+        "samples": 12,
+        "sample_s": 10,
+    }
+    assert combine(None, second) == second and combine(first, {"gpus": [], "why": "x"}) == first
 
 
 # The worker leaves at once on USR1 (os._exit): a shell that took wait's 128+n for the worker's status wrote

@@ -12,7 +12,7 @@ To write a launcher: subclass both, implement every method that raises
 NotImplementedError, and keep the promises in the docstrings.
 """
 
-from typing import NamedTuple, Optional, Tuple
+from typing import Any, Dict, NamedTuple, Optional, Tuple
 
 from potato_queue.agent.errors import LaunchError
 from potato_queue.agent.relay import EventRelay
@@ -97,6 +97,11 @@ class WorkerHandle:
         """The process group the worker leads on this host; None where it runs elsewhere (a batch job on a
         compute node). The runner samples this host's GPUs, and looks for the run's leftovers on them,
         only for a worker here."""
+        return None
+
+    def gpu_usage(self) -> Optional[Dict[str, Any]]:
+        """After the exit, for a worker that ran elsewhere: the GPU use measured where it ran (the `usage`
+        event's fields: agent/gpu_watch.py), or None when none was."""
         return None
 
 

@@ -14,8 +14,9 @@ import re
 import subprocess
 import threading
 import time
-from typing import Callable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from potato_queue.agent.gpu_meter import read_usage
 from potato_queue.agent.launchers.base import LaunchError, WorkerEnded, WorkerHandle, WorkerLauncher
 from potato_queue.agent.launchers.follower import Follower
 from potato_queue.agent.launchers.slurm_flags import SlurmTooOld, refuse_unknown_flag
@@ -25,6 +26,7 @@ from potato_queue.wire.files import write_atomic
 from potato_queue.wire.isolated import allowed_env, python_argv, shared_code_root
 from potato_queue.wire.sbatch import (
     CANCEL_MARKER,
+    GPU_USAGE_FILE,
     NO_SBATCH_FIX,
     SlurmSettings,
     job_name,
@@ -52,6 +54,10 @@ class SlurmJob(WorkerHandle):
         self._followers = []  # type: List[Follower]
 
     # -- what the runner calls ------------------------------------------------
+    def gpu_usage(self) -> Optional[Dict[str, Any]]:
+        """What job.sh's GPU meter wrote on the compute node (nothing where the node has no nvidia-smi)."""
+        return read_usage(os.path.join(self.job_dir, GPU_USAGE_FILE))
+
     def started_status(self) -> Tuple[str, str]:
         return "pending", "Submitted SLURM job {}: {}".format(self.job_id, " ".join(self.flags) or "no flags")
 
@@ -173,15 +179,19 @@ class SlurmLauncher(WorkerLauncher):
     def start(self, spec_path: str, workdir: str) -> SlurmJob:
         job_dir = os.path.dirname(os.path.abspath(spec_path))
         run_id = os.path.basename(job_dir)
+        code_root = shared_code_root(os.path.dirname(job_dir))
         worker = python_argv(
+            self.settings.job_python, "potato_queue.worker", ["--spec", spec_path], code_root=code_root
+        )
+        meter = python_argv(
             self.settings.job_python,
-            "potato_queue.worker",
-            ["--spec", spec_path],
-            code_root=shared_code_root(os.path.dirname(job_dir)),
+            "potato_queue.agent.gpu_meter",
+            ["--out", os.path.join(job_dir, GPU_USAGE_FILE)],
+            code_root=code_root,
         )
         write_atomic(
             os.path.join(job_dir, "job.sh"),
-            job_script(self.settings, run_id, job_dir, worker),
+            job_script(self.settings, run_id, job_dir, worker, meter),
             mode=0o600,
             durable=False,
         )

@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
+from tests.fake_gpus import FakeGpus
 from tests.lifecycle_helpers import (
     TERMINAL,
     Services,
@@ -144,11 +145,13 @@ def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(
     for name in ("srun", "sacct"):
         (shim / name).write_text(f'#!/bin/sh\necho {name} >> {called}\nexec /usr/bin/{name} "$@"\n')
         (shim / name).chmod(0o755)
+    # The compute node's nvidia-smi is a script (this machine has no GPU): job.sh's GPU meter samples it.
+    gpus = FakeGpus(tmp_path / "gpus", "0, NVIDIA A100, 70000, 81920, 0, 8.0\n", "0, 240.0, 77, 18000\n")
     # The prelude runs in the job, before the worker: it shows the GPU SLURM handed the job.
     svc = svc_factory(
         gres="gpu:1",
         time="00:10:00",
-        env={"PATH": f"{shim}:/usr/local/bin:/usr/bin:/bin"},
+        env={"PATH": f"{gpus.folder}:{shim}:/usr/local/bin:/usr/bin:/bin"},
         prelude=['echo "job sees CUDA_VISIBLE_DEVICES=$CUDA_VISIBLE_DEVICES" >&2'],
     )
     run_id = svc.start_run(**MAJORITY)
@@ -160,6 +163,9 @@ def test_a_run_through_sbatch_succeeds_with_its_gres_gpu(
     assert f"SLURM job {job}: RUNNING on {NODE}" in log
     assert "job sees CUDA_VISIBLE_DEVICES=0" in log, log
     assert run["metrics"], run
+    usage = run["gpu_usage"]  # measured on the compute node, beside the worker
+    assert usage["gpus"] == ["0"] and usage["mean_utilization_pct"] == 77.0 and usage["samples"] >= 2, usage
+    assert usage["energy_wh"] == pytest.approx(240.0 * usage["gpu_seconds"] / 3600, rel=1e-3)
     assert run_paths(svc, run_id).predictions.stat().st_size > 0
     assert list((shared / "jobs").iterdir()) == [], "the job folder is removed after the copy back"
     slurm.wait_empty()  # the agent ends at the job's exit_code file; SLURM may list it COMPLETING a moment longer

@@ -1,0 +1,90 @@
+"""A SLURM job's GPUs, measured on its compute node: `python -m potato_queue.agent.gpu_meter --out FILE`.
+
+job.sh starts it beside the worker where the node has nvidia-smi (the agent, on the login node, cannot see
+the job's GPUs) and stops it before the job's exit_code is written; the agent then reads FILE (its `usage`
+event's fields: gpu_watch.py). A requeued job runs it again, and its figures are added to the earlier
+spell's. Standard library only, Python 3.8+: it runs from the job's shared copy of the code.
+"""
+
+import argparse
+import json
+import os
+import signal
+import threading
+from typing import Any, Dict, List, Optional
+
+from potato_queue.agent.gpu_watch import USAGE_REPORT_S, GpuWatch, run_gpus
+from potato_queue.wire.job import GpuWatch as GpuWatchSettings
+
+__all__ = ["combine", "read_usage", "meter_main"]
+
+
+def combine(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, Any]:
+    """Two spells of one run's use as one (a requeued SLURM job runs its worker, and its meter, again)."""
+    if not before or not before.get("gpus"):
+        return now
+    if not now.get("gpus"):
+        return before
+
+    def total(name: str) -> Optional[float]:
+        values = [u.get(name) for u in (before, now) if u.get(name) is not None]
+        return round(sum(values), 6) if values else None
+
+    weighted = [(u.get("mean_utilization_pct"), u.get("samples") or 0) for u in (before, now)]
+    weights = sum(n for mean, n in weighted if mean is not None)
+    peaks = [u["peak_memory_mb"] for u in (before, now) if u.get("peak_memory_mb") is not None]
+    return {
+        "gpus": sorted(set(before["gpus"]) | set(now["gpus"])),
+        "gpu_seconds": total("gpu_seconds"),
+        "energy_wh": total("energy_wh"),
+        "mean_utilization_pct": round(sum(m * n for m, n in weighted if m is not None) / weights, 1)
+        if weights
+        else None,
+        "peak_memory_mb": max(peaks) if peaks else None,
+        "samples": (before.get("samples") or 0) + (now.get("samples") or 0),
+        "sample_s": now.get("sample_s"),
+    }
+
+
+def read_usage(path: str) -> Optional[Dict[str, Any]]:
+    """What a meter wrote to `path`; None when it wrote nothing (or nothing whole)."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            found = json.load(fh)
+        return found if isinstance(found, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def _write_usage(path: str, usage: Dict[str, Any]) -> None:
+    partial = path + ".partial"
+    with open(partial, "w", encoding="utf-8") as fh:
+        json.dump(usage, fh)
+    os.replace(partial, path)  # whole: the agent may read it at any moment
+
+
+def meter_main(argv: Optional[List[str]] = None) -> int:
+    """`python -m potato_queue.agent.gpu_meter --out FILE`: a SLURM job's GPUs sampled on its compute node,
+    beside its worker, until SIGTERM (job.sh's, or scancel's): the usage written to FILE every minute and
+    at the end, added to what an earlier spell of the same job wrote there."""
+    parser = argparse.ArgumentParser(prog="python -m potato_queue.agent.gpu_meter")
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--sample-s", type=float, default=GpuWatchSettings.sample_s)
+    args = parser.parse_args(argv)
+    before = read_usage(args.out)
+    indexes, why = run_gpus("auto", None)
+    if not indexes:
+        _write_usage(args.out, combine(before, {"gpus": [], "why": why}))
+        return 0
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
+    watch = GpuWatch(indexes, None, GpuWatchSettings(sample_s=args.sample_s), lambda line: None).start()
+    while not stop.wait(USAGE_REPORT_S):
+        _write_usage(args.out, combine(before, watch.usage()))
+    _write_usage(args.out, combine(before, watch.stop()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(meter_main())
