@@ -11,12 +11,13 @@ import json
 import os
 import signal
 import threading
+import time
 from typing import Any, Dict, List, Optional
 
-from potato_queue.agent.gpu_watch import USAGE_REPORT_S, GpuWatch, run_gpus
+from potato_queue.agent.gpu_watch import GpuWatch, run_gpus
 from potato_queue.wire.job import GpuWatch as GpuWatchSettings
 
-__all__ = ["combine", "read_usage", "meter_main"]
+__all__ = ["combine", "read_usage", "settings_of", "meter_main"]
 
 
 def combine(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, Any]:
@@ -63,15 +64,29 @@ def _write_usage(path: str, usage: Dict[str, Any]) -> None:
     os.replace(partial, path)  # whole: the agent may read it at any moment
 
 
+def settings_of(spec_path: Optional[str]) -> GpuWatchSettings:
+    """The run's gpu_watch from its spec.json (the defaults when it names none)."""
+    try:
+        with open(spec_path or "", encoding="utf-8") as fh:
+            raw = json.load(fh).get("gpu_watch") or {}
+        return GpuWatchSettings(
+            sample_s=float(raw.get("sample_s", GpuWatchSettings.sample_s)),
+            idle_utilization_pct=float(raw.get("idle_utilization_pct", GpuWatchSettings.idle_utilization_pct)),
+        )
+    except (OSError, ValueError, TypeError, AttributeError):
+        return GpuWatchSettings()
+
+
 def meter_main(argv: Optional[List[str]] = None) -> int:
-    """`python -m potato_queue.agent.gpu_meter --out FILE`: a SLURM job's GPUs sampled on its compute node,
-    beside its worker, until SIGTERM (job.sh's, or scancel's): the usage written to FILE every minute and
-    at the end, added to what an earlier spell of the same job wrote there."""
+    """`python -m potato_queue.agent.gpu_meter --out FILE [--spec spec.json]`: a SLURM job's GPUs sampled on
+    its compute node, beside its worker, until SIGTERM (job.sh's, or scancel's): the usage so far written to
+    FILE after each sample (with `idle_s`, for the agent's idle guard) and at the end, added to what an
+    earlier spell of the same job wrote there."""
     parser = argparse.ArgumentParser(prog="python -m potato_queue.agent.gpu_meter")
     parser.add_argument("--out", required=True)
-    parser.add_argument("--sample-s", type=float, default=GpuWatchSettings.sample_s)
+    parser.add_argument("--spec", help="the run's spec.json: its gpu_watch (sample_s, idle_utilization_pct)")
     args = parser.parse_args(argv)
-    before = read_usage(args.out)
+    settings, before = settings_of(args.spec), read_usage(args.out)
     indexes, why = run_gpus("auto", None)
     if not indexes:
         _write_usage(args.out, combine(before, {"gpus": [], "why": why}))
@@ -79,9 +94,10 @@ def meter_main(argv: Optional[List[str]] = None) -> int:
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda _signum, _frame: stop.set())
-    watch = GpuWatch(indexes, None, GpuWatchSettings(sample_s=args.sample_s), lambda line: None).start()
-    while not stop.wait(USAGE_REPORT_S):
-        _write_usage(args.out, combine(before, watch.usage()))
+    watch = GpuWatch(indexes, None, settings, lambda line: None).start()
+    while not stop.wait(settings.sample_s):
+        with_idle = dict(combine(before, watch.usage()), idle_s=round(watch.meter.idle_s(time.monotonic()), 3))
+        _write_usage(args.out, with_idle)
     _write_usage(args.out, combine(before, watch.stop()))
     return 0
 

@@ -39,6 +39,7 @@ from potato_queue.wire.job import GpuWatch as GpuWatchSettings
 __all__ = [
     "UsageMeter",
     "GpuWatch",
+    "idle_verdict",
     "run_gpus",
     "leftovers",
     "stop_leftovers",
@@ -169,12 +170,21 @@ class UsageMeter:
 
 
 class GpuWatch:
-    """Samples the run's GPUs every `settings.sample_s` from a thread, from start() to stop()."""
+    """Samples the run's GPUs every `settings.sample_s` from a thread, from start() to stop(); or, for a worker
+    that runs elsewhere, reads what the meter beside it wrote (`remote`: a SLURM job's gpu_usage.json)."""
 
-    def __init__(self, indexes: Sequence[int], why_none: Optional[str], settings: GpuWatchSettings, log: Log) -> None:
+    def __init__(
+        self,
+        indexes: Sequence[int],
+        why_none: Optional[str],
+        settings: GpuWatchSettings,
+        log: Log,
+        remote: Optional[Callable[[], Optional[Dict[str, Any]]]] = None,
+    ) -> None:
         self.settings = settings
         self.why_none = why_none
         self.log = log
+        self.remote = remote
         self.meter = UsageMeter(indexes, time.monotonic(), settings.idle_utilization_pct)
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -184,11 +194,11 @@ class GpuWatch:
 
     @property
     def measures(self) -> bool:
-        return bool(self.meter.indexes)
+        return bool(self.meter.indexes) or self.remote is not None
 
     def start(self) -> "GpuWatch":
         self.meter.start_s = self.meter.busy_at_s = time.monotonic()
-        if self.measures:
+        if self.meter.indexes:
             self._thread = threading.Thread(target=self._sample_forever, name="gpu-watch", daemon=True)
             self._thread.start()
         return self
@@ -215,8 +225,14 @@ class GpuWatch:
         self.ended_s = time.monotonic()
         return self.usage()
 
+    def _remote(self) -> Optional[Dict[str, Any]]:
+        found = self.remote() if self.remote is not None else None
+        return found if found and found.get("gpus") else None
+
     def usage(self) -> Dict[str, Any]:
         """The usage so far (or, after stop(), the run's): GPU-seconds, watt-hours, utilization, memory."""
+        if self.remote is not None:
+            return self._remote() or {"gpus": [], "why": self.why_none}
         if not self.measures:
             return {"gpus": [], "why": self.why_none}
         with self._lock:
@@ -225,30 +241,46 @@ class GpuWatch:
     def idle_check(self) -> "tuple[Optional[str], Optional[str]]":
         """(a warning for the step line, once; the reason to stop the run) from the idle guard; both None
         while it is off, the GPUs are busy, or the run measures no GPU."""
-        limit_s = self.settings.idle_stop_s
-        if not limit_s or not self.measures:
+        if not self.settings.idle_stop_s or not self.measures:
             return None, None
-        with self._lock:
-            idle_s = self.meter.idle_s(time.monotonic())
-        floor = "{:g}%".format(self.settings.idle_utilization_pct)
-        gpus = ", ".join("GPU {}".format(index) for index in self.meter.indexes)
-        if idle_s >= limit_s:
-            return None, (
-                "the run's GPUs ({}) stayed under {} utilization for {:.0f} s, past "
-                "model_training.gpu_watch.idle_stop_s ({:g} s): the idle guard stopped the run".format(
-                    gpus, floor, idle_s, limit_s
-                )
-            )
-        if idle_s >= limit_s / 2 and not self.warned:
-            self.warned = True
-            return (
-                "the run's GPUs ({}) have been under {} utilization for {:.0f} s: the idle guard stops the run "
-                "at {:g} s unless they get busy".format(gpus, floor, idle_s, limit_s),
-                None,
-            )
-        if idle_s < limit_s / 2:
-            self.warned = False  # busy again: a later idle spell is warned of again
-        return None, None
+        if self.remote is not None:
+            found = self._remote()
+            if found is None:
+                return None, None
+            gpus, idle_s = [str(g) for g in found["gpus"]], float(found.get("idle_s") or 0.0)
+        else:
+            with self._lock:
+                idle_s = self.meter.idle_s(time.monotonic())
+            gpus = [str(index) for index in self.meter.indexes]
+        warning, stop, self.warned = idle_verdict(gpus, idle_s, self.settings, self.warned)
+        return warning, stop
+
+
+def idle_verdict(
+    gpus: Sequence[str], idle_s: float, settings: GpuWatchSettings, warned: bool
+) -> "tuple[Optional[str], Optional[str], bool]":
+    """The idle guard's words for GPUs idle `idle_s`: (a warning, once, at half the limit; the reason to stop,
+    past it; whether it has warned now)."""
+    limit_s = settings.idle_stop_s or 0.0
+    floor = "{:g}%".format(settings.idle_utilization_pct)
+    named = ", ".join("GPU {}".format(gpu) for gpu in gpus)
+    if idle_s >= limit_s:
+        return (
+            None,
+            "the run's GPUs ({}) stayed under {} utilization for {:.0f} s, past "
+            "model_training.gpu_watch.idle_stop_s ({:g} s): the idle guard stopped the run".format(
+                named, floor, idle_s, limit_s
+            ),
+            warned,
+        )
+    if idle_s >= limit_s / 2 and not warned:
+        return (
+            "the run's GPUs ({}) have been under {} utilization for {:.0f} s: the idle guard stops the run "
+            "at {:g} s unless they get busy".format(named, floor, idle_s, limit_s),
+            None,
+            True,
+        )
+    return None, None, warned and idle_s >= limit_s / 2  # busy again: a later idle spell is warned of again
 
 
 def _environ_names_run(pid: int, run_id: str) -> bool:

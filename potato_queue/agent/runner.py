@@ -159,10 +159,10 @@ class Runner:
     def _watch_gpus(self, job: Job, worker: WorkerHandle) -> GpuWatch:
         """The run's GPUs sampled from now on (GPU-hours, energy, the idle guard); none for a worker that runs
         elsewhere, or on the CPU."""
-        if worker.local_group() is None:
-            indexes, why = [], "{} reported no GPU use from its node (no nvidia-smi there)".format(worker.describe())
-        else:
-            indexes, why = run_gpus(job.limits.device, self.gpu.visible_devices if self.gpu else None)
+        if worker.local_group() is None:  # the meter beside it measures (a SLURM job's, on its node)
+            why = "{} reported no GPU use from its node (no nvidia-smi there)".format(worker.describe())
+            return GpuWatch([], why, job.gpu_watch, self.log, remote=worker.gpu_usage).start()
+        indexes, why = run_gpus(job.limits.device, self.gpu.visible_devices if self.gpu else None)
         if indexes:
             self.log(
                 "GPU use: sampling GPU {} every {:g} s".format(", ".join(map(str, indexes)), job.gpu_watch.sample_s)
@@ -171,8 +171,7 @@ class Runner:
 
     def _after_worker(self, job: Job, worker: WorkerHandle, gpus: GpuWatch) -> None:
         """The run's GPU use, sent; then the leak guard: what of the run still holds GPU memory is killed."""
-        measured, elsewhere = gpus.stop(), worker.gpu_usage()
-        self.relay.emit("usage", **(elsewhere if elsewhere is not None else measured))
+        self.relay.emit("usage", **gpus.stop())
         if job.gpu_watch.leak_guard and worker.local_group() is not None:
             for line in stop_leftovers(job.run_id, worker.local_group(), self.log):
                 self.relay.emit("log", level="warning", msg=line)
@@ -287,10 +286,13 @@ class Runner:
         """Once a second: the idle guard (its warning on the step line, its stop); every minute, the usage."""
         if now < watch.next_gpu_check or not gpus.measures:
             return
-        watch.next_gpu_check = now + 1.0
+        # A meter elsewhere (a SLURM job's) writes its figures once a sample: no point reading them oftener.
+        watch.next_gpu_check = now + (1.0 if gpus.remote is None else max(1.0, gpus.settings.sample_s))
         if now >= watch.next_usage_report:
             watch.next_usage_report = now + USAGE_REPORT_S
-            self.relay.emit("usage", **gpus.usage())
+            usage = gpus.usage()
+            if usage["gpus"]:  # a job still pending has no figures yet: nothing to say
+                self.relay.emit("usage", **usage)
         warning, stop = gpus.idle_check()
         if warning is not None:
             self.log(warning)

@@ -126,4 +126,6 @@ class Job:
             spec["checkpoint_dir"] = checkpoint_dir
         if gpus is not None:
             spec["gpus"] = gpus
+        # Ours beyond Potato's spec, read by a SLURM job's GPU meter (agent/gpu_meter.py), not by the worker.
+        spec["gpu_watch"] = asdict(self.gpu_watch)
         return spec

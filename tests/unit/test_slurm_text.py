@@ -240,7 +240,9 @@ def test_job_sh_meters_the_nodes_gpus_beside_the_worker_and_stops_the_meter_befo
     job = tmp_path / "job"
     (job / "work").mkdir(parents=True)
     out = job / "gpu_usage.json"
-    meter = python_argv(sys.executable, "potato_queue.agent.gpu_meter", ["--out", str(out), "--sample-s", "0.1"])
+    spec = job / "spec.json"  # the run's gpu_watch, as the agent writes it into the worker's spec
+    spec.write_text(json.dumps({"gpu_watch": {"sample_s": 0.1, "idle_utilization_pct": 5.0}}))
+    meter = python_argv(sys.executable, "potato_queue.agent.gpu_meter", ["--out", str(out), "--spec", str(spec)])
     worker = [sys.executable, "-c", "import time; time.sleep(1.5)"]
     script = job / "job.sh"
     # The backend's env, exported after the login shell's profile: its PATH finds the node's nvidia-smi.

@@ -186,7 +186,7 @@ class SlurmLauncher(WorkerLauncher):
         meter = python_argv(
             self.settings.job_python,
             "potato_queue.agent.gpu_meter",
-            ["--out", os.path.join(job_dir, GPU_USAGE_FILE)],
+            ["--out", os.path.join(job_dir, GPU_USAGE_FILE), "--spec", spec_path],
             code_root=code_root,
         )
         write_atomic(
