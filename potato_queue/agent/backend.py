@@ -104,6 +104,8 @@ class BackendAgent:
         self.transport = Transport(server, token, log=log, ca_file=ca_file)
         self.stopping = threading.Event()
         self.draining = threading.Event()  # finish the run in flight, claim no new one, exit 0
+        self.drain_reason = ""
+        self.in_claim = False  # waiting in a claim's long-poll: nothing claimed that a quick exit would lose
         self.runner = None  # type: Optional[Runner]
         # Each run's launcher: by default its worker is a process here, started ahead while we wait for work.
         self.new_launcher = launcher_factory or (lambda: ProcessLauncher(python, worker_env()))
@@ -124,16 +126,18 @@ class BackendAgent:
 
     def drain(self, reason: str) -> None:
         """Finish the run in flight and claim no new one, then leave serve() with 0 (SIGUSR1, `--drain`, the
-        server's switch). Safe in a signal handler: the server is told, and the log written, by a thread."""
+        server's switch). Only sets a flag (it runs in a signal handler): the thread serve() started says it."""
         if not self.draining.is_set():
+            self.drain_reason = reason
             self.draining.set()
-            self.me["draining"] = True
-            threading.Thread(target=self._say_draining, args=(reason,), name="drain", daemon=True).start()
 
-    def _say_draining(self, reason: str) -> None:
-        """Our log and the server (`training check` shows a draining agent): one claim that claims nothing."""
+    def _say_draining(self) -> None:
+        """Once draining: our log, and the server (`training check` shows a draining agent), with a claim that
+        claims nothing."""
+        self.draining.wait()
         what = "its run finishes, then it exits" if self.runner is not None else "no run in flight: it exits"
-        self.log("draining ({}): the agent claims no new run; {}".format(reason, what))
+        self.log("draining ({}): the agent claims no new run; {}".format(self.drain_reason, what))
+        self.me["draining"] = True
         path = "backends/{}/claim".format(quote(self.backend, safe=""))
         try:
             self.transport.call("POST", path, self.me, query="?wait_s=0", timeout_s=15, give_up_s=15, what="drain")
@@ -144,6 +148,8 @@ class BackendAgent:
         """Until stopped: 0 (with `once`, after one run: its exit code), or EXIT_REFUSED when the server
         refuses us."""
         self.me.update(describe_python(self.python))
+        saying = threading.Thread(target=self._say_draining, name="drain", daemon=True)
+        saying.start()
         self.log(
             "agent for backend {} on {}: server {}, workdir {}, worker Python {} ({})".format(
                 self.backend, self.me["host"], self.server, self.workdir, self.me.get("python", "?"), self.python
@@ -169,6 +175,7 @@ class BackendAgent:
                 if self.once:
                     return code
             if self.draining.is_set():
+                saying.join(20.0)  # the log line and the server's word of it, before the exit
                 self.log("drained: no run in flight, none claimed; the agent exits")
         except ApiError as exc:
             self.log(self._refusal(exc))
@@ -221,6 +228,7 @@ class BackendAgent:
             self.launcher.prestart()  # the next run's worker starts while we wait (cancel and start are faster)
         path = "backends/{}/claim".format(quote(self.backend, safe=""))
         wait_s = GPU_CLAIM_WAIT_S if self.min_free_gpu_mb > 0 else CLAIM_WAIT_S
+        self.in_claim = True
         try:
             reply = self.transport.call(
                 "POST",
@@ -233,6 +241,8 @@ class BackendAgent:
             )
         except Unreachable:
             return None  # only when stopping: the policy retries for ever otherwise
+        finally:
+            self.in_claim = False
         return reply if reply.get("run_id") or reply.get("drain") else None
 
     def _run(self, claim: Dict[str, Any]) -> int:

@@ -57,7 +57,8 @@ def _is_an_agent(pid: int) -> bool:
     try:
         with open("/proc/{}/cmdline".format(pid), "rb") as fh:
             command = fh.read()
-        return b"potato_queue" in command or b"agent" in command  # agent.pyz's argv names no package
+        # `potato-queue training agent`, `python -m potato_queue.agent serve` or `python agent.pyz`, serving a backend
+        return (b"potato_queue" in command or b".pyz" in command) and b"--backend" in command
 
     except FileNotFoundError:
         return False
@@ -100,9 +101,8 @@ def drain_on_sigusr1(agent: Any) -> None:
     """SIGUSR1 drains `agent` (a BackendAgent): with no run in flight it leaves the claim it waits in, at once."""
 
     def handler(signum: int, _frame: object) -> None:
-        if agent.runner is None:
-            agent.log("drained (the agent got SIGUSR1): no run in flight; the agent exits")
-            raise SystemExit(0)  # nothing to finish: the claim that waits is left
-        agent.drain("the agent got SIGUSR1")
+        if agent.runner is None and agent.in_claim:
+            raise SystemExit(0)  # nothing to finish: the claim that waits (and has claimed nothing) is left
+        agent.drain("the agent got SIGUSR1")  # a flag: a run claimed a moment ago still runs, then it exits
 
     signal.signal(signal.SIGUSR1, handler)

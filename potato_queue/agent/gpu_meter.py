@@ -10,7 +10,6 @@ import argparse
 import json
 import os
 import signal
-import threading
 import time
 from typing import Any, Dict, List, Optional
 
@@ -18,6 +17,8 @@ from potato_queue.agent.gpu_watch import GpuWatch, run_gpus
 from potato_queue.wire.job import GpuWatch as GpuWatchSettings
 
 __all__ = ["combine", "read_usage", "settings_of", "meter_main"]
+
+STOP_LOOK_S = 0.1  # how soon a SIGTERM is acted on
 
 
 def combine(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, Any]:
@@ -64,17 +65,20 @@ def _write_usage(path: str, usage: Dict[str, Any]) -> None:
     os.replace(partial, path)  # whole: the agent may read it at any moment
 
 
-def settings_of(spec_path: Optional[str]) -> GpuWatchSettings:
-    """The run's gpu_watch from its spec.json (the defaults when it names none)."""
+def settings_of(spec_path: Optional[str]) -> "tuple[GpuWatchSettings, str]":
+    """The run's gpu_watch and its device (`limits.device`) from its spec.json; the defaults where it names
+    none."""
     try:
         with open(spec_path or "", encoding="utf-8") as fh:
-            raw = json.load(fh).get("gpu_watch") or {}
-        return GpuWatchSettings(
+            spec = json.load(fh)
+        raw = spec.get("gpu_watch") or {}
+        settings = GpuWatchSettings(
             sample_s=float(raw.get("sample_s", GpuWatchSettings.sample_s)),
             idle_utilization_pct=float(raw.get("idle_utilization_pct", GpuWatchSettings.idle_utilization_pct)),
         )
+        return settings, str((spec.get("limits") or {}).get("device") or "auto")
     except (OSError, ValueError, TypeError, AttributeError):
-        return GpuWatchSettings()
+        return GpuWatchSettings(), "auto"
 
 
 def meter_main(argv: Optional[List[str]] = None) -> int:
@@ -86,18 +90,23 @@ def meter_main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--spec", help="the run's spec.json: its gpu_watch (sample_s, idle_utilization_pct)")
     args = parser.parse_args(argv)
-    settings, before = settings_of(args.spec), read_usage(args.out)
-    indexes, why = run_gpus("auto", None)
+    (settings, device), before = settings_of(args.spec), read_usage(args.out)
+    indexes, why = run_gpus(device, None)
     if not indexes:
         _write_usage(args.out, combine(before, {"gpus": [], "why": why}))
         return 0
-    stop = threading.Event()
+    stopped = []  # type: List[int]
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda _signum, _frame: stop.set())
+        # Only a flag: a handler that took a lock the interrupted code holds would never return.
+        signal.signal(signum, lambda signum, _frame: stopped.append(signum))
     watch = GpuWatch(indexes, None, settings, lambda line: None).start()
-    while not stop.wait(settings.sample_s):
-        with_idle = dict(combine(before, watch.usage()), idle_s=round(watch.meter.idle_s(time.monotonic()), 3))
-        _write_usage(args.out, with_idle)
+    next_write_s = time.monotonic() + settings.sample_s
+    while not stopped:
+        time.sleep(STOP_LOOK_S)
+        if time.monotonic() >= next_write_s:
+            next_write_s += settings.sample_s
+            idle_s = round(watch.meter.idle_s(time.monotonic()), 3)
+            _write_usage(args.out, dict(combine(before, watch.usage()), idle_s=idle_s))
     _write_usage(args.out, combine(before, watch.stop()))
     return 0
 

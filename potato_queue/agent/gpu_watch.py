@@ -63,14 +63,22 @@ Log = Callable[[str], None]
 
 
 def smi(query: Sequence[str]) -> Optional[str]:
-    """nvidia-smi's answer to `query`, or None when it failed or took over SMI_TIMEOUT_S."""
+    """nvidia-smi's answer to `query`, or None when it failed or took over SMI_TIMEOUT_S. Bounded even when
+    nvidia-smi hangs in the driver (then it cannot be reaped either: it is killed and left, not waited for)."""
     try:
-        done = subprocess.run(
-            list(query), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, timeout=SMI_TIMEOUT_S, check=False
-        )
-    except (OSError, subprocess.SubprocessError):
+        proc = subprocess.Popen(list(query), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    except OSError:
         return None
-    return done.stdout.decode(errors="replace") if done.returncode == 0 else None
+    try:
+        out, _ = proc.communicate(timeout=SMI_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            pass
+        return None
+    return out.decode(errors="replace") if proc.returncode == 0 else None
 
 
 def run_gpus(device: str, visible_devices: Optional[str]) -> "tuple[List[int], Optional[str]]":
@@ -220,8 +228,9 @@ class GpuWatch:
         """The last sample taken, sampling ended: the run's usage (the `usage` event's fields)."""
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(SMI_TIMEOUT_S)
-            self.sample_once()
+            self._thread.join(SMI_TIMEOUT_S + 1.0)
+            if not self._thread.is_alive():  # a sampler stuck in nvidia-smi: its GPU is not asked again
+                self.sample_once()
         self.ended_s = time.monotonic()
         return self.usage()
 
@@ -232,7 +241,10 @@ class GpuWatch:
     def usage(self) -> Dict[str, Any]:
         """The usage so far (or, after stop(), the run's): GPU-seconds, watt-hours, utilization, memory."""
         if self.remote is not None:
-            return self._remote() or {"gpus": [], "why": self.why_none}
+            found = self.remote()
+            if found and (found.get("gpus") or found.get("why")):
+                return found  # the meter's figures, or its own word of why it measured none
+            return {"gpus": [], "why": self.why_none}
         if not self.measures:
             return {"gpus": [], "why": self.why_none}
         with self._lock:

@@ -16,6 +16,7 @@ from typing import Any
 
 from potato_queue.config import BudgetConfig
 from potato_queue.lab.usage import energy_kwh, gpu_hours
+from potato_queue.run import FINAL_STATES
 
 __all__ = [
     "Cap",
@@ -25,6 +26,7 @@ __all__ = [
     "month_words",
     "used",
     "estimate",
+    "held",
     "over",
     "standing",
     "ESTIMATE_RUNS",
@@ -94,11 +96,15 @@ def used(cap: Cap, month_records: Iterable[Mapping[str, Any]]) -> float:
 
 
 def estimate(recent: Iterable[Mapping[str, Any]], trainer: str, backend: str, max_wall_s: float | None) -> Estimate:
-    """A new run's use, from the newest-first `recent` records."""
+    """A new run's use, from the newest-first `recent` records: the ended runs of its trainer on its backend
+    that reported their use (a run in flight has used only part of its)."""
     measured = [
         r["gpu_usage"]
         for r in recent
-        if r.get("trainer") == trainer and r.get("backend") == backend and isinstance(r.get("gpu_usage"), Mapping)
+        if r.get("trainer") == trainer
+        and r.get("backend") == backend
+        and r.get("state") in FINAL_STATES
+        and isinstance(r.get("gpu_usage"), Mapping)
     ][:ESTIMATE_RUNS]
     if measured:
         n = len(measured)
@@ -118,19 +124,44 @@ def estimate(recent: Iterable[Mapping[str, Any]], trainer: str, backend: str, ma
     )
 
 
+def held(
+    cap: Cap, month_records: Sequence[Mapping[str, Any]], recent: Sequence[Mapping[str, Any]], max_wall_s: float | None
+) -> tuple[float, int]:
+    """(what the month's runs not yet ended will still use of the cap's unit, by their estimates less what they
+    used so far; how many they are): a burst of submissions cannot all pass a cap that has room for one."""
+    total, count = 0.0, 0
+    for r in month_records:
+        if r.get("state") in FINAL_STATES or (cap.backend is not None and r.get("backend") != cap.backend):
+            continue
+        guess = estimate(recent, str(r.get("trainer")), str(r.get("backend")), max_wall_s).of(cap.unit)
+        total += max(0.0, guess - _amount(cap.unit, r.get("gpu_usage")))
+        count += 1
+    return total, count
+
+
 def over(
-    all_caps: list[Cap], month_records: Sequence[Mapping[str, Any]], backend: str, guess: Estimate, month: str
+    all_caps: list[Cap],
+    month_records: Sequence[Mapping[str, Any]],
+    recent: Sequence[Mapping[str, Any]],
+    max_wall_s: float | None,
+    new_run: tuple[str, str],
+    month: str,
 ) -> tuple[str, str] | None:
-    """(what is wrong, the fix) for the first cap the run would pass; None when it fits them all."""
+    """(what is wrong, the fix) for the first cap the new run (trainer, backend) would pass; None when it fits."""
+    trainer, backend = new_run
+    guess = estimate(recent, trainer, backend, max_wall_s)
     for cap in all_caps:
         if cap.backend not in (None, backend):
             continue
         spent, unit = used(cap, month_records), UNITS[cap.unit]
-        if spent + guess.of(cap.unit) <= cap.limit:
+        holding, runs = held(cap, month_records, recent, max_wall_s)
+        if spent + holding + guess.of(cap.unit) <= cap.limit:
             continue
+        still = f", {holding:.3g} more held by {runs} run{'s' if runs > 1 else ''} not ended" if runs else ""
         message = (
             f"The run would pass the {unit} budget of {cap.scope_words()} for {month_words(month)}: {spent:.3g} of "
-            f"{cap.limit:g} {unit} used, and this run is estimated at {guess.of(cap.unit):.3g} {unit} ({guess.basis})"
+            f"{cap.limit:g} {unit} used{still}, and this run is estimated at {guess.of(cap.unit):.3g} {unit} "
+            f"({guess.basis})"
         )
         fix = f"raise {cap.key}, wait for next month, or run on a backend with room left"
         return message, fix

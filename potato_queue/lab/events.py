@@ -84,10 +84,20 @@ def endpoints(config: ProjectConfig) -> list[Endpoint]:
                 events=tuple(str(e) for e in (events if isinstance(events, list) else [])),
                 active=bool(raw.get("active", True)),
                 secret=str(raw.get("secret") or ""),
-                timeout_seconds=float(raw.get("timeout_seconds", 10)),
+                timeout_seconds=_seconds(raw.get("timeout_seconds")),
             )
         )
     return [endpoint for endpoint in found if endpoint.active]
+
+
+def _seconds(value: Any) -> float:
+    """An endpoint's timeout_seconds; Potato's 10 for one that is not a number (Potato's own block, which
+    Potato checks, not us: a value it would take must not stop a run's events)."""
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return 10.0
+    return seconds if 0 < seconds < 3600 else 10.0
 
 
 def wants(endpoint: Endpoint, event: str) -> bool:

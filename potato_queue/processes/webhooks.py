@@ -14,6 +14,7 @@ import hashlib
 import heapq
 import hmac
 import json
+import logging
 import threading
 import time
 import urllib.request
@@ -33,6 +34,8 @@ __all__ = ["Sender", "StandardWebhookSender", "sender_for", "deliver_forever", "
 # Potato's (potato/webhooks/sender.py): the first try, then five retries.
 RETRY_SCHEDULE_S = (0, 5, 30, 120, 600, 3600)
 WAIT_S = 5.0
+MAX_WAITING = 10000  # deliveries an endpoint may have waiting (Potato's queue size)
+_log = logging.getLogger("potato_queue.webhooks")
 
 
 class Sender(Protocol):
@@ -57,6 +60,8 @@ class StandardWebhookSender:
     def emit(self, event_type: str, payload: dict[str, Any]) -> int:
         body = json.dumps(payload, ensure_ascii=False, default=str).encode()
         with self._wake:
+            if len(self._due) >= MAX_WAITING:
+                return 0  # dropped, as Potato drops past its queue's size: an endpoint down for long
             heapq.heappush(self._due, (time.monotonic(), f"msg_{uuid.uuid4().hex[:24]}", body, 0))
             self._wake.notify()
         return 1
@@ -81,17 +86,19 @@ class StandardWebhookSender:
         try:
             with urllib.request.urlopen(request, timeout=self.endpoint.timeout_seconds) as reply:  # noqa: S310
                 return 200 <= reply.status < 300
-        except (OSError, ValueError):
+        except Exception as exc:  # noqa: BLE001 - any failure is a failed try (a bad status line, a reset)
+            _log.warning("training event to webhook %r failed: %s: %s", self.endpoint.name, type(exc).__name__, exc)
             return False
 
 
-def sender_for(config: ProjectConfig, endpoint: Endpoint) -> Sender:
+def sender_for(config: ProjectConfig, endpoint: Endpoint, position: int) -> Sender:
     """Potato's own sender for one endpoint where Potato is installed, else ours."""
     try:
         from potato.webhooks.emitter import WebhookEmitter
     except ImportError:
         return StandardWebhookSender(endpoint)
-    folder = webhook_retry_dir(config, endpoint.name)
+    # By position too: two endpoints may share a name (Potato's default, `unnamed`).
+    folder = webhook_retry_dir(config, f"{position}-{endpoint.name}")
     # 0700: Potato keeps a failed delivery's secret beside it, in its retry database.
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     block = {
@@ -112,16 +119,24 @@ def sender_for(config: ProjectConfig, endpoint: Endpoint) -> Sender:
 def deliver_forever(config: ProjectConfig, store: RunStore) -> None:
     """Hand each queued training event to the senders of the endpoints that want it (the executor's thread)."""
     found = endpoints(config)
-    senders = {endpoint.name: sender_for(config, endpoint) for endpoint in found}
+    senders = [sender_for(config, endpoint, position) for position, endpoint in enumerate(found)]
     while True:
         try:
             item = store.webhooks.next(WAIT_S)
         except redis.RedisError:
             time.sleep(WAIT_S)  # Redis is away: the events wait in it
             continue
+        except (ValueError, KeyError, TypeError) as exc:
+            _log.warning("a queued training event could not be read, and was dropped: %s", exc)
+            continue
         if item is None:
             continue
         event, payload = item
-        for endpoint in found:
+        for endpoint, sender in zip(found, senders, strict=True):
             if wants(endpoint, event):
-                senders[endpoint.name].emit(event, payload)
+                try:
+                    sender.emit(event, payload)
+                except Exception as exc:  # noqa: BLE001 - one endpoint's failure is not the others'
+                    _log.warning(
+                        "training event %s for webhook %r: %s: %s", event, endpoint.name, type(exc).__name__, exc
+                    )

@@ -9,7 +9,7 @@ import redis
 
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
-from potato_queue.lab.budget import caps, estimate, month_of, over, standing
+from potato_queue.lab.budget import caps, month_of, over, standing
 from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
 
@@ -46,9 +46,10 @@ def check_budget(config: ProjectConfig, store: RunStore, trainer: str, backend: 
     if not all_caps:
         return
     month, month_ids, recent_ids = _month(store)
-    recent = _records(store, recent_ids)
-    guess = estimate(recent, trainer, backend, config.model_training.max_wall_seconds)
-    refused = over(all_caps, _records(store, month_ids), backend, guess, month)
+    max_wall_s = config.model_training.max_wall_seconds
+    refused = over(
+        all_caps, _records(store, month_ids), _records(store, recent_ids), max_wall_s, (trainer, backend), month
+    )
     if refused is not None:
         raise Conflict(refused[0], fix=refused[1])
 

@@ -128,8 +128,8 @@ def _drain_lines(backend: str, switched: float | None, draining: dict[str, Any] 
         )
     if draining:
         lines.append(
-            f"  agent {draining.get('host')} (pid {draining.get('pid')}) drains since {_when(draining['at'], now_s)}: "
-            "it finishes its run, then exits"
+            f"  agent {draining.get('host')} (pid {draining.get('pid')}) said it drains at {_when(draining['at'], now_s)}: "
+            "it finishes its run, claims none, then exits (until an agent claims again)"
         )
     return lines
 

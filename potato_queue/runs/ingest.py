@@ -72,8 +72,12 @@ def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) ->
     if lines:
         store.log(run_id, *lines)
     if any(event.get("event") == "status" and event.get("state") == "preempted" for event in kept):
-        # The worker says its machine was taken back (it checkpointed; a requeued job resumes): an event.
-        store.webhooks.tell(PREEMPTED, store.get(run_id))
+        # The worker says its machine was taken back (it checkpointed; a requeued job resumes): an event. The
+        # batch is recorded already: a record that cannot be read now costs the event, not the batch's retry.
+        try:
+            store.webhooks.tell(PREEMPTED, store.get(run_id))
+        except (KeyError, OSError, ValueError):
+            pass
 
 
 def metric_name(event: dict[str, Any]) -> str:

@@ -18,7 +18,7 @@ from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.store.keys import Keys
 from potato_queue.store.plumbing import CLAIM, async_twin
 from potato_queue.store.records import as_text
-from potato_queue.store.tokens import token_digest
+from potato_queue.store.tokens import WAKE_EVERYONE, token_digest
 
 __all__ = ["Offers", "DENIED"]
 
@@ -92,7 +92,7 @@ class Offers:
             pipe.set(self.keys.agent_drain(backend), repr(self.clock.now_s()), nx=True)
         else:
             pipe.delete(self.keys.agent_drain(backend))
-        pipe.publish(self.keys.offered, backend)
+        pipe.publish(self.keys.offered, WAKE_EVERYONE + backend)  # every claim waiting now is told
         pipe.execute()
 
     def drain_switched(self, backend: str) -> float | None:

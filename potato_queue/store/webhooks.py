@@ -9,6 +9,7 @@ the queue is bounded (an executor that never comes drops the oldest first).
 from __future__ import annotations
 
 import json
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -23,6 +24,7 @@ from potato_queue.store.records import as_text, epoch_of, utc_now
 __all__ = ["TrainingEventOutbox", "MAX_WAITING"]
 
 MAX_WAITING = 10000  # as Potato's own delivery queue
+_log = logging.getLogger("potato_queue.webhooks")
 
 
 class TrainingEventOutbox:
@@ -39,24 +41,30 @@ class TrainingEventOutbox:
             self.tell(event, record)
 
     def tell(self, event: str, record: Mapping[str, Any]) -> None:
-        """Queue `event` of `record` for delivery; a failing Redis loses the event, never the run's move."""
+        """Queue `event` of `record` for delivery. Whatever fails here (Redis, a webhooks block Potato reads
+        differently) loses the event, logged, never the run's move."""
+        try:
+            self._queue(event, record)
+        except Exception as exc:  # noqa: BLE001 - a run's move must not fail for its announcement
+            _log.warning(
+                "training event %s of run %s not queued: %s: %s", event, record.get("run_id"), type(exc).__name__, exc
+            )
+
+    def _queue(self, event: str, record: Mapping[str, Any]) -> None:
         if not any(wants(endpoint, event) for endpoint in endpoints(self.config)):
             return
         started, ended = epoch_of(record.get("started_at")), epoch_of(record.get("finished_at"))
-        try:
-            body = payload(
-                event,
-                record,
-                server_url=self._server_url(),
-                now_iso=utc_now(self.clock),
-                duration_s=ended - started if started and ended else None,
-            )
-            pipe = self.redis.pipeline()
-            pipe.rpush(self.keys.training_events, json.dumps({"event": event, "payload": body}))
-            pipe.ltrim(self.keys.training_events, -MAX_WAITING, -1)
-            pipe.execute()
-        except redis.RedisError:
-            pass  # the move stands; its event is the one thing lost, as Potato drops one past its queue's size
+        body = payload(
+            event,
+            record,
+            server_url=self._server_url(),
+            now_iso=utc_now(self.clock),
+            duration_s=ended - started if started and ended else None,
+        )
+        pipe = self.redis.pipeline()
+        pipe.rpush(self.keys.training_events, json.dumps({"event": event, "payload": body}))
+        pipe.ltrim(self.keys.training_events, -MAX_WAITING, -1)  # as Potato drops past its queue's size
+        pipe.execute()
 
     def next(self, timeout_s: float) -> tuple[str, dict[str, Any]] | None:
         """The oldest waiting event, after waiting up to timeout_s for one (None: none came)."""

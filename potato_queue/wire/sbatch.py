@@ -237,7 +237,10 @@ def _meter_stop_lines() -> List[str]:
     gpu_usage.json once it sees exit_code)."""
     return [
         'meter=""',
-        'stop_meter() { if [ -n "$meter" ]; then kill -TERM "$meter" 2>/dev/null; wait "$meter"; meter=""; fi; }',
+        # At most 15 s for its last figures: a meter stuck behind a hung nvidia-smi must not keep the job.
+        'stop_meter() { if [ -n "$meter" ]; then kill -TERM "$meter" 2>/dev/null; n=0; '
+        'while kill -0 "$meter" 2>/dev/null && [ "$n" -lt 150 ]; do sleep 0.1; n=$((n + 1)); done; '
+        'kill -KILL "$meter" 2>/dev/null; wait "$meter" 2>/dev/null; meter=""; fi; }',
     ]
 
 
@@ -265,8 +268,8 @@ def _requeuing_worker(worker: str, job_dir: str) -> List[str]:
         'wait "$worker"; code=$?',
         'if [ "$code" = 6 ]; then',
         "  rm -f {}".format(q(job_dir + "/running")),
-        '  if [ "$usr1" = 1 ]; then scontrol requeue "$SLURM_JOB_ID" 2>> {}; fi'.format(q(job_dir + "/stderr.log")),
         "  stop_meter",
+        '  if [ "$usr1" = 1 ]; then scontrol requeue "$SLURM_JOB_ID" 2>> {}; fi'.format(q(job_dir + "/stderr.log")),
         "  exit 0",
         "fi",
         'finish "$code"',

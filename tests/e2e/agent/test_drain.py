@@ -48,7 +48,9 @@ def test_a_drained_agent_finishes_its_run_claims_no_new_one_and_exits_0(lab_svc:
         )
         second = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         host = socket.gethostname()
-        wait_until(lambda: f"agent {host} (pid {agent.proc.pid}) drains since" in check_lines(svc), 30, "check says")
+        wait_until(
+            lambda: f"agent {host} (pid {agent.proc.pid}) said it drains at" in check_lines(svc), 30, "check says"
+        )
         assert agent.proc.wait(60) == 0, agent.output()
         assert svc.wait_for(first, TERMINAL, 5)["state"] == "succeeded", "the run in flight finished"
         assert state_of(svc, second) == "queued", "no new run was claimed"

@@ -85,6 +85,22 @@ def test_a_run_that_would_pass_the_months_gpu_hours_is_refused_with_the_figures(
     assert "2 of 2.5 GPU-hours used" in out.stderr and "wait for next month" in out.stderr
 
 
+def test_runs_not_ended_hold_their_estimate_so_a_burst_cannot_pass_the_cap(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    config = make_project(tmp_path, budget={"gpu_hours_per_month": 3.5})
+    store = RunStore(load_checked(config), redis.Redis.from_url(redis_server_url))
+    spent(store)
+    spent(store)
+    service = RunService(load_checked(config), store, enqueue=lambda run_id: None)
+    service.submit(trainer="majority-baseline", schemas=["sentiment"])  # 2 used + 1 estimated: room for it
+    with pytest.raises(Conflict) as refused:
+        service.submit(trainer="majority-baseline", schemas=["sentiment"])
+    assert "2 of 3.5 GPU-hours used, 1 more held by 1 run not ended, and this run is estimated at 1" in str(
+        refused.value.message
+    )
+
+
 def test_auto_retrain_skips_a_run_the_budget_refuses_and_says_why(budgeted: tuple[Path, RunStore]) -> None:
     config, store = budgeted
     cfg = load_checked(config)
@@ -121,10 +137,17 @@ def test_the_page_and_check_say_what_each_cap_used_and_has_left(
 @pytest.mark.unit
 def test_an_estimate_counts_cpu_runs_as_no_gpu_and_energy_only_where_measured() -> None:
     cpu = {"gpus": [], "why": "CPU only"}
+    ended = {"state": "succeeded"}
     recent = [
-        {"trainer": "t", "backend": "b", "gpu_usage": cpu},
-        {"trainer": "t", "backend": "other", "gpu_usage": HOUR},
-        {"trainer": "t", "backend": "b", "gpu_usage": {"gpus": ["0", "1"], "gpu_seconds": 7200.0, "energy_wh": None}},
+        {"trainer": "t", "backend": "b", "state": "running", "gpu_usage": HOUR},  # in flight: part of its use
+        {"trainer": "t", "backend": "b", "gpu_usage": cpu, **ended},
+        {"trainer": "t", "backend": "other", "gpu_usage": HOUR, **ended},
+        {
+            "trainer": "t",
+            "backend": "b",
+            "gpu_usage": {"gpus": ["0", "1"], "gpu_seconds": 7200.0, "energy_wh": None},
+            **ended,
+        },
     ]
     guess = estimate(recent, "t", "b", None)
     assert (guess.gpu_hours, guess.kwh, guess.basis) == (1.0, 0.0, "the mean of the last 2 t runs on b")
