@@ -27,7 +27,7 @@ from potato_queue.lab.usage import usage_words
 from potato_queue.run import FINAL_STATES, RunRecord, RunState
 from potato_queue.runs.submit import start_run
 from potato_queue.store import RunStore
-from potato_queue.store.offers import DENIED
+from potato_queue.store.offers import DENIED, DRAIN
 
 __all__ = ["RunService", "Claimed", "log_from", "require_backend", "public_view", "LIST_FIX", "CLAIMED_TOKEN_TTL_S"]
 
@@ -43,6 +43,7 @@ class Claimed:
 
     run_id: str
     token: str
+    drain: bool = False  # no run: the backend's drain switch is on, or the agent said it drains
 
 
 def public_view(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
@@ -219,6 +220,8 @@ class RunService:
                 raise _token_refused(backend)
             if run_id is None:
                 return None
+            if run_id == DRAIN:
+                return Claimed("", "", drain=True)
             # The token first, then the state: a run that ends from now on revokes the token with its end.
             run_token = self.store.tokens.issue(run_id, CLAIMED_TOKEN_TTL_S)
             if self.store.view(run_id).state == RunState.QUEUED:
@@ -227,18 +230,6 @@ class RunService:
         self.heard_from(run_id)
         self.store.log(run_id, f"claimed by the agent on {agent.get('host') or 'an unnamed host'} (backend {backend})")
         return Claimed(run_id, run_token)
-
-    def drain_asked(self, backend: str, token: str, agent: dict[str, Any]) -> bool:
-        """Whether this claim is to be answered `drain` (no run): the server's drain switch for `backend` is on,
-        or the agent says it drains (its notice is kept for `training check`). Denied for a wrong token."""
-        draining = bool(agent.get("draining"))
-        if not draining and self.store.offers.drain_switched(backend) is None:
-            return False
-        if not self.store.agents.verify(backend, token):
-            raise _token_refused(backend)
-        if draining:
-            self.store.offers.agent_drains(backend, agent)
-        return True
 
     def switch_drain(self, backend: str, on: bool) -> dict[str, Any]:
         """The page's and the API's drain switch for an agent backend (Conflict for a backend of another type)."""

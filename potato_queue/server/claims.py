@@ -216,10 +216,10 @@ def _wakeups(request: Request) -> ClaimWakeups:
 def _claim_once(runs: RunService, backend: str, token: str, agent: dict[str, Any]) -> Claim | None:
     """One try: the claim, None when nothing is offered (Denied, 401, when the token is no longer this
     backend's)."""
-    if runs.drain_asked(backend, token, agent):
-        return Claim(drain=True)
     claimed = runs.claimed(backend, token, agent)
-    return None if claimed is None else Claim(run_id=claimed.run_id, token=claimed.token)
+    if claimed is None:
+        return None
+    return Claim(drain=True) if claimed.drain else Claim(run_id=claimed.run_id, token=claimed.token)
 
 
 async def claim(

@@ -20,9 +20,10 @@ from potato_queue.store.plumbing import CLAIM, async_twin
 from potato_queue.store.records import as_text
 from potato_queue.store.tokens import WAKE_EVERYONE, token_digest
 
-__all__ = ["Offers", "DENIED"]
+__all__ = ["Offers", "DENIED", "DRAIN"]
 
 DENIED = "denied"
+DRAIN = "drain"  # the claim's answer while the backend drains: no run
 
 
 class Offers:
@@ -66,8 +67,13 @@ class Offers:
 
     def claim(self, backend: str, token: str, agent: dict[str, Any]) -> str | None:
         """The oldest run offered to `backend` (now the caller's), None when none is, DENIED for a token
-        that is not (or no longer) this backend's. Marks the backend as seen either way."""
-        return self._call(backend, token, agent, "") or None
+        that is not (or no longer) this backend's, DRAIN (no run) while the backend's drain switch is on or
+        when the agent says it drains (its word kept, with its host, pid and the time, for `training check`
+        until an agent claims again). Marks the backend as seen either way."""
+        drains = ""
+        if agent.get("draining"):
+            drains = json.dumps({"host": agent.get("host"), "pid": agent.get("pid"), "at": self.clock.now_s()})
+        return self._call(backend, token, agent, "", drains) or None
 
     def waiting(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: dict[str, Any]) -> bool:
         """An agent of `backend` waits for a free GPU before it claims: it is seen, and its wait kept (with
@@ -100,18 +106,7 @@ class Offers:
         raw = self.redis.get(self.keys.agent_drain(backend))
         return None if raw is None else float(as_text(raw))
 
-    def agent_drains(self, backend: str, agent: dict[str, Any]) -> None:
-        """An agent of `backend` said it drains (SIGUSR1, `--drain`): kept with its registration, for `training
-        check`, until an agent claims again."""
-        said = {"host": agent.get("host"), "pid": agent.get("pid"), "at": self.clock.now_s()}
-        self.redis.hset(self.keys.agent_token(backend), "draining", json.dumps(said))
-
-    def _call(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: str) -> str:
-        keys = [self.keys.agent_token(backend), self.keys.offers(backend)]
-        return str(
-            as_text(
-                self._claim(
-                    keys=keys, args=[token_digest(token), repr(self.clock.now_s()), json.dumps(agent), gpu_wait]
-                )
-            )
-        )
+    def _call(self, backend: str, token: str, agent: dict[str, Any], gpu_wait: str, drains: str = "") -> str:
+        keys = [self.keys.agent_token(backend), self.keys.offers(backend), self.keys.agent_drain(backend)]
+        args = [token_digest(token), repr(self.clock.now_s()), json.dumps(agent), gpu_wait, drains]
+        return str(as_text(self._claim(keys=keys, args=args)))

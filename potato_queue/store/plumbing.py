@@ -95,11 +95,13 @@ RELEASE_FIELD = """
 if redis.call('HGET', KEYS[1], ARGV[1]) == ARGV[2] then return redis.call('HDEL', KEYS[1], ARGV[1]) end
 return 0
 """
-# KEYS: the agent backend's registration hash, its offers. ARGV: the token's digest, now (epoch s), the
-# agent's description (JSON), and what it waits for before it claims (JSON: no GPU has room), or ''. 'denied'
-# unless the digest is the registered one, so a token replaced while its claim waited claims nothing; an agent
-# that waits is only seen (its wait kept for the offered runs' step line); else the oldest offered run, popped
-# (exactly one agent gets it), or '', and no wait is kept: an agent ready to claim takes the run.
+# KEYS: the agent backend's registration hash, its offers, its drain switch. ARGV: the token's digest, now
+# (epoch s), the agent's description (JSON), what it waits for before it claims (JSON: no GPU has room) or '',
+# and its word that it drains (JSON) or ''. 'denied' unless the digest is the registered one, so a token
+# replaced while its claim waited claims nothing; an agent that waits is only seen (its wait kept for the
+# offered runs' step line); one that drains, or any while the drain switch is on, gets 'drain' and no run;
+# else the oldest offered run, popped (exactly one agent gets it), or '', and no wait is kept: an agent ready
+# to claim takes the run.
 # The digests compared are sha256 of 32 random bytes: their compare's timing tells nothing of a token.
 CLAIM = """
 if redis.call('HGET', KEYS[1], 'digest') ~= ARGV[1] then return 'denied' end
@@ -108,6 +110,11 @@ if ARGV[4] ~= '' then
   redis.call('HSET', KEYS[1], 'gpu_wait', ARGV[4])
   return ''
 end
+if ARGV[5] ~= '' then
+  redis.call('HSET', KEYS[1], 'draining', ARGV[5])
+  return 'drain'
+end
+if redis.call('EXISTS', KEYS[3]) == 1 then return 'drain' end
 redis.call('HDEL', KEYS[1], 'gpu_wait', 'draining')
 local popped = redis.call('ZPOPMIN', KEYS[2])
 if #popped == 0 then return '' end
