@@ -71,11 +71,7 @@ def settings_of(spec_path: Optional[str]) -> "tuple[GpuWatchSettings, str]":
     try:
         with open(spec_path or "", encoding="utf-8") as fh:
             spec = json.load(fh)
-        raw = spec.get("gpu_watch") or {}
-        settings = GpuWatchSettings(
-            sample_s=float(raw.get("sample_s", GpuWatchSettings.sample_s)),
-            idle_utilization_pct=float(raw.get("idle_utilization_pct", GpuWatchSettings.idle_utilization_pct)),
-        )
+        settings = GpuWatchSettings.from_dict(spec.get("gpu_watch") or {})
         return settings, str((spec.get("limits") or {}).get("device") or "auto")
     except (OSError, ValueError, TypeError, AttributeError):
         return GpuWatchSettings(), "auto"

@@ -43,6 +43,19 @@ class GpuWatch:
     idle_stop_s: Optional[float] = None
     leak_guard: bool = True
 
+    @classmethod
+    def from_dict(cls, raw: Dict[str, Any]) -> "GpuWatch":
+        """As the job (or spec.json, for a SLURM job's meter) carries it; the defaults for what it lacks (a server
+        older than the GPU watch sends none). ValueError or TypeError for a value of the wrong kind."""
+        default = cls()
+        stop = raw.get("idle_stop_s")
+        return cls(
+            sample_s=float(raw.get("sample_s", default.sample_s)),
+            idle_utilization_pct=float(raw.get("idle_utilization_pct", default.idle_utilization_pct)),
+            idle_stop_s=None if stop is None else float(stop),
+            leak_guard=bool(raw.get("leak_guard", default.leak_guard)),
+        )
+
 
 @dataclass
 class BundleRef:
@@ -81,7 +94,6 @@ class Job:
         try:
             bundle = data["bundle"]
             limits = data.get("limits") or {}
-            watch = data.get("gpu_watch") or {}  # a server older than the GPU watch sends none: the defaults
             resume_of = data.get("resume_of")
             if resume_of is not None and not _RUN_ID.fullmatch(str(resume_of)):
                 raise ValueError("resume_of is not a run id: {!r}".format(resume_of))
@@ -97,12 +109,7 @@ class Job:
                 grace_seconds=None if data.get("grace_seconds") is None else float(data["grace_seconds"]),
                 limits=Limits(**{k: v for k, v in limits.items() if k in Limits.__dataclass_fields__}),
                 resume_of=None if resume_of is None else str(resume_of),
-                gpu_watch=GpuWatch(
-                    sample_s=float(watch.get("sample_s", 10.0)),
-                    idle_utilization_pct=float(watch.get("idle_utilization_pct", 5.0)),
-                    idle_stop_s=None if watch.get("idle_stop_s") is None else float(watch["idle_stop_s"]),
-                    leak_guard=bool(watch.get("leak_guard", True)),
-                ),
+                gpu_watch=GpuWatch.from_dict(data.get("gpu_watch") or {}),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise JobError("the job is malformed ({}: {})".format(type(exc).__name__, exc)) from None
