@@ -255,7 +255,7 @@ def watched(run: Any) -> Any:
     from potato_queue.wire.job import GpuWatch as Settings
 
     indexes, why = run_gpus("auto", None)
-    watch = GpuWatch(indexes, why, Settings(sample_s=1.0), lambda line: None).start()
+    watch = GpuWatch(indexes, why, Settings(sample_s=1.0)).start()
     try:
         value = run()
     finally:

@@ -95,7 +95,7 @@ def meter_main(argv: Optional[List[str]] = None) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         # Only a flag: a handler that took a lock the interrupted code holds would never return.
         signal.signal(signum, lambda signum, _frame: stopped.append(signum))
-    watch = GpuWatch(indexes, None, settings, lambda line: None).start()
+    watch = GpuWatch(indexes, None, settings).start()
     next_write_s = time.monotonic() + settings.sample_s
     while not stopped:
         time.sleep(STOP_LOOK_S)

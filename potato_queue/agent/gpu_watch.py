@@ -22,6 +22,7 @@ import threading
 import time
 from typing import Any, Callable, Dict, List, Optional, Sequence
 
+from potato_queue.agent.launchers.process import read_process
 from potato_queue.host.nvidia_smi import (
     APPS_QUERY,
     NVIDIA_SMI_QUERY,
@@ -186,12 +187,10 @@ class GpuWatch:
         indexes: Sequence[int],
         why_none: Optional[str],
         settings: GpuWatchSettings,
-        log: Log,
         remote: Optional[Callable[[], Optional[Dict[str, Any]]]] = None,
     ) -> None:
         self.settings = settings
         self.why_none = why_none
-        self.log = log
         self.remote = remote
         self.meter = UsageMeter(indexes, time.monotonic(), settings.idle_utilization_pct)
         self._stop = threading.Event()
@@ -345,11 +344,8 @@ def stop_leftovers(run_id: str, worker_pgid: Optional[int], log: Log) -> List[st
 def _wait_gone(pid: int, timeout_s: float) -> bool:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
-        try:
-            with open("/proc/{}/stat".format(pid), "rb") as fh:
-                if fh.read().rsplit(b")", 1)[-1].split()[0] == b"Z":
-                    return True  # a zombie holds no memory; its parent (not us) reaps it
-        except OSError:
-            return True
+        entry = read_process(pid)
+        if entry is None or entry.state == "Z":
+            return True  # gone, or a zombie, which holds no memory (its parent, not us, reaps it)
         time.sleep(0.02)
     return False

@@ -161,13 +161,13 @@ class Runner:
         elsewhere, or on the CPU."""
         if worker.local_group() is None:  # the meter beside it measures (a SLURM job's, on its node)
             why = "{} reported no GPU use from its node (no nvidia-smi there)".format(worker.describe())
-            return GpuWatch([], why, job.gpu_watch, self.log, remote=worker.gpu_usage).start()
+            return GpuWatch([], why, job.gpu_watch, remote=worker.gpu_usage).start()
         indexes, why = run_gpus(job.limits.device, self.gpu.visible_devices if self.gpu else None)
         if indexes:
             self.log(
                 "GPU use: sampling GPU {} every {:g} s".format(", ".join(map(str, indexes)), job.gpu_watch.sample_s)
             )
-        return GpuWatch(indexes, why, job.gpu_watch, self.log).start()
+        return GpuWatch(indexes, why, job.gpu_watch).start()
 
     def _after_worker(self, job: Job, worker: WorkerHandle, gpus: GpuWatch) -> None:
         """The run's GPU use, sent; then the leak guard: what of the run still holds GPU memory is killed."""

@@ -72,7 +72,7 @@ def test_idle_time_counts_from_the_last_busy_sample_and_a_gpu_that_cannot_tell_i
 
 
 def test_the_idle_guard_warns_once_at_half_its_time_then_stops_with_the_figures() -> None:
-    watch = GpuWatch([0], None, Settings(sample_s=1, idle_utilization_pct=5, idle_stop_s=60), lambda _: None)
+    watch = GpuWatch([0], None, Settings(sample_s=1, idle_utilization_pct=5, idle_stop_s=60))
     watch.meter.add(watch.meter.start_s, [GpuSample(0, 60.0, 1, 100)])
     watch.meter.busy_at_s -= 31  # idle for 31 s already
     warning, stop = watch.idle_check()
@@ -85,14 +85,14 @@ def test_the_idle_guard_warns_once_at_half_its_time_then_stops_with_the_figures(
         "the run's GPUs (GPU 0) stayed under 5% utilization for 61 s, past model_training.gpu_watch.idle_stop_s "
         "(60 s): the idle guard stopped the run"
     )
-    off = GpuWatch([0], None, Settings(idle_stop_s=None), lambda _: None)
+    off = GpuWatch([0], None, Settings(idle_stop_s=None))
     off.meter.add(off.meter.start_s, [GpuSample(0, 60.0, 1, 100)])
     off.meter.busy_at_s -= 10_000
     assert off.idle_check() == (None, None), "off by default"
 
 
 def test_a_cpu_only_run_says_so_instead_of_a_figure() -> None:
-    watch = GpuWatch([], "no nvidia-smi on lab1's PATH: a CPU-only host", Settings(), lambda _: None).start()
+    watch = GpuWatch([], "no nvidia-smi on lab1's PATH: a CPU-only host", Settings()).start()
     usage = usage_of(watch.stop())
     assert usage == {"gpus": [], "why": "no nvidia-smi on lab1's PATH: a CPU-only host"}
     assert usage_words(usage) == "no GPU measured: no nvidia-smi on lab1's PATH: a CPU-only host"

@@ -514,7 +514,7 @@ def test_a_worker_that_never_says_it_ended_after_its_kill_does_not_keep_the_agen
     worker = Endless()
     job = SimpleNamespace(grace_seconds=0.1, limits=SimpleNamespace(max_ram_mb=None))
     started = time.monotonic()
-    no_gpu = GpuWatch([], "no GPU here", GpuWatchSettings(), lines.append)
+    no_gpu = GpuWatch([], "no GPU here", GpuWatchSettings())
     code, _, _, _ = runner._supervise(worker, job, no_gpu)  # type: ignore[arg-type]
     assert code == EXIT_UNEXPECTED and worker.killed == 1
     assert time.monotonic() - started < 10

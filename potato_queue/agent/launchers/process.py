@@ -24,6 +24,7 @@ from potato_queue.wire.isolated import CODE_ROOT, allowed_env, python_argv
 __all__ = [
     "ProcEntry",
     "scan_processes",
+    "read_process",
     "group_rss_mb",
     "group_members",
     "worker_env",
@@ -51,7 +52,7 @@ class ProcEntry(NamedTuple):
         return self.rss_pages * PAGE_MB
 
 
-def _read_entry(pid: int, with_cmdline: bool) -> Optional[ProcEntry]:
+def read_process(pid: int, with_cmdline: bool = False) -> Optional[ProcEntry]:
     """The entry of one pid; None once it has ended (or its files cannot be read)."""
     base = "/proc/{}/".format(pid)
     try:
@@ -76,7 +77,7 @@ def scan_processes(with_cmdline: bool = False) -> List[ProcEntry]:
         names = os.listdir("/proc")
     except OSError:
         return []
-    entries = (_read_entry(int(name), with_cmdline) for name in names if name.isdigit())
+    entries = (read_process(int(name), with_cmdline) for name in names if name.isdigit())
     return [entry for entry in entries if entry is not None]
 
 
