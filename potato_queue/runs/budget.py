@@ -40,16 +40,21 @@ def _month(store: RunStore) -> tuple[str, list[str], list[str]]:
     return month, [i for i in ids if i.startswith(month.replace("-", ""))], list(reversed(ids[-RECENT_RUNS:]))
 
 
+def _month_and_recent(store: RunStore) -> tuple[str, list[RunRecord], list[RunRecord]]:
+    """(the month, its records, the newest records): each run.json read once, though most runs are in both."""
+    month, month_ids, recent_ids = _month(store)
+    read = {r["run_id"]: r for r in _records(store, list(dict.fromkeys(month_ids + recent_ids)))}
+    return month, [read[i] for i in month_ids if i in read], [read[i] for i in recent_ids if i in read]
+
+
 def check_budget(config: ProjectConfig, store: RunStore, trainer: str, backend: str) -> None:
     """Conflict (409, exit 1) naming the cap, its figures and the fix when this run would pass one."""
     all_caps = caps(config.model_training.budget)
     if not all_caps:
         return
-    month, month_ids, recent_ids = _month(store)
+    month, month_records, recent = _month_and_recent(store)
     max_wall_s = config.model_training.max_wall_seconds
-    refused = over(
-        all_caps, _records(store, month_ids), _records(store, recent_ids), max_wall_s, (trainer, backend), month
-    )
+    refused = over(all_caps, month_records, recent, max_wall_s, (trainer, backend), month)
     if refused is not None:
         raise Conflict(refused[0], fix=refused[1])
 
