@@ -78,23 +78,28 @@ def settings_of(spec_path: Optional[str]) -> "tuple[GpuWatchSettings, str]":
 
 
 def meter_main(argv: Optional[List[str]] = None) -> int:
-    """`python -m potato_queue.agent.gpu_meter --out FILE [--spec spec.json]`: a SLURM job's GPUs sampled on
+    """`python -m potato_queue.agent.gpu_meter --out FILE [--spec spec.json] [--ready FILE]`: a SLURM job's GPUs sampled on
     its compute node, beside its worker, until SIGTERM (job.sh's, or scancel's): the usage so far written to
     FILE after each sample (with `idle_s`, for the agent's idle guard) and at the end, added to what an
     earlier spell of the same job wrote there."""
     parser = argparse.ArgumentParser(prog="python -m potato_queue.agent.gpu_meter")
     parser.add_argument("--out", required=True)
     parser.add_argument("--spec", help="the run's spec.json: its gpu_watch (sample_s, idle_utilization_pct)")
+    parser.add_argument("--ready", help="created once a SIGTERM would be heard (job.sh waits for it to stop it)")
     args = parser.parse_args(argv)
+    stopped = []  # type: List[int]
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        # Only a flag: a handler that took a lock the interrupted code holds would never return.
+        signal.signal(signum, lambda signum, _frame: stopped.append(signum))
+    if args.ready:
+        # Before this, a SIGTERM would kill the meter with nothing written: a worker that ends within the
+        # meter's own start would leave no figures (seen on two loaded cores).
+        os.close(os.open(args.ready, os.O_WRONLY | os.O_CREAT, 0o600))
     (settings, device), before = settings_of(args.spec), read_usage(args.out)
     indexes, why = run_gpus(device, None)
     if not indexes:
         _write_usage(args.out, combine(before, {"gpus": [], "why": why}))
         return 0
-    stopped = []  # type: List[int]
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        # Only a flag: a handler that took a lock the interrupted code holds would never return.
-        signal.signal(signum, lambda signum, _frame: stopped.append(signum))
     watch = GpuWatch(indexes, None, settings).start()
     next_write_s = time.monotonic() + settings.sample_s
     while not stopped:

@@ -29,6 +29,7 @@ __all__ = [
     "DEFAULT_PREEMPT_SIGNAL_S",
     "CANCEL_MARKER",
     "GPU_USAGE_FILE",
+    "GPU_METER_READY_FILE",
     "PREEMPT_ON_TERM_VAR",
     "hard_stop_s",
     "no_sbatch",
@@ -172,6 +173,8 @@ def sbatch_argv(settings: SlurmSettings, run_id: str, job_dir: str) -> List[str]
 
 # In the job folder: what the GPU meter measured on the compute node (agent/gpu_watch.py's `usage`).
 GPU_USAGE_FILE = "gpu_usage.json"
+# Created by the meter once it would hear job.sh's SIGTERM; job.sh waits for it before stopping the meter.
+GPU_METER_READY_FILE = "gpu_meter.ready"
 
 
 def job_script(
@@ -209,7 +212,7 @@ def job_script(
         + ".partial "
         + running
     )
-    lines += _meter_stop_lines()
+    lines += _meter_stop_lines(job_dir)
     lines.append(
         "finish() { stop_meter; printf '%s\\n' \"$1\" > "
         + exit_code
@@ -224,7 +227,11 @@ def job_script(
         lines += ["{", line, "}} 2>> {} || {{ echo {} >> {}; finish 2; }}".format(stderr_log, message, stderr_log)]
     if meter_argv:
         meter = " ".join(q(part) for part in meter_argv) + " < /dev/null 2>> {}".format(stderr_log)
-        lines.append("if command -v nvidia-smi > /dev/null 2>&1; then {} & meter=$!; fi".format(meter))
+        lines.append(
+            "if command -v nvidia-smi > /dev/null 2>&1; then rm -f {}; {} & meter=$!; fi".format(
+                q(job_dir + "/" + GPU_METER_READY_FILE), meter
+            )
+        )
     worker = " ".join(q(part) for part in worker_argv) + " < /dev/null >> {} 2>> {}".format(
         q(job_dir + "/events.jsonl"), stderr_log
     )
@@ -232,13 +239,17 @@ def job_script(
     return "\n".join(lines) + "\n"
 
 
-def _meter_stop_lines() -> List[str]:
-    """The GPU meter's stop: SIGTERM, and its last figures written, before the job's end is (the agent reads
-    gpu_usage.json once it sees exit_code)."""
+def _meter_stop_lines(job_dir: str) -> List[str]:
+    """The GPU meter's stop: SIGTERM once the meter would hear it, and its last figures written, before the
+    job's end is (the agent reads gpu_usage.json once it sees exit_code)."""
+    ready = shlex.quote(job_dir + "/" + GPU_METER_READY_FILE)
     return [
         'meter=""',
-        # At most 15 s for its last figures: a meter stuck behind a hung nvidia-smi must not keep the job.
-        'stop_meter() { if [ -n "$meter" ]; then kill -TERM "$meter" 2>/dev/null; n=0; '
+        # At most 10 s for the meter's start (a worker can end first) and 15 s for its last figures: a meter
+        # stuck behind a hung nvidia-smi must not keep the job.
+        'stop_meter() { if [ -n "$meter" ]; then n=0; '
+        "while [ ! -e " + ready + ' ] && kill -0 "$meter" 2>/dev/null && [ "$n" -lt 100 ]; do sleep 0.1; '
+        'n=$((n + 1)); done; kill -TERM "$meter" 2>/dev/null; n=0; '
         'while kill -0 "$meter" 2>/dev/null && [ "$n" -lt 150 ]; do sleep 0.1; n=$((n + 1)); done; '
         'kill -KILL "$meter" 2>/dev/null; wait "$meter" 2>/dev/null; meter=""; fi; }',
     ]

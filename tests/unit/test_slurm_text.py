@@ -242,7 +242,10 @@ def test_job_sh_meters_the_nodes_gpus_beside_the_worker_and_stops_the_meter_befo
     out = job / "gpu_usage.json"
     spec = job / "spec.json"  # the run's gpu_watch, as the agent writes it into the worker's spec
     spec.write_text(json.dumps({"gpu_watch": {"sample_s": 0.1, "idle_utilization_pct": 5.0}}))
-    meter = python_argv(sys.executable, "potato_queue.agent.gpu_meter", ["--out", str(out), "--spec", str(spec)])
+    ready = ["--ready", str(job / "gpu_meter.ready")]
+    meter = python_argv(
+        sys.executable, "potato_queue.agent.gpu_meter", ["--out", str(out), "--spec", str(spec)] + ready
+    )
     worker = [sys.executable, "-c", "import time; time.sleep(1.5)"]
     script = job / "job.sh"
     # The backend's env, exported after the login shell's profile: its PATH finds the node's nvidia-smi.
@@ -254,6 +257,16 @@ def test_job_sh_meters_the_nodes_gpus_beside_the_worker_and_stops_the_meter_befo
     assert usage["gpus"] == ["0"] and usage["mean_utilization_pct"] == 95.0 and usage["samples"] >= 5, usage
     assert 1.0 <= usage["gpu_seconds"] < 30  # from the meter's start (its Python starts beside the worker's)
     assert usage["energy_wh"] == pytest.approx(180.0 * usage["gpu_seconds"] / 3600, rel=1e-3)
+    # A worker that ends before the meter's Python has started: job.sh waits for the meter to be listening
+    # before it stops it, so the figures are still there (a SIGTERM before then killed it with none).
+    out.unlink()
+    (job / "exit_code").unlink()
+    quick = job_script(SlurmSettings.of({"env": {"PATH": gpus.path}}), "r1", str(job), ["/bin/true"], meter)
+    script.write_text(quick)
+    done = subprocess.run([str(script)], cwd=job / "work", env={"HOME": str(tmp_path)}, timeout=60, check=False)
+    assert done.returncode == 0, (job / "stderr.log").read_text()
+    usage = json.loads(out.read_text())
+    assert usage["gpus"] == ["0"] and usage["mean_utilization_pct"] == 95.0 and usage["samples"] >= 2, usage
     # A node without nvidia-smi: no meter, and no file.
     out.unlink()
     (job / "exit_code").unlink()

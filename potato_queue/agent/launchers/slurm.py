@@ -26,6 +26,7 @@ from potato_queue.wire.files import write_atomic
 from potato_queue.wire.isolated import allowed_env, python_argv, shared_code_root
 from potato_queue.wire.sbatch import (
     CANCEL_MARKER,
+    GPU_METER_READY_FILE,
     GPU_USAGE_FILE,
     NO_SBATCH_FIX,
     SlurmSettings,
@@ -186,7 +187,14 @@ class SlurmLauncher(WorkerLauncher):
         meter = python_argv(
             self.settings.job_python,
             "potato_queue.agent.gpu_meter",
-            ["--out", os.path.join(job_dir, GPU_USAGE_FILE), "--spec", spec_path],
+            [
+                "--out",
+                os.path.join(job_dir, GPU_USAGE_FILE),
+                "--spec",
+                spec_path,
+                "--ready",
+                os.path.join(job_dir, GPU_METER_READY_FILE),
+            ],
             code_root=code_root,
         )
         write_atomic(
