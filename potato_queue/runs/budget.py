@@ -3,6 +3,8 @@ what each cap has used and has left (the page, the API, `training check`). The a
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import redis
@@ -12,8 +14,9 @@ from potato_queue.errors import Conflict
 from potato_queue.lab.budget import caps, month_of, over, standing
 from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
+from potato_queue.store.lease import LEASE_TTL_S
 
-__all__ = ["check_budget", "budget_standing", "RECENT_RUNS"]
+__all__ = ["check_budget", "budget_checked", "budget_standing", "RECENT_RUNS"]
 
 # The newest runs an estimate looks through for its trainer's on its backend.
 RECENT_RUNS = 200
@@ -57,6 +60,32 @@ def check_budget(config: ProjectConfig, store: RunStore, trainer: str, backend: 
     refused = over(all_caps, month_records, recent, max_wall_s, (trainer, backend), month)
     if refused is not None:
         raise Conflict(refused[0], fix=refused[1])
+
+
+@contextlib.contextmanager
+def budget_checked(
+    config: ProjectConfig, store: RunStore, trainer: str, backend: str, wait_s: float = LEASE_TTL_S + 1.0
+) -> Iterator[None]:
+    """check_budget, then the block (which writes the run's record) under the project's budget lock: the
+    server's, the CLI's and auto-retrain's submissions are checked one at a time, each seeing the runs the
+    others wrote, so a burst cannot all fit a cap that has room for one. No lock without a cap."""
+    if not caps(config.model_training.budget):
+        yield
+        return
+    lease = store.budget_lease()
+    # A holder that died lets go within LEASE_TTL_S: the default wait outlasts it, so a refusal means a
+    # holder still alive but stalled (or Redis itself).
+    if not lease.take_within(wait_s):
+        raise Conflict(
+            f"Another submission held the budget's lock for over {wait_s:g} s, so this run's budget "
+            "could not be checked",
+            fix="submit the run again; if this repeats, check that Redis answers (potato-queue training check)",
+        )
+    try:
+        check_budget(config, store, trainer, backend)
+        yield
+    finally:
+        lease.release()
 
 
 def budget_standing(config: ProjectConfig, store: RunStore) -> dict[str, Any]:

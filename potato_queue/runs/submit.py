@@ -9,7 +9,7 @@ from potato_queue.bounds import MAX_PARAMS_BYTES, clean, json_size, too_deep
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import Conflict, Invalid
 from potato_queue.run import RunRecord
-from potato_queue.runs.budget import check_budget
+from potato_queue.runs.budget import budget_checked
 from potato_queue.runs.kinds import refuse_foreign_kinds, refuse_foreign_modality
 from potato_queue.store import RunStore
 
@@ -87,18 +87,18 @@ def start_run(
         )
     chosen = choose_backend(config, trainer, schemas, backend)
     params = check_params(params or {})
-    check_budget(config, store, trainer, chosen)
-    record = store.create(
-        trainer=trainer,
-        schemas=schemas,
-        backend=chosen,
-        params=params,
-        trigger=trigger,
-        potato_run_id=potato_run_id,
-        resume_of=resume_of,
-        rerun_of=rerun_of,
-        run_id=run_id,
-    )
+    with budget_checked(config, store, trainer, chosen):
+        record = store.create(
+            trainer=trainer,
+            schemas=schemas,
+            backend=chosen,
+            params=params,
+            trigger=trigger,
+            potato_run_id=potato_run_id,
+            resume_of=resume_of,
+            rerun_of=rerun_of,
+            run_id=run_id,
+        )
     enqueue(record["run_id"])
     return record
 

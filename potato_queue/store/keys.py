@@ -119,6 +119,12 @@ class Keys:
         return f"{self.prefix}:retrain:lock"
 
     @property
+    def budget_lock(self) -> str:
+        """Held while one submission checks the monthly budget and writes its run: two at once would both fit
+        a cap that has room for one."""
+        return f"{self.prefix}:budget:lock"
+
+    @property
     def retrain_status(self) -> str:
         """The last auto-retrain check: when, and why it started a run or did not (a hash)."""
         return f"{self.prefix}:retrain:status"

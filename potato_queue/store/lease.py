@@ -44,6 +44,16 @@ class Lease:
         self._renewed = time.monotonic() if taken else 0.0
         return taken
 
+    def take_within(self, timeout_s: float, poll_s: float = 0.01) -> bool:
+        """try_take until it succeeds or `timeout_s` passes: for a lock held for milliseconds at a time (a
+        holder that died lets go within ttl_s, so a timeout_s past that is never waited out but by a stall)."""
+        deadline = time.monotonic() + timeout_s
+        while not self.try_take():
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(poll_s)
+        return True
+
     def renew(self) -> bool:
         """False once someone else holds the slot; a slot emptied by a Redis flush is taken back."""
         if time.monotonic() - self._renewed < self.renew_s:

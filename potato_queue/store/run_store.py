@@ -283,6 +283,10 @@ class RunStore:
         caller takes its own, since a handle keeps its holder's token and renewal clock."""
         return Lease(self.redis, self.keys.slot)
 
+    def budget_lease(self) -> Lease:
+        """Held from a submission's budget check to its run's record (runs/budget.py), across processes."""
+        return Lease(self.redis, self.keys.budget_lock)
+
     def publish_lease(self, run_id: str) -> Lease:
         """Held while a server process uploads the run's model to the Hugging Face Hub: one upload of a run
         at a time, and one whose server died lapses within seconds (runs/publish.py)."""

@@ -5,7 +5,9 @@ written as an agent's usage event leaves it; the GPU itself is what this machine
 
 from __future__ import annotations
 
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -19,6 +21,7 @@ from potato_queue.errors import Conflict
 from potato_queue.lab.budget import Cap, caps, estimate, month_of, month_words
 from potato_queue.run import RunState
 from potato_queue.runs import retrain
+from potato_queue.runs.budget import budget_checked
 from potato_queue.runs.service import RunService
 from potato_queue.store import RunStore
 from potato_queue.store.keys import new_run_id
@@ -99,6 +102,58 @@ def test_runs_not_ended_hold_their_estimate_so_a_burst_cannot_pass_the_cap(
     assert "2 of 3.5 GPU-hours used, 1 more held by 1 run not ended, and this run is estimated at 1" in str(
         refused.value.message
     )
+
+
+def test_submissions_at_the_same_instant_are_checked_one_at_a_time_so_only_one_fits(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    """Eight submitters at once (each its own connection, as the server, the CLI and auto-retrain are), a cap
+    with room for one run: one is queued, seven are refused seeing it."""
+    config = make_project(tmp_path, budget={"gpu_hours_per_month": 3.5})
+    cfg = load_checked(config)
+    store = RunStore(cfg, redis.Redis.from_url(redis_server_url))
+    spent(store)
+    spent(store)
+    before = set(store.run_ids())
+    submitters = [
+        RunService(cfg, RunStore(cfg, redis.Redis.from_url(redis_server_url)), enqueue=lambda run_id: None)
+        for _ in range(8)
+    ]
+    together = threading.Barrier(len(submitters))
+
+    def submit(service: RunService) -> str:
+        together.wait()
+        try:
+            return str(service.submit(trainer="majority-baseline", schemas=["sentiment"])["run_id"])
+        except Conflict as refused:
+            return str(refused.message)
+
+    with ThreadPoolExecutor(len(submitters)) as pool:
+        answers = list(pool.map(submit, submitters))
+    queued = set(store.run_ids()) - before
+    assert len(queued) == 1 and sorted(queued) == [a for a in answers if a in queued], answers
+    refusals = [a for a in answers if a not in queued]
+    assert len(refusals) == 7 and all("1 more held by 1 run not ended" in a for a in refusals), refusals
+
+
+def test_a_budget_lock_held_past_its_wait_refuses_the_run_saying_what_to_do(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    config = make_project(tmp_path, budget={"gpu_hours_per_month": 3.5})
+    cfg = load_checked(config)
+    store = RunStore(cfg, redis.Redis.from_url(redis_server_url))
+    stalled = store.budget_lease()  # a submitter stalled with the lock (its process stopped, say)
+    assert stalled.try_take()
+    try:
+        with pytest.raises(Conflict) as refused, budget_checked(cfg, store, "majority-baseline", "local", wait_s=0.2):
+            store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+    finally:
+        stalled.release()
+    assert refused.value.message == (
+        "Another submission held the budget's lock for over 0.2 s, so this run's budget could not be checked"
+    )
+    assert refused.value.fix.startswith("submit the run again")
+    assert store.run_ids() == [], "nothing was written"
 
 
 def test_auto_retrain_skips_a_run_the_budget_refuses_and_says_why(budgeted: tuple[Path, RunStore]) -> None:
