@@ -13,6 +13,8 @@ import os
 import signal
 from typing import Any, List, Optional, Tuple
 
+from potato_queue.wire.files import write_atomic
+
 __all__ = ["PID_FILE", "write_pid_file", "remove_pid_file", "drain_main", "drain_on_sigusr1"]
 
 PID_FILE = "agent.pid"
@@ -24,12 +26,7 @@ def _pid_path(workdir: str) -> str:
 
 def write_pid_file(workdir: str, backend: str) -> None:
     """`<pid> <backend>` in DIR/agent.pid (0600, whole), for `--drain` to find this agent."""
-    path = _pid_path(workdir)
-    partial = path + ".partial"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as fh:
-        fh.write("{} {}\n".format(os.getpid(), backend))
-    os.replace(partial, path)
+    write_atomic(_pid_path(workdir), "{} {}\n".format(os.getpid(), backend), mode=0o600, durable=False)
 
 
 def remove_pid_file(workdir: str) -> None:

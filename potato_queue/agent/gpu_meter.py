@@ -14,6 +14,7 @@ import time
 from typing import Any, Dict, List, Optional
 
 from potato_queue.agent.gpu_watch import GpuWatch, run_gpus
+from potato_queue.wire.files import write_atomic
 from potato_queue.wire.job import GpuWatch as GpuWatchSettings
 
 __all__ = ["combine", "read_usage", "settings_of", "meter_main"]
@@ -59,10 +60,7 @@ def read_usage(path: str) -> Optional[Dict[str, Any]]:
 
 
 def _write_usage(path: str, usage: Dict[str, Any]) -> None:
-    partial = path + ".partial"
-    with open(partial, "w", encoding="utf-8") as fh:
-        json.dump(usage, fh)
-    os.replace(partial, path)  # whole: the agent may read it at any moment
+    write_atomic(path, json.dumps(usage), durable=False)  # whole: the agent may read it at any moment
 
 
 def settings_of(spec_path: Optional[str]) -> "tuple[GpuWatchSettings, str]":

@@ -67,14 +67,18 @@ def _number(text: str) -> Optional[float]:
         return None  # "[N/A]", "[Not Supported]"
 
 
+def _rows(csv_text: str, min_fields: int) -> List[List[str]]:
+    """nvidia-smi's CSV answer, a GPU's (or a process's) fields a row: lines that do not start with its index
+    (or pid), or that have fewer than `min_fields`, are none (a blank line, `No devices were found`)."""
+    rows = [[field.strip() for field in line.split(",")] for line in csv_text.splitlines()]
+    return [fields for fields in rows if len(fields) >= min_fields and fields[0].isdigit()]
+
+
 def parse_gpus(csv_text: str) -> List[Gpu]:
     """nvidia-smi's answer to NVIDIA_SMI_QUERY, one GPU a line; the fields after memory.total may be missing
     (an older query). Lines that are no GPU's (a blank line, `No devices were found`) are left out."""
     gpus = []
-    for line in csv_text.splitlines():
-        fields = [field.strip() for field in line.split(",")]
-        if len(fields) < 4 or not fields[0].isdigit():
-            continue
+    for fields in _rows(csv_text, 4):
         fields += [""] * (7 - len(fields))
         free = _number(fields[2])
         cap = fields[5] if re.match(r"^\d+\.\d+$", fields[5]) else None
@@ -142,13 +146,7 @@ class GpuSample(NamedTuple):
 
 def parse_usage(csv_text: str) -> List[GpuSample]:
     """nvidia-smi's answer to USAGE_QUERY, one GPU a line; lines that are no GPU's are left out."""
-    samples = []
-    for line in csv_text.splitlines():
-        fields = [field.strip() for field in line.split(",")]
-        if len(fields) < 4 or not fields[0].isdigit():
-            continue
-        samples.append(GpuSample(int(fields[0]), _number(fields[1]), _number(fields[2]), _number(fields[3])))
-    return samples
+    return [GpuSample(int(f[0]), _number(f[1]), _number(f[2]), _number(f[3])) for f in _rows(csv_text, 4)]
 
 
 class GpuApp(NamedTuple):
@@ -160,9 +158,4 @@ class GpuApp(NamedTuple):
 
 def parse_apps(csv_text: str) -> List[GpuApp]:
     """nvidia-smi's answer to APPS_QUERY; `No running processes found` and blank lines are left out."""
-    apps = []
-    for line in csv_text.splitlines():
-        fields = [field.strip() for field in line.split(",")]
-        if len(fields) >= 2 and fields[0].isdigit():
-            apps.append(GpuApp(int(fields[0]), _number(fields[1])))
-    return apps
+    return [GpuApp(int(f[0]), _number(f[1])) for f in _rows(csv_text, 2)]

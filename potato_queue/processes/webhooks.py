@@ -28,13 +28,13 @@ from potato_queue.config import ProjectConfig
 from potato_queue.lab.events import Endpoint, endpoints, wants
 from potato_queue.store import RunStore
 from potato_queue.store.keys import webhook_retry_dir
+from potato_queue.store.webhooks import MAX_WAITING
 
 __all__ = ["Sender", "StandardWebhookSender", "sender_for", "deliver_forever", "RETRY_SCHEDULE_S", "sign"]
 
 # Potato's (potato/webhooks/sender.py): the first try, then five retries.
 RETRY_SCHEDULE_S = (0, 5, 30, 120, 600, 3600)
 WAIT_S = 5.0
-MAX_WAITING = 10000  # deliveries an endpoint may have waiting (Potato's queue size)
 _log = logging.getLogger("potato_queue.webhooks")
 
 
