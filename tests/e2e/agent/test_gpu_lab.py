@@ -20,7 +20,7 @@ import pytest
 from tests.agent_helpers import BACKEND, lab, register
 from tests.conftest import run_cli
 from tests.fake_gpus import FakeGpus, LocalAgent, gpu_process
-from tests.lifecycle_helpers import TERMINAL, Services, held_run, run_paths, started, wait_until
+from tests.lifecycle_helpers import TERMINAL, Services, held_run, run_paths, started, wait_running
 from tests.potato_helpers import potato_view
 
 GPUS = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 50000, 81920, 3, 8.0\n"
@@ -109,7 +109,9 @@ def test_what_of_a_run_still_holds_gpu_memory_after_it_ends_is_killed_and_named(
     svc = gpu_lab.svc
     gpu_lab.gpus.set_usage(BUSY)
     run_id = held_run(svc, backend=BACKEND)
-    wait_until(lambda: svc.api("GET", f"/runs/{run_id}")[1]["state"] == "running", 30, "the run running")
+    # Its worker training, not only its agent in contact: a run cancelled before its worker starts has started
+    # no process to leave behind (the agent then has no worker's group to look at, and does not look).
+    wait_running(svc, run_id)
     # A process the run started that left the worker's process group (its own session), and another
     # account's process on the same GPU: both hold GPU memory.
     leftover, stranger = gpu_process(run_id, tmp_path), gpu_process(None, tmp_path)
