@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.agent.gpu_watch import GpuWatch, UsageMeter, leftovers
+from potato_queue.agent.gpu_watch import GpuWatch, UsageMeter, idle_verdict, leftovers
 from potato_queue.host.nvidia_smi import GpuApp, GpuSample, parse_apps, parse_usage
 from potato_queue.lab.usage import usage_metrics, usage_of, usage_words
 from potato_queue.store.potato_ledger import potato_metrics
@@ -72,19 +72,26 @@ def test_idle_time_counts_from_the_last_busy_sample_and_a_gpu_that_cannot_tell_i
 
 
 def test_the_idle_guard_warns_once_at_half_its_time_then_stops_with_the_figures() -> None:
-    watch = GpuWatch([0], None, Settings(sample_s=1, idle_utilization_pct=5, idle_stop_s=60))
-    watch.meter.add(watch.meter.start_s, [GpuSample(0, 60.0, 1, 100)])
-    watch.meter.busy_at_s -= 31  # idle for 31 s already
-    warning, stop = watch.idle_check()
-    assert stop is None and warning is not None
+    settings = Settings(sample_s=1, idle_utilization_pct=5, idle_stop_s=60)
+    warning, stop, warned = idle_verdict(["0"], 31.0, settings, False)
+    assert stop is None and warned and warning is not None
     assert warning.startswith("the run's GPUs (GPU 0) have been under 5% utilization for 31 s: the idle guard")
-    assert watch.idle_check() == (None, None), "warned once"
-    watch.meter.busy_at_s -= 30
-    warning, stop = watch.idle_check()
+    assert idle_verdict(["0"], 45.0, settings, warned) == (None, None, True), "warned once"
+    warning, stop, _ = idle_verdict(["0"], 61.0, settings, warned)
     assert warning is None and stop == (
         "the run's GPUs (GPU 0) stayed under 5% utilization for 61 s, past model_training.gpu_watch.idle_stop_s "
         "(60 s): the idle guard stopped the run"
     )
+    assert idle_verdict(["0"], 2.0, settings, True) == (None, None, False), "busy again: a later idle spell warns"
+    # The watch keeps that state between its looks (on the real clock: no exact figures here).
+    watch = GpuWatch([0], None, settings)
+    watch.meter.add(watch.meter.start_s, [GpuSample(0, 60.0, 1, 100)])
+    watch.meter.busy_at_s -= 31  # idle for 31 s already
+    warning, stop = watch.idle_check()
+    assert stop is None and warning is not None
+    assert watch.idle_check() == (None, None), "warned once"
+    watch.meter.busy_at_s -= 30
+    assert watch.idle_check()[1] is not None
     off = GpuWatch([0], None, Settings(idle_stop_s=None))
     off.meter.add(off.meter.start_s, [GpuSample(0, 60.0, 1, 100)])
     off.meter.busy_at_s -= 10_000

@@ -13,7 +13,7 @@ import pytest
 from tests.agent_helpers import BACKEND, lab, register
 from tests.conftest import run_cli
 from tests.fake_gpus import LocalAgent
-from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_until
+from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_running, wait_until
 
 PATH = "/usr/local/bin:/usr/bin:/bin"
 
@@ -38,8 +38,12 @@ def test_a_drained_agent_finishes_its_run_claims_no_new_one_and_exits_0(lab_svc:
     workdir = svc.tmp_path / "agent-work"
     try:
         wait_until(lambda: (workdir / "agent.pid").exists(), 30, "the agent's pid file")
-        first = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 4}, backend=BACKEND)
-        wait_until(lambda: state_of(svc, first) == "running", 30, "the first run running")
+        first = svc.start_run(
+            trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 10}, backend=BACKEND
+        )
+        # Its worker training, with 10 s left for the CLI to start and signal: a drain that came after the run
+        # (a loaded machine) would find the agent idle, and it would exit at once with no run to finish.
+        wait_running(svc, first)
         told = run_cli("training", "agent", "--drain", "--workdir", workdir)
         assert told.returncode == 0, told.stdout + told.stderr
         assert told.stdout.strip() == (
@@ -51,8 +55,8 @@ def test_a_drained_agent_finishes_its_run_claims_no_new_one_and_exits_0(lab_svc:
         wait_until(
             lambda: f"agent {host} (pid {agent.proc.pid}) said it drains at" in check_lines(svc), 30, "check says"
         )
-        assert agent.proc.wait(60) == 0, agent.output()
-        assert svc.wait_for(first, TERMINAL, 5)["state"] == "succeeded", "the run in flight finished"
+        assert agent.proc.wait(120) == 0, agent.output()
+        assert svc.wait_for(first, TERMINAL, 60)["state"] == "succeeded", "the run in flight finished"
         assert state_of(svc, second) == "queued", "no new run was claimed"
         second_log = run_paths(svc, second).run_log  # a run nothing happened to yet may have no run.log at all
         assert not second_log.exists() or "claimed by" not in second_log.read_text()
@@ -74,12 +78,12 @@ def test_the_servers_switch_drains_a_backends_agents_until_switched_off(lab_svc:
         wait_until(lambda: (svc.tmp_path / "agent-work" / "agent.pid").exists(), 30, "the agent serving")
         status, reply = svc.api("POST", f"/backends/{BACKEND}/drain")
         assert status == 200 and reply["draining"] is True, reply
-        assert agent.proc.wait(30) == 0, agent.output()
+        assert agent.proc.wait(120) == 0, agent.output()
         assert f"draining (the server's drain switch for backend {BACKEND})" in agent.output()
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         assert "  draining: switched on" in check_lines(svc)
         late = LocalAgent(svc, token, PATH, name="late")
-        assert late.proc.wait(30) == 0, "an agent started while the switch is on claims nothing"
+        assert late.proc.wait(120) == 0, "an agent started while the switch is on claims nothing"
         assert state_of(svc, run_id) == "queued"
         assert svc.api("DELETE", f"/backends/{BACKEND}/drain")[1]["draining"] is False
         back = LocalAgent(svc, token, PATH, name="back")

@@ -26,7 +26,8 @@ from tests.potato_helpers import potato_view
 GPUS = "0, NVIDIA A100-SXM4-80GB, 1200, 81920, 97, 8.0\n1, NVIDIA A100-SXM4-80GB, 50000, 81920, 3, 8.0\n"
 BUSY = "0, 400.0, 99, 79000\n1, 300.0, 87, 30000\n"
 IDLE = "0, 400.0, 99, 79000\n1, 61.5, 1, 30000\n"
-IDLE_STOP_S = 3
+# Its warning comes at half: a 3 s window, wide enough for an agent's once-a-second look on a loaded machine.
+IDLE_STOP_S = 6
 
 
 class Lab:
@@ -63,7 +64,8 @@ def test_a_runs_gpu_hours_energy_and_utilization_are_measured_on_its_own_gpu(gpu
     assert 2.0 <= usage["gpu_seconds"] <= 30.0, usage
     assert usage["energy_wh"] == pytest.approx(300.0 * usage["gpu_seconds"] / 3600, rel=1e-3)
     assert usage["mean_utilization_pct"] == 87.0 and usage["peak_memory_mb"] == 30000.0
-    assert usage["samples"] >= 5 and usage["sample_s"] == 0.2
+    # Sampled while it ran, not only at its start and end (how many a loaded machine fits in 2 s varies).
+    assert usage["samples"] >= 3 and usage["sample_s"] == 0.2
     log = run_paths(svc, run_id).run_log.read_text()
     assert "GPU use: sampling GPU 1 every 0.2 s" in gpu_lab.agent.output()
     assert "leak guard" not in log, "nothing of the run was left to kill"
@@ -91,16 +93,17 @@ def test_a_run_whose_gpu_idles_is_warned_then_stopped_by_the_idle_guard(gpu_lab:
     finally:
         gpu_lab.gpus.set_usage(BUSY)
     assert run["state"] == "failed", run
-    # How long it had idled when the agent looked (once a second): 3 s, or up to two more.
-    assert re.match(
-        r"the run's GPUs \(GPU 1\) stayed under 5% utilization for [345] s, past "
-        r"model_training\.gpu_watch\.idle_stop_s \(3 s\): the idle guard stopped the run \(fix: make the trainer "
+    # How long it had idled when the agent looked (once a second): the limit, or a little more.
+    said = re.match(
+        r"the run's GPUs \(GPU 1\) stayed under 5% utilization for (\d+) s, past "
+        r"model_training\.gpu_watch\.idle_stop_s \(6 s\): the idle guard stopped the run \(fix: make the trainer "
         r"use the GPU",
         run["error"],
-    ), run["error"]
+    )
+    assert said and IDLE_STOP_S <= int(said.group(1)) <= IDLE_STOP_S + 5, run["error"]
     log = run_paths(svc, run["run_id"]).run_log.read_text()
     warned = log.index("step: the run's GPUs (GPU 1) have been under 5% utilization for")
-    assert "the idle guard stops the run at 3 s unless they get busy" in log[warned:]
+    assert "the idle guard stops the run at 6 s unless they get busy" in log[warned:]
     assert warned < log.index("failed: the run's GPUs"), "warned before the stop"
     assert run["gpu_usage"]["mean_utilization_pct"] == 1.0
 

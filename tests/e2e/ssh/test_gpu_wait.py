@@ -185,4 +185,4 @@ def test_an_ssh_runs_gpu_use_is_measured_on_the_gpu_it_was_given(
         assert usage["gpus"] == ["1"] and usage["mean_utilization_pct"] == 64.0, usage
         assert 2.0 <= usage["gpu_seconds"] <= 60.0
         assert usage["energy_wh"] == pytest.approx(250.0 * usage["gpu_seconds"] / 3600, rel=1e-3)
-        assert gpus.usage_calls() >= 5
+        assert gpus.usage_calls() >= 3, "sampled while it ran, not only at its start and end"
