@@ -191,6 +191,7 @@ def job_script(
     """
     q = shlex.quote
     stderr_log, exit_code = q(job_dir + "/stderr.log"), q(job_dir + "/exit_code")
+    meter_ready = q(job_dir + "/" + GPU_METER_READY_FILE)
     # The one rule (isolated.passed_env): a name that looks like a secret is exported only when listed.
     env = passed_env(settings.env, settings.secret_env)
     if settings.num_threads:
@@ -212,7 +213,7 @@ def job_script(
         + ".partial "
         + running
     )
-    lines += _meter_stop_lines(job_dir)
+    lines += _meter_stop_lines(meter_ready)
     lines.append(
         "finish() { stop_meter; printf '%s\\n' \"$1\" > "
         + exit_code
@@ -228,9 +229,7 @@ def job_script(
     if meter_argv:
         meter = " ".join(q(part) for part in meter_argv) + " < /dev/null 2>> {}".format(stderr_log)
         lines.append(
-            "if command -v nvidia-smi > /dev/null 2>&1; then rm -f {}; {} & meter=$!; fi".format(
-                q(job_dir + "/" + GPU_METER_READY_FILE), meter
-            )
+            "if command -v nvidia-smi > /dev/null 2>&1; then rm -f {}; {} & meter=$!; fi".format(meter_ready, meter)
         )
     worker = " ".join(q(part) for part in worker_argv) + " < /dev/null >> {} 2>> {}".format(
         q(job_dir + "/events.jsonl"), stderr_log
@@ -239,10 +238,9 @@ def job_script(
     return "\n".join(lines) + "\n"
 
 
-def _meter_stop_lines(job_dir: str) -> List[str]:
-    """The GPU meter's stop: SIGTERM once the meter would hear it, and its last figures written, before the
-    job's end is (the agent reads gpu_usage.json once it sees exit_code)."""
-    ready = shlex.quote(job_dir + "/" + GPU_METER_READY_FILE)
+def _meter_stop_lines(ready: str) -> List[str]:
+    """The GPU meter's stop: SIGTERM once the meter would hear it (`ready`, its file, shell-quoted), and its
+    last figures written, before the job's end is (the agent reads gpu_usage.json once it sees exit_code)."""
     return [
         'meter=""',
         # At most 10 s for the meter's start (a worker can end first) and 15 s for its last figures: a meter

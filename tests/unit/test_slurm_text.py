@@ -31,6 +31,7 @@ from potato_queue.executors.slurm import default_partition, parse_sinfo
 from potato_queue.wire.isolated import allowed_env, python_argv
 from potato_queue.wire.job import GpuWatch as GpuWatchSettings
 from potato_queue.wire.sbatch import (
+    GPU_METER_READY_FILE,
     SBATCH_FLAGS,
     SettingsError,
     SlurmSettings,
@@ -242,7 +243,7 @@ def test_job_sh_meters_the_nodes_gpus_beside_the_worker_and_stops_the_meter_befo
     out = job / "gpu_usage.json"
     spec = job / "spec.json"  # the run's gpu_watch, as the agent writes it into the worker's spec
     spec.write_text(json.dumps({"gpu_watch": {"sample_s": 0.1, "idle_utilization_pct": 5.0}}))
-    ready = ["--ready", str(job / "gpu_meter.ready")]
+    ready = ["--ready", str(job / GPU_METER_READY_FILE)]
     meter = python_argv(
         sys.executable, "potato_queue.agent.gpu_meter", ["--out", str(out), "--spec", str(spec)] + ready
     )
