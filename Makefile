@@ -15,7 +15,7 @@ $(STAMP):
 	$(BIN)/pip install -q --upgrade pip
 	# torch first, pinned: the CPU build on this disk (a bare "torch" pulls a multi-GB CUDA build).
 	$(BIN)/pip install -q $(TORCH)
-	$(BIN)/pip install -q -e '.[dev,train-text,train-llm,train-sklearn,train-image,potato]'
+	$(BIN)/pip install -q -e '.[dev,train-text,train-llm,train-sklearn,train-image,potato,parquet]'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

@@ -157,7 +157,10 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
                 f"model_training.budget.backends names {name!r}, which is no backend (configured: {', '.join(names)})"
             )
     _check_retrain_trainer(retrain, errors)
-    schemes = [str(s.get("name")) for s in data.get("annotation_schemes") or [] if isinstance(s, dict)]
+    from potato_queue.bundle.schema_types import refusal_text  # the bundle's package imports numpy: only here
+
+    by_name = {str(s.get("name")): s for s in data.get("annotation_schemes") or [] if isinstance(s, dict)}
+    schemes = list(by_name)
     writeback = _raw_mapping(mt.get("writeback"))
     for path, listed in (
         ("model_training.writeback.schemas", writeback.get("schemas")),
@@ -168,6 +171,8 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
                 errors.append(
                     f"{path} names {schema!r}, which is not an annotation scheme (schemes: {', '.join(schemes) or 'none'})"
                 )
+            elif refused := refusal_text(by_name[str(schema)]):
+                errors.append(f"{path} names {schema!r}: {refused}; leave it out (docs/trainers.md, the type table)")
     task_dir = Path(config_path).resolve().parent / os.path.expanduser(str(data.get("task_dir") or "."))
     for index, raw in enumerate(data_file_paths(data.get("data_files") or [])):
         data_path = task_dir / os.path.expanduser(raw)
@@ -214,11 +219,19 @@ def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Rep
     _check_unshown_writeback(data, found)
     _check_references(data, config_path, report.errors)
     backends = list(clean.get("model_training", {}).get("backends", {}))
-    _acknowledge((validation or {}).get("acknowledge"), found, backends, report)
     try:
-        cfg = build_config(clean, config_path)
+        cfg: ProjectConfig | None = build_config(clean, config_path)
     except ValidationError as exc:
+        cfg = None
         report.errors.extend(_type_errors(exc))
+    if cfg is not None and not report.errors:
+        from potato_queue.bundle.item_keys import check_items  # numpy's import, only for a config worth it
+
+        items = check_items(cfg)  # the data files against id_key and text_key, as a run's bundle reads them
+        report.errors.extend(items.errors)
+        found.extend(Warning_(text) for text in items.warnings)
+    _acknowledge((validation or {}).get("acknowledge"), found, backends, report)
+    if cfg is None:
         return report
     if not report.errors:
         _check_retrain_fit(cfg, report.errors)

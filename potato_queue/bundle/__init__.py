@@ -19,27 +19,42 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from potato_queue.bundle.aggregate import all_targets, answered_items, no_labels_error, resolve_references
+from potato_queue.bundle.aggregate import (
+    all_targets,
+    answered_items,
+    no_labels_error,
+    pick_answers,
+    resolve_references,
+)
 from potato_queue.bundle.annotations import count_annotations, no_cycle_collection, read_annotations
-from potato_queue.bundle.read import TARGET_KINDS, read_items, schema_kind, schema_names, target_schemas
+from potato_queue.bundle.modality import item_media, items_modality, media_source
+from potato_queue.bundle.read import (
+    answer_field,
+    pair_key,
+    read_items,
+    schema_kind,
+    schema_names,
+    target_schemas,
+)
+from potato_queue.bundle.remote_media import fetch_images, is_remote
 from potato_queue.bundle.write import (
     BUNDLE_VERSION,
     DEFAULT_SPLITS,
     BundleBuild,
     bundle_rows,
-    items_modality,
     pack_bundle,
     prepare_out_dir,
+    refuse_textless,
     split_of,
     write_manifest,
     write_splits,
 )
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
+from potato_queue.store.keys import media_cache_dir
 
 __all__ = [
     "BUNDLE_VERSION",
-    "TARGET_KINDS",
     "schema_kind",
     "target_schemas",
     "split_of",
@@ -66,21 +81,31 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
     bad: list[str] = []
     found, items = read_annotations(config, names, while_reading=lambda: read_items(config, cleaned=bad))
+    fields = {name: field for name in names if (field := answer_field(by_name[name]))}
+    if fields:
+        pick_answers(found, fields, {name: schema_kind(by_name[name]) for name in fields})
     ids = sorted(items)
     references = resolve_references(found, ids, training.aggregation, set(names))
     kinds = {name: schema_kind(by_name[name]) for name in names}
     targets, labels = all_targets(references, kinds)
     if not targets:  # Potato refuses when nobody answered; nothing to train on is refused too
         raise no_labels_error(config, len(items), found, names)
-    prepare_out_dir(out_dir)
+    source, shown_as_image = media_source(config, [by_name[n] for n in names])
     build = BundleBuild(
         out_dir=out_dir,
         text_key=config.item_properties.text_key,
         # Potato's path (normalised, symlinks kept): a linked file's folder is named by its hash.
         task_dir=os.path.normpath(os.path.join(config.config_path.parent, os.path.expanduser(config.task_dir))),
         media_directory=str((config.model_extra or {}).get("media_directory") or "media"),
-        source_field=by_name[names[0]].get("source_field"),
-    )  # Potato reads the first scheme's only
+        source_field=source,
+        pair_key=next((key for name in names if (key := pair_key(by_name[name]))), None),
+        shown_as_image=shown_as_image,
+    )
+    refuse_textless(config, build, items, targets)
+    if items_modality(config, [by_name[n] for n in names], items) == "image":
+        written = items if training.writeback.include_unlabeled else {iid: items[iid] for iid in targets}
+        build.fetched = fetch_remote_images(config, build, written)
+    prepare_out_dir(out_dir)
     answered = answered_items(found, items)
     build.stats.update(n_items=len(items), n_annotated=len(answered))
     if bad:
@@ -93,6 +118,25 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
     return write_manifest(build, training, names, by_name, kinds, labels, splits, rows)
 
 
+def fetch_remote_images(config: ProjectConfig, build: BundleBuild, items: dict[str, Any]) -> dict[str, Path]:
+    """The images the bundle's items name by web address, from the media cache or fetched into it now; the
+    ones that could not be fetched named in the bundle's warnings."""
+    where: dict[str, list[str]] = {}
+    for iid, item in items.items():
+        reference = item_media(item, build.source_field)
+        if reference and is_remote(reference):
+            where.setdefault(reference, []).append(iid)
+    fetched = fetch_images(where, media_cache_dir(config))
+    if fetched.failed:
+        named = [f"item {where[url][0]} ({url}): {why}" for url, why in list(fetched.failed.items())[:10]]
+        more = f" and {len(fetched.failed) - 10} more" if len(fetched.failed) > 10 else ""
+        build.stats["warnings"].append(
+            f"{len(fetched.failed)} image address(es) could not be fetched by the server: {'; '.join(named)}{more}; "
+            "fix the addresses in the data files, or put the images under the project's media folder"
+        )
+    return fetched.files
+
+
 def project_modality(config: ProjectConfig, schemas: Sequence[str] | None = None) -> str:
     """What a run of `schemas` trains on (text, image, ...), from the config and its items, before any bundle
     is built: what a trainer's modalities are checked against."""
@@ -102,4 +146,4 @@ def project_modality(config: ProjectConfig, schemas: Sequence[str] | None = None
         items = read_items(config)
     except PotatoQueueError:
         return "text"  # a missing data file: the bundle's build says so, with its fix
-    return items_modality(chosen, items, config.item_properties.text_key)
+    return items_modality(config, chosen, items)

@@ -23,7 +23,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # What the other stages of the bundle use; the rest is this stage's own.
-__all__ = ["all_targets", "answered_items", "no_labels_error", "resolve_references"]
+__all__ = ["all_targets", "answered_items", "no_labels_error", "pick_answers", "resolve_references"]
 
 _UNSET = (None, "", False, 0, "false")  # Potato's "not selected"; the string "0" is a selection
 
@@ -129,6 +129,51 @@ def _representatives(
         last = at[np.lexsort((pos[at], worker[at]))[-1]]
         answer_of[key] = keyed[int(of_vote[last])][1]
     return answer_of
+
+
+_SWAPPED = {"A": "B", "B": "A"}
+
+
+def _picked(value_map: Any, name: str, swapped: bool, kind: str) -> Any:
+    """The answer stored under `name` as the label map Potato's readers expect (a label: {label: label}; a set:
+    each label; a number: {name: number}), read from the pair as the data file orders it (None: no answer)."""
+    value = value_map.get(name) if isinstance(value_map, dict) else None
+    if value is None or value == "":
+        return None
+    if kind == "multilabel":  # comma-joined (a hierarchical multiselect's)
+        return {label: label for label in str(value).split(",") if label} or None
+    if kind == "nominal":
+        label = _SWAPPED.get(str(value), str(value)) if swapped else str(value)
+        return {label: label}
+    if swapped:
+        try:
+            value = -float(value)  # shown B first: "A much better" meant the file's second text
+        except (TypeError, ValueError):
+            return None
+    return {name: value}
+
+
+def pick_answers(found: Annotations, fields: dict[str, str], kinds: dict[str, str]) -> None:
+    """Each answer of a scheme in `fields` ({schema: the name its answer is stored under}) replaced by that
+    name's value as a label map (`kinds`: each scheme's kind), in the data file's order where Potato showed
+    the pair swapped (its recorded presentation order); an answer without it is no vote. Equal answers stay
+    one object, as read_annotations left them."""
+    for user, by_scheme in found.by_user.items():
+        for schema, name in fields.items():
+            answers, orders = by_scheme.get(schema), found.orders.get(user, {}).get(schema, {})
+            if not answers:
+                continue
+            shared: dict[tuple[int, bool], tuple[Any, Any]] = {}  # the answer kept with its pick: its id stays
+            for iid in list(answers):
+                swapped = orders.get(iid, [0])[:1] == [1]
+                key = (id(answers[iid]), swapped)
+                if key not in shared:
+                    shared[key] = (answers[iid], _picked(answers[iid], name, swapped, kinds[schema]))
+                picked = shared[key][1]
+                if picked is None:
+                    del answers[iid]
+                else:
+                    answers[iid] = picked
 
 
 def resolve_references(

@@ -48,6 +48,7 @@ class Annotations:
     by_user: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
     answered: set[str] = field(default_factory=set)
     n_records: int = 0
+    orders: dict[str, dict[str, dict[str, list[int]]]] = field(default_factory=dict)  # user: FileAnswers.orders
 
     def of(self, schema: str) -> Iterator[tuple[str, dict[str, Any]]]:
         """(user, {item: answer}) for one scheme, users in first-seen order."""
@@ -92,6 +93,8 @@ def _merge(parts: list[FileAnswers]) -> Annotations:
         if part.has_record and part.user not in found.users:
             found.users.append(part.user)
         found.answered.update(part.answered)
+        for schema, orders in part.orders.items():
+            found.orders.setdefault(part.user, {}).setdefault(schema, {}).update(orders)
         mine = found.by_user.get(part.user)
         if mine is None:
             found.by_user[part.user] = part.by_scheme

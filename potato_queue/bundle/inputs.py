@@ -24,7 +24,7 @@ from potato_queue.wire.files import file_sha256, write_atomic
 __all__ = ["BUILDER_FORMAT", "inputs_digest", "annotation_files", "write_inputs_file", "read_inputs_file"]
 
 # Raised whenever the builder writes other bytes for the same inputs: bundles cached before are not reused.
-BUILDER_FORMAT = 1
+BUILDER_FORMAT = 2  # 2: every data format Potato reads, pairwise answers and pairs
 
 
 def _config_part(config: ProjectConfig, schemas: Sequence[str] | None) -> bytes:
@@ -36,6 +36,7 @@ def _config_part(config: ProjectConfig, schemas: Sequence[str] | None) -> bytes:
         "item_properties": config.item_properties.model_dump(),
         "task_dir": str(config.task_path),
         "data_files": [str(p) for p in config.data_paths()],
+        "data_file_entries": config.data_files,  # an entry's encoding is read too
         "output": str(config.output_path),
         "extra": config.model_extra or {},
         "aggregation": mt.aggregation,

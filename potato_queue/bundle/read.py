@@ -1,26 +1,26 @@
 """Stage 1 of a bundle build, the items' half: the project's schemes and items (annotations.py reads the rest).
 
 Which schemes give a target (schema_kind, target_schemas, by Potato's kinds),
-a scale scheme's points or bounds, and the items of the data files (JSON
-array, object or lines, Potato's positional ids), as Potato's
+a scale scheme's points or bounds, and the items of the data files (every
+format Potato's server reads: data_files.py), as Potato's
 `training/dataset.py` reads them.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import re
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 from potato_queue.bounds import clean
+from potato_queue.bundle.data_files import DataFile, DataFileError, UncleanDecoder, data_files, file_items
+from potato_queue.bundle.schema_types import kind_of_type, pairwise_mode, refusal, refusal_text, stored_field
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
 
 # The public names, then what the other stages of the bundle use.
 __all__ = [
-    "TARGET_KINDS",
     "Answers",
     "Row",
     "schema_kind",
@@ -28,54 +28,30 @@ __all__ = [
     "target_schemas",
     "read_items",
     "schema_names",
+    "answer_field",
+    "pair_key",
+    "pairwise_mode",
 ]
-
-# Potato's schema kinds (server_utils/iaa/dispatcher.py), by annotation_type.
-_KIND_OF_TYPE = {
-    atype: kind
-    for kind, types in {
-        "nominal": "radio select triage pairwise conjoint",
-        "ordinal": "likert confidence",
-        "continuous": "slider number vas",
-        "multilabel": "multiselect hierarchical_multiselect card_sort",
-        "matrix": "multirate constant_sum soft_label semantic_differential range_slider bws best_worst_scaling",
-        "span": "span error_span event_annotation coreference extractive_qa span_link tree_annotation",
-        "text": "textbox text_edit",
-        "ranking": "ranking",
-        "geometry": "image_annotation",
-        "temporal": "audio_annotation video_annotation",
-        "episode": "episode_annotation",
-        "rollout": "rollout_evaluation",
-        "caption": "region_caption",
-        "grounding": "grounding_eval",
-        "spatial": "spatial_annotation",
-        "volume": "volume_annotation",
-        "segments": "temporal_grounding tiered_annotation",
-        "trace": "process_reward trajectory_eval tool_call_review failure_attribution gui_trajectory",
-    }.items()
-    for atype in types.split()
-}
-
-#: The kinds Potato turns into a target. The rest (free text, matrices, traces)
-#: would give a meaningless label, so a bundle without named schemes skips them.
-TARGET_KINDS = ("nominal", "multilabel", "ordinal", "continuous", "span", "geometry", "grounding")
 
 Row = dict[str, Any]
 Answers = dict[str, Any]  # {schema: value_map}, one annotator's or the agreed one for one item
 
 
 def schema_kind(scheme: Mapping[str, Any]) -> str:
-    """Potato's kind of one annotation scheme ("unsupported" when unknown)."""
-    atype = str(scheme.get("annotation_type") or "").strip().lower()
-    kind = _KIND_OF_TYPE.get(atype, "unsupported")
-    if kind == "multilabel" and (scheme.get("max_choices") or scheme.get("max_selections")) == 1:
-        return "nominal"  # capped at one choice, it stores one label
-    if atype == "confidence" and scheme.get("scale_type") == "slider":
-        return "continuous"
-    if atype == "pairwise":  # one type name, three widgets that store different shapes
-        mode = str(scheme.get("mode") or "binary").strip().lower()
-        return {"scale": "continuous", "multi_dimension": "matrix"}.get(mode, "nominal")
-    return kind
+    """Potato's kind of one annotation scheme ("unsupported" when unknown): schema_types.py's table."""
+    return kind_of_type(scheme)
+
+
+def answer_field(scheme: Mapping[str, Any]) -> str | None:
+    """The name under which a scheme stores its answer as a value (a pairwise "selection", a triage
+    "decision", a vas's own name), else None: read as a label map, every answer would be that name (Potato
+    2.12's own bundle trains pairwise on the label "selection")."""
+    return stored_field(scheme)
+
+
+def pair_key(scheme: Mapping[str, Any]) -> str | None:
+    """The item field a pairwise scheme compares (its `items_key`, Potato's default `text`), else None."""
+    return str(scheme.get("items_key") or "text") if pairwise_mode(scheme) else None
 
 
 def _number(scheme: Mapping[str, Any], *keys: str) -> float | None:
@@ -86,101 +62,111 @@ def _number(scheme: Mapping[str, Any], *keys: str) -> float | None:
     return None
 
 
+# Where Potato draws a continuous scheme with bounds or a step the config leaves out: its widget's defaults
+# (a slider's step 1; a vas 0..100 in steps of 10**-precision; a confidence slider 0..100 by 1; a pairwise
+# scale -3..3 by 1). A number field has none.
+_SCALE_DEFAULTS = {
+    "slider": {"step": 1},
+    "vas": {"min": 0, "max": 100},
+    "confidence": {"min": 0, "max": 100, "step": 1},
+    "pairwise": {"min": -3, "max": 3, "step": 1},
+}
+
+
+def _ordinal_points(scheme: Mapping[str, Any]) -> list[Any]:
+    labels = [str(x.get("name") if isinstance(x, Mapping) else x) for x in scheme.get("labels") or []]
+    if str(scheme.get("annotation_type") or "").strip().lower() == "confidence":
+        # Its labels are captions: it stores the level "1".."N", N the larger of scale_points (5) and the captions.
+        return list(range(1, max(int(_number(scheme, "scale_points") or 5), len(labels)) + 1))
+    size = _number(scheme, "size", "scale_points")
+    return labels or ([i for i in range(1, int(size) + 1)] if size else [])
+
+
 def scheme_scale(scheme: Mapping[str, Any]) -> dict[str, Any] | None:
     """A scale scheme's scale as Potato draws it (None for any other kind): an ordinal scheme's points in
-    order (a labelled likert's label names, the values it stores; else 1..size), a continuous one's bounds
-    and step (a slider's min_value/max_value, a number field's min/max)."""
+    order (a labelled likert's label names, the values it stores; else 1..size; a confidence's levels), a
+    continuous one's bounds and step (a slider's min_value/max_value, a number field's min/max, a pairwise
+    scale's scale: block), with the widget's defaults where the config sets none."""
     kind = schema_kind(scheme)
     if kind == "ordinal":
-        labels = [str(x.get("name") if isinstance(x, Mapping) else x) for x in scheme.get("labels") or []]
-        size = _number(scheme, "size", "scale_points")
-        points: list[Any] = labels or ([i for i in range(1, int(size) + 1)] if size else [])
+        points = _ordinal_points(scheme)
         return {"points": points} if points else None
     if kind == "continuous":
-        bounds = {
-            "min": _number(scheme, "min_value", "min"),
-            "max": _number(scheme, "max_value", "max"),
-            "step": _number(scheme, "step"),
+        atype = str(scheme.get("annotation_type") or "").strip().lower()
+        nested = scheme.get("scale") if pairwise_mode(scheme) == "scale" else None
+        source = nested if isinstance(nested, Mapping) else scheme  # a pairwise scale's bounds are under scale:
+        bounds: dict[str, Any] = dict(_SCALE_DEFAULTS.get(atype, {}))
+        if atype == "vas":
+            precision = _number(scheme, "precision")
+            bounds["step"] = 10 ** -int(1 if precision is None else precision)
+        found = {
+            "min": _number(source, "min_value", "min"),
+            "max": _number(source, "max_value", "max"),
+            "step": _number(source, "step"),
         }
-        return {k: v for k, v in bounds.items() if v is not None}
+        bounds.update({k: v for k, v in found.items() if v is not None})
+        return bounds
     return None
 
 
 def target_schemas(config: ProjectConfig) -> list[str]:
-    """The config's schemes that give a training target, in config order."""
-    return [str(s["name"]) for s in config.annotation_schemes if s.get("name") and schema_kind(s) in TARGET_KINDS]
+    """The config's schemes a run trains (schema_types.py: a type whose answer is a target), in config order."""
+    return [str(s["name"]) for s in config.annotation_schemes if s.get("name") and refusal(s) is None]
 
 
 def schema_names(config: ProjectConfig, schemas: Sequence[str] | None) -> list[str]:
     names = list(schemas) if schemas is not None else target_schemas(config)
     unknown = [n for n in names if n not in config.schema_names()]
+    trained = target_schemas(config)
     if unknown or not names:
         raise PotatoQueueError(
             f"no annotation scheme named {', '.join(unknown)}" if unknown else "no annotation scheme gives a target",
-            fix=f"name schemes of {config.config_path} ({', '.join(config.schema_names()) or 'none'}) whose kind "
-            f"is one of {', '.join(TARGET_KINDS)}",
+            fix=f"name schemes of {config.config_path} that a run trains ({', '.join(trained) or 'none'}; "
+            "docs/trainers.md has every annotation type and whether it is trained)",
+        )
+    by_name = {str(s.get("name")): s for s in config.annotation_schemes}
+    refused = next((text for n in names if (text := refusal_text(by_name[n]))), None)
+    if refused:
+        raise PotatoQueueError(
+            refused, fix=f"leave it out of the run (schemes a run trains: {', '.join(trained) or 'none'})"
         )
     return names
-
-
-class _Decoder(json.JSONDecoder):
-    """json's own decoder that notes a non-finite number (NaN, Infinity, or a number too large for a float):
-    what, with a lone surrogate's escape, makes an item unwritable as strict JSON or UTF-8."""
-
-    def __init__(self) -> None:
-        self.unclean = False
-        super().__init__(parse_float=self._float, parse_constant=self._constant)
-
-    def _float(self, text: str) -> float:
-        value = float(text)
-        self.unclean = self.unclean or not math.isfinite(value)
-        return value
-
-    def _constant(self, text: str) -> float:
-        self.unclean = True
-        return float(text)
-
-
-def _items_of_text(content: str, id_key: str, decoder: json.JSONDecoder) -> Iterator[tuple[str, Row]]:
-    """(id, item) of one data file (JSON array, object or lines); no id gives Potato's positional one."""
-    try:
-        payload = decoder.decode(content)
-    except json.JSONDecodeError:
-        payload = None
-    if isinstance(payload, (list, dict)):
-        for position, item in enumerate(payload if isinstance(payload, list) else [payload], 1):
-            if isinstance(item, dict):
-                yield str(item.get(id_key, f"item_{position}")), item
-        return
-    for number, line in enumerate(content.splitlines(), 1):
-        try:
-            item = decoder.decode(line) if line.strip() else None
-        except json.JSONDecodeError:
-            continue  # Potato skips lines that are not JSON (CSV rows, stray text)
-        if isinstance(item, dict):
-            yield str(item.get(id_key, f"item_{number}")), item
 
 
 _SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 
 
 def read_items(config: ProjectConfig, cleaned: list[str] | None = None) -> dict[str, Row]:
-    """{id: item} of every data file. With `cleaned`, items made writable as UTF-8 and strict JSON (a lone
-    surrogate, `\\ud800` in a JSON data file, replaced with U+FFFD; a non-finite number as text), their ids
-    added to it: only a file that holds one is walked item by item."""
+    """{id: item} of every data file, read as Potato reads them (data_files.py; an id on two items refused).
+    With `cleaned`, items made writable as UTF-8 and strict JSON (a lone surrogate, `\\ud800` in a JSON data
+    file, replaced with U+FFFD; a non-finite number as text), their ids added to it: only a JSON file that
+    holds one is walked item by item."""
     items: dict[str, Row] = {}
-    for path in config.data_paths():
-        if not path.is_file():
-            raise PotatoQueueError(
-                f"data file {path} does not exist, so the bundle would miss its items",
-                fix=f"restore the file or correct data_files in {config.config_path}",
-            )
-        content, decoder = path.read_text(encoding="utf-8"), _Decoder()
-        found = dict(_items_of_text(content, config.item_properties.id_key, decoder))
-        if cleaned is not None and (decoder.unclean or _SURROGATE_ESCAPE.search(content)):
+    where: dict[str, tuple[Path, int]] = {}  # each id's file and item number, for the refusal of one used twice
+    props = config.item_properties
+    for data_file in data_files(config.data_files, config.task_path):
+        decoder = UncleanDecoder()
+        found: dict[str, Row] = {}
+        for number, (iid, item) in enumerate(file_items(data_file, props.id_key, props.text_key, decoder), 1):
+            if iid in where:
+                raise DataFileError(
+                    f"two items have the id {iid!r}: {where[iid][0]} item {where[iid][1]} and {data_file.path} item "
+                    f"{number}, and Potato "
+                    "refuses ids used twice",
+                    fix="ids must be unique across every data file: give one of them another id",
+                )
+            found[iid], where[iid] = item, (data_file.path, number)
+        if cleaned is not None and data_file.format in ("json", "jsonl") and _unclean(data_file, decoder):
             cleaned.extend(_clean_items(found))
         items.update(found)
     return items
+
+
+def _unclean(data_file: DataFile, decoder: UncleanDecoder) -> bool:
+    if decoder.unclean:
+        return True
+    with open(data_file.path, encoding="utf-8", errors="replace") as fh:
+        return any(_SURROGATE_ESCAPE.search(chunk) for chunk in iter(lambda: fh.read(1 << 20), ""))
 
 
 def _clean_items(items: dict[str, Row]) -> list[str]:

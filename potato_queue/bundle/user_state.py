@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +30,9 @@ class FileAnswers:
     answered: list[str]
     by_scheme: dict[str, dict[str, Any]]
     n_records: int
+    # Per wanted scheme, {item: the order its candidates were shown in} where Potato recorded one (a pairwise
+    # scheme with randomize_order): which pair member an answer "A" means.
+    orders: dict[str, dict[str, list[int]]] = field(default_factory=dict)
 
 
 def read_state(path: Path) -> Mapping[str, Any]:
@@ -128,6 +131,7 @@ def read_user_state(entry: str, path: Path, schemas: Collection[str] | None, ima
     if is_machine_state(state):
         return FileAnswers("", False, [], {}, 0)  # no user: _merge leaves it out
     part = FileAnswers(str(state.get("user_id", entry)), False, [], {}, 0)
+    _read_orders(state.get("instance_id_to_presentation_order"), schemas, part)
     labels = state.get("instance_id_to_label_to_value") or {}
     if (
         schemas is not None
@@ -150,6 +154,14 @@ def read_user_state(entry: str, path: Path, schemas: Collection[str] | None, ima
             if schemas is None or schema in schemas:
                 _keep(part, schema, iid, value_map, shared)
     return part
+
+
+def _read_orders(raw: Any, schemas: Collection[str] | None, part: FileAnswers) -> None:
+    """The shown orders Potato recorded ({item: {scheme: [source index, ...]}}) of the wanted schemes."""
+    for iid, orders in raw.items() if isinstance(raw, dict) else ():
+        for schema, order in orders.items() if isinstance(orders, dict) else ():
+            if (schemas is None or schema in schemas) and isinstance(order, list):
+                part.orders.setdefault(schema, {})[str(iid)] = order
 
 
 def _keep(part: FileAnswers, schema: str, iid: str, value_map: Any, shared: dict[tuple[Any, ...], Any]) -> None:

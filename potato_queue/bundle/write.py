@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from potato_queue.bundle.modality import detect_modality, item_media
 from potato_queue.bundle.read import Answers, Row, scheme_scale
-from potato_queue.config import ModelTrainingConfig
+from potato_queue.config import ModelTrainingConfig, ProjectConfig
 from potato_queue.errors import PotatoQueueError
 from potato_queue.wire.scales_file import SCALES_FILE
 
@@ -31,10 +32,10 @@ __all__ = [
     "DEFAULT_SPLITS",
     "pack_bundle",
     "split_of",
-    "item_media",
-    "items_modality",
+    "pair_text",
     "BundleBuild",
     "prepare_out_dir",
+    "refuse_textless",
     "bundle_rows",
     "write_manifest",
     "write_splits",
@@ -42,33 +43,7 @@ __all__ = [
 
 BUNDLE_VERSION = 1
 DEFAULT_SPLITS = {"train": 0.7, "val": 0.15, "test": 0.15}
-_MEDIA_KEYS = (
-    "image_url",
-    "image",
-    "image_path",
-    "file_name",
-    "audio_url",
-    "audio",
-    "audio_path",
-    "video_url",
-    "video",
-    "video_path",
-    "url",
-    "path",
-)
-_MEDIA_KEY_SET = frozenset(_MEDIA_KEYS)
 _encode_text = json.encoder.encode_basestring  # json's own (C) string encoder, non-ASCII kept as json.dumps keeps it
-_IMAGE_SUFFIXES = (".jpg", ".jpeg", ".png", ".bmp", ".webp", ".tif", ".tiff", ".gif")
-_MODALITY_BY_TYPE = {
-    "image_annotation": "image",
-    "region_caption": "image",
-    "grounding_eval": "image",
-    "audio_annotation": "audio",
-    "video_annotation": "video",
-    "tiered_annotation": "audio",
-    "spatial_annotation": "point_cloud",
-    "episode_annotation": "video",
-}
 
 
 def split_of(instance_id: str, splits: Mapping[str, float], seed: int) -> str:
@@ -107,7 +82,12 @@ class _RowEncoder:
             return json.dumps(row, ensure_ascii=False)  # not a row _row made: json's own way
         line = '{"instance_id": ' + _encode_text(row["instance_id"]) + ', "text": ' + _encode_text(row["text"])
         for key in tail:
-            line += f', "{key}": ' + (self._encoded_targets(row[key]) if key == "targets" else _encode_text(row[key]))
+            if key == "targets":
+                line += ', "targets": ' + self._encoded_targets(row[key])
+            elif key == "pair":
+                line += ', "pair": ' + json.dumps(row[key], ensure_ascii=False)
+            else:
+                line += f', "{key}": ' + _encode_text(row[key])
         return line + "}"
 
     def _encoded_targets(self, targets: Any) -> str:
@@ -124,7 +104,10 @@ class _RowEncoder:
 # The keys of the rows _row makes, in its order: what follows instance_id and text.
 _ROW_TAILS = {
     ("instance_id", "text", *tail): tuple(tail)
-    for tail in [(), ("targets",), ("media",), ("media_missing",), ("targets", "media"), ("targets", "media_missing")]
+    for targets in [(), ("targets",)]
+    for pair in [(), ("pair",)]
+    for media in [(), ("media",), ("media_missing",)]
+    for tail in [targets + pair + media]
 }
 
 
@@ -137,6 +120,9 @@ class BundleBuild:
     media_directory: str
     source_field: str | None
     text_key: str
+    pair_key: str | None = None  # a pairwise run's: the item field holding the two texts it compares
+    shown_as_image: bool = False  # Potato's page shows the media field as an image (instance_display)
+    fetched: dict[str, Path] | None = None  # an image run's: the cached file of each address the server fetched
     stats: dict[str, Any] = field(
         default_factory=lambda: {
             "n_items": 0,
@@ -153,7 +139,12 @@ class BundleBuild:
 def _link_media(build: BundleBuild, reference: str) -> str | None:
     """Symlink a media file into media/ (copy where links fail): its bundle path; None when missing."""
     if reference.startswith(("http://", "https://")):
-        return reference  # the trainer fetches remote media itself
+        if build.fetched is None:
+            return reference  # not an image run: Potato's way, the address as it is
+        if reference not in build.fetched:
+            build.stats["n_media_missing"] += 1
+            return None  # named in the bundle's warnings (remote_media.py)
+        reference = str(build.fetched[reference])  # the server fetched it: linked like a local file
     if reference.startswith("/media/"):  # the annotation page's URL for <task_dir>/<media_directory>/
         reference = os.path.join(build.task_dir, build.media_directory, reference[len("/media/") :])
     source = os.path.abspath(os.path.join(build.task_dir, reference))
@@ -173,11 +164,30 @@ def _link_media(build: BundleBuild, reference: str) -> str | None:
     return path
 
 
+def pair_text(prompt: str, pair: Sequence[str]) -> str:
+    """A compared pair as one text every text trainer reads (a fine-tune sees which text is which by its
+    place): the prompt, if any, then "A: ..." and "B: ..."."""
+    return (f"{prompt}\n\n" if prompt else "") + f"A: {pair[0]}\n\nB: {pair[1]}"
+
+
+def _pair(build: BundleBuild, item: Row) -> list[str] | None:
+    found = item.get(build.pair_key) if build.pair_key else None
+    if isinstance(found, (list, tuple)) and len(found) >= 2:
+        return [str(found[0]), str(found[1])]
+    return None
+
+
 def _row(build: BundleBuild, iid: str, item: Row, targets: Answers | None) -> Row:
-    """A bundle row, keys in Potato's order: instance_id, text, targets, then media or media_missing."""
+    """A bundle row, keys in Potato's order: instance_id, text, targets, then media or media_missing; a pairwise
+    run's row carries its two texts as `pair` (after targets), and its text says both."""
     row: Row = {"instance_id": iid, "text": str(item.get(build.text_key, "") or "")}
+    pair = _pair(build, item)
+    if pair is not None:
+        row["text"] = pair_text("" if build.text_key == build.pair_key else row["text"], pair)
     if targets is not None:
         row["targets"] = targets
+    if pair is not None:
+        row["pair"] = pair
     reference = item_media(item, build.source_field)
     if reference:
         linked = _link_media(build, reference)
@@ -204,6 +214,26 @@ def bundle_rows(
         if include_unlabeled:
             unlabeled.append(_row(build, iid, items[iid], None))
     return rows, unlabeled
+
+
+def refuse_textless(
+    config: ProjectConfig, build: BundleBuild, items: Mapping[str, Row], labelled: Collection[str]
+) -> None:
+    """Before anything is written: labelled items that are all without text, pair and media give a trainer
+    nothing to learn from (scikit-learn says `empty vocabulary`, a fine-tune learns the label prior)."""
+
+    def has_input(item: Row) -> bool:
+        text = item.get(build.text_key, "")
+        return bool(str(text or "").strip() or _pair(build, item) or item_media(item, build.source_field))
+
+    if labelled and not any(has_input(items[iid]) for iid in labelled):
+        text_key = config.item_properties.text_key
+        raise PotatoQueueError(
+            f"all {len(labelled)} labelled items have an empty {text_key!r} (item_properties.text_key) and no media: "
+            "a run would learn from nothing",
+            fix=f"set item_properties.text_key in {config.config_path} to the field that holds each item's text "
+            f"(potato-queue validate {config.config_path} names the fields the items have)",
+        )
 
 
 def write_splits(
@@ -240,39 +270,6 @@ def _digest(paths: Sequence[Path]) -> str:
         hasher.update(path.name.encode())
         hasher.update(path.read_bytes())
     return hasher.hexdigest()
-
-
-def item_media(item: Row, source_field: str | None) -> str | None:
-    """The media an item names (its scheme's source_field, else the first of Potato's media keys), if any."""
-    if not (source_field and item.get(source_field)) and _MEDIA_KEY_SET.isdisjoint(item):
-        return None  # most items: text alone
-    return next((str(item[k]) for k in (source_field, *_MEDIA_KEYS) if k and item.get(k)), None)
-
-
-def items_modality(schemes: Sequence[Mapping[str, Any]], items: Mapping[str, Row], text_key: str) -> str:
-    """The modality a bundle of these schemes would have, from the items alone (nothing linked): Potato's rule
-    over every item, where a bundle reads its labelled rows."""
-    source = schemes[0].get("source_field") if schemes else None
-    rows = [{"text": str(item.get(text_key, "") or ""), "media": item_media(item, source)} for item in items.values()]
-    return _modality(schemes, rows)
-
-
-def _modality(schemes: Sequence[Mapping[str, Any]], rows: Sequence[Row]) -> str:
-    """From a scheme's type; else images when 80% of labelled rows name an image file; else text."""
-    for scheme in schemes:
-        if scheme.get("annotation_type", "") in _MODALITY_BY_TYPE:
-            return _MODALITY_BY_TYPE[scheme["annotation_type"]]
-
-    def names_image(row: Row) -> bool:
-        ref = str(row.get("media") or row.get("media_missing") or "")
-        if not ref:
-            return False
-        text = str(row.get("text") or "").strip()
-        # A remote image on an item that shows text does not make the corpus images.
-        remote_only = not ref.startswith(("http://", "https://")) or not text or text == ref
-        return ref.lower().split("?")[0].endswith(_IMAGE_SUFFIXES) and remote_only
-
-    return "image" if rows and sum(map(names_image, rows)) >= 0.8 * len(rows) else "text"
 
 
 def prepare_out_dir(out_dir: Path) -> None:
@@ -314,7 +311,7 @@ def write_manifest(
         "splits": splits,
         "labels": labels,
         "media_dir": "media",
-        "modality": _modality([by_name[n] for n in names], rows),
+        "modality": detect_modality([by_name[n] for n in names], rows, build.shown_as_image),
         "text_key": build.text_key,
         "split_seed": training.split_seed,
         "aggregation": training.aggregation,

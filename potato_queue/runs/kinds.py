@@ -12,6 +12,7 @@ take it; a run that names no schemes
 from __future__ import annotations
 
 from potato_queue.bundle import project_modality, schema_kind, target_schemas
+from potato_queue.bundle.schema_types import refusal_text
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.trainers import trainer_info, trainers_for_modality
@@ -45,6 +46,15 @@ def refuse_foreign_kinds(config: ProjectConfig, trainer: str, schemas: list[str]
         scheme = schemes.get(name)
         if scheme is None:
             continue  # an unknown name is the caller's error to report
+        refused = refusal_text(scheme)
+        if refused:
+            others = trainable_schemas(config, trainer)
+            raise Conflict(
+                refused,
+                fix=f"leave {name} out of the run"
+                + (f"; {trainer} takes {', '.join(others)} here" if others else "")
+                + " (docs/trainers.md has every annotation type and what is trained)",
+            )
         kind = schema_kind(scheme)
         if kind in kinds:
             continue

@@ -17,6 +17,7 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from potato_queue.bundle import project_modality, schema_kind
+from potato_queue.bundle.schema_types import refusal as type_refusal
 from potato_queue.config import LOCAL
 from potato_queue.run import RunState
 from potato_queue.runs.finalize import published_predictions
@@ -143,11 +144,14 @@ def trainers() -> dict[str, dict[str, Any]]:
 
 
 def schemas(request: Request) -> list[dict[str, Any]]:
-    """The config's schemes as written, each with Potato's kind of it and the modality of its items (what a
-    trainer must declare to take it)."""
+    """The config's schemes as written, each with Potato's kind of it, the modality of its items (what a
+    trainer must declare to take it) and, for a type no run trains, why (`refused`)."""
     config = request.app.state.config
     modality = project_modality(config)  # the items once, for every scheme
-    return [{**scheme, "kind": schema_kind(scheme), "modality": modality} for scheme in config.annotation_schemes]
+    return [
+        {**scheme, "kind": schema_kind(scheme), "modality": modality, "refused": type_refusal(scheme)}
+        for scheme in config.annotation_schemes
+    ]
 
 
 def _label(name: str, kind: str, host: str | None, device: str | None) -> str:

@@ -29,6 +29,7 @@ __all__ = [
     "retrain_state_path",
     "webhook_retry_dir",
     "staging_dir",
+    "media_cache_dir",
     "potato_task_dir",
     "potato_database_path",
 ]
@@ -213,6 +214,12 @@ def staging_dir(config: ProjectConfig) -> Path:
     """potato-queue's temp files for what it writes into the project's own folders (the data files): on
     the project's filesystem, so one rename lands them, and never beside the files Potato reads."""
     return config.output_path / "training" / "staging"
+
+
+def media_cache_dir(config: ProjectConfig) -> Path:
+    """The images an image run's items name by web address, fetched once by the server (bundle/remote_media.py),
+    one file per address's sha256: the next run's bundle links them and fetches nothing."""
+    return config.output_path / "training" / "media_cache"
 
 
 def webhook_retry_dir(config: ProjectConfig, endpoint: str) -> Path:

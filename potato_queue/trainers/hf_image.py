@@ -51,7 +51,9 @@ def read_image(bundle: Bundle, row: dict[str, Any]) -> tuple[Any, str | None]:
 
     reference = row.get("media")
     if not reference:
-        missing = row.get("media_missing")
+        missing = str(row.get("media_missing") or "")
+        if missing.startswith(("http://", "https://")):  # the server fetches an image run's addresses
+            return None, f"its image {missing} could not be fetched when the bundle was built"
         return None, f"its file {missing} was missing when the bundle was built" if missing else "it names no image"
     where = bundle.resolve_media(str(reference))
     try:

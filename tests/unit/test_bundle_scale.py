@@ -115,7 +115,7 @@ CHANGES = {
     ),
     "the aggregation": lambda p: _edit_config(p, lambda c: _set(c["model_training"], "aggregation", "majority")),
     "a scheme's labels": lambda p: _edit_config(p, lambda c: c["annotation_schemes"][0]["labels"].append("mixed")),
-    "the text key": lambda p: _edit_config(p, lambda c: _set(c["item_properties"], "text_key", "body")),
+    "the text key": lambda p: _edit_config(p, lambda c: _set(c["item_properties"], "text_key", "id")),
     "include_unlabeled": lambda p: _edit_config(
         p, lambda c: _set(c["model_training"]["writeback"], "include_unlabeled", False)
     ),

@@ -13,7 +13,8 @@ async function loadForm() {
   const box = document.getElementById("schemas");
   for (const s of schemas) {
     const id = "schema-" + s.name;
-    box.append(el("label", {for: id, "data-kind": s.kind, "data-type": s.annotation_type || "", "data-modality": s.modality || "text"},
+    box.append(el("label", {for: id, "data-kind": s.kind, "data-type": s.annotation_type || "", "data-modality": s.modality || "text",
+                            "data-refused": s.refused || ""},
                   el("input", {type: "checkbox", id, name: "schema", value: s.name, checked: ""}), " " + s.name,
                   el("small", {class: "schema-why"})));
   }
@@ -26,11 +27,13 @@ async function loadForm() {
 function offerSchemes(name, info) {
   const kinds = info.kinds || [], modalities = info.modalities || ["text"];
   for (const label of document.querySelectorAll("#schemas label[data-kind]")) {
-    const input = label.querySelector("input"), kindOk = kinds.includes(label.dataset.kind);
+    const input = label.querySelector("input"), refused = label.dataset.refused;
+    const kindOk = !refused && kinds.includes(label.dataset.kind);
     const takes = kindOk && modalities.includes(label.dataset.modality);
     if (input.disabled === takes) input.checked = takes;
     input.disabled = !takes;
-    label.querySelector(".schema-why").textContent = takes ? "" : !kindOk ?
+    label.querySelector(".schema-why").textContent = takes ? "" : refused ?
+      " (" + label.dataset.type + ", " + label.dataset.kind + ": no trainer trains it: " + refused + ")" : !kindOk ?
       " (" + label.dataset.kind + (label.dataset.type ? ", " + label.dataset.type : "") + ": " + name + " trains " +
       (kinds.join("/") || "no") + " schemes)" :
       " (" + label.dataset.modality + " items: " + name + " trains on " + modalities.join("/") + " items)";

@@ -76,7 +76,12 @@ def test_hf_image_classification_learns_shapes_and_colours_and_names_the_images_
         held = run["held_out"]
         assert held["shape"]["test"]["accuracy"] >= 0.8 and held["colours"]["test"]["micro_f1"] >= 0.8, held
         assert f"{GONE} (its file images/{GONE}.png was missing when the bundle was built)" in log, log
-        assert f"{UNREACHABLE} (http://127.0.0.1:9/{UNREACHABLE}.png cannot be read here" in log, log
+        # The server fetches an image run's addresses (never the host), and names the one it could not fetch.
+        assert (
+            f"could not be fetched by the server: item {UNREACHABLE} (http://127.0.0.1:9/{UNREACHABLE}.png): "
+            "cannot be reached" in log
+        ), log
+        assert f"{UNREACHABLE} (its image http://127.0.0.1:9/{UNREACHABLE}.png could not be fetched when" in log, log
         lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
         assert not {GONE, UNREACHABLE} & {p["instance_id"] for p in lines}, "no prediction without an image"
         shapes = [p for p in lines if p["schema_name"] == "shape"]

@@ -1,0 +1,213 @@
+"""Every annotation type Potato 2.12.1 registers, classified as Potato classifies it, and each either trained
+(its answers read in the shape Potato stores them) or refused with its type, kind and why.
+
+Potato itself is the reference: its `classify_schema` over its own registry of types, its example projects
+(tests/fixtures/potato_examples) with answers in its stored shapes (tests/potato_examples.py).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from potato_queue.bundle import build_bundle, schema_kind, target_schemas
+from potato_queue.bundle.schema_types import SCHEMA_TYPES, refusal, refusal_text
+from potato_queue.errors import ConfigError, Conflict, PotatoQueueError
+from potato_queue.runs.kinds import refuse_foreign_kinds
+from potato_queue.validate import check_file, load_checked
+from tests.conftest import ROOT
+from tests.potato_examples import example_project
+
+pytestmark = pytest.mark.unit
+
+
+def _potato_types() -> list[str]:
+    from potato.server_utils.iaa.dispatcher import _KIND_BY_TYPE
+    from potato.server_utils.schemas.registry import schema_registry
+
+    return sorted(set(schema_registry.get_supported_types()) | set(_KIND_BY_TYPE))
+
+
+# The config keys that change a kind (Potato's classify_schema reads them).
+VARIANTS: list[dict[str, Any]] = [
+    {},
+    {"max_choices": 1},
+    {"max_selections": 1},
+    {"scale_type": "slider"},
+    {"mode": "scale"},
+    {"mode": "multi_dimension"},
+    {"mode": "binary"},
+    {"mode": " Scale "},
+]
+
+
+@pytest.mark.parametrize("atype", _potato_types())
+def test_every_type_potato_has_is_in_the_table_with_potatos_kind(atype: str) -> None:
+    from potato.server_utils.iaa.dispatcher import classify_schema
+
+    assert atype in SCHEMA_TYPES, f"{atype} is a Potato type the table lacks"
+    for extra in VARIANTS:
+        scheme = {"annotation_type": atype, "name": "s", **extra}
+        assert schema_kind(scheme) == classify_schema(scheme).value, (atype, extra)
+    assert schema_kind({"annotation_type": atype.upper()}) == classify_schema({"annotation_type": atype.upper()}).value
+
+
+def test_the_table_holds_no_type_potato_lacks_and_every_refusal_says_why() -> None:
+    assert set(SCHEMA_TYPES) == set(_potato_types())
+    trained = sorted(t for t in SCHEMA_TYPES if refusal({"annotation_type": t}) is None)
+    assert trained == [
+        "confidence",
+        "hierarchical_multiselect",
+        "likert",
+        "multiselect",
+        "number",
+        "pairwise",
+        "radio",
+        "select",
+        "slider",
+        "span",
+        "triage",
+        "vas",
+    ]
+    assert refusal({"annotation_type": "pairwise", "mode": "multi_dimension"}) is not None
+    assert refusal({"annotation_type": "no_such_type"}) == "Potato 2.12 has no annotation type 'no_such_type'"
+    said = refusal_text({"annotation_type": "multirate", "name": "awesomeness"})
+    assert said == (
+        "Scheme 'awesomeness' is multirate (Potato's kind: matrix), which no trainer trains: its answer is a "
+        "rating per row (a matrix); train each row as a likert scheme of its own"
+    )
+
+
+def test_the_docs_type_table_lists_every_type_with_its_kind_and_whether_it_trains() -> None:
+    text = (ROOT / "docs" / "trainers.md").read_text()
+    for atype, row in SCHEMA_TYPES.items():
+        line = next((x for x in text.splitlines() if x.startswith(f"| `{atype}` |")), None)
+        assert line is not None, f"docs/trainers.md has no row for {atype}"
+        cells = [c.strip() for c in line.strip("|").split("|")]
+        assert cells[1].startswith(row.kind), (atype, cells)
+        assert ("refused" in cells[3]) == (row.refused is not None and atype != "pairwise"), (atype, cells)
+
+
+def _targets(bundle: Path) -> dict[str, Any]:
+    rows = [json.loads(x) for s in ("train", "val", "test") for x in (bundle / f"{s}.jsonl").read_text().splitlines()]
+    return {row["instance_id"]: row for row in rows}
+
+
+def test_a_pairwise_comparison_trains_on_a_b_tie_over_both_texts_not_on_the_name_selection(tmp_path: Path) -> None:
+    config_path = example_project("pairwise-comparison", tmp_path / "project")
+    manifest = build_bundle(load_checked(config_path), tmp_path / "bundle")
+    rows = _targets(tmp_path / "bundle")
+    assert manifest["labels"]["preference"] == ["A", "B", "tie"], "Potato's own bundle says ['selection']"
+    assert {row["targets"]["preference"] for row in rows.values()} <= {"A", "B", "tie"}
+    first = rows["1"]
+    assert first["pair"] == ["Isn't this awesome?!", "I like you"]
+    assert first["text"] == "A: Isn't this awesome?!\n\nB: I like you", "both texts, not a list's repr"
+    assert list(first) == ["instance_id", "text", "targets", "pair"]
+
+
+def test_a_pair_shown_swapped_is_read_in_the_data_files_order(tmp_path: Path) -> None:
+    """randomize_order: Potato records the order it showed; an "A" of a pair shown swapped is the file's B."""
+    config_path = example_project("pairwise-comparison", tmp_path / "project", n_annotators=1)
+    state_path = next((tmp_path / "project" / "annotation_output").rglob("user_state.json"))
+    state = json.loads(state_path.read_text())
+    answers = state["instance_id_to_label_to_value"]
+    for iid in answers:
+        answers[iid] = [[{"schema": "preference", "name": "selection"}, "A"]]
+    state["instance_id_to_presentation_order"] = {"1": {"preference": [1, 0]}, "2": {"preference": [0, 1]}}
+    state_path.write_text(json.dumps(state))
+    build_bundle(load_checked(config_path), tmp_path / "bundle")
+    rows = _targets(tmp_path / "bundle")
+    assert rows["1"]["targets"]["preference"] == "B" and rows["2"]["targets"]["preference"] == "A"
+
+
+def test_a_pairwise_scale_is_a_number_on_its_own_scale(tmp_path: Path) -> None:
+    config_path = example_project("pairwise-scale", tmp_path / "project")
+    build_bundle(load_checked(config_path), tmp_path / "bundle")
+    values = {row["targets"]["preference_scale"] for row in _targets(tmp_path / "bundle").values()}
+    assert values and values <= {float(v) for v in range(-3, 4)}
+    scales = json.loads((tmp_path / "bundle" / "scales.json").read_text())
+    assert scales["preference_scale"] == {"min": -3, "max": 3, "step": 1}
+
+
+@pytest.mark.parametrize(
+    ("scheme", "stored", "target", "scale"),
+    [
+        ({"annotation_type": "select", "labels": ["x", "y"]}, [["select-one", "y"]], "y", None),
+        ({"annotation_type": "triage"}, [["decision", "reject"]], "reject", None),
+        ({"annotation_type": "vas"}, [["s", "73.4"]], 73.4, {"min": 0, "max": 100, "step": 0.1}),
+        ({"annotation_type": "number", "min": 0, "max": 9}, [["number", "7"]], 7.0, {"min": 0, "max": 9}),
+        (
+            {"annotation_type": "confidence", "labels": ["Guessing", "Sure"], "scale_points": 3},
+            [["2", "2"]],
+            2.0,
+            {"points": [1, 2, 3]},
+        ),
+        (
+            {"annotation_type": "confidence", "scale_type": "slider"},
+            [["confidence_level", "70"]],
+            70.0,
+            {"min": 0, "max": 100, "step": 1},
+        ),
+        ({"annotation_type": "slider", "min_value": 0, "max_value": 10}, [["slider", "4"]], 4.0, None),
+        (
+            {"annotation_type": "hierarchical_multiselect", "taxonomy": {"Joy": [], "Anger": []}},
+            [["selected_labels", "Anger,Joy"]],
+            ["Anger", "Joy"],
+            None,
+        ),
+    ],
+    ids=["select", "triage", "vas", "number", "confidence", "confidence-slider", "slider", "hierarchical"],
+)
+def test_each_trained_type_is_read_in_the_shape_potato_stores_it(
+    tmp_path: Path, scheme: dict[str, Any], stored: list[list[str]], target: Any, scale: Any
+) -> None:
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "items.jsonl").write_text(
+        "".join(json.dumps({"id": f"i{n}", "text": f"t {n}"}) + "\n" for n in range(8))
+    )
+    scheme = {"name": "s", "description": "d", **scheme}
+    config = {"task_dir": ".", "data_files": ["data/items.jsonl"], "annotation_schemes": [scheme]}
+    config["model_training"] = {"enabled": True}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    answers = {f"i{n}": [[{"schema": "s", "name": name}, value] for name, value in stored] for n in range(8)}
+    (root / "annotation_output" / "ann").mkdir(parents=True)
+    (root / "annotation_output" / "ann" / "user_state.json").write_text(
+        json.dumps({"user_id": "ann", "instance_id_to_label_to_value": answers})
+    )
+    build_bundle(load_checked(root / "config.yaml"), tmp_path / "bundle")
+    found = {json.dumps(row["targets"]["s"]) for row in _targets(tmp_path / "bundle").values()}
+    assert found == {json.dumps(target)}, found
+    if scale is not None:
+        assert json.loads((tmp_path / "bundle" / "scales.json").read_text())["s"] == scale
+    if scheme["annotation_type"] == "slider":  # no step in the config: Potato's slider draws step 1
+        assert json.loads((tmp_path / "bundle" / "scales.json").read_text())["s"]["step"] == 1
+
+
+@pytest.mark.parametrize("example", ["multirate", "text-box", "ranking"])
+def test_an_example_of_a_refused_type_is_refused_everywhere_with_its_type_and_kind(
+    tmp_path: Path, example: str
+) -> None:
+    config_path = example_project(example, tmp_path / "project")
+    config = load_checked(config_path)
+    scheme = config.annotation_schemes[0]
+    said = refusal_text(scheme)
+    assert said is not None and f"is {scheme['annotation_type']} (Potato's kind: {schema_kind(scheme)})" in said
+    assert target_schemas(config) == []
+    with pytest.raises(PotatoQueueError) as built:
+        build_bundle(config, tmp_path / "bundle", [scheme["name"]])
+    assert built.value.message == said
+    with pytest.raises(Conflict) as refused:
+        refuse_foreign_kinds(config, "majority-baseline", [scheme["name"]])
+    assert refused.value.message == said
+    data = yaml.safe_load(config_path.read_text())
+    data["model_training"]["writeback"] = {"schemas": [scheme["name"]]}
+    config_path.write_text(yaml.safe_dump(data))
+    errors = check_file(config_path).errors
+    assert any(e.startswith(f"model_training.writeback.schemas names {scheme['name']!r}: {said}") for e in errors)
+    with pytest.raises(ConfigError):
+        load_checked(config_path)
