@@ -48,10 +48,40 @@ def usage_cells(usage: dict[str, Any] | None) -> list[str]:
     return [f"{gpu_hours(usage):.3g}", "" if energy is None else f"{energy:.3g}"]
 
 
+# Each kind's own held-out measures beyond accuracy and macro-F1, in the page's order (static/common.js):
+# a multiselect's micro-F1, a likert's MAE and QWK, a slider's MAE and Spearman, a span scheme's F1s.
+KIND_MEASURES = (
+    ("micro_f1", "micro-F1"),
+    ("mae", "MAE"),
+    ("qwk", "QWK"),
+    ("spearman", "Spearman"),
+    ("f1", "span F1"),
+    ("partial_f1", "partial F1"),
+)
+
+
+def kind_measures(split: dict[str, Any]) -> str:
+    """A split's measures of its kind beyond accuracy and macro-F1 (`MAE 11.2  Spearman 0.41`), or ""."""
+    return "  ".join(f"{name} {split[key]:.3f}" for key, name in KIND_MEASURES if isinstance(split.get(key), float))
+
+
+def held_out_words(record: dict[str, Any]) -> str:
+    """Each scheme's test scores (val where no test item was scored) in its kind's measures, for one line."""
+    parts = []
+    for schema, splits in (record.get("held_out") or {}).items():
+        split = splits.get("test") if (splits.get("test") or {}).get("n") else splits.get("val")
+        if not split or not split.get("n"):
+            continue
+        shown = [f"acc {split['accuracy']:.3f} F1 {split['macro_f1']:.3f}"] if split.get("accuracy") is not None else []
+        shown += [kind_measures(split)] if kind_measures(split) else []
+        parts.append(f"{schema}: {'  '.join(shown) or '-'}")
+    return "; ".join(parts)
+
+
 def runs_table(records: list[dict[str, Any]]) -> str:
     if not records:
         return "no runs yet"
-    rows = [["RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "TRIGGER", "CREATED", "GPU-HOURS", "WH"]]
+    rows = [["RUN", "STATE", "RAN ON", "TRAINER", "SCHEMAS", "TRIGGER", "CREATED", "GPU-HOURS", "WH", "HELD-OUT"]]
     rows += [
         [
             r["run_id"],
@@ -62,6 +92,7 @@ def runs_table(records: list[dict[str, Any]]) -> str:
             r.get("trigger") or "",
             r["created_at"],
             *usage_cells(r.get("gpu_usage")),
+            held_out_words(r),
         ]
         for r in records
     ]
@@ -100,20 +131,22 @@ def progress_line(record: dict[str, Any], width: int = 30) -> str:
 
 
 def held_out_table(held_out: dict[str, Any]) -> str:
-    lines = [f"{'schema':<20} {'split':<6} {'accuracy':>9} {'macro_f1':>9} {'n':>5}"]
+    lines = [f"{'schema':<20} {'split':<6} {'accuracy':>9} {'macro_f1':>9} {'n':>5}  by its kind"]
     for schema, splits in held_out.items():
         for split, s in splits.items():
             lines.append(
-                f"{schema:<20} {split:<6} {_score(s, 'accuracy'):>9} {_score(s, 'macro_f1'):>9} {s.get('n', 0):>5}"
+                f"{schema:<20} {split:<6} {_score(s, 'accuracy'):>9} {_score(s, 'macro_f1'):>9} {s.get('n', 0):>5}  "
+                f"{kind_measures(s)}".rstrip()
             )
     return "\n".join(lines)
 
 
 def compare_table(records: list[dict[str, Any]]) -> str:
-    """Runs side by side: each schema's held-out accuracy and macro-F1 on val and test, and the run's time."""
+    """Runs side by side: each schema's held-out accuracy and macro-F1 on val and test, the test split's
+    measures of the scheme's kind (MAE, QWK, Spearman, micro-F1, span F1), and the run's time."""
     lines = [
         f"{'trainer':<24} {'schema':<14} {'val acc':>8} {'val F1':>7} {'test acc':>9} {'test F1':>8} {'n test':>7} "
-        f"{'time':>7}"
+        f"{'time':>7}  test, by its kind"
     ]
     for record in records:
         held_out, duration_s = record.get("held_out") or {}, _duration_s(record)
@@ -124,7 +157,8 @@ def compare_table(records: list[dict[str, Any]]) -> str:
             val, test = splits.get("val") or {}, splits.get("test") or {}
             lines.append(
                 f"{record['trainer']:<24} {schema:<14} {_score(val, 'accuracy'):>8} {_score(val, 'macro_f1'):>7} "
-                f"{_score(test, 'accuracy'):>9} {_score(test, 'macro_f1'):>8} {test.get('n', 0):>7} {took:>7}"
+                f"{_score(test, 'accuracy'):>9} {_score(test, 'macro_f1'):>8} {test.get('n', 0):>7} {took:>7}  "
+                f"{kind_measures(test)}".rstrip()
             )
     return "\n".join(lines)
 

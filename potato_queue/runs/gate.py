@@ -45,7 +45,16 @@ _VOCABULARY_KINDS = ("nominal", "multilabel")
 # What Potato 2.12.1 pre-fills nothing from, whatever the payload (docs/potato-prelabels.md): its prefill
 # writes a numeric likert's and a number field's value under the key `slider`, which neither has, and has
 # no branch for a select.
-_UNSHOWN_TYPES = {"number": "a number field", "select": "a select (a dropdown)"}
+_UNSHOWN_TYPES = {
+    "number": "a number field",
+    "select": "a select (a dropdown)",
+    # Its pre-annotation branch covers radio, multiselect, text, likert, slider, number, spans and shapes only.
+    "pairwise": "a pairwise comparison",
+    "triage": "a triage decision",
+    "vas": "a visual analogue scale",
+    "confidence": "a confidence rating",
+    "hierarchical_multiselect": "a hierarchical multiselect",
+}
 UNSHOWN = "Potato cannot pre-fill the scheme"
 
 

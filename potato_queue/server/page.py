@@ -107,8 +107,8 @@ def training_page(request: Request) -> Response:
 <section aria-labelledby="runs-title"><h2 id="runs-title">Runs <span id="live" class="hint">connecting</span></h2>
 <p id="auto-retrain" class="hint" aria-live="polite" hidden></p>
 <p id="budget" class="hint" aria-live="polite" hidden></p>
-<div class="scroll"><table id="runs"><thead><tr><th>Run</th><th>Ran on</th><th>State</th><th>Trigger</th>
-<th>Held-out (acc / macro-F1)</th><th>Duration</th><th>Started</th><th>Step</th><th></th></tr></thead>
+<div class="scroll"><table id="runs"><thead><tr><th>Run</th><th>Trainer</th><th>Ran on</th><th>State</th><th>Trigger</th>
+<th>Held-out (each kind's measures)</th><th>Duration</th><th>Started</th><th>Step</th><th></th></tr></thead>
 <tbody></tbody></table></div></section>
 <section id="agents" aria-labelledby="agents-title" hidden><h2 id="agents-title">Agents</h2><div></div></section>
 </main>"""

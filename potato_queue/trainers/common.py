@@ -6,6 +6,7 @@ import json
 import os
 from typing import Any
 
+from potato_queue.trainers.pairs import model_input
 from potato_queue.wire.text import slug
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.bundle import Bundle
@@ -40,14 +41,15 @@ def nominal_target(row: dict[str, Any], schema: str) -> str | None:
     return str(target)
 
 
-def labelled_texts(bundle: Bundle, split: str, schema: str) -> tuple[list[str], list[str]]:
-    """``(texts, labels)`` of the rows of *split* that have a label for *schema*."""
+def labelled_texts(bundle: Bundle, split: str, schema: str, paired: bool = False) -> tuple[list[str], list[str]]:
+    """``(texts, labels)`` of the rows of *split* that have a label for *schema* (`paired`: a pairwise
+    scheme's rows as their two texts, trainers/pairs.py)."""
     texts: list[str] = []
     labels: list[str] = []
     for row in bundle.read_split(split):
         label = nominal_target(row, schema)
         if label is not None:
-            texts.append(str(row.get("text") or ""))
+            texts.append(model_input(row, paired))
             labels.append(label)
     return texts, labels
 

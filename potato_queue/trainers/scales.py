@@ -25,6 +25,7 @@ import math
 from collections.abc import Sequence
 from typing import Any, Union
 
+from potato_queue.trainers.pairs import model_input
 from potato_queue.wire.scale_scores import as_number, labelled
 from potato_queue.wire.scoring import ORDINAL, SCALE_KINDS
 from potato_queue.worker.api import Prediction, RunContext
@@ -46,8 +47,9 @@ SCORE_DIGITS = 4
 VALUE_DIGITS = 6
 
 
-def labelled_values(bundle: Bundle, split: str, schema: str) -> tuple[list[str], list[Any]]:
-    """``(texts, answers)`` of the rows of *split* that answered *schema* (a one-element list is its element)."""
+def labelled_values(bundle: Bundle, split: str, schema: str, paired: bool = False) -> tuple[list[str], list[Any]]:
+    """``(texts, answers)`` of the rows of *split* that answered *schema* (a one-element list is its element;
+    `paired`: a pairwise scale's rows as their two texts, trainers/pairs.py)."""
     texts: list[str] = []
     answers: list[Any] = []
     for row in bundle.read_split(split):
@@ -55,7 +57,7 @@ def labelled_values(bundle: Bundle, split: str, schema: str) -> tuple[list[str],
         if isinstance(answer, list):
             answer = answer[0] if len(answer) == 1 else None
         if answer not in (None, ""):
-            texts.append(str(row.get("text") or ""))
+            texts.append(model_input(row, paired))
             answers.append(answer)
     return texts, answers
 

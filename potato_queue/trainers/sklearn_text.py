@@ -33,6 +33,7 @@ from potato_queue.trainers.multilabel import (
     set_prediction,
     validate_by_kind,
 )
+from potato_queue.trainers.pairs import PairFeatures, is_pairwise, model_input
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.trainers.scales import OrdinalScale, Scale, labelled_values, scale_for, validate_scales
 from potato_queue.wire.scoring import MULTILABEL, ORDINAL, SCALE_KINDS, accuracy, score
@@ -79,18 +80,16 @@ class SklearnTextTrainer(Trainer):
         self._settings = self._read_settings(ctx)
         return super().validate(ctx) or validate_by_kind(ctx, min_train=2) + validate_scales(ctx, min_train=2)
 
-    def _pipeline(self, ctx: RunContext) -> Any:
+    def _pipeline(self, ctx: RunContext, paired: bool = False) -> Any:
         from sklearn.feature_extraction.text import TfidfVectorizer
         from sklearn.linear_model import LogisticRegression
         from sklearn.pipeline import Pipeline
 
         s = self._settings or self._read_settings(ctx)
+        tfidf = TfidfVectorizer(ngram_range=(1, s["ngram_max"]), max_features=s["max_features"], sublinear_tf=True)
         return Pipeline(
             [
-                (
-                    "tfidf",
-                    TfidfVectorizer(ngram_range=(1, s["ngram_max"]), max_features=s["max_features"], sublinear_tf=True),
-                ),
+                ("tfidf", PairFeatures(tfidf) if paired else tfidf),
                 (
                     "clf",
                     LogisticRegression(
@@ -111,7 +110,7 @@ class SklearnTextTrainer(Trainer):
             elif schema.kind in SCALE_KINDS:
                 n_train, train_score, entry = self._fit_scale(ctx, schema)
             else:
-                n_train, train_score, entry = self._fit_nominal(ctx, schema.name)
+                n_train, train_score, entry = self._fit_nominal(ctx, schema.name, is_pairwise(schema))
             measure = "mae" if schema.kind == "continuous" else "accuracy"  # a slider's answers are never exact
             ctx.reporter.metric("train", ctx.metric_name(schema, measure), train_score, index + 1)
             ctx.reporter.progress("fit", index + 1, len(ctx.schemas))
@@ -129,10 +128,10 @@ class SklearnTextTrainer(Trainer):
             steps=len(ctx.schemas),
         )
 
-    def _fit_nominal(self, ctx: RunContext, schema: str) -> tuple[int, float, dict[str, Any]]:
-        texts, labels = labelled_texts(ctx.bundle, "train", schema)
-        ctx.reporter.status("running", f"fitting {schema} on {len(texts)} items")
-        pipeline = self._pipeline(ctx)
+    def _fit_nominal(self, ctx: RunContext, schema: str, paired: bool) -> tuple[int, float, dict[str, Any]]:
+        texts, labels = labelled_texts(ctx.bundle, "train", schema, paired)
+        ctx.reporter.status("running", f"fitting {schema} on {len(texts)} {'pairs' if paired else 'items'}")
+        pipeline = self._pipeline(ctx, paired)
         pipeline.fit(texts, labels)
         self._models[schema] = pipeline
         train_accuracy = accuracy(labels, [str(p) for p in pipeline.predict(texts)])
@@ -160,9 +159,9 @@ class SklearnTextTrainer(Trainer):
         """An ordinal scheme's "above point k" classifiers, or a continuous one's ridge regression; the train
         score is the exact accuracy (ordinal) or the MAE (continuous) on train."""
         scale = scale_for(ctx, schema)
-        texts, answers = labelled_values(ctx.bundle, "train", schema.name)
+        texts, answers = labelled_values(ctx.bundle, "train", schema.name, is_pairwise(schema))
         ctx.reporter.status("running", f"fitting {schema.name}'s scale on {len(texts)} items")
-        model = ScaleModel(scale, self._pipeline(ctx), self._settings)
+        model = ScaleModel(scale, self._pipeline(ctx, is_pairwise(schema)), self._settings)
         texts = model.fit(texts, answers)
         self._models[schema.name] = model
         predicted = [p.label for p in model.predictions(["" for _ in texts], "", texts)]
@@ -192,21 +191,20 @@ class SklearnTextTrainer(Trainer):
         models = self._load(ctx)
         items = list(items)
         for schema in ctx.schemas:
-            model = models[schema.name]
+            model, paired = models[schema.name], is_pairwise(schema)
             for start in range(0, len(items), PREDICT_BATCH):
                 chunk = items[start : start + PREDICT_BATCH]
+                inputs = [model_input(item.row, paired) for item in chunk]
                 if isinstance(model, ScaleModel):
-                    yield from model.predictions(
-                        [item.instance_id for item in chunk], schema.name, [item.text for item in chunk]
-                    )
+                    yield from model.predictions([item.instance_id for item in chunk], schema.name, inputs)
                     continue
                 if isinstance(model, MultiLabelModel):
-                    rows = model.probabilities([item.text for item in chunk])
+                    rows = model.probabilities(inputs)
                     for item, row in zip(chunk, rows):  # noqa: B905 - runs on 3.8/3.9
                         yield set_prediction(item.instance_id, schema.name, model.labels, row, model.thresholds)
                     continue
                 classes = [str(c) for c in model.classes_]
-                probabilities = model.predict_proba([item.text for item in chunk])
+                probabilities = model.predict_proba(inputs)
                 for item, row in zip(chunk, probabilities):  # noqa: B905 - runs on 3.8/3.9
                     yield Prediction.top(item.instance_id, schema.name, classes, row)
 

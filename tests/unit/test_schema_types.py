@@ -89,7 +89,8 @@ def test_the_docs_type_table_lists_every_type_with_its_kind_and_whether_it_train
         assert line is not None, f"docs/trainers.md has no row for {atype}"
         cells = [c.strip() for c in line.strip("|").split("|")]
         assert cells[1].startswith(row.kind), (atype, cells)
-        assert ("refused" in cells[3]) == (row.refused is not None and atype != "pairwise"), (atype, cells)
+        if atype != "pairwise":  # trained in two of its modes, refused in the third
+            assert cells[3].startswith("refused") == (row.refused is not None), (atype, cells)
 
 
 def _targets(bundle: Path) -> dict[str, Any]:

@@ -103,7 +103,7 @@ function row(run) {
   if (bar) step.append(bar);
   return el("tr", {"data-run": run.run_id, "data-state": run.state},
     el("td", {}, el("a", {href: "/admin/training/runs/" + run.run_id, text: run.run_id})),
-    el("td", {text: run.ran_on || ""}), el("td", {class: "state", text: run.state}), el("td", {text: run.trigger || ""}),
+    el("td", {class: "trainer", text: run.trainer || ""}), el("td", {text: run.ran_on || ""}), el("td", {class: "state", text: run.state}), el("td", {text: run.trigger || ""}),
     el("td", {text: heldOut(run)}), el("td", {text: duration(run)}),
     el("td", {text: (run.started_at || run.created_at || "").replace("T", " ").slice(0, 19)}), step,
     el("td", {}, active ? cancel : ""));

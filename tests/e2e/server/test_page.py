@@ -101,8 +101,8 @@ def runs_rows(page: Any) -> list[dict[str, str]]:
     return page.eval_on_selector_all(
         "#runs tbody tr",
         """rows => rows.map(r => ({run: r.dataset.run,
-        state: r.dataset.state, ran_on: r.children[1].textContent, trigger: r.children[3].textContent,
-        step: r.children[7].textContent}))""",
+        state: r.dataset.state, trainer: r.children[1].textContent, ran_on: r.children[2].textContent,
+        trigger: r.children[4].textContent, step: r.children[8].textContent}))""",
     )
 
 
@@ -191,7 +191,7 @@ def test_a_run_started_from_the_form_moves_live_and_succeeds_without_a_reload(
         time.sleep(0.1)
     (row,) = runs_rows(page)
     assert row["state"] == "succeeded", row
-    assert (row["ran_on"], row["trigger"]) == ("local", "page")
+    assert (row["trainer"], row["ran_on"], row["trigger"]) == ("hf-text-classification", "local", "page")
     assert len(steps - {""}) >= 3, steps
     assert shot and page.evaluate("window.notReloaded") is True
     # The run's page: one point on the chart per metric event.
