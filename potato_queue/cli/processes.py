@@ -133,13 +133,11 @@ def up(
     verbose: bool,
 ) -> None:
     """Start everything on this machine: Redis if none answers, the server, an executor, beat."""
-    from potato_queue.processes.up import params_by_trainer
+    from potato_queue.processes.up import params_by_trainer, planned_runs
     from potato_queue.processes.up import up as start_all
 
     cfg = checked(config, say_writeback=True)
-    by_trainer = params_by_trainer(list(trainers), params_of(params))
+    planned = planned_runs(cfg, params_by_trainer(list(trainers), params_of(params)), list(schemas))
     raise click.exceptions.Exit(
-        start_all(
-            cfg, redis_url, environ=os.environ, trainers=by_trainer, schemas=list(schemas), port=port, verbose=verbose
-        )
+        start_all(cfg, redis_url, environ=os.environ, trainers=planned, port=port, verbose=verbose)
     )

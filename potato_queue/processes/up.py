@@ -73,13 +73,29 @@ def params_by_trainer(trainers: list[str], params: dict[str, Any]) -> list[tuple
     return [(name, {k: v for k, v in params.items() if k in declared[name]}) for name in trainers]
 
 
+def planned_runs(
+    config: ProjectConfig, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str]
+) -> list[tuple[str, list[str], dict[str, Any]]]:
+    """Every --run checked before anything starts (its schemes, its kinds, its backend, its params), so that an
+    `up` whose second run would be refused queues nothing: (trainer, schemes, params) in order. No `schemas`:
+    each trainer gets the schemes of the kinds it trains."""
+    from potato_queue.runs.kinds import schemas_for
+    from potato_queue.runs.submit import check_params, choose_backend
+
+    planned = []
+    for trainer, params in trainers:
+        chosen = list(schemas) or schemas_for(config, trainer)
+        choose_backend(config, trainer, chosen, None)
+        planned.append((trainer, chosen, check_params(params)))
+    return planned
+
+
 def up(
     config: ProjectConfig,
     redis_url: str,
     *,
     environ: Mapping[str, str],
-    trainers: list[tuple[str, dict[str, Any]]],
-    schemas: list[str],
+    trainers: list[tuple[str, list[str], dict[str, Any]]],
     port: int,
     verbose: bool = False,
 ) -> int:
@@ -91,7 +107,7 @@ def up(
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _exit_on)
     try:
-        return _up(config, redis_url, environ, trainers=trainers, schemas=schemas, port=port, verbose=verbose)
+        return _up(config, redis_url, environ, trainers=trainers, port=port, verbose=verbose)
     except KeyboardInterrupt:
         return 130
 
@@ -101,8 +117,7 @@ def _up(
     redis_url: str,
     environ: Mapping[str, str],
     *,
-    trainers: list[tuple[str, dict[str, Any]]],
-    schemas: list[str],
+    trainers: list[tuple[str, list[str], dict[str, Any]]],
     port: int,
     verbose: bool,
 ) -> int:
@@ -132,18 +147,17 @@ def _up(
             return executor.wait()
         from potato_queue.server.guard import PAGE_PREFIX
 
-        return run_in_order(config, redis_url, trainers, schemas, page=where.rsplit(" at ", 1)[-1] + PAGE_PREFIX)
+        return run_in_order(config, redis_url, trainers, page=where.rsplit(" at ", 1)[-1] + PAGE_PREFIX)
     return 0
 
 
 def run_in_order(
-    config: ProjectConfig, redis_url: str, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str], page: str
+    config: ProjectConfig, redis_url: str, trainers: list[tuple[str, list[str], dict[str, Any]]], page: str
 ) -> int:
-    """Queue a run per trainer (they run one at a time, in this order), follow each, compare them. No `schemas`:
-    each trainer gets the schemes of the kinds it trains."""
+    """Queue a run per planned trainer (they run one at a time, in this order), follow each, compare them; one
+    refused as it is queued (a budget) cancels those queued before it, so none runs later unasked."""
     from potato_queue.cli.output import compare_table, follow
     from potato_queue.processes.queue import enqueue, make_celery
-    from potato_queue.runs.kinds import trainable_schemas
     from potato_queue.runs.submit import start_run
     from potato_queue.store import RunStore
     from potato_queue.store.keys import project_predictions_path
@@ -153,18 +167,24 @@ def run_in_order(
         f"potato-queue: the Training page, while this runs: {page} (admin key: admin_api_key in {config.config_path})",
         flush=True,
     )
-    records = [
-        start_run(
-            config,
-            store,
-            lambda run_id: enqueue(app, config, run_id),
-            trainer=trainer,
-            schemas=schemas or trainable_schemas(config, trainer),
-            params=params,
-            trigger="cli",
-        )
-        for trainer, params in trainers
-    ]
+    records: list[Any] = []
+    try:
+        for trainer, schemas, params in trainers:
+            records.append(
+                start_run(
+                    config,
+                    store,
+                    lambda run_id: enqueue(app, config, run_id),
+                    trainer=trainer,
+                    schemas=schemas,
+                    params=params,
+                    trigger="cli",
+                )
+            )
+    except PotatoQueueError:
+        for record in records:
+            store.request_cancel(record["run_id"])
+        raise
     worst = 0
     for record in records:
         print(f"\n== {record['trainer']} (run {record['run_id']})", flush=True)

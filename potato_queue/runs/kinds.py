@@ -17,7 +17,13 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.trainers import trainer_info, trainers_for_modality
 
-__all__ = ["trainer_kinds", "trainable_schemas", "refuse_foreign_kinds", "refuse_foreign_modality"]
+__all__ = [
+    "trainer_kinds",
+    "trainable_schemas",
+    "schemas_for",
+    "refuse_foreign_kinds",
+    "refuse_foreign_modality",
+]
 
 
 def trainer_kinds(trainer: str) -> tuple[str, ...]:
@@ -94,3 +100,22 @@ def refuse_foreign_modality(config: ProjectConfig, trainer: str, schemas: list[s
             else f"no trainer takes {modality} items of these kinds yet"
         ),
     )
+
+
+def schemas_for(config: ProjectConfig, trainer: str) -> list[str]:
+    """The schemes a run of `trainer` that names none gets (`up --run`): trainable_schemas, or the Conflict a
+    run naming the project's schemes would get (the kind or modality message), so nothing is queued for it."""
+    taken = trainable_schemas(config, trainer)
+    if taken:
+        return taken
+    trained = target_schemas(config)
+    if not trained:
+        schemes = _schemes_by_name(config)
+        said = "; ".join(text for s in schemes.values() if (text := refusal_text(s)))
+        raise Conflict(
+            f"No scheme of this project is one a run trains{': ' + said if said else ''}",
+            fix="docs/trainers.md has every annotation type and which are trained",
+        )
+    refuse_foreign_kinds(config, trainer, trained)
+    refuse_foreign_modality(config, trainer, trained)
+    raise Conflict(f"{trainer} takes none of {', '.join(trained)}")  # not reached: one of the two refuses

@@ -342,3 +342,19 @@ def test_up_runs_several_trainers_in_order_and_compares_them(tmp_path: Path, red
     assert params == {"majority-baseline": {}, "sklearn-text": {"C": 0.5}}
     stray = run_cli("up", config, "--run", "majority-baseline", "--param", "epochs=3", "--port", "0")
     assert stray.returncode == 2 and "--param epochs is not a param of majority-baseline" in stray.stderr, stray.stderr
+
+
+def test_up_checks_every_run_before_it_queues_any(tmp_path: Path) -> None:
+    """Potato's check-box example (a multiselect only): majority-baseline takes no scheme of it, so an `up` that
+    names it second queues nothing at all, not the first run either (it would run during a later `up`)."""
+    from tests.potato_examples import example_project
+
+    config = example_project("check-box", tmp_path / "project")
+    proc = run_cli("up", config, "--run", "sklearn-text", "--run", "majority-baseline", "--port", "0")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (
+        "error: Scheme 'favorite_color' is multilabel (multiselect), and majority-baseline trains only nominal "
+        "schemes\n  fix: train favorite_color with hf-llm-lora or hf-text-classification or sklearn-text"
+    ) in proc.stderr, proc.stderr
+    assert "== sklearn-text" not in proc.stdout, "nothing started"
+    assert not list(tmp_path.rglob("run.json")), "no run was recorded"
