@@ -105,12 +105,15 @@ def items_of(config_path: Path) -> dict[str, dict[str, Any]]:
     return items
 
 
-def example_project(name: str, dest: Path, n_annotators: int = 3, **training: Any) -> Path:
-    """A copy of Potato's example `name` in dest, three annotators' answers added, training enabled: its
-    config's path."""
+def example_project(
+    name: str, dest: Path, n_annotators: int = 3, top: dict[str, Any] | None = None, **training: Any
+) -> Path:
+    """A copy of Potato's example `name` in dest, three annotators' answers added, training enabled (and the
+    `top` config keys set, an admin key say): its config's path."""
     shutil.copytree(EXAMPLES / name, dest)
     config_path = dest / "config.yaml"
     config = yaml.safe_load(config_path.read_text())
+    config.update(top or {})
     config["model_training"] = {"enabled": True, **training}
     config_path.write_text(yaml.safe_dump(config, sort_keys=False))
     items = items_of(config_path)

@@ -26,7 +26,7 @@ from potato_queue.bundle.aggregate import (
     pick_answers,
     resolve_references,
 )
-from potato_queue.bundle.annotations import count_annotations, no_cycle_collection, read_annotations
+from potato_queue.bundle.annotations import Annotations, count_annotations, no_cycle_collection, read_annotations
 from potato_queue.bundle.modality import item_media, items_modality, media_source
 from potato_queue.bundle.read import (
     answer_field,
@@ -62,6 +62,7 @@ __all__ = [
     "pack_bundle",
     "project_modality",
     "count_annotations",
+    "read_answers",
 ]
 
 
@@ -81,9 +82,7 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
     bad: list[str] = []
     found, items = read_annotations(config, names, while_reading=lambda: read_items(config, cleaned=bad))
-    fields = {name: field for name in names if (field := answer_field(by_name[name]))}
-    if fields:
-        pick_answers(found, fields, {name: schema_kind(by_name[name]) for name in fields})
+    as_stored(found, by_name, names)
     ids = sorted(items)
     references = resolve_references(found, ids, training.aggregation, set(names))
     kinds = {name: schema_kind(by_name[name]) for name in names}
@@ -116,6 +115,23 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
     rows, unlabeled = bundle_rows(build, items, ids, answered, targets, training.writeback.include_unlabeled)
     splits = write_splits(build, training.splits or DEFAULT_SPLITS, training.split_seed, rows, unlabeled)
     return write_manifest(build, training, names, by_name, kinds, labels, splits, rows)
+
+
+def as_stored(found: Annotations, by_name: dict[str, Any], names: Sequence[str]) -> Annotations:
+    """`found` with each answer of a scheme that stores it under a fixed name (a pairwise "selection", a
+    triage "decision") read as that name's value (aggregate.pick_answers): what every reader of answers
+    that compares labels (the bundle, compare, agreement) needs."""
+    fields = {name: field for name in names if name in by_name and (field := answer_field(by_name[name]))}
+    if fields:
+        pick_answers(found, fields, {name: schema_kind(by_name[name]) for name in fields})
+    return found
+
+
+def read_answers(config: ProjectConfig) -> Annotations:
+    """Every annotator's answers to every scheme, each read in the shape its type stores it (as_stored)."""
+    found, _ = read_annotations(config)
+    by_name = {str(s.get("name")): s for s in config.annotation_schemes}
+    return as_stored(found, by_name, list(by_name))
 
 
 def fetch_remote_images(config: ProjectConfig, build: BundleBuild, items: dict[str, Any]) -> dict[str, Path]:

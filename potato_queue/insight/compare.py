@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from potato_queue.bundle import read_answers
 from potato_queue.bundle.aggregate import all_targets
-from potato_queue.bundle.annotations import read_annotations
 from potato_queue.bundle.read import schema_kind
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Invalid
@@ -33,7 +33,7 @@ def annotator_labels(config: ProjectConfig, ids: set[str]) -> dict[str, dict[str
     """{instance id: {schema: {annotator: label}}} for `ids`, from the project's annotations now."""
     kinds = {str(s.get("name")): schema_kind(s) for s in config.annotation_schemes}
     out: dict[str, dict[str, dict[str, str]]] = {}
-    found, _ = read_annotations(config)
+    found = read_answers(config)
     for user in found.users:
         for schema, answers in found.by_user[user].items():
             if schema not in kinds:

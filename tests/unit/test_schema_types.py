@@ -212,3 +212,26 @@ def test_an_example_of_a_refused_type_is_refused_everywhere_with_its_type_and_ki
     assert any(e.startswith(f"model_training.writeback.schemas names {scheme['name']!r}: {said}") for e in errors)
     with pytest.raises(ConfigError):
         load_checked(config_path)
+
+
+@pytest.mark.parametrize("atype", sorted(t for t, row in SCHEMA_TYPES.items() if row.refused))
+def test_validate_refuses_each_refused_type_named_for_training_with_its_type_kind_and_why(
+    tmp_path: Path, atype: str
+) -> None:
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "items.jsonl").write_text('{"id": "1", "text": "a"}\n')
+    scheme = {"annotation_type": atype, "name": "s", "description": "d"}
+    config = {
+        "task_dir": ".",
+        "data_files": ["data/items.jsonl"],
+        "annotation_schemes": [scheme],
+        "model_training": {"enabled": True, "writeback": {"schemas": ["s"]}},
+    }
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    errors = check_file(root / "config.yaml").errors
+    kind = schema_kind(scheme)
+    said = (
+        f"model_training.writeback.schemas names 's': Scheme 's' is {atype} (Potato's kind: {kind}), which no trainer"
+    )
+    assert any(e.startswith(said) and SCHEMA_TYPES[atype].refused in e for e in errors), errors

@@ -73,8 +73,9 @@ def test_a_runs_gpu_hours_energy_and_utilization_are_measured_on_its_own_gpu(gpu
     assert run["gpu_use"].startswith("1 GPU (1): ") and "87% busy on average, 30000 MB at most" in run["gpu_use"]
     listed = run_cli("training", "runs", svc.config)
     header, row = listed.stdout.splitlines()[0], next(line for line in listed.stdout.splitlines() if run_id in line)
-    assert header.split()[-2:] == ["GPU-HOURS", "WH"]
-    assert row.split()[-2:] == [f"{usage['gpu_seconds'] / 3600:.3g}", f"{usage['energy_wh']:.3g}"]
+    assert header.split()[-3:] == ["GPU-HOURS", "WH", "HELD-OUT"]
+    figures = row[header.index("GPU-HOURS") : header.index("HELD-OUT")].split()  # columns are aligned
+    assert figures == [f"{usage['gpu_seconds'] / 3600:.3g}", f"{usage['energy_wh']:.3g}"]
     from potato.training import store  # Potato's own reading of its store
 
     potato_run = store.load_run(potato_view(svc.config), run_id)

@@ -406,7 +406,7 @@ def test_the_form_offers_a_trainer_only_the_schemes_of_the_kinds_it_trains(
             "notes",
             True,
             False,
-            " (text, textbox: sklearn-text trains nominal/multilabel/ordinal/continuous schemes)",
+            " (textbox, text: no trainer trains it: its answer is free text)",
         ] in offered
         page.select_option("#trainer", "majority-baseline")  # a trainer that does not take the multiselect
         page.wait_for_function("() => document.querySelector('#schema-topics').disabled")

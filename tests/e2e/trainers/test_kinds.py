@@ -62,7 +62,10 @@ def test_a_foreign_kind_is_refused_naming_the_kind_and_what_takes_it(project: Pa
     )
     with pytest.raises(Conflict) as refused:
         refuse_foreign_kinds(config, "sklearn-text", ["notes"])
-    assert refused.value.fix.startswith("no trainer takes text schemes yet: leave notes out of the run")
+    assert refused.value.message == (
+        "Scheme 'notes' is textbox (Potato's kind: text), which no trainer trains: its answer is free text"
+    )
+    assert refused.value.fix.startswith("leave notes out of the run; sklearn-text takes sentiment, topics, quality")
     refuse_foreign_kinds(config, "sklearn-text", ["sentiment", "topics", "quality"])  # kinds it declares: no refusal
 
 
