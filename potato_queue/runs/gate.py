@@ -67,7 +67,7 @@ def potato_cannot_show(scheme: Mapping[str, Any]) -> str | None:
             "likert labels: to have its predictions pre-filled"
         )
     if atype in _UNSHOWN_TYPES:
-        return f"Potato 2.12.1 pre-fills no {_UNSHOWN_TYPES[atype]}"
+        return f"Potato 2.12.1 pre-fills nothing of {_UNSHOWN_TYPES[atype]} from a prediction"
     return None
 
 
