@@ -235,3 +235,12 @@ def test_validate_refuses_each_refused_type_named_for_training_with_its_type_kin
         f"model_training.writeback.schemas names 's': Scheme 's' is {atype} (Potato's kind: {kind}), which no trainer"
     )
     assert any(e.startswith(said) and SCHEMA_TYPES[atype].refused in e for e in errors), errors
+
+
+def test_compare_and_agreement_read_each_annotators_pairwise_answer_as_a_b_or_tie(tmp_path: Path) -> None:
+    from potato_queue.insight.compare import annotator_labels
+
+    config = load_checked(example_project("pairwise-comparison", tmp_path / "project"))
+    labels = annotator_labels(config, {str(n) for n in range(1, 12)})
+    said = {label for by_scheme in labels.values() for label in by_scheme["preference"].values()}
+    assert said and said <= {"A", "B", "tie"}, said
