@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from potato_queue.schemes import with_rows
 from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.wire.sbatch import (
     DEFAULT_JOB_PYTHON,
@@ -369,4 +370,6 @@ def data_file_paths(data_files: Any) -> list[str]:
 def build_config(data: dict[str, Any], config_path: str | os.PathLike[str]) -> ProjectConfig:
     """The typed config of an already-checked mapping (pydantic errors otherwise)."""
     known = {k: v for k, v in data.items() if k != "validation"}
+    if isinstance(known.get("annotation_schemes"), list):  # a multirate's rows are schemes a run trains
+        known["annotation_schemes"] = with_rows(known["annotation_schemes"])
     return ProjectConfig.model_validate({**known, "config_path": Path(config_path).resolve()})

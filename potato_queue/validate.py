@@ -23,6 +23,7 @@ from pydantic import ValidationError
 from potato_queue.config import BACKEND_MODELS, LOCAL, ProjectConfig, build_config, data_file_paths
 from potato_queue.errors import ConfigError, ConfigUnreadable
 from potato_queue.potato_hook import TRAINER_NAME as POTATO_SCHEDULES
+from potato_queue.schemes import refusal_text, with_rows
 from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.store.potato_compat import ledger_status
 from potato_queue.validate_backends import (
@@ -94,6 +95,11 @@ def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
         )
 
 
+def _raw_list(value: Any) -> list[Any]:
+    """A list of the raw config, or [] where the config has something else (its own error says so)."""
+    return value if isinstance(value, list) else []
+
+
 def _raw_mapping(value: Any) -> dict[str, Any]:
     """A mapping of the raw config, or {} where the config has something else (its own error says so)."""
     return value if isinstance(value, dict) else {}
@@ -123,7 +129,9 @@ def _check_unshown_writeback(data: dict[str, Any], warnings: list[Warning_]) -> 
     from potato_queue.runs.gate import potato_cannot_show
 
     listed = _raw_mapping(_raw_mapping(data.get("model_training")).get("writeback")).get("schemas")
-    by_name = {str(s.get("name")): s for s in data.get("annotation_schemes") or [] if isinstance(s, dict)}
+    by_name = {
+        str(s.get("name")): s for s in with_rows(_raw_list(data.get("annotation_schemes"))) if isinstance(s, dict)
+    }
     for name in (str(x) for x in listed if str(x) in by_name) if isinstance(listed, list) else ():
         why = potato_cannot_show(by_name[name])
         if why:
@@ -157,9 +165,9 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
                 f"model_training.budget.backends names {name!r}, which is no backend (configured: {', '.join(names)})"
             )
     _check_retrain_trainer(retrain, errors)
-    from potato_queue.bundle.schema_types import refusal_text  # the bundle's package imports numpy: only here
-
-    by_name = {str(s.get("name")): s for s in data.get("annotation_schemes") or [] if isinstance(s, dict)}
+    by_name = {
+        str(s.get("name")): s for s in with_rows(_raw_list(data.get("annotation_schemes"))) if isinstance(s, dict)
+    }
     schemes = list(by_name)
     writeback = _raw_mapping(mt.get("writeback"))
     for path, listed in (

@@ -51,6 +51,7 @@ from potato_queue.bundle.write import (
 )
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
+from potato_queue.schemes import stored_under
 from potato_queue.store.keys import media_cache_dir
 
 __all__ = [
@@ -81,7 +82,8 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
     training = config.model_training
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
     bad: list[str] = []
-    found, items = read_annotations(config, names, while_reading=lambda: read_items(config, cleaned=bad))
+    sources = list(dict.fromkeys([*names, *(stored_under(by_name[name]) for name in names)]))  # a row's multirate
+    found, items = read_annotations(config, sources, while_reading=lambda: read_items(config, cleaned=bad))
     as_stored(found, by_name, names)
     ids = sorted(items)
     references = resolve_references(found, ids, training.aggregation, set(names))
@@ -121,7 +123,11 @@ def as_stored(found: Annotations, by_name: dict[str, Any], names: Sequence[str])
     """`found` with each answer of a scheme that stores it under a fixed name (a pairwise "selection", a
     triage "decision") read as that name's value (aggregate.pick_answers): what every reader of answers
     that compares labels (the bundle, compare, agreement) needs."""
-    fields = {name: field for name in names if name in by_name and (field := answer_field(by_name[name]))}
+    fields = {
+        name: (stored_under(by_name[name]), field)
+        for name in names
+        if name in by_name and (field := answer_field(by_name[name]))
+    }
     if fields:
         pick_answers(found, fields, {name: schema_kind(by_name[name]) for name in fields})
     return found

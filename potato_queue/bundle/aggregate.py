@@ -145,35 +145,33 @@ def _picked(value_map: Any, name: str, swapped: bool, kind: str) -> Any:
     if kind == "nominal":
         label = _SWAPPED.get(str(value), str(value)) if swapped else str(value)
         return {label: label}
-    if swapped:
-        try:
-            value = -float(value)  # shown B first: "A much better" meant the file's second text
-        except (TypeError, ValueError):
-            return None
-    return {name: value}
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        return {str(value): str(value)}  # a point of a labelled scale (a multirate row's rating)
+    return {name: -number if swapped else value}  # shown B first: "A much better" meant the file's second text
 
 
-def pick_answers(found: Annotations, fields: dict[str, str], kinds: dict[str, str]) -> None:
-    """Each answer of a scheme in `fields` ({schema: the name its answer is stored under}) replaced by that
-    name's value as a label map (`kinds`: each scheme's kind), in the data file's order where Potato showed
-    the pair swapped (its recorded presentation order); an answer without it is no vote. Equal answers stay
-    one object, as read_annotations left them."""
+def pick_answers(found: Annotations, fields: dict[str, tuple[str, str]], kinds: dict[str, str]) -> None:
+    """Each scheme in `fields` ({schema: (the scheme its answers are stored under, the name its answer is
+    stored under)}) gets, per answer there, that name's value as a label map (`kinds`: each scheme's kind),
+    in the data file's order where Potato showed the pair swapped (its recorded presentation order); an
+    answer without it is no vote. Equal answers stay one object, as read_annotations left them."""
     for user, by_scheme in found.by_user.items():
-        for schema, name in fields.items():
-            answers, orders = by_scheme.get(schema), found.orders.get(user, {}).get(schema, {})
-            if not answers:
+        for schema, (source, name) in fields.items():
+            stored, orders = by_scheme.get(source), found.orders.get(user, {}).get(source, {})
+            if not stored:
                 continue
             shared: dict[tuple[int, bool], tuple[Any, Any]] = {}  # the answer kept with its pick: its id stays
-            for iid in list(answers):
+            picked_answers: dict[str, Any] = {}
+            for iid, answer in stored.items():
                 swapped = orders.get(iid, [0])[:1] == [1]
-                key = (id(answers[iid]), swapped)
+                key = (id(answer), swapped)
                 if key not in shared:
-                    shared[key] = (answers[iid], _picked(answers[iid], name, swapped, kinds[schema]))
-                picked = shared[key][1]
-                if picked is None:
-                    del answers[iid]
-                else:
-                    answers[iid] = picked
+                    shared[key] = (answer, _picked(answer, name, swapped, kinds[schema]))
+                if shared[key][1] is not None:
+                    picked_answers[iid] = shared[key][1]
+            by_scheme[schema] = picked_answers
 
 
 def resolve_references(

@@ -15,9 +15,9 @@ from typing import Any
 
 from potato_queue.bounds import clean
 from potato_queue.bundle.data_files import DataFile, DataFileError, UncleanDecoder, data_files, file_items
-from potato_queue.bundle.schema_types import kind_of_type, pairwise_mode, refusal, refusal_text, stored_field
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
+from potato_queue.schemes import kind_of_type, pairwise_mode, refusal, refusal_text, stored_field
 
 # The public names, then what the other stages of the bundle use.
 __all__ = [
@@ -38,7 +38,7 @@ Answers = dict[str, Any]  # {schema: value_map}, one annotator's or the agreed o
 
 
 def schema_kind(scheme: Mapping[str, Any]) -> str:
-    """Potato's kind of one annotation scheme ("unsupported" when unknown): schema_types.py's table."""
+    """Potato's kind of one annotation scheme ("unsupported" when unknown): schemes/annotation_types.py's table."""
     return kind_of_type(scheme)
 
 
@@ -110,7 +110,7 @@ def scheme_scale(scheme: Mapping[str, Any]) -> dict[str, Any] | None:
 
 
 def target_schemas(config: ProjectConfig) -> list[str]:
-    """The config's schemes a run trains (schema_types.py: a type whose answer is a target), in config order."""
+    """The config's schemes a run trains (schemes/annotation_types.py: a type whose answer is a target), in config order."""
     return [str(s["name"]) for s in config.annotation_schemes if s.get("name") and refusal(s) is None]
 
 

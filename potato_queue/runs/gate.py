@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from potato_queue.config import ProjectConfig
+from potato_queue.schemes import ROW_OF
 from potato_queue.wire.files import read_jsonl
 
 __all__ = [
@@ -61,6 +62,8 @@ UNSHOWN = "Potato cannot pre-fill the scheme"
 def potato_cannot_show(scheme: Mapping[str, Any]) -> str | None:
     """Why Potato 2.12.1 cannot pre-fill *scheme* from any prediction (None: it can)."""
     atype = str(scheme.get("annotation_type") or "").strip().lower()
+    if scheme.get(ROW_OF):  # a multirate's row (schemes.with_rows): a scheme Potato's config does not have
+        return "Potato 2.12.1 pre-fills nothing of a multirate's rows from a prediction"
     if atype == "likert" and not scheme.get("labels"):
         return (
             "Potato 2.12.1 pre-fills no likert without labels (its points have no names to match); give the "

@@ -12,9 +12,9 @@ take it; a run that names no schemes
 from __future__ import annotations
 
 from potato_queue.bundle import project_modality, schema_kind, target_schemas
-from potato_queue.bundle.schema_types import refusal_text
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
+from potato_queue.schemes import refusal_text
 from potato_queue.trainers import trainer_info, trainers_for_modality
 
 __all__ = [

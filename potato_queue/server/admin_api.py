@@ -17,11 +17,11 @@ from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
 from potato_queue.bundle import project_modality, schema_kind
-from potato_queue.bundle.schema_types import refusal as type_refusal
 from potato_queue.config import LOCAL
 from potato_queue.run import RunState
 from potato_queue.runs.finalize import published_predictions
 from potato_queue.runs.submit import trainer_table
+from potato_queue.schemes import refusal as type_refusal
 from potato_queue.server.deps import ErrorReply, runs_of, store_of
 from potato_queue.server.guard import admin_checked, refusal, request_admin_problem
 from potato_queue.store.keys import RUN_ID_RE

@@ -167,6 +167,7 @@ CORE = [
     "store",
     "bounds.py",
     "bundle",
+    "schemes",
     "runs/finalize.py",
     "runs/gate.py",
     "insight",

@@ -15,9 +15,9 @@ import pytest
 import yaml
 
 from potato_queue.bundle import build_bundle, schema_kind, target_schemas
-from potato_queue.bundle.schema_types import SCHEMA_TYPES, refusal, refusal_text
 from potato_queue.errors import ConfigError, Conflict, PotatoQueueError
 from potato_queue.runs.kinds import refuse_foreign_kinds
+from potato_queue.schemes import SCHEMA_TYPES, refusal, refusal_text
 from potato_queue.validate import check_file, load_checked
 from tests.conftest import ROOT
 from tests.potato_examples import example_project
@@ -78,7 +78,7 @@ def test_the_table_holds_no_type_potato_lacks_and_every_refusal_says_why() -> No
     said = refusal_text({"annotation_type": "multirate", "name": "awesomeness"})
     assert said == (
         "Scheme 'awesomeness' is multirate (Potato's kind: matrix), which no trainer trains: its answer is a "
-        "rating per row (a matrix); train each row as a likert scheme of its own"
+        "rating per row (a matrix): each row trains as a scheme of its own, named <scheme>:<row>"
     )
 
 
@@ -198,7 +198,8 @@ def test_an_example_of_a_refused_type_is_refused_everywhere_with_its_type_and_ki
     scheme = config.annotation_schemes[0]
     said = refusal_text(scheme)
     assert said is not None and f"is {scheme['annotation_type']} (Potato's kind: {schema_kind(scheme)})" in said
-    assert target_schemas(config) == []
+    rows = [f"awesomeness:Option {n}" for n in (1, 2, 3)] if example == "multirate" else []
+    assert target_schemas(config) == rows, "a multirate's rows train, each a scheme of its own"
     with pytest.raises(PotatoQueueError) as built:
         build_bundle(config, tmp_path / "bundle", [scheme["name"]])
     assert built.value.message == said
@@ -244,3 +245,20 @@ def test_compare_and_agreement_read_each_annotators_pairwise_answer_as_a_b_or_ti
     labels = annotator_labels(config, {str(n) for n in range(1, 12)})
     said = {label for by_scheme in labels.values() for label in by_scheme["preference"].values()}
     assert said and said <= {"A", "B", "tie"}, said
+
+
+def test_a_multirates_rows_train_as_labelled_likerts_each_read_from_the_multirates_answers(tmp_path: Path) -> None:
+    config = load_checked(example_project("multirate", tmp_path / "project", n_annotators=1))
+    scheme = next(s for s in config.annotation_schemes if s["name"] == "awesomeness:Option 2")
+    assert (scheme["annotation_type"], schema_kind(scheme)) == ("likert", "ordinal")
+    build_bundle(config, tmp_path / "bundle")
+    state = json.loads(next((tmp_path / "project" / "annotation_output").rglob("user_state.json")).read_text())
+    said = {
+        iid: {label["name"]: value for label, value in answers}
+        for iid, answers in state["instance_id_to_label_to_value"].items()
+    }
+    for iid, row in _targets(tmp_path / "bundle").items():
+        assert row["targets"] == {f"awesomeness:{name}": value for name, value in said[iid].items()}, iid
+    labels = ["Strongly disagree", "Disagree", "Neutral", "Agree", "Strongly Agree"]
+    scales = json.loads((tmp_path / "bundle" / "scales.json").read_text())
+    assert scales["awesomeness:Option 3"] == {"points": labels}

@@ -25,6 +25,13 @@ TRAINED = [
     ("pairwise-scale", "preference_scale", "sklearn-text", "mae", set(range(-3, 4))),
     ("triage", "data_quality", "sklearn-text", "macro_f1", {"accept", "reject", "skip"}),
     ("vas", "pain_level", "sklearn-text", None, None),  # five items: no held-out item is certain
+    (
+        "multirate",
+        "awesomeness:Option 2",
+        "sklearn-text",
+        "qwk",
+        {"Strongly disagree", "Disagree", "Neutral", "Agree", "Strongly Agree"},
+    ),
 ]
 
 

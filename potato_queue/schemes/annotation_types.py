@@ -18,13 +18,17 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ROW_OF",
     "SchemaType",
+    "with_rows",
     "SCHEMA_TYPES",
     "SCHEME_NAME",
     "kind_of_type",
+    "pairwise_mode",
     "refusal",
     "refusal_text",
     "stored_field",
+    "stored_under",
 ]
 
 #: In `SchemaType.field`: the answer is stored under the scheme's own name.
@@ -81,7 +85,8 @@ SCHEMA_TYPES: dict[str, SchemaType] = {
     "multirate": SchemaType(
         "matrix",
         "one rating (a label of `labels`) per row of `options`",
-        refused="its answer is a rating per row (a matrix); train each row as a likert scheme of its own",
+        refused="its answer is a rating per row (a matrix): each row trains as a scheme of its own, "
+        "named <scheme>:<row>",
     ),
     "constant_sum": SchemaType("matrix", "points per category", refused="its answer is a split of points (a matrix)"),
     "soft_label": SchemaType(
@@ -170,6 +175,42 @@ _PAIRWISE = {
 }
 
 
+#: A multirate row's own scheme (with_rows) says which scheme and row it is under this key.
+ROW_OF = "row_of"
+
+
+def _row_names(scheme: Mapping[str, Any]) -> list[str]:
+    """A multirate's rows as Potato stores them: a string option is its own name, a dict option its `name`."""
+    rows = []
+    for option in scheme.get("options") or []:
+        name = option.get("name") if isinstance(option, Mapping) else option
+        if name is not None and str(name):
+            rows.append(str(name))
+    return rows
+
+
+def with_rows(schemes: list[Any]) -> list[Any]:
+    """The config's schemes, each multirate followed by one scheme per row: a labelled likert named
+    `<scheme>:<row>` over the multirate's `labels` (its rating scale), marked ROW_OF. A run trains those (a
+    multirate's answer is a rating per row, stored as the row's name and the rating)."""
+    out = []
+    for scheme in schemes:
+        out.append(scheme)
+        if not isinstance(scheme, Mapping) or _type(scheme) != "multirate" or not scheme.get("name"):
+            continue
+        for row in _row_names(scheme):
+            out.append(
+                {
+                    "annotation_type": "likert",
+                    "name": f"{scheme['name']}:{row}",
+                    "description": f"{scheme.get('description') or scheme['name']}: {row}",
+                    "labels": list(scheme.get("labels") or []),
+                    ROW_OF: {"scheme": str(scheme["name"]), "row": row},
+                }
+            )
+    return out
+
+
 def _type(scheme: Mapping[str, Any]) -> str:
     return str(scheme.get("annotation_type") or "").strip().lower()
 
@@ -198,7 +239,11 @@ def kind_of_type(scheme: Mapping[str, Any]) -> str:
 
 def stored_field(scheme: Mapping[str, Any]) -> str | None:
     """The fixed name a scheme stores its answer under, where the answer is that name's value (a pairwise
-    "selection", a select's "select-one", a vas's own name); None where the stored name is the label."""
+    "selection", a select's "select-one", a vas's own name, a multirate row's row name); None where the
+    stored name is the label."""
+    row_of = scheme.get(ROW_OF)
+    if isinstance(row_of, Mapping):
+        return str(row_of.get("row"))
     mode = pairwise_mode(scheme)
     if mode is not None:
         return _PAIRWISE.get(mode, _PAIRWISE["binary"])[1]
@@ -217,6 +262,12 @@ def refusal(scheme: Mapping[str, Any]) -> str | None:
     if found is None:
         return f"Potato 2.12 has no annotation type {atype!r}" if atype else "it has no annotation_type"
     return found.refused
+
+
+def stored_under(scheme: Mapping[str, Any]) -> str:
+    """The scheme whose answers hold this one's (a multirate row's: its multirate; any other: itself)."""
+    row_of = scheme.get(ROW_OF)
+    return str(row_of.get("scheme")) if isinstance(row_of, Mapping) else str(scheme.get("name"))
 
 
 def refusal_text(scheme: Mapping[str, Any]) -> str | None:
