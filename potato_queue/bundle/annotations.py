@@ -24,6 +24,7 @@ from typing import Any
 from potato_queue.bundle.user_state import FileAnswers, is_machine_state, is_our_rater, read_state, read_user_state
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
+from potato_queue.schemes import stored_under
 
 __all__ = [
     "Annotations",
@@ -229,8 +230,10 @@ class _Child:
 
 
 def count_annotations(config: ProjectConfig, schemas: Collection[str]) -> int:
-    """How many (annotator, item) answers name one of `schemas`: auto-retrain's measure of new work."""
-    found, _ = read_annotations(config, schemas)
+    """How many (annotator, item) answers name one of `schemas` (a multirate row's: its multirate's):
+    auto-retrain's measure of new work."""
+    by_name = {str(s.get("name")): s for s in config.annotation_schemes}
+    found, _ = read_annotations(config, {stored_under(by_name[n]) if n in by_name else n for n in schemas})
     return sum(len(set().union(*by_scheme.values())) for by_scheme in found.by_user.values())
 
 
