@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +32,7 @@ __all__ = ["FORMATS", "DataFile", "DataFileError", "data_files", "file_items", "
 #: What Potato reads, by extension.
 FORMATS = ("csv", "tsv", "json", "jsonl", "parquet")
 _FIELDS_SHOWN = 8  # of an item that lacks the id field: the fields it has, so the right key is a glance away
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")  # a lone surrogate's escape: not writable as UTF-8
 
 
 class DataFileError(PotatoQueueError):
@@ -63,8 +65,9 @@ def data_files(raw: Any, task_path: Path) -> list[DataFile]:
 
 
 class UncleanDecoder(json.JSONDecoder):
-    """json's own decoder that notes a non-finite number (NaN, Infinity, or a number too large for a float):
-    what, with a lone surrogate's escape, makes an item unwritable as strict JSON or UTF-8."""
+    """json's own decoder that notes a non-finite number (NaN, Infinity, or a number too large for a float)
+    or, in the file it read, a lone surrogate's escape: what makes an item unwritable as strict JSON or
+    UTF-8."""
 
     def __init__(self) -> None:
         self.unclean = False
@@ -101,9 +104,10 @@ def _text(data_file: DataFile) -> str:
     return text[1:] if text.startswith("\ufeff") else text
 
 
-def _json_records(data_file: DataFile, decoder: json.JSONDecoder) -> list[Any]:
+def _json_records(data_file: DataFile, decoder: UncleanDecoder) -> list[Any]:
     """Potato's two JSON readers: .json (array, object, else lines with arrays spread) and .jsonl."""
     text = _text(data_file)
+    decoder.unclean = decoder.unclean or bool(_SURROGATE_ESCAPE.search(text))
     if data_file.format == "json":
         try:
             whole = decoder.decode(text)
@@ -146,6 +150,7 @@ def _delimited_records(data_file: DataFile) -> Iterator[dict[str, str]]:
         return
     except csv.Error as exc:
         raise _csv_error(data_file, reader.line_num, exc) from None
+    width = len(header)
     while True:
         try:
             row = next(reader)
@@ -153,15 +158,18 @@ def _delimited_records(data_file: DataFile) -> Iterator[dict[str, str]]:
             return
         except csv.Error as exc:
             raise _csv_error(data_file, reader.line_num, exc) from None
+        if len(row) == width and (width > 1 or row != [""]):  # nearly every row: nothing to pad or skip
+            yield dict(zip(header, row, strict=True))
+            continue
         if not row or row == [""]:
             continue
-        if len(row) > len(header):
+        if len(row) > width:
             raise DataFileError(
                 f"data file {data_file.path}: the row at line {reader.line_num} has {len(row)} cells and the "
                 f"header has {len(header)}, and Potato refuses the whole file",
                 fix='quote a cell that holds the separator ("a, b"), or remove the extra cells',
             )
-        yield dict(zip(header, row + [""] * (len(header) - len(row)), strict=True))
+        yield dict(zip(header, row + [""] * (width - len(row)), strict=True))
 
 
 def _csv_error(data_file: DataFile, line: int, exc: csv.Error) -> DataFileError:
@@ -207,7 +215,7 @@ def _no_id(data_file: DataFile, number: int, fields: list[str], id_key: str) -> 
 
 
 def file_items(
-    data_file: DataFile, id_key: str, text_key: str, decoder: json.JSONDecoder
+    data_file: DataFile, id_key: str, text_key: str, decoder: UncleanDecoder
 ) -> Iterator[tuple[str, dict[str, Any]]]:
     """(id, item) of one data file, in file order, refused as Potato refuses it (DataFileError)."""
     fmt = data_file.format

@@ -8,9 +8,7 @@ format Potato's server reads: data_files.py), as Potato's
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 from potato_queue.bounds import clean
@@ -133,40 +131,38 @@ def schema_names(config: ProjectConfig, schemas: Sequence[str] | None) -> list[s
     return names
 
 
-_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
-
-
 def read_items(config: ProjectConfig, cleaned: list[str] | None = None) -> dict[str, Row]:
     """{id: item} of every data file, read as Potato reads them (data_files.py; an id on two items refused).
     With `cleaned`, items made writable as UTF-8 and strict JSON (a lone surrogate, `\\ud800` in a JSON data
     file, replaced with U+FFFD; a non-finite number as text), their ids added to it: only a JSON file that
     holds one is walked item by item."""
     items: dict[str, Row] = {}
-    where: dict[str, tuple[Path, int]] = {}  # each id's file and item number, for the refusal of one used twice
     props = config.item_properties
     for data_file in data_files(config.data_files, config.task_path):
         decoder = UncleanDecoder()
         found: dict[str, Row] = {}
-        for number, (iid, item) in enumerate(file_items(data_file, props.id_key, props.text_key, decoder), 1):
-            if iid in where:
-                raise DataFileError(
-                    f"two items have the id {iid!r}: {where[iid][0]} item {where[iid][1]} and {data_file.path} item "
-                    f"{number}, and Potato "
-                    "refuses ids used twice",
-                    fix="ids must be unique across every data file: give one of them another id",
-                )
-            found[iid], where[iid] = item, (data_file.path, number)
-        if cleaned is not None and data_file.format in ("json", "jsonl") and _unclean(data_file, decoder):
+        for iid, item in file_items(data_file, props.id_key, props.text_key, decoder):
+            if iid in found or iid in items:
+                raise _used_twice(config, iid, data_file)
+            found[iid] = item
+        if cleaned is not None and decoder.unclean:
             cleaned.extend(_clean_items(found))
         items.update(found)
     return items
 
 
-def _unclean(data_file: DataFile, decoder: UncleanDecoder) -> bool:
-    if decoder.unclean:
-        return True
-    with open(data_file.path, encoding="utf-8", errors="replace") as fh:
-        return any(_SURROGATE_ESCAPE.search(chunk) for chunk in iter(lambda: fh.read(1 << 20), ""))
+def _used_twice(config: ProjectConfig, iid: str, data_file: DataFile) -> DataFileError:
+    """Potato's refusal of an id on two items, naming both (the files read again: it is rare)."""
+    props, places = config.item_properties, []
+    for each in data_files(config.data_files, config.task_path):
+        numbered = enumerate(file_items(each, props.id_key, props.text_key, UncleanDecoder()), 1)
+        places += [f"{each.path} item {number}" for number, (other, _) in numbered if other == iid]
+        if len(places) >= 2 or each == data_file:
+            break
+    return DataFileError(
+        f"two items have the id {iid!r}: {' and '.join(places[:2])}, and Potato refuses ids used twice",
+        fix="ids must be unique across every data file: give one of them another id",
+    )
 
 
 def _clean_items(items: dict[str, Row]) -> list[str]:

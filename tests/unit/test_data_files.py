@@ -186,3 +186,14 @@ def test_mostly_empty_texts_warn_and_all_empty_texts_refuse_the_bundle_before_a_
         "all 4 labelled items have an empty 'text' (item_properties.text_key) and no media: a run would learn from nothing"
     )
     assert (tmp_path / "bundle" / "manifest.json").read_text() == "{}", "the bundle there before is untouched"
+
+
+def test_an_id_on_items_of_two_data_files_is_refused_naming_both(tmp_path: Path) -> None:
+    config_path = _project(tmp_path / "p", "data/a.jsonl", data_files=["data/a.jsonl", "data/b.csv"])
+    (tmp_path / "p" / "data" / "a.jsonl").write_text('{"id": "1", "text": "a"}\n{"id": "7", "text": "b"}\n')
+    (tmp_path / "p" / "data" / "b.csv").write_text("id,text\n3,c\n7,d\n")
+    (error,) = check_file(config_path).errors
+    data = tmp_path / "p" / "data"
+    assert error.startswith(
+        f"two items have the id '7': {data / 'a.jsonl'} item 2 and {data / 'b.csv'} item 2, and Potato refuses"
+    ), error

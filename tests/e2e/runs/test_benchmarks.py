@@ -31,6 +31,14 @@ QUICK_RUNS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "bench_checkpoints.py": ([], [rf"^checkpoint cost: .* ratio {NUMBER}", rf"^resume: .* ratio {NUMBER}"]),
     "bench_curve.py": ([], [rf"four runs by hand: {NUMBER} s; ratio {NUMBER}", rf"beyond its fits .*: {NUMBER} s"]),
+    "bench_data_files.py": (
+        [],
+        [
+            rf"^{fmt} +{NUMBER} items: potato-queue {NUMBER} s, Potato's parser {NUMBER} s, ratio {NUMBER}"
+            for fmt in ("csv", "tsv", "jsonl", "json", "parquet")
+        ]
+        + [rf"^CSV project bundle, .* ratio {NUMBER} \(same digest: True\)"],
+    ),
     "bench_demo.py": (["all"], [rf"^P9: the demo's fine-tune .* ratio {NUMBER}"]),
     "bench_events.py": ([], [rf"relayed \(agent\+server\): {NUMBER} events/s", rf"ratio relayed/by hand:\s+{NUMBER}"]),
     "bench_hostile.py": (
