@@ -4,6 +4,7 @@ stands in for the image host."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import json
 import threading
@@ -54,15 +55,24 @@ class _Images(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture
-def image_host() -> Iterator[str]:
+@contextlib.contextmanager
+def serving() -> Iterator[str]:
+    """The image host on loopback, its address; `_Images.served` lists what it was asked for."""
     _Images.served = []
     server = ThreadingHTTPServer(("127.0.0.1", 0), _Images)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-    server.server_close()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.fixture
+def image_host() -> Iterator[str]:
+    with serving() as host:
+        yield host
 
 
 def _image_project(tmp_path: Path, host: str) -> Path:

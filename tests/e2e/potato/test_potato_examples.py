@@ -112,3 +112,29 @@ def _schemes(config: Path) -> list[dict[str, Any]]:
     import yaml
 
     return list(yaml.safe_load(config.read_text())["annotation_schemes"])
+
+
+def test_potatos_span_example_over_csv_data_tags_spans_through_the_queue(
+    tmp_path: Path, redis_server_url: str, tiny_model: Path
+) -> None:
+    """Potato's span-labeling example (CSV data, two span labels): hf-token-classification fine-tunes a tiny
+    model on it, scores it with the span measures, and every prediction is spans inside its item's text."""
+    from potato.training import store
+
+    config = example_project("span-labeling", tmp_path / "project", top={"admin_api_key": ADMIN_KEY})
+    svc = Services(config, redis_server_url, tmp_path)
+    params = {"model_name": str(tiny_model), "epochs": 2, "batch_size": 16, "max_length": 24}
+    try:
+        svc.serve()
+        svc.executor()
+        run_id = svc.start_run(trainer="hf-token-classification", schemas=["certainty"], params=params)
+        run = svc.wait_for(run_id, TERMINAL, 240)
+        assert run["state"] == "succeeded", (run, svc.logs())
+    finally:
+        svc.stop()
+    test = run["held_out"]["certainty"]["test"]
+    assert test["n"] > 10 and isinstance(test["f1"], float) and isinstance(test["partial_f1"], float), test
+    lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
+    spans = [s for p in lines for s in p["payload"]]
+    assert all(s["label"] in ("certain", "uncertain") and 0 <= s["start"] < s["end"] for s in spans), spans[:3]
+    assert len(store.load_predictions(potato_view(config), run_id=run_id)) == len(lines)

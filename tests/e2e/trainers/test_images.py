@@ -22,7 +22,7 @@ import yaml
 
 from tests.e2e.server.test_page import browser, signed_in  # noqa: F401, F811 - browser: the fixture, one chromium for the module
 from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
-from tests.lifecycle_helpers import TERMINAL, Services, make_project, run_paths, started
+from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths, started
 from tests.sshd import Sshd
 
 SIZE = 32
@@ -216,3 +216,44 @@ def test_validate_and_the_page_offer_a_text_trainer_nothing_of_an_image_project(
         page.close()
     finally:
         svc.stop()
+
+
+def test_potatos_image_example_trains_on_images_the_server_fetched_once_from_addresses_without_extension(
+    tmp_path: Path, redis_server_url: str, tiny_vit: Path
+) -> None:
+    """Potato's image-classification example lists web addresses without an extension (unsplash's
+    `photo-...?w=800`), here on a loopback image host: the server fetches each address once into the bundle
+    (ten items share each address: five requests), and the worker trains on the files, never fetching."""
+    from tests.potato_examples import example_project
+    from tests.unit.test_remote_images import _Images, serving
+
+    with serving() as host:
+        config = example_project("image-classification", tmp_path / "project", top={"admin_api_key": ADMIN_KEY})
+        data = config.parent / "data" / "images.json"
+        originals = [json.loads(line) for line in data.read_text().splitlines()]
+        items = [
+            {**item, "id": f"{item['id']}_{copy}", "image_url": f"{host}/photo-{n}?w=800"}
+            for copy in range(10)
+            for n, item in enumerate(originals)
+        ]
+        data.write_text("".join(json.dumps(item) + "\n" for item in items))
+        for state in (config.parent / "annotation_output").rglob("user_state.json"):
+            answers = {
+                item["id"]: [[{"schema": "category", "name": label}, label]]
+                for n, item in enumerate(items)
+                for label in [("nature", "urban")[n % 2]]
+            }
+            state.write_text(json.dumps({"user_id": state.parent.name, "instance_id_to_label_to_value": answers}))
+        svc = Services(config, redis_server_url, tmp_path)
+        try:
+            svc.serve()
+            svc.executor()
+            params = {"model_name": str(tiny_vit), "epochs": 2, "batch_size": 16}
+            run_id = svc.start_run(trainer="hf-image-classification", schemas=["category"], params=params)
+            run = svc.wait_for(run_id, TERMINAL, 300)
+            assert run["state"] == "succeeded", (run, svc.logs())
+        finally:
+            svc.stop()
+        assert sorted(_Images.served) == sorted(f"/photo-{n}?w=800" for n in range(len(originals)))
+    assert run["held_out"]["category"]["test"]["n"] > 0
+    assert "cannot be read here" not in run_paths(svc, run_id).run_log.read_text()
