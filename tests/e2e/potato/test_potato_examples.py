@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import run_cli
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, run_paths
-from tests.potato_examples import example_project
+from tests.potato_examples import example_project, items_of
 from tests.potato_helpers import POTATO_KEYS, PotatoServer, potato_view
 
 # (example, scheme, trainer, a held-out measure of the scheme's kind, what every prediction's label is)
@@ -71,27 +71,37 @@ def test_an_example_project_trains_with_its_kinds_scores_and_its_predictions_rea
     assert store.load_run(potato_view(config), run_id).status == "success"
 
 
-def test_a_csv_multiselect_example_is_prelabelled_in_potato_itself(tmp_path: Path, redis_server_url: str) -> None:
-    """Potato's check-box example reads its items from CSV: the run trains on its 120 items (Potato's training
-    reads none of them), and Potato, started on the project, publishes the run's prelabels."""
+PRELABELLED = [
+    ("check-box", "favorite_color", "micro-F1"),  # CSV data: Potato's own training reads none of its items
+    ("single-choice", "favorite_color", "acc"),
+    ("slider", "awesomeness", "MAE"),
+]
+
+
+@pytest.mark.parametrize(("example", "scheme", "measure"), PRELABELLED, ids=[p[0] for p in PRELABELLED])
+def test_an_example_is_trained_as_the_readme_says_and_prelabelled_in_potato_itself(
+    tmp_path: Path, redis_server_url: str, example: str, scheme: str, measure: str
+) -> None:
+    """`potato-queue up CONFIG --run sklearn-text` on the example trains on all its items and prints the
+    kind's own measure; Potato, started on the project, publishes the run's prelabels."""
     config = example_project(
-        "check-box",
+        example,
         tmp_path / "project",
         top={"admin_api_key": ADMIN_KEY, **POTATO_KEYS},
-        writeback={"schemas": ["favorite_color"], "include_unlabeled": True},
+        writeback={"schemas": [scheme], "include_unlabeled": True},
     )
     proc = run_cli("up", config, "--run", "sklearn-text", "--port", "0", timeout_s=240)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "micro-F1" in proc.stdout, proc.stdout
+    assert f"{scheme:<20} test" in proc.stdout and measure in proc.stdout, proc.stdout
     runs = list((tmp_path / "project").rglob("run.json"))
     (record,) = [json.loads(p.read_text()) for p in runs]
-    assert record["state"] == "succeeded" and sum(record["bundle"]["n"].values()) == 120, record
+    assert record["state"] == "succeeded" and sum(record["bundle"]["n"].values()) == len(items_of(config)), record
     potato = PotatoServer(config, tmp_path, ADMIN_KEY)
     try:
         potato.start()
         assert potato.restored() > 0, potato.log()
         reply = potato.api("GET", "/admin/model-review")[1]
-        assert reply["n_prelabelled"] > 0, reply
+        assert reply["n_prelabelled"] > 0 or example == "slider", reply  # a slider's has no confidence to rank
     finally:
         potato.stop()
 
