@@ -103,9 +103,9 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
         shown_as_image=shown_as_image,
     )
     refuse_textless(config, build, items, targets)
-    if items_modality(config, [by_name[n] for n in names], items) == "image":
-        written = items if training.writeback.include_unlabeled else {iid: items[iid] for iid in targets}
-        build.fetched = fetch_remote_images(config, build, written)
+    labelled = {iid: items[iid] for iid in targets}
+    if items_modality(config, [by_name[n] for n in names], labelled) == "image":  # the manifest's rule: its rows
+        build.fetched = fetch_remote_images(config, build, items if training.writeback.include_unlabeled else labelled)
     prepare_out_dir(out_dir)
     answered = answered_items(found, items)
     build.stats.update(n_items=len(items), n_annotated=len(answered))
@@ -124,7 +124,7 @@ def as_stored(found: Annotations, by_name: dict[str, Any], names: Sequence[str])
     triage "decision") read as that name's value (aggregate.pick_answers): what every reader of answers
     that compares labels (the bundle, compare, agreement) needs."""
     fields = {
-        name: (stored_under(by_name[name]), field)
+        name: (stored_under(by_name[name]), field, pair_key(by_name[name]) is not None)
         for name in names
         if name in by_name and (field := answer_field(by_name[name]))
     }

@@ -152,14 +152,16 @@ def _picked(value_map: Any, name: str, swapped: bool, kind: str) -> Any:
     return {name: -number if swapped else value}  # shown B first: "A much better" meant the file's second text
 
 
-def pick_answers(found: Annotations, fields: dict[str, tuple[str, str]], kinds: dict[str, str]) -> None:
+def pick_answers(found: Annotations, fields: dict[str, tuple[str, str, bool]], kinds: dict[str, str]) -> None:
     """Each scheme in `fields` ({schema: (the scheme its answers are stored under, the name its answer is
-    stored under)}) gets, per answer there, that name's value as a label map (`kinds`: each scheme's kind),
-    in the data file's order where Potato showed the pair swapped (its recorded presentation order); an
-    answer without it is no vote. Equal answers stay one object, as read_annotations left them."""
+    stored under, whether it compares a pair)}) gets, per answer there, that name's value as a label map
+    (`kinds`: each scheme's kind), in the data file's order where Potato showed a pair swapped (its recorded
+    presentation order: only a pair's order moves what an answer means); an answer without it is no vote.
+    Equal answers stay one object, as read_annotations left them."""
     for user, by_scheme in found.by_user.items():
-        for schema, (source, name) in fields.items():
-            stored, orders = by_scheme.get(source), found.orders.get(user, {}).get(source, {})
+        for schema, (source, name, paired) in fields.items():
+            stored = by_scheme.get(source)
+            orders = found.orders.get(user, {}).get(source, {}) if paired else {}
             if not stored:
                 continue
             shared: dict[tuple[int, bool], tuple[Any, Any]] = {}  # the answer kept with its pick: its id stays

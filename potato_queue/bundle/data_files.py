@@ -96,12 +96,21 @@ def _text(data_file: DataFile) -> str:
             fix="name a Python codec in its data_files entry (utf-8, latin-1, cp1252, utf-16, ...)",
         ) from None
     except UnicodeDecodeError as exc:
+        raise _not_text(data_file, exc) from None
+    except OSError as exc:
         raise DataFileError(
-            f"data file {data_file.path} is not {data_file.encoding} text: {exc.reason} at byte {exc.start}",
-            fix=f"name its encoding: data_files: [{{path: {data_file.written}, encoding: latin-1}}] "
-            "(or the codec it was saved in), or save it as UTF-8",
+            f"data file {data_file.path} cannot be read: {exc.strerror or exc}",
+            fix="make it readable by the account potato-queue runs as",
         ) from None
     return text[1:] if text.startswith("\ufeff") else text
+
+
+def _not_text(data_file: DataFile, exc: UnicodeDecodeError) -> DataFileError:
+    return DataFileError(
+        f"data file {data_file.path} is not {data_file.encoding} text: {exc.reason} at byte {exc.start}",
+        fix=f"name its encoding: data_files: [{{path: {data_file.written}, encoding: latin-1}}] "
+        "(or the codec it was saved in), or save it as UTF-8",
+    )
 
 
 def _json_records(data_file: DataFile, decoder: UncleanDecoder) -> list[Any]:
@@ -235,6 +244,7 @@ def file_items(
         records = _delimited_records(data_file)
     elif fmt == "parquet":
         records = _parquet_records(data_file, id_key, text_key)
+        decoder.unclean = True  # its floats may be NaN, which no JSON carries: the bundle cleans its items
     else:
         records = _json_records(data_file, decoder)
     for number, item in enumerate(records, 1):

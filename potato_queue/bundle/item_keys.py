@@ -15,7 +15,7 @@ from typing import Any
 
 from potato_queue.bundle.data_files import DataFileError
 from potato_queue.bundle.modality import item_media, media_source
-from potato_queue.bundle.read import read_items
+from potato_queue.bundle.read import pair_key, read_items
 from potato_queue.config import ProjectConfig
 
 __all__ = ["ItemCheck", "check_items", "item_text"]
@@ -56,8 +56,10 @@ def check_items(config: ProjectConfig) -> ItemCheck:
     text_key = config.item_properties.text_key
     source, _ = media_source(config, config.annotation_schemes)
     with_media = sum(1 for item in items.values() if item_media(item, source))
-    if with_media >= len(items) / 2:
-        return check  # media items: their text is optional
+    pairs = {key for scheme in config.annotation_schemes if (key := pair_key(scheme))}
+    with_pair = sum(1 for item in items.values() if any(isinstance(item.get(key), list) for key in pairs))
+    if max(with_media, with_pair) >= len(items) / 2:
+        return check  # media items, or pairs to compare: the text field is optional
     empty = sum(1 for item in items.values() if not item_text(item, text_key).strip())
     sample = next(iter(items.values()))
     first_file = os.path.relpath(config.data_paths()[0], config.config_path.parent)

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
@@ -38,11 +40,13 @@ _USER_AGENT = "potato-queue (fetching an image run's images into its bundle)"
 
 @dataclass(frozen=True)
 class FetchLimits:
-    """What one build may fetch: bytes per image, seconds per request, new images per build."""
+    """What one build may fetch: bytes per image, seconds per request (each read), new images per build, and
+    seconds in all."""
 
     max_image_bytes: int = 20_000_000
     timeout_s: float = 20.0
     max_new_images: int = 20_000
+    max_total_s: float = 900.0  # a slow host's trickle ends too: what is fetched by then is cached
 
 
 @dataclass
@@ -68,8 +72,10 @@ def _cached(cache_dir: Path, url: str) -> Path | None:
 
 
 def _fetch_one(url: str, cache_dir: Path, limits: FetchLimits) -> Path:
-    """The image at `url`, in the cache; OSError or ValueError saying why not."""
-    request = urllib.request.Request(url, headers={"User-Agent": _USER_AGENT})
+    """The image at `url`, in the cache; an exception saying why not."""
+    # A space or other character a data file leaves unescaped is quoted, as a browser does.
+    quoted = urllib.parse.quote(url, safe=":/?#[]@!$&'()*+,;=%~")
+    request = urllib.request.Request(quoted, headers={"User-Agent": _USER_AGENT})
     with urllib.request.urlopen(request, timeout=limits.timeout_s) as answer:  # noqa: S310 - http(s) only
         kind = str(answer.headers.get_content_type() or "")
         if not kind.startswith("image/"):
@@ -109,10 +115,14 @@ def fetch_images(urls: Iterable[str], cache_dir: Path, limits: FetchLimits = Fet
         return fetched
     os.makedirs(cache_dir, mode=0o700, exist_ok=True)
 
+    deadline = time.monotonic() + limits.max_total_s
+
     def attempt(url: str) -> tuple[str, Path | None, str]:
+        if time.monotonic() > deadline:
+            return url, None, f"the server's {limits.max_total_s:.0f} s for fetching images ran out; run again"
         try:
             return url, _fetch_one(url, cache_dir, limits), ""
-        except (OSError, ValueError) as exc:
+        except Exception as exc:  # noqa: BLE001 - any address's failure is that item's, never the bundle's
             return url, None, _why(exc)
 
     with ThreadPoolExecutor(max_workers=min(_PARALLEL, len(missing))) as pool:

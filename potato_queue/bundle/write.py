@@ -171,7 +171,9 @@ def pair_text(prompt: str, pair: Sequence[str]) -> str:
 
 
 def _pair(build: BundleBuild, item: Row) -> list[str] | None:
-    found = item.get(build.pair_key) if build.pair_key else None
+    found: Any = item.get(build.pair_key) if build.pair_key else None
+    if hasattr(found, "tolist") and not isinstance(found, str):  # a Parquet list column: a numpy array
+        found = found.tolist()
     if isinstance(found, (list, tuple)) and len(found) >= 2:
         return [str(found[0]), str(found[1])]
     return None

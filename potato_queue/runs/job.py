@@ -133,7 +133,10 @@ def _built_or_cached(
         )
     manifest = build_bundle(config, paths.bundle_dir, schemas=record["schemas"])
     packed = pack_bundle(paths.bundle_dir, paths.bundle)
-    write_inputs_file(paths.bundle_inputs, digest, annotations)
+    if not (manifest.get("modality") == "image" and manifest["stats"].get("n_media_missing")):
+        # An image bundle missing images (an address that could not be fetched) is not reused: the next run
+        # builds again and fetches what is still missing (the rest comes from the media cache).
+        write_inputs_file(paths.bundle_inputs, digest, annotations)
     return manifest, "built", packed
 
 

@@ -28,6 +28,7 @@ from potato_queue.errors import Conflict
 from potato_queue.insight.agreement import AGREEMENT_KINDS, run_agreement
 from potato_queue.runs.finalize import read_predictions
 from potato_queue.runs.gate import held_out_ids, label_of, schema_kinds
+from potato_queue.schemes import stored_field, stored_under
 from potato_queue.store import RunStore
 from potato_queue.wire.files import write_atomic
 from potato_queue.wire.text import slug
@@ -51,14 +52,24 @@ def rater_id(trainer: str, schemas: list[str]) -> str:
     return f"{RATER_PREFIX}{slug(trainer)}.{'+'.join(slug(s) for s in sorted(schemas))}"
 
 
-def _entries(schema: str, kind: str, label: Any) -> list[list[Any]]:
-    """Potato's label-list encoding of one answer (a radio or likert answer is its label's name, twice)."""
+def _entries(schema: str, kind: str, label: Any, scheme: Mapping[str, Any] | None = None) -> list[list[Any]]:
+    """Potato's label-list encoding of one answer, in the shape the scheme's type stores it: a radio or likert
+    answer is its label's name, twice; a type that stores its answer under a fixed name (a pairwise
+    "selection", a triage "decision", a multirate row's row name under its multirate) has it there."""
     labels = label if kind == "multilabel" and isinstance(label, list) else [label]
+    field = stored_field(scheme) if scheme is not None else None
+    if field is not None and scheme is not None:
+        value = ",".join(str(name) for name in labels if name is not None)
+        return [[{"schema": stored_under(scheme), "name": field}, value]] if value else []
     return [[{"schema": schema, "name": str(name)}, str(name)] for name in labels if name is not None]
 
 
 def rater_state(
-    record: Mapping[str, Any], predictions: list[dict[str, Any]], held_out: set[str], kinds: Mapping[str, str]
+    record: Mapping[str, Any],
+    predictions: list[dict[str, Any]],
+    held_out: set[str],
+    kinds: Mapping[str, str],
+    schemes: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> dict[str, Any]:
     """The rater's user_state.json: Potato's fields for its answers and an `origin` of kind tool (llm for an LLM
     trainer), naming the model, its version and the run."""
@@ -67,7 +78,7 @@ def rater_state(
         iid, schema = str(p.get("instance_id")), str(p.get("schema_name"))
         kind = kinds.get(schema, "nominal")
         if iid in held_out and schema in record["schemas"] and kind in AGREEMENT_KINDS:  # the kinds compared as labels
-            answers.setdefault(iid, []).extend(_entries(schema, kind, label_of(p)))
+            answers.setdefault(iid, []).extend(_entries(schema, kind, label_of(p), (schemes or {}).get(schema)))
     user = rater_id(str(record["trainer"]), list(record["schemas"]))
     params = record.get("params") or {}
     origin = {
@@ -106,7 +117,8 @@ def become_rater(
     paths = store.paths(run_id)
     if predictions is None:
         predictions, _ = read_predictions(paths.predictions)
-    state = rater_state(record, predictions, held_out_ids(paths.bundle_dir), schema_kinds(paths.bundle_dir))
+    schemes = {str(s.get("name")): s for s in config.annotation_schemes}
+    state = rater_state(record, predictions, held_out_ids(paths.bundle_dir), schema_kinds(paths.bundle_dir), schemes)
     folder = config.output_path / state["user_id"]
     before = _owner(folder)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)

@@ -181,8 +181,9 @@ ROW_OF = "row_of"
 
 def _row_names(scheme: Mapping[str, Any]) -> list[str]:
     """A multirate's rows as Potato stores them: a string option is its own name, a dict option its `name`."""
-    rows = []
-    for option in scheme.get("options") or []:
+    rows: list[str] = []
+    options = scheme.get("options")
+    for option in options if isinstance(options, list) else []:
         name = option.get("name") if isinstance(option, Mapping) else option
         if name is not None and str(name):
             rows.append(str(name))
@@ -196,15 +197,18 @@ def with_rows(schemes: list[Any]) -> list[Any]:
     out = []
     for scheme in schemes:
         out.append(scheme)
+        labels = scheme.get("labels") if isinstance(scheme, Mapping) else None
         if not isinstance(scheme, Mapping) or _type(scheme) != "multirate" or not scheme.get("name"):
             continue
+        if not isinstance(labels, list):
+            continue  # a multirate without its rating scale: validate says what is wrong with it
         for row in _row_names(scheme):
             out.append(
                 {
                     "annotation_type": "likert",
                     "name": f"{scheme['name']}:{row}",
                     "description": f"{scheme.get('description') or scheme['name']}: {row}",
-                    "labels": list(scheme.get("labels") or []),
+                    "labels": list(labels),
                     ROW_OF: {"scheme": str(scheme["name"]), "row": row},
                 }
             )

@@ -197,3 +197,15 @@ def test_an_id_on_items_of_two_data_files_is_refused_naming_both(tmp_path: Path)
     assert error.startswith(
         f"two items have the id '7': {data / 'a.jsonl'} item 2 and {data / 'b.csv'} item 2, and Potato refuses"
     ), error
+
+
+def test_pairs_under_their_own_field_need_no_text_field(tmp_path: Path) -> None:
+    root = tmp_path / "p"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "pairs.jsonl").write_text(
+        '{"id": "1", "responses": ["a", "b"]}\n{"id": "2", "responses": ["c", "d"]}\n'
+    )
+    scheme = {"annotation_type": "pairwise", "name": "better", "description": "d", "items_key": "responses"}
+    config = {"task_dir": ".", "data_files": ["data/pairs.jsonl"], "annotation_schemes": [scheme]}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    assert check_file(root / "config.yaml").errors == []

@@ -134,3 +134,11 @@ def test_a_text_project_with_an_image_address_beside_its_text_fetches_nothing(tm
     config = yaml.safe_load(config_path.read_text())
     manifest = build_bundle(load_checked(config_path), tmp_path / "bundle")
     assert manifest["modality"] == "text" and _Images.served == [], config["annotation_schemes"][0]["name"]
+
+
+def test_an_address_with_a_space_is_fetched_and_a_malformed_one_is_a_named_failure(
+    tmp_path: Path, image_host: str
+) -> None:
+    fetched = fetch_images([f"{image_host}/my photo 1", "http://[::1/broken"], tmp_path / "cache")
+    assert list(fetched.files) == [f"{image_host}/my photo 1"] and _Images.served == ["/my%20photo%201"]
+    assert list(fetched.failed) == ["http://[::1/broken"], "one bad address is that item's failure, not the bundle's"

@@ -262,3 +262,58 @@ def test_a_multirates_rows_train_as_labelled_likerts_each_read_from_the_multirat
     labels = ["Strongly disagree", "Disagree", "Neutral", "Agree", "Strongly Agree"]
     scales = json.loads((tmp_path / "bundle" / "scales.json").read_text())
     assert scales["awesomeness:Option 3"] == {"points": labels}
+
+
+def test_a_recorded_order_moves_only_a_pairs_answer_and_a_malformed_multirate_is_no_crash(tmp_path: Path) -> None:
+    """Potato records the shown order of a multirate's ratings too (as their names: here the numbers 1..3);
+    only a pair's order changes what an answer means, so a multirate row's rating is never negated."""
+    root = tmp_path / "project"
+    (root / "data").mkdir(parents=True)
+    (root / "data" / "items.jsonl").write_text(
+        "".join(json.dumps({"id": f"i{n}", "text": f"t {n}"}) + "\n" for n in range(6))
+    )
+    scheme = {
+        "annotation_type": "multirate",
+        "name": "m",
+        "description": "d",
+        "options": ["Speed"],
+        "labels": [1, 2, 3],
+    }
+    config = {"task_dir": ".", "data_files": ["data/items.jsonl"], "annotation_schemes": [scheme]}
+    config["model_training"] = {"enabled": True}
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    state = {
+        "user_id": "ann",
+        "instance_id_to_label_to_value": {f"i{n}": [[{"schema": "m", "name": "Speed"}, "2"]] for n in range(6)},
+        "instance_id_to_presentation_order": {f"i{n}": {"m": [1, 2, 3]} for n in range(6)},
+    }
+    (root / "annotation_output" / "ann").mkdir(parents=True)
+    (root / "annotation_output" / "ann" / "user_state.json").write_text(json.dumps(state))
+    build_bundle(load_checked(root / "config.yaml"), tmp_path / "bundle")
+    assert {row["targets"]["m:Speed"] for row in _targets(tmp_path / "bundle").values()} == {2.0}
+    config["annotation_schemes"].append({"annotation_type": "multirate", "name": "bad", "options": 5, "labels": 5})
+    (root / "config.yaml").write_text(yaml.safe_dump(config))
+    report = check_file(root / "config.yaml")  # options and labels that are not lists: no crash, no rows
+    assert report.config is not None and not any(s["name"].startswith("bad:") for s in report.config.annotation_schemes)
+
+
+def test_a_machine_rater_writes_each_answer_in_the_shape_its_type_stores_it() -> None:
+    from potato_queue.runs.rater import rater_state
+
+    schemes = {
+        "better": {"annotation_type": "pairwise", "name": "better"},
+        "m:Speed": {"annotation_type": "likert", "name": "m:Speed", "row_of": {"scheme": "m", "row": "Speed"}},
+        "mood": {"annotation_type": "radio", "name": "mood"},
+    }
+    record = {"run_id": "r", "trainer": "sklearn-text", "schemas": list(schemes), "params": {}}
+    predictions = [
+        {"instance_id": "1", "schema_name": name, "payload": {"label": label}, "confidence": 0.9}
+        for name, label in (("better", "B"), ("m:Speed", "High"), ("mood", "calm"))
+    ]
+    kinds = {"better": "nominal", "m:Speed": "ordinal", "mood": "nominal"}
+    state = rater_state(record, predictions, {"1"}, kinds, schemes)
+    assert state["instance_id_to_label_to_value"]["1"] == [
+        [{"schema": "better", "name": "selection"}, "B"],
+        [{"schema": "m", "name": "Speed"}, "High"],
+        [{"schema": "mood", "name": "calm"}, "calm"],
+    ]
