@@ -18,8 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from potato_queue.config import ProjectConfig
+from potato_queue.runs.checks import MAX_SPANS_PER_ITEM, value_problem
 from potato_queue.schemes import ROW_OF
 from potato_queue.wire.files import read_jsonl
+from potato_queue.wire.scales_file import ScalesError, read_scales
 
 __all__ = [
     "BUNDLE_SPLITS",
@@ -181,32 +183,65 @@ def _label_problem(label: Any, kind: str, labels: set[str]) -> str | None:
     return None
 
 
-def _problem(p: dict[str, Any], items: set[str], schemas: dict[str, tuple[str, set[str]]]) -> str | None:
+@dataclass(frozen=True)
+class _RunBundle:
+    """What a run's predictions are checked against: its bundle's items (with their texts' lengths, for
+    spans), and each trained scheme's kind, labels and scale."""
+
+    text_lengths: dict[str, int]
+    schemas: dict[str, tuple[str, set[str]]]
+    scales: dict[str, dict[str, Any]]
+
+
+def _problem(p: dict[str, Any], run: _RunBundle) -> str | None:
     payload = p.get("payload")
     label = label_of(p)
-    if str(p["instance_id"]) not in items:
+    iid, schema = str(p["instance_id"]), p["schema_name"]
+    if iid not in run.text_lengths:
         return "the item is not in the run's bundle"
-    if p["schema_name"] not in schemas:
-        return f"the run did not train schema {p['schema_name']!r} (it trained {', '.join(sorted(schemas))})"
+    if schema not in run.schemas:
+        return f"the run did not train schema {schema!r} (it trained {', '.join(sorted(run.schemas))})"
     entries = [payload] if isinstance(payload, dict) else payload if isinstance(payload, list) else []
+    if len(entries) > MAX_SPANS_PER_ITEM:
+        return f"{len(entries)} entries for one item; at most {MAX_SPANS_PER_ITEM} are taken"
     confidences = [p.get("confidence")] + [x.get("confidence") for x in entries if isinstance(x, dict)]
     bad = next((c for c in confidences if _bad_confidence(c)), None)
     if bad is not None:
         return f"confidence {bad!r} is not a number in [0, 1]"
-    kind, labels = schemas[p["schema_name"]]
-    return _label_problem(label, kind, labels)
+    kind, labels = run.schemas[schema]
+    return _label_problem(label, kind, labels) or value_problem(
+        kind, label, payload, labels, run.scales.get(schema), run.text_lengths[iid]
+    )
+
+
+def _text_lengths(bundle_dir: Path) -> dict[str, int]:
+    """Each bundle item's text length (what a span's offsets index)."""
+    return {
+        str(row.get("instance_id")): len(str(row.get("text") or ""))
+        for split in BUNDLE_SPLITS
+        for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True)
+        if isinstance(row, dict)
+    }
+
+
+def _scales(bundle_dir: Path) -> dict[str, dict[str, Any]]:
+    try:
+        return read_scales(str(bundle_dir))
+    except ScalesError:
+        return {}  # a scale then checks nothing more than its kind: the scoring says what it cannot read
 
 
 def refusals(
     config: ProjectConfig, bundle_dir: Path, predictions: list[dict[str, Any]], schemas: Iterable[str]
 ) -> tuple[list[dict[str, Any]], list[Refusal]]:
-    """(the valid predictions, the refused ones with why) against the run's own bundle."""
-    items = {i for ids in bundle_split_ids(bundle_dir).values() for i in ids}
+    """(the valid predictions, the refused ones with why) against the run's own bundle: its items, the
+    schemes it trained, each kind's values (runs/checks.py)."""
     trained = set(schemas)
     allowed = {name: v for name, v in _allowed_labels(config, bundle_dir).items() if name in trained}
+    run = _RunBundle(_text_lengths(bundle_dir), allowed, _scales(bundle_dir))
     valid, refused = [], []
     for number, p in enumerate(predictions, 1):
-        why = _problem(p, items, allowed)
+        why = _problem(p, run)
         if why is None:
             valid.append(p)
         else:

@@ -170,6 +170,7 @@ CORE = [
     "schemes",
     "runs/finalize.py",
     "runs/gate.py",
+    "runs/checks.py",
     "insight",
     "lab",
 ]
