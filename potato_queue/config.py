@@ -81,8 +81,16 @@ class GpuWatchConfig(_Strict):
 
 class BudgetCaps(_Strict):
     # Per calendar month (UTC): a run that would pass a cap is refused before it starts (runs/budget.py).
-    gpu_hours_per_month: float | None = Field(None, gt=0)
-    kwh_per_month: float | None = Field(None, gt=0)
+    # Finite: `1e400` (infinity) would show "inf left" and cap nothing.
+    gpu_hours_per_month: float | None = Field(None, gt=0, allow_inf_nan=False)
+    kwh_per_month: float | None = Field(None, gt=0, allow_inf_nan=False)
+
+    @field_validator("gpu_hours_per_month", "kwh_per_month", mode="before")
+    @classmethod
+    def _no_boolean(cls, value: Any) -> Any:
+        if isinstance(value, bool):  # YAML's `true` would be a cap of 1
+            raise ValueError("a cap is a number of GPU-hours or kWh, not true or false")
+        return value
 
 
 class BudgetConfig(BudgetCaps):

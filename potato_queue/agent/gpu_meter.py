@@ -17,7 +17,7 @@ from potato_queue.agent.gpu_watch import GpuWatch, run_gpus
 from potato_queue.wire.files import write_atomic
 from potato_queue.wire.job import GpuWatch as GpuWatchSettings
 
-__all__ = ["combine", "read_usage", "settings_of", "meter_main"]
+__all__ = ["checked_usage", "combine", "read_usage", "settings_of", "meter_main"]
 
 STOP_LOOK_S = 0.1  # how soon a SIGTERM is acted on
 
@@ -49,14 +49,55 @@ def combine(before: Optional[Dict[str, Any]], now: Dict[str, Any]) -> Dict[str, 
     }
 
 
+# What a meter writes, and nothing else is taken from the file: the run's own trainer can write the job
+# folder, so a key or a value of another shape is a word of why nothing was measured, never an exception.
+_FIGURES = ("gpu_seconds", "energy_wh", "mean_utilization_pct", "peak_memory_mb", "samples", "sample_s", "idle_s")
+_MAX_GPUS = 64
+_MAX_WHY = 500
+
+
+def _figure_problem(name: str, value: Any) -> Optional[str]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        return "{} is {!r}, not a number of 0 or more".format(name, value)
+    return None
+
+
+def checked_usage(found: Any) -> Optional[Dict[str, Any]]:
+    """A meter file's figures, its known keys only; where one is of another shape, no figures and why."""
+    if not isinstance(found, dict):
+        return None
+    gpus, why = found.get("gpus"), found.get("why")
+    problem = None
+    if (
+        not isinstance(gpus, list)
+        or len(gpus) > _MAX_GPUS
+        or not all(isinstance(g, (int, str)) and not isinstance(g, bool) for g in gpus)
+    ):
+        problem = "gpus is {!r}, not a list of GPUs".format(gpus)[:_MAX_WHY]
+    elif why is not None and not isinstance(why, str):
+        problem = "why is {!r}, not text".format(why)[:_MAX_WHY]
+    problem = problem or next((p for p in (_figure_problem(n, found.get(n)) for n in _FIGURES) if p), None)
+    if problem is not None:
+        return {
+            "gpus": [],
+            "why": "the GPU meter's file held figures of another shape ({}): none counted".format(problem),
+        }
+    usage = {name: found[name] for name in ("gpus", *_FIGURES) if name in found}
+    if why is not None:
+        usage["why"] = why[:_MAX_WHY]
+    return usage
+
+
 def read_usage(path: str) -> Optional[Dict[str, Any]]:
-    """What a meter wrote to `path`; None when it wrote nothing (or nothing whole)."""
+    """What a meter wrote to `path` (checked_usage); None when it wrote nothing (or nothing whole)."""
     try:
         with open(path, encoding="utf-8") as fh:
             found = json.load(fh)
-        return found if isinstance(found, dict) else None
     except (OSError, ValueError):
         return None
+    return checked_usage(found)
 
 
 def _write_usage(path: str, usage: Dict[str, Any]) -> None:

@@ -176,3 +176,22 @@ def test_validate_warns_of_local_run_keys_under_a_remote_default_and_of_unlisted
     ]
     del cfg["model_training"]["backend"]
     assert len(check_file(write_project(tmp_path, cfg)).warnings) == 1, "local by default: max_ram_mb is meant"
+
+
+def test_a_budget_cap_is_a_finite_positive_number_not_infinity_or_a_boolean(tmp_path: Path) -> None:
+    """`1e400` (infinity: the budget said `inf left` and capped nothing) and `true` (a cap of 1 GPU-hour) are
+    refused, each naming the value."""
+    cfg = seed_config()
+    cfg["model_training"]["budget"] = {
+        "gpu_hours_per_month": True,
+        "kwh_per_month": "1e400",
+        "backends": {"gpu-server": {"gpu_hours_per_month": 0}},
+    }
+    errors = check_file(write_project(tmp_path, cfg)).errors
+    assert errors == [
+        "model_training.budget.gpu_hours_per_month: a cap is a number of GPU-hours or kWh, not true or false (got True)",
+        "model_training.budget.kwh_per_month: Input should be a finite number (got '1e400')",
+        "model_training.budget.backends.gpu-server.gpu_hours_per_month: Input should be greater than 0 (got 0)",
+    ]
+    cfg["model_training"]["budget"] = {"gpu_hours_per_month": 200, "backends": {"gpu-server": {"kwh_per_month": 1.5}}}
+    assert check_file(write_project(tmp_path, cfg)).errors == []

@@ -162,3 +162,40 @@ def test_only_the_runs_processes_are_leftovers_never_another_accounts_or_runs(tm
         for proc in (ours, other_run, stranger, group):
             proc.kill()
             proc.wait()
+
+
+@pytest.mark.parametrize(
+    ("written", "said"),
+    [
+        ({"gpus": [0], "idle_s": "abc"}, "idle_s is 'abc', not a number of 0 or more"),
+        ({"gpus": 5, "idle_s": 3}, "gpus is 5, not a list of GPUs"),
+        ({"gpus": [0], "gpu_seconds": float("nan")}, "gpu_seconds is nan, not a number of 0 or more"),
+        ({"gpus": [0], "why": {"x": 1}}, "why is {'x': 1}, not text"),
+    ],
+    ids=["idle-text", "gpus-number", "nan", "why-object"],
+)
+def test_a_malformed_meter_file_is_a_reason_for_no_figures_never_an_exception_in_the_watch(
+    tmp_path: Path, written: dict[str, object], said: str
+) -> None:
+    """The SLURM node's gpu_usage.json is in the job folder, which the run's own trainer can write."""
+    import json as json_module
+
+    from potato_queue.agent.gpu_meter import read_usage
+
+    path = tmp_path / "gpu_usage.json"
+    path.write_text(json_module.dumps(written))
+    settings = Settings(idle_stop_s=10.0)
+    watch = GpuWatch([], "cpu", settings, remote=lambda: read_usage(str(path))).start()
+    assert watch.idle_check() == (None, None)
+    usage = watch.stop()
+    assert (
+        usage["gpus"] == []
+        and usage["why"] == f"the GPU meter's file held figures of another shape ({said}): none counted"
+    )
+
+
+def test_a_meter_files_unknown_keys_are_left_out(tmp_path: Path) -> None:
+    from potato_queue.agent.gpu_meter import checked_usage
+
+    found = checked_usage({"gpus": [0], "gpu_seconds": 12.5, "kind": "forged", "event": "result"})
+    assert found == {"gpus": [0], "gpu_seconds": 12.5}
