@@ -95,9 +95,11 @@ def _check_retrain_trainer(retrain: dict[str, Any], errors: list[str]) -> None:
         )
 
 
-def _raw_list(value: Any) -> list[Any]:
-    """A list of the raw config, or [] where the config has something else (its own error says so)."""
-    return value if isinstance(value, list) else []
+def _raw_schemes(data: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The raw config's schemes by name, a multirate's rows among them (schemes.with_rows), as the typed config
+    lists them; [] where the config has something else than a list (its own error says so)."""
+    raw = data.get("annotation_schemes")
+    return {str(s.get("name")): s for s in with_rows(raw if isinstance(raw, list) else []) if isinstance(s, dict)}
 
 
 def _raw_mapping(value: Any) -> dict[str, Any]:
@@ -129,9 +131,7 @@ def _check_unshown_writeback(data: dict[str, Any], warnings: list[Warning_]) -> 
     from potato_queue.runs.gate import potato_cannot_show
 
     listed = _raw_mapping(_raw_mapping(data.get("model_training")).get("writeback")).get("schemas")
-    by_name = {
-        str(s.get("name")): s for s in with_rows(_raw_list(data.get("annotation_schemes"))) if isinstance(s, dict)
-    }
+    by_name = _raw_schemes(data)
     for name in (str(x) for x in listed if str(x) in by_name) if isinstance(listed, list) else ():
         why = potato_cannot_show(by_name[name])
         if why:
@@ -165,9 +165,7 @@ def _check_references(data: dict[str, Any], config_path: str | os.PathLike[str],
                 f"model_training.budget.backends names {name!r}, which is no backend (configured: {', '.join(names)})"
             )
     _check_retrain_trainer(retrain, errors)
-    by_name = {
-        str(s.get("name")): s for s in with_rows(_raw_list(data.get("annotation_schemes"))) if isinstance(s, dict)
-    }
+    by_name = _raw_schemes(data)
     schemes = list(by_name)
     writeback = _raw_mapping(mt.get("writeback"))
     for path, listed in (
@@ -232,23 +230,25 @@ def check_data(data: dict[str, Any], config_path: str | os.PathLike[str]) -> Rep
     except ValidationError as exc:
         cfg = None
         report.errors.extend(_type_errors(exc))
+    items = None
     if cfg is not None and not report.errors:
         from potato_queue.bundle.item_keys import check_items  # numpy's import, only for a config worth it
 
-        items = check_items(cfg)  # the data files against id_key and text_key, as a run's bundle reads them
-        report.errors.extend(items.errors)
-        found.extend(Warning_(text) for text in items.warnings)
+        checked = check_items(cfg)  # the data files against id_key and text_key, as a run's bundle reads them
+        report.errors.extend(checked.errors)
+        found.extend(Warning_(text) for text in checked.warnings)
+        items = checked.items
     _acknowledge((validation or {}).get("acknowledge"), found, backends, report)
     if cfg is None:
         return report
     if not report.errors:
-        _check_retrain_fit(cfg, report.errors)
+        _check_retrain_fit(cfg, report.errors, items)
     if not report.errors:
         report.config = cfg
     return report
 
 
-def _check_retrain_fit(config: ProjectConfig, errors: list[str]) -> None:
+def _check_retrain_fit(config: ProjectConfig, errors: list[str], items: dict[str, Any] | None) -> None:
     """An auto_retrain trainer that cannot train what it is given: auto_retrain.schemas of a kind it does not
     declare, or items of a modality it does not (a text trainer on images); every auto run would be refused."""
     from potato_queue.bundle import project_modality, schema_kind
@@ -258,7 +258,7 @@ def _check_retrain_fit(config: ProjectConfig, errors: list[str]) -> None:
     info = trainer_info(str(retrain.trainer)) if retrain.enabled and retrain.trainer else None
     if info is None:
         return
-    modality = project_modality(config, list(retrain.schemas) or None)
+    modality = project_modality(config, list(retrain.schemas) or None, items)
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
     for name in (n for n in retrain.schemas if n in by_name):
         kind = schema_kind(by_name[name])

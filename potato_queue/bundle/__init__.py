@@ -27,16 +27,14 @@ from potato_queue.bundle.aggregate import (
     resolve_references,
 )
 from potato_queue.bundle.annotations import Annotations, count_annotations, no_cycle_collection, read_annotations
-from potato_queue.bundle.modality import item_media, items_modality, media_source
+from potato_queue.bundle.modality import is_remote, item_media, items_modality, media_source
 from potato_queue.bundle.read import (
-    answer_field,
-    pair_key,
     read_items,
     schema_kind,
     schema_names,
     target_schemas,
 )
-from potato_queue.bundle.remote_media import fetch_images, is_remote
+from potato_queue.bundle.remote_media import fetch_images
 from potato_queue.bundle.write import (
     BUNDLE_VERSION,
     DEFAULT_SPLITS,
@@ -51,7 +49,7 @@ from potato_queue.bundle.write import (
 )
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
-from potato_queue.schemes import stored_under
+from potato_queue.schemes import pair_key, stored_field, stored_under
 from potato_queue.store.keys import media_cache_dir
 
 __all__ = [
@@ -91,7 +89,8 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
     targets, labels = all_targets(references, kinds)
     if not targets:  # Potato refuses when nobody answered; nothing to train on is refused too
         raise no_labels_error(config, len(items), found, names)
-    source, shown_as_image = media_source(config, [by_name[n] for n in names])
+    schemes = [by_name[n] for n in names]
+    source, shown_as_image = media_source(config, schemes)
     build = BundleBuild(
         out_dir=out_dir,
         text_key=config.item_properties.text_key,
@@ -99,12 +98,12 @@ def _build(config: ProjectConfig, out_dir: Path, names: list[str]) -> dict[str, 
         task_dir=os.path.normpath(os.path.join(config.config_path.parent, os.path.expanduser(config.task_dir))),
         media_directory=str((config.model_extra or {}).get("media_directory") or "media"),
         source_field=source,
-        pair_key=next((key for name in names if (key := pair_key(by_name[name]))), None),
+        pair_key=next((key for scheme in schemes if (key := pair_key(scheme))), None),
         shown_as_image=shown_as_image,
     )
     refuse_textless(config, build, items, targets)
     labelled = {iid: items[iid] for iid in targets}
-    if items_modality(config, [by_name[n] for n in names], labelled) == "image":  # the manifest's rule: its rows
+    if items_modality(config, schemes, labelled) == "image":  # the manifest's rule: its rows
         build.fetched = fetch_remote_images(config, build, items if training.writeback.include_unlabeled else labelled)
     prepare_out_dir(out_dir)
     answered = answered_items(found, items)
@@ -126,7 +125,7 @@ def as_stored(found: Annotations, by_name: dict[str, Any], names: Sequence[str])
     fields = {
         name: (stored_under(by_name[name]), field, pair_key(by_name[name]) is not None)
         for name in names
-        if name in by_name and (field := answer_field(by_name[name]))
+        if name in by_name and (field := stored_field(by_name[name]))
     }
     if fields:
         pick_answers(found, fields, {name: schema_kind(by_name[name]) for name in fields})
@@ -159,13 +158,15 @@ def fetch_remote_images(config: ProjectConfig, build: BundleBuild, items: dict[s
     return fetched.files
 
 
-def project_modality(config: ProjectConfig, schemas: Sequence[str] | None = None) -> str:
-    """What a run of `schemas` trains on (text, image, ...), from the config and its items, before any bundle
-    is built: what a trainer's modalities are checked against."""
+def project_modality(
+    config: ProjectConfig, schemas: Sequence[str] | None = None, items: dict[str, Any] | None = None
+) -> str:
+    """What a run of `schemas` trains on (text, image, ...), from the config and its items (read here unless
+    given), before any bundle is built: what a trainer's modalities are checked against."""
     by_name = {str(s.get("name")): s for s in config.annotation_schemes}
     chosen = [by_name[n] for n in (schemas if schemas is not None else target_schemas(config)) if n in by_name]
     try:
-        items = read_items(config)
+        items = read_items(config) if items is None else items
     except PotatoQueueError:
         return "text"  # a missing data file: the bundle's build says so, with its fix
     return items_modality(config, chosen, items)

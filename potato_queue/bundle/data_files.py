@@ -154,19 +154,18 @@ def _delimited_records(data_file: DataFile) -> Iterator[dict[str, str]]:
     else:
         reader = csv.reader(io.StringIO(text, newline=""), delimiter=",")
     try:
-        header = next(reader)
-    except StopIteration:
-        return
+        yield from _rows_of(data_file, reader)
     except csv.Error as exc:
         raise _csv_error(data_file, reader.line_num, exc) from None
+
+
+def _rows_of(data_file: DataFile, reader: Any) -> Iterator[dict[str, str]]:
+    """The rows after the header, keyed by it; short rows padded, blank ones skipped, long ones refused."""
+    header = next(reader, None)
+    if header is None:
+        return
     width = len(header)
-    while True:
-        try:
-            row = next(reader)
-        except StopIteration:
-            return
-        except csv.Error as exc:
-            raise _csv_error(data_file, reader.line_num, exc) from None
+    for row in reader:
         if len(row) == width and (width > 1 or row != [""]):  # nearly every row: nothing to pad or skip
             yield dict(zip(header, row, strict=True))
             continue
@@ -175,7 +174,7 @@ def _delimited_records(data_file: DataFile) -> Iterator[dict[str, str]]:
         if len(row) > width:
             raise DataFileError(
                 f"data file {data_file.path}: the row at line {reader.line_num} has {len(row)} cells and the "
-                f"header has {len(header)}, and Potato refuses the whole file",
+                f"header has {width}, and Potato refuses the whole file",
                 fix='quote a cell that holds the separator ("a, b"), or remove the extra cells',
             )
         yield dict(zip(header, row + [""] * (width - len(row)), strict=True))

@@ -14,26 +14,24 @@ from collections.abc import Mapping
 from typing import Any
 
 from potato_queue.bundle.data_files import DataFileError
-from potato_queue.bundle.modality import item_media, media_source
-from potato_queue.bundle.read import pair_key, read_items
+from potato_queue.bundle.modality import item_media, item_pair, item_text, media_source
+from potato_queue.bundle.read import read_items
 from potato_queue.config import ProjectConfig
+from potato_queue.schemes import pair_key
 
-__all__ = ["ItemCheck", "check_items", "item_text"]
+__all__ = ["ItemCheck", "check_items"]
 
 _FIELDS_SHOWN = 8
 
 
 class ItemCheck:
-    """What the items say: errors (no run could train) and warnings (runs would train on little)."""
+    """What the items say: errors (no run could train) and warnings (runs would train on little); the items,
+    where they could be read (validate's other checks read them from here, not from the files again)."""
 
     def __init__(self) -> None:
         self.errors: list[str] = []
         self.warnings: list[str] = []
-
-
-def item_text(item: Mapping[str, Any], text_key: str) -> str:
-    """An item's text as Potato's bundle writes it (a missing or empty field is "")."""
-    return str(item.get(text_key, "") or "")
+        self.items: dict[str, dict[str, Any]] | None = None
 
 
 def _fields(item: Mapping[str, Any]) -> str:
@@ -47,7 +45,7 @@ def check_items(config: ProjectConfig) -> ItemCheck:
     if not config.data_paths():
         return check
     try:
-        items = read_items(config)
+        items = check.items = read_items(config)
     except DataFileError as exc:
         check.errors.append(f"{exc.message}; fix: {exc.fix}" if exc.fix else exc.message)
         return check
@@ -57,7 +55,7 @@ def check_items(config: ProjectConfig) -> ItemCheck:
     source, _ = media_source(config, config.annotation_schemes)
     with_media = sum(1 for item in items.values() if item_media(item, source))
     pairs = {key for scheme in config.annotation_schemes if (key := pair_key(scheme))}
-    with_pair = sum(1 for item in items.values() if any(isinstance(item.get(key), list) for key in pairs))
+    with_pair = sum(1 for item in items.values() if any(item_pair(item, key) for key in pairs))
     if max(with_media, with_pair) >= len(items) / 2:
         return check  # media items, or pairs to compare: the text field is optional
     empty = sum(1 for item in items.values() if not item_text(item, text_key).strip())

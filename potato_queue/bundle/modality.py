@@ -15,7 +15,17 @@ from typing import Any
 
 from potato_queue.config import ProjectConfig
 
-__all__ = ["MEDIA_KEYS", "displayed_image_field", "item_media", "items_modality", "detect_modality", "media_source"]
+__all__ = [
+    "MEDIA_KEYS",
+    "displayed_image_field",
+    "is_remote",
+    "item_media",
+    "item_pair",
+    "item_text",
+    "items_modality",
+    "detect_modality",
+    "media_source",
+]
 
 Row = dict[str, Any]
 
@@ -67,15 +77,31 @@ def media_source(config: ProjectConfig, schemes: Sequence[Mapping[str, Any]]) ->
     return (str(source) if source else shown), bool(shown) and (not source or source == shown)
 
 
+def item_text(item: Mapping[str, Any], text_key: str) -> str:
+    """An item's text as Potato's bundle writes it (a missing or empty field is "")."""
+    return str(item.get(text_key, "") or "")
+
+
+def item_pair(item: Mapping[str, Any], pair_key: str | None) -> list[str] | None:
+    """The two texts a pairwise scheme compares (the item's `pair_key` field, a list), or None."""
+    found: Any = item.get(pair_key) if pair_key else None
+    if hasattr(found, "tolist") and not isinstance(found, str):  # a Parquet list column: a numpy array
+        found = found.tolist()
+    if isinstance(found, (list, tuple)) and len(found) >= 2:
+        return [str(found[0]), str(found[1])]
+    return None
+
+
+def is_remote(reference: str) -> bool:
+    """Whether a media reference is a web address (else a path under the project)."""
+    return reference.startswith(("http://", "https://"))
+
+
 def item_media(item: Row, source_field: str | None) -> str | None:
     """The media an item names (its scheme's source_field, else the first of Potato's media keys), if any."""
     if not (source_field and item.get(source_field)) and _MEDIA_KEY_SET.isdisjoint(item):
         return None  # most items: text alone
     return next((str(item[k]) for k in (source_field, *MEDIA_KEYS) if k and item.get(k)), None)
-
-
-def _remote(ref: str) -> bool:
-    return ref.startswith(("http://", "https://"))
 
 
 def _names_image(row: Row, shown_as_image: bool) -> bool:
@@ -86,13 +112,13 @@ def _names_image(row: Row, shown_as_image: bool) -> bool:
         return True
     text = str(row.get("text") or "").strip()
     # A remote image on an item that shows text does not make the corpus images.
-    if _remote(ref) and text and text != ref:
+    if is_remote(ref) and text and text != ref:
         return False
     path = ref.lower().split("?")[0].split("#")[0]
     if path.endswith(_IMAGE_SUFFIXES):
         return True
     last = path.rstrip("/").rsplit("/", 1)[-1]
-    return _remote(ref) and "." not in last  # a web address with no extension, on an item that shows only it
+    return is_remote(ref) and "." not in last  # a web address with no extension, on an item that shows only it
 
 
 def detect_modality(schemes: Sequence[Mapping[str, Any]], rows: Sequence[Row], shown_as_image: bool = False) -> str:
@@ -109,5 +135,5 @@ def items_modality(config: ProjectConfig, schemes: Sequence[Mapping[str, Any]], 
     over every item, where a bundle reads its labelled rows."""
     source, shown = media_source(config, schemes)
     text_key = config.item_properties.text_key
-    rows = [{"text": str(item.get(text_key, "") or ""), "media": item_media(item, source)} for item in items.values()]
+    rows = [{"text": item_text(item, text_key), "media": item_media(item, source)} for item in items.values()]
     return detect_modality(schemes, rows, shown)

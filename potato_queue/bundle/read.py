@@ -15,7 +15,7 @@ from potato_queue.bounds import clean
 from potato_queue.bundle.data_files import DataFile, DataFileError, UncleanDecoder, data_files, file_items
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import PotatoQueueError
-from potato_queue.schemes import kind_of_type, pairwise_mode, refusal, refusal_text, stored_field
+from potato_queue.schemes import kind_of_type, pairwise_mode, refusal, refusal_text
 
 # The public names, then what the other stages of the bundle use.
 __all__ = [
@@ -26,9 +26,6 @@ __all__ = [
     "target_schemas",
     "read_items",
     "schema_names",
-    "answer_field",
-    "pair_key",
-    "pairwise_mode",
 ]
 
 Row = dict[str, Any]
@@ -38,18 +35,6 @@ Answers = dict[str, Any]  # {schema: value_map}, one annotator's or the agreed o
 def schema_kind(scheme: Mapping[str, Any]) -> str:
     """Potato's kind of one annotation scheme ("unsupported" when unknown): schemes/annotation_types.py's table."""
     return kind_of_type(scheme)
-
-
-def answer_field(scheme: Mapping[str, Any]) -> str | None:
-    """The name under which a scheme stores its answer as a value (a pairwise "selection", a triage
-    "decision", a vas's own name), else None: read as a label map, every answer would be that name (Potato
-    2.12's own bundle trains pairwise on the label "selection")."""
-    return stored_field(scheme)
-
-
-def pair_key(scheme: Mapping[str, Any]) -> str | None:
-    """The item field a pairwise scheme compares (its `items_key`, Potato's default `text`), else None."""
-    return str(scheme.get("items_key") or "text") if pairwise_mode(scheme) else None
 
 
 def _number(scheme: Mapping[str, Any], *keys: str) -> float | None:

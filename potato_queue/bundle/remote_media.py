@@ -24,7 +24,7 @@ from pathlib import Path
 
 from potato_queue.wire.files import write_atomic
 
-__all__ = ["FetchLimits", "Fetched", "fetch_images", "is_remote"]
+__all__ = ["FetchLimits", "Fetched", "fetch_images"]
 
 _SUFFIX_OF_TYPE = {
     "image/jpeg": ".jpg",
@@ -56,10 +56,6 @@ class Fetched:
     files: dict[str, Path] = field(default_factory=dict)
     failed: dict[str, str] = field(default_factory=dict)
     n_fetched: int = 0
-
-
-def is_remote(reference: str) -> bool:
-    return reference.startswith(("http://", "https://"))
 
 
 def _cached(cache_dir: Path, url: str) -> Path | None:

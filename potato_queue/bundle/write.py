@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from potato_queue.bundle.modality import detect_modality, item_media
+from potato_queue.bundle.modality import detect_modality, is_remote, item_media, item_pair, item_text
 from potato_queue.bundle.read import Answers, Row, scheme_scale
 from potato_queue.config import ModelTrainingConfig, ProjectConfig
 from potato_queue.errors import PotatoQueueError
@@ -138,7 +138,7 @@ class BundleBuild:
 
 def _link_media(build: BundleBuild, reference: str) -> str | None:
     """Symlink a media file into media/ (copy where links fail): its bundle path; None when missing."""
-    if reference.startswith(("http://", "https://")):
+    if is_remote(reference):
         if build.fetched is None:
             return reference  # not an image run: Potato's way, the address as it is
         if reference not in build.fetched:
@@ -170,20 +170,11 @@ def pair_text(prompt: str, pair: Sequence[str]) -> str:
     return (f"{prompt}\n\n" if prompt else "") + f"A: {pair[0]}\n\nB: {pair[1]}"
 
 
-def _pair(build: BundleBuild, item: Row) -> list[str] | None:
-    found: Any = item.get(build.pair_key) if build.pair_key else None
-    if hasattr(found, "tolist") and not isinstance(found, str):  # a Parquet list column: a numpy array
-        found = found.tolist()
-    if isinstance(found, (list, tuple)) and len(found) >= 2:
-        return [str(found[0]), str(found[1])]
-    return None
-
-
 def _row(build: BundleBuild, iid: str, item: Row, targets: Answers | None) -> Row:
     """A bundle row, keys in Potato's order: instance_id, text, targets, then media or media_missing; a pairwise
     run's row carries its two texts as `pair` (after targets), and its text says both."""
-    row: Row = {"instance_id": iid, "text": str(item.get(build.text_key, "") or "")}
-    pair = _pair(build, item)
+    row: Row = {"instance_id": iid, "text": item_text(item, build.text_key)}
+    pair = item_pair(item, build.pair_key)
     if pair is not None:
         row["text"] = pair_text("" if build.text_key == build.pair_key else row["text"], pair)
     if targets is not None:
@@ -225,8 +216,11 @@ def refuse_textless(
     nothing to learn from (scikit-learn says `empty vocabulary`, a fine-tune learns the label prior)."""
 
     def has_input(item: Row) -> bool:
-        text = item.get(build.text_key, "")
-        return bool(str(text or "").strip() or _pair(build, item) or item_media(item, build.source_field))
+        return bool(
+            item_text(item, build.text_key).strip()
+            or item_pair(item, build.pair_key)
+            or item_media(item, build.source_field)
+        )
 
     if labelled and not any(has_input(items[iid]) for iid in labelled):
         text_key = config.item_properties.text_key

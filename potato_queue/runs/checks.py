@@ -18,7 +18,8 @@ from typing import Any
 
 __all__ = ["MAX_SPANS_PER_ITEM", "value_problem"]
 
-#: The most spans one prediction for one item may hold; a documented cap (docs/potato-prelabels.md).
+#: The most spans (or set entries) one prediction for one item may hold, the gate's cap before any other check
+#: (docs/potato-prelabels.md).
 MAX_SPANS_PER_ITEM = 1000
 
 
@@ -74,9 +75,7 @@ def _span_problem(entry: Any, labels: set[str], text_length: int | None) -> str 
 
 
 def _spans(payload: Any, labels: set[str], text_length: int | None) -> str | None:
-    entries = payload if isinstance(payload, list) else [payload]
-    if len(entries) > MAX_SPANS_PER_ITEM:
-        return f"{len(entries)} spans for one item; at most {MAX_SPANS_PER_ITEM} are taken"
+    entries = payload if isinstance(payload, list) else [payload]  # their number the gate capped already
     seen = set()
     for entry in entries:
         problem = _span_problem(entry, labels, text_length)

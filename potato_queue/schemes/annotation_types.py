@@ -24,6 +24,7 @@ __all__ = [
     "SCHEMA_TYPES",
     "SCHEME_NAME",
     "kind_of_type",
+    "pair_key",
     "pairwise_mode",
     "refusal",
     "refusal_text",
@@ -197,9 +198,9 @@ def with_rows(schemes: list[Any]) -> list[Any]:
     out = []
     for scheme in schemes:
         out.append(scheme)
-        labels = scheme.get("labels") if isinstance(scheme, Mapping) else None
         if not isinstance(scheme, Mapping) or _type(scheme) != "multirate" or not scheme.get("name"):
             continue
+        labels = scheme.get("labels")
         if not isinstance(labels, list):
             continue  # a multirate without its rating scale: validate says what is wrong with it
         for row in _row_names(scheme):
@@ -226,6 +227,18 @@ def pairwise_mode(scheme: Mapping[str, Any]) -> str | None:
     return str(scheme.get("mode") or "binary").strip().lower()
 
 
+def _pairwise(scheme: Mapping[str, Any]) -> tuple[str, str | None, str | None] | None:
+    """A pairwise scheme's (kind, stored field, refusal) by its widget (an unknown mode is binary's); None for
+    any other scheme."""
+    mode = pairwise_mode(scheme)
+    return None if mode is None else _PAIRWISE.get(mode, _PAIRWISE["binary"])
+
+
+def pair_key(scheme: Mapping[str, Any]) -> str | None:
+    """The item field a pairwise scheme compares (its `items_key`, Potato's default `text`), else None."""
+    return str(scheme.get("items_key") or "text") if pairwise_mode(scheme) else None
+
+
 def kind_of_type(scheme: Mapping[str, Any]) -> str:
     """Potato's kind of one scheme, by classify_schema's rules ("unsupported" for a type Potato lacks)."""
     atype = _type(scheme)
@@ -235,10 +248,8 @@ def kind_of_type(scheme: Mapping[str, Any]) -> str:
         return "nominal"  # capped at one choice, it stores one label
     if atype == "confidence" and scheme.get("scale_type") == "slider":
         return "continuous"
-    mode = pairwise_mode(scheme)
-    if mode is not None:  # one type name, three widgets that store different shapes
-        return _PAIRWISE.get(mode, _PAIRWISE["binary"])[0]
-    return kind
+    pairwise = _pairwise(scheme)  # one type name, three widgets that store different shapes
+    return pairwise[0] if pairwise is not None else kind
 
 
 def stored_field(scheme: Mapping[str, Any]) -> str | None:
@@ -248,9 +259,9 @@ def stored_field(scheme: Mapping[str, Any]) -> str | None:
     row_of = scheme.get(ROW_OF)
     if isinstance(row_of, Mapping):
         return str(row_of.get("row"))
-    mode = pairwise_mode(scheme)
-    if mode is not None:
-        return _PAIRWISE.get(mode, _PAIRWISE["binary"])[1]
+    pairwise = _pairwise(scheme)
+    if pairwise is not None:
+        return pairwise[1]
     found = SCHEMA_TYPES.get(_type(scheme))
     field = found.field if found is not None else None
     return str(scheme.get("name")) if field == SCHEME_NAME else field
@@ -259,9 +270,9 @@ def stored_field(scheme: Mapping[str, Any]) -> str | None:
 def refusal(scheme: Mapping[str, Any]) -> str | None:
     """Why no run trains this scheme, in words (None: it is trained)."""
     atype = _type(scheme)
-    mode = pairwise_mode(scheme)
-    if mode is not None:
-        return _PAIRWISE.get(mode, _PAIRWISE["binary"])[2]
+    pairwise = _pairwise(scheme)
+    if pairwise is not None:
+        return pairwise[2]
     found = SCHEMA_TYPES.get(atype)
     if found is None:
         return f"Potato 2.12 has no annotation type {atype!r}" if atype else "it has no annotation_type"
