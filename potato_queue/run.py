@@ -90,6 +90,7 @@ class RunRecord(TypedDict, total=False):
     retried_by: str  # a run that was retried: its retry
     rerun_of: str  # a re-run: the run whose bundle, params and seed it runs again (runs/rerun.py)
     gpu_usage: dict[str, Any]  # lab/usage.py: what the agent measured of its GPUs (GPU-seconds, Wh, busy %)
+    usage_struck: dict[str, Any]  # runs/budget.py: the admin struck its use from the budget ({at, reason, ...})
     hub: dict[str, Any]  # its publish to the Hugging Face Hub: state, repo_id, private, url, revision, error
     # Laid over the record from Redis while the run is not final (RunStore.get):
     step: str | None

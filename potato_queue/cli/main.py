@@ -76,6 +76,7 @@ _commands(
     runs.rerun,
     runs.logs,
     runs.bundle,
+    runs.budget,
     insight.compare,
     insight.next_,
     insight.quality,

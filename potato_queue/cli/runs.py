@@ -1,4 +1,4 @@
-"""`potato-queue training run | runs | cancel | retry | rerun | rater | logs | bundle`: a project's runs from the command line,
+"""`potato-queue training run | runs | cancel | retry | rerun | rater | logs | bundle | budget`: a project's runs from the command line,
 through the same RunService as the API."""
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from potato_queue.cli.options import (
     store_for,
 )
 
-__all__ = ["run", "runs", "cancel", "retry", "rerun", "rater", "logs", "bundle"]
+__all__ = ["run", "runs", "cancel", "retry", "rerun", "rater", "logs", "bundle", "budget"]
 
 
 @click.command()
@@ -191,3 +191,27 @@ def bundle(config: Path, out: Path, schemas: tuple[str, ...]) -> None:
         click.echo(f"warning: {text}")
     click.echo(f"digest: {manifest['digest']}")
     click.echo(f"written to {out.resolve()}")
+
+
+@click.command()
+@CONFIG
+@REDIS
+@click.option("--strike", "strike_run", default=None, metavar="RUN_ID", help="Strike an ended run's GPU use.")
+@click.option("--reason", default=None, help="Why the struck run's use counts toward no budget (with --strike).")
+def budget(config: Path, redis_url: str, strike_run: str | None, reason: str | None) -> None:
+    """The month's GPU budget: what each cap used and has left; --strike RUN_ID --reason TEXT takes a run's use
+    out of every budget (a host that sent figures no run could use), recorded in the run."""
+    from potato_queue.runs.budget import budget_standing
+
+    service = runs_for(config, redis_url)
+    if strike_run is not None:
+        struck = service.strike_usage(strike_run, reason or "")
+        click.echo(
+            f"{strike_run}: its GPU use ({struck['gpu_hours']:.3g} GPU-hours, {struck['kwh']:.3g} kWh) counts "
+            f"toward no budget now: {struck['reason']}"
+        )
+    caps = budget_standing(service.config, service.store)["caps"]
+    for cap in caps:
+        click.echo(f"budget: {cap['said']}")
+    if not caps:
+        click.echo("budget: the project sets no cap (model_training.budget)")

@@ -3,8 +3,11 @@
 A cap is the project's (every backend's runs) or one backend's, per calendar month in UTC. What a month has
 used is its runs' measured use (lab/usage.py), a run in flight counting what it has used so far. A new run
 is refused before it starts when used + its estimate would pass a cap; its estimate is the mean of the last
-runs of its trainer on its backend that reported their use, or, with none, max_wall_seconds on one GPU
-(energy then has no estimate: no run has said what this trainer draws). runs/budget.py reads the records.
+runs of its trainer on its backend that reported their use in the last ESTIMATE_MONTHS months, or, with none,
+max_wall_seconds on one GPU (energy then has no estimate: no run has said what this trainer draws). A run whose
+use is past max_wall_seconds on its GPUs is left out of an estimate (an outlier, or a figure from before the
+bounds). A run whose use the admin struck (`usage_struck`: `training budget --strike`) counts nothing.
+runs/budget.py reads the records.
 """
 
 from __future__ import annotations
@@ -29,10 +32,14 @@ __all__ = [
     "held",
     "over",
     "standing",
+    "counted",
+    "estimate_since",
     "ESTIMATE_RUNS",
+    "ESTIMATE_MONTHS",
 ]
 
 ESTIMATE_RUNS = 5  # the last this many measured runs of a trainer on a backend make its estimate
+ESTIMATE_MONTHS = 3  # ... of this month and the two before: a trainer's older runs say little of it today
 UNITS = {"gpu_hours": "GPU-hours", "kwh": "kWh"}
 
 
@@ -82,8 +89,25 @@ def month_words(month: str) -> str:
     return datetime.strptime(month, "%Y-%m").strftime("%B %Y")
 
 
+def estimate_since(month: str) -> str:
+    """`20261001`: the first day of the oldest month an estimate reads runs of (a run id starts with its date)."""
+    year, number = (int(part) for part in month.split("-"))
+    index = year * 12 + number - 1 - (ESTIMATE_MONTHS - 1)
+    return f"{index // 12:04d}{index % 12 + 1:02d}01"
+
+
+def counted(record: Mapping[str, Any]) -> bool:
+    """Whether the run's use counts toward a budget: not when the admin struck it."""
+    return not record.get("usage_struck")
+
+
 def _amount(unit: str, usage: Mapping[str, Any] | None) -> float:
     return gpu_hours(usage) if unit == "gpu_hours" else energy_kwh(usage)
+
+
+def _plausible(usage: Mapping[str, Any], max_wall_s: float | None) -> bool:
+    """A run's use an estimate may learn from: at most max_wall_seconds on its GPUs (no bound without it)."""
+    return not max_wall_s or gpu_hours(usage) <= max_wall_s * max(1, len(usage.get("gpus") or [])) / 3600
 
 
 def used(cap: Cap, month_records: Iterable[Mapping[str, Any]]) -> float:
@@ -91,13 +115,14 @@ def used(cap: Cap, month_records: Iterable[Mapping[str, Any]]) -> float:
     return sum(
         _amount(cap.unit, r.get("gpu_usage"))
         for r in month_records
-        if cap.backend is None or r.get("backend") == cap.backend
+        if (cap.backend is None or r.get("backend") == cap.backend) and counted(r)
     )
 
 
 def estimate(recent: Iterable[Mapping[str, Any]], trainer: str, backend: str, max_wall_s: float | None) -> Estimate:
-    """A new run's use, from the newest-first `recent` records: the ended runs of its trainer on its backend
-    that reported their use (a run in flight has used only part of its)."""
+    """A new run's use, from the newest-first `recent` records (ESTIMATE_MONTHS' worth: runs/budget.py): the
+    ended runs of its trainer on its backend that reported a plausible use (a run in flight has used only part
+    of its)."""
     measured = [
         r["gpu_usage"]
         for r in recent
@@ -105,6 +130,8 @@ def estimate(recent: Iterable[Mapping[str, Any]], trainer: str, backend: str, ma
         and r.get("backend") == backend
         and r.get("state") in FINAL_STATES
         and isinstance(r.get("gpu_usage"), Mapping)
+        and counted(r)
+        and _plausible(r["gpu_usage"], max_wall_s)
     ][:ESTIMATE_RUNS]
     if measured:
         n = len(measured)
@@ -132,6 +159,8 @@ def held(
     total, count = 0.0, 0
     for r in month_records:
         if r.get("state") in FINAL_STATES or (cap.backend is not None and r.get("backend") != cap.backend):
+            continue
+        if not counted(r):
             continue
         guess = estimate(recent, str(r.get("trainer")), str(r.get("backend")), max_wall_s).of(cap.unit)
         total += max(0.0, guess - _amount(cap.unit, r.get("gpu_usage")))

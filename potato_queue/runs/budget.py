@@ -10,16 +10,19 @@ from typing import Any
 import redis
 
 from potato_queue.config import ProjectConfig
-from potato_queue.errors import Conflict
-from potato_queue.lab.budget import caps, month_of, over, standing
-from potato_queue.run import RunRecord
+from potato_queue.errors import Conflict, Invalid
+from potato_queue.lab.budget import caps, estimate_since, month_of, month_words, over, standing
+from potato_queue.lab.usage import energy_kwh, gpu_hours
+from potato_queue.run import FINAL_STATES, RunRecord
 from potato_queue.store import RunStore
 from potato_queue.store.lease import LEASE_TTL_S
+from potato_queue.store.records import utc_now
 
-__all__ = ["check_budget", "budget_checked", "budget_standing", "RECENT_RUNS"]
+__all__ = ["check_budget", "budget_checked", "budget_standing", "strike_usage", "RECENT_RUNS", "MAX_REASON_CHARS"]
 
 # The newest runs an estimate looks through for its trainer's on its backend.
 RECENT_RUNS = 200
+MAX_REASON_CHARS = 500  # why a run's use was struck: a sentence, kept in its record
 
 
 def _records(store: RunStore, ids: list[str]) -> list[RunRecord]:
@@ -37,10 +40,12 @@ def _records(store: RunStore, ids: list[str]) -> list[RunRecord]:
 
 
 def _month(store: RunStore) -> tuple[str, list[str], list[str]]:
-    """(the month, its run ids, the newest run ids, newest first): a run id starts with its UTC date."""
+    """(the month, its run ids, the newest run ids of the months an estimate reads, newest first): a run id
+    starts with its UTC date."""
     month = month_of(store.clock.now_s())
-    ids = store.run_ids()
-    return month, [i for i in ids if i.startswith(month.replace("-", ""))], list(reversed(ids[-RECENT_RUNS:]))
+    ids, since = store.run_ids(), estimate_since(month)
+    recent = [i for i in ids[-RECENT_RUNS:] if i[:8] >= since]
+    return month, [i for i in ids if i.startswith(month.replace("-", ""))], list(reversed(recent))
 
 
 def _month_and_recent(store: RunStore) -> tuple[str, list[RunRecord], list[RunRecord]]:
@@ -95,3 +100,41 @@ def budget_standing(config: ProjectConfig, store: RunStore) -> dict[str, Any]:
         return {"month": None, "caps": []}
     month, month_ids, _ = _month(store)
     return {"month": month, "caps": standing(all_caps, _records(store, month_ids), month)}
+
+
+def strike_usage(store: RunStore, record: RunRecord, reason: str) -> dict[str, Any]:
+    """Strike an ended run's GPU use from every budget (the admin's word that it was not real use: a host that
+    sent figures no run could use, a test), said in its record (`usage_struck`) and run.log. Invalid for no
+    reason; Conflict for a run not ended or struck already."""
+    run_id, reason = record["run_id"], " ".join(reason.split())
+    if not reason or len(reason) > MAX_REASON_CHARS:
+        raise Invalid(
+            f"A strike needs its reason, in at most {MAX_REASON_CHARS} characters (got {len(reason)})",
+            fix='say why, e.g. --reason "the host sent figures no run could use"',
+        )
+    if record["state"] not in FINAL_STATES:
+        raise Conflict(
+            f"Run {run_id} is {record['state']}: only an ended run's use can be struck",
+            fix=f"wait for it to end, or cancel it (potato-queue training cancel {run_id}), then strike it",
+        )
+    if record.get("usage_struck"):
+        raise Conflict(
+            f"Run {run_id}'s GPU use was struck already, at {record['usage_struck']['at']}: "
+            f"{record['usage_struck']['reason']}",
+            fix="nothing to do: it counts toward no budget",
+        )
+    usage = record.get("gpu_usage")
+    struck = {
+        "at": utc_now(store.clock),
+        "reason": reason,
+        "gpu_hours": round(gpu_hours(usage), 6),
+        "kwh": round(energy_kwh(usage), 6),
+    }
+    store.update(run_id, usage_struck=struck)
+    month = month_words(f"{run_id[:4]}-{run_id[4:6]}")
+    store.log(
+        run_id,
+        f"the run's GPU use ({struck['gpu_hours']:.3g} GPU-hours, {struck['kwh']:.3g} kWh) was struck from "
+        f"the budget of {month}: {reason}",
+    )
+    return struck

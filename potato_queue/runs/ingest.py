@@ -28,8 +28,9 @@ from potato_queue.bounds import (
     shortened,
 )
 from potato_queue.lab.events import PREEMPTED
-from potato_queue.lab.usage import usage_of
+from potato_queue.lab.usage import usage_of, within_run
 from potato_queue.store import RunStore
+from potato_queue.store.records import epoch_of
 
 __all__ = [
     "ingest_events",
@@ -61,6 +62,8 @@ def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) ->
         with open(paths.events, "a", encoding="utf-8") as fh:
             fh.write(text)
     live, metrics, lines = summarize(kept)
+    if "gpu_usage" in live:
+        _usage_within_run(store, run_id, live, lines)
     for name in store.in_flight.record_batch(run_id, live, metrics):
         problems.append(
             f"metric {_shown(name)}: the run has {MAX_METRICS_PER_RUN} metric names already, the most "
@@ -78,6 +81,19 @@ def ingest_events(store: RunStore, run_id: str, events: list[dict[str, Any]]) ->
             store.webhooks.tell(PREEMPTED, store.get(run_id))
         except (KeyError, OSError, ValueError):
             pass
+
+
+def _usage_within_run(store: RunStore, run_id: str, live: dict[str, str], lines: list[str]) -> None:
+    """The usage event's figures bounded by what the run could use since it started (lab/usage.within_run)."""
+    try:
+        started_s = epoch_of(store.read(run_id).get("started_at"))
+    except (KeyError, OSError, ValueError, TypeError):
+        started_s = None
+    now_s = store.clock.now_s()
+    usage, refused = within_run(json.loads(live["gpu_usage"]), now_s - (now_s if started_s is None else started_s))
+    live["gpu_usage"] = json.dumps(usage)
+    if refused:
+        lines.append(f"warning: the agent's GPU use was refused in part: {'; '.join(refused)}")
 
 
 def metric_name(event: dict[str, Any]) -> str:

@@ -147,6 +147,12 @@ class RunService:
         self.store.update(run_id, machine_annotator={"id": user, "removed": True})
         return user
 
+    def strike_usage(self, run_id: str, reason: str) -> dict[str, Any]:
+        """Strike an ended run's GPU use from every budget, saying why (runs/budget.py)."""
+        from potato_queue.runs.budget import strike_usage
+
+        return strike_usage(self.store, self.record(run_id), reason)
+
     def record(self, run_id: str) -> RunRecord:
         """The run's record with its live fields (NotFound when the project has no such run)."""
         return self._found(self.store.get, run_id)

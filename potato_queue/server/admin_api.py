@@ -204,6 +204,16 @@ def budget(request: Request) -> dict[str, Any]:
     return budget_standing(request.app.state.config, store_of(request))
 
 
+class StrikeBody(BaseModel):
+    reason: str = Field(min_length=1, max_length=500, description="why the run's use counts toward no budget")
+
+
+def strike_usage(run_id: str, body: StrikeBody, request: Request) -> dict[str, Any]:
+    """Strike an ended run's GPU use from every budget (a host that sent figures no run could use, a test run),
+    recorded in the run's record and run.log. 409: the run is not ended, or was struck already."""
+    return {"run_id": run_id, "usage_struck": runs_of(request).strike_usage(run_id, body.reason)}
+
+
 _UNKNOWN_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "no such run"}}
 
 
@@ -250,6 +260,12 @@ def admin_router() -> APIRouter:
     add("/predictions", predictions, methods=["GET"])
     add("/auto_retrain", auto_retrain, methods=["GET"])
     add("/budget", budget, methods=["GET"])
+    add(
+        "/runs/{run_id}/strike_usage",
+        strike_usage,
+        methods=["POST"],
+        responses=_refused("the run is not ended, or its use was struck already"),
+    )
     not_agent = {**_refused("not an agent backend"), 404: {"model": ErrorReply, "description": "no such backend"}}
     add("/backends/{backend}/drain", drain_backend, methods=["POST"], responses=not_agent)
     add("/backends/{backend}/drain", undrain_backend, methods=["DELETE"], responses=not_agent)

@@ -13,7 +13,7 @@ import pytest
 
 from potato_queue.agent.gpu_watch import GpuWatch, UsageMeter, idle_verdict, leftovers
 from potato_queue.host.nvidia_smi import GpuApp, GpuSample, parse_apps, parse_usage
-from potato_queue.lab.usage import usage_metrics, usage_of, usage_words
+from potato_queue.lab.usage import gpu_hours, usage_metrics, usage_of, usage_words, within_run
 from potato_queue.store.potato_ledger import potato_metrics
 from potato_queue.wire.job import GpuWatch as Settings
 from potato_queue.wire.job import Job
@@ -199,3 +199,23 @@ def test_a_meter_files_unknown_keys_are_left_out(tmp_path: Path) -> None:
 
     found = checked_usage({"gpus": [0], "gpu_seconds": 12.5, "kind": "forged", "event": "result"})
     assert found == {"gpus": [0], "gpu_seconds": 12.5}
+
+
+def test_use_past_what_the_run_could_use_is_refused_and_the_bound_counted() -> None:
+    """Issue 51: an agent's figures past its run's wall time on its GPUs (and 100 %, any GPU's memory) are
+    refused, each named; the budget then counts the bound, never 1e308."""
+    sent = {"gpus": ["0", "1"], "gpu_seconds": 1e308, "energy_wh": 50.0, "mean_utilization_pct": 400.0}
+    usage, refused = within_run(usage_of({**sent, "peak_memory_mb": -1.0, "samples": 3}), wall_s=540.0)
+    assert usage["gpu_seconds"] == 1200.0  # two GPUs for 540 s and the minute's slack
+    assert usage["energy_wh"] == 50.0 and usage["mean_utilization_pct"] is None
+    assert usage["peak_memory_mb"] is None  # negative: not a figure at all (usage_of)
+    assert refused == [
+        "gpu_seconds 1e+308 is over 1200, what 2 GPUs can use in 600 s: the bound 1200 is counted",
+        "mean_utilization_pct 400 is over 100, 100 %: it is left out",
+    ]
+    assert usage["refused"] == refused and gpu_hours(usage) == pytest.approx(1 / 3)
+    assert "refused from the agent: gpu_seconds 1e+308" in usage_words(usage)
+    honest = {"gpus": ["0"], "gpu_seconds": 500.0, "energy_wh": 40.0, "mean_utilization_pct": 90.0}
+    assert within_run(usage_of(honest), wall_s=500.0) == ({**usage_of(honest)}, [])
+    no_gpu = usage_of({"gpus": [], "why": "CPU only", "gpu_seconds": 1e308})
+    assert within_run(no_gpu, wall_s=0.0) == (no_gpu, [])

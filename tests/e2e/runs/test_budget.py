@@ -215,3 +215,61 @@ def test_an_estimate_counts_cpu_runs_as_no_gpu_and_energy_only_where_measured() 
         Cap("kwh", 3, None),
         Cap("gpu_hours", 9, "b"),
     ]
+
+
+LEGACY = {"gpus": ["0"], "gpu_seconds": 1e308, "energy_wh": 1e308}  # what an agent could record before issue 51
+
+
+def test_a_struck_runs_use_counts_toward_no_budget_and_the_strike_is_recorded(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    """A run whose record holds use no run could have (an agent's 1e308 GPU-seconds, recorded before the bounds)
+    locks the project out; the admin strikes it from the command line, and the project runs again. The API
+    answers the same strike; what cannot be struck is refused with the fix."""
+    config = make_project(tmp_path, max_wall_seconds=7200, budget={"gpu_hours_per_month": 3.5})
+    cfg = load_checked(config)
+    store = RunStore(cfg, redis.Redis.from_url(redis_server_url))
+    spent(store, new_run_id(datetime.now(timezone.utc) - timedelta(days=120)), {"gpus": ["0"], "gpu_seconds": 7000.0})
+    spent(store)
+    spent(store)
+    bad = spent(store, usage=LEGACY)
+    service = RunService(cfg, store, enqueue=lambda run_id: None)
+    with pytest.raises(Conflict) as refused:
+        service.submit(trainer="majority-baseline", schemas=["sentiment"])
+    # The outlier (past max_wall_seconds on its GPU) and the run of four months ago are no part of the estimate.
+    assert "2.78e+304 of 3.5 GPU-hours used" in refused.value.message
+    assert "estimated at 1 GPU-hours (the mean of the last 2 majority-baseline runs on local)" in refused.value.message
+
+    out = run_cli("training", "budget", config, "--strike", bad, "--reason", "the host sent 1e308 GPU-seconds")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert f"{bad}: its GPU use (2.78e+304 GPU-hours, 1e+305 kWh) counts toward no budget now" in out.stdout
+    assert "budget: the project: 2 of 3.5 GPU-hours used" in out.stdout
+    assert store.read(bad)["usage_struck"]["reason"] == "the host sent 1e308 GPU-seconds"
+    assert "was struck from the budget of " in store.paths(bad).run_log.read_text()
+    assert service.submit(trainer="majority-baseline", schemas=["sentiment"])["state"] == RunState.QUEUED
+
+    again = run_cli("training", "budget", config, "--strike", bad, "--reason", "twice")
+    assert again.returncode == 1 and f"Run {bad}'s GPU use was struck already" in again.stderr
+    no_reason = run_cli("training", "budget", config, "--strike", store.run_ids()[1])
+    assert no_reason.returncode == 1 and "A strike needs its reason" in no_reason.stderr
+    _strike_over_the_api(cfg, redis_server_url, store)
+
+
+def _strike_over_the_api(cfg: Any, redis_url: str, store: RunStore) -> None:
+    from fastapi.testclient import TestClient
+
+    from potato_queue.server.app import create_app
+
+    ended = store.run_ids()[1]
+    queued = store.run_ids()[-1]  # the run submitted above: not ended
+    with closing(TestClient(create_app(cfg, redis_url, enqueue=lambda run_id: None))) as client:
+
+        def strike(run_id: str) -> Any:
+            path = f"/admin/training/api/runs/{run_id}/strike_usage"
+            return client.post(path, json={"reason": "a test run"}, headers={"X-API-Key": ADMIN_KEY})
+
+        reply = strike(ended)
+        assert reply.status_code == 200 and reply.json()["usage_struck"]["gpu_hours"] == 1.0, reply.text
+        refused = strike(queued)
+        assert refused.status_code == 409 and "only an ended run's use can be struck" in refused.text
+        assert "usage_struck" not in store.read(queued)
