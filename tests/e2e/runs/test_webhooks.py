@@ -5,9 +5,11 @@ server, the executor (which delivers), Redis and the worker are real."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -234,3 +236,103 @@ def test_without_potato_the_events_are_signed_and_retried_the_same_way() -> None
         assert verified(first, SECRET) and verified(retried, SECRET)
     finally:
         flaky.close()
+
+
+class Redirecting:
+    """An endpoint that answers every POST with a 302 to another address (`target`), which counts what it gets."""
+
+    def __init__(self) -> None:
+        self.target = Receiver()
+        self.got: list[str] = []
+        target, got = self.target, self.got
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:  # noqa: N802 - http.server's name
+                self.rfile.read(int(self.headers["Content-Length"]))
+                got.append("POST")
+                self.send_response(302)
+                self.send_header("Location", target.url + "/internal-admin")
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def do_GET(self) -> None:  # noqa: N802
+                got.append("GET")
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+        self.target.close()
+
+
+class Trickler:
+    """An endpoint that reads the request, then sends its status line a byte every 0.2 s (each read answered
+    well within any per-read timeout); `cut_after` is how many bytes it had sent when the sender hung up."""
+
+    def __init__(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}/hook"
+        self.cut_after: list[int] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, _ = self.listener.accept()
+                threading.Thread(target=self._trickle, args=(conn,), daemon=True).start()
+
+    def _trickle(self, conn: socket.socket) -> None:
+        conn.recv(65536)
+        answer = b"HTTP/1.1 200 OK\r\n" + b"X-Slow: " + b"a" * 400 + b"\r\n\r\n"
+        sent = 0
+        for byte in answer:
+            try:
+                conn.sendall(bytes([byte]))
+                sent += 1
+                if conn.recv(1, socket.MSG_PEEK | socket.MSG_DONTWAIT) == b"":
+                    break  # the sender closed its side
+            except BlockingIOError:
+                pass
+            except OSError:
+                break
+            time.sleep(0.2)
+        self.cut_after.append(sent)
+        conn.close()
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def _endpoint(url: str, name: str) -> Any:
+    from potato_queue.lab.events import Endpoint
+
+    return Endpoint(name, url, ("*",), secret=SECRET, timeout_seconds=1)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("with_potato", [True, False], ids=["potato's queue", "without potato"])
+def test_a_delivery_follows_no_redirect_and_ends_at_the_endpoints_timeout(tmp_path: Path, with_potato: bool) -> None:
+    """Issue 51: Potato's own sender turns a 302 into a GET to wherever the endpoint points, and gives an endpoint
+    that trickles its answer as long as it likes. Here the 302 is a failed try (the address it points to gets
+    nothing) and the trickler is hung up on at the endpoint's timeout_seconds (1 s), long before its 400 bytes."""
+    from potato_queue.processes.webhooks import StandardWebhookSender, sender_for
+
+    redirecting, trickler = Redirecting(), Trickler()
+    try:
+        config = load_checked(make_project(tmp_path))
+        for position, endpoint in enumerate([_endpoint(redirecting.url, "moved"), _endpoint(trickler.url, "slow")]):
+            sender = sender_for(config, endpoint, position) if with_potato else StandardWebhookSender(endpoint)
+            assert isinstance(sender, StandardWebhookSender) != with_potato
+            sender.emit("training.run.failed", {"event": "training.run.failed", "data": {"run_id": "r"}})
+        wait_until(lambda: redirecting.got and trickler.cut_after, 30, "both tries")
+        assert redirecting.got == ["POST"] and redirecting.target.deliveries == []
+        assert trickler.cut_after[0] < 30, trickler.cut_after  # 0.2 s a byte: cut within 6 s, not 80
+    finally:
+        redirecting.close()
+        trickler.close()
