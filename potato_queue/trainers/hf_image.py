@@ -21,6 +21,7 @@ import http.client
 import io
 import os
 import urllib.request
+import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
@@ -43,10 +44,17 @@ __all__ = ["HFImageClassificationTrainer", "read_image"]
 INFO = TRAINERS["hf-image-classification"]  # its params' defaults
 FETCH_TIMEOUT_S = 20.0
 NAMED_IN_LOG = 50  # unreadable images named one by one in run.log, the rest counted
+# 40 megapixels (a 7,300 x 5,500 photo) decode to 120 MB of RGB; past it a file is a decompression bomb (a few KB
+# that decode to gigabytes) or a scan no classifier needs whole, and is refused from its header. PIL's own
+# check only warns below 178 megapixels.
+MAX_IMAGE_PIXELS = 40_000_000
+MAX_IMAGE_BYTES = 64 << 20  # of an image read by URL
 
 
 def read_image(bundle: Bundle, row: dict[str, Any]) -> tuple[Any, str | None]:
-    """A row's image as an RGB PIL image, or None and why this machine cannot read it."""
+    """A row's image as an RGB PIL image, or None and why this machine cannot read it: a missing file, a file
+    that is no image or is cut short, a URL that does not answer, or one past MAX_IMAGE_PIXELS (refused from
+    its header, before any decoding) or MAX_IMAGE_BYTES."""
     from PIL import Image, UnidentifiedImageError
 
     reference = row.get("media")
@@ -57,12 +65,18 @@ def read_image(bundle: Bundle, row: dict[str, Any]) -> tuple[Any, str | None]:
         return None, f"its file {missing} was missing when the bundle was built" if missing else "it names no image"
     where = bundle.resolve_media(str(reference))
     try:
-        if where.startswith(("http://", "https://")):
-            with urllib.request.urlopen(where, timeout=FETCH_TIMEOUT_S) as reply:  # noqa: S310 - http(s) only
-                data: Any = io.BytesIO(reply.read())
-        else:
-            data = where
-        with Image.open(data) as image:
+        data = _fetched(where) if where.startswith(("http://", "https://")) else where
+        with warnings.catch_warnings():
+            # PIL warns from 89 megapixels; ours is the stricter bound, checked just below.
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            opened = Image.open(data)
+        with opened as image:
+            width, height = image.size
+            if width * height > MAX_IMAGE_PIXELS:
+                return None, (
+                    f"{where} is {width}x{height} pixels, over the {MAX_IMAGE_PIXELS:,} an image may have here "
+                    "(a decompression bomb, or a picture far larger than a classifier needs: downscale it)"
+                )
             return image.convert("RGB"), None
     except (
         OSError,
@@ -72,6 +86,15 @@ def read_image(bundle: Bundle, row: dict[str, Any]) -> tuple[Any, str | None]:
         http.client.HTTPException,
     ) as exc:
         return None, f"{where} cannot be read here ({type(exc).__name__}: {exc})"
+
+
+def _fetched(url: str) -> io.BytesIO:
+    """An image by URL, at most MAX_IMAGE_BYTES of it (ValueError past that)."""
+    with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as reply:  # noqa: S310 - http(s) only
+        data = reply.read(MAX_IMAGE_BYTES + 1)
+    if len(data) > MAX_IMAGE_BYTES:
+        raise ValueError(f"it is over {MAX_IMAGE_BYTES >> 20} MiB, the most an image may be here")
+    return io.BytesIO(data)
 
 
 class HFImageClassificationTrainer(Trainer):

@@ -4,8 +4,8 @@ hf-image-classification for real.
 A tiny ViT is built from a config (no download) and fine-tuned on the CPU through the queue (a real
 server, Redis, executor and agent on the local backend, and the ssh backend against a real sshd, where
 the pictures travel inside the bundle); a radio scheme (the shape) and a multiselect (the colours).
-Two labelled items have an image no machine can read, a file gone and a URL that does not answer: the
-run names both in run.log and goes on. A text trainer is refused before the run is queued.
+Five labelled items have an image no machine can read, a file gone, a URL that does not answer, a
+decompression bomb, a file cut short and one that is no image: the run names each in run.log and goes on. A text trainer is refused before the run is queued.
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ from tests.e2e.server.test_page import browser, signed_in  # noqa: F401, F811 - 
 from tests.e2e.ssh.test_ssh_backend import BACKEND, gpu_server
 from tests.lifecycle_helpers import ADMIN_KEY, TERMINAL, Services, make_project, run_paths, started
 from tests.sshd import Sshd
+from tests.unit.test_hostile_images import BOMB_SIDE, bomb_png
 
 SIZE = 32
 COLOURS = {"red": (220, 30, 30), "blue": (30, 60, 220)}
@@ -32,6 +33,7 @@ SCHEMES = [
     {"annotation_type": "multiselect", "name": "colours", "description": "Which colours?", "labels": ["red", "blue"]},
 ]
 GONE, UNREACHABLE = "p900", "p901"  # labelled items whose image cannot be read
+BOMB, CUT, GARBAGE = "p902", "p903", "p904"  # ... and whose file is hostile (tests/unit/test_hostile_images.py)
 
 
 @pytest.fixture(scope="module")
@@ -82,8 +84,12 @@ def test_hf_image_classification_learns_shapes_and_colours_and_names_the_images_
             "cannot be reached" in log
         ), log
         assert f"{UNREACHABLE} (its image http://127.0.0.1:9/{UNREACHABLE}.png could not be fetched when" in log, log
+        assert f"/{BOMB}.png is {BOMB_SIDE}x{BOMB_SIDE} pixels, over the 40,000,000 an image may have" in log
+        assert f"/{CUT}.png cannot be read here (OSError: image file is truncated)" in log, log
+        assert f"/{GARBAGE}.png cannot be read here (UnidentifiedImageError: cannot identify" in log, log
         lines = [json.loads(x) for x in run_paths(svc, run_id).predictions.read_text().splitlines()]
-        assert not {GONE, UNREACHABLE} & {p["instance_id"] for p in lines}, "no prediction without an image"
+        unread = {GONE, UNREACHABLE, BOMB, CUT, GARBAGE}
+        assert not unread & {p["instance_id"] for p in lines}, "no prediction without an image"
         shapes = [p for p in lines if p["schema_name"] == "shape"]
         assert shapes and all(p["payload"]["label"] in ("circle", "square") for p in shapes)
         assert all(isinstance(p["payload"], list) for p in lines if p["schema_name"] == "colours")
@@ -160,11 +166,16 @@ def make_image_project(config: Path, n: int = 140, seed: int = 0) -> None:
             answers[iid] = [[{"schema": "shape", "name": shape}, shape]] + [
                 [{"schema": "colours", "name": c}, c] for c in sorted({colour, second} - {None})
             ]
+    (project / "images" / f"{BOMB}.png").write_bytes(bomb_png(BOMB_SIDE))
+    whole = (project / "images" / "p000.png").read_bytes()
+    (project / "images" / f"{CUT}.png").write_bytes(whole[: len(whole) // 2])
+    (project / "images" / f"{GARBAGE}.png").write_bytes(b"\x89PNG no image here \x00\xff" * 40)
     items += [
         {"id": GONE, "image": f"images/{GONE}.png"},
         {"id": UNREACHABLE, "image": f"http://127.0.0.1:9/{UNREACHABLE}.png"},
+        *({"id": iid, "image": f"images/{iid}.png"} for iid in (BOMB, CUT, GARBAGE)),
     ]
-    for iid in (GONE, UNREACHABLE):
+    for iid in (GONE, UNREACHABLE, BOMB, CUT, GARBAGE):
         answers[iid] = [
             [{"schema": "shape", "name": "circle"}, "circle"],
             [{"schema": "colours", "name": "red"}, "red"],
