@@ -28,7 +28,7 @@ from typing import IO, List, Optional
 
 from potato_queue.agent.backend import BackendAgent
 from potato_queue.agent.client import RunClient
-from potato_queue.agent.drain import drain_main, drain_on_sigusr1, remove_pid_file, write_pid_file
+from potato_queue.agent.drain import PidFile, drain_main, drain_on_sigusr1
 from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.launchers.slurm import SlurmLauncher
 from potato_queue.agent.runner import Runner, log_line
@@ -216,7 +216,7 @@ def serve(args: argparse.Namespace) -> int:
 
 def _serve_until_signalled(agent: BackendAgent, workdir: str) -> int:
     """agent.serve(): SIGTERM, SIGINT and SIGHUP stop it (cancelling a run in flight), SIGUSR1 drains it; its
-    pid file in `workdir` says where `--drain` finds it."""
+    pid file in `workdir`, locked while it serves, is how `--drain` finds it and proves it is this agent."""
 
     def handler(signum: int, _frame: object) -> None:
         name = signal.Signals(signum).name
@@ -227,11 +227,12 @@ def _serve_until_signalled(agent: BackendAgent, workdir: str) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, handler)
     drain_on_sigusr1(agent)
-    write_pid_file(workdir, agent.backend)
+    pid_file = PidFile(workdir, log_line)
+    pid_file.hold(agent.backend)  # False: another agent holds it; this one serves on (it said how to drain it)
     try:
         return agent.serve()
     finally:
-        remove_pid_file(workdir)
+        pid_file.release()
 
 
 def read_slurm_config(path: str) -> SlurmSettings:

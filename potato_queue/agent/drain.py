@@ -2,89 +2,235 @@
 
 A draining agent finishes the run in flight, claims no new one, then exits 0. Three ways to ask it:
 SIGUSR1; `potato-queue training agent --drain [--workdir DIR]`, which sends that signal to the agent serving
-from DIR (its pid is in DIR/agent.pid, written while it serves); and the server's switch for the backend
-(the page, `POST .../backends/{backend}/drain`), answered to the agent's next claim.
+from DIR; and the server's switch for the backend (the page, `POST .../backends/{backend}/drain`), answered to
+the agent's next claim.
+
+`--drain` finds the agent by DIR/agent.pid (`<pid> <backend>`), which the agent holds under an exclusive
+flock for its whole life. A pid file alone proves nothing (it outlives its process, pids are reused, and
+anyone of the account can write one), and a command line cannot tell an agent either (it may be the console
+script, `python -m ...` or agent.pyz). The lock can: `--drain` signals the pid only while the file's lock is
+held, and, where /proc/locks shows who holds it (Linux), only when that holder is the pid the file names.
 
 Standard library only, Python 3.8+.
 """
 
 import argparse
+import fcntl
 import os
 import signal
-from typing import Any, List, Optional, Tuple
+import stat
+import time
+from typing import Any, Callable, List, Optional, Tuple
 
-from potato_queue.wire.files import write_atomic
-
-__all__ = ["PID_FILE", "write_pid_file", "remove_pid_file", "drain_main", "drain_on_sigusr1"]
+__all__ = ["PID_FILE", "PidFile", "flock_holders", "parse_pid_line", "drain_main", "drain_on_sigusr1"]
 
 PID_FILE = "agent.pid"
+PROC_LOCKS = "/proc/locks"
+FIX = "fix: give --workdir the folder the agent was started with"
+# A `--drain` holds a shared lock on the file for microseconds while it tests it: an agent starting in that
+# moment tries again before it concludes that another agent holds the file.
+LOCK_TRIES = 5
+LOCK_RETRY_S = 0.05
 
 
 def _pid_path(workdir: str) -> str:
     return os.path.join(workdir, PID_FILE)
 
 
-def write_pid_file(workdir: str, backend: str) -> None:
-    """`<pid> <backend>` in DIR/agent.pid (0600, whole), for `--drain` to find this agent."""
-    write_atomic(_pid_path(workdir), "{} {}\n".format(os.getpid(), backend), mode=0o600, durable=False)
+def parse_pid_line(text: str) -> Optional[Tuple[int, str]]:
+    """`<pid> <backend>` from a pid file's first line; None for anything else. A pid below 1 is refused:
+    os.kill(0 or -1, ...) would signal a process group or every process of the account."""
+    pid, _, backend = text.partition("\n")[0].strip().partition(" ")
+    if not pid.isdigit() or int(pid) < 1:
+        return None
+    return int(pid), backend
 
 
-def remove_pid_file(workdir: str) -> None:
-    """At the agent's exit: only our own (another agent may have started since in the same folder)."""
-    found = _read_pid_file(workdir)
-    if found is not None and found[0] == os.getpid():
+def flock_holders(locks: str, ino: int) -> List[int]:
+    """The pids that hold a flock on inode `ino`, from /proc/locks' text: `1: FLOCK  ADVISORY  WRITE 4242
+    fd:01:1311 0 EOF` (the device's major and minor in hex, the inode in decimal). A waiter's line
+    (`1: -> FLOCK ...`) holds nothing; POSIX, OFD locks and leases are not an agent's lock."""
+    holders = []
+    for line in locks.splitlines():
+        fields = line.split()
+        if len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        # Only the inode is compared: the device /proc/locks shows is the superblock's, which differs from
+        # stat's st_dev on btrfs subvolumes; the pid must match too, so a same-numbered inode elsewhere does
+        # not stand in for the file.
         try:
-            os.unlink(_pid_path(workdir))
-        except OSError:
-            pass
+            pid, file_ino = int(fields[4]), int(fields[5].rsplit(":", 1)[1])
+        except (ValueError, IndexError):
+            continue
+        if file_ino == ino and pid > 0:  # 0 or -1: a holder outside this pid namespace
+            holders.append(pid)
+    return holders
 
 
-def _read_pid_file(workdir: str) -> Optional[Tuple[int, str]]:
+def _read_holders(ino: int) -> Optional[List[int]]:
+    """flock_holders of /proc/locks; None where it cannot be read (not Linux): the held lock is the proof."""
     try:
-        with open(_pid_path(workdir), encoding="utf-8") as fh:
-            pid, _, backend = fh.readline().strip().partition(" ")
-        return int(pid), backend
-    except (OSError, ValueError):
+        with open(PROC_LOCKS, encoding="ascii", errors="replace") as fh:
+            return flock_holders(fh.read(), ino)
+    except OSError:
         return None
 
 
-def _is_an_agent(pid: int) -> bool:
-    """Whether `pid` is a potato-queue agent (a pid file outlives its process, and pids are reused); True
-    where /proc cannot tell (the signal then reaches it only if it is this account's)."""
-    try:
-        with open("/proc/{}/cmdline".format(pid), "rb") as fh:
-            command = fh.read()
-        # `potato-queue training agent`, `python -m potato_queue.agent serve` or `python agent.pyz`, serving a backend
-        return (b"potato_queue" in command or b".pyz" in command) and b"--backend" in command
+def _regular(fd: int) -> None:
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        raise OSError("not a regular file")
 
-    except FileNotFoundError:
-        return False
+
+def _same_file(fd: int, path: str) -> bool:
+    """Whether `path` is still the file `fd` has open (an agent that exits unlinks it, then lets go)."""
+    try:
+        found, held = os.stat(path, follow_symlinks=False), os.fstat(fd)
     except OSError:
+        return False
+    return (found.st_dev, found.st_ino) == (held.st_dev, held.st_ino)
+
+
+def _locked_fd(path: str) -> Optional[int]:
+    """`path` open under our exclusive flock; None where another agent holds it; OSError where it cannot be
+    opened (O_NOFOLLOW: a link planted there is not followed)."""
+    for _ in range(LOCK_TRIES):
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        try:
+            _regular(fd)
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            time.sleep(LOCK_RETRY_S)
+            continue
+        except OSError:
+            os.close(fd)
+            raise
+        if _same_file(fd, path):
+            return fd
+        os.close(fd)  # we locked a file its agent unlinked as it exited: open the one there now
+    return None
+
+
+def _pid_in(path: str) -> Optional[int]:
+    """The pid in another agent's file, for our line (reading it cannot touch its flock: that is its fd's)."""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as fh:
+            found = parse_pid_line(fh.read(256))
+    except OSError:
+        return None
+    return None if found is None else found[0]
+
+
+class PidFile:
+    """DIR/agent.pid, held under an exclusive flock from the agent's start to its exit. The fd stays open all
+    that time, and nothing else in the agent opens the file: the lock is what `--drain` takes as proof."""
+
+    def __init__(self, workdir: str, log: Callable[[str], None]) -> None:
+        self.path = _pid_path(workdir)
+        self.workdir = workdir
+        self.log = log
+        self.fd = None  # type: Optional[int]
+
+    def hold(self, backend: str) -> bool:
+        """Lock the file and write `<pid> <backend>` in it. False where another agent holds it, or it cannot
+        be opened: this agent then serves on (its runs matter more than --drain), and says how to drain it."""
+        me = os.getpid()
+        try:
+            fd = _locked_fd(self.path)
+            if fd is not None:
+                self._write(fd, "{} {}\n".format(me, backend))
+        except OSError as exc:
+            self.log(
+                "{} cannot be held ({}): --drain --workdir {} cannot reach this agent; it drains with "
+                "kill -USR1 {}".format(self.path, exc, self.workdir, me)
+            )
+            return False
+        if fd is None:
+            other = _pid_in(self.path)
+            self.log(
+                "another agent serves from {0} ({1} is locked): --drain --workdir {0} reaches that one{2}; this "
+                "one drains with kill -USR1 {3}".format(
+                    self.workdir, self.path, " (pid {})".format(other) if other else "", me
+                )
+            )
+            return False
+        self.fd = fd
         return True
 
+    @staticmethod
+    def _write(fd: int, line: str) -> None:
+        try:
+            os.ftruncate(fd, 0)  # an earlier agent's line, left by a kill -9, is replaced whole
+            os.write(fd, line.encode("utf-8"))
+        except OSError:
+            os.close(fd)  # a full disk: no half-written file is held (the lock goes with the fd)
+            raise
 
-def drain_main(argv: List[str], prog: str, default_workdir: str) -> int:
-    """`--drain`: tell the agent serving from --workdir to drain; 0 when told, 1 when none serves there."""
-    parser = argparse.ArgumentParser(prog=prog + " --drain", description="Tell a running agent to drain.")
-    parser.add_argument("--drain", action="store_true")
-    parser.add_argument("--workdir", default=default_workdir, metavar="DIR", help="the agent's --workdir")
-    args, _ = parser.parse_known_args(argv)  # the agent's other options may be given too: they are its
-    workdir = os.path.expanduser(args.workdir)
-    found = _read_pid_file(workdir)
-    fix = "fix: give --workdir the folder the agent was started with"
+    def release(self) -> None:
+        """At exit: the file is removed only by the agent holding its lock, and only while it is still the
+        file it locked (another agent may serve from DIR next); closing the fd then lets the lock go."""
+        if self.fd is None:
+            return
+        if _same_file(self.fd, self.path):
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        os.close(self.fd)
+        self.fd = None
+
+
+def _lock_is_free(fd: int) -> bool:
+    """Whether no agent holds the file: our shared lock is granted (and let go at once) only then."""
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    fcntl.flock(fd, fcntl.LOCK_UN)
+    return True
+
+
+def _refusal(fd: int, path: str, pid: int) -> Optional[str]:
+    """Why `pid` must not be signalled as the agent holding `path` (open as `fd`); None when it is that agent."""
+    if _lock_is_free(fd):
+        return (
+            "{0} names pid {1}, but no agent holds it: the file is stale or forged (its agent is gone, or never "
+            "wrote it); nothing signalled; fix: remove {0}, and give --workdir the folder a running agent was "
+            "started with".format(path, pid)
+        )
+    holders = _read_holders(os.fstat(fd).st_ino)
+    if holders is None or pid in holders:
+        return None
+    if not holders:  # held by no process we can see: a shared workdir (NFS), or another pid namespace
+        return (
+            "{} is held by an agent, but not by pid {} as seen from here (it runs on another machine, or in "
+            "another container): nothing signalled; fix: run --drain where that agent runs".format(path, pid)
+        )
+    return (
+        "{} names pid {}, but pid {} holds it: the file was rewritten; nothing signalled; fix: kill -USR1 {} "
+        "drains the agent that holds it".format(path, pid, holders[0], holders[0])
+    )
+
+
+def _signal_holder(fd: int, path: str, workdir: str) -> int:
+    """Signal the agent named in `path` once the file's lock proves it is that agent's; the exit code."""
+    regular = stat.S_ISREG(os.fstat(fd).st_mode)  # a FIFO or a device planted there is not read
+    found = parse_pid_line(os.read(fd, 256).decode("utf-8", "replace")) if regular else None
     if found is None:
-        print("no agent serves from {} (no {} there); {}".format(workdir, PID_FILE, fix))
+        print("{} does not hold an agent's `<pid> <backend>`: nothing signalled; {}".format(path, FIX))
         return 1
     pid, backend = found
+    refusal = _refusal(fd, path, pid)
+    if refusal is not None:
+        print(refusal)
+        return 1
     try:
-        if not _is_an_agent(pid):
-            raise ProcessLookupError
         os.kill(pid, signal.SIGUSR1)
-    except ProcessLookupError:
+    except ProcessLookupError:  # it exited between the lock's test and the signal
         print("the agent that served from {} (pid {}) is gone; nothing to drain".format(workdir, pid))
         return 1
     except PermissionError:
-        print("pid {} in {} is another account's process: not signalled; {}".format(pid, _pid_path(workdir), fix))
+        print("pid {} in {} is another account's process: not signalled; {}".format(pid, path, FIX))
         return 1
     print(
         "told the agent of backend {} (pid {}) to drain: it finishes its run, claims no new one, then exits".format(
@@ -92,6 +238,29 @@ def drain_main(argv: List[str], prog: str, default_workdir: str) -> int:
         )
     )
     return 0
+
+
+def drain_main(argv: List[str], prog: str, default_workdir: str) -> int:
+    """`--drain`: tell the agent serving from --workdir to drain; 0 when told, 1 when none is proven to serve there."""
+    parser = argparse.ArgumentParser(prog=prog + " --drain", description="Tell a running agent to drain.")
+    parser.add_argument("--drain", action="store_true")
+    parser.add_argument("--workdir", default=default_workdir, metavar="DIR", help="the agent's --workdir")
+    args, _ = parser.parse_known_args(argv)  # the agent's other options may be given too: they are its
+    workdir = os.path.expanduser(args.workdir)
+    path = _pid_path(workdir)
+    try:
+        # Read-only is enough for a shared flock; O_NONBLOCK: a FIFO planted there does not hang the open.
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK)
+    except FileNotFoundError:
+        print("no agent serves from {} (no {} there); {}".format(workdir, PID_FILE, FIX))
+        return 1
+    except OSError as exc:
+        print("{} cannot be read ({}): nothing signalled; {}".format(path, exc, FIX))
+        return 1
+    try:
+        return _signal_holder(fd, path, workdir)
+    finally:
+        os.close(fd)
 
 
 def drain_on_sigusr1(agent: Any) -> None:
