@@ -13,7 +13,8 @@ difference: it talks HTTP to `unix://<socket>` either way.
 A frame is HEADER (connection id, kind, payload length) and the payload:
 OPEN (the host: a new connection), DATA, CLOSE (the sender sends no more on
 that connection: the receiver shuts its side for writing), LOG (the agent's
-stdout, for agent.log; connection 0).
+stdout, for agent.log; connection 0). A frame the reader cannot trust (too big,
+an unknown kind, a connection opened twice) is DamagedStream: the session ends.
 """
 
 import os
@@ -29,6 +30,10 @@ CHUNK_BYTES = 256 << 10
 MAX_PAYLOAD_BYTES = 1 << 20  # a frame is never bigger: a damaged stream is caught, not buffered
 
 
+class DamagedStream(ValueError):
+    """The frames cannot be trusted any more: the reader ends the session rather than guess at the rest."""
+
+
 class Mux:
     """Both ends' half: connections by id, each pumped into DATA frames by a thread of its own; frames out
     through one lock."""
@@ -39,15 +44,23 @@ class Mux:
         self.state_lock = threading.Lock()
         self.conns: Dict[int, socket.socket] = {}
         self.half_done: Dict[int, Set[str]] = {}
+        self.closed = False  # the session is over: nobody reads our frames, and no connection is added
 
     def send(self, conn_id: int, kind: int, payload: bytes = b"") -> None:
         with self.write_lock:
+            if self.closed:
+                return  # a pump's CLOSE after the session's end: its stream may be gone or never read again
             self.out.write(HEADER.pack(conn_id, kind, len(payload)) + payload)
             self.out.flush()
 
     def add(self, conn_id: int, sock: socket.socket) -> None:
         with self.state_lock:
-            self.conns[conn_id], self.half_done[conn_id] = sock, set()
+            closed = self.closed
+            if not closed:
+                self.conns[conn_id], self.half_done[conn_id] = sock, set()
+        if closed:  # accepted as the session ended: close_all has run and would never close it
+            sock.close()
+            return
         threading.Thread(target=self.pump, args=(conn_id, sock), name="channel-{}".format(conn_id), daemon=True).start()
 
     def pump(self, conn_id: int, sock: socket.socket) -> None:
@@ -77,7 +90,7 @@ class Mux:
                 return
             sock.shutdown(socket.SHUT_WR)
         except OSError:
-            sock.close()  # the peer is gone: its pump sees that and says CLOSE
+            end_socket(sock)  # the peer is gone: its pump wakes and says CLOSE
         self._half(conn_id, "write")
 
     def _half(self, conn_id: int, side: str) -> None:
@@ -93,23 +106,38 @@ class Mux:
         sock.close()
 
     def close_all(self) -> None:
+        """The session's end: every connection's socket goes, and with it its pump thread."""
         with self.state_lock:
+            self.closed = True
             socks = list(self.conns.values())
+            self.conns.clear()
+            self.half_done.clear()
         for sock in socks:
-            sock.close()
+            end_socket(sock)
+
+
+def end_socket(sock: socket.socket) -> None:
+    """Shut, then close: a close alone does not wake a pump blocked in recv() on the socket (Linux), whose
+    thread would then outlive the session."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass  # not connected any more: nobody is blocked on it
+    sock.close()
 
 
 def read_frame(read: Callable[[int], bytes]) -> Optional[Tuple[int, int, bytes]]:
-    """(connection id, kind, payload), or None at the stream's end; ValueError for a damaged stream."""
+    """(connection id, kind, payload), or None at the stream's end; DamagedStream for a damaged stream,
+    ValueError for one cut inside a frame."""
     head = read_exact(read, HEADER.size)
     if head is None:
         return None
     conn_id, kind, size = HEADER.unpack(head)
     if size > MAX_PAYLOAD_BYTES or kind not in (OPEN, DATA, CLOSE, LOG):
-        raise ValueError("not a channel frame: kind {}, {} bytes".format(kind, size))
+        raise DamagedStream("not a channel frame: kind {}, {} bytes".format(kind, size))
     payload = read_exact(read, size) if size else b""
     if payload is None:
-        raise ValueError("the stream ended inside a frame")
+        raise ValueError("the stream ended inside a frame")  # a cut session (ssh killed), not a damaged one
     return conn_id, kind, payload
 
 

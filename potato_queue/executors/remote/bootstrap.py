@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 from potato_queue import code_package
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import LaunchSpec
-from potato_queue.executors.remote.carried import carry
+from potato_queue.executors.remote.carried import AgentLog, carry
 from potato_queue.executors.remote.openssh import FORWARD_SETTINGS, RemoteBackend, SshTarget, ssh_argv
 from potato_queue.executors.remote.stage import (
     NoMarker,
@@ -161,16 +161,19 @@ class BootSession:
             return code == 255 and FORWARD_REFUSED in fh.read(64 << 10).decode(errors="replace")
 
     def _talk(self, stdin: IO[bytes], stdout: IO[bytes], agent_log: IO[bytes]) -> None:
-        for raw in stdout:
-            message = None if self.ready.is_set() else _message(raw)
-            if message is None:
-                agent_log.write(raw)
-                agent_log.flush()
-                continue
-            self._answer(message, self.backend.host, stdin)
-            if self.ready.is_set() and self.transport == OVER_SESSION:
-                carry(stdout, stdin, self.spec.server_url, agent_log)
-                return
+        log = AgentLog(agent_log)  # with a forward, the agent's output is these lines: capped as LOG frames are
+        try:
+            for raw in stdout:
+                message = None if self.ready.is_set() else _message(raw)
+                if message is None:
+                    log.write(raw)
+                    continue
+                self._answer(message, self.backend.host, stdin)
+                if self.ready.is_set() and self.transport == OVER_SESSION:
+                    carry(stdout, stdin, self.spec.server_url, agent_log)
+                    return
+        finally:
+            log.close()
 
     def _answer(self, message: dict[str, Any], host: str, stdin: IO[bytes]) -> None:
         event = message.get("event")
