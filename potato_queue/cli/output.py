@@ -22,6 +22,7 @@ if TYPE_CHECKING:
 __all__ = [
     "print_report",
     "runs_table",
+    "agreement_lines",
     "aligned",
     "print_log",
     "follow",
@@ -96,14 +97,20 @@ def runs_table(records: list[dict[str, Any]]) -> str:
         ]
         for r in records
     ]
+    return aligned([[str(c) for c in row] for row in rows])
+
+
+def agreement_lines(records: list[dict[str, Any]]) -> str:
+    """How each run agrees with the annotators, a line a run and scheme (`training runs --agreement`)."""
     said = [
         f"{r['run_id']} {schema}: {figures.get('said')}"
         for r in records
         for schema, figures in sorted((r.get("agreement") or {}).items())
         if isinstance(figures, dict)
     ]
-    table = aligned([[str(c) for c in row] for row in rows])
-    return table + ("\n\nthe model against the annotators, on held-out items:\n" + "\n".join(said) if said else "")
+    if not said:
+        return "\nno run listed has agreement figures"
+    return "\nthe model against the annotators, on held-out items:\n" + "\n".join(said)
 
 
 def print_log(service: RunService, run_id: str, *, follow: bool, poll_s: float = 0.5) -> None:

@@ -66,14 +66,30 @@ def run(
 @click.command()
 @CONFIG
 @REDIS
-def runs(config: Path, redis_url: str) -> None:
-    """List the project's runs."""
-    from potato_queue.cli.output import runs_table
+@click.option("--limit", default=100, show_default=True, type=click.IntRange(min=1), help="The newest this many.")
+@click.option("--all", "every", is_flag=True, help="Every run the project has, newest first.")
+@click.option("--before", default=None, metavar="RUN_ID", help="Only runs older than this one (the next page).")
+@click.option("--agreement", is_flag=True, help="Also how each run agrees with the annotators, a line a scheme.")
+def runs(config: Path, redis_url: str, limit: int, every: bool, before: str | None, agreement: bool) -> None:
+    """List the project's runs, newest first (--limit, --all, --before for older pages)."""
+    from potato_queue.cli.output import agreement_lines, runs_table
+    from potato_queue.errors import NotFound
     from potato_queue.runs.retrain import last_check
 
     cfg = checked(config)
     store = store_for(cfg, redis_checked(redis_url))
-    click.echo(runs_table(store.list_runs()))
+    try:
+        records, total, older = store.runs_page(max(1, len(store.run_ids())) if every else limit, before)
+    except KeyError:
+        raise NotFound(f"No run {before!r} in this project", fix="training runs lists them") from None
+    click.echo(runs_table(records))
+    if agreement:
+        click.echo(agreement_lines(records))
+    if older is not None:
+        click.echo(
+            f"the newest {len(records)} of {total} runs{f' before {before}' if before else ''}; older ones: "
+            f"--before {older} (or --all)"
+        )
     if cfg.model_training.auto_retrain.enabled:
         click.echo(f"auto-retrain: {last_check(cfg, store)['reason']}")
 

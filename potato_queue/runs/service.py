@@ -173,7 +173,16 @@ class RunService:
 
     def listed(self, limit: int) -> list[dict[str, Any]]:
         """The newest `limit` runs, newest first (an unreadable one listed as `broken`)."""
-        return [public_view(record) for record in self.store.list_runs(limit)]
+        return self.page(limit)[0]
+
+    def page(self, limit: int, before: str | None = None) -> tuple[list[dict[str, Any]], int, str | None]:
+        """(the `limit` runs older than run `before`, newest first; how many there are; the next page's
+        cursor, None at the oldest run): RunStore.runs_page. NotFound for a `before` that is no run here."""
+        try:
+            records, total, older = self.store.runs_page(limit, before)
+        except KeyError:
+            raise NotFound(f"No run {before!r} in this project to list the runs before", fix=LIST_FIX) from None
+        return [public_view(record) for record in records], total, older
 
     def cancel(self, run_id: str) -> RunState:
         """Ask the run to stop (a queued run ends cancelled at once): its state now. Conflict when it had

@@ -13,7 +13,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Header, Query, Request
-from fastapi.responses import PlainTextResponse
+from fastapi.responses import PlainTextResponse, Response
 from pydantic import BaseModel, Field
 
 from potato_queue.bundle import project_modality, schema_kind
@@ -82,9 +82,21 @@ def post_run(body: RunRequest, request: Request) -> RunAccepted:
     return RunAccepted(run_id=record["run_id"], state=RunState.QUEUED)
 
 
-def list_runs(request: Request, limit: Annotated[int, Query(ge=1, le=MAX_RUNS_LISTED)] = 100) -> list[dict[str, Any]]:
-    """The newest runs first; a run whose record cannot be read is listed with state `broken`."""
-    return runs_of(request).listed(limit)
+def list_runs(
+    request: Request,
+    response: Response,
+    limit: Annotated[int, Query(ge=1, le=MAX_RUNS_LISTED)] = 100,
+    before: Annotated[str | None, Query(pattern=RUN_ID_RE.pattern, description="list the runs older than it")] = None,
+) -> list[dict[str, Any]]:
+    """The newest runs first, `limit` of them, older than run `before` where given; a run whose record cannot be
+    read is listed with state `broken`. `X-Total-Count` says how many runs the project has; `X-Next-Before`
+    (and a `Link` with rel="next") names the cursor of the next, older page, absent at the oldest run."""
+    runs, total, older = runs_of(request).page(limit, before)
+    response.headers["X-Total-Count"] = str(total)
+    if older is not None:
+        response.headers["X-Next-Before"] = older
+        response.headers["Link"] = f'<{request.url.path}?limit={limit}&before={older}>; rel="next"'
+    return runs
 
 
 def get_run(run_id: str, request: Request) -> dict[str, Any]:
@@ -243,7 +255,9 @@ def admin_router() -> APIRouter:
             507: {"model": ErrorReply, "description": "the project's output folder cannot be written"},
         },
     )
-    add("/runs", list_runs, methods=["GET"])
+    add(
+        "/runs", list_runs, methods=["GET"], responses={404: {"model": ErrorReply, "description": "`before` is no run"}}
+    )
     add("/runs/{run_id}", get_run, methods=["GET"], responses=_UNKNOWN_RUN)
     add(
         "/runs/{run_id}/cancel",

@@ -9,7 +9,9 @@ answers, and how many executors said they are up in the last few seconds.
 from __future__ import annotations
 
 import secrets
+import threading
 from collections import Counter
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import redis
@@ -20,11 +22,11 @@ from potato_queue.lab.usage import energy_kwh, gpu_hours
 from potato_queue.run import FINAL_STATES, STATES, RunState
 from potato_queue.server.guard import admin_problem, bearer
 from potato_queue.settings import REDIS_URL_ENV
+from potato_queue.store import RunStore
 from potato_queue.store.records import epoch_of
 
-__all__ = ["ops_router", "render_metrics"]
+__all__ = ["ops_router", "render_metrics", "render_tally", "RunTally", "FinishedRuns"]
 
-LISTED = 100000
 # /healthz answers anyone: it names the problem and where to look, never Redis's address or password (the
 # client's error text has them).
 REDIS_DOWN = (
@@ -53,12 +55,89 @@ def _metric(
         lines.append(f"{name}{{{inner}}} {value:g}" if inner else f"{name} {value:g}")
 
 
+class RunTally:
+    """What /metrics counts of runs: by state and backend, finished runs' wall time, GPU use by backend."""
+
+    def __init__(self) -> None:
+        self.states: Counter[tuple[str, str]] = Counter()
+        self.durations_s: Counter[str] = Counter()
+        self.finished: Counter[str] = Counter()
+        self.gpu_hours: Counter[str] = Counter()
+        self.kwh: Counter[str] = Counter()
+
+    def add(self, r: Mapping[str, Any], sign: int = 1) -> None:
+        backend = str(r.get("backend") or "?")
+        self.states[(str(r.get("state", "unknown")), backend)] += sign
+        started, ended = epoch_of(r.get("started_at")), epoch_of(r.get("finished_at"))
+        if r.get("state") in FINAL_STATES and started and ended:
+            self.durations_s[backend] += sign * (ended - started)
+            self.finished[backend] += sign
+        usage = r.get("gpu_usage")
+        if isinstance(usage, dict) and usage.get("gpus"):
+            self.gpu_hours[backend] += sign * gpu_hours(usage)
+            self.kwh[backend] += sign * energy_kwh(usage)
+
+    def plus(self, records: Iterable[Mapping[str, Any]]) -> RunTally:
+        """A copy with `records` added."""
+        out = RunTally()
+        for mine, theirs in zip(out.counters(), self.counters(), strict=True):
+            mine.update(theirs)
+        for r in records:
+            out.add(r)
+        return out
+
+    def counters(self) -> tuple[Counter[Any], ...]:
+        return self.states, self.durations_s, self.finished, self.gpu_hours, self.kwh
+
+
+class FinishedRuns:
+    """The tally of the finished runs, kept between scrapes: a finished run's share never changes, so a scrape
+    reads only the runs it has not tallied (new, in flight, broken), never a year of records again."""
+
+    def __init__(self) -> None:
+        self.tally = RunTally()
+        self.counted: dict[str, Mapping[str, Any]] = {}  # run id: the fields its share came from
+        self.lock = threading.Lock()
+
+    def scrape(self, store: RunStore) -> tuple[RunTally, list[Mapping[str, Any]]]:
+        """(every run's tally, the records of the runs not finished) now."""
+        with self.lock:
+            ids = store.run_ids()
+            for gone in self.counted.keys() - set(ids):  # a run folder removed (retention)
+                self.tally.add(self.counted.pop(gone), -1)
+            live = []
+            for run_id in ids:
+                if run_id in self.counted:
+                    continue
+                record = store.listing_record(run_id)
+                if record.get("state") in FINAL_STATES:
+                    kept = {k: record.get(k) for k in ("state", "backend", "started_at", "finished_at", "gpu_usage")}
+                    self.counted[run_id] = kept
+                    self.tally.add(kept)
+                else:
+                    live.append(record)
+            return self.tally.plus(live), live
+
+
 def render_metrics(
     runs: list[dict[str, Any]], queue_length: int, agents: dict[str, float | None], executors: int, now_s: float
 ) -> str:
+    """The exposition text of these runs (every run of the project): RunTally, then render_tally."""
+    live = [r for r in runs if r.get("state") not in FINAL_STATES]
+    return render_tally(RunTally().plus(runs), live, queue_length, agents, executors, now_s)
+
+
+def render_tally(
+    tally: RunTally,
+    live: list[Mapping[str, Any]],
+    queue_length: int,
+    agents: dict[str, float | None],
+    executors: int,
+    now_s: float,
+) -> str:
     """The exposition text: runs by state and backend, the queue, run durations, heartbeat ages, agents."""
     lines: list[str] = []
-    by = Counter((r.get("state", "unknown"), r.get("backend") or "?") for r in runs)
+    by = tally.states
     backends = sorted({b for _, b in by} | {"local"})
     _metric(
         lines,
@@ -76,24 +155,11 @@ def render_metrics(
         lines, "potato_queue_queue_length", "gauge", "Runs waiting in the queue for an executor.", [({}, queue_length)]
     )
     _metric(lines, "potato_queue_executors", "gauge", "Executor processes that said they are up.", [({}, executors)])
-    durations, counts = Counter(), Counter()  # type: Counter[str], Counter[str]
-    for r in runs:
-        started, ended = epoch_of(r.get("started_at")), epoch_of(r.get("finished_at"))
-        if r.get("state") in FINAL_STATES and started and ended:
-            durations[str(r.get("backend"))] += ended - started
-            counts[str(r.get("backend"))] += 1
-    lines += [
-        "# HELP potato_queue_run_duration_seconds Wall time of finished runs, from start to end.",
-        "# TYPE potato_queue_run_duration_seconds summary",
-    ]
-    for backend in sorted(counts):
-        lines.append(f'potato_queue_run_duration_seconds_sum{{backend="{_label(backend)}"}} {durations[backend]:g}')
-        lines.append(f'potato_queue_run_duration_seconds_count{{backend="{_label(backend)}"}} {counts[backend]}')
-    _usage_totals(lines, runs)
+    _totals(lines, tally)
     beats = [
         ({"run_id": r["run_id"], "backend": r.get("backend")}, now_s - float(r["heartbeat_at"]))
-        for r in runs
-        if r.get("state") not in FINAL_STATES and r.get("heartbeat_at")
+        for r in live
+        if r.get("heartbeat_at")
     ]
     _metric(lines, "potato_queue_heartbeat_age_seconds", "gauge", "Seconds since a run's agent last reported.", beats)
     _metric(
@@ -106,17 +172,26 @@ def render_metrics(
     return "\n".join(lines) + "\n"
 
 
-def _usage_totals(lines: list[str], runs: list[dict[str, Any]]) -> None:
-    """GPU-hours and energy of the listed runs by backend (a run in flight counts what it has used so far)."""
-    hours, kwh = Counter(), Counter()  # type: Counter[str], Counter[str]
-    for r in runs:
-        usage = r.get("gpu_usage")
-        if isinstance(usage, dict) and usage.get("gpus"):
-            hours[str(r.get("backend"))] += gpu_hours(usage)
-            kwh[str(r.get("backend"))] += energy_kwh(usage)
+def _totals(lines: list[str], tally: RunTally) -> None:
+    """Finished runs' wall time, and GPU use, by backend."""
+    lines += [
+        "# HELP potato_queue_run_duration_seconds Wall time of finished runs, from start to end.",
+        "# TYPE potato_queue_run_duration_seconds summary",
+    ]
+    for backend in sorted(b for b, n in tally.finished.items() if n):
+        lines.append(
+            f'potato_queue_run_duration_seconds_sum{{backend="{_label(backend)}"}} {tally.durations_s[backend]:g}'
+        )
+        lines.append(
+            f'potato_queue_run_duration_seconds_count{{backend="{_label(backend)}"}} {tally.finished[backend]}'
+        )
     for name, totals, help_text in (
-        ("potato_queue_gpu_hours", hours, "GPU-hours the project's runs used, by backend (sampled by the agent)."),
-        ("potato_queue_gpu_energy_kwh", kwh, "Energy the project's runs' GPUs drew, in kWh, by backend."),
+        (
+            "potato_queue_gpu_hours",
+            tally.gpu_hours,
+            "GPU-hours the project's runs used, by backend (sampled by the agent).",
+        ),
+        ("potato_queue_gpu_energy_kwh", tally.kwh, "Energy the project's runs' GPUs drew, in kWh, by backend."),
     ):
         _metric(lines, name, "gauge", help_text, [({"backend": b}, totals[b]) for b in sorted(totals)])
 
@@ -134,8 +209,10 @@ def metrics(request: Request) -> PlainTextResponse:
         if backend.type == "agent":
             registration = store.agents.registration(name)
             agents[name] = registration["last_seen"] if registration else None
-    text = render_metrics(
-        store.list_runs(LISTED),
+    tally, live = request.app.state.finished_runs.scrape(store)
+    text = render_tally(
+        tally,
+        live,
         store.presence.queue_length(),
         agents,
         len(store.presence.executors_seen()),

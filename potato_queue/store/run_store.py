@@ -19,8 +19,9 @@ from potato_queue.config import ProjectConfig
 from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView, merge
 from potato_queue.store.in_flight import RunsInFlight
 from potato_queue.store.index import RunIndex
-from potato_queue.store.keys import RUN_ID_RE, Keys, RunPaths, new_run_id, runs_dir
+from potato_queue.store.keys import Keys, RunPaths, new_run_id, runs_dir
 from potato_queue.store.lease import Lease
+from potato_queue.store.listing import RunListing
 from potato_queue.store.offers import Offers
 from potato_queue.store.pending import PendingRecords
 from potato_queue.store.plumbing import CAS_STATE
@@ -55,6 +56,7 @@ class RunStore:
         self.keys = Keys.of(config)
         self._cas = client.register_script(CAS_STATE)
         self._created: dict[str, str] = {}
+        self._listing = RunListing(runs_dir(config), self._created_at, clock.now_s)
         self.in_flight = RunsInFlight(client, self.keys, clock)  # live fields, result, stop flag: Redis only
         self.tokens = RunTokens(client, self.keys)
         self.agents = AgentTokens(client, self.keys, clock)
@@ -148,13 +150,8 @@ class RunStore:
         return record
 
     def run_ids(self) -> list[str]:
-        """Every run on disk, oldest first (the admin's list; executors use unfinished()). Ids carry whole
-        seconds and a random tail: within a second, by run.json's created_at (ms; cached, it never changes)."""
-        folder = runs_dir(self.config)
-        if not folder.is_dir():
-            return []
-        ids = [p.name for p in folder.iterdir() if RUN_ID_RE.fullmatch(p.name) and (p / "run.json").exists()]
-        return sorted(ids, key=self._created_at)
+        """Every run on disk, oldest first (the admin's list; executors use unfinished()): store/listing.py."""
+        return self._listing.ids()
 
     def _created_at(self, run_id: str) -> str:
         if run_id not in self._created:
@@ -177,9 +174,22 @@ class RunStore:
 
     def list_runs(self, limit: int = 100) -> list[RunRecord]:
         """The newest `limit` runs; one whose record cannot be read is listed as `broken`, never breaks the list."""
-        return [self._listed(run_id) for run_id in reversed(self.run_ids()[-limit:])]
+        return self.runs_page(limit)[0]
 
-    def _listed(self, run_id: str) -> RunRecord:
+    def runs_page(self, limit: int, before: str | None = None) -> tuple[list[RunRecord], int, str | None]:
+        """(the `limit` runs older than run `before`, newest first; how many runs the project has; the cursor of
+        the next, older page: its last run's id, None at the oldest). KeyError: `before` is no run here."""
+        ids = self.run_ids()
+        try:
+            end = len(ids) if before is None else ids.index(before)
+        except ValueError:
+            raise KeyError(before) from None
+        page = ids[max(0, end - limit) : end]
+        older = page[0] if page and page[0] != ids[0] else None
+        return [self.listing_record(run_id) for run_id in reversed(page)], len(ids), older
+
+    def listing_record(self, run_id: str) -> RunRecord:
+        """The run's record as a listing shows it: `broken`, saying why, where it cannot be read."""
         try:
             return self.get(run_id)
         except (KeyError, OSError, ValueError, TypeError) as exc:

@@ -133,7 +133,7 @@ def test_a_run_becomes_a_machine_rater_potato_reports_apart_and_removal_takes_it
         figures = run["agreement"]["sentiment"]
         assert figures["items"] > 0 and figures["annotators"] == 2, figures
         assert figures["model_human"]["kappa"] is not None and figures["human_human"]["kappa"] is not None
-        listed = run_cli("training", "runs", config, env=env)
+        listed = run_cli("training", "runs", config, "--agreement", env=env)
         assert f"{first} sentiment: {figures['said']}" in listed.stdout.splitlines(), listed.stdout
         made = run_cli("training", "rater", first, config, env=env)
         assert made.returncode == 0, made.stderr

@@ -1,0 +1,84 @@
+"""The project's run ids as the run folders hold them, oldest first, without rereading a year of history.
+
+Listing the runs folder is the truth (Redis may have been emptied), but a project that retrains on a schedule
+has thousands of folders, and the page asks for its newest runs twice a second. So the sorted ids are kept
+between calls and the folder is listed again only when its mtime moved (a run folder made or removed), or
+while that mtime is too recent to trust: a filesystem with coarse timestamps (one or two seconds) gives two
+changes within one tick the same mtime. A folder without its run.json yet (a run being created) is looked at
+again on each call until it has one. A run id starts with its creation second (`20261207T164634-4f35aa`);
+only runs made within the same second need their run.json's `created_at` (milliseconds) to be ordered.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from potato_queue.store.keys import RUN_ID_RE
+
+__all__ = ["RunListing", "ID_SECOND_CHARS", "MTIME_TRUST_S"]
+
+ID_SECOND_CHARS = 15  # `20261207T164634`: a run id's creation second
+MTIME_TRUST_S = 2.0  # the coarsest directory mtime in use (FAT's 2 s): an mtime older than this is final
+
+
+class RunListing:
+    """The run ids in `folder` that have a run.json, oldest first; `created_at(run_id)` orders a second's ties."""
+
+    def __init__(self, folder: Path, created_at: Callable[[str], str], now_s: Callable[[], float]) -> None:
+        self.folder = folder
+        self.created_at = created_at
+        self.now_s = now_s  # the store's clock: a directory's mtime is compared with it
+        self._mtime_ns: int | None = None
+        self._listed_at_s = 0.0
+        self._names: set[str] = set()
+        self._waiting: set[str] = set()  # folders without their run.json yet
+        self._sorted: list[str] = []
+
+    def ids(self) -> list[str]:
+        """Every run id, oldest first (a copy: the caller may keep it)."""
+        try:
+            mtime_ns = self.folder.stat().st_mtime_ns
+        except FileNotFoundError:
+            return []
+        if mtime_ns != self._mtime_ns or self._listed_at_s - mtime_ns / 1e9 < MTIME_TRUST_S:
+            self._relist(mtime_ns)
+        elif self._waiting:
+            self._settle()
+        return list(self._sorted)
+
+    def _relist(self, mtime_ns: int) -> None:
+        self._listed_at_s = self.now_s()
+        names = {entry.name for entry in os.scandir(self.folder) if RUN_ID_RE.fullmatch(entry.name)}
+        self._mtime_ns = mtime_ns
+        if names == self._names:
+            self._settle()
+            return
+        added = names - self._names
+        self._names = names
+        self._waiting = (self._waiting & names) | added
+        self._sorted = [name for name in self._sorted if name in names]  # a removed folder leaves the list
+        self._settle()
+
+    def _settle(self) -> None:
+        """Add the waiting folders that have their run.json now, in order."""
+        ready = {name for name in self._waiting if (self.folder / name / "run.json").exists()}
+        if not ready:
+            return
+        self._waiting -= ready
+        self._sorted = self._ordered(self._sorted + sorted(ready))
+
+    def _ordered(self, ids: list[str]) -> list[str]:
+        """By creation second, then, within a second shared by several runs, by run.json's created_at."""
+        ids.sort(key=lambda run_id: run_id[:ID_SECOND_CHARS])
+        out: list[str] = []
+        start = 0
+        while start < len(ids):
+            end = start + 1
+            while end < len(ids) and ids[end][:ID_SECOND_CHARS] == ids[start][:ID_SECOND_CHARS]:
+                end += 1
+            same_second = ids[start:end]
+            out += sorted(same_second, key=self.created_at) if len(same_second) > 1 else same_second
+            start = end
+        return out

@@ -1,0 +1,136 @@
+"""A project's history, every run of it reachable (issue 52): the API pages the runs with a cursor and says how
+many there are, `training runs` takes --limit, --before and --all, and /metrics reads a finished run once, not
+on every scrape. Real run folders in a real run store (Redis, run.json); the server in process (TestClient)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from contextlib import closing
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+import redis
+
+from potato_queue.clock import REAL_CLOCK
+from potato_queue.run import RunState
+from potato_queue.store import RunStore
+from potato_queue.store.keys import new_run_id
+from potato_queue.store.listing import RunListing
+from potato_queue.validate import load_checked
+from tests.conftest import run_cli
+from tests.lifecycle_helpers import ADMIN_KEY, make_project
+
+RUNS = 23
+START = datetime(2026, 11, 2, 9, 0, 0, tzinfo=timezone.utc)
+
+
+def finished(store: RunStore, run_id: str) -> str:
+    store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local", run_id=run_id)
+    for step in (RunState.STARTING, RunState.RUNNING, RunState.COLLECTING, RunState.SUCCEEDED):
+        assert store.transition(run_id, step) is not None
+    return run_id
+
+
+@pytest.fixture
+def history(tmp_path: Path, redis_server_url: str) -> Iterator[tuple[Path, RunStore, list[str]]]:
+    """RUNS finished runs, a second apart (two share their creation second), oldest first."""
+    config = make_project(tmp_path)
+    store = RunStore(load_checked(config), redis.Redis.from_url(redis_server_url))
+    ids = [new_run_id(START + timedelta(seconds=i)) for i in range(RUNS - 1)]
+    ids.insert(5, new_run_id(START + timedelta(seconds=4)))  # the same second as the run before it
+    for run_id in ids:
+        finished(store, run_id)
+    yield config, store, ids
+
+
+def test_every_run_can_be_listed_a_page_at_a_time_by_the_api(
+    history: tuple[Path, RunStore, list[str]], redis_server_url: str
+) -> None:
+    from fastapi.testclient import TestClient
+
+    from potato_queue.server.app import create_app
+
+    config, _, ids = history
+    app = create_app(load_checked(config), redis_server_url, enqueue=lambda run_id: None)
+    seen: list[str] = []
+    with closing(TestClient(app)) as client:
+        path = "/admin/training/api/runs?limit=10"
+        while True:
+            reply = client.get(path, headers={"X-API-Key": ADMIN_KEY})
+            assert reply.status_code == 200, reply.text
+            assert reply.headers["X-Total-Count"] == str(RUNS)
+            seen += [run["run_id"] for run in reply.json()]
+            if "X-Next-Before" not in reply.headers:
+                break
+            assert reply.headers["Link"] == (
+                f'</admin/training/api/runs?limit=10&before={reply.headers["X-Next-Before"]}>; rel="next"'
+            )
+            path = f"/admin/training/api/runs?limit=10&before={reply.headers['X-Next-Before']}"
+        gone = client.get(
+            f"/admin/training/api/runs?before={new_run_id(START - timedelta(days=1))}", headers={"X-API-Key": ADMIN_KEY}
+        )
+    assert seen == list(reversed(ids)), "every run once, newest first, across three pages"
+    assert gone.status_code == 404 and "to list the runs before" in gone.text
+
+
+def test_training_runs_takes_a_limit_a_cursor_and_all(history: tuple[Path, RunStore, list[str]]) -> None:
+    config, _, ids = history
+
+    def listed(*args: str) -> list[str]:
+        out = run_cli("training", "runs", config, *args)
+        assert out.returncode == 0, out.stderr
+        return [line.split()[0] for line in out.stdout.splitlines()[1:] if line[:1].isdigit()]
+
+    newest = run_cli("training", "runs", config, "--limit", "5")
+    assert f"the newest 5 of {RUNS} runs; older ones: --before {ids[-5]} (or --all)" in newest.stdout
+    assert listed("--limit", "5") == list(reversed(ids[-5:]))
+    assert listed("--limit", "5", "--before", ids[-5]) == list(reversed(ids[-10:-5]))
+    assert listed("--all") == list(reversed(ids))
+    assert "older ones" not in run_cli("training", "runs", config, "--all").stdout
+    unknown = run_cli("training", "runs", config, "--before", new_run_id(START - timedelta(days=1)))
+    assert unknown.returncode == 1 and "No run" in unknown.stderr
+
+
+def test_metrics_read_a_finished_run_once_and_follow_new_and_removed_runs(
+    history: tuple[Path, RunStore, list[str]],
+) -> None:
+    from potato_queue.server.ops import FinishedRuns
+
+    _, store, ids = history
+    tally = FinishedRuns()
+    counts, live = tally.scrape(store)
+    assert counts.states[("succeeded", "local")] == RUNS and live == []
+    # A finished run's share is kept: its run.json is not read again (spoiled here, it would list as broken).
+    store.paths(ids[0]).run_json.write_text("{not json")
+    fresh = finished(store, new_run_id(START + timedelta(minutes=5)))
+    queued = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+    shutil.rmtree(store.paths(ids[1]).dir)  # retention removed a run's folder
+    counts, live = tally.scrape(store)
+    assert counts.states[("succeeded", "local")] == RUNS  # +1 new, -1 removed, the spoiled one still counted
+    assert [r["run_id"] for r in live] == [queued] and counts.states[("queued", "local")] == 1
+    assert fresh in tally.counted and ids[1] not in tally.counted
+
+
+@pytest.mark.unit
+def test_the_listing_orders_a_seconds_ties_and_waits_for_a_run_json(tmp_path: Path) -> None:
+    created: dict[str, str] = {}
+    listing = RunListing(tmp_path, lambda run_id: created[run_id], REAL_CLOCK.now_s)
+    assert listing.ids() == []
+    late, early, next_second = "20261102T090000-bbbbbb", "20261102T090000-aaaaaa", "20261102T090001-000000"
+    for run_id, at in ((late, "2026-11-02T09:00:00.900Z"), (early, "2026-11-02T09:00:00.100Z"), (next_second, "")):
+        (tmp_path / run_id).mkdir()
+        created[run_id] = at
+    (tmp_path / "not-a-run").mkdir()
+    assert listing.ids() == [], "no run.json yet: not a run"
+    for run_id in (late, next_second):
+        (tmp_path / run_id / "run.json").write_text("{}")
+    assert listing.ids() == [late, next_second]
+    (tmp_path / early / "run.json").write_text("{}")
+    # `late`'s id sorts after `early`'s by its random tail; created_at (ms) orders them.
+    assert listing.ids() == [early, late, next_second]
+    shutil.rmtree(tmp_path / late)
+    assert listing.ids() == [early, next_second]
+    assert json.dumps(listing.ids())  # a copy the caller may keep
