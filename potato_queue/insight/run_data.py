@@ -15,6 +15,7 @@ from potato_queue.insight.measures import Scored
 from potato_queue.run import RunState
 from potato_queue.runs.finalize import HELD_OUT_SPLITS, read_predictions
 from potato_queue.runs.gate import label_of, schema_kinds
+from potato_queue.runs.kept_bundles import kept_bundle, no_copy_left
 from potato_queue.store import RunStore
 from potato_queue.wire.files import read_jsonl
 from potato_queue.wire.scales_file import read_scales
@@ -108,20 +109,18 @@ def run_data(store: RunStore, record: Mapping[str, Any], good: list[dict[str, An
             f"run {run_id} has no predictions on this server ({paths.predictions} is missing or empty)",
             fix="pick a later run; a run's predictions come back when it succeeds",
         )
-    if not (paths.bundle_dir / "manifest.json").exists():
-        raise Conflict(
-            f"run {run_id}'s bundle was removed (model_training.retain_runs keeps only the newest succeeded runs'), "
-            "so its held-out labels are gone",
-            fix="pick a newer run, or raise retain_runs",
-        )
+    source = kept_bundle(store, record)  # pruned: a kept run's copy of the same bundle
+    if source is None:
+        raise no_copy_left(store, record, "so it cannot be compared or scored again")
+    bundle_dir = source.bundle_dir
     data = RunData(
         record,
         {(str(p["instance_id"]), str(p["schema_name"])): p for p in good},
-        kinds=schema_kinds(paths.bundle_dir),
-        scales=read_scales(str(paths.bundle_dir)),
+        kinds=schema_kinds(bundle_dir),
+        scales=read_scales(str(bundle_dir)),
     )
     for split in (*HELD_OUT_SPLITS, "unlabeled"):
-        for _, row in read_jsonl(paths.bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True):
+        for _, row in read_jsonl(bundle_dir / f"{split}.jsonl", not_json="skip", missing_ok=True):
             if not isinstance(row, dict):
                 continue
             iid = str(row.get("instance_id"))

@@ -28,6 +28,7 @@ from potato_queue.errors import Conflict
 from potato_queue.insight.agreement import AGREEMENT_KINDS, run_agreement
 from potato_queue.runs.finalize import read_predictions
 from potato_queue.runs.gate import held_out_ids, label_of, schema_kinds
+from potato_queue.runs.kept_bundles import kept_bundle, no_copy_left
 from potato_queue.schemes import stored_field, stored_under
 from potato_queue.store import RunStore
 from potato_queue.wire.files import write_atomic
@@ -115,10 +116,14 @@ def become_rater(
     replaced}."""
     run_id = record["run_id"]
     paths = store.paths(run_id)
+    source = kept_bundle(store, record)  # its held-out items: pruned, a kept run's copy of its bundle
+    if source is None:
+        raise no_copy_left(store, record, "so no rater is written (Potato's rater is left as it was)")
     if predictions is None:
         predictions, _ = read_predictions(paths.predictions)
     schemes = {str(s.get("name")): s for s in config.annotation_schemes}
-    state = rater_state(record, predictions, held_out_ids(paths.bundle_dir), schema_kinds(paths.bundle_dir), schemes)
+    bundle_dir = source.bundle_dir
+    state = rater_state(record, predictions, held_out_ids(bundle_dir), schema_kinds(bundle_dir), schemes)
     folder = config.output_path / state["user_id"]
     before = _owner(folder)
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)

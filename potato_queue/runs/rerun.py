@@ -14,6 +14,7 @@ from collections.abc import Callable
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.run import FINAL_STATES, RunRecord
+from potato_queue.runs.kept_bundles import kept_bundle
 from potato_queue.runs.retry import bundle_gone
 from potato_queue.runs.submit import start_again
 from potato_queue.store import RunStore
@@ -30,7 +31,7 @@ def _refusal(config: ProjectConfig, store: RunStore, old: RunRecord) -> Conflict
             f"Run {run_id} ended before its bundle was built: there is nothing to run again",
             fix="start a new run instead: it trains on the annotations as they are now",
         )
-    if not (store.paths(run_id).bundle_dir / "manifest.json").is_file():
+    if kept_bundle(store, old) is None:  # its own, or a kept run's with the same digest
         return bundle_gone(config, run_id, rerun=True)
     return None
 

@@ -19,6 +19,7 @@ from typing import Any
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict
 from potato_queue.run import RunRecord, RunState
+from potato_queue.runs.kept_bundles import kept_bundle
 from potato_queue.runs.submit import start_again
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RunPaths, new_run_id
@@ -95,8 +96,10 @@ def reuse_bundle(config: ProjectConfig, store: RunStore, record: RunRecord, path
     manifest. A bundle removed since the run was queued (retain_runs) fails it with the refusal's words."""
     earlier = str(record.get("resume_of") or record.get("rerun_of"))
     try:
-        return copy_bundle(store.paths(earlier), paths)
-    except FileNotFoundError:
+        # The earlier run's own bundle, or, pruned since, a kept run's with the same digest.
+        source = kept_bundle(store, store.read(earlier)) or store.paths(earlier)
+        return copy_bundle(source, paths)
+    except (FileNotFoundError, KeyError):
         raise bundle_gone(config, earlier, rerun="rerun_of" in record) from None
 
 

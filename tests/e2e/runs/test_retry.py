@@ -378,11 +378,26 @@ def test_a_run_again_on_its_bundle_params_and_seed_reproduces_and_the_comparison
         compared = svc.api("GET", f"/runs/{first}/compare/{rerun['run_id']}")[1]
         assert compared["reproducibility"] == [] and compared["schemas"]["sentiment"]["disagree"] == 0, compared
 
-        # retain_runs 2: a third success prunes the first run's bundle, and a re-run of it says why not.
+        # retain_runs 2: a third success prunes the first run's bundle. The kept runs hold copies of it (the
+        # re-run's, and the newer run's on the same annotations): the rater and the comparison read those.
         newer = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
         assert svc.wait_for(newer, TERMINAL, 120)["state"] == "succeeded"
         wait_until(lambda: not (run_paths(svc, first).bundle_dir / "manifest.json").exists(), 30, "the prune")
+        assert svc.api("GET", f"/runs/{first}/compare/{rerun['run_id']}")[0] == 200
+        made = run_cli("training", "rater", first, svc.config, env=env)
+        items = re.search(r"a machine rater in Potato as \S+, (\d+) items", made.stdout)
+        assert made.returncode == 0 and items and int(items.group(1)) > 0, made.stdout + made.stderr
+        rater = next(svc.config.parent.glob("annotation_output/potato-queue.*/user_state.json"))
+        written = rater.read_bytes()
+        # Once no kept run holds a copy (retention went on), each refuses before it changes anything.
+        for run_id in (rerun["run_id"], newer):
+            shutil.rmtree(run_paths(svc, run_id).bundle_dir)
         status, refused = svc.api("POST", f"/runs/{first}/rerun", {"backend": "local"})
         assert status == 409 and refused["detail"].startswith(
             f"Run {first} cannot be run again: its bundle was removed"
         )
+        again = run_cli("training", "rater", first, svc.config, env=env)
+        assert again.returncode == 1 and f"Run {first}'s bundle was removed" in again.stderr, again.stderr
+        assert "no kept run holds a copy of it" in again.stderr and rater.read_bytes() == written
+        status, refused = svc.api("GET", f"/runs/{first}/compare/{rerun['run_id']}")
+        assert status == 409 and "so it cannot be compared or scored again" in refused["detail"], refused
