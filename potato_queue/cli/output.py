@@ -73,7 +73,9 @@ def held_out_words(record: dict[str, Any]) -> str:
         split = splits.get("test") if (splits.get("test") or {}).get("n") else splits.get("val")
         if not split or not split.get("n"):
             continue
-        shown = [f"acc {split['accuracy']:.3f} F1 {split['macro_f1']:.3f}"] if split.get("accuracy") is not None else []
+        shown = [f"acc {split['accuracy']:.3f}"] if isinstance(split.get("accuracy"), float) else []
+        shown += [f"F1 {split['macro_f1']:.3f}"] if isinstance(split.get("macro_f1"), float) else []  # an old record
+        shown = [" ".join(shown)] if shown else []
         shown += [kind_measures(split)] if kind_measures(split) else []
         parts.append(f"{schema}: {'  '.join(shown) or '-'}")
     return "; ".join(parts)

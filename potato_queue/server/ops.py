@@ -92,31 +92,43 @@ class RunTally:
 
 class FinishedRuns:
     """The tally of the finished runs, kept between scrapes: a finished run's share never changes, so a scrape
-    reads only the runs it has not tallied (new, in flight, broken), never a year of records again."""
+    reads only the runs it has not tallied (new, in flight, broken), never a year of records again. The first
+    scrape after a server start reads each record once."""
 
     def __init__(self) -> None:
         self.tally = RunTally()
-        self.counted: dict[str, Mapping[str, Any]] = {}  # run id: the fields its share came from
+        self.counted: dict[str, tuple[Any, ...]] = {}  # run id: its share (Share's fields), to take it back out
+        self.ids: list[str] = []  # the run ids of the last scrape
+        self.open: list[str] = []  # ... of those, the runs not finished then
         self.lock = threading.Lock()
 
     def scrape(self, store: RunStore) -> tuple[RunTally, list[Mapping[str, Any]]]:
         """(every run's tally, the records of the runs not finished) now."""
         with self.lock:
             ids = store.run_ids()
-            for gone in self.counted.keys() - set(ids):  # a run folder removed (retention)
-                self.tally.add(self.counted.pop(gone), -1)
+            if ids != self.ids:  # a run made or removed since the last scrape: find which
+                for gone in self.counted.keys() - set(ids):
+                    self.tally.add(_share_record(self.counted.pop(gone)), -1)
+                self.open = [run_id for run_id in ids if run_id not in self.counted]
+                self.ids = ids
             live = []
-            for run_id in ids:
-                if run_id in self.counted:
-                    continue
+            for run_id in self.open:
                 record = store.listing_record(run_id)
                 if record.get("state") in FINAL_STATES:
-                    kept = {k: record.get(k) for k in ("state", "backend", "started_at", "finished_at", "gpu_usage")}
-                    self.counted[run_id] = kept
-                    self.tally.add(kept)
+                    share = tuple(record.get(k) for k in SHARE_FIELDS)
+                    self.counted[run_id] = share
+                    self.tally.add(_share_record(share))
                 else:
                     live.append(record)
+            self.open = [r["run_id"] for r in live]
             return self.tally.plus(live), live
+
+
+SHARE_FIELDS = ("state", "backend", "started_at", "finished_at", "gpu_usage")
+
+
+def _share_record(share: tuple[Any, ...]) -> dict[str, Any]:
+    return dict(zip(SHARE_FIELDS, share, strict=True))
 
 
 def render_metrics(

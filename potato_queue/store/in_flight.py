@@ -24,9 +24,13 @@ from potato_queue.store.keys import Keys
 from potato_queue.store.plumbing import CLAIM_FIELD, MERGE_METRICS, RECORD_RESULT, RELEASE_FIELD, wait_published
 from potato_queue.store.records import LIVE_JSON, as_text, created_ms
 
-__all__ = ["RunsInFlight"]
+__all__ = ["RunsInFlight", "FINISHED_TTL_S"]
 
 MIN_WAIT_S = 0.01  # the shortest BLPOP; Redis wakes blocked clients every 100 ms (hz 10) anyway
+# An ended run's hash and metrics, once run.json holds them: kept this long for whoever still looks (a cancel
+# that crossed the end, an executor's last look), then gone, so that Redis holds the live state only, not a
+# key or two for every run a project ever made.
+FINISHED_TTL_S = 3600
 
 
 class RunsInFlight:
@@ -48,6 +52,13 @@ class RunsInFlight:
         if record["state"] not in FINAL_STATES:
             pipe.zadd(self.keys.unfinished, {run_id: created}, nx=True)
         return bool(pipe.execute()[0])
+
+    def expire_finished(self, run_id: str) -> None:
+        """An ended run's keys, its record on disk: gone after FINISHED_TTL_S."""
+        pipe = self.redis.pipeline()
+        pipe.expire(self.keys.run(run_id), FINISHED_TTL_S)
+        pipe.expire(self.keys.metrics(run_id), FINISHED_TTL_S)
+        pipe.execute()
 
     def state(self, run_id: str) -> str | None:
         """The run's state in Redis (None: Redis holds none)."""

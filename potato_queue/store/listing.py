@@ -2,9 +2,9 @@
 
 Listing the runs folder is the truth (Redis may have been emptied), but a project that retrains on a schedule
 has thousands of folders, and the page asks for its newest runs twice a second. So the sorted ids are kept
-between calls and the folder is listed again only when its mtime moved (a run folder made or removed), or
-while that mtime is too recent to trust: a filesystem with coarse timestamps (one or two seconds) gives two
-changes within one tick the same mtime. A folder without its run.json yet (a run being created) is looked at
+between calls and the folder is listed again only when its mtime moved (a run folder made or removed), or,
+on a filesystem with coarse timestamps (whole seconds, or FAT's two), while that mtime is too recent to trust:
+two changes within one tick get the same mtime there. A folder without its run.json yet (a run being created) is looked at
 again on each call until it has one. A run id starts with its creation second (`20261207T164634-4f35aa`);
 only runs made within the same second need their run.json's `created_at` (milliseconds) to be ordered.
 """
@@ -42,11 +42,16 @@ class RunListing:
             mtime_ns = self.folder.stat().st_mtime_ns
         except FileNotFoundError:
             return []
-        if mtime_ns != self._mtime_ns or self._listed_at_s - mtime_ns / 1e9 < MTIME_TRUST_S:
+        if mtime_ns != self._mtime_ns or self._coarse(mtime_ns):
             self._relist(mtime_ns)
         elif self._waiting:
             self._settle()
         return list(self._sorted)
+
+    def _coarse(self, mtime_ns: int) -> bool:
+        """Whether an unchanged mtime may still hide a change: it is recent and on a whole second (a filesystem
+        that keeps nanoseconds, as ext4, xfs, btrfs and tmpfs do, almost never lands on one)."""
+        return mtime_ns % 1_000_000_000 == 0 and self._listed_at_s - mtime_ns / 1e9 < MTIME_TRUST_S
 
     def _relist(self, mtime_ns: int) -> None:
         self._listed_at_s = self.now_s()

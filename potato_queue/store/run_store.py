@@ -134,8 +134,12 @@ class RunStore:
     def get(self, run_id: str) -> RunRecord:
         """run.json with the live fields from Redis laid over it."""
         record = self.read(run_id)
+        if record["state"] in FINAL_STATES:  # nothing live is laid over an ended run: no Redis round trip
+            record.setdefault("step", None)
+            record.setdefault("progress", None)
+            return record
         live = self.live(run_id)
-        if record["state"] not in FINAL_STATES and isinstance(live.get("pending_record"), dict):
+        if isinstance(live.get("pending_record"), dict):
             record = live["pending_record"]  # newer than run.json, which could not be written
         if record["state"] not in FINAL_STATES:
             # A final state shows once run.json has it: Redis changes first, so
@@ -239,6 +243,8 @@ class RunStore:
                 self.log(run_id, said)
             self.potato.record(record)
             self._write_record(run_id, record)
+            if state in FINAL_STATES:
+                self.in_flight.expire_finished(run_id)
         if state != RunState.QUEUED:  # a pull backend's dispatch keeps it queued: no second queued event
             self.webhooks.moved(record)
         return record

@@ -41,6 +41,22 @@ QUICK_RUNS: dict[str, tuple[list[str], list[str]]] = {
     ),
     "bench_demo.py": (["all"], [rf"^P9: the demo's fine-tune .* ratio {NUMBER}"]),
     "bench_events.py": ([], [rf"relayed \(agent\+server\): {NUMBER} events/s", rf"ratio relayed/by hand:\s+{NUMBER}"]),
+    "bench_history.py": (
+        [],
+        [
+            rf"^{name} +{NUMBER} (ms|MB) +{NUMBER} (ms|MB) +ratio {NUMBER}"
+            for name in (
+                "list first",
+                "list last",
+                "page runs",
+                "cli runs",
+                "metrics first",
+                "metrics",
+                "submit",
+                "peak rss",
+            )
+        ],
+    ),
     "bench_hostile.py": (
         [],
         [rf"^P11 \(netns\): .* idle: {NUMBER} ms", rf"bodies against empty ones, .* ratio {NUMBER}"],

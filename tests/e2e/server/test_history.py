@@ -134,3 +134,16 @@ def test_the_listing_orders_a_seconds_ties_and_waits_for_a_run_json(tmp_path: Pa
     shutil.rmtree(tmp_path / late)
     assert listing.ids() == [early, next_second]
     assert json.dumps(listing.ids())  # a copy the caller may keep
+
+
+def test_an_ended_runs_redis_keys_expire_once_its_record_is_on_disk(history: tuple[Path, RunStore, list[str]]) -> None:
+    """Redis holds the live state: a project's thousands of ended runs leave no key there for good."""
+    from potato_queue.store.in_flight import FINISHED_TTL_S
+
+    _, store, ids = history
+    for run_id in ids[-3:]:
+        assert 0 < store.redis.ttl(store.keys.run(run_id)) <= FINISHED_TTL_S
+    queued = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+    assert store.redis.ttl(store.keys.run(queued)) == -1, "a run not ended keeps its live state"
+    store.redis.delete(store.keys.run(ids[-1]))  # as when it expired: the record still reads whole
+    assert store.get(ids[-1])["state"] == RunState.SUCCEEDED

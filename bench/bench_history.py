@@ -1,0 +1,180 @@
+"""A year of runs: what the list API, the CLI, the page's runs, /metrics and a new run's submission cost at 20,000
+runs, against the same at 10 (issue 52; goal: each within 2x, memory within 1.2x).
+
+Each size runs in a child process of its own (peak RSS is per process) on a private Redis: the run records are
+written straight to disk as finished runs' run.json (a fast path: making 20,000 runs through the queue takes
+hours), and the server reads them as it reads any (the real app, in process, through TestClient). Measured per
+size, the median of a few tries each:
+- `list first`: GET /runs?limit=10 (the newest page); `list last`: the oldest page, by its cursor (pages of 10
+  at both sizes: a 10-run project has one page of 10, so a bigger page would time a fuller page, not history);
+- `page runs`: GET /runs?limit=10 through the path the Training page's stream reads twice a second;
+- `cli runs`: `potato-queue training runs` (a process start included, at both sizes);
+- `metrics first` (the server's first scrape reads every record once) and `metrics`: a later scrape;
+- `submit`: POST /runs to 202 (the run's record, budget and checks; no executor runs it);
+- `peak rss`: the child's peak memory after all of it.
+
+    .venv/bin/python bench/bench_history.py [--runs 20000] [--small 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.quick import quick_args  # noqa: E402
+
+__all__ = ["main"]
+
+ADMIN_KEY = "bench-history-key-0123"
+TRIES = 5
+PAGE = 10
+FIGURES = ("list first", "list last", "page runs", "cli runs", "metrics first", "metrics", "submit", "peak rss")
+
+
+def _project(folder: Path) -> Path:
+    import shutil
+
+    import yaml
+
+    shutil.copytree(ROOT / "tests" / "fixtures" / "reviews_small", folder / "project")
+    config = folder / "project" / "config.yaml"
+    data = yaml.safe_load(config.read_text())
+    data["admin_api_key"] = ADMIN_KEY
+    config.write_text(yaml.safe_dump(data, sort_keys=False))
+    return config
+
+
+def _records(store: Any, n: int) -> None:
+    """`n` succeeded runs, a second apart, as run.json files (the store's own record shape and writer)."""
+    from potato_queue.run import RunState
+    from potato_queue.store.keys import new_run_id
+    from potato_queue.store.records import utc_of, write_json_atomic
+
+    start = datetime(2025, 12, 1, tzinfo=timezone.utc)
+    template = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")
+    store.paths(template["run_id"]).dir.rename(store.paths(template["run_id"]).dir.with_name("template"))
+    for k in range(n):
+        at = start + timedelta(seconds=k * 1500)
+        run_id = new_run_id(at)
+        folder = store.paths(run_id).dir
+        folder.mkdir(parents=True)
+        record = {
+            **template,
+            "run_id": run_id,
+            "state": RunState.SUCCEEDED,
+            "created_at": utc_of(at.timestamp()),
+            "started_at": utc_of(at.timestamp() + 1),
+            "finished_at": utc_of(at.timestamp() + 9),
+            "held_out": {"sentiment": {"test": {"accuracy": 0.55, "macro_f1": 0.5, "n": 20}}},
+        }
+        write_json_atomic(folder / "run.json", record)
+
+
+def _timed(step: Callable[[], Any], tries: int = TRIES) -> float:
+    times = []
+    for _ in range(tries):
+        start = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def child(n: int, redis_url: str) -> dict[str, float]:
+    """The figures at `n` runs, in this process."""
+    from contextlib import closing
+
+    import redis
+    from fastapi.testclient import TestClient
+
+    from potato_queue.server.app import create_app
+    from potato_queue.store import RunStore
+    from potato_queue.validate import load_checked
+
+    folder = Path(tempfile.mkdtemp(prefix="bench-history-"))
+    config_path = _project(folder)
+    config = load_checked(config_path)
+    _records(RunStore(config, redis.Redis.from_url(redis_url)), n)
+    head = {"X-API-Key": ADMIN_KEY}
+    out: dict[str, float] = {}
+    app = create_app(config, redis_url, enqueue=lambda run_id: None)
+    runs = app.state.runs  # the RunService the page's stream lists with
+    with closing(TestClient(app)) as client:
+        api = "/admin/training/api"
+        client.get(f"{api}/backends", headers=head)  # the app's first request (its imports, the device probe)
+        out["list first"] = _timed(lambda: client.get(f"{api}/runs?limit={PAGE}", headers=head).raise_for_status())
+        # The cursor of the oldest page: the run PAGE from the oldest (one page at the 10-run project).
+        oldest = client.get(f"{api}/runs?limit={max(1, n - PAGE)}", headers=head).headers.get("X-Next-Before")
+        last = f"{api}/runs?limit={PAGE}" + (f"&before={oldest}" if oldest else "")
+        out["list last"] = _timed(lambda: client.get(last, headers=head).raise_for_status())
+        out["page runs"] = _timed(lambda: runs.listed(PAGE))
+        out["metrics first"] = _timed(lambda: client.get("/metrics", headers=head).raise_for_status(), tries=1)
+        out["metrics"] = _timed(lambda: client.get("/metrics", headers=head).raise_for_status())
+        body = {"trainer": "majority-baseline", "schemas": ["sentiment"]}
+        out["submit"] = _timed(lambda: client.post(f"{api}/runs", json=body, headers=head).raise_for_status())
+    env = {**os.environ, "POTATO_QUEUE_REDIS_URL": redis_url}
+    cli = [sys.executable, "-m", "potato_queue.cli", "training", "runs", str(config_path)]
+    out["cli runs"] = _timed(lambda: _cli(cli, env), tries=3)
+    out["peak rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB
+    return out
+
+
+def _cli(argv: list[str], env: dict[str, str]) -> None:
+    done = subprocess.run(argv, env=env, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"training runs failed: {done.stderr[-2000:]}")
+
+
+def _run_child(n: int, redis_url: str) -> dict[str, float]:
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", str(n), "--redis-url", redis_url], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        raise SystemExit(f"the {n}-run child failed:\n{done.stderr[-4000:]}")
+    return dict(json.loads(done.stdout.strip().splitlines()[-1]))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=20000)
+    parser.add_argument("--small", type=int, default=10)
+    parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--redis-url", default=None, help=argparse.SUPPRESS)
+    args = quick_args(parser, argv, runs=300)
+    if args.child is not None:
+        print(json.dumps(child(args.child, args.redis_url)))
+        return 0
+    from potato_queue.processes.embedded_redis import EmbeddedRedis
+
+    results = {}
+    for n in (args.small, args.runs):
+        server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="bench-history-redis-")))
+        try:
+            results[n] = _run_child(n, server.start())
+        finally:
+            server.stop()
+    small, large = results[args.small], results[args.runs]
+    print(f"{'':14} {args.small:>10} runs {args.runs:>10} runs   ratio")
+    for name in FIGURES:
+        unit = "MB" if name == "peak rss" else "ms"
+        scale = 1 if unit == "MB" else 1000
+        a, b = small[name] * scale, large[name] * scale
+        print(f"{name:14} {a:10.1f} {unit:4} {b:10.1f} {unit:4}  ratio {b / a:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
