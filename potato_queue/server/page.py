@@ -107,9 +107,14 @@ def training_page(request: Request) -> Response:
 <section aria-labelledby="runs-title"><h2 id="runs-title">Runs <span id="live" class="hint">connecting</span></h2>
 <p id="auto-retrain" class="hint" aria-live="polite" hidden></p>
 <p id="budget" class="hint" aria-live="polite" hidden></p>
+<div class="row" id="filters"><label for="filter-state">State</label><select id="filter-state"><option value="">any</option>
+</select><label for="filter-trainer">Trainer</label><select id="filter-trainer"><option value="">any</option></select>
+<label for="filter-backend">Ran on</label><select id="filter-backend"><option value="">any</option></select></div>
 <div class="scroll"><table id="runs"><thead><tr><th>Run</th><th>Trainer</th><th>Ran on</th><th>State</th><th>Trigger</th>
 <th>Held-out (each kind's measures)</th><th>Duration</th><th>Started</th><th>Step</th><th></th></tr></thead>
-<tbody></tbody></table></div></section>
+<tbody></tbody><tbody id="older-runs"></tbody></table></div>
+<p id="history" class="hint" aria-live="polite"></p><button type="button" id="older" class="quiet" hidden>Older runs</button>
+</section>
 <section id="agents" aria-labelledby="agents-title" hidden><h2 id="agents-title">Agents</h2><div></div></section>
 </main>"""
     )

@@ -114,10 +114,67 @@ function follow() {
   const source = new EventSource(API + "/stream");
   source.addEventListener("runs", (event) => {
     live.textContent = "live";
-    document.querySelector("#runs tbody").replaceChildren(...JSON.parse(event.data).map(row));
+    const runs = JSON.parse(event.data);
+    document.querySelector("#runs tbody").replaceChildren(...runs.map(row));
+    // The runs older than the stream's are loaded on demand; the first time, start after the stream's oldest.
+    if (!document.getElementById("older-runs").children.length) oldest = runs.length ? runs[runs.length - 1].run_id : null;
+    filterRows();
+    countRuns(runs).catch(() => {});
     autoRetrain().catch(() => {});
   });
   source.addEventListener("error", () => { live.textContent = "reconnecting"; });
+}
+
+// History: the live table has the newest runs; "Older runs" loads the next page before the oldest shown, as often
+// as asked (GET /runs?before=<run id>), and the line says how many there are.
+let oldest = null, total = null, newestSeen = null;
+
+async function runsPage(query) {
+  const reply = await fetch(API + "/runs?" + query, {credentials: "same-origin"});
+  if (!reply.ok) throw new Error(reply.statusText);
+  return {runs: await reply.json(), total: Number(reply.headers.get("X-Total-Count")), next: reply.headers.get("X-Next-Before")};
+}
+
+async function countRuns(runs) {
+  const newest = runs.length ? runs[0].run_id : null;
+  if (newest === newestSeen && total !== null) return showHistory();
+  newestSeen = newest;
+  total = (await runsPage("limit=1")).total;
+  showHistory();
+}
+
+function showHistory() {
+  const shown = document.querySelectorAll("#runs tr[data-run]").length;
+  document.getElementById("history").textContent = "Showing the newest " + shown + " of " + total + " runs";
+  document.getElementById("older").hidden = !oldest || shown >= total;
+}
+
+async function older() {
+  const page = await runsPage("limit=50&before=" + encodeURIComponent(oldest));
+  document.getElementById("older-runs").append(...page.runs.map(row));
+  oldest = page.next ? page.runs[page.runs.length - 1].run_id : null;
+  total = page.total;
+  filterRows();
+  showHistory();
+}
+
+// Filters by state, trainer and where it ran, over every run loaded (the live ones and the older pages).
+const FILTERS = {state: (r) => r.dataset.state, trainer: (r) => r.querySelector(".trainer").textContent,
+                 backend: (r) => r.children[2].textContent};
+
+function filterRows() {
+  const rows = [...document.querySelectorAll("#runs tr[data-run]")];
+  for (const [name, value] of Object.entries(FILTERS)) {
+    const menu = document.getElementById("filter-" + name);
+    const known = new Set([...menu.options].map((o) => o.value));
+    for (const v of new Set(rows.map(value))) if (v && !known.has(v)) menu.append(el("option", {value: v, text: v}));
+  }
+  for (const r of rows) {
+    r.hidden = Object.entries(FILTERS).some(([name, value]) => {
+      const wanted = document.getElementById("filter-" + name).value;
+      return wanted && value(r) !== wanted;
+    });
+  }
 }
 
 let retrainAsked = 0;
@@ -162,6 +219,8 @@ function agents(backends) {
 
 document.getElementById("start").addEventListener("submit", startRun);
 document.getElementById("check").addEventListener("click", check);
+document.getElementById("older").addEventListener("click", () => older().catch((err) => window.alert(err.message)));
+for (const name of Object.keys(FILTERS)) document.getElementById("filter-" + name).addEventListener("change", filterRows);
 loadForm().catch((err) => { document.getElementById("start-problem").textContent = err.message; });
 follow();
 setInterval(() => autoRetrain().catch(() => {}), 15000);

@@ -495,3 +495,44 @@ def test_a_runs_page_shows_the_curve_reliability_what_to_label_next_and_a_compar
     assert page.locator("#compared table.disagreements tbody tr").count() == len(compared["disagreements"])
     assert page.locator("#compared table.confusion").count() == 2
     page.screenshot(path=str(screenshots / "run-page-insight.png"), full_page=True)
+
+
+def test_the_runs_table_says_how_many_runs_there_are_loads_older_ones_and_filters(
+    tmp_path: Path, redis_server_url: str, browser: Any
+) -> None:
+    """Issue 52: 60 runs, the live table the newest 50; "Older runs" loads the rest, and the filters narrow what is
+    loaded by state, trainer and where it ran."""
+    import redis
+
+    from potato_queue.run import RunState
+    from potato_queue.store import RunStore
+    from potato_queue.validate import load_checked
+
+    with started(tmp_path, redis_server_url, executors=0) as svc:
+        store = RunStore(load_checked(svc.config), redis.Redis.from_url(redis_server_url))
+        for k in range(60):
+            trainer = "sklearn-text" if k % 3 == 0 else "majority-baseline"
+            run_id = store.create(trainer=trainer, schemas=["sentiment"], backend="local")["run_id"]
+            steps = (RunState.STARTING, RunState.RUNNING, RunState.COLLECTING, RunState.SUCCEEDED)
+            for step in steps if k % 2 else (RunState.STARTING, RunState.FAILED):
+                assert store.transition(run_id, step) is not None, (k, step)
+        page = signed_in(browser, svc)
+        page.wait_for_function(
+            "() => document.querySelector('#history').innerText.includes('of 60 runs')", timeout=30000
+        )
+        assert page.inner_text("#history") == "Showing the newest 50 of 60 runs"
+        page.click("#older")
+        page.wait_for_function("() => document.querySelectorAll('#runs tr[data-run]').length === 60", timeout=30000)
+        assert page.inner_text("#history") == "Showing the newest 60 of 60 runs" and page.is_hidden("#older")
+        older = page.eval_on_selector_all("#older-runs tr", "rows => rows.map(r => r.dataset.run)")
+        assert older == list(reversed(store.run_ids()[:10])), "the ten oldest, newest first, after the live fifty"
+        page.select_option("#filter-state", "failed")
+        page.select_option("#filter-trainer", "sklearn-text")
+        visible = page.eval_on_selector_all("#runs tr[data-run]:not([hidden])", "rows => rows.map(r => r.dataset.run)")
+        wanted = [
+            r
+            for r in store.run_ids()
+            if store.read(r)["state"] == "failed" and store.read(r)["trainer"] == "sklearn-text"
+        ]
+        assert sorted(visible) == sorted(wanted) and len(wanted) == 10
+        page.close()
