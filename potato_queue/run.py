@@ -13,7 +13,22 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Any, TypedDict, cast
 
-__all__ = ["RunState", "STATES", "FINAL_STATES", "IN_FLIGHT", "ALLOWED_FROM", "RunRecord", "RunView", "merge"]
+__all__ = [
+    "RunState",
+    "STATES",
+    "FINAL_STATES",
+    "IN_FLIGHT",
+    "ALLOWED_FROM",
+    "RECORD_VERSION",
+    "RunRecord",
+    "RunView",
+    "merge",
+]
+
+# run.json's shape: 2 from the version that records it (every succeeded run then has `agreement`, even empty).
+# A record without `record_version` was written before: what it lacks may be what that version never recorded
+# (runs/upgrades.py says so, never a false reason).
+RECORD_VERSION = 2
 
 
 class RunState(str, Enum):
@@ -64,6 +79,7 @@ class RunRecord(TypedDict, total=False):
     """run.json: what a run is and how it went (the store writes it, the API serves it)."""
 
     run_id: str
+    record_version: int  # RECORD_VERSION when it was written; absent: an earlier version's record
     state: str  # a RunState's text
     backend: str
     trainer: str

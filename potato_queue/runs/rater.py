@@ -188,4 +188,6 @@ def beside_the_annotators(
             fields[name] = step()
         except Exception as exc:  # noqa: BLE001 - the run succeeds all the same; this part is missing, and said so
             log(f"warning: {what} could not be worked out ({type(exc).__name__}: {exc})")
-    return {name: value for name, value in fields.items() if value}
+    # `agreement` always (empty: no scheme of the run is compared as labels): a record that lacks it is an earlier
+    # version's (runs/upgrades.py).
+    return {name: value for name, value in fields.items() if value or name == "agreement"}

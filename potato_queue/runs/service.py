@@ -26,6 +26,7 @@ from potato_queue.host.llm_fit import ModelAsk
 from potato_queue.lab.usage import usage_words
 from potato_queue.run import FINAL_STATES, RunRecord, RunState
 from potato_queue.runs.submit import start_run
+from potato_queue.runs.upgrades import predates
 from potato_queue.store import RunStore
 from potato_queue.store.offers import DENIED, DRAIN
 
@@ -54,6 +55,9 @@ def public_view(record: RunRecord | dict[str, Any]) -> dict[str, Any]:
     view.pop("job", None)
     if record.get("gpu_usage") is not None:
         view["gpu_use"] = usage_words(record.get("gpu_usage"))
+    missing = predates(record)  # an earlier version's record: what it never recorded, said so
+    if missing:
+        view["predates"] = missing
     return view
 
 

@@ -16,7 +16,7 @@ import redis
 
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.config import ProjectConfig
-from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RunRecord, RunState, RunView, merge
+from potato_queue.run import ALLOWED_FROM, FINAL_STATES, RECORD_VERSION, RunRecord, RunState, RunView, merge
 from potato_queue.store.in_flight import RunsInFlight
 from potato_queue.store.index import RunIndex
 from potato_queue.store.keys import Keys, RunPaths, new_run_id, runs_dir
@@ -92,6 +92,7 @@ class RunStore:
         run_id = run_id or new_run_id()
         record: RunRecord = {
             "run_id": run_id,
+            "record_version": RECORD_VERSION,
             "state": RunState.QUEUED,
             "backend": backend,
             "trainer": trainer,

@@ -57,7 +57,8 @@ function showRater(run) {
     parts.push(el("h3", {text: schema}), el("p", {class: "said", text: figures.said}));
     if (figures.items) parts.push(agreementTable(figures));
   }
-  if (!parts.length) parts.push(el("p", {text: "No agreement figures: the run's schemes are not compared as labels, or it predicted no held-out item."}));
+  if (!parts.length) parts.push(el("p", {text: (run.predates || {}).agreement ||
+    "No agreement figures: the run's schemes are not compared as labels, or it predicted no held-out item."}));
   section.querySelector("div").replaceChildren(...parts, ...raterLine(run));
   section.hidden = false;
 }

@@ -18,8 +18,8 @@ async function refresh() {
   const rows = [["Ran on", run.ran_on], ["Trainer", run.trainer], ["Schemas", (run.schemas || []).join(", ")],
     ["Params", JSON.stringify(run.params || {})], ["Trigger", run.trigger], ["Duration", duration(run)],
     ["Model (artifact_uri)", run.artifact_uri], ["Held-out", heldOut(run)],
-    ["Prelabels", run.prelabels && run.prelabels.said], ["GPU use", run.gpu_use],
-    ["Made with", madeWith(run.reproducibility)], ["Error", run.error]];
+    ["Prelabels", run.prelabels && run.prelabels.said], ["GPU use", run.gpu_use || (run.predates || {}).gpu_use],
+    ["Made with", madeWith(run.reproducibility) || (run.predates || {}).made_with], ["Error", run.error]];
   facts.replaceChildren(...rows.filter(([, v]) => v).flatMap(([k, v]) => [el("dt", {text: k}), el("dd", {text: String(v)})]));
   // A retry and the run it resumes link to each other.
   for (const [k, id] of [["Resumes run", run.resume_of], ["Retried as run", run.retried_by], ["Runs again run", run.rerun_of]]) {
