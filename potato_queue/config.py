@@ -265,6 +265,8 @@ class ModelTrainingConfig(_Strict):
     # Local runs: how long the local agent may stay silent before the run fails.
     heartbeat_timeout_s: float = Field(120, gt=0)
     retain_runs: int = Field(5, ge=0)
+    # A finished run's whole folder, past this many days, unless something cites it (runs/record_retention.py).
+    retain_run_records_days: int | None = Field(365, ge=1)
     split_seed: int = 0
     splits: dict[str, float] = Field(default_factory=lambda: {"train": 0.7, "val": 0.15, "test": 0.15})
     aggregation: str = "consensus"

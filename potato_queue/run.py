@@ -105,6 +105,7 @@ class RunRecord(TypedDict, total=False):
     resume_of: str  # a retry: the failed or cancelled run it retries, resuming from that run's checkpoints
     retried_by: str  # a run that was retried: its retry
     rerun_of: str  # a re-run: the run whose bundle, params and seed it runs again (runs/rerun.py)
+    rerun_by: list[str]  # a run that was run again: its re-runs
     gpu_usage: dict[str, Any]  # lab/usage.py: what the agent measured of its GPUs (GPU-seconds, Wh, busy %)
     usage_struck: dict[str, Any]  # runs/budget.py: the admin struck its use from the budget ({at, reason, ...})
     hub: dict[str, Any]  # its publish to the Hugging Face Hub: state, repo_id, private, url, revision, error

@@ -40,6 +40,7 @@ __all__ = [
     "become_rater",
     "remove_rater",
     "beside_the_annotators",
+    "rater_runs",
     "HELD_OUT_NOTE",
 ]
 
@@ -131,6 +132,11 @@ def become_rater(
     said = f"a machine rater in Potato as {state['user_id']}: {len(state['instance_id_ordering'])} held-out items"
     store.log(run_id, said + (f" (replacing run {before}'s answers)" if before and before != run_id else ""))
     return {"id": state["user_id"], "items": len(state["instance_id_ordering"]), "replaced": before}
+
+
+def rater_runs(config: ProjectConfig) -> set[str]:
+    """The runs whose answers the project's machine raters hold (what retention must keep)."""
+    return {run for folder in config.output_path.glob(RATER_PREFIX + "*") if (run := _owner(folder))}
 
 
 def _owner(folder: Path) -> str | None:

@@ -44,5 +44,7 @@ def rerun_run(
     if refused is not None:
         raise refused
     record = start_again(config, store, enqueue, old, backend=backend, trigger="rerun", rerun_of=old["run_id"])
+    # The original names its re-runs: retention keeps a run a kept re-run compares with.
+    store.update(old["run_id"], rerun_by=[*(store.read(old["run_id"]).get("rerun_by") or []), record["run_id"]])
     store.log(old["run_id"], f"run again as run {record['run_id']} on {record['backend']}, to compare")
     return record

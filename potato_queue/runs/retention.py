@@ -21,6 +21,7 @@ import threading
 from pathlib import Path
 
 from potato_queue.run import FINAL_STATES, RunState
+from potato_queue.runs.record_retention import prune_old_records
 from potato_queue.store import RunStore
 from potato_queue.store.records import utc_now
 
@@ -112,6 +113,7 @@ class Pruner:
                     return
             try:
                 prune_old_runs(self.store, self.retain)
+                prune_old_records(self.store, self.store.config.model_training.retain_run_records_days)
             except Exception as exc:  # housekeeping: never what ends a run, nor this thread
                 _log.warning("old runs could not be pruned: %s", exc)
                 self.store.log(run_id, f"warning: old runs could not be pruned (retain_runs): {exc}")

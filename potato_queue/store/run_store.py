@@ -281,6 +281,14 @@ class RunStore:
             won = self._cas(keys=keys, args=args)
         return bool(won == 1)
 
+    def forget(self, run_id: str) -> None:
+        """A run whose folder retention removed: out of Redis' indexes, its keys gone."""
+        pipe = self.redis.pipeline()
+        for index in (self.keys.runs, self.keys.unfinished, self.keys.bulky):
+            pipe.zrem(index, run_id)
+        pipe.delete(self.keys.run(run_id), self.keys.metrics(run_id))
+        pipe.execute()
+
     # -- the indexes (store.index) -------------------------------------------
     def reseed_from_disk(self) -> list[str]:
         """After Redis was emptied: live states and the unfinished index from the run folders.

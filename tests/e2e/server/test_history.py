@@ -147,3 +147,33 @@ def test_an_ended_runs_redis_keys_expire_once_its_record_is_on_disk(history: tup
     assert store.redis.ttl(store.keys.run(queued)) == -1, "a run not ended keeps its live state"
     store.redis.delete(store.keys.run(ids[-1]))  # as when it expired: the record still reads whole
     assert store.get(ids[-1])["state"] == RunState.SUCCEEDED
+
+
+def test_run_folders_past_retain_run_records_days_go_unless_something_cites_them(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    from potato_queue.runs.record_retention import prune_old_records
+    from potato_queue.store.keys import project_predictions_path
+
+    store = RunStore(load_checked(make_project(tmp_path)), redis.Redis.from_url(redis_server_url))
+    long_ago = datetime.now(timezone.utc) - timedelta(days=400)
+
+    def old(k: int) -> str:
+        return new_run_id(long_ago + timedelta(minutes=k))
+
+    plain, published, rated, retried, latest = (finished(store, old(k)) for k in range(5))
+    queued = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local", run_id=old(5))["run_id"]
+    retry = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+    store.update(retried, retried_by=retry)
+    line = {"run_id": published, "instance_id": "r1", "schema_name": "sentiment", "payload": {"label": "positive"}}
+    project_predictions_path(store.config).write_text(json.dumps(line) + "\n")
+    rater = store.config.output_path / "potato-queue.majority-baseline.sentiment"
+    rater.mkdir()
+    (rater / "user_state.json").write_text(json.dumps({"user_id": rater.name, "origin": {"run_id": rated}}))
+    assert prune_old_records(store, None) == [], "None keeps every record"
+    assert prune_old_records(store, 365) == [plain]
+    assert not store.paths(plain).dir.exists() and plain not in store.run_ids()
+    assert store.redis.exists(store.keys.run(plain)) == 0
+    kept = {published, rated, retried, latest, queued, retry}
+    assert kept <= set(store.run_ids()), "what Potato's prelabels, a rater, a retry cite; the latest success"
+    assert prune_old_records(store, 365) == []
