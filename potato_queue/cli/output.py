@@ -29,6 +29,7 @@ __all__ = [
     "held_out_table",
     "compare_table",
     "progress_line",
+    "progress_mark",
 ]
 
 
@@ -139,6 +140,18 @@ def progress_line(record: dict[str, Any], width: int = 30) -> str:
     return f"{record['state']:<10} {bar}  {record.get('step') or ''}"
 
 
+def progress_mark(record: dict[str, Any]) -> tuple[Any, ...]:
+    """What a log's progress line changes with: the state, the step, the quarter of the step's progress."""
+    progress = record.get("progress") or {}
+    current, total = progress.get("current"), progress.get("total")
+    quarter = (
+        int(4 * min(1.0, current / total))
+        if isinstance(current, (int, float)) and isinstance(total, (int, float)) and total
+        else None
+    )
+    return record["state"], record.get("step"), progress.get("phase"), quarter
+
+
 def held_out_table(held_out: dict[str, Any]) -> str:
     lines = [f"{'schema':<20} {'split':<6} {'accuracy':>9} {'macro_f1':>9} {'n':>5}  by its kind"]
     for schema, splits in held_out.items():
@@ -184,13 +197,16 @@ def _duration_s(record: dict[str, Any]) -> float | None:
 def follow(store: RunStore, run_id: str, *, poll_s: float = 0.25, summary: bool = True) -> int:
     """Print progress until the run ends (then, with summary, its held-out table and where its files
     went); the exit code says how it ended."""
-    last = ""
+    last: Any = ""
+    tty = sys.stdout.isatty()
     while True:
         record = store.get(run_id)
         line = progress_line(record)
-        if line != last:
-            print(("\r" if sys.stdout.isatty() else "") + line, end="" if sys.stdout.isatty() else "\n", flush=True)
-            last = line
+        # A terminal redraws one line; a log (CI, a pipe) gets a line at each step and each quarter of it.
+        shown = line if tty else progress_mark(record)
+        if shown != last:
+            print(("\r" if tty else "") + line, end="" if tty else "\n", flush=True)
+            last = shown
         if record["state"] in FINAL_STATES:
             break
         time.sleep(poll_s)

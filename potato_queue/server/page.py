@@ -83,6 +83,11 @@ def _header(csrf: str, title: str) -> str:
 
 
 def training_page(request: Request) -> Response:
+    # The local device (the menu's `local (this machine, cuda:0)`) takes a second or two to ask, in a process of
+    # its own: asked now, while the admin types the key or the page loads, the menu does not wait for it.
+    probe = getattr(request.app.state, "local_device", None)
+    if probe is not None:
+        probe(0.0)
     nonce = _nonce(request)
     if nonce is None:
         return HTMLResponse(_sign_in_page())

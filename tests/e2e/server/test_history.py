@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from contextlib import closing
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import pytest
 import redis
@@ -177,3 +178,16 @@ def test_run_folders_past_retain_run_records_days_go_unless_something_cites_them
     kept = {published, rated, retried, latest, queued, retry}
     assert kept <= set(store.run_ids()), "what Potato's prelabels, a rater, a retry cite; the latest success"
     assert prune_old_records(store, 365) == []
+
+
+@pytest.mark.unit
+def test_following_a_run_into_a_log_prints_a_line_a_step_and_quarter_not_one_a_progress_count() -> None:
+    """`retry --follow` (and run, rerun) without a terminal: a 120-step run is five lines, not 120."""
+    from potato_queue.cli.output import progress_mark
+
+    def record(current: int, step: str = "training sentiment") -> dict[str, Any]:
+        return {"state": "running", "step": step, "progress": {"phase": "train", "current": current, "total": 120}}
+
+    marks = {progress_mark(record(k)) for k in range(121)}
+    assert len(marks) == 5  # 0-29, 30-59, 60-89, 90-119, 120
+    assert progress_mark(record(3, "predicting")) != progress_mark(record(3)), "a new step is a new line"
