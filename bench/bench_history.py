@@ -10,7 +10,9 @@ size, the median of a few tries each:
 - `page runs`: GET /runs?limit=10 through the path the Training page's stream reads twice a second;
 - `cli runs`: `potato-queue training runs` (a process start included, at both sizes);
 - `metrics first` (the server's first scrape reads every record once) and `metrics`: a later scrape;
-- `submit`: POST /runs to 202 (the run's record, budget and checks; no executor runs it);
+- `submit`: POST /runs to 202 (the run's record, budget and checks);
+- `run to succeeded`: a majority-baseline run's POST to its success, through a real executor (Celery, the
+  local agent and worker), after one warm run;
 - `peak rss`: the child's peak memory after all of it.
 
     .venv/bin/python bench/bench_history.py [--runs 20000] [--small 10]
@@ -22,6 +24,8 @@ import argparse
 import json
 import os
 import resource
+import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,12 +46,20 @@ __all__ = ["main"]
 ADMIN_KEY = "bench-history-key-0123"
 TRIES = 5
 PAGE = 10
-FIGURES = ("list first", "list last", "page runs", "cli runs", "metrics first", "metrics", "submit", "peak rss")
+FIGURES = (
+    "list first",
+    "list last",
+    "page runs",
+    "cli runs",
+    "metrics first",
+    "metrics",
+    "submit",
+    "run to succeeded",
+    "peak rss",
+)
 
 
 def _project(folder: Path) -> Path:
-    import shutil
-
     import yaml
 
     shutil.copytree(ROOT / "tests" / "fixtures" / "reviews_small", folder / "project")
@@ -64,9 +76,12 @@ def _records(store: Any, n: int) -> None:
     from potato_queue.store.keys import new_run_id
     from potato_queue.store.records import utc_of, write_json_atomic
 
-    start = datetime(2025, 12, 1, tzinfo=timezone.utc)
+    # 25 minutes apart up to yesterday: 20,000 runs are a year's retraining, none past retain_run_records_days.
+    start = datetime.now(timezone.utc) - timedelta(days=1, seconds=n * 1500)
+    # A run's record as the store writes it; that run itself is then removed whole (folder and Redis).
     template = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")
-    store.paths(template["run_id"]).dir.rename(store.paths(template["run_id"]).dir.with_name("template"))
+    shutil.rmtree(store.paths(template["run_id"]).dir)
+    store.forget(template["run_id"])
     for k in range(n):
         at = start + timedelta(seconds=k * 1500)
         run_id = new_run_id(at)
@@ -125,11 +140,79 @@ def child(n: int, redis_url: str) -> dict[str, float]:
         out["metrics"] = _timed(lambda: client.get("/metrics", headers=head).raise_for_status())
         body = {"trainer": "majority-baseline", "schemas": ["sentiment"]}
         out["submit"] = _timed(lambda: client.post(f"{api}/runs", json=body, headers=head).raise_for_status())
+    for run_id, _ in runs.store.index.unfinished():  # the submissions above: not the executor's to run first
+        runs.cancel(run_id)
+    out["run to succeeded"] = _run_to_end(config_path, redis_url, runs)
     env = {**os.environ, "POTATO_QUEUE_REDIS_URL": redis_url}
     cli = [sys.executable, "-m", "potato_queue.cli", "training", "runs", str(config_path)]
     out["cli runs"] = _timed(lambda: _cli(cli, env), tries=3)
     out["peak rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB
     return out
+
+
+def _run_to_end(config_path: Path, redis_url: str, runs: Any) -> float:
+    """A majority-baseline run's POST to its success, through a real server and executor (`potato-queue serve`,
+    `potato-queue executor`: the local agent reports to the server), after one warm run."""
+    import socket
+    import urllib.request
+
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "POTATO_QUEUE_REDIS_URL": redis_url}
+    cli = [sys.executable, "-m", "potato_queue.cli"]
+    procs = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+        for argv in ([*cli, "serve", str(config_path), "--port", str(port)], [*cli, "executor", str(config_path)])
+    ]
+    url = f"http://127.0.0.1:{port}"
+
+    def post_run() -> str:
+        body = json.dumps({"trainer": "majority-baseline", "schemas": ["sentiment"]}).encode()
+        headers = {"X-API-Key": ADMIN_KEY, "Content-Type": "application/json"}
+        request = urllib.request.Request(f"{url}/admin/training/api/runs", data=body, headers=headers, method="POST")
+        with urllib.request.urlopen(request, timeout=60) as reply:
+            return str(json.loads(reply.read())["run_id"])
+
+    try:
+        _wait_healthy(url)
+        _wait_state(runs, post_run(), {"succeeded", "failed", "cancelled"})  # warm
+        start = time.perf_counter()
+        run_id = post_run()
+        if _wait_state(runs, run_id, {"succeeded", "failed", "cancelled"}) != "succeeded":
+            raise SystemExit(f"run {run_id} did not succeed: {runs.get(run_id)}")
+        return time.perf_counter() - start
+    finally:
+        for proc in procs:
+            os.killpg(proc.pid, signal.SIGTERM)
+        for proc in procs:
+            proc.wait(60)
+
+
+def _wait_healthy(url: str, timeout_s: float = 60) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/healthz", timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except (OSError, urllib.error.HTTPError):
+            pass
+        time.sleep(0.2)
+    raise SystemExit(f"the server at {url} and its executor were not up within {timeout_s} s")
+
+
+def _wait_state(runs: Any, run_id: str, states: set[str], timeout_s: float = 120) -> str:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        state = str(runs.get(run_id)["state"])
+        if state in states:
+            return state
+        time.sleep(0.05)
+    raise SystemExit(f"run {run_id} did not end within {timeout_s} s")
 
 
 def _cli(argv: list[str], env: dict[str, str]) -> None:
@@ -167,12 +250,12 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             server.stop()
     small, large = results[args.small], results[args.runs]
-    print(f"{'':14} {args.small:>10} runs {args.runs:>10} runs   ratio")
+    print(f"{'':16} {args.small:>10} runs {args.runs:>10} runs   ratio")
     for name in FIGURES:
         unit = "MB" if name == "peak rss" else "ms"
         scale = 1 if unit == "MB" else 1000
         a, b = small[name] * scale, large[name] * scale
-        print(f"{name:14} {a:10.1f} {unit:4} {b:10.1f} {unit:4}  ratio {b / a:.2f}")
+        print(f"{name:16} {a:10.1f} {unit:4} {b:10.1f} {unit:4}  ratio {b / a:.2f}")
     return 0
 
 

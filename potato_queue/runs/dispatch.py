@@ -10,6 +10,7 @@ from the store's index of unfinished runs, not from listing run folders.
 
 from __future__ import annotations
 
+import logging
 import time
 
 import redis
@@ -27,6 +28,7 @@ from potato_queue.store.records import utc_of
 __all__ = ["Dispatcher"]
 
 QUEUE_LOOK_S = 1.0
+_log = logging.getLogger("potato_queue.runs")
 IN_FLIGHT_WAIT_S = 1.0
 
 
@@ -61,7 +63,14 @@ class Dispatcher:
     def _hold(self, run_id: str, started_s: float) -> RunRecord | None:
         """The run's record once it is this executor's: `starting`, or, on a pull backend, still
         `queued` until its agent claims it (AGT-4). None when the run is no longer queued."""
-        record = self.store.read(run_id)
+        try:
+            record = self.store.read(run_id)
+        except KeyError:
+            # Its folder was removed by hand (or its run.json): no run to start, and one that never leaves the
+            # index would stop the queue behind it.
+            _log.warning("queued run %s has no run.json any more: left out of the queue", run_id)
+            self.store.forget(run_id)
+            return None
         try:
             pull = self.executors.get(record["backend"]).pull
         except PotatoQueueError:

@@ -55,12 +55,13 @@ class RunListing:
 
     def _relist(self, mtime_ns: int) -> None:
         self._listed_at_s = self.now_s()
-        names = {entry.name for entry in os.scandir(self.folder) if RUN_ID_RE.fullmatch(entry.name)}
+        entries = set(os.listdir(self.folder))
         self._mtime_ns = mtime_ns
+        added = {name for name in entries - self._names if RUN_ID_RE.fullmatch(name)}  # only new names matched
+        names = (self._names & entries) | added
         if names == self._names:
             self._settle()
             return
-        added = names - self._names
         self._names = names
         self._waiting = (self._waiting & names) | added
         self._sorted = [name for name in self._sorted if name in names]  # a removed folder leaves the list
@@ -72,7 +73,11 @@ class RunListing:
         if not ready:
             return
         self._waiting -= ready
-        self._sorted = self._ordered(self._sorted + sorted(ready))
+        fresh = self._ordered(sorted(ready))
+        if not self._sorted or fresh[0][:ID_SECOND_CHARS] > self._sorted[-1][:ID_SECOND_CHARS]:
+            self._sorted += fresh  # the common case: new runs, newer than every run listed
+        else:
+            self._sorted = self._ordered(self._sorted + fresh)
 
     def _ordered(self, ids: list[str]) -> list[str]:
         """By creation second, then, within a second shared by several runs, by run.json's created_at."""

@@ -53,6 +53,7 @@ QUICK_RUNS: dict[str, tuple[list[str], list[str]]] = {
                 "metrics first",
                 "metrics",
                 "submit",
+                "run to succeeded",
                 "peak rss",
             )
         ],

@@ -191,3 +191,19 @@ def test_following_a_run_into_a_log_prints_a_line_a_step_and_quarter_not_one_a_p
     marks = {progress_mark(record(k)) for k in range(121)}
     assert len(marks) == 5  # 0-29, 30-59, 60-89, 90-119, 120
     assert progress_mark(record(3, "predicting")) != progress_mark(record(3)), "a new step is a new line"
+
+
+def test_a_queued_run_whose_folder_was_removed_does_not_stop_the_queue(tmp_path: Path, redis_server_url: str) -> None:
+    """A folder removed by hand (or by a careless cleanup) under a queued run: the executor leaves it out and
+    runs the next; before, it raised on it at every wake-up, and nothing behind it ever ran."""
+    from tests.lifecycle_helpers import TERMINAL, started
+
+    with started(tmp_path, redis_server_url, executors=0) as svc:
+        store = RunStore(load_checked(svc.config), redis.Redis.from_url(redis_server_url))
+        lost = store.create(trainer="majority-baseline", schemas=["sentiment"], backend="local")["run_id"]
+        shutil.rmtree(store.paths(lost).dir)
+        behind = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        svc.executor()
+        assert svc.wait_for(behind, TERMINAL, 120)["state"] == "succeeded", svc.logs()
+        assert lost not in [run_id for run_id, _ in store.index.unfinished()]
+        assert f"queued run {lost} has no run.json any more: left out of the queue" in svc.logs()
