@@ -93,6 +93,8 @@ def serve_forever(
     local_url = f"{'https' if tls else 'http'}://{reach}:{bound_port}"
     url = public_url or local_url
     record_server_url(app.state.store, url, local_url)
+    # /metrics' tally of the finished runs: read once now, in the background, not by the first scrape.
+    threading.Thread(target=_tally_finished_runs, args=(app,), name="metrics-tally", daemon=True).start()
     print(f"potato-queue: serving {config.annotation_task_name or config.config_path} at {url}", flush=True)
     if url != local_url:  # behind a proxy: the executors on this machine come in by the bound address
         print(f"potato-queue: executors on this machine (and ssh forwards) reach it at {local_url}", flush=True)
@@ -121,3 +123,10 @@ def serve_forever(
     server.handle_exit = stopping  # type: ignore[method-assign]
     collect_on_schedule(YOUNG_COLLECTION_EVERY_S, FULL_COLLECTION_EVERY_S)
     server.run(sockets=[sock])
+
+
+def _tally_finished_runs(app: Any) -> None:
+    try:
+        app.state.finished_runs.scrape(app.state.store)
+    except Exception as exc:  # noqa: BLE001 - a warm-up: the first scrape reads what is missing
+        print(f"potato-queue: the runs could not be tallied for /metrics yet: {exc}", flush=True)
