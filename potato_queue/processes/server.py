@@ -93,7 +93,6 @@ def serve_forever(
     local_url = f"{'https' if tls else 'http'}://{reach}:{bound_port}"
     url = public_url or local_url
     record_server_url(app.state.store, url, local_url)
-    # /metrics' tally of the finished runs: read once now, in the background, not by the first scrape.
     threading.Thread(target=_tally_finished_runs, args=(app,), name="metrics-tally", daemon=True).start()
     print(f"potato-queue: serving {config.annotation_task_name or config.config_path} at {url}", flush=True)
     if url != local_url:  # behind a proxy: the executors on this machine come in by the bound address
@@ -126,6 +125,8 @@ def serve_forever(
 
 
 def _tally_finished_runs(app: Any) -> None:
+    """/metrics' tally of the finished runs, read once at the server's start, in the background: not by the
+    first scrape."""
     try:
         app.state.finished_runs.scrape(app.state.store)
     except Exception as exc:  # noqa: BLE001 - a warm-up: the first scrape reads what is missing
