@@ -16,7 +16,7 @@ from potato_queue.lab.usage import energy_kwh, gpu_hours
 from potato_queue.run import FINAL_STATES, RunRecord
 from potato_queue.store import RunStore
 from potato_queue.store.lease import LEASE_TTL_S
-from potato_queue.store.records import utc_now
+from potato_queue.store.records import epoch_of, utc_now
 
 __all__ = ["check_budget", "budget_checked", "budget_standing", "strike_usage", "RECENT_RUNS", "MAX_REASON_CHARS"]
 
@@ -131,7 +131,7 @@ def strike_usage(store: RunStore, record: RunRecord, reason: str) -> dict[str, A
         "kwh": round(energy_kwh(usage), 6),
     }
     store.update(run_id, usage_struck=struck)
-    month = month_words(f"{run_id[:4]}-{run_id[4:6]}")
+    month = month_words(month_of(epoch_of(record["created_at"]) or store.clock.now_s()))  # the month it counted in
     store.log(
         run_id,
         f"the run's GPU use ({struck['gpu_hours']:.3g} GPU-hours, {struck['kwh']:.3g} kWh) was struck from "

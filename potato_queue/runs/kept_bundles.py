@@ -45,7 +45,7 @@ def kept_bundle(store: RunStore, record: Mapping[str, Any]) -> RunPaths | None:
         return own
     if digest is None:
         return None
-    for run_id in reversed(store.run_ids()):
+    for run_id in reversed(store.index.bulky_runs()):  # the runs whose folders still hold a bundle, newest first
         paths = store.paths(run_id)
         if run_id != record["run_id"] and _digest_of(paths) == digest:
             return paths

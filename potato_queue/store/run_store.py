@@ -135,11 +135,14 @@ class RunStore:
     def get(self, run_id: str) -> RunRecord:
         """run.json with the live fields from Redis laid over it."""
         record = self.read(run_id)
-        if record["state"] in FINAL_STATES:  # nothing live is laid over an ended run: no Redis round trip
-            record.setdefault("step", None)
-            record.setdefault("progress", None)
-            return record
-        live = self.live(run_id)
+        if record["state"] not in FINAL_STATES:  # nothing live is laid over an ended run: no Redis round trip
+            record = self._with_live(record)
+        record.setdefault("step", None)
+        record.setdefault("progress", None)
+        return record
+
+    def _with_live(self, record: RunRecord) -> RunRecord:
+        live = self.live(record["run_id"])
         if isinstance(live.get("pending_record"), dict):
             record = live["pending_record"]  # newer than run.json, which could not be written
         if record["state"] not in FINAL_STATES:
@@ -150,8 +153,6 @@ class RunStore:
             for key in ("step", "progress", "heartbeat_at", "gpu_usage"):
                 if key in live:
                     record[key] = live[key]
-        record.setdefault("step", None)
-        record.setdefault("progress", None)
         return record
 
     def run_ids(self) -> list[str]:

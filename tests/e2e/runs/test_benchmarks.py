@@ -16,6 +16,8 @@ from pathlib import Path
 
 import pytest
 
+from bench.bench_history import FIGURES as HISTORY_FIGURES
+
 ROOT = Path(__file__).resolve().parents[3]
 NUMBER = r"[0-9][0-9,.]*"
 
@@ -43,20 +45,7 @@ QUICK_RUNS: dict[str, tuple[list[str], list[str]]] = {
     "bench_events.py": ([], [rf"relayed \(agent\+server\): {NUMBER} events/s", rf"ratio relayed/by hand:\s+{NUMBER}"]),
     "bench_history.py": (
         [],
-        [
-            rf"^{name} +{NUMBER} (ms|MB) +{NUMBER} (ms|MB) +ratio {NUMBER}"
-            for name in (
-                "list first",
-                "list last",
-                "page runs",
-                "cli runs",
-                "metrics first",
-                "metrics",
-                "submit",
-                "run to succeeded",
-                "peak rss",
-            )
-        ],
+        [rf"^{name} +{NUMBER} (ms|MB) +{NUMBER} (ms|MB) +ratio {NUMBER}" for name in HISTORY_FIGURES],
     ),
     "bench_hostile.py": (
         [],
