@@ -278,7 +278,10 @@ def admin_router() -> APIRouter:
         "/runs/{run_id}/strike_usage",
         strike_usage,
         methods=["POST"],
-        responses=_refused("the run is not ended, or its use was struck already"),
+        responses={
+            **_refused("the run is not ended, or its use was struck already"),
+            400: {"model": ErrorReply, "description": "a reason of only whitespace"},
+        },
     )
     not_agent = {**_refused("not an agent backend"), 404: {"model": ErrorReply, "description": "no such backend"}}
     add("/backends/{backend}/drain", drain_backend, methods=["POST"], responses=not_agent)
