@@ -9,7 +9,9 @@ size, the median of a few tries each:
   at both sizes: a 10-run project has one page of 10, so a bigger page would time a fuller page, not history);
 - `page runs`: GET /runs?limit=10 through the path the Training page's stream reads twice a second;
 - `cli runs`: `potato-queue training runs` (a process start included, at both sizes);
-- `metrics first` (the server's first scrape reads every record once) and `metrics`: a later scrape;
+- `metrics rebuild`: the first scrape ever (an upgrade's: it reads every record once and writes the finished
+  runs' index, metrics_tally.json); `metrics restart`: a new server's first scrape (the index and the runs it
+  does not hold); `metrics`: a later scrape;
 - `submit`: POST /runs to 202 (the run's record, budget and checks);
 - `run to succeeded`: a majority-baseline run's POST to its success, through a real executor (Celery, the
   local agent and worker), after one warm run;
@@ -51,7 +53,8 @@ FIGURES = (
     "list last",
     "page runs",
     "cli runs",
-    "metrics first",
+    "metrics rebuild",
+    "metrics restart",
     "metrics",
     "submit",
     "run to succeeded",
@@ -136,8 +139,11 @@ def child(n: int, redis_url: str) -> dict[str, float]:
         last = f"{api}/runs?limit={PAGE}" + (f"&before={oldest}" if oldest else "")
         out["list last"] = _timed(lambda: client.get(last, headers=head).raise_for_status())
         out["page runs"] = _timed(lambda: runs.listed(PAGE))
-        out["metrics first"] = _timed(lambda: client.get("/metrics", headers=head).raise_for_status(), tries=1)
+        out["metrics rebuild"] = _timed(lambda: client.get("/metrics", headers=head).raise_for_status(), tries=1)
         out["metrics"] = _timed(lambda: client.get("/metrics", headers=head).raise_for_status())
+        # In a process of its own, as a restart is: its apps' memory is not this server's.
+        restart = [sys.executable, __file__, "--restart", str(config_path), "--redis-url", redis_url]
+        out["metrics restart"] = float(subprocess.run(restart, capture_output=True, text=True, check=True).stdout)
         body = {"trainer": "majority-baseline", "schemas": ["sentiment"]}
         out["submit"] = _timed(lambda: client.post(f"{api}/runs", json=body, headers=head).raise_for_status())
     for run_id, _ in runs.store.index.unfinished():  # the submissions above: not the executor's to run first
@@ -148,6 +154,23 @@ def child(n: int, redis_url: str) -> dict[str, float]:
     out["cli runs"] = _timed(lambda: _cli(cli, env), tries=3)
     out["peak rss"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # MB
     return out
+
+
+def _first_scrape_of_a_new_server(config_path: Path, redis_url: str) -> float:
+    """A new server's first /metrics (its app made afresh, as at a restart): the median of a few."""
+    from contextlib import closing
+
+    from fastapi.testclient import TestClient
+
+    from potato_queue.server.app import create_app
+    from potato_queue.validate import load_checked
+
+    config, head = load_checked(config_path), {"X-API-Key": ADMIN_KEY}
+    times = []
+    for _ in range(3):
+        with closing(TestClient(create_app(config, redis_url, enqueue=lambda run_id: None))) as client:
+            times.append(_timed(lambda: client.get("/metrics", headers=head).raise_for_status(), tries=1))
+    return statistics.median(times)
 
 
 def _run_to_end(config_path: Path, redis_url: str, runs: Any) -> float:
@@ -235,8 +258,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=20000)
     parser.add_argument("--small", type=int, default=10)
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    parser.add_argument("--restart", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", default=None, help=argparse.SUPPRESS)
     args = quick_args(parser, argv, runs=300)
+    if args.restart is not None:
+        print(_first_scrape_of_a_new_server(args.restart, args.redis_url))
+        return 0
     if args.child is not None:
         print(json.dumps(child(args.child, args.redis_url)))
         return 0

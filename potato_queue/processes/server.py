@@ -125,8 +125,8 @@ def serve_forever(
 
 
 def _tally_finished_runs(app: Any) -> None:
-    """/metrics' tally of the finished runs, read once at the server's start, in the background: not by the
-    first scrape."""
+    """/metrics' tally of the finished runs, at the server's start, in the background, not by the first scrape:
+    the index the last server kept (metrics_tally.json), or, after an upgrade, every record once."""
     try:
         app.state.finished_runs.scrape(app.state.store)
     except Exception as exc:  # noqa: BLE001 - a warm-up: the first scrape reads what is missing

@@ -17,11 +17,13 @@ from potato_queue.server.claims import ClaimWakeups, claims_router
 from potato_queue.server.guard import ADMIN_PREFIX, AGENT_PREFIX, PAGE_PREFIX, guard
 from potato_queue.server.headers import SecurityHeaders
 from potato_queue.server.insight_api import insight_router
-from potato_queue.server.ops import FinishedRuns, ops_router
+from potato_queue.server.ops import ops_router
 from potato_queue.server.page import page_router
 from potato_queue.server.page_api import device_probe, page_api_router
 from potato_queue.server.publish_api import publish_router
+from potato_queue.server.run_tally import FinishedRuns
 from potato_queue.store import RunStore
+from potato_queue.store.keys import metrics_tally_path
 from potato_queue.store.plumbing import client_for, refresh_forever
 from potato_queue.store.tokens import TrustedAgentTokens
 
@@ -41,7 +43,8 @@ def create_app(
     client = client_for(redis_url)
     app.state.config = config
     app.state.store = RunStore(config, client, clock)
-    app.state.finished_runs = FinishedRuns()  # /metrics' tally of the finished runs, kept between scrapes
+    # /metrics' tally of the finished runs, kept between scrapes and server starts
+    app.state.finished_runs = FinishedRuns(metrics_tally_path(config))
     trust = TrustedAgentTokens()  # the agent tokens Redis accepted lately: the guard's and the claims'
     app.state.claim_wakeups = ClaimWakeups(app.state.store, trust)  # subscribes at the first claim
     guard(app, app.state.store, config, trust)

@@ -9,23 +9,19 @@ answers, and how many executors said they are up in the last few seconds.
 from __future__ import annotations
 
 import secrets
-import threading
-from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import redis
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, PlainTextResponse
 
-from potato_queue.lab.usage import energy_kwh, gpu_hours
 from potato_queue.run import FINAL_STATES, STATES, RunState
 from potato_queue.server.guard import admin_problem, bearer
+from potato_queue.server.run_tally import RunTally
 from potato_queue.settings import REDIS_URL_ENV
-from potato_queue.store import RunStore
-from potato_queue.store.records import epoch_of
 
-__all__ = ["ops_router", "render_metrics", "render_tally", "RunTally", "FinishedRuns"]
+__all__ = ["ops_router", "render_metrics", "render_tally"]
 
 # /healthz answers anyone: it names the problem and where to look, never Redis's address or password (the
 # client's error text has them).
@@ -53,82 +49,6 @@ def _metric(
     for labels, value in samples:
         inner = ",".join(f'{k}="{_label(v)}"' for k, v in labels.items())
         lines.append(f"{name}{{{inner}}} {value:g}" if inner else f"{name} {value:g}")
-
-
-class RunTally:
-    """What /metrics counts of runs: by state and backend, finished runs' wall time, GPU use by backend."""
-
-    def __init__(self) -> None:
-        self.states: Counter[tuple[str, str]] = Counter()
-        self.durations_s: Counter[str] = Counter()
-        self.finished: Counter[str] = Counter()
-        self.gpu_hours: Counter[str] = Counter()
-        self.kwh: Counter[str] = Counter()
-
-    def add(self, r: Mapping[str, Any], sign: int = 1) -> None:
-        backend = str(r.get("backend") or "?")
-        self.states[(str(r.get("state", "unknown")), backend)] += sign
-        started, ended = epoch_of(r.get("started_at")), epoch_of(r.get("finished_at"))
-        if r.get("state") in FINAL_STATES and started and ended:
-            self.durations_s[backend] += sign * (ended - started)
-            self.finished[backend] += sign
-        usage = r.get("gpu_usage")
-        if isinstance(usage, dict) and usage.get("gpus"):
-            self.gpu_hours[backend] += sign * gpu_hours(usage)
-            self.kwh[backend] += sign * energy_kwh(usage)
-
-    def plus(self, records: Iterable[Mapping[str, Any]]) -> RunTally:
-        """A copy with `records` added."""
-        out = RunTally()
-        for mine, theirs in zip(out.counters(), self.counters(), strict=True):
-            mine.update(theirs)
-        for r in records:
-            out.add(r)
-        return out
-
-    def counters(self) -> tuple[Counter[Any], ...]:
-        return self.states, self.durations_s, self.finished, self.gpu_hours, self.kwh
-
-
-class FinishedRuns:
-    """The tally of the finished runs, kept between scrapes: a finished run's share never changes, so a scrape
-    reads only the runs it has not tallied (new, in flight, broken), never a year of records again. The first
-    scrape after a server start reads each record once."""
-
-    def __init__(self) -> None:
-        self.tally = RunTally()
-        self.counted: dict[str, tuple[Any, ...]] = {}  # run id: its share (Share's fields), to take it back out
-        self.ids: list[str] = []  # the run ids of the last scrape
-        self.open: list[str] = []  # ... of those, the runs not finished then
-        self.lock = threading.Lock()
-
-    def scrape(self, store: RunStore) -> tuple[RunTally, list[Mapping[str, Any]]]:
-        """(every run's tally, the records of the runs not finished) now."""
-        with self.lock:
-            ids = store.run_ids()
-            if ids != self.ids:  # a run made or removed since the last scrape: find which
-                for gone in self.counted.keys() - set(ids):
-                    self.tally.add(_share_record(self.counted.pop(gone)), -1)
-                self.open = [run_id for run_id in ids if run_id not in self.counted]
-                self.ids = ids
-            live = []
-            for run_id in self.open:
-                record = store.listing_record(run_id)
-                if record.get("state") in FINAL_STATES:
-                    share = tuple(record.get(k) for k in SHARE_FIELDS)
-                    self.counted[run_id] = share
-                    self.tally.add(_share_record(share))
-                else:
-                    live.append(record)
-            self.open = [r["run_id"] for r in live]
-            return self.tally.plus(live), live
-
-
-SHARE_FIELDS = ("state", "backend", "started_at", "finished_at", "gpu_usage")
-
-
-def _share_record(share: tuple[Any, ...]) -> dict[str, Any]:
-    return dict(zip(SHARE_FIELDS, share, strict=True))
 
 
 def render_metrics(

@@ -26,6 +26,7 @@ __all__ = [
     "runs_dir",
     "project_predictions_path",
     "remote_socket_path",
+    "metrics_tally_path",
     "retrain_state_path",
     "webhook_retry_dir",
     "staging_dir",
@@ -227,6 +228,12 @@ def webhook_retry_dir(config: ProjectConfig, endpoint: str) -> Path:
     `<this>/.webhooks/webhook_retries.db`): one folder per endpoint, so that one that hangs delays no other."""
     safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in endpoint)[:80] or "unnamed"
     return config.output_path / "training" / "webhooks" / safe
+
+
+def metrics_tally_path(config: ProjectConfig) -> Path:
+    """/metrics' index of the finished runs' shares (server/run_tally.py): a server's start reads it, not every
+    run.json. Beside the runs folder, not in it: the runs folder holds run folders only."""
+    return config.output_path / "training" / "metrics_tally.json"
 
 
 def retrain_state_path(config: ProjectConfig) -> Path:

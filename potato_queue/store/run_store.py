@@ -159,6 +159,10 @@ class RunStore:
         """Every run on disk, oldest first (the admin's list; executors use unfinished()): store/listing.py."""
         return self._listing.ids()
 
+    def vouch_listed(self, run_ids: set[str]) -> None:
+        """These runs' folders held their run.json when the caller read them: the first listing need not look."""
+        self._listing.vouch(run_ids)
+
     def _created_at(self, run_id: str) -> str:
         if run_id not in self._created:
             try:

@@ -363,7 +363,11 @@ def test_a_run_again_on_its_bundle_params_and_seed_reproduces_and_the_comparison
         first = svc.start_run(trainer="sklearn-text", schemas=["sentiment"], params={"max_features": 500})
         original = svc.wait_for(first, TERMINAL, 120)
         assert original["state"] == "succeeded", svc.logs()
+        middle = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        assert svc.wait_for(middle, TERMINAL, 120)["state"] == "succeeded"
 
+        # retain_runs 2: the re-run's own success prunes its original's bundle (the oldest of three kept); the
+        # comparison that --follow prints reads the re-run's copy of it.
         env = {"POTATO_QUEUE_REDIS_URL": redis_server_url}
         out = run_cli("training", "rerun", first, svc.config, "--follow", env=env, timeout_s=180)
         assert out.returncode == 0, out.stdout + out.stderr
@@ -378,10 +382,8 @@ def test_a_run_again_on_its_bundle_params_and_seed_reproduces_and_the_comparison
         compared = svc.api("GET", f"/runs/{first}/compare/{rerun['run_id']}")[1]
         assert compared["reproducibility"] == [] and compared["schemas"]["sentiment"]["disagree"] == 0, compared
 
-        # retain_runs 2: a third success prunes the first run's bundle. The kept runs hold copies of it (the
-        # re-run's, and the newer run's on the same annotations): the rater and the comparison read those.
-        newer = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
-        assert svc.wait_for(newer, TERMINAL, 120)["state"] == "succeeded"
+        # The kept runs hold copies of the pruned bundle (the re-run's, and the middle run's on the same
+        # annotations): the rater and the comparison read those.
         wait_until(lambda: not (run_paths(svc, first).bundle_dir / "manifest.json").exists(), 30, "the prune")
         assert svc.api("GET", f"/runs/{first}/compare/{rerun['run_id']}")[0] == 200
         made = run_cli("training", "rater", first, svc.config, env=env)
@@ -390,7 +392,7 @@ def test_a_run_again_on_its_bundle_params_and_seed_reproduces_and_the_comparison
         rater = next(svc.config.parent.glob("annotation_output/potato-queue.*/user_state.json"))
         written = rater.read_bytes()
         # Once no kept run holds a copy (retention went on), each refuses before it changes anything.
-        for run_id in (rerun["run_id"], newer):
+        for run_id in (rerun["run_id"], middle):
             shutil.rmtree(run_paths(svc, run_id).bundle_dir)
         status, refused = svc.api("POST", f"/runs/{first}/rerun", {"backend": "local"})
         assert status == 409 and refused["detail"].startswith(

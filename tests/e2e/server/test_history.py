@@ -17,8 +17,9 @@ import redis
 
 from potato_queue.clock import REAL_CLOCK
 from potato_queue.run import RunState
+from potato_queue.server.run_tally import FinishedRuns
 from potato_queue.store import RunStore
-from potato_queue.store.keys import new_run_id
+from potato_queue.store.keys import metrics_tally_path, new_run_id
 from potato_queue.store.listing import RunListing
 from potato_queue.validate import load_checked
 from tests.conftest import run_cli
@@ -98,8 +99,6 @@ def test_training_runs_takes_a_limit_a_cursor_and_all(history: tuple[Path, RunSt
 def test_metrics_read_a_finished_run_once_and_follow_new_and_removed_runs(
     history: tuple[Path, RunStore, list[str]],
 ) -> None:
-    from potato_queue.server.ops import FinishedRuns
-
     _, store, ids = history
     tally = FinishedRuns()
     counts, live = tally.scrape(store)
@@ -113,6 +112,41 @@ def test_metrics_read_a_finished_run_once_and_follow_new_and_removed_runs(
     assert counts.states[("succeeded", "local")] == RUNS  # +1 new, -1 removed, the spoiled one still counted
     assert [r["run_id"] for r in live] == [queued] and counts.states[("queued", "local")] == 1
     assert fresh in tally.counted and ids[1] not in tally.counted
+
+
+def test_a_new_server_reads_the_tally_file_not_every_record(history: tuple[Path, RunStore, list[str]]) -> None:
+    """A server's start costs one small file, not a year of run.json; a file that is not ours is rebuilt."""
+    _, store, ids = history
+    path = metrics_tally_path(store.config)
+    used = json.loads(store.paths(ids[-1]).run_json.read_text())
+    used.update(started_at="2026-11-02T09:00:00Z", finished_at="2026-11-02T09:10:00Z")
+    used["gpu_usage"] = {"gpus": [{"index": 0, "name": "H100"}], "gpu_seconds": 1800.0, "energy_wh": 250.0}
+    store.paths(ids[-1]).run_json.write_text(json.dumps(used))
+    read, _ = FinishedRuns(path).scrape(store)
+    kept, _ = FinishedRuns(path).scrape(store)
+    assert kept.counters() == read.counters() and read.gpu_hours["local"] == 0.5 and read.kwh["local"] == 0.25
+    assert read.durations_s["local"] == 600.0
+    assert path.stat().st_mode & 0o777 == 0o600
+    for run_id in ids[:3]:
+        store.paths(run_id).run_json.write_text("{not json")  # read again, these would list as broken
+    shutil.rmtree(store.paths(ids[3]).dir)
+    counts, _ = FinishedRuns(path).scrape(store)
+    assert counts.states[("succeeded", "local")] == RUNS - 1
+    assert not any(state == "broken" for state, _ in +counts.states), "the spoiled records were not read"
+    assert ids[3] not in json.loads(path.read_text())["shares"], "the removed run left the file too"
+
+    good = json.loads(path.read_text())
+    spoiled_total = {**good, "tally": {**good["tally"], "kwh": {"local": "x"}}}
+    spoiled_share = {**good, "shares": {**good["shares"], ids[4]: ["succeeded", "local", None, -1, 0]}}
+    for spoiled in (spoiled_total, spoiled_share):
+        path.write_text(json.dumps(spoiled))
+        if spoiled is spoiled_share:
+            shutil.rmtree(store.paths(ids[4]).dir)  # a spoiled share is found as it is taken out
+        rebuilt, _ = FinishedRuns(path).scrape(store)
+        removed = 2 if spoiled is spoiled_share else 1
+        assert rebuilt.states[("succeeded", "local")] == RUNS - 3 - removed, "set aside: the records are read"
+        assert sum(n for (state, _), n in rebuilt.states.items() if state == "broken") == 3
+        assert rebuilt.kwh["local"] == 0.25
 
 
 @pytest.mark.unit
@@ -135,6 +169,12 @@ def test_the_listing_orders_a_seconds_ties_and_waits_for_a_run_json(tmp_path: Pa
     shutil.rmtree(tmp_path / late)
     assert listing.ids() == [early, next_second]
     assert json.dumps(listing.ids())  # a copy the caller may keep
+    # A new process's listing, told which folders held a record (the metrics index): those are not looked into.
+    (tmp_path / next_second / "run.json").unlink()
+    fresh = RunListing(tmp_path, lambda run_id: created[run_id], REAL_CLOCK.now_s)
+    fresh.vouch({next_second})
+    assert fresh.ids() == [early, next_second]
+    assert RunListing(tmp_path, lambda run_id: created[run_id], REAL_CLOCK.now_s).ids() == [early]
 
 
 def test_an_ended_runs_redis_keys_expire_once_its_record_is_on_disk(history: tuple[Path, RunStore, list[str]]) -> None:
