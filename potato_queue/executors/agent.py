@@ -104,10 +104,9 @@ class AgentHandle(RunHandle):
         return result.artifact_uri
 
 
-class AgentExecutor(Executor):
+class AgentExecutor(Executor[AgentBackend]):
     type_name = "agent"
     pull = True
-    backend: AgentBackend
 
     def check(self, model: str | None = None) -> CheckReport:
         # A pull backend: its registration lives in the server's store, and runs/check.py reads it there. The

@@ -19,9 +19,10 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar
 
 from potato_queue.clock import REAL_CLOCK, Clock
+from potato_queue.config import AnyBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.settings import DEFAULT_SETTINGS, Settings
 from potato_queue.store.keys import RunPaths
@@ -38,6 +39,7 @@ __all__ = [
     "Status",
     "RunHandle",
     "Executor",
+    "BackendT",
     "ModelFilesMissing",
 ]
 
@@ -171,15 +173,21 @@ class RunHandle(ABC):
         """After the agent reported: bring the model files back, clean up, return the artifact_uri."""
 
 
-class Executor(ABC):
-    """One backend type. Subclasses set `type_name` and are built with their backend's config."""
+# The config model of an executor's backend type (config.py): an executor is Executor[SshBackend] and so on, so
+# that mypy checks what it reads of its backend, and a new backend type plugs in by the same two parameters.
+BackendT = TypeVar("BackendT", bound=AnyBackend)
+
+
+class Executor(ABC, Generic[BackendT]):
+    """One backend type. Subclasses set `type_name`, name their config model (`Executor[SshBackend]`) and are
+    built with it."""
 
     type_name: ClassVar[str] = ""
     # A pull backend's agent claims its run and gets the run token from the claim;
     # every other backend is handed a token in its LaunchSpec.
     pull: ClassVar[bool] = False
 
-    def __init__(self, backend_name: str, backend: Any, settings: Settings = DEFAULT_SETTINGS) -> None:
+    def __init__(self, backend_name: str, backend: BackendT, settings: Settings = DEFAULT_SETTINGS) -> None:
         """`settings`: the process's (an ssh config file of the server's own, the copy's stall limit)."""
         self.backend_name = backend_name
         self.backend = backend

@@ -169,9 +169,8 @@ class LocalHandle(RunHandle):
         return str(paths.artifacts)
 
 
-class LocalExecutor(Executor):
+class LocalExecutor(Executor[LocalBackend]):
     type_name = "local"
-    backend: LocalBackend
 
     def __init__(self, backend_name: str, backend: LocalBackend, settings: Settings = DEFAULT_SETTINGS) -> None:
         super().__init__(backend_name, backend, settings)

@@ -123,9 +123,8 @@ def slurm_check_report(backend: SlurmBackend, facts: dict[str, Any]) -> CheckRep
     return CheckReport(ok=not problems, lines=lines, data=data)
 
 
-class SlurmExecutor(Executor):
+class SlurmExecutor(Executor[SlurmBackend]):
     type_name = "slurm"
-    backend: SlurmBackend
 
     def check(self, model: str | None = None) -> CheckReport:
         asked: dict[str, Any] = {

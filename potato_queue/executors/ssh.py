@@ -82,9 +82,8 @@ def llm_facts(facts: dict[str, Any], setting: str) -> dict[str, Any]:
     }
 
 
-class SshExecutor(Executor):
+class SshExecutor(Executor[SshBackend]):
     type_name = "ssh"
-    backend: SshBackend
 
     def check(self, model: str | None = None) -> CheckReport:
         """SSH-6: the host's Python, each GPU, the GPU a run would get, training packages it lacks."""

@@ -25,7 +25,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -96,6 +96,14 @@ def _claims_read_from(svc: Services, host: str) -> int:
 def _all_read(svc: Services) -> bool:
     """The server has read every byte that came in on its connections."""
     return not any(unread for unread, _ in _server_connections(svc).values())
+
+
+def _wait(condition: Callable[[], Any], timeout_s: float, what: str, context: Callable[[], Any]) -> None:
+    """wait_until, with `context()` (an agent's output, the server's logs: read when it fails) in its message."""
+    try:
+        wait_until(condition, timeout_s, what)
+    except AssertionError as failed:
+        raise AssertionError(f"{failed}: {context()}") from None
 
 
 def _on_sent(sent: threading.Event) -> dict[str, Any]:
@@ -248,14 +256,17 @@ def test_check_shows_the_registration_and_the_agent_it_saw(behind_nat: Services,
     unseen = subprocess.run(check + ["--json"], env=svc.env, capture_output=True, text=True, timeout=60)
     assert unseen.returncode == 1 and json.loads(unseen.stdout)["last_seen"] is None
     agent = Agent(nat, svc, token)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        seen = subprocess.run(check + ["--json"], env=svc.env, capture_output=True, text=True, timeout=60)
-        if seen.returncode == 0:
-            break
-        time.sleep(0.5)
-    agent.stop()
-    report = json.loads(seen.stdout)
+    checks: list[subprocess.CompletedProcess[str]] = []
+
+    def seen() -> bool:  # the agent's first claim marks the backend seen: `training check` passes from then on
+        checks.append(subprocess.run(check + ["--json"], env=svc.env, capture_output=True, text=True, timeout=60))
+        return checks[-1].returncode == 0
+
+    try:
+        _wait(seen, 30, "`training check` seeing the agent", lambda: (checks[-1].stdout, agent.output()))
+    finally:
+        agent.stop()
+    report = json.loads(checks[-1].stdout)
     assert report["ok"] and report["last_seen"] is not None, (report, agent.output())
     assert report["agent"]["host"] == socket.gethostname()
     assert report["agent"]["python"] == ".".join(map(str, sys.version_info[:3]))
@@ -304,10 +315,12 @@ def test_the_token_is_in_no_command_line_url_or_log(behind_nat: Services, nat: N
 
 
 def _wait_progress(svc: Services, run_id: str, timeout_s: float = 60) -> None:
-    deadline = time.monotonic() + timeout_s
-    while svc.api("GET", f"/runs/{run_id}")[1].get("progress") is None:
-        assert time.monotonic() < deadline, f"run {run_id} made no progress: {svc.logs()}"
-        time.sleep(0.2)
+    _wait(
+        lambda: svc.api("GET", f"/runs/{run_id}")[1].get("progress") is not None,
+        timeout_s,
+        f"progress of run {run_id} (its worker's first report)",
+        svc.logs,
+    )
 
 
 def test_a_silent_network_cut_fails_the_run_and_the_agent_stops_its_worker(
@@ -382,10 +395,12 @@ def test_a_bundle_download_cut_midway_resumes_and_is_verified(
         nat.slow("8mbit")
         agent = Agent(nat, svc, register(svc), "--once")
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
-        deadline = time.monotonic() + 60
-        while not [p for p in agent.workdir.glob("*/bundle.tar.gz") if p.stat().st_size > 0]:
-            assert time.monotonic() < deadline, agent.output()  # a part of the bundle has arrived
-            time.sleep(0.05)
+        _wait(
+            lambda: [p for p in agent.workdir.glob("*/bundle.tar.gz") if p.stat().st_size > 0],
+            60,
+            "a part of the bundle, on the training machine",
+            agent.output,
+        )
         nat.reset_connections_from(int(svc.url.rsplit(":", 1)[1]))
         # The reset has done its work once the agent says its download failed (it retries after a pause).
         wait_until(lambda: "GET bundle: " in agent.output(), 30, "the agent's download cut")
@@ -410,10 +425,12 @@ def test_an_agent_that_cannot_reach_the_server_says_what_to_check(nat: NatHost, 
             start_new_session=True,
         )
     try:
-        deadline = time.monotonic() + 30
-        while "is the server running" not in (tmp_path / "agent.out").read_text():
-            assert time.monotonic() < deadline, (tmp_path / "agent.out").read_text()
-            time.sleep(0.1)
+        _wait(
+            lambda: "is the server running" in (tmp_path / "agent.out").read_text(),
+            30,
+            "the agent's line on the unreachable server",
+            (tmp_path / "agent.out").read_text,
+        )
         text = (tmp_path / "agent.out").read_text()
         assert f"asking {server} for work" in text and "is --server the address this machine reaches it at?" in text
         assert proc.poll() is None, "it keeps trying: the server may be restarting"
