@@ -33,7 +33,7 @@ from potato_queue.agent.launchers.process import ProcessLauncher, worker_env
 from potato_queue.agent.launchers.slurm import SlurmLauncher
 from potato_queue.agent.runner import Runner, log_line
 from potato_queue.agent.transport import Transport, call_timeout_s
-from potato_queue.host.boot import remove_socket
+from potato_queue.host.check import remove_socket
 from potato_queue.wire.exit_codes import EXIT_BAD_SPEC
 from potato_queue.wire.isolated import PASSED_NAMES_VAR, passed_names
 from potato_queue.wire.sbatch import SettingsError, SlurmSettings

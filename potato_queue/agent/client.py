@@ -181,7 +181,7 @@ class RunClient:
         """One GET from byte `offset`, appended to (206) or replacing (200) `dest`."""
         headers = {"Range": "bytes={}-".format(offset)} if offset else {}
         try:
-            with self.transport.stream("GET", self._path("bundle"), None, headers) as response:
+            with self.transport.reading(self.transport.request("GET", self._path("bundle"), None, headers)) as response:
                 if response.status == 416:
                     os.unlink(dest)  # the server's bundle is shorter than what we hold: start over
                     raise Retryable("the server refused the range; starting over")

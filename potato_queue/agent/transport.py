@@ -258,16 +258,8 @@ class Transport:
         raise AssertionError("unreachable")
 
     @contextlib.contextmanager
-    def stream(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        headers: Optional[Dict[str, str]] = None,
-        timeout_s: Optional[float] = None,
-    ) -> Iterator[http.client.HTTPResponse]:
-        """A response to read in the with-block; the connection is kept only when it was read whole."""
-        response = self.request(method, path, body, headers, timeout_s)
+    def reading(self, response: http.client.HTTPResponse) -> Iterator[http.client.HTTPResponse]:
+        """A response of request() to read in the with-block; the connection is kept only when it was read whole."""
         try:
             yield response
         except (OSError, http.client.HTTPException):
@@ -288,7 +280,7 @@ class Transport:
         timeout_s: Optional[float] = None,
     ) -> Tuple[int, bytes]:
         """One request and its whole reply: (status, body). Connection errors are raised as they come."""
-        with self.stream(method, path, body, headers, timeout_s) as response:
+        with self.reading(self.request(method, path, body, headers, timeout_s)) as response:
             return response.status, response.read()
 
     def call(

@@ -156,8 +156,9 @@ def main() -> int:
 
 
 def remove_socket(path: str) -> None:
-    """The session's forwarded socket: sshd leaves the file, and an executor that died cannot remove it
-    (the bootstrap's, and the agent's once it ends). Only a socket of this account's."""
+    """The session's forwarded socket: sshd leaves the file, and an executor that died cannot remove it. Only a
+    socket of this account's. host/check.py has the same function: each of the two is sent to a host as a
+    script that must stand alone (this one runs before our code is there), so neither can import it."""
     try:
         info = os.lstat(path)
         if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():

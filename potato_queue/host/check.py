@@ -91,7 +91,8 @@ def slurm_facts(asked: Dict[str, Any]) -> Dict[str, Any]:
 
 
 def remove_socket(path: str) -> None:
-    """The forward the check asked for, as a run does: sshd leaves its file. Only a socket of this account's."""
+    """A session's forwarded socket (the check's; the agent's, which imports it): sshd leaves the file. Only a
+    socket of this account's. As host/boot.py's: this file is sent as a script that must stand alone."""
     try:
         info = os.lstat(path)
         if stat.S_ISSOCK(info.st_mode) and info.st_uid == os.getuid():

@@ -32,6 +32,10 @@ from potato_queue.store.plumbing import client_for
 __all__ = ["up"]
 
 
+# The runs `up --run` makes, in order: (trainer, its schemes, its params).
+Planned = list[tuple[str, list[str], dict[str, Any]]]
+
+
 def _spawn(args: list[str], env: dict[str, str], **kw: object) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "potato_queue.cli", *args], env=env, text=True, start_new_session=True, **kw
@@ -73,9 +77,7 @@ def params_by_trainer(trainers: list[str], params: dict[str, Any]) -> list[tuple
     return [(name, {k: v for k, v in params.items() if k in declared[name]}) for name in trainers]
 
 
-def planned_runs(
-    config: ProjectConfig, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str]
-) -> list[tuple[str, list[str], dict[str, Any]]]:
+def planned_runs(config: ProjectConfig, trainers: list[tuple[str, dict[str, Any]]], schemas: list[str]) -> Planned:
     """Every --run checked before anything starts (its schemes, its kinds, its backend, its params), so that an
     `up` whose second run would be refused queues nothing: (trainer, schemes, params) in order. No `schemas`:
     each trainer gets the schemes of the kinds it trains."""
@@ -95,7 +97,7 @@ def up(
     redis_url: str,
     *,
     environ: Mapping[str, str],
-    trainers: list[tuple[str, list[str], dict[str, Any]]],
+    trainers: Planned,
     port: int,
     verbose: bool = False,
 ) -> int:
@@ -107,19 +109,13 @@ def up(
     for signum in (signal.SIGTERM, signal.SIGHUP, signal.SIGINT):
         signal.signal(signum, _exit_on)
     try:
-        return _up(config, redis_url, environ, trainers=trainers, port=port, verbose=verbose)
+        return _start_and_run(config, redis_url, environ, trainers, port, verbose)
     except KeyboardInterrupt:
         return 130
 
 
-def _up(
-    config: ProjectConfig,
-    redis_url: str,
-    environ: Mapping[str, str],
-    *,
-    trainers: list[tuple[str, list[str], dict[str, Any]]],
-    port: int,
-    verbose: bool,
+def _start_and_run(
+    config: ProjectConfig, redis_url: str, environ: Mapping[str, str], trainers: Planned, port: int, verbose: bool
 ) -> int:
     with ExitStack() as stack:
         if not ping(redis_url):
@@ -151,9 +147,7 @@ def _up(
     return 0
 
 
-def run_in_order(
-    config: ProjectConfig, redis_url: str, trainers: list[tuple[str, list[str], dict[str, Any]]], page: str
-) -> int:
+def run_in_order(config: ProjectConfig, redis_url: str, trainers: Planned, page: str) -> int:
     """Queue a run per planned trainer (they run one at a time, in this order), follow each, compare them; one
     refused as it is queued (a budget) cancels those queued before it, so none runs later unasked."""
     from potato_queue.cli.output import compare_table, follow

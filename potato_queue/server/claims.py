@@ -286,6 +286,13 @@ def get_agent_zipapp() -> Response:
     )
 
 
+# What a backend-level agent route answers before it looks at the request (OpenAPI's documented replies).
+_BACKEND_REFUSALS: dict[int | str, dict[str, Any]] = {
+    401: {"description": "no token, or not this backend's (wrong, or replaced)"},
+    404: {"description": "no agent backend of that name"},
+}
+
+
 def claims_router() -> APIRouter:
     """The backend-level agent routes, to mount at /api/training/agent/v1 beside the per-run ones."""
     router = APIRouter(tags=["agent protocol"])
@@ -295,21 +302,12 @@ def claims_router() -> APIRouter:
         methods=["POST"],
         response_model=Claim,
         responses={
-            401: {"description": "no token, or not this backend's (wrong, or replaced)"},
+            **_BACKEND_REFUSALS,
             403: {"description": "the token belongs to another backend"},
-            404: {"description": "no agent backend of that name"},
             413: {"description": "a body over 64 KiB"},
         },
     )
-    router.add_api_route(
-        "/backends/{backend}/waiting",
-        waiting,
-        methods=["POST"],
-        responses={
-            401: {"description": "no token, or not this backend's (wrong, or replaced)"},
-            404: {"description": "no agent backend of that name"},
-        },
-    )
+    router.add_api_route("/backends/{backend}/waiting", waiting, methods=["POST"], responses=_BACKEND_REFUSALS)
     router.add_api_route(
         "/agent.pyz",
         get_agent_zipapp,

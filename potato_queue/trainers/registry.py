@@ -105,6 +105,16 @@ class TrainerInfo:
         }
 
 
+# hf-text- and hf-token-classification: the same fine-tune of the same default encoder (the params they declare).
+_FINE_TUNE_TEXT_PARAMS: tuple[tuple[str, object], ...] = (
+    ("model_name", "sentence-transformers/all-MiniLM-L6-v2"),
+    ("epochs", 3),
+    ("learning_rate", 5e-5),
+    ("batch_size", 16),
+    ("max_length", 256),
+    ("lora", None),
+)
+
 TRAINERS: dict[str, TrainerInfo] = {
     info.name: info
     for info in (
@@ -115,14 +125,7 @@ TRAINERS: dict[str, TrainerInfo] = {
             "per step of a likert, a regression for a slider; optionally LoRA via peft).",
             extra="train-text",
             kinds=("nominal", "multilabel", "ordinal", "continuous"),
-            params=(
-                ("model_name", "sentence-transformers/all-MiniLM-L6-v2"),
-                ("epochs", 3),
-                ("learning_rate", 5e-5),
-                ("batch_size", 16),
-                ("max_length", 256),
-                ("lora", None),
-            ),
+            params=_FINE_TUNE_TEXT_PARAMS,
             packages=("torch", "transformers"),
         ),
         TrainerInfo(
@@ -132,14 +135,7 @@ TRAINERS: dict[str, TrainerInfo] = {
             "character offsets, spans back; optionally LoRA via peft).",
             extra="train-text",
             kinds=("span",),
-            params=(
-                ("model_name", "sentence-transformers/all-MiniLM-L6-v2"),
-                ("epochs", 3),
-                ("learning_rate", 5e-5),
-                ("batch_size", 16),
-                ("max_length", 256),
-                ("lora", None),
-            ),
+            params=_FINE_TUNE_TEXT_PARAMS,
             packages=("torch", "transformers"),
         ),
         TrainerInfo(
