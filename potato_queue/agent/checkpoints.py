@@ -15,8 +15,8 @@ import socket
 import time
 from typing import Optional
 
+from potato_queue.wire.checkpoint import Checkpoints
 from potato_queue.wire.job import Job
-from potato_queue.worker.checkpoint import Checkpoints
 
 __all__ = ["CHECKPOINTS_FOLDER", "MAX_AGE_S", "checkpoint_root", "checkpoint_dir_for", "prune_stale", "resume_note"]
 

@@ -23,9 +23,9 @@ from potato_queue.trainers.hf_heads import Head, saved_head
 from potato_queue.trainers.hub import explain_not_cached
 from potato_queue.trainers.llm_parts import Precision
 from potato_queue.trainers.llm_settings import LLMSettings
+from potato_queue.wire.checkpoint import Checkpoint
 from potato_queue.wire.scoring import score
 from potato_queue.worker.api import RunContext
-from potato_queue.worker.checkpoint import Checkpoint
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["Plan", "SchemaLoop", "probabilities", "POSITION_FILE"]

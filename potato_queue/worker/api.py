@@ -11,10 +11,10 @@ itself, so a missing package becomes exit 3 with an install hint.
 
 from typing import Any, Callable, ClassVar, Dict, Iterable, Iterator, List, Optional, Tuple
 
+from potato_queue.wire.checkpoint import Checkpoint, Checkpoints, default_checkpoint_dir
 from potato_queue.wire.events import Reporter
 
 from .bundle import Bundle
-from .checkpoint import Checkpoint, Checkpoints, default_checkpoint_dir
 from .errors import Cancelled, Preempted
 from .parallel import RankInfo
 from .spec import SchemaSpec, Spec

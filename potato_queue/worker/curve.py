@@ -19,6 +19,7 @@ import shutil
 import time
 from typing import Any, Callable, Dict, Iterator, List, Optional
 
+from potato_queue.wire.checkpoint import Checkpoints
 from potato_queue.wire.curve import (
     CURVE_PARAM,
     CURVE_PERCENTS,
@@ -30,7 +31,6 @@ from potato_queue.wire.scoring import gold_label, score
 
 from .api import PredictItem, RunContext, Trainer
 from .bundle import Bundle
-from .checkpoint import Checkpoints
 from .errors import TrainerError, ValidationFailed
 
 __all__ = ["wants_curve", "fit_curve", "report_full_point", "quiet", "scratch_checkpoints"]

@@ -13,6 +13,7 @@ import time
 import traceback
 from typing import Dict, Optional
 
+from potato_queue.wire.checkpoint import Checkpoints, default_checkpoint_dir
 from potato_queue.wire.events import Reporter
 from potato_queue.wire.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_PREEMPTED, EXIT_UNEXPECTED
 from potato_queue.wire.isolated import RUN_ID_VAR, python_argv
@@ -20,7 +21,6 @@ from potato_queue.wire.scoring import score
 
 from .api import FitResult, RunContext, Trainer
 from .bundle import Bundle, load_bundle
-from .checkpoint import Checkpoints, default_checkpoint_dir
 from .curve import fit_curve, quiet, report_full_point, scratch_checkpoints, wants_curve
 from .device import (
     apply_gpus,

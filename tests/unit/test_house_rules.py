@@ -77,10 +77,11 @@ def test_the_ssh_first_stage_imports_nothing_of_ours_at_module_level() -> None:
     assert ours == [], f"host/boot.py imports {ours} before the code is on the host"
 
 
-# What each bare package may import of the others (beyond wire/): the agent starts the worker and runs the
-# host scripts' GPU choice; the worker and the host scripts import neither it nor each other.
+# What each bare package may import of the others (beyond wire/): the agent runs the host scripts' GPU choice
+# and starts the worker as a process (a meaning both own, the checkpoint folder's layout, is in wire/); the
+# worker and the host scripts import neither it nor each other.
 BARE_MAY_IMPORT = {
-    "agent": ("potato_queue.host", "potato_queue.worker"),
+    "agent": ("potato_queue.host",),
     "host": (),
     "worker": ("potato_queue.trainers",),
 }

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from potato_queue.worker.checkpoint import Checkpoints
+from potato_queue.wire.checkpoint import Checkpoints
 from tests.agent_helpers import AGENT, lab, register
 from tests.conftest import run_cli
 from tests.lifecycle_helpers import (

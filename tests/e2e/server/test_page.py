@@ -230,7 +230,7 @@ def test_cancel_run_asks_first_and_cancels(browser: Any, svc: Services, tiny_mod
 
 
 def test_retry_from_its_checkpoint_asks_first_and_the_two_runs_link_to_each_other(browser: Any, svc: Services) -> None:
-    from potato_queue.worker.checkpoint import Checkpoints
+    from potato_queue.wire.checkpoint import Checkpoints
 
     params = {"hold_s": 8, "checkpoint_every_steps": 1}
     old = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend="local", params=params)
