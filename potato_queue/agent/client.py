@@ -114,7 +114,9 @@ class RunClient:
         def attempt() -> Dict[str, Any]:
             try:
                 with open(path, "rb") as fh:
-                    status, data = self.transport.exchange("PUT", self._path("predictions"), fh, headers)
+                    status, data = self.transport.whole(
+                        self.transport.request("PUT", self._path("predictions"), fh, headers)
+                    )
             except (OSError, http.client.HTTPException) as exc:
                 raise Retryable(problem_of(exc)) from None
             if status == 409 and policy.failures:

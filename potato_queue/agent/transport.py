@@ -271,17 +271,10 @@ class Transport:
         if response.will_close or not response.isclosed():
             self.drop()
 
-    def exchange(
-        self,
-        method: str,
-        path: str,
-        body: Any = None,
-        headers: Optional[Dict[str, str]] = None,
-        timeout_s: Optional[float] = None,
-    ) -> Tuple[int, bytes]:
-        """One request and its whole reply: (status, body). Connection errors are raised as they come."""
-        with self.reading(self.request(method, path, body, headers, timeout_s)) as response:
-            return response.status, response.read()
+    def whole(self, response: http.client.HTTPResponse) -> Tuple[int, bytes]:
+        """A response of request(), read whole: (status, body). Connection errors are raised as they come."""
+        with self.reading(response) as read:
+            return read.status, read.read()
 
     def call(
         self,
@@ -306,7 +299,7 @@ class Transport:
 
         def attempt() -> Dict[str, Any]:
             try:
-                status, data = self.exchange(method, path + query, body, sent_headers, timeout_s)
+                status, data = self.whole(self.request(method, path + query, body, sent_headers, timeout_s))
             except (OSError, http.client.HTTPException) as exc:
                 raise Retryable(problem_of(exc)) from None
             return json_answer(status, data)
