@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_agent.py p4 [--mb 1024]        the agent's bundle download vs curl from a static server
     .venv/bin/python bench/bench_agent.py p7 [--agents 1000]    idle agents long-polling: RSS, CPU, claim p99
     .venv/bin/python bench/bench_agent.py all
+    .venv/bin/python bench/bench_agent.py all --quick   seconds: majority-baseline's hold for P1, one P7 stack
 
 Everything is real: a private Redis, `potato-queue serve` and `worker`,
 `potato-queue training agent` (P1), the agent's own download code (P4) and
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import hashlib
 import json
 import os
@@ -38,9 +38,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
+from bench.long_runs import HF, HOLD, trainer_arg, until_stopped  # noqa: E402
 from bench.quick import quick_args  # noqa: E402
 from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
-from tests.lifecycle_helpers import Services, build_tiny_model, run_paths, started  # noqa: E402
+from tests.lifecycle_helpers import Services, run_paths, started  # noqa: E402
 
 BACKEND = "lab"
 AGENT_BACKENDS = {"backends": {BACKEND: {"type": "agent", "heartbeat_timeout_s": 60}}}
@@ -83,35 +84,25 @@ def cpu_s(pid: int) -> float:
 # ---------------------------------------------------------------- P1: cancel on the agent backend
 
 
-def p1(tmp: Path, runs: int) -> None:
-    params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
+def p1(tmp: Path, runs: int, args: argparse.Namespace) -> None:
+    trainer = args.trainer or HF
+    params = until_stopped(tmp, trainer)
     with services(tmp / "p1") as svc:
         env = {**os.environ, "POTATO_TRAINING_TOKEN": register(svc)}
         agent = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "potato_queue.cli",
-                "training",
-                "agent",
-                "--server",
-                svc.url,
-                "--backend",
-                BACKEND,
-                "--workdir",
-                str(tmp / "agent"),
-            ],
+            [sys.executable, "-m", "potato_queue.cli", "training", "agent", "--server", svc.url]
+            + ["--backend", BACKEND, "--workdir", str(tmp / "agent")],
             env=env,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
             start_new_session=True,
         )
         try:
-            ours, run_id = cancel_s(svc, params, runs, backend=BACKEND)
+            ours, run_id = cancel_s(svc, params, runs, trainer, backend=BACKEND)
         finally:
             os.killpg(agent.pid, signal.SIGTERM)
             agent.wait(30)
-        hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs)  # the last run's, on the server
+        hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs, trainer)  # the last run's bundle
     report("P1 (agent backend)", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 0.100 s")
 
 
@@ -142,7 +133,7 @@ AgentClient(server, run_id, os.environ["POTATO_TRAINING_TOKEN"]).download_bundle
 ROUNDS = 12  # of each P4 download; a multiple of its 4 rows, so that each goes first as often
 
 
-def p4(tmp: Path, mb: int) -> None:
+def p4(tmp: Path, mb: int, _: argparse.Namespace) -> None:
     with services(tmp / "p4", executors=0) as svc:
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         bundle = run_dir(svc, run_id) / "bundle.tar.gz"
@@ -337,31 +328,43 @@ async def _idle_agents(
     }
 
 
-def p7(tmp: Path, agents: int, window_s: float | None = None, runs: int = 20) -> None:
+def _p7_row(svc: Services, token: str, count: int, wait_s: float, runs: int, window_s: float | None) -> float:
+    """One row of P7, printed; its idle CPU."""
+    base_rss = rss_mb(svc.procs[0].pid)
+    row = asyncio.run(_idle_agents(svc, token, count, runs=runs, wait_s=wait_s, window_s=window_s))
+    print(
+        f"P7: {count} idle agents, {wait_s:g} s claims, one server: RSS {row['rss_mb']:.0f} MB ({base_rss:.0f} MB "
+        f"with none; goal < 500 MB at 10,000), idle CPU {row['cpu']:.1%} of a core (goal < 10 %), claim "
+        f"latency from POST /runs: median {row['median_s'] * 1000:.0f} ms, p99 {row['p99_s'] * 1000:.0f} ms "
+        f"over {runs} runs (goal < 200 ms)",
+        flush=True,
+    )
+    return row["cpu"]
+
+
+def p7(tmp: Path, agents: int, args: argparse.Namespace) -> None:
     """The agent's own claim (CLAIM_WAIT_S) at `agents` and ten times as many; side by side at the larger
-    count, a plain 25-second poll loop (what the agent did before, and what most pollers do). `window_s`
-    and `runs` shorten it (--quick)."""
+    count, a plain 25-second poll loop (what the agent did before, and what most pollers do). --window-s,
+    --claim-runs and --one-stack (each row on the first row's server, not a fresh one) shorten it."""
     from potato_queue.agent.backend import CLAIM_WAIT_S
 
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))  # the server, started below, inherits it
     cpu: dict[tuple[int, float], float] = {}
-    for count, wait_s in [(agents, CLAIM_WAIT_S), (10 * agents, CLAIM_WAIT_S), (10 * agents, 25.0)]:
-        if count + 500 > hard:  # each side (this process, the server) holds one socket per agent
-            print(f"P7: {count} agents need {count + 500} open files; the hard limit here is {hard}", flush=True)
-            continue
-        with services(tmp / f"p7-{count}-{wait_s:g}") as svc:
-            token = register(svc)
-            base_rss = rss_mb(svc.procs[0].pid)
-            row = asyncio.run(_idle_agents(svc, token, count, runs=runs, wait_s=wait_s, window_s=window_s))
-        cpu[count, wait_s] = row["cpu"]
-        print(
-            f"P7: {count} idle agents, {wait_s:g} s claims, one server: RSS {row['rss_mb']:.0f} MB ({base_rss:.0f} MB "
-            f"with none; goal < 500 MB at 10,000), idle CPU {row['cpu']:.1%} of a core (goal < 10 %), claim "
-            f"latency from POST /runs: median {row['median_s'] * 1000:.0f} ms, p99 {row['p99_s'] * 1000:.0f} ms "
-            f"over {runs} runs (goal < 200 ms)",
-            flush=True,
-        )
+    with ExitStack() as shared:
+        one = None
+        if args.one_stack:
+            one = shared.enter_context(services(tmp / "p7"))
+            one_token = register(one)
+        for count, wait_s in [(agents, CLAIM_WAIT_S), (10 * agents, CLAIM_WAIT_S), (10 * agents, 25.0)]:
+            if count + 500 > hard:  # each side (this process, the server) holds one socket per agent
+                print(f"P7: {count} agents need {count + 500} open files; the hard limit here is {hard}", flush=True)
+                continue
+            if one is not None:
+                cpu[count, wait_s] = _p7_row(one, one_token, count, wait_s, args.claim_runs, args.window_s)
+                continue
+            with services(tmp / f"p7-{count}-{wait_s:g}") as svc:
+                cpu[count, wait_s] = _p7_row(svc, register(svc), count, wait_s, args.claim_runs, args.window_s)
     ours, plain = cpu.get((10 * agents, CLAIM_WAIT_S)), cpu.get((10 * agents, 25.0))
     if ours is not None and plain is not None:  # 0.0 is a figure too (a short --quick window)
         ratio = f"{ours / plain:.2f}" if plain else "n/a (the polls took no CPU that could be measured)"
@@ -374,7 +377,6 @@ def p7(tmp: Path, agents: int, window_s: float | None = None, runs: int = 20) ->
 
 # name: (bench, its size: runs, MB or agents, the size of --quick)
 BENCHES = {"p1": (p1, 20, 1), "p4": (p4, 1024, 4), "p7": (p7, 1000, 20)}
-QUICK = {"p7": functools.partial(p7, window_s=1.0, runs=3)}  # what --quick runs instead
 
 
 def main() -> None:
@@ -383,12 +385,15 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=None)
     parser.add_argument("--mb", type=int, default=None)
     parser.add_argument("--agents", type=int, default=None)
-    args = quick_args(parser)
+    trainer_arg(parser, "P1's cancelled runs")
+    parser.add_argument("--window-s", type=float, default=None, help="P7's settle and idle windows (default a poll)")
+    parser.add_argument("--claim-runs", type=int, default=20, help="P7's runs claimed, per row")
+    parser.add_argument("--one-stack", action="store_true", help="P7's rows on one server")
+    args = quick_args(parser, trainer=HOLD, window_s=0.5, claim_runs=3, one_stack=True)
     for name in BENCHES if args.which == "all" else [args.which]:
         bench, default, quick = BENCHES[name]
-        bench = QUICK.get(name, bench) if args.quick else bench
         with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-            bench(Path(tmp), args.runs or args.mb or args.agents or (quick if args.quick else default))
+            bench(Path(tmp), args.runs or args.mb or args.agents or (quick if args.quick else default), args)
 
 
 if __name__ == "__main__":

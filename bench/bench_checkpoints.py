@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/bench_checkpoints.py [--epochs 30] [--every 5] [--items 400] [--quick]
 
+--quick: 64 items, 2 epochs, a checkpoint every update, the independent runs two at a time, and the
+started-over side's second half the no-checkpoint run already timed (--side-by-side, --reuse-none).
+
 Both sides are the real worker (`python -m potato_queue.worker`) running hf-llm-lora on the CPU, on a
 small Llama built here (4 layers, 128 wide) and a synthetic project of 400 items:
 
@@ -27,7 +30,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.quick import quick_args  # noqa: E402
+from bench.quick import both, quick_args  # noqa: E402
 from tests.e2e.trainers.test_worker import synthetic_items, worker_env, write_bundle, write_spec  # noqa: E402
 from tests.tiny_llm import build_tiny_llm  # noqa: E402
 
@@ -73,12 +76,57 @@ def report(name: str, ours: float, theirs: float, what: str, goal: str) -> None:
     print(f"{name}: {what}: {ours:.2f} s against {theirs:.2f} s, ratio {ours / theirs:.2f} (goal {goal})", flush=True)
 
 
+Timed = tuple[float, int, int]  # run()'s
+
+
+def cost(tmp: Path, bundle: Path, base: dict[str, Any], args: argparse.Namespace) -> Timed:
+    """The checkpoint cost's runs, its line printed; the run without checkpoints (the updates: its last)."""
+    none, every = both(
+        lambda: run(fresh(tmp, "none", bundle, {**base, "checkpoint_every_steps": 0})),
+        lambda: run(fresh(tmp, "every", bundle, {**base, "checkpoint_every_steps": args.every})),
+        args.side_by_side,
+    )
+    assert none[1] == every[1] == 0, (none, every)
+    report("checkpoint cost", every[0], none[0], f"{none[2]} updates, a checkpoint every {args.every}", "<= 1.10")
+    return none
+
+
+def resume(tmp: Path, bundle: Path, base: dict[str, Any], args: argparse.Namespace, none: Timed) -> None:
+    """Preempted at half the updates: resumed from a checkpoint, against started over (the preempted part counted
+    in both). The second half of the started-over side is a run without checkpoints, the same as `none`: with
+    --reuse-none, that run's time, not another's."""
+    half = none[2] // 2
+    spec = fresh(tmp, "resumed", bundle, {**base, "checkpoint_every_steps": args.every})
+
+    def resumed() -> tuple[Timed, Timed]:
+        return run(spec, preempt_at=half), run(spec)
+
+    def started_over() -> tuple[Timed, Timed]:
+        lost = run(fresh(tmp, "over", bundle, {**base, "checkpoint_every_steps": 0}), preempt_at=half)
+        return lost, none if args.reuse_none else run(
+            fresh(tmp, "again", bundle, {**base, "checkpoint_every_steps": 0})
+        )
+
+    (cut, rest), (lost, again) = both(resumed, started_over, args.side_by_side)
+    codes = (cut[1], rest[1], lost[1], again[1])
+    assert codes == (6, 0, 6, 0), codes
+    report(
+        "resume",
+        cut[0] + rest[0],
+        lost[0] + again[0],
+        f"preempted at update {half} of {none[2]}, resumed vs started over",
+        "< 0.80",
+    )
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--epochs", type=int, default=30)
     parser.add_argument("--every", type=int, default=5)
     parser.add_argument("--items", type=int, default=400)
-    args = quick_args(parser, epochs=2, every=1, items=64)
+    parser.add_argument("--side-by-side", action="store_true", help="two runs at a time (the figures mean nothing)")
+    parser.add_argument("--reuse-none", action="store_true", help="start over with the no-checkpoint run's time")
+    args = quick_args(parser, epochs=2, every=1, items=64, side_by_side=True, reuse_none=True)
     with tempfile.TemporaryDirectory(prefix="pq-bench-ckpt-") as folder:
         tmp = Path(folder)
         items = synthetic_items(args.items)
@@ -93,30 +141,7 @@ def main() -> int:
             "max_length": 16,
             "lora": {"r": 8, "alpha": 16},
         }
-        none_s, code, total = run(fresh(tmp, "none", bundle, {**base, "checkpoint_every_steps": 0}))
-        every_s, code2, _ = run(fresh(tmp, "every", bundle, {**base, "checkpoint_every_steps": args.every}))
-        assert code == code2 == 0, (code, code2)
-        report("checkpoint cost", every_s, none_s, f"{total} updates, a checkpoint every {args.every}", "<= 1.10")
-        half = total // 2
-        spec = fresh(tmp, "resumed", bundle, {**base, "checkpoint_every_steps": args.every})
-        cut_s, cut_code, _ = run(spec, preempt_at=half)
-        rest_s, rest_code, _ = run(spec)
-        over = fresh(tmp, "over", bundle, {**base, "checkpoint_every_steps": 0})
-        lost_s, lost_code, _ = run(over, preempt_at=half)
-        again_s, again_code, _ = run(fresh(tmp, "again", bundle, {**base, "checkpoint_every_steps": 0}))
-        assert (cut_code, rest_code, lost_code, again_code) == (6, 0, 6, 0), (
-            cut_code,
-            rest_code,
-            lost_code,
-            again_code,
-        )
-        report(
-            "resume",
-            cut_s + rest_s,
-            lost_s + again_s,
-            f"preempted at update {half} of {total}, resumed vs started over",
-            "< 0.80",
-        )
+        resume(tmp, bundle, base, args, cost(tmp, bundle, base, args))
     return 0
 
 

@@ -18,6 +18,7 @@ size, the median of a few tries each:
 - `peak rss`: the child's peak memory after all of it.
 
     .venv/bin/python bench/bench_history.py [--runs 20000] [--small 10]
+    .venv/bin/python bench/bench_history.py --quick     300 runs against 10, the two children side by side
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.quick import quick_args  # noqa: E402
+from bench.quick import both, quick_args  # noqa: E402
 
 __all__ = ["main"]
 
@@ -253,6 +254,17 @@ def _run_child(n: int, redis_url: str) -> dict[str, float]:
     return dict(json.loads(done.stdout.strip().splitlines()[-1]))
 
 
+def _size(n: int) -> dict[str, float]:
+    """The figures at `n` runs, from a child on a Redis of its own."""
+    from potato_queue.processes.embedded_redis import EmbeddedRedis
+
+    server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="bench-history-redis-")))
+    try:
+        return _run_child(n, server.start())
+    finally:
+        server.stop()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20000)
@@ -260,23 +272,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--restart", type=Path, default=None, help=argparse.SUPPRESS)
     parser.add_argument("--redis-url", default=None, help=argparse.SUPPRESS)
-    args = quick_args(parser, argv, runs=300)
+    parser.add_argument("--side-by-side", action="store_true", help="both sizes' children at once")
+    args = quick_args(parser, argv, runs=300, side_by_side=True)
     if args.restart is not None:
         print(_first_scrape_of_a_new_server(args.restart, args.redis_url))
         return 0
     if args.child is not None:
         print(json.dumps(child(args.child, args.redis_url)))
         return 0
-    from potato_queue.processes.embedded_redis import EmbeddedRedis
-
-    results = {}
-    for n in (args.small, args.runs):
-        server = EmbeddedRedis(Path(tempfile.mkdtemp(prefix="bench-history-redis-")))
-        try:
-            results[n] = _run_child(n, server.start())
-        finally:
-            server.stop()
-    small, large = results[args.small], results[args.runs]
+    small, large = both(lambda: _size(args.small), lambda: _size(args.runs), args.side_by_side)
     print(f"{'':16} {args.small:>10} runs {args.runs:>10} runs   ratio")
     for name in FIGURES:
         unit = "MB" if name == "peak rss" else "ms"

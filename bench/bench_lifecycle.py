@@ -12,6 +12,9 @@ and signal it by hand.
     .venv/bin/python bench/bench_lifecycle.py p9 [--epochs 30] hf-text-classification wall, queue vs direct
     .venv/bin/python bench/bench_lifecycle.py p10              heartbeat-loss and wall-limit detection error
     .venv/bin/python bench/bench_lifecycle.py all
+    .venv/bin/python bench/bench_lifecycle.py all --quick   seconds: one stack, P10 beside, majority-baseline
+
+--trainer: P1's cancelled runs', P9's and P10's stopped ones' (bench/long_runs.py).
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -36,12 +41,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.quick import quick_args  # noqa: E402
+from bench.long_runs import HF, HOLD, fit, trainer_arg, until_stopped  # noqa: E402
+from bench.quick import both, quick_args  # noqa: E402
 from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
 from tests.lifecycle_helpers import Services, run_paths, started  # noqa: E402
-from tests.lifecycle_helpers import build_tiny_model as tiny_model  # noqa: E402
 
 TERMINAL = {"succeeded", "failed", "cancelled"}
+HEARTBEAT_TIMEOUT_S = 3  # P10's heartbeat_timeout_s
 
 
 # ---------------------------------------------------------------- set-up
@@ -54,6 +60,26 @@ def services(tmp: Path, executors: int = 1, **training: Any) -> Iterator[Service
     with tempfile.TemporaryDirectory() as folder, ExitStack() as stack:
         url = stack.enter_context(EmbeddedRedis(folder)).url
         yield stack.enter_context(started(tmp, url, executors, grace_seconds=5, **training))
+
+
+@dataclass
+class Setup:
+    """What every figure runs with: the long runs' trainer, P10's first wall limit, whether P10's two stacks run at
+    once (--overlap) and, with --one-stack, one stack for all (with P10's heartbeat timeout) instead of one each."""
+
+    trainer: str
+    wall_limit_s: float
+    overlap: bool
+    shared: Services | None = None
+
+    @contextmanager
+    def stack(self, tmp: Path, **training: Any) -> Iterator[Services]:
+        if self.shared is None:
+            with services(tmp, **training) as svc:
+                yield svc
+        else:
+            assert training.items() <= {"heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S}.items(), training
+            yield self.shared
 
 
 def run_dir(svc: Services, run_id: str) -> Path:
@@ -169,11 +195,11 @@ def lag_s(event: dict[str, Any], sent: float) -> float:
     return max(event["t"] - sent, EVENT_TIME_RESOLUTION_S)
 
 
-def hand_cancel_s(tmp: Path, bundle: Path, params: dict[str, Any], runs: int) -> list[float]:
+def hand_cancel_s(tmp: Path, bundle: Path, params: dict[str, Any], runs: int, trainer: str = HF) -> list[float]:
     """The alternative for P1: SIGTERM by hand to the worker started by hand, until it says cancelled."""
     took: list[float] = []
     for i in range(runs):
-        proc, _ = hand_worker(tmp, bundle, "hf-text-classification", params, f"p1-{i}")
+        proc, _ = hand_worker(tmp, bundle, trainer, params, f"p1-{i}")
         read_until(proc, is_training)
         sent = time.time()
         os.killpg(proc.pid, signal.SIGTERM)
@@ -182,13 +208,15 @@ def hand_cancel_s(tmp: Path, bundle: Path, params: dict[str, Any], runs: int) ->
     return took
 
 
-def cancel_s(svc: Services, params: dict[str, Any], runs: int, **where: Any) -> tuple[list[float], str]:
+def cancel_s(
+    svc: Services, params: dict[str, Any], runs: int, trainer: str = HF, **where: Any
+) -> tuple[list[float], str]:
     """P1 through the queue: start a long run (on `where`'s backend), cancel it once it trains, and time
     cancel -> the worker says cancelled; the times and the last run's id."""
     took: list[float] = []
     run_id = ""
     for _ in range(runs):
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params, **where)
+        run_id = svc.start_run(trainer=trainer, schemas=["sentiment"], params=params, **where)
         wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
         sent = time.time()
         svc.api("POST", f"/runs/{run_id}/cancel")
@@ -197,17 +225,17 @@ def cancel_s(svc: Services, params: dict[str, Any], runs: int, **where: Any) -> 
     return took, run_id
 
 
-def p1(tmp: Path, runs: int) -> None:
-    params = {"model_name": str(tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
-    with services(tmp / "p1") as svc:
-        ours, run_id = cancel_s(svc, params, runs)
-        hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs)
+def p1(tmp: Path, runs: int, setup: Setup) -> None:
+    params = until_stopped(tmp, setup.trainer)
+    with setup.stack(tmp / "p1") as svc:
+        ours, run_id = cancel_s(svc, params, runs, setup.trainer)
+        hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs, setup.trainer)
     report("P1", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 1 s")
 
 
-def p2(tmp: Path, runs: int) -> None:
+def p2(tmp: Path, runs: int, setup: Setup) -> None:
     ours: list[float] = []
-    with services(tmp / "p2") as svc:
+    with setup.stack(tmp / "p2") as svc:
         bundle = first_bundle(svc)  # also warms the executor up
         for _ in range(runs):
             posted = time.time()
@@ -230,8 +258,8 @@ def p2(tmp: Path, runs: int) -> None:
     )
 
 
-def p3(tmp: Path, runs: int) -> None:
-    with services(tmp / "p3") as svc:
+def p3(tmp: Path, runs: int, setup: Setup) -> None:
+    with setup.stack(tmp / "p3") as svc:
         bundle = first_bundle(svc)
         started = time.time()
         ids = [svc.start_run(trainer="majority-baseline", schemas=["sentiment"]) for _ in range(runs)]
@@ -241,7 +269,7 @@ def p3(tmp: Path, runs: int) -> None:
     serial = all(a["finished_at"] <= b["started_at"] for a, b in zip(done, done[1:], strict=False))
     ok = sum(r["state"] == "succeeded" for r in done)
     hand: list[float] = []
-    for i in range(10):
+    for i in range(min(runs, 10)):
         t0 = time.monotonic()
         proc, _ = hand_worker(tmp, bundle, "majority-baseline", {}, f"p3-{i}")
         proc.communicate()
@@ -252,19 +280,19 @@ def p3(tmp: Path, runs: int) -> None:
     print(f"P3: queue overhead per run beyond the worker's own time: {1000 * (per_run - worker):.0f} ms", flush=True)
 
 
-def p9(tmp: Path, epochs: int) -> None:
-    params = {"model_name": str(tiny_model(tmp / "model")), "epochs": epochs, "batch_size": 8}
-    with services(tmp / "p9") as svc:
+def p9(tmp: Path, epochs: int, setup: Setup) -> None:
+    params = fit(tmp, setup.trainer, epochs)
+    with setup.stack(tmp / "p9") as svc:
         bundle = first_bundle(svc)
         posted = time.time()
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
+        run_id = svc.start_run(trainer=setup.trainer, schemas=["sentiment"], params=params)
         run = svc.wait_for(run_id, TERMINAL, timeout_s=3600)
         queue_s = epoch(run["finished_at"]) - posted
         assert run["state"] == "succeeded", run
     t0 = time.monotonic()
-    proc, _ = hand_worker(tmp, bundle, "hf-text-classification", params, "p9")
+    proc, _ = hand_worker(tmp, bundle, setup.trainer, params, "p9")
     proc.communicate()
-    report("P9", queue_s, time.monotonic() - t0, "s", f"hf-text-classification, {epochs} epochs, CPU", "ratio <= 1.05")
+    report("P9", queue_s, time.monotonic() - t0, "s", f"{setup.trainer}, {epochs} epochs, CPU", "ratio <= 1.05")
 
 
 def agent_pid(svc: Services, run_id: str) -> int:
@@ -273,16 +301,29 @@ def agent_pid(svc: Services, run_id: str) -> int:
     return int(re.search(r"started the agent on this machine \(pid (\d+)", log).group(1))  # type: ignore[union-attr]
 
 
-def wall_limit_error(tmp: Path, params: dict[str, Any]) -> tuple[float, float, Path]:
+def heartbeat_error(tmp: Path, params: dict[str, Any], setup: Setup) -> float:
+    """From the agent's last heartbeat (it is stopped, SIGSTOP, while its run trains) to the run's failure, less
+    heartbeat_timeout_s."""
+    with setup.stack(tmp / "p10h", heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S) as svc:
+        run_id = svc.start_run(trainer=setup.trainer, schemas=["sentiment"], params=params)
+        wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
+        os.kill(agent_pid(svc, run_id), signal.SIGSTOP)
+        time.sleep(0.3)  # let a batch already on the wire land
+        last_beat = svc.api("GET", f"/runs/{run_id}")[1]["heartbeat_at"]
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+    return epoch(run["finished_at"]) - (last_beat + HEARTBEAT_TIMEOUT_S)
+
+
+def wall_limit_error(tmp: Path, params: dict[str, Any], setup: Setup) -> tuple[float, float, Path]:
     """From a run's wall limit to its worker's word that it stopped; the limit used; the run's bundle.
 
     The limit must fall once the agent is up: one that falls before the agent's first contact is a hard stop
     (supervise.py), with no worker to say so. On a loaded machine (the suite runs this beside its other tests) the
-    start can take longer than 4 s; then the limit is doubled and the run tried again."""
-    limit_s = 4.0
+    start can take longer than the first limit (4 s); then the limit is doubled and the run tried again."""
+    limit_s = setup.wall_limit_s
     for attempt in range(4):
         with services(tmp / f"p10w-{attempt}", max_wall_seconds=limit_s) as svc:
-            run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
+            run_id = svc.start_run(trainer=setup.trainer, schemas=["sentiment"], params=params)
             svc.wait_for(run_id, TERMINAL, timeout_s=limit_s + 60)
             stopped = find(svc, run_id, is_cancelled)
             if stopped is not None:
@@ -293,34 +334,19 @@ def wall_limit_error(tmp: Path, params: dict[str, Any]) -> tuple[float, float, P
     raise TimeoutError(f"P10: no run's agent was up before its wall limit, up to {limit_s / 2:g} s")
 
 
-def p10(tmp: Path, _: int) -> None:
-    params = {"model_name": str(tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
-    with services(tmp / "p10h", heartbeat_timeout_s=3) as svc:
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
-        wait(lambda run_id=run_id: find(svc, run_id, is_training), 120)
-        os.kill(agent_pid(svc, run_id), signal.SIGSTOP)
-        time.sleep(0.3)  # let a batch already on the wire land
-        last_beat = svc.api("GET", f"/runs/{run_id}")[1]["heartbeat_at"]
-        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
-        heartbeat_error = epoch(run["finished_at"]) - (last_beat + 3)
-    wall_error, limit_s, bundle = wall_limit_error(tmp, params)
+def p10(tmp: Path, _: int, setup: Setup) -> None:
+    params = until_stopped(tmp, setup.trainer)
+    beat_error, (wall_error, limit_s, bundle) = both(
+        lambda: heartbeat_error(tmp, params, setup), lambda: wall_limit_error(tmp, params, setup), setup.overlap
+    )
     # By hand: GNU timeout(1) around the worker, the usual way to bound a run.
-    spec_proc, work = hand_worker(tmp, bundle, "hf-text-classification", params, "p10")
+    spec_proc, work = hand_worker(tmp, bundle, setup.trainer, params, "p10")
     spec_proc.kill()
     spec_proc.wait()
     t0 = time.time()
     proc = subprocess.Popen(
-        [
-            "timeout",
-            "-s",
-            "TERM",
-            f"{limit_s:g}",
-            sys.executable,
-            "-m",
-            "potato_queue.worker",
-            "--spec",
-            str(work / "spec.json"),
-        ],
+        ["timeout", "-s", "TERM", f"{limit_s:g}", sys.executable, "-m", "potato_queue.worker"]
+        + ["--spec", str(work / "spec.json")],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
         text=True,
@@ -328,18 +354,24 @@ def p10(tmp: Path, _: int) -> None:
     )
     hand_error = read_until(proc, is_cancelled)["t"] - (t0 + limit_s)
     proc.wait()
-    print(f"P10: heartbeat loss detected {heartbeat_error:.2f} s after heartbeat_timeout_s (goal <= 2 s)", flush=True)
+    print(f"P10: heartbeat loss detected {beat_error:.2f} s after heartbeat_timeout_s (goal <= 2 s)", flush=True)
     report("P10", wall_error, hand_error, "s", "wall limit: SIGTERM at the worker after the limit", "<= 1 s")
 
 
 # name: (bench, its size: runs or epochs, the size of --quick)
-BENCHES: dict[str, tuple[Callable[[Path, int], None], int, int]] = {
+BENCHES: dict[str, tuple[Callable[[Path, int, Setup], None], int, int]] = {
     "p1": (p1, 20, 1),
     "p2": (p2, 10, 1),
     "p3": (p3, 200, 5),
     "p9": (p9, 30, 1),
-    "p10": (p10, 0, 0),
+    "p10": (p10, 0, 0),  # last: with --one-stack, it leaves the shared stack's agent stopped
 }
+
+
+def run_figure(name: str, args: argparse.Namespace, setup: Setup) -> None:
+    bench, default, quick = BENCHES[name]
+    with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
+        bench(Path(tmp), args.epochs or args.runs or (quick if args.quick else default), setup)
 
 
 def main() -> None:
@@ -347,11 +379,26 @@ def main() -> None:
     parser.add_argument("which", choices=[*BENCHES, "all"])
     parser.add_argument("--runs", type=int, default=None, help="runs (p1, p2, p3) or epochs (p9)")
     parser.add_argument("--epochs", type=int, default=None)
-    args = quick_args(parser)
-    for name in BENCHES if args.which == "all" else [args.which]:
-        bench, default, quick = BENCHES[name]
-        with tempfile.TemporaryDirectory(prefix=f"bench-{name}-") as tmp:
-            bench(Path(tmp), args.epochs or args.runs or (quick if args.quick else default))
+    trainer_arg(parser, "the long runs")
+    parser.add_argument("--wall-limit-s", type=float, default=4.0, help="P10's max_wall_seconds, doubled if too short")
+    parser.add_argument("--one-stack", action="store_true", help="one server and executor for every figure but P10's")
+    parser.add_argument("--overlap", action="store_true", help="P10's stacks beside the other figures and each other")
+    args = quick_args(parser, trainer=HOLD, wall_limit_s=2.0, one_stack=True, overlap=True)
+    names = list(BENCHES) if args.which == "all" else [args.which]
+    setup = Setup(args.trainer or HF, args.wall_limit_s, args.overlap)
+    with ExitStack() as stack, ThreadPoolExecutor(1) as aside:
+        beside = None
+        if args.overlap and len(names) > 1 and "p10" in names:
+            # P10 is mostly waiting (a heartbeat timeout, a wall limit, timeout(1)): beside the others, not after.
+            names.remove("p10")
+            beside = aside.submit(run_figure, "p10", args, Setup(setup.trainer, setup.wall_limit_s, args.overlap))
+        if args.one_stack:
+            shared = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="bench-shared-")))
+            setup.shared = stack.enter_context(services(shared, heartbeat_timeout_s=HEARTBEAT_TIMEOUT_S))
+        for name in names:
+            run_figure(name, args, setup)
+        if beside is not None:
+            beside.result()  # its failure fails the run
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
 """A project of any size: each phase's time and peak memory at 10k, 100k (and 1,000,000) items, and how it grows.
 
-    .venv/bin/python bench/bench_scale.py [--sizes 10000,100000] [--skip-run] [--keep DIR] [--quick]
+    .venv/bin/python bench/bench_scale.py [--sizes 10000,100000] [--skip-run] [--run-largest] [--keep DIR] [--quick]
+
+--quick: 1,000 and 5,000 items, the run and its page at 5,000 only.
 
 Generated Potato projects (review-like items in a JSON-lines data file, 5 annotators each answering half
 the items in two radio schemes, a few percent careless), one per size. Each phase runs in a process of its
@@ -308,7 +310,8 @@ def main() -> None:
     parser.add_argument("--sizes", default="10000,100000")
     parser.add_argument("--skip-run", action="store_true", help="the bundle and store phases only")
     parser.add_argument("--keep", type=Path, help="make the projects here and keep them")
-    args = quick_args(parser, sizes="1000,5000")
+    parser.add_argument("--run-largest", action="store_true", help="the run and its page at the largest size only")
+    args = quick_args(parser, sizes="1000,5000", run_largest=True)
     sizes = [int(s) for s in args.sizes.split(",")]
     root = args.keep or Path(tempfile.mkdtemp(prefix="pq-scale-"))
     results: dict[int, dict[str, tuple[float, float]]] = {}
@@ -318,7 +321,7 @@ def main() -> None:
             folder = root / f"p{n}"
             config = folder / "config.yaml" if folder.exists() else make_project(folder, n)
             results[n] = {name: run_phase(name, config) for name in PHASES}
-            if not args.skip_run:
+            if not args.skip_run and (n == sizes[-1] or not args.run_largest):
                 seconds, peak, run_id = run_end_to_end(config)
                 results[n]["run"] = (seconds, peak)
                 page[n] = page_first_paint(config, run_id)

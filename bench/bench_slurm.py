@@ -6,6 +6,7 @@
     .venv/bin/python bench/bench_slurm.py noop   [--runs 5]   a no-op run through sbatch vs `sbatch --wait` of the
                                                                same job.sh by hand on the login node (ratio)
     .venv/bin/python bench/bench_slurm.py all
+    .venv/bin/python bench/bench_slurm.py all --quick         seconds: a 1 s poll, majority-baseline's hold to cancel
 
 Everything is real: a real single-node SLURM (tests/slurm_cluster.py) behind a
 real sshd on 127.0.0.1 (tests/sshd.py, the login node), a private Redis,
@@ -38,16 +39,16 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lifecycle import p95  # noqa: E402
 
+from bench.long_runs import HF, HOLD, trainer_arg, until_stopped  # noqa: E402
 from bench.quick import quick_args  # noqa: E402
 from potato_queue.agent.run_files import extract_bundle  # noqa: E402
 from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.settings import SSH_CONFIG_ENV  # noqa: E402
-from tests.lifecycle_helpers import TERMINAL, Services, build_tiny_model, run_paths, started  # noqa: E402
+from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started  # noqa: E402
 from tests.slurm_cluster import CPUS, SlurmCluster  # noqa: E402
 from tests.sshd import ALIAS, Sshd  # noqa: E402
 
 BACKEND = "cluster"
-POLL_S = 5.0
 
 
 @dataclass
@@ -56,10 +57,12 @@ class Stack:
     slurm: SlurmCluster
     shared: Path  # the cluster's shared storage: remote_dir
     scancel_times: Path  # a line per scancel issued, its time
+    poll_s: float  # the backend's poll_interval_s
+    warm_runs: int  # untimed no-op runs before noop's
 
 
 @contextmanager
-def cluster(tmp: Path) -> Iterator[Stack]:
+def cluster(tmp: Path, poll_s: float, warm_runs: int) -> Iterator[Stack]:
     """One cluster, login node and stack for the three benchmarks: job folders kept (start and noop read them),
     the model files left on the cluster (noop times the run, not a copy back), and a scancel in front of the
     real one on the backend's PATH that notes when it was issued (cancel)."""
@@ -82,7 +85,7 @@ def cluster(tmp: Path) -> Iterator[Stack]:
             "python": sys.executable,
             "job_python": sys.executable,
             "remote_dir": str(shared),
-            "poll_interval_s": POLL_S,
+            "poll_interval_s": poll_s,
             "heartbeat_timeout_s": 60,
             "keep_remote": True,
             "fetch_artifacts": False,
@@ -92,7 +95,7 @@ def cluster(tmp: Path) -> Iterator[Stack]:
             started(tmp / "project", url, executors=0, grace_seconds=5, backends={BACKEND: settings})
         )
         svc.executor(env={SSH_CONFIG_ENV: str(sshd.config)})
-        yield Stack(svc, slurm, shared, noted)
+        yield Stack(svc, slurm, shared, noted, poll_s, warm_runs)
 
 
 def wait(predicate: Any, timeout_s: float = 120) -> Any:
@@ -117,7 +120,7 @@ def step_event(svc: Services, run_id: str, pattern: str) -> dict[str, Any] | Non
 # ---------------------------------------------------------------- start: PENDING -> RUNNING
 
 
-def start(stack: Stack, tmp: Path, runs: int) -> None:
+def start(stack: Stack, tmp: Path, runs: int, _trainer: str) -> None:
     file_lag, slurm_lag = [], []
     svc, slurm, shared = stack.svc, stack.slurm, stack.shared
     for _ in range(runs):
@@ -126,7 +129,7 @@ def start(stack: Stack, tmp: Path, runs: int) -> None:
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
         pending = wait(lambda run_id=run_id: step_event(svc, run_id, r"PENDING \(Resources\)"))
         job = re.search(r"SLURM job (\d+)", pending["step"]).group(1)  # type: ignore[union-attr]
-        time.sleep(POLL_S * 0.37)  # the release lands anywhere in a poll interval
+        time.sleep(stack.poll_s * 0.37)  # the release lands anywhere in a poll interval
         slurm.run("scancel", blocker)
         running = wait(lambda run_id=run_id: step_event(svc, run_id, r"RUNNING on "))
         svc.wait_for(run_id, TERMINAL)
@@ -136,9 +139,9 @@ def start(stack: Stack, tmp: Path, runs: int) -> None:
         file_lag.append(running["t"] - first_line_s)
         slurm_lag.append(running["t"] - slurm_start)
     print(
-        f"SLURM start: PENDING -> RUNNING to `RUNNING on <node>` in run.log, poll_interval_s {POLL_S:g}, {runs} runs: "
+        f"SLURM start: PENDING -> RUNNING to `RUNNING on <node>` in run.log, poll_interval_s {stack.poll_s:g}, {runs} runs: "
         f"median {statistics.median(file_lag):.3f} s, max {max(file_lag):.3f} s after the job's first line ran; "
-        f"max {max(slurm_lag):.2f} s after SLURM's StartTime (whole seconds) (goal <= {POLL_S + 1:g} s)",
+        f"max {max(slurm_lag):.2f} s after SLURM's StartTime (whole seconds) (goal <= {stack.poll_s + 1:g} s)",
         flush=True,
     )
 
@@ -146,13 +149,22 @@ def start(stack: Stack, tmp: Path, runs: int) -> None:
 # ---------------------------------------------------------------- cancel -> scancel issued
 
 
-def cancel(stack: Stack, tmp: Path, runs: int) -> None:
-    params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
+def trains(svc: Services, run_id: str) -> bool:
+    """The run's trainer has begun: the fine-tune's `training ...` step (before its first update), or a hold's
+    first train progress."""
+    return any(
+        re.search(r"^training ", str(e.get("step"))) or (e.get("event") == "progress" and e.get("phase") == "train")
+        for e in events(svc, run_id)
+    )
+
+
+def cancel(stack: Stack, tmp: Path, runs: int, trainer: str) -> None:
+    params = until_stopped(tmp, trainer)
     took = []
     svc, noted = stack.svc, stack.scancel_times
     for _ in range(runs):
-        run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params, backend=BACKEND)
-        wait(lambda run_id=run_id: step_event(svc, run_id, r"^training "))
+        run_id = svc.start_run(trainer=trainer, schemas=["sentiment"], params=params, backend=BACKEND)
+        wait(lambda run_id=run_id: trains(svc, run_id))
         noted.write_text("")
         sent = time.time()
         svc.api("POST", f"/runs/{run_id}/cancel")
@@ -169,10 +181,11 @@ def cancel(stack: Stack, tmp: Path, runs: int) -> None:
 # ---------------------------------------------------------------- a no-op run vs sbatch --wait by hand
 
 
-def noop(stack: Stack, tmp: Path, runs: int) -> None:
+def noop(stack: Stack, tmp: Path, runs: int, _trainer: str) -> None:
     ours, hand = [], []
     svc, slurm = stack.svc, stack.slurm
-    svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL)
+    for _warm in range(stack.warm_runs):
+        svc.wait_for(svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), TERMINAL)
     for i in range(runs):
         started_s = time.perf_counter()
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND)
@@ -208,11 +221,18 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("which", choices=["start", "cancel", "noop", "all"])
     parser.add_argument("--runs", type=int)
-    args = quick_args(parser)
-    with tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp, cluster(Path(tmp)) as stack:
+    parser.add_argument("--poll-s", type=float, default=5.0, help="the backend's poll_interval_s")
+    trainer_arg(parser, "the cancelled runs")
+    parser.add_argument("--warm-runs", type=int, default=1, help="noop's untimed runs first")
+    # --quick: no warm-up run (start's and cancel's runs have put the code on the cluster by then)
+    args = quick_args(parser, poll_s=1.0, trainer=HOLD, warm_runs=0)
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-slurm-") as tmp,
+        cluster(Path(tmp), args.poll_s, args.warm_runs) as stack,
+    ):
         for name, bench, default in (("start", start, 5), ("cancel", cancel, 10), ("noop", noop, 5)):
             if args.which in (name, "all"):
-                bench(stack, Path(tmp) / name, args.runs or (1 if args.quick else default))
+                bench(stack, Path(tmp) / name, args.runs or (1 if args.quick else default), args.trainer or HF)
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@
     .venv/bin/python bench/bench_ssh.py p5 [--mb 1024]   the model files back vs scp of the same files (goal >= 1.0x)
     .venv/bin/python bench/bench_ssh.py p6 [--runs 5]    a no-op run over ssh vs `ssh host true` (goal <= 3 round trips)
     .venv/bin/python bench/bench_ssh.py all
+    .venv/bin/python bench/bench_ssh.py all --quick   seconds: one stack, majority-baseline's hold for P1, 4 MB
 
 Everything is real: a real sshd on 127.0.0.1 (tests/sshd.py) is the GPU
 server, with a private Redis, `potato-queue serve` and `worker`. Run as root
@@ -19,8 +20,8 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 from bench_lifecycle import cancel_s, hand_cancel_s, p95, report  # noqa: E402
 
+from bench.long_runs import HF, HOLD, trainer_arg, until_stopped  # noqa: E402
 from bench.quick import quick_args  # noqa: E402
 from potato_queue.executors.base import LaunchSpec  # noqa: E402
 from potato_queue.executors.remote.copy import ModelCopy  # noqa: E402
@@ -37,7 +39,7 @@ from potato_queue.executors.remote.session import target_of  # noqa: E402
 from potato_queue.processes.embedded_redis import EmbeddedRedis  # noqa: E402
 from potato_queue.settings import SSH_CONFIG_ENV, Settings  # noqa: E402
 from potato_queue.store.keys import RunPaths  # noqa: E402
-from tests.lifecycle_helpers import Services, build_tiny_model, run_paths, started  # noqa: E402
+from tests.lifecycle_helpers import Services, run_paths, started  # noqa: E402
 from tests.sshd import ALIAS, Sshd  # noqa: E402
 
 BACKEND = "gpu-server"
@@ -65,6 +67,10 @@ def over_ssh(tmp: Path, **backend: Any) -> Iterator[tuple[Services, Sshd]]:
         yield svc, sshd
 
 
+# Where a figure's stack comes from: over_ssh of its own folder, or (--one-stack) the one every figure shares.
+Stack = Callable[[Path], AbstractContextManager[tuple[Services, Sshd]]]
+
+
 def run_dir(svc: Services, run_id: str) -> Path:
     return run_paths(svc, run_id).dir
 
@@ -72,11 +78,12 @@ def run_dir(svc: Services, run_id: str) -> Path:
 # ---------------------------------------------------------------- P1: cancel over ssh
 
 
-def p1(tmp: Path, runs: int) -> None:
-    params = {"model_name": str(build_tiny_model(tmp / "model")), "epochs": 1000, "batch_size": 4}
-    with over_ssh(tmp / "p1") as (svc, _sshd):
-        ours, run_id = cancel_s(svc, params, runs, backend=BACKEND)
-        hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs)
+def p1(tmp: Path, runs: int, args: argparse.Namespace, stack: Stack) -> None:
+    trainer = args.trainer or HF
+    params = until_stopped(tmp, trainer)
+    with stack(tmp / "p1") as (svc, _sshd):
+        ours, run_id = cancel_s(svc, params, runs, trainer, backend=BACKEND)
+        hand = hand_cancel_s(tmp, run_dir(svc, run_id) / "bundle", params, runs, trainer)
     report("P1 (ssh backend)", p95(ours), p95(hand), "s", f"cancel -> worker stops, p95 of {runs}", "<= 0.100 s")
 
 
@@ -114,12 +121,12 @@ def _copy_back(svc: Services, sshd: Sshd, job: Path, dest: Path) -> None:
     ModelCopy(target_of(backend, Settings(ssh_config_file=str(sshd.config))), backend, spec, str(job)).run()
 
 
-def p5(tmp: Path, mb: int) -> None:
-    with over_ssh(tmp / "p5") as (svc, sshd):
+def p5(tmp: Path, mb: int, args: argparse.Namespace, stack: Stack) -> None:
+    with stack(tmp / "p5") as (svc, sshd):
         job = tmp / "p5" / "remote" / "jobs" / "bench-job"
         _model_files(job / "work", mb)
         ours, theirs = [], []
-        for i in range(6):  # alternating who goes first
+        for i in range(args.copies):  # alternating who goes first
             for name, took in (("ours", ours), ("scp", theirs))[:: 1 if i % 2 == 0 else -1]:
                 dest = tmp / f"{name}-{i}"
                 os.sync()
@@ -135,7 +142,7 @@ def p5(tmp: Path, mb: int) -> None:
     ours_mbs, scp_mbs = mb / statistics.median(ours), mb / statistics.median(theirs)
     print(
         f"P5: {mb} MB of model files back over ssh: potato-queue {ours_mbs:.0f} MB/s, scp {scp_mbs:.0f} MB/s "
-        f"(median of 6), ratio {ours_mbs / scp_mbs:.2f} (goal >= 1.0x, floor 0.9x)",
+        f"(median of {args.copies}), ratio {ours_mbs / scp_mbs:.2f} (goal >= 1.0x, floor 0.9x)",
         flush=True,
     )
 
@@ -143,8 +150,8 @@ def p5(tmp: Path, mb: int) -> None:
 # ---------------------------------------------------------------- P6: a no-op run's overhead
 
 
-def p6(tmp: Path, runs: int) -> None:
-    with over_ssh(tmp / "p6") as (svc, sshd):
+def p6(tmp: Path, runs: int, _args: argparse.Namespace, stack: Stack) -> None:
+    with stack(tmp / "p6") as (svc, sshd):
         started_s = time.perf_counter()
         svc.wait_for(
             svc.start_run(trainer="majority-baseline", schemas=["sentiment"], backend=BACKEND), {"succeeded"}, 120
@@ -175,11 +182,24 @@ def main() -> None:
     parser.add_argument("which", choices=["p1", "p5", "p6", "all"])
     parser.add_argument("--runs", type=int)
     parser.add_argument("--mb", type=int)
-    args = quick_args(parser)
-    for name, bench, default, quick in (("p1", p1, 20, 1), ("p5", p5, 1024, 4), ("p6", p6, 5, 1)):
-        if args.which in (name, "all"):
-            with tempfile.TemporaryDirectory(prefix=f"bench-ssh-{name}-") as tmp:
-                bench(Path(tmp), (args.mb if name == "p5" else args.runs) or (quick if args.quick else default))
+    trainer_arg(parser, "P1's cancelled runs")
+    parser.add_argument("--copies", type=int, default=6, help="P5's copies each way")
+    parser.add_argument("--one-stack", action="store_true", help="one sshd, server and executor for every figure")
+    args = quick_args(parser, trainer=HOLD, copies=2, one_stack=True)
+    with ExitStack() as shared:
+        stack: Stack = over_ssh
+        if args.one_stack:
+            one = shared.enter_context(over_ssh(Path(shared.enter_context(tempfile.TemporaryDirectory()))))
+
+            def the_one(_tmp: Path) -> AbstractContextManager[tuple[Services, Sshd]]:
+                return nullcontext(one)
+
+            stack = the_one
+        for name, bench, default, quick in (("p1", p1, 20, 1), ("p5", p5, 1024, 4), ("p6", p6, 5, 1)):
+            if args.which in (name, "all"):
+                with tempfile.TemporaryDirectory(prefix=f"bench-ssh-{name}-") as tmp:
+                    size = (args.mb if name == "p5" else args.runs) or (quick if args.quick else default)
+                    bench(Path(tmp), size, args, stack)
 
 
 if __name__ == "__main__":

