@@ -11,20 +11,41 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import asdict
-from typing import Any
+from typing import Any, ClassVar
 
+from potato_queue.trainers import parallel
 from potato_queue.trainers.common import CARD_FILE, model_version, slug, write_json
 from potato_queue.trainers.hf_heads import Head
 from potato_queue.trainers.hf_text_parts import LORA_OFF
-from potato_queue.worker.api import FitResult, RunContext
+from potato_queue.worker.api import FitResult, RunContext, Trainer
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["with_peft", "FitCard", "head_entry", "save_schema"]
+__all__ = ["with_peft", "FineTuneTrainer", "FitCard", "head_entry", "save_schema"]
 
 
 def with_peft(requires: Sequence[str], params: dict[str, Any]) -> list[str]:
     """A trainer's required modules, and peft when the params turn LoRA on."""
     return list(requires) + (["peft"] if params.get("lora") not in LORA_OFF else [])
+
+
+class FineTuneTrainer(Trainer):
+    """A transformers fine-tune (hf-text-, hf-token-, hf-image-classification, hf-llm-lora): torch, peft when
+    LoRA is on, and a fit every data-parallel rank runs (trainers/parallel.py joins them around fit_on_rank)."""
+
+    uses_torch: ClassVar[bool] = True
+    data_parallel: ClassVar[bool] = True
+
+    def required_modules(self, params: dict[str, Any]) -> list[str]:
+        """The trainer's modules, plus peft when LoRA is on."""
+        return with_peft(self.requires, params)
+
+    def fit(self, ctx: RunContext) -> FitResult:
+        with parallel.data_parallel(ctx):
+            return self.fit_on_rank(ctx)
+
+    def fit_on_rank(self, ctx: RunContext) -> FitResult:
+        """This rank's fit (every rank's, in a data-parallel run): the trainer's own."""
+        raise NotImplementedError
 
 
 def head_entry(schema: SchemaSpec, head: Head, n_train: int) -> dict[str, Any]:

@@ -3,7 +3,7 @@
 The items' images are the bundle's ``media/`` (each row's ``media``; a URL is fetched from the training
 machine); ``AutoImageProcessor`` and ``AutoModelForImageClassification`` (ViT, ConvNeXt, BEiT, Swin, ...),
 one model per radio scheme (softmax) or multiselect (one sigmoid a label, thresholds on val: hf_heads.py),
-the same torch loop as hf-text-classification (AdamW, warmup/decay, clipping; LoRA through peft with the
+the same torch loop as hf-text-classification (fine_tune.py: AdamW, warmup/decay, clipping; LoRA through peft with the
 head trained in full; data-parallel over several GPUs). Params: ``model_name`` (default
 ``google/vit-base-patch16-224-in21k``; a local folder is never looked up on the hub), ``epochs`` (3),
 ``learning_rate`` (5e-5, or 2e-4 with LoRA), ``batch_size`` (16), ``lora``, ``seed``, ``weight_decay``,
@@ -25,16 +25,16 @@ import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from potato_queue.trainers import parallel
 from potato_queue.trainers.common import nominal_target, seed_everything, slug
-from potato_queue.trainers.hf_fit import FitCard, head_entry, save_schema, with_peft
+from potato_queue.trainers.fine_tune import FineTune, Progress, one_stream
+from potato_queue.trainers.hf_fit import FineTuneTrainer, FitCard, head_entry, save_schema
 from potato_queue.trainers.hf_heads import Head, head_for, saved_head
-from potato_queue.trainers.hf_text_parts import HFSettings, Steps, apply_lora, optimizer_for, read_settings
+from potato_queue.trainers.hf_text_parts import HFSettings, apply_lora, read_settings
 from potato_queue.trainers.hub import check_model, explain_not_cached
 from potato_queue.trainers.multilabel import chosen_labels, validate_by_kind
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.wire.scoring import MULTILABEL, score
-from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
+from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext
 from potato_queue.worker.bundle import Bundle
 from potato_queue.worker.errors import TrainerError
 from potato_queue.worker.spec import SchemaSpec
@@ -97,23 +97,18 @@ def _fetched(url: str) -> io.BytesIO:
     return io.BytesIO(data)
 
 
-class HFImageClassificationTrainer(Trainer):
+class HFImageClassificationTrainer(FineTuneTrainer):
     """Fine-tunes one transformers image classifier per radio scheme or multiselect over image items."""
 
     name: ClassVar[str] = "hf-image-classification"
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers", "PIL")
     kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL)
     modalities: ClassVar[tuple[str, ...]] = ("image",)
-    uses_torch: ClassVar[bool] = True
-    data_parallel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.settings: HFSettings | None = None
         self._models: dict[str, tuple[Any, Any, Head]] = {}  # schema: (image processor, model, head)
         self.offline = False
-
-    def required_modules(self, params: dict[str, Any]) -> list[str]:
-        return with_peft(self.requires, params)
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Image items, radio or multiselect schemes with two labels and train items, a model that exists."""
@@ -122,21 +117,18 @@ class HFImageClassificationTrainer(Trainer):
         found, self.offline = check_model(self.settings, ctx.reporter.log)
         return problems + found
 
-    def fit(self, ctx: RunContext) -> FitResult:
-        with parallel.data_parallel(ctx):
-            return self._fit(ctx)
-
-    def _fit(self, ctx: RunContext) -> FitResult:
+    def fit_on_rank(self, ctx: RunContext) -> FitResult:
         settings = self.settings or read_settings(ctx, INFO)
         seed_everything(settings.seed)
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
         data = {s.name: self._readable(ctx, s, "train", heads[s.name]) for s in ctx.schemas}
-        steps = Steps.for_fit(ctx, settings, [len(rows) for rows in data.values()])
+        progress = Progress.for_fit(ctx, {name: len(rows) for name, rows in data.items()}, settings)
         card = FitCard(self.name, ctx, settings)
         for schema in ctx.schemas:
             head, train = heads[schema.name], data[schema.name]
-            card.add(schema, self._fit_schema(ctx, schema, head, train, steps), head_entry(schema, head, len(train)))
-        return card.result(heads[ctx.schemas[0].name].outputs, [f"base model: {settings.model_name}"], steps.done)
+            metrics = self._fit_schema(ctx, schema, head, train, progress)
+            card.add(schema, metrics, head_entry(schema, head, len(train)))
+        return card.result(heads[ctx.schemas[0].name].outputs, [f"base model: {settings.model_name}"], progress.done)
 
     def _readable(self, ctx: RunContext, schema: SchemaSpec, split: str, head: Head) -> list[tuple[Any, Any, Any]]:
         """(row, target, answer) of *split*'s answered rows whose image this machine reads (decoded then, and again
@@ -184,7 +176,7 @@ class HFImageClassificationTrainer(Trainer):
         return processor, model.to(ctx.device)
 
     def _fit_schema(
-        self, ctx: RunContext, schema: SchemaSpec, head: Head, train: list[tuple[Any, Any, Any]], steps: Steps
+        self, ctx: RunContext, schema: SchemaSpec, head: Head, train: list[tuple[Any, Any, Any]], progress: Progress
     ) -> dict[str, float]:
         settings = self.settings or read_settings(ctx, INFO)
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
@@ -193,7 +185,7 @@ class HFImageClassificationTrainer(Trainer):
             model = apply_lora(ctx, model, settings.lora, task=None)
         val = self._readable(ctx, schema, "val", head)
         ctx.reporter.status("running", f"training {schema.name} on {len(train)} images")
-        loss = self._train(ctx, schema, head, model, processor, train, val, steps)
+        loss = self._train(ctx, schema, head, model, processor, train, val, progress)
         if settings.lora:
             model = model.merge_and_unload()
         self._models[schema.name] = (processor, model, head)
@@ -225,37 +217,21 @@ class HFImageClassificationTrainer(Trainer):
         processor: Any,
         train: list[tuple[Any, Any, Any]],
         val: list[tuple[Any, Any, Any]],
-        steps: Steps,
+        progress: Progress,
     ) -> float:
+        """The epochs over (row, target, answer) triples (fine_tune.py); returns the last epoch's mean loss."""
         import torch
 
         settings = self.settings or read_settings(ctx, INFO)
-        per_epoch = parallel.batches(len(train), settings.batch_size, ctx)
-        optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
-        trained = parallel.wrap(model, ctx)
-        generator = torch.Generator().manual_seed(settings.seed)
-        mean_loss = float("nan")
-        for _epoch in range(settings.epochs):
-            model.train()
-            order = parallel.shard(torch.randperm(len(train), generator=generator).tolist(), ctx)
-            losses: list[float] = []
-            for start in range(0, len(order), settings.batch_size):
-                ctx.check_stop("during training")
-                chunk = [train[i] for i in order[start : start + settings.batch_size]]
-                pixels = self._pixels(ctx, processor, [row for row, _, _ in chunk])
-                loss = trained(
-                    pixel_values=pixels, labels=torch.tensor([y for _, y, _ in chunk], device=ctx.device)
-                ).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-                losses.append(float(loss.detach()))
-                steps.advance(ctx, schema, losses[-1])
-            mean_loss = sum(losses) / len(losses)
-            self._evaluate(ctx, schema, head, model, processor, val, steps.done)
-        return mean_loss
+
+        def loss(forward: Any, chunk: list[tuple[Any, Any, Any]]) -> Any:
+            pixels = self._pixels(ctx, processor, [row for row, _, _ in chunk])
+            return forward(pixel_values=pixels, labels=torch.tensor([y for _, y, _ in chunk], device=ctx.device)).loss
+
+        loop: FineTune[tuple[Any, Any, Any]] = FineTune(
+            ctx, schema, model, settings, progress, one_stream(settings.seed)
+        )
+        return loop.run(train, loss, lambda step: self._evaluate(ctx, schema, head, model, processor, val, step))
 
     def _evaluate(
         self,

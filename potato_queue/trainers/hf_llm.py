@@ -24,33 +24,30 @@ the adapter merged into full base weights), ``checkpoint_every_steps`` (50),
 
 from __future__ import annotations
 
-import math
-import time
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from potato_queue.trainers import llm_loop, parallel
+from potato_queue.trainers import llm_loop
 from potato_queue.trainers.common import seed_everything
-from potato_queue.trainers.hf_fit import FitCard, head_entry
+from potato_queue.trainers.fine_tune import Progress
+from potato_queue.trainers.hf_fit import FineTuneTrainer, FitCard, head_entry
 from potato_queue.trainers.hf_heads import Head, head_for
 from potato_queue.trainers.hub import check_model
 from potato_queue.trainers.llm_settings import LLMSettings, read_settings
 from potato_queue.trainers.multilabel import validate_by_kind
 from potato_queue.wire.scoring import MULTILABEL
-from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
+from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext
 
 __all__ = ["HFLLMLoRATrainer"]
 
 
-class HFLLMLoRATrainer(Trainer):
+class HFLLMLoRATrainer(FineTuneTrainer):
     """One LoRA-adapted decoder classifier per radio scheme or multiselect."""
 
     name: ClassVar[str] = "hf-llm-lora"
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers", "peft")
     kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL)
-    uses_torch: ClassVar[bool] = True
     checkpoint_every_steps: ClassVar[int] = 50
-    data_parallel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.settings: LLMSettings | None = None
@@ -76,28 +73,19 @@ class HFLLMLoRATrainer(Trainer):
             problems += [room] if room else []
         return problems
 
-    def fit(self, ctx: RunContext) -> FitResult:
-        """Fine-tune each schema's adapters; save them (or the merged model) under ``<workdir>/<schema>/``."""
-        with parallel.data_parallel(ctx):
-            return self._fit(ctx)
-
-    def _fit(self, ctx: RunContext) -> FitResult:
+    def fit_on_rank(self, ctx: RunContext) -> FitResult:
         settings = self.settings or read_settings(ctx)
         seed_everything(settings.seed)
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
         data = {s.name: heads[s.name].read(ctx.bundle, "train", s.name) for s in ctx.schemas}
         # Steps are optimiser updates: grad_accum_steps batches each, the last of an epoch maybe fewer.
-        per_schema = {
-            name: settings.epochs
-            * math.ceil(parallel.batches(len(texts), settings.batch_size, ctx) / settings.grad_accum_steps)
-            for name, (texts, _) in data.items()
-        }
-        plan = llm_loop.Plan(per_schema, settings.log_every, started_s=time.monotonic())
+        sizes = {name: len(texts) for name, (texts, _) in data.items()}
+        progress = Progress.for_fit(ctx, sizes, settings, settings.grad_accum_steps)
         card = FitCard(self.name, ctx, settings)
         start = ctx.resume_point()
         for schema in ctx.schemas:
             texts, gold = data[schema.name]
-            loop = llm_loop.SchemaLoop(ctx, settings, schema, heads[schema.name], plan, self.offline)
+            loop = llm_loop.SchemaLoop(ctx, settings, schema, heads[schema.name], progress, self.offline)
             metrics = loop.run(texts, gold, start)
             self._models[schema.name] = (loop.tokenizer, loop.model, loop.head)
             card.add(
@@ -117,7 +105,7 @@ class HFLLMLoRATrainer(Trainer):
             f"LoRA r={lora['r']} alpha={lora['alpha']} on {', '.join(card.schemas[ctx.schemas[0].name]['lora_targets'])}"
             + ("; merged into the saved model" if settings.merge else "; the adapter is the saved model"),
         ]
-        return card.result(self._models[ctx.schemas[0].name][2].outputs, notes, plan.done)
+        return card.result(self._models[ctx.schemas[0].name][2].outputs, notes, progress.done)
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
         """Each scheme's prediction as its head reads the outputs: the top label and its probability, or a

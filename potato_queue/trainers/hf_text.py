@@ -1,6 +1,6 @@
 """``hf-text-classification``: fine-tune a transformers sequence classifier.
 
-A plain torch loop (AdamW, linear warmup/decay, gradient clipping) over
+A plain torch loop (fine_tune.py: AdamW, linear warmup/decay, gradient clipping) over
 ``AutoModelForSequenceClassification``, one model per nominal schema, or
 per multiselect with one sigmoid a label (its per-label thresholds, chosen
 on val, in ``<schema>/thresholds.json``: trainers/multilabel.py),
@@ -28,38 +28,34 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from potato_queue.trainers import parallel
 from potato_queue.trainers.common import seed_everything, slug
-from potato_queue.trainers.hf_fit import FitCard, head_entry, save_schema, with_peft
+from potato_queue.trainers.fine_tune import FineTune, Progress, one_stream
+from potato_queue.trainers.hf_fit import FineTuneTrainer, FitCard, head_entry, save_schema
 from potato_queue.trainers.hf_heads import Head, head_for, saved_head
 from potato_queue.trainers.hf_text_parts import (
     HFSettings,
-    Steps,
     apply_lora,
     encode,
     fit_max_length,
     load_base,
-    optimizer_for,
     read_settings,
 )
 from potato_queue.trainers.hub import check_model, explain_not_cached
 from potato_queue.trainers.multilabel import validate_by_kind
 from potato_queue.trainers.scales import validate_scales
 from potato_queue.wire.scoring import MULTILABEL, ORDINAL, score
-from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
+from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext
 from potato_queue.worker.spec import SchemaSpec
 
 __all__ = ["HFTextClassificationTrainer"]
 
 
-class HFTextClassificationTrainer(Trainer):
+class HFTextClassificationTrainer(FineTuneTrainer):
     """Fine-tunes one transformers model per scheme, its head by the scheme's kind (hf_heads.py)."""
 
     name: ClassVar[str] = "hf-text-classification"
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers")
     kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL, ORDINAL, "continuous")
-    uses_torch: ClassVar[bool] = True
-    data_parallel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.settings: HFSettings | None = None
@@ -68,10 +64,6 @@ class HFTextClassificationTrainer(Trainer):
         # Nothing is asked of the hub: the model is a local folder, or the hub does not answer.
         self.offline = False
 
-    def required_modules(self, params: dict[str, Any]) -> list[str]:
-        """torch and transformers, plus peft when LoRA is on."""
-        return with_peft(self.requires, params)
-
     def validate(self, ctx: RunContext) -> list[str]:
         """Schemes of its kinds with enough train data, sane params, a model that exists."""
         self.settings = read_settings(ctx)
@@ -79,24 +71,21 @@ class HFTextClassificationTrainer(Trainer):
         found, self.offline = check_model(self.settings, ctx.reporter.log)
         return problems + found
 
-    def fit(self, ctx: RunContext) -> FitResult:
-        """Fine-tune each schema's model and save it under ``<workdir>/<schema>/``."""
-        with parallel.data_parallel(ctx):
-            return self._fit(ctx)
-
-    def _fit(self, ctx: RunContext) -> FitResult:
+    def fit_on_rank(self, ctx: RunContext) -> FitResult:
         # Kept: what the first scheme's model lowers (max_length) holds for the others, predict and the card.
         settings = self.settings = self.settings or read_settings(ctx)
         seed_everything(settings.seed)
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
         data = {name: _answered(head, *head.read(ctx.bundle, "train", name)) for name, head in heads.items()}
-        steps = Steps.for_fit(ctx, settings, [len(texts) for texts, _ in data.values()])
+        progress = Progress.for_fit(ctx, {name: len(texts) for name, (texts, _) in data.items()}, settings)
         card = FitCard(self.name, ctx, settings)
         for schema in ctx.schemas:
             head = heads[schema.name]
             texts, answers = data[schema.name]
             card.add(
-                schema, self._fit_schema(ctx, schema, head, texts, answers, steps), head_entry(schema, head, len(texts))
+                schema,
+                self._fit_schema(ctx, schema, head, texts, answers, progress),
+                head_entry(schema, head, len(texts)),
             )
         notes = [
             f"base model: {settings.model_name}"
@@ -104,10 +93,16 @@ class HFTextClassificationTrainer(Trainer):
         ]
         if settings.lora:
             notes.append(f"LoRA r={settings.lora['r']} alpha={settings.lora['alpha']}, merged into the saved model")
-        return card.result(heads[ctx.schemas[0].name].outputs, notes, steps.done)
+        return card.result(heads[ctx.schemas[0].name].outputs, notes, progress.done)
 
     def _fit_schema(
-        self, ctx: RunContext, schema: SchemaSpec, head: Head, texts: list[str], answers: list[Any], steps: Steps
+        self,
+        ctx: RunContext,
+        schema: SchemaSpec,
+        head: Head,
+        texts: list[str],
+        answers: list[Any],
+        progress: Progress,
     ) -> dict[str, float]:
         """One scheme's model, its head by the scheme's kind; answers the head has no output for are left out."""
         settings = self.settings or read_settings(ctx)
@@ -121,7 +116,7 @@ class HFTextClassificationTrainer(Trainer):
         val = [(t, a) for t, a in zip(val_texts, val_answers) if head.target(a) is not None]  # noqa: B905
         train = [(t, y) for t, a in zip(texts, answers) if (y := head.target(a)) is not None]  # noqa: B905
         ctx.reporter.status("running", f"training {schema.name} on {len(train)} items")
-        train_loss = self._train(ctx, schema, head, model, tokenizer, train, val, steps)
+        train_loss = self._train(ctx, schema, head, model, tokenizer, train, val, progress)
         if settings.lora:
             model = model.merge_and_unload()
         self._models[schema.name] = (tokenizer, model, head)
@@ -142,36 +137,19 @@ class HFTextClassificationTrainer(Trainer):
         tokenizer: Any,
         train: list[tuple[str, Any]],
         val: list[tuple[str, Any]],
-        steps: Steps,
+        progress: Progress,
     ) -> float:
-        """The epochs of the torch loop over (text, target) pairs; returns the last epoch's mean loss."""
+        """The epochs over (text, target) pairs (fine_tune.py); returns the last epoch's mean loss."""
         import torch
 
         settings = self.settings or read_settings(ctx)
-        per_epoch = parallel.batches(len(train), settings.batch_size, ctx)
-        optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
-        trained = parallel.wrap(model, ctx)
-        generator = torch.Generator().manual_seed(settings.seed)
-        mean_loss = float("nan")
-        for _epoch in range(settings.epochs):
-            model.train()
-            order = parallel.shard(torch.randperm(len(train), generator=generator).tolist(), ctx)
-            losses: list[float] = []
-            for start in range(0, len(order), settings.batch_size):
-                ctx.check_stop("during training")
-                chunk = [train[i] for i in order[start : start + settings.batch_size]]
-                batch = encode(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
-                loss = trained(**batch, labels=torch.tensor([y for _, y in chunk], device=ctx.device)).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-                losses.append(float(loss.detach()))
-                steps.advance(ctx, schema, losses[-1])
-            mean_loss = sum(losses) / len(losses)
-            self._evaluate(ctx, schema, head, model, tokenizer, val, steps.done)
-        return mean_loss
+
+        def loss(forward: Any, chunk: list[tuple[str, Any]]) -> Any:
+            batch = encode(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
+            return forward(**batch, labels=torch.tensor([y for _, y in chunk], device=ctx.device)).loss
+
+        loop: FineTune[tuple[str, Any]] = FineTune(ctx, schema, model, settings, progress, one_stream(settings.seed))
+        return loop.run(train, loss, lambda step: self._evaluate(ctx, schema, head, model, tokenizer, val, step))
 
     def _evaluate(
         self,

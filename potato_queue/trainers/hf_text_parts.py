@@ -1,32 +1,25 @@
-"""hf-text-classification's parts: its checked settings, and the torch pieces of its loop (the model and its
-head, LoRA, batches, the optimizer, the step counter), apart from the trainer that runs them (hf_text.py).
+"""hf-text-classification's parts: its checked settings, and its torch pieces (the model and its head, LoRA,
+batches), apart from the trainer that runs them (hf_text.py) and the loop they run in (fine_tune.py).
 """
 
 from __future__ import annotations
 
-import math
 import os
-import time
-from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
-from potato_queue.trainers import parallel
 from potato_queue.trainers.common import param
 from potato_queue.trainers.hub import packaged_model
 from potato_queue.trainers.registry import TRAINERS, TrainerInfo
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.errors import ValidationFailed
-from potato_queue.worker.spec import SchemaSpec
 
 __all__ = [
     "HFSettings",
     "read_settings",
-    "Steps",
     "load_base",
     "apply_lora",
     "encode",
-    "optimizer_for",
     "LORA_OFF",
     "position_limit",
     "fit_max_length",
@@ -103,31 +96,6 @@ def read_settings(ctx: RunContext, info: TrainerInfo = INFO) -> HFSettings:
     if not 0 < settings.learning_rate < 1 or not 0 <= settings.warmup_ratio < 1:
         raise ValidationFailed("params need 0 < learning_rate < 1 and 0 <= warmup_ratio < 1")
     return settings
-
-
-class Steps:
-    """Global step counter across schemas: progress, loss metrics, ETA."""
-
-    def __init__(self, total: int, log_every: int) -> None:
-        self.total = total
-        self.done = 0
-        self.log_every = log_every or max(1, math.ceil(total / 1000.0))
-        self.started = time.monotonic()
-
-    @classmethod
-    def for_fit(cls, ctx: RunContext, settings: HFSettings, sizes: Iterable[int]) -> Steps:
-        """The counter of a fit over schemes of *sizes* train items each: every epoch's batches of this rank."""
-        return cls(
-            settings.epochs * sum(parallel.batches(n, settings.batch_size, ctx) for n in sizes), settings.log_every
-        )
-
-    def advance(self, ctx: RunContext, schema: SchemaSpec, loss: float) -> None:
-        self.done += 1
-        elapsed = time.monotonic() - self.started
-        eta = elapsed / self.done * (self.total - self.done)
-        if self.done % self.log_every == 0 or self.done == self.total:
-            ctx.reporter.metric("train", ctx.metric_name(schema, "loss"), loss, self.done)
-        ctx.reporter.progress("train", self.done, self.total, eta)
 
 
 def load_base(
@@ -219,19 +187,3 @@ def fit_max_length(ctx: RunContext, settings: HFSettings, tokenizer: Any, model:
 def encode(tokenizer: Any, texts: list[str], max_length: int, device: str) -> Any:
     batch = tokenizer(texts, truncation=True, max_length=max_length, padding=True, return_tensors="pt")
     return batch.to(device)
-
-
-def optimizer_for(model: Any, settings: HFSettings, total_steps: int) -> tuple[Any, Any]:
-    """AdamW over trainable parameters, with linear warmup then linear decay."""
-    import torch
-
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(trainable, lr=settings.learning_rate, weight_decay=settings.weight_decay)
-    warmup = int(total_steps * settings.warmup_ratio)
-
-    def factor(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / float(warmup + 1)
-        return max(0.0, (total_steps - step) / float(max(1, total_steps - warmup)))
-
-    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)

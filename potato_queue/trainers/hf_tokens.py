@@ -1,6 +1,6 @@
 """``hf-token-classification``: fine-tune a transformers token classifier on a span scheme.
 
-The same torch loop as hf-text-classification (AdamW, linear warmup/decay, clipping; LoRA through peft,
+The same torch loop as hf-text-classification (fine_tune.py: AdamW, linear warmup/decay, clipping; LoRA through peft,
 data-parallel over several GPUs) over ``AutoModelForTokenClassification``, one model per span scheme.
 Potato's character offsets become BIO tags on the tokens and the tagger's tags become character spans
 again (trainers/spans.py), so the tokenizer must give offsets (a "fast" tokenizer, as every common model
@@ -18,24 +18,16 @@ import os
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from potato_queue.trainers import parallel
 from potato_queue.trainers.common import seed_everything, slug
-from potato_queue.trainers.hf_fit import FitCard, save_schema, with_peft
-from potato_queue.trainers.hf_text_parts import (
-    HFSettings,
-    Steps,
-    apply_lora,
-    fit_max_length,
-    load_base,
-    optimizer_for,
-    read_settings,
-)
+from potato_queue.trainers.fine_tune import FineTune, Progress, one_stream
+from potato_queue.trainers.hf_fit import FineTuneTrainer, FitCard, save_schema
+from potato_queue.trainers.hf_text_parts import HFSettings, apply_lora, fit_max_length, load_base, read_settings
 from potato_queue.trainers.hub import check_model, explain_not_cached
 from potato_queue.trainers.registry import TRAINERS
 from potato_queue.trainers.spans import bio_tags, drop_overlaps, labelled_spans, spans_from_tags, tag_names
 from potato_queue.wire.scoring import SPAN, score
 from potato_queue.wire.span_scores import Span
-from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext, Trainer
+from potato_queue.worker.api import FitResult, Prediction, PredictItem, RunContext
 from potato_queue.worker.errors import TrainerError
 from potato_queue.worker.spec import SchemaSpec
 
@@ -46,22 +38,17 @@ IGNORED = -100  # the loss leaves these tokens out (the tokenizer's own, and pad
 EXAMPLES_SAID = 3
 
 
-class HFTokenClassificationTrainer(Trainer):
+class HFTokenClassificationTrainer(FineTuneTrainer):
     """Fine-tunes one transformers token classifier (BIO tags) per span scheme."""
 
     name: ClassVar[str] = "hf-token-classification"
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers")
     kinds: ClassVar[tuple[str, ...]] = (SPAN,)
-    uses_torch: ClassVar[bool] = True
-    data_parallel: ClassVar[bool] = True
 
     def __init__(self) -> None:
         self.settings: HFSettings | None = None
         self._models: dict[str, tuple[Any, Any, list[str]]] = {}  # schema: (tokenizer, model, tag names)
         self.offline = False
-
-    def required_modules(self, params: dict[str, Any]) -> list[str]:
-        return with_peft(self.requires, params)
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Span schemes with two or more train items that have spans, sane params, a model that exists."""
@@ -83,22 +70,18 @@ class HFTokenClassificationTrainer(Trainer):
         found, self.offline = check_model(self.settings, ctx.reporter.log)
         return problems + found
 
-    def fit(self, ctx: RunContext) -> FitResult:
-        with parallel.data_parallel(ctx):
-            return self._fit(ctx)
-
-    def _fit(self, ctx: RunContext) -> FitResult:
+    def fit_on_rank(self, ctx: RunContext) -> FitResult:
         # Kept: what the first scheme's model lowers (max_length) holds for the others, predict and the card.
         settings = self.settings = self.settings or read_settings(ctx, INFO)
         seed_everything(settings.seed)
         data = {s.name: self._train_spans(ctx, s) for s in ctx.schemas}
-        steps = Steps.for_fit(ctx, settings, [len(texts) for texts, _ in data.values()])
+        progress = Progress.for_fit(ctx, {name: len(texts) for name, (texts, _) in data.items()}, settings)
         card = FitCard(self.name, ctx, settings)
         for schema in ctx.schemas:
             texts, spans = data[schema.name]
-            metrics = self._fit_schema(ctx, schema, texts, spans, steps)
+            metrics = self._fit_schema(ctx, schema, texts, spans, progress)
             card.add(schema, metrics, {"kind": SPAN, "n_train": len(texts), "tags": self._models[schema.name][2]})
-        return card.result(self._models[ctx.schemas[0].name][2], [f"base model: {settings.model_name}"], steps.done)
+        return card.result(self._models[ctx.schemas[0].name][2], [f"base model: {settings.model_name}"], progress.done)
 
     def _train_spans(self, ctx: RunContext, schema: SchemaSpec) -> tuple[list[str], list[list[Span]]]:
         """The train texts and their spans, overlapping ones left out and said in run.log."""
@@ -120,7 +103,7 @@ class HFTokenClassificationTrainer(Trainer):
         return texts, kept
 
     def _fit_schema(
-        self, ctx: RunContext, schema: SchemaSpec, texts: list[str], spans: list[list[Span]], steps: Steps
+        self, ctx: RunContext, schema: SchemaSpec, texts: list[str], spans: list[list[Span]], progress: Progress
     ) -> dict[str, float]:
         settings = self.settings or read_settings(ctx, INFO)
         names = tag_names(sorted({s[2] for found in spans for s in found}))
@@ -153,7 +136,7 @@ class HFTokenClassificationTrainer(Trainer):
             names,
             list(zip(texts, spans)),  # noqa: B905
             list(zip(val_texts, val_spans)),
-            steps,
+            progress,
         )  # noqa: B905
         if settings.lora:
             model = model.merge_and_unload()
@@ -200,35 +183,19 @@ class HFTokenClassificationTrainer(Trainer):
         names: list[str],
         train: list[tuple[str, list[Span]]],
         val: list[tuple[str, list[Span]]],
-        steps: Steps,
+        progress: Progress,
     ) -> float:
-        import torch
-
+        """The epochs over (text, spans) pairs (fine_tune.py); returns the last epoch's mean loss."""
         settings = self.settings or read_settings(ctx, INFO)
-        per_epoch = parallel.batches(len(train), settings.batch_size, ctx)
-        optimizer, scheduler = optimizer_for(model, settings, settings.epochs * per_epoch)
-        trained = parallel.wrap(model, ctx)
-        generator = torch.Generator().manual_seed(settings.seed)
-        mean_loss = float("nan")
-        for _epoch in range(settings.epochs):
-            model.train()
-            order = parallel.shard(torch.randperm(len(train), generator=generator).tolist(), ctx)
-            losses: list[float] = []
-            for start in range(0, len(order), settings.batch_size):
-                ctx.check_stop("during training")
-                chunk = [train[i] for i in order[start : start + settings.batch_size]]
-                batch, offsets = self._batch(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
-                loss = trained(**batch, labels=self._targets(names, offsets, [s for _, s in chunk], ctx.device)).loss
-                loss.backward()
-                torch.nn.utils.clip_grad_norm_([p for p in model.parameters() if p.requires_grad], 1.0)
-                optimizer.step()
-                scheduler.step()
-                optimizer.zero_grad()
-                losses.append(float(loss.detach()))
-                steps.advance(ctx, schema, losses[-1])
-            mean_loss = sum(losses) / len(losses)
-            self._evaluate(ctx, schema, model, tokenizer, names, val, steps.done)
-        return mean_loss
+
+        def loss(forward: Any, chunk: list[tuple[str, list[Span]]]) -> Any:
+            batch, offsets = self._batch(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
+            return forward(**batch, labels=self._targets(names, offsets, [s for _, s in chunk], ctx.device)).loss
+
+        loop: FineTune[tuple[str, list[Span]]] = FineTune(
+            ctx, schema, model, settings, progress, one_stream(settings.seed)
+        )
+        return loop.run(train, loss, lambda step: self._evaluate(ctx, schema, model, tokenizer, names, val, step))
 
     def _evaluate(
         self,

@@ -1,7 +1,8 @@
-"""The training loop of ``hf-llm-lora``: one schema's model from load to saved adapter, resumable.
+"""The training of ``hf-llm-lora``: one schema's model from load to saved adapter, resumable.
 
-Steps are optimiser updates (``grad_accum_steps`` batches each). A checkpoint
-holds the adapter and head, the optimiser, the schedule, the RNGs and the
+Its epochs are fine_tune.py's loop, resumable: steps are optimiser updates
+(``grad_accum_steps`` batches each), a checkpoint holds the adapter and head
+(written and read back here), the optimiser, the schedule, the RNGs and the
 position (schema, epoch, updates done in it); each epoch's order comes from
 ``seed + epoch``, so a resumed run skips exactly the batches it had done and
 sees the rest in the same order.
@@ -9,16 +10,13 @@ sees the rest in the same order.
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import time
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from typing import Any
 
-from potato_queue.trainers import parallel
 from potato_queue.trainers.common import slug
+from potato_queue.trainers.fine_tune import FineTune, Progress, Resumable, position_of, seeded_by_epoch
 from potato_queue.trainers.hf_heads import Head, saved_head
 from potato_queue.trainers.hub import explain_not_cached
 from potato_queue.trainers.llm_parts import Precision
@@ -28,43 +26,7 @@ from potato_queue.wire.scoring import score
 from potato_queue.worker.api import RunContext
 from potato_queue.worker.spec import SchemaSpec
 
-__all__ = ["Plan", "SchemaLoop", "probabilities", "POSITION_FILE"]
-
-POSITION_FILE = "position.json"  # in a checkpoint: where the loop stood, readable without torch
-
-
-@dataclass
-class Plan:
-    """The whole run's updates across schemas: progress, loss metrics, ETA."""
-
-    per_schema: dict[str, int]
-    log_every: int
-    started_s: float
-    done: int = 0
-    resumed_at: int = 0
-    offsets: dict[str, int] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        total = 0
-        for name, steps in self.per_schema.items():
-            self.offsets[name] = total
-            total += steps
-        self.total = total
-        self.log_every = self.log_every or max(1, math.ceil(total / 1000.0))
-
-    def advance(self, ctx: RunContext, schema: SchemaSpec, loss: float) -> None:
-        self.done += 1
-        rate_s = (time.monotonic() - self.started_s) / max(1, self.done - self.resumed_at)
-        if self.done % self.log_every == 0 or self.done == self.total:
-            ctx.reporter.metric("train", ctx.metric_name(schema, "loss"), loss, self.done)
-        ctx.reporter.progress("train", self.done, self.total, rate_s * (self.total - self.done))
-
-
-def _position(start: Checkpoint | None) -> dict[str, Any] | None:
-    if start is None:
-        return None
-    with open(os.path.join(start.path, POSITION_FILE), encoding="utf-8") as fh:
-        return dict(json.load(fh))
+__all__ = ["SchemaLoop", "probabilities"]
 
 
 def _encode(tokenizer: Any, texts: list[str], max_length: int, device: str) -> Any:
@@ -75,11 +37,17 @@ class SchemaLoop:
     """Load, adapt, train (resuming where a checkpoint says), evaluate and save one schema's model."""
 
     def __init__(
-        self, ctx: RunContext, settings: LLMSettings, schema: SchemaSpec, head: Head, plan: Plan, offline: bool
+        self,
+        ctx: RunContext,
+        settings: LLMSettings,
+        schema: SchemaSpec,
+        head: Head,
+        progress: Progress,
+        offline: bool,
     ) -> None:
         from potato_queue.trainers import llm_parts
 
-        self.ctx, self.settings, self.schema, self.head, self.plan = ctx, settings, schema, head, plan
+        self.ctx, self.settings, self.schema, self.head, self.progress = ctx, settings, schema, head, progress
         self.folder = os.path.join(ctx.workdir, slug(schema.name))
         self.precision = llm_parts.precision_for(settings.precision, ctx.device)
         self.four_bit = settings.load_in_4bit == "true" or (
@@ -115,16 +83,17 @@ class SchemaLoop:
                 f"{self.truncated} of {len(texts)} train items for {self.schema.name} are "
                 f"longer than max_length ({self.settings.max_length} tokens) and were cut to it",
             )
-        position = _position(start)
-        offset = self.plan.offsets[self.schema.name]
-        if position is not None and position["step"] >= offset + self.plan.per_schema[self.schema.name]:
+        position = position_of(start.path if start is not None else None)
+        end = self.progress.offsets[self.schema.name] + self.progress.per_schema[self.schema.name]
+        if position is not None and position["schema"] != self.schema.name and position["step"] >= end:
             return self._finished_before()
-        loss = self._train(
-            texts,
-            [self.head.target(g) for g in gold],
-            position if position and position["schema"] == self.schema.name else None,
-            start,
+        # A checkpoint of this schema's resumes here, even one of its last update (saved before its model was).
+        ours = (
+            start.path
+            if start is not None and position is not None and position["schema"] == self.schema.name
+            else None
         )
+        loss = self._train(texts, [self.head.target(g) for g in gold], ours)
         if self.head.tunes:
             val_texts, val_answers = self._val()
             self.head.tune(self._rows(val_texts), val_answers)
@@ -140,98 +109,35 @@ class SchemaLoop:
 
         llm_parts.load_adapter(self.model, self.folder)
         self.head = saved_head(self.folder, self.model.config)  # a multiselect's thresholds, chosen then
-        self.plan.done += self.plan.per_schema[self.schema.name]
-        self.plan.resumed_at = self.plan.done
+        self.progress.resume_at(self.progress.done + self.progress.per_schema[self.schema.name])
         return {}
 
-    def _optimizer(self, total: int) -> tuple[Any, Any]:
+    def _train(self, texts: list[str], targets: list[Any], start: str | None) -> float:
+        """fine_tune.py's loop over (text, target) pairs, from the checkpoint folder `start` of this schema if
+        one; returns the last epoch's mean loss."""
         import torch
 
-        trainable = [p for p in self.model.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(
-            trainable, lr=self.settings.learning_rate, weight_decay=self.settings.weight_decay
+        from potato_queue.trainers import llm_parts
+
+        s, ctx, model = self.settings, self.ctx, self.model
+
+        def loss(forward: Any, chunk: list[tuple[str, Any]]) -> Any:
+            batch = _encode(self.tokenizer, [t for t, _ in chunk], s.max_length, ctx.device)
+            return forward(**batch, labels=torch.tensor([y for _, y in chunk], device=ctx.device)).loss
+
+        resumable = Resumable(model.save_pretrained, lambda folder: llm_parts.load_adapter(model, folder), start)
+        loop: FineTune[tuple[str, Any]] = FineTune(
+            ctx,
+            self.schema,
+            model,
+            s,
+            self.progress,
+            seeded_by_epoch(s.seed),
+            accumulate=s.grad_accum_steps,
+            precision=self.precision,
+            resumable=resumable,
         )
-        warmup = int(total * self.settings.warmup_ratio)
-
-        def factor(step: int) -> float:
-            return (step + 1) / (warmup + 1) if step < warmup else max(0.0, (total - step) / max(1, total - warmup))
-
-        return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-
-    def _train(
-        self, texts: list[str], targets: list[Any], position: dict[str, Any] | None, start: Checkpoint | None
-    ) -> float:
-        import torch
-
-        from potato_queue.trainers import llm_parts
-
-        s, ctx = self.settings, self.ctx
-        batches = math.ceil(parallel.share(len(texts), ctx) / s.batch_size)
-        self.updates_per_epoch = math.ceil(batches / s.grad_accum_steps)
-        optimizer, scheduler = self._optimizer(s.epochs * self.updates_per_epoch)
-        epoch0, update0 = 0, 0
-        if position is not None and start is not None:
-            llm_parts.load_state(start.path, self.model, optimizer, scheduler)
-            epoch0, update0 = position["epoch"], position["update"]
-            self.plan.done = self.plan.resumed_at = position["step"]
-        self.rng = llm_parts.rng_state()
-        scaler = torch.amp.GradScaler("cuda", enabled=self.precision.scale_loss)
-        trained = parallel.wrap(self.model, ctx)
-        losses: list[float] = []
-        for epoch in range(epoch0, s.epochs):
-            self.model.train()
-            order = parallel.shard(
-                torch.randperm(len(texts), generator=torch.Generator().manual_seed(s.seed + epoch)).tolist(), ctx
-            )
-            losses = []
-            first = update0 * s.grad_accum_steps if epoch == epoch0 else 0
-            for batch_index in range(first, batches):
-                if ctx.should_stop():  # a preemption saves the state as of the last update, then stops
-                    ctx.checkpoint(self.plan.done, self._writer(epoch, optimizer, scheduler))
-                chunk = order[batch_index * s.batch_size : (batch_index + 1) * s.batch_size]
-                batch = _encode(self.tokenizer, [texts[i] for i in chunk], s.max_length, ctx.device)
-                labels = torch.tensor([targets[i] for i in chunk], device=ctx.device)
-                with self.precision.autocast(ctx.device):
-                    loss = trained(**batch, labels=labels).loss
-                scaler.scale(loss / s.grad_accum_steps).backward()
-                losses.append(float(loss.detach()))
-                if (batch_index + 1) % s.grad_accum_steps == 0 or batch_index + 1 == batches:
-                    self._update(optimizer, scheduler, scaler)
-                    recent = losses[-s.grad_accum_steps :]
-                    self.plan.advance(ctx, self.schema, sum(recent) / len(recent))
-                    ctx.checkpoint(self.plan.done, self._writer(epoch, optimizer, scheduler))
-            self._evaluate()
-        return sum(losses) / len(losses) if losses else float("nan")
-
-    def _update(self, optimizer: Any, scheduler: Any, scaler: Any) -> None:
-        import torch
-
-        from potato_queue.trainers import llm_parts
-
-        scaler.unscale_(optimizer)
-        torch.nn.utils.clip_grad_norm_([p for p in self.model.parameters() if p.requires_grad], 1.0)
-        scaler.step(optimizer)
-        scaler.update()
-        scheduler.step()
-        optimizer.zero_grad()
-        self.rng = llm_parts.rng_state()
-
-    def _writer(self, epoch: int, optimizer: Any, scheduler: Any) -> Callable[[str], None]:
-        """What ctx.checkpoint calls: the state as of the last update (a batch's pending gradients are
-        not kept; the resumed run does that batch again)."""
-        from potato_queue.trainers import llm_parts
-
-        done_in_epoch = self.plan.done - self.plan.offsets[self.schema.name] - epoch * self.updates_per_epoch
-        epoch, update = (epoch + 1, 0) if done_in_epoch >= self.updates_per_epoch else (epoch, done_in_epoch)
-        position = {"schema": self.schema.name, "step": self.plan.done, "epoch": epoch, "update": update}
-        rng = self.rng
-
-        def write(folder: str) -> None:
-            llm_parts.save_state(folder, self.model, optimizer, scheduler, position, rng)
-            with open(os.path.join(folder, POSITION_FILE), "w", encoding="utf-8") as fh:
-                json.dump(position, fh)
-
-        return write
+        return loop.run(list(zip(texts, targets)), loss, self._evaluate)  # noqa: B905 - runs on 3.8/3.9
 
     def _val(self) -> tuple[list[str], list[Any]]:
         """The val texts and answers the head has outputs for."""
@@ -247,7 +153,7 @@ class SchemaLoop:
             rows += found
         return rows
 
-    def _evaluate(self) -> None:
+    def _evaluate(self, step: int) -> None:
         """Held-out val loss (cross-entropy; a multiselect's mean binary one) and accuracy (a multiselect's: the
         whole set right) as metric events, after each epoch."""
         texts, answers = self._val()
@@ -263,10 +169,8 @@ class SchemaLoop:
                 total_loss -= math.log(max(float(row[target]), 1e-12))
         predicted = {i: self.head.prediction("", self.schema.name, row).label for i, row in enumerate(rows)}
         correct = score(dict(enumerate(answers)), predicted, self.head.kind)["accuracy"] or 0.0
-        self.ctx.reporter.metric(
-            "val", self.ctx.metric_name(self.schema, "loss"), total_loss / len(texts), self.plan.done
-        )
-        self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "accuracy"), correct, self.plan.done)
+        self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "loss"), total_loss / len(texts), step)
+        self.ctx.reporter.metric("val", self.ctx.metric_name(self.schema, "accuracy"), correct, step)
 
     def _save(self) -> None:
         """The adapter and head (small: what is copied back), or with merge the full merged model."""

@@ -2,14 +2,14 @@
 
 Loading a decoder with a classification head (4-bit base weights where CUDA
 is there), LoRA with per-family targets, the precision a device can train in,
-and a checkpoint of the adapter and the optimiser. Imported only inside the
-worker, after the trainer's packages were imported (loading.py).
+and a saved adapter put back (the rest of a checkpoint is fine_tune.py's).
+Imported only inside the worker, after the trainer's packages were imported
+(loading.py).
 """
 
 from __future__ import annotations
 
 import os
-import random
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,14 +22,10 @@ __all__ = [
     "refuse_4bit",
     "load_classifier",
     "apply_lora",
-    "rng_state",
-    "save_state",
-    "load_state",
     "load_adapter",
     "count_truncated",
     "has_bitsandbytes",
     "gpu_room_problem",
-    "STATE_FILE",
     "BITSANDBYTES_HINT",
 ]
 
@@ -43,7 +39,6 @@ LORA_TARGETS: dict[str, list[str]] = {
     "phi3": ["qkv_proj", "o_proj"],
     "phi": ["q_proj", "k_proj", "v_proj", "dense"],
 }
-STATE_FILE = "trainer_state.pt"
 
 
 @dataclass(frozen=True)
@@ -210,27 +205,6 @@ def count_truncated(tokenizer: Any, texts: list[str], max_length: int) -> int:
     return sum(1 for ids in lengths if len(ids) > max_length)
 
 
-def rng_state() -> dict[str, Any]:
-    """The random generators' state, taken after each update: a checkpoint keeps the one of its update, so
-    that a resumed run draws the same dropout masks as a run never stopped."""
-    import torch
-
-    return {"python": random.getstate(), "torch": torch.get_rng_state()}
-
-
-def save_state(
-    folder: str, model: Any, optimizer: Any, scheduler: Any, position: dict[str, Any], rng: dict[str, Any]
-) -> None:
-    """The adapter (and head) weights, the optimiser and schedule, the RNGs and where the loop stood."""
-    import torch
-
-    model.save_pretrained(os.path.join(folder, "adapter"))
-    torch.save(
-        {"optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "position": position, "rng": rng},
-        os.path.join(folder, STATE_FILE),
-    )
-
-
 def load_adapter(model: Any, folder: str) -> None:
     """The adapter (and head) weights peft saved in `folder` put back into `model`, on its device."""
     from peft import set_peft_model_state_dict
@@ -238,16 +212,3 @@ def load_adapter(model: Any, folder: str) -> None:
 
     weights = os.path.join(folder, "adapter_model.safetensors")
     set_peft_model_state_dict(model, load_file(weights, device=str(next(model.parameters()).device)))
-
-
-def load_state(folder: str, model: Any, optimizer: Any, scheduler: Any) -> dict[str, Any]:
-    """Put a checkpoint back into a fresh model, optimiser and schedule; returns where the loop stood."""
-    import torch
-
-    load_adapter(model, os.path.join(folder, "adapter"))
-    state = torch.load(os.path.join(folder, STATE_FILE), weights_only=True)
-    optimizer.load_state_dict(state["optimizer"])
-    scheduler.load_state_dict(state["scheduler"])
-    random.setstate(state["rng"]["python"])
-    torch.set_rng_state(state["rng"]["torch"])
-    return dict(state["position"])

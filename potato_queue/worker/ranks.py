@@ -9,22 +9,35 @@ stream; the others write nothing there (their events go to a pipe of which
 the parent keeps only an error). A rank that fails while no stop was asked
 ends the run: the others are killed at once (they would wait on it in their
 next gradient exchange), and the error names the rank and its exit code.
+A rank that ends after a stop leaves the others PEER_GRACE_S to end too: one
+still running then waits on it inside a rendezvous or a collective it cannot
+leave (and where no signal handler of its runs), and is killed; the run still
+ends as the stop says.
 """
 
 import os
 import signal
 import subprocess
+import time
 from types import FrameType
-from typing import List, Optional
+from typing import List, Optional, Tuple
 
 from potato_queue.wire.events import Reporter, parse_line
-from potato_queue.wire.exit_codes import EXIT_OK, EXIT_OOM, EXIT_UNEXPECTED
+from potato_queue.wire.exit_codes import EXIT_CANCELLED, EXIT_OK, EXIT_OOM, EXIT_PREEMPTED, EXIT_UNEXPECTED
 
 from .parallel import RankLaunch
+from .stop import term_is_preemption
 
 __all__ = ["RankProcesses", "run_ranks"]
 
 _STOPS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)
+_STOPPED = (EXIT_CANCELLED, EXIT_PREEMPTED)
+# Ranks that stop together (at a check all of them agree on, the last one after rank 0's checkpoint) end
+# within a moment of one another. A rank that stopped alone, before the trainer's loop, leaves a peer waiting
+# on it in init_process_group's rendezvous (30 minutes) or a collective (NCCL's: for ever), and the agent's
+# SIGKILL after its grace (agent/runner.py, 20 s) ended the run 137. Well inside that grace.
+PEER_GRACE_S = 5.0
+_POLL_S = 0.05
 
 
 def _exit_code(status: int) -> int:
@@ -39,7 +52,10 @@ class RankProcesses:
         self.launches = launches
         self.codes = {}  # type: Dict[int, int]
         self.killed = set()  # type: set
+        # Killed PEER_GRACE_S after a rank ended on a stop: they waited on it.
+        self.stuck = set()  # type: set
         self.stopped = False
+        self.stop_name = ""
         self.procs = []  # type: List[subprocess.Popen]
         for launch in launches:
             # Rank 0 writes into the worker's own event stream; the others into a pipe read once they end.
@@ -53,6 +69,7 @@ class RankProcesses:
     def forward(self, signum: int, frame: Optional[FrameType]) -> None:
         """A stop signal for the worker: each live rank gets it once, as a line on its stdin."""
         self.stopped = True
+        self.stop_name = self.stop_name or signal.Signals(signum).name
         for rank, proc in enumerate(self.procs):
             if rank in self.codes or proc.stdin is None:
                 continue
@@ -66,8 +83,13 @@ class RankProcesses:
         """Reap every rank; the rank that failed first while no stop was asked (the rest then killed), or None."""
         by_pid = {proc.pid: rank for rank, proc in enumerate(self.procs)}
         failed = None
+        deadline = None  # type: Optional[float]
         while len(self.codes) < len(self.procs):
-            pid, status = os.wait()
+            pid, status = _wait(deadline)
+            if pid == 0:  # a rank ended after the stop PEER_GRACE_S ago and these still wait on it
+                self._kill_stuck()
+                deadline = None
+                continue
             if pid not in by_pid or by_pid[pid] in self.codes:  # one _kill_others found ended (reaped by poll)
                 continue
             rank = by_pid[pid]
@@ -76,10 +98,36 @@ class RankProcesses:
             if failed is None and self.codes[rank] != EXIT_OK and not self.stopped:
                 failed = rank
                 self._kill_others()
+            elif self.stopped and self.codes[rank] != EXIT_OK and deadline is None and not self.stuck:
+                deadline = time.monotonic() + PEER_GRACE_S
         for proc in self.procs:
             if proc.stdin is not None:
                 proc.stdin.close()
         return failed
+
+    def _kill_stuck(self) -> None:
+        for rank, proc in enumerate(self.procs):
+            if rank in self.codes:
+                continue
+            if proc.poll() is not None:  # it ended just now, reaped by poll: os.wait will not see it
+                self.codes[rank] = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
+                continue
+            self.stuck.add(rank)
+            try:
+                proc.kill()
+            except OSError:
+                pass
+
+    def stopped_code(self) -> Optional[int]:
+        """How the run ends when the parent had to kill rank 0 after a stop (it said nothing): as the ranks
+        that did stop ended, else as the stop says (cancelled or preempted); None otherwise."""
+        if 0 not in self.stuck:
+            return None
+        said = [code for code in self.codes.values() if code in _STOPPED]
+        if said:
+            return said[0]
+        preempted = self.stop_name == "SIGUSR1" or (self.stop_name == "SIGTERM" and term_is_preemption())
+        return EXIT_PREEMPTED if preempted else EXIT_CANCELLED
 
     def _kill_others(self) -> None:
         for rank, proc in enumerate(self.procs):
@@ -120,6 +168,17 @@ class RankProcesses:
         return found
 
 
+def _wait(deadline: Optional[float]) -> Tuple[int, int]:
+    """os.wait(), or (0, 0) once `deadline` (time.monotonic()) passes with no rank ended."""
+    if deadline is None:
+        return os.wait()
+    while True:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid or time.monotonic() >= deadline:
+            return pid, status
+        time.sleep(_POLL_S)
+
+
 def _others_words(stopped: List[int], ended: List[int]) -> str:
     """What became of the other ranks: stopped by the parent, or ended by themselves (a peer's death breaks
     the gradient exchange, so a rank may fail with it before the parent stops it)."""
@@ -147,6 +206,15 @@ def run_ranks(launches: List[RankLaunch], reporter: Reporter) -> int:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+    ended_as = ranks.stopped_code()
+    if ended_as is not None:  # rank 0 was killed waiting on a stopped peer: the parent says how the run ended
+        gone = sorted(rank for rank in ranks.codes if rank not in ranks.stuck)
+        reporter.status(
+            "preempted" if ended_as == EXIT_PREEMPTED else "cancelled",
+            "stopped on %s: %s ended while rank 0 waited on it, and rank 0 was ended %g s later"
+            % (ranks.stop_name or "SIGTERM", ", ".join("rank %d" % rank for rank in gone), PEER_GRACE_S),
+        )
+        return ended_as
     if failed is None or (failed == 0 and ranks.codes[0] in range(1, 7)):
         return ranks.codes[0]  # rank 0 said how it ended (result, error, cancelled, preempted)
     code = ranks.codes[failed]

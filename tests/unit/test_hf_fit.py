@@ -14,9 +14,10 @@ import pytest
 
 from potato_queue.trainers import parallel
 from potato_queue.trainers.common import CARD_FILE
+from potato_queue.trainers.fine_tune import Progress
 from potato_queue.trainers.hf_fit import FitCard, head_entry, save_schema, with_peft
 from potato_queue.trainers.hf_heads import Head
-from potato_queue.trainers.hf_text_parts import HFSettings, Steps, fit_max_length, position_limit
+from potato_queue.trainers.hf_text_parts import HFSettings, fit_max_length, position_limit
 from potato_queue.trainers.hub import check_model, explain_not_cached
 from potato_queue.worker.errors import TrainerError
 
@@ -128,7 +129,7 @@ def test_a_hub_model_missing_offline_says_how_to_bring_it_and_other_errors_go_on
 def test_the_steps_of_a_fit_are_every_epochs_batches_of_every_scheme(tmp_path: Path) -> None:
     ctx = context(tmp_path)
     assert parallel.batches(9, 4, ctx) == 3 and parallel.batches(8, 4, ctx) == 2
-    assert Steps.for_fit(ctx, settings(epochs=3, batch_size=4), [9, 8]).total == 15
+    assert Progress.for_fit(ctx, {"a": 9, "b": 8}, settings(epochs=3, batch_size=4)).total == 15
 
 
 @pytest.mark.parametrize(

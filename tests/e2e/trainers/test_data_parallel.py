@@ -12,8 +12,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from potato_queue.agent.launchers.process import group_members
 from potato_queue.wire.isolated import BOOTSTRAP, CODE_ROOT, THREAD_ENV_VARS
@@ -229,3 +231,113 @@ def test_a_rank_that_dies_ends_the_run_naming_it_and_leaves_no_rank_running(tmp_
     ), run.of("error")
     assert len(rank0_said) <= 1
     assert group_members(group) == []
+
+
+# Rank 1's sitecustomize: it waits at its interpreter's start for the test's go (the file RELEASE names), so that
+# rank 0 is alone in init_process_group's rendezvous when the cancel comes.
+HOLD_RANK_1 = """import os, time
+if os.environ.get("RANK") == "1":
+    deadline = time.monotonic() + 60
+    while not os.path.exists(os.environ["RELEASE"]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+"""
+
+
+def _cancel_while_loading(
+    spec: Path, env: dict[str, str], ready: Callable[[dict[str, Any], int], bool]
+) -> tuple[Run, int]:
+    """Two ranks; SIGTERM to the worker alone once ready(event, the worker's group) (before any train progress).
+    The run and the group."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "potato_queue.worker", "--spec", str(spec)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=str(ROOT),
+        stdin=subprocess.DEVNULL,
+        start_new_session=True,  # as the agent starts it: the worker leads the group its ranks join
+    )
+    lines = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line)
+            if ready(json.loads(line), proc.pid):
+                proc.send_signal(signal.SIGTERM)
+                break
+        if "RELEASE" in env:
+            Path(env["RELEASE"]).touch()
+        try:
+            rest, stderr = proc.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # what the agent does after its grace: the exit code is 137
+            rest, stderr = proc.communicate()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return Run(proc.returncode, "".join(lines) + rest, stderr), proc.pid
+
+
+def _assert_cancelled(run: Run, group: int) -> None:
+    assert not [e for e in run.of("progress") if e["phase"] == "train"], "the cancel came after training began"
+    assert run.returncode == 4, (run.returncode, run.of("status")[-2:], run.stderr[-3000:])
+    assert run.of("status")[-1]["state"] == "cancelled" and not run.of("result") and not run.of("error")
+    assert group_members(group) == []
+
+
+def test_a_cancel_while_the_ranks_load_the_model_ends_cancelled_and_leaves_no_rank(
+    tmp_path: Path, tiny_llm: Path
+) -> None:
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    spec = write_spec(tmp_path, bundle, "hf-llm-lora", llm_params(tiny_llm, epochs=20))
+    run, group = _cancel_while_loading(
+        spec, ranks_env(), lambda e, _: e["event"] == "status" and e["step"].startswith(f"loading {tiny_llm} for ")
+    )
+    _assert_cancelled(run, group)
+
+
+def _listening(port: int) -> bool:
+    """Whether something listens on the TCP port (/proc/net: no connection made, nothing disturbed)."""
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for row in Path(table).read_text().splitlines()[1:]:
+            local, state = row.split()[1], row.split()[3]
+            if int(local.rsplit(":", 1)[1], 16) == port and state == "0A":
+                return True
+    return False
+
+
+def _in_rendezvous(group: int) -> bool:
+    """Whether rank 0 waits in init_process_group: it listens on MASTER_PORT for the other ranks."""
+    pid = _rank_pid(group, 0)
+    environ = dict(
+        item.split(b"=", 1) for item in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0") if b"=" in item
+    )
+    deadline = time.monotonic() + 60
+    while not _listening(int(environ[b"MASTER_PORT"])):
+        assert time.monotonic() < deadline, "rank 0 never opened the rendezvous"
+        time.sleep(0.05)
+    return True
+
+
+def test_a_cancel_while_one_rank_still_loads_and_the_other_waits_for_it_ends_cancelled(
+    tmp_path: Path, tiny_llm: Path
+) -> None:
+    """Rank 1 still starting (the cancel reaches it before its trainer's loop: it stops at once) while rank 0
+    waits for it in init_process_group, inside native code where no signal handler of its runs: the parent
+    ends rank 0 after PEER_GRACE_S and says the run was cancelled (it waited out the agent's grace: 137)."""
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    (tmp_path / "hold").mkdir()
+    (tmp_path / "hold" / "sitecustomize.py").write_text(HOLD_RANK_1)
+    env = ranks_env()
+    env.update(PYTHONPATH=f"{tmp_path / 'hold'}{os.pathsep}{env['PYTHONPATH']}", RELEASE=str(tmp_path / "go"))
+    spec = write_spec(tmp_path, bundle, "hf-llm-lora", llm_params(tiny_llm, epochs=20))
+    run, group = _cancel_while_loading(
+        spec, env, lambda e, group: e["event"] == "status" and e["step"] == "fitting" and _in_rendezvous(group)
+    )
+    _assert_cancelled(run, group)
+    said = run.of("status")[-1]["step"]
+    assert said.startswith("stopped on SIGTERM: rank 1 ended while rank 0 waited on it"), said
+    assert "Traceback" not in run.stderr, run.stderr[-3000:]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -170,6 +171,53 @@ def test_preempted_mid_training_it_checkpoints_exits_6_and_the_rerun_resumes_to_
     adapter = f"{SCHEMA}/adapter_model.safetensors"
     assert (tmp_path / "cut" / "work" / adapter).read_bytes() == (tmp_path / "whole" / "work" / adapter).read_bytes()
     assert resumed.only("result")["metrics"]["test_accuracy"] == whole.only("result")["metrics"]["test_accuracy"]
+
+
+def _with_a_second_schema(bundle: Path) -> None:
+    """A second radio scheme beside the fixture's, its answer the sentiment's but every third one flipped."""
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["schemas"].append({**manifest["schemas"][0], "name": "second"})
+    manifest["labels"]["second"] = manifest["labels"][SCHEMA]
+    for split in ("train", "val", "test"):
+        rows = [json.loads(line) for line in (bundle / f"{split}.jsonl").read_text().splitlines()]
+        for i, row in enumerate(rows):
+            answer = row["targets"][SCHEMA]
+            row["targets"]["second"] = answer if i % 3 else {"positive": "negative", "negative": "positive"}[answer]
+        (bundle / f"{split}.jsonl").write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    (bundle / "labels.json").write_text(json.dumps(manifest["labels"]))
+
+
+def test_a_checkpoint_of_a_schemas_last_update_resumes_that_schema_not_its_saved_model(
+    tmp_path: Path, tiny_llm: Path
+) -> None:
+    """A checkpoint at the first schema's last update, and no model of it saved (a preemption there stops the
+    run before it is): the rerun resumes that schema from the checkpoint, with nothing left to train, and
+    ends with the models a run never stopped ends with (it looked for the saved model, and failed)."""
+    bundle = tmp_path / "bundle"
+    write_bundle(bundle)
+    _with_a_second_schema(bundle)
+    # 26 train items in batches of 4, 2 a step: 4 steps an epoch, 8 a schema; a checkpoint at each one's end.
+    params = llm_params(tiny_llm, epochs=2, checkpoint_every_steps=8, lora={"r": 4, "alpha": 8, "dropout": 0.1})
+    schemas = {"schemas": [SCHEMA, "second"]}
+    (tmp_path / "whole").mkdir()
+    whole = run_worker(write_spec(tmp_path / "whole", bundle, "hf-llm-lora", params, **schemas))
+    assert whole.returncode == 0, whole.stderr[-3000:]
+
+    (tmp_path / "cut").mkdir()
+    spec = write_spec(tmp_path / "cut", bundle, "hf-llm-lora", params, **schemas)
+    killed = run_until(spec, 9, lambda proc: os.killpg(proc.pid, signal.SIGKILL))
+    assert "checkpoint saved at step 8" in [e["msg"] for e in killed.of("log")], killed.stderr[-3000:]
+    shutil.rmtree(tmp_path / "cut" / "work")  # as if preempted at step 8: no model of the first schema saved
+
+    resumed = run_worker(spec)
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    assert [e["current"] for e in resumed.of("progress") if e["phase"] == "train"][0] == 9
+    for schema in (SCHEMA, "second"):
+        adapter = f"{schema}/adapter_model.safetensors"
+        assert (tmp_path / "cut" / "work" / adapter).read_bytes() == (
+            tmp_path / "whole" / "work" / adapter
+        ).read_bytes(), schema
 
 
 def test_a_preemption_before_the_loop_exits_6_with_nothing_to_save(tmp_path: Path) -> None:
