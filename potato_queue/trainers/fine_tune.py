@@ -113,15 +113,20 @@ class Progress:
 
 def one_stream(seed: int) -> Order:
     """One generator seeded once, a permutation drawn from it each epoch in turn (the hf-*-classification
-    trainers'): epoch e's is the (e+1)-th draw, drawn again from the seed whichever epoch is asked."""
+    trainers'): epoch e's is the (e+1)-th draw; asked in turn, each epoch draws once."""
+
+    drawn: dict[str, Any] = {}  # the generator and how many epochs it has drawn, kept between epochs
 
     def order(n: int, epoch: int) -> list[int]:
         import torch
 
-        generator = torch.Generator().manual_seed(seed)
-        for _ in range(epoch):
-            torch.randperm(n, generator=generator)
-        return torch.randperm(n, generator=generator).tolist()
+        if drawn.get("n") != n or drawn.get("epochs", 0) > epoch:  # a resumed or another loop: from the seed
+            drawn.update(n=n, epochs=0, generator=torch.Generator().manual_seed(seed))
+        while drawn["epochs"] < epoch:  # a resumed run's earlier epochs, drawn to reach this one
+            torch.randperm(n, generator=drawn["generator"])
+            drawn["epochs"] += 1
+        drawn["epochs"] += 1
+        return torch.randperm(n, generator=drawn["generator"]).tolist()
 
     return order
 

@@ -87,7 +87,7 @@ class RankProcesses:
         while len(self.codes) < len(self.procs):
             pid, status = _wait(deadline)
             if pid == 0:  # a rank ended after the stop PEER_GRACE_S ago and these still wait on it
-                self._kill_stuck()
+                self._kill_others(self.stuck)
                 deadline = None
                 continue
             if pid not in by_pid or by_pid[pid] in self.codes:  # one _kill_others found ended (reaped by poll)
@@ -105,19 +105,6 @@ class RankProcesses:
                 proc.stdin.close()
         return failed
 
-    def _kill_stuck(self) -> None:
-        for rank, proc in enumerate(self.procs):
-            if rank in self.codes:
-                continue
-            if proc.poll() is not None:  # it ended just now, reaped by poll: os.wait will not see it
-                self.codes[rank] = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
-                continue
-            self.stuck.add(rank)
-            try:
-                proc.kill()
-            except OSError:
-                pass
-
     def stopped_code(self) -> Optional[int]:
         """How the run ends when the parent had to kill rank 0 after a stop (it said nothing): as the ranks
         that did stop ended, else as the stop says (cancelled or preempted); None otherwise."""
@@ -129,14 +116,16 @@ class RankProcesses:
         preempted = self.stop_name == "SIGUSR1" or (self.stop_name == "SIGTERM" and term_is_preemption())
         return EXIT_PREEMPTED if preempted else EXIT_CANCELLED
 
-    def _kill_others(self) -> None:
+    def _kill_others(self, into: Optional[set] = None) -> None:
+        """Kill the ranks still running, named in `into` (self.killed: stopped because a peer failed;
+        self.stuck: waited on a peer that ended on a stop)."""
         for rank, proc in enumerate(self.procs):
             if rank in self.codes:
                 continue
-            if proc.poll() is not None:  # it had ended by itself already: not ours to name as stopped
+            if proc.poll() is not None:  # it had ended by itself already (reaped by poll: os.wait will not see it)
                 self.codes[rank] = 128 - proc.returncode if proc.returncode < 0 else proc.returncode
                 continue
-            self.killed.add(rank)
+            (self.killed if into is None else into).add(rank)
             try:
                 proc.kill()
             except OSError:
