@@ -21,6 +21,7 @@ __all__ = [
     "ALLOWED_FROM",
     "RECORD_VERSION",
     "RunRecord",
+    "RunMarks",
     "RunView",
     "merge",
 ]
@@ -73,6 +74,17 @@ ALLOWED_FROM: dict[RunState, tuple[RunState, ...]] = {
     # A pull backend's dispatch keeps it queued (the claim starts it): a no-op move that still checks.
     RunState.QUEUED: (RunState.QUEUED,),
 }
+
+
+class RunMarks(TypedDict, total=False):
+    """What a new run's record says of where it came from, beside its trainer, schemes, backend and params:
+    RunStore.create's keywords (their defaults are there), which start_run and RunService.submit pass on."""
+
+    trigger: str  # api, page, potato, auto, retry, rerun
+    potato_run_id: str | None  # the Potato run it trains for (Potato records it itself)
+    resume_of: str | None  # the run a retry resumes (runs/retry.py)
+    rerun_of: str | None  # the run a re-run repeats (runs/rerun.py)
+    run_id: str | None  # chosen before, as a retry's claim names it; else a new one
 
 
 class RunRecord(TypedDict, total=False):

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from potato_queue.cli.options import CONFIG, REDIS, runs_for
+from potato_queue.cli.options import CONFIG, REDIS, run_command, runs_for
 
 if TYPE_CHECKING:
     from potato_queue.runs.service import RunService
@@ -146,10 +146,7 @@ def compare(run_a: str, run_b: str, config: Path, redis_url: str, as_json: bool)
     click.echo(json.dumps(found, ensure_ascii=False) if as_json else comparison_table(found))
 
 
-@click.command("next")
-@click.argument("run_id")
-@CONFIG
-@REDIS
+@run_command("next")
 @click.option("--limit", default=20, show_default=True, type=click.IntRange(1, 10000))
 @click.option("--measure", type=click.Choice(["margin", "entropy"]), default="margin", show_default=True)
 @click.option(
@@ -173,10 +170,7 @@ def next_(run_id: str, config: Path, redis_url: str, limit: int, measure: str, t
         click.echo(found["potato"]["said"])
 
 
-@click.command("quality")
-@click.argument("run_id")
-@CONFIG
-@REDIS
+@run_command("quality")
 @click.option("--target-precision", default=0.9, show_default=True, type=click.FloatRange(0, 1, min_open=True))
 @click.option("--json", "as_json", is_flag=True)
 def quality(run_id: str, config: Path, redis_url: str, target_precision: float, as_json: bool) -> None:

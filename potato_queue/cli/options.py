@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONFIG",
     "REDIS",
+    "run_command",
     "HELP_SETTINGS",
     "UMASK",
     "Group",
@@ -43,6 +44,17 @@ REDIS = click.option(
     show_default=True,
     help=f"Redis for the queue and live state (env {REDIS_URL_ENV}).",
 )
+
+
+def run_command(name: str | None = None) -> Callable[[Callable[..., Any]], click.Command]:
+    """A command on one run: ``RUN_ID CONFIG [--redis-url]``, then the command's own options."""
+
+    def made(function: Callable[..., Any]) -> click.Command:
+        return click.command(name)(click.argument("run_id")(CONFIG(REDIS(function))))
+
+    return made
+
+
 # Wide enough that a command's one-line summary is never cut short in --help.
 HELP_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 110, "terminal_width": 110}
 # What potato-queue writes (run folders, bundles, logs, predictions, models) holds annotation data:

@@ -13,6 +13,7 @@ from potato_queue.cli.options import (
     checked,
     params_of,
     redis_checked,
+    run_command,
     runs_for,
     store_for,
 )
@@ -94,10 +95,7 @@ def runs(config: Path, redis_url: str, limit: int, every: bool, before: str | No
         click.echo(f"auto-retrain: {last_check(cfg, store)['reason']}")
 
 
-@click.command()
-@click.argument("run_id")
-@CONFIG
-@REDIS
+@run_command()
 def cancel(run_id: str, config: Path, redis_url: str) -> None:
     """Cancel a queued or running run."""
     from potato_queue.run import RunState
@@ -109,10 +107,7 @@ def cancel(run_id: str, config: Path, redis_url: str) -> None:
     )
 
 
-@click.command()
-@click.argument("run_id")
-@CONFIG
-@REDIS
+@run_command()
 @click.option("--backend", default=None, help="Where to run it again (by default its own backend).")
 @click.option("--follow", is_flag=True, help="Watch it to the end, then print the comparison with the original.")
 def rerun(run_id: str, config: Path, redis_url: str, backend: str | None, follow: bool) -> None:
@@ -135,10 +130,7 @@ def rerun(run_id: str, config: Path, redis_url: str, backend: str | None, follow
         raise click.exceptions.Exit(code)
 
 
-@click.command()
-@click.argument("run_id")
-@CONFIG
-@REDIS
+@run_command()
 @click.option("--remove", is_flag=True, help="Take the run's rater out of Potato, every answer of it.")
 def rater(run_id: str, config: Path, redis_url: str, remove: bool) -> None:
     """Make a succeeded run a machine rater in Potato (its held-out answers, beside the annotators' in Potato's
@@ -157,10 +149,7 @@ def rater(run_id: str, config: Path, redis_url: str, remove: bool) -> None:
     )
 
 
-@click.command()
-@click.argument("run_id")
-@CONFIG
-@REDIS
+@run_command()
 @click.option("--follow", is_flag=True, help="Watch the retry to the end, print the held-out scores; exit 0/1/4.")
 def retry(run_id: str, config: Path, redis_url: str, follow: bool) -> None:
     """Retry a failed or cancelled run: a new run on the same data that resumes from its last checkpoint."""

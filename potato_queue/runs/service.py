@@ -19,12 +19,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from typing_extensions import Unpack
+
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Denied, NotFound
 from potato_queue.executors.base import CheckReport
 from potato_queue.host.llm_fit import ModelAsk
 from potato_queue.lab.usage import usage_words
-from potato_queue.run import FINAL_STATES, RunRecord, RunState
+from potato_queue.run import FINAL_STATES, RunMarks, RunRecord, RunState
 from potato_queue.runs.submit import start_run
 from potato_queue.runs.upgrades import predates
 from potato_queue.store import RunStore
@@ -93,8 +95,7 @@ class RunService:
         schemas: list[str],
         backend: str | None = None,
         params: dict[str, Any] | None = None,
-        trigger: str = "api",
-        potato_run_id: str | None = None,
+        **marks: Unpack[RunMarks],
     ) -> RunRecord:
         """Check the request (Conflict, Invalid), write the queued run, wake an executor."""
         if self.enqueue is None:
@@ -107,8 +108,7 @@ class RunService:
             schemas=schemas,
             backend=backend,
             params=params,
-            trigger=trigger,
-            potato_run_id=potato_run_id,
+            **marks,
         )
 
     def retry(self, run_id: str) -> RunRecord:

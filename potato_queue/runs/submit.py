@@ -5,10 +5,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from typing_extensions import Unpack
+
 from potato_queue.bounds import MAX_PARAMS_BYTES, clean, json_size, too_deep
 from potato_queue.config import LOCAL, ProjectConfig
 from potato_queue.errors import Conflict, Invalid
-from potato_queue.run import RunRecord
+from potato_queue.run import RunMarks, RunRecord
 from potato_queue.runs.budget import budget_checked
 from potato_queue.runs.kinds import refuse_foreign_kinds, refuse_foreign_modality
 from potato_queue.store import RunStore
@@ -71,15 +73,9 @@ def start_run(
     schemas: list[str],
     backend: str | None = None,
     params: dict[str, Any] | None = None,
-    trigger: str = "api",
-    potato_run_id: str | None = None,
-    resume_of: str | None = None,
-    rerun_of: str | None = None,
-    run_id: str | None = None,
+    **marks: Unpack[RunMarks],
 ) -> RunRecord:
-    """Check the request, write the queued run, wake an executor (`potato_run_id`: the Potato run it trains
-    for, which Potato records itself; `resume_of`: the run a retry resumes, runs/retry.py, under the
-    `run_id` its claim chose)."""
+    """Check the request, write the queued run, wake an executor (`marks`: where the run came from, run.py)."""
     if not config.model_training.enabled:
         raise Conflict(
             f"Training is off for this project: model_training.enabled is false in {config.config_path}",
@@ -88,17 +84,7 @@ def start_run(
     chosen = choose_backend(config, trainer, schemas, backend)
     params = check_params(params or {})
     with budget_checked(config, store, trainer, chosen):
-        record = store.create(
-            trainer=trainer,
-            schemas=schemas,
-            backend=chosen,
-            params=params,
-            trigger=trigger,
-            potato_run_id=potato_run_id,
-            resume_of=resume_of,
-            rerun_of=rerun_of,
-            run_id=run_id,
-        )
+        record = store.create(trainer=trainer, schemas=schemas, backend=chosen, params=params, **marks)
     enqueue(record["run_id"])
     return record
 
@@ -110,10 +96,9 @@ def start_again(
     old: RunRecord,
     *,
     backend: str | None = None,
-    **fields: Any,
+    **marks: Unpack[RunMarks],
 ) -> RunRecord:
-    """A new run of `old`'s trainer, schemas and params, on `backend` (by default `old`'s): a retry's, a re-run's.
-    `fields`: start_run's others (trigger, resume_of, rerun_of, run_id)."""
+    """A new run of `old`'s trainer, schemas and params, on `backend` (by default `old`'s): a retry's, a re-run's."""
     return start_run(
         config,
         store,
@@ -122,5 +107,5 @@ def start_again(
         schemas=list(old["schemas"]),
         backend=backend or old["backend"],
         params=dict(old.get("params") or {}),
-        **fields,
+        **marks,
     )

@@ -22,11 +22,11 @@ from potato_queue.run import RunState
 from potato_queue.runs.finalize import published_predictions
 from potato_queue.runs.submit import trainer_table
 from potato_queue.schemes import refusal as type_refusal
-from potato_queue.server.deps import ErrorReply, runs_of, store_of
+from potato_queue.server.deps import Responses, refusals, runs_of, store_of
 from potato_queue.server.guard import admin_checked, refusal, request_admin_problem
 from potato_queue.store.keys import RUN_ID_RE
 
-__all__ = ["admin_router", "RunRequest", "MAX_RUNS_LISTED"]
+__all__ = ["admin_router", "admin_routes", "require_admin_key", "RunRequest", "MAX_RUNS_LISTED"]
 
 MAX_RUNS_LISTED = 1000
 # Bytes into run.log: a tebibyte is past any run.log (and below what every filesystem can seek to).
@@ -226,71 +226,73 @@ def strike_usage(run_id: str, body: StrikeBody, request: Request) -> dict[str, A
     return {"run_id": run_id, "usage_struck": runs_of(request).strike_usage(run_id, body.reason)}
 
 
-_UNKNOWN_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "no such run"}}
+# What the admin API serves to read, each a GET with no refusal of its own.
+_READS: dict[str, Callable[..., Any]] = {
+    "/trainers": trainers,
+    "/schemas": schemas,
+    "/backends": backends,
+    "/predictions": predictions,
+    "/auto_retrain": auto_retrain,
+    "/budget": budget,
+}
+_UNKNOWN_RUN = refusals({404: "no such run"})
+# Every admin route's refusals: the Guard's (server/guard.py), before the route runs.
+_ADMIN_REFUSALS = {
+    401: "no admin key or session, or a wrong one",
+    403: "a cross-site request (the session cookie without the page's token)",
+    413: "a body over 1 MiB",
+}
+
+
+def admin_routes(tag: str, why_of_status: dict[int, str] | None = None) -> APIRouter:
+    """A router behind the admin key or the page's session; *why_of_status*: the refusals every route of it
+    may answer besides the Guard's."""
+    return APIRouter(
+        dependencies=[Depends(require_admin_key)],
+        tags=[tag],
+        responses=refusals({**_ADMIN_REFUSALS, **(why_of_status or {})}),
+    )
 
 
 def admin_router() -> APIRouter:
-    router = APIRouter(
-        dependencies=[Depends(require_admin_key)],
-        tags=["admin"],
-        responses={
-            401: {"model": ErrorReply, "description": "no admin key, or a wrong one"},
-            413: {"model": ErrorReply, "description": "a body over 1 MiB"},
-        },
-    )
+    router = admin_routes("admin")
     add = router.add_api_route
+    submit_refusals = {
+        400: "an unknown trainer or schema, params too deep or large, a backend this version cannot run",
+        409: "a backend the config does not name",
+        507: "the project's output folder cannot be written",
+    }
     add(
         "/runs",
         post_run,
         methods=["POST"],
         status_code=202,
         response_model=RunAccepted,
-        responses={
-            400: {
-                "model": ErrorReply,
-                "description": "an unknown trainer or schema, params too deep or large, "
-                "a backend this version cannot run",
-            },
-            409: {"model": ErrorReply, "description": "a backend the config does not name"},
-            507: {"model": ErrorReply, "description": "the project's output folder cannot be written"},
-        },
+        responses=refusals(submit_refusals),
     )
-    add(
-        "/runs", list_runs, methods=["GET"], responses={404: {"model": ErrorReply, "description": "`before` is no run"}}
-    )
+    add("/runs", list_runs, methods=["GET"], responses=refusals({404: "`before` is no run"}))
     add("/runs/{run_id}", get_run, methods=["GET"], responses=_UNKNOWN_RUN)
-    add(
-        "/runs/{run_id}/cancel",
-        cancel_run,
-        methods=["POST"],
-        responses={**_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": "the run had already finished"}},
-    )
+    add("/runs/{run_id}/cancel", cancel_run, methods=["POST"], responses=_refused("the run had already finished"))
     _add_run_actions(add)
     add("/runs/{run_id}/events", run_events, methods=["GET"], responses=_UNKNOWN_RUN)
     add("/runs/{run_id}/log", run_log, methods=["GET"], response_class=PlainTextResponse, responses=_UNKNOWN_RUN)
-    add("/trainers", trainers, methods=["GET"])
-    add("/schemas", schemas, methods=["GET"])
-    add("/backends", backends, methods=["GET"])
-    add("/predictions", predictions, methods=["GET"])
-    add("/auto_retrain", auto_retrain, methods=["GET"])
-    add("/budget", budget, methods=["GET"])
+    for path, read in _READS.items():
+        add(path, read, methods=["GET"])
+    struck = {400: "a reason of only whitespace", 409: "the run is not ended, or its use was struck already"}
     add(
         "/runs/{run_id}/strike_usage",
         strike_usage,
         methods=["POST"],
-        responses={
-            **_refused("the run is not ended, or its use was struck already"),
-            400: {"model": ErrorReply, "description": "a reason of only whitespace"},
-        },
+        responses=refusals({404: "no such run", **struck}),
     )
-    not_agent = {**_refused("not an agent backend"), 404: {"model": ErrorReply, "description": "no such backend"}}
+    not_agent = refusals({404: "no such backend", 409: "not an agent backend"})
     add("/backends/{backend}/drain", drain_backend, methods=["POST"], responses=not_agent)
     add("/backends/{backend}/drain", undrain_backend, methods=["DELETE"], responses=not_agent)
     return router
 
 
-def _refused(why: str) -> dict[int | str, dict[str, Any]]:
-    return {**_UNKNOWN_RUN, 409: {"model": ErrorReply, "description": why}}
+def _refused(why: str) -> Responses:
+    return refusals({404: "no such run", 409: why})
 
 
 def _add_run_actions(add: Callable[..., Any]) -> None:

@@ -30,7 +30,7 @@ from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Invalid, NotFound, TooLarge
 from potato_queue.runs.ingest import ingest_events
 from potato_queue.runs.job import max_predictions_bytes
-from potato_queue.server.deps import ErrorReply, config_of, runs_of, store_of
+from potato_queue.server.deps import config_of, refusals, runs_of, store_of
 from potato_queue.server.guard import refusal, token_problem
 from potato_queue.store import RunStore
 from potato_queue.store.records import RunFolderError
@@ -43,7 +43,6 @@ __all__ = [
     "PredictionsReply",
     "ResultIn",
     "ResultReply",
-    "ErrorReply",
     "MAX_WAIT_S",
 ]
 
@@ -75,9 +74,8 @@ class ResultReply(BaseModel):
     state: str = Field(description="the run's state now")
 
 
-_AUTH_ERRORS: dict[int | str, dict[str, Any]] = {
-    401: {"model": ErrorReply, "description": "no token, or not this run's (wrong, another run's, or the run ended)"},
-}
+_AUTH_ERRORS = refusals({401: "no token, or not this run's (wrong, another run's, or the run ended)"})
+_NO_WRITES = "the run's folder takes no writes"
 
 
 # -- auth --------------------------------------------------------------------
@@ -249,7 +247,7 @@ def agent_router() -> APIRouter:
         get_job,
         methods=["GET"],
         response_model=Job,
-        responses={404: {"model": ErrorReply}, 409: {"model": ErrorReply}},
+        responses=refusals({404: "no record of the run", 409: "the run has not been started"}),
     )
     router.add_api_route(
         "/runs/{run_id}/bundle",
@@ -259,7 +257,7 @@ def agent_router() -> APIRouter:
         responses={
             200: {"content": {"application/gzip": {}}, "description": "the bundle, tar.gz"},
             206: {"content": {"application/gzip": {}}, "description": "from the Range's first byte"},
-            404: {"model": ErrorReply},
+            **refusals({404: "the run has no bundle"}),
         },
     )
     router.add_api_route(
@@ -267,11 +265,7 @@ def agent_router() -> APIRouter:
         post_events,
         methods=["POST"],
         response_model=CancelReply,
-        responses={
-            400: {"model": ErrorReply, "description": "an event nests too deep"},
-            413: {"model": ErrorReply, "description": "a batch over 32 MiB"},
-            507: {"model": ErrorReply, "description": "the run's folder takes no writes"},
-        },
+        responses=refusals({400: "an event nests too deep", 413: "a batch over 32 MiB", 507: _NO_WRITES}),
     )
     router.add_api_route("/runs/{run_id}/control", get_control, methods=["GET"], response_model=CancelReply)
     router.add_api_route(
@@ -285,17 +279,13 @@ def agent_router() -> APIRouter:
                 "content": {"application/x-ndjson": {"schema": {"type": "string", "format": "binary"}}},
             }
         },
-        responses={
-            409: {"model": ErrorReply},
-            413: {"model": ErrorReply, "description": "over max_predictions_mb"},
-            507: {"model": ErrorReply, "description": "the run's folder takes no writes"},
-        },
+        responses=refusals({409: "stored already", 413: "over max_predictions_mb", 507: _NO_WRITES}),
     )
     router.add_api_route(
         "/runs/{run_id}/result",
         post_result,
         methods=["POST"],
         response_model=ResultReply,
-        responses={409: {"model": ErrorReply, "description": "the run already has its result"}},
+        responses=refusals({409: "the run already has its result"}),
     )
     return router

@@ -33,7 +33,7 @@ from potato_queue.code_package import agent_zipapp
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import NotFound
 from potato_queue.runs.service import RunService
-from potato_queue.server.deps import config_of, runs_of
+from potato_queue.server.deps import config_of, refusals, runs_of
 from potato_queue.server.guard import bearer
 from potato_queue.store import RunStore
 from potato_queue.store.tokens import WAKE_EVERYONE, TrustedAgentTokens, token_digest
@@ -287,10 +287,7 @@ def get_agent_zipapp() -> Response:
 
 
 # What a backend-level agent route answers before it looks at the request (OpenAPI's documented replies).
-_BACKEND_REFUSALS: dict[int | str, dict[str, Any]] = {
-    401: {"description": "no token, or not this backend's (wrong, or replaced)"},
-    404: {"description": "no agent backend of that name"},
-}
+_BACKEND_REFUSALS = {401: "no token, or not this backend's (wrong, or replaced)", 404: "no agent backend of that name"}
 
 
 def claims_router() -> APIRouter:
@@ -301,13 +298,13 @@ def claims_router() -> APIRouter:
         claim,
         methods=["POST"],
         response_model=Claim,
-        responses={
-            **_BACKEND_REFUSALS,
-            403: {"description": "the token belongs to another backend"},
-            413: {"description": "a body over 64 KiB"},
-        },
+        responses=refusals(
+            {**_BACKEND_REFUSALS, 403: "the token belongs to another backend", 413: "a body over 64 KiB"}
+        ),
     )
-    router.add_api_route("/backends/{backend}/waiting", waiting, methods=["POST"], responses=_BACKEND_REFUSALS)
+    router.add_api_route(
+        "/backends/{backend}/waiting", waiting, methods=["POST"], responses=refusals(_BACKEND_REFUSALS)
+    )
     router.add_api_route(
         "/agent.pyz",
         get_agent_zipapp,

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import Request
 from pydantic import BaseModel
 
@@ -10,13 +12,22 @@ from potato_queue.config import ProjectConfig
 from potato_queue.runs.service import RunService
 from potato_queue.store import RunStore
 
-__all__ = ["store_of", "config_of", "runs_of", "ErrorReply"]
+__all__ = ["store_of", "config_of", "runs_of", "ErrorReply", "Responses", "refusals"]
 
 
 class ErrorReply(BaseModel):
     """Every refusal's body: what was wrong and, after "; fix: ", what to do (server/guard.py's table)."""
 
     detail: str
+
+
+# FastAPI's `responses`: what a route's OpenAPI document says besides its 200.
+Responses = dict[int | str, dict[str, Any]]
+
+
+def refusals(why_of_status: dict[int, str]) -> Responses:
+    """The OpenAPI entries of a route's refusals: each status with ErrorReply's body and why it is sent."""
+    return {status: {"model": ErrorReply, "description": why} for status, why in why_of_status.items()}
 
 
 def store_of(request: Request) -> RunStore:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Query, Request
 
 from potato_queue.errors import NotFound
 from potato_queue.insight.compare import compare_runs
@@ -16,8 +16,8 @@ from potato_queue.insight.inputs import RunInputs, predictions_summary_of, read_
 from potato_queue.insight.potato_order import hand_to_potato
 from potato_queue.insight.report import DEFAULT_TARGET_PRECISION, learning_curve, next_items, quality
 from potato_queue.insight.run_data import RunData, load_run
-from potato_queue.server.admin_api import require_admin_key
-from potato_queue.server.deps import ErrorReply, runs_of
+from potato_queue.server.admin_api import admin_routes
+from potato_queue.server.deps import refusals, runs_of
 
 __all__ = ["insight_router", "MAX_NEXT"]
 
@@ -85,17 +85,11 @@ def runs_compared(run_id: str, other_id: str, request: Request) -> dict[str, Any
 
 
 def insight_router() -> APIRouter:
-    router = APIRouter(
-        dependencies=[Depends(require_admin_key)],
-        tags=["insight"],
-        responses={
-            401: {"model": ErrorReply, "description": "no admin key, or a wrong one"},
-            404: {"model": ErrorReply, "description": "no such run"},
-            409: {
-                "model": ErrorReply,
-                "description": "the run has not succeeded, has no predictions or learning curve, "
-                "or its bundle was removed",
-            },
+    router = admin_routes(
+        "insight",
+        {
+            404: "no such run",
+            409: "the run has not succeeded, has no predictions or learning curve, or its bundle was removed",
         },
     )
     add = router.add_api_route
@@ -103,7 +97,7 @@ def insight_router() -> APIRouter:
         "/runs/{run_id}/quality",
         run_quality,
         methods=["GET"],
-        responses={400: {"model": ErrorReply, "description": "a target precision out of (0, 1]"}},
+        responses=refusals({400: "a target precision out of (0, 1]"}),
     )
     add("/runs/{run_id}/curve", run_curve, methods=["GET"])
     add("/runs/{run_id}/next", run_next, methods=["GET"])
@@ -113,8 +107,6 @@ def insight_router() -> APIRouter:
         "/runs/{run_id}/compare/{other_id}",
         runs_compared,
         methods=["GET"],
-        responses={
-            400: {"model": ErrorReply, "description": "the same run twice, no schema or held-out item in common"}
-        },
+        responses=refusals({400: "the same run twice, no schema or held-out item in common"}),
     )
     return router

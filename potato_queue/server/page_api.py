@@ -11,14 +11,14 @@ import threading
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 
 from potato_queue.errors import NotFound
 from potato_queue.executors.base import CheckReport
-from potato_queue.server.admin_api import require_admin_key
-from potato_queue.server.deps import ErrorReply, runs_of, store_of
+from potato_queue.server.admin_api import admin_routes
+from potato_queue.server.deps import refusals, runs_of, store_of
 from potato_queue.server.guard import request_session
 from potato_queue.store.potato_compat import ledger_status
 
@@ -114,22 +114,12 @@ def predictions_file(run_id: str, request: Request) -> FileResponse:
 
 
 def page_api_router() -> APIRouter:
-    router = APIRouter(
-        dependencies=[Depends(require_admin_key)],
-        tags=["page"],
-        responses={
-            401: {"model": ErrorReply, "description": "no admin key or session, or a wrong one"},
-            403: {
-                "model": ErrorReply,
-                "description": "a cross-site request (the session cookie without the page's token)",
-            },
-        },
-    )
+    router = admin_routes("page")
     router.add_api_route(
         "/backends/{name}/check",
         check_backend,
         methods=["GET"],
-        responses={404: {"model": ErrorReply, "description": "no backend of that name"}},
+        responses=refusals({404: "no backend of that name"}),
     )
     # An endless event stream: for the page, not for API clients (nor for a fuzzer reading the OpenAPI document).
     router.add_api_route("/stream", runs_stream, methods=["GET"], include_in_schema=False)
@@ -138,6 +128,6 @@ def page_api_router() -> APIRouter:
         predictions_file,
         methods=["GET"],
         response_class=FileResponse,
-        responses={404: {"model": ErrorReply, "description": "no such run, or it has no predictions"}},
+        responses=refusals({404: "no such run, or it has no predictions"}),
     )
     return router

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from fastapi import APIRouter, Depends, Request
+from fastapi import APIRouter, Request
 from pydantic import BaseModel, Field, SecretStr
 
 from potato_queue.runs.publish import MAX_REPO_ID, Publish, publish_status, start_publish
-from potato_queue.server.admin_api import require_admin_key
-from potato_queue.server.deps import ErrorReply, runs_of, store_of
+from potato_queue.server.admin_api import admin_routes
+from potato_queue.server.deps import refusals, runs_of, store_of
 
 __all__ = ["publish_router", "PublishRequest"]
 
@@ -74,22 +74,11 @@ def post_publish(run_id: str, body: PublishRequest, request: Request) -> dict[st
     return start_publish(store_of(request), record, wanted)
 
 
-_NO_RUN: dict[int | str, dict[str, Any]] = {404: {"model": ErrorReply, "description": "no such run"}}
+_NO_RUN = refusals({404: "no such run"})
 
 
 def publish_router() -> APIRouter:
-    router = APIRouter(
-        dependencies=[Depends(require_admin_key)],
-        tags=["admin"],
-        responses={
-            401: {"model": ErrorReply, "description": "no admin key or session, or a wrong one"},
-            403: {
-                "model": ErrorReply,
-                "description": "a cross-site request (the session cookie without the page's token)",
-            },
-            413: {"model": ErrorReply, "description": "a body over 1 MiB"},
-        },
-    )
+    router = admin_routes("admin")
     router.add_api_route(
         "/runs/{run_id}/publish", get_publish, methods=["GET"], response_model=PublishStatus, responses=_NO_RUN
     )
@@ -99,16 +88,14 @@ def publish_router() -> APIRouter:
         methods=["POST"],
         status_code=202,
         response_model=PublishStatus,
-        responses={
-            **_NO_RUN,
-            400: {"model": ErrorReply, "description": "not a Hub repo id, or no token to publish with"},
-            409: {
-                "model": ErrorReply,
-                "description": "the run did not succeed, its model files are "
-                "not on this server, it is being published "
+        responses=refusals(
+            {
+                404: "no such run",
+                400: "not a Hub repo id, or no token to publish with",
+                409: "the run did not succeed, its model files are not on this server, it is being published "
                 "already, or huggingface_hub is not installed",
-            },
-            507: {"model": ErrorReply, "description": "the project's output folder cannot be written"},
-        },
+                507: "the project's output folder cannot be written",
+            }
+        ),
     )
     return router

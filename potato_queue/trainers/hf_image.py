@@ -19,15 +19,14 @@ from __future__ import annotations
 
 import http.client
 import io
-import os
 import urllib.request
 import warnings
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from potato_queue.trainers.common import nominal_target, seed_everything, slug
-from potato_queue.trainers.fine_tune import FineTune, Progress, one_stream
-from potato_queue.trainers.hf_fit import FineTuneTrainer, FitCard, head_entry, save_schema
+from potato_queue.trainers.common import nominal_target, seed_everything
+from potato_queue.trainers.fine_tune import Progress
+from potato_queue.trainers.hf_fit import FitCard, HeadFineTuneTrainer, SchemeFit, head_entry, load_saved
 from potato_queue.trainers.hf_heads import Head, head_for, saved_head
 from potato_queue.trainers.hf_text_parts import HFSettings, apply_lora, read_settings
 from potato_queue.trainers.hub import check_model, explain_not_cached
@@ -97,18 +96,13 @@ def _fetched(url: str) -> io.BytesIO:
     return io.BytesIO(data)
 
 
-class HFImageClassificationTrainer(FineTuneTrainer):
+class HFImageClassificationTrainer(HeadFineTuneTrainer):
     """Fine-tunes one transformers image classifier per radio scheme or multiselect over image items."""
 
     name: ClassVar[str] = "hf-image-classification"
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers", "PIL")
     kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL)
     modalities: ClassVar[tuple[str, ...]] = ("image",)
-
-    def __init__(self) -> None:
-        self.settings: HFSettings | None = None
-        self._models: dict[str, tuple[Any, Any, Head]] = {}  # schema: (image processor, model, head)
-        self.offline = False
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Image items, radio or multiselect schemes with two labels and train items, a model that exists."""
@@ -118,7 +112,7 @@ class HFImageClassificationTrainer(FineTuneTrainer):
         return problems + found
 
     def fit_on_rank(self, ctx: RunContext) -> FitResult:
-        settings = self.settings or read_settings(ctx, INFO)
+        settings = self._settings(ctx)
         seed_everything(settings.seed)
         heads = {s.name: head_for(ctx, s) for s in ctx.schemas}
         data = {s.name: self._readable(ctx, s, "train", heads[s.name]) for s in ctx.schemas}
@@ -160,7 +154,7 @@ class HFImageClassificationTrainer(FineTuneTrainer):
     def _load(self, ctx: RunContext, head: Head) -> tuple[Any, Any]:
         from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-        settings = self.settings or read_settings(ctx, INFO)
+        settings = self._settings(ctx)
         local = {"local_files_only": True} if settings.local_model or self.offline else {}
         with explain_not_cached(settings, self.offline):
             processor = AutoImageProcessor.from_pretrained(settings.load_from, **local)
@@ -178,20 +172,16 @@ class HFImageClassificationTrainer(FineTuneTrainer):
     def _fit_schema(
         self, ctx: RunContext, schema: SchemaSpec, head: Head, train: list[tuple[Any, Any, Any]], progress: Progress
     ) -> dict[str, float]:
-        settings = self.settings or read_settings(ctx, INFO)
+        settings = self._settings(ctx)
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
         processor, model = self._load(ctx, head)
         if settings.lora:
             model = apply_lora(ctx, model, settings.lora, task=None)
         val = self._readable(ctx, schema, "val", head)
         ctx.reporter.status("running", f"training {schema.name} on {len(train)} images")
-        loss = self._train(ctx, schema, head, model, processor, train, val, progress)
-        if settings.lora:
-            model = model.merge_and_unload()
-        self._models[schema.name] = (processor, model, head)
-        if head.tunes:
-            head.tune(self._outputs(ctx, schema, [row for row, _, _ in val]), [answer for _, _, answer in val])
-        save_schema(ctx, schema, model, processor, head)
+        fit = SchemeFit(ctx, schema, model, processor, head)
+        loss = self._train(fit, train, val, progress)
+        self._keep(fit, [row for row, _, _ in val], [answer for _, _, answer in val])
         return {ctx.metric_name(schema, "train_loss"): loss, ctx.metric_name(schema, "n_train"): float(len(train))}
 
     @staticmethod
@@ -210,11 +200,7 @@ class HFImageClassificationTrainer(FineTuneTrainer):
 
     def _train(
         self,
-        ctx: RunContext,
-        schema: SchemaSpec,
-        head: Head,
-        model: Any,
-        processor: Any,
+        fit: SchemeFit[Head],
         train: list[tuple[Any, Any, Any]],
         val: list[tuple[Any, Any, Any]],
         progress: Progress,
@@ -222,65 +208,43 @@ class HFImageClassificationTrainer(FineTuneTrainer):
         """The epochs over (row, target, answer) triples (fine_tune.py); returns the last epoch's mean loss."""
         import torch
 
-        settings = self.settings or read_settings(ctx, INFO)
+        ctx = fit.ctx
+        settings = self._settings(ctx)
 
         def loss(forward: Any, chunk: list[tuple[Any, Any, Any]]) -> Any:
-            pixels = self._pixels(ctx, processor, [row for row, _, _ in chunk])
+            pixels = self._pixels(ctx, fit.preprocessor, [row for row, _, _ in chunk])
             return forward(pixel_values=pixels, labels=torch.tensor([y for _, y, _ in chunk], device=ctx.device)).loss
 
-        loop: FineTune[tuple[Any, Any, Any]] = FineTune(
-            ctx, schema, model, settings, progress, one_stream(settings.seed)
-        )
-        return loop.run(train, loss, lambda step: self._evaluate(ctx, schema, head, model, processor, val, step))
+        return fit.tune(settings, progress, train, loss, lambda step: self._evaluate(fit, val, step))
 
-    def _evaluate(
-        self,
-        ctx: RunContext,
-        schema: SchemaSpec,
-        head: Head,
-        model: Any,
-        processor: Any,
-        val: list[tuple[Any, Any, Any]],
-        step: int,
-    ) -> None:
+    def _evaluate(self, fit: SchemeFit[Head], val: list[tuple[Any, Any, Any]], step: int) -> None:
         """The val split's accuracy (a multiselect's: the whole set right at 0.5) as a metric event."""
         if not val:
             return
-        self._models[schema.name] = (processor, model, head)
+        ctx, schema, head = fit.ctx, fit.schema, fit.head
+        # _outputs reads the scheme's model from _models: the one in training, not a saved one.
+        self._models[schema.name] = (fit.preprocessor, fit.model, head)
         rows = self._outputs(ctx, schema, [row for row, _, _ in val])
         predicted = {i: head.prediction("", schema.name, row).label for i, row in enumerate(rows)}
         scores = score({i: answer for i, (_, _, answer) in enumerate(val)}, predicted, head.kind)
         ctx.reporter.metric("val", ctx.metric_name(schema, "accuracy"), float(scores["accuracy"] or 0.0), step)
 
-    def _outputs(self, ctx: RunContext, schema: SchemaSpec, images: list[dict[str, Any]]) -> list[list[float]]:
-        """The head's outputs for bundle rows, their images decoded a batch at a time."""
-        import torch
+    def _inputs(self, ctx: RunContext, preprocessor: Any, chunk: list[Any]) -> dict[str, Any]:
+        return {"pixel_values": self._pixels(ctx, preprocessor, chunk)}
 
-        settings = self.settings or read_settings(ctx, INFO)
-        processor, model, head = self._model_for(ctx, schema)
-        model.eval()
-        rows: list[list[float]] = []
-        for start in range(0, len(images), settings.batch_size * 2):
-            with torch.no_grad():
-                logits = model(
-                    pixel_values=self._pixels(ctx, processor, images[start : start + settings.batch_size * 2])
-                ).logits.float()
-            rows += head.activate(logits)
-        return rows
+    def _settings(self, ctx: RunContext) -> HFSettings:
+        return self.settings or read_settings(ctx, INFO)
 
     def _model_for(self, ctx: RunContext, schema: SchemaSpec) -> tuple[Any, Any, Head]:
         if schema.name not in self._models:
             from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-            folder = os.path.join(ctx.workdir, slug(schema.name))
-            processor = AutoImageProcessor.from_pretrained(folder, local_files_only=True)
-            model = AutoModelForImageClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
+            folder, processor, model = load_saved(ctx, schema, AutoImageProcessor, AutoModelForImageClassification)
             self._models[schema.name] = (processor, model, saved_head(folder, model.config))
         return self._models[schema.name]
 
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
         """Each readable item's prediction by its scheme's head; an unreadable image gets none (named in run.log)."""
-        settings = self.settings or read_settings(ctx, INFO)
         readable, unreadable = [], []
         for item in items:
             image, why = read_image(ctx.bundle, item.row)
@@ -289,13 +253,7 @@ class HFImageClassificationTrainer(FineTuneTrainer):
             else:
                 readable.append(item)
         _say_unreadable(ctx, "item(s) to predict", unreadable, "given no prediction")
-        for schema in ctx.schemas:
-            _, _, head = self._model_for(ctx, schema)
-            for start in range(0, len(readable), settings.batch_size * 2):
-                chunk = readable[start : start + settings.batch_size * 2]
-                rows = self._outputs(ctx, schema, [item.row for item in chunk])
-                for item, row in zip(chunk, rows):  # noqa: B905 - runs on 3.8/3.9
-                    yield head.prediction(item.instance_id, schema.name, row)
+        yield from self._predictions(ctx, readable, lambda item: item.row)
 
 
 def _say_unreadable(ctx: RunContext, what: str, unreadable: list[str], fate: str) -> None:

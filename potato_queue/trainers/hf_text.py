@@ -24,13 +24,12 @@ Each schema's model and tokenizer are saved with ``save_pretrained`` into
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from potato_queue.trainers.common import seed_everything, slug
-from potato_queue.trainers.fine_tune import FineTune, Progress, one_stream
-from potato_queue.trainers.hf_fit import FineTuneTrainer, FitCard, head_entry, save_schema
+from potato_queue.trainers.common import seed_everything
+from potato_queue.trainers.fine_tune import Progress
+from potato_queue.trainers.hf_fit import FitCard, HeadFineTuneTrainer, SchemeFit, head_entry, in_chunks, load_saved
 from potato_queue.trainers.hf_heads import Head, head_for, saved_head
 from potato_queue.trainers.hf_text_parts import (
     HFSettings,
@@ -50,19 +49,12 @@ from potato_queue.worker.spec import SchemaSpec
 __all__ = ["HFTextClassificationTrainer"]
 
 
-class HFTextClassificationTrainer(FineTuneTrainer):
+class HFTextClassificationTrainer(HeadFineTuneTrainer):
     """Fine-tunes one transformers model per scheme, its head by the scheme's kind (hf_heads.py)."""
 
     name: ClassVar[str] = "hf-text-classification"
     requires: ClassVar[tuple[str, ...]] = ("torch", "transformers")
     kinds: ClassVar[tuple[str, ...]] = ("nominal", MULTILABEL, ORDINAL, "continuous")
-
-    def __init__(self) -> None:
-        self.settings: HFSettings | None = None
-        #: ``{schema: (tokenizer, model, head)}`` kept after fit for predict.
-        self._models: dict[str, tuple[Any, Any, Head]] = {}
-        # Nothing is asked of the hub: the model is a local folder, or the hub does not answer.
-        self.offline = False
 
     def validate(self, ctx: RunContext) -> list[str]:
         """Schemes of its kinds with enough train data, sane params, a model that exists."""
@@ -105,7 +97,7 @@ class HFTextClassificationTrainer(FineTuneTrainer):
         progress: Progress,
     ) -> dict[str, float]:
         """One scheme's model, its head by the scheme's kind; answers the head has no output for are left out."""
-        settings = self.settings or read_settings(ctx)
+        settings = self._settings(ctx)
         ctx.reporter.status("running", f"loading {settings.model_name} for {schema.name}")
         with explain_not_cached(settings, self.offline):
             tokenizer, model = load_base(settings, head.outputs, ctx.device, self.offline, head.problem_type)
@@ -116,64 +108,43 @@ class HFTextClassificationTrainer(FineTuneTrainer):
         val = [(t, a) for t, a in zip(val_texts, val_answers) if head.target(a) is not None]  # noqa: B905
         train = [(t, y) for t, a in zip(texts, answers) if (y := head.target(a)) is not None]  # noqa: B905
         ctx.reporter.status("running", f"training {schema.name} on {len(train)} items")
-        train_loss = self._train(ctx, schema, head, model, tokenizer, train, val, progress)
-        if settings.lora:
-            model = model.merge_and_unload()
-        self._models[schema.name] = (tokenizer, model, head)
-        if head.tunes:
-            head.tune(self._outputs(ctx, schema, [t for t, _ in val]), [a for _, a in val])
-        save_schema(ctx, schema, model, tokenizer, head)
+        fit = SchemeFit(ctx, schema, model, tokenizer, head)
+        train_loss = self._train(fit, train, val, progress)
+        self._keep(fit, [t for t, _ in val], [a for _, a in val])
         return {
             ctx.metric_name(schema, "train_loss"): train_loss,
             ctx.metric_name(schema, "n_train"): float(len(train)),
         }
 
     def _train(
-        self,
-        ctx: RunContext,
-        schema: SchemaSpec,
-        head: Head,
-        model: Any,
-        tokenizer: Any,
-        train: list[tuple[str, Any]],
-        val: list[tuple[str, Any]],
-        progress: Progress,
+        self, fit: SchemeFit[Head], train: list[tuple[str, Any]], val: list[tuple[str, Any]], progress: Progress
     ) -> float:
         """The epochs over (text, target) pairs (fine_tune.py); returns the last epoch's mean loss."""
         import torch
 
-        settings = self.settings or read_settings(ctx)
+        ctx = fit.ctx
+        settings = self._settings(ctx)
 
         def loss(forward: Any, chunk: list[tuple[str, Any]]) -> Any:
-            batch = encode(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
+            batch = self._inputs(ctx, fit.preprocessor, [t for t, _ in chunk])
             return forward(**batch, labels=torch.tensor([y for _, y in chunk], device=ctx.device)).loss
 
-        loop: FineTune[tuple[str, Any]] = FineTune(ctx, schema, model, settings, progress, one_stream(settings.seed))
-        return loop.run(train, loss, lambda step: self._evaluate(ctx, schema, head, model, tokenizer, val, step))
+        return fit.tune(settings, progress, train, loss, lambda step: self._evaluate(fit, val, step))
 
-    def _evaluate(
-        self,
-        ctx: RunContext,
-        schema: SchemaSpec,
-        head: Head,
-        model: Any,
-        tokenizer: Any,
-        val: list[tuple[str, Any]],
-        step: int,
-    ) -> None:
+    def _evaluate(self, fit: SchemeFit[Head], val: list[tuple[str, Any]], step: int) -> None:
         """Held-out val loss, and the val score of the kind (accuracy; a slider's: MAE), as metric events."""
         if not val:
             return
         import torch
 
-        settings = self.settings or read_settings(ctx)
+        ctx, schema, head, model = fit.ctx, fit.schema, fit.head, fit.model
+        settings = self._settings(ctx)
         model.eval()
         total_loss, rows = 0.0, []
         with torch.no_grad():
-            for start in range(0, len(val), settings.batch_size):
+            for chunk in in_chunks(val, settings.batch_size):
                 ctx.check_stop("during evaluation")
-                chunk = val[start : start + settings.batch_size]
-                batch = encode(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
+                batch = self._inputs(ctx, fit.preprocessor, [t for t, _ in chunk])
                 out = model(**batch, labels=torch.tensor([head.target(a) for _, a in chunk], device=ctx.device))
                 total_loss += float(out.loss) * len(chunk)
                 rows += head.activate(out.logits.float())
@@ -183,14 +154,14 @@ class HFTextClassificationTrainer(FineTuneTrainer):
         measure = "mae" if scores.get("accuracy") is None else "accuracy"
         ctx.reporter.metric("val", ctx.metric_name(schema, measure), float(scores[measure] or 0.0), step)
 
+    def _settings(self, ctx: RunContext) -> HFSettings:
+        return self.settings or read_settings(ctx)
+
     def _model_for(self, ctx: RunContext, schema: SchemaSpec) -> tuple[Any, Any, Head]:
-        """The fitted model of *schema*: in memory after fit, else from the workdir."""
         if schema.name not in self._models:
             from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-            folder = os.path.join(ctx.workdir, slug(schema.name))
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-            model = AutoModelForSequenceClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
+            folder, tokenizer, model = load_saved(ctx, schema, AutoTokenizer, AutoModelForSequenceClassification)
             self.settings = self.settings or read_settings(ctx)
             fit_max_length(ctx, self.settings, tokenizer, model)  # predict without fit: a fresh process
             self._models[schema.name] = (tokenizer, model, saved_head(folder, model.config))
@@ -199,31 +170,11 @@ class HFTextClassificationTrainer(FineTuneTrainer):
     def predict(self, ctx: RunContext, items: Iterable[PredictItem]) -> Iterator[Prediction]:
         """Each scheme's prediction as its head reads the outputs: the top label, a multiselect's labels over
         their thresholds, a likert's median point, a slider's value."""
-        settings = self.settings or read_settings(ctx)
-        items = list(items)
-        for schema in ctx.schemas:
-            _, _, head = self._model_for(ctx, schema)
-            for start in range(0, len(items), settings.batch_size * 2):
-                chunk = items[start : start + settings.batch_size * 2]
-                rows = self._outputs(ctx, schema, [i.text for i in chunk])
-                for item, row in zip(chunk, rows):  # noqa: B905 - runs on 3.8/3.9
-                    yield head.prediction(item.instance_id, schema.name, row)
+        yield from self._predictions(ctx, list(items), lambda item: item.text)
 
-    def _outputs(self, ctx: RunContext, schema: SchemaSpec, texts: list[str]) -> list[list[float]]:
-        """Each text's outputs as the scheme's head reads them (probabilities, or a slider's number)."""
-        import torch
-
-        settings = self.settings or read_settings(ctx)
-        tokenizer, model, head = self._model_for(ctx, schema)
-        model.eval()
-        rows: list[list[float]] = []
-        for start in range(0, len(texts), settings.batch_size * 2):
-            with torch.no_grad():
-                logits = model(
-                    **encode(tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length, ctx.device)
-                ).logits.float()
-            rows += head.activate(logits)
-        return rows
+    def _inputs(self, ctx: RunContext, preprocessor: Any, chunk: list[Any]) -> dict[str, Any]:
+        settings = self._settings(ctx)
+        return encode(preprocessor, chunk, settings.max_length, ctx.device)
 
 
 def _answered(head: Head, texts: list[str], answers: list[Any]) -> tuple[list[str], list[Any]]:

@@ -14,13 +14,12 @@ A prediction is the list of spans Potato draws a span prelabel from, ``[{start, 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable, Iterator
 from typing import Any, ClassVar
 
-from potato_queue.trainers.common import seed_everything, slug
-from potato_queue.trainers.fine_tune import FineTune, Progress, one_stream
-from potato_queue.trainers.hf_fit import FineTuneTrainer, FitCard, save_schema
+from potato_queue.trainers.common import seed_everything
+from potato_queue.trainers.fine_tune import Progress
+from potato_queue.trainers.hf_fit import FineTuneTrainer, FitCard, SchemeFit, in_chunks, load_saved, save_schema
 from potato_queue.trainers.hf_text_parts import HFSettings, apply_lora, fit_max_length, load_base, read_settings
 from potato_queue.trainers.hub import check_model, explain_not_cached
 from potato_queue.trainers.registry import TRAINERS
@@ -129,15 +128,11 @@ class HFTokenClassificationTrainer(FineTuneTrainer):
         val_texts, val_spans, _ = labelled_spans(ctx.bundle, "val", schema.name)
         ctx.reporter.status("running", f"training {schema.name} on {len(texts)} items")
         loss = self._train(
-            ctx,
-            schema,
-            model,
-            tokenizer,
-            names,
+            SchemeFit(ctx, schema, model, tokenizer, names),
             list(zip(texts, spans)),  # noqa: B905
-            list(zip(val_texts, val_spans)),
+            list(zip(val_texts, val_spans)),  # noqa: B905
             progress,
-        )  # noqa: B905
+        )
         if settings.lora:
             model = model.merge_and_unload()
         self._models[schema.name] = (tokenizer, model, names)
@@ -176,70 +171,50 @@ class HFTokenClassificationTrainer(FineTuneTrainer):
 
     def _train(
         self,
-        ctx: RunContext,
-        schema: SchemaSpec,
-        model: Any,
-        tokenizer: Any,
-        names: list[str],
+        fit: SchemeFit[list[str]],
         train: list[tuple[str, list[Span]]],
         val: list[tuple[str, list[Span]]],
         progress: Progress,
     ) -> float:
         """The epochs over (text, spans) pairs (fine_tune.py); returns the last epoch's mean loss."""
+        ctx = fit.ctx
         settings = self.settings or read_settings(ctx, INFO)
 
         def loss(forward: Any, chunk: list[tuple[str, list[Span]]]) -> Any:
-            batch, offsets = self._batch(tokenizer, [t for t, _ in chunk], settings.max_length, ctx.device)
-            return forward(**batch, labels=self._targets(names, offsets, [s for _, s in chunk], ctx.device)).loss
+            batch, offsets = self._batch(fit.preprocessor, [t for t, _ in chunk], settings.max_length, ctx.device)
+            return forward(**batch, labels=self._targets(fit.head, offsets, [s for _, s in chunk], ctx.device)).loss
 
-        loop: FineTune[tuple[str, list[Span]]] = FineTune(
-            ctx, schema, model, settings, progress, one_stream(settings.seed)
-        )
-        return loop.run(train, loss, lambda step: self._evaluate(ctx, schema, model, tokenizer, names, val, step))
+        return fit.tune(settings, progress, train, loss, lambda step: self._evaluate(fit, val, step))
 
-    def _evaluate(
-        self,
-        ctx: RunContext,
-        schema: SchemaSpec,
-        model: Any,
-        tokenizer: Any,
-        names: list[str],
-        val: list[tuple[str, list[Span]]],
-        step: int,
-    ) -> None:
+    def _evaluate(self, fit: SchemeFit[list[str]], val: list[tuple[str, list[Span]]], step: int) -> None:
         """The val split's entity F1 (exact match) as a metric event."""
         if not val:
             return
-        found = self._spans(ctx, model, tokenizer, names, [t for t, _ in val])
+        found = self._spans(fit, [t for t, _ in val])
         gold = {i: [{"start": s[0], "end": s[1], "label": s[2]} for s in spans] for i, (_, spans) in enumerate(val)}
         scores = score(gold, {i: spans for i, (spans, _) in enumerate(found)}, SPAN)
-        ctx.reporter.metric("val", ctx.metric_name(schema, "f1"), float(scores.get("f1") or 0.0), step)
+        fit.ctx.reporter.metric("val", fit.ctx.metric_name(fit.schema, "f1"), float(scores.get("f1") or 0.0), step)
 
-    def _spans(
-        self, ctx: RunContext, model: Any, tokenizer: Any, names: list[str], texts: list[str]
-    ) -> list[tuple[list[dict[str, Any]], float | None]]:
-        """Each text's predicted spans and its least sure token decision."""
+    def _spans(self, fit: SchemeFit[list[str]], texts: list[str]) -> list[tuple[list[dict[str, Any]], float | None]]:
+        """Each text's predicted spans (by *fit*'s tag names) and its least sure token decision."""
         import torch
 
+        ctx, model = fit.ctx, fit.model
         settings = self.settings or read_settings(ctx, INFO)
         model.eval()
         out: list[tuple[list[dict[str, Any]], float | None]] = []
-        for start in range(0, len(texts), settings.batch_size * 2):
-            batch, offsets = self._batch(
-                tokenizer, texts[start : start + settings.batch_size * 2], settings.max_length, ctx.device
-            )
+        for chunk in in_chunks(texts, settings.batch_size * 2):
+            batch, offsets = self._batch(fit.preprocessor, chunk, settings.max_length, ctx.device)
             with torch.no_grad():
                 rows = torch.softmax(model(**batch).logits.float(), dim=-1).cpu().tolist()
-            out += [spans_from_tags(o, r, names) for o, r in zip(offsets, rows)]  # noqa: B905
+            out += [spans_from_tags(o, r, fit.head) for o, r in zip(offsets, rows)]  # noqa: B905
         return out
 
     def _model_for(self, ctx: RunContext, schema: SchemaSpec) -> tuple[Any, Any, list[str]]:
         if schema.name not in self._models:
             from transformers import AutoModelForTokenClassification, AutoTokenizer
 
-            folder = os.path.join(ctx.workdir, slug(schema.name))
-            tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-            model = AutoModelForTokenClassification.from_pretrained(folder, local_files_only=True).to(ctx.device)
+            _, tokenizer, model = load_saved(ctx, schema, AutoTokenizer, AutoModelForTokenClassification)
             self.settings = self.settings or read_settings(ctx, INFO)
             fit_max_length(ctx, self.settings, tokenizer, model)  # predict without fit: a fresh process
             self._models[schema.name] = (
@@ -254,6 +229,6 @@ class HFTokenClassificationTrainer(FineTuneTrainer):
         items = list(items)
         for schema in ctx.schemas:
             tokenizer, model, names = self._model_for(ctx, schema)
-            found = self._spans(ctx, model, tokenizer, names, [item.text for item in items])
+            found = self._spans(SchemeFit(ctx, schema, model, tokenizer, names), [item.text for item in items])
             for item, (spans, least) in zip(items, found):  # noqa: B905 - runs on 3.8/3.9
                 yield Prediction(item.instance_id, schema.name, spans, least, bare=True)

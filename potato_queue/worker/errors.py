@@ -20,6 +20,7 @@ from potato_queue.wire.exit_codes import (
 __all__ = [
     "NVRTC_HINT",
     "WorkerError",
+    "RefusedBeforeWork",
     "SpecError",
     "BundleError",
     "UnknownTrainer",
@@ -60,31 +61,33 @@ class WorkerError(Exception):
         self.install_hint = install_hint
 
 
-class SpecError(WorkerError):
-    """spec.json is missing, unreadable or malformed."""
+class RefusedBeforeWork(WorkerError):
+    """What the run was given cannot be run: refused before any work started (exit 2)."""
 
     exit_code = EXIT_BAD_SPEC
+
+
+class SpecError(RefusedBeforeWork):
+    """spec.json is missing, unreadable or malformed."""
+
     code = "bad_spec"
 
 
-class BundleError(WorkerError):
+class BundleError(RefusedBeforeWork):
     """The bundle directory does not hold a readable bundle v1."""
 
-    exit_code = EXIT_BAD_SPEC
     code = "bad_bundle"
 
 
-class UnknownTrainer(WorkerError):
+class UnknownTrainer(RefusedBeforeWork):
     """The spec names a trainer the registry does not know."""
 
-    exit_code = EXIT_BAD_SPEC
     code = "unknown_trainer"
 
 
-class ValidationFailed(WorkerError):
+class ValidationFailed(RefusedBeforeWork):
     """The trainer refused the spec/bundle before any work started."""
 
-    exit_code = EXIT_BAD_SPEC
     code = "validation_failed"
 
 

@@ -1,6 +1,7 @@
 """What the transformers trainers share around their loops (trainers/hf_fit.py, hub.py, hf_text_parts.py,
-parallel.py), in process on stand-ins: the card and the result, the saved folder, peft with LoRA, the model
-check and the not-cached error, the step count, and max_length lowered to what a model takes.
+parallel.py), in process on stand-ins: the card and the result, the saved folder and its loading again,
+predict's chunks, peft with LoRA, the model check and the not-cached error, the step count, and max_length
+lowered to what a model takes.
 """
 
 from __future__ import annotations
@@ -15,10 +16,19 @@ import pytest
 from potato_queue.trainers import parallel
 from potato_queue.trainers.common import CARD_FILE
 from potato_queue.trainers.fine_tune import Progress
-from potato_queue.trainers.hf_fit import FitCard, head_entry, save_schema, with_peft
+from potato_queue.trainers.hf_fit import (
+    FitCard,
+    HeadFineTuneTrainer,
+    head_entry,
+    in_chunks,
+    load_saved,
+    save_schema,
+    with_peft,
+)
 from potato_queue.trainers.hf_heads import Head
 from potato_queue.trainers.hf_text_parts import HFSettings, fit_max_length, position_limit
 from potato_queue.trainers.hub import check_model, explain_not_cached
+from potato_queue.worker.api import PredictItem
 from potato_queue.worker.errors import TrainerError
 
 pytestmark = pytest.mark.unit
@@ -93,6 +103,46 @@ def test_only_rank_0_writes_the_card_and_the_models(tmp_path: Path) -> None:
         save_schema(ctx, ctx.schemas[1], model, model)
         assert (tmp_path / CARD_FILE).exists() is main_rank
     assert saved == [str(tmp_path / "my_topics")] * 2  # the model, then its tokenizer
+
+
+def test_a_saved_scheme_loads_from_its_folder_onto_the_device_never_from_the_hub(tmp_path: Path) -> None:
+    asked: list[tuple[str, str, dict[str, Any]]] = []
+
+    class Loads:
+        def __init__(self, what: str) -> None:
+            self.what = what
+
+        def from_pretrained(self, folder: str, **options: Any) -> Any:
+            asked.append((self.what, folder, options))
+            return SimpleNamespace(to=lambda device: f"{self.what} on {device}")
+
+    ctx = context(tmp_path)
+    folder, _, model = load_saved(ctx, ctx.schemas[1], Loads("tokenizer"), Loads("m"))
+    assert folder == str(tmp_path / "my_topics") and model == "m on cpu"
+    assert asked == [(what, folder, {"local_files_only": True}) for what in ("tokenizer", "m")]
+
+
+def test_items_come_in_chunks_and_each_schemes_predictions_a_chunk_at_a_time(tmp_path: Path) -> None:
+    assert list(in_chunks(list(range(5)), 2)) == [[0, 1], [2, 3], [4]] and list(in_chunks([], 3)) == []
+    fed: list[list[str]] = []
+
+    class Stand(HeadFineTuneTrainer):
+        def _settings(self, ctx: Any) -> HFSettings:
+            return settings(batch_size=1)  # two items a forward pass
+
+        def _model_for(self, ctx: Any, schema: Any) -> tuple[Any, Any, Head]:
+            return None, None, Head(["neg", "pos"])
+
+        def _outputs(self, ctx: Any, schema: Any, inputs: list[Any]) -> list[list[float]]:
+            fed.append(inputs)
+            return [[0.9, 0.1] if text == "bad" else [0.2, 0.8] for text in inputs]
+
+    items = [PredictItem(f"i{n}", text, "unlabelled", {}) for n, text in enumerate(["bad", "good", "bad"])]
+    predictions = Stand()._predictions(context(tmp_path), items, lambda item: item.text)
+    said = [(p.instance_id, p.schema_name, p.label) for p in predictions]
+    assert fed == [["bad", "good"], ["bad"]] * 2
+    assert said[:3] == [("i0", "sentiment", "neg"), ("i1", "sentiment", "pos"), ("i2", "sentiment", "neg")]
+    assert [schema for _, schema, _ in said[3:]] == ["my topics"] * 3
 
 
 @pytest.mark.parametrize(
