@@ -9,20 +9,29 @@ it (unknown keys, cross references) live in validate.py; entry points call `vali
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator
 
+from potato_queue.backends.models import (
+    BACKEND_MODELS,
+    DEFAULT_PENDING_TIMEOUT_S,
+    DEFAULT_QUEUE_TIMEOUT_S,
+    DEFAULT_RAY_PENDING_TIMEOUT_S,
+    DEFAULT_SETUP_TIMEOUT_S,
+    SBATCH_FLAGS,
+    AgentBackend,
+    AnyBackend,
+    Backend,
+    LocalBackend,
+    RayBackend,
+    SlurmBackend,
+    SshBackend,
+    Strict,
+)
 from potato_queue.schemes import with_rows
 from potato_queue.settings import DEFAULT_SETTINGS, Settings
-from potato_queue.wire.sbatch import (
-    DEFAULT_JOB_PYTHON,
-    DEFAULT_POLL_INTERVAL_S,
-    DEFAULT_PREEMPT_SIGNAL_S,
-)
-from potato_queue.wire.sbatch import SBATCH_FLAGS as AGENT_SBATCH_FLAGS
 
 __all__ = [
     "LOCAL",
@@ -38,6 +47,8 @@ __all__ = [
     "SBATCH_FLAGS",
     "LocalBackend",
     "SshBackend",
+    "RayBackend",
+    "DEFAULT_RAY_PENDING_TIMEOUT_S",
     "SlurmBackend",
     "AgentBackend",
     "Backend",
@@ -52,25 +63,19 @@ __all__ = [
 LOCAL = "local"
 
 
-class _Strict(BaseModel):
-    # Unknown keys are caught (with a suggestion) by validate.py before the
-    # models see the data; forbid here is the backstop for direct callers.
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class WritebackConfig(_Strict):
+class WritebackConfig(Strict):
     schemas: list[str] = Field(default_factory=list)
     include_unlabeled: bool = False
     min_confidence: float = Field(0.0, ge=0.0, le=1.0)
     field: str = "predictions"
 
 
-class MachineAnnotatorConfig(_Strict):
+class MachineAnnotatorConfig(Strict):
     # A succeeded run's held-out predictions become a declared machine rater in Potato (runs/rater.py).
     enabled: bool = False
 
 
-class GpuWatchConfig(_Strict):
+class GpuWatchConfig(Strict):
     # What the agent does with a run's GPUs (agent/gpu_watch.py): sample them (GPU-hours, energy), stop a run
     # whose GPUs idle past idle_stop_s (off while None), kill what of the run still holds GPU memory at its end.
     sample_s: float = Field(10.0, gt=0, le=3600)
@@ -79,7 +84,7 @@ class GpuWatchConfig(_Strict):
     leak_guard: bool = True
 
 
-class BudgetCaps(_Strict):
+class BudgetCaps(Strict):
     # Per calendar month (UTC): a run that would pass a cap is refused before it starts (runs/budget.py).
     # Finite: `1e400` (infinity) would show "inf left" and cap nothing.
     gpu_hours_per_month: float | None = Field(None, gt=0, allow_inf_nan=False)
@@ -98,7 +103,7 @@ class BudgetConfig(BudgetCaps):
     backends: dict[str, BudgetCaps] = Field(default_factory=dict)
 
 
-class AutoRetrainConfig(_Strict):
+class AutoRetrainConfig(Strict):
     enabled: bool = False
     trainer: str | None = None
     schemas: list[str] = Field(default_factory=list)
@@ -108,147 +113,7 @@ class AutoRetrainConfig(_Strict):
     backend: str | None = None
 
 
-# Backend key -> sbatch long option (CFG-4): the agent's table (it maps slurm.json too); the config
-# accepts exactly these keys on a slurm backend and hands the agent their values as data.
-SBATCH_FLAGS: dict[str, str] = AGENT_SBATCH_FLAGS
-
-
-# The bounds of the waits that are not run time (docs/decisions.md, "Every phase has a bound"): finite by
-# default, so that no run holds the run slot forever; an admin raises them per backend.
-DEFAULT_SETUP_TIMEOUT_S = 1800.0  # ssh setup: connect, code copy, a first venv build, the GPU pick
-DEFAULT_QUEUE_TIMEOUT_S = 86400.0  # an agent backend's run waiting for a claim
-DEFAULT_PENDING_TIMEOUT_S = 86400.0  # a SLURM job waiting in the scheduler's queue
-
-
-class LocalBackend(_Strict):
-    """The `local` backend: this machine. It has no entry under `backends`; its
-    settings are model_training's local-run keys (CFG-1), gathered here so that
-    every backend, local included, reaches its executor as one config model."""
-
-    type: Literal["local"] = "local"
-    description: str | None = None
-    device: str = "auto"
-    num_threads: int | None = Field(None, ge=1)
-    max_ram_mb: float | None = Field(None, gt=0)
-    heartbeat_timeout_s: float = Field(120, gt=0)
-
-
-_GPUS = re.compile(r"^(auto|none|\d+(,\d+)*)$")
-
-
-class _RemoteBackend(_Strict):
-    """Keys every backend reached by ssh accepts (CFG-3, CFG-4)."""
-
-    description: str | None = None
-    host: str
-    user: str | None = None
-    port: int | None = Field(None, ge=1, le=65535)
-    identity_file: str | None = None
-    python: str = "python3"
-    num_threads: int | None = Field(None, ge=1)
-    env: dict[str, str] = Field(default_factory=dict)
-    # Names that look like secrets (HF_TOKEN) pass to the trainer only when listed here (wire/isolated.py).
-    secret_env: list[str] = Field(default_factory=list)
-    max_artifact_mb: float = Field(2048, gt=0)
-    fetch_artifacts: bool = True
-    keep_remote: bool = False
-    heartbeat_timeout_s: float = Field(120, gt=0)
-    setup_timeout_s: float = Field(DEFAULT_SETUP_TIMEOUT_S, gt=0)
-
-    @field_validator("env", mode="before")
-    @classmethod
-    def _env_values_are_text(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            return {str(k): str(v) for k, v in value.items()}
-        return value
-
-
-class SshBackend(_RemoteBackend):
-    type: Literal["ssh"] = "ssh"
-    packages: list[str] = Field(default_factory=list)
-    remote_dir: str = "~/.cache/potato-training"
-    gpus: str = "auto"
-    min_free_gpu_mb: float = Field(2000, ge=0)
-
-    @field_validator("gpus", mode="before")
-    @classmethod
-    def _gpus_form(cls, value: Any) -> Any:
-        text = str(value).replace(" ", "") if isinstance(value, (int, str)) else value
-        if not isinstance(text, str) or not _GPUS.fullmatch(text):
-            raise ValueError(f'must be auto, none, a GPU index like "1" or a list like "0,1" (got {value!r})')
-        return text
-
-
-def _slurm_settings() -> dict[str, Any]:
-    """One optional text field per sbatch setting of SBATCH_FLAGS."""
-    return {key: (str | None, None) for key in SBATCH_FLAGS}
-
-
-class _SlurmCore(_RemoteBackend):
-    type: Literal["slurm"] = "slurm"
-    remote_dir: str
-    job_python: str = DEFAULT_JOB_PYTHON
-    prelude: list[str] = Field(default_factory=list)
-    poll_interval_s: float = Field(DEFAULT_POLL_INTERVAL_S, gt=0)
-    # SLURM requeues a job whose node failed; a run's job is not requeued unless asked (its files are half-written).
-    requeue: bool = False
-    # With requeue: the job is signalled (USR1) this long before its time limit, checkpoints and requeues itself.
-    preempt_signal_s: int = Field(DEFAULT_PREEMPT_SIGNAL_S, ge=1)
-    pending_timeout_s: float = Field(DEFAULT_PENDING_TIMEOUT_S, gt=0)
-
-    @field_validator(*SBATCH_FLAGS, mode="before", check_fields=False)
-    @classmethod
-    def _sbatch_values_are_text(cls, value: Any) -> Any:
-        return str(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else value
-
-    def sbatch_setting(self, key: str) -> str | None:
-        """One of SBATCH_FLAGS' settings (partition, gres, time, ...), None when not set."""
-        value = getattr(self, key, None)
-        return None if value is None else str(value)
-
-    def job_settings(self) -> dict[str, Any]:
-        """What the agent on the login node needs to submit the job: slurm.json's object (wire/sbatch.py)."""
-        sbatch = {key: getattr(self, key, None) for key in SBATCH_FLAGS}
-        return {
-            "job_python": self.job_python,
-            "prelude": self.prelude,
-            "poll_interval_s": self.poll_interval_s,
-            "requeue": self.requeue,
-            "preempt_signal_s": self.preempt_signal_s,
-            "env": self.env,
-            "secret_env": self.secret_env,
-            "num_threads": self.num_threads,
-            **{key: str(value) for key, value in sbatch.items() if value is not None and value != ""},
-        }
-
-
-def _make_slurm_model() -> type[_SlurmCore]:
-    from pydantic import create_model
-
-    return create_model("SlurmBackend", __base__=_SlurmCore, **_slurm_settings())
-
-
-if TYPE_CHECKING:  # the sbatch keys are made from SBATCH_FLAGS at import; read them with sbatch_setting()
-    SlurmBackend = _SlurmCore
-else:
-    SlurmBackend = _make_slurm_model()
-
-
-class AgentBackend(_Strict):
-    type: Literal["agent"] = "agent"
-    description: str | None = None
-    heartbeat_timeout_s: float = Field(120, gt=0)
-    queue_timeout_s: float = Field(DEFAULT_QUEUE_TIMEOUT_S, gt=0)
-    # An agent that submits its worker to SLURM (--slurm) reports the job pending: bounded here too.
-    pending_timeout_s: float = Field(DEFAULT_PENDING_TIMEOUT_S, gt=0)
-
-
-Backend = Annotated[SshBackend | SlurmBackend | AgentBackend, Field(discriminator="type")]
-AnyBackend = LocalBackend | SshBackend | SlurmBackend | AgentBackend
-BACKEND_MODELS: dict[str, type[BaseModel]] = {"ssh": SshBackend, "slurm": SlurmBackend, "agent": AgentBackend}
-
-
-class ModelTrainingConfig(_Strict):
+class ModelTrainingConfig(Strict):
     enabled: bool = False
     backend: str | None = None
     max_wall_seconds: float | None = Field(None, gt=0)

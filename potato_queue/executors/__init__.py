@@ -26,6 +26,7 @@ RUNNABLE: dict[str, str] = {
     "ssh": "potato_queue.executors.ssh:SshExecutor",
     "slurm": "potato_queue.executors.slurm:SlurmExecutor",
     "agent": "potato_queue.executors.agent:AgentExecutor",
+    "ray": "potato_queue.executors.ray:RayExecutor",
 }
 
 

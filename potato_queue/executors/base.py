@@ -82,7 +82,8 @@ class LaunchSpec:
     run_id: str
     backend_name: str
     job: Job
-    # None for a pull backend: its agent gets a run token when it claims the run.
+    # None for a pull backend: its agent gets a run token when it claims the run. A one-time code for it where
+    # the executor `shows_launch`.
     token: str | None
     server_url: str
     paths: RunPaths
@@ -186,6 +187,9 @@ class Executor(ABC, Generic[BackendT]):
     # A pull backend's agent claims its run and gets the run token from the claim;
     # every other backend is handed a token in its LaunchSpec.
     pull: ClassVar[bool] = False
+    # A backend that shows what a run is given to others (a Ray job's environment, on its dashboard) is handed a
+    # one-time code in the token's place: its agent trades it for the token (RunTokens.redeem), once.
+    shows_launch: ClassVar[bool] = False
 
     def __init__(self, backend_name: str, backend: BackendT, settings: Settings = DEFAULT_SETTINGS) -> None:
         """`settings`: the process's (an ssh config file of the server's own, the copy's stall limit)."""
@@ -203,6 +207,11 @@ class Executor(ABC, Generic[BackendT]):
     @abstractmethod
     def launch(self, spec: LaunchSpec) -> RunHandle:
         """Start the run's agent (or post it for a pull agent); return once it is on its way."""
+
+    def longest_wait_s(self) -> float:
+        """How long a launched run may wait before its agent first calls (a scheduler's pending bound): its token
+        lives that much longer."""
+        return 0.0
 
     def warm(self) -> None:  # noqa: B027 - optional hook, most executors have nothing to warm
         """Get ready for the next run ahead of time (the executor process calls it at start)."""

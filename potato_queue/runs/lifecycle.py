@@ -201,7 +201,7 @@ class RunLife:
             bundle=bundle_summary(self.paths.bundle_dir, split_ids),
         )
         backend = self.record["backend"]
-        token = None if executor.pull else self.store.tokens.issue(self.run_id, self._token_ttl_s())
+        token = None if executor.pull else self._launch_token(executor)
         offer = _StoreOffer(self.store, backend, self.run_id) if executor.pull else None
         return LaunchSpec(
             run_id=self.run_id,
@@ -215,6 +215,13 @@ class RunLife:
             offer=offer,
             clock=self.clock,
         )
+
+    def _launch_token(self, executor: Executor) -> str:
+        """The run's token for its agent; a one-time code for it where the backend shows what it is given."""
+        ttl_s = self._token_ttl_s() + executor.longest_wait_s()
+        if executor.shows_launch:
+            return self.store.tokens.issue_code(self.run_id, ttl_s)
+        return self.store.tokens.issue(self.run_id, ttl_s)
 
     def _token_ttl_s(self) -> float:
         mt = self.config.model_training

@@ -172,6 +172,8 @@ def _label(name: str, kind: str, host: str | None, device: str | None) -> str:
         return f"{name} (this machine, {device or 'its device is being checked'})"
     if kind == "agent":
         return f"{name} (agent)"
+    if kind == "ray":
+        return f"{name} (ray at {host})"
     return f"{name} ({kind} to {host})" if kind == "ssh" else f"{name} ({kind} on {host})"
 
 
@@ -181,7 +183,11 @@ def backends(request: Request) -> list[dict[str, Any]]:
     probe = getattr(request.app.state, "local_device", None)
     device = probe(30.0) if probe else None
     rows = [{"name": LOCAL, "type": "local", "host": None}]
-    rows += [{"name": n, "type": b.type, "host": getattr(b, "host", None)} for n, b in mt.backends.items()]
+    # A Ray backend's "host" is its head's Jobs API (host:port).
+    rows += [
+        {"name": n, "type": b.type, "host": getattr(b, "host", getattr(b, "head", None))}
+        for n, b in mt.backends.items()
+    ]
     for row in rows:
         row["label"] = _label(row["name"], row["type"], row["host"], device)
         row["default"] = row["name"] == mt.default_backend

@@ -33,6 +33,7 @@ from potato_queue.runs.job import max_predictions_bytes
 from potato_queue.server.deps import config_of, refusals, runs_of, store_of
 from potato_queue.server.guard import refusal, token_problem
 from potato_queue.store import RunStore
+from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.records import RunFolderError
 from potato_queue.wire.job import Job
 
@@ -104,6 +105,25 @@ AuthorizedRun = Annotated[str, Depends(authorized_run)]
 
 
 # -- routes --------------------------------------------------------------------
+class Redeemed(BaseModel):
+    token: str = Field(description="the run's token: keep it in memory, off command lines and logs")
+
+
+# Redeem's refusal says no more than a wrong token's does.
+CODE_REFUSED = "a valid one-time run code is required (Authorization: Bearer <code>); it is spent by its first use"
+
+
+def redeem_code(
+    request: Request, run_id: str, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+) -> Redeemed:
+    """Trade the run's one-time code (a backend that shows what it is given: ray) for the run's token, once."""
+    code = credentials.credentials.strip() if credentials else ""
+    token = store_of(request).tokens.redeem(run_id, code) if code and RUN_ID_RE.fullmatch(run_id) else None
+    if token is None:
+        raise refusal((401, CODE_REFUSED))
+    return Redeemed(token=token)
+
+
 def get_job(request: Request, run_id: AuthorizedRun) -> Job:
     """The job of a started run: trainer, params, limits, the bundle's size and sha256 (wire/job.py's Job,
     as the executor built it)."""
@@ -268,6 +288,13 @@ def agent_router() -> APIRouter:
         responses=refusals({400: "an event nests too deep", 413: "a batch over 32 MiB", 507: _NO_WRITES}),
     )
     router.add_api_route("/runs/{run_id}/control", get_control, methods=["GET"], response_model=CancelReply)
+    router.add_api_route(
+        "/runs/{run_id}/redeem",
+        redeem_code,
+        methods=["POST"],
+        response_model=Redeemed,
+        responses=refusals({401: "no code, a wrong or spent one, or the run ended"}),
+    )
     router.add_api_route(
         "/runs/{run_id}/predictions",
         put_predictions,

@@ -76,6 +76,8 @@ BODY_CAPS = {
 # holds one connection and at most uvicorn's 64 KiB read buffer; past that, refusals answer at once).
 REFUSAL_DELAY_S = 0.25
 MAX_DELAYED_REFUSALS = 64
+# The one POST of a run that a run token does not open: it is how a one-time code becomes that token.
+REDEEM_ROUTE = "redeem"
 UNAUTHORIZED_RUN = "a valid run token is required (Authorization: Bearer <token>)"
 SESSION_ENDED = f"the Training page's session has ended (signed out, or Redis lost it): sign in again at {PAGE_PREFIX}"
 # Set in a request's scope state once the Guard accepted its admin key or session: the route need not ask again.
@@ -268,7 +270,7 @@ class Guard:
         if len(parts) != 4 or parts[1] != "runs":
             return None, BODY_CAPS["agent"]
         run_id, route = parts[2], parts[3]
-        if scope["method"] in ("GET", "HEAD"):
+        if scope["method"] in ("GET", "HEAD") or route == REDEEM_ROUTE:
             return None, BODY_CAPS["agent"]  # no body to hold back: the route's own check is soon enough
         problem = await run_in_threadpool(token_problem, self.store, run_id, bearer(headers))
         if problem is None:

@@ -23,6 +23,7 @@ __all__ = [
     "CLAIM_FIELD",
     "MERGE_METRICS",
     "RECORD_RESULT",
+    "REDEEM_CODE",
     "RELEASE_FIELD",
     "SOCKET_TIMEOUT_S",
     "SUPERVISION_SOCKET_TIMEOUT_S",
@@ -82,6 +83,13 @@ redis.call('HSET', KEYS[1], 'heartbeat_at', ARGV[2])
 for i = 3, #ARGV, 2 do redis.call('HSET', KEYS[1], ARGV[i], ARGV[i + 1]) end
 redis.call('RPUSH', KEYS[2], '1')
 redis.call('EXPIRE', KEYS[2], 3600)
+return 1
+"""
+# KEYS: the run's token key. ARGV: the one-time code's marked digest, the new token's digest. The code gives its
+# place, and what is left of its time, to the token: 1; 0 for another code, a spent one, or an ended run's.
+REDEEM_CODE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1
 """
 # KEYS: a hash. ARGV: a field, the value to claim it with. Nothing when the claim is ours, else the value

@@ -15,6 +15,7 @@ import redis
 
 from potato_queue.clock import REAL_CLOCK, Clock
 from potato_queue.store.keys import Keys
+from potato_queue.store.plumbing import REDEEM_CODE
 from potato_queue.store.records import as_text
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "token_digest",
     "token_matches",
     "RunTokens",
+    "CODE_MARK",
     "AgentTokens",
     "WAKE_EVERYONE",
     "AGENT_TOKEN_TRUST_S",
@@ -47,12 +49,17 @@ def token_matches(stored_digest: bytes | str | None, token: str) -> bool:
     return secrets.compare_digest(stored, token_digest(token))
 
 
+# What marks a one-time code's digest where a run's token digest goes: no token's digest starts with it.
+CODE_MARK = "code:"
+
+
 class RunTokens:
     """One project's run tokens (the store's `tokens`): a token opens one run until that run ends (its
     final state deletes it, in the store's compare-and-set) or it expires."""
 
     def __init__(self, client: redis.Redis, keys: Keys) -> None:
         self.redis, self.keys = client, keys
+        self._redeem = client.register_script(REDEEM_CODE)
 
     def issue(self, run_id: str, ttl_s: float) -> str:
         """A fresh token for one run; only its sha256 is kept, for ttl_s at most."""
@@ -62,6 +69,23 @@ class RunTokens:
 
     def verify(self, run_id: str, token: str) -> bool:
         return token_matches(self.redis.get(self.keys.run_token(run_id)), token)
+
+    def issue_code(self, run_id: str, ttl_s: float) -> str:
+        """A one-time code that redeem() trades for the run's token, for a backend that shows what it is given
+        (a Ray job's environment is on the dashboard). It holds the token's place (CODE_MARK and its digest), so
+        it opens nothing itself, dies with the run as a token does, and is spent by its first redeem."""
+        code = new_token()
+        self.redis.set(self.keys.run_token(run_id), CODE_MARK + token_digest(code), ex=max(1, int(ttl_s)))
+        return code
+
+    def redeem(self, run_id: str, code: str) -> str | None:
+        """The run's token for its one-time code (the token takes the code's place, with what is left of its
+        time); None for a wrong code, one spent already, or a run that ended."""
+        token = new_token()
+        traded = self._redeem(
+            keys=[self.keys.run_token(run_id)], args=[CODE_MARK + token_digest(code), token_digest(token)]
+        )
+        return token if traded == 1 else None
 
     def revoke(self, run_id: str) -> None:
         self.redis.delete(self.keys.run_token(run_id))

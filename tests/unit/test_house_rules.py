@@ -70,11 +70,17 @@ def test_wire_is_the_ground_floor(path: Path) -> None:
     assert [m for m in ours if not m.startswith("potato_queue.wire")] == [], f"{path.name} imports {ours}"
 
 
-def test_the_ssh_first_stage_imports_nothing_of_ours_at_module_level() -> None:
-    """host/boot.py runs on a host where none of our code is yet (it fetches it): only the standard library
-    at its top; ours is imported inside boot(), once the code is there."""
-    ours = [m for m in module_level_imports(ROOT / "potato_queue" / "host" / "boot.py") if m.startswith("potato_queue")]
-    assert ours == [], f"host/boot.py imports {ours} before the code is on the host"
+@pytest.mark.parametrize("script", ["boot.py", "ray_entry.py"])
+def test_the_first_stages_import_nothing_of_ours_at_module_level(script: str) -> None:
+    """host/boot.py (ssh) and host/ray_entry.py (a Ray job's entrypoint) run on a host where none of our code is
+    yet (they fetch it): only the standard library at their top; boot.py imports ours inside boot(), once the
+    code is there, and ray_entry.py never (it execs the agent)."""
+    ours = [m for m in all_imports(ROOT / "potato_queue" / "host" / script) if m.startswith("potato_queue")]
+    if script == "boot.py":
+        ours = [
+            m for m in module_level_imports(ROOT / "potato_queue" / "host" / script) if m.startswith("potato_queue")
+        ]
+    assert ours == [], f"host/{script} imports {ours} before the code is on the host"
 
 
 # What each bare package may import of the others (beyond wire/): the agent runs the host scripts' GPU choice

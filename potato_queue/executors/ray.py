@@ -1,0 +1,154 @@
+"""The ray backend: a lab's Ray cluster (or KubeRay's) runs each run as one Ray job, placed where a GPU is.
+
+The executor submits the job through the Jobs API (executors/rayjobs/) and follows it by polling; everything
+else is the agent protocol, as on every backend: the job's entrypoint (host/ray_entry.py) trades the run's
+one-time code for its token, fetches the agent from the server by its sha256 and becomes it, and the agent
+fetches the bundle, runs the worker and reports to the server. Ray's working_dir (100 MiB, collected 600 s
+after it is unpinned) is not used. The nodes must reach the server at the backend's `server_url`.
+
+A job Ray keeps PENDING (no node with the resources, a runtime_env that never installs) fails the run after
+pending_timeout_s. Ray cannot stop or delete a PENDING job (ray issue 58353): a stop is queued and Ray keeps
+the job until it could be placed, when it stops it; should its entrypoint start first, it finds its run's
+code dead and exits 0 having run nothing. A head that restarted has lost its jobs: the run fails saying so.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from potato_queue.backends.models import RayBackend
+from potato_queue.clock import Clock
+from potato_queue.code_package import agent_zipapp
+from potato_queue.errors import PotatoQueueError
+from potato_queue.executors.base import (
+    AgentResult,
+    CheckReport,
+    Executor,
+    Gone,
+    LaunchSpec,
+    RunHandle,
+    Running,
+    Status,
+    Waiting,
+)
+from potato_queue.executors.rayjobs.check import ray_check_report
+from potato_queue.executors.rayjobs.client import RayError, RayJobs
+from potato_queue.executors.rayjobs.text import (
+    PENDING,
+    RUNNING,
+    STOP_MARGIN_S,
+    JobState,
+    job_request,
+    pending_expired,
+)
+
+__all__ = ["RayExecutor", "RayHandle", "head_lost", "DEFAULT_GRACE_S"]
+
+DEFAULT_GRACE_S = 20.0  # the agent's own when the job names none
+LOG_TAIL_CHARS = 1500
+
+
+def head_lost(backend: RayBackend, job_id: str) -> str:
+    return f"The Ray head at {backend.head} restarted and lost job {job_id}: it keeps no job across a restart"
+
+
+class RayHandle(RunHandle):
+    """One run's Ray job, polled every poll_interval_s (poll() itself is called ten times a second)."""
+
+    def __init__(self, jobs: RayJobs, job_id: str, grace_s: float, clock: Clock) -> None:
+        self.jobs, self.job_id, self.clock = jobs, job_id, clock
+        self.backend = jobs.backend
+        self.launched_s = clock.now_s()
+        self.hard_stop_s = grace_s + STOP_MARGIN_S + self.backend.poll_interval_s
+        self.status: Status = self._waiting("submitted")
+        self.polled_s: float | None = None
+
+    def _waiting(self, said: str) -> Waiting:
+        return Waiting(
+            f"Ray job {self.job_id} pending on {self.backend.head}: {said}",
+            until_s=self.launched_s + self.backend.pending_timeout_s,
+            expired=pending_expired(self.backend, self.job_id, said),
+        )
+
+    def poll(self) -> Status:
+        now_s = self.clock.now_s()
+        if self.polled_s is not None and now_s - self.polled_s < self.backend.poll_interval_s:
+            return self.status
+        self.polled_s = now_s
+        try:
+            self.status = self._status_of(self.jobs.state(self.job_id))
+        except (RayError, ValueError):
+            pass  # a head that does not answer for a moment: the agent's heartbeats say whether the run lives
+        return self.status
+
+    def _status_of(self, state: JobState | None) -> Status:
+        if state is None:
+            fix = "retry the run (potato-queue training retry RUN CONFIG): it resumes from its checkpoint"
+            return Gone("the Ray head lost the job", error=head_lost(self.backend, self.job_id), fix=fix)
+        if state.status == PENDING:
+            return self._waiting(state.message)
+        if state.status == RUNNING:
+            return Running()
+        return Gone(f"Ray job {self.job_id} ended {state.status}: {state.message}", error=self._ended(state))
+
+    def _ended(self, state: JobState) -> str:
+        """The run's error when its job ended before its agent reported: what Ray said, and the job's log."""
+        tail = self.jobs.logs(self.job_id).strip()[-LOG_TAIL_CHARS:]
+        said = f"Ray job {self.job_id} on {self.backend.head} ended {state.status} before its agent reported"
+        exit_code = f" (exit {state.exit_code})" if state.exit_code is not None else ""
+        return f"{said}{exit_code}: {state.message}" + (f"; its log ends: {tail}" if tail else "")
+
+    def kill(self) -> None:
+        try:
+            self.jobs.stop(self.job_id)
+            if isinstance(self.status, Waiting):
+                return  # nothing runs: Ray keeps the job until it could start, then stops it (module docstring)
+            deadline_s = time.monotonic() + self.hard_stop_s
+            while time.monotonic() < deadline_s:
+                state = self.jobs.state(self.job_id)
+                if state is None or state.status not in (PENDING, RUNNING):
+                    return
+                time.sleep(0.2)
+        except (RayError, ValueError):
+            return  # a head that cannot be reached cannot be asked; its node's agent stops at its token's end
+
+    def collect(self, result: AgentResult) -> str | None:
+        # The model files stay on the node, as on an agent backend: the agent reported where.
+        self.jobs.close()
+        return result.artifact_uri
+
+
+class RayExecutor(Executor[RayBackend]):
+    type_name = "ray"
+    shows_launch = True
+
+    def longest_wait_s(self) -> float:
+        return self.backend.pending_timeout_s
+
+    def check(self, model: str | None = None) -> CheckReport:
+        try:
+            jobs = RayJobs(self.backend)
+        except PotatoQueueError as exc:
+            return CheckReport.failed(str(exc.message), exc.fix)
+        try:
+            return ray_check_report(self.backend_name, self.backend, jobs)
+        finally:
+            jobs.close()
+
+    def launch(self, spec: LaunchSpec) -> RunHandle:
+        if spec.token is None:
+            raise ValueError("a ray run needs its one-time code")
+        jobs = RayJobs(self.backend)
+        grace_s = spec.job.grace_seconds if spec.job.grace_seconds is not None else DEFAULT_GRACE_S
+        server_url = self.backend.server_url or spec.server_url
+        run = (spec.run_id, spec.token)
+        body: dict[str, Any] = job_request(self.backend, server_url, run, agent_zipapp().sha256, grace_s)
+        job_id = jobs.submit(body)
+        spec.log(f"submitted Ray job {job_id} to {self.backend.head} ({_asked(body)})")
+        spec.step(f"Ray job {job_id} submitted to {self.backend.head}")
+        return RayHandle(jobs, job_id, grace_s, spec.clock)
+
+
+def _asked(body: dict[str, Any]) -> str:
+    return ", ".join(f"{k.removeprefix('entrypoint_')} {v}" for k, v in body.items() if k.startswith("entrypoint_"))

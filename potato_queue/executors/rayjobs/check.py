@@ -1,0 +1,70 @@
+"""`training check` of a ray backend: the head's version, the auth result, the nodes and their GPUs and CPUs,
+and whether a job with the backend's resources can be placed now, or ever."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from potato_queue.backends.models import RayBackend
+from potato_queue.executors.base import CheckReport
+from potato_queue.executors.rayjobs.client import RayError, RayJobs
+
+__all__ = ["ray_check_report", "placement"]
+
+
+def _asked(backend: RayBackend) -> dict[str, float]:
+    asked = {"GPU": backend.num_gpus, "CPU": backend.num_cpus if backend.num_cpus is not None else 1.0}
+    if backend.memory_mb is not None:
+        asked["memory"] = backend.memory_mb * 1024 * 1024
+    return {**asked, **backend.resources}
+
+
+def placement(backend: RayBackend, nodes: list[dict[str, Any]], usage: dict[str, list[float]]) -> tuple[bool, bool]:
+    """(could ever be placed: a live node has every resource asked, free now: the cluster has them free)."""
+    asked = {name: amount for name, amount in _asked(backend).items() if amount > 0}
+    alive = [node for node in nodes if node.get("state") == "ALIVE"]
+    ever = any(all(node.get("resources_total", {}).get(k, 0) >= v for k, v in asked.items()) for node in alive)
+    free = {name: total - used for name, (used, total) in ((k, v[:2]) for k, v in usage.items() if len(v) >= 2)}
+    return ever, ever and all(free.get(k, 0) >= v for k, v in asked.items())
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    total = node.get("resources_total", {})
+    role = "head" if node.get("is_head_node") else "worker"
+    return (
+        f"  {node.get('node_ip', '?')} ({role}, {node.get('state', '?')}): {total.get('GPU', 0):g} GPU, "
+        f"{total.get('CPU', 0):g} CPU"
+    )
+
+
+def ray_check_report(name: str, backend: RayBackend, jobs: RayJobs) -> CheckReport:
+    try:
+        version = jobs.version()
+        nodes, usage = jobs.nodes(), jobs.usage()
+    except RayError as exc:
+        return CheckReport.failed(exc.message, exc.fix)
+    asked = ", ".join(f"{k} {v:g}" for k, v in _asked(backend).items())
+    ever, now = placement(backend, nodes, usage)
+    lines = [f"{name}: Ray {version.get('ray_version', '?')} at {backend.address} (auth: accepted)"]
+    lines += [f"{len(nodes)} node(s):", *(_node_line(node) for node in nodes)]
+    problems = []
+    if not ever:
+        problems.append(
+            f"no live node has what a run asks ({asked}): a run would wait PENDING until pending_timeout_s "
+            f"({backend.pending_timeout_s:g} s); fix: add such a node, or lower the backend's num_gpus, num_cpus, "
+            "memory_mb or resources"
+        )
+    lines.append(
+        f"a run asks {asked}: " + ("free now" if now else "placed once a node frees them" if ever else "never")
+    )
+    lines += [f"problem: {problem}" for problem in problems]
+    data = {
+        "ray_version": version.get("ray_version"),
+        "address": backend.address,
+        "nodes": nodes,
+        "asked": _asked(backend),
+        "placeable_now": now,
+        "placeable": ever,
+        "problems": problems,
+    }
+    return CheckReport(ok=not problems, lines=lines, data=data)

@@ -1,0 +1,110 @@
+"""What the ray executor sends to Ray's Jobs API and reads back: pure functions, unit-tested.
+
+A run is one Ray job, `potato-queue-<run_id>`. Its entrypoint is host/ray_entry.py given as `-c` text: Ray
+shows a job's entrypoint, metadata and runtime_env on its dashboard to anyone who can open it, so nothing in
+them opens anything once the run has started (the environment's one-time code is spent by the entry at once).
+Entrypoint resources are always set, so that the job never lands on the head node by default and sees only
+the GPUs Ray gives it (CUDA_VISIBLE_DEVICES). Ray's stop is SIGTERM, then SIGKILL after RAY_JOB_STOP_WAIT_TIME_S;
+it is set per job to the project's grace and a margin, so that a trainer saves its checkpoint first.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from potato_queue.backends.models import RayBackend
+
+__all__ = [
+    "PENDING",
+    "RUNNING",
+    "TERMINAL",
+    "STOP_WAIT_ENV",
+    "STOP_MARGIN_S",
+    "CODE_ENV",
+    "JobState",
+    "submission_id",
+    "entrypoint",
+    "job_request",
+    "job_state",
+    "asked_resources",
+    "pending_expired",
+]
+
+PENDING, RUNNING = "PENDING", "RUNNING"
+TERMINAL = ("STOPPED", "SUCCEEDED", "FAILED")
+STATES = (PENDING, RUNNING, *TERMINAL)
+STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
+# Past the grace: the agent's own hard stop and its report, before Ray's SIGKILL.
+STOP_MARGIN_S = 15.0
+CODE_ENV = "POTATO_QUEUE_RUN_CODE"  # host/ray_entry.py's CODE_ENV
+_ENTRY = Path(__file__).resolve().parents[2] / "host" / "ray_entry.py"
+
+
+@dataclass(frozen=True)
+class JobState:
+    """A Ray job as GET /api/jobs/{id} tells it."""
+
+    status: str
+    message: str
+    exit_code: int | None = None
+
+
+def submission_id(run_id: str) -> str:
+    """The run's Ray job: found by its name after an executor restart, and named on the dashboard."""
+    return f"potato-queue-{run_id}"
+
+
+def entrypoint(backend: RayBackend, server_url: str, run_id: str, code_sha256: str) -> str:
+    """The job's shell command: the node's Python, isolated (no working folder on its path), runs the entry."""
+    argv = [backend.python, "-I", "-c", _ENTRY.read_text(), server_url, run_id, code_sha256, backend.workdir]
+    return shlex.join(argv)
+
+
+def asked_resources(backend: RayBackend) -> dict[str, Any]:
+    """The entrypoint resources of every run of the backend (never none: a job without them runs on the head)."""
+    asked: dict[str, Any] = {"entrypoint_num_gpus": backend.num_gpus}
+    asked["entrypoint_num_cpus"] = backend.num_cpus if backend.num_cpus is not None else 1
+    if backend.memory_mb is not None:
+        asked["entrypoint_memory"] = int(backend.memory_mb * 1024 * 1024)
+    if backend.resources:
+        asked["entrypoint_resources"] = dict(backend.resources)
+    return asked
+
+
+def job_request(
+    backend: RayBackend, server_url: str, run: tuple[str, str], code_sha256: str, grace_s: float
+) -> dict[str, Any]:
+    """POST /api/jobs/'s body for the run (`run`: its id and its one-time code)."""
+    run_id, code = run
+    env = {CODE_ENV: code, STOP_WAIT_ENV: str(math.ceil(grace_s + STOP_MARGIN_S))}
+    return {
+        "entrypoint": entrypoint(backend, server_url, run_id, code_sha256),
+        "submission_id": submission_id(run_id),
+        "runtime_env": {"env_vars": env},
+        "metadata": {"potato_queue_run": run_id},
+        **asked_resources(backend),
+    }
+
+
+def job_state(reply: Any) -> JobState:
+    """GET /api/jobs/{id}'s reply, checked: a status Ray does not define is refused, not guessed at."""
+    if not isinstance(reply, dict) or reply.get("status") not in STATES:
+        status = reply.get("status") if isinstance(reply, dict) else reply
+        raise ValueError(f"Ray answered a job status this version does not know: {str(status)[:100]!r}")
+    code = reply.get("driver_exit_code")
+    return JobState(reply["status"], str(reply.get("message") or "")[:2000], code if isinstance(code, int) else None)
+
+
+def pending_expired(backend: RayBackend, job_id: str, said: str) -> str:
+    """ERR: why a run whose Ray job never left PENDING failed, and what to do."""
+    asked = ", ".join(f"{k.removeprefix('entrypoint_')}={v}" for k, v in asked_resources(backend).items())
+    return (
+        f"Ray job {job_id} was still PENDING on {backend.head} after pending_timeout_s "
+        f"({backend.pending_timeout_s:g} s): Ray said {said!r}; it asked for {asked}; fix: free or add a node "
+        "with those resources (potato-queue training check shows the cluster's), or lower num_gpus, num_cpus, "
+        "memory_mb or resources on the backend"
+    )
