@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 TORCH ?= torch==2.13.0
+RAY ?= ray[default]==2.60.0
+RAY_VENV ?= .venv-ray
 # Reinstall when pyproject.toml changes.
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml Makefile | sha1sum | cut -c1-12)
 
@@ -16,6 +18,9 @@ $(STAMP):
 	# torch first, pinned: the CPU build on this disk (a bare "torch" pulls a multi-GB CUDA build).
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[dev,train-text,train-llm,train-sklearn,train-image,potato,parquet]'
+	# The ray backend's tests run a real Ray cluster from a venv of its own (Ray pins many packages).
+	$(PYTHON) -m venv $(RAY_VENV)
+	$(RAY_VENV)/bin/pip install -q '$(RAY)'
 	rm -f $(VENV)/.installed-*
 	touch $@
 

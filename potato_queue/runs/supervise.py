@@ -299,8 +299,10 @@ def _look(watch: Watch) -> Outcome | None:
     status = watch.handle.poll()
     if isinstance(status, Gone):
         return _gone(watch, status)
-    if watch.cancel_seen_s is not None and isinstance(status, Waiting) and status.run_time and not watch.contacted:
-        return stop_run(watch, 0, RunState.CANCELLED, f"cancelled while {status.why}; the setup was stopped")
+    if watch.cancel_seen_s is not None and isinstance(status, Waiting) and not watch.contacted:
+        # Nobody to ask yet: a setup is stopped, a scheduler's queued job withdrawn (the handle's kill).
+        stopped = "the setup was stopped" if status.run_time else "it never started"
+        return stop_run(watch, 0, RunState.CANCELLED, f"cancelled while {status.why}; {stopped}")
     status = _pending(watch, view, status, now_s)
     if not isinstance(status, Waiting) and watch.waiting_why is not None:
         # The wait is over (a claim, a job started, a setup done): an agent's time to make its first contact

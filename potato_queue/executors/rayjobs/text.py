@@ -101,7 +101,9 @@ def job_state(reply: Any) -> JobState:
 
 def pending_expired(backend: RayBackend, job_id: str, said: str) -> str:
     """ERR: why a run whose Ray job never left PENDING failed, and what to do."""
-    asked = ", ".join(f"{k.removeprefix('entrypoint_')}={v}" for k, v in asked_resources(backend).items())
+    asked = ", ".join(
+        f"{k.removeprefix('entrypoint_')}={v:g}" for k, v in asked_resources(backend).items() if not isinstance(v, dict)
+    ) + "".join(f", {k}={v:g}" for k, v in backend.resources.items())
     return (
         f"Ray job {job_id} was still PENDING on {backend.head} after pending_timeout_s "
         f"({backend.pending_timeout_s:g} s): Ray said {said!r}; it asked for {asked}; fix: free or add a node "

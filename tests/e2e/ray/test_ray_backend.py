@@ -8,7 +8,9 @@ tests need of it (majority-baseline trains on the CPU).
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
 import sys
 import time
 import urllib.error
@@ -21,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started
-from tests.ray_cluster import RayCluster
+from tests.ray_cluster import ROOT, RayCluster
 
 BACKEND = "cluster"
 pytestmark = pytest.mark.timeout(240)
@@ -50,9 +52,10 @@ def job_of(ray: RayCluster, run_id: str) -> dict[str, Any]:
 
 
 def wait_job(ray: RayCluster, run_id: str, statuses: set[str], timeout_s: float = 60) -> dict[str, Any]:
+    """The run's Ray job once its status is one of `statuses` (it is submitted once its bundle is built)."""
     deadline = time.monotonic() + timeout_s
-    while (job := job_of(ray, run_id))["status"] not in statuses:
-        assert time.monotonic() < deadline, f"Ray job of {run_id} still {job['status']}: {job['message']}"
+    while (job := ray.job(f"potato-queue-{run_id}")) is None or job["status"] not in statuses:
+        assert time.monotonic() < deadline, f"Ray job of {run_id}: {job}"
         time.sleep(0.2)
     return job
 
@@ -89,3 +92,109 @@ def test_a_run_is_one_ray_job_that_succeeds_and_shows_no_usable_secret(
         assert job["runtime_env"]["env_vars"]["RAY_JOB_STOP_WAIT_TIME_S"] == "35"  # grace 20 s + 15
         log = run_paths(svc, run_id).run_log.read_text()
         assert f"submitted Ray job potato-queue-{run_id} to 127.0.0.1:{ray.dashboard_port}" in log
+        # Should Ray start the job again (it never does for one that ended): the spent code stops it at once.
+        again = entry(svc, run_id, code, tmp_path / "again")
+        assert again.returncode == 0, again.stderr
+        assert f"run {run_id} has ended, or its code was spent: this job has nothing to do" in again.stderr
+        assert not (tmp_path / "again").exists()
+
+
+def entry(svc: Services, run_id: str, code: str, workdir: Path) -> subprocess.CompletedProcess[str]:
+    """host/ray_entry.py as a Ray job's entrypoint runs it, with the run's code in its environment."""
+    source = (ROOT / "potato_queue" / "host" / "ray_entry.py").read_text()
+    env = {"PATH": os.environ["PATH"], "POTATO_QUEUE_RUN_CODE": code}
+    argv = [sys.executable, "-I", "-c", source, svc.url, run_id, "0" * 64, str(workdir)]
+    return subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60)
+
+
+def ours(workdir: Path) -> list[str]:
+    """The processes of a run on the node: the agent and worker started from the workdir's code."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if proc.name.isdigit() and str(workdir) in cmdline:
+            found.append(cmdline)
+    return found
+
+
+def wait_gone(workdir: Path, timeout_s: float = 30) -> None:
+    deadline = time.monotonic() + timeout_s
+    while (left := ours(workdir)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert left == [], f"left running on the node: {left}"
+
+
+def test_cancel_of_a_running_run_stops_its_job_and_every_process(
+    tmp_path: Path, redis_server_url: str, ray: RayCluster
+) -> None:
+    with ray_project(tmp_path, redis_server_url, ray) as svc:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 120})
+        svc.wait_for(run_id, {"running"}, timeout_s=60)
+        wait_job(ray, run_id, {"RUNNING"})
+        status, _ = svc.api("POST", f"/runs/{run_id}/cancel")
+        assert status == 200
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert run["state"] == "cancelled", svc.logs()
+        job = wait_job(ray, run_id, {"STOPPED", "SUCCEEDED", "FAILED"})
+        assert job["status"] != "RUNNING"
+        wait_gone(tmp_path / "node")
+
+
+def test_a_job_ray_cannot_place_fails_the_run_after_pending_timeout_s_saying_what_it_asked(
+    tmp_path: Path, redis_server_url: str, ray: RayCluster
+) -> None:
+    with ray_project(tmp_path, redis_server_url, ray, num_gpus=2, pending_timeout_s=3) as svc:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+    assert run["state"] == "failed"
+    job_id = f"potato-queue-{run_id}"
+    assert (
+        f"Ray job {job_id} was still PENDING on 127.0.0.1:{ray.dashboard_port} after pending_timeout_s (3 s)"
+        in (run["error"])
+    )
+    assert "it asked for num_gpus=2, num_cpus=1" in run["error"] and "fix: free or add a node" in run["error"]
+    assert job_of(ray, run_id)["status"] == "PENDING"  # Ray keeps it (ray issue 58353): the next test's case
+
+
+def test_a_job_ray_starts_after_its_run_was_cancelled_does_nothing(
+    tmp_path: Path, redis_server_url: str, ray: RayCluster
+) -> None:
+    """Ray cannot stop a PENDING job (it queues the stop until the job is placed, and then its entrypoint may
+    start): the entry finds its run ended and exits 0 before it fetches anything."""
+    blocker = ray.submit("sleep 6", num_gpus=1)
+    with ray_project(tmp_path, redis_server_url, ray) as svc:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        wait_job(ray, run_id, {"PENDING"})
+        status, _ = svc.api("POST", f"/runs/{run_id}/cancel")
+        assert status == 200
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert run["state"] == "cancelled", svc.logs()
+        assert ray.job(blocker) is not None
+        job = wait_job(ray, run_id, {"STOPPED", "SUCCEEDED", "FAILED"}, timeout_s=60)
+        log = ray.logs(job)
+        assert "RUNNING" not in job["status"]
+        # Ray may start its entrypoint before the queued stop reaches it: the entry stops at its dead code, or
+        # Ray's stop ends it first; either way no agent ran.
+        assert f"run {run_id} on " not in log and "agent:" not in log, log
+        assert not (tmp_path / "node" / "code").exists(), "the agent was fetched for a cancelled run"
+        assert not (tmp_path / "node" / run_id).exists()
+
+
+def test_a_head_restart_fails_the_run_saying_ray_lost_its_job(
+    tmp_path: Path, redis_server_url: str, ray: RayCluster
+) -> None:
+    with ray_project(tmp_path, redis_server_url, ray) as svc:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 120})
+        svc.wait_for(run_id, {"running"}, timeout_s=60)
+        wait_job(ray, run_id, {"RUNNING"})
+        ray.restart_head()
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert run["state"] == "failed"
+        assert (
+            f"The Ray head at 127.0.0.1:{ray.dashboard_port} restarted and lost job potato-queue-{run_id}"
+            in run["error"]
+        )
+        wait_gone(tmp_path / "node")
