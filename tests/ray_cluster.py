@@ -23,6 +23,7 @@ import time
 import urllib.error
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -66,8 +67,8 @@ def _bindable(port: int) -> bool:
 class RayNode:
     """One `ray start --block`, in a session of its own."""
 
-    def __init__(self, args: list[str], temp: Path, log: Path) -> None:
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1"}
+    def __init__(self, args: list[str], temp: Path, log: Path, env: dict[str, str]) -> None:
+        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "PYTHONUNBUFFERED": "1", **env}
         env.pop("VIRTUAL_ENV", None)
         worker = _worker_ports()
         ports = _ports(6)
@@ -100,8 +101,11 @@ class RayNode:
 class RayCluster:
     """A head (with the dashboard's Jobs API on 127.0.0.1) and the worker nodes added to it."""
 
-    def __init__(self, num_gpus: int = 1, num_cpus: int = 2) -> None:
+    def __init__(self, num_gpus: int = 1, num_cpus: int = 2, auth_token: str | None = None) -> None:
+        """`auth_token`: a cluster with token auth (RAY_AUTH_MODE=token) and this token."""
         require_ray()
+        self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token} if auth_token else {}
+        self.headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self.root = Path(tempfile.mkdtemp(prefix="pqray-", dir="/tmp"))
         self.gcs_port, self.dashboard_port, self.client_port = _ports(3)
         self.num_gpus, self.num_cpus = num_gpus, num_cpus
@@ -119,13 +123,18 @@ class RayCluster:
             f"--num-gpus={self.num_gpus}",
             f"--num-cpus={self.num_cpus}",
         ]
-        head = RayNode(args, self.root / "h", self.root / "head.log")
+        head = RayNode(args, self.root / "h", self.root / "head.log", self.env)
         self._wait_for(lambda: self.version() is not None, "the head's Jobs API", head)
         return head
 
+    def _open(self, path: str, data: bytes | None = None, timeout_s: float = 10) -> Any:
+        headers = {**self.headers, "Content-Type": "application/json"}
+        request = urllib.request.Request(self.address + path, data, headers, method="POST" if data else "GET")
+        return urllib.request.urlopen(request, timeout=timeout_s)
+
     def version(self) -> dict | None:
         try:
-            with urllib.request.urlopen(self.address + "/api/version", timeout=2) as reply:
+            with self._open("/api/version", timeout_s=2) as reply:
                 return json.loads(reply.read())
         except OSError:
             return None
@@ -141,7 +150,7 @@ class RayCluster:
 
     def job(self, job_id: str) -> dict | None:
         try:
-            with urllib.request.urlopen(f"{self.address}/api/jobs/{job_id}", timeout=5) as reply:
+            with self._open(f"/api/jobs/{job_id}") as reply:
                 return json.loads(reply.read())
         except urllib.error.HTTPError as exc:
             if exc.code == 404:
@@ -151,18 +160,15 @@ class RayCluster:
     def submit(self, entrypoint: str, num_gpus: float = 0) -> str:
         """A job of someone else's on the cluster (a blocker holding the GPU)."""
         body = {"entrypoint": entrypoint, "entrypoint_num_gpus": num_gpus, "entrypoint_num_cpus": 0}
-        request = urllib.request.Request(
-            f"{self.address}/api/jobs/", json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
-        )
-        with urllib.request.urlopen(request, timeout=10) as reply:
+        with self._open("/api/jobs/", json.dumps(body).encode()) as reply:
             return str(json.loads(reply.read())["submission_id"])
 
     def logs(self, job: dict) -> str:
-        with urllib.request.urlopen(f"{self.address}/api/jobs/{job['submission_id']}/logs", timeout=5) as reply:
+        with self._open(f"/api/jobs/{job['submission_id']}/logs") as reply:
             return str(json.loads(reply.read())["logs"])
 
     def jobs(self) -> list[dict]:
-        with urllib.request.urlopen(f"{self.address}/api/jobs/", timeout=5) as reply:
+        with self._open("/api/jobs/") as reply:
             return list(json.loads(reply.read()))
 
     def restart_head(self) -> None:

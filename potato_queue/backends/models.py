@@ -187,7 +187,9 @@ class RayBackend(Strict):
 
     type: Literal["ray"] = "ray"
     description: str | None = None
-    address: str = Field(pattern=r"^https?://[^\s/]+/?$", description="the Jobs API: http://head:8265")
+    address: str = Field(
+        pattern=r"^https?://[A-Za-z0-9._\-]+(:\d{1,5})?/?$", description="the Jobs API: http://head:8265"
+    )
     # What the nodes dial to reach this server (they fetch the agent and the bundle from it); by default the
     # address the server is bound to, which only a node on this machine reaches.
     server_url: str | None = Field(None, pattern=r"^https?://[^\s]+$")

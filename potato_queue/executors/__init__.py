@@ -1,4 +1,4 @@
-"""The plug-in boundary: one module per backend type (local, ssh, slurm, agent).
+"""The plug-in boundary: one module per backend type (local, ssh, slurm, agent, ray).
 
 Each module implements the contract of executors.base and imports no other
 executor, nor Celery, FastAPI or torch. This registry is the one table of

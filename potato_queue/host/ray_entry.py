@@ -77,7 +77,11 @@ def fetch_agent(server, sha256, workdir):
     path = os.path.join(folder, sha256 + ".pyz")
     if os.path.exists(path):
         return path
-    data = call(urllib.request.Request(server + API + "/agent.pyz"))
+    try:
+        data = call(urllib.request.Request(server + API + "/agent.pyz"))
+    except urllib.error.HTTPError as exc:
+        say("the server at {} did not give the agent: HTTP {}".format(server, exc.code))
+        sys.exit(EXIT_UNREACHABLE)
     if hashlib.sha256(data).hexdigest() != sha256:
         say("the agent {} serves is not this run's code (sha256 differs): was the server upgraded?".format(server))
         sys.exit(EXIT_UNREACHABLE)

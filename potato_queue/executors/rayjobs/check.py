@@ -55,7 +55,8 @@ def ray_check_report(name: str, backend: RayBackend, jobs: RayJobs) -> CheckRepo
             "memory_mb or resources"
         )
     lines.append(
-        f"a run asks {asked}: " + ("free now" if now else "placed once a node frees them" if ever else "never")
+        f"a run asks {asked}: "
+        + ("free now, across the cluster" if now else "placed once a node frees them" if ever else "never")
     )
     lines += [f"problem: {problem}" for problem in problems]
     data = {

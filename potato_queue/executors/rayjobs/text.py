@@ -31,6 +31,7 @@ __all__ = [
     "job_request",
     "job_state",
     "asked_resources",
+    "asked_words",
     "pending_expired",
 ]
 
@@ -96,14 +97,21 @@ def job_state(reply: Any) -> JobState:
         status = reply.get("status") if isinstance(reply, dict) else reply
         raise ValueError(f"Ray answered a job status this version does not know: {str(status)[:100]!r}")
     code = reply.get("driver_exit_code")
-    return JobState(reply["status"], str(reply.get("message") or "")[:2000], code if isinstance(code, int) else None)
+    exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
+    return JobState(reply["status"], str(reply.get("message") or "")[:2000], exit_code)
+
+
+def asked_words(backend: RayBackend) -> str:
+    """What a run of the backend asks Ray for, in the config's own words: "num_gpus=1, num_cpus=1"."""
+    num_cpus = backend.num_cpus if backend.num_cpus is not None else 1
+    words = [f"num_gpus={backend.num_gpus:g}", f"num_cpus={num_cpus:g}"]
+    words += [f"memory_mb={backend.memory_mb:g}"] if backend.memory_mb is not None else []
+    return ", ".join(words + [f"{name}={amount:g}" for name, amount in backend.resources.items()])
 
 
 def pending_expired(backend: RayBackend, job_id: str, said: str) -> str:
     """ERR: why a run whose Ray job never left PENDING failed, and what to do."""
-    asked = ", ".join(
-        f"{k.removeprefix('entrypoint_')}={v:g}" for k, v in asked_resources(backend).items() if not isinstance(v, dict)
-    ) + "".join(f", {k}={v:g}" for k, v in backend.resources.items())
+    asked = asked_words(backend)
     return (
         f"Ray job {job_id} was still PENDING on {backend.head} after pending_timeout_s "
         f"({backend.pending_timeout_s:g} s): Ray said {said!r}; it asked for {asked}; fix: free or add a node "

@@ -8,7 +8,10 @@ tests need of it (majority-baseline trains on the CPU).
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import secrets
 import socket
 import subprocess
 import sys
@@ -22,6 +25,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import run_cli
 from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started
 from tests.ray_cluster import ROOT, RayCluster
 
@@ -39,9 +43,23 @@ def ray() -> Iterator[RayCluster]:
 
 
 @contextmanager
-def ray_project(tmp_path: Path, redis_url: str, ray: RayCluster, **backend: Any) -> Iterator[Services]:
+def ray_project(
+    tmp_path: Path,
+    redis_url: str,
+    ray: RayCluster,
+    executors: int = 1,
+    executor_env: dict[str, str] | None = None,
+    **backend: Any,
+) -> Iterator[Services]:
     settings = {"type": "ray", "address": ray.address, "python": sys.executable, "workdir": str(tmp_path / "node")}
-    with started(tmp_path, redis_url, executors=1, backend=BACKEND, backends={BACKEND: {**settings, **backend}}) as svc:
+    with started(
+        tmp_path,
+        redis_url,
+        executors=executors,
+        executor_env=executor_env,
+        backend=BACKEND,
+        backends={BACKEND: {**settings, **backend}},
+    ) as svc:
         yield svc
 
 
@@ -178,7 +196,7 @@ def test_a_job_ray_starts_after_its_run_was_cancelled_does_nothing(
         assert "RUNNING" not in job["status"]
         # Ray may start its entrypoint before the queued stop reaches it: the entry stops at its dead code, or
         # Ray's stop ends it first; either way no agent ran.
-        assert f"run {run_id} on " not in log and "agent:" not in log, log
+        assert f"run {run_id} on " not in log and re.search(r"\dZ agent: ", log) is None, log
         assert not (tmp_path / "node" / "code").exists(), "the agent was fetched for a cancelled run"
         assert not (tmp_path / "node" / run_id).exists()
 
@@ -198,3 +216,61 @@ def test_a_head_restart_fails_the_run_saying_ray_lost_its_job(
             in run["error"]
         )
         wait_gone(tmp_path / "node")
+
+
+def check(svc: Services, env: dict[str, str] | None = None) -> tuple[int, dict[str, Any] | str]:
+    done = run_cli("training", "check", BACKEND, svc.config, "--json", env=env)
+    try:
+        return done.returncode, json.loads(done.stdout)
+    except ValueError:
+        return done.returncode, done.stdout + done.stderr
+
+
+def test_check_says_rays_version_the_nodes_and_whether_a_run_fits(
+    tmp_path: Path, redis_server_url: str, ray: RayCluster
+) -> None:
+    with ray_project(tmp_path / "fits", redis_server_url, ray) as svc:
+        code, found = check(svc)
+        assert code == 0, found
+        assert isinstance(found, dict) and found["ray_version"] == "2.60.0" and found["placeable"]
+        assert [node["resources_total"]["GPU"] for node in found["nodes"]] == [1.0]
+        text = run_cli("training", "check", BACKEND, svc.config).stdout
+        assert f"{BACKEND}: Ray 2.60.0 at {ray.address} (auth: accepted)" in text
+        assert "a run asks GPU 1, CPU 1: " in text
+        # The Training page's "Runs on" menu names it by its head.
+        _, rows = svc.api("GET", "/backends")
+        assert {row["name"]: row["label"] for row in rows}[
+            BACKEND
+        ] == f"{BACKEND} (ray at 127.0.0.1:{ray.dashboard_port})"
+    with ray_project(tmp_path / "too-big", redis_server_url, ray, num_gpus=2) as svc:
+        code, found = check(svc)
+        assert code == 1 and isinstance(found, dict) and not found["placeable"]
+        assert "no live node has what a run asks (GPU 2, CPU 1)" in found["problems"][0]
+
+
+def test_a_cluster_with_token_auth_takes_the_token_from_the_named_variable_only(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    token = secrets.token_hex(32)
+    cluster = RayCluster(auth_token=token)
+    try:
+        with ray_project(tmp_path / "none", redis_server_url, cluster, executors=0) as svc:
+            code, said = check(svc)
+            assert code == 1 and "refused potato-queue (401: no token was sent)" in str(said)
+        named = {"token_env": "LAB_RAY_TOKEN"}
+        with ray_project(tmp_path / "unset", redis_server_url, cluster, executors=0, **named) as svc:
+            code, said = check(svc, env={"LAB_RAY_TOKEN": ""})
+            assert code == 1 and "token_env names LAB_RAY_TOKEN, which is not set in this process" in str(said)
+            code, said = check(svc, env={"LAB_RAY_TOKEN": "not-" + token})
+            assert code == 1 and "(403: the token was refused)" in str(said)
+        with ray_project(
+            tmp_path / "run", redis_server_url, cluster, executor_env={"LAB_RAY_TOKEN": token}, **named
+        ) as svc:
+            code, said = check(svc, env={"LAB_RAY_TOKEN": token})
+            assert code == 0, said
+            run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+            assert svc.wait_for(run_id, TERMINAL, timeout_s=120)["state"] == "succeeded", svc.logs()
+        written = [p for p in tmp_path.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
+        assert written == [], f"the Ray token was written to {written}"
+    finally:
+        cluster.close()
