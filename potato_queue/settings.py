@@ -13,7 +13,7 @@ The variables of Potato's side (potato_remote.py, in Potato's own process) and o
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from potato_queue.errors import PotatoQueueError
 
@@ -69,6 +69,9 @@ class Settings:
     header_timeout_s: float = HEADER_TIMEOUT_S
     body_idle_s: float = BODY_IDLE_S
     visibility_timeout_s: float | None = None  # None: the broker's own
+    # The environment as the process's edge read it, for the variables a config names by name (a ray backend's
+    # token_env): a secret stays out of the config file, and only the edge reads os.environ.
+    environment: Mapping[str, str] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_env(cls, env: Mapping[str, str]) -> Settings:
@@ -79,7 +82,7 @@ class Settings:
             raw = env.get(variable) or None
             if raw is not None:
                 values[name] = _seconds(variable, raw) if name.endswith("_s") else raw
-        return cls(**values)  # type: ignore[arg-type]
+        return cls(**values, environment=dict(env))  # type: ignore[arg-type]
 
 
 def _seconds(variable: str, raw: str) -> float:
@@ -108,6 +111,6 @@ ENV_NAMES: dict[str, str] = {
     "body_idle_s": "POTATO_QUEUE_BODY_IDLE_S",
     "visibility_timeout_s": VISIBILITY_ENV,
 }
-assert set(ENV_NAMES) == {field.name for field in fields(Settings)}, "every setting has its variable"
+assert set(ENV_NAMES) == {f.name for f in fields(Settings)} - {"environment"}, "every setting has its variable"
 
 DEFAULT_SETTINGS = Settings()

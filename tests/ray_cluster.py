@@ -124,8 +124,18 @@ class RayCluster:
             f"--num-cpus={self.num_cpus}",
         ]
         head = RayNode(args, self.root / "h", self.root / "head.log", self.env)
+        self.head = head
         self._wait_for(lambda: self.version() is not None, "the head's Jobs API", head)
+        self._wait_for(lambda: self.alive_nodes() >= 1, "the head node in the state API", head)
         return head
+
+    def alive_nodes(self) -> int:
+        try:
+            with self._open("/api/v0/nodes", timeout_s=5) as reply:
+                rows = json.loads(reply.read())["data"]["result"]["result"]
+        except (OSError, KeyError, ValueError):
+            return 0
+        return sum(1 for row in rows if row.get("state") == "ALIVE")
 
     def _open(self, path: str, data: bytes | None = None, timeout_s: float = 10) -> Any:
         headers = {**self.headers, "Content-Type": "application/json"}

@@ -128,7 +128,7 @@ class RayExecutor(Executor[RayBackend]):
 
     def check(self, model: str | None = None) -> CheckReport:
         try:
-            jobs = RayJobs(self.backend)
+            jobs = RayJobs(self.backend, self.settings.environment)
         except PotatoQueueError as exc:
             return CheckReport.failed(str(exc.message), exc.fix)
         try:
@@ -139,7 +139,7 @@ class RayExecutor(Executor[RayBackend]):
     def launch(self, spec: LaunchSpec) -> RunHandle:
         if spec.token is None:
             raise ValueError("a ray run needs its one-time code")
-        jobs = RayJobs(self.backend)
+        jobs = RayJobs(self.backend, self.settings.environment)
         grace_s = spec.job.grace_seconds if spec.job.grace_seconds is not None else DEFAULT_GRACE_S
         server_url = self.backend.server_url or spec.server_url
         run = (spec.run_id, spec.token)

@@ -6,7 +6,7 @@ only into the Authorization header: never a URL, a command line or a log.
 
 from __future__ import annotations
 
-import os
+from collections.abc import Mapping
 from typing import Any
 
 import httpx
@@ -27,11 +27,12 @@ class RayError(PotatoQueueError):
 class RayJobs:
     """One backend's Jobs API."""
 
-    def __init__(self, backend: RayBackend, timeout_s: float = CALL_TIMEOUT_S) -> None:
+    def __init__(self, backend: RayBackend, environment: Mapping[str, str], timeout_s: float = CALL_TIMEOUT_S) -> None:
+        """`environment`: the process's, as its edge read it (Settings.environment), where token_env is looked up."""
         self.backend = backend
         headers = {}
         if backend.token_env:
-            token = os.environ.get(backend.token_env, "")
+            token = environment.get(backend.token_env, "")
             if not token:
                 raise RayError(
                     f"The ray backend's token_env names {backend.token_env}, which is not set in this process",
