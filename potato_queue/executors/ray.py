@@ -47,6 +47,7 @@ __all__ = ["RayExecutor", "RayHandle", "head_lost", "DEFAULT_GRACE_S"]
 
 DEFAULT_GRACE_S = 20.0  # the agent's own when the job names none
 LOG_TAIL_CHARS = 1500
+KILL_WAIT_S = 3.0
 
 
 def head_lost(backend: RayBackend, job_id: str) -> str:
@@ -104,7 +105,9 @@ class RayHandle(RunHandle):
             self.jobs.stop(self.job_id)
             if isinstance(self.status, Waiting):
                 return  # nothing runs: Ray keeps the job until it could start, then stops it (module docstring)
-            deadline_s = time.monotonic() + self.hard_stop_s
+            # Not the whole stop wait: the executor must stay alive (its lease) while Ray's SIGKILL, due within
+            # the job's stop wait, ends an agent that does not stop on SIGTERM (a frozen one).
+            deadline_s = time.monotonic() + KILL_WAIT_S
             while time.monotonic() < deadline_s:
                 state = self.jobs.state(self.job_id)
                 if state is None or state.status not in (PENDING, RUNNING):

@@ -47,6 +47,7 @@ from tests.lifecycle_helpers import (
     wait_running,
 )
 from tests.netns import NatHost
+from tests.ray_cluster import RayCluster
 from tests.slurm_cluster import SlurmCluster
 from tests.sshd import ALIAS, Sshd
 
@@ -326,6 +327,86 @@ class SlurmHarness(SshHarness):
         return [f"SLURM job {line}" for line in self.slurm.queue()] + super().leftovers(svc, run_id)
 
 
+class RayHarness:
+    """The ray backend: a real Ray head (tests/ray_cluster.py) runs each run as one Ray job, whose entrypoint
+    becomes the agent on the node (this machine); the worker is the agent's child there."""
+
+    name = "ray-cluster"
+    code_from_archive = True  # the agent.pyz the job fetched from the server
+    hard_stop_exit_code = 128 + signal.SIGKILL  # the worker killed after grace, by its agent
+
+    def __init__(self) -> None:
+        self.ray: RayCluster | None = None  # one for the module's cases (close_shared)
+        self.workdir = Path()
+
+    @contextmanager
+    def project(self, tmp_path: Path, redis_url: str, **training: Any) -> Iterator[Services]:
+        training.pop("queue_timeout_s", None)
+        if self.ray is None:
+            self.ray = RayCluster()
+        self.workdir = tmp_path / "node"
+        backend = {"type": "ray", "address": self.ray.address, "python": sys.executable, "workdir": str(self.workdir)}
+        if "heartbeat_timeout_s" in training:
+            backend["heartbeat_timeout_s"] = training.pop("heartbeat_timeout_s")
+        with started(
+            tmp_path, redis_url, executors=1, backend=self.name, backends={self.name: backend}, **training
+        ) as svc:
+            yield svc
+
+    def close_shared(self) -> None:
+        if self.ray is not None:
+            self.ray.close()
+            self.ray = None
+
+    def _ours(self) -> list[int]:
+        """Our processes on the node: everything started from the code the job fetched into the workdir."""
+        marker = f"{self.workdir}/code/"
+        return [p for p in pids() if marker in (alive_cmd(p) or "")]
+
+    def agent_pid(self, svc: Services, run_id: str) -> int:
+        (agent,) = [p for p in self._ours() if f" run --server {svc.url} --run-id {run_id}" in (alive_cmd(p) or "")]
+        return agent
+
+    def worker_pid(self, svc: Services, run_id: str) -> int:
+        agent = self.agent_pid(svc, run_id)
+        (worker,) = [p for p in pids() if parent_of(p) == agent and "potato_queue.worker" in (alive_cmd(p) or "")]
+        return worker
+
+    def leftovers(self, svc: Services, run_id: str) -> list[str]:
+        assert self.ray is not None
+        deadline = time.monotonic() + 20  # Ray's stop reaches the job's processes within its stop wait
+        job = f"potato-queue-{run_id}"
+        while (self._ours() or (self.ray.job(job) or {}).get("status") == "RUNNING") and time.monotonic() < deadline:
+            time.sleep(0.1)
+        running = [f"Ray job {job}"] if (self.ray.job(job) or {}).get("status") in ("RUNNING", "PENDING") else []
+        return [alive_cmd(p) or "" for p in self._ours()] + running
+
+    def agent_log(self, svc: Services, run_id: str) -> str:
+        assert self.ray is not None
+        job = self.ray.job(f"potato-queue-{run_id}")
+        assert job is not None
+        deadline = time.monotonic() + 10  # Ray writes the job's log as the driver prints
+        while job["status"] in ("PENDING", "RUNNING") and time.monotonic() < deadline:
+            time.sleep(0.1)
+            job = self.ray.job(job["submission_id"]) or job
+        return self.ray.logs(job)
+
+    def model_folder(self, svc: Services, run: dict[str, Any]) -> Path:
+        host, folder = run["artifact_uri"].split(":", 1)
+        assert host == socket.gethostname() and folder.startswith(str(self.workdir)), "the model files stay on the node"
+        return Path(folder)
+
+    def thaw(self, svc: Services, run_id: str) -> None:
+        """The executor stopped the frozen agent's job: the agent, running again, takes Ray's SIGTERM (or its
+        SIGKILL came already) and ends with its worker."""
+        for pid in self._ours():
+            _continue(pid)
+
+    def vanished_error(self, heartbeat_timeout_s: float) -> str:
+        # The agent was the job's entrypoint: Ray sees its end and says so.
+        return "Ray job potato-queue-"
+
+
 def _continue(pid: int) -> None:
     try:
         os.kill(pid, signal.SIGCONT)
@@ -338,6 +419,7 @@ HARNESSES: dict[str, Harness] = {
     "agent": AgentHarness(),
     "ssh": SshHarness(),
     "slurm": SlurmHarness(),
+    "ray": RayHarness(),
 }
 
 
