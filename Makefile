@@ -19,7 +19,7 @@ $(STAMP):
 	$(BIN)/pip install -q $(TORCH)
 	$(BIN)/pip install -q -e '.[dev,train-text,train-llm,train-sklearn,train-image,potato,parquet]'
 	# The ray backend's tests run a real Ray cluster from a venv of its own (Ray pins many packages).
-	$(PYTHON) -m venv $(RAY_VENV)
+	test -x $(RAY_VENV)/bin/python || $(PYTHON) -m venv $(RAY_VENV)
 	$(RAY_VENV)/bin/pip install -q '$(RAY)'
 	rm -f $(VENV)/.installed-*
 	touch $@
