@@ -61,6 +61,10 @@ QUICK_RUNS: dict[str, tuple[list[str], list[str]]] = {
         [],
         [rf"^python -c pass \(installed\) .* {NUMBER}x$", rf"^the line itself, .*: {NUMBER} us"],
     ),
+    "bench_ray.py": (
+        ["all"],
+        [rf"^no-op run, median .* ratio {NUMBER}", rf"^cancel of a running run, .* ratio {NUMBER}"],
+    ),
     "bench_scale.py": (
         [],
         [
