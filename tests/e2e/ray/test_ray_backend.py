@@ -145,13 +145,19 @@ def wait_gone(workdir: Path, timeout_s: float = 30) -> None:
     assert left == [], f"left running on the node: {left}"
 
 
+def held_run_running(svc: Services, ray: RayCluster) -> str:
+    """A run that holds until it is stopped, once its Ray job and the run both say it runs."""
+    run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 120})
+    svc.wait_for(run_id, {"running"}, timeout_s=60)
+    wait_job(ray, run_id, {"RUNNING"})
+    return run_id
+
+
 def test_cancel_of_a_running_run_stops_its_job_and_every_process(
     tmp_path: Path, redis_server_url: str, ray: RayCluster
 ) -> None:
     with ray_project(tmp_path, redis_server_url, ray) as svc:
-        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 120})
-        svc.wait_for(run_id, {"running"}, timeout_s=60)
-        wait_job(ray, run_id, {"RUNNING"})
+        run_id = held_run_running(svc, ray)
         status, _ = svc.api("POST", f"/runs/{run_id}/cancel")
         assert status == 200
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
@@ -205,9 +211,7 @@ def test_a_head_restart_fails_the_run_saying_ray_lost_its_job(
     tmp_path: Path, redis_server_url: str, ray: RayCluster
 ) -> None:
     with ray_project(tmp_path, redis_server_url, ray) as svc:
-        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 120})
-        svc.wait_for(run_id, {"running"}, timeout_s=60)
-        wait_job(ray, run_id, {"RUNNING"})
+        run_id = held_run_running(svc, ray)
         ray.restart_head()
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
         assert run["state"] == "failed"
