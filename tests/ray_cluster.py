@@ -101,10 +101,13 @@ class RayNode:
 class RayCluster:
     """A head (with the dashboard's Jobs API on 127.0.0.1) and the worker nodes added to it."""
 
-    def __init__(self, num_gpus: int = 1, num_cpus: int = 2, auth_token: str | None = None) -> None:
-        """`auth_token`: a cluster with token auth (RAY_AUTH_MODE=token) and this token."""
+    def __init__(
+        self, num_gpus: int = 1, num_cpus: int = 2, auth_token: str | None = None, env: dict[str, str] | None = None
+    ) -> None:
+        """`auth_token`: a cluster with token auth (RAY_AUTH_MODE=token) and this token; `env`: Ray's settings."""
         require_ray()
         self.env = {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": auth_token} if auth_token else {}
+        self.env.update(env or {})
         self.headers = {"Authorization": f"Bearer {auth_token}"} if auth_token else {}
         self.root = Path(tempfile.mkdtemp(prefix="pqray-", dir="/tmp"))
         self.gcs_port, self.dashboard_port, self.client_port = _ports(3)
@@ -130,12 +133,16 @@ class RayCluster:
         return head
 
     def alive_nodes(self) -> int:
+        return len(self.alive_ids())
+
+    def alive_ids(self) -> set[str]:
+        """The node ids the state API lists ALIVE."""
         try:
             with self._open("/api/v0/nodes", timeout_s=5) as reply:
                 rows = json.loads(reply.read())["data"]["result"]["result"]
         except (OSError, KeyError, ValueError):
-            return 0
-        return sum(1 for row in rows if row.get("state") == "ALIVE")
+            return set()
+        return {str(row.get("node_id")) for row in rows if row.get("state") == "ALIVE"}
 
     def _open(self, path: str, data: bytes | None = None, timeout_s: float = 10) -> Any:
         headers = {**self.headers, "Content-Type": "application/json"}
@@ -180,6 +187,16 @@ class RayCluster:
     def jobs(self) -> list[dict]:
         with self._open("/api/jobs/") as reply:
             return list(json.loads(reply.read()))
+
+    def add_node(self, num_gpus: int = 1, num_cpus: int = 1) -> RayNode:
+        """A worker node joined to the head (the node a job asking for a GPU goes to, when the head has none)."""
+        name = f"node{len(self.nodes) + 1}"
+        args = [f"--address=127.0.0.1:{self.gcs_port}", f"--num-gpus={num_gpus}", f"--num-cpus={num_cpus}"]
+        node = RayNode(args, self.root / name, self.root / f"{name}.log", self.env)
+        self.nodes.append(node)
+        known = self.alive_ids()  # a node killed a moment ago may still be listed: a new id is the new node
+        self._wait_for(lambda: bool(self.alive_ids() - known), f"worker node {name}", node)
+        return node
 
     def restart_head(self) -> None:
         """The head killed and started again on the same ports: Ray keeps no job record across it."""

@@ -202,6 +202,9 @@ class RayBackend(Strict):
     # The name of the server's environment variable that holds the cluster's auth token (never the token).
     token_env: str | None = Field(None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     pending_timeout_s: float = Field(DEFAULT_RAY_PENDING_TIMEOUT_S, gt=0)
+    # A run whose node died is submitted again this many times at most (0: it fails); it resumes from its
+    # checkpoint when the trainer checkpoints and workdir is storage the nodes share.
+    max_requeues: int = Field(3, ge=0)
     poll_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(120, gt=0)
 

@@ -94,6 +94,9 @@ class LaunchSpec:
     offer: Offer | None = None
     # What a deadline the executor sets is counted on (a pull backend's queue_timeout_s); tests hand in theirs.
     clock: Clock = REAL_CLOCK
+    # Where the executor `shows_launch`: a new one-time code for the run, in place of the last one and the token it
+    # bought (a requeued job's agent redeems it; the lost one's token then opens nothing).
+    reissue: Callable[[], str] | None = None
 
 
 @dataclass(frozen=True)

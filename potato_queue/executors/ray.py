@@ -15,10 +15,10 @@ code dead and exits 0 having run nothing. A head that restarted has lost its job
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any
 
 from potato_queue.backends.models import RayBackend
-from potato_queue.clock import Clock
 from potato_queue.code_package import agent_zipapp
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import (
@@ -55,12 +55,16 @@ def head_lost(backend: RayBackend, job_id: str) -> str:
 
 
 class RayHandle(RunHandle):
-    """One run's Ray job, polled every poll_interval_s (poll() itself is called ten times a second)."""
+    """One run's Ray job, polled every poll_interval_s (poll() itself is called ten times a second); submitted
+    again, as a job of its own, when its node dies (up to max_requeues)."""
 
-    def __init__(self, jobs: RayJobs, job_id: str, grace_s: float, clock: Clock) -> None:
-        self.jobs, self.job_id, self.clock = jobs, job_id, clock
+    def __init__(self, jobs: RayJobs, submit: Callable[[int], str], grace_s: float, spec: LaunchSpec) -> None:
+        self.jobs, self.submit, self.clock, self.log = jobs, submit, spec.clock, spec.log
         self.backend = jobs.backend
-        self.launched_s = clock.now_s()
+        self.can_requeue = spec.reissue is not None
+        self.attempt = 0
+        self.job_id = submit(0)
+        self.launched_s = self.clock.now_s()
         self.hard_stop_s = grace_s + STOP_MARGIN_S + self.backend.poll_interval_s
         self.status: Status = self._waiting("submitted")
         self.polled_s: float | None = None
@@ -71,6 +75,18 @@ class RayHandle(RunHandle):
             until_s=self.launched_s + self.backend.pending_timeout_s,
             expired=pending_expired(self.backend, self.job_id, said),
         )
+
+    def _requeued(self, state: JobState) -> Waiting | None:
+        """The job of a run whose node died, submitted again (its trainer resumes from its checkpoint)."""
+        if not (state.node_lost() and self.can_requeue and self.attempt < self.backend.max_requeues):
+            return None
+        lost, self.attempt = self.job_id, self.attempt + 1
+        self.job_id, self.launched_s = self.submit(self.attempt), self.clock.now_s()
+        self.log(
+            f"Ray job {lost}'s node died ({state.message.splitlines()[-1].strip()}): the run is submitted again as "
+            f"{self.job_id} ({self.attempt} of max_requeues {self.backend.max_requeues})"
+        )
+        return self._waiting(f"requeued after job {lost}'s node died")
 
     def poll(self) -> Status:
         now_s = self.clock.now_s()
@@ -91,6 +107,9 @@ class RayHandle(RunHandle):
             return self._waiting(state.message)
         if state.status == RUNNING:
             return Running()
+        requeued = self._requeued(state)
+        if requeued is not None:
+            return requeued
         return Gone(f"Ray job {self.job_id} ended {state.status}: {state.message}", error=self._ended(state))
 
     def _ended(self, state: JobState) -> str:
@@ -145,12 +164,18 @@ class RayExecutor(Executor[RayBackend]):
         jobs = RayJobs(self.backend, self.settings.environment)
         grace_s = spec.job.grace_seconds if spec.job.grace_seconds is not None else DEFAULT_GRACE_S
         server_url = self.backend.server_url or spec.server_url
-        run = (spec.run_id, spec.token)
-        body: dict[str, Any] = job_request(self.backend, server_url, run, agent_zipapp().sha256, grace_s)
-        job_id = jobs.submit(body)
-        spec.log(f"submitted Ray job {job_id} to {self.backend.head} ({_asked(body)})")
-        spec.step(f"Ray job {job_id} submitted to {self.backend.head}")
-        return RayHandle(jobs, job_id, grace_s, spec.clock)
+        first_code = spec.token
+
+        def submit(attempt: int) -> str:
+            code = first_code if attempt == 0 or spec.reissue is None else spec.reissue()
+            run = (spec.run_id, code)
+            body = job_request(self.backend, server_url, run, agent_zipapp().sha256, grace_s, attempt)
+            job_id = jobs.submit(body)
+            spec.log(f"submitted Ray job {job_id} to {self.backend.head} ({_asked(body)})")
+            spec.step(f"Ray job {job_id} submitted to {self.backend.head}")
+            return job_id
+
+        return RayHandle(jobs, submit, grace_s, spec)
 
 
 def _asked(body: dict[str, Any]) -> str:

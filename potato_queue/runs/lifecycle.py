@@ -136,6 +136,7 @@ class RunLife:
         self.started_s = started_s  # the started_at dispatch wrote, as epoch seconds (max_wall counts from it)
         self.handle: RunHandle | None = None
         self._touched_s = 0.0  # when `supervised` was last touched (epoch s)
+        self._code_ttl_s = 0.0  # a one-time code's life, where the backend is given one
 
     def log(self, message: str) -> None:
         self.store.log(self.run_id, message)
@@ -214,12 +215,17 @@ class RunLife:
             step=self.step,
             offer=offer,
             clock=self.clock,
+            reissue=self._reissue if executor.shows_launch else None,
         )
+
+    def _reissue(self) -> str:
+        return self.store.tokens.issue_code(self.run_id, self._code_ttl_s)
 
     def _launch_token(self, executor: Executor) -> str:
         """The run's token for its agent; a one-time code for it where the backend shows what it is given."""
         ttl_s = self._token_ttl_s() + executor.longest_wait_s()
         if executor.shows_launch:
+            self._code_ttl_s = ttl_s  # a reissued code's too
             return self.store.tokens.issue_code(self.run_id, ttl_s)
         return self.store.tokens.issue(self.run_id, ttl_s)
 

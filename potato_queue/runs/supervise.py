@@ -310,6 +310,7 @@ def _look(watch: Watch) -> Outcome | None:
         # queue, the wall clock too.
         if watch.waited_in_queue:
             watch.started_s = now_s
+        watch.seeing_since_s = now_s  # a requeued job's new agent: the last one's silence is not its own
         watch.waiting_why = None
         if not watch.contacted:
             watch.launched_s = now_s

@@ -237,3 +237,23 @@ def test_an_agent_with_another_sha256_exits_and_leaves_no_file(agent_server: _Ag
 def test_a_pending_timeout_says_memory_as_the_config_wrote_it() -> None:
     said = text.pending_expired(_backend(memory_mb=1024), "potato-queue-r1", "waiting")
     assert "num_gpus=1, num_cpus=1, memory_mb=1024;" in said
+
+
+def test_a_requeued_runs_job_is_a_job_of_its_own() -> None:
+    assert [text.submission_id("r1", attempt) for attempt in (0, 1, 2)] == [
+        "potato-queue-r1",
+        "potato-queue-r1-2",
+        "potato-queue-r1-3",
+    ]
+
+
+def test_only_a_job_whose_node_died_counts_as_a_lost_node() -> None:
+    died = "Job supervisor actor died: ...\nThe actor died because its node has died. Node Id: 3df3"
+    lost = text.job_state({"status": "FAILED", "message": died, "error_type": "JOB_SUPERVISOR_ACTOR_DIED"})
+    assert lost.node_lost()
+    killed = text.job_state({"status": "FAILED", "message": "exited with -9", "driver_exit_code": -9})
+    assert not killed.node_lost()
+    other = text.job_state(
+        {"status": "FAILED", "message": "died: out of memory", "error_type": "JOB_SUPERVISOR_ACTOR_DIED"}
+    )
+    assert not other.node_lost()

@@ -41,6 +41,9 @@ STATES = (PENDING, RUNNING, *TERMINAL)
 STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 # Past the grace: the agent's own hard stop and its report, before Ray's SIGKILL.
 STOP_MARGIN_S = 15.0
+# What Ray 2.60 says of a job whose node died (measured: a worker node killed mid-job).
+NODE_LOST_TYPE = "JOB_SUPERVISOR_ACTOR_DIED"
+NODE_LOST_SAID = "its node has died"
 CODE_ENV = "POTATO_QUEUE_RUN_CODE"  # host/ray_entry.py's CODE_ENV
 _ENTRY = Path(__file__).resolve().parents[2] / "host" / "ray_entry.py"
 
@@ -52,11 +55,18 @@ class JobState:
     status: str
     message: str
     exit_code: int | None = None
+    error_type: str | None = None
+
+    def node_lost(self) -> bool:
+        """Whether the job failed because the node it ran on died (a spot node reclaimed, a machine lost):
+        Ray says so of the job's supervisor, and the run is requeued where its trainer checkpoints."""
+        return self.error_type == NODE_LOST_TYPE and NODE_LOST_SAID in self.message
 
 
-def submission_id(run_id: str) -> str:
-    """The run's Ray job: found by its name after an executor restart, and named on the dashboard."""
-    return f"potato-queue-{run_id}"
+def submission_id(run_id: str, attempt: int = 0) -> str:
+    """The run's Ray job: found by its name after an executor restart, and named on the dashboard (`attempt`:
+    the requeues after a lost node, each a job of its own: Ray's job ids are never reused)."""
+    return f"potato-queue-{run_id}" + (f"-{attempt + 1}" if attempt else "")
 
 
 def entrypoint(backend: RayBackend, server_url: str, run_id: str, code_sha256: str) -> str:
@@ -77,14 +87,14 @@ def asked_resources(backend: RayBackend) -> dict[str, Any]:
 
 
 def job_request(
-    backend: RayBackend, server_url: str, run: tuple[str, str], code_sha256: str, grace_s: float
+    backend: RayBackend, server_url: str, run: tuple[str, str], code_sha256: str, grace_s: float, attempt: int = 0
 ) -> dict[str, Any]:
-    """POST /api/jobs/'s body for the run (`run`: its id and its one-time code)."""
+    """POST /api/jobs/'s body for the run (`run`: its id and its one-time code; `attempt`: its requeues)."""
     run_id, code = run
     env = {CODE_ENV: code, STOP_WAIT_ENV: str(math.ceil(grace_s + STOP_MARGIN_S))}
     return {
         "entrypoint": entrypoint(backend, server_url, run_id, code_sha256),
-        "submission_id": submission_id(run_id),
+        "submission_id": submission_id(run_id, attempt),
         "runtime_env": {"env_vars": env},
         "metadata": {"potato_queue_run": run_id},
         **asked_resources(backend),
@@ -98,7 +108,8 @@ def job_state(reply: Any) -> JobState:
         raise ValueError(f"Ray answered a job status this version does not know: {str(status)[:100]!r}")
     code = reply.get("driver_exit_code")
     exit_code = code if isinstance(code, int) and not isinstance(code, bool) else None
-    return JobState(reply["status"], str(reply.get("message") or "")[:2000], exit_code)
+    error_type = reply.get("error_type") if isinstance(reply.get("error_type"), str) else None
+    return JobState(reply["status"], str(reply.get("message") or "")[:2000], exit_code, error_type)
 
 
 def asked_words(backend: RayBackend) -> str:

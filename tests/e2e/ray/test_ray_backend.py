@@ -26,7 +26,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import run_cli
-from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started
+from tests.lifecycle_helpers import TERMINAL, Services, run_paths, started, wait_until
 from tests.ray_cluster import ROOT, RayCluster
 
 BACKEND = "cluster"
@@ -276,5 +276,38 @@ def test_a_cluster_with_token_auth_takes_the_token_from_the_named_variable_only(
             assert svc.wait_for(run_id, TERMINAL, timeout_s=120)["state"] == "succeeded", svc.logs()
         written = [p for p in tmp_path.rglob("*") if p.is_file() and token.encode() in p.read_bytes()]
         assert written == [], f"the Ray token was written to {written}"
+    finally:
+        cluster.close()
+
+
+# The head's view of a dead node, shortened from Ray's 30 s of missed health checks to a few seconds.
+FAST_NODE_DEATH = {"RAY_health_check_period_ms": "500", "RAY_health_check_failure_threshold": "4"}
+
+
+def test_a_run_whose_node_dies_is_submitted_again_and_resumes_from_its_checkpoint(
+    tmp_path: Path, redis_server_url: str
+) -> None:
+    """The head has no GPU: the run's job goes to the worker node, which is killed mid-run (a spot node
+    reclaimed). Ray fails the job (its supervisor's node died); the run is submitted again, placed on a new
+    node, and resumes from the checkpoint in the shared workdir."""
+    cluster = RayCluster(num_gpus=0, env=FAST_NODE_DEATH)
+    try:
+        first = cluster.add_node()
+        with ray_project(tmp_path, redis_server_url, cluster, pending_timeout_s=120) as svc:
+            params = {"hold_s": 12, "checkpoint_every_steps": 1}
+            run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params=params)
+            svc.wait_for(run_id, {"running"}, timeout_s=60)
+            checkpoints = tmp_path / "node" / "checkpoints" / run_id
+            wait_until(lambda: (checkpoints / "step-3").exists(), 30, "the run's third checkpoint")
+            first.kill()
+            cluster.add_node()
+            run = svc.wait_for(run_id, TERMINAL, timeout_s=120)
+            assert run["state"] == "succeeded", svc.logs()
+            log = run_paths(svc, run_id).run_log.read_text()
+            assert f"Ray job potato-queue-{run_id}'s node died" in log, log
+            assert f"submitted again as potato-queue-{run_id}-2 (1 of max_requeues 3)" in log, log
+            assert re.search(r"resumed at step [3-9]\d* from the checkpoint", log), log
+            assert wait_job(cluster, run_id, {"FAILED"})["error_type"] == "JOB_SUPERVISOR_ACTOR_DIED"
+            assert cluster.job(f"potato-queue-{run_id}-2")["status"] == "SUCCEEDED"
     finally:
         cluster.close()
