@@ -58,6 +58,13 @@ def ray_check_report(name: str, backend: RayBackend, jobs: RayJobs) -> CheckRepo
         f"a run asks {asked}: "
         + ("free now, across the cluster" if now else "placed once a node frees them" if ever else "never")
     )
+    if backend.server_url is None:
+        lines.append(
+            "server_url: not set, so the nodes dial the address potato-queue serve is bound to, which only a node "
+            "on this machine reaches; set it to where the nodes reach this server"
+        )
+    else:
+        lines.append(f"server_url: {backend.server_url} (the nodes fetch the agent and the bundle there)")
     lines += [f"problem: {problem}" for problem in problems]
     data = {
         "ray_version": version.get("ray_version"),

@@ -241,6 +241,7 @@ def test_check_says_rays_version_the_nodes_and_whether_a_run_fits(
         text = run_cli("training", "check", BACKEND, svc.config).stdout
         assert f"{BACKEND}: Ray 2.60.0 at {ray.address} (auth: accepted)" in text
         assert "a run asks GPU 1, CPU 1: " in text
+        assert "server_url: not set, so the nodes dial the address potato-queue serve is bound to" in text
         # The Training page's "Runs on" menu names it by its head.
         _, rows = svc.api("GET", "/backends")
         assert {row["name"]: row["label"] for row in rows}[
