@@ -194,7 +194,7 @@ class RayBackend(Strict):
     # address the server is bound to, which only a node on this machine reaches.
     server_url: str | None = Field(None, pattern=r"^https?://[^\s]+$")
     num_gpus: float = Field(1, ge=0)
-    num_cpus: float | None = Field(None, ge=0)
+    num_cpus: float = Field(1, ge=0)
     memory_mb: float | None = Field(None, gt=0)
     resources: dict[str, float] = Field(default_factory=dict)
     python: str = "python3"

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from typing import Any
 
 from potato_queue.backends.models import RayBackend
 from potato_queue.code_package import agent_zipapp
@@ -39,6 +38,7 @@ from potato_queue.executors.rayjobs.text import (
     RUNNING,
     STOP_MARGIN_S,
     JobState,
+    asked_words,
     job_request,
     pending_expired,
 )
@@ -171,12 +171,8 @@ class RayExecutor(Executor[RayBackend]):
             run = (spec.run_id, code)
             body = job_request(self.backend, server_url, run, agent_zipapp().sha256, grace_s, attempt)
             job_id = jobs.submit(body)
-            spec.log(f"submitted Ray job {job_id} to {self.backend.head} ({_asked(body)})")
+            spec.log(f"submitted Ray job {job_id} to {self.backend.head} ({asked_words(self.backend)})")
             spec.step(f"Ray job {job_id} submitted to {self.backend.head}")
             return job_id
 
         return RayHandle(jobs, submit, grace_s, spec)
-
-
-def _asked(body: dict[str, Any]) -> str:
-    return ", ".join(f"{k.removeprefix('entrypoint_')} {v}" for k, v in body.items() if k.startswith("entrypoint_"))

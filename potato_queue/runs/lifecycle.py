@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -136,7 +137,6 @@ class RunLife:
         self.started_s = started_s  # the started_at dispatch wrote, as epoch seconds (max_wall counts from it)
         self.handle: RunHandle | None = None
         self._touched_s = 0.0  # when `supervised` was last touched (epoch s)
-        self._code_ttl_s = 0.0  # a one-time code's life, where the backend is given one
 
     def log(self, message: str) -> None:
         self.store.log(self.run_id, message)
@@ -202,7 +202,9 @@ class RunLife:
             bundle=bundle_summary(self.paths.bundle_dir, split_ids),
         )
         backend = self.record["backend"]
-        token = None if executor.pull else self._launch_token(executor)
+        # The agent's token lives past the launch's longest wait (a scheduler's pending bound) too.
+        ttl_s = self._token_ttl_s() + executor.longest_wait_s()
+        token = None if executor.pull else self._launch_token(executor, ttl_s)
         offer = _StoreOffer(self.store, backend, self.run_id) if executor.pull else None
         return LaunchSpec(
             run_id=self.run_id,
@@ -215,17 +217,14 @@ class RunLife:
             step=self.step,
             offer=offer,
             clock=self.clock,
-            reissue=self._reissue if executor.shows_launch else None,
+            reissue=functools.partial(self.store.tokens.issue_code, self.run_id, ttl_s)
+            if executor.shows_launch
+            else None,
         )
 
-    def _reissue(self) -> str:
-        return self.store.tokens.issue_code(self.run_id, self._code_ttl_s)
-
-    def _launch_token(self, executor: Executor) -> str:
+    def _launch_token(self, executor: Executor, ttl_s: float) -> str:
         """The run's token for its agent; a one-time code for it where the backend shows what it is given."""
-        ttl_s = self._token_ttl_s() + executor.longest_wait_s()
         if executor.shows_launch:
-            self._code_ttl_s = ttl_s  # a reissued code's too
             return self.store.tokens.issue_code(self.run_id, ttl_s)
         return self.store.tokens.issue(self.run_id, ttl_s)
 

@@ -8,15 +8,16 @@ from typing import Any
 from potato_queue.backends.models import RayBackend
 from potato_queue.executors.base import CheckReport
 from potato_queue.executors.rayjobs.client import RayError, RayJobs
+from potato_queue.executors.rayjobs.text import asked_resources
 
 __all__ = ["ray_check_report", "placement"]
 
 
 def _asked(backend: RayBackend) -> dict[str, float]:
-    asked = {"GPU": backend.num_gpus, "CPU": backend.num_cpus if backend.num_cpus is not None else 1.0}
-    if backend.memory_mb is not None:
-        asked["memory"] = backend.memory_mb * 1024 * 1024
-    return {**asked, **backend.resources}
+    """The job's entrypoint resources (text.asked_resources) by the names Ray gives them on a node."""
+    asked = asked_resources(backend)
+    names = {"entrypoint_num_gpus": "GPU", "entrypoint_num_cpus": "CPU", "entrypoint_memory": "memory"}
+    return {**{names[k]: v for k, v in asked.items() if k in names}, **asked.get("entrypoint_resources", {})}
 
 
 def placement(backend: RayBackend, nodes: list[dict[str, Any]], usage: dict[str, list[float]]) -> tuple[bool, bool]:

@@ -10,6 +10,7 @@ it is set per job to the project's grace and a margin, so that a trainer saves i
 
 from __future__ import annotations
 
+import functools
 import math
 import shlex
 from dataclasses import dataclass
@@ -63,6 +64,12 @@ class JobState:
         return self.error_type == NODE_LOST_TYPE and NODE_LOST_SAID in self.message
 
 
+@functools.cache
+def _entry_source() -> str:
+    """host/ray_entry.py's text, read once a process (the code does not change under it)."""
+    return _ENTRY.read_text()
+
+
 def submission_id(run_id: str, attempt: int = 0) -> str:
     """The run's Ray job: found by its name after an executor restart, and named on the dashboard (`attempt`:
     the requeues after a lost node, each a job of its own: Ray's job ids are never reused)."""
@@ -71,14 +78,13 @@ def submission_id(run_id: str, attempt: int = 0) -> str:
 
 def entrypoint(backend: RayBackend, server_url: str, run_id: str, code_sha256: str) -> str:
     """The job's shell command: the node's Python, isolated (no working folder on its path), runs the entry."""
-    argv = [backend.python, "-I", "-c", _ENTRY.read_text(), server_url, run_id, code_sha256, backend.workdir]
+    argv = [backend.python, "-I", "-c", _entry_source(), server_url, run_id, code_sha256, backend.workdir]
     return shlex.join(argv)
 
 
 def asked_resources(backend: RayBackend) -> dict[str, Any]:
     """The entrypoint resources of every run of the backend (never none: a job without them runs on the head)."""
-    asked: dict[str, Any] = {"entrypoint_num_gpus": backend.num_gpus}
-    asked["entrypoint_num_cpus"] = backend.num_cpus if backend.num_cpus is not None else 1
+    asked: dict[str, Any] = {"entrypoint_num_gpus": backend.num_gpus, "entrypoint_num_cpus": backend.num_cpus}
     if backend.memory_mb is not None:
         asked["entrypoint_memory"] = int(backend.memory_mb * 1024 * 1024)
     if backend.resources:
@@ -114,8 +120,7 @@ def job_state(reply: Any) -> JobState:
 
 def asked_words(backend: RayBackend) -> str:
     """What a run of the backend asks Ray for, in the config's own words: "num_gpus=1, num_cpus=1"."""
-    num_cpus = backend.num_cpus if backend.num_cpus is not None else 1
-    words = [f"num_gpus={backend.num_gpus:g}", f"num_cpus={num_cpus:g}"]
+    words = [f"num_gpus={backend.num_gpus:g}", f"num_cpus={backend.num_cpus:g}"]
     words += [f"memory_mb={backend.memory_mb:g}"] if backend.memory_mb is not None else []
     return ", ".join(words + [f"{name}={amount:g}" for name, amount in backend.resources.items()])
 
