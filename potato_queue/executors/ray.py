@@ -6,14 +6,18 @@ one-time code for its token, fetches the agent from the server by its sha256 and
 fetches the bundle, runs the worker and reports to the server. Ray's working_dir (100 MiB, collected 600 s
 after it is unpinned) is not used. The nodes must reach the server at the backend's `server_url`.
 
-A job Ray keeps PENDING (no node with the resources, a runtime_env that never installs) fails the run after
-pending_timeout_s. Ray cannot stop or delete a PENDING job (ray issue 58353): a stop is queued and Ray keeps
-the job until it could be placed, when it stops it; should its entrypoint start first, it finds its run's
-code dead and exits 0 having run nothing. A head that restarted has lost its jobs: the run fails saying so.
+A job Ray keeps PENDING (no node with the resources) fails the run after pending_timeout_s. Ray's Jobs API
+cannot stop or delete a PENDING job (ray issue 58353: a stop waits until the job is placed), so a run that ends
+while its job waits submits a second, tiny job to the head (rayjobs/text.py's removal_request), which kills the
+waiting job's supervisor with the head's own Ray: Ray marks the job FAILED and never starts it. The run ends at
+once; the removal is followed in the background and run.log says how it went. Should the job start before its
+removal, its entry finds the run's code dead and exits 0 having run nothing. A head that restarted has lost its
+jobs: the run fails saying so.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 
@@ -35,12 +39,17 @@ from potato_queue.executors.rayjobs.check import ray_check_report
 from potato_queue.executors.rayjobs.client import RayError, RayJobs
 from potato_queue.executors.rayjobs.text import (
     PENDING,
+    REMOVED,
     RUNNING,
     STOP_MARGIN_S,
+    TERMINAL,
     JobState,
     asked_words,
     job_request,
     pending_expired,
+    removal_by_hand,
+    removal_id,
+    removal_request,
 )
 
 __all__ = ["RayExecutor", "RayHandle", "head_lost", "DEFAULT_GRACE_S"]
@@ -48,6 +57,7 @@ __all__ = ["RayExecutor", "RayHandle", "head_lost", "DEFAULT_GRACE_S"]
 DEFAULT_GRACE_S = 20.0  # the agent's own when the job names none
 LOG_TAIL_CHARS = 1500
 KILL_WAIT_S = 3.0
+REMOVAL_WAIT_S = 60.0  # a removal job starts on the head in about 2 s and ends in about 3 (measured, 2 cores)
 
 
 def head_lost(backend: RayBackend, job_id: str) -> str:
@@ -123,7 +133,8 @@ class RayHandle(RunHandle):
         try:
             self.jobs.stop(self.job_id)
             if isinstance(self.status, Waiting):
-                return  # nothing runs: Ray keeps the job until it could start, then stops it (module docstring)
+                self._remove(self.job_id)
+                return
             # Not the whole stop wait: the executor must stay alive (its lease) while Ray's SIGKILL, due within
             # the job's stop wait, ends an agent that does not stop on SIGTERM (a frozen one).
             deadline_s = time.monotonic() + KILL_WAIT_S
@@ -134,6 +145,45 @@ class RayHandle(RunHandle):
                 time.sleep(0.2)
         except (RayError, ValueError):
             return  # a head that cannot be reached cannot be asked; its node's agent stops at its token's end
+
+    def _remove(self, job_id: str) -> None:
+        """Take a job still waiting to be placed out of Ray's queue (module docstring), followed in the
+        background: the run ends now."""
+        try:
+            self.jobs.submit(removal_request(job_id))
+        except RayError as exc:
+            self.log(self._not_removed(job_id, f"the head refused its removal job: {exc.message}"))
+            return
+        threading.Thread(target=self._follow_removal, args=(job_id,), name=f"remove {job_id}", daemon=True).start()
+
+    def _follow_removal(self, job_id: str) -> None:
+        remover, deadline_s = removal_id(job_id), time.monotonic() + REMOVAL_WAIT_S
+        state: JobState | None = None
+        while time.monotonic() < deadline_s and (state is None or state.status not in TERMINAL):
+            time.sleep(0.5)
+            try:
+                state = self.jobs.state(remover)
+            except (RayError, ValueError):
+                continue  # a head that does not answer for a moment
+        try:
+            said = self.jobs.logs(remover)
+        except RayError:
+            said = ""
+        if f"{REMOVED} {job_id}" in said:
+            self.log(f"Ray job {job_id} was taken out of {self.backend.head}'s queue: it will never start")
+        elif "nothing to remove" in said:
+            self.log(f"Ray job {job_id} had left the queue before its removal: Ray's stop ends it")
+        else:
+            ended = f"ended {state.status}" if state is not None else f"did not end within {REMOVAL_WAIT_S:g} s"
+            tail = said.strip()[-LOG_TAIL_CHARS:]
+            self.log(self._not_removed(job_id, f"its removal job {remover} {ended}" + (f": {tail}" if tail else "")))
+
+    def _not_removed(self, job_id: str, why: str) -> str:
+        """run.log's line when a waiting job stays in Ray's queue, with the fix by hand."""
+        return (
+            f"Ray job {job_id} stays in {self.backend.head}'s queue ({why}); if Ray starts it, it exits having run "
+            f"nothing (its code is spent). To remove it now, run on the head: {removal_by_hand(job_id)}"
+        )
 
     def collect(self, result: AgentResult) -> str | None:
         # The model files stay on the node, as on an agent backend: the agent reported where.

@@ -9,6 +9,7 @@ import importlib
 import json
 import shlex
 import stat
+import subprocess
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -257,3 +258,26 @@ def test_only_a_job_whose_node_died_counts_as_a_lost_node() -> None:
         {"status": "FAILED", "message": "died: out of memory", "error_type": "JOB_SUPERVISOR_ACTOR_DIED"}
     )
     assert not other.node_lost()
+
+
+def test_a_waiting_jobs_removal_runs_on_the_head_with_rays_own_python_and_names_only_the_job() -> None:
+    body = text.removal_request("potato-queue-r42")
+    # No resources asked: Ray runs the job on the head, whose Python has Ray (ray_entry's need not).
+    assert body["entrypoint_num_cpus"] == 0 and "entrypoint_num_gpus" not in body and "runtime_env" not in body
+    assert body["submission_id"] == "potato-queue-r42-removal"
+    command = body["entrypoint"]
+    assert subprocess.run(["sh", "-n", "-c", command], capture_output=True).returncode == 0
+    words = shlex.split(command.split("-I -c ", 1)[1])
+    assert words[0] == text.REMOVER_SOURCE and words[1] == "potato-queue-r42" and words[2] == "${lib%/ray/*}"
+    compile(text.REMOVER_SOURCE, "remover", "exec")
+    assert "_ray_internal_job_actor_" in text.REMOVER_SOURCE and "PENDING_CREATION" in text.REMOVER_SOURCE
+
+
+def test_the_removal_by_hand_names_the_jobs_supervisor_in_rays_namespace() -> None:
+    said = shlex.split(text.removal_by_hand("potato-queue-r42"))
+    assert said[:2] == ["python", "-c"]
+    assert (
+        'ray.get_actor("_ray_internal_job_actor_potato-queue-r42", namespace="SUPERVISOR_ACTOR_RAY_NAMESPACE")'
+        in (said[2])
+    )
+    compile(said[2], "by hand", "exec")

@@ -34,6 +34,10 @@ __all__ = [
     "asked_resources",
     "asked_words",
     "pending_expired",
+    "REMOVED",
+    "removal_id",
+    "removal_request",
+    "removal_by_hand",
 ]
 
 PENDING, RUNNING = "PENDING", "RUNNING"
@@ -47,6 +51,36 @@ NODE_LOST_TYPE = "JOB_SUPERVISOR_ACTOR_DIED"
 NODE_LOST_SAID = "its node has died"
 CODE_ENV = "POTATO_QUEUE_RUN_CODE"  # host/ray_entry.py's CODE_ENV
 _ENTRY = Path(__file__).resolve().parents[2] / "host" / "ray_entry.py"
+# Ray 2.60's job supervisor actor (dashboard/modules/job/common.py): a PENDING job is this actor not yet placed.
+SUPERVISOR_PREFIX = "_ray_internal_job_actor_"
+SUPERVISOR_NAMESPACE = "SUPERVISOR_ACTOR_RAY_NAMESPACE"
+REMOVED = "potato-queue removed the job"
+# Run by the head's own Python, the one that runs Ray (ray_entry.py's Python need not have Ray): it kills the
+# supervisor of a job still waiting to be placed, which Ray then marks FAILED, so the job never starts. A job
+# whose supervisor runs already is left to Ray's stop, which the executor asked for first.
+REMOVER_SOURCE = f"""import sys
+if sys.argv[2]:
+    sys.path.insert(0, sys.argv[2])
+import ray
+from ray.util.state import list_actors
+name = {SUPERVISOR_PREFIX!r} + sys.argv[1]
+ray.init(namespace={SUPERVISOR_NAMESPACE!r}, logging_level="ERROR", log_to_driver=False)
+states = {{a.state for a in list_actors(filters=[("name", "=", name)], raise_on_missing_output=False)}}
+if not states & {{"DEPENDENCIES_UNREADY", "PENDING_CREATION"}}:
+    print("job %s is not waiting to be placed (%s): nothing to remove" % (sys.argv[1], sorted(states)))
+    sys.exit(0)
+try:
+    ray.kill(ray.get_actor(name), no_restart=True)
+except ValueError:
+    pass
+print({REMOVED!r}, sys.argv[1])
+"""
+# The head's Python as its supervisor runs it: /proc's exe is the interpreter with any venv link resolved, so the
+# folder holding Ray comes from the libraries the supervisor has loaded (Ray's nodes are Linux).
+_HEAD_PYTHON = (
+    "lib=$(grep -o '/[^ ]*/ray/_raylet[^ ]*[.]so' /proc/$PPID/maps 2>/dev/null | head -n 1); "
+    'exec "$(readlink /proc/$PPID/exe 2>/dev/null || echo python3)" -I -c'
+)
 
 
 @dataclass(frozen=True)
@@ -105,6 +139,28 @@ def job_request(
         "metadata": {"potato_queue_run": run_id},
         **asked_resources(backend),
     }
+
+
+def removal_id(job_id: str) -> str:
+    return f"{job_id}-removal"
+
+
+def removal_request(job_id: str) -> dict[str, Any]:
+    """The job that removes `job_id` from Ray's queue. It asks for no resources, so Ray runs it on the head
+    (where Ray's own Python is), and it shows only the job's id."""
+    command = f'{_HEAD_PYTHON} {shlex.quote(REMOVER_SOURCE)} {shlex.quote(job_id)} "${{lib%/ray/*}}"'
+    return {
+        "entrypoint": command,
+        "submission_id": removal_id(job_id),
+        "entrypoint_num_cpus": 0,
+        "metadata": {"potato_queue_removes": job_id},
+    }
+
+
+def removal_by_hand(job_id: str) -> str:
+    """The command that removes a waiting job, for an admin on the head when the removal job could not."""
+    actor = f'ray.get_actor("{SUPERVISOR_PREFIX}{job_id}", namespace="{SUPERVISOR_NAMESPACE}")'
+    return shlex.join(["python", "-c", f"import ray; ray.init(); ray.kill({actor}, no_restart=True)"])
 
 
 def job_state(reply: Any) -> JobState:

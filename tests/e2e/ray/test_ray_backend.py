@@ -167,44 +167,58 @@ def test_cancel_of_a_running_run_stops_its_job_and_every_process(
         wait_gone(tmp_path / "node")
 
 
-def test_a_job_ray_cannot_place_fails_the_run_after_pending_timeout_s_saying_what_it_asked(
+def taken_out_of_the_queue(svc: Services, ray: RayCluster, run_id: str) -> dict[str, Any]:
+    """The run's Ray job once its removal (executors/ray.py) has ended it: FAILED, its supervisor killed while it
+    waited, and run.log saying so."""
+    job = wait_job(ray, run_id, {"STOPPED", "SUCCEEDED", "FAILED"}, timeout_s=60)
+    assert job["status"] == "FAILED" and job["error_type"] == "JOB_SUPERVISOR_ACTOR_DIED", job
+    log = run_paths(svc, run_id).run_log
+    wait_until(lambda: "out of 127.0.0.1" in log.read_text(), timeout_s=30, what="run.log's removal line")
+    assert f"Ray job potato-queue-{run_id} was taken out of 127.0.0.1:{ray.dashboard_port}'s queue" in log.read_text()
+    return job
+
+
+def test_a_job_ray_cannot_place_fails_the_run_after_pending_timeout_s_and_leaves_the_queue(
     tmp_path: Path, redis_server_url: str, ray: RayCluster
 ) -> None:
     with ray_project(tmp_path, redis_server_url, ray, num_gpus=2, pending_timeout_s=3) as svc:
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
-    assert run["state"] == "failed"
-    job_id = f"potato-queue-{run_id}"
-    assert (
-        f"Ray job {job_id} was still PENDING on 127.0.0.1:{ray.dashboard_port} after pending_timeout_s (3 s)"
-        in (run["error"])
-    )
-    assert "it asked for num_gpus=2, num_cpus=1" in run["error"] and "fix: free or add a node" in run["error"]
-    assert job_of(ray, run_id)["status"] == "PENDING"  # Ray keeps it (ray issue 58353): the next test's case
+        assert run["state"] == "failed"
+        job_id = f"potato-queue-{run_id}"
+        assert (
+            f"Ray job {job_id} was still PENDING on 127.0.0.1:{ray.dashboard_port} after pending_timeout_s (3 s)"
+            in (run["error"])
+        )
+        assert "it asked for num_gpus=2, num_cpus=1" in run["error"] and "fix: free or add a node" in run["error"]
+        # Ray's own stop would have left it PENDING (ray issue 58353), to start when a node with 2 GPUs joins.
+        taken_out_of_the_queue(svc, ray, run_id)
+        assert not any(job["status"] == "PENDING" for job in ray.jobs())
 
 
-def test_a_job_ray_starts_after_its_run_was_cancelled_does_nothing(
+def test_cancel_of_a_run_whose_job_waits_takes_the_job_out_of_rays_queue(
     tmp_path: Path, redis_server_url: str, ray: RayCluster
 ) -> None:
-    """Ray cannot stop a PENDING job (it queues the stop until the job is placed, and then its entrypoint may
-    start): the entry finds its run ended and exits 0 before it fetches anything."""
-    blocker = ray.submit("sleep 6", num_gpus=1)
+    """The job waits behind someone else's that holds the GPU; once that one ends, ours must not start."""
+    blocker = ray.submit("sleep 4", num_gpus=1)
     with ray_project(tmp_path, redis_server_url, ray) as svc:
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
         wait_job(ray, run_id, {"PENDING"})
         status, _ = svc.api("POST", f"/runs/{run_id}/cancel")
         assert status == 200
-        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=30)
         assert run["state"] == "cancelled", svc.logs()
-        assert ray.job(blocker) is not None
-        job = wait_job(ray, run_id, {"STOPPED", "SUCCEEDED", "FAILED"}, timeout_s=60)
-        log = ray.logs(job)
-        assert "RUNNING" not in job["status"]
-        # Ray may start its entrypoint before the queued stop reaches it: the entry stops at its dead code, or
-        # Ray's stop ends it first; either way no agent ran.
-        assert f"run {run_id} on " not in log and re.search(r"\dZ agent: ", log) is None, log
+        assert "it never started" in run["error"]
+        job = taken_out_of_the_queue(svc, ray, run_id)
+        wait_until(lambda: ray.job(blocker)["status"] == "SUCCEEDED", timeout_s=30, what="the blocker's end")
+        assert ray.job(job["submission_id"])["status"] == "FAILED"
+        assert f"run {run_id} on " not in ray.logs(job)
         assert not (tmp_path / "node" / "code").exists(), "the agent was fetched for a cancelled run"
-        assert not (tmp_path / "node" / run_id).exists()
+        # Should Ray start it all the same (its removal could not run): its entry finds the code dead.
+        code = job["runtime_env"]["env_vars"]["POTATO_QUEUE_RUN_CODE"]
+        late = entry(svc, run_id, code, tmp_path / "late")
+        assert late.returncode == 0 and "this job has nothing to do" in late.stderr, late.stderr
+        assert not (tmp_path / "late").exists()
 
 
 def test_a_head_restart_fails_the_run_saying_ray_lost_its_job(
