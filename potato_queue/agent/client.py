@@ -107,16 +107,21 @@ class RunClient:
 
     def upload_predictions(self, path: str, give_up_s: Optional[float] = None) -> Dict[str, Any]:
         """PUT predictions.jsonl, streamed from disk; each try starts from the first byte."""
+        return self._upload("predictions", path, "application/x-ndjson", give_up_s)
+
+    def upload_model(self, path: str, give_up_s: Optional[float] = None) -> Dict[str, Any]:
+        """PUT the model files as agent/model_files.py packed them, streamed from disk."""
+        return self._upload("model", path, "application/octet-stream", give_up_s)
+
+    def _upload(self, route: str, path: str, content_type: str, give_up_s: Optional[float]) -> Dict[str, Any]:
         size = os.path.getsize(path)
-        headers = {"Content-Type": "application/x-ndjson", "Content-Length": str(size)}
-        policy = self.transport.backoff("PUT predictions", self.transport.patience_s(give_up_s))
+        headers = {"Content-Type": content_type, "Content-Length": str(size)}
+        policy = self.transport.backoff("PUT " + route, self.transport.patience_s(give_up_s))
 
         def attempt() -> Dict[str, Any]:
             try:
                 with open(path, "rb") as fh:
-                    status, data = self.transport.whole(
-                        self.transport.request("PUT", self._path("predictions"), fh, headers)
-                    )
+                    status, data = self.transport.whole(self.transport.request("PUT", self._path(route), fh, headers))
             except (OSError, http.client.HTTPException) as exc:
                 raise Retryable(problem_of(exc)) from None
             if status == 409 and policy.failures:

@@ -36,6 +36,7 @@ class RunFiles:
         self.spec = os.path.join(self.root, "spec.json")
         self.work = os.path.join(self.root, "work")
         self.predictions = os.path.join(self.work, "predictions.jsonl")
+        self.model_upload = os.path.join(self.root, "model.upload")  # agent/model_files.py's, while it is sent
 
 
 def extract_bundle(tar_path: str, dest: str) -> None:

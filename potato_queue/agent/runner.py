@@ -19,6 +19,7 @@ from potato_queue.agent.checkpoints import checkpoint_dir_for, checkpoint_root, 
 from potato_queue.agent.client import BundleDownloadError, RunClient
 from potato_queue.agent.gpu_watch import IDLE_FIX, USAGE_REPORT_S, GpuWatch, run_gpus, stop_leftovers
 from potato_queue.agent.launchers.base import LaunchError, WorkerHandle, WorkerLauncher
+from potato_queue.agent.model_files import send_model_files
 from potato_queue.agent.progress import Progress
 from potato_queue.agent.relay import EventRelay, control_loop, heartbeat_loop
 from potato_queue.agent.run_files import RunFiles, extract_bundle, write_spec
@@ -317,6 +318,15 @@ class Runner:
             self.relay.emit("error", code=error_code, message=message, install_hint=hint or _HINTS.get(error_code))
         if job is not None:
             message = self._send_predictions(job, message)
+        if job is not None and code == 0 and job.send_model_max_bytes is not None:
+            self.relay.emit("status", state="finishing", step="sending the model files")
+            problem = send_model_files(
+                self.files, job.send_model_max_bytes, self.client, self.log, self._patience_s(), not self.keep
+            )
+            if problem is not None:
+                self.log(problem)
+                self.relay.emit("error", code="model_not_sent", message=problem)
+                message = problem if message is None else "{}; {}".format(message, problem)
         self.relay.emit("status", state="finishing", step="worker exited with code {}".format(code))
         if not self.relay.close(self._patience_s() or 300.0):
             self.log("some events could not be sent")

@@ -207,6 +207,9 @@ class RayBackend(Strict):
     max_requeues: int = Field(3, ge=0)
     poll_interval_s: float = Field(1.0, gt=0)
     heartbeat_timeout_s: float = Field(120, gt=0)
+    # The model files come back to the server over HTTP, each up to max_artifact_mb (bigger ones stay on the node).
+    fetch_artifacts: bool = True
+    max_artifact_mb: float = Field(2048, gt=0)
 
     @property
     def head(self) -> str:

@@ -20,16 +20,19 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from typing import NoReturn
 
 from potato_queue.backends.models import RayBackend
 from potato_queue.code_package import agent_zipapp
 from potato_queue.errors import PotatoQueueError
+from potato_queue.executors import untar
 from potato_queue.executors.base import (
     AgentResult,
     CheckReport,
     Executor,
     Gone,
     LaunchSpec,
+    ModelFilesMissing,
     RunHandle,
     Running,
     Status,
@@ -70,6 +73,7 @@ class RayHandle(RunHandle):
 
     def __init__(self, jobs: RayJobs, submit: Callable[[int], str], grace_s: float, spec: LaunchSpec) -> None:
         self.jobs, self.submit, self.clock, self.log = jobs, submit, spec.clock, spec.log
+        self.paths, self.send_model_max_bytes = spec.paths, spec.job.send_model_max_bytes
         self.backend = jobs.backend
         self.can_requeue = spec.reissue is not None
         self.attempt = 0
@@ -186,9 +190,34 @@ class RayHandle(RunHandle):
         )
 
     def collect(self, result: AgentResult) -> str | None:
-        # The model files stay on the node, as on an agent backend: the agent reported where.
+        """The model files the agent sent, into the run's artifacts/ by the rules of an ssh copy; with
+        fetch_artifacts: false, or a run that failed, they stay on the node, where the agent said."""
         self.jobs.close()
-        return result.artifact_uri
+        upload, limit = self.paths.model_upload, self.send_model_max_bytes
+        try:
+            if result.exit_code != 0 or limit is None:
+                return result.artifact_uri
+            node = result.artifact_uri or "its node"
+            if not upload.is_file():
+                why = f" ({result.message})" if result.message else ""
+                self._missing(f"The model files did not reach the server{why}", node)
+            try:
+                note = untar.unpack_upload(upload, self.paths.artifacts, limit)
+            except (untar.CopyRefused, untar.CopyCutShort, OSError) as exc:
+                self._missing(f"The model files from {node} were refused: {exc}", node)
+        finally:
+            upload.unlink(missing_ok=True)
+        kept = untar.manifest_of({"manifest": note.get("kept")}) or {}
+        for name, size in sorted(kept.items()):
+            self.log(f"{name[:300]!r} ({size / 1e6:.0f} MB) is over max_artifact_mb: it stays on {node}")
+        self.log(f"model files: {len(untar.manifest_of(note) or {})} files in {self.paths.artifacts}")
+        return node if kept else str(self.paths.artifacts)
+
+    def _missing(self, what: str, node: str) -> NoReturn:
+        """The run's end when the model files are not whole here: the predictions count, the files stay there."""
+        message = f"{what}; the predictions are stored, and the model files stay on {node}"
+        self.log(message)
+        raise ModelFilesMissing(message, artifact_uri=node)
 
 
 class RayExecutor(Executor[RayBackend]):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from potato_queue.config import LocalBackend, ProjectConfig
+from potato_queue.config import LocalBackend, ProjectConfig, RayBackend
 from potato_queue.errors import PotatoQueueError
 from potato_queue.run import RunRecord
 from potato_queue.store import RunStore
@@ -90,7 +90,18 @@ def build_job(config: ProjectConfig, store: RunStore, record: RunRecord, paths: 
         limits=limits_for(config, record["backend"]),
         resume_of=checkpoint_owner(store, record),
         gpu_watch=GpuWatch(**mt.gpu_watch.model_dump()),
+        send_model_max_bytes=send_model_max_bytes(config, record["backend"]),
     )
+
+
+def send_model_max_bytes(config: ProjectConfig, backend: str) -> int | None:
+    """Whether the run's agent sends the model files to the server itself, and each file's cap: a ray run's does
+    (nothing else reaches its node); the ssh executors fetch them, an agent backend's stay on its machine."""
+    mt = config.model_training
+    chosen = mt.backend_config(backend) if backend in mt.backend_names() else None
+    if isinstance(chosen, RayBackend) and chosen.fetch_artifacts:
+        return int(chosen.max_artifact_mb * 1_000_000)
+    return None
 
 
 def _seed(store: RunStore, record: RunRecord, split_seed: int) -> int:

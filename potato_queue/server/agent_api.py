@@ -15,6 +15,9 @@ A token is never echoed in a reply or a log.
 from __future__ import annotations
 
 import os
+import shutil
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -28,6 +31,7 @@ from starlette.responses import FileResponse
 from potato_queue.bounds import clean, clean_flat, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Invalid, NotFound, TooLarge
+from potato_queue.executors.untar import FREE_MARGIN_BYTES
 from potato_queue.runs.ingest import ingest_events
 from potato_queue.runs.job import max_predictions_bytes
 from potato_queue.server.deps import config_of, refusals, runs_of, store_of
@@ -42,12 +46,14 @@ __all__ = [
     "EventBatch",
     "CancelReply",
     "PredictionsReply",
+    "ModelReply",
     "ResultIn",
     "ResultReply",
     "MAX_WAIT_S",
 ]
 
 MAX_WAIT_S = 30.0
+TooLargeSaid = Callable[[str], TooLarge]  # the 413 for a body of the size given in words
 
 
 class EventBatch(BaseModel):
@@ -63,6 +69,10 @@ class CancelReply(BaseModel):
 class PredictionsReply(BaseModel):
     bytes: int
     lines: int
+
+
+class ModelReply(BaseModel):
+    bytes: int = Field(description="what was stored, the manifest line included")
 
 
 class ResultIn(BaseModel):
@@ -201,24 +211,24 @@ def _too_large(config: ProjectConfig, size: str) -> TooLarge:
     )
 
 
-async def _receive(request: Request, partial: Path, config: ProjectConfig) -> tuple[int, int]:
-    """Stream the body into `partial`: (bytes, lines). The partial file is gone on any failure."""
-    limit = max_predictions_bytes(config)
+async def _receive(request: Request, part: Path, limit: int, too_large: TooLargeSaid) -> tuple[int, int]:
+    """Stream the body into `part`, refusing one over `limit` bytes: (bytes, lines). The partial file is gone
+    on any failure."""
     total = lines = 0
     last = b"\n"
     try:
         # Plain writes: each chunk is small and lands in the page cache, cheaper than a thread hop.
-        with open(partial, "wb") as fh:
+        with open(part, "wb") as fh:
             async for chunk in request.stream():
                 total += len(chunk)
                 if total > limit:
-                    raise _too_large(config, f"more than {limit} bytes")
+                    raise too_large(f"more than {limit} bytes")
                 if chunk:
                     lines += chunk.count(b"\n")
                     last = chunk[-1:]
                     fh.write(chunk)
     except BaseException:
-        partial.unlink(missing_ok=True)
+        part.unlink(missing_ok=True)
         raise
     return total, lines + (1 if last != b"\n" else 0)
 
@@ -230,11 +240,12 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
     paths = store.paths(run_id)
     if paths.predictions.exists():
         raise Conflict(f"run {run_id} already has its predictions; they are stored once")
+    limit = max_predictions_bytes(config)
     declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > max_predictions_bytes(config):
+    if declared.isdigit() and int(declared) > limit:
         raise _too_large(config, f"{int(declared)} bytes")
     try:
-        total, lines = await _receive(request, paths.predictions_partial, config)
+        total, lines = await _receive(request, paths.predictions_partial, limit, partial(_too_large, config))
         os.replace(paths.predictions_partial, paths.predictions)
     except ClientDisconnect:
         raise Invalid("the upload was cut off; send predictions.jsonl again") from None
@@ -242,6 +253,40 @@ async def put_predictions(request: Request, run_id: AuthorizedRun) -> Prediction
         raise await run_in_threadpool(_cannot_write, store, run_id, exc) from None
     await run_in_threadpool(store.log, run_id, f"predictions received: {lines} lines, {total} bytes")
     return PredictionsReply(bytes=total, lines=lines)
+
+
+def _model_too_large(free_bytes: int, size: str) -> TooLarge:
+    return TooLarge(
+        f"the model files are {size}, more than this server's disk has free ({free_bytes / 1e6:.0f} MB, keeping "
+        f"{FREE_MARGIN_BYTES >> 20} MiB free); free space on the server, or lower the backend's max_artifact_mb"
+    )
+
+
+async def put_model(request: Request, run_id: AuthorizedRun) -> ModelReply:
+    """The model files of a run whose job asks for them (a ray run's): a JSON line {"manifest": {name: bytes}},
+    then an uncompressed tar of those files, stored whole as it came; the executor unpacks it by the rules of
+    an ssh copy (executors/untar.py). 409 when already stored or not asked for, 413 over the disk's free space."""
+    store = store_of(request)
+    job = (await run_in_threadpool(store.read, run_id)).get("job") or {}
+    if job.get("send_model_max_bytes") is None:
+        raise Conflict(f"run {run_id}'s model files stay where they are: its job does not ask for them")
+    await run_in_threadpool(runs_of(request).heard_from, run_id)
+    paths = store.paths(run_id)
+    if paths.model_upload.exists():
+        raise Conflict(f"run {run_id} already has its model files; they are stored once")
+    free = shutil.disk_usage(paths.dir).free - FREE_MARGIN_BYTES
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > free:
+        raise _model_too_large(free, f"{int(declared)} bytes")
+    try:
+        total, _ = await _receive(request, paths.model_upload_partial, free, partial(_model_too_large, free))
+        os.replace(paths.model_upload_partial, paths.model_upload)
+    except ClientDisconnect:
+        raise Invalid("the upload was cut off; send the model files again") from None
+    except OSError as exc:
+        raise await run_in_threadpool(_cannot_write, store, run_id, exc) from None
+    await run_in_threadpool(store.log, run_id, f"model files received: {total} bytes")
+    return ModelReply(bytes=total)
 
 
 def post_result(request: Request, run_id: AuthorizedRun, result: ResultIn) -> ResultReply:
@@ -307,6 +352,21 @@ def agent_router() -> APIRouter:
             }
         },
         responses=refusals({409: "stored already", 413: "over max_predictions_mb", 507: _NO_WRITES}),
+    )
+    router.add_api_route(
+        "/runs/{run_id}/model",
+        put_model,
+        methods=["PUT"],
+        response_model=ModelReply,
+        openapi_extra={
+            "requestBody": {
+                "required": True,
+                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
+            }
+        },
+        responses=refusals(
+            {409: "stored already, or not asked for", 413: "over the server's free disk", 507: _NO_WRITES}
+        ),
     )
     router.add_api_route(
         "/runs/{run_id}/result",

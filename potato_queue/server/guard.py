@@ -6,8 +6,9 @@ POSTs held the event loop for seconds and tripled the server's memory. This
 ASGI middleware answers first: 401/403 for a request without the right
 admin key, page session or run token, 413 for a body over its route's cap (from
 Content-Length, or by reading at most the cap of a chunked body), and only
-then lets the route see the request. Predictions are streamed by their
-route under their own limit (max_predictions_mb).
+then lets the route see the request. Predictions and a ray run's model files
+are streamed by their route under their own limit (max_predictions_mb, the
+disk's free space).
 
 A refusal for a wrong key or token is answered late (the Tarpit): a client
 looping on refused requests then costs the server a few requests a second
@@ -275,7 +276,9 @@ class Guard:
         problem = await run_in_threadpool(token_problem, self.store, run_id, bearer(headers))
         if problem is None:
             scope.setdefault("state", {})["authorized_run"] = run_id  # the route need not ask Redis again
-        return problem, {"events": BODY_CAPS["events"], "predictions": None}.get(route, BODY_CAPS["agent"])
+        return problem, {"events": BODY_CAPS["events"], "predictions": None, "model": None}.get(
+            route, BODY_CAPS["agent"]
+        )
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith((PAGE_PREFIX + "/", AGENT_PREFIX + "/")):

@@ -327,6 +327,16 @@ class RunPaths:
         return self.dir / "artifacts"
 
     @property
+    def model_upload(self) -> Path:
+        """A ray run's model files as its agent sent them (a manifest line, then a tar), until the executor
+        unpacks them into artifacts/."""
+        return self.dir / "model.upload"
+
+    @property
+    def model_upload_partial(self) -> Path:
+        return self.dir / "model.upload.part"
+
+    @property
     def hub_upload(self) -> Path:
         """What a publish uploads, while it does: links to the model files and the generated README.md."""
         return self.dir / "hub-upload"
@@ -345,4 +355,4 @@ class RunPaths:
     @property
     def bulky(self) -> tuple[Path, ...]:
         """The large part of a run's folder, which retain_runs removes: bundle, model files, the agent's copies."""
-        return (self.bundle_inputs, self.bundle, self.bundle_dir, self.artifacts, self.agent_workdir)
+        return (self.bundle_inputs, self.bundle, self.bundle_dir, self.artifacts, self.model_upload, self.agent_workdir)

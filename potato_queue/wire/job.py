@@ -82,6 +82,9 @@ class Job:
     # A retry: the run whose checkpoints (on the training machine) this one resumes from; None: its own.
     resume_of: Optional[str] = None
     gpu_watch: GpuWatch = field(default_factory=GpuWatch)
+    # The model files go to the server (PUT model) after a worker's success, each up to this many bytes (the
+    # bigger stay on the machine); None: they all stay there, as the executor fetches or reports them.
+    send_model_max_bytes: Optional[int] = None
 
     def to_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -110,6 +113,7 @@ class Job:
                 limits=Limits(**{k: v for k, v in limits.items() if k in Limits.__dataclass_fields__}),
                 resume_of=None if resume_of is None else str(resume_of),
                 gpu_watch=GpuWatch.from_dict(data.get("gpu_watch") or {}),
+                send_model_max_bytes=_optional_int(data.get("send_model_max_bytes")),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise JobError("the job is malformed ({}: {})".format(type(exc).__name__, exc)) from None
@@ -136,3 +140,11 @@ class Job:
         # Ours beyond Potato's spec, read by a SLURM job's GPU meter (agent/gpu_meter.py), not by the worker.
         spec["gpu_watch"] = asdict(self.gpu_watch)
         return spec
+
+
+def _optional_int(value: Any) -> Optional[int]:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError("not a byte count: {!r}".format(value))
+    return value

@@ -1,4 +1,4 @@
-"""The receiving side's rules for a host's tar stream (executors/remote/untar.py), on real tar streams.
+"""The receiving side's rules for a host's tar stream (executors/untar.py), on real tar streams.
 
 The streams are written by Python's tarfile in the formats real senders use (GNU, as the system tar
 writes by default, and pax, as tarfile does), and by hand where a lying host would bend them. They go
@@ -18,12 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from potato_queue.executors.remote.untar import (
+from potato_queue.agent.model_files import pack_model_files
+from potato_queue.executors.untar import (
     CopyCutShort,
     CopyRefused,
     check_manifest,
     extract,
     manifest_of,
+    unpack_upload,
 )
 
 pytestmark = pytest.mark.unit
@@ -197,3 +199,49 @@ def test_the_manifest_is_checked_before_a_byte_is_written(tmp_path: Path) -> Non
 )
 def test_a_manifest_note_is_taken_only_in_its_shape(note: dict[str, object], manifest: dict[str, int] | None) -> None:
     assert manifest_of(note) == manifest
+
+
+# -- a ray run's upload: agent/model_files.py's pack, unpacked by the same rules -------------------------
+
+
+def test_an_agents_packed_model_files_unpack_whole_and_the_too_big_are_named(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    (work / LONG).parent.mkdir(parents=True)
+    (work / LONG).write_bytes(b"w" * 3000)
+    (work / "config.json").write_text("{}")
+    (work / "big.bin").write_bytes(b"b" * 5000)
+    (work / "predictions.jsonl").write_text("{}\n")  # sent on its own route, never in the model files
+    os.symlink("/etc/passwd", work / "link.json")  # a link is never packed
+    upload = tmp_path / "model.upload"
+    sent, kept = pack_model_files(str(work), str(upload), 4000)
+    assert sent == {LONG: 3000, "config.json": 2} and kept == [("big.bin", 5000)]
+    assert stat.S_IMODE(upload.stat().st_mode) == 0o600
+    note = unpack_upload(upload, tmp_path / "artifacts", 4000)
+    assert note["kept"] == {"big.bin": 5000}
+    landed = sorted(str(p.relative_to(tmp_path / "artifacts")) for p in (tmp_path / "artifacts").rglob("*"))
+    assert landed == sorted(["config.json", "adapter", str(Path(LONG).parent), LONG])
+    assert (tmp_path / "artifacts" / LONG).read_bytes() == b"w" * 3000
+
+
+def _upload(path: Path, line: bytes, stream: bytes) -> Path:
+    path.write_bytes(line + stream)
+    return path
+
+
+@pytest.mark.parametrize(
+    ("line", "members", "error", "said"),
+    [
+        (b"not json\n", [regular("a", b"1")], CopyRefused, "does not begin with a manifest line"),
+        (b'{"manifest": {"a": 1}}', [], CopyRefused, "does not begin with a manifest line"),  # no newline
+        (b'{"manifest": {"a": 1, "b": 1}}\n', [regular("a", b"1")], CopyCutShort, "b was announced and did not come"),
+        (b'{"manifest": {"a": 1}}\n', [special("a", tarfile.SYMTYPE, "/etc/passwd")], CopyRefused, "a symbolic link"),
+        (b'{"manifest": {"a": 9999}}\n', [regular("a", b"1")], CopyRefused, "over max_artifact_mb"),
+    ],
+)
+def test_an_upload_that_is_not_what_it_announced_is_refused_and_leaves_nothing(
+    tmp_path: Path, line: bytes, members: list[tuple[tarfile.TarInfo, bytes | None]], error: type, said: str
+) -> None:
+    upload = _upload(tmp_path / "model.upload", line, archive(members))
+    with pytest.raises(error, match=said):
+        unpack_upload(upload, tmp_path / "artifacts", 1000)
+    assert not (tmp_path / "artifacts").exists()

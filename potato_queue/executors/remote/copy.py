@@ -28,8 +28,8 @@ from pathlib import Path
 from typing import IO, Any
 
 from potato_queue.errors import PotatoQueueError
+from potato_queue.executors import untar
 from potato_queue.executors.base import LaunchSpec, ModelFilesMissing
-from potato_queue.executors.remote import untar
 from potato_queue.executors.remote.openssh import RemoteBackend, SshTarget, run_script, ssh_argv, ssh_failure
 from potato_queue.executors.remote.stage import (
     NoMarker,
@@ -46,7 +46,6 @@ __all__ = ["ModelCopy", "FETCH_SOURCE"]
 FETCH_SOURCE = Path(remote_fetch.__file__).read_text()
 NOTES_WAIT_S = 10.0
 PIPE_BYTES = 1 << 20
-MAX_NOTE_BYTES = 64 << 20  # the manifest of MAX_FILES files with long names fits
 NOTES_KEPT_BYTES = 64 << 10
 
 
@@ -197,7 +196,7 @@ class ModelCopy:
         up to NOTES_KEPT_BYTES, for ssh's own errors."""
         kept = 0
         try:
-            while raw := stream.readline(MAX_NOTE_BYTES):
+            while raw := stream.readline(untar.MAX_NOTE_BYTES):
                 line = raw.decode(errors="replace")
                 try:
                     note = json.loads(line)

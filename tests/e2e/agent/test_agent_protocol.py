@@ -10,6 +10,7 @@ predictions.jsonl in its workdir, and how it meets SIGTERM.
 from __future__ import annotations
 
 import glob
+import http.client as http_client
 import io
 import json
 import os
@@ -35,6 +36,7 @@ from fastapi import FastAPI
 
 from potato_queue.agent.launchers.process import group_members
 from potato_queue.config import ProjectConfig, build_config
+from potato_queue.executors.untar import unpack_upload
 from potato_queue.runs.service import RunService
 from potato_queue.server.agent_api import agent_router
 from potato_queue.server.guard import guard
@@ -256,6 +258,7 @@ def make_run(
     max_ram_mb: float | None = None,
     sha256: str | None = None,
     extra_bytes: int = 2000,
+    send_model_max_bytes: int | None = None,
     **params: Any,
 ) -> tuple[str, str, bytes]:
     """A run as the executor leaves it when it starts the agent: (run_id, token, bundle bytes)."""
@@ -272,6 +275,7 @@ def make_run(
         seed=7,
         grace_seconds=grace,
         limits=Limits(max_wall_s=600, max_ram_mb=max_ram_mb, device="cpu", num_threads=1),  # type: ignore[arg-type]
+        send_model_max_bytes=send_model_max_bytes,
         **({"bundle": BundleRef(len(data), sha256)} if sha256 else {}),
     )
     assert store.transition(run_id, "starting") and store.transition(run_id, "running")
@@ -680,6 +684,49 @@ def test_agent_reports_predictions_over_the_limit(
     assert "above max_predictions_mb" in live["agent_message"]
     assert not served.store.paths(run_id).predictions.exists()
     assert any(e.get("code") == "predictions_not_sent" for e in events_of(served, run_id))
+
+
+def test_the_model_route_stores_an_upload_once_and_only_for_a_job_that_asks(served: Served) -> None:
+    kept_there, token_there, _ = make_run(served, "success")
+    run_id, token, _ = make_run(served, "success", send_model_max_bytes=1000)
+    paths = served.store.paths(run_id)
+    with served.http() as http:
+        refused = http.put(f"{PREFIX}/runs/{kept_there}/model", content=b"x", headers=auth(token_there))
+        assert refused.status_code == 409 and "its job does not ask for them" in refused.json()["detail"]
+        # A body declared bigger than the disk's free space is refused before a byte is read.
+        conn = http_client.HTTPConnection(*served.tcp_url.removeprefix("http://").split(":"))
+        conn.putrequest("PUT", f"{PREFIX}/runs/{run_id}/model")
+        conn.putheader("Authorization", f"Bearer {token}")
+        conn.putheader("Content-Length", str(10**18))
+        conn.endheaders()
+        huge = conn.getresponse()
+        assert huge.status == 413 and "more than this server's disk has free" in json.loads(huge.read())["detail"]
+        conn.close()
+        assert not paths.model_upload_partial.exists() and not paths.model_upload.exists()
+        stored = http.put(f"{PREFIX}/runs/{run_id}/model", content=b'{"manifest": {}}\n', headers=auth(token))
+        assert stored.json() == {"bytes": 17}
+        again = http.put(f"{PREFIX}/runs/{run_id}/model", content=b"{}", headers=auth(token))
+        assert again.status_code == 409
+    assert paths.model_upload.read_bytes() == b'{"manifest": {}}\n'
+
+
+@pytest.mark.parametrize("limit", [1000, 3])
+def test_the_agent_sends_the_model_files_its_job_asks_for_and_keeps_the_too_big(
+    limit: int, served: Served, fake_worker: Path, tmp_path: Path
+) -> None:
+    run_id, token, _ = make_run(served, "success", n=1, send_model_max_bytes=limit)
+    agent = start_agent(served.tcp_url, run_id, token, fake_worker, tmp_path / "agent")
+    assert agent.wait() == 0, agent.log
+    paths = served.store.paths(run_id)
+    note = unpack_upload(paths.model_upload, paths.artifacts, limit)
+    node_copy = agent.root / "work" / "model.bin"
+    if limit == 1000:  # b"weights" is 7 bytes
+        assert (paths.artifacts / "model.bin").read_bytes() == b"weights" and "model.bin" not in note["kept"]
+        assert not node_copy.exists() and "model files sent: " in agent.log
+    else:
+        assert not (paths.artifacts / "model.bin").exists() and note["kept"]["model.bin"] == 7
+        assert node_copy.read_bytes() == b"weights" and "model.bin (0 MB) is over max_artifact_mb" in agent.log
+    assert not (agent.root / "model.upload").exists()
 
 
 def test_memory_limit_kills_the_worker_with_exit_5(served: Served, fake_worker: Path, tmp_path: Path) -> None:

@@ -99,7 +99,14 @@ def test_a_run_is_one_ray_job_that_succeeds_and_shows_no_usable_secret(
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
         run = svc.wait_for(run_id, TERMINAL, timeout_s=120)
         assert run["state"] == "succeeded", svc.logs()
-        assert run_paths(svc, run_id).predictions.exists()
+        paths = run_paths(svc, run_id)
+        assert paths.predictions.exists()
+        # The model files came back over HTTP (nothing else reaches a node), and left the node.
+        assert run["artifact_uri"] == str(paths.artifacts)
+        assert json.loads((paths.artifacts / "majority.json").read_text())["sentiment"]
+        assert oct((paths.artifacts / "majority.json").stat().st_mode & 0o777) == "0o600"
+        assert not paths.model_upload.exists()
+        assert not (tmp_path / "node" / run_id / "work" / "majority.json").exists()
         job = wait_job(ray, run_id, {"SUCCEEDED"})
         # Placed by its resources (Ray sets CUDA_VISIBLE_DEVICES only for a job that asked for a GPU).
         assert f"run {run_id} on {socket.gethostname()}: GPUs 0 (CUDA_VISIBLE_DEVICES)" in ray.logs(job)
@@ -115,6 +122,21 @@ def test_a_run_is_one_ray_job_that_succeeds_and_shows_no_usable_secret(
         assert again.returncode == 0, again.stderr
         assert f"run {run_id} has ended, or its code was spent: this job has nothing to do" in again.stderr
         assert not (tmp_path / "again").exists()
+
+
+def test_model_files_over_max_artifact_mb_stay_on_the_node_and_the_run_says_where(
+    tmp_path: Path, redis_server_url: str, ray: RayCluster
+) -> None:
+    with ray_project(tmp_path, redis_server_url, ray, max_artifact_mb=0.00001) as svc:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=120)
+        assert run["state"] == "succeeded", svc.logs()
+        node_work = tmp_path / "node" / run_id / "work"
+        assert run["artifact_uri"] == f"{socket.gethostname()}:{node_work}"
+        assert (node_work / "majority.json").is_file()
+        log = run_paths(svc, run_id).run_log.read_text()
+        assert f"'majority.json' (0 MB) is over max_artifact_mb: it stays on {run['artifact_uri']}" in log
+        assert list(run_paths(svc, run_id).artifacts.iterdir()) == []
 
 
 def entry(svc: Services, run_id: str, code: str, workdir: Path) -> subprocess.CompletedProcess[str]:

@@ -392,9 +392,9 @@ class RayHarness:
         return self.ray.logs(job)
 
     def model_folder(self, svc: Services, run: dict[str, Any]) -> Path:
-        host, folder = run["artifact_uri"].split(":", 1)
-        assert host == socket.gethostname() and folder.startswith(str(self.workdir)), "the model files stay on the node"
-        return Path(folder)
+        artifacts = run_paths(svc, run["run_id"]).artifacts
+        assert run["artifact_uri"] == str(artifacts), "the model files came back from the node, over HTTP"
+        return artifacts
 
     def thaw(self, svc: Services, run_id: str) -> None:
         """The executor stopped the frozen agent's job: the agent, running again, takes Ray's SIGTERM (or its

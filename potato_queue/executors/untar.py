@@ -21,6 +21,7 @@ which on a small server is what the copy's speed is (P5).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 from collections.abc import Callable, Mapping
@@ -29,13 +30,26 @@ from typing import Any
 
 from potato_queue.errors import PotatoQueueError
 
-__all__ = ["CopyRefused", "CopyCutShort", "manifest_of", "check_manifest", "extract", "MAX_FILES", "MAX_NAME_BYTES"]
+__all__ = [
+    "CopyRefused",
+    "CopyCutShort",
+    "manifest_of",
+    "check_manifest",
+    "extract",
+    "unpack_upload",
+    "MAX_FILES",
+    "MAX_NAME_BYTES",
+    "FREE_MARGIN_BYTES",
+]
 
 BLOCK = 512
 MAX_FILES = 100_000
 MAX_NAME_BYTES = 4096
 MAX_META_BYTES = 1 << 20  # a pax header or GNU long name: a name's worth, not a file's
-MAX_TRAILER_BYTES = 1 << 20  # what may follow the end-of-archive blocks (tar pads to its record size)
+MAX_TRAILER_BYTES = 1 << 20
+MAX_NOTE_BYTES = (
+    64 << 20
+)  # the manifest of MAX_FILES files with long names fits  # what may follow the end-of-archive blocks (tar pads to its record size)
 FREE_MARGIN_BYTES = 256 << 20  # a copy that would leave less than this free on the server is refused
 COPY_CHUNK_BYTES = 1 << 20
 REGULAR = (b"0", b"\0", b"7")
@@ -120,6 +134,48 @@ def extract(fd: int, dest: Path, manifest: Mapping[str, int], on_bytes: Callable
             raise CopyRefused(
                 f"{name} is {KINDS.get(flag, f'an entry of type {flag!r}')} (only regular files and folders are taken)"
             )
+
+
+def unpack_upload(upload: Path, dest: Path, limit_bytes: int) -> dict[str, Any]:
+    """A ray run's model files as its agent sent them (agent/model_files.py: a JSON line with the manifest,
+    then the tar) into a new `dest`, by the rules above, every announced file whole; the JSON line's note.
+    CopyRefused or CopyCutShort otherwise, with `dest` removed."""
+    with open(upload, "rb", buffering=0) as fh:
+        fd = fh.fileno()
+        line = _first_line(fd)
+        try:
+            note = json.loads(line) if line is not None else None
+        except ValueError:
+            note = None
+        manifest = manifest_of(note)
+        if manifest is None:
+            raise CopyRefused("the upload does not begin with a manifest line")
+        check_manifest(manifest, limit_bytes, dest.parent)
+        os.lseek(fd, len(line or b"") + 1, os.SEEK_SET)
+        dest.mkdir(mode=0o700)
+        try:
+            extract(fd, dest, manifest, lambda _size: None)
+            for name in manifest:
+                if not (dest / name).is_file():
+                    raise CopyCutShort(f"{name} was announced and did not come")
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+    return dict(note or {})
+
+
+def _first_line(fd: int) -> bytes | None:
+    """The line at the file's start, without its newline; None when none ends within MAX_NOTE_BYTES."""
+    head = bytearray()
+    while len(head) <= MAX_NOTE_BYTES:
+        data = os.read(fd, 1 << 16)
+        if not data:
+            return None
+        head += data
+        if b"\n" in data:
+            line = bytes(head[: head.index(b"\n")])
+            return line if len(line) <= MAX_NOTE_BYTES else None
+    return None
 
 
 def _take_file(
