@@ -29,6 +29,7 @@ __all__ = [
     "WARNINGS_SHOWN_ENV",
     "VISIBILITY_ENV",
     "COPY_STALL_S",
+    "FREE_MARGIN_BYTES",
     "HEADER_TIMEOUT_S",
     "BODY_IDLE_S",
 ]
@@ -48,6 +49,8 @@ WARNINGS_SHOWN_ENV = "POTATO_QUEUE_WARNINGS_SHOWN"
 VISIBILITY_ENV = "POTATO_QUEUE_VISIBILITY_TIMEOUT_S"
 # ERR-7: a copy of the model files back that sends nothing for this long is ended (executors/remote/copy.py).
 COPY_STALL_S = 180.0
+# Model files that would leave less than this free on the server's disk are refused (an ssh copy, a ray upload).
+FREE_MARGIN_BYTES = 256 << 20
 # A request's headers must be whole this long after its first byte, and its body may stay silent this long
 # (server/connections.py).
 HEADER_TIMEOUT_S = 10.0

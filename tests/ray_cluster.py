@@ -180,6 +180,10 @@ class RayCluster:
         with self._open("/api/jobs/", json.dumps(body).encode()) as reply:
             return str(json.loads(reply.read())["submission_id"])
 
+    def stop(self, job_id: str) -> None:
+        with self._open(f"/api/jobs/{job_id}/stop", b"{}") as reply:
+            reply.read()
+
     def logs(self, job: dict) -> str:
         with self._open(f"/api/jobs/{job['submission_id']}/logs") as reply:
             return str(json.loads(reply.read())["logs"])

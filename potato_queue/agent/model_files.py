@@ -42,9 +42,8 @@ def send_model_files(
     client: RunClient,
     log: Callable[[str], None],
     patience_s: Optional[float],
-    remove_sent: bool = True,
 ) -> Optional[str]:
-    """Pack and PUT the model files; None when the server has them, else the problem in words."""
+    """Pack and PUT the model files; None when the server has them (they leave work/), else the problem."""
     try:
         sent, kept = pack_model_files(files.work, files.model_upload, limit_bytes)
         for name, size in kept:
@@ -64,7 +63,7 @@ def send_model_files(
         if os.path.exists(files.model_upload):
             os.unlink(files.model_upload)
     log("model files sent: {} files, {} bytes".format(len(sent), reply.get("bytes")))
-    for name in sent if remove_sent else ():
+    for name in sent:
         try:
             os.unlink(os.path.join(files.work, name))
         except OSError:

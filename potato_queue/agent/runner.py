@@ -320,13 +320,8 @@ class Runner:
             message = self._send_predictions(job, message)
         if job is not None and code == 0 and job.send_model_max_bytes is not None:
             self.relay.emit("status", state="finishing", step="sending the model files")
-            problem = send_model_files(
-                self.files, job.send_model_max_bytes, self.client, self.log, self._patience_s(), not self.keep
-            )
-            if problem is not None:
-                self.log(problem)
-                self.relay.emit("error", code="model_not_sent", message=problem)
-                message = problem if message is None else "{}; {}".format(message, problem)
+            problem = send_model_files(self.files, job.send_model_max_bytes, self.client, self.log, self._patience_s())
+            message = message if problem is None else self._not_sent("model_not_sent", problem, None, message)
         self.relay.emit("status", state="finishing", step="worker exited with code {}".format(code))
         if not self.relay.close(self._patience_s() or 300.0):
             self.log("some events could not be sent")
@@ -372,9 +367,12 @@ class Runner:
                 problem = "predictions.jsonl could not be sent: {}".format(exc)
                 too_large = False
         # Only a refusal for its size has the size's fix; otherwise the server's message says it all.
-        hint = _HINTS["predictions"] if too_large else None
+        return self._not_sent("predictions_not_sent", problem, _HINTS["predictions"] if too_large else None, message)
+
+    def _not_sent(self, code: str, problem: str, hint: Optional[str], message: Optional[str]) -> str:
+        """What could not be sent: logged, an error event, and added to the result's message."""
         self.log(problem)
-        self.relay.emit("error", code="predictions_not_sent", message=problem, install_hint=hint)
+        self.relay.emit("error", code=code, message=problem, install_hint=hint)
         return problem if message is None else "{}; {}".format(message, problem)
 
     def _clean_up(self) -> None:

@@ -16,13 +16,13 @@ from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import CheckReport, Executor, LaunchSpec, RunHandle
 from potato_queue.executors.remote.bootstrap import boot_header
 from potato_queue.executors.remote.session import failed_check, host_facts, session_lines, start_agent
+from potato_queue.host.check import TRAINING_PACKAGES
 from potato_queue.host.gpus import GpuBusy, GpuRefused, choose, describe, has_kernels
 from potato_queue.host.nvidia_smi import NVIDIA_SMI_QUERY, parse_gpus
 
-__all__ = ["SshExecutor", "check_report", "llm_facts", "TRAINING_PACKAGES"]
+__all__ = ["SshExecutor", "check_report", "llm_facts"]
 
 # What `training check` looks for in the host's interpreter (the trainers' import names).
-TRAINING_PACKAGES = ["torch", "transformers", "peft", "sklearn"]
 
 
 def check_report(backend: SshBackend, facts: dict[str, Any]) -> CheckReport:

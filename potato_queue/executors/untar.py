@@ -29,6 +29,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from potato_queue.errors import PotatoQueueError
+from potato_queue.settings import FREE_MARGIN_BYTES
 
 __all__ = [
     "CopyRefused",
@@ -39,7 +40,6 @@ __all__ = [
     "unpack_upload",
     "MAX_FILES",
     "MAX_NAME_BYTES",
-    "FREE_MARGIN_BYTES",
 ]
 
 BLOCK = 512
@@ -50,7 +50,6 @@ MAX_TRAILER_BYTES = 1 << 20
 MAX_NOTE_BYTES = (
     64 << 20
 )  # the manifest of MAX_FILES files with long names fits  # what may follow the end-of-archive blocks (tar pads to its record size)
-FREE_MARGIN_BYTES = 256 << 20  # a copy that would leave less than this free on the server is refused
 COPY_CHUNK_BYTES = 1 << 20
 REGULAR = (b"0", b"\0", b"7")
 KINDS = {

@@ -15,11 +15,15 @@ import json
 import os
 import platform
 import shutil
+import socket
 import stat
 import subprocess
 import sys
 from importlib.util import find_spec
 from typing import Any, Dict, List, Optional, Tuple
+
+# What a trainer needs, looked for by `training check` on every kind of host.
+TRAINING_PACKAGES = ["torch", "transformers", "peft", "sklearn"]
 
 
 def nvidia_smi(query: List[str]) -> str:
@@ -108,6 +112,8 @@ def main() -> int:
     facts = {
         "python": platform.python_version(),
         "executable": sys.executable,
+        "hostname": socket.gethostname(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "packages": {name: find_spec(name) is not None for name in asked["packages"]},
     }  # type: Dict[str, Any]
     if asked.get("slurm"):

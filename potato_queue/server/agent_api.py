@@ -31,11 +31,11 @@ from starlette.responses import FileResponse
 from potato_queue.bounds import clean, clean_flat, too_deep
 from potato_queue.config import ProjectConfig
 from potato_queue.errors import Conflict, Invalid, NotFound, TooLarge
-from potato_queue.executors.untar import FREE_MARGIN_BYTES
 from potato_queue.runs.ingest import ingest_events
 from potato_queue.runs.job import max_predictions_bytes
 from potato_queue.server.deps import config_of, refusals, runs_of, store_of
 from potato_queue.server.guard import refusal, token_problem
+from potato_queue.settings import FREE_MARGIN_BYTES
 from potato_queue.store import RunStore
 from potato_queue.store.keys import RUN_ID_RE
 from potato_queue.store.records import RunFolderError
@@ -340,6 +340,19 @@ def agent_router() -> APIRouter:
         response_model=Redeemed,
         responses=refusals({401: "no code, a wrong or spent one, or the run ended"}),
     )
+    _add_uploads(router)
+    router.add_api_route(
+        "/runs/{run_id}/result",
+        post_result,
+        methods=["POST"],
+        response_model=ResultReply,
+        responses=refusals({409: "the run already has its result"}),
+    )
+    return router
+
+
+def _add_uploads(router: APIRouter) -> None:
+    """The streamed bodies: predictions.jsonl, and a ray run's model files."""
     router.add_api_route(
         "/runs/{run_id}/predictions",
         put_predictions,
@@ -368,11 +381,3 @@ def agent_router() -> APIRouter:
             {409: "stored already, or not asked for", 413: "over the server's free disk", 507: _NO_WRITES}
         ),
     )
-    router.add_api_route(
-        "/runs/{run_id}/result",
-        post_result,
-        methods=["POST"],
-        response_model=ResultReply,
-        responses=refusals({409: "the run already has its result"}),
-    )
-    return router

@@ -10,6 +10,7 @@ import json
 import shlex
 import stat
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -281,3 +282,31 @@ def test_the_removal_by_hand_names_the_jobs_supervisor_in_rays_namespace() -> No
         in (said[2])
     )
     compile(said[2], "by hand", "exec")
+
+
+def test_the_check_job_asks_what_a_run_asks_and_hands_the_check_its_question_on_stdin(tmp_path: Path) -> None:
+    backend = _backend(num_gpus=2, resources={"A100": 1})
+    source = "import sys; print(sys.stdin.readline().strip())"
+    body = text.check_job_request(backend, source, {"packages": ["torch"], "env": {}}, "potato-queue-check-ab12")
+    assert body["entrypoint_num_gpus"] == 2 and body["entrypoint_resources"] == {"A100": 1}
+    assert body["submission_id"] == "potato-queue-check-ab12" and "runtime_env" not in body
+    # The shell Ray runs it with: the question reaches the check's stdin as one line, quoted whole.
+    command = body["entrypoint"].replace("python3 -I", f"{shlex.quote(sys.executable)} -I")
+    said = subprocess.run(["sh", "-c", command], capture_output=True, text=True, cwd=tmp_path).stdout
+    assert json.loads(said) == {"packages": ["torch"], "env": {}}
+
+
+def test_the_checks_answer_is_the_last_json_line_with_an_interpreter_in_rays_log() -> None:
+    answer = {"python": "3.11.7", "executable": "/usr/bin/python3", "packages": {"torch": False}}
+    logs = "\n".join(
+        [
+            "2026-12-08 01:00:00,000 INFO job_manager.py:581 -- Runtime env is setting up.",
+            "Running entrypoint for job potato-queue-check-ab12: printf ... | python3 -I -c ...",
+            '{"a node": "printing JSON of its own first"}',
+            json.dumps(answer),
+            "",
+        ]
+    )
+    assert text.check_facts(logs) == answer
+    assert text.check_facts("sh: 1: /nonexistent/python3: not found\n") is None
+    assert text.check_facts('{"python": 3}') is None

@@ -1,16 +1,37 @@
 """`training check` of a ray backend: the head's version, the auth result, the nodes and their GPUs and CPUs,
-and whether a job with the backend's resources can be placed now, or ever."""
+whether a job with the backend's resources can be placed now, or ever, and, when it can be at all, what a run's
+worker would find where Ray puts it: a short job with the run's resources runs host/check.py (the ssh check's
+question) with the node's `python`. A check job that Ray cannot place within CHECK_PENDING_WAIT_S (the cluster
+busy) is taken out of the queue and the nodes go unlooked at."""
 
 from __future__ import annotations
 
+import secrets
+import time
+from pathlib import Path
 from typing import Any
 
 from potato_queue.backends.models import RayBackend
 from potato_queue.executors.base import CheckReport
 from potato_queue.executors.rayjobs.client import RayError, RayJobs
-from potato_queue.executors.rayjobs.text import asked_resources
+from potato_queue.executors.rayjobs.text import (
+    PENDING,
+    TERMINAL,
+    JobState,
+    asked_resources,
+    check_facts,
+    check_job_request,
+    removal_request,
+)
+from potato_queue.host import check as host_check
+from potato_queue.host.gpus import describe
+from potato_queue.host.nvidia_smi import NVIDIA_SMI_QUERY, parse_gpus
 
-__all__ = ["ray_check_report", "placement"]
+__all__ = ["ray_check_report", "placement", "CHECK_JOB_WAIT_S"]
+
+CHECK_JOB_WAIT_S = 60.0  # measured: about 3 s on 2 cores; a node's first import of torch takes longer
+CHECK_PENDING_WAIT_S = 10.0
+CHECK_SOURCE = Path(host_check.__file__).read_text()
 
 
 def _asked(backend: RayBackend) -> dict[str, float]:
@@ -66,6 +87,13 @@ def ray_check_report(name: str, backend: RayBackend, jobs: RayJobs) -> CheckRepo
         )
     else:
         lines.append(f"server_url: {backend.server_url} (the nodes fetch the agent and the bundle there)")
+    node: dict[str, Any] | None = None
+    if ever:
+        node_lines, node, problem = _node_check(backend, jobs)
+        lines += node_lines
+        problems += [problem] if problem else []
+    else:
+        lines.append("the nodes' Python and packages: not looked at (no node has what a run asks)")
     lines += [f"problem: {problem}" for problem in problems]
     data = {
         "ray_version": version.get("ray_version"),
@@ -74,6 +102,65 @@ def ray_check_report(name: str, backend: RayBackend, jobs: RayJobs) -> CheckRepo
         "asked": _asked(backend),
         "placeable_now": now,
         "placeable": ever,
+        "node": node,
         "problems": problems,
     }
     return CheckReport(ok=not problems, lines=lines, data=data)
+
+
+def _node_check(backend: RayBackend, jobs: RayJobs) -> tuple[list[str], dict[str, Any] | None, str | None]:
+    """(lines, what host/check.py saw, a problem): the check job, where a run would be placed."""
+    job_id = f"potato-queue-check-{secrets.token_hex(4)}"
+    asked = {"env": {}, "query": NVIDIA_SMI_QUERY, "packages": host_check.TRAINING_PACKAGES}
+    body = check_job_request(backend, CHECK_SOURCE, asked, job_id)
+    try:
+        jobs.submit(body)
+        state = _ended(jobs, job_id)
+        logs = jobs.logs(job_id).replace(body["entrypoint"], "(the check)")  # Ray echoes the command first
+        facts = check_facts(logs)
+    except RayError as exc:
+        return [], None, f"the check job could not run: {exc.message}"
+    if state is not None and state.status == PENDING:
+        busy = f"the check job waited {CHECK_PENDING_WAIT_S:g} s for a run's resources, all in use"
+        return [f"the nodes' Python and packages: not looked at ({busy})"], None, None
+    if facts is None:
+        said = f"ended {state.status}" if state is not None else f"did not end within {CHECK_JOB_WAIT_S:g} s"
+        tail = logs.strip()[-600:]
+        return (
+            [],
+            None,
+            (
+                f"the check job {job_id} {said} without an answer from the node's python ({backend.python})"
+                + (f": {tail}" if tail else "")
+                + "; fix: set the backend's python to an interpreter the nodes have (3.8 or newer)"
+            ),
+        )
+    return _node_lines(facts), facts, None
+
+
+def _ended(jobs: RayJobs, job_id: str) -> JobState | None:
+    """The check job once it ended; still PENDING after CHECK_PENDING_WAIT_S, taken out of the queue; None after
+    CHECK_JOB_WAIT_S, stopped."""
+    started_s = time.monotonic()
+    while (waited_s := time.monotonic() - started_s) < CHECK_JOB_WAIT_S:
+        state = jobs.state(job_id)
+        if state is not None and state.status in TERMINAL:
+            return state
+        if state is not None and state.status == PENDING and waited_s > CHECK_PENDING_WAIT_S:
+            jobs.submit(removal_request(job_id))
+            return state
+        time.sleep(0.25)
+    jobs.stop(job_id)
+    return None
+
+
+def _node_lines(facts: dict[str, Any]) -> list[str]:
+    """What a run's worker would find on the node, in the words of the ssh check."""
+    where = f"{facts.get('hostname', '?')}, CUDA_VISIBLE_DEVICES={facts.get('cuda_visible_devices') or 'unset'}"
+    lines = [f"where a run would go ({where}): Python {facts['python']} ({facts.get('executable', '?')})"]
+    gpus, archs = parse_gpus(facts.get("nvidia_smi") or ""), facts.get("arch_list")
+    lines += [f"  {describe(gpu, archs)}" for gpu in gpus] or ["  no GPU (no nvidia-smi on the node's PATH)"]
+    missing = sorted(name for name, present in facts["packages"].items() if not present)
+    if missing:
+        lines.append(f"training packages missing from {facts.get('executable', '?')}: {', '.join(missing)}")
+    return lines

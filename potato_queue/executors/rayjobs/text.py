@@ -11,6 +11,7 @@ it is set per job to the project's grace and a margin, so that a trainer saves i
 from __future__ import annotations
 
 import functools
+import json
 import math
 import shlex
 from dataclasses import dataclass
@@ -38,6 +39,8 @@ __all__ = [
     "removal_id",
     "removal_request",
     "removal_by_hand",
+    "check_job_request",
+    "check_facts",
 ]
 
 PENDING, RUNNING = "PENDING", "RUNNING"
@@ -161,6 +164,32 @@ def removal_by_hand(job_id: str) -> str:
     """The command that removes a waiting job, for an admin on the head when the removal job could not."""
     actor = f'ray.get_actor("{SUPERVISOR_PREFIX}{job_id}", namespace="{SUPERVISOR_NAMESPACE}")'
     return shlex.join(["python", "-c", f"import ray; ray.init(); ray.kill({actor}, no_restart=True)"])
+
+
+def check_job_request(backend: RayBackend, check_source: str, asked: dict[str, Any], job_id: str) -> dict[str, Any]:
+    """`training check`'s job: host/check.py (its question on stdin) run by the node's `python` where a run
+    would be placed (the same resources), so that it sees what a run's worker would."""
+    question = shlex.quote(json.dumps(asked))
+    command = f"printf '%s\\n' {question} | {shlex.join([backend.python, '-I', '-c', check_source])}"
+    return {
+        "entrypoint": command,
+        "submission_id": job_id,
+        "metadata": {"potato_queue": "check"},
+        **asked_resources(backend),
+    }
+
+
+def check_facts(logs: str) -> dict[str, Any] | None:
+    """host/check.py's answer in the check job's log (after Ray's own lines): its last line that is a JSON
+    object with the interpreter in it; None when there is none."""
+    for line in reversed(logs.splitlines()):
+        try:
+            found = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(found, dict) and isinstance(found.get("python"), str) and isinstance(found.get("packages"), dict):
+            return found
+    return None
 
 
 def job_state(reply: Any) -> JobState:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import re
 import secrets
 import socket
@@ -278,6 +279,27 @@ def test_check_says_rays_version_the_nodes_and_whether_a_run_fits(
         assert f"{BACKEND}: Ray 2.60.0 at {ray.address} (auth: accepted)" in text
         assert "a run asks GPU 1, CPU 1: " in text
         assert "server_url: not set, so the nodes dial the address potato-queue serve is bound to" in text
+        # A short job with a run's resources looked at the node as a run's worker would see it.
+        node = found["node"]
+        assert (node["python"], node["executable"]) == (platform.python_version(), sys.executable)
+        assert node["cuda_visible_devices"] == "0" and node["packages"]["sklearn"] is True
+        assert (
+            f"where a run would go ({socket.gethostname()}, CUDA_VISIBLE_DEVICES=0): Python "
+            f"{platform.python_version()} ({sys.executable})" in text
+        )
+        assert "no GPU (no nvidia-smi on the node's PATH)" in text
+        assert not [job for job in ray.jobs() if job["status"] in ("PENDING", "RUNNING")]
+        # With the GPU held by someone else's job, the check job is taken out of the queue, not left there.
+        blocker = ray.submit("sleep 30", num_gpus=1)
+        wait_until(lambda: ray.job(blocker)["status"] == "RUNNING", timeout_s=30, what="the blocker's start")
+        text = run_cli("training", "check", BACKEND, svc.config).stdout
+        assert "the nodes' Python and packages: not looked at (the check job waited 10 s for a run's" in text
+        ray.stop(blocker)
+        wait_until(
+            lambda: not [job for job in ray.jobs() if job["status"] in ("PENDING", "RUNNING")],
+            timeout_s=30,
+            what="no job left waiting or running",
+        )
         # The Training page's "Runs on" menu names it by its head.
         _, rows = svc.api("GET", "/backends")
         assert {row["name"]: row["label"] for row in rows}[
@@ -287,6 +309,13 @@ def test_check_says_rays_version_the_nodes_and_whether_a_run_fits(
         code, found = check(svc)
         assert code == 1 and isinstance(found, dict) and not found["placeable"]
         assert "no live node has what a run asks (GPU 2, CPU 1)" in found["problems"][0]
+        assert found["node"] is None
+    with ray_project(tmp_path / "no-python", redis_server_url, ray, python="/nonexistent/python3") as svc:
+        code, found = check(svc)
+        assert code == 1 and isinstance(found, dict), found
+        (problem,) = found["problems"]
+        assert "without an answer from the node's python (/nonexistent/python3)" in problem
+        assert "not found" in problem and "fix: set the backend's python to an interpreter the nodes have" in problem
 
 
 def test_a_cluster_with_token_auth_takes_the_token_from_the_named_variable_only(
