@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep running when stdin closes after the token (a token from a file or echo); "
         "by default a closed stdin means whoever started the agent is gone, and the worker stops",
     )
+    run.add_argument(
+        "--prestart-worker",
+        action="store_true",
+        help="start the worker's interpreter at once, while the job and the bundle download (its imports "
+        "then cost the run nothing); a ray run's entry asks for it",
+    )
     # Seconds without an answer before the agent stops the worker (AGT-7); tests shorten it.
     run.add_argument("--unreachable-s", type=float, default=300.0, help=argparse.SUPPRESS)
     # Started over ssh: the session's forwarded socket, a file sshd leaves behind; removed when the agent ends.
@@ -314,6 +320,8 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _run(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
     """`run`: one job, from its assignment (or the command line) to its reported end."""
     launcher = ProcessLauncher(args.python, worker_env())  # type: WorkerLauncher
+    if args.prestart_worker and not args.assignment_on_stdin:
+        launcher.prestart()
     if args.assignment_on_stdin:
         if not args.slurm:
             # Start the worker's interpreter now too: a warm agent with a cold worker saves half.

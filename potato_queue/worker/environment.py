@@ -14,7 +14,11 @@ import subprocess
 import sys
 from typing import Any, Dict, List, Optional
 
-__all__ = ["PACKAGES", "environment", "code_sha256"]
+__all__ = ["PACKAGES", "environment", "code_sha256", "UNPACKED_FROM"]
+
+# Beside the package in a folder unpacked from the agent's archive (host/ray_entry.py writes it): the archive's
+# sha256, checked when it was unpacked, which names the code as the archive would.
+UNPACKED_FROM = "unpacked-from.sha256"
 
 # The packages whose versions decide what a trainer computes: package -> its module.
 PACKAGES = {
@@ -43,9 +47,14 @@ def _versions() -> Dict[str, str]:
 
 def code_sha256() -> str:
     """sha256 of the potato-queue code this process runs: the archive it was started from (a host's agent.pyz),
-    or every .py file of the package (name and bytes, in sorted order)."""
+    or unpacked from (a ray node's, which names it in UNPACKED_FROM), or every .py file of the package (name and
+    bytes, in sorted order)."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../potato_queue
     archive = os.path.dirname(root)
+    unpacked_from = os.path.join(archive, UNPACKED_FROM)
+    if os.path.isfile(unpacked_from):
+        with open(unpacked_from, encoding="ascii") as fh:
+            return fh.read().strip()
     digest = hashlib.sha256()
     if os.path.isfile(archive):  # inside a zipapp: the archive is the code
         with open(archive, "rb") as fh:

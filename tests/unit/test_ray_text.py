@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import hashlib
 import importlib
+import io
 import json
+import os
 import shlex
 import stat
 import subprocess
 import sys
 import threading
+import zipfile
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -23,6 +26,7 @@ from pydantic import ValidationError
 from potato_queue.backends.models import RayBackend
 from potato_queue.executors.rayjobs import text
 from potato_queue.executors.rayjobs.check import placement
+from potato_queue.worker import environment
 
 pytestmark = pytest.mark.unit
 
@@ -203,7 +207,7 @@ def agent_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Agent]:
     for name in ("http_proxy", "HTTP_PROXY", "https_proxy", "HTTPS_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
     server = _Agent(("127.0.0.1", 0), _Handler)
-    server.payload = b"PK\x03\x04 a zipapp"
+    server.payload = _zipapp()
     thread = threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True)
     thread.start()
     yield server
@@ -212,15 +216,35 @@ def agent_server(monkeypatch: pytest.MonkeyPatch) -> Iterator[_Agent]:
     thread.join(5)
 
 
+def _zipapp() -> bytes:
+    out = io.BytesIO()
+    with zipfile.ZipFile(out, "w") as archive:
+        archive.writestr("__main__.py", "print('agent')\n")
+        archive.writestr("potato_queue/__init__.py", "")
+    return out.getvalue()
+
+
 def _url(server: _Agent) -> str:
     return f"http://127.0.0.1:{server.server_address[1]}"
 
 
-def test_the_agent_is_kept_private_when_its_sha256_matches(agent_server: _Agent, tmp_path: Path) -> None:
+def test_the_agent_is_unpacked_private_when_its_sha256_matches_and_runs_as_a_folder(
+    agent_server: _Agent, tmp_path: Path
+) -> None:
     sha = hashlib.sha256(agent_server.payload).hexdigest()
-    path = Path(ray_entry.fetch_agent(_url(agent_server), sha, str(tmp_path)))
-    assert path == tmp_path / "code" / f"{sha}.pyz" and path.read_bytes() == agent_server.payload
-    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    old = os.umask(0o077)  # the entry's own (main sets it first)
+    try:
+        path = Path(ray_entry.fetch_agent(_url(agent_server), sha, str(tmp_path)))
+    finally:
+        os.umask(old)
+    assert path == tmp_path / "code" / sha and (path / "potato_queue" / "__init__.py").is_file()
+    assert stat.S_IMODE((path / "__main__.py").stat().st_mode) == 0o600
+    assert {stat.S_IMODE(p.stat().st_mode) for p in (path, path / "potato_queue", path.parent)} == {0o700}
+    ran = subprocess.run([sys.executable, "-I", str(path)], capture_output=True, text=True, cwd=tmp_path)
+    assert ran.stdout == "agent\n"
+    # The run's record names the code by the archive's sha256, as it would run from the archive.
+    assert (path / environment.UNPACKED_FROM).read_text() == sha + "\n"
+    assert ray_entry.UNPACKED_FROM == environment.UNPACKED_FROM
 
 
 def test_an_agent_already_kept_is_not_fetched_again(agent_server: _Agent, tmp_path: Path) -> None:
@@ -234,6 +258,11 @@ def test_an_agent_with_another_sha256_exits_and_leaves_no_file(agent_server: _Ag
     with pytest.raises(SystemExit):
         ray_entry.fetch_agent(_url(agent_server), SHA, str(tmp_path))
     assert list((tmp_path / "code").iterdir()) == []
+    # A copy unpacked by a job that died halfway is not taken for the agent: it is fetched whole again.
+    sha = hashlib.sha256(agent_server.payload).hexdigest()
+    (tmp_path / "code" / sha / "potato_queue").mkdir(parents=True)
+    path = Path(ray_entry.fetch_agent(_url(agent_server), sha, str(tmp_path)))
+    assert (path / "__main__.py").is_file()
 
 
 def test_a_pending_timeout_says_memory_as_the_config_wrote_it() -> None:
