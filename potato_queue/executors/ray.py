@@ -45,6 +45,7 @@ from potato_queue.executors.rayjobs.text import (
     REMOVED,
     RUNNING,
     STOP_MARGIN_S,
+    STOPPED,
     TERMINAL,
     JobState,
     asked_words,
@@ -74,6 +75,7 @@ class RayHandle(RunHandle):
     def __init__(self, jobs: RayJobs, submit: Callable[[int], str], grace_s: float, spec: LaunchSpec) -> None:
         self.jobs, self.submit, self.clock, self.log = jobs, submit, spec.clock, spec.log
         self.paths, self.send_model_max_bytes = spec.paths, spec.job.send_model_max_bytes
+        self.killed = False
         self.backend = jobs.backend
         self.can_requeue = spec.reissue is not None
         self.attempt = 0
@@ -134,6 +136,7 @@ class RayHandle(RunHandle):
         return f"{said}{exit_code}: {state.message}" + (f"; its log ends: {tail}" if tail else "")
 
     def kill(self) -> None:
+        self.killed = True
         try:
             self.jobs.stop(self.job_id)
             if isinstance(self.status, Waiting):
@@ -192,6 +195,8 @@ class RayHandle(RunHandle):
     def collect(self, result: AgentResult) -> str | None:
         """The model files the agent sent, into the run's artifacts/ by the rules of an ssh copy; with
         fetch_artifacts: false, or a run that failed, they stay on the node, where the agent said."""
+        if result.exit_code != 0 and not self.killed:
+            self._say_if_stopped_outside()
         self.jobs.close()
         upload, limit = self.paths.model_upload, self.send_model_max_bytes
         try:
@@ -212,6 +217,23 @@ class RayHandle(RunHandle):
             self.log(f"{name[:300]!r} ({size / 1e6:.0f} MB) is over max_artifact_mb: it stays on {node}")
         self.log(f"model files: {len(untar.manifest_of(note) or {})} files in {self.paths.artifacts}")
         return node if kept else str(self.paths.artifacts)
+
+    def _say_if_stopped_outside(self) -> None:
+        """A job stopped on the cluster (Ray's dashboard, `ray job stop`), not by potato-queue: its agent took
+        Ray's SIGTERM for a cancel; run.log says who stopped it."""
+        deadline_s, state = time.monotonic() + KILL_WAIT_S, None
+        try:
+            while (state := self.jobs.state(self.job_id)) is not None and state.status == RUNNING:
+                if time.monotonic() > deadline_s:
+                    return
+                time.sleep(0.1)
+        except (RayError, ValueError):
+            return
+        if state is not None and state.status == STOPPED:
+            self.log(
+                f"Ray job {self.job_id} was stopped on {self.backend.head}, not through potato-queue "
+                "(Ray's dashboard, or `ray job stop`)"
+            )
 
     def _missing(self, what: str, node: str) -> NoReturn:
         """The run's end when the model files are not whole here: the predictions count, the files stay there."""

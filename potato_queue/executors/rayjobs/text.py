@@ -23,6 +23,7 @@ from potato_queue.backends.models import RayBackend
 __all__ = [
     "PENDING",
     "RUNNING",
+    "STOPPED",
     "TERMINAL",
     "STOP_WAIT_ENV",
     "STOP_MARGIN_S",
@@ -43,8 +44,8 @@ __all__ = [
     "check_facts",
 ]
 
-PENDING, RUNNING = "PENDING", "RUNNING"
-TERMINAL = ("STOPPED", "SUCCEEDED", "FAILED")
+PENDING, RUNNING, STOPPED = "PENDING", "RUNNING", "STOPPED"
+TERMINAL = (STOPPED, "SUCCEEDED", "FAILED")
 STATES = (PENDING, RUNNING, *TERMINAL)
 STOP_WAIT_ENV = "RAY_JOB_STOP_WAIT_TIME_S"
 # Past the grace: the agent's own hard stop and its report, before Ray's SIGKILL.

@@ -187,6 +187,7 @@ def test_cancel_of_a_running_run_stops_its_job_and_every_process(
         assert run["state"] == "cancelled", svc.logs()
         job = wait_job(ray, run_id, {"STOPPED", "SUCCEEDED", "FAILED"})
         assert job["status"] != "RUNNING"
+        assert "not through potato-queue" not in run_paths(svc, run_id).run_log.read_text()
         wait_gone(tmp_path / "node")
 
 
@@ -199,6 +200,26 @@ def taken_out_of_the_queue(svc: Services, ray: RayCluster, run_id: str) -> dict[
     wait_until(lambda: "out of 127.0.0.1" in log.read_text(), timeout_s=30, what="run.log's removal line")
     assert f"Ray job potato-queue-{run_id} was taken out of 127.0.0.1:{ray.dashboard_port}'s queue" in log.read_text()
     return job
+
+
+def test_a_job_stopped_on_the_cluster_ends_the_run_and_run_log_says_who_stopped_it(
+    tmp_path: Path, redis_server_url: str, ray: RayCluster
+) -> None:
+    """Someone stops the job on Ray's dashboard: the agent takes Ray's SIGTERM as a cancel, stops the worker
+    within its grace and reports; nothing is left on the node."""
+    with ray_project(tmp_path, redis_server_url, ray) as svc:
+        run_id = held_run_running(svc, ray)
+        ray.stop(f"potato-queue-{run_id}")
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert run["state"] == "cancelled", svc.logs()
+        log = run_paths(svc, run_id).run_log.read_text()
+        assert "agent finished: exit code 4" in log and "the agent got SIGTERM" in log
+        assert (
+            f"Ray job potato-queue-{run_id} was stopped on 127.0.0.1:{ray.dashboard_port}, not through potato-queue"
+            in log
+        )
+        assert wait_job(ray, run_id, {"STOPPED", "SUCCEEDED", "FAILED"})["status"] == "STOPPED"
+        wait_gone(tmp_path / "node")
 
 
 def test_a_job_ray_cannot_place_fails_the_run_after_pending_timeout_s_and_leaves_the_queue(
