@@ -209,10 +209,13 @@ def test_a_job_stopped_on_the_cluster_ends_the_run_and_run_log_says_who_stopped_
     within its grace and reports; nothing is left on the node."""
     with ray_project(tmp_path, redis_server_url, ray) as svc:
         run_id = held_run_running(svc, ray)
+        # Once the worker trains (a SIGTERM before its handler is set ends it with 143, the run failed).
+        log = run_paths(svc, run_id).run_log
+        wait_until(lambda: "step: fitting" in log.read_text(), timeout_s=30, what="the worker's fit")
         ray.stop(f"potato-queue-{run_id}")
         run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
-        assert run["state"] == "cancelled", svc.logs()
         log = run_paths(svc, run_id).run_log.read_text()
+        assert run["state"] == "cancelled", (run["error"], log)
         assert "agent finished: exit code 4" in log and "the agent got SIGTERM" in log
         assert (
             f"Ray job potato-queue-{run_id} was stopped on 127.0.0.1:{ray.dashboard_port}, not through potato-queue"
@@ -244,7 +247,7 @@ def test_cancel_of_a_run_whose_job_waits_takes_the_job_out_of_rays_queue(
     tmp_path: Path, redis_server_url: str, ray: RayCluster
 ) -> None:
     """The job waits behind someone else's that holds the GPU; once that one ends, ours must not start."""
-    blocker = ray.submit("sleep 4", num_gpus=1)
+    blocker = ray.submit("sleep 120", num_gpus=1)
     with ray_project(tmp_path, redis_server_url, ray) as svc:
         run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"])
         wait_job(ray, run_id, {"PENDING"})
@@ -254,7 +257,9 @@ def test_cancel_of_a_run_whose_job_waits_takes_the_job_out_of_rays_queue(
         assert run["state"] == "cancelled", svc.logs()
         assert "it never started" in run["error"]
         job = taken_out_of_the_queue(svc, ray, run_id)
-        wait_until(lambda: ray.job(blocker)["status"] == "SUCCEEDED", timeout_s=30, what="the blocker's end")
+        ray.stop(blocker)  # the GPU frees
+        wait_until(lambda: ray.job(blocker)["status"] == "STOPPED", timeout_s=30, what="the blocker's end")
+        time.sleep(1)  # a moment in which Ray would have placed a job still queued
         assert ray.job(job["submission_id"])["status"] == "FAILED"
         assert f"run {run_id} on " not in ray.logs(job)
         assert not (tmp_path / "node" / "code").exists(), "the agent was fetched for a cancelled run"
@@ -395,6 +400,8 @@ def test_a_run_whose_node_dies_is_submitted_again_and_resumes_from_its_checkpoin
             assert f"submitted again as potato-queue-{run_id}-2 (1 of max_requeues 3)" in log, log
             assert re.search(r"resumed at step [3-9]\d* from the checkpoint", log), log
             assert wait_job(cluster, run_id, {"FAILED"})["error_type"] == "JOB_SUPERVISOR_ACTOR_DIED"
-            assert cluster.job(f"potato-queue-{run_id}-2")["status"] == "SUCCEEDED"
+            # The run succeeded once its agent reported; Ray's job ends as that agent exits, a moment later.
+            second = f"potato-queue-{run_id}-2"
+            wait_until(lambda: cluster.job(second)["status"] == "SUCCEEDED", timeout_s=30, what=f"{second}'s end")
     finally:
         cluster.close()
