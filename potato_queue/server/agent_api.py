@@ -233,24 +233,36 @@ async def _receive(request: Request, part: Path, limit: int, too_large: TooLarge
     return total, lines + (1 if last != b"\n" else 0)
 
 
+async def _store_upload(
+    request: Request, run_id: str, paths: tuple[Path, Path], limit: int, too_large: TooLargeSaid, what: str
+) -> tuple[int, int]:
+    """The body streamed into paths[0] through paths[1], once: (bytes, lines); 409 when stored already, 413
+    over `limit` bytes, 400 when cut off (nothing kept)."""
+    store = store_of(request)
+    final, part = paths
+    await run_in_threadpool(runs_of(request).heard_from, run_id)
+    if final.exists():
+        raise Conflict(f"run {run_id} already has its {what}; they are stored once")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(f"{int(declared)} bytes")
+    try:
+        counts = await _receive(request, part, limit, too_large)
+        os.replace(part, final)
+    except ClientDisconnect:
+        raise Invalid(f"the upload was cut off; send the {what} again") from None
+    except OSError as exc:
+        raise await run_in_threadpool(_cannot_write, store, run_id, exc) from None
+    return counts
+
+
 async def put_predictions(request: Request, run_id: AuthorizedRun) -> PredictionsReply:
     """predictions.jsonl, streamed; 413 over max_predictions_mb, 409 when already stored."""
     store, config = store_of(request), config_of(request)
-    await run_in_threadpool(runs_of(request).heard_from, run_id)
     paths = store.paths(run_id)
-    if paths.predictions.exists():
-        raise Conflict(f"run {run_id} already has its predictions; they are stored once")
-    limit = max_predictions_bytes(config)
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise _too_large(config, f"{int(declared)} bytes")
-    try:
-        total, lines = await _receive(request, paths.predictions_partial, limit, partial(_too_large, config))
-        os.replace(paths.predictions_partial, paths.predictions)
-    except ClientDisconnect:
-        raise Invalid("the upload was cut off; send predictions.jsonl again") from None
-    except OSError as exc:
-        raise await run_in_threadpool(_cannot_write, store, run_id, exc) from None
+    limit, too_large = max_predictions_bytes(config), partial(_too_large, config)
+    where = (paths.predictions, paths.predictions_partial)
+    total, lines = await _store_upload(request, run_id, where, limit, too_large, "predictions")
     await run_in_threadpool(store.log, run_id, f"predictions received: {lines} lines, {total} bytes")
     return PredictionsReply(bytes=total, lines=lines)
 
@@ -270,21 +282,10 @@ async def put_model(request: Request, run_id: AuthorizedRun) -> ModelReply:
     job = (await run_in_threadpool(store.read, run_id)).get("job") or {}
     if job.get("send_model_max_bytes") is None:
         raise Conflict(f"run {run_id}'s model files stay where they are: its job does not ask for them")
-    await run_in_threadpool(runs_of(request).heard_from, run_id)
     paths = store.paths(run_id)
-    if paths.model_upload.exists():
-        raise Conflict(f"run {run_id} already has its model files; they are stored once")
     free = shutil.disk_usage(paths.dir).free - FREE_MARGIN_BYTES
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > free:
-        raise _model_too_large(free, f"{int(declared)} bytes")
-    try:
-        total, _ = await _receive(request, paths.model_upload_partial, free, partial(_model_too_large, free))
-        os.replace(paths.model_upload_partial, paths.model_upload)
-    except ClientDisconnect:
-        raise Invalid("the upload was cut off; send the model files again") from None
-    except OSError as exc:
-        raise await run_in_threadpool(_cannot_write, store, run_id, exc) from None
+    where = (paths.model_upload, paths.model_upload_partial)
+    total, _ = await _store_upload(request, run_id, where, free, partial(_model_too_large, free), "model files")
     await run_in_threadpool(store.log, run_id, f"model files received: {total} bytes")
     return ModelReply(bytes=total)
 
