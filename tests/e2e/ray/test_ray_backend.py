@@ -50,6 +50,7 @@ def ray_project(
     ray: RayCluster,
     executors: int = 1,
     executor_env: dict[str, str] | None = None,
+    training: dict[str, Any] | None = None,
     **backend: Any,
 ) -> Iterator[Services]:
     settings = {"type": "ray", "address": ray.address, "python": sys.executable, "workdir": str(tmp_path / "node")}
@@ -60,6 +61,7 @@ def ray_project(
         executor_env=executor_env,
         backend=BACKEND,
         backends={BACKEND: {**settings, **backend}},
+        **(training or {}),
     ) as svc:
         yield svc
 
@@ -200,6 +202,18 @@ def taken_out_of_the_queue(svc: Services, ray: RayCluster, run_id: str) -> dict[
     wait_until(lambda: "out of 127.0.0.1" in log.read_text(), timeout_s=30, what="run.log's removal line")
     assert f"Ray job potato-queue-{run_id} was taken out of 127.0.0.1:{ray.dashboard_port}'s queue" in log.read_text()
     return job
+
+
+def test_max_wall_seconds_stops_a_ray_run_and_its_job(tmp_path: Path, redis_server_url: str, ray: RayCluster) -> None:
+    """The wall clock counts from the job's start (its wait in Ray's queue is not run time)."""
+    training = {"max_wall_seconds": 4, "grace_seconds": 2}
+    with ray_project(tmp_path, redis_server_url, ray, training=training) as svc:
+        run_id = svc.start_run(trainer="majority-baseline", schemas=["sentiment"], params={"hold_s": 120})
+        run = svc.wait_for(run_id, TERMINAL, timeout_s=60)
+        assert run["state"] == "failed"
+        assert run["error"].startswith("The run did not finish within max_wall_seconds (4 s) and was stopped"), run
+        assert wait_job(ray, run_id, {"STOPPED", "SUCCEEDED", "FAILED"})["status"] != "RUNNING"
+        wait_gone(tmp_path / "node")
 
 
 def test_a_job_stopped_on_the_cluster_ends_the_run_and_run_log_says_who_stopped_it(
