@@ -196,8 +196,10 @@ class RayHandle(RunHandle):
         """The model files the agent sent, into the run's artifacts/ by the rules of an ssh copy; with
         fetch_artifacts: false, or a run that failed, they stay on the node, where the agent said."""
         if result.exit_code != 0 and not self.killed:
-            self._say_if_stopped_outside()
-        self.jobs.close()
+            # In the background: the run's end does not wait for Ray to say how its job ended.
+            threading.Thread(target=self._say_if_stopped_outside, name=f"how {self.job_id} ended", daemon=True).start()
+        else:
+            self.jobs.close()
         upload, limit = self.paths.model_upload, self.send_model_max_bytes
         try:
             if result.exit_code != 0 or limit is None:
@@ -229,6 +231,8 @@ class RayHandle(RunHandle):
                 time.sleep(0.1)
         except (RayError, ValueError):
             return
+        finally:
+            self.jobs.close()
         if state is not None and state.status == STOPPED:
             self.log(
                 f"Ray job {self.job_id} was stopped on {self.backend.head}, not through potato-queue "
