@@ -16,10 +16,11 @@ import io
 import zipfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 
 from potato_queue.wire.isolated import BARE_PACKAGES
 
-__all__ = ["CodePackage", "agent_zipapp", "ZIPAPP_MAIN"]
+__all__ = ["CodePackage", "agent_zipapp", "host_source", "ZIPAPP_MAIN"]
 
 ROOT = Path(__file__).resolve().parent
 # The zipapp's entry: `python3 agent.pyz ARGS` is `python -m potato_queue.agent serve ARGS`.
@@ -59,3 +60,14 @@ def agent_zipapp() -> CodePackage:
             archive.writestr(info, data)
     data = buffer.getvalue()
     return CodePackage(data, hashlib.sha256(data).hexdigest())
+
+
+def host_source(module: ModuleType) -> str:
+    """The text of one of host/'s self-contained programs, as it is sent to a machine (`python -c` or stdin),
+    read once a process: the code does not change under a running server."""
+    return _source(module.__file__ or "")
+
+
+@functools.cache
+def _source(path: str) -> str:
+    return Path(path).read_text()

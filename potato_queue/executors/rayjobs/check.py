@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import secrets
 import time
-from pathlib import Path
 from typing import Any
 
 from potato_queue.backends.models import RayBackend
+from potato_queue.code_package import host_source
 from potato_queue.executors.base import CheckReport
 from potato_queue.executors.rayjobs.client import RayError, RayJobs
 from potato_queue.executors.rayjobs.text import (
@@ -31,7 +31,6 @@ __all__ = ["ray_check_report", "placement", "CHECK_JOB_WAIT_S"]
 
 CHECK_JOB_WAIT_S = 60.0  # measured: about 3 s on 2 cores; a node's first import of torch takes longer
 CHECK_PENDING_WAIT_S = 10.0
-CHECK_SOURCE = Path(host_check.__file__).read_text()
 
 
 def _asked(backend: RayBackend) -> dict[str, float]:
@@ -112,7 +111,7 @@ def _node_check(backend: RayBackend, jobs: RayJobs) -> tuple[list[str], dict[str
     """(lines, what host/check.py saw, a problem): the check job, where a run would be placed."""
     job_id = f"potato-queue-check-{secrets.token_hex(4)}"
     asked = {"env": {}, "query": NVIDIA_SMI_QUERY, "packages": host_check.TRAINING_PACKAGES}
-    body = check_job_request(backend, CHECK_SOURCE, asked, job_id)
+    body = check_job_request(backend, host_source(host_check), asked, job_id)
     try:
         jobs.submit(body)
         state = _ended(jobs, job_id)

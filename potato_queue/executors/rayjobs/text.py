@@ -10,15 +10,15 @@ it is set per job to the project's grace and a margin, so that a trainer saves i
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import shlex
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from potato_queue.backends.models import RayBackend
+from potato_queue.code_package import host_source
+from potato_queue.host import ray_entry
 
 __all__ = [
     "PENDING",
@@ -54,7 +54,6 @@ STOP_MARGIN_S = 15.0
 NODE_LOST_TYPE = "JOB_SUPERVISOR_ACTOR_DIED"
 NODE_LOST_SAID = "its node has died"
 CODE_ENV = "POTATO_QUEUE_RUN_CODE"  # host/ray_entry.py's CODE_ENV
-_ENTRY = Path(__file__).resolve().parents[2] / "host" / "ray_entry.py"
 # Ray 2.60's job supervisor actor (dashboard/modules/job/common.py): a PENDING job is this actor not yet placed.
 SUPERVISOR_PREFIX = "_ray_internal_job_actor_"
 SUPERVISOR_NAMESPACE = "SUPERVISOR_ACTOR_RAY_NAMESPACE"
@@ -102,12 +101,6 @@ class JobState:
         return self.error_type == NODE_LOST_TYPE and NODE_LOST_SAID in self.message
 
 
-@functools.cache
-def _entry_source() -> str:
-    """host/ray_entry.py's text, read once a process (the code does not change under it)."""
-    return _ENTRY.read_text()
-
-
 def submission_id(run_id: str, attempt: int = 0) -> str:
     """The run's Ray job: found by its name after an executor restart, and named on the dashboard (`attempt`:
     the requeues after a lost node, each a job of its own: Ray's job ids are never reused)."""
@@ -116,7 +109,7 @@ def submission_id(run_id: str, attempt: int = 0) -> str:
 
 def entrypoint(backend: RayBackend, server_url: str, run_id: str, code_sha256: str) -> str:
     """The job's shell command: the node's Python, isolated (no working folder on its path), runs the entry."""
-    argv = [backend.python, "-I", "-c", _entry_source(), server_url, run_id, code_sha256, backend.workdir]
+    argv = [backend.python, "-I", "-c", host_source(ray_entry), server_url, run_id, code_sha256, backend.workdir]
     return shlex.join(argv)
 
 

@@ -13,11 +13,11 @@ import json
 import os
 import subprocess
 import threading
-from pathlib import Path
 from typing import IO, Any
 from urllib.parse import urlsplit
 
 from potato_queue import code_package
+from potato_queue.code_package import host_source
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import LaunchSpec
 from potato_queue.executors.remote.carried import AgentLog, carry
@@ -35,9 +35,8 @@ from potato_queue.host.boot import BootHeader
 from potato_queue.host.gpus import GpuWait, ssh_wait_line
 from potato_queue.store.keys import remote_socket_path
 
-__all__ = ["BootSession", "BOOT_SOURCE", "FORWARD", "OVER_SESSION", "forward_target", "boot_header"]
+__all__ = ["BootSession", "FORWARD", "OVER_SESSION", "forward_target", "boot_header"]
 
-BOOT_SOURCE = Path(remote_boot.__file__).read_text()
 FORWARD, OVER_SESSION = remote_boot.FORWARD, remote_boot.SESSION
 FORWARD_REFUSED = "forwarding failed"  # ssh's words for a refused -R, with ExitOnForwardFailure
 
@@ -143,7 +142,7 @@ class BootSession:
         log_start = log_path.stat().st_size if log_path.exists() else 0
         try:
             header = self.header._replace(socket=self.socket, transport=self.transport)
-            self._send(stdin, stage_input(BOOT_SOURCE) + header.to_line())
+            self._send(stdin, stage_input(host_source(remote_boot)) + header.to_line())
             note = banner_note(
                 self.backend.host, read_past_marker(stdout.fileno(), self.marker).decode(errors="replace")
             )

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
+from potato_queue.code_package import host_source
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors import untar
 from potato_queue.executors.base import LaunchSpec, ModelFilesMissing
@@ -41,9 +42,8 @@ from potato_queue.executors.remote.stage import (
 from potato_queue.host import fetch as remote_fetch
 from potato_queue.settings import COPY_STALL_S
 
-__all__ = ["ModelCopy", "FETCH_SOURCE"]
+__all__ = ["ModelCopy"]
 
-FETCH_SOURCE = Path(remote_fetch.__file__).read_text()
 NOTES_WAIT_S = 10.0
 PIPE_BYTES = 1 << 20
 NOTES_KEPT_BYTES = 64 << 10
@@ -89,7 +89,7 @@ class ModelCopy:
         ) as proc:
             assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
             with contextlib.suppress(OSError):
-                proc.stdin.write(stage_input(FETCH_SOURCE) + asked)
+                proc.stdin.write(stage_input(host_source(remote_fetch)) + asked)
             proc.stdin.close()
             stderr: list[str] = []
             notes = threading.Thread(target=self._read_notes, args=(proc.stderr, stderr), daemon=True)

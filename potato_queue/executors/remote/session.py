@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from potato_queue.agent.checkpoints import CHECKPOINTS_FOLDER
+from potato_queue.code_package import host_source
 from potato_queue.errors import PotatoQueueError
 from potato_queue.executors.base import (
     AgentResult,
@@ -73,7 +74,6 @@ __all__ = [
     "tail",
 ]
 
-CHECK_SOURCE = Path(remote_check.__file__).read_text()
 EXIT_NOT_FOUND = 127
 # The check asks for a forward as a run does, to learn whether sshd allows it; nothing connects through it.
 CHECK_FORWARD_TO = "127.0.0.1:9"
@@ -121,7 +121,7 @@ def _ask_check(
             target,
             stage_argv(backend.python, marker),
             forward=forward,
-            stdin=stage_input(CHECK_SOURCE) + json.dumps(asked).encode() + b"\n",
+            stdin=stage_input(host_source(remote_check)) + json.dumps(asked).encode() + b"\n",
             timeout_s=120,
         )
     except RemoteFailed as exc:
