@@ -18,7 +18,6 @@ jobs: the run fails saying so.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -144,12 +143,7 @@ class RayHandle(RunHandle):
                 return
             # Not the whole stop wait: the executor must stay alive (its lease) while Ray's SIGKILL, due within
             # the job's stop wait, ends an agent that does not stop on SIGTERM (a frozen one).
-            deadline_s = time.monotonic() + KILL_WAIT_S
-            while time.monotonic() < deadline_s:
-                state = self.jobs.state(self.job_id)
-                if state is None or state.status not in (PENDING, RUNNING):
-                    return
-                time.sleep(0.2)
+            self.jobs.wait_for(self.job_id, lambda s: s is None or s.status not in (PENDING, RUNNING), KILL_WAIT_S)
         except (RayError, ValueError):
             return  # a head that cannot be reached cannot be asked; its node's agent stops at its token's end
 
@@ -164,14 +158,8 @@ class RayHandle(RunHandle):
         threading.Thread(target=self._follow_removal, args=(job_id,), name=f"remove {job_id}", daemon=True).start()
 
     def _follow_removal(self, job_id: str) -> None:
-        remover, deadline_s = removal_id(job_id), time.monotonic() + REMOVAL_WAIT_S
-        state: JobState | None = None
-        while time.monotonic() < deadline_s and (state is None or state.status not in TERMINAL):
-            time.sleep(0.5)
-            try:
-                state = self.jobs.state(remover)
-            except (RayError, ValueError):
-                continue  # a head that does not answer for a moment
+        remover = removal_id(job_id)
+        state = self.jobs.wait_for(remover, lambda s: s is not None and s.status in TERMINAL, REMOVAL_WAIT_S, 0.5)
         try:
             said = self.jobs.logs(remover)
         except RayError:
@@ -181,7 +169,11 @@ class RayHandle(RunHandle):
         elif "nothing to remove" in said:
             self.log(f"Ray job {job_id} had left the queue before its removal: Ray's stop ends it")
         else:
-            ended = f"ended {state.status}" if state is not None else f"did not end within {REMOVAL_WAIT_S:g} s"
+            ended = (
+                f"ended {state.status}"
+                if state and state.status in TERMINAL
+                else f"did not end within {REMOVAL_WAIT_S:g} s"
+            )
             tail = said.strip()[-LOG_TAIL_CHARS:]
             self.log(self._not_removed(job_id, f"its removal job {remover} {ended}" + (f": {tail}" if tail else "")))
 
@@ -223,14 +215,8 @@ class RayHandle(RunHandle):
     def _say_if_stopped_outside(self) -> None:
         """A job stopped on the cluster (Ray's dashboard, `ray job stop`), not by potato-queue: its agent took
         Ray's SIGTERM for a cancel; run.log says who stopped it."""
-        deadline_s, state = time.monotonic() + KILL_WAIT_S, None
         try:
-            while (state := self.jobs.state(self.job_id)) is not None and state.status == RUNNING:
-                if time.monotonic() > deadline_s:
-                    return
-                time.sleep(0.1)
-        except (RayError, ValueError):
-            return
+            state = self.jobs.wait_for(self.job_id, lambda s: s is None or s.status != RUNNING, KILL_WAIT_S, 0.1)
         finally:
             self.jobs.close()
         if state is not None and state.status == STOPPED:

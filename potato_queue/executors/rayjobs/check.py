@@ -7,7 +7,6 @@ busy) is taken out of the queue and the nodes go unlooked at."""
 from __future__ import annotations
 
 import secrets
-import time
 from typing import Any
 
 from potato_queue.backends.models import RayBackend
@@ -140,17 +139,23 @@ def _node_check(backend: RayBackend, jobs: RayJobs) -> tuple[list[str], dict[str
 def _ended(jobs: RayJobs, job_id: str) -> JobState | None:
     """The check job once it ended; still PENDING after CHECK_PENDING_WAIT_S, taken out of the queue; None after
     CHECK_JOB_WAIT_S, stopped."""
-    started_s = time.monotonic()
-    while (waited_s := time.monotonic() - started_s) < CHECK_JOB_WAIT_S:
-        state = jobs.state(job_id)
-        if state is not None and state.status in TERMINAL:
-            return state
-        if state is not None and state.status == PENDING and waited_s > CHECK_PENDING_WAIT_S:
-            jobs.submit(removal_request(job_id))
-            return state
-        time.sleep(0.25)
+    state = jobs.wait_for(job_id, _placed, CHECK_PENDING_WAIT_S)
+    if state is not None and state.status == PENDING:
+        jobs.submit(removal_request(job_id))
+        return state
+    state = jobs.wait_for(job_id, _over, CHECK_JOB_WAIT_S - CHECK_PENDING_WAIT_S)
+    if _over(state):
+        return state
     jobs.stop(job_id)
     return None
+
+
+def _placed(state: JobState | None) -> bool:
+    return state is not None and state.status != PENDING
+
+
+def _over(state: JobState | None) -> bool:
+    return state is not None and state.status in TERMINAL
 
 
 def _node_lines(facts: dict[str, Any]) -> list[str]:

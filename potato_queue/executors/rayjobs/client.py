@@ -6,7 +6,8 @@ only into the Authorization header: never a URL, a command line or a log.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import time
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import httpx
@@ -83,6 +84,23 @@ class RayJobs:
         if reply.status_code == 404:
             return None
         return job_state(self._json(reply, f"GET job {job_id}"))
+
+    def wait_for(
+        self, job_id: str, done: Callable[[JobState | None], bool], timeout_s: float, every_s: float = 0.25
+    ) -> JobState | None:
+        """The job's state once `done` holds of it, or the last one seen after timeout_s (None: no record, or
+        no answer). A head that does not answer for a moment is asked again."""
+        deadline_s, state = time.monotonic() + timeout_s, None
+        while True:
+            try:
+                state = self.state(job_id)
+                if done(state):
+                    return state
+            except (RayError, ValueError):
+                pass
+            if time.monotonic() >= deadline_s:
+                return state
+            time.sleep(every_s)
 
     def stop(self, job_id: str) -> bool:
         reply = self._call("POST", f"/api/jobs/{job_id}/stop")
