@@ -353,32 +353,29 @@ def agent_router() -> APIRouter:
 
 
 def _add_uploads(router: APIRouter) -> None:
-    """The streamed bodies: predictions.jsonl, and a ray run's model files."""
-    router.add_api_route(
-        "/runs/{run_id}/predictions",
-        put_predictions,
-        methods=["PUT"],
-        response_model=PredictionsReply,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/x-ndjson": {"schema": {"type": "string", "format": "binary"}}},
-            }
-        },
-        responses=refusals({409: "stored already", 413: "over max_predictions_mb", 507: _NO_WRITES}),
-    )
-    router.add_api_route(
-        "/runs/{run_id}/model",
-        put_model,
-        methods=["PUT"],
-        response_model=ModelReply,
-        openapi_extra={
-            "requestBody": {
-                "required": True,
-                "content": {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}},
-            }
-        },
-        responses=refusals(
-            {409: "stored already, or not asked for", 413: "over the server's free disk", 507: _NO_WRITES}
+    """The streamed bodies, PUT: predictions.jsonl, and a ray run's model files."""
+    uploads = [
+        ("predictions", put_predictions, PredictionsReply, "application/x-ndjson", "over max_predictions_mb", ""),
+        (
+            "model",
+            put_model,
+            ModelReply,
+            "application/octet-stream",
+            "over the server's free disk",
+            ", or not asked for",
         ),
-    )
+    ]
+    for route, endpoint, reply, media_type, too_large, conflict in uploads:
+        router.add_api_route(
+            f"/runs/{{run_id}}/{route}",
+            endpoint,
+            methods=["PUT"],
+            response_model=reply,
+            openapi_extra={
+                "requestBody": {
+                    "required": True,
+                    "content": {media_type: {"schema": {"type": "string", "format": "binary"}}},
+                }
+            },
+            responses=refusals({409: f"stored already{conflict}", 413: too_large, 507: _NO_WRITES}),
+        )
