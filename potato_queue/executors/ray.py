@@ -40,6 +40,7 @@ from potato_queue.executors.base import (
 from potato_queue.executors.rayjobs.check import ray_check_report
 from potato_queue.executors.rayjobs.client import RayError, RayJobs
 from potato_queue.executors.rayjobs.text import (
+    NOT_WAITING,
     PENDING,
     REMOVED,
     RUNNING,
@@ -166,7 +167,7 @@ class RayHandle(RunHandle):
             said = ""
         if f"{REMOVED} {job_id}" in said:
             self.log(f"Ray job {job_id} was taken out of {self.backend.head}'s queue: it will never start")
-        elif "nothing to remove" in said:
+        elif NOT_WAITING in said:
             self.log(f"Ray job {job_id} had left the queue before its removal: Ray's stop ends it")
         else:
             ended = (

@@ -37,6 +37,7 @@ __all__ = [
     "asked_words",
     "pending_expired",
     "REMOVED",
+    "NOT_WAITING",
     "removal_id",
     "removal_request",
     "removal_by_hand",
@@ -58,6 +59,7 @@ CODE_ENV = "POTATO_QUEUE_RUN_CODE"  # host/ray_entry.py's CODE_ENV
 SUPERVISOR_PREFIX = "_ray_internal_job_actor_"
 SUPERVISOR_NAMESPACE = "SUPERVISOR_ACTOR_RAY_NAMESPACE"
 REMOVED = "potato-queue removed the job"
+NOT_WAITING = "is not waiting to be placed"  # what the removal job says of a job Ray has placed already
 # Run by the head's own Python, the one that runs Ray (ray_entry.py's Python need not have Ray): it kills the
 # supervisor of a job still waiting to be placed, which Ray then marks FAILED, so the job never starts. A job
 # whose supervisor runs already is left to Ray's stop, which the executor asked for first.
@@ -70,7 +72,7 @@ name = {SUPERVISOR_PREFIX!r} + sys.argv[1]
 ray.init(namespace={SUPERVISOR_NAMESPACE!r}, logging_level="ERROR", log_to_driver=False)
 states = {{a.state for a in list_actors(filters=[("name", "=", name)], raise_on_missing_output=False)}}
 if not states & {{"DEPENDENCIES_UNREADY", "PENDING_CREATION"}}:
-    print("job %s is not waiting to be placed (%s): nothing to remove" % (sys.argv[1], sorted(states)))
+    print("job %s {NOT_WAITING} (%s): nothing to remove" % (sys.argv[1], sorted(states)))
     sys.exit(0)
 try:
     ray.kill(ray.get_actor(name), no_restart=True)
